@@ -1,0 +1,36 @@
+# `make demo` runs the main job, `make test` the tests; each sets itself up on a fresh machine
+# (Python >= 3.10, a C++ compiler and CMake are all it needs).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# A CPU build, pinned: an unpinned torch would pull gigabytes of CUDA packages.
+TORCH_SPEC ?= torch==2.13.0
+CSRC   := $(shell find dicomm/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	$(PY) -m dicomm.demo
+
+bench: setup
+	$(VENV)/bin/dicomm-bench p2p --json docs/bench-p2p.json
+	$(VENV)/bin/dicomm-bench coll --json docs/bench-coll.json
+
+clean:
+	rm -rf build $(VENV)

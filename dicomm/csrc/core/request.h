@@ -1,0 +1,29 @@
+// Completion handle of an asynchronous operation (point-to-point or collective).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace dicomm {
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  // True once the operation finished; throws the operation's error if it failed.
+  virtual bool test() = 0;
+  // Blocks until done or `timeout` passes (then throws TimeoutError naming op, peer, tag and bytes).
+  // Throws the operation's error if it failed. Callers release the GIL before calling.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // For receives: the rank the message came from (useful with kAnySource). -1 before completion.
+  virtual int source() const = 0;
+  // Bytes actually transferred (for a receive, the message size).
+  virtual size_t nbytes() const = 0;
+  // Human-readable description: "recv from rank 1 tag 7 (4096 B)".
+  virtual std::string describe() const = 0;
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+
+}  // namespace dicomm

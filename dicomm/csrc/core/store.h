@@ -1,0 +1,18 @@
+// The bootstrap key-value store. The Python layer adapts torch's c10d store (a PrefixStore scoped
+// to the process group) to this interface; C++ tests may use any implementation.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace dicomm {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until the key exists or `timeout` passes (then throws TimeoutError naming the key).
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace dicomm
