@@ -16,10 +16,12 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# flock: several `make` runs at once (parallel shells, CI retries) must not install concurrently.
 $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
-	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	flock $(VENV)/.install.lock sh -c '\
+	  $(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"; \
+	  $(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" && \
+	  $(PY) -m pip install -q --no-build-isolation -e ".[test]"'
 	touch $@
 
 test: setup
