@@ -1,0 +1,99 @@
+"""Run a function in N real processes that share a real c10d TCPStore.
+
+Children come from a forkserver that has imported torch once, so each rank starts in milliseconds
+and never inherits a parent's OpenMP or progress threads. The function must be importable (defined
+at module level). Every run has a deadline: a rank that neither reports nor exits in time is killed
+and the run fails with what each rank said.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from typing import Any, Callable, Iterable
+
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch", "torch.distributed"])
+
+
+class RankFailure(AssertionError):
+    """One or more ranks failed; the message holds each failing rank's traceback."""
+
+
+def _child(fn, rank, world_size, port, args, env, results):
+    os.environ.update(env)
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                              timeout=datetime.timedelta(seconds=60))
+        results.put((rank, "ok", fn(rank, world_size, store, *args)))
+    except BaseException:  # report everything, including SystemExit and KeyboardInterrupt
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
+              env: dict[str, str] | None = None, expect_dead: Iterable[int] = ()) -> list[Any]:
+    """Runs fn(rank, world_size, store, *args) in world_size processes; returns their results.
+
+    Ranks in `expect_dead` may exit without reporting (tests that kill a peer); their result is None.
+    """
+    import torch.distributed as dist
+
+    expect_dead = set(expect_dead)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=60))
+    results = _CTX.Queue()
+    env = {k: str(v) for k, v in (env or {}).items()}
+    procs = [_CTX.Process(target=_child, args=(fn, r, world_size, server.port, args, env, results),
+                          daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out: dict[int, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < world_size and time.monotonic() < deadline:
+            try:
+                rank, status, value = results.get(timeout=0.1)
+                out[rank] = (status, value)
+            except queue.Empty:
+                # Stop waiting once every rank that has not reported has exited.
+                if all(not p.is_alive() for r, p in enumerate(procs) if r not in out):
+                    time.sleep(0.2)  # let queue feeder threads of exiting ranks flush
+                    while True:
+                        try:
+                            rank, status, value = results.get_nowait()
+                            out[rank] = (status, value)
+                        except queue.Empty:
+                            break
+                    break
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    problems = []
+    for r, p in enumerate(procs):
+        if r in out and out[r][0] == "error":
+            problems.append(f"--- rank {r} raised:\n{out[r][1]}")
+        elif r not in out and r not in expect_dead:
+            why = "timed out" if p.exitcode in (None, -9) else f"exited with code {p.exitcode}"
+            problems.append(f"--- rank {r} {why} without reporting (run timeout {timeout:.0f} s)")
+    if problems:
+        raise RankFailure("\n".join(problems))
+    return [out[r][1] if r in out else None for r in range(world_size)]
+
+
+def init_process_group(backend: str, rank: int, world_size: int, store, timeout_s: float = 30.0,
+                       prefix: str = "") -> None:
+    """Initialises the default group on the harness store (a fresh prefix per group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix or backend, store),
+                            rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
