@@ -1,0 +1,80 @@
+"""Shared fixtures for the ditorch tests: each test leaves the shim exactly as it found it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import ditorch
+from ditorch import shim as _shim
+from ditorch.mode import DeviceMode
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def ditorch_modes_on_stack() -> list:
+    stack = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+    return [m for m in stack if isinstance(m, DeviceMode)]
+
+
+@dataclass
+class _Saved:
+    adapter: ditorch.Adapter | None
+    strategy: str | None
+    compat: bool
+
+
+def _save() -> _Saved:
+    return _Saved(_shim._state.adapter, ditorch.active_strategy(), ditorch.cuda_compat_enabled())
+
+
+def _restore(saved: _Saved) -> None:
+    ditorch.disable()
+    assert not ditorch_modes_on_stack(), "ditorch.disable() left its mode on the torch-function stack"
+    assert not _shim._state.device_patches, "ditorch.disable() left patches behind"
+    if saved.adapter is not None and saved.adapter is not _shim._state.adapter:
+        ditorch.use_adapter(saved.adapter, "restored after a test")
+    if saved.strategy is not None:
+        ditorch.enable(strategy=saved.strategy)
+    if saved.compat:
+        ditorch.enable_cuda_compat()
+
+
+@pytest.fixture
+def plain():
+    """Plain torch: ditorch off for the test, previous state back afterwards."""
+    saved = _save()
+    ditorch.disable()
+    yield ditorch
+    _restore(saved)
+
+
+@pytest.fixture(params=["patch", "mode"])
+def shim(plain, request):
+    """The unified device name on, with each interception strategy (the vendor chosen here: CPU
+    on a machine without accelerators)."""
+    ditorch.enable(strategy=request.param)
+    assert ditorch.active_strategy() == request.param
+    yield ditorch
+
+
+@pytest.fixture
+def compat(shim):
+    """CUDA compatibility on top of the shim."""
+    ditorch.enable_cuda_compat()
+    yield ditorch
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (no ditorch imported beforehand) from the repository root."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DITORCH_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
