@@ -1,0 +1,124 @@
+"""autocompare: every selected op is run again on a reference device (default: CPU, float64) on
+copies of its inputs, forward and backward, and its outputs are judged by the metrics library."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from .metrics import compare_trees
+from .records import OpRecord
+from .reference import convert_inputs, skip_reason
+from .selection import Selector
+from .tool import Tool
+
+log = logging.getLogger("precision")
+
+
+def _host_copy(tree):
+    """Copies on the host, issued without waiting for the device (valid after a synchronise)."""
+    return tree_map(lambda t: t.detach().to("cpu", non_blocking=True, copy=True) if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _synchronize() -> None:
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and acc.current_accelerator() is not None:
+        acc.synchronize()
+
+
+class AutoCompare(Tool):
+    """``with AutoCompare() as ac: train()`` then ``ac.failures``.
+
+    ``sync=True`` (default): inputs are copied to the reference before the op, the reference runs
+    right after it and the copies are freed, so at most one op's copies are alive. ``sync=False``:
+    no extra device synchronisation per op; host copies are queued and judged after each optimizer
+    step (or ``flush()``), with one synchronisation, at the cost of holding one step's copies."""
+
+    name = "autocompare"
+
+    def __init__(self, selector: Selector | None = None, *, device: str = "cpu", dtype: torch.dtype | None = torch.float64,
+                 rtol: float | None = None, atol: float | None = None, sync: bool = True, skip_views: bool = True,
+                 out: str | None = None, **kwargs) -> None:
+        super().__init__(selector, **kwargs)
+        self.device, self.dtype = device, dtype
+        self.rtol, self.atol = rtol, atol
+        self.sync, self.skip_views = sync, skip_views
+        self.out = out
+        self.results: list[dict] = []
+        self.n_skipped = 0
+        self._queue: list = []
+
+    @property
+    def failures(self) -> list[dict]:
+        return [r for r in self.results if r["status"] == "fail"]
+
+    def handle(self, rec: OpRecord, func, args, kwargs):
+        reason = skip_reason(func) or ("view" if self.skip_views and func.is_view else None)
+        if reason or not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
+            self.n_skipped += 1
+            return func(*args, **kwargs)
+        if not self.sync:
+            with self.quiet():
+                inputs = _host_copy((args, kwargs))
+            out = func(*args, **kwargs)
+            with self.quiet():
+                self._queue.append((rec, func, inputs, _host_copy(out)))
+            return out
+        with self.quiet():
+            ref_args, ref_kwargs = convert_inputs(args, kwargs, self.device, self.dtype)  # before: in-place ops
+        out = func(*args, **kwargs)
+        with self.quiet():
+            self._judge(rec, func, out, ref_args, ref_kwargs)
+        return out
+
+    def _judge(self, rec: OpRecord, func, out, ref_args, ref_kwargs) -> None:
+        row = rec.to_dict()
+        try:
+            ref_out = func(*ref_args, **ref_kwargs)
+        except Exception as exc:  # an op the reference device lacks (in this dtype): say so, go on
+            row.update(status="skipped", rule="skipped", detail=f"reference failed: {type(exc).__name__}: {exc}")
+            self.results.append(row)
+            return
+        verdict = compare_trees(out, ref_out, rtol=self.rtol, atol=self.atol)
+        if not verdict.verdicts:
+            self.n_skipped += 1
+            return
+        summary = verdict.summary()
+        row.update(status="pass" if verdict.passed else "fail", **summary)
+        self.results.append(row)
+        if not verdict.passed and len(self.failures) == 1:
+            log.warning("autocompare: first failure at %s #%d (%s, module %s): %s", rec.op, rec.index, rec.phase,
+                        rec.module, summary["detail"])
+
+    def flush(self) -> None:
+        """Judge the queued ops (no-sync mode): one synchronisation for all of them."""
+        if not self._queue:
+            return
+        _synchronize()
+        queue, self._queue = self._queue, []
+        with self.quiet():  # called from an optimizer hook, where the mode is active
+            for rec, func, (args, kwargs), out in queue:
+                ref_args, ref_kwargs = convert_inputs(args, kwargs, self.device, self.dtype)
+                self._judge(rec, func, out, ref_args, ref_kwargs)
+
+    def on_step(self) -> None:
+        if not self.sync:
+            self.flush()
+
+    def finish(self) -> None:
+        self.flush()
+        if self.out:
+            path = self.out.format(rank=self.rank.get())
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                for row in self.results:
+                    f.write(json.dumps(row) + "\n")
+
+    def summary(self) -> dict:
+        fails = self.failures
+        return {"n_compared": sum(r["status"] != "skipped" for r in self.results), "n_failed": len(fails),
+                "n_skipped": self.n_skipped + sum(r["status"] == "skipped" for r in self.results),
+                "first_failure": fails[0] if fails else None}

@@ -1,0 +1,189 @@
+"""precision-diff: compare two captures, replay a captured op, check a loss curve.
+
+Exit status: 0 pass, 1 fail, 2 unreadable or mismatched inputs (the message says which)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .loss import DEFAULT_THRESHOLD, LossInputError, LossReport, loss_check
+
+# torch is imported by the compare/replay commands only: the loss check stays light.
+DEFAULT_RATIO_K = 4.0  # precision.metrics.DEFAULT_RATIO_K, checked in cmd_compare
+
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return "-" if v is None else str(v)
+
+
+def _print_diff(report, rows: int, show_all: bool) -> None:
+    d = report.to_dict()
+    cols = ("index", "op", "phase", "module", "status", "rule", "max_abs", "max_rel", "cosine", "max_ulp")
+    shown = report.ops if show_all else report.failed[:rows]
+    if shown:
+        print(" ".join(f"{c:<10}" if c not in ("op", "module") else f"{c:<28}" for c in cols))
+        for r in shown:
+            print(" ".join(f"{_fmt(r.get(c)):<10}" if c not in ("op", "module") else f"{_fmt(r.get(c))[-28:]:<28}"
+                           for c in cols))
+    print(f"{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped")
+    fd = d["first_divergence"]
+    if fd:
+        print(f"first divergence: {fd['op']} #{fd['index']} ({fd['phase']}, module {fd['module']}, step "
+              f"{fd['step']}): {fd['rule']}: {fd['detail']}")
+    else:
+        print("no divergence")
+
+
+def cmd_compare(args) -> int:
+    from .diff import compare_dumps
+    from .dump import DumpError
+    from .metrics import DEFAULT_RATIO_K as k_default
+
+    assert k_default == DEFAULT_RATIO_K, "keep cli.DEFAULT_RATIO_K in step with precision.metrics"
+    try:
+        report = compare_dumps(args.dump_a, args.dump_b, rtol=args.rtol, atol=args.atol, ratio_k=args.error_ratio)
+    except DumpError as exc:
+        return _input_error(args, str(exc))
+    if args.csv:
+        from .report import write_diff_csv
+
+        write_diff_csv(report, args.csv)
+    if args.html:
+        from .report import diff_html
+
+        with open(args.html, "w") as f:
+            f.write(diff_html(report))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        _print_diff(report, args.rows, args.all)
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def cmd_replay(args) -> int:
+    import torch
+
+    from .dump import DumpError
+    from .replay import replay
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.dtype and not isinstance(dtype, torch.dtype):
+        return _input_error(args, f"--dtype {args.dtype!r} is not a torch dtype (e.g. float64, float32)")
+    try:
+        result = replay(args.dump, args.op_index, device=args.device, dtype=dtype, rtol=args.rtol, atol=args.atol)
+    except (DumpError, LookupError, ValueError) as exc:
+        return _input_error(args, str(exc))
+    d = result.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=1))
+    else:
+        print(f"{d['op']} #{d['index']} (module {d['module']}) on {d['device']}"
+              f"{' in ' + d['dtype'] if d['dtype'] else ''}: {'pass' if d['passed'] else 'FAIL'} by {d['rule']}: "
+              f"{d['detail']}; max_abs {_fmt(d.get('max_abs'))}, max_rel {_fmt(d.get('max_rel'))}"
+              f"{'; ' + d['note'] if d['note'] else ''}")
+    return EXIT_PASS if result.verdict.passed else EXIT_FAIL
+
+
+def _print_loss(r: LossReport) -> None:
+    print(f"{'PASS' if r.passed else 'FAIL'}: MRE {r.mre:.4%} over {r.n} steps (threshold {r.threshold:.2%}); "
+          f"max relative error {r.max_rel:.4%}; first divergence step {r.first_divergence_step}")
+
+
+def cmd_loss(args) -> int:
+    try:
+        report = loss_check(args.run, args.ref, threshold=args.threshold, warmup=args.warmup,
+                            common_steps=args.common_steps)
+    except LossInputError as exc:
+        return _input_error(args, str(exc), nan_steps=exc.nan_steps)
+    if args.csv:
+        from .report import write_loss_csv
+
+        write_loss_csv(report, args.csv)
+    if args.html:
+        from .report import loss_html
+
+        with open(args.html, "w") as f:
+            f.write(loss_html(report))
+    if args.json:
+        print(json.dumps(report.to_dict(curves=args.curves), indent=1))
+    else:
+        _print_loss(report)
+    if args.plot:
+        from .plot import PlotUnavailable, plot_loss
+
+        try:
+            plot_loss(report, args.plot)
+        except PlotUnavailable as exc:
+            print(f"precision-diff loss: {exc}", file=sys.stderr)
+            return EXIT_INPUT
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _input_error(args, message: str, **extra) -> int:
+    print(f"precision-diff {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, **extra}))
+    return EXIT_INPUT
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="precision-diff", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compare", help="align two captures op by op and report the first divergent op")
+    c.add_argument("dump_a", help="capture of the run under test (the device)")
+    c.add_argument("dump_b", help="capture of the reference run")
+    c.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype of DUMP_A's outputs)")
+    c.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
+    c.add_argument("--error-ratio", type=float, metavar="K", nargs="?", const=DEFAULT_RATIO_K,
+                   help=f"judge by the error-ratio rule instead: replay each op in float64 on the CPU from both "
+                        f"runs' inputs; the device's error may be at most K x the reference's (K={DEFAULT_RATIO_K:g})")
+    c.add_argument("--rows", type=int, default=20, help="failing rows to print (default 20)")
+    c.add_argument("--all", action="store_true", help="print every op, not only failures")
+    c.add_argument("--json", action="store_true", help="JSON: first_divergence and one record per op")
+    c.add_argument("--csv", metavar="FILE", help="also write the per-op table as CSV")
+    c.add_argument("--html", metavar="FILE", help="also write an HTML page with a plot")
+    c.set_defaults(func=cmd_compare)
+
+    r = sub.add_parser("replay", help="re-run one captured op on another device/dtype and compare")
+    r.add_argument("dump")
+    r.add_argument("op_index", type=int, help="the op's call index (the 'index' in the capture)")
+    r.add_argument("--device", default="cpu", help="device to replay on (default cpu)")
+    r.add_argument("--dtype", help="cast floating inputs to this dtype first, e.g. float64")
+    r.add_argument("--rtol", type=float)
+    r.add_argument("--atol", type=float)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_replay)
+
+    lo = sub.add_parser("loss", help="the loss-curve check: MRE of RUN against REF below the threshold")
+    lo.add_argument("run", help="loss file of the run under test (JSON lines {step, loss} or CSV step,loss)")
+    lo.add_argument("ref", help="loss file of the reference run")
+    lo.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="MRE threshold (default 0.015)")
+    lo.add_argument("--warmup", type=int, default=0, metavar="K", help="leave out the first K common steps")
+    lo.add_argument("--common-steps", action="store_true",
+                    help="compare over the steps both files have (default: the step sets must match)")
+    lo.add_argument("--json", action="store_true", help="JSON: mre, max_rel, n, passed, first_divergence_step, ...")
+    lo.add_argument("--curves", action="store_true", help="with --json: include the per-step values")
+    lo.add_argument("--plot", metavar="FILE.png", help="write a PNG plot (needs matplotlib)")
+    lo.add_argument("--csv", metavar="FILE", help="also write the per-step table as CSV")
+    lo.add_argument("--html", metavar="FILE", help="also write an HTML page with the plots")
+    lo.set_defaults(func=cmd_loss)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

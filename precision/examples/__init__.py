@@ -1,0 +1,1 @@
+"""Small models the precision tools are tested and benchmarked on."""

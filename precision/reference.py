@@ -1,0 +1,43 @@
+"""Running an op again elsewhere: on copies of its inputs, on another device and/or in float64."""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_map
+
+# Ops whose outputs are not a function of their inputs: random, or uninitialised memory.
+_UNINITIALISED = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                  "aten::new_empty_strided", "aten::empty_permuted", "aten::resize_", "aten::set_")
+
+
+def skip_reason(func) -> str | None:
+    """Why an op cannot be checked by re-running it, or None."""
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return "random op"
+    if func._schema.name in _UNINITIALISED:
+        return "uninitialised output"
+    return None
+
+
+def _convert(t: torch.Tensor, device: str | torch.device, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is not None and t.dtype.is_floating_point:
+        return t.detach().to(device=device, dtype=dtype, copy=True)
+    if dtype is not None and t.is_complex():
+        return t.detach().to(device=device, dtype=torch.complex128, copy=True)
+    return t.detach().to(device=device, copy=True)
+
+
+def convert_inputs(args, kwargs, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float64):
+    """Copies of the inputs on ``device``; floating ones in ``dtype`` (None keeps their dtype). A
+    ``device=`` argument of a factory op is redirected too."""
+    conv = lambda x: _convert(x, device, dtype) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    args = tree_map(conv, args)
+    kwargs = tree_map(conv, dict(kwargs))
+    if "device" in kwargs and kwargs["device"] is not None:
+        kwargs["device"] = torch.device(device)
+    return args, kwargs
+
+
+def run_reference(func, args, kwargs, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float64):
+    """``func`` on converted copies of the inputs; returns its outputs."""
+    rargs, rkwargs = convert_inputs(args, kwargs, device, dtype)
+    return func(*rargs, **rkwargs)

@@ -1,0 +1,141 @@
+"""The comparison library against hand-computed values, numpy float64 and torch.testing.assert_close
+(CPU tensors stand in for device tensors)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from precision.metrics import (
+    compare_error_ratio,
+    compare_tensors,
+    default_tolerance,
+    error_stats,
+    floor_tolerance,
+    ulp_distance,
+)
+
+# torch.testing.assert_close defaults, written out: the floor of every default tolerance.
+ASSERT_CLOSE = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+                torch.float64: (1e-7, 1e-7)}
+
+
+def test_ulp_distance_matches_numpy_nextafter_float32_and_float16():
+    for np_dtype, dtype in ((np.float32, torch.float32), (np.float16, torch.float16)):
+        x = np.array([1.0, -3.5, 1e-3, 0.0], dtype=np_dtype)
+        y = x.copy()
+        for _ in range(7):  # seven representable steps up, counted by numpy
+            y = np.nextafter(y, np.array(np.inf, dtype=np_dtype))
+        got = ulp_distance(torch.from_numpy(x), torch.from_numpy(y))
+        assert got.tolist() == [7, 7, 7, 7]
+        assert dtype == torch.from_numpy(x).dtype
+
+
+def test_ulp_distance_across_zero_and_bfloat16_bits():
+    tiny = torch.tensor([-1.0e-45, 1.0e-45])  # the smallest float32 subnormals, one step either side of 0
+    assert ulp_distance(tiny[:1], tiny[1:]).tolist() == [2]
+    a = torch.tensor([0x3F80], dtype=torch.int16).view(torch.bfloat16)  # 1.0
+    b = torch.tensor([0x3F83], dtype=torch.int16).view(torch.bfloat16)
+    assert ulp_distance(a, b).tolist() == [3]
+    assert ulp_distance(torch.tensor([-0.0]), torch.tensor([0.0])).tolist() == [0]
+
+
+def test_error_stats_hand_computed():
+    a = torch.tensor([1.0, 2.0, 4.0, -1.0], dtype=torch.float64)
+    e = torch.tensor([1.0, 2.02, 4.0, -0.999], dtype=torch.float64)
+    s = error_stats(a, e)
+    rel = [0.0, 0.02 / 2.02, 0.0, 0.001 / 0.999]
+    assert s.max_abs == pytest.approx(0.02, rel=1e-9)
+    assert s.max_rel == pytest.approx(max(rel), rel=1e-9)
+    assert s.mean_rel == pytest.approx(sum(rel) / 4, rel=1e-9)
+    assert s.within_0_1pct == 0.5  # 0.001/0.999 is just above 0.1%
+    assert s.within_0_5pct == 0.75  # 0.02/2.02 is above 0.5%
+    na, ne = a.numpy(), e.numpy()
+    assert s.cosine == pytest.approx(float(na @ ne / np.linalg.norm(na) / np.linalg.norm(ne)), abs=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_default_tolerances_never_below_assert_close(dtype):
+    rtol, atol = ASSERT_CLOSE[dtype]
+    assert floor_tolerance(dtype).rtol == rtol and floor_tolerance(dtype).atol == atol
+    assert default_tolerance(dtype).rtol >= rtol and default_tolerance(dtype).atol >= atol
+
+
+def _assert_close_passes(a, e, rtol, atol) -> bool:
+    try:
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, check_dtype=False, equal_nan=True)
+        return True
+    except AssertionError:
+        return False
+
+
+def test_allclose_rule_agrees_with_assert_close():
+    g = torch.Generator().manual_seed(0)
+    rtol, atol = 1e-3, 1e-5
+    for trial in range(200):
+        e = torch.randn(16, generator=g, dtype=torch.float64)
+        # perturbations straddling the boundary atol + rtol*|e|
+        scale = (atol + rtol * e.abs()) * (0.5 + torch.rand(16, generator=g, dtype=torch.float64) * (0.55 if trial % 2 else 0.4))
+        a = e + scale * torch.sign(torch.randn(16, generator=g, dtype=torch.float64))
+        v = compare_tensors(a, e, rtol=rtol, atol=atol)
+        assert v.passed == _assert_close_passes(a, e, rtol, atol)
+        assert v.rule == "allclose"
+
+
+def test_nan_and_inf_positions_must_match():
+    e = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+    assert compare_tensors(e.clone(), e).passed
+    moved = torch.tensor([float("nan"), 1.0, float("inf"), 2.0])
+    v = compare_tensors(moved, e)
+    assert not v.passed and v.rule == "nan_inf" and v.stats.nan_mismatch == 2
+    sign = torch.tensor([1.0, float("nan"), float("-inf"), 2.0])
+    v = compare_tensors(sign, e)
+    assert not v.passed and v.rule == "nan_inf" and v.stats.inf_mismatch == 1
+
+
+def test_integer_bool_and_index_results_are_exact():
+    idx = torch.tensor([3, 1, 2])
+    assert compare_tensors(idx, idx.clone()).rule == "exact"
+    v = compare_tensors(idx, torch.tensor([3, 2, 2]))
+    assert not v.passed and v.rule == "exact" and "first at (1,)" in v.detail
+    assert not compare_tensors(torch.tensor([True, False]), torch.tensor([True, True])).passed
+    values, order = torch.tensor([0.3, 0.1, 0.2]).sort()
+    assert compare_tensors(order, torch.tensor([1, 2, 0])).passed
+
+
+def test_shape_mismatch_is_named():
+    v = compare_tensors(torch.zeros(2, 3), torch.zeros(3, 2))
+    assert not v.passed and v.rule == "shape" and "(2, 3)" in v.detail
+
+
+def test_float32_default_tolerance_fails_a_real_error():
+    e = torch.linspace(1, 2, 100, dtype=torch.float64)
+    assert compare_tensors(e.float(), e).passed  # rounding to float32 alone passes
+    bad = e.float() * (1 + 1e-4)
+    v = compare_tensors(bad, e)
+    assert not v.passed and v.rule == "allclose"
+
+
+def test_error_ratio_rule_hand_computed():
+    fp64 = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    reference = torch.tensor([1.0, 2.0 + 1e-3, 3.0], dtype=torch.float32)  # error 1e-3
+    device = torch.tensor([1.0, 2.0, 3.0 - 3e-3], dtype=torch.float32)  # error 3e-3
+    floor = torch.finfo(torch.float32).eps * 3.0
+    v2 = compare_error_ratio(device, reference, fp64, k=2)
+    v4 = compare_error_ratio(device, reference, fp64, k=4)
+    assert v2.rule == v4.rule == "error_ratio"
+    expected_ratio = abs(float(torch.tensor(3.0 - 3e-3, dtype=torch.float32)) - 3.0) / abs(
+        float(torch.tensor(2.0 + 1e-3, dtype=torch.float32)) - 2.0)
+    assert v2.ratio == pytest.approx(expected_ratio, rel=1e-12)
+    assert not v2.passed and v4.passed
+    assert 3e-3 > 2 * 1e-3 + floor  # the hand check the k=2 verdict rests on
+    exact_ref = compare_error_ratio(fp64.float(), fp64.float(), fp64)
+    assert exact_ref.passed and exact_ref.ratio == 0.0
+
+
+def test_to_dict_is_json_safe():
+    import json
+
+    v = compare_tensors(torch.tensor([0.0, 1.0]), torch.tensor([1e-30, 1.0]))
+    json.dumps(v.to_dict(), allow_nan=False)
+    assert math.isfinite(v.stats.max_rel)
