@@ -1,0 +1,117 @@
+"""HeteroAuto benchmark: h2 (the paper's algorithm) vs auto on the paper's experiments and HARP's setting.
+
+For each experiment: median search time over --repeats runs (one core), the plan's estimated and simulated
+iteration time, TGS and HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i (TGS_i from H2 Table 6).
+`--calibrate` first fits one efficiency per chip so the planner's best homogeneous 256-chip plan
+reproduces Table 6's TGS (bisection; never tuned on the heterogeneous results).
+
+    python -m bench.heteroauto_search --json docs/heteroauto-bench.json [--calibrate] [--exp Exp-A-1 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from heteropp.auto.analytic import analytic_profile
+from heteropp.auto.costs import CostModel
+from heteropp.auto.plan_sim import simulate_stages
+from heteropp.auto.planning import run_search
+from heteropp.spec import load_cluster, load_model, load_train
+
+EX = Path(__file__).resolve().parents[1] / "examples"
+TABLE6_TGS = {"A": 136.9, "B": 143.7, "C": 46.2, "D": 99.5}
+PAPER_SEARCH_S = {"Exp-A": 0.62, "Exp-B": 5.48, "Exp-C": 12.29}
+PAPER_RATIO = {"Exp-A-1": 0.8956, "Exp-A-2": 1.0903, "Exp-B-1": 0.7745, "Exp-B-2": 1.0429}
+EXPERIMENTS = {  # id: (cluster, model, training)
+    "Exp-A-1": ("exp-a", "h2-100b", "gbs-2m"), "Exp-A-2": ("exp-a", "h2-100b", "gbs-6m"),
+    "Exp-B-1": ("exp-b", "h2-100b", "gbs-2m"), "Exp-B-2": ("exp-b", "h2-100b", "gbs-8m"),
+    "Exp-C-1": ("exp-c", "h2-100b", "gbs-4m"), "Exp-C-2": ("exp-c", "h2-100b", "gbs-8m"),
+    "Exp-D": ("exp-d", "h2-100b", "gbs-8m"), "HARP": ("harp", str(EX / "models" / "gpt-harp.yaml"), "harp"),
+}
+
+
+def problem(cluster: str, model: str, train: str, eff: dict[str, float] | None) -> CostModel:
+    cl = load_cluster(EX / "clusters" / f"{cluster}.yaml")
+    if eff:
+        cl = replace(cl, chips=tuple(replace(c, efficiency=eff.get(c.name, c.efficiency)) for c in cl.chips))
+    m = load_model(model)
+    tr = load_train(EX / "training" / f"{train}.yaml", m.seq_len)
+    return CostModel(cl, m, tr, analytic_profile(cl, m, tr))
+
+
+def tgs(cm: CostModel, t: float) -> float:
+    return cm.train.global_batch * cm.model.seq_len / (t * cm.cluster.total_chips)
+
+
+def calibrate() -> dict[str, float]:
+    """Fit each chip's efficiency so its homogeneous 256-chip plan (2M tokens) reaches Table 6's TGS."""
+    out = {}
+    for chip, target in TABLE6_TGS.items():
+        lo, hi = 0.01, 1.0
+        for _ in range(14):
+            mid = (lo + hi) / 2
+            cm = problem(f"homo-{chip.lower()}", "h2-100b", "gbs-2m", {chip: mid})
+            got = tgs(cm, run_search(cm_problem(cm), "auto").best.time_s)
+            lo, hi = (mid, hi) if got < target else (lo, mid)
+        out[chip] = round((lo + hi) / 2, 4)
+        print(f"calibrated {chip}: efficiency {out[chip]} -> TGS {target}")
+    return out
+
+
+def cm_problem(cm: CostModel):
+    from heteropp.auto.planning import Problem
+    return Problem(cm.cluster, cm.model, cm.train, cm)
+
+
+def run(exp: str, repeats: int, eff: dict[str, float] | None) -> dict:
+    cl, m, tr = EXPERIMENTS[exp]
+    row: dict = {"experiment": exp}
+    for algo in ("h2", "auto"):
+        times, res = [], None
+        for _ in range(repeats):
+            cm = problem(cl, m, tr, eff)  # fresh caches: every run pays for its own cost-model work
+            t0 = time.perf_counter()
+            res = run_search(cm_problem(cm), algo)
+            times.append(time.perf_counter() - t0)
+        best = res.best
+        sim = simulate_stages(cm, best.stages, best.dp).iteration_time_s
+        r = {"search_s": statistics.median(times), "iteration_s": best.time_s, "simulated_s": sim, "dp": best.dp,
+             "stages": [[s.chip, s.tp, s.layers, s.recompute] for s in best.stages], "tgs": tgs(cm, sim)}
+        if all(c.name in TABLE6_TGS for c in cm.cluster.chips):
+            r["hetero_speedup_ratio"] = cm.cluster.total_chips * r["tgs"] / sum(c.count * TABLE6_TGS[c.name] for c in cm.cluster.chips)
+        row[algo] = r
+    row["paper_search_s"] = PAPER_SEARCH_S.get(exp[:5])
+    row["paper_ratio"] = PAPER_RATIO.get(exp)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--exp", nargs="*", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--json", help="write results here")
+    a = ap.parse_args(argv)
+    eff = calibrate() if a.calibrate else None
+    rows = []
+    print(f"{'exp':>8} | {'h2 search':>9} {'auto search':>11} {'paper':>6} | {'h2 sim s':>9} {'auto sim s':>10} | "
+          f"{'h2 ratio':>8} {'auto ratio':>10} {'paper':>6}")
+    for exp in a.exp:
+        r = run(exp, a.repeats, eff)
+        rows.append(r)
+        f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
+        print(f"{exp:>8} | {r['h2']['search_s']:>9.3f} {r['auto']['search_s']:>11.3f} {f(r['paper_search_s'], '>6.2f')} | "
+              f"{r['h2']['simulated_s']:>9.3f} {r['auto']['simulated_s']:>10.3f} | "
+              f"{f(r['h2'].get('hetero_speedup_ratio'), '>8.3f')} {f(r['auto'].get('hetero_speedup_ratio'), '>10.3f')} "
+              f"{f(r['paper_ratio'], '>6.3f')}", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"efficiency": eff, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""`heteroauto`: plan, simulate, compare and profile."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from ..plan import Plan
+from ..spec import InfeasibleError, SpecError
+
+log = logging.getLogger("heteroauto")
+
+
+def _progress(msg: str) -> None:
+    print(f"[heteroauto] {msg}", file=sys.stderr, flush=True)
+
+
+def _add_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, help="cluster spec (YAML/JSON)")
+    p.add_argument("--model", required=True, help="model preset (tiny, h2-100b) or spec file")
+    p.add_argument("--train", required=True, help="training spec (YAML/JSON)")
+    p.add_argument("--profile", help="profile JSON from `heteroauto profile` (default: analytic from chip specs)")
+    p.add_argument("--group-size", type=int, default=128, help="chips per group in the two-stage refinement")
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from .explain import explain, table
+    from .planning import load_problem, run_search, to_plan
+    pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    t0 = time.perf_counter()
+    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None)
+    dt = time.perf_counter() - t0
+    plan = to_plan(pb, res.best, dt, a.algo)
+    print(table(plan))
+    if a.explain:
+        print(explain(plan, res))
+    if a.json:
+        plan.save(a.json)
+        print(f"wrote {a.json}")
+    return 0
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from .plan_sim import simulate_plan
+    from .planning import load_problem
+    plan = Plan.load(a.plan)
+    pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    plan.validate(a.plan, num_layers=pb.model.layers, heads=pb.model.heads)
+    r = simulate_plan(pb.cm, plan, a.schedule, keep_timeline=bool(a.png))
+    out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
+           "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": a.schedule or plan.schedule}
+    print(f"simulated iteration {r.iteration_time_s:.4f} s, bubble {100 * r.bubble_fraction:.1f}%")
+    for i, m in enumerate(out["peak_memory_gb"]):
+        print(f"  stage {i}: peak {m:.2f} GB")
+    if a.png:
+        from .timeline import write_png
+        print(write_png(r, a.png) or f"wrote {a.png}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from .plan_sim import simulate_stages
+    from .planning import load_problem, run_search
+    pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    rows = {}
+    for algo in ("h2", "auto"):
+        t0 = time.perf_counter()
+        res = run_search(pb, algo, a.group_size)
+        dt = time.perf_counter() - t0
+        sim = simulate_stages(pb.cm, res.best.stages, res.best.dp).iteration_time_s
+        rows[algo] = {"search_time_s": dt, "iteration_time_s": res.best.time_s, "simulated_s": sim, "dp": res.best.dp,
+                      "stages": len(res.best.stages)}
+        print(f"{algo:>5}: search {dt:.3f} s, estimated {res.best.time_s:.4f} s, simulated {sim:.4f} s, "
+              f"dp={res.best.dp}, {len(res.best.stages)} stages")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from .profiler import profile_model
+    tps = [int(x) for x in a.tp.split(",")]
+    prof = profile_model(a.model, tps, a.device, chip=a.chip, seq_len=a.seq_len, micro_batch_size=a.micro_batch_size,
+                         repeats=a.repeats, progress=_progress)
+    prof.save(a.out)
+    print(f"wrote {a.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="heteroauto", description="Plan heterogeneous pipeline-parallel training.")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="search the best plan")
+    _add_inputs(p)
+    p.add_argument("--algo", choices=("auto", "h2"), default="auto")
+    p.add_argument("--json", help="write the plan here")
+    p.add_argument("--explain", action="store_true", help="bottleneck, memory headroom, runners-up")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(fn=cmd_plan)
+    s = sub.add_parser("simulate", help="discrete-event simulation of a plan")
+    s.add_argument("plan")
+    _add_inputs(s)
+    s.add_argument("--schedule", choices=("1f1b", "gpipe", "zbh1"))
+    s.add_argument("--png", help="write a timeline PNG (needs matplotlib)")
+    s.add_argument("--json")
+    s.set_defaults(fn=cmd_simulate)
+    c = sub.add_parser("compare", help="h2 and auto side by side")
+    _add_inputs(c)
+    c.add_argument("--json")
+    c.set_defaults(fn=cmd_compare)
+    f = sub.add_parser("profile", help="time a real layer on this machine")
+    f.add_argument("--model", required=True)
+    f.add_argument("--tp", default="1", help="comma-separated TP sizes to emulate (one shard per rank)")
+    f.add_argument("--device", default="cpu", help="device name; `device` resolves through ditorch")
+    f.add_argument("--chip", default="cpu", help="chip name to record in the profile")
+    f.add_argument("--seq-len", type=int)
+    f.add_argument("--micro-batch-size", type=int, default=1)
+    f.add_argument("--repeats", type=int, default=3)
+    f.add_argument("--out", required=True)
+    f.set_defaults(fn=cmd_profile)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return a.fn(a)
+    except (SpecError, InfeasibleError) as e:
+        print(f"heteroauto: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The cost and memory model that scores every plan (both search algorithms' outputs are judged by it).
+
+Per micro-batch, stage k costs c_k = l_k * (fwd + bwd + r_k * recompute) (+ embedding on the first stage,
++ head on the last). With b micro-batches per replica, update time u_k and boundary transfer e_j:
+
+    F = max( max_k [b c_k - beta_k],  max_j [b e_j - 2 e_j] ) + sum_k beta_k + 2 sum_j e_j
+    T = F + max_k (u_k - D_k)
+
+F is when the pipeline's compute ends (beta_k is stage k's share of fill and drain: c_k under 1F1B and
+GPipe, the paper's alpha = 1; c_k minus its deferred weight-gradient work under ZB-H1). Stage k runs its
+update u_k after its own last backward, which under 1F1B and GPipe precedes stage 0's last backward by at
+least D_k = sum_{j<k} (one layer's backward of stage j + e_j) (every stage holds a layer or more); under
+ZB-H1 D_k = 0. The paper adds u_k to stage k's own term only, max_k(b c_k + u_k + sum_{j != k} c_j), which
+under-counts a large update on a non-bottleneck stage. A boundary is a pipeline resource too: per
+direction it carries one activation (or gradient) per micro-batch and adds its latency to fill and drain.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
+from .analytic import ring_allreduce_s
+from .profiles import Profile
+
+
+@dataclass(frozen=True)
+class StageCoef:
+    """Per-layer coefficients of one stage kind (chip, tp, recompute) at a given dp."""
+    tau: float  # compute per micro-batch
+    beta: float  # fill/drain share per micro-batch
+    upd: float  # gradient sync + optimizer step
+    bwd: float  # backward without recompute (a stage's least drain share per layer)
+    static: float  # bytes: weights, gradients, optimizer state
+    act: float  # bytes saved per micro-batch
+    transient: float  # bytes of one layer's full activations during recompute
+
+
+@dataclass(frozen=True)
+class EndCoef:
+    """Embedding (first stage) or head (last stage) constants."""
+    time: float
+    beta: float
+    upd: float
+    static: float
+    transient: float
+
+
+@dataclass
+class StageSpec:
+    chip: str
+    tp: int
+    layers: int
+    recompute: bool
+
+
+@dataclass
+class Estimate:
+    iteration_time_s: float
+    stage_time_s: list[float]  # c_k
+    stage_update_s: list[float]
+    stage_memory_bytes: list[float]
+    stage_capacity_bytes: list[float]
+    in_flight: list[int]
+    boundary_s: list[float]
+    bottleneck: str  # "stage k" or "link k->k+1"
+    fill_drain_s: float
+    feasible: bool
+    details: dict = field(default_factory=dict)
+
+
+def in_flight(schedule: str, k: int, p: int, b: int) -> int:
+    """Micro-batches whose activations stage k holds at its peak."""
+    if schedule == "gpipe":
+        return b
+    if schedule == "zbh1":  # up to p-k awaiting B/I plus up to k awaiting their deferred W
+        return min(p, b)
+    return min(p - k, b)
+
+
+class CostModel:
+    def __init__(self, cluster: Cluster, model: ModelSpec, train: TrainSpec, profile: Profile) -> None:
+        self.cluster, self.model, self.train, self.profile = cluster, model, train, profile
+        nb = train.bytes_per_value
+        self.act_msg = nb * train.micro_batch_size * model.seq_len * model.hidden  # one boundary activation
+        opt = 12 if nb == 2 else 8  # fp32 master copy + two Adam moments, or just the moments in fp32
+        self._param_b, self._opt_b = 2 * nb, opt
+        self._chip = {c.name: c for c in cluster.chips}
+        self.coef = lru_cache(maxsize=None)(self._coef)
+        self.end = lru_cache(maxsize=None)(self._end)
+        self.boundary = lru_cache(maxsize=None)(self._boundary)
+
+    # --- per-layer coefficients -------------------------------------------------------------------
+    def _static_per_param(self, dp: int, zero1: bool) -> float:
+        return self._param_b + self._opt_b / (dp if zero1 else 1)
+
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int) -> float:
+        # ZeRO-1 reduce-scatter + all-gather moves the same bytes as an all-reduce.
+        return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, self._chip[chip].network_bw)
+
+    def _coef(self, chip: str, tp: int, recompute: bool, dp: int, zero1: bool | None = None,
+              schedule: str | None = None) -> StageCoef:
+        zero1 = self.train.zero1 if zero1 is None else zero1
+        schedule = schedule or self.train.schedule
+        pr = self.profile.get(chip, tp)
+        tau = pr.fwd_s + pr.bwd_s + (pr.recompute_s if recompute else 0.0)
+        beta = tau - pr.wgrad_s if schedule == "zbh1" else tau
+        params = self.profile.layer_params / tp
+        upd = self._grad_sync(chip, params, dp) + pr.optim_s / (dp if zero1 else 1)
+        return StageCoef(tau=tau, beta=beta, upd=upd, bwd=pr.bwd_s, static=params * self._static_per_param(dp, zero1),
+                         act=pr.ckpt_bytes if recompute else pr.act_bytes,
+                         transient=pr.act_bytes if recompute else 0.0)
+
+    def _end(self, chip: str, tp: int, dp: int, which: str, zero1: bool | None = None) -> EndCoef:
+        zero1 = self.train.zero1 if zero1 is None else zero1
+        pr = self.profile.get(chip, tp)
+        if which == "first":
+            params, t, tr = self.profile.embed_params / tp, pr.embed_s, 0.0
+        else:
+            params, t, tr = self.profile.head_params / tp, pr.head_s, pr.head_act_bytes
+        upd = self._grad_sync(chip, params, dp) + pr.optim_s * params / (self.profile.layer_params / tp) / (dp if zero1 else 1)
+        return EndCoef(time=t, beta=t, upd=upd, static=params * self._static_per_param(dp, zero1), transient=tr)
+
+    def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:
+        """One activation across a stage boundary: send/recv so each byte crosses once (spread over both TP
+        groups' NICs), then an all-gather inside the receiving TP group; an explicit cross-group link is
+        shared by all dp replicas."""
+        ca, cb = self._chip[a], self._chip[b]
+        m = self.act_msg
+        t = m / (min(ta * ca.network_bw, tb * cb.network_bw) * 1e9)
+        link = self.cluster.link_bw(a, b) if a != b else None
+        if link is not None:
+            t = max(t, dp * m / (link * 1e9))
+        if tb > 1:
+            t += (tb - 1) / tb * m / (cb.intra_node_bw * 1e9)
+        return t
+
+    # --- memory -----------------------------------------------------------------------------------
+    def memory(self, chip: str, tp: int, recompute: bool, dp: int, layers: int, n: int, first: bool, last: bool,
+               zero1: bool | None = None) -> float:
+        c = self.coef(chip, tp, recompute, dp, zero1)
+        mem = layers * (c.static + n * c.act) + c.transient
+        for flag, which in ((first, "first"), (last, "last")):
+            if flag:
+                e = self.end(chip, tp, dp, which, zero1)
+                mem += e.static + e.transient
+        return mem
+
+    def max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
+                   zero1: bool | None = None) -> int:
+        """Most layers a stage can hold in memory (0 when not even one fits)."""
+        c = self.coef(chip, tp, recompute, dp, zero1)
+        base = self.memory(chip, tp, recompute, dp, 0, n, first, last, zero1)
+        room = self._chip[chip].usable_bytes - base
+        per = c.static + n * c.act
+        return max(0, int(room // per)) if room >= per else 0
+
+    # --- the iteration-time formula ----------------------------------------------------------------
+    def drain_gaps(self, seq: list[tuple[str, int]], dp: int, schedule: str | None = None) -> list[float]:
+        """D_k: how long before stage 0's last backward stage k's last backward has surely finished."""
+        schedule = schedule or self.train.schedule
+        out = [0.0]
+        for k in range(len(seq) - 1):
+            if schedule == "zbh1":  # a stage's last actions are deferred weight passes, off the chain
+                out.append(0.0)
+                continue
+            (a, ta), (b_, tb) = seq[k], seq[k + 1]
+            d = self.coef(a, ta, False, dp).bwd + self.boundary(a, ta, b_, tb, dp)
+            if k == 0:
+                d += 2 * self.end(a, ta, dp, "first").time / 3  # the embedding's backward share
+            out.append(out[-1] + d)
+        return out
+
+    def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None) -> Estimate:
+        schedule = schedule or self.train.schedule
+        p = len(stages)
+        own, beta, cs, us, mems, caps, ns = [], [], [], [], [], [], []
+        for k, s in enumerate(stages):
+            c = self.coef(s.chip, s.tp, s.recompute, dp, None, schedule)
+            t, bt, u = s.layers * c.tau, s.layers * c.beta, s.layers * c.upd
+            for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
+                if flag:
+                    e = self.end(s.chip, s.tp, dp, which)
+                    t, bt, u = t + e.time, bt + e.beta, u + e.upd
+            n = in_flight(schedule, k, p, b)
+            cs.append(t), us.append(u), beta.append(bt), own.append(b * t - bt), ns.append(n)
+            mems.append(self.memory(s.chip, s.tp, s.recompute, dp, s.layers, n, k == 0, k == p - 1))
+            caps.append(self._chip[s.chip].usable_bytes)
+        es = [self.boundary(stages[k].chip, stages[k].tp, stages[k + 1].chip, stages[k + 1].tp, dp) for k in range(p - 1)]
+        gaps = self.drain_gaps([(s.chip, s.tp) for s in stages], dp, schedule)
+        link_own = [b * e - 2 * e for e in es]
+        fill = sum(beta) + 2 * sum(es)
+        upd_term = max(u - d for u, d in zip(us, gaps))
+        ks = max(range(p), key=lambda k: own[k])
+        if link_own and max(link_own) > own[ks]:
+            j = max(range(p - 1), key=lambda j: link_own[j])
+            top, where = link_own[j], f"link {j}->{j + 1}"
+        else:
+            top, where = own[ks], f"stage {ks}"
+        return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,
+                        stage_memory_bytes=mems, stage_capacity_bytes=caps, in_flight=ns, boundary_s=es,
+                        bottleneck=where, fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),
+                        details={"update_term_s": upd_term, "drain_gap_s": gaps})
+
+
+def micro_batches(train: TrainSpec, dp: int) -> int:
+    total = train.micro_batches_total
+    if total % dp:
+        raise InfeasibleError(f"global batch of {train.global_batch} sequences ({total} micro-batches of "
+                              f"{train.micro_batch_size}) is not divisible by dp={dp}")
+    return total // dp

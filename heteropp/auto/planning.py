@@ -1,0 +1,51 @@
+"""Load inputs, run a search, and turn its result into the shared Plan schema."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import Plan, StagePlan
+from ..spec import Cluster, ModelSpec, TrainSpec, load_cluster, load_model, load_train
+from .analytic import analytic_profile
+from .costs import CostModel, micro_batches
+from .profiles import Profile
+from .search import Candidate, Progress, SearchResult, search_auto
+
+
+@dataclass
+class Problem:
+    cluster: Cluster
+    model: ModelSpec
+    train: TrainSpec
+    cm: CostModel
+
+
+def load_problem(cluster: str, model: str, train: str, profile: str | None = None) -> Problem:
+    cl, m = load_cluster(cluster), load_model(model)
+    tr = load_train(train, m.seq_len)
+    prof = Profile.load(profile) if profile else analytic_profile(cl, m, tr)
+    return Problem(cl, m, tr, CostModel(cl, m, tr, prof))
+
+
+def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None) -> SearchResult:
+    if algo == "h2":
+        from .h2 import search_h2
+        return search_h2(pb.cm, group_size, progress=progress)
+    if algo != "auto":
+        raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
+    return search_auto(pb.cm, group_size, progress=progress)
+
+
+def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str) -> Plan:
+    b = micro_batches(pb.train, cand.dp)
+    est = pb.cm.evaluate(cand.stages, cand.dp, b)
+    stages = [StagePlan(chip=s.chip, tp=s.tp, layers=s.layers, recompute=s.recompute,
+                        est_time_s=round(t, 6), est_memory_gb=round(mem / 1e9, 3))
+              for s, t, mem in zip(cand.stages, est.stage_time_s, est.stage_memory_bytes)]
+    return Plan(stages=stages, dp=cand.dp, micro_batch_size=pb.train.micro_batch_size, micro_batches=b,
+                schedule=pb.train.schedule, model=pb.model.name, num_layers=pb.model.layers,
+                iteration_time_s=est.iteration_time_s, search_time_s=search_time_s, algo=algo,
+                extra={"bottleneck": est.bottleneck, "fill_drain_s": est.fill_drain_s,
+                       "boundary_s": est.boundary_s, "in_flight": est.in_flight,
+                       "memory_capacity_gb": [c / 1e9 for c in est.stage_capacity_bytes],
+                       "tokens_per_chip_s": pb.train.global_batch * pb.model.seq_len
+                       / (est.iteration_time_s * pb.cluster.total_chips)})

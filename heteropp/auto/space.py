@@ -1,0 +1,77 @@
+"""The shared search space: data-parallel sizes, chip groups, and per-group tensor-parallel sequences."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec import ChipType, Cluster, InfeasibleError, TrainSpec
+
+
+def dp_candidates(cluster: Cluster, train: TrainSpec) -> list[int]:
+    """dp divides the micro-batch count and every chip type's count (each type's chips all serve in every replica)."""
+    total = train.micro_batches_total
+    out = [d for d in range(1, min(c.count for c in cluster.chips) + 1)
+           if total % d == 0 and all(c.count % d == 0 for c in cluster.chips)]
+    if not out:
+        raise InfeasibleError("no data-parallel size divides both the global batch "
+                              f"({total} micro-batches) and every chip count")
+    return out
+
+
+def tp_sizes(chip: ChipType, heads: int = 0) -> list[int]:
+    """Powers of two up to the chip's TP_MAX that divide the attention (and KV) head count when given."""
+    out, t = [], 1
+    while t <= chip.tp_max:
+        if not heads or heads % t == 0:
+            out.append(t)
+        t *= 2
+    return out
+
+
+def groups(chip: ChipType, group_size: int) -> list[int]:
+    """Split a chip type into groups of `group_size` chips (the two-stage search's entities); a remainder
+    forms its own group."""
+    if group_size <= 0 or chip.count <= group_size:
+        return [chip.count]
+    n, r = divmod(chip.count, group_size)
+    return [group_size] * n + ([r] if r else [])
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    tps: tuple[int, ...]  # one TP size per group, non-increasing along the pipeline
+    stages: tuple[int, ...]  # pipeline stages per group
+
+
+def tp_sequences(chip: ChipType, dp: int, sizes: list[int], heads: int = 0) -> list[GroupChoice]:
+    """Every non-increasing per-group TP choice where each group's per-replica chips split into whole stages."""
+    per = [s // dp if s % dp == 0 else 0 for s in sizes]
+    if 0 in per:
+        return []
+    out: list[GroupChoice] = []
+
+    def rec(i: int, cap: int, tps: tuple[int, ...]) -> None:
+        if i == len(per):
+            out.append(GroupChoice(tps, tuple(n // t for n, t in zip(per, tps))))
+            return
+        for t in tp_sizes(chip, heads):
+            if t <= cap and per[i] % t == 0:
+                rec(i + 1, t, tps + (t,))
+
+    rec(0, chip.tp_max, ())
+    return out
+
+
+def heads_gcd(cm) -> int:
+    """TP must divide both the attention heads and the KV heads."""
+    import math
+    return math.gcd(cm.model.heads, cm.model.kv_heads)
+
+
+def stage_tp_choices(chip: ChipType, dp: int, group_size: int, heads: int = 0) -> list[list[int]]:
+    """Per-stage TP lists (pipeline order) for one chip type: the whole type as one entity (the paper's
+    first stage) and the grouped entities of its second stage, without duplicates."""
+    seen: dict[tuple[int, ...], None] = {}
+    for sizes in ([chip.count], groups(chip, group_size)):
+        for g in tp_sequences(chip, dp, sizes, heads):
+            seen[tuple(t for t, n in zip(g.tps, g.stages) for _ in range(n))] = None
+    return [list(k) for k in seen]

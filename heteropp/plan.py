@@ -1,0 +1,160 @@
+"""The one plan schema, shared by HeteroAuto (which writes it) and the HeteroPP engine (which runs it).
+
+A plan lists pipeline stages in order. Each stage is a group of same-type chips with its own tensor-parallel
+size, a contiguous range of decoder layers and a recompute flag; the data-parallel size is shared by all
+stages, so stage k uses `tp * dp` chips. Stage 0 also holds the embedding, the last stage the final norm and
+output head. Ranks are assigned stage by stage: stage k, dp replica d, tp rank t -> rank
+offset_k + d * tp_k + t.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .spec.errors import SpecError
+
+SCHEDULES = ("1f1b", "gpipe", "zbh1")
+PLAN_VERSION = 1
+
+
+@dataclass
+class StagePlan:
+    chip: str
+    tp: int
+    layers: int  # number of decoder layers
+    recompute: bool = False
+    first_layer: int = -1  # filled by Plan.__post_init__ when omitted
+    est_time_s: float | None = None  # per-micro-batch forward+backward(+recompute) time
+    est_memory_gb: float | None = None  # peak memory per chip
+
+    @property
+    def layer_range(self) -> range:
+        return range(self.first_layer, self.first_layer + self.layers)
+
+
+@dataclass
+class Plan:
+    stages: list[StagePlan]
+    dp: int
+    micro_batch_size: int
+    micro_batches: int  # per data-parallel replica per iteration
+    schedule: str = "1f1b"
+    model: str | None = None
+    num_layers: int | None = None  # the model's layer count, checked against the stages when given
+    iteration_time_s: float | None = None
+    search_time_s: float | None = None
+    algo: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form estimates (bubble, per-stage detail)
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        first = 0
+        for s in self.stages:
+            if s.first_layer < 0:
+                s.first_layer = first
+            first = s.first_layer + s.layers
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.tp for s in self.stages) * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.micro_batches * self.micro_batch_size
+
+    def chips_used(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stages:
+            out[s.chip] = out.get(s.chip, 0) + s.tp * self.dp
+        return out
+
+    def rank_offsets(self) -> list[int]:
+        offs, r = [], 0
+        for s in self.stages:
+            offs.append(r)
+            r += s.tp * self.dp
+        return offs
+
+    def validate(self, source: str = "<plan>", *, num_layers: int | None = None, heads: int | None = None,
+                 kv_heads: int | None = None, world_size: int | None = None) -> "Plan":
+        """Raise SpecError naming the field for anything the engine could not run."""
+        if not self.stages:
+            raise SpecError(source, "stages", "empty", "at least one stage")
+        for name, v in (("dp", self.dp), ("micro_batch_size", self.micro_batch_size), ("micro_batches", self.micro_batches)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SpecError(source, name, f"got {v!r}", "an integer >= 1")
+        if self.schedule not in SCHEDULES:
+            raise SpecError(source, "schedule", f"got {self.schedule!r}", "one of " + ", ".join(SCHEDULES))
+        expect = 0
+        for i, s in enumerate(self.stages):
+            p = f"stages[{i}]"
+            if not isinstance(s.chip, str) or not s.chip:
+                raise SpecError(source, f"{p}.chip", f"got {s.chip!r}", "a chip type name")
+            if not isinstance(s.tp, int) or s.tp < 1 or s.tp & (s.tp - 1):
+                raise SpecError(source, f"{p}.tp", f"got {s.tp!r}", "a power of two >= 1")
+            if not isinstance(s.layers, int) or s.layers < 1:
+                raise SpecError(source, f"{p}.layers", f"got {s.layers!r}", "an integer >= 1")
+            if not isinstance(s.recompute, bool):
+                raise SpecError(source, f"{p}.recompute", f"got {s.recompute!r}", "true or false")
+            if s.first_layer != expect:
+                raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
+            expect += s.layers
+            for hname, h in (("heads", heads), ("kv_heads", kv_heads)):
+                if h is not None and h % s.tp:
+                    raise SpecError(source, f"{p}.tp", f"tp={s.tp} does not divide the model's {hname}={h}", f"a divisor of {h}")
+        total = num_layers if num_layers is not None else self.num_layers
+        if total is not None and expect != total:
+            raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")
+        if world_size is not None and self.world_size != world_size:
+            raise SpecError(source, "stages[*].tp * dp", f"plan needs {self.world_size} ranks", f"the world size {world_size}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["chips_used"] = self.chips_used()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<plan>") -> "Plan":
+        if not isinstance(data, dict):
+            raise SpecError(source, "<top level>", f"got {type(data).__name__}", "a mapping")
+        for key in ("stages", "dp", "micro_batches"):
+            if key not in data:
+                raise SpecError(source, key, "missing", "a value")
+        if not isinstance(data["stages"], list):
+            raise SpecError(source, "stages", f"got {type(data['stages']).__name__}", "a list")
+        stages = []
+        allowed = {f for f in StagePlan.__dataclass_fields__}
+        for i, s in enumerate(data["stages"]):
+            if not isinstance(s, dict):
+                raise SpecError(source, f"stages[{i}]", f"got {type(s).__name__}", "a mapping")
+            for k in ("chip", "tp", "layers"):
+                if k not in s:
+                    raise SpecError(source, f"stages[{i}].{k}", "missing", "a value")
+            extra = set(s) - allowed
+            if extra:
+                raise SpecError(source, f"stages[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed)))
+            stages.append(StagePlan(**s))
+        top = {f for f in cls.__dataclass_fields__} | {"chips_used"}
+        extra = set(data) - top
+        if extra:
+            raise SpecError(source, sorted(extra)[0], "unknown field", "one of " + ", ".join(sorted(top)))
+        kw = {k: v for k, v in data.items() if k not in ("stages", "chips_used")}
+        kw.setdefault("micro_batch_size", 1)
+        return cls(stages=stages, **kw).validate(source)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError as e:
+            raise SpecError(str(path), "<file>", "file not found", "a plan JSON file") from e
+        except json.JSONDecodeError as e:
+            raise SpecError(str(path), "<file>", f"cannot parse: {e}", "valid JSON") from e
+        return cls.from_dict(data, str(path))

@@ -1,0 +1,56 @@
+"""GPipe, 1F1B and ZB-H1 as per-stage compute-action lists."""
+from __future__ import annotations
+
+from .actions import Action, Schedule
+
+
+def gpipe(p: int, m: int) -> Schedule:
+    return [[Action("F", i) for i in range(m)] + [Action("B", i) for i in range(m)] for _ in range(p)]
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """Stage s runs min(p-1-s, m) warm-up forwards, then alternates F and B, then drains the backwards."""
+    out: Schedule = []
+    for s in range(p):
+        warm = min(p - 1 - s, m)
+        acts = [Action("F", i) for i in range(warm)]
+        f, b = warm, 0
+        while f < m:
+            acts += [Action("F", f), Action("B", b)]
+            f, b = f + 1, b + 1
+        acts += [Action("B", i) for i in range(b, m)]
+        out.append(acts)
+    return out
+
+
+def zb_h1(p: int, m: int) -> Schedule:
+    """1F1B with B split into I and W. Stage s holds back s weight passes (the last stage the most, since it
+    waits longest in the cool-down) and runs them in the drain, filling the 1F1B bubble."""
+    out: Schedule = []
+    for s in range(p):
+        warm = min(p - 1 - s, m)
+        acts = [Action("F", i) for i in range(warm)]
+        pending: list[int] = []
+        f, b = warm, 0
+        hold = min(s, m)
+        while f < m:
+            acts += [Action("F", f), Action("I", b)]
+            pending.append(b)
+            if len(pending) > hold:
+                acts.append(Action("W", pending.pop(0)))
+            f, b = f + 1, b + 1
+        for i in range(b, m):
+            acts.append(Action("I", i))
+            pending.append(i)
+            if len(pending) > hold:
+                acts.append(Action("W", pending.pop(0)))
+        acts += [Action("W", i) for i in pending]
+        out.append(acts)
+    return out
+
+
+def build(name: str, p: int, m: int) -> Schedule:
+    table = {"gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zb_h1}
+    if name not in table:
+        raise ValueError(f"unknown schedule {name!r}; expected one of {', '.join(table)}")
+    return table[name](p, m)

@@ -1,0 +1,110 @@
+"""Cluster spec: chip types (count, memory, peak TFLOPS, node shape, bandwidths) and cross-group links."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+from .io import Fields, load_mapping
+
+
+@dataclass(frozen=True)
+class ChipType:
+    """One homogeneous group of chips. Bandwidths in GB/s, memory in GB (1e9 bytes)."""
+
+    name: str
+    count: int
+    memory_gb: float
+    peak_tflops: float
+    chips_per_node: int
+    tp_max: int
+    intra_node_bw: float
+    network_bw: float
+    efficiency: float = 0.5  # achievable fraction of peak for the analytic profile
+    memory_fraction: float = 0.9  # the "safe capacity": fragmentation and runtime reserve
+    hbm_bw: float = 1500.0  # for the memory-bound optimizer step in the analytic profile
+    device: str = "cpu"  # ditorch device type the engine maps this chip to
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.memory_gb * 1e9 * self.memory_fraction
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    chips: tuple[ChipType, ...]
+    links: dict[tuple[str, str], float] = field(default_factory=dict)  # aggregate GB/s between two groups
+
+    def chip(self, name: str) -> ChipType:
+        for c in self.chips:
+            if c.name == name:
+                return c
+        raise KeyError(f"chip type {name!r} not in cluster {self.name!r} (has {', '.join(c.name for c in self.chips)})")
+
+    def link_bw(self, a: str, b: str) -> float | None:
+        """Aggregate bandwidth of an explicit link between two chip groups, None when they share the fabric."""
+        return self.links.get((a, b)) or self.links.get((b, a))
+
+    @property
+    def total_chips(self) -> int:
+        return sum(c.count for c in self.chips)
+
+
+_CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "tp_max", "intra_node_bw",
+              "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device"}
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluster:
+    f = Fields(data, source)
+    f.unknown({"name", "chips", "links"})
+    chips: list[ChipType] = []
+    for i, raw in enumerate(f.list("chips")):
+        if not isinstance(raw, dict):
+            raise SpecError(source, f"chips[{i}]", f"got {type(raw).__name__}", "a mapping")
+        c = Fields(raw, source, f"chips[{i}].")
+        c.unknown(_CHIP_KEYS)
+        cpn = c.int("chips_per_node")
+        tp_max = c.int("tp_max", cpn)
+        if not _power_of_two(tp_max):
+            raise c.err("tp_max", f"got {tp_max}", "a power of two")
+        if tp_max > cpn:
+            raise c.err("tp_max", f"{tp_max} exceeds chips_per_node={cpn}", "tensor parallelism inside one node")
+        eff = c.float("efficiency", 0.5)
+        if eff > 1:
+            raise c.err("efficiency", f"got {eff}", "a fraction of peak in (0, 1]")
+        frac = c.float("memory_fraction", 0.9)
+        if frac > 1:
+            raise c.err("memory_fraction", f"got {frac}", "a fraction in (0, 1]")
+        chips.append(ChipType(
+            name=c.str("name"), count=c.int("count"), memory_gb=c.float("memory_gb"),
+            peak_tflops=c.float("peak_tflops"), chips_per_node=cpn, tp_max=tp_max,
+            intra_node_bw=c.bandwidth("intra_node_bw"), network_bw=c.bandwidth("network_bw"),
+            efficiency=eff, memory_fraction=frac, hbm_bw=c.bandwidth("hbm_bw", 1500.0),
+            device=c.str("device", "cpu")))
+    if not chips:
+        raise f.err("chips", "empty list", "at least one chip type")
+    names = [c.name for c in chips]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise f.err("chips", f"duplicate chip name {sorted(dup)[0]!r}", "unique names")
+    links: dict[tuple[str, str], float] = {}
+    for i, raw in enumerate(f.list("links", required=False)):
+        if not isinstance(raw, dict):
+            raise SpecError(source, f"links[{i}]", f"got {type(raw).__name__}", "a mapping with between and bandwidth")
+        lf = Fields(raw, source, f"links[{i}].")
+        lf.unknown({"between", "bandwidth"})
+        pair = lf.list("between")
+        if len(pair) != 2 or any(p not in names for p in pair):
+            raise lf.err("between", f"got {pair!r}", f"two chip names out of {names}")
+        links[(pair[0], pair[1])] = lf.bandwidth("bandwidth")
+    return Cluster(name=f.str("name", Path(source).stem), chips=tuple(chips), links=links)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    return cluster_from_dict(load_mapping(path), str(path))

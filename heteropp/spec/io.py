@@ -1,0 +1,122 @@
+"""Reading YAML/JSON spec files and typed field access with errors that name file and field."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import SpecError
+
+
+def load_mapping(path: str | Path) -> dict[str, Any]:
+    """Load a YAML (.yaml/.yml) or JSON file whose top level is a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(str(path), "<file>", "file not found", "an existing YAML or JSON file")
+    text = p.read_text()
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError as e:  # PyYAML is optional; JSON always works
+                raise SpecError(str(path), "<file>", "PyYAML is not installed", "a .json file or `pip install pyyaml`") from e
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except SpecError:
+        raise
+    except Exception as e:  # parse errors from either parser
+        raise SpecError(str(path), "<file>", f"cannot parse: {e}", "valid YAML or JSON") from e
+    if not isinstance(data, dict):
+        raise SpecError(str(path), "<top level>", f"got {type(data).__name__}", "a mapping")
+    return data
+
+
+_BW = re.compile(r"^\s*([0-9.eE+-]+)\s*(GB/s|GBps|Gbps|Gb/s|MB/s|Mbps)?\s*$")
+_BW_SCALE = {None: 1.0, "GB/s": 1.0, "GBps": 1.0, "Gbps": 1 / 8, "Gb/s": 1 / 8, "MB/s": 1e-3, "Mbps": 1e-3 / 8}
+
+
+class Fields:
+    """Typed access to one mapping of a spec file; every error names source and dotted field path."""
+
+    def __init__(self, data: Mapping[str, Any], source: str, prefix: str = "") -> None:
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def path(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def err(self, key: str, problem: str, expected: str = "") -> SpecError:
+        return SpecError(self.source, self.path(key), problem, expected)
+
+    def _get(self, key: str, default: Any, required: bool) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if required:
+                raise self.err(key, "missing", "a value")
+            return default
+        return self.data[key]
+
+    def int(self, key: str, default: int | None = None, *, required: bool = True, min: int | None = 1) -> int:
+        v = self._get(key, default, required and default is None)
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise self.err(key, f"got {v!r}", "an integer")
+        if min is not None and v < min:
+            raise self.err(key, f"got {v}", f"an integer >= {min}")
+        return v
+
+    def float(self, key: str, default: float | None = None, *, required: bool = True, positive: bool = True) -> float:
+        v = self._get(key, default, required and default is None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.err(key, f"got {v!r}", "a number")
+        if positive and not v > 0:
+            raise self.err(key, f"got {v}", "a positive number")
+        return float(v)
+
+    def bandwidth(self, key: str, default: float | None = None, *, required: bool = True) -> float:
+        """A bandwidth in GB/s; strings may carry a unit: '200Gbps', '9.56 GB/s'."""
+        v = self._get(key, default, required and default is None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            val = float(v)
+        else:
+            m = _BW.match(str(v))
+            if not m:
+                raise self.err(key, f"got {v!r}", "a number in GB/s or a string like '200Gbps' or '25 GB/s'")
+            val = float(m.group(1)) * _BW_SCALE[m.group(2)]
+        if not val > 0:
+            raise self.err(key, f"got {v!r}", "a positive bandwidth")
+        return val
+
+    def str(self, key: str, default: str | None = None, *, required: bool = True, choices: tuple[str, ...] | None = None) -> str:
+        v = self._get(key, default, required and default is None)
+        if not isinstance(v, str):
+            raise self.err(key, f"got {v!r}", "a string")
+        if choices and v not in choices:
+            raise self.err(key, f"got {v!r}", "one of " + ", ".join(choices))
+        return v
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self._get(key, default, False)
+        if not isinstance(v, bool):
+            raise self.err(key, f"got {v!r}", "true or false")
+        return v
+
+    def sub(self, key: str, *, required: bool = True) -> "Fields":
+        v = self._get(key, {}, required)
+        if not isinstance(v, dict):
+            raise self.err(key, f"got {type(v).__name__}", "a mapping")
+        return Fields(v, self.source, f"{self.path(key)}.")
+
+    def list(self, key: str, *, required: bool = True) -> list[Any]:
+        v = self._get(key, [], required)
+        if not isinstance(v, list):
+            raise self.err(key, f"got {type(v).__name__}", "a list")
+        return v
+
+    def unknown(self, allowed: set[str]) -> None:
+        """Reject misspelt keys instead of silently ignoring them."""
+        extra = sorted(set(self.data) - allowed)
+        if extra:
+            raise self.err(extra[0], "unknown field", "one of " + ", ".join(sorted(allowed)))

@@ -1,0 +1,110 @@
+"""Search correctness against brute-force enumeration of the whole space (small synthetic clusters)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from heteropp.auto.costs import StageSpec, micro_batches
+from heteropp.auto.h2 import search_h2
+from heteropp.auto.search import search_auto
+from heteropp.auto.space import dp_candidates, stage_tp_choices
+from heteropp.spec import InfeasibleError
+
+from heteroauto_helpers import chip, make_problem
+
+
+def compositions(n: int, k: int):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        b = (0,) + cuts + (n,)
+        yield [b[i + 1] - b[i] for i in range(k)]
+
+
+def brute_force(cm, group_size: int) -> float:
+    """Enumerate dp, chip-type order, per-group TP, every layer split and every per-stage recompute flag."""
+    best = math.inf
+    L = cm.model.layers
+    for dp in dp_candidates(cm.cluster, cm.train):
+        b = micro_batches(cm.train, dp)
+        per_type = {c.name: stage_tp_choices(c, dp, group_size) for c in cm.cluster.chips}
+        for order in itertools.permutations([c.name for c in cm.cluster.chips]):
+            for combo in itertools.product(*(per_type[n] for n in order)):
+                seq = [(n, t) for n, ts in zip(order, combo) for t in ts]
+                if len(seq) > L:
+                    continue
+                for ls in compositions(L, len(seq)):
+                    for rs in itertools.product((False, True), repeat=len(seq)):
+                        st = [StageSpec(c, t, l, r) for (c, t), l, r in zip(seq, ls, rs)]
+                        e = cm.evaluate(st, dp, b)
+                        if e.feasible:
+                            best = min(best, e.iteration_time_s)
+    return best
+
+
+CASES = {
+    "two types, memory binds": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8),
+    "three types": dict(chips=[chip("X", 2, 14.0), chip("Y", 2, 9.0), chip("Z", 2, 20.0, tp_max=1)],
+                        speeds={"X": 1.0, "Y": 0.6, "Z": 1.5}, layers=7, gb=4),
+    "slow cross link": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)], speeds={"X": 1.0, "Y": 0.7}, layers=8, gb=8,
+                            links=[{"between": ["X", "Y"], "bandwidth": 0.0005}]),
+    "zbh1": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8, schedule="zbh1"),
+    "gpipe": dict(chips=[chip("X", 2, 30.0), chip("Y", 2, 20.0)], speeds={"X": 1.0, "Y": 0.5}, layers=6, gb=4, schedule="gpipe"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_auto_equals_brute_force_optimum(name):
+    """The auto search finds exactly the brute-force optimum of the cost model (group size 2 so that
+    TP may differ between the two groups of one type)."""
+    cm = make_problem(**CASES[name])
+    want = brute_force(cm, group_size=2)
+    got = search_auto(cm, group_size=2, rerank=False)
+    assert got.best.time_s == pytest.approx(want, rel=1e-9)
+    b = micro_batches(cm.train, got.best.dp)
+    e = cm.evaluate(got.best.stages, got.best.dp, b)
+    assert e.feasible and e.iteration_time_s == pytest.approx(got.best.time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_auto_never_worse_than_h2(name):
+    cm = make_problem(**CASES[name])
+    h2 = search_h2(cm, group_size=2)
+    auto = search_auto(cm, group_size=2, rerank=False)
+    b = micro_batches(cm.train, h2.best.dp)
+    assert cm.evaluate(h2.best.stages, h2.best.dp, b).feasible, "h2's plan must fit the full memory model"
+    assert auto.best.time_s <= h2.best.time_s * (1 + 1e-12)
+
+
+def test_h2_hand_worked_example():
+    """Two types of 2 chips, tp_max 1, 6 layers, global batch 4, no memory pressure. Per layer:
+    X tau = 3 s (f=1, b=2), Y tau = 1.5 s; optimizer 0.01 s / dp; gradient sync at dp=2 is
+    2*(1/2) * 2 B * 1e8 params / 10 GB/s = 0.02 s.
+    dp=1 (b=4, s_pp 2+2): equal compute l_X = 6*(2/3)/(2/3+2/1.5) = 2, l_Y = 4, one and two layers per
+      stage, T_X = T_Y = 3; cost max(4*3+0.01+9, 4*3+0.02+9) = 21.02.
+    dp=2 (b=2, s_pp 1+1): l_X = 6*(1/3)/(1/3+1/1.5) = 2, l_Y = 4, T_X = T_Y = 6, update 0.025 s per layer;
+      cost max(2*6+0.05+6, 2*6+0.1+6) = 18.1 -> chosen."""
+    cm = make_problem([chip("X", 2, 40.0, tp_max=1), chip("Y", 2, 30.0, tp_max=1)], {"X": 1.0, "Y": 0.5},
+                      layers=6, gb=4)
+    r = search_h2(cm, two_stage=False)
+    assert r.best.dp == 2
+    assert [(s.chip, s.tp, s.layers, s.recompute) for s in r.best.stages] == [("X", 1, 2, False), ("Y", 1, 4, False)]
+    assert r.best.label == "h2 cost 18.1000 s"
+
+
+def test_h2_orders_types_by_memory():
+    """The paper maps larger-memory chips to earlier stages, whatever order the cluster file lists them."""
+    cm = make_problem([chip("Y", 2, 30.0, tp_max=1), chip("X", 2, 40.0, tp_max=1)], {"X": 1.0, "Y": 0.5},
+                      layers=6, gb=4)
+    assert [s.chip for s in search_h2(cm, two_stage=False).best.stages] == ["X", "Y"]
+
+
+def test_impossible_inputs_say_why():
+    cm = make_problem([chip("X", 2, 0.3), chip("Y", 2, 0.3)], {"X": 1.0, "Y": 1.0}, layers=8, gb=4)
+    with pytest.raises(InfeasibleError, match="no plan fits"):
+        search_auto(cm)
+    with pytest.raises(InfeasibleError, match="no plan fits"):
+        search_h2(cm)
+    cm = make_problem([chip("X", 8, 40.0, tp_max=1), chip("Y", 8, 40.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=3, gb=1)
+    with pytest.raises(InfeasibleError, match="no plan fits"):  # dp=1, tp=1: 16 stages for 3 layers
+        search_auto(cm)
