@@ -1,14 +1,17 @@
 """`--algo auto`: exact best-first search over data parallelism, the order of chip types along the pipeline,
 per-group TP sizes, per-stage layer counts and recompute, under the full cost model (costs.py).
 
-1. For every dp and every combination of per-type TP choices (the whole type, or its 128-chip groups with
-   non-increasing TP) a lower bound that ignores the order of types is computed for all combinations at
-   once (bounds.py, vectorised), and the combinations are visited in increasing bound.
-2. A visited combination expands into one entry per order of chip types, each with a tighter bound that
-   uses the exact in-flight counts, link costs and update floor of that order.
-3. An order whose bound is below the best plan so far gets the exact layer split (split.py).
-The search stops when the smallest remaining bound cannot beat the best plan, so the result is the optimum
-of the cost model. Per-kind tables and per-stage coefficients are computed once and memoised.
+Three levels of bounds, each below the next, feed one heap (dpspace.py builds them, levels.py computes
+the tight ones for many rows at once with numpy):
+1. every combination of per-type TP choices at every dp gets a cheap order-free bound; they enter the heap
+   in chunks, in increasing cheap bound;
+2. a popped chunk gives its combinations the tight order-free bound (integral caps with recompute, the
+   least fill and update level at each bottleneck level);
+3. a popped combination gives each order of chip types the same bound on its exact stage sequence (end
+   stages, in-flight counts, links, drain gaps), and a popped order gets the exact layer split (split.py).
+An incumbent is found first (the best-bounded order of the most promising combination) so that every
+tight bound is computed against it. The search stops when no bound beats the best plan: the result is the
+optimum of the cost model.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ from typing import Callable
 import numpy as np
 
 from ..spec import InfeasibleError
-from .bounds import Kind, fill_floor, integral_level, make_kind, update_level, water_level, water_level_many
 from .costs import CostModel, StageSpec, in_flight, micro_batches
-from .space import dp_candidates, heads_gcd, stage_tp_choices
+from .dpspace import DpSpace
+from .levels import lower_bound
+from .space import dp_candidates
 from .split import StageOpt, best_split
 
 Progress = Callable[[str], None]
@@ -92,102 +96,12 @@ def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tu
     return opts, lam, 2 * sum(es)
 
 
-class _DpSpace:
-    """Everything for one dp: per-type TP choices as runs of (tp, stages), per-kind tables, and the
-    order-free bound of every combination of choices."""
-
-    def __init__(self, cm: CostModel, dp: int, b: int, names: list[str], group_size: int) -> None:
-        self.cm, self.dp, self.b, self.names = cm, dp, b, names
-        L = cm.model.layers
-        self.choices: list[list[list[tuple[int, int]]]] = []
-        for name in names:
-            runs = []
-            for ts in stage_tp_choices(cm.cluster.chip(name), dp, group_size, heads_gcd(cm)):
-                if len(ts) <= L:
-                    runs.append([(t, len(list(g))) for t, g in itertools.groupby(ts)])
-            self.choices.append(runs)
-        self.kinds: dict[tuple[str, int], Kind] = {}
-
-    def kind(self, chip: str, tp: int) -> Kind:
-        k = self.kinds.get((chip, tp))
-        if k is None:
-            k = self.kinds[(chip, tp)] = make_kind(self.cm, chip, tp, self.dp, self.b, max(self.cm.model.layers, self.b))
-        return k
-
-    def _upto(self, kd: Kind, x: int) -> float:
-        """m(n_1) + ... over the in-flight counts min(v, b) for v = 1..x (1F1B)."""
-        return float(kd.cum[min(x, self.b)]) + max(x - self.b, 0) * float(kd.mmax[self.b])
-
-    def _cap_free(self, chip: str, tp: int, s: int, p_min: int) -> float:
-        """Capacity of s stages of one kind wherever they sit: their in-flight counts are distinct under
-        1F1B (at best 1..s), b under GPipe and min(p, b) >= min(s, b) under ZB-H1."""
-        kd, sched = self.kind(chip, tp), self.cm.train.schedule
-        if sched == "1f1b":
-            return self._upto(kd, s)
-        return s * float(kd.mmax[self.b if sched == "gpipe" else min(p_min, self.b)])
-
-    def combos(self) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-        """Order-free lower bounds of every combination (index tuples into self.choices)."""
-        L = self.cm.model.layers
-        per_type = []
-        for name, runs_list in zip(self.names, self.choices):
-            rows = []
-            for runs in runs_list:
-                s_tot = sum(s for _, s in runs)
-                rate = sum(s / self.kind(name, t).a for t, s in runs)
-                cap = sum(self._cap_free(name, t, s, s_tot) for t, s in runs)
-                beta = min(self.kind(name, t).beta for t, _ in runs)
-                fill1 = sum(s * self.kind(name, t).beta for t, s in runs)
-                one = max(self.kind(name, t).one_layer(1) for t, _ in runs)  # n = 1 is the most lenient
-                rows.append((rate, cap, beta, s_tot, fill1, one))
-            per_type.append(np.array(rows, dtype=np.float64).reshape(-1, 6))
-        idx = np.array(list(itertools.product(*(range(len(r)) for r in per_type))), dtype=np.int64)
-        if idx.size == 0:
-            return np.zeros(0), []
-        cols = [per_type[i][idx[:, i]] for i in range(len(per_type))]
-        rates = np.stack([c[:, 0] for c in cols], axis=1)
-        caps = np.stack([c[:, 1] for c in cols], axis=1)
-        beta = np.min(np.stack([c[:, 2] for c in cols], axis=1), axis=1)
-        stages = np.sum(np.stack([c[:, 3] for c in cols], axis=1), axis=1)
-        fill1 = np.sum(np.stack([c[:, 4] for c in cols], axis=1), axis=1)
-        one = np.max(np.stack([c[:, 5] for c in cols], axis=1), axis=1)
-        with np.errstate(invalid="ignore"):
-            lb = np.maximum(water_level_many(rates, caps, L), one) + fill1 + beta * (L - stages)
-        lb[stages > L] = np.inf
-        return lb, [tuple(int(v) for v in row) for row in idx]
-
-    def order_bound(self, seq_runs: list[tuple[str, int, int]]) -> float:
-        """Bound with the order fixed: exact in-flight counts, link terms and the first stage's update."""
-        cm, b, L = self.cm, self.b, self.cm.model.layers
-        p = sum(s for _, _, s in seq_runs)
-        rates, caps, betas, counts, kinds = [], [], [], [], []
-        one = 0.0
-        k0 = 0
-        for chip, tp, s in seq_runs:
-            kd = self.kind(chip, tp)
-            if cm.train.schedule == "1f1b":
-                cap = self._upto(kd, p - k0) - self._upto(kd, p - k0 - s)
-            else:
-                cap = s * float(kd.mmax[self.b if cm.train.schedule == "gpipe" else min(p, self.b)])
-            rates.append(s / kd.a), caps.append(cap), betas.append(kd.beta), counts.append(s)
-            kinds.append((kd.a, s, cap))
-            # the stage of this run with the most in flight is its first
-            one = max(one, kd.one_layer(in_flight(cm.train.schedule, k0, p, b)))
-            k0 += s
-        z = max(integral_level(water_level(rates, caps, L), kinds, L), one)
-        if not math.isfinite(z):
-            return math.inf
-        chips = [(c, t) for c, t, s in seq_runs for _ in range(s)]
-        es = [cm.boundary(*chips[k], *chips[k + 1], self.dp) for k in range(p - 1)]
-        lam = max((b * e - 2 * e for e in es), default=-math.inf)
-        ups = [self.kind(c, t).upd for c, t in chips]
-        w = update_level(ups, cm.drain_gaps(chips, self.dp), L)
-        return max(z, lam) + fill_floor(betas, counts, L) + 2 * sum(es) + w
-
-
+CHUNK = 16  # combinations per first tight-bound batch of a dp (then doubling)
+FREE_REFINE = 3
 RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the model cannot separate
+RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
 RERANK_KEEP = 8
-RERANK_MAX_ACTIONS = 200_000  # simulate only while the re-ranking stays cheap
+RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
@@ -198,34 +112,23 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     L = cm.model.layers
     names = [c.name for c in sorted(cm.cluster.chips, key=lambda c: -c.memory_gb)]
     orders = list(itertools.permutations(range(len(names))))
-    top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), RERANK_SLACK if rerank else 0.0)
+    slack = _rerank_slack(cm) if rerank else 0.0
+    top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), slack)
     stats = {"evaluated": 0, "pruned": 0}
-    heap: list[tuple[float, int, tuple]] = []  # (bound, tiebreak, entry)
-    tick = itertools.count()
+    spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     for dp in dp_candidates(cm.cluster, cm.train):
-        space = _DpSpace(cm, dp, micro_batches(cm.train, dp), names, group_size)
-        if not all(space.choices):
-            continue
-        lb, idx = space.combos()
-        for v, combo in zip(lb.tolist(), idx):
-            if math.isfinite(v):
-                heap.append((v, next(tick), ("combo", space, combo)))
-    if not heap:
+        space = DpSpace(cm, dp, micro_batches(cm.train, dp), names, group_size)
+        if all(space.choices):
+            lb, idx = space.combos()
+            keep = np.isfinite(lb)
+            if keep.any():
+                spaces.append((space, lb[keep], idx[keep]))
+    if not spaces:
         raise InfeasibleError(explain_infeasible(cm))
-    heapq.heapify(heap)
-    while heap and heap[0][0] < top.bound:
-        _, _, entry = heapq.heappop(heap)
-        if entry[0] == "combo":
-            _, space, combo = entry
-            for order in orders:
-                runs = [(names[i], t, s) for i in order for t, s in space.choices[i][combo[i]]]
-                ob = space.order_bound(runs)
-                if ob < top.bound:
-                    heapq.heappush(heap, (ob, next(tick), ("order", space, runs)))
-                else:
-                    stats["pruned"] += 1
-            continue
-        _, space, runs = entry
+    tick = itertools.count()
+
+    def split(space: DpSpace, order: tuple[int, ...], combo: np.ndarray) -> None:
+        runs = [(names[i], t, s) for i in order for t, s in space.choices[i][combo[i]]]
         seq = [(c, t) for c, t, s in runs for _ in range(s)]
         opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
         stats["evaluated"] += 1
@@ -236,14 +139,66 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             top.add(Candidate(res.total, space.dp, stages, label))
         if progress and stats["evaluated"] % 200 == 0:
             progress(f"{stats['evaluated']} configurations split, best {top.bound:.3f} s")
+
+    def expand(space: DpSpace, combo: np.ndarray, heap: list) -> None:
+        """Bound every order of the combination exactly; queue those that may beat the best."""
+        ob = lower_bound(space.order_rows(combo, orders), L, top.bound)
+        for o, v in zip(orders, ob.tolist()):
+            if v < top.bound:
+                heapq.heappush(heap, (v, next(tick), space, o, combo))
+            else:
+                stats["pruned"] += 1
+
+    # An incumbent first (so that every bound below is computed against it): the best-bounded order of the
+    # combination with the least tight bound among each dp's cheapest few.
+    firsts = []
+    for space, lb, idx in spaces:
+        rows = idx[np.argsort(lb, kind="stable")[:CHUNK]]
+        tight = lower_bound(space.free_rows(rows), L, math.inf, 0)
+        firsts.append((float(tight.min()), space, rows[int(np.argmin(tight))]))
+    _, space0, combo0 = min(firsts, key=lambda x: x[0])
+    ob = lower_bound(space0.order_rows(combo0, orders), L, math.inf, 0)
+    split(space0, orders[int(np.argmin(ob))], combo0)
+    # Best-first over three levels, each bound below the next: chunks of combinations in increasing cheap
+    # bound (the chunk's first), combinations with their tight order-free bound, orders with their exact bound.
+    heap: list = []
+    for space, lb, idx in spaces:
+        o = np.argsort(lb, kind="stable")
+        heap.append((float(lb[o[0]]), next(tick), space, "chunk", (lb[o], idx[o], 0, CHUNK)))
+    heapq.heapify(heap)
+    while heap and heap[0][0] < top.bound:
+        _, _, space, what, data = heapq.heappop(heap)
+        if what == "chunk":
+            lb, idx, start, size = data
+            end = start + size
+            rows = idx[start:end][lb[start:end] < top.bound]
+            if len(rows):
+                tight = lower_bound(space.free_rows(rows), L, top.bound, FREE_REFINE)
+                for v, combo in zip(tight.tolist(), rows):
+                    if v < top.bound:
+                        heapq.heappush(heap, (v, next(tick), space, "combo", combo))
+            if end < len(lb):
+                heapq.heappush(heap, (float(lb[end]), next(tick), space, "chunk", (lb, idx, end, 2 * size)))
+        elif what == "combo":
+            expand(space, data, heap)
+        else:
+            split(space, what, data)
     stats["pruned"] += len(heap)
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
     items = top.items
     if rerank:
-        items = _rerank(cm, [c for c in items if c.time_s <= items[0].time_s * (1 + RERANK_SLACK)]) + \
-            [c for c in items if c.time_s > items[0].time_s * (1 + RERANK_SLACK)]
+        near = [c for c in items if c.time_s <= items[0].time_s * (1 + slack)]
+        items = _rerank(cm, near) + [c for c in items if c not in near]
     return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"], time.perf_counter() - t0)
+
+
+def _rerank_slack(cm: CostModel) -> float:
+    """The wide margin only where simulating every kept plan surely stays within the re-rank budget."""
+    total = cm.train.micro_batches_total
+    worst = max(min(cm.model.layers, cm.cluster.total_chips // dp) * (total // dp)
+                for dp in dp_candidates(cm.cluster, cm.train))
+    return RERANK_SLACK_SMALL if worst * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
 
 
 def _rerank(cm: CostModel, cands: list[Candidate]) -> list[Candidate]:

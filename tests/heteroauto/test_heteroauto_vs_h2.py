@@ -30,11 +30,12 @@ def _sim(cm, cand) -> float:
 
 
 # Random cases where auto's simulated time exceeds h2's: the 1F1B estimate (costs.py) is an upper bound
-# that is loose for short pipelines with few micro-batches, so near-ties under the model can flip.
-KNOWN_WORSE = [73, 99, 219]
+# that is loose for short pipelines with few micro-batches, so near-ties under the model can flip. 73 and
+# 219 are fixed by the wide re-rank margin on small problems; in 99 h2's plan is outside that margin.
+KNOWN_WORSE = [99]
 
 
-@pytest.mark.parametrize("seed", list(range(40)) + [
+@pytest.mark.parametrize("seed", list(range(40)) + [73, 219] + [
     pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="cost model not exact for the simulator")) for s in KNOWN_WORSE])
 def test_auto_not_worse_than_h2_in_simulation(seed):
     cm = make_problem(**random_case(seed))

@@ -1,0 +1,143 @@
+"""A lower bound on the best split of many stage sequences at once (rows of a padded matrix, numpy).
+
+A split's cost is max(Z, Lambda) + W + fill + C with Z = max_k own_k(l_k), W = max_k y_k(l_k) and
+fill = sum_k phi_k(l_k). At bottleneck level Z a stage holds at most cap_k(Z) layers (integral, recompute
+when the layers do not fit without it), and both the least fill and the least W under those caps only
+grow as Z falls. So for levels g_0 < ... < g_K (g_0 the least feasible level), every split with Z in
+[g_i, g_i+1) costs at least max(g_i, Lambda) + fill(g_i+1) + W(g_i+1) + C, and one with Z >= g_K at least
+max(g_K, Lambda) + fill(inf) + W(inf) + C; the least of these bounds every split. g_K is placed where the
+last term reaches the best plan so far, so the grid covers only levels that could still beat it. fill(Z)
+is the greedy over the caps in order of per-layer fill cost (every stage takes a layer), W(Z) a water
+level; both relax recompute's higher per-layer cost (a lower bound stays one).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+EPS = 1e-9  # caps are rounded up at floating-point ties: a bound may only be optimistic
+GRID = 4
+REFINE = 10
+
+
+@dataclass
+class Rows:
+    """Stage slots per row; padding slots have real False, a = inf and zero caps."""
+    a: np.ndarray  # own slope, recompute off
+    a1: np.ndarray  # own slope, recompute on
+    a0: np.ndarray  # own offset (embedding or head)
+    m0: np.ndarray  # most layers, recompute off
+    m1: np.ndarray  # most layers, recompute on
+    beta: np.ndarray  # fill slope, recompute off
+    ups: np.ndarray  # update slope
+    y0: np.ndarray  # update offset (end stages' extra update, minus the drain gap)
+    real: np.ndarray
+    lam: np.ndarray  # (R,) link term
+    const: np.ndarray  # (R,) fill offsets and link fill
+
+    def take(self, rows: np.ndarray) -> "Rows":
+        return Rows(**{k: v[rows] for k, v in self.__dict__.items()})
+
+
+def zcaps(r: Rows, z: np.ndarray) -> np.ndarray:
+    """Most layers per stage with own <= z (rows' levels z)."""
+    z = z[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c0 = np.minimum(np.floor((z - r.a0) / r.a + EPS), r.m0)
+        c1 = np.minimum(np.floor((z - r.a0) / r.a1 + EPS), r.m1)
+    cap = np.where(c1 > r.m0, c1, c0)
+    return np.where(r.real, np.maximum(cap, 0.0), 0.0)
+
+
+def level(c: np.ndarray, slope: np.ndarray, off: np.ndarray, real: np.ndarray, L: int) -> np.ndarray:
+    """Least x with sum_k min(c_k, (x - off_k) / slope_k) >= L and x >= off_k + slope_k (one layer each);
+    inf where the caps cannot hold L (or a stage not even one)."""
+    pos = real & (slope > 0)
+    sl = np.where(pos, slope, 1.0)
+    cc = np.where(real, c, 0.0)
+    rate = np.where(pos, 1.0 / sl, 0.0)
+    yoff = np.where(pos, off * rate, 0.0)
+    bp = np.where(real, np.where(pos, off + cc * sl, off), -1e30)
+    o = np.argsort(bp, axis=1)
+    o += (np.arange(len(o)) * o.shape[1])[:, None]
+    bp, cc, rate, yoff = (v.ravel()[o] for v in (bp, cc, rate, yoff))
+    cum_c, cum_r, cum_y = np.cumsum(cc, 1), np.cumsum(rate, 1), np.cumsum(yoff, 1)
+    rt, yt = cum_r[:, -1:], cum_y[:, -1:]
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = cum_c + bp * (rt - cum_r) - (yt - cum_y)
+    hit = s >= L - 1e-9
+    j = np.argmax(hit, axis=1)
+    rows = np.arange(len(j))
+    prev_c = np.where(j > 0, cum_c[rows, j - 1], 0.0)
+    prev_r = np.where(j > 0, cum_r[rows, j - 1], 0.0)
+    prev_y = np.where(j > 0, cum_y[rows, j - 1], 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = (L - prev_c + (yt[:, 0] - prev_y)) / (rt[:, 0] - prev_r)
+    x = np.where(np.isfinite(x), x, bp[rows, j])  # all rates spent: the level is the breakpoint itself
+    x = np.minimum(x, bp[rows, j])
+    one = np.max(np.where(real, off + np.maximum(slope, 0.0), -np.inf), axis=1)
+    x = np.maximum(x, one)
+    bad = ~hit.any(axis=1) | (real & (c < 1)).any(axis=1)
+    return np.where(bad, np.inf, x)
+
+
+def fill(r: Rows, caps: np.ndarray, order: np.ndarray, L: int) -> np.ndarray:
+    """Least sum of per-layer fill under caps (every stage one layer, the rest to the cheapest first)."""
+    p = r.real.sum(axis=1)
+    flat = order + (np.arange(len(order)) * order.shape[1])[:, None]  # row-major positions, cheapest first
+    room = np.maximum(caps - 1, 0.0).ravel()[flat]
+    bs = r.beta.ravel()[flat]
+    cum = np.cumsum(room, 1)
+    take = np.clip((L - p)[:, None] - (cum - room), 0.0, room)
+    out = np.where(r.real, r.beta, 0.0).sum(axis=1) + (bs * take).sum(axis=1)
+    bad = (cum[:, -1] < L - p) | (r.real & (caps < 1)).any(axis=1) | (p > L)
+    return np.where(bad, np.inf, out)
+
+
+def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarray:
+    """Per row, a lower bound on the cost of every split (see the module doc). Rows whose bound is still
+    below `best` get their least segment halved, `refine` times."""
+    order = np.argsort(np.where(r.real, r.beta, np.inf), axis=1)
+    one_own = np.where(r.m0 >= 1, r.a, r.a1)
+    z0 = level(np.maximum(r.m0, r.m1), r.a, r.a0, r.real, L)
+    z0 = np.maximum(z0, np.max(np.where(r.real, r.a0 + one_own, -np.inf), axis=1))
+
+    def rest(rr: Rows, o: np.ndarray, z: np.ndarray | None) -> np.ndarray:
+        caps = full_of(rr) if z is None else zcaps(rr, z)
+        return fill(rr, caps, o, L) + level(caps, rr.ups, rr.y0, rr.real, L) + rr.const
+
+    f_inf = rest(r, order, None)
+    ok = np.isfinite(z0) & np.isfinite(f_inf)
+    zhi = np.where(ok, best - f_inf, z0) if math.isfinite(best) else z0 * 1.05
+    zhi = np.where(ok, np.maximum(zhi, z0), z0)
+    zs = np.where(ok, z0, 0.0)
+    width = np.where(ok, zhi - z0, 0.0) / GRID
+    lo = zs[:, None] + width[:, None] * np.arange(GRID)
+    hi = lo + width[:, None]
+    fh = np.stack([rest(r, order, hi[:, i]) for i in range(GRID)], axis=1)
+    tail = np.maximum(zhi, r.lam) + f_inf  # levels at or above zhi
+    for _ in range(refine):
+        sb = np.maximum(lo, r.lam[:, None]) + fh
+        cur = np.minimum(sb.min(axis=1), tail)
+        act = np.flatnonzero(ok & (cur < best) & np.isfinite(cur))
+        if not len(act):
+            break
+        j = np.argmin(sb[act], axis=1)
+        l, h = lo[act, j], hi[act, j]
+        m = (l + h) / 2
+        sub = r.take(act)
+        fm = rest(sub, order[act], m)
+        # [l, m) is bounded by F(m); [m, h) keeps F(h)
+        lo = np.concatenate([lo, np.full((len(lo), 1), np.inf)], axis=1)
+        hi = np.concatenate([hi, np.full((len(hi), 1), np.inf)], axis=1)
+        fh = np.concatenate([fh, np.full((len(fh), 1), np.inf)], axis=1)
+        lo[act, -1], hi[act, -1], fh[act, -1] = m, h, fh[act, j]
+        hi[act, j], fh[act, j] = m, fm
+    sb = np.maximum(lo, r.lam[:, None]) + fh
+    return np.where(ok, np.minimum(sb.min(axis=1), tail), np.inf)
+
+
+def full_of(r: Rows) -> np.ndarray:
+    return np.where(r.real, np.maximum(r.m0, r.m1), 0.0)
