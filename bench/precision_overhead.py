@@ -1,12 +1,18 @@
 """Overhead of each precision tool on one training step of the small LLaMA-style model, against
-the plain step. Prints a table; --json FILE writes the numbers.
+the plain step. The plain step and the tools are measured side by side: every round runs each of
+them for --steps steps (a tool's entry and exit included), in a rotated order, on the same model,
+so a change in machine load hits all of them alike. Quoted: the median over rounds of each one's
+mean step time, and the median over rounds of its ratio to the plain step of the same round; the
+same for the process's CPU time, which a loaded machine disturbs less than wall time. --json FILE writes the numbers.
 
-    python -m bench.precision_overhead [--steps 3] [--threads 1] [--json out.json]"""
+    python -m bench.precision_overhead [--rounds 5] [--steps 2] [--threads 1] [--only overflow_check] [--json out.json]"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -17,25 +23,24 @@ from precision import AutoCompare, Capture, OpTimer, OverflowCheck, Selector
 from precision.examples.tiny_llama import LlamaConfig, batches, make_model, train_step
 
 CFG = LlamaConfig(vocab=512, dim=256, layers=2, heads=8, hidden=688, seq=128, batch=4)
-TARGETS = {"capture(layers.1.mlp)": 1.5, "overflow_check": 1.5, "autocompare(all ops)": 5.0}
+TARGETS = {"capture(layers.1.mlp)": 1.5, "capture(layers.1.mlp, bulk)": 1.5, "overflow_check": 1.5,
+           "autocompare(all ops)": 5.0}
 
 
-def _step_times(make_tool, steps: int) -> list[float]:
-    model = make_model(CFG)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = batches(CFG, steps + 1)
-    train_step(model, opt, *data[0])  # warm-up, outside the tool
-    times = []
-    tool = make_tool()
-    with tool if tool is not None else _nothing():
-        for x, y in data[1:]:
-            t0 = time.perf_counter()
-            train_step(model, opt, x, y)
-            times.append(time.perf_counter() - t0)
-    return times
+def tools(tmp: str) -> dict:
+    return {
+        "plain": lambda r: None,
+        "capture(layers.1.mlp)": lambda r: Capture(f"{tmp}/cap{r}", Selector.build(modules="layers.1.mlp")),
+        "capture(layers.1.mlp, bulk)": lambda r: Capture(f"{tmp}/bulk{r}", Selector.build(modules="layers.1.mlp"),
+                                                         bulk=True),
+        "overflow_check": lambda r: OverflowCheck(),
+        "overflow_check(sync=False)": lambda r: OverflowCheck(sync=False),
+        "op_timer": lambda r: OpTimer(),
+        "autocompare(all ops)": lambda r: AutoCompare(),
+    }
 
 
-class _nothing:
+class _Nothing:
     def __enter__(self):
         return self
 
@@ -43,31 +48,85 @@ class _nothing:
         return None
 
 
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def measure(names: list[str], rounds: int, steps: int) -> dict[str, list[tuple[float, float]]]:
+    """times[name][round] = the mean step time of that tool in that round (wall, process CPU; in
+    seconds), its entry and exit included."""
+    tmp = tempfile.mkdtemp(prefix="precision-bench-")
+    try:
+        make = tools(tmp)
+        model = make_model(CFG)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = batches(CFG, steps)
+        train_step(model, opt, *data[0])  # warm-up, outside any tool
+        times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                tool = make[name](r) or _Nothing()
+                # Entry and exit are timed too: work a tool defers to its exit is part of its cost.
+                t0, c0 = time.perf_counter(), time.process_time()
+                with tool:
+                    for x, y in data:
+                        train_step(model, opt, x, y)
+                times[name].append(((time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps))
+                # Captures are removed once timed: gigabytes of them left behind would load the
+                # disk (write-back) under whichever tool runs next.
+                for entry in os.listdir(tmp):
+                    shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
+        return times
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summarise(times: dict[str, list[tuple[float, float]]]) -> dict:
+    plain = times["plain"]
+    out = {}
+    for name, per_round in times.items():
+        ratios = [t[0] / p[0] for t, p in zip(per_round, plain)]
+        cpu_ratios = [t[1] / p[1] for t, p in zip(per_round, plain)]
+        out[name] = {"step_ms": statistics.median(t[0] for t in per_round) * 1e3, "ratio": statistics.median(ratios),
+                     "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "cpu_ms": statistics.median(t[1] for t in per_round) * 1e3,
+                     "cpu_ratio": statistics.median(cpu_ratios)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=2, help="steps per tool per round")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    p.add_argument("--only", action="append", metavar="TOOL", help="measure only these tools (and plain)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    tmp = tempfile.mkdtemp(prefix="precision-bench-")
-    tools = {
-        "plain": lambda: None,
-        "capture(layers.1.mlp)": lambda: Capture(f"{tmp}/cap", Selector.build(modules="layers.1.mlp")),
-        "overflow_check": lambda: OverflowCheck(),
-        "op_timer": lambda: OpTimer(),
-        "autocompare(all ops)": lambda: AutoCompare(),
-    }
-    rows = {}
-    for name, make in tools.items():
-        rows[name] = statistics.median(_step_times(make, a.steps))
-        print(f"{name:<24} {rows[name] * 1e3:9.1f} ms  {rows[name] / rows['plain']:5.2f}x", flush=True)
+    names = list(tools(""))
+    if a.only:
+        unknown = set(a.only) - set(names)
+        if unknown:
+            p.error(f"unknown tool(s) {sorted(unknown)}; expected some of {names}")
+        names = ["plain"] + [n for n in names if n in a.only and n != "plain"]
+    load_before = _load()
+    rows = summarise(measure(names, a.rounds, a.steps))
+    load_after = _load()
+    print(f"{'tool':<28} {'step ms':>9} {'ratio':>7} {'range':>13} {'cpu ms':>8} {'cpu ratio':>9} {'target':>7}")
+    for name, row in rows.items():
+        target = f"{TARGETS[name]:.1f}x" if name in TARGETS else ""
+        print(f"{name:<28} {row['step_ms']:9.1f} {row['ratio']:6.2f}x {row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f}x "
+              f"{row['cpu_ms']:8.1f} {row['cpu_ratio']:8.2f}x {target:>7}")
+    print(f"load average {load_before} -> {load_after}; {a.rounds} rounds x {a.steps} steps, "
+          f"{torch.get_num_threads()} thread(s)")
     result = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "config": vars(CFG), "steps": a.steps,
-              "step_ms": {k: v * 1e3 for k, v in rows.items()},
-              "overhead": {k: v / rows["plain"] for k, v in rows.items()},
-              "targets": TARGETS}
+              "threads": torch.get_num_threads(), "config": vars(CFG), "rounds": a.rounds, "steps": a.steps,
+              "load_average": [load_before, load_after], "tools": rows, "targets": TARGETS}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)

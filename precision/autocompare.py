@@ -1,5 +1,8 @@
 """autocompare: every selected op is run again on a reference device (default: CPU, float64) on
-copies of its inputs, forward and backward, and its outputs are judged by the metrics library."""
+copies of its inputs, forward and backward, and its outputs are judged by the metrics library.
+
+An op whose outputs all pass the quick test (precision.metrics.quick) is recorded with max_abs
+only; every other op gets the full comparison and its full statistics."""
 from __future__ import annotations
 
 import json
@@ -9,7 +12,8 @@ import os
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .metrics import compare_trees
+from .metrics import compare_trees, quick_pass
+from .opinfo import op_info
 from .records import OpRecord
 from .reference import convert_inputs, skip_reason
 from .selection import Selector
@@ -35,14 +39,18 @@ class AutoCompare(Tool):
     ``sync=True`` (default): inputs are copied to the reference before the op, the reference runs
     right after it and the copies are freed, so at most one op's copies are alive. ``sync=False``:
     no extra device synchronisation per op; host copies are queued and judged after each optimizer
-    step (or ``flush()``), with one synchronisation, at the cost of holding one step's copies."""
+    step (or ``flush()``), with one synchronisation, at the cost of holding one step's copies.
+    ``full_stats=True``: full statistics for passing ops too (slower)."""
 
     name = "autocompare"
 
     def __init__(self, selector: Selector | None = None, *, device: str = "cpu", dtype: torch.dtype | None = torch.float64,
                  rtol: float | None = None, atol: float | None = None, sync: bool = True, skip_views: bool = True,
-                 out: str | None = None, **kwargs) -> None:
+                 out: str | None = None, full_stats: bool = False, **kwargs) -> None:
         super().__init__(selector, **kwargs)
+        self.full_stats = full_stats
+        self._warned = False
+        self._skip: dict = {}  # op overload -> why it is not compared (None: it is)
         self.device, self.dtype = device, dtype
         self.rtol, self.atol = rtol, atol
         self.sync, self.skip_views = sync, skip_views
@@ -56,7 +64,9 @@ class AutoCompare(Tool):
         return [r for r in self.results if r["status"] == "fail"]
 
     def handle(self, rec: OpRecord, func, args, kwargs):
-        reason = skip_reason(func) or ("view" if self.skip_views and func.is_view else None)
+        reason = self._skip.get(func, False)
+        if reason is False:
+            reason = self._skip[func] = skip_reason(func) or ("view" if self.skip_views and op_info(func).is_view else None)
         if reason or not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
             self.n_skipped += 1
             return func(*args, **kwargs)
@@ -67,8 +77,8 @@ class AutoCompare(Tool):
             with self.quiet():
                 self._queue.append((rec, func, inputs, _host_copy(out)))
             return out
-        with self.quiet():
-            ref_args, ref_kwargs = convert_inputs(args, kwargs, self.device, self.dtype)  # before: in-place ops
+        with self.quiet():  # before the op: in-place ops
+            ref_args, ref_kwargs = convert_inputs(args, kwargs, self.device, self.dtype)
         out = func(*args, **kwargs)
         with self.quiet():
             self._judge(rec, func, out, ref_args, ref_kwargs)
@@ -82,6 +92,11 @@ class AutoCompare(Tool):
             row.update(status="skipped", rule="skipped", detail=f"reference failed: {type(exc).__name__}: {exc}")
             self.results.append(row)
             return
+        quick = None if self.full_stats else quick_pass(out, ref_out, rtol=self.rtol, atol=self.atol)
+        if quick is not None:
+            row.update(status="pass", **quick)
+            self.results.append(row)
+            return
         verdict = compare_trees(out, ref_out, rtol=self.rtol, atol=self.atol)
         if not verdict.verdicts:
             self.n_skipped += 1
@@ -89,7 +104,8 @@ class AutoCompare(Tool):
         summary = verdict.summary()
         row.update(status="pass" if verdict.passed else "fail", **summary)
         self.results.append(row)
-        if not verdict.passed and len(self.failures) == 1:
+        if not verdict.passed and not self._warned:  # the first failure
+            self._warned = True
             log.warning("autocompare: first failure at %s #%d (%s, module %s): %s", rec.op, rec.index, rec.phase,
                         rec.module, summary["detail"])
 

@@ -9,7 +9,9 @@ import time
 
 import torch
 
-from .dump import FORMAT, INDEX, META, VERSION, snapshot, tensors_meta, tree_nbytes
+from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
+from .bulk import PendingWrites
+from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
 from .tool import Tool
@@ -17,16 +19,32 @@ from .tool import Tool
 log = logging.getLogger("precision")
 
 
+def _save(obj, path: str) -> None:
+    # Without the zip records' CRC32 (torch.load does not need it), which is a third of the time.
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(obj, path)
+    finally:
+        torch.serialization.set_crc32_options(crc)
+
+
 class Capture(Tool):
     """``with Capture("dump/{rank}", Selector.build(modules="layers.1")): train()``.
 
-    ``max_bytes`` caps the tensor bytes written; past it, ops are still indexed (``file: null``)."""
+    ``max_bytes`` caps the tensor bytes written; past it, ops are still indexed (``file: null``).
+    ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
+    ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
+    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile."""
 
     name = "capture"
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
-                 save_tensors: bool = True, **kwargs) -> None:
+                 save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20, **kwargs) -> None:
         super().__init__(selector, **kwargs)
+        self.bulk, self.bulk_bytes = bulk, bulk_bytes
+        self._pending = PendingWrites() if bulk else None
+        self._n_parts = 0
         self.path_template = path
         self.path = path
         self.max_bytes = max_bytes
@@ -43,10 +61,16 @@ class Capture(Tool):
         self._t0 = time.time()
 
     def handle(self, rec: OpRecord, func, args, kwargs):
-        with self.quiet():
-            inputs = snapshot((args, kwargs)) if self.save_tensors else None  # before the op: in-place ops
+        # An op that writes an argument changes its inputs: those are copied before it runs. The
+        # others' inputs are as they were, and are saved after it, uncopied where compact.
+        inputs = None
+        if self.save_tensors and op_info(func).mutates:
+            with self.quiet():
+                inputs = snapshot((args, kwargs))
         out = func(*args, **kwargs)
         with self.quiet():
+            if self.save_tensors and inputs is None:
+                inputs = saveable_now((args, kwargs))
             self._write(rec, args, kwargs, inputs, out)
         return out
 
@@ -56,11 +80,16 @@ class Capture(Tool):
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None
         if self.save_tensors:
-            outputs = snapshot(out)
+            outputs = saveable_now(out)  # written now, or held under guard (bulk)
+            payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
             if self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
-                rel = os.path.join("tensors", f"{rec.index:07d}.pt")
-                torch.save({"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}, os.path.join(self.path, rel))
+                if self._pending is not None:
+                    rel, entry["key"] = self._part_name(), f"{rec.index:07d}"
+                    self._pending.add(entry["key"], payload, size)
+                else:
+                    rel = os.path.join("tensors", f"{rec.index:07d}.pt")
+                    _save(payload, os.path.join(self.path, rel))
                 self.bytes_written += size
                 entry["file"] = rel
             else:
@@ -71,13 +100,39 @@ class Capture(Tool):
         self._index.write(json.dumps(entry) + "\n")
         self._index.flush()
         self.n_records += 1
+        if self._pending is not None and self._pending.nbytes >= self.bulk_bytes:
+            self.flush()
+
+    # bulk mode ---------------------------------------------------------------------------------
+    def _part_name(self) -> str:
+        return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
+
+    def _dispatch(self, func, args, kwargs):
+        if self._pending:  # every op, selected or not, that would overwrite a held tensor
+            info = op_info(func)
+            if info.mutates:
+                with self.quiet():
+                    self._pending.guard(info.written_tensors(args, kwargs))
+        return super()._dispatch(func, args, kwargs)
+
+    def flush(self) -> None:
+        """Bulk mode: write the held tensors now."""
+        if self._pending:
+            with self.quiet():  # also called from an optimizer hook, where the mode is active
+                _save(self._pending.take(), os.path.join(self.path, self._part_name()))
+            self._n_parts += 1
+
+    def on_step(self) -> None:
+        self.flush()
 
     def finish(self) -> None:
+        self.flush()
         if self._index is not None:
             self._index.close()
             self._index = None
         meta = {
-            "format": FORMAT, "version": VERSION, "rank": self.rank.get(), "torch": torch.__version__,
+            "format": FORMAT, "version": 2 if self.bulk else VERSION, "bulk": self.bulk, "rank": self.rank.get(),
+            "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,
             "seconds": round(time.time() - self._t0, 3),

@@ -1,5 +1,7 @@
 """The capture format: DIR/meta.json, DIR/index.jsonl (one record per op), DIR/tensors/NNNNNN.pt
-(inputs and outputs of one op, saved with torch.save)."""
+(inputs and outputs of one op, saved with torch.save). Version 2 (``bulk``): DIR/tensors/partNNNNN.pt
+holds many ops (a step's, usually), each under its record's ``key``; a tensor several of them read
+is stored once."""
 from __future__ import annotations
 
 import json
@@ -8,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 FORMAT = "precision-capture"
 VERSION = 1
@@ -27,8 +29,6 @@ def tensor_meta(x: Any) -> Any:
 
 
 def tensors_meta(tree) -> list:
-    from torch.utils._pytree import tree_leaves
-
     return [tensor_meta(t) for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
@@ -66,22 +66,30 @@ def snapshot(tree):
     return tree_map(_saveable, tree)
 
 
+def _compact(t: torch.Tensor) -> bool:
+    # Saving a tensor writes its whole storage: fine when the tensor covers exactly that storage.
+    return (t.device.type == "cpu" and t.storage_offset() == 0 and t.layout == torch.strided
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size() and not t.is_conj() and not t.is_neg())
+
+
+def saveable_now(tree):
+    """Like ``snapshot``, but compact CPU tensors are not copied: only for a ``torch.save`` done
+    before anything can change them (or with writes to them guarded, see precision.bulk)."""
+    return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) and _compact(x) else _saveable(x), tree)
+
+
 def restore(tree):
     """Arguments as the op takes them (``Unsaved`` markers stay: see ``check_replayable``)."""
     return tree_map(lambda x: x.value() if isinstance(x, TorchConstant) else x, tree)
 
 
 def check_replayable(tree, what: str) -> None:
-    from torch.utils._pytree import tree_leaves
-
     for x in tree_leaves(tree):
         if isinstance(x, Unsaved):
             raise ValueError(f"{what}: argument {x.text} could not be saved, so this op cannot be replayed")
 
 
 def tree_nbytes(tree) -> int:
-    from torch.utils._pytree import tree_leaves
-
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
@@ -142,9 +150,20 @@ class Dump:
         if not rec.get("file"):
             return None
         path = os.path.join(self.path, rec["file"])
+        key = rec.get("key")
         try:
-            data = torch.load(path, weights_only=False, map_location="cpu")
-        except (OSError, RuntimeError, EOFError) as exc:
-            raise DumpError(f"{path}: cannot load tensors of op {rec['op']} #{rec['index']} ({exc})") from exc
+            if key is None:
+                data = torch.load(path, weights_only=False, map_location="cpu")
+            else:
+                data = self._part(path)[key]
+        except (OSError, RuntimeError, EOFError, KeyError) as exc:
+            raise DumpError(f"{path}: cannot load tensors of op {rec['op']} #{rec['index']} ({exc!r})") from exc
         data["args"], data["kwargs"] = restore(data["args"]), restore(data["kwargs"])
         return data
+
+    def _part(self, path: str) -> dict:
+        # A part file holds many ops: mapped, not read, and kept while ops are read from it in order.
+        cached = self.__dict__.get("_open_part")
+        if cached is None or cached[0] != path:
+            cached = self.__dict__["_open_part"] = (path, torch.load(path, weights_only=False, mmap=True))
+        return cached[1]

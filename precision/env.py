@@ -4,8 +4,8 @@ imported, or with ``python -m precision.run --tool NAME script.py``.
 Variables: PRECISION_TOOL (capture, autocompare, overflow_check, op_timer, dtype_cast, fallback;
 comma-separated to stack), PRECISION_OUT (output directory, default ./precision_out),
 PRECISION_OPS, PRECISION_EXCLUDE_OPS, PRECISION_MODULES (comma-separated fnmatch patterns),
-PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES (capture),
-PRECISION_CALLSITE=1, PRECISION_SYNC=0 (autocompare without extra synchronisation),
+PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES and PRECISION_BULK=1 (capture),
+PRECISION_CALLSITE=1, PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
 PRECISION_DTYPE (dtype_cast target, default float32), PRECISION_DEVICE (fallback target /
 autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ log = logging.getLogger("precision")
 
 TOOLS: dict[str, type[Tool]] = {"capture": Capture, "autocompare": AutoCompare, "overflow_check": OverflowCheck,
                                 "op_timer": OpTimer, "dtype_cast": DtypeCast, "fallback": Fallback}
-_KEYS = ("out", "ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "callsite", "sync",
+_KEYS = ("out", "ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "bulk", "callsite", "sync",
          "dtype", "device", "range_dtype", "top")
 _active: list[Tool] = []
 
@@ -62,13 +62,15 @@ def make_tool(name: str, cfg: dict) -> Tool:
     common = {"with_callsite": _flag(cfg.get("callsite", "0"))}
     if name == "capture":
         max_bytes = int(float(cfg["max_bytes"])) if cfg.get("max_bytes") else 1 << 30
-        return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes, **common)
+        return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,
+                       bulk=_flag(cfg.get("bulk", "0")), **common)
     if name == "autocompare":
         return AutoCompare(selector, device=cfg.get("device") or "cpu", sync=_flag(cfg.get("sync", "1")),
                            out=os.path.join(out, "autocompare_rank{rank}.jsonl"), **common)
     if name == "overflow_check":
         rd = _dtype(cfg["range_dtype"]) if cfg.get("range_dtype") else None
-        return OverflowCheck(selector, range_dtype=rd, out=os.path.join(out, "overflow_rank{rank}.json"), **common)
+        return OverflowCheck(selector, range_dtype=rd, sync=_flag(cfg.get("sync", "1")),
+                             out=os.path.join(out, "overflow_rank{rank}.json"), **common)
     if name == "op_timer":
         return OpTimer(selector, top=int(cfg.get("top") or 20), out=os.path.join(out, "op_timer_rank{rank}.json"),
                        **common)

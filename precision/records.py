@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
-import traceback
-from dataclasses import asdict, dataclass
+import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -12,10 +12,16 @@ _EXAMPLES_DIR = os.path.join(_PKG_DIR, "examples")
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
+_USER_FILE: dict[str, bool] = {}
+
+
 def _is_user_frame(filename: str) -> bool:
-    if filename.startswith(_EXAMPLES_DIR):
-        return True
-    return not filename.startswith((_PKG_DIR, _TORCH_DIR)) and "<frozen" not in filename
+    hit = _USER_FILE.get(filename)
+    if hit is None:
+        hit = filename.startswith(_EXAMPLES_DIR) or (
+            not filename.startswith((_PKG_DIR, _TORCH_DIR)) and "<frozen" not in filename)
+        _USER_FILE[filename] = hit
+    return hit
 
 
 @dataclass
@@ -30,7 +36,8 @@ class OpRecord:
     callsite: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # Every field is a plain value: a shallow copy is what asdict would give, without its deep copy.
+        return dict(self.__dict__)
 
 
 def op_names(func) -> tuple[str, str]:
@@ -48,12 +55,30 @@ def resolve_op(op: str, overload: str = "default"):
         raise LookupError(f"op {op}.{overload} is not available in torch {torch.__version__}") from exc
 
 
+def user_frames(limit: int = 8, skip: int = 0) -> list[tuple[str, int, str]]:
+    """The innermost ``limit`` frames outside torch and this package, outermost first, as
+    (file, line, function), starting ``skip`` frames above the caller. Walks the frames without
+    reading source lines, so it is cheap enough to take for every op."""
+    frame = sys._getframe(1 + skip)
+    out = []
+    while frame is not None and len(out) < limit:
+        code = frame.f_code
+        if _is_user_frame(code.co_filename):
+            out.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    out.reverse()
+    return out
+
+
+def format_frames(frames: list[tuple[str, int, str]]) -> list[str]:
+    return [f"{file}:{line} in {name}" for file, line, name in frames]
+
+
 def user_stack(limit: int = 8) -> list[str]:
     """The innermost frames outside torch and this package, as 'file:line in func'."""
-    frames = [f for f in traceback.extract_stack()[:-1] if _is_user_frame(f.filename)]
-    return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames[-limit:]]
+    return format_frames(user_frames(limit, skip=1))
 
 
 def callsite() -> str | None:
-    stack = user_stack(1)
+    stack = format_frames(user_frames(1, skip=1))
     return stack[-1] if stack else None

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_map
 
 # Ops whose outputs are not a function of their inputs: random, or uninitialised memory.
 _UNINITIALISED = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -26,12 +25,24 @@ def _convert(t: torch.Tensor, device: str | torch.device, dtype: torch.dtype | N
     return t.detach().to(device=device, copy=True)
 
 
+def _map_one(fn, x):
+    # An ATen argument is a tensor, a list of tensors (or of optional tensors) or a plain value:
+    # one level of lists suffices, and is cheaper than a general tree walk for every op.
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_one(fn, v) for v in x) if any(isinstance(v, (torch.Tensor, list, tuple)) for v in x) else x
+    return fn(x)
+
+
+def _map_args(fn, args):
+    return tuple(_map_one(fn, a) for a in args)
+
+
 def convert_inputs(args, kwargs, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float64):
     """Copies of the inputs on ``device``; floating ones in ``dtype`` (None keeps their dtype). A
     ``device=`` argument of a factory op is redirected too."""
     conv = lambda x: _convert(x, device, dtype) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    args = tree_map(conv, args)
-    kwargs = tree_map(conv, dict(kwargs))
+    args = _map_args(conv, args)
+    kwargs = {k: _map_one(conv, v) for k, v in kwargs.items()}
     if "device" in kwargs and kwargs["device"] is not None:
         kwargs["device"] = torch.device(device)
     return args, kwargs

@@ -66,7 +66,7 @@ class Selector:
         return cls(parse_patterns(ops), parse_patterns(exclude_ops), parse_patterns(modules), ints(steps), ints(ranks),
                    frozenset(parse_patterns(phases)) if phases else None)
 
-    def _op_ok(self, op: str, overload: str) -> bool:
+    def op_ok(self, op: str, overload: str) -> bool:
         key = (op, overload)
         hit = self._cache.get(key)
         if hit is None:
@@ -77,7 +77,7 @@ class Selector:
             self._cache[key] = hit
         return hit
 
-    def _module_ok(self, module: str | None) -> bool:
+    def module_ok(self, module: str | None) -> bool:
         if self.modules is None:
             return True
         if module is None:
@@ -94,8 +94,8 @@ class Selector:
             (self.steps is None or step in self.steps)
             and (self.ranks is None or rank in self.ranks)
             and (self.phases is None or phase in self.phases)
-            and self._op_ok(op, overload)
-            and self._module_ok(module)
+            and self.op_ok(op, overload)
+            and self.module_ok(module)
         )
 
     def to_dict(self) -> dict:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from .records import OpRecord, callsite, op_names
+from .opinfo import op_info
+from .records import OpRecord, callsite
 from .selection import Selector
 from .tracking import ModuleTracker, RankInfo, StepTracker
 
 log = logging.getLogger("precision")
+_NOTHING = nullcontext()
 
 
 class _Mode(TorchDispatchMode):
@@ -40,6 +42,7 @@ class Tool:
         self.n_ops = 0
         self._stack: ExitStack | None = None
         self._lock = threading.Lock()
+        self._op_hits: dict = {}  # op overload -> selected by name
 
     # lifecycle -------------------------------------------------------------------------------
     def __enter__(self):
@@ -78,24 +81,40 @@ class Tool:
         """Called on exit, after the mode is removed."""
 
     # dispatch --------------------------------------------------------------------------------
-    def _record(self, func) -> OpRecord:
-        op, overload = op_names(func)
+    def _phase(self, in_backward: bool) -> str:
+        if self.steps.in_optimizer:
+            return "optimizer"
+        if in_backward:
+            return "recompute" if self.modules.stack else "backward"
+        return "forward"
+
+    def _op_selected(self, func) -> bool:
+        hit = self._op_hits.get(func)
+        if hit is None:
+            info = op_info(func)
+            hit = self._op_hits[func] = (not info.op.startswith("profiler::")
+                                         and self.selector.op_ok(info.op, info.overload))
+        return hit
+
+    def _dispatch(self, func, args, kwargs):
         with self._lock:
             index = self.n_ops
             self.n_ops += 1
-        module, in_backward = self.modules.current()
-        if self.steps.in_optimizer:
-            phase = "optimizer"
-        elif in_backward:
-            phase = "recompute" if self.modules.stack else "backward"
-        else:
-            phase = "forward"
-        return OpRecord(index, op, overload, phase, module, self.steps.step, self.rank.get())
-
-    def _dispatch(self, func, args, kwargs):
-        rec = self._record(func)
-        if rec.op.startswith("profiler::") or not self.selector.matches(rec.op, rec.overload, rec.module, rec.step, rec.rank, rec.phase):
+        # The cheap tests first, and the record only for a selected op: an unselected op costs a
+        # few lookups.
+        sel = self.selector
+        step = self.steps.step
+        if not self._op_selected(func) or (sel.steps is not None and step not in sel.steps):
             return func(*args, **kwargs)
+        rank = self.rank.get()
+        if sel.ranks is not None and rank not in sel.ranks:
+            return func(*args, **kwargs)
+        module, in_backward = self.modules.current()
+        phase = self._phase(in_backward)
+        if not (sel.module_ok(module) and (sel.phases is None or phase in sel.phases)):
+            return func(*args, **kwargs)
+        info = op_info(func)
+        rec = OpRecord(index, info.op, info.overload, phase, module, step, rank)
         if self.with_callsite:
             rec.callsite = callsite()
         return self.handle(rec, func, args, kwargs)
@@ -106,5 +125,8 @@ class Tool:
     @staticmethod
     def quiet():
         """A block whose ops no tool sees: a tool's own copies and checks are not the program's ops
-        (the op itself still goes through the outer tools when tools are stacked)."""
+        (the op itself still goes through the outer tools when tools are stacked). Inside a mode's
+        own handler that mode is already off, so with no other mode there is nothing to do."""
+        if torch._C._len_torch_dispatch_stack() == 0:
+            return _NOTHING
         return _disable_current_modes()

@@ -120,10 +120,11 @@ class StepTracker:
 
 
 class RankInfo:
-    """The process's rank: torch.distributed once initialised, else $RANK, else 0."""
+    """The process's rank: torch.distributed once initialised, else $RANK (read once), else 0."""
 
     def __init__(self) -> None:
         self._rank: int | None = None
+        self._env_rank: int | None = None
 
     def get(self) -> int:
         if self._rank is not None:
@@ -132,4 +133,6 @@ class RankInfo:
         if dist.is_available() and dist.is_initialized():
             self._rank = dist.get_rank()
             return self._rank
-        return int(os.environ.get("RANK", "0") or 0)
+        if self._env_rank is None:
+            self._env_rank = int(os.environ.get("RANK", "0") or 0)
+        return self._env_rank

@@ -1,0 +1,47 @@
+"""Facts about an ATen op read once from its schema and cached: its names, which arguments it writes
+(in-place and out= ops) and whether its output is a view. Tools use them to copy or check only what
+an op can change."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    op: str  # "aten::mm"
+    overload: str  # "default"
+    written: tuple[tuple[int, str], ...]  # (position, name) of every argument the op writes
+    is_view: bool  # the output is a view of an input: no kernel computes it
+
+    @property
+    def mutates(self) -> bool:
+        return bool(self.written)
+
+    def written_tensors(self, args, kwargs) -> list[torch.Tensor]:
+        """The tensors the op will write (a written list argument gives all its tensors)."""
+        out: list[torch.Tensor] = []
+        for pos, name in self.written:
+            value = args[pos] if pos < len(args) else kwargs.get(name)
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+            elif isinstance(value, (list, tuple)):
+                out.extend(v for v in value if isinstance(v, torch.Tensor))
+        return out
+
+
+_CACHE: dict = {}
+# Views in all but name: they reshape a fresh tensor that nothing else holds, and run no kernel.
+_UNDECLARED_VIEWS = frozenset({"aten::_unsafe_view"})
+
+
+def op_info(func) -> OpInfo:
+    info = _CACHE.get(func)
+    if info is None:
+        schema = func._schema
+        written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                        if a.alias_info is not None and a.alias_info.is_write)
+        is_view = bool(func.is_view) or schema.name in _UNDECLARED_VIEWS
+        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view)
+    return info

@@ -1,0 +1,263 @@
+"""The tools' fast paths against slow references: the quick pass of the comparison library against
+the full comparison, autocompare with and without full statistics, overflow_check (with and
+without host reads per op) against a plain per-op Inf/NaN check written here, capture's uncopied
+and bulk saves against per-op files, and that a tool's own checks stay hidden from a tool stacked
+outside it."""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from precision import AutoCompare, Capture, Dump, OpTimer, OverflowCheck, Selector, compare_dumps
+from precision.examples.faults import wrong_kernel
+from precision.examples.tiny_llama import LlamaConfig, make_model, train
+from precision.metrics import compare_trees, quick_pass
+
+CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
+INF, NAN = math.inf, math.nan
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# quick pass vs full comparison ---------------------------------------------------------------------
+def _cases():
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for scale in (0.0, 1e-9, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 3e-2):
+            for magnitude in (1e-3, 1.0, 1e3):
+                e = torch.randn(64, generator=g, dtype=torch.float64) * magnitude
+                noise = torch.randn(64, generator=g, dtype=torch.float64) * scale * e.abs().clamp_min(1e-6)
+                yield (e + noise).to(dtype), e
+    e = torch.tensor([1.0, -INF, 2.0, INF], dtype=torch.float64)
+    yield e.float(), e  # the same infinities: pass
+    yield torch.tensor([1.0, INF, 2.0, INF]), e  # opposite infinity
+    yield torch.tensor([1.0, -INF, 2.1, INF]), e  # a finite place out of tolerance next to infinities
+    yield torch.tensor([1.0, NAN, 2.0, INF]), e
+    yield torch.tensor([NAN, 1.0]), torch.tensor([NAN, 1.0], dtype=torch.float64)  # NaN on both sides
+    yield torch.tensor([1e38, -1e38]).double() * 1e270, torch.tensor([-1e308, 1e308], dtype=torch.float64)
+    atol, rtol = 1e-5, 1e-5  # float32 defaults; exactly on the bound and one step past it
+    yield torch.tensor([1.0 + atol + rtol], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    yield torch.tensor([2.0]), torch.tensor([2.0 + atol + 2 * rtol], dtype=torch.float64)
+    yield torch.arange(6), torch.arange(6)  # exact: equal, different, other dtype
+    yield torch.arange(6), torch.arange(6).flip(0)
+    yield torch.tensor([True, False]), torch.tensor([True, False])
+    yield torch.arange(6, dtype=torch.int32), torch.arange(6)
+    yield torch.ones(2, 3), torch.ones(3, 2, dtype=torch.float64)  # shape
+    yield torch.ones(3), torch.ones(3, dtype=torch.int64)  # float against integer
+    yield torch.zeros(0), torch.zeros(0, dtype=torch.float64)  # empty
+    yield (torch.ones(3), torch.arange(3)), (torch.ones(3, dtype=torch.float64), torch.arange(3))  # a tree
+    yield (torch.ones(3), torch.ones(3)), (torch.ones(3, dtype=torch.float64),)  # counts differ
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # the full statistics of the 1e308 case
+def test_quick_pass_agrees_with_the_full_comparison():
+    n_quick = n_full_pass = n_full_fail = 0
+    for actual, expected in _cases():
+        full = compare_trees(actual, expected)
+        quick = quick_pass(actual, expected)
+        n_full_pass += full.passed
+        n_full_fail += not full.passed
+        if quick is None:
+            continue
+        n_quick += 1
+        summary = full.summary()
+        assert full.passed, (actual, expected)
+        assert {k: quick[k] for k in ("passed", "rule", "detail", "max_abs")} == \
+               {k: summary[k] for k in ("passed", "rule", "detail", "max_abs")}
+    # the cases cover both outcomes, and the quick pass decides most of the passes
+    assert n_full_fail >= 20 and n_quick >= 0.8 * n_full_pass
+
+
+def test_quick_pass_leaves_its_inputs_alone():
+    a = torch.randn(16, dtype=torch.float64)
+    e = a + 1e-9
+    a0, e0 = a.clone(), e.clone()
+    assert quick_pass(a, e) is not None
+    assert torch.equal(a, a0) and torch.equal(e, e0)
+
+
+# autocompare: quick rows against full rows on the real model ---------------------------------------
+def _key(rows):
+    return [(r["index"], r["op"], r["status"], r["rule"], r["detail"]) for r in rows]
+
+
+def test_autocompare_fast_path_gives_the_full_paths_verdicts():
+    with wrong_kernel("silu"):
+        with AutoCompare() as fast:
+            train(1, CFG, optimizer="sgd")
+        with AutoCompare(full_stats=True) as full:
+            train(1, CFG, optimizer="sgd")
+    assert _key(fast.results) == _key(full.results)
+    assert fast.failures and fast.failures[0]["op"] == "aten::silu"
+    assert fast.summary()["first_failure"]["index"] == full.summary()["first_failure"]["index"]
+    assert all(r["max_abs"] == f["max_abs"] for r, f in zip(fast.results, full.results) if "max_abs" in r)
+    # passes carry max_abs only; failures carry the full statistics
+    assert any("max_ulp" not in r for r in fast.results if r["status"] == "pass")
+    assert all("max_ulp" in r and "cosine" in r for r in fast.failures)
+
+
+# overflow_check against a plain check of every op --------------------------------------------------
+class PlainOverflow(TorchDispatchMode):
+    """Every op: inputs checked with isfinite before it runs, outputs after it; an event where the
+    outputs hold Inf/NaN (or exceed ``range_max``) and the inputs did not."""
+
+    def __init__(self, range_max=None):
+        super().__init__()
+        self.range_max, self.index, self.events = range_max, 0, []
+
+    def _problem(self, tree, what):
+        tensors = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()]
+        for i, t in enumerate(t.detach() for t in tensors):
+            if not torch.isfinite(t).all():
+                n_nan, n_inf = int(t.isnan().sum()), int(t.isinf().sum())
+                return ("nan" if n_nan else "inf"), f"{what} {i}: {n_nan} NaN, {n_inf} Inf of {t.numel()}"
+            if self.range_max is not None and float(t.abs().max()) > self.range_max:
+                return "range", f"{what} {i}: |max| {float(t.abs().max()):.4g} exceeds {self.range_max:.4g}"
+        return None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        index, self.index = self.index, self.index + 1
+        scalars = any(isinstance(x, float) and not math.isfinite(x) for x in tree_leaves((args, kwargs)))
+        inputs_ok = self._problem((args, kwargs), "input") is None and not scalars
+        out = func(*args, **kwargs)
+        problem = self._problem(out, "output") if inputs_ok else None
+        if problem is not None:
+            self.events.append((index, func._schema.name, *problem))
+        return out
+
+
+def _overflowing_model(magnitude=3e38):
+    """With the default, layers.1.mlp.w1's matmul overflows float32; with 1e4, float16's range."""
+    torch.manual_seed(0)
+    model = make_model(CFG)
+    with torch.no_grad():
+        w = model.layers[1].mlp.w1.weight
+        w.copy_(torch.sign(w) * magnitude)
+    return model, torch.randint(0, CFG.vocab, (CFG.batch, CFG.seq))
+
+
+def _events(tool):
+    return [(e.index, e.op, e.kind, e.detail) for e in tool.events]
+
+
+@pytest.mark.parametrize("range_dtype", [None, torch.float16])
+def test_overflow_check_matches_a_plain_check_of_every_op(range_dtype):
+    model, tokens = _overflowing_model(1e4 if range_dtype else 3e38)
+    range_max = torch.finfo(range_dtype).max if range_dtype else None
+    with PlainOverflow(range_max) as plain:
+        model(tokens).sum().backward()
+    with OverflowCheck(range_dtype=range_dtype) as fast:
+        model(tokens).sum().backward()
+    with OverflowCheck(range_dtype=range_dtype, sync=False) as nosync:
+        model(tokens).sum().backward()
+    assert plain.events and len(plain.events) < 100
+    assert _events(fast) == plain.events
+    assert _events(nosync) == plain.events
+
+
+def test_overflow_check_without_sync_reports_the_planted_inf_at_its_op_and_module():
+    model, tokens = _overflowing_model()
+    with OverflowCheck(sync=False) as oc:
+        model(tokens).sum().backward()
+        assert oc.events == []  # nothing is read before a step, a flush or the exit
+        oc.flush()
+        first = oc.first
+    assert first.op == "aten::mm" and first.module == "TinyLlama.layers.1.mlp.w1" and first.phase == "forward"
+    assert first.kind == "inf" and any("test_precision_fastpaths.py" in frame for frame in first.stack)
+    with pytest.raises(Exception) as info:
+        with OverflowCheck(sync=False, raise_on_first=True):
+            model(tokens)
+    assert "aten::mm" in str(info.value) and "layers.1.mlp.w1" in str(info.value)
+
+
+def test_overflow_check_sees_an_in_place_op_overflow_its_own_input():
+    with OverflowCheck() as oc:
+        x = torch.full((4,), 3e38)
+        x.add_(x)  # finite before, Inf after: the input is checked before the op overwrites it
+    assert oc.first is not None and oc.first.op == "aten::add_" and oc.first.kind == "inf"
+
+
+# capture: uncopied saves hold the values of the moment ---------------------------------------------
+def test_capture_saves_inputs_before_in_place_ops_and_views_whole(tmp_path):
+    a = torch.arange(12.0).reshape(3, 4)
+    b = torch.ones(5, 4)
+    with Capture(str(tmp_path / "c"), Selector.build(ops="mm,add_,t")):
+        c = a @ b.t()  # t: a transposed view of all of b; mm reads it
+        c.add_(1.0)  # in place: the input saved is the value before
+        c.add_(1.0)
+    dump = Dump.open(str(tmp_path / "c"))
+    data = [dump.load(r) for r in dump.records]
+    assert [r["op"] for r in dump.records] == ["aten::t", "aten::mm", "aten::add_", "aten::add_"]
+    torch.testing.assert_close(data[0]["outputs"], b.t(), rtol=0, atol=0)
+    torch.testing.assert_close(data[1]["outputs"], a @ b.t(), rtol=0, atol=0)
+    torch.testing.assert_close(data[2]["args"][0], a @ b.t(), rtol=0, atol=0)
+    torch.testing.assert_close(data[3]["args"][0], a @ b.t() + 1, rtol=0, atol=0)
+    torch.testing.assert_close(data[3]["outputs"], a @ b.t() + 2, rtol=0, atol=0)
+
+
+# stacked tools: an inner tool's own checks are not the program's ops -------------------------------
+class OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("inner", [lambda: OverflowCheck(), lambda: AutoCompare(Selector.build(ops="mm,silu"))])
+def test_an_outer_tool_sees_only_the_programs_ops(inner):
+    with OpNames() as log:
+        train(1, CFG, optimizer="sgd")
+    with OpTimer() as outer:
+        with inner():
+            train(1, CFG, optimizer="sgd")
+    expected: dict = {}
+    for op in log.ops:
+        if not op.startswith("profiler::"):  # tools do not time the profiler's markers
+            expected[op] = expected.get(op, 0) + 1
+    assert {e.op: e.count for e in outer.times.values()} == expected
+
+
+def test_capture_in_bulk_reads_back_what_per_op_files_hold(tmp_path):
+    sel = Selector.build(modules="layers.1.mlp")
+    with Capture(str(tmp_path / "per_op"), sel):
+        train(2, CFG, optimizer="adamw")
+    with Capture(str(tmp_path / "bulk"), sel, bulk=True) as bulk:
+        train(2, CFG, optimizer="adamw")
+    a, b = Dump.open(str(tmp_path / "per_op")), Dump.open(str(tmp_path / "bulk"))
+    assert [(r["index"], r["op"]) for r in a.records] == [(r["index"], r["op"]) for r in b.records]
+    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == 2
+    assert len({r["file"] for r in b.records}) == 2 == bulk._n_parts  # one file per step
+    for ra, rb in zip(a.records, b.records):
+        la, lb = tree_leaves(a.load(ra)), tree_leaves(b.load(rb))
+        assert len(la) == len(lb)
+        for x, y in zip(la, lb):
+            if isinstance(x, torch.Tensor):
+                assert isinstance(y, torch.Tensor) and torch.equal(x, y), (ra["op"], ra["index"])
+            else:
+                assert x == y
+    report = compare_dumps(str(tmp_path / "bulk"), str(tmp_path / "per_op"))  # the CLI's reader path
+    assert report.passed and len(report.ops) == len(a.records)
+
+
+def test_capture_in_bulk_keeps_a_held_tensor_from_a_later_in_place_write(tmp_path):
+    with Capture(str(tmp_path / "c"), Selector.build(ops="mul"), bulk=True):
+        x = torch.ones(4)
+        y = x * 2  # captured, held uncopied until the exit
+        y.add_(1)  # not captured, but it writes y: the held y is copied first
+        x.zero_()
+    dump = Dump.open(str(tmp_path / "c"))
+    (rec,) = dump.records
+    data = dump.load(rec)
+    assert torch.equal(data["args"][0], torch.ones(4)) and torch.equal(data["outputs"], torch.full((4,), 2.0))
