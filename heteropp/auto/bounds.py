@@ -63,3 +63,23 @@ def water_level_many(rates: np.ndarray, caps: np.ndarray, L: int) -> np.ndarray:
         z = np.maximum(z, num / rates[:, ~inside].sum(axis=1))
     z[caps.sum(axis=1) < L] = np.inf
     return z
+
+
+def integral_level(a: np.ndarray, s: np.ndarray, cap: np.ndarray, z: np.ndarray, L: int,
+                   steps: int = 32) -> np.ndarray:
+    """Raise the water levels z (rows) to the least level where whole layers fit: a run of s stages with
+    per-layer cost a holds at most min(s * floor(Z / a), cap) layers at bottleneck level Z (end stages
+    only add a non-negative offset). Steps from breakpoint to breakpoint; a row still short after `steps`
+    keeps its level, which then still bounds from below."""
+    z = z.copy()
+    act = np.flatnonzero(np.isfinite(z))
+    for _ in range(steps):
+        if not len(act):
+            break
+        aa, ss, cc, zz = a[act], s[act], cap[act], z[act]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.floor(zz[:, None] / aa + 1e-9)
+        short = np.minimum(ss * f, cc).sum(axis=1) < L - 1e-9
+        act, f, aa, ss, cc, zz = act[short], f[short], aa[short], ss[short], cc[short], zz[short]
+        z[act] = np.maximum(zz, np.where(ss * f < cc, (f + 1) * aa, np.inf).min(axis=1))
+    return z

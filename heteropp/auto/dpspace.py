@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from .bounds import Kind, make_kind, water_level_many
+from .bounds import Kind, integral_level, make_kind, water_level_many
 from .costs import CostModel, in_flight
 from .levels import Rows
 from .space import heads_gcd, stage_tp_choices
@@ -78,15 +78,20 @@ class DpSpace:
 
     def combos(self) -> tuple[np.ndarray, np.ndarray]:
         """Order-free lower bound of every combination, and the combinations (rows of choice indices)."""
-        L, per_type = self.L, []
+        L, per_type, runs_of = self.L, [], []
+        width = max((len(r) for rl in self.choices for r in rl), default=1)
         for name, runs_list in zip(self.names, self.choices):
-            rows = []
-            for runs in runs_list:
+            rows, rr = [], np.zeros((len(runs_list), width, 3))
+            rr[:, :, 0] = np.inf
+            for i, runs in enumerate(runs_list):
                 kds = [(self.kinds[self.kid[(name, t)]], s) for t, s in runs]
                 rows.append((sum(s / k.a for k, s in kds), sum(self._cap_free(k, s) for k, s in kds),
                              min(k.beta for k, _ in kds), sum(s for _, s in kds), sum(s * k.beta for k, s in kds),
                              max(k.one_layer(1) for k, _ in kds)))
+                for j, (k, s) in enumerate(kds):
+                    rr[i, j] = (k.a, s, self._cap_free(k, s))
             per_type.append(np.array(rows, dtype=np.float64).reshape(-1, 6))
+            runs_of.append(rr)
         sizes = [len(r) for r in per_type]
         if 0 in sizes:
             return np.zeros(0), np.zeros((0, len(sizes)), dtype=np.int64)
@@ -94,9 +99,10 @@ class DpSpace:
         cols = [per_type[i][idx[:, i]] for i in range(len(per_type))]
         get = lambda j: np.stack([c[:, j] for c in cols], axis=1)  # noqa: E731
         stages = get(3).sum(axis=1)
+        runs = np.concatenate([runs_of[i][idx[:, i]] for i in range(len(per_type))], axis=1)
         with np.errstate(invalid="ignore"):
-            lb = np.maximum(water_level_many(get(0), get(1), L), get(5).max(axis=1)) + get(4).sum(axis=1) \
-                + get(2).min(axis=1) * (L - stages)
+            z = integral_level(runs[..., 0], runs[..., 1], runs[..., 2], water_level_many(get(0), get(1), L), L)
+            lb = np.maximum(z, get(5).max(axis=1)) + get(4).sum(axis=1) + get(2).min(axis=1) * (L - stages)
         lb[stages > L] = np.inf
         return lb, idx
 

@@ -117,6 +117,54 @@ def _to_stages(ents: list[Entity], cfg: list) -> list[StageSpec]:
     return out
 
 
+def h2_candidates(cm: CostModel, dp: int, runs: list[tuple[str, int, int]], group_size: int) -> list[Candidate]:
+    """h2's plans for fixed dp and TP sizes: with whole types as entities, and with its 128-chip groups
+    (the two-stage refinement) where each group has one TP size."""
+    grouped: list[tuple[str, int, int]] = []
+    for chip in dict.fromkeys(c for c, _, _ in runs):
+        tps = [t for c, t, s in runs if c == chip for _ in range(s)]
+        for g in groups(cm.cluster.chip(chip), group_size):
+            left, take = g // dp, []
+            while left > 0 and tps:
+                take.append(tps.pop(0))
+                left -= take[-1]
+            if left or len(set(take)) != 1:
+                grouped = []
+                break
+            grouped.append((chip, take[0], len(take)))
+        else:
+            continue
+        break
+    out = [h2_candidate(cm, dp, r) for r in (runs, grouped) if r]
+    return [c for c in out if c is not None]
+
+
+def h2_candidate(cm: CostModel, dp: int, runs: list[tuple[str, int, int]]) -> Candidate | None:
+    """What h2 would plan for fixed dp and per-entity (chip, tp, stages) runs: its type order (memory
+    descending), its per-type recompute choice under its own cost, its layer sharding; None when that
+    does not fit the full memory model."""
+    import itertools
+    rank = {c.name: i for i, c in enumerate(sorted(cm.cluster.chips, key=lambda c: -c.memory_gb))}
+    runs = sorted(runs, key=lambda r: rank[r[0]])  # stable: a type's groups keep their order
+    ents = [Entity(c, s * t * dp) for c, t, s in runs]
+    tps, spps = [t for _, t, _ in runs], [s for _, _, s in runs]
+    types = list(dict.fromkeys(c for c, _, _ in runs))
+    b = micro_batches(cm.train, dp)
+    best = None
+    for flags in itertools.product((False, True), repeat=len(types)):
+        rs = [flags[types.index(c)] for c, _, _ in runs]
+        ls = _shard_layers(cm, ents, tps, rs, spps, dp, b, sum(spps))
+        if ls is not None:
+            cost = _h2_cost(cm, ents, tps, rs, spps, ls, dp, b)
+            if best is None or cost < best[0]:
+                best = (cost, [tps, rs, spps, ls])
+    if best is None:
+        return None
+    stages = _to_stages(ents, best[1])
+    est = cm.evaluate(stages, dp, b)
+    return Candidate(est.iteration_time_s, dp, stages, f"h2 sharding dp={dp}") if est.feasible else None
+
+
 def search_h2(cm: CostModel, group_size: int = 128, two_stage: bool = True,
               progress: Progress | None = None) -> SearchResult:
     t0 = time.perf_counter()

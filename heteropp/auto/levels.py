@@ -113,7 +113,8 @@ def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarra
     zhi = np.where(ok, best - f_inf, z0) if math.isfinite(best) else z0 * 1.05
     zhi = np.where(ok, np.maximum(zhi, z0), z0)
     zs = np.where(ok, z0, 0.0)
-    width = np.where(ok, zhi - z0, 0.0) / GRID
+    with np.errstate(invalid="ignore"):  # rows without a level are dropped by `ok`
+        width = np.where(ok, zhi - z0, 0.0) / GRID
     lo = zs[:, None] + width[:, None] * np.arange(GRID)
     hi = lo + width[:, None]
     fh = np.stack([rest(r, order, hi[:, i]) for i in range(GRID)], axis=1)
@@ -141,3 +142,27 @@ def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarra
 
 def full_of(r: Rows) -> np.ndarray:
     return np.where(r.real, np.maximum(r.m0, r.m1), 0.0)
+
+
+_PAD = dict(a=np.inf, a1=np.inf, a0=0.0, m0=0.0, m1=0.0, beta=0.0, ups=0.0, y0=0.0, real=False)
+
+
+def concat(parts: list[Rows]) -> Rows:
+    """Stack row blocks of different widths into one matrix (padding slots carry nothing), so that one
+    numpy pass bounds them all: the per-call overhead dominates on blocks of a few dozen rows."""
+    if len(parts) == 1:
+        return parts[0]
+    w = max(p.a.shape[1] for p in parts)
+    n = sum(len(p.lam) for p in parts)
+    out = {}
+    for k, v in _PAD.items():
+        m = np.full((n, w), v, dtype=bool if k == "real" else np.float64)
+        at = 0
+        for p in parts:
+            x = getattr(p, k)
+            m[at:at + len(x), :x.shape[1]] = x
+            at += len(x)
+        out[k] = m
+    out["lam"] = np.concatenate([p.lam for p in parts])
+    out["const"] = np.concatenate([p.const for p in parts])
+    return Rows(**out)

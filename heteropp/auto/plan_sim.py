@@ -1,6 +1,8 @@
 """Bridge from a plan (or search candidate) to the simulator, using the cost model's per-stage numbers."""
 from __future__ import annotations
 
+import math
+
 from ..plan import Plan
 from .costs import CostModel, StageSpec, micro_batches
 from .simulator import SimResult, StageTimes, simulate
@@ -29,9 +31,9 @@ def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[S
 
 
 def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
-                    keep_timeline: bool = False) -> SimResult:
+                    keep_timeline: bool = False, limit: float = math.inf) -> SimResult:
     st, es = stage_times(cm, stages, dp)
-    return simulate(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, keep_timeline)
+    return simulate(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, keep_timeline, limit)
 
 
 def plan_stages(plan: Plan) -> list[StageSpec]:

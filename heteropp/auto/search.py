@@ -28,7 +28,7 @@ import numpy as np
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, in_flight, micro_batches
 from .dpspace import DpSpace
-from .levels import lower_bound
+from .levels import concat, lower_bound
 from .space import dp_candidates
 from .split import StageOpt, best_split
 
@@ -98,22 +98,28 @@ def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tu
 
 CHUNK = 16  # combinations per first tight-bound batch of a dp (then doubling)
 FREE_REFINE = 3
+BATCH = 16  # heap entries of one kind bounded together: a numpy pass costs about the same for 1 or 16
 RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the model cannot separate
 RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
 RERANK_KEEP = 8
+RERANK_SIMS = 5  # simulations at most: the best, h2's sharding of it, the next few by the model
 RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
                 progress: Progress | None = None) -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
-    RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it)."""
+    RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
+
+    Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
+    re-rank margin is kept on the heap, and a second phase collects it only when the optimum is cheap
+    enough to simulate (otherwise the margin would cost search time for a re-rank that never runs)."""
     t0 = time.perf_counter()
     L = cm.model.layers
     names = [c.name for c in sorted(cm.cluster.chips, key=lambda c: -c.memory_gb)]
     orders = list(itertools.permutations(range(len(names))))
-    slack = _rerank_slack(cm) if rerank else 0.0
-    top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), slack)
+    wide = _rerank_slack(cm) if rerank else 0.0
+    top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), 0.0)
     stats = {"evaluated": 0, "pruned": 0}
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     for dp in dp_candidates(cm.cluster, cm.train):
@@ -126,71 +132,110 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if not spaces:
         raise InfeasibleError(explain_infeasible(cm))
     tick = itertools.count()
+    heap: list = []
+    done: set = set()
+
+    def later(v: float) -> bool:
+        """Worth keeping: below the best plan, or (for the second phase) within the re-rank margin."""
+        return not top.items or v < top.items[0].time_s * (1 + max(wide, top.slack))
+
+    def push(v: float, space: DpSpace, what, data) -> None:
+        if later(v):
+            heapq.heappush(heap, (v, next(tick), space, what, data))
+        else:
+            stats["pruned"] += 1
 
     def split(space: DpSpace, order: tuple[int, ...], combo: np.ndarray) -> None:
+        sig = (space.dp, order, combo.tobytes())
+        if sig in done:
+            return
         runs = [(names[i], t, s) for i in order for t, s in space.choices[i][combo[i]]]
         seq = [(c, t) for c, t, s in runs for _ in range(s)]
         opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
         stats["evaluated"] += 1
-        res = best_split(opts, L, lam, const, top.bound)
-        if res is not None:
-            stages = [StageSpec(ch, t, l, r) for (ch, t), l, r in zip(seq, res.layers, res.recompute)]
-            label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
-            top.add(Candidate(res.total, space.dp, stages, label))
+        bound = top.bound
+        res = best_split(opts, L, lam, const, bound)
+        if res is None:  # nothing below `bound`: that is its lower bound for the second phase
+            if math.isfinite(bound):
+                push(bound, space, order, combo)
+            return
+        done.add(sig)
+        stages = [StageSpec(ch, t, l, r) for (ch, t), l, r in zip(seq, res.layers, res.recompute)]
+        label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
+        top.add(Candidate(res.total, space.dp, stages, label))
         if progress and stats["evaluated"] % 200 == 0:
             progress(f"{stats['evaluated']} configurations split, best {top.bound:.3f} s")
 
-    def expand(space: DpSpace, combo: np.ndarray, heap: list) -> None:
-        """Bound every order of the combination exactly; queue those that may beat the best."""
-        ob = lower_bound(space.order_rows(combo, orders), L, top.bound)
-        for o, v in zip(orders, ob.tolist()):
-            if v < top.bound:
-                heapq.heappush(heap, (v, next(tick), space, o, combo))
-            else:
-                stats["pruned"] += 1
+    def expand(items: list[tuple[DpSpace, np.ndarray]]) -> None:
+        """Bound every order of the combinations exactly (one numpy pass); queue those that may beat the best."""
+        ob = lower_bound(concat([sp.order_rows(c, orders) for sp, c in items]), L, top.bound)
+        for (space, combo), vs in zip(items, ob.reshape(len(items), len(orders)).tolist()):
+            for o, v in zip(orders, vs):
+                push(v, space, o, combo)
+
+    def chunks(items: list[tuple[DpSpace, tuple]]) -> None:
+        """Tight order-free bounds for the rows of some chunks below the best; the rest waits on the heap."""
+        parts, owners = [], []
+        for space, (lb, idx, start, size) in items:
+            end = min(start + size, len(lb))
+            cut = start + int(np.searchsorted(lb[start:end], top.bound))
+            if cut > start:
+                parts.append(space.free_rows(idx[start:cut]))
+                owners += [(space, c) for c in idx[start:cut]]
+            if cut < end:
+                push(float(lb[cut]), space, "chunk", (lb, idx, cut, end - cut))
+            if end < len(lb):
+                push(float(lb[end]), space, "chunk", (lb, idx, end, 2 * size))
+        if parts:
+            tight = lower_bound(concat(parts), L, top.bound, FREE_REFINE)
+            for v, (space, combo) in zip(tight.tolist(), owners):
+                push(v, space, "combo", combo)
+
+    def drain() -> None:
+        while heap and heap[0][0] < top.bound:
+            _, _, space, what, data = heapq.heappop(heap)
+            if isinstance(what, tuple):
+                split(space, what, data)
+                continue
+            batch = [(space, data)]
+            while heap and heap[0][3] == what and heap[0][0] < top.bound and len(batch) < BATCH:
+                batch.append((heap[0][2], heapq.heappop(heap)[4]))
+            (chunks if what == "chunk" else expand)(batch)
 
     # An incumbent first (so that every bound below is computed against it): the best-bounded order of the
     # combination with the least tight bound among each dp's cheapest few.
-    firsts = []
-    for space, lb, idx in spaces:
-        rows = idx[np.argsort(lb, kind="stable")[:CHUNK]]
-        tight = lower_bound(space.free_rows(rows), L, math.inf, 0)
-        firsts.append((float(tight.min()), space, rows[int(np.argmin(tight))]))
-    _, space0, combo0 = min(firsts, key=lambda x: x[0])
+    firsts = [(space, idx[np.argsort(lb, kind="stable")[:CHUNK]]) for space, lb, idx in spaces]
+    tight = lower_bound(concat([sp.free_rows(rows) for sp, rows in firsts]), L, math.inf, 0)
+    owners = [(sp, c) for sp, rows in firsts for c in rows]
+    space0, combo0 = owners[int(np.argmin(tight))]
     ob = lower_bound(space0.order_rows(combo0, orders), L, math.inf, 0)
     split(space0, orders[int(np.argmin(ob))], combo0)
     # Best-first over three levels, each bound below the next: chunks of combinations in increasing cheap
     # bound (the chunk's first), combinations with their tight order-free bound, orders with their exact bound.
-    heap: list = []
     for space, lb, idx in spaces:
         o = np.argsort(lb, kind="stable")
-        heap.append((float(lb[o[0]]), next(tick), space, "chunk", (lb[o], idx[o], 0, CHUNK)))
-    heapq.heapify(heap)
-    while heap and heap[0][0] < top.bound:
-        _, _, space, what, data = heapq.heappop(heap)
-        if what == "chunk":
-            lb, idx, start, size = data
-            end = start + size
-            rows = idx[start:end][lb[start:end] < top.bound]
-            if len(rows):
-                tight = lower_bound(space.free_rows(rows), L, top.bound, FREE_REFINE)
-                for v, combo in zip(tight.tolist(), rows):
-                    if v < top.bound:
-                        heapq.heappush(heap, (v, next(tick), space, "combo", combo))
-            if end < len(lb):
-                heapq.heappush(heap, (float(lb[end]), next(tick), space, "chunk", (lb, idx, end, 2 * size)))
-        elif what == "combo":
-            expand(space, data, heap)
-        else:
-            split(space, what, data)
-    stats["pruned"] += len(heap)
+        push(float(lb[o[0]]), space, "chunk", (lb[o], idx[o], 0, CHUNK))
+    drain()
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
+    if wide and _affordable(cm, top.items[0]):
+        top.slack = wide
+        drain()
+    stats["pruned"] += len(heap)
     items = top.items
     if rerank:
-        near = [c for c in items if c.time_s <= items[0].time_s * (1 + slack)]
-        items = _rerank(cm, near) + [c for c in items if c not in near]
+        near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
+        items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
     return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"], time.perf_counter() - t0)
+
+
+def _cost(cm: CostModel, c: Candidate) -> int:
+    return len(c.stages) * micro_batches(cm.train, c.dp)
+
+
+def _affordable(cm: CostModel, best: Candidate) -> bool:
+    """The re-rank runs when half the kept plans, each as long as the optimum, fit the simulation budget."""
+    return RERANK_KEEP // 2 * _cost(cm, best) <= RERANK_MAX_ACTIONS
 
 
 def _rerank_slack(cm: CostModel) -> float:
@@ -201,15 +246,39 @@ def _rerank_slack(cm: CostModel) -> float:
     return RERANK_SLACK_SMALL if worst * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
 
 
-def _rerank(cm: CostModel, cands: list[Candidate]) -> list[Candidate]:
+def _rerank(cm: CostModel, cands: list[Candidate], group_size: int) -> list[Candidate]:
+    """Simulate the near-optimal plans in model order while the budget lasts, plus h2's layer sharding of
+    the best plan's dp and TP sizes (the model's 1F1B estimate can misjudge near-ties that the paper's
+    heuristic happens to get right); a simulation stops once it passes the best simulated time."""
+    from .h2 import h2_candidates
     from .plan_sim import simulate_stages
-    cost = sum(len(c.stages) * micro_batches(cm.train, c.dp) for c in cands)
-    if len(cands) < 2 or cost > RERANK_MAX_ACTIONS:
+    pool, seen, spent = [], set(), 0
+    h2 = h2_candidates(cm, cands[0].dp, _runs(cands[0].stages), group_size)
+    for c in cands[:1] + h2 + cands[1:]:
+        sig = _sig(c)
+        if sig not in seen and spent + _cost(cm, c) <= RERANK_MAX_ACTIONS and len(pool) < RERANK_SIMS:
+            seen.add(sig)
+            pool.append(c)
+            spent += _cost(cm, c)
+    if len(pool) < 2:
         return cands
-    sims = [simulate_stages(cm, c.stages, c.dp).iteration_time_s for c in cands]
-    for c, t in zip(cands, sims):
-        c.label += f" simulated {t:.4f} s"
-    return [c for _, c in sorted(zip(sims, cands), key=lambda x: x[0])]
+    sims, best = [], math.inf
+    for c in pool:
+        t = simulate_stages(cm, c.stages, c.dp, limit=best).iteration_time_s
+        best = min(best, t)
+        sims.append(t)
+        if math.isfinite(t):
+            c.label += f" simulated {t:.4f} s"
+    ranked = [c for _, c in sorted(zip(sims, pool), key=lambda x: x[0])]
+    return ranked + [c for c in cands if _sig(c) not in seen]
+
+
+def _sig(c: Candidate) -> tuple:
+    return c.dp, tuple((s.chip, s.tp, s.layers, s.recompute) for s in c.stages)
+
+
+def _runs(stages: list[StageSpec]) -> list[tuple[str, int, int]]:
+    return [(c, t, len(list(g))) for (c, t), g in itertools.groupby((s.chip, s.tp) for s in stages)]
 
 
 def explain_infeasible(cm: CostModel) -> str:

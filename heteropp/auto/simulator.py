@@ -8,7 +8,9 @@ and whose backward (B, or W under ZB-H1) has not.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..schedules import Action, Schedule, build, validate
 from ..schedules.actions import deps_done
@@ -34,11 +36,23 @@ class SimResult:
     timeline: list[tuple[int, str, int, float, float]] = field(default_factory=list)  # stage, op, mb, start, end
 
 
-def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str | Schedule,
-             keep_timeline: bool = False) -> SimResult:
-    p, m = len(stages), micro_batches
-    sched = build(schedule, p, m) if isinstance(schedule, str) else schedule
+@lru_cache(maxsize=64)
+def _built(schedule: str, p: int, m: int) -> Schedule:
+    """A named schedule, built and validated once per shape (the re-rank simulates many plans of one shape)."""
+    sched = build(schedule, p, m)
     validate(sched, m)
+    return sched
+
+
+def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str | Schedule,
+             keep_timeline: bool = False, limit: float = math.inf) -> SimResult:
+    """`limit`: stop once some stage surely ends after it (iteration time inf, the rest partial)."""
+    p, m = len(stages), micro_batches
+    if isinstance(schedule, str):
+        sched = _built(schedule, p, m)
+    else:
+        sched = schedule
+        validate(sched, m)
     done: dict[tuple[int, str, int], float] = {}  # finish times; "B" also marks I
     free = [0.0] * p
     fwd_chan = [0.0] * max(p - 1, 0)  # channel k: stage k -> k+1
@@ -67,6 +81,8 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
                 dur = {"F": st.fwd, "B": st.bwd, "I": st.bwd - st.wgrad, "W": st.wgrad}[a.op]
                 end = ready + dur
                 free[s] = end
+                if end + st.update > limit:
+                    return SimResult(math.inf, 0.0, peak, busy, timeline)
                 busy[s] += dur
                 if keep_timeline:
                     timeline.append((s, a.op, a.mb, ready, end))

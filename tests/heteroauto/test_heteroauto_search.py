@@ -108,3 +108,20 @@ def test_impossible_inputs_say_why():
     cm = make_problem([chip("X", 8, 40.0, tp_max=1), chip("Y", 8, 40.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=3, gb=1)
     with pytest.raises(InfeasibleError, match="no plan fits"):  # dp=1, tp=1: 16 stages for 3 layers
         search_auto(cm)
+
+
+def test_integral_level_is_least_level_where_whole_layers_fit():
+    """Against a scan over every candidate level (multiples of each run's per-layer cost)."""
+    import numpy as np
+    from heteropp.auto.bounds import integral_level
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.5, 3.0, (50, 3))
+    s = rng.integers(1, 4, (50, 3)).astype(float)
+    cap = rng.integers(2, 12, (50, 3)).astype(float)
+    L = 12
+    got = integral_level(a, s, cap, np.zeros(50), L, steps=1000)
+    for r in range(50):
+        held = lambda z: sum(min(s[r, k] * np.floor(z / a[r, k] + 1e-9), cap[r, k]) for k in range(3))  # noqa: E731
+        levels = sorted(a[r, k] * l for k in range(3) for l in range(1, 40))
+        want = next((z for z in levels if held(z) >= L), np.inf)
+        assert got[r] == pytest.approx(want)

@@ -29,14 +29,10 @@ def _sim(cm, cand) -> float:
     return simulate_stages(cm, cand.stages, cand.dp).iteration_time_s
 
 
-# Random cases where auto's simulated time exceeds h2's: the 1F1B estimate (costs.py) is an upper bound
-# that is loose for short pipelines with few micro-batches, so near-ties under the model can flip. 73 and
-# 219 are fixed by the wide re-rank margin on small problems; in 99 h2's plan is outside that margin.
-KNOWN_WORSE = [99]
-
-
-@pytest.mark.parametrize("seed", list(range(40)) + [73, 219] + [
-    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="cost model not exact for the simulator")) for s in KNOWN_WORSE])
+# The 1F1B estimate (costs.py) is loose for short pipelines with few micro-batches, so near-ties under the
+# model can flip in simulation: 73 and 219 needed the wide re-rank margin, 99 h2's own sharding of auto's
+# dp and TP sizes in the re-ranked set.
+@pytest.mark.parametrize("seed", list(range(120)) + [219])
 def test_auto_not_worse_than_h2_in_simulation(seed):
     cm = make_problem(**random_case(seed))
     try:
