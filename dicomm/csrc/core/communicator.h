@@ -6,6 +6,7 @@
 // engine and may change freely.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -65,9 +66,10 @@ class Communicator {
   static std::function<std::string(uint64_t)> describe_meta;
 
  private:
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Engine> engine_;  // shared: requests keep it alive after the communicator is gone
   std::unique_ptr<CollectiveExecutor> collectives_;
-  uint64_t next_collective_seq_ = 0;
+  std::atomic<uint64_t> next_collective_seq_{0};
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace dicomm

@@ -1,2 +1,199 @@
+// The `dicomm._C` module: error classes, the store adapter, the Communicator's point-to-point
+// methods and Request. Every call into the engine releases the GIL.
 #include <pybind11/pybind11.h>
-PYBIND11_MODULE(_C, m) { m.doc() = "dicomm engine"; }
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/communicator.h"
+#include "core/p2p_request.h"
+#include "core/types.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace dicomm::python {
+namespace {
+
+PyObject* g_error = nullptr;
+PyObject* g_timeout = nullptr;
+PyObject* g_peer = nullptr;
+PyObject* g_mismatch = nullptr;
+PyObject* g_value = nullptr;
+
+void define_errors(py::module_& m) {
+  g_error = PyErr_NewExceptionWithDoc("dicomm._C.DicommError", "Any dicomm failure.", PyExc_RuntimeError, nullptr);
+  g_timeout = PyErr_NewExceptionWithDoc("dicomm._C.TimeoutError", "A wait outlived its timeout.", g_error, nullptr);
+  g_peer = PyErr_NewExceptionWithDoc("dicomm._C.PeerError", "A peer died, a connection broke, or the communicator was aborted.", g_error, nullptr);
+  g_mismatch = PyErr_NewExceptionWithDoc("dicomm._C.MismatchError", "A message larger than the buffer, or metas that differ.", g_error, nullptr);
+  PyObject* bases = PyTuple_Pack(2, g_error, PyExc_ValueError);
+  g_value = PyErr_NewExceptionWithDoc("dicomm._C.ValueError", "A bad argument (rank, dtype, size...).", bases, nullptr);
+  Py_DECREF(bases);
+  m.attr("DicommError") = py::handle(g_error);
+  m.attr("TimeoutError") = py::handle(g_timeout);
+  m.attr("PeerError") = py::handle(g_peer);
+  m.attr("MismatchError") = py::handle(g_mismatch);
+  m.attr("ValueError") = py::handle(g_value);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ValueError& e) { PyErr_SetString(g_value, e.what());
+    } catch (const TimeoutError& e) { PyErr_SetString(g_timeout, e.what());
+    } catch (const PeerError& e) { PyErr_SetString(g_peer, e.what());
+    } catch (const MismatchError& e) { PyErr_SetString(g_mismatch, e.what());
+    } catch (const Error& e) { PyErr_SetString(g_error, e.what());
+    }
+  });
+}
+
+// Adapts a Python store (torch's c10d Store: set / get / wait) to the engine's Store.
+class PyStore : public Store {
+ public:
+  explicit PyStore(py::object store) : store_(std::move(store)) {}
+  ~PyStore() override {
+    if (!Py_IsInitialized()) {  // at interpreter teardown: leak rather than touch Python
+      store_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    store_ = py::object();
+  }
+
+  void set(const std::string& key, const std::string& value) override {
+    py::gil_scoped_acquire gil;
+    store_.attr("set")(key, py::bytes(value));
+  }
+
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire gil;
+    try {
+      auto timedelta = py::module_::import("datetime").attr("timedelta");
+      py::list keys;
+      keys.append(key);
+      store_.attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+      return store_.attr("get")(key).cast<std::string>();
+    } catch (py::error_already_set& e) {
+      std::string what = e.what();
+      bool timed_out = what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
+      if (timed_out)
+        throw TimeoutError("timed out after " + std::to_string(timeout.count()) + " ms waiting for store key '" + key + "'");
+      throw Error("store error on key '" + key + "': " + what);
+    }
+  }
+
+ private:
+  py::object store_;
+};
+
+// Communicators still open at interpreter exit are closed by an atexit hook.
+std::mutex g_live_mu;
+std::vector<std::weak_ptr<Communicator>> g_live;
+
+void close_all_at_exit() {
+  std::vector<std::shared_ptr<Communicator>> live;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    for (auto& w : g_live)
+      if (auto c = w.lock()) live.push_back(c);
+    g_live.clear();
+  }
+  py::gil_scoped_release release;
+  for (auto& c : live) c->close();
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  if (!(seconds >= 0)) throw ValueError("timeout must be a non-negative number of seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+}
+
+Tag user_tag(int64_t tag) {
+  if (tag < 0) throw ValueError("tag " + std::to_string(tag) + " is negative; tags are integers in [0, 2**63)");
+  return static_cast<Tag>(tag);  // < 2**63 by type: the top bit stays reserved for collectives
+}
+
+}  // namespace
+}  // namespace dicomm::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace dicomm;
+  using namespace dicomm::python;
+  m.doc() = "dicomm engine: tag-matched point-to-point over shared memory and TCP, and collectives";
+  define_errors(m);
+
+  py::class_<Request, RequestPtr>(m, "Request")
+      .def("test", &Request::test, py::call_guard<py::gil_scoped_release>(),
+           "True once done; raises the operation's error if it failed.")
+      .def(
+          "wait",
+          [](Request& r, std::optional<double> timeout_s) {
+            std::chrono::milliseconds timeout = std::chrono::minutes(30);
+            if (timeout_s) timeout = to_ms(*timeout_s);
+            else if (auto* t = dynamic_cast<HasDefaultTimeout*>(&r)) timeout = t->default_timeout();
+            py::gil_scoped_release release;
+            r.wait(timeout);
+          },
+          py::arg("timeout_s") = py::none(),
+          "Blocks until done (None: the communicator's timeout); raises TimeoutError naming op, peer, tag and\n"
+          "bytes. A receive still unmatched at the timeout is withdrawn (its buffer is never written after);\n"
+          "anything already moving keeps going. Use test() to poll.")
+      .def_property_readonly("source", &Request::source)
+      .def_property_readonly("nbytes", &Request::nbytes)
+      .def("describe", &Request::describe)
+      .def("__repr__", [](const Request& r) { return "<dicomm Request " + r.describe() + ">"; });
+
+  CommClass comm(m, "Communicator");
+  comm.def(py::init([](py::object store, int rank, int size, double timeout_s, std::string transport) {
+             Options options;
+             options.timeout = to_ms(timeout_s);
+             options.transport = std::move(transport);
+             auto adapter = std::make_shared<PyStore>(std::move(store));
+             std::shared_ptr<Communicator> c;
+             {
+               py::gil_scoped_release release;
+               // Destruction joins the collective thread, which may be waiting for the GIL (the
+               // store adapter): never destroy while holding it.
+               c = std::shared_ptr<Communicator>(new Communicator(adapter, rank, size, options), [](Communicator* p) {
+                 if (Py_IsInitialized() && PyGILState_Check()) {
+                   py::gil_scoped_release unlocked;
+                   delete p;
+                 } else {
+                   delete p;
+                 }
+               });
+             }
+             std::lock_guard<std::mutex> lock(g_live_mu);
+             g_live.push_back(c);
+             return c;
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s") = 1800.0,
+           py::arg("transport") = "auto")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("timeout_s", [](const Communicator& c) { return c.timeout().count() / 1000.0; })
+      .def(
+          "isend",
+          [](Communicator& c, uintptr_t ptr, size_t nbytes, int peer, int64_t tag, uint64_t meta) {
+            Tag t = user_tag(tag);
+            py::gil_scoped_release release;
+            return c.isend(reinterpret_cast<const void*>(ptr), nbytes, peer, t, meta);
+          },
+          py::arg("ptr"), py::arg("nbytes"), py::arg("peer"), py::arg("tag"), py::arg("meta") = 0)
+      .def(
+          "irecv",
+          [](Communicator& c, uintptr_t ptr, size_t nbytes, int peer, int64_t tag, uint64_t meta) {
+            Tag t = user_tag(tag);
+            py::gil_scoped_release release;
+            return c.irecv(reinterpret_cast<void*>(ptr), nbytes, peer, t, meta);
+          },
+          py::arg("ptr"), py::arg("nbytes"), py::arg("peer"), py::arg("tag"), py::arg("meta") = 0)
+      .def("transport_of", &Communicator::transport_of, py::arg("peer"), py::call_guard<py::gil_scoped_release>())
+      .def("stats", &Communicator::stats, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &Communicator::abort, py::arg("reason"), py::call_guard<py::gil_scoped_release>())
+      .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
+
+  bind_collectives(m, comm);
+
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { close_all_at_exit(); }));
+}

@@ -1,0 +1,75 @@
+#include "core/communicator.h"
+
+#include "collectives/executor.h"
+#include "core/engine.h"
+
+namespace dicomm {
+namespace {
+
+// The collective executor's requests do not know the communicator's timeout; this wrapper does,
+// so `wait(None)` from Python means the same for collectives as for point-to-point.
+class CollectiveHandle : public Request, public HasDefaultTimeout {
+ public:
+  CollectiveHandle(RequestPtr inner, std::chrono::milliseconds timeout) : inner_(std::move(inner)), timeout_(timeout) {}
+  bool test() override { return inner_->test(); }
+  void wait(std::chrono::milliseconds timeout) override { inner_->wait(timeout); }
+  int source() const override { return inner_->source(); }
+  size_t nbytes() const override { return inner_->nbytes(); }
+  std::string describe() const override { return inner_->describe(); }
+  std::chrono::milliseconds default_timeout() const override { return timeout_; }
+
+ private:
+  RequestPtr inner_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Options options) {
+  if (size < 1) throw ValueError("communicator size must be at least 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size)
+    throw ValueError("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(size - 1));
+  if (!store) throw ValueError("communicator needs a store for bootstrap");
+  if (options.timeout.count() <= 0) throw ValueError("communicator timeout must be positive");
+  engine_ = std::make_shared<Engine>(std::move(store), rank, size, options);
+  engine_->start();
+  collectives_ = std::make_unique<CollectiveExecutor>();
+}
+
+Communicator::~Communicator() {
+  close();
+  collectives_.reset();  // joins the collective thread; its waits have failed already
+}
+
+int Communicator::rank() const { return engine_->rank(); }
+int Communicator::size() const { return engine_->size(); }
+std::chrono::milliseconds Communicator::timeout() const { return engine_->timeout(); }
+
+RequestPtr Communicator::isend(const void* buf, size_t bytes, int peer, Tag tag, uint64_t meta) {
+  return engine_->isend(buf, bytes, peer, tag, meta);
+}
+
+RequestPtr Communicator::irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t meta) {
+  return engine_->irecv(buf, bytes, peer, tag, meta);
+}
+
+std::string Communicator::transport_of(int peer) const { return engine_->transport_of(peer); }
+std::map<std::string, int64_t> Communicator::stats() const { return engine_->stats(); }
+
+void Communicator::abort(const std::string& reason) { engine_->abort("communicator aborted: " + reason); }
+
+void Communicator::close() {
+  if (closed_.exchange(true)) return;
+  // Point-to-point first so a running collective's waits end, then the collective thread.
+  engine_->abort("communicator closed");
+  if (collectives_) collectives_->shutdown("communicator closed");
+  engine_->close();
+}
+
+RequestPtr Communicator::submit_collective(std::string what, std::function<void(uint64_t seq)> body) {
+  uint64_t seq = next_collective_seq_.fetch_add(1);
+  return std::make_shared<CollectiveHandle>(collectives_->submit(std::move(what), std::move(body), seq),
+                                            engine_->timeout());
+}
+
+}  // namespace dicomm

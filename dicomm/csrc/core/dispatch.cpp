@@ -1,0 +1,136 @@
+// Messages in, completions out: matching arrivals against receives and finishing requests.
+#include <cstring>
+
+#include "core/engine.h"
+
+namespace dicomm {
+
+// ---------------------------------------------------------------- matching
+
+void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
+  ++counters_["messages_received"];
+  Unexpected msg;
+  msg.src = conn.peer();
+  msg.hdr = hdr;
+  if (!payload) msg.conn = &conn;
+  if (auto r = queues_.take_posted(msg.src, hdr.tag)) {
+    match(r, std::move(msg), payload);  // an eager payload goes straight into the receive buffer
+    return;
+  }
+  ++counters_["unexpected_messages"];
+  if (payload) msg.data.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + hdr.bytes);
+  queues_.add_unexpected(std::move(msg));
+}
+
+bool Engine::fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal) {
+  std::string who = "rank " + std::to_string(src);
+  if (hdr.bytes > r.capacity) {
+    fail(r, ErrorKind::kMismatch,
+         r.describe() + ": the message from " + who + " has " + std::to_string(hdr.bytes) +
+             " B but the buffer holds only " + std::to_string(r.capacity) + " B (nothing was truncated)");
+    *refusal = transport::Refusal{transport::Refusal::kTooSmall, r.capacity, r.meta};
+    return false;
+  }
+  if (r.meta != 0 && r.meta != hdr.meta) {
+    fail(r, ErrorKind::kMismatch,
+         r.describe() + ": " + who + " sent " + Communicator::describe_meta(hdr.meta) + " but this receive expects " +
+             Communicator::describe_meta(r.meta));
+    *refusal = transport::Refusal{transport::Refusal::kMetaDiffers, r.capacity, r.meta};
+    return false;
+  }
+  return true;
+}
+
+void Engine::match(const RequestSP& r, Unexpected&& msg, const void* payload) {
+  r->matched_from = msg.src;
+  transport::Refusal refusal;
+  if (!fits(*r, msg.src, msg.hdr, &refusal)) {
+    if (msg.rendezvous()) msg.conn->refuse(msg.hdr.msg_id, refusal);
+    if (msg.self_send) on_send_refused(&msg.self_send->send_op, refusal);
+    return;
+  }
+  const size_t n = msg.hdr.bytes;
+  if (msg.self_send) {
+    if (n) std::memcpy(r->buf, msg.self_send->send_op.buf, n);
+    finish(*msg.self_send, rank_, n);
+    finish(*r, msg.src, n);
+  } else if (!msg.rendezvous()) {
+    if (n) std::memcpy(r->buf, payload ? payload : msg.data.data(), n);
+    finish(*r, msg.src, n);
+  } else {
+    r->recv_op.buf = r->buf;
+    r->recv_op.bytes = n;
+    Peer& p = peers_[msg.src];
+    r->recv_op.mem = transports_[p.transport.empty() ? "tcp" : p.transport]->register_memory(r->buf, n);
+    in_flight_[&r->recv_op] = r;
+    msg.conn->pull(msg.hdr.msg_id, &r->recv_op);
+  }
+}
+
+// ---------------------------------------------------------------- completions
+
+void Engine::release_memory(P2PRequest& r) {
+  for (transport::MemHandle* m : {&r.send_op.mem, &r.recv_op.mem}) {
+    if (!m->opaque) continue;
+    int peer = r.op == P2PRequest::Op::kSend ? r.peer : r.matched_from;
+    auto t = peer >= 0 ? transports_.find(peers_[peer].transport) : transports_.end();
+    if (t != transports_.end()) t->second->deregister_memory(*m);
+    m->opaque = nullptr;
+  }
+}
+
+void Engine::finish(P2PRequest& r, int source, size_t nbytes) {
+  release_memory(r);
+  r.complete(source, nbytes);
+  if (r.op == P2PRequest::Op::kSend) {
+    ++counters_["messages_sent"];
+    counters_["bytes_sent"] += static_cast<int64_t>(nbytes);
+  } else {
+    counters_["bytes_received"] += static_cast<int64_t>(nbytes);
+  }
+  if (blocked_) done_cv_.notify_all();
+  if (caller_polling_) poller_->wake();
+}
+
+void Engine::fail(P2PRequest& r, ErrorKind kind, const std::string& text) {
+  release_memory(r);
+  r.fail(kind, text);
+  if (blocked_) done_cv_.notify_all();
+  if (caller_polling_) poller_->wake();
+}
+
+void Engine::on_send_done(transport::SendOp* op) {
+  auto it = in_flight_.find(op);
+  if (it == in_flight_.end()) return;
+  RequestSP r = std::move(it->second);
+  in_flight_.erase(it);
+  finish(*r, rank_, op->hdr.bytes);
+}
+
+void Engine::on_send_refused(transport::SendOp* op, const transport::Refusal& why) {
+  RequestSP r;
+  auto it = in_flight_.find(op);
+  if (it != in_flight_.end()) {
+    r = std::move(it->second);
+    in_flight_.erase(it);
+  }
+  P2PRequest* req = r ? r.get() : nullptr;
+  if (!req) return;
+  std::string text = why.code == transport::Refusal::kTooSmall
+                         ? req->describe() + " refused by the receiver: its buffer holds only " +
+                               std::to_string(why.recv_bytes) + " B (nothing was truncated)"
+                         : req->describe() + " refused by the receiver: it sent " +
+                               Communicator::describe_meta(op->hdr.meta) + " but the receive expects " +
+                               Communicator::describe_meta(why.recv_meta);
+  fail(*req, ErrorKind::kMismatch, text);
+}
+
+void Engine::on_recv_done(transport::RecvOp* op) {
+  auto it = in_flight_.find(op);
+  if (it == in_flight_.end()) return;
+  RequestSP r = std::move(it->second);
+  in_flight_.erase(it);
+  finish(*r, r->matched_from, op->bytes);
+}
+
+}  // namespace dicomm

@@ -1,0 +1,195 @@
+#include "core/engine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace dicomm {
+namespace {
+
+constexpr size_t kSelfEagerLimit = 64 * 1024;
+constexpr size_t kRegisterAbove = 16 * 1024;  // smaller messages travel eagerly on every transport
+
+std::string transport_setting(const std::string& option) {
+  const char* env = std::getenv("DICOMM_TRANSPORT");
+  std::string v = env && *env ? env : option;
+  if (v != "auto" && v != "shm" && v != "tcp")
+    throw ValueError("transport '" + v + "' is not known; expected auto, shm or tcp" +
+                     (env && *env ? " (from DICOMM_TRANSPORT)" : ""));
+  return v;
+}
+
+std::chrono::milliseconds handshake_timeout() {
+  const char* v = std::getenv("DICOMM_HANDSHAKE_TIMEOUT_MS");
+  return std::chrono::milliseconds(v && *v ? std::max(1L, std::atol(v)) : 5000L);
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& options)
+    : rank_(rank), size_(size), timeout_(options.timeout), forced_(transport_setting(options.transport)),
+      bootstrap_(std::move(store), rank, options.timeout), card_(Card::local()),
+      poller_(std::make_unique<transport::Poller>()), peers_(static_cast<size_t>(size)) {
+  transport::Context ctx;
+  ctx.rank = rank;
+  ctx.size = size;
+  ctx.token = bootstrap_.agree_on_token();
+  ctx.sink = this;
+  ctx.poller = poller_.get();
+  ctx.handshake_timeout = handshake_timeout();
+  ctx.counters = &counters_;
+  transports_["shm"] = std::make_unique<transport::shm::ShmTransport>(ctx);
+  transports_["tcp"] = std::make_unique<transport::tcp::TcpTransport>(ctx);
+  for (auto& [name, t] : transports_) card_.addresses[name] = t->address();
+  bootstrap_.publish(card_);
+  for (const char* c : {"rejected_connections", "connections_accepted", "connections_opened", "messages_sent",
+                        "messages_received", "bytes_sent", "bytes_received", "unexpected_messages", "peers_lost",
+                        "shm_bytes_written_by_sender", "shm_cma_unavailable"})
+    counters_[c] = 0;
+}
+
+Engine::~Engine() { close(); }
+
+void Engine::start() {
+  progress_thread_ = std::thread([this] { progress_loop(); });
+}
+
+// ---------------------------------------------------------------- requests
+
+Engine::RequestSP Engine::failed_request(P2PRequest::Op op, int peer, Tag tag, uint64_t meta, void* buf,
+                                         size_t bytes, ErrorKind kind, const std::string& why) {
+  auto r = std::make_shared<P2PRequest>(shared_from_this(), op, peer, tag, meta, buf, bytes);
+  r->fail(kind, r->describe() + " failed: " + why);
+  return r;
+}
+
+RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint64_t meta) {
+  if (peer < 0 || peer >= size_)
+    throw ValueError("isend: peer " + std::to_string(peer) + " is not a rank of this communicator (ranks 0.." +
+                     std::to_string(size_ - 1) + ")");
+  if (!buf && bytes) throw ValueError("isend: null buffer with " + std::to_string(bytes) + " bytes");
+  auto r = std::make_shared<P2PRequest>(shared_from_this(), P2PRequest::Op::kSend, peer, tag, meta,
+                                        const_cast<void*>(buf), bytes);
+  r->send_op.hdr = transport::Header{tag, meta, bytes, 0};
+  r->send_op.buf = buf;
+  if (peer == rank_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+    else send_to_self(r);
+    return r;
+  }
+  transport::SendConn* conn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // fast path: connected already
+    Peer& p = peers_[peer];
+    if (p.send && !closed_) {
+      post_locked(r, *p.send, peer);
+      return r;
+    }
+  }
+  try {
+    conn = connection_to(peer);
+  } catch (const PeerError& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_lost(peer, e.what());
+    graveyard_.clear();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& p = peers_[peer];
+  if (closed_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+  else if (p.dead || !conn || p.send.get() != conn)
+    fail(*r, ErrorKind::kPeer, r->describe() + " failed: rank " + std::to_string(peer) + " is gone: " + p.dead_reason);
+  else post_locked(r, *conn, peer);
+  return r;
+}
+
+void Engine::post_locked(const RequestSP& r, transport::SendConn& conn, int peer) {
+  const size_t bytes = r->capacity;
+  if (bytes > kRegisterAbove) r->send_op.mem = transports_[peers_[peer].transport]->register_memory(r->buf, bytes);
+  in_flight_[&r->send_op] = r;
+  try {
+    conn.post(&r->send_op);  // may complete at once (eager)
+  } catch (const PeerError& e) {
+    peer_lost(peer, e.what());
+    graveyard_.clear();
+  }
+}
+
+RequestPtr Engine::irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t meta) {
+  if (peer != kAnySource && (peer < 0 || peer >= size_))
+    throw ValueError("irecv: peer " + std::to_string(peer) + " is not a rank of this communicator (ranks 0.." +
+                     std::to_string(size_ - 1) + ", or -1 for any source)");
+  if (!buf && bytes) throw ValueError("irecv: null buffer with " + std::to_string(bytes) + " bytes");
+  auto r = std::make_shared<P2PRequest>(shared_from_this(), P2PRequest::Op::kRecv, peer, tag, meta, buf, bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) {
+    fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+    return r;
+  }
+  if (auto msg = queues_.take_unexpected(peer, tag)) {
+    int src = msg->src;
+    try {
+      match(r, std::move(*msg));  // a rendezvous answers the sender: that may find it gone
+    } catch (const PeerError& e) {
+      peer_lost(src, e.what());
+      graveyard_.clear();
+    }
+  } else if (peer != kAnySource && peers_[peer].dead) {
+    fail(*r, ErrorKind::kPeer, r->describe() + " failed: rank " + std::to_string(peer) + " is gone: " + peers_[peer].dead_reason);
+  } else if (peer == kAnySource && size_ > 1 && std::all_of(peers_.begin(), peers_.end(), [&](const Peer& p) {
+               return &p == &peers_[rank_] || p.dead;
+             })) {
+    fail(*r, ErrorKind::kPeer, r->describe() + " failed: every other rank is gone");
+  } else {
+    queues_.post(r);
+  }
+  return r;
+}
+
+void Engine::send_to_self(const RequestSP& r) {
+  const size_t bytes = r->capacity;
+  transport::Header h{r->tag, r->meta, bytes, 0};
+  if (auto recv = queues_.take_posted(rank_, r->tag)) {
+    Unexpected msg;
+    msg.src = rank_;
+    msg.hdr = h;
+    msg.self_send = r;
+    match(recv, std::move(msg));
+    return;
+  }
+  Unexpected msg;
+  msg.src = rank_;
+  msg.hdr = h;
+  if (bytes <= kSelfEagerLimit) {  // buffered: the send completes now, as an eager send would
+    msg.data.assign(static_cast<const char*>(r->send_op.buf), static_cast<const char*>(r->send_op.buf) + bytes);
+    finish(*r, rank_, bytes);
+  } else {
+    msg.self_send = r;  // completes when a receive takes it
+  }
+  queues_.add_unexpected(std::move(msg));
+}
+
+// ---------------------------------------------------------------- queries
+
+std::string Engine::transport_of(int peer) const {
+  if (peer < 0 || peer >= size_)
+    throw ValueError("transport_of: peer " + std::to_string(peer) + " is not a rank of this communicator (ranks 0.." +
+                     std::to_string(size_ - 1) + ")");
+  if (peer == rank_) return "self";
+  std::lock_guard<std::mutex> lock(mu_);
+  return peers_[peer].transport;
+}
+
+std::map<std::string, int64_t> Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto out = counters_;
+  out["unexpected_queued"] = static_cast<int64_t>(queues_.unexpected_count());
+  out["in_flight"] = static_cast<int64_t>(in_flight_.size());
+  return out;
+}
+
+}  // namespace dicomm

@@ -1,0 +1,120 @@
+// The point-to-point engine behind a Communicator: peers and their connections, matching, the
+// progress thread, failure handling. One lock guards all of it; whoever holds it may progress.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/communicator.h"
+#include "core/matching.h"
+#include "core/p2p_request.h"
+#include "transport/poller.h"
+#include "transport/transport.h"
+
+namespace dicomm {
+
+class Engine : public transport::Sink, public std::enable_shared_from_this<Engine> {
+ public:
+  Engine(std::shared_ptr<Store> store, int rank, int size, const Options& options);
+  ~Engine() override;
+  void start();  // the progress thread (needs shared_from_this, so not in the constructor)
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  RequestPtr isend(const void* buf, size_t bytes, int peer, Tag tag, uint64_t meta);
+  RequestPtr irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t meta);
+  void wait(P2PRequest& r, std::chrono::milliseconds timeout);  // progress.cpp
+  void poke();                                                  // one non-blocking progress pass
+
+  std::string transport_of(int peer) const;
+  std::map<std::string, int64_t> stats() const;
+  void abort(const std::string& reason);
+  void close();
+
+ private:
+  using RequestSP = std::shared_ptr<P2PRequest>;
+  struct Peer {
+    bool card_known = false;
+    Card card;
+    std::unique_ptr<transport::SendConn> send;
+    std::vector<std::shared_ptr<transport::RecvConn>> recv;
+    std::string transport;  // "" until first contact
+    bool dead = false;         // nothing more to or from this peer
+    bool send_closed = false;  // it closed our send connection; its messages may still drain
+    std::string dead_reason;
+    std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
+  };
+
+  // Sink (engine lock held).
+  void on_accept(std::shared_ptr<transport::RecvConn> conn) override;
+  void on_rejected(const std::string& why) override;
+  void on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) override;
+  void on_send_done(transport::SendOp* op) override;
+  void on_send_refused(transport::SendOp* op, const transport::Refusal& why) override;
+  void on_recv_done(transport::RecvOp* op) override;
+
+  // engine.cpp
+  transport::SendConn* connection_to(int peer);  // connects on first use; lock NOT held
+  transport::Transport& choose_transport(int peer, const Card& card);
+  void post_locked(const RequestSP& r, transport::SendConn& conn, int peer);
+  // Lock held. `payload`: an eager payload still in the transport (else msg.data holds it).
+  void match(const RequestSP& r, Unexpected&& msg, const void* payload = nullptr);
+  bool fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal);
+  void send_to_self(const RequestSP& r);
+  void peer_lost(int peer, const std::string& why);
+  void send_side_closed(int peer, const std::string& why);
+  void fail_everything(const std::string& why);
+  void finish(P2PRequest& r, int source, size_t nbytes);
+  void release_memory(P2PRequest& r);  // deregisters what isend/match registered
+  void fail(P2PRequest& r, ErrorKind kind, const std::string& text);
+  RequestSP failed_request(P2PRequest::Op op, int peer, Tag tag, uint64_t meta, void* buf, size_t bytes,
+                           ErrorKind kind, const std::string& why);
+
+  // progress.cpp (lock held unless noted)
+  bool progress_locked(bool thorough);
+  bool arm_locked();
+  bool spin_pays_locked(const P2PRequest& r) const;
+  void disarm_locked();
+  void progress_loop();  // the progress thread; lock not held
+  void progress_loop_locked(std::unique_lock<std::mutex>& lock);
+  [[noreturn]] void time_out(P2PRequest& r, std::chrono::milliseconds timeout);
+
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  std::string forced_;  // "auto", "shm" or "tcp"
+  Bootstrap bootstrap_;
+  Card card_;
+
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;  // blocked waiters
+  std::condition_variable idle_cv_;  // the progress thread, parked while callers drive progress
+  int driving_ = 0;                  // callers spinning, or sleeping in epoll themselves
+  bool caller_polling_ = false;      // one caller sleeps in epoll (a completion elsewhere must wake it)
+  int blocked_ = 0;
+  bool stop_ = false;
+  bool closed_ = false;
+  std::string abort_reason_;
+
+  std::unique_ptr<transport::Poller> poller_;
+  std::map<std::string, std::unique_ptr<transport::Transport>> transports_;
+  std::vector<Peer> peers_;
+  std::vector<std::shared_ptr<transport::Conn>> graveyard_;  // closed after the current pass
+  MatchQueues queues_;
+  std::unordered_map<const void*, RequestSP> in_flight_;  // by &send_op / &recv_op
+  std::thread progress_thread_;
+  std::map<std::string, int64_t> counters_;
+};
+
+}  // namespace dicomm

@@ -1,0 +1,104 @@
+// Failures: a peer that is gone, a closed send side, abort and close.
+#include "core/engine.h"
+#include "core/log.h"
+
+namespace dicomm {
+
+// ---------------------------------------------------------------- failures
+
+void Engine::peer_lost(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (p.dead) return;
+  p.dead = true;
+  p.dead_reason = why;
+  ++counters_["peers_lost"];
+  size_t pending = 0;
+  for (auto& [op, r] : in_flight_) pending += r->op == P2PRequest::Op::kSend ? r->peer == peer : r->matched_from == peer;
+  // A peer that closes after its last message is routine; one that leaves work behind is not.
+  log(pending ? LogLevel::kWarn : LogLevel::kInfo,
+      "rank " + std::to_string(rank_) + " lost rank " + std::to_string(peer) + ": " + why);
+  if (p.send) graveyard_.push_back(std::move(p.send));
+  for (auto& c : p.recv) graveyard_.push_back(std::move(c));
+  p.recv.clear();
+  queues_.drop_rendezvous_from(peer);  // buffered eager messages stay receivable
+  std::string text = "rank " + std::to_string(peer) + " is gone: " + why;
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    P2PRequest& r = *it->second;
+    bool involved = r.op == P2PRequest::Op::kSend ? r.peer == peer : r.matched_from == peer;
+    if (involved) {
+      fail(r, ErrorKind::kPeer, r.describe() + " failed: " + text);
+      it = in_flight_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Receives waiting on this peer fail. Any-source receives fail only once no peer is left:
+  // another rank may still answer them (a rank that finished and closed is routine).
+  bool anyone_left = false;
+  for (int q = 0; q < size_; ++q) anyone_left |= q != rank_ && !peers_[q].dead;
+  for (auto& r : queues_.take_posted_waiting_on(peer, !anyone_left))
+    fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + text);
+}
+
+void Engine::send_side_closed(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  p.send_closed = true;
+  p.dead_reason = why;
+  if (p.send) graveyard_.push_back(std::move(p.send));
+  std::string text = "rank " + std::to_string(peer) + " is gone: " + why;
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    P2PRequest& r = *it->second;
+    if (r.op == P2PRequest::Op::kSend && r.peer == peer) {
+      fail(r, ErrorKind::kPeer, r.describe() + " failed: " + text);
+      it = in_flight_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::fail_everything(const std::string& why) {
+  for (auto& p : peers_) {
+    if (p.send) graveyard_.push_back(std::move(p.send));
+    for (auto& c : p.recv) graveyard_.push_back(std::move(c));
+    p.recv.clear();
+  }
+  graveyard_.clear();  // no transport may touch a failed request's buffer any more
+  for (auto& [op, r] : in_flight_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + why);
+  in_flight_.clear();
+  for (auto& r : queues_.take_all_posted()) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + why);
+  for (auto& r : queues_.take_self_sends()) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + why);
+}
+
+void Engine::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  abort_reason_ = reason;
+  fail_everything(abort_reason_);
+  done_cv_.notify_all();
+}
+
+void Engine::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closed_) {
+      closed_ = true;
+      abort_reason_ = "communicator closed";
+      fail_everything(abort_reason_);
+    }
+    stop_ = true;
+    done_cv_.notify_all();
+    idle_cv_.notify_all();
+  }
+  poller_->wake();
+  if (progress_thread_.joinable()) {
+    if (progress_thread_.get_id() == std::this_thread::get_id()) progress_thread_.detach();
+    else progress_thread_.join();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  transports_.clear();  // listening sockets
+  bootstrap_.release_store();
+}
+
+}  // namespace dicomm

@@ -1,0 +1,74 @@
+#include "core/matching.h"
+
+namespace dicomm {
+
+MatchQueues::RequestSP MatchQueues::take_posted(int src, Tag tag) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    const P2PRequest& r = **it;
+    if (r.tag == tag && (r.peer == src || r.peer == kAnySource)) {
+      RequestSP found = std::move(*it);
+      posted_.erase(it);
+      return found;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<Unexpected> MatchQueues::take_unexpected(int peer, Tag tag) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if (it->hdr.tag == tag && (peer == kAnySource || it->src == peer)) {
+      Unexpected found = std::move(*it);
+      unexpected_.erase(it);
+      return found;
+    }
+  }
+  return std::nullopt;
+}
+
+bool MatchQueues::remove_posted(const P2PRequest* r) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (it->get() == r) {
+      posted_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<MatchQueues::RequestSP> MatchQueues::take_posted_waiting_on(int src, bool any_source_too) {
+  std::vector<RequestSP> out;
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if ((*it)->peer == src || (any_source_too && (*it)->peer == kAnySource)) {
+      out.push_back(std::move(*it));
+      it = posted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<MatchQueues::RequestSP> MatchQueues::take_all_posted() {
+  std::vector<RequestSP> out(posted_.begin(), posted_.end());
+  posted_.clear();
+  return out;
+}
+
+void MatchQueues::drop_rendezvous_from(int src) {
+  unexpected_.remove_if([&](const Unexpected& u) { return u.src == src && u.rendezvous(); });
+}
+
+std::vector<MatchQueues::RequestSP> MatchQueues::take_self_sends() {
+  std::vector<RequestSP> out;
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    if (it->self_send) {
+      out.push_back(std::move(it->self_send));
+      it = unexpected_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+}  // namespace dicomm

@@ -1,0 +1,50 @@
+// MPI-style matching: receives posted before their message, and messages that arrived before
+// their receive. Messages of one (source, tag) never overtake: both queues keep arrival order.
+#pragma once
+
+#include <list>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/p2p_request.h"
+#include "transport/transport.h"
+
+namespace dicomm {
+
+// A message nobody has asked for yet. Small ones are buffered here; large ones stay with the
+// sender (rendezvous) until a receive matches, so nothing large is buffered twice.
+struct Unexpected {
+  int src = -1;
+  transport::Header hdr;
+  std::vector<char> data;                     // eager payload
+  transport::RecvConn* conn = nullptr;        // rendezvous: where to pull from
+  std::shared_ptr<P2PRequest> self_send;      // a large send to ourselves, waiting for its receive
+  bool rendezvous() const { return conn != nullptr; }
+};
+
+class MatchQueues {
+ public:
+  using RequestSP = std::shared_ptr<P2PRequest>;
+
+  void post(RequestSP r) { posted_.push_back(std::move(r)); }
+  // The earliest posted receive that accepts a message from `src` with `tag`.
+  RequestSP take_posted(int src, Tag tag);
+  // The earliest arrived message that receive (`peer`, `tag`) accepts.
+  std::optional<Unexpected> take_unexpected(int peer, Tag tag);
+  void add_unexpected(Unexpected u) { unexpected_.push_back(std::move(u)); }
+  bool remove_posted(const P2PRequest* r);
+  // Removes and returns posted receives that wait on `src` (and any-source ones if asked).
+  std::vector<RequestSP> take_posted_waiting_on(int src, bool any_source_too);
+  std::vector<RequestSP> take_all_posted();
+  // Forgets rendezvous announcements from `src` (its data can no longer be pulled).
+  void drop_rendezvous_from(int src);
+  std::vector<RequestSP> take_self_sends();
+  size_t unexpected_count() const { return unexpected_.size(); }
+
+ private:
+  std::list<RequestSP> posted_;
+  std::list<Unexpected> unexpected_;
+};
+
+}  // namespace dicomm

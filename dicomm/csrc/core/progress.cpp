@@ -1,0 +1,217 @@
+// Who moves data: a caller waiting on a request polls the connections itself for a short while
+// (a ping-pong then never pays a thread hand-off), then blocks and leaves the work to the
+// progress thread, which sleeps in epoll whenever nothing moves. The engine lock makes sure one
+// thread at a time progresses the connections.
+#include <algorithm>
+#include <cstdlib>
+#include <sched.h>
+
+#include "core/engine.h"
+#include "core/log.h"
+#include "transport/socket.h"
+
+namespace dicomm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::microseconds spin_budget() {
+  static const long us = [] {
+    const char* v = std::getenv("DICOMM_SPIN_US");
+    return v && *v ? std::max(0L, std::atol(v)) : 100L;
+  }();
+  return std::chrono::microseconds(us);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+constexpr int kThoroughEvery = 64;  // spinning callers look at sockets (EOF, accepts) this often
+constexpr int kSleepMs = 100;       // the progress thread's longest sleep (handshake deadlines)
+
+}  // namespace
+
+bool Engine::progress_locked(bool thorough) {
+  bool did = false;
+  if (thorough)
+    for (auto& [name, t] : transports_) did |= t->progress();
+  for (int peer = 0; peer < size_; ++peer) {
+    Peer& p = peers_[peer];
+    if (p.dead) continue;
+    try {
+      if (p.send) did |= p.send->progress(thorough);
+    } catch (const transport::ConnectionClosed& e) {
+      // The peer closed in order: its messages to us may still be draining on our receive side.
+      if (p.recv.empty()) peer_lost(peer, e.what());
+      else send_side_closed(peer, e.what());
+      did = true;
+    } catch (const PeerError& e) {
+      peer_lost(peer, e.what());
+      did = true;
+    }
+    try {
+      for (size_t i = 0; i < p.recv.size(); ++i) did |= p.recv[i]->progress(thorough);
+    } catch (const PeerError& e) {
+      peer_lost(peer, e.what());
+      did = true;
+    }
+  }
+  graveyard_.clear();
+  return did;
+}
+
+bool Engine::arm_locked() {
+  bool ok = true;
+  for (auto& p : peers_) {
+    if (p.dead) continue;
+    if (p.send) ok &= p.send->arm();
+    for (auto& c : p.recv) ok &= c->arm();
+  }
+  if (!ok) disarm_locked();
+  return ok;
+}
+
+void Engine::disarm_locked() {
+  for (auto& p : peers_) {
+    if (p.send) p.send->disarm();
+    for (auto& c : p.recv) c->disarm();
+  }
+}
+
+bool Engine::spin_pays_locked(const P2PRequest& r) const {
+  if (r.peer == rank_) return true;
+  if (r.peer != kAnySource) return peers_[r.peer].transport != "tcp";
+  for (const auto& p : peers_)
+    if (p.transport != "tcp") return true;
+  return false;
+}
+
+void Engine::poke() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (lock.owns_lock() && !closed_) progress_locked(false);
+}
+
+void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  if (!r.done()) {
+    // Spin: poll shared memory ourselves, yielding often (cores are shared). Over TCP a wake-up
+    // from epoll is faster than polling sockets (measured: 26 us against 45 us half round-trip).
+    auto spin_end = start;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (spin_pays_locked(r)) spin_end += spin_budget();
+      ++driving_;
+      disarm_locked();
+    }
+    for (int i = 1; !r.done(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closed_) break;
+        progress_locked(i % kThoroughEvery == 0);
+      }
+      if (r.done()) break;
+      auto now = Clock::now();
+      if (now >= spin_end || now >= deadline) break;
+      if (i % 8 == 0) sched_yield();
+      else for (int k = 0; k < 4; ++k) cpu_relax();
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (--driving_ == 0) idle_cv_.notify_one();
+    // Block. One waiting caller sleeps in epoll itself, so the wake-up lands where the result is
+    // wanted (no hand-off through the progress thread); other waiters sleep on the condition.
+    while (!r.done()) {
+      auto now = Clock::now();
+      if (now >= deadline) time_out(r, timeout);
+      if (!closed_ && !arm_locked()) {  // work is waiting: do it rather than sleep
+        progress_locked(true);
+        continue;
+      }
+      auto until = std::min(deadline, now + std::chrono::milliseconds(kSleepMs));
+      if (!caller_polling_ && !closed_) {
+        caller_polling_ = true;
+        ++driving_;
+        lock.unlock();
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
+        poller_->wait(static_cast<int>(ms));
+        lock.lock();
+        caller_polling_ = false;
+        if (--driving_ == 0) idle_cv_.notify_one();
+        disarm_locked();
+        if (!closed_) progress_locked(true);
+        if (blocked_) done_cv_.notify_all();  // let another waiter take over the polling
+        continue;
+      }
+      ++blocked_;
+      done_cv_.wait_until(lock, until);
+      --blocked_;
+    }
+  }
+  r.rethrow_if_failed();
+}
+
+void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
+  std::string state;
+  if (r.op == P2PRequest::Op::kRecv) {
+    if (queues_.remove_posted(&r)) {
+      state = "no matching message arrived; the receive is cancelled";
+      r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
+    } else {
+      state = "matched a message from rank " + std::to_string(r.matched_from) + " but its data did not arrive in time";
+    }
+  } else {
+    state = "the receiver has not taken the message yet";
+  }
+  throw TimeoutError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + r.describe() + ": " +
+                     state);
+}
+
+void Engine::progress_loop() {
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  for (;;) {
+    try {
+      if (!lock.owns_lock()) lock.lock();
+      progress_loop_locked(lock);
+      return;
+    } catch (const std::exception& e) {
+      // Nothing may escape a thread: fail the communicator loudly instead of terminating.
+      if (!lock.owns_lock()) lock.lock();
+      log(LogLevel::kError, "rank " + std::to_string(rank_) + " progress thread: " + e.what());
+      if (!closed_) {
+        closed_ = true;
+        abort_reason_ = std::string("internal error in the progress thread: ") + e.what();
+        fail_everything(abort_reason_);
+      }
+      done_cv_.notify_all();
+      idle_cv_.wait(lock, [&] { return stop_; });  // close() ends the thread
+      return;
+    }
+  }
+}
+
+void Engine::progress_loop_locked(std::unique_lock<std::mutex>& lock) {
+  while (!stop_) {
+    if (driving_ > 0) {  // a caller drives progress: stay out of its way
+      idle_cv_.wait_for(lock, std::chrono::milliseconds(kSleepMs));
+      continue;
+    }
+    if (progress_locked(true)) {
+      lock.unlock();
+      sched_yield();  // let callers take the lock between passes
+      lock.lock();
+      continue;
+    }
+    if (!arm_locked()) continue;
+    lock.unlock();
+    poller_->wait(kSleepMs);
+    lock.lock();
+    if (driving_ == 0) disarm_locked();
+  }
+}
+
+}  // namespace dicomm

@@ -1,0 +1,54 @@
+#include "transport/acceptor.h"
+
+#include <cerrno>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/poller.h"
+
+namespace dicomm::transport {
+
+Acceptor::Acceptor(int listen_fd, const Context& ctx, TransportId id)
+    : listen_fd_(listen_fd), ctx_(ctx), id_(id) {
+  ctx_.poller->add(listen_fd_);
+}
+
+Acceptor::~Acceptor() {
+  for (auto& r : pending_) ctx_.poller->remove(r->fd());
+  ctx_.poller->remove(listen_fd_);
+  close(listen_fd_);
+}
+
+bool Acceptor::progress(std::vector<Accepted>* out) {
+  bool did = false;
+  for (;;) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) break;  // EAGAIN, or a transient error (EMFILE...): try again on the next event
+    ctx_.poller->add(fd);
+    pending_.push_back(std::make_unique<HelloReader>(fd, Clock::now() + ctx_.handshake_timeout));
+    did = true;
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    HelloReader& r = **it;
+    auto state = r.step();
+    if (state == HelloReader::State::kPending) { ++it; continue; }
+    did = true;
+    ctx_.poller->remove(r.fd());
+    std::string why = state == HelloReader::State::kFailed
+                          ? r.error()
+                          : check_hello(r.hello(), ctx_.token, ctx_.rank, ctx_.size, id_);
+    if (why.empty()) {
+      Accepted a;
+      a.hello = r.hello();
+      a.fd = r.release_fd();
+      a.passed_fd = r.release_passed_fd();
+      out->push_back(a);
+    } else {
+      ctx_.sink->on_rejected(why);  // the reader's destructor closes the socket
+    }
+    it = pending_.erase(it);
+  }
+  return did;
+}
+
+}  // namespace dicomm::transport

@@ -1,0 +1,36 @@
+// The listening side shared by the transports: accepts connections without blocking and runs each
+// one's handshake against a deadline. Connections that fail it are closed and reported to the sink.
+#pragma once
+
+#include <list>
+#include <memory>
+#include <vector>
+
+#include "transport/socket.h"
+#include "transport/transport.h"
+
+namespace dicomm::transport {
+
+class Acceptor {
+ public:
+  Acceptor(int listen_fd, const Context& ctx, TransportId id);
+  ~Acceptor();
+  Acceptor(const Acceptor&) = delete;
+  Acceptor& operator=(const Acceptor&) = delete;
+
+  struct Accepted {
+    int fd = -1;         // non-blocking, owned by the caller now
+    int passed_fd = -1;  // a descriptor sent with the hello (Unix sockets), or -1
+    Hello hello;
+  };
+  // Accepts and advances handshakes; appends those that passed check_hello to `out`.
+  bool progress(std::vector<Accepted>* out);
+
+ private:
+  int listen_fd_;
+  Context ctx_;
+  TransportId id_;
+  std::list<std::unique_ptr<HelloReader>> pending_;
+};
+
+}  // namespace dicomm::transport

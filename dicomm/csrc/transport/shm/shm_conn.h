@@ -1,0 +1,110 @@
+// Shared-memory connections. Small messages go eagerly through a ring of slots; large ones are
+// announced (RTS) and pulled by the receiver with one copy (cross-memory attach), then acked. Where
+// cross-memory attach is forbidden, the receiver asks for the data through a ring of shared chunks.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <string>
+#include <memory>
+#include <unordered_map>
+
+#include "transport/shm/control.h"
+#include "transport/shm/segment.h"
+#include "transport/transport.h"
+
+namespace dicomm::transport::shm {
+
+// Owns the mapping of a segment.
+class Mapping {
+ public:
+  explicit Mapping(int fd);  // maps sizeof(Segment) bytes of fd; throws Error
+  ~Mapping();
+  Segment* get() const { return seg_; }
+
+ private:
+  Segment* seg_ = nullptr;
+};
+
+class ShmSendConn : public SendConn {
+ public:
+  ShmSendConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map, Sink* sink,
+              int peer_pid, std::map<std::string, int64_t>* counters);
+  int peer() const override { return peer_; }
+  const char* transport_name() const override { return "shm"; }
+  bool progress(bool thorough) override;
+  bool busy() const override;
+  bool arm() override;
+  void disarm() override;
+  void post(SendOp* op) override;
+
+ private:
+  bool publish(SendOp* op);  // false if the ring is full
+  bool stream_chunks();
+  bool help_step();
+
+  struct Streaming { SendOp* op; size_t offset; };
+  struct Helping { SendOp* op; uint32_t share; uint64_t generation; };
+  int peer_;
+  std::unique_ptr<ControlSocket> control_;
+  std::unique_ptr<Mapping> map_;
+  Segment* seg_;
+  Sink* sink_;
+  uint64_t next_id_ = 1;
+  uint64_t published_ = 0;
+  uint64_t acks_seen_ = 0;
+  uint64_t chunks_published_ = 0;
+  std::deque<SendOp*> waiting_;                       // for a free slot
+  std::unordered_map<uint64_t, SendOp*> announced_;  // rendezvous awaiting FIN / refusal / CTS
+  std::deque<Streaming> streaming_;                   // CTS received: through the chunk ring
+  std::deque<Helping> helping_;                       // copying part of announced messages
+  int peer_pid_;
+  int64_t* written_by_us_;  // counter: bytes this side copied into the receiver
+  bool can_write_;  // process_vm_writev into the receiver works (until it fails once)
+};
+
+class ShmRecvConn : public RecvConn {
+ public:
+  ShmRecvConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map,
+              Sink* sink, int peer_pid, bool cma);
+  ~ShmRecvConn() override;
+  int peer() const override { return peer_; }
+  const char* transport_name() const override { return "shm"; }
+  bool progress(bool thorough) override;
+  bool busy() const override { return !pulls_.empty() || !unsent_acks_.empty(); }
+  bool arm() override;
+  void disarm() override;
+  void pull(uint64_t msg_id, RecvOp* op) override;
+  void refuse(uint64_t msg_id, const Refusal& why) override;
+
+ private:
+  bool read_slots();
+  bool copy_step();
+  bool read_chunks();
+  void ack(uint32_t kind, uint64_t msg_id, uint32_t code = 0, uint64_t bytes = 0, uint64_t meta = 0);
+  bool flush_acks();
+
+  struct Pull { RecvOp* op; uint64_t msg_id; uint64_t src; size_t done; int share; uint64_t generation; };
+  struct PendingAck { uint32_t kind, code; uint64_t msg_id, bytes, meta; };
+  bool copy_shared(Pull& p);
+  void read_exact(char* dst, uint64_t src, size_t n);
+  int peer_;
+  std::unique_ptr<ControlSocket> control_;
+  std::unique_ptr<Mapping> map_;
+  Segment* seg_;
+  Sink* sink_;
+  int peer_pid_;
+  bool cma_;
+  uint64_t consumed_ = 0;
+  uint64_t acks_published_ = 0;
+  uint64_t chunks_consumed_ = 0;
+  std::unordered_map<uint64_t, uint64_t> announced_;  // msg_id -> sender address
+  std::deque<Pull> pulls_;                            // cross-memory attach, in match order
+  std::deque<Pull> piped_;                            // through the chunk ring, in CTS order
+  std::deque<PendingAck> unsent_acks_;                // the ack ring was full
+  bool split_ = true;
+  bool share_used_[kShares] = {};
+  uint64_t next_generation_ = 1;
+};
+
+}  // namespace dicomm::transport::shm

@@ -1,0 +1,246 @@
+// The receiving side of a shared-memory pair.
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sched.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/types.h"
+#include "transport/shm/shm_conn.h"
+#include "transport/socket.h"
+
+namespace dicomm::transport::shm {
+
+namespace {
+constexpr size_t kCopyStep = 4 * 1024 * 1024;  // per progress call, so waits notice deadlines
+constexpr int kChunksPerStep = 8;
+const char kEmpty[1] = {0};
+}  // namespace
+
+
+ShmRecvConn::ShmRecvConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map,
+                         Sink* sink, int peer_pid, bool cma)
+    : peer_(peer), control_(std::move(control)), map_(std::move(map)), seg_(map_->get()), sink_(sink),
+      peer_pid_(peer_pid), cma_(cma) {
+  const char* v = std::getenv("DICOMM_SHM_SPLIT");  // 0: the receiver copies large messages alone
+  split_ = !(v && std::strcmp(v, "0") == 0);
+}
+
+bool ShmRecvConn::read_slots() {
+  bool did = false;
+  for (size_t i = 0; i < kSlots; ++i) {
+    Slot& s = seg_->slots[consumed_ % kSlots];
+    if (s.seq.load(std::memory_order_acquire) != consumed_ + 1) break;
+    Header h{s.tag, s.meta, s.bytes, s.msg_id};
+    if (s.kind == kEager) {
+      if (h.bytes > kSlotPayload) throw PeerError(control_->what() + ": eager slot larger than a slot (corrupt segment)");
+      sink_->on_message(*this, h, h.bytes ? s.payload : kEmpty);  // the engine copies it out
+    } else {
+      announced_[h.msg_id] = s.addr;
+      sink_->on_message(*this, h, nullptr);
+    }
+    seg_->slots_consumed.store(++consumed_, std::memory_order_release);
+    did = true;
+  }
+  if (did) control_->ring_if_sleeping(seg_->sender_sleeping);
+  return did;
+}
+
+void ShmRecvConn::pull(uint64_t msg_id, RecvOp* op) {
+  auto it = announced_.find(msg_id);
+  if (it == announced_.end()) throw Error("shm: pull of an unannounced message");
+  Pull p{op, msg_id, it->second, 0, -1, 0};
+  announced_.erase(it);
+  if (cma_) {
+    // Big enough to split: offer the sender a share of the copy.
+    for (size_t i = 0; i < kShares && split_ && op->bytes >= 2 * kShareChunk; ++i) {
+      if (share_used_[i]) continue;
+      Share& s = seg_->shares[i];
+      s.dst = reinterpret_cast<uint64_t>(op->buf);
+      s.bytes = op->bytes;
+      s.done.store(0, std::memory_order_relaxed);
+      s.returned.store(0, std::memory_order_relaxed);
+      uint64_t gen = next_generation_++ & 0xffffffffu;
+      if (gen == 0) gen = next_generation_++ & 0xffffffffu;
+      s.claim.store(gen << 32, std::memory_order_release);
+      share_used_[i] = true;
+      p.share = static_cast<int>(i);
+      p.generation = gen;
+      ack(kHelp, msg_id, static_cast<uint32_t>(i), gen);
+      break;
+    }
+    pulls_.push_back(p);
+  } else {
+    piped_.push_back(p);
+    ack(kCts, msg_id);
+  }
+}
+
+void ShmRecvConn::refuse(uint64_t msg_id, const Refusal& why) {
+  announced_.erase(msg_id);
+  ack(kRefuse, msg_id, why.code, why.recv_bytes, why.recv_meta);
+}
+
+ShmRecvConn::~ShmRecvConn() {
+  // Withdraw every share, then let a sender's write in progress finish before the buffers go.
+  for (size_t i = 0; i < kShares; ++i) {
+    if (!share_used_[i]) continue;
+    Share& s = seg_->shares[i];
+    s.claim.store(0, std::memory_order_seq_cst);
+    auto until = Clock::now() + std::chrono::milliseconds(200);
+    while (s.writing.load(std::memory_order_seq_cst) && Clock::now() < until) sched_yield();
+  }
+}
+
+void ShmRecvConn::read_exact(char* dst, uint64_t src, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    iovec local{dst + done, n - done};
+    iovec remote{reinterpret_cast<void*>(src + done), n - done};
+    ssize_t r = process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+    if (r <= 0) {
+      int err = r < 0 ? errno : EIO;
+      if (err == EINTR) continue;
+      throw PeerError(control_->what() + ": reading the sender's buffer failed: " + errno_text(err) +
+                      (err == ESRCH ? " (the sender exited mid-transfer)" : ""));
+    }
+    done += static_cast<size_t>(r);
+  }
+}
+
+bool ShmRecvConn::copy_shared(Pull& p) {
+  Share& s = seg_->shares[p.share];
+  const size_t bytes = p.op->bytes;
+  const uint64_t chunks = (bytes + kShareChunk - 1) / kShareChunk;
+  char* dst = static_cast<char*>(p.op->buf);
+  bool did = false;
+  for (int i = 0; i < 4; ++i) {
+    uint64_t c = s.claim.load(std::memory_order_acquire);
+    const uint64_t k = c & 0xffffffffu;
+    if (k >= chunks) break;
+    if (!s.claim.compare_exchange_strong(c, c + 1, std::memory_order_acq_rel)) continue;
+    const size_t off = k * kShareChunk, len = std::min(kShareChunk, bytes - off);
+    read_exact(dst + off, p.src + off, len);
+    s.done.fetch_add(len, std::memory_order_acq_rel);
+    did = true;
+  }
+  if (uint64_t back = s.returned.exchange(0, std::memory_order_acq_rel)) {
+    const size_t off = (back - 1) * kShareChunk, len = std::min(kShareChunk, bytes - off);
+    read_exact(dst + off, p.src + off, len);
+    s.done.fetch_add(len, std::memory_order_acq_rel);
+    did = true;
+  }
+  if (s.done.load(std::memory_order_acquire) < bytes) return did;  // the sender still copies
+  s.claim.store(0, std::memory_order_release);
+  share_used_[p.share] = false;
+  RecvOp* op = p.op;
+  uint64_t id = p.msg_id;
+  pulls_.pop_front();
+  ack(kFin, id);
+  sink_->on_recv_done(op);
+  return true;
+}
+
+bool ShmRecvConn::copy_step() {
+  if (pulls_.empty()) return false;
+  Pull& p = pulls_.front();
+  if (p.share >= 0) return copy_shared(p);
+  size_t n = std::min(kCopyStep, p.op->bytes - p.done);
+  iovec local{static_cast<char*>(p.op->buf) + p.done, n};
+  iovec remote{reinterpret_cast<void*>(p.src + p.done), n};
+  ssize_t r = process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+  if (r <= 0) {
+    int err = r < 0 ? errno : EIO;
+    if (err == EINTR) return false;
+    throw PeerError(control_->what() + ": reading the sender's buffer failed: " + errno_text(err) +
+                    (err == ESRCH ? " (the sender exited mid-transfer)" : ""));
+  }
+  p.done += static_cast<size_t>(r);
+  if (p.done == p.op->bytes) {
+    RecvOp* op = p.op;
+    uint64_t id = p.msg_id;
+    pulls_.pop_front();
+    ack(kFin, id);
+    sink_->on_recv_done(op);
+  }
+  return true;
+}
+
+bool ShmRecvConn::read_chunks() {
+  bool did = false;
+  for (int i = 0; i < kChunksPerStep; ++i) {
+    Chunk& c = seg_->chunks[chunks_consumed_ % kChunks];
+    if (c.seq.load(std::memory_order_acquire) != chunks_consumed_ + 1) break;
+    if (piped_.empty() || piped_.front().msg_id != c.msg_id || c.offset + c.len > piped_.front().op->bytes)
+      throw PeerError(control_->what() + ": chunk for an unexpected message (corrupt segment)");
+    Pull& p = piped_.front();
+    std::memcpy(static_cast<char*>(p.op->buf) + c.offset, c.data, c.len);
+    p.done += c.len;
+    seg_->chunks_consumed.store(++chunks_consumed_, std::memory_order_release);
+    did = true;
+    if (p.done == p.op->bytes) {
+      RecvOp* op = p.op;
+      piped_.pop_front();
+      sink_->on_recv_done(op);
+    }
+  }
+  if (did) control_->ring_if_sleeping(seg_->sender_sleeping);
+  return did;
+}
+
+void ShmRecvConn::ack(uint32_t kind, uint64_t msg_id, uint32_t code, uint64_t bytes, uint64_t meta) {
+  unsent_acks_.push_back(PendingAck{kind, code, msg_id, bytes, meta});
+  flush_acks();
+}
+
+bool ShmRecvConn::flush_acks() {
+  bool did = false;
+  while (!unsent_acks_.empty() &&
+         acks_published_ - seg_->acks_consumed.load(std::memory_order_acquire) < kAcks) {
+    const PendingAck& p = unsent_acks_.front();
+    Ack& a = seg_->acks[acks_published_ % kAcks];
+    a.kind = p.kind;
+    a.code = p.code;
+    a.msg_id = p.msg_id;
+    a.bytes = p.bytes;
+    a.meta = p.meta;
+    a.seq.store(++acks_published_, std::memory_order_release);
+    unsent_acks_.pop_front();
+    did = true;
+  }
+  if (did) control_->ring_if_sleeping(seg_->sender_sleeping);
+  return did;
+}
+
+bool ShmRecvConn::progress(bool thorough) {
+  bool did = read_slots();
+  did |= copy_step();
+  did |= read_chunks();
+  did |= flush_acks();
+  if (thorough && !control_->drain()) {
+    // What the peer published before it went (messages, pipeline chunks) is still ours.
+    while (read_slots() | read_chunks()) did = true;
+    throw ConnectionClosed(control_->what() + ": peer closed the control socket (it exited or closed its communicator)");
+  }
+  return did;
+}
+
+bool ShmRecvConn::arm() {
+  seg_->receiver_sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  bool ready = seg_->slots[consumed_ % kSlots].seq.load(std::memory_order_acquire) == consumed_ + 1 ||
+               seg_->chunks[chunks_consumed_ % kChunks].seq.load(std::memory_order_acquire) == chunks_consumed_ + 1;
+  if (ready || busy()) {
+    disarm();
+    return false;
+  }
+  return true;
+}
+
+void ShmRecvConn::disarm() {
+  if (seg_->receiver_sleeping.load(std::memory_order_relaxed)) seg_->receiver_sleeping.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace dicomm::transport::shm

@@ -1,0 +1,177 @@
+#include "transport/shm/shm_transport.h"
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/types.h"
+
+namespace dicomm::transport::shm {
+namespace {
+
+// A receiver reads this word from the sender with process_vm_readv to learn whether
+// cross-memory attach works between the two (seccomp, Yama or namespaces may forbid it).
+constexpr uint64_t kProbeMagic = 0x6469636f6d6d2121ull;
+volatile uint64_t probe_word = kProbeMagic;
+
+sockaddr_un abstract_address(const std::string& name, socklen_t* len) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  size_t n = std::min(name.size(), sizeof(sa.sun_path) - 2);
+  std::memcpy(sa.sun_path + 1, name.data(), n);  // sun_path[0] == 0: the abstract namespace
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return sa;
+}
+
+std::string probe_cma(int pid, uint64_t addr) {
+  uint64_t value = 0;
+  iovec local{&value, sizeof(value)};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof(value)};
+  ssize_t r = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (r != static_cast<ssize_t>(sizeof(value))) return "process_vm_readv: " + errno_text(errno);
+  if (value != kProbeMagic) return "probe word mismatch (different pid namespace?)";
+  return "";
+}
+
+}  // namespace
+
+ShmTransport::ShmTransport(const Context& ctx) : ctx_(ctx) {
+  const char* cma = std::getenv("DICOMM_SHM_CMA");
+  cma_allowed_ = !(cma && std::strcmp(cma, "0") == 0);
+  // With Yama ptrace_scope=1 only descendants may be read; let any same-user process read us.
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  static std::atomic<int> counter{0};
+  address_ = "dicomm-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
+             token_hex(random_token()).substr(0, 8);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  socklen_t len;
+  sockaddr_un sa = abstract_address(address_, &len);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 1024) != 0) {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    throw Error("shm transport cannot listen on its Unix socket: " + errno_text(err));
+  }
+  acceptor_ = std::make_unique<Acceptor>(fd, ctx_, TransportId::kShm);
+}
+
+bool ShmTransport::can_reach(const Card& self, const Card& peer, std::string* why) const {
+  std::string reason;
+  if (!peer.addresses.count("shm")) reason = "the peer publishes no shm address";
+  else if (!self.same_kernel(peer)) reason = "it runs on another host (" + peer.hostname + ")";
+  else if (self.net_ns != peer.net_ns) reason = "it runs in another network namespace (no shared Unix sockets)";
+  if (why) *why = reason;
+  return reason.empty();
+}
+
+std::unique_ptr<SendConn> ShmTransport::connect(int peer, const Card& card, Clock::time_point deadline) {
+  std::string what = "shm connection to rank " + std::to_string(peer);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t len;
+  sockaddr_un sa = abstract_address(card.addresses.at("shm"), &len);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
+  }
+  int memfd = memfd_create("dicomm-shm", MFD_CLOEXEC);
+  if (memfd < 0 || ftruncate(memfd, sizeof(Segment)) != 0) {
+    int err = errno;
+    close(fd);
+    if (memfd >= 0) close(memfd);
+    throw Error(what + ": cannot create the shared segment: " + errno_text(err));
+  }
+  std::unique_ptr<Mapping> map;
+  try {
+    map = std::make_unique<Mapping>(memfd);
+    Hello h;
+    h.transport = static_cast<uint16_t>(TransportId::kShm);
+    h.token = ctx_.token;
+    h.src = ctx_.rank;
+    h.dst = peer;
+    h.extra[0] = reinterpret_cast<uint64_t>(&probe_word);
+    iovec iov{&h, sizeof(h)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    // The first sendmsg carries the descriptor; a short write is finished by write_all.
+    ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (w < 0) throw PeerError(what + ": sending hello: " + errno_text(errno));
+    if (static_cast<size_t>(w) < sizeof(h))
+      write_all(fd, reinterpret_cast<char*>(&h) + w, sizeof(h) - static_cast<size_t>(w), deadline, what);
+  } catch (...) {
+    close(fd);
+    close(memfd);
+    throw;
+  }
+  close(memfd);  // the mapping keeps the memory alive
+  set_nonblocking(fd);
+  ucred cred{};
+  socklen_t cl = sizeof(cred);
+  int receiver_pid = cma_allowed_ && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : 0;
+  auto control = std::make_unique<ControlSocket>(fd, ctx_.poller, what);
+  return std::make_unique<ShmSendConn>(peer, std::move(control), std::move(map), ctx_.sink, receiver_pid, ctx_.counters);
+}
+
+bool ShmTransport::progress() {
+  std::vector<Acceptor::Accepted> accepted;
+  bool did = acceptor_->progress(&accepted);
+  for (auto& a : accepted) {
+    int src = a.hello.src;
+    std::string what = "shm connection from rank " + std::to_string(src);
+    struct stat st{};
+    ucred cred{};
+    socklen_t cl = sizeof(cred);
+    std::string why;
+    if (a.passed_fd < 0) why = "shm hello without a segment descriptor";
+    else if (fstat(a.passed_fd, &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(Segment))
+      why = "shm segment of the wrong size (another dicomm version?)";
+    else if (getsockopt(a.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0)
+      why = "shm peer credentials unavailable";
+    if (!why.empty()) {
+      close(a.fd);
+      if (a.passed_fd >= 0) close(a.passed_fd);
+      ctx_.sink->on_rejected(why + " (from rank " + std::to_string(src) + ")");
+      continue;
+    }
+    std::unique_ptr<Mapping> map;
+    try {
+      map = std::make_unique<Mapping>(a.passed_fd);
+    } catch (const std::exception& e) {
+      close(a.fd);
+      close(a.passed_fd);
+      ctx_.sink->on_rejected(e.what());
+      continue;
+    }
+    close(a.passed_fd);
+    std::string cma_problem = cma_allowed_ ? probe_cma(cred.pid, a.hello.extra[0]) : "disabled by DICOMM_SHM_CMA=0";
+    if (!cma_problem.empty()) {
+      ++(*ctx_.counters)["shm_cma_unavailable"];
+      log(cma_allowed_ ? LogLevel::kWarn : LogLevel::kInfo,
+          "rank " + std::to_string(ctx_.rank) + ": cross-memory attach from rank " + std::to_string(src) +
+              " unavailable (" + cma_problem + "); large messages from it take the two-copy shared-memory pipeline");
+    }
+    auto control = std::make_unique<ControlSocket>(a.fd, ctx_.poller, what);
+    ctx_.sink->on_accept(std::make_shared<ShmRecvConn>(src, std::move(control), std::move(map), ctx_.sink,
+                                                      cred.pid, cma_problem.empty()));
+  }
+  return did;
+}
+
+}  // namespace dicomm::transport::shm

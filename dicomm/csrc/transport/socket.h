@@ -1,0 +1,49 @@
+// Small helpers over non-blocking sockets shared by the transports.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "core/handshake.h"
+#include "core/types.h"
+#include "transport/transport.h"
+
+namespace dicomm::transport {
+
+std::string errno_text(int err);
+
+// The peer closed the connection in order (EOF), as opposed to an error such as a reset.
+struct ConnectionClosed : PeerError { using PeerError::PeerError; };
+void set_nonblocking(int fd);
+// > 0 bytes moved; 0 would block; throws PeerError(`what` + reason) on EOF or error.
+size_t read_some(int fd, void* buf, size_t n, const std::string& what);
+size_t writev_some(int fd, const iovec* iov, int iovcnt, const std::string& what);
+// Writes all of buf on a blocking (or nearly idle) socket before the deadline; throws PeerError.
+void write_all(int fd, const void* buf, size_t n, Clock::time_point deadline, const std::string& what);
+
+// Reads a Hello arriving in pieces on a freshly accepted non-blocking socket (and, on Unix
+// sockets, a file descriptor passed with it), honouring a deadline.
+class HelloReader {
+ public:
+  HelloReader(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
+  ~HelloReader();
+  enum class State { kPending, kDone, kFailed };
+  State step();  // reads what is available
+  const Hello& hello() const { return hello_; }
+  const std::string& error() const { return error_; }
+  int fd() const { return fd_; }
+  int release_fd() { int f = fd_; fd_ = -1; return f; }
+  int release_passed_fd() { int f = passed_fd_; passed_fd_ = -1; return f; }
+
+ private:
+  int fd_;
+  Clock::time_point deadline_;
+  Hello hello_;
+  size_t got_ = 0;
+  int passed_fd_ = -1;
+  std::string error_;
+};
+
+}  // namespace dicomm::transport

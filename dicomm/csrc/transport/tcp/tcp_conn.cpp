@@ -1,0 +1,164 @@
+#include "transport/tcp/tcp_conn.h"
+
+#include <algorithm>
+
+#include "core/types.h"
+#include "transport/socket.h"
+
+namespace dicomm::transport::tcp {
+namespace {
+const char kEmpty[1] = {0};
+}
+
+TcpSendConn::TcpSendConn(int peer, std::vector<std::unique_ptr<TcpStream>> streams, Sink* sink,
+                         size_t chunk_bytes)
+    : peer_(peer), streams_(std::move(streams)), sink_(sink), chunk_bytes_(chunk_bytes) {}
+
+void TcpSendConn::post(SendOp* op) {
+  op->hdr.msg_id = next_id_++;
+  Frame f;
+  f.msg_id = op->hdr.msg_id;
+  f.tag = op->hdr.tag;
+  f.meta = op->hdr.meta;
+  f.bytes = op->hdr.bytes;
+  if (op->hdr.bytes <= kEagerLimit) {
+    f.kind = kEager;
+    streams_[0]->send(f, static_cast<const char*>(op->buf), op, *this);
+  } else {
+    f.kind = kRts;
+    rendezvous_[f.msg_id] = Rendezvous{op, 0};
+    streams_[0]->send(f, nullptr, nullptr, *this);
+  }
+}
+
+bool TcpSendConn::progress(bool thorough) {
+  // Reads cost a syscall each: only where something is expected (clear-to-send and refusals on
+  // stream 0 while a rendezvous is open), and everywhere on thorough passes (to see EOF).
+  bool did = false;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    TcpStream& s = *streams_[i];
+    if (s.has_output()) did |= s.flush(*this);
+    if (thorough || (i == 0 && !rendezvous_.empty())) did |= s.read(*this);
+    if (s.eof()) throw ConnectionClosed(s.eof_reason());
+  }
+  return did;
+}
+
+void TcpSendConn::on_frame(const Frame& f, const char*) {
+  auto it = rendezvous_.find(f.msg_id);
+  if ((f.kind != kCts && f.kind != kRefuse) || it == rendezvous_.end())
+    throw PeerError(streams_[0]->what() + ": unexpected frame kind " + std::to_string(f.kind) + " (corrupt stream)");
+  SendOp* op = it->second.op;
+  if (f.kind == kRefuse) {
+    rendezvous_.erase(it);
+    sink_->on_send_refused(op, Refusal{f.code, f.bytes, f.meta});
+    return;
+  }
+  // Stripe: chunks of at most chunk_bytes_, round-robin over the streams.
+  size_t bytes = op->hdr.bytes;
+  size_t n = streams_.size();
+  size_t chunk = std::max<size_t>(std::min(chunk_bytes_, (bytes + n - 1) / n), 64 * 1024);
+  size_t chunks = (bytes + chunk - 1) / chunk;
+  it->second.chunks_left = chunks;
+  const char* base = static_cast<const char*>(op->buf);
+  for (size_t off = 0; off < bytes; off += chunk) {
+    Frame d;
+    d.kind = kData;
+    d.msg_id = f.msg_id;
+    d.offset = off;
+    d.bytes = std::min(chunk, bytes - off);
+    streams_[next_stream_++ % n]->send(d, base + off, nullptr, *this);
+  }
+}
+
+char* TcpSendConn::data_target(const Frame&) {
+  throw PeerError(streams_[0]->what() + ": data frame on a send connection (corrupt stream)");
+}
+
+void TcpSendConn::on_written(const Frame& f, void* cookie) {
+  if (f.kind == kEager) {
+    sink_->on_send_done(static_cast<SendOp*>(cookie));
+  } else if (f.kind == kData) {
+    auto it = rendezvous_.find(f.msg_id);
+    if (it != rendezvous_.end() && --it->second.chunks_left == 0) {
+      SendOp* op = it->second.op;
+      rendezvous_.erase(it);
+      sink_->on_send_done(op);
+    }
+  }
+}
+
+TcpRecvConn::TcpRecvConn(int peer, int nstreams, Sink* sink)
+    : peer_(peer), streams_(static_cast<size_t>(nstreams)), sink_(sink) {}
+
+bool TcpRecvConn::attach(int index, std::unique_ptr<TcpStream> stream) {
+  if (index < 0 || index >= nstreams() || streams_[index]) return false;
+  streams_[index] = std::move(stream);
+  return true;
+}
+
+bool TcpRecvConn::progress(bool thorough) {
+  bool did = false;
+  // A sender that finished and closed ends each stream in turn: only when every stream has
+  // ended (each one drained first) is the peer gone. A dead peer ends them all at once.
+  size_t ended = 0, attached = 0;
+  const std::string* reason = nullptr;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    auto& s = streams_[i];
+    if (!s) continue;
+    ++attached;
+    if (s->has_output()) did |= s->flush(*this);
+    // Data streams carry nothing until we have asked for data (or on thorough passes: EOF).
+    if (i == 0 || thorough || !landing_.empty()) did |= s->read(*this);
+    if (s->eof()) {
+      ++ended;
+      reason = &s->eof_reason();
+    }
+  }
+  if (reason && ended == attached) throw ConnectionClosed(*reason);
+  return did;
+}
+
+void TcpRecvConn::on_frame(const Frame& f, const char* payload) {
+  Header h{f.tag, f.meta, f.bytes, f.msg_id};
+  if (f.kind == kEager) sink_->on_message(*this, h, payload ? payload : kEmpty);
+  else if (f.kind == kRts) sink_->on_message(*this, h, nullptr);
+  else throw PeerError("tcp connection from rank " + std::to_string(peer_) + ": unexpected frame kind " + std::to_string(f.kind) + " (corrupt stream)");
+}
+
+char* TcpRecvConn::data_target(const Frame& f) {
+  auto it = landing_.find(f.msg_id);
+  if (it == landing_.end() || f.offset + f.bytes > it->second.op->bytes)
+    throw PeerError("tcp connection from rank " + std::to_string(peer_) + ": data for unknown message or out of bounds (corrupt stream)");
+  return static_cast<char*>(it->second.op->buf) + f.offset;
+}
+
+void TcpRecvConn::on_data(const Frame& f) {
+  auto it = landing_.find(f.msg_id);
+  it->second.left -= f.bytes;
+  if (it->second.left == 0) {
+    RecvOp* op = it->second.op;
+    landing_.erase(it);
+    sink_->on_recv_done(op);
+  }
+}
+
+void TcpRecvConn::pull(uint64_t msg_id, RecvOp* op) {
+  landing_[msg_id] = Landing{op, op->bytes};
+  Frame f;
+  f.kind = kCts;
+  f.msg_id = msg_id;
+  streams_[0]->send(f, nullptr, nullptr, *this);
+}
+
+void TcpRecvConn::refuse(uint64_t msg_id, const Refusal& why) {
+  Frame f;
+  f.kind = kRefuse;
+  f.code = why.code;
+  f.msg_id = msg_id;
+  f.bytes = why.recv_bytes;
+  f.meta = why.recv_meta;
+  streams_[0]->send(f, nullptr, nullptr, *this);
+}
+
+}  // namespace dicomm::transport::tcp

@@ -1,0 +1,32 @@
+// TCP transport: peers on other hosts (or any peer when forced). Listens on DICOMM_SOCKET_IFNAME's
+// address, else the host's primary address, else loopback; DICOMM_TCP_STREAMS sockets per peer.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "transport/acceptor.h"
+#include "transport/tcp/tcp_conn.h"
+#include "transport/transport.h"
+
+namespace dicomm::transport::tcp {
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(const Context& ctx);
+  const char* name() const override { return "tcp"; }
+  std::string address() const override { return address_; }
+  bool can_reach(const Card& self, const Card& peer, std::string* why) const override;
+  std::unique_ptr<SendConn> connect(int peer, const Card& card, Clock::time_point deadline) override;
+  bool progress() override;
+
+ private:
+  Context ctx_;
+  std::string address_;
+  int nstreams_;
+  size_t chunk_bytes_;
+  std::unique_ptr<Acceptor> acceptor_;
+  std::map<int, std::weak_ptr<TcpRecvConn>> recv_conns_;  // by source rank, while streams arrive
+};
+
+}  // namespace dicomm::transport::tcp

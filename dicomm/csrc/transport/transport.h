@@ -1,0 +1,137 @@
+// The narrow transport interface, modelled on NCCL's net plugin (listen / connect / accept,
+// register memory, post send, post receive, progress, close).
+//
+// Connections are unidirectional in message direction: rank i connects to j for i's sends (a
+// SendConn), j accepts (a RecvConn). Feedback the protocol needs (clear-to-send, completion,
+// refusal) travels back over the same connection inside the transport.
+//
+// Unlike NCCL, the receiver does not post buffers blindly: tag matching lives in the engine above,
+// so a transport first announces each message (eager payload or a rendezvous announcement) and the
+// engine answers a rendezvous with pull() into the matched buffer or refuse(). This is what lets
+// MPI-style matching sit above any transport, RDMA verbs included (pull = RDMA read).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/card.h"
+#include "core/handshake.h"
+
+namespace dicomm::transport {
+
+using Clock = std::chrono::steady_clock;
+
+// What the engine says about a message; the transport adds its own framing.
+struct Header {
+  uint64_t tag = 0;
+  uint64_t meta = 0;
+  uint64_t bytes = 0;
+  uint64_t msg_id = 0;  // assigned by the sending connection, echoed by pull()/refuse()
+};
+
+// Registered memory (a no-op for shm and tcp; an MR for verbs).
+struct MemHandle {
+  void* opaque = nullptr;
+};
+
+// A send owned by the engine until on_send_done / on_send_refused.
+struct SendOp {
+  Header hdr;
+  const void* buf = nullptr;
+  MemHandle mem;
+};
+
+// The landing zone of a matched rendezvous message; owned by the engine until on_recv_done.
+struct RecvOp {
+  void* buf = nullptr;
+  size_t bytes = 0;  // message size; the engine has checked that it fits
+  MemHandle mem;
+};
+
+// Why a receiver refused a rendezvous message; the sender turns it into a MismatchError.
+struct Refusal {
+  enum Code : uint32_t { kTooSmall = 1, kMetaDiffers = 2 };
+  uint32_t code = 0;
+  uint64_t recv_bytes = 0;
+  uint64_t recv_meta = 0;
+};
+
+class RecvConn;
+
+// Implemented by the engine. Transports call it only from progress()/post()/pull(), with the
+// engine lock held; the engine may call pull()/refuse() from inside on_message.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual void on_accept(std::shared_ptr<RecvConn> conn) = 0;
+  virtual void on_rejected(const std::string& why) = 0;
+  // Eager: `payload` holds hdr.bytes bytes, valid during the call only.
+  // Rendezvous: payload == nullptr; answer later with pull() or refuse() for hdr.msg_id.
+  virtual void on_message(RecvConn& conn, const Header& hdr, const void* payload) = 0;
+  virtual void on_send_done(SendOp* op) = 0;
+  virtual void on_send_refused(SendOp* op, const Refusal& why) = 0;
+  virtual void on_recv_done(RecvOp* op) = 0;
+};
+
+class Conn {
+ public:
+  virtual ~Conn() = default;
+  virtual int peer() const = 0;
+  virtual const char* transport_name() const = 0;
+  // Moves whatever can move without blocking; true if anything happened. `thorough` also reads
+  // fds that only carry rare events (doorbells, EOF): a caller spinning on shared memory skips
+  // them most of the time, since a syscall per poll would double the latency.
+  // Throws PeerError when the connection is broken (peer gone).
+  virtual bool progress(bool thorough) = 0;
+  // Work that needs the CPU but no fd will signal (a copy in flight): do not sleep.
+  virtual bool busy() const = 0;
+  // Before sleeping in epoll: ask the peer to ring our doorbell; false if work already waits.
+  virtual bool arm() { return !busy(); }
+  virtual void disarm() {}
+};
+
+class SendConn : public Conn {
+ public:
+  // Queues (or sends at once) a message; eager or rendezvous is the transport's choice.
+  virtual void post(SendOp* op) = 0;
+};
+
+class RecvConn : public Conn {
+ public:
+  virtual void pull(uint64_t msg_id, RecvOp* op) = 0;
+  virtual void refuse(uint64_t msg_id, const Refusal& why) = 0;
+};
+
+// Everything a transport needs from the engine.
+struct Context {
+  int rank = 0;
+  int size = 0;
+  Token token{};
+  Sink* sink = nullptr;
+  class Poller* poller = nullptr;
+  std::chrono::milliseconds handshake_timeout{5000};
+  // The engine's counters (reported by stats()); touched only under the engine lock.
+  std::map<std::string, int64_t>* counters = nullptr;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // This rank's address, published in its card under name().
+  virtual std::string address() const = 0;
+  // Whether this transport can serve `peer` from `self`; if not, `why` says so.
+  virtual bool can_reach(const Card& self, const Card& peer, std::string* why) const = 0;
+  // Opens a send connection to `peer` (blocking up to `deadline`); throws PeerError.
+  virtual std::unique_ptr<SendConn> connect(int peer, const Card& card, Clock::time_point deadline) = 0;
+  // Accepts connections and runs handshakes (announced through Sink::on_accept / on_rejected).
+  virtual bool progress() = 0;
+  virtual MemHandle register_memory(const void* /*buf*/, size_t /*bytes*/) { return {}; }
+  virtual void deregister_memory(MemHandle /*mem*/) {}
+};
+
+}  // namespace dicomm::transport

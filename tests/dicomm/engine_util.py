@@ -1,0 +1,21 @@
+"""Helpers for the engine tests: communicators on the harness store, reference payloads."""
+from __future__ import annotations
+
+import numpy as np
+
+SIZES = [0, 1, 8, 4095, 16384, 16385, 65536, 65537, 1 << 20, (3 << 20) + 7, 64 << 20]
+
+
+def comm(store, rank: int, size: int, timeout_s: float = 30.0, transport: str = "auto"):
+    import dicomm._C as C
+
+    return C.Communicator(store, rank, size, timeout_s, transport)
+
+
+def payload(n: int, seed: int) -> np.ndarray:
+    """Deterministic bytes the receiver can regenerate independently of the transfer."""
+    return np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
+
+
+def ptr(a: np.ndarray) -> int:
+    return a.ctypes.data

@@ -1,0 +1,153 @@
+"""Clear errors instead of truncation, corruption or hangs: real processes on one host, a real
+TCPStore; TCP over loopback stands in for a network where the test forces it."""
+import pytest
+
+from tests.dicomm.engine_util import comm, payload, ptr
+from tests.dicomm.multiproc import run_ranks
+
+
+def _too_small(rank, world, store, n):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=20)
+    a = payload(n, 1)
+    try:
+        if rank == 0:
+            r = c.isend(ptr(a), n, 1, tag=4)
+        else:
+            b = np.zeros(n // 2, np.uint8)
+            r = c.irecv(ptr(b), b.nbytes, 0, tag=4)
+        try:
+            r.wait()
+            return "completed"
+        except C.MismatchError as e:
+            return str(e)
+    finally:
+        # Both sides must have failed before either closes (so no error comes from a close).
+        store.set(f"done{rank}", "1")
+        store.wait([f"done{1 - rank}"])
+        c.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_buffer_too_small_fails_both_sides_for_a_large_message(transport):
+    n = 1 << 20
+    sent, recvd = run_ranks(_too_small, 2, n, env={"DICOMM_TRANSPORT": transport})
+    assert "recv from rank 0 tag 4" in recvd and f"{n} B" in recvd and f"only {n // 2} B" in recvd
+    assert "send to rank 1 tag 4" in sent and f"only {n // 2} B" in sent
+
+
+def test_buffer_too_small_fails_the_receive_of_a_small_message():
+    sent, recvd = run_ranks(_too_small, 2, 1000)
+    # An eager send completes once buffered (MPI semantics); the receive must still fail.
+    assert sent == "completed"
+    assert "recv from rank 0 tag 4" in recvd and "1000 B" in recvd and "only 500 B" in recvd
+
+
+def _meta(rank, world, store, n):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=20)
+    a = payload(n, 1)
+    b = np.zeros(n, np.uint8)
+    out = []
+    if rank == 0:
+        reqs = [c.isend(ptr(a), n, 1, tag=9, meta=0xAB), c.isend(ptr(a), n, 1, tag=9, meta=0xCD)]
+    else:
+        reqs = [c.irecv(ptr(b), n, 0, tag=9, meta=0xAB), c.irecv(ptr(b), n, 0, tag=9, meta=0x77)]
+    for r in reqs:
+        try:
+            r.wait()
+            out.append("ok")
+        except C.MismatchError as e:
+            out.append(str(e))
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+def test_meta_mismatch_names_both_metas():
+    n = 1 << 20  # rendezvous: the sender learns of the mismatch too
+    sent, recvd = run_ranks(_meta, 2, n)
+    assert recvd[0] == "ok" and sent[0] == "ok"
+    for text in (recvd[1], sent[1]):
+        assert "0x00000000000000cd" in text and "0x0000000000000077" in text
+    assert "recv from rank 0 tag 9" in recvd[1] and "send to rank 1 tag 9" in sent[1]
+
+
+def _invalid(rank, world, store):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world)
+    b = np.zeros(8, np.uint8)
+    out = []
+    for call in (lambda: c.isend(ptr(b), 8, world, 0), lambda: c.irecv(ptr(b), 8, -2, 0),
+                 lambda: c.isend(ptr(b), 8, 0, -1), lambda: c.transport_of(99)):
+        try:
+            call()
+            out.append("accepted")
+        except C.ValueError as e:
+            out.append((isinstance(e, ValueError), isinstance(e, C.DicommError), str(e)))
+    try:
+        C.Communicator(store, 5, world)
+        out.append("accepted")
+    except ValueError as e:
+        out.append(str(e))
+    c.close()
+    return out
+
+
+def test_invalid_ranks_and_tags_raise_value_errors():
+    got = run_ranks(_invalid, 2)[0]
+    assert got[0][:2] == (True, True) and "peer 2 is not a rank" in got[0][2]
+    assert "peer -2 is not a rank" in got[1][2]
+    assert "tag -1 is negative" in got[2][2]
+    assert "peer 99" in got[3][2]
+    assert "rank 5 is outside 0..1" in got[4]
+
+
+def _timeout(rank, world, store):
+    import time
+
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=0.5)
+    out = None
+    if rank == 0:
+        b = np.zeros(4096, np.uint8)
+        r = c.irecv(ptr(b), 4096, 1, tag=21)
+        t0 = time.monotonic()
+        try:
+            r.wait()  # None: the communicator's 0.5 s
+            out = "completed"
+        except C.TimeoutError as e:
+            out = (str(e), time.monotonic() - t0)
+        # The timed-out receive was withdrawn: a later message goes to a later receive.
+        store.set("late", "1")
+        r2 = c.irecv(ptr(b), 4096, 1, tag=21)
+        r2.wait(10)
+        out = out + (r2.nbytes, int(b[0]))
+    else:
+        store.wait(["late"])
+        a = np.full(100, 42, np.uint8)
+        c.isend(ptr(a), 100, 0, tag=21).wait()
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+def test_wait_timeout_names_op_peer_tag_and_bytes():
+    text, elapsed, n, first = run_ranks(_timeout, 2)[0]
+    assert "timed out after 500 ms" in text and "recv from rank 1 tag 21 (4096 B)" in text
+    assert 0.4 < elapsed < 5
+    assert (n, first) == (100, 42)
