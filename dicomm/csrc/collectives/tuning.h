@@ -1,0 +1,26 @@
+// Size thresholds that pick algorithms, and the pipeline chunk size. Defaults suit shared memory
+// and TCP on commodity hosts. Environment overrides (read once) let tests cross every threshold
+// with small buffers: DICOMM_COLL_CHUNK_BYTES sets the chunk size, DICOMM_COLL_SMALL_BYTES sets
+// every small/large threshold at once.
+#pragma once
+
+#include <cstddef>
+
+namespace dicomm {
+
+struct Tuning {
+  size_t chunk_bytes = 512 << 10;            // pipeline unit: big enough to amortise a message
+  size_t recv_window = 4;                    // scratch chunks in flight per ring receive
+  size_t all_reduce_ring_bytes = 256 << 10;  // below: recursive doubling
+  size_t broadcast_chain_bytes = 256 << 10;  // below: binomial tree
+  size_t reduce_ring_bytes = 256 << 10;      // below: binomial tree
+  size_t all_gather_ring_bytes = 1 << 20;    // total bytes; below: direct exchange
+  size_t reduce_scatter_ring_bytes = 256 << 10;  // per-rank bytes; below: direct exchange
+
+  static const Tuning& get();
+};
+
+// Steps available in a collective tag (collective_tag keeps 20 bits for the step).
+constexpr size_t kMaxTagSteps = size_t{1} << 20;
+
+}  // namespace dicomm
