@@ -1,0 +1,164 @@
+"""Failures surface as clear exceptions, within the process group's timeout; nothing hangs.
+
+Processes on one host stand in for nodes; a rank that leaves with os._exit stands in for a crashed
+node. Every check runs inside the ranks, which raise (and so fail the run) when an error is
+missing, late, or silent about what went wrong.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dicomm.multiproc import init_process_group, run_ranks
+
+TIMEOUT_S = 3.0
+
+
+def _raises(exc: type, patterns: list[str], fn, *args, **kwargs) -> float:
+    """Runs fn, requires exc whose text matches every pattern; returns the seconds it took."""
+    start = time.monotonic()
+    with pytest.raises(exc) as info:
+        fn(*args, **kwargs)
+    for pattern in patterns:
+        assert re.search(pattern, str(info.value), re.I), f"unclear error: {info.value}"
+    return time.monotonic() - start
+
+
+def _timeouts(rank: int, store) -> None:
+    import dicomm
+    if rank == 0:
+        t = torch.zeros(4)
+        took = _raises(dicomm.TimeoutError, [r"recv", r"rank 1\b", r"tag 9\b", r"\b16\b"],
+                       dist.recv, t, 1, tag=9)
+        assert TIMEOUT_S * 0.9 <= took < TIMEOUT_S + 10, f"group timeout honoured? took {took:.1f}s"
+        w = dist.irecv(t, 1, tag=10)
+        took = _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait, datetime.timedelta(seconds=0.3))
+        assert took < TIMEOUT_S - 0.5, f"wait(timeout) ignored its timeout: {took:.1f}s"
+        # The unmatched receive was cancelled: waiting again fails at once, and the message that
+        # comes later goes to the next receive instead of into the abandoned tensor.
+        _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait)
+        assert w.is_completed() and isinstance(w.exception(), dicomm.TimeoutError)
+        store.set("send-now", "1")
+        fresh = torch.empty(4)
+        dist.recv(fresh, 1, tag=10)
+        assert torch.equal(fresh, torch.full((4,), 7.0)) and not torch.equal(t, fresh)
+    else:
+        store.wait(["send-now"])
+        dist.send(torch.full((4,), 7.0), 0, tag=10)
+
+
+def _p2p_mismatches(rank: int) -> None:
+    import dicomm
+    if rank == 0:
+        _raises(dicomm.MismatchError, [r"rank 1\b", r"tag 1\b", r"\b64\b", r"\b32\b"],
+                dist.recv, torch.empty(8), 1, tag=1)  # 64-byte message, 32-byte tensor
+        _raises(dicomm.MismatchError, [r"rank 1\b", r"tag 2\b", r"\b16\b", r"\b32\b"],
+                dist.recv, torch.empty(8), 1, tag=2)  # 16-byte message, 32-byte tensor
+    else:
+        try:  # the sender may or may not hear about the receiver's refusal
+            dist.send(torch.ones(16), 0, tag=1)
+        except dicomm.DicommError:
+            pass
+        dist.send(torch.ones(4), 0, tag=2)
+    # The group still works afterwards.
+    t = torch.full((3,), float(rank))
+    if rank == 0:
+        dist.send(t, 1, tag=3)
+    else:
+        dist.recv(t, 0, tag=3)
+        assert torch.equal(t, torch.zeros(3))
+
+
+def _invalid_ranks() -> None:
+    _raises(ValueError, [r"send", r"invalid.*rank 5"], dist.send, torch.ones(2), 5)
+    _raises(ValueError, [r"broadcast", r"invalid.*rank 9"], dist.broadcast, torch.ones(2), 9)
+    _raises(ValueError, [r"tag -4"], dist.isend, torch.ones(2), 1, tag=-4)
+
+
+def _failures(rank: int, ws: int, store) -> str:
+    init_process_group("dicomm", rank, ws, store, timeout_s=TIMEOUT_S)
+    _timeouts(rank, store)
+    _p2p_mismatches(rank)
+    _invalid_ranks()
+    dist.destroy_process_group()
+    return "ok"
+
+
+def test_timeouts_mismatches_and_invalid_arguments_raise_clear_errors():
+    assert run_ranks(_failures, 2, timeout=60) == ["ok", "ok"]
+
+
+def _outcome(fn, *args, **kwargs) -> tuple[str, str, float]:
+    start = time.monotonic()
+    try:
+        fn(*args, **kwargs)
+        return "no error", "", time.monotonic() - start
+    except Exception as e:  # reported to the test process, which judges it
+        return type(e).__name__, str(e), time.monotonic() - start
+
+
+def _collective_mismatches(rank: int, ws: int, store) -> dict:
+    init_process_group("dicomm", rank, ws, store, timeout_s=TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    out = {}
+    g = dist.new_group([0, 1], timeout=timeout)  # a fresh group per case: a failed one may be spent
+    dtype = torch.float32 if rank == 0 else torch.int32  # same byte count, different dtype
+    out["dtype"] = _outcome(dist.all_reduce, torch.ones(8, dtype=dtype), group=g)
+    g = dist.new_group([0, 1], timeout=timeout)
+    out["size"] = _outcome(dist.all_gather_single, torch.empty(2 * (4 + rank)),
+                           torch.ones(4 + rank), group=g)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mismatches() -> list[dict]:
+    return run_ranks(_collective_mismatches, 2, timeout=60)
+
+
+@pytest.mark.parametrize("case", ["dtype", "size"])
+def test_a_collective_mismatch_fails_every_rank_with_a_clear_error(mismatches, case):
+    for rank in range(2):
+        kind, text, took = mismatches[rank][case]
+        assert kind == "MismatchError", f"rank {rank}: {kind} after {took:.1f}s: {text}"
+        assert re.search(r"all_reduce.*(float32|int32)" if case == "dtype" else r"all_gather",
+                         text), text
+
+
+PEER_TIMEOUT_S = 8.0
+
+
+def _peer_dies(rank: int, ws: int, store) -> str:
+    import dicomm
+    init_process_group("dicomm", rank, ws, store, timeout_s=PEER_TIMEOUT_S)
+    dist.barrier()
+    big = 16 << 20
+    if rank == 2:  # starts a large transfer and dies in the middle of it
+        dist.isend(torch.ones(big // 4), 0, tag=1)
+        time.sleep(0.05)
+        os._exit(17)
+    start = time.monotonic()
+    if rank == 0:
+        t = torch.zeros(big // 4)
+        try:
+            dist.recv(t, 2, tag=1)  # may have arrived whole before the crash: then it is intact
+            assert torch.equal(t, torch.ones(big // 4)), "partial message delivered as complete"
+        except dicomm.DicommError:
+            pass
+    with pytest.raises(dicomm.DicommError) as info:
+        dist.all_reduce(torch.ones(4))  # rank 2 never joins
+    took = time.monotonic() - start
+    assert took < PEER_TIMEOUT_S + 10, f"took {took:.1f}s to notice a dead peer"
+    return f"{type(info.value).__name__} after {took:.1f}s: {info.value}"
+
+
+def test_a_dead_peer_fails_pending_operations_on_every_other_rank():
+    out = run_ranks(_peer_dies, 3, timeout=60, expect_dead=[2])
+    assert out[2] is None
+    for rank in (0, 1):  # the engine notices the closed connection: no waiting out the timeout
+        assert out[rank].startswith("PeerError") and "is gone" in out[rank], out[rank]
