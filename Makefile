@@ -28,7 +28,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 demo: setup
-	$(PY) -m dicomm.demo
+	$(PY) -m heteropp.demo
 
 bench: setup
 	$(VENV)/bin/dicomm-bench p2p --json docs/bench-p2p.json

@@ -1,0 +1,139 @@
+"""`heteropp`: run a plan as a heterogeneous pipeline (`run`) or the same training in one process (`reference`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from .plan import SCHEDULES, Plan
+from .schedules import ScheduleError
+from .spec import ModelSpec, SpecError, load_cluster, load_model
+
+# Point-to-point backend between stages when --backend is not given.
+DEFAULT_BACKEND = "dicomm"
+
+
+def parse_chip_map(text: str | None, cluster: str | None) -> dict[str, str]:
+    """`A=cpu,B=cuda` and/or a cluster spec's per-chip `device`; the command line wins."""
+    out: dict[str, str] = {}
+    if cluster:
+        out.update({c.name: c.device for c in load_cluster(cluster).chips})
+    for item in filter(None, (text or "").split(",")):
+        if "=" not in item:
+            raise SpecError("--chip-map", item, "not CHIP=VENDOR", "e.g. big=cpu,small=cpu")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _summary(label: str, losses: list[float], rates: list[float]) -> None:
+    steady = rates[1:] or rates  # the first step pays for warm-up
+    print(f"{label}: {len(losses)} steps, final loss {losses[-1]:.6f}, "
+          f"{statistics.median(steady):.0f} tokens/s (median)")
+
+
+def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,
+             chip_map: dict[str, str] | None = None, loss_log: str | None = None, seed: int = 0, lr: float = 3e-3,
+             timeout_s: float = 60.0, verbose: bool = False, source: str = "<plan>") -> dict:
+    """Check the plan, launch its processes, train; returns losses and tokens/s of the last stage's lead rank."""
+    from .engine import RunConfig, launch
+    from .engine.checks import check_run
+    if schedule:
+        plan.schedule = schedule
+    check_run(plan, m, source, chip_map or {}, [plan.schedule])
+    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=steps, seed=seed, lr=lr,
+                    backend=backend, chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose)
+    t0 = time.perf_counter()
+    results = launch(cfg)
+    wall = time.perf_counter() - t0
+    lead = next(r[plan.schedule] for r in results.values() if r[plan.schedule]["losses"] is not None
+                and r[plan.schedule]["coord"][1:] == (0, 0))
+    return {"losses": lead["losses"], "tokens_per_s": lead["tokens_per_s"], "wall_s": wall}
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    plan, m = Plan.load(a.plan), load_model(a.model)
+    chip_map = parse_chip_map(a.chip_map, a.cluster)
+    if a.write_config:
+        from .engine import RunConfig
+        from .engine.checks import check_run
+        if a.schedule:
+            plan.schedule = a.schedule
+        check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size)
+        cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=a.steps, seed=a.seed, lr=a.lr,
+                        backend=a.backend, chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout)
+        with open(a.write_config, "w") as f:
+            json.dump(cfg.__dict__, f, indent=2)
+        print(f"wrote {a.write_config}; run it with: torchrun --nproc-per-node={plan.world_size} "
+              f"-m heteropp.engine.worker --config {a.write_config}")
+        return 0
+    from .engine.checks import check_run
+    check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size)
+    print(f"heteropp: {len(plan.stages)} stages "
+          + " | ".join(f"{s.chip} tp{s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"
+                       + (" rc" if s.recompute else "") for s in plan.stages)
+          + f", dp {plan.dp}, {plan.micro_batches} micro-batches, {a.schedule or plan.schedule}, p2p {a.backend}, "
+          f"{plan.world_size} processes", flush=True)
+    r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
+                 loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan)
+    _summary("heteropp run", r["losses"], r["tokens_per_s"])
+    if a.loss_log:
+        print(f"wrote {a.loss_log}")
+    return 0
+
+
+def cmd_reference(a: argparse.Namespace) -> int:
+    from .engine import train_reference
+    m = load_model(a.model)
+    batch = Plan.load(a.plan).global_batch if a.plan else a.global_batch
+    t0 = time.perf_counter()
+    r = train_reference(m, a.steps, batch, seed=a.seed, lr=a.lr, loss_log=a.loss_log)
+    print(f"reference: {a.steps} steps, final loss {r['losses'][-1]:.6f}, "
+          f"{a.steps * batch * m.seq_len / (time.perf_counter() - t0):.0f} tokens/s")
+    if a.loss_log:
+        print(f"wrote {a.loss_log}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="heteropp", description="Heterogeneous pipeline-parallel training.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True, help="model preset (tiny) or spec file")
+        p.add_argument("--steps", type=int, default=10)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--lr", type=float, default=3e-3)
+        p.add_argument("--loss-log", help="JSON lines {\"step\": n, \"loss\": x} (what `precision-diff loss` reads)")
+
+    r = sub.add_parser("run", help="launch the plan's processes on this host and train")
+    r.add_argument("--plan", required=True, help="plan JSON (from `heteroauto plan --json` or hand-written)")
+    common(r)
+    r.add_argument("--schedule", choices=SCHEDULES, help="override the plan's schedule")
+    r.add_argument("--backend", choices=("dicomm", "gloo"), default=DEFAULT_BACKEND,
+                   help=f"point-to-point between stages (default {DEFAULT_BACKEND})")
+    r.add_argument("--chip-map", help="plan chip type -> ditorch vendor, e.g. big=cpu,small=cuda")
+    r.add_argument("--cluster", help="cluster spec whose chips' `device` fields give the chip map")
+    r.add_argument("--world-size", type=int, help="reject the plan unless it uses exactly this many ranks")
+    r.add_argument("--timeout", type=float, default=60.0, help="seconds any send, receive or collective may take")
+    r.add_argument("--write-config", help="write the run config for `torchrun -m heteropp.engine.worker` and exit")
+    r.add_argument("-v", "--verbose", action="store_true", help="one line per rank: stage, TP/DP position, device")
+    r.set_defaults(fn=cmd_run)
+
+    f = sub.add_parser("reference", help="the same training in one process, no parallelism")
+    common(f)
+    f.add_argument("--global-batch", type=int, default=8, help="sequences per step (default 8)")
+    f.add_argument("--plan", help="take the global batch from this plan")
+    f.set_defaults(fn=cmd_reference)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except (SpecError, ScheduleError) as e:
+        print(f"heteropp: error: {e}", file=sys.stderr)
+        return 2

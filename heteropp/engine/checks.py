@@ -1,0 +1,24 @@
+"""Everything checked before a single process starts: the plan against the model, the world size, chip
+types, and the schedule's action lists."""
+from __future__ import annotations
+
+from ..model.stage import check_tp
+from ..plan import Plan
+from ..spec import ModelSpec, SpecError
+from .schedule import compile_schedule
+from .topology import resolve_chip
+
+
+def check_run(plan: Plan, m: ModelSpec, source: str, chip_map: dict[str, str], schedules: list,
+              world_size: int | None = None) -> None:
+    """Raise SpecError (or ScheduleError) naming the field, stage or schedule that cannot run."""
+    plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, world_size=world_size)
+    for i, s in enumerate(plan.stages):
+        if (why := check_tp(m, s.tp)) is not None:
+            raise SpecError(source, f"stages[{i}].tp", why, "a TP size dividing heads, kv_heads, ffn and vocab")
+        try:
+            resolve_chip(s.chip, chip_map)
+        except ValueError as e:
+            raise SpecError(source, f"stages[{i}].chip", str(e), "a chip type ditorch knows") from None
+    for sched in schedules:
+        compile_schedule(plan, sched)

@@ -1,0 +1,96 @@
+"""Runs one stage's action list (F, B, I, W, SEND_*/RECV_*) for one optimizer step.
+
+All receives of the step are posted before the first compute action and waited for only when their
+action comes up, so transfers overlap with compute; sends complete in the background and are drained at
+the end of the step. I runs the backward with weight gradients of the linear layers deferred into a
+per-micro-batch WeightGradStore, which the matching W action flushes.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model import StageModel, WeightGradStore
+from ..plan import Plan
+from ..schedules import Action
+from .p2p import P2P, Pending
+from .reshard import Boundary
+from .topology import Groups, rank_of
+
+
+class StageExecutor:
+    def __init__(self, model: StageModel, plan: Plan, groups: Groups, p2p: P2P, act_shape: tuple[int, ...]) -> None:
+        self.model, self.plan, self.g, self.p2p = model, plan, groups, p2p
+        self.k, self.d, self.t = groups.coord.stage, groups.coord.replica, groups.coord.tp_rank
+        self.n = len(plan.stages)
+        self.shape = torch.Size(act_shape)
+        self.numel = self.shape.numel()
+        tps = [s.tp for s in plan.stages]
+        self.fwd_in = Boundary(tps[self.k - 1], tps[self.k]) if self.k > 0 else None
+        self.fwd_out = Boundary(tps[self.k], tps[self.k + 1]) if self.k < self.n - 1 else None
+        self.bwd_in = Boundary(tps[self.k + 1], tps[self.k]) if self.k < self.n - 1 else None
+        self.bwd_out = Boundary(tps[self.k], tps[self.k - 1]) if self.k > 0 else None
+
+    # -- communication -------------------------------------------------------------------------------
+    def _post(self, a: Action) -> Pending:
+        fwd = a.op == "RECV_F"
+        b = self.fwd_in if fwd else self.bwd_in
+        peer_stage = self.k - 1 if fwd else self.k + 1
+        sources = [(rank_of(self.plan, peer_stage, self.d, i), piece) for i, piece in b.incoming(self.t)]
+        return self.p2p.post_recv(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", sources,
+                                  b.piece_numel(self.numel), torch.float32, a.mb, backward=not fwd)
+
+    def _receive(self, pend: Pending, b: Boundary) -> torch.Tensor:
+        mine = self.p2p.wait_recv(pend, self.g.device)
+        return b.assemble(mine, self.t, self.g.tp, self.shape)
+
+    def _send(self, t: torch.Tensor, a: Action) -> None:
+        fwd = a.op == "SEND_F"
+        b = self.fwd_out if fwd else self.bwd_out
+        peer_stage = self.k + 1 if fwd else self.k - 1
+        pieces = b.split(t)
+        dests = [(rank_of(self.plan, peer_stage, self.d, j), pieces[piece]) for j, piece in b.outgoing(self.t)]
+        key = f"{'F' if fwd else 'B'}{min(self.k, peer_stage)}"  # boundary index, direction
+        self.p2p.send(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", dests, a.mb, not fwd, key)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def run(self, actions: list[Action], inputs: list[torch.Tensor], targets: list[torch.Tensor],
+            loss_scale: float) -> float:
+        posted = {(a.op, a.mb): self._post(a) for a in actions if a.op in ("RECV_F", "RECV_B")}
+        x_in: dict[int, torch.Tensor] = {}
+        out: dict[int, torch.Tensor] = {}
+        grad_out: dict[int, torch.Tensor] = {}
+        stores: dict[int, WeightGradStore] = {}
+        loss_sum = 0.0
+        for a in actions:
+            m = a.mb
+            if a.op == "RECV_F":
+                x_in[m] = self._receive(posted.pop((a.op, m)), self.fwd_in).requires_grad_()
+            elif a.op == "RECV_B":
+                grad_out[m] = self._receive(posted.pop((a.op, m)), self.bwd_in)
+            elif a.op == "F":
+                x = inputs[m].to(self.g.device) if self.k == 0 else x_in[m]
+                y = self.model(x)
+                if self.model.last:
+                    y = self.model.loss(y, targets[m].to(self.g.device)) * loss_scale
+                    loss_sum += y.item()
+                out[m] = y
+            elif a.op == "SEND_F":
+                self._send(out[m], a)
+            elif a.op in ("B", "I"):
+                store = stores.setdefault(m, WeightGradStore())
+                y = out.pop(m)
+                grad = None if self.model.last else grad_out.pop(m)
+                if a.op == "I":
+                    with store:
+                        torch.autograd.backward(y, grad)
+                else:
+                    torch.autograd.backward(y, grad)
+            elif a.op == "W":
+                stores.pop(m).flush()
+            elif a.op == "SEND_B":
+                self._send(x_in.pop(m).grad, a)
+        if stores and any(s.queue for s in stores.values()):
+            raise RuntimeError(f"stage {self.k}: weight gradients of micro-batches "
+                               f"{sorted(m for m, s in stores.items() if s.queue)} were never computed (missing W)")
+        self.p2p.drain()
+        return loss_sum

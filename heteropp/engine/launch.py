@@ -1,0 +1,26 @@
+"""Start a plan's processes on this host through torch's elastic launcher (what torchrun uses)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import uuid
+from typing import Any
+
+from .checks import check_run
+from .config import RunConfig
+
+
+def launch(cfg: RunConfig) -> dict[int, Any]:
+    """Runs `worker(cfg)` in plan.world_size local processes; returns each rank's result. A rank that fails
+    makes the launcher stop the others and raise ChildFailedError naming it."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .worker import worker  # imported here so `python -m heteropp.engine.worker` runs it fresh
+    plan = cfg.plan_obj
+    check_run(plan, cfg.model_spec, "plan", cfg.chip_map, cfg.schedule_list())  # before any process starts
+    # Ranks fork from a server that imported torch once, instead of each importing it (seconds per rank);
+    # the server outlives one launch, so later launches in the same process start at once.
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "heteropp.engine.worker"])
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
+                      run_id=f"heteropp-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                      max_restarts=0, monitor_interval=0.1, start_method="forkserver")
+    return elastic_launch(lc, worker)(cfg)

@@ -1,0 +1,39 @@
+"""The single-process reference: the whole model, no parallelism, the same data, init and optimizer."""
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+from ..model import StageModel, TPGroup
+from ..spec import ModelSpec
+from .data import global_batch
+from .optim import ZeroAdamW
+
+
+def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr: float = 3e-3,
+                    loss_log: str | None = None, collect_grads: bool = False, verbose: bool = True) -> dict:
+    torch.set_num_threads(1)
+    model = StageModel(m, range(m.layers), TPGroup(), seed=seed, first=True, last=True)
+    opt = ZeroAdamW(list(model.parameters()), lr)
+    losses, grads = [], None
+    log = open(loss_log, "w") if loss_log else None
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        batch = global_batch(m, seed, step, sequences)
+        opt.zero_grad()
+        loss = model.loss(model(batch[:, :-1]), batch[:, 1:])
+        loss.backward()
+        if collect_grads and step == 1:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+        if verbose:
+            print(f"[reference] step {step:4d}  loss {loss.item():.6f}  "
+                  f"{sequences * m.seq_len / (time.perf_counter() - t0):9.0f} tokens/s", flush=True)
+        if log:
+            log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
+    if log:
+        log.close()
+    return {"losses": losses, "grads": grads}

@@ -1,0 +1,84 @@
+"""Where a rank sits in the plan, which device and backend its chip type maps to, and its process groups.
+
+Ranks are assigned stage by stage (Plan.rank_offsets): stage k, replica d, TP rank t -> offset_k + d*tp_k + t.
+TP and DP groups live inside one stage and use the chip type's native backend (through ditorch); DP
+gradients are therefore only ever reduced among chips of one type.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..plan import Plan
+from ..model.parallel import TPGroup
+
+
+@dataclass(frozen=True)
+class Coord:
+    stage: int
+    replica: int
+    tp_rank: int
+
+
+def coord_of(plan: Plan, rank: int) -> Coord:
+    offs = plan.rank_offsets()
+    for k, s in enumerate(plan.stages):
+        if offs[k] <= rank < offs[k] + s.tp * plan.dp:
+            d, t = divmod(rank - offs[k], s.tp)
+            return Coord(k, d, t)
+    raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
+
+
+def rank_of(plan: Plan, stage: int, replica: int, tp_rank: int) -> int:
+    return plan.rank_offsets()[stage] + replica * plan.stages[stage].tp + tp_rank
+
+
+def resolve_chip(chip: str, chip_map: dict[str, str]) -> Any:
+    """The ditorch adapter for a plan's chip name: through the chip map, else the name itself."""
+    import ditorch
+    vendor = chip_map.get(chip, chip)
+    try:
+        return ditorch.adapter_for(vendor)
+    except Exception as e:  # ditorch names the unknown vendor; add what to do about it
+        raise ValueError(f"plan chip type {chip!r} maps to no ditorch adapter ({e}); pass --chip-map "
+                         f"{chip}=<vendor> (e.g. {chip}=cpu) or give the chip a `device` in the cluster spec") from e
+
+
+@dataclass
+class Groups:
+    coord: Coord
+    tp: TPGroup
+    dp: Any  # process group of this rank's DP peers (same stage, same TP rank), None when dp == 1
+    device: torch.device
+    p2p_cpu: bool  # stage tensors must be staged through host memory for the point-to-point backend
+
+
+def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: str, timeout_s: float) -> Groups:
+    """Every rank creates every group, in the same order (torch requires it), and keeps its own."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    me = coord_of(plan, rank)
+    mine_tp = mine_dp = None
+    for k, s in enumerate(plan.stages):
+        backend = resolve_chip(s.chip, chip_map).backend
+        for d in range(plan.dp):
+            ranks = [rank_of(plan, k, d, t) for t in range(s.tp)]
+            g = dist.new_group(ranks, backend=backend, timeout=timeout) if s.tp > 1 else None
+            if rank in ranks:
+                mine_tp = g
+        for t in range(s.tp):
+            ranks = [rank_of(plan, k, d, t) for d in range(plan.dp)]
+            g = dist.new_group(ranks, backend=backend, timeout=timeout) if plan.dp > 1 else None
+            if rank in ranks:
+                mine_dp = g
+    adapter = resolve_chip(plan.stages[me.stage].chip, chip_map)
+    device = torch.device(adapter.device_type)
+    # Communicators are created eagerly: NCCL's first batched p2p must otherwise include every rank.
+    for g in (mine_tp, mine_dp):
+        if g is not None:
+            dist.all_reduce(torch.zeros(1, device=device), group=g)
+    return Groups(me, TPGroup(me.tp_rank, plan.stages[me.stage].tp, mine_tp), mine_dp, device,
+                  p2p_cpu=device.type != "cpu" and p2p_backend == "gloo")

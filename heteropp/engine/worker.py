@@ -1,0 +1,137 @@
+"""One process of a plan: join the job, build this rank's stage and groups, train, report.
+
+`heteropp run` starts these through torch's elastic launcher; across machines run the same entry point
+with torchrun: `torchrun --nnodes=N --nproc-per-node=M ... -m heteropp.engine.worker --config run.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..model import StageModel
+from ..plan import Plan
+from .config import RunConfig
+from .data import global_batch, micro_batch
+from .executor import StageExecutor
+from .optim import ZeroAdamW
+from .p2p import P2P
+from .schedule import compile_schedule
+from .topology import Groups, build_groups
+
+log = logging.getLogger("heteropp")
+
+
+def _grads(model: StageModel) -> dict[str, tuple[torch.Tensor, int | None]]:
+    return {n: (p.grad.detach().cpu().clone(), p.shard_dim) for n, p in model.named_parameters()}
+
+
+def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]], rank: int) -> dict[str, Any]:
+    m = cfg.model_spec
+    k, d, t = g.coord.stage, g.coord.replica, g.coord.tp_rank
+    st = plan.stages[k]
+    model = StageModel(m, st.layer_range, g.tp, seed=cfg.seed, first=k == 0, last=k == len(plan.stages) - 1,
+                       recompute=st.recompute).to(g.device)
+    opt = ZeroAdamW(list(model.parameters()), cfg.lr, g.dp, d, plan.dp)
+    p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
+    ex = StageExecutor(model, plan, g, p2p, (plan.micro_batch_size, m.seq_len, m.hidden))
+    actions = compile_schedule(plan, schedule)[k]
+    label = schedule if isinstance(schedule, str) else "custom"
+    lead = model.last and d == 0 and t == 0
+    path = cfg.loss_log
+    if path and len(cfg.schedule_list()) > 1:  # one log per schedule: run.jsonl -> run.zbh1.jsonl
+        stem, dot, ext = path.rpartition(".")
+        path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
+    log_file = open(path, "w") if lead and path else None
+    losses, rates, grads = [], [], None
+    tokens = plan.global_batch * m.seq_len
+    for step in range(1, cfg.steps + 1):
+        if rank == cfg.fail_rank:
+            raise RuntimeError(f"rank {rank}: injected failure at step {step}")
+        t0 = time.perf_counter()
+        batch = global_batch(m, cfg.seed, step, plan.global_batch)
+        mbs = [micro_batch(batch, d, plan.micro_batches, plan.micro_batch_size, i) for i in range(plan.micro_batches)]
+        opt.zero_grad()
+        loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs], 1.0 / (plan.micro_batches * plan.dp))
+        if cfg.collect_grads and step == 1:
+            grads = _grads(model)
+        opt.step()
+        if model.last:
+            total = torch.tensor([loss], dtype=torch.float64)
+            if plan.dp > 1:
+                dist.all_reduce(total, group=g.dp)
+            loss = total.item()
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        rates.append(tokens / dt)
+        if lead:
+            print(f"[{label}] step {step:4d}  loss {loss:.6f}  {tokens / dt:9.0f} tokens/s", flush=True)
+            if log_file:
+                log_file.write(json.dumps({"step": step, "loss": loss}) + "\n")
+                log_file.flush()
+    if log_file:
+        log_file.close()
+    return {"coord": (k, d, t), "losses": losses if model.last else None, "tokens_per_s": rates, "grads": grads,
+            "bytes_sent": dict(p2p.bytes_sent)}
+
+
+def worker(cfg: RunConfig) -> dict[str, Any]:
+    """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)  # ranks share the host's cores
+    logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    plan = cfg.plan_obj
+    m = cfg.model_spec
+    plan.validate("plan", num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, world_size=world)
+    if cfg.backend == "dicomm":
+        import dicomm  # noqa: F401  registers the backend
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group(backend=cfg.backend, rank=rank, world_size=world, timeout=timeout)
+    try:
+        g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s)
+        st = plan.stages[g.coord.stage]
+        log.info("rank %d: stage %d (%s, layers %d-%d%s) tp %d/%d dp %d/%d on %s, p2p %s", rank, g.coord.stage,
+                 st.chip, st.first_layer, st.first_layer + st.layers - 1, ", recompute" if st.recompute else "",
+                 g.coord.tp_rank, st.tp, g.coord.replica, plan.dp, g.device, cfg.backend)
+        out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank) for s in cfg.schedule_list()}
+        dist.barrier()
+        return out
+    except Exception as e:
+        if _is_peer_failure(e):
+            # The launcher blames the first rank it sees exit; let the rank that failed first be that one.
+            time.sleep(PEER_FAILURE_GRACE_S)
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+PEER_FAILURE_GRACE_S = 2.0
+_PEER_FAILURE_TEXT = ("closed by peer", "connection reset", "peer closed", "peer is gone", "broken pipe")
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    """True for errors that only report another rank's death (gloo's or dicomm's wording)."""
+    if type(e).__name__ == "PeerError":
+        return True
+    text = str(e).lower()
+    return any(t in text for t in _PEER_FAILURE_TEXT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="One HeteroPP rank (for torchrun); see `heteropp run`.")
+    ap.add_argument("--config", required=True, help="RunConfig JSON written by `heteropp run --write-config`")
+    a = ap.parse_args(argv)
+    with open(a.config) as f:
+        worker(RunConfig(**json.load(f)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""Deterministic initialisation: a parameter's full value depends only on (seed, global layer, name).
+
+Every rank builds the full tensor and keeps its own shard, so any plan (any TP size, any layer split)
+starts from exactly the weights of the single-process reference.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+EMBED_LAYER = -1  # the embedding's "layer index"; the head uses the model's layer count
+
+
+def _generator(seed: int, layer: int, name: str) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}/{layer}/{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def full_init(seed: int, layer: int, name: str, shape: tuple[int, ...], std: float | None) -> torch.Tensor:
+    """Normal(0, std) for weights, ones for norms (std=None)."""
+    if std is None:
+        return torch.ones(shape)
+    return torch.randn(shape, generator=_generator(seed, layer, name)) * std
+
+
+def shard(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
+    """This TP rank's contiguous slice along `dim` (None: replicated)."""
+    if dim is None or size == 1:
+        return full.clone()
+    if full.shape[dim] % size:
+        raise ValueError(f"cannot split dim {dim} of size {full.shape[dim]} over {size} TP ranks")
+    return full.chunk(size, dim)[rank].clone()

@@ -1,0 +1,92 @@
+"""Column- and row-parallel linear layers whose weight gradient can be deferred (zero-bubble schedules).
+
+During an `I` (input-gradient) pass the executor opens a WeightGradStore; each linear layer's backward
+then returns only the input gradient and queues the weight-gradient matmul, which the later `W` pass runs.
+Deferring here, rather than through autograd's own input/weight split, keeps a recomputed (checkpointed)
+forward from being replayed once per parameter group.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .init import full_init, shard
+from .parallel import TPGroup, copy_to_tp, reduce_from_tp
+
+
+class WeightGradStore:
+    """Weight-gradient work queued while open; `flush()` runs it (the W action)."""
+    _open: "WeightGradStore | None" = None
+
+    def __init__(self) -> None:
+        self.queue: list[Callable[[], None]] = []
+
+    def __enter__(self) -> "WeightGradStore":
+        WeightGradStore._open = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        WeightGradStore._open = None
+
+    def flush(self) -> None:
+        for fn in self.queue:
+            fn()
+        self.queue.clear()
+
+
+def _accumulate(w: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
+    dw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+    w.grad = dw if w.grad is None else w.grad + dw
+
+
+class _Linear(torch.autograd.Function):
+    """y = x W^T; backward computes dx now and dW now or later (when a WeightGradStore is open)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        # The parameter itself, not its saved copy: under checkpointing saved tensors come back as
+        # aliases, and a gradient put on an alias would be lost.
+        ctx.param = w
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, w = ctx.saved_tensors
+        param, store = ctx.param, WeightGradStore._open
+        if store is None:
+            _accumulate(param, x, g)
+        else:
+            store.queue.append(lambda: _accumulate(param, x, g))
+        return g @ w, None
+
+
+class _ParallelLinear(nn.Module):
+    shard_dim: int
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, *, seed: int, layer: int, name: str,
+                 std: float) -> None:
+        super().__init__()
+        self.tp = tp
+        full = full_init(seed, layer, name, (out_features, in_features), std)
+        self.weight = nn.Parameter(shard(full, self.shard_dim, tp.rank, tp.size))
+        self.weight.shard_dim = self.shard_dim  # type: ignore[attr-defined]
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Output features split over TP; input replicated, output sharded."""
+    shard_dim = 0
+
+    def forward(self, x: torch.Tensor, copied: bool = False) -> torch.Tensor:
+        """`copied`: x already went through copy_to_tp (q, k and v share one gradient all-reduce)."""
+        return _Linear.apply(x if copied else copy_to_tp(x, self.tp), self.weight)
+
+
+class RowParallelLinear(_ParallelLinear):
+    """Input features split over TP; partial outputs summed across the group."""
+    shard_dim = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reduce_from_tp(_Linear.apply(x, self.weight), self.tp)

@@ -1,0 +1,54 @@
+"""Tensor-parallel context and the two Megatron communication functions (f and g in the paper's notation)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """The TP group a stage's rank belongs to; size 1 (group None) makes every collective a no-op."""
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward; all-reduce of the gradient backward (the input feeds every rank's shard)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+        ctx.tp = tp
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return ctx.tp.all_reduce(g.contiguous().clone()), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward (sums the row-parallel partial outputs); identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+        return tp.all_reduce(x.contiguous().clone())
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return g, None
+
+
+def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _CopyToTP.apply(x, tp)
+
+
+def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _ReduceFromTP.apply(x, tp)

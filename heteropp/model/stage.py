@@ -1,0 +1,53 @@
+"""One pipeline stage of the decoder: its layers, plus the embedding on the first stage and the final
+norm, output head and loss on the last. With one stage and TP 1 it is the whole (reference) model."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..spec import ModelSpec
+from .init import EMBED_LAYER
+from .layers import Block, RMSNorm
+from .linear import ColumnParallelLinear
+from .parallel import TPGroup
+from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+
+
+def check_tp(m: ModelSpec, tp: int) -> str | None:
+    """Why this model cannot be split over `tp` ranks, or None."""
+    for name in ("heads", "kv_heads", "ffn", "vocab"):
+        if getattr(m, name) % tp:
+            return f"tp={tp} does not divide the model's {name}={getattr(m, name)}"
+    return None
+
+
+class StageModel(nn.Module):
+    def __init__(self, m: ModelSpec, layers: range, tp: TPGroup, *, seed: int, first: bool, last: bool,
+                 recompute: bool = False) -> None:
+        super().__init__()
+        if (why := check_tp(m, tp.size)) is not None:
+            raise ValueError(why)
+        self.tp, self.first, self.last, self.recompute = tp, first, last, recompute
+        self.embed = VocabParallelEmbedding(m.vocab, m.hidden, tp, seed=seed, layer=EMBED_LAYER,
+                                            name="embed") if first else None
+        # Keys are global layer indices, so parameter names match the reference model's.
+        self.layers = nn.ModuleDict({str(i): Block(m, tp, seed, i) for i in layers})
+        if last:
+            self.norm = RMSNorm(m.hidden)
+            self.head = ColumnParallelLinear(m.hidden, m.vocab, tp, seed=seed, layer=m.layers, name="head", std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: token ids [b, s] on the first stage, hidden states [b, s, h] elsewhere. Returns hidden states,
+        or vocab-sharded logits on the last stage."""
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.layers.values():
+            # Non-reentrant: with reentrant checkpointing the first stage's weights get no gradient.
+            x = checkpoint(block, x, use_reentrant=False) if self.recompute else block(x)
+        if self.last:
+            x = self.head(self.norm(x))
+        return x
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, target, self.tp)

@@ -1,0 +1,69 @@
+"""The command line end to end (`heteropp run`, `heteropp reference`, then the loss-curve check), plans
+rejected before any process starts, and a dying stage process making the run fail instead of hang.
+
+Processes on one host stand in for chips of two types; CPU tensors and gloo stand in for device tensors
+and the chips' native collective libraries inside a stage.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+import precision
+from heteropp.cli import main
+from heteropp.engine import launch
+from tests.heteropp.heteropp_helpers import config, plan
+
+
+def _write_plan(tmp_path, stages, **kw) -> str:
+    path = tmp_path / "plan.json"
+    p = plan(stages, **kw)
+    p.num_layers = None
+    path.write_text(json.dumps(p.to_dict()))
+    return str(path)
+
+
+def test_run_and_reference_agree_through_the_loss_check(tmp_path, capfd) -> None:
+    """The tiny preset (8 layers), TP 1 -> 2 on chips A and B, three steps of ZB-H1, dicomm between stages."""
+    path = _write_plan(tmp_path, [(1, 3, True), (2, 5, False)])
+    run_log, ref_log = str(tmp_path / "run.jsonl"), str(tmp_path / "ref.jsonl")
+    assert main(["run", "--plan", path, "--model", "tiny", "--steps", "3", "--schedule", "zbh1", "--backend", "dicomm",
+                 "--chip-map", "A=cpu,B=cpu", "--loss-log", run_log]) == 0
+    assert main(["reference", "--model", "tiny", "--steps", "3", "--plan", path, "--loss-log", ref_log]) == 0
+    out = capfd.readouterr().out  # the ranks print to the shared stdout
+    assert "[zbh1] step    3" in out and "tokens/s" in out
+    lines = [json.loads(x) for x in open(run_log)]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    report = precision.loss_check(run_log, ref_log)
+    assert report.passed and report.mre < 1e-5, report
+
+
+@pytest.mark.parametrize("stages,extra,field", [
+    ([(1, 3, False), (1, 4, False)], [], "layers sum to 7"),
+    ([(1, 4, False), (1, 4, False)], ["--world-size", "3"], "plan needs 2 ranks"),
+    ([(8, 4, False), (1, 4, False)], [], "stages[0].tp"),
+    ([(1, 4, False), (1, 4, False)], ["--chip-map", "A=cpu"], "plan chip type 'B' maps to no ditorch adapter"),
+])
+def test_malformed_plans_are_rejected_with_the_reason(tmp_path, capsys, stages, extra, field) -> None:
+    path = _write_plan(tmp_path, stages)
+    args = ["run", "--plan", path, "--model", "tiny", "--steps", "1"] + (extra or [])
+    if "--chip-map" not in args:
+        args += ["--chip-map", "A=cpu,B=cpu"]
+    t0 = time.monotonic()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert field in err, err
+    assert time.monotonic() - t0 < 5, "rejection must come before any process starts"
+
+
+def test_a_dying_stage_makes_the_run_fail_not_hang() -> None:
+    cfg = config(plan([(2, 3, False), (1, 1, False)]), ("1f1b",), fail_rank=2)
+    cfg.timeout_s = 30
+    t0 = time.monotonic()
+    with pytest.raises(ChildFailedError) as info:
+        launch(cfg)
+    assert "injected failure" in str(info.value) or "rank      : 2" in str(info.value)
+    assert time.monotonic() - t0 < 60
