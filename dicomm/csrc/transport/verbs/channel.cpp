@@ -1,0 +1,358 @@
+#include "transport/verbs/channel.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <random>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "transport/socket.h"
+
+namespace dicomm::transport::verbs {
+namespace {
+
+// wr_id: kind in the top byte, slot or cookie below.
+constexpr uint64_t kWrRecv = 1ull << 56, kWrSend = 2ull << 56, kWrRead = 3ull << 56, kWrCredit = 4ull << 56;
+constexpr uint64_t kLow = (1ull << 56) - 1;
+constexpr uint64_t kNoSlot = kLow;
+constexpr int kAccess = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_WRITE | ibv::ACCESS_REMOTE_READ;
+
+long env_long(const char* name, long fallback, long lo, long hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  return std::min(hi, std::max(lo, std::atol(v)));
+}
+
+}  // namespace
+
+Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::string what, Poller* poller)
+    : nic_(std::move(nic)), api_(nic_->api()), side_fd_(side_fd), what_(std::move(what)), poller_(poller),
+      gid_index_(gid_index) {
+  slots_ = static_cast<int>(env_long("DICOMM_IB_SLOTS", 32, 4, 1024));
+  slot_bytes_ = sizeof(Ctrl) + static_cast<size_t>(env_long("DICOMM_IB_EAGER_BYTES", 8192, 0, 1 << 20));
+  sq_depth_ = std::max(16, std::min(256, nic_->max_qp_wr()));
+  const std::string dev = nic_->port().describe();
+  auto fail = [&](const std::string& step) { throw PeerError(what_ + ": " + step + " failed on " + dev + ": " + errno_text(errno)); };
+
+  mem_bytes_ = (2 * static_cast<size_t>(slots_) * slot_bytes_ + 16 + 4095) / 4096 * 4096;
+  mem_ = static_cast<char*>(std::aligned_alloc(4096, mem_bytes_));
+  std::memset(mem_, 0, mem_bytes_);
+  credit_word_ = reinterpret_cast<volatile uint64_t*>(mem_ + 2 * slots_ * slot_bytes_);
+  posted_word_ = const_cast<uint64_t*>(credit_word_) + 1;
+  mr_ = api_.reg_mr(nic_->pd(), mem_, mem_bytes_, kAccess);
+  if (!mr_) fail("registering control memory");
+  for (int i = slots_ - 1; i >= 0; --i) free_send_slots_.push_back(i);
+
+  events_ = api_.create_comp_channel(nic_->ctx());
+  if (!events_) fail("creating a completion channel");
+  fcntl(events_->fd, F_SETFL, fcntl(events_->fd, F_GETFL) | O_NONBLOCK);
+  cq_ = api_.create_cq(nic_->ctx(), sq_depth_ + slots_ + 16, nullptr, events_, 0);
+  if (!cq_) fail("creating a completion queue");
+
+  ibv::qp_init_attr init{};
+  init.send_cq = cq_;
+  init.recv_cq = cq_;
+  init.qp_type = ibv::QPT_RC;
+  init.cap = ibv::qp_cap{static_cast<uint32_t>(sq_depth_), static_cast<uint32_t>(slots_), 1, 1, 256};
+  qp_ = api_.create_qp(nic_->pd(), &init);
+  if (!qp_) {  // the device may not do inline sends
+    init.cap.max_inline_data = 0;
+    qp_ = api_.create_qp(nic_->pd(), &init);
+  }
+  if (!qp_) fail("creating an RC queue pair");
+  max_inline_ = init.cap.max_inline_data;
+
+  ibv::qp_attr a{};
+  a.qp_state = ibv::QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = static_cast<uint8_t>(nic_->port().port);
+  a.qp_access_flags = kAccess;
+  if (api_.modify_qp(qp_, &a, ibv::QP_STATE | ibv::QP_PKEY_INDEX | ibv::QP_PORT | ibv::QP_ACCESS_FLAGS)) fail("QP -> INIT");
+  for (int i = 0; i < slots_; ++i) post_recv(i);
+  posted_ = advertised_ = static_cast<uint64_t>(slots_);
+  psn_ = std::random_device{}() & 0xFFFFFF;
+  nic_->watch(qp_->qp_num, fault_);
+  if (poller_) {
+    poller_->add(events_->fd);
+    poller_->add(side_fd_);
+  }
+}
+
+Channel::~Channel() {
+  // Eager sends completed to the engine when copied: let them (and completions owed to the peer)
+  // leave before the queue pair goes, within a bound.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(env_long("DICOMM_IB_DRAIN_MS", 2000, 0, 60000));
+  try {
+    while (fault_->empty() && (sq_used_ > 0 || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
+      ibv::wc wc[16];
+      int n = api_.poll_cq(cq_, 16, wc);
+      for (int i = 0; i < n; ++i) {
+        if (wc[i].status != ibv::WC_SUCCESS) throw PeerError("error completion while draining");
+        uint64_t kind = wc[i].wr_id & ~kLow;
+        if (kind == kWrRecv) continue;  // the peer is closing too: nothing more to deliver
+        --sq_used_;
+        if (kind == kWrRead) --reads_;
+        if (kind == kWrSend && (wc[i].wr_id & kLow) != kNoSlot) free_send_slots_.push_back(static_cast<int>(wc[i].wr_id & kLow));
+      }
+      flush_pending();
+    }
+  } catch (const Error&) {
+  }
+  if (!pending_.empty())
+    log(LogLevel::kWarn, what_ + ": closing with " + std::to_string(pending_.size()) + " control message(s) unsent (the peer stopped taking them)");
+  nic_->unwatch(qp_ ? qp_->qp_num : 0);
+  if (poller_) {
+    if (events_) poller_->remove(events_->fd);
+    poller_->remove(side_fd_);
+  }
+  close(side_fd_);
+  if (qp_) api_.destroy_qp(qp_);
+  drain_events();
+  if (cq_) api_.destroy_cq(cq_);
+  if (events_) api_.destroy_comp_channel(events_);
+  if (mr_) api_.dereg_mr(mr_);
+  std::free(mem_);
+}
+
+WireInfo Channel::local_info() const {
+  WireInfo w;
+  w.qpn = qp_->qp_num;
+  w.psn = psn_;
+  w.mtu = nic_->port().active_mtu;
+  ibv::gid g{};
+  if (api_.query_gid(nic_->ctx(), static_cast<uint8_t>(nic_->port().port), gid_index_, &g))
+    throw PeerError(what_ + ": cannot read GID " + std::to_string(gid_index_) + " of " + nic_->port().describe());
+  std::memcpy(w.gid, g.raw, 16);
+  w.gid_index = static_cast<uint32_t>(gid_index_);
+  w.slots = static_cast<uint32_t>(slots_);
+  w.credit_addr = reinterpret_cast<uintptr_t>(credit_word_);
+  w.credit_rkey = mr_->rkey;
+  w.rd_atom = static_cast<uint32_t>(std::max(1, std::min(16, nic_->max_rd_atom())));
+  return w;
+}
+
+void Channel::connect(const WireInfo& r) {
+  if (r.magic != WireInfo{}.magic) throw PeerError(what_ + ": the peer sent malformed connection data");
+  const std::string dev = nic_->port().describe();
+  mtu_ = std::min(r.mtu, nic_->port().active_mtu);
+  *credit_word_ = r.slots;
+  remote_credit_addr_ = r.credit_addr;
+  remote_credit_rkey_ = r.credit_rkey;
+  int local_rd = static_cast<int>(std::max(1, std::min(16, nic_->max_rd_atom())));
+  max_reads_ = std::max(1, std::min<int>(local_rd, static_cast<int>(r.rd_atom)));
+  ibv::qp_attr a{};
+  a.qp_state = ibv::QPS_RTR;
+  a.path_mtu = mtu_;
+  a.dest_qp_num = r.qpn;
+  a.rq_psn = r.psn;
+  a.max_dest_rd_atomic = static_cast<uint8_t>(local_rd);
+  a.min_rnr_timer = 12;
+  a.ah.is_global = 1;
+  std::memcpy(a.ah.grh.dgid.raw, r.gid, 16);
+  a.ah.grh.sgid_index = static_cast<uint8_t>(gid_index_);
+  a.ah.grh.hop_limit = 64;
+  a.ah.port_num = static_cast<uint8_t>(nic_->port().port);
+  int mask = ibv::QP_STATE | ibv::QP_AV | ibv::QP_PATH_MTU | ibv::QP_DEST_QPN | ibv::QP_RQ_PSN |
+             ibv::QP_MAX_DEST_RD_ATOMIC | ibv::QP_MIN_RNR_TIMER;
+  if (api_.modify_qp(qp_, &a, mask))
+    throw PeerError(what_ + ": QP -> RTR failed on " + dev + " (GID index " + std::to_string(gid_index_) + ", peer QP " +
+                    std::to_string(r.qpn) + "): " + errno_text(errno) + "; check DICOMM_IB_GID_INDEX and the peer's GID");
+  a = ibv::qp_attr{};
+  a.qp_state = ibv::QPS_RTS;
+  a.timeout = static_cast<uint8_t>(env_long("DICOMM_IB_TIMEOUT", 14, 1, 31));
+  a.retry_cnt = static_cast<uint8_t>(env_long("DICOMM_IB_RETRY_CNT", 7, 0, 7));
+  a.rnr_retry = 7;
+  a.sq_psn = psn_;
+  a.max_rd_atomic = static_cast<uint8_t>(max_reads_);
+  mask = ibv::QP_STATE | ibv::QP_TIMEOUT | ibv::QP_RETRY_CNT | ibv::QP_RNR_RETRY | ibv::QP_SQ_PSN | ibv::QP_MAX_QP_RD_ATOMIC;
+  if (api_.modify_qp(qp_, &a, mask)) throw PeerError(what_ + ": QP -> RTS failed on " + dev + ": " + errno_text(errno));
+}
+
+void Channel::post_recv(int slot) {
+  ibv::sge s{reinterpret_cast<uintptr_t>(mem_ + static_cast<size_t>(slot) * slot_bytes_), static_cast<uint32_t>(slot_bytes_), mr_->lkey};
+  ibv::recv_wr wr{};
+  wr.wr_id = kWrRecv | static_cast<uint64_t>(slot);
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  ibv::recv_wr* bad = nullptr;
+  if (IbvApi::post_recv(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a receive failed: " + errno_text(errno));
+}
+
+void Channel::send_ctrl(const Ctrl& c, const void* payload, size_t n) {
+  if (pending_.empty() && post_send_slot(c, payload, n)) return;
+  Pending p{c, {}};
+  if (n) p.payload.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + n);
+  pending_.push_back(std::move(p));
+}
+
+bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
+  if (sent_ >= *credit_word_ || sq_used_ >= sq_depth_) return false;  // no receive posted yet, or SQ full
+  const size_t total = sizeof(Ctrl) + n;
+  alignas(64) char inline_buf[256];
+  const bool inl = total <= max_inline_ && total <= sizeof(inline_buf);
+  uint64_t slot = kNoSlot;
+  char* src = inline_buf;
+  if (!inl) {
+    if (free_send_slots_.empty()) return false;
+    slot = static_cast<uint64_t>(free_send_slots_.back());
+    free_send_slots_.pop_back();
+    src = mem_ + (static_cast<size_t>(slots_) + slot) * slot_bytes_;
+  }
+  std::memcpy(src, &c, sizeof(Ctrl));
+  if (n) std::memcpy(src + sizeof(Ctrl), payload, n);
+  ibv::sge s{reinterpret_cast<uintptr_t>(src), static_cast<uint32_t>(total), mr_->lkey};
+  ibv::send_wr wr{};
+  wr.wr_id = kWrSend | slot;
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  wr.opcode = ibv::WR_SEND;
+  wr.send_flags = ibv::SEND_SIGNALED | (inl ? ibv::SEND_INLINE : 0u);
+  ibv::send_wr* bad = nullptr;
+  if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a send failed: " + errno_text(errno));
+  ++sent_;
+  ++sq_used_;
+  return true;
+}
+
+bool Channel::flush_pending() {
+  bool did = false;
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    if (!post_send_slot(p.c, p.payload.data(), p.payload.size())) break;
+    pending_.pop_front();
+    did = true;
+  }
+  return did;
+}
+
+bool Channel::can_read() const { return reads_ < max_reads_ && sq_used_ < sq_depth_; }
+
+void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len, uint64_t cookie) {
+  ibv::sge s{reinterpret_cast<uintptr_t>(dst), len, lkey};
+  ibv::send_wr wr{};
+  wr.wr_id = kWrRead | (cookie & kLow);
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  wr.opcode = ibv::WR_RDMA_READ;
+  wr.send_flags = ibv::SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  ibv::send_wr* bad = nullptr;
+  if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting an RDMA read failed: " + errno_text(errno));
+  ++reads_;
+  ++sq_used_;
+}
+
+void Channel::advertise() {
+  if (posted_ - advertised_ < static_cast<uint64_t>(slots_ / 2) || sq_used_ >= sq_depth_) return;
+  *posted_word_ = posted_;
+  ibv::sge s{reinterpret_cast<uintptr_t>(posted_word_), 8, mr_->lkey};
+  ibv::send_wr wr{};
+  wr.wr_id = kWrCredit;
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  wr.opcode = ibv::WR_RDMA_WRITE;
+  wr.send_flags = ibv::SEND_SIGNALED | (max_inline_ >= 8 ? ibv::SEND_INLINE : 0u);
+  wr.wr.rdma.remote_addr = remote_credit_addr_;
+  wr.wr.rdma.rkey = remote_credit_rkey_;
+  ibv::send_wr* bad = nullptr;
+  if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a credit update failed: " + errno_text(errno));
+  advertised_ = posted_;
+  ++sq_used_;
+}
+
+void Channel::fail_wc(const ibv::wc& wc) {
+  uint64_t kind = wc.wr_id & ~kLow;
+  const char* op = kind == kWrRecv ? "a receive" : kind == kWrSend ? "a send" : kind == kWrRead ? "an RDMA read" : "a credit write";
+  std::string hint;
+  if (wc.status == ibv::WC_RETRY_EXC_ERR)
+    hint = " (transport retries exhausted: the peer stopped answering, its process died, or the GID/route to it is wrong)";
+  else if (wc.status == ibv::WC_RNR_RETRY_EXC_ERR)
+    hint = " (the peer posted no receive in time)";
+  else if (wc.status == ibv::WC_WR_FLUSH_ERR)
+    hint = " (the queue pair is in error state)";
+  char vendor[16];
+  std::snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
+  throw PeerError(what_ + " [" + nic_->port().describe() + ", GID index " + std::to_string(gid_index_) + "]: " + op +
+                  " completed with '" + api_.wc_status_str(wc.status) + "' (status " + std::to_string(wc.status) +
+                  ", vendor error " + vendor + ")" + hint);
+}
+
+void Channel::handle(const ibv::wc& wc, Handler& h) {
+  if (wc.status != ibv::WC_SUCCESS) fail_wc(wc);
+  const uint64_t kind = wc.wr_id & ~kLow, low = wc.wr_id & kLow;
+  if (kind == kWrRecv) {
+    const char* p = mem_ + low * slot_bytes_;
+    Ctrl c;
+    std::memcpy(&c, p, sizeof(Ctrl));
+    if (wc.byte_len < sizeof(Ctrl) || (c.kind == kEager && wc.byte_len != sizeof(Ctrl) + c.bytes))
+      throw PeerError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " + std::to_string(c.kind) + ")");
+    h.on_ctrl(c, p + sizeof(Ctrl));
+    post_recv(static_cast<int>(low));
+    ++posted_;
+    return;
+  }
+  --sq_used_;
+  if (kind == kWrSend && low != kNoSlot) free_send_slots_.push_back(static_cast<int>(low));
+  if (kind == kWrRead) {
+    --reads_;
+    h.on_read_done(low);
+  }
+}
+
+void Channel::drain_events() {
+  ibv::cq* cq = nullptr;
+  void* ctx = nullptr;
+  while (events_ && api_.get_cq_event(events_, &cq, &ctx) == 0) api_.ack_cq_events(cq, 1);
+}
+
+bool Channel::progress(Handler& h, bool thorough) {
+  if (!fault_->empty()) throw PeerError(what_ + ": " + *fault_);
+  const bool eof_before = eof_;
+  bool did = false;
+  if (!stash_.empty()) {
+    auto stash = std::move(stash_);
+    stash_.clear();
+    for (const auto& wc : stash) handle(wc, h);
+    did = true;
+  }
+  ibv::wc wc[16];
+  for (int round = 0; round < 8; ++round) {
+    int n = IbvApi::poll_cq(cq_, 16, wc);
+    if (n < 0) throw PeerError(what_ + ": polling the completion queue failed");
+    for (int i = 0; i < n; ++i) handle(wc[i], h);
+    did |= n > 0;
+    if (n < 16) break;
+  }
+  did |= flush_pending();
+  advertise();
+  if (thorough) {
+    drain_events();
+    char byte;
+    ssize_t r = recv(side_fd_, &byte, 1, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) eof_ = true;
+  }
+  if (eof_before && eof_ && !did) throw ConnectionClosed(what_ + ": the peer closed the connection");
+  return did;
+}
+
+bool Channel::arm() {
+  if (!stash_.empty()) return false;
+  if (!pending_.empty() && sent_ < *credit_word_) return false;
+  IbvApi::req_notify_cq(cq_);
+  ibv::wc wc;
+  if (IbvApi::poll_cq(cq_, 1, &wc) > 0) {  // arrived before the request: would never raise an event
+    stash_.push_back(wc);
+    return false;
+  }
+  return true;
+}
+
+std::string Channel::path_mtu_text() const { return std::to_string(ibv::mtu_bytes(mtu_)) + " B"; }
+
+}  // namespace dicomm::transport::verbs

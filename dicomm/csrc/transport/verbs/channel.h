@@ -1,0 +1,124 @@
+// One reliable-connected queue pair between two ranks and what keeps it flowing: a ring of
+// receive slots on each side for control messages (eager payloads, rendezvous announcements,
+// completions, refusals), credits so a SEND never finds the peer without a posted receive (the
+// receiver RDMA-writes its count of posted slots into the sender's credit word: no receive
+// consumed, so credits can never deadlock), and RDMA reads for rendezvous data.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/poller.h"
+#include "transport/verbs/nic.h"
+
+namespace dicomm::transport::verbs {
+
+// Connection data exchanged over the side channel when the queue pair is set up.
+struct WireInfo {
+  uint32_t magic = 0x56434944;  // "DICV"
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  uint32_t mtu = 0;             // IB MTU enum of the port
+  uint8_t gid[16] = {};
+  uint32_t gid_index = 0;
+  uint32_t slots = 0;           // receive slots posted for control messages
+  uint64_t credit_addr = 0;     // where the peer writes our send credits
+  uint32_t credit_rkey = 0;
+  uint32_t rd_atom = 0;         // RDMA reads this side serves at once (max_dest_rd_atomic)
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(WireInfo) == 64, "WireInfo is a wire format");
+
+// A control message; an eager payload follows it in the same slot.
+struct Ctrl {
+  uint32_t kind = 0;
+  uint32_t code = 0;
+  uint64_t msg_id = 0, tag = 0, meta = 0, bytes = 0;
+  uint64_t addr = 0;  // rendezvous: the sender's buffer, read by the receiver
+  uint32_t rkey = 0;
+  uint32_t reserved = 0;
+  uint64_t reserved2 = 0;
+};
+static_assert(sizeof(Ctrl) == 64, "Ctrl is a wire format");
+enum CtrlKind : uint32_t { kEager = 1, kRts = 2, kFin = 3, kRefuse = 4 };
+
+class Channel {
+ public:
+  struct Handler {
+    virtual ~Handler() = default;
+    virtual void on_ctrl(const Ctrl& c, const char* payload) = 0;  // payload valid during the call
+    virtual void on_read_done(uint64_t cookie) = 0;
+  };
+
+  // `what` names the connection in errors ("verbs connection to rank 1 (rxe0 port 1)").
+  Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::string what, Poller* poller);
+  ~Channel();  // lets posted sends finish (bounded), then tears down
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  WireInfo local_info() const;
+  void connect(const WireInfo& remote);  // INIT -> RTR -> RTS; throws PeerError
+
+  size_t eager_limit() const { return slot_bytes_ - sizeof(Ctrl); }
+  // Sends now or queues (copying the payload); never fails except with PeerError.
+  void send_ctrl(const Ctrl& c, const void* payload = nullptr, size_t n = 0);
+  bool can_read() const;
+  void post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len, uint64_t cookie);
+
+  // Polls completions; throws PeerError on an error completion or an async fault, and
+  // ConnectionClosed when the side channel reached EOF and nothing is left to drain.
+  bool progress(Handler& h, bool thorough);
+  bool pending() const { return !pending_.empty(); }  // messages wait for credits (no event will come)
+  bool arm();  // requests a completion event; false if completions are already waiting
+  const std::string& what() const { return what_; }
+  Nic& nic() const { return *nic_; }
+  std::string path_mtu_text() const;
+
+ private:
+  bool flush_pending();
+  bool post_send_slot(const Ctrl& c, const void* payload, size_t n);
+  void post_recv(int slot);
+  void advertise();
+  void handle(const ibv::wc& wc, Handler& h);
+  [[noreturn]] void fail_wc(const ibv::wc& wc);
+  void drain_events();
+
+  std::shared_ptr<Nic> nic_;
+  const IbvApi& api_;
+  int side_fd_;
+  std::string what_;
+  Poller* poller_;
+  Fault fault_ = std::make_shared<std::string>();
+  ibv::comp_channel* events_ = nullptr;
+  ibv::cq* cq_ = nullptr;
+  ibv::qp* qp_ = nullptr;
+  int gid_index_;
+  uint32_t psn_ = 0;
+  uint32_t mtu_ = 0;
+
+  // Control memory, one registration: [recv slots][send slots][credit word][posted word].
+  size_t slot_bytes_;
+  int slots_;        // receive slots (and send slots)
+  char* mem_ = nullptr;
+  size_t mem_bytes_ = 0;
+  ibv::mr* mr_ = nullptr;
+  volatile uint64_t* credit_word_ = nullptr;  // the peer's posted receives, written by the peer
+  uint64_t* posted_word_ = nullptr;           // the source of our credit writes
+  uint64_t posted_ = 0, advertised_ = 0, sent_ = 0;
+  uint64_t remote_credit_addr_ = 0;
+  uint32_t remote_credit_rkey_ = 0;
+  std::vector<int> free_send_slots_;
+  uint32_t max_inline_ = 0;
+
+  int sq_depth_ = 0, sq_used_ = 0;
+  int max_reads_ = 1, reads_ = 0;
+  struct Pending { Ctrl c; std::vector<char> payload; };
+  std::deque<Pending> pending_;
+  std::vector<ibv::wc> stash_;  // completions found while arming
+  bool eof_ = false;
+};
+
+}  // namespace dicomm::transport::verbs

@@ -1,0 +1,176 @@
+#include "transport/verbs/verbs_conn.h"
+
+#include <algorithm>
+
+#include "core/types.h"
+
+namespace dicomm::transport::verbs {
+namespace {
+const char kEmpty[1] = {0};
+constexpr int kStageSlots = 4;  // chunks of the CPU-mediated path in flight per connection
+}  // namespace
+
+std::string PathStats::describe() const {
+  if (device_direct && cpu_mediated) return "verbs/device-direct+cpu-mediated";
+  if (device_direct) return "verbs/device-direct";
+  if (cpu_mediated) return "verbs/cpu-mediated";
+  return "verbs";
+}
+
+// ---------------------------------------------------------------- send side
+
+VerbsSendConn::VerbsSendConn(int peer, std::unique_ptr<Channel> ch, Sink* sink)
+    : peer_(peer), ch_(std::move(ch)), sink_(sink) {}
+
+VerbsSendConn::~VerbsSendConn() {
+  ch_.reset();  // drains first: the peer may still be reading our buffers
+}
+
+void VerbsSendConn::post(SendOp* op) {
+  op->hdr.msg_id = next_id_++;
+  Ctrl c;
+  c.msg_id = op->hdr.msg_id;
+  c.tag = op->hdr.tag;
+  c.meta = op->hdr.meta;
+  c.bytes = op->hdr.bytes;
+  if (op->hdr.bytes <= ch_->eager_limit() && !Accel::get().is_device(op->buf)) {
+    c.kind = kEager;
+    ch_->send_ctrl(c, op->buf, op->hdr.bytes);  // copied (or queued with a copy): done
+    sink_->on_send_done(op);
+    return;
+  }
+  c.kind = kRts;
+  Rendezvous r{op, nullptr, nullptr};
+  Nic& nic = ch_->nic();
+  r.reg = nic.cache().acquire(op->buf, op->hdr.bytes);
+  if (r.reg->mr) {
+    c.addr = reinterpret_cast<uintptr_t>(op->buf);
+    c.rkey = r.reg->rkey();
+    path_.device_direct |= r.reg->device;
+  } else {  // CPU-mediated: the peer reads a registered host copy
+    r.staged = std::make_unique<HostBuffer>(nic, op->hdr.bytes);
+    copy_in(r.staged->data(), op->buf, op->hdr.bytes, r.reg->device);
+    c.addr = reinterpret_cast<uintptr_t>(r.staged->data());
+    c.rkey = r.staged->rkey();
+    path_.cpu_mediated = true;
+  }
+  rendezvous_.emplace(c.msg_id, std::move(r));
+  ch_->send_ctrl(c);
+}
+
+void VerbsSendConn::on_ctrl(const Ctrl& c, const char*) {
+  auto it = rendezvous_.find(c.msg_id);
+  if ((c.kind != kFin && c.kind != kRefuse) || it == rendezvous_.end())
+    throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind) + " for message " +
+                    std::to_string(c.msg_id));
+  SendOp* op = it->second.op;
+  ch_->nic().cache().release(it->second.reg);
+  rendezvous_.erase(it);
+  if (c.kind == kFin) sink_->on_send_done(op);
+  else sink_->on_send_refused(op, Refusal{c.code, c.bytes, c.meta});
+}
+
+// ---------------------------------------------------------------- receive side
+
+VerbsRecvConn::VerbsRecvConn(int peer, std::unique_ptr<Channel> ch, Sink* sink, size_t chunk_bytes)
+    : peer_(peer), ch_(std::move(ch)), sink_(sink), chunk_(chunk_bytes) {}
+
+VerbsRecvConn::~VerbsRecvConn() {
+  ch_.reset();  // outstanding reads finish (or time out) before their buffers are released
+}
+
+bool VerbsRecvConn::progress(bool thorough) {
+  bool did = ch_->progress(*this, thorough);
+  did |= issue_reads();
+  return did;
+}
+
+void VerbsRecvConn::on_ctrl(const Ctrl& c, const char* payload) {
+  Header h{c.tag, c.meta, c.bytes, c.msg_id};
+  if (c.kind == kEager) {
+    sink_->on_message(*this, h, c.bytes ? payload : kEmpty);
+  } else if (c.kind == kRts) {
+    announced_[c.msg_id] = Announced{c.addr, c.rkey, c.bytes};
+    sink_->on_message(*this, h, nullptr);
+  } else {
+    throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind));
+  }
+}
+
+void VerbsRecvConn::pull(uint64_t msg_id, RecvOp* op) {
+  auto it = announced_.find(msg_id);
+  if (it == announced_.end()) throw PeerError(ch_->what() + ": pull of unknown message " + std::to_string(msg_id));
+  Pull p{msg_id, op, nullptr, it->second};
+  announced_.erase(it);
+  p.src.bytes = op->bytes;
+  p.reg = ch_->nic().cache().acquire(op->buf, op->bytes);
+  if (p.reg->mr) {
+    path_.device_direct |= p.reg->device;
+  } else {
+    path_.cpu_mediated = true;
+    if (!stage_) stage_ = std::make_unique<StagingRing>(ch_->nic(), chunk_, kStageSlots);
+  }
+  pulls_.push_back(p);
+  issue_reads();
+}
+
+bool VerbsRecvConn::issue_reads() {
+  bool did = false;
+  for (auto& p : pulls_) {
+    while (p.issued < p.src.bytes && ch_->can_read()) {
+      const uint32_t len = static_cast<uint32_t>(std::min(chunk_, p.src.bytes - p.issued));
+      int slot = -1;
+      char* dst = static_cast<char*>(p.op->buf) + p.issued;
+      uint32_t lkey = p.reg->lkey();
+      if (!p.reg->mr) {
+        slot = stage_->take();
+        if (slot < 0) return did;  // staging slots all in flight: wait for a copy-out
+        dst = stage_->slot(slot);
+        lkey = stage_->lkey();
+      }
+      uint64_t cookie = next_cookie_++;
+      reads_[cookie] = Read{p.msg_id, p.issued, len, slot};
+      ch_->post_read(dst, lkey, p.src.addr + p.issued, p.src.rkey, len, cookie);
+      p.issued += len;
+      did = true;
+    }
+    if (!ch_->can_read()) break;
+  }
+  return did;
+}
+
+void VerbsRecvConn::on_read_done(uint64_t cookie) {
+  auto rit = reads_.find(cookie);
+  if (rit == reads_.end()) return;
+  Read rd = rit->second;
+  reads_.erase(rit);
+  auto pit = std::find_if(pulls_.begin(), pulls_.end(), [&](const Pull& p) { return p.msg_id == rd.pull; });
+  if (pit == pulls_.end()) return;
+  if (rd.stage_slot >= 0) {
+    copy_out(static_cast<char*>(pit->op->buf) + rd.offset, stage_->slot(rd.stage_slot), rd.len, pit->reg->device);
+    stage_->give(rd.stage_slot);
+  }
+  pit->done += rd.len;
+  if (pit->done < pit->src.bytes) return;
+  Pull p = *pit;
+  pulls_.erase(pit);
+  Ctrl fin;
+  fin.kind = kFin;
+  fin.msg_id = p.msg_id;
+  ch_->send_ctrl(fin);
+  ch_->nic().cache().release(p.reg);
+  sink_->on_recv_done(p.op);
+}
+
+void VerbsRecvConn::refuse(uint64_t msg_id, const Refusal& why) {
+  announced_.erase(msg_id);
+  Ctrl c;
+  c.kind = kRefuse;
+  c.code = why.code;
+  c.msg_id = msg_id;
+  c.bytes = why.recv_bytes;
+  c.meta = why.recv_meta;
+  ch_->send_ctrl(c);
+}
+
+}  // namespace dicomm::transport::verbs

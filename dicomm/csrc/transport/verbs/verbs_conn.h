@@ -1,0 +1,91 @@
+// Verbs connections. Small messages travel eagerly inside a control message (copied into a
+// registered slot, inline when the device allows). Large ones use rendezvous by RDMA read: the
+// sender announces its registered buffer (address, rkey); once the engine has matched the message,
+// the receiver reads it straight into the destination in pipelined chunks (several reads in
+// flight) and then tells the sender it is done. Pull suits the transport interface (only the
+// receiver knows where a message lands, after matching) and saves the clear-to-send round trip
+// that a sender-side RDMA write would need.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+
+#include "transport/transport.h"
+#include "transport/verbs/channel.h"
+#include "transport/verbs/staging.h"
+
+namespace dicomm::transport::verbs {
+
+// What a peer's traffic has used so far, for transport_of: host memory, device-direct or staged.
+struct PathStats {
+  bool device_direct = false;
+  bool cpu_mediated = false;
+  std::string describe() const;  // "verbs", "verbs/device-direct", "verbs/cpu-mediated"
+};
+
+class VerbsSendConn : public SendConn, private Channel::Handler {
+ public:
+  VerbsSendConn(int peer, std::unique_ptr<Channel> ch, Sink* sink);
+  ~VerbsSendConn() override;
+  int peer() const override { return peer_; }
+  const char* transport_name() const override { return "verbs"; }
+  bool progress(bool thorough) override { return ch_->progress(*this, thorough); }
+  bool busy() const override { return ch_->pending(); }
+  bool arm() override { return ch_->arm(); }
+  void post(SendOp* op) override;
+  const PathStats& path() const { return path_; }
+
+ private:
+  void on_ctrl(const Ctrl& c, const char* payload) override;
+  void on_read_done(uint64_t) override {}
+
+  struct Rendezvous { SendOp* op; Registration* reg; std::unique_ptr<HostBuffer> staged; };
+  int peer_;
+  std::unique_ptr<Channel> ch_;
+  Sink* sink_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, Rendezvous> rendezvous_;
+  PathStats path_;
+};
+
+class VerbsRecvConn : public RecvConn, private Channel::Handler {
+ public:
+  VerbsRecvConn(int peer, std::unique_ptr<Channel> ch, Sink* sink, size_t chunk_bytes);
+  ~VerbsRecvConn() override;
+  int peer() const override { return peer_; }
+  const char* transport_name() const override { return "verbs"; }
+  bool progress(bool thorough) override;
+  bool busy() const override { return ch_->pending(); }
+  bool arm() override { return ch_->arm(); }
+  void pull(uint64_t msg_id, RecvOp* op) override;
+  void refuse(uint64_t msg_id, const Refusal& why) override;
+  const PathStats& path() const { return path_; }
+
+ private:
+  void on_ctrl(const Ctrl& c, const char* payload) override;
+  void on_read_done(uint64_t cookie) override;
+  bool issue_reads();
+
+  struct Announced { uint64_t addr; uint32_t rkey; uint64_t bytes; };
+  struct Pull {
+    uint64_t msg_id;
+    RecvOp* op;
+    Registration* reg;  // of the destination; reg->mr == null: staged through `stage_`
+    Announced src;
+    size_t issued = 0, done = 0;
+  };
+  struct Read { uint64_t pull; size_t offset; uint32_t len; int stage_slot; };
+  int peer_;
+  std::unique_ptr<Channel> ch_;
+  Sink* sink_;
+  size_t chunk_;
+  std::unordered_map<uint64_t, Announced> announced_;
+  std::deque<Pull> pulls_;  // in matching order; reads are issued front first
+  std::unordered_map<uint64_t, Read> reads_;
+  uint64_t next_cookie_ = 1;
+  std::unique_ptr<StagingRing> stage_;
+  PathStats path_;
+};
+
+}  // namespace dicomm::transport::verbs

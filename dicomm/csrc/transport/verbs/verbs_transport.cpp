@@ -1,0 +1,187 @@
+#include "transport/verbs/verbs_transport.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdlib>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/types.h"
+#include "transport/socket.h"
+#include "transport/verbs/channel.h"
+#include "transport/verbs/verbs_conn.h"
+
+namespace dicomm::transport::verbs {
+namespace {
+
+TransportId verbs_id() { return static_cast<TransportId>(kVerbsTransportId); }
+
+std::string local_ip_of(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof(sa);
+  char text[INET_ADDRSTRLEN] = "";
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) inet_ntop(AF_INET, &sa.sin_addr, text, sizeof(text));
+  return text;
+}
+
+// Reads exactly n bytes from a non-blocking socket before the deadline; throws PeerError.
+void read_exact(int fd, void* buf, size_t n, Clock::time_point deadline, const std::string& what) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = recv(fd, static_cast<char*>(buf) + got, n - got, MSG_DONTWAIT);
+    if (r > 0) { got += static_cast<size_t>(r); continue; }
+    if (r == 0) throw PeerError(what + ": the peer closed the side channel during connection setup");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) throw PeerError(what + ": " + errno_text(errno));
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) throw PeerError(what + ": no connection data from the peer in time");
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, static_cast<int>(left));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::string* why) {
+  const IbvApi* api = ibv_api(why);
+  if (!api) return nullptr;
+  auto devices = discover(*api, why);
+  if (devices.empty()) return nullptr;
+  auto ports = usable_ports(devices);  // throws on a DICOMM_IB_HCA that matches nothing
+  if (ports.empty()) {
+    if (why) *why = "no RDMA port is active";
+    return nullptr;
+  }
+  const PortInfo& port = ports.front();
+  int max_wr = 0, max_rd = 0;
+  for (const auto& d : devices)
+    if (d.name == port.device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
+  // The side channel listens on the address of the port's RoCE GID, so it follows the RDMA path.
+  std::string ip;
+  try {
+    int g = choose_gid(port, "", nullptr);
+    for (const auto& e : port.gids)
+      if (e.index == g) ip = e.ipv4;
+  } catch (const ValueError&) {
+    if (std::getenv("DICOMM_IB_GID_INDEX")) throw;
+  }
+  if (ip.empty()) ip = "0.0.0.0";
+  auto nic = std::make_shared<Nic>(*api, port, max_wr, max_rd);
+  return std::unique_ptr<VerbsTransport>(new VerbsTransport(ctx, std::move(nic), ip));
+}
+
+VerbsTransport::VerbsTransport(const Context& ctx, std::shared_ptr<Nic> nic, const std::string& ip)
+    : ctx_(ctx), nic_(std::move(nic)) {
+  const char* chunk = std::getenv("DICOMM_IB_CHUNK_KB");
+  chunk_bytes_ = static_cast<size_t>(chunk && *chunk ? std::max(4L, std::atol(chunk)) : 512) * 1024;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, ip.c_str(), &sa.sin_addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd, 1024) != 0) {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    throw Error("verbs transport cannot listen on " + ip + ": " + errno_text(err));
+  }
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::string shown = ip == "0.0.0.0" ? "127.0.0.1" : ip;
+  address_ = shown + ":" + std::to_string(ntohs(sa.sin_port)) + "/" + nic_->port().device + ":" +
+             std::to_string(nic_->port().port);
+  acceptor_ = std::make_unique<Acceptor>(fd, ctx_, verbs_id());
+  ctx_.poller->add(nic_->async_fd());
+}
+
+VerbsTransport::~VerbsTransport() {
+  if (ctx_.poller) ctx_.poller->remove(nic_->async_fd());
+}
+
+bool VerbsTransport::can_reach(const Card&, const Card& peer, std::string* why) const {
+  auto it = peer.addresses.find("verbs");
+  if (it != peer.addresses.end() && !it->second.empty()) return true;
+  if (why) *why = "the peer has no RDMA device (it publishes no verbs address)";
+  return false;
+}
+
+std::unique_ptr<Channel> VerbsTransport::open_channel(int peer, int fd, bool outgoing) {
+  std::string what = std::string("verbs connection ") + (outgoing ? "to" : "from") + " rank " + std::to_string(peer);
+  std::string local_ip = local_ip_of(fd), why_gid;
+  int gid = choose_gid(nic_->port(), local_ip, &why_gid);
+  log(LogLevel::kDebug, what + ": " + nic_->port().describe() + " GID index " + std::to_string(gid) + " (" + why_gid + ")");
+  return std::make_unique<Channel>(nic_, fd, gid, what, ctx_.poller);
+}
+
+std::unique_ptr<SendConn> VerbsTransport::connect(int peer, const Card& card, Clock::time_point deadline) {
+  std::string what = "verbs connection to rank " + std::to_string(peer);
+  const std::string& addr = card.addresses.at("verbs");
+  auto colon = addr.find(':'), slash = addr.find('/');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (colon == std::string::npos || inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr) != 1)
+    throw PeerError("rank " + std::to_string(peer) + " published a malformed verbs address '" + addr + "'");
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(addr.substr(colon + 1, slash - colon - 1).c_str())));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw PeerError(what + ": socket(): " + errno_text(errno));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::unique_ptr<Channel> ch;
+  try {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS)
+      throw PeerError(what + " (" + addr + "): connect: " + errno_text(errno) + " (is the peer still running?)");
+    pollfd p{fd, POLLOUT, 0};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (poll(&p, 1, static_cast<int>(std::max<long>(left, 0))) != 1) err = ETIMEDOUT;
+    else getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err) throw PeerError(what + " (" + addr + "): connect: " + errno_text(err) + " (is the peer still running?)");
+    ch = open_channel(peer, fd, true);
+    Hello h;
+    h.transport = kVerbsTransportId;
+    h.token = ctx_.token;
+    h.src = ctx_.rank;
+    h.dst = peer;
+    WireInfo mine = ch->local_info();
+    write_all(fd, &h, sizeof(h), deadline, what);
+    write_all(fd, &mine, sizeof(mine), deadline, what);
+    WireInfo theirs;
+    read_exact(fd, &theirs, sizeof(theirs), deadline, what);
+    ch->connect(theirs);
+  } catch (...) {
+    if (!ch) close(fd);  // else the channel owns it
+    throw;
+  }
+  return std::make_unique<VerbsSendConn>(peer, std::move(ch), ctx_.sink);
+}
+
+bool VerbsTransport::progress() {
+  bool did = nic_->poll_events();
+  std::vector<Acceptor::Accepted> accepted;
+  did |= acceptor_->progress(&accepted);
+  for (auto& a : accepted) {
+    if (a.passed_fd >= 0) close(a.passed_fd);
+    int src = a.hello.src;
+    std::unique_ptr<Channel> ch;
+    try {
+      // The connector sends its data right behind the hello: no round trip is awaited here.
+      WireInfo theirs;
+      read_exact(a.fd, &theirs, sizeof(theirs), Clock::now() + ctx_.handshake_timeout,
+                 "verbs connection from rank " + std::to_string(src));
+      ch = open_channel(src, a.fd, false);
+      ch->connect(theirs);
+      WireInfo mine = ch->local_info();
+      write_all(a.fd, &mine, sizeof(mine), Clock::now() + ctx_.handshake_timeout, ch->what());
+    } catch (const Error& e) {
+      if (!ch) close(a.fd);
+      ctx_.sink->on_rejected(e.what());
+      continue;
+    }
+    ctx_.sink->on_accept(std::make_shared<VerbsRecvConn>(src, std::move(ch), ctx_.sink, chunk_bytes_));
+  }
+  return did;
+}
+
+}  // namespace dicomm::transport::verbs
