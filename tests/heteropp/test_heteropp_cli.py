@@ -33,8 +33,10 @@ def test_run_and_reference_agree_through_the_loss_check(tmp_path, capfd) -> None
     assert main(["run", "--plan", path, "--model", "tiny", "--steps", "3", "--schedule", "zbh1", "--backend", "dicomm",
                  "--chip-map", "A=cpu,B=cpu", "--loss-log", run_log]) == 0
     assert main(["reference", "--model", "tiny", "--steps", "3", "--plan", path, "--loss-log", ref_log]) == 0
-    out = capfd.readouterr().out  # the ranks print to the shared stdout
-    assert "[zbh1] step    3" in out and "tokens/s" in out
+    # Per-step lines come from the ranks, whose stdout is that of the shared forkserver (started by whichever
+    # test came first), so only the launcher's own summary is checked here; the loss log covers every step.
+    out = capfd.readouterr().out
+    assert "heteropp run: 3 steps, final loss" in out and "tokens/s" in out
     lines = [json.loads(x) for x in open(run_log)]
     assert [x["step"] for x in lines] == [1, 2, 3]
     report = precision.loss_check(run_log, ref_log)
