@@ -10,7 +10,8 @@ finish() { sync; echo o > /proc/sysrq-trigger; sleep 30; }
 trap finish EXIT
 mkdir -p /dev/shm /dev/pts
 mount -t tmpfs -o mode=1777 shm /dev/shm; mount -t devpts devpts /dev/pts
-mount -t tmpfs -o mode=1777 tmp /tmp
+# /tmp stays the overlay's (writable through its tmpfs upper layer): a tmpfs here would hide a
+# checkout, and the lab folder mounted inside it, that live under the host's /tmp.
 hostname rxe-guest; ip link set lo up
 for m in virtio_net rdma_rxe; do modprobe $m || log "modprobe $m failed"; done
 NIC=$(ls /sys/class/net | grep -v '^lo$' | head -1)
