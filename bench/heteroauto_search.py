@@ -1,7 +1,8 @@
 """HeteroAuto benchmark: h2 (the paper's algorithm) vs auto on the paper's experiments and HARP's setting.
 
 For each experiment: median search time over --repeats runs (one core), the plan's estimated and simulated
-iteration time, TGS and HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i (TGS_i from H2 Table 6).
+iteration time, TGS and HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i (TGS_i from H2 Table 6), and the
+uniform-1F1B ablation baseline's simulated time relative to auto's (H2 Table 9: 126.4% on Exp-C-1).
 `--calibrate` first fits one efficiency per chip so the planner's best homogeneous 256-chip plan
 reproduces Table 6's TGS (bisection; never tuned on the heterogeneous results).
 
@@ -20,11 +21,13 @@ from heteropp.auto.analytic import analytic_profile
 from heteropp.auto.costs import CostModel
 from heteropp.auto.plan_sim import simulate_stages
 from heteropp.auto.planning import run_search
+from heteropp.auto.uniform import uniform_1f1b
 from heteropp.spec import load_cluster, load_model, load_train
 
 EX = Path(__file__).resolve().parents[1] / "examples"
 TABLE6_TGS = {"A": 136.9, "B": 143.7, "C": 46.2, "D": 99.5}
 PAPER_SEARCH_S = {"Exp-A": 0.62, "Exp-B": 5.48, "Exp-C": 12.29}
+PAPER_UNIFORM = {"Exp-C-1": 1.264}  # Table 9: uniform 1F1B's iteration time relative to HeteroPP's
 PAPER_RATIO = {"Exp-A-1": 0.8956, "Exp-A-2": 1.0903, "Exp-B-1": 0.7745, "Exp-B-2": 1.0429}
 EXPERIMENTS = {  # id: (cluster, model, training)
     "Exp-A-1": ("exp-a", "h2-100b", "gbs-2m"), "Exp-A-2": ("exp-a", "h2-100b", "gbs-6m"),
@@ -84,6 +87,12 @@ def run(exp: str, repeats: int, eff: dict[str, float] | None) -> dict:
         if all(c.name in TABLE6_TGS for c in cm.cluster.chips):
             r["hetero_speedup_ratio"] = cm.cluster.total_chips * r["tgs"] / sum(c.count * TABLE6_TGS[c.name] for c in cm.cluster.chips)
         row[algo] = r
+    u = uniform_1f1b(cm)  # the ablation baseline, best over dp, TP size and type order by simulation
+    if u is not None:
+        row["uniform_1f1b"] = {"simulated_s": u.time_s, "dp": u.dp, "tp": u.stages[0].tp,
+                               "relative_to_auto": u.time_s / row["auto"]["simulated_s"],
+                               "stages": [[s.chip, s.tp, s.layers, s.recompute] for s in u.stages]}
+    row["paper_uniform_relative"] = PAPER_UNIFORM.get(exp)
     row["paper_search_s"] = PAPER_SEARCH_S.get(exp[:5])
     row["paper_ratio"] = PAPER_RATIO.get(exp)
     return row
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     eff = calibrate() if a.calibrate else None
     rows = []
     print(f"{'exp':>8} | {'h2 search':>9} {'auto search':>11} {'paper':>6} | {'h2 sim s':>9} {'auto sim s':>10} | "
-          f"{'h2 ratio':>8} {'auto ratio':>10} {'paper':>6}")
+          f"{'h2 ratio':>8} {'auto ratio':>10} {'paper':>6} | {'uniform/auto':>12} {'paper':>6}")
     for exp in a.exp:
         r = run(exp, a.repeats, eff)
         rows.append(r)
@@ -107,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{exp:>8} | {r['h2']['search_s']:>9.3f} {r['auto']['search_s']:>11.3f} {f(r['paper_search_s'], '>6.2f')} | "
               f"{r['h2']['simulated_s']:>9.3f} {r['auto']['simulated_s']:>10.3f} | "
               f"{f(r['h2'].get('hetero_speedup_ratio'), '>8.3f')} {f(r['auto'].get('hetero_speedup_ratio'), '>10.3f')} "
-              f"{f(r['paper_ratio'], '>6.3f')}", flush=True)
+              f"{f(r['paper_ratio'], '>6.3f')} | {f(r.get('uniform_1f1b', {}).get('relative_to_auto'), '>12.3f')} "
+              f"{f(r['paper_uniform_relative'], '>6.3f')}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"efficiency": eff, "rows": rows}, indent=2) + "\n")
     return 0

@@ -5,6 +5,7 @@ import math
 
 from ..plan import Plan
 from .costs import CostModel, StageSpec, micro_batches
+from .makespan import makespan
 from .simulator import SimResult, StageTimes, simulate
 
 
@@ -34,6 +35,12 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
                     keep_timeline: bool = False, limit: float = math.inf) -> SimResult:
     st, es = stage_times(cm, stages, dp)
     return simulate(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, keep_timeline, limit)
+
+
+def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None) -> float:
+    """The simulated iteration time alone (makespan.py: the same recurrence, no event loop)."""
+    st, es = stage_times(cm, stages, dp)
+    return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule)
 
 
 def plan_stages(plan: Plan) -> list[StageSpec]:

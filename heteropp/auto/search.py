@@ -249,9 +249,9 @@ def _rerank_slack(cm: CostModel) -> float:
 def _rerank(cm: CostModel, cands: list[Candidate], group_size: int) -> list[Candidate]:
     """Simulate the near-optimal plans in model order while the budget lasts, plus h2's layer sharding of
     the best plan's dp and TP sizes (the model's 1F1B estimate can misjudge near-ties that the paper's
-    heuristic happens to get right); a simulation stops once it passes the best simulated time."""
+    heuristic happens to get right); each is timed by the simulator's recurrence (makespan.py)."""
     from .h2 import h2_candidates
-    from .plan_sim import simulate_stages
+    from .plan_sim import iteration_time
     pool, seen, spent = [], set(), 0
     h2 = h2_candidates(cm, cands[0].dp, _runs(cands[0].stages), group_size)
     for c in cands[:1] + h2 + cands[1:]:
@@ -262,13 +262,9 @@ def _rerank(cm: CostModel, cands: list[Candidate], group_size: int) -> list[Cand
             spent += _cost(cm, c)
     if len(pool) < 2:
         return cands
-    sims, best = [], math.inf
-    for c in pool:
-        t = simulate_stages(cm, c.stages, c.dp, limit=best).iteration_time_s
-        best = min(best, t)
-        sims.append(t)
-        if math.isfinite(t):
-            c.label += f" simulated {t:.4f} s"
+    sims = [iteration_time(cm, c.stages, c.dp) for c in pool]
+    for c, t in zip(pool, sims):
+        c.label += f" simulated {t:.4f} s"
     ranked = [c for _, c in sorted(zip(sims, pool), key=lambda x: x[0])]
     return ranked + [c for c in cands if _sig(c) not in seen]
 
