@@ -1,0 +1,39 @@
+"""Smoke runs of the HeteroPP benchmarks: output schema, finite numbers, equal losses. Never speed."""
+from __future__ import annotations
+
+import json
+import math
+
+from bench.heteropp_bench_common import MODEL, SMOKE_MODEL
+from bench.heteropp_vs_sim import plans, predict
+from bench.heteropp_vs_torch import main as vs_torch
+from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
+
+
+def test_vs_torch_smoke(tmp_path):
+    out = tmp_path / "vs_torch.json"
+    assert vs_torch(["--smoke", "--iters", "2", "--warmup", "1", "--micro-batches", "2", "--backends", "gloo",
+                     "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["machine_before"]["nproc"] >= 1 and d["command"].startswith("python -m bench.heteropp_vs_torch")
+    (p,) = d["phases"]
+    assert p["backend"] == "gloo" and len(p["ours_s"]) == len(p["theirs_s"]) == 2
+    for k in ("ours_median_s", "theirs_median_s", "ratio", "paired_ratio"):
+        assert math.isfinite(p[k]) and p[k] > 0
+    # same weights, data and optimizer: the two pipelines train to the same losses
+    assert len(p["ours_loss"]) == 3 and p["loss_max_rel_diff"] < 1e-5
+
+
+def test_vs_sim_plans_and_prediction():
+    tp = {t: TPProfile(fwd_s=1e-3 / t, bwd_s=2e-3 / t, recompute_s=1e-3 / t, wgrad_s=1e-3 / t, act_bytes=1e6,
+                       ckpt_bytes=1e5, optim_s=1e-4) for t in (1, 2)}
+    for m in (SMOKE_MODEL, MODEL):
+        prof = Profile(m.name, 1, m.seq_len, m.layer_params, m.embed_params, m.head_params, {"cpu": ChipProfile(tp)})
+        got = plans(m.layers, 8)
+        assert len(got) >= 3
+        for name, plan in got.items():
+            plan.validate(name, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads)
+            t = predict(m, plan, prof)
+            # at least every micro-batch's compute on the busiest stage
+            busiest = max(s.layers * (3e-3 + (1e-3 if s.recompute else 0)) / s.tp for s in plan.stages)
+            assert math.isfinite(t) and t >= plan.micro_batches * busiest
