@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ class DicommProcessGroup(CollectivesMixin, dist.ProcessGroup):
         self._group_name = group_name
         self._group_desc = ""
         self._store = store  # the engine reads peers' address cards from it
+        _choose_nic(rank)
         self._comm = _C.Communicator(store, rank, size, self._timeout_s, "auto")
         log.debug("dicomm group %r: rank %d of %d, timeout %.0f s",
                   group_name, rank, size, self._timeout_s)
@@ -127,6 +129,22 @@ class DicommProcessGroup(CollectivesMixin, dist.ProcessGroup):
     def __repr__(self) -> str:
         return (f"DicommProcessGroup(name={self._group_name!r}, rank={self._r}, "
                 f"size={self._n}, global_ranks={self._global_ranks})")
+
+
+_nic_chosen = False
+
+
+def _choose_nic(rank: int) -> None:
+    """Once per process: logs this rank's NIC and hands it to the engine unless DICOMM_IB_HCA is set."""
+    global _nic_chosen
+    if _nic_chosen:
+        return
+    _nic_chosen = True
+    from dicomm.topology import select_nic
+    choice = select_nic(int(os.environ.get("LOCAL_RANK", rank)))
+    log.info("dicomm rank %d: %s", rank, choice.describe())
+    if choice.nic and not os.environ.get("DICOMM_IB_HCA"):
+        os.environ["DICOMM_IB_HCA"] = choice.nic
 
 
 def _create(opts: Any, pg_options: Any = None) -> DicommProcessGroup:

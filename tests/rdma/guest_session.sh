@@ -23,9 +23,7 @@ pair() {  # pair NAME TIMEOUT SERVER_CMD -- CLIENT_CMD: two processes on rxe0 (p
 step probe 60 "$BIN/verbs_pingpong" probe
 step pingpong 240 "$BIN/verbs_pingpong" run ${PINGPONG_ITERS:-1000}
 DICOMM_IB_FORCE_STAGING=1 step staging 240 "$BIN/verbs_pingpong" run 100
-if [ -f tests/rdma/guest_p2p.py ] && .venv/bin/python -c "import dicomm._C as C, sys; sys.exit(0 if hasattr(C, '_verbs_probe') else 1)" 2>/dev/null; then
-  step p2p 300 .venv/bin/python -m tests.rdma.guest_p2p
-fi
+step p2p 300 .venv/bin/python -m tests.rdma.guest_p2p  # the engine on verbs (scenarios in its JSON)
 pair write_lat 120 ib_write_lat -d rxe0 -x 1 -s 8 -n 1000 -- ib_write_lat -d rxe0 -x 1 -s 8 -n 1000 127.0.0.1
 pair write_bw_64k 120 ib_write_bw -d rxe0 -x 1 -s 65536 -n 1000 -- ib_write_bw -d rxe0 -x 1 -s 65536 -n 1000 127.0.0.1
 pair write_bw_1m 120 ib_write_bw -d rxe0 -x 1 -s 1048576 -n 100 -- ib_write_bw -d rxe0 -x 1 -s 1048576 -n 100 127.0.0.1

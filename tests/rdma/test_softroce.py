@@ -2,15 +2,18 @@
 rdma_rxe on the guest's eth0, the host's own userland and checkout over 9p). One guest session
 runs everything (module-scoped, a minute or two under TCG) and the tests read its results.
 
-Before the verbs transport is wired into the engine, traffic goes through
-tests/rdma/native/verbs_pingpong.cpp: two processes driving the transport with a minimal sink.
-Skips (saying why) only when QEMU or the Debian packages cannot be obtained.
+Two layers are checked: tests/rdma/native/verbs_pingpong.cpp drives the transport alone with a
+minimal sink, and tests/rdma/guest_p2p.py runs the whole engine (Communicator, collectives, the
+torch backend) with transport="verbs". Skips (saying why) only when QEMU or the Debian packages
+cannot be obtained.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -71,6 +74,34 @@ def test_host_without_rdma_says_why(bin_dir):
     assert run.returncode != 0 and "no verbs:" in run.stderr
 
 
+_NO_RDMA_ENGINE = """
+import datetime, json, torch.distributed as dist, dicomm._C as C
+if json.loads(C._verbs_probe())["verbs"]["devices"]:
+    print("HAS-RDMA"); raise SystemExit
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+for i in range(2):  # two engines in one process: the missing device is logged once
+    C.Communicator(dist.PrefixStore(str(i), store), 0, 1, 10.0, "auto").close()
+try:
+    C.Communicator(dist.PrefixStore("v", store), 0, 1, 10.0, "verbs")
+    print("ACCEPTED")
+except C.DicommError as e:
+    print("REFUSED:", e)
+"""
+
+
+def test_engine_without_rdma_logs_once_and_refuses_forced_verbs():
+    """No silent fallback: auto says once (at info) why there is no verbs transport; verbs forced
+    on a host without RDMA is an error naming why."""
+    env = dict(os.environ, DICOMM_LOG_LEVEL="info")
+    env.pop("DICOMM_TRANSPORT", None)
+    p = subprocess.run([sys.executable, "-c", _NO_RDMA_ENGINE], capture_output=True, text=True, timeout=120, env=env)
+    if "HAS-RDMA" in p.stdout:
+        pytest.skip("this host has RDMA devices")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("no RDMA verbs transport") == 1, p.stderr
+    assert "REFUSED:" in p.stdout and "has no usable RDMA device" in p.stdout, p.stdout
+
+
 def test_probe_finds_rxe0_and_its_roce_v2_gid(session):
     probe = _json_line(_step(session, "probe"))["probe"]
     dev = next(d for d in probe["devices"] if d["name"] == "rxe0")
@@ -91,6 +122,61 @@ def test_cpu_mediated_staging_path_byte_exact(session):
     assert _json_line(_step(session, "staging"))["ok"]
 
 
+def _scenario(session, name: str):
+    """One scenario of guest_p2p.py (its step may exit non-zero: each scenario says for itself)."""
+    text = session.files.get("p2p.txt", "")
+    assert text, f"guest_p2p.py did not run:\n{session.describe()}"
+    entry = _json_line(text).get(name)
+    assert entry and entry["ok"], f"guest_p2p scenario {name}:\n{(entry or {}).get('error', text[-3000:])}"
+    return entry["result"]
+
+
+def _port_summary(probe: dict) -> list:
+    """What cannot change during a run (IPv6 GIDs appear as the guest's interface configures)."""
+    out = []
+    for d in probe["devices"]:
+        for p in d["ports"]:
+            chosen = next((g for g in p["gids"] if g["index"] == p["chosen_gid"]), {})
+            out.append((d["name"], p["port"], p["active"], p["active_mtu"], chosen.get("gid"), chosen.get("ipv4")))
+    return out
+
+
+def test_verbs_probe_binding_agrees_with_the_transport(session):
+    ours = _scenario(session, "probe")
+    summary = _port_summary(ours["verbs"])
+    assert summary == _port_summary(_json_line(_step(session, "probe"))["probe"])
+    assert ("rxe0", 1, True, 1024, "0000:0000:0000:0000:0000:ffff:0a00:020f", "10.0.2.15") in summary, summary
+    assert ours["accelerator"]["path"] == "cpu-mediated" and "no CUDA driver" in ours["accelerator"]["why"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_communicator_over_verbs_p2p_and_collectives(session, world):
+    """A ring of 0 B .. 16 MiB (2 ranks; .. 1 MiB with 4) byte for byte, then all_reduce,
+    all_gather and broadcast against numpy, all with transport="verbs"."""
+    ranks = _scenario(session, f"p2p_{world}")
+    for r, res in enumerate(ranks):
+        for peer in {(r + 1) % world, (r - 1) % world}:
+            assert res["paths"][peer] == "verbs", (r, res["paths"])
+        assert res["stats"]["verbs_peers"] >= 1 and res["stats"]["verbs_reg_cache_misses"] >= 1, res["stats"]
+
+
+def test_torch_backend_over_verbs(session):
+    """dist.init_process_group("dicomm") with DICOMM_TRANSPORT=verbs: send/recv and all_reduce."""
+    assert [r["path"] for r in _scenario(session, "torch_backend")] == ["verbs", "verbs"]
+
+
+def test_peer_killed_mid_transfer_is_a_peer_error_not_a_hang(session):
+    res = _scenario(session, "killed_peer")
+    assert res.get("kind") == "PeerError", res
+    assert res["seconds"] < 20 and "rank 0" in res["text"], res
+
+
+def test_wrong_gid_index_names_device_port_and_gid(session):
+    res = _scenario(session, "bad_gid")
+    assert "DICOMM_IB_GID_INDEX=97" in res.get("text", ""), res
+    assert "rxe0 port 1" in res["text"] and "GID table" in res["text"], res
+
+
 def _perftest_row(text: str, cols: int) -> list[float]:
     rows = [line.split() for line in text.splitlines() if re.match(r"^\s*\d+\s+\d+\s", line)]
     assert rows, f"no result row in perftest output:\n{text[-2000:]}"
@@ -104,7 +190,15 @@ def test_perftest_reference_and_numbers(session):
     bw1m = _perftest_row(_step(session, "write_bw_1m"), 4)[3]
     ours = _json_line(session.files["pingpong.txt"])
     print(f"\n{'':24}{'dicomm verbs':>14}{'perftest':>12}{'ratio':>8}")
-    for name, a, b in [("8 B half RTT (us)", ours["lat_8B_us"], lat), ("64 KiB (MB/s)", ours["bw_64KiB_MBps"], bw64),
-                       ("1 MiB (MB/s)", ours["bw_1MiB_MBps"], bw1m)]:
+    rows = [("8 B half RTT (us)", ours["lat_8B_us"], lat), ("64 KiB (MB/s)", ours["bw_64KiB_MBps"], bw64),
+            ("1 MiB (MB/s)", ours["bw_1MiB_MBps"], bw1m)]
+    p2p = json.loads(next((ln for ln in reversed(session.files.get("p2p.txt", "").splitlines()) if ln.startswith("{")), "{}"))
+    if p2p.get("p2p_2", {}).get("ok"):  # the same through the Communicator (engine + Python)
+        comm = p2p["p2p_2"]["result"][0]
+        rows += [("Communicator 8 B (us)", comm["lat_8B_us"], lat), ("Communicator 1 MiB", comm["bw_1MiB_MBps"], bw1m)]
+    if p2p.get("latency_spin_5ms", {}).get("ok"):
+        comm = p2p["latency_spin_5ms"]["result"][0]
+        rows += [("  spin 5 ms: 8 B (us)", comm["lat_8B_us"], lat), ("  spin 5 ms: 1 MiB", comm["bw_1MiB_MBps"], bw1m)]
+    for name, a, b in rows:
         print(f"{name:24}{a:>14.2f}{b:>12.2f}{a / b:>8.2f}")
     assert lat > 0 and bw64 > 0 and bw1m > 0

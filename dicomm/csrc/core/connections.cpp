@@ -1,24 +1,36 @@
 // Connections: the transport chosen per peer, lazy connects, and incoming connections.
 #include "core/engine.h"
 #include "core/log.h"
+#include "transport/verbs/verbs_conn.h"
 
 namespace dicomm {
 
 // ---------------------------------------------------------------- connections
 
+// auto: same host -> shm; another host -> verbs when both ranks publish it, else tcp. The choice
+// is made once per peer (on first contact) and logged with its reason.
 transport::Transport& Engine::choose_transport(int peer, const Card& card) {
-  std::string why;
-  bool shm_ok = transports_["shm"]->can_reach(card_, card, &why);
+  const std::string who = "rank " + std::to_string(peer);
+  std::string why_shm, why_verbs;
+  bool shm_ok = transports_.at("shm")->can_reach(card_, card, &why_shm);
+  auto verbs = transports_.find("verbs");
+  bool verbs_ok = verbs != transports_.end() && verbs->second->can_reach(card_, card, &why_verbs);
+  if (verbs == transports_.end()) why_verbs = "this rank has no RDMA device: " + verbs_why_;
   if (forced_ == "shm" && !shm_ok)
-    throw ValueError("DICOMM_TRANSPORT=shm, but rank " + std::to_string(peer) +
-                     " cannot be reached through shared memory: " + why + "; use auto or tcp");
-  bool use_shm = forced_ == "shm" || (forced_ == "auto" && shm_ok);
+    throw ValueError("DICOMM_TRANSPORT=shm, but " + who + " cannot be reached through shared memory: " + why_shm +
+                     "; use auto or tcp");
+  if (forced_ == "verbs" && !verbs_ok)
+    throw ValueError("DICOMM_TRANSPORT=verbs, but " + who + " cannot be reached through RDMA verbs: " + why_verbs +
+                     "; use auto or tcp");
+  std::string name = forced_ != "auto" ? forced_ : shm_ok ? "shm" : verbs_ok ? "verbs" : "tcp";
   std::string reason = forced_ != "auto" ? "forced by DICOMM_TRANSPORT/transport=" + forced_
-                       : use_shm          ? "same host"
-                                          : "no shared memory: " + why;
-  log(LogLevel::kDebug, "rank " + std::to_string(rank_) + " -> rank " + std::to_string(peer) + ": " +
-                            (use_shm ? "shm" : "tcp") + " (" + reason + ")");
-  return *transports_[use_shm ? "shm" : "tcp"];
+                       : shm_ok          ? "same host"
+                       : verbs_ok        ? "another host, both ranks have RDMA"
+                                         : "another host (" + why_shm + "), no verbs: " + why_verbs;
+  // Cross-host choices are what an operator needs to see; same-host shm is the quiet default.
+  log(name == "shm" ? LogLevel::kDebug : LogLevel::kInfo,
+      "rank " + std::to_string(rank_) + " -> " + who + ": " + name + " (" + reason + ")");
+  return *transports_.at(name);
 }
 
 transport::SendConn* Engine::connection_to(int peer) {
@@ -65,6 +77,19 @@ void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
 void Engine::on_rejected(const std::string& why) {
   ++counters_["rejected_connections"];
   log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " rejected an incoming connection: " + why);
+}
+
+std::string Engine::path_of_locked(const Peer& p) const {
+  if (p.transport != "verbs") return p.transport;
+  transport::verbs::PathStats all;  // what this peer's traffic used, either direction
+  auto add = [&](const transport::verbs::PathStats& s) {
+    all.device_direct |= s.device_direct;
+    all.cpu_mediated |= s.cpu_mediated;
+  };
+  if (auto* s = dynamic_cast<const transport::verbs::VerbsSendConn*>(p.send.get())) add(s->path());
+  for (const auto& c : p.recv)
+    if (auto* r = dynamic_cast<const transport::verbs::VerbsRecvConn*>(c.get())) add(r->path());
+  return all.describe();
 }
 
 }  // namespace dicomm

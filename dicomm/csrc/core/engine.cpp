@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace dicomm {
 namespace {
@@ -17,8 +18,8 @@ constexpr size_t kRegisterAbove = 16 * 1024;  // smaller messages travel eagerly
 std::string transport_setting(const std::string& option) {
   const char* env = std::getenv("DICOMM_TRANSPORT");
   std::string v = env && *env ? env : option;
-  if (v != "auto" && v != "shm" && v != "tcp")
-    throw ValueError("transport '" + v + "' is not known; expected auto, shm or tcp" +
+  if (v != "auto" && v != "shm" && v != "tcp" && v != "verbs")
+    throw ValueError("transport '" + v + "' is not known; expected auto, shm or tcp, or verbs on RDMA hosts" +
                      (env && *env ? " (from DICOMM_TRANSPORT)" : ""));
   return v;
 }
@@ -44,6 +45,7 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   ctx.counters = &counters_;
   transports_["shm"] = std::make_unique<transport::shm::ShmTransport>(ctx);
   transports_["tcp"] = std::make_unique<transport::tcp::TcpTransport>(ctx);
+  if (forced_ == "auto" || forced_ == "verbs") open_verbs(ctx);
   for (auto& [name, t] : transports_) card_.addresses[name] = t->address();
   bootstrap_.publish(card_);
   for (const char* c : {"rejected_connections", "connections_accepted", "connections_opened", "messages_sent",
@@ -53,6 +55,22 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
 }
 
 Engine::~Engine() { close(); }
+
+// No silent fallback: a host without RDMA says so once per process (an error when verbs is forced).
+void Engine::open_verbs(const transport::Context& ctx) {
+  if (auto t = transport::verbs::VerbsTransport::create(ctx, &verbs_why_)) {
+    transports_["verbs"] = std::move(t);
+    return;
+  }
+  if (forced_ == "verbs")
+    throw Error("DICOMM_TRANSPORT/transport=verbs, but rank " + std::to_string(rank_) +
+                " has no usable RDMA device: " + verbs_why_);
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    log(LogLevel::kInfo, "rank " + std::to_string(rank_) + ": no RDMA verbs transport (" + verbs_why_ +
+                             "); peers on other hosts use tcp");
+  });
+}
 
 void Engine::start() {
   progress_thread_ = std::thread([this] { progress_loop(); });
@@ -181,7 +199,7 @@ std::string Engine::transport_of(int peer) const {
                      std::to_string(size_ - 1) + ")");
   if (peer == rank_) return "self";
   std::lock_guard<std::mutex> lock(mu_);
-  return peers_[peer].transport;
+  return path_of_locked(peers_[peer]);
 }
 
 std::map<std::string, int64_t> Engine::stats() const {
@@ -189,6 +207,19 @@ std::map<std::string, int64_t> Engine::stats() const {
   auto out = counters_;
   out["unexpected_queued"] = static_cast<int64_t>(queues_.unexpected_count());
   out["in_flight"] = static_cast<int64_t>(in_flight_.size());
+  auto verbs = transports_.find("verbs");
+  if (verbs != transports_.end()) {  // the registration cache is touched under the engine lock too
+    auto& cache = static_cast<transport::verbs::VerbsTransport&>(*verbs->second).nic().cache();
+    out["verbs_reg_cache_hits"] = static_cast<int64_t>(cache.hits());
+    out["verbs_reg_cache_misses"] = static_cast<int64_t>(cache.misses());
+    out["verbs_peers"] = out["verbs_device_direct_peers"] = out["verbs_cpu_mediated_peers"] = 0;
+    for (const auto& p : peers_) {
+      std::string path = path_of_locked(p);
+      if (path.rfind("verbs", 0) == 0) ++out["verbs_peers"];
+      if (path.find("device-direct") != std::string::npos) ++out["verbs_device_direct_peers"];
+      if (path.find("cpu-mediated") != std::string::npos) ++out["verbs_cpu_mediated_peers"];
+    }
+  }
   return out;
 }
 

@@ -67,6 +67,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // engine.cpp
   transport::SendConn* connection_to(int peer);  // connects on first use; lock NOT held
   transport::Transport& choose_transport(int peer, const Card& card);
+  void open_verbs(const transport::Context& ctx);     // engine.cpp
+  std::string path_of_locked(const Peer& p) const;   // connections.cpp: "verbs/cpu-mediated"...
   void post_locked(const RequestSP& r, transport::SendConn& conn, int peer);
   // Lock held. `payload`: an eager payload still in the transport (else msg.data holds it).
   void match(const RequestSP& r, Unexpected&& msg, const void* payload = nullptr);
@@ -93,7 +95,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
-  std::string forced_;  // "auto", "shm" or "tcp"
+  std::string forced_;  // "auto", "shm", "tcp" or "verbs"
+  std::string verbs_why_;  // why this host has no verbs transport ("" when it has one)
   Bootstrap bootstrap_;
   Card card_;
 

@@ -28,7 +28,7 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 56, "Hello is a wire format");
 
-enum class TransportId : uint16_t { kTcp = 1, kShm = 2 };
+enum class TransportId : uint16_t { kTcp = 1, kShm = 2, kVerbs = 3 };
 
 // "" if `h` is acceptable for rank `self` of `size` in the job of `token`, else why not.
 std::string check_hello(const Hello& h, const Token& token, int self, int size, TransportId transport);

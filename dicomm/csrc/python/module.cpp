@@ -11,6 +11,8 @@
 #include "core/p2p_request.h"
 #include "core/types.h"
 #include "python/bindings.h"
+#include "transport/verbs/accel.h"
+#include "transport/verbs/device.h"
 
 namespace py = pybind11;
 
@@ -119,7 +121,7 @@ Tag user_tag(int64_t tag) {
 PYBIND11_MODULE(_C, m) {
   using namespace dicomm;
   using namespace dicomm::python;
-  m.doc() = "dicomm engine: tag-matched point-to-point over shared memory and TCP, and collectives";
+  m.doc() = "dicomm engine: tag-matched point-to-point over shared memory, TCP and RDMA verbs, and collectives";
   define_errors(m);
 
   py::class_<Request, RequestPtr>(m, "Request")
@@ -194,6 +196,17 @@ PYBIND11_MODULE(_C, m) {
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
 
   bind_collectives(m, comm);
+
+  m.def("_verbs_probe", [] {
+    namespace verbs = transport::verbs;
+    std::string why;
+    const verbs::AccelCaps& caps = verbs::Accel::get().caps();
+    verbs::DevicePath path = verbs::decide_path(caps, &why);
+    auto q = [](const std::string& s) { return py::module_::import("json").attr("dumps")(s).cast<std::string>(); };
+    return "{\"verbs\": " + verbs::probe_json() + ", \"accelerator\": {\"driver\": " + (caps.driver ? "true" : "false") +
+           ", \"path\": " + q(verbs::device_path_name(path)) + ", \"why\": " + q(why) + "}}";
+  }, "JSON text: RDMA devices, ports, GID tables and the GID dicomm would choose, and how accelerator\n"
+     "memory would reach the NIC (device-direct or CPU-mediated) as far as known before a device buffer is seen.");
 
   py::module_::import("atexit").attr("register")(py::cpp_function([] { close_all_at_exit(); }));
 }

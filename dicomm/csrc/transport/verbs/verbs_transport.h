@@ -13,7 +13,7 @@
 
 namespace dicomm::transport::verbs {
 
-constexpr uint16_t kVerbsTransportId = 3;  // the hello's transport field
+constexpr uint16_t kVerbsTransportId = static_cast<uint16_t>(TransportId::kVerbs);  // the hello's transport field
 
 class VerbsTransport : public Transport {
  public:
