@@ -1,15 +1,12 @@
 """Measured HeteroPP iteration time of several plans against HeteroAuto's simulator on a profile taken here.
 
-All ranks are processes on this host and share its cores. A profile taken by one process alone gives the
-speed of a chip that has a core to itself, which the ranks of a plan do not have once it uses more
-processes than there are cores. So, right before each plan runs, the profile is measured by as many
-concurrent profiler processes as the plan has ranks (each with one thread, like the ranks), and the
-median of their numbers is the chip's profile under that contention ("contended"). The profile of one
-process alone is reported too ("alone"), uncalibrated. The optimizer step per layer, which the profiler
-leaves at zero, is timed in the same processes. Boundaries are costed at 1 GB/s (gloo between local
-processes, 64 KiB activations: latency-bound).
+All ranks are processes on this host and share its cores. Right before each plan runs, as many profiler
+processes as the plan has ranks start together in one gloo job and time, all at once, the engine's own
+stage (TP 2 over a real pair of them, collectives included), the engine's ZeRO-1 optimizer step with a
+real dp group and a one-way activation send; the medians are the chip's profile under that contention
+("contended"): every rank busy at once. The profile of one process alone is reported too ("alone").
 
-    python -m bench.heteropp_vs_sim [--steps 8] [--plans NAME,...] [--json FILE]
+    python -m bench.heteropp_vs_sim [--steps 8] [--runs 3] [--plans NAME,...] [--json FILE]
 """
 from __future__ import annotations
 
@@ -53,61 +50,139 @@ def plans(layers: int, micro_batches: int) -> dict[str, Plan]:
 
 
 # -- profile ---------------------------------------------------------------------------------------------
-def _optim_s(numel: int, repeats: int) -> float:
-    """One ZeroAdamW step (dp 1) over `numel` parameters."""
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _comm_times(m: ModelSpec, dp: int, repeats: int) -> dict[str, float]:
+    """Over real gloo groups of neighbouring ranks (pairs): one TP all-reduce of an activation, one one-way
+    send of an activation (half a ping-pong) and one ZeroAdamW step over a layer's parameters at `dp`
+    (gradient all-reduce and shard all-gather included). Every rank times at once, as in a plan."""
     import torch
+    import torch.distributed as dist
 
     from heteropp.engine.optim import ZeroAdamW
-    p = torch.nn.Parameter(torch.zeros(numel))
-    p.grad = torch.ones(numel)
-    opt = ZeroAdamW([p], 1e-3)
-    ts = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        opt.step()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts[1:])
+    r, n = dist.get_rank(), dist.get_world_size()
+    pairs = [dist.new_group([i, i + 1]) for i in range(0, n - 1, 2)]
+    mine = pairs[r // 2] if r // 2 < len(pairs) else None
+    act = torch.randn(m.seq_len * m.hidden)
+    out: dict[str, float | None] = {"tp_allreduce_s": None, "p2p_s": None, "zero_step_s": None}
+    if mine is not None:
+        peer = r ^ 1
+        out["tp_allreduce_s"] = _median_time(lambda: dist.all_reduce(act, group=mine), repeats)
+
+        def ping() -> None:
+            if r % 2 == 0:
+                dist.send(act, peer), dist.recv(act, peer)
+            else:
+                dist.recv(act, peer), dist.send(act, peer)
+        out["p2p_s"] = _median_time(ping, repeats) / 2
+    p = torch.nn.Parameter(torch.zeros(m.layer_params))
+    p.grad = torch.ones(m.layer_params)
+    group = mine if dp > 1 else None
+    opt = ZeroAdamW([p], 1e-3, group, r % 2 if dp > 1 else 0, dp) if (dp == 1 or mine is not None) else None
+    if opt is not None:
+        out["zero_step_s"] = _median_time(opt.step, repeats)
+    dist.barrier()
+    return out
 
 
-def _profile_proc(model_file: str, tps: list[int], repeats: int, out: mp.Queue) -> None:
+def _profile_proc(model_file: str, tps: list[int], repeats: int, rank: int, procs: int, dp: int, store: str,
+                  out: mp.Queue) -> None:
     import torch
+    import torch.distributed as dist
 
     from heteropp.auto.profiler import profile_model
     torch.set_num_threads(1)  # as each rank does
-    prof = profile_model(model_file, tps, repeats=repeats)
-    opt = {t: _optim_s(prof.layer_params // t, repeats) for t in tps}
-    out.put((prof.to_dict(), opt))
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=procs)
+    from heteropp.model import TPGroup
+    pairs = [dist.new_group([i, i + 1]) for i in range(0, procs - 1, 2)]
+    # TP 2 is timed over a real pair of ranks where this rank has a peer, so its all-reduces are included
+    tp = TPGroup(rank % 2, 2, pairs[rank // 2]) if rank // 2 < len(pairs) else None
+    dist.barrier()  # all start busy together, as the ranks of a plan do
+    prof = profile_model(model_file, tps, repeats=repeats, stat="median" if procs > 1 else "min", tp_group=tp)
+    dist.barrier()
+    comm = _comm_times(ModelSpec(**json.load(open(model_file))), dp, 4 * repeats)
+    dist.destroy_process_group()
+    out.put((prof.to_dict(), comm))
 
 
-def measure_profile(m: ModelSpec, tps: list[int], procs: int, repeats: int) -> Profile:
-    """The profile under `procs` concurrent profiler processes: the median of their entries."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: int) -> tuple[Profile, dict]:
+    """The compute profile under `procs` concurrent profiler processes (the median of their entries), and
+    the communication times measured between those processes."""
+    tmp = tempfile.mkdtemp()
+    model_file, store = os.path.join(tmp, "model.json"), os.path.join(tmp, "store")
+    with open(model_file, "w") as f:
         json.dump(dataclasses.asdict(m), f)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    ps = [ctx.Process(target=_profile_proc, args=(f.name, tps, repeats, q)) for _ in range(procs)]
+    ps = [ctx.Process(target=_profile_proc, args=(model_file, tps, repeats, r, procs, dp, store, q))
+          for r in range(procs)]
     for p in ps:
         p.start()
     got = [q.get(timeout=300) for _ in ps]
     for p in ps:
         p.join()
-    os.unlink(f.name)
+    for f in os.listdir(tmp):
+        os.unlink(os.path.join(tmp, f))
+    os.rmdir(tmp)
     profs = [Profile.from_dict(d) for d, _ in got]
+    # medians over the ranks that timed each (a rank without a peer times no pair operation)
+    comm = {k: statistics.median([c[k] for _, c in got if c[k] is not None] or [0.0]) for k in got[0][1]}
     entries = {}
     for t in tps:
         fields = {k: statistics.median(getattr(p.chips["cpu"].tp[t], k) for p in profs)
                   for k in profs[0].chips["cpu"].tp[t].__dataclass_fields__}
-        fields["optim_s"] = statistics.median(o[t] for _, o in got)
         entries[t] = dataclasses.replace(profs[0].chips["cpu"].tp[t], **fields)
-    return dataclasses.replace(profs[0], chips={"cpu": ChipProfile(entries)}, meta={**profs[0].meta, "procs": procs})
+    meta = {**profs[0].meta, "procs": procs, "tp_collectives": 2 if procs > 1 else None}
+    return dataclasses.replace(profs[0], chips={"cpu": ChipProfile(entries)}, meta=meta), comm
 
 
-def predict(m: ModelSpec, plan: Plan, prof: Profile) -> float:
+def with_comm(prof: Profile, comm: dict, dp: int) -> Profile:
+    """The profile with the measured communication folded in. Where the profile's TP entry was timed without
+    real collectives: per layer two TP all-reduces forward, two backward and two more in a recomputed
+    forward; the embedding's and the loss's all-reduces counted as two more. The optimizer entry becomes dp
+    times the measured ZeRO-1 step, which the cost model divides by dp again (its own bandwidth-based
+    gradient sync is switched off in MeasuredCosts)."""
+    entries = {}
+    timed = prof.meta.get("tp_collectives")
+    for t, e in prof.chips["cpu"].tp.items():
+        ar = 2 * comm["tp_allreduce_s"] if t > 1 and t != timed else 0.0
+        opt = dp * comm["zero_step_s"] / t if dp > 1 else e.optim_s
+        entries[t] = dataclasses.replace(e, fwd_s=e.fwd_s + ar, bwd_s=e.bwd_s + ar, recompute_s=e.recompute_s + ar,
+                                         head_s=e.head_s + ar, optim_s=opt)
+    return dataclasses.replace(prof, chips={"cpu": ChipProfile(entries)})
+
+
+class MeasuredCosts(CostModel):
+    """The cost model with the boundary transfer and gradient sync taken from measurements on this host."""
+
+    def __init__(self, *a, p2p_s: float, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.p2p_s = p2p_s
+
+    def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:
+        return self.p2p_s
+
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int) -> float:
+        return 0.0  # inside the measured ZeRO-1 step (with_comm)
+
+
+def predict(m: ModelSpec, plan: Plan, prof: Profile, comm: dict | None = None) -> float:
     chip = ChipType("cpu", count=64, memory_gb=64, peak_tflops=0.1, chips_per_node=64, tp_max=4,
                     intra_node_bw=LINK_GB_S, network_bw=LINK_GB_S)
     train = TrainSpec(global_batch=plan.global_batch, micro_batch_size=plan.micro_batch_size, dtype="fp32",
                       zero1=True, schedule=plan.schedule)
-    return simulate_plan(CostModel(Cluster("local", (chip,)), m, train, prof), plan).iteration_time_s
+    cl = Cluster("local", (chip,))
+    cm = CostModel(cl, m, train, prof) if comm is None else \
+        MeasuredCosts(cl, m, train, with_comm(prof, comm, plan.dp), p2p_s=comm["p2p_s"])
+    return simulate_plan(cm, plan).iteration_time_s
 
 
 # -- measurement ------------------------------------------------------------------------------------------
@@ -128,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--skip", type=int, default=2, help="leading steps left out (warm-up)")
     ap.add_argument("--micro-batches", type=int, default=8, help="per iteration, over all replicas")
+    ap.add_argument("--runs", type=int, default=3, help="launches per plan (the median of their medians)")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per measurement")
     ap.add_argument("--plans", help="comma-separated plan names (default: all)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run on a toy model (tests)")
@@ -138,20 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     all_plans = plans(m.layers, a.micro_batches)
     names = a.plans.split(",") if a.plans else list(all_plans)
     before = machine()
-    alone = measure_profile(m, [1, 2], 1, a.repeats)
+    alone, _ = measure_profile(m, [1, 2], 1, 1, a.repeats)
     rows, records = [], []
     for name in names:
         plan = all_plans[name]
-        prof = measure_profile(m, [1, 2], plan.world_size, a.repeats)
-        times = measure(m, plan, a.steps, a.skip)
-        meas = statistics.median(times)
-        sim, sim_alone = predict(m, plan, prof), predict(m, plan, alone)
+        prof, comm = measure_profile(m, [1, 2], plan.world_size, plan.dp, a.repeats)
+        runs = [measure(m, plan, a.steps, a.skip) for _ in range(a.runs)]
+        times = [t for r in runs for t in r]
+        meas = statistics.median(statistics.median(r) for r in runs)
+        sim, sim_alone = predict(m, plan, prof, comm), predict(m, plan, alone, comm)
         err = (sim - meas) / meas
         rows.append([name, plan.world_size, meas * 1e3, sim * 1e3, f"{100 * err:+.1f}%",
                      sim_alone * 1e3, f"{100 * (sim_alone - meas) / meas:+.1f}%"])
         records.append({"plan": name, "plan_json": plan.to_dict(), "procs": plan.world_size, "measured_s": times,
                         "measured_median_s": meas, "simulated_s": sim, "error": err, "simulated_alone_s": sim_alone,
-                        "profile": prof.to_dict()})
+                        "profile": prof.to_dict(), "comm_s": comm})
     med = statistics.median(abs(r["error"]) for r in records)
     print(table(["plan", "procs", "measured ms", "simulated ms (contended profile)", "error",
                  "simulated ms (profile alone)", "error alone"], rows))

@@ -1,7 +1,9 @@
 """Auto-profiler: time a real LLaMA-style layer shard with torch on this machine.
 
-One rank's shard of a TP group is emulated by dividing heads, KV heads and the FFN width by tp (TP
-communication is not measured here). The embedding and head cost cancel by profiling two depths:
+The timed network is the engine's own StageModel (heteropp.model); one rank's shard of a TP group is
+built at the group's shapes with its collectives skipped, unless the caller passes a TP group of real
+ranks (then its collectives are timed with the compute). The embedding and head cost cancel by profiling
+two depths:
 t_layer = (t(d2) - t(d1)) / (d2 - d1), t_ends = t(d1) - d1 * t_layer. Saved activations are counted
 with saved-tensor hooks. Every timing is averaged over enough calls to last `min_time_s` (a tiny model's
 layer would otherwise fall below the clock's resolution), after a warm-up call; the device comes from
@@ -13,50 +15,34 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import statistics
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..model import StageModel, TPGroup
 from ..spec import load_model
 from .profiles import ChipProfile, Profile, TPProfile
 
 
-class _Layer(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -> None:
-        super().__init__()
-        self.h, self.kv, self.d = heads, kv_heads, head_dim
-        self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-        self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
-        self.o = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.gate_up = nn.Linear(hidden, 2 * ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
+class _LocalTP(TPGroup):
+    """One rank's shard of a TP group, alone: shapes as in the group, collectives skipped (timed apart)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split([self.h * self.d, self.kv * self.d, self.kv * self.d], -1)
-        q = q.view(b, s, self.h, self.d).transpose(1, 2)
-        k = k.view(b, s, self.kv, self.d).transpose(1, 2).repeat_interleave(self.h // self.kv, 1)
-        v = v.view(b, s, self.kv, self.d).transpose(1, 2).repeat_interleave(self.h // self.kv, 1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
-        x = x + self.o(a)
-        g, u = self.gate_up(self.norm2(x)).chunk(2, -1)
-        return x + self.down(F.silu(g) * u)
+    def all_reduce(self, t: torch.Tensor, op=None) -> torch.Tensor:
+        return t
 
 
 class _Net(nn.Module):
-    def __init__(self, m, tp: int, depth: int, recompute: bool) -> None:
+    """The engine's own stage (embedding, `depth` decoder blocks, head and loss) at one TP rank's shard."""
+
+    def __init__(self, m, tp: TPGroup, depth: int, recompute: bool) -> None:
         super().__init__()
-        self.emb = nn.Embedding(m.vocab, m.hidden)
-        self.layers = nn.ModuleList(_Layer(m.hidden, m.heads // tp, max(1, m.kv_heads // tp), m.head_dim, m.ffn // tp)
-                                    for _ in range(depth))
-        self.norm, self.head = nn.RMSNorm(m.hidden), nn.Linear(m.hidden, m.vocab // tp, bias=False)
-        self.recompute = recompute
+        self.tp = tp
+        self.stage = StageModel(m, range(depth), tp, seed=0, first=True, last=True, recompute=recompute)
+        self.layers = list(self.stage.layers.values())
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.emb(tokens)
-        for layer in self.layers:
-            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if self.recompute else layer(x)
-        return self.head(self.norm(x)).float().logsumexp(-1).mean()
+        return self.stage.loss(self.stage(tokens), tokens)
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -76,11 +62,19 @@ def _sync(dev: torch.device) -> None:
         ditorch.device.synchronize()
 
 
-def _repeat(run: Callable[[], tuple[float, ...]], min_time_s: float) -> tuple[float, ...]:
+def _more(short: bool, tp: TPGroup) -> bool:
+    """Whether to time another call; the ranks of a real TP group agree (their collectives must pair up)."""
+    if tp.group is None:
+        return short
+    flag = torch.tensor([float(short)])
+    return bool(tp.all_reduce(flag, op=torch.distributed.ReduceOp.MAX).item())
+
+
+def _repeat(run: Callable[[], tuple[float, ...]], min_time_s: float, tp: TPGroup = TPGroup()) -> tuple[float, ...]:
     """Mean of `run`'s timings over as many calls as it takes for their sum to reach `min_time_s`, so that a
     tiny layer is never timed below the clock's resolution."""
     total, n = None, 0
-    while n == 0 or sum(total) < min_time_s:
+    while n == 0 or _more(sum(total) < min_time_s, tp):
         got = run()
         total = got if total is None else tuple(a + b for a, b in zip(total, got))
         n += 1
@@ -114,24 +108,28 @@ def _timer(net: _Net, tokens: torch.Tensor, dev: torch.device) -> tuple[Callable
 
 
 def _time_depths(nets: dict[int, _Net], tokens: torch.Tensor, repeats: int, min_time_s: float,
-                 dev: torch.device) -> dict[int, tuple[float, float, float]]:
-    """Per depth: least forward and backward time over `repeats` rounds (each a mean over at least
-    `min_time_s`), and bytes saved for backward. The depths alternate within a round, so a burst of load
-    from elsewhere hits both and cancels in their difference; the least is the run least disturbed."""
+                 dev: torch.device, stat: str = "min") -> dict[int, tuple[float, float, float]]:
+    """Per depth: least (or median, `stat`) forward and backward time over `repeats` rounds (each a mean
+    over at least `min_time_s`), and bytes saved for backward. The depths alternate within a round, so a
+    burst of load from elsewhere hits both and cancels in their difference; the least is the run least
+    disturbed, the median the typical one (what ranks sharing cores see)."""
+    pick = min if stat == "min" else statistics.median
     timers = {d: _timer(net, tokens, dev) for d, net in nets.items()}
+    net = next(iter(nets.values()))
     runs: dict[int, list[tuple[float, ...]]] = {d: [] for d in nets}
     for _ in range(repeats):
         for d, (once, _) in timers.items():
-            runs[d].append(_repeat(once, min_time_s))
-    return {d: (min(r[0] for r in runs[d]), min(r[1] for r in runs[d]), float(timers[d][1][0])) for d in nets}
+            runs[d].append(_repeat(once, min_time_s, net.tp))
+    return {d: (pick(r[0] for r in runs[d]), pick(r[1] for r in runs[d]), float(timers[d][1][0])) for d in nets}
 
 
-def _optim_time(layer: _Layer, repeats: int, min_time_s: float, dev: torch.device) -> float:
-    """One AdamW step over a layer shard's parameters (fp32 master weights and two moments, as ZeRO-1 keeps)."""
-    params = [p.detach().float().requires_grad_() for p in layer.parameters()]
+def _optim_time(layer: nn.Module, repeats: int, min_time_s: float, dev: torch.device) -> float:
+    """One step of the engine's optimizer (ZeroAdamW, dp 1) over a layer shard's parameters."""
+    from ..engine.optim import ZeroAdamW
+    params = [nn.Parameter(p.detach().float().clone()) for p in layer.parameters()]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = ZeroAdamW(params, 1e-4)
 
     def once() -> tuple[float]:
         _sync(dev)
@@ -146,7 +144,13 @@ def _optim_time(layer: _Layer, repeats: int, min_time_s: float, dev: torch.devic
 
 def profile_model(model: str, tps: list[int], device: str = "cpu", chip: str = "cpu", seq_len: int | None = None,
                   micro_batch_size: int = 1, repeats: int = 3, depths: tuple[int, int] = (1, 3),
-                  progress: Callable[[str], None] | None = None, min_time_s: float = 0.02) -> Profile:
+                  progress: Callable[[str], None] | None = None, min_time_s: float = 0.02, stat: str = "min",
+                  tp_group: TPGroup | None = None) -> Profile:
+    """`stat`: "min" keeps each timing's least-disturbed round, "median" its typical one (for a profile taken
+    under deliberate contention). `tp_group`: a TP group of real ranks, all calling this at once; the entry
+    for its size is then timed with its collectives (other sizes stay local shards without them)."""
+    if stat not in ("min", "median"):
+        raise ValueError(f"stat must be 'min' or 'median', not {stat!r}")
     m = load_model(model)
     if seq_len:
         from dataclasses import replace
@@ -156,13 +160,15 @@ def profile_model(model: str, tps: list[int], device: str = "cpu", chip: str = "
     if dev.type == "cpu":  # one core per "chip": threads spinning against other load swamp a tiny layer
         torch.set_num_threads(1)
     try:
-        return _profile(m, tps, dev, chip, micro_batch_size, repeats, depths, progress, min_time_s)
+        return _profile(m, tps, dev, chip, micro_batch_size, repeats, depths, progress, min_time_s, stat,
+                        tp_group)
     finally:
         torch.set_num_threads(threads)
 
 
 def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: int, repeats: int,
-             depths: tuple[int, int], progress: Callable[[str], None] | None, min_time_s: float) -> Profile:
+             depths: tuple[int, int], progress: Callable[[str], None] | None, min_time_s: float, stat: str,
+             tp_group: TPGroup | None) -> Profile:
     torch.manual_seed(0)
     entries = {}
     d1, d2 = depths
@@ -170,11 +176,12 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         if m.heads % tp or m.kv_heads % tp and tp > m.kv_heads:
             raise ValueError(f"tp={tp} does not divide the model's {m.heads} heads")
         tokens = torch.randint(0, m.vocab, (micro_batch_size, m.seq_len), device=dev)
+        group = tp_group if tp_group is not None and tp_group.size == tp else _LocalTP(0, tp)
         res = {}
         for rc in (False, True):
             if progress:
                 progress(f"profiling tp={tp} depths {d1},{d2} recompute={'on' if rc else 'off'} on {dev}")
-            got = _time_depths({d: _Net(m, tp, d, rc).to(dev) for d in (d1, d2)}, tokens, repeats, min_time_s, dev)
+            got = _time_depths({d: _Net(m, group, d, rc).to(dev) for d in (d1, d2)}, tokens, repeats, min_time_s, dev, stat)
             res.update({(rc, d): v for d, v in got.items()})
         per = lambda rc, i: max((res[(rc, d2)][i] - res[(rc, d1)][i]) / (d2 - d1), 0.0)  # noqa: E731
         fwd, bwd, act = per(False, 0), per(False, 1), per(False, 2)
@@ -182,11 +189,12 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         ends = max(sum(res[(False, d1)][:2]) - d1 * (fwd + bwd), 0.0)
         if progress:
             progress(f"profiling tp={tp} optimizer step on {dev}")
-        optim = _optim_time(_Net(m, tp, 1, False).to(dev).layers[0], repeats, min_time_s, dev)
+        optim = _optim_time(_Net(m, _LocalTP(0, tp), 1, False).to(dev).layers[0], repeats, min_time_s, dev)
         entries[tp] = TPProfile(fwd_s=fwd, bwd_s=bwd, recompute_s=max(bwd_rc - bwd, 0.0), wgrad_s=bwd / 2,
                                 act_bytes=act, ckpt_bytes=ckpt, optim_s=optim, embed_s=0.0, head_s=ends,
                                 head_act_bytes=micro_batch_size * m.seq_len * m.vocab / tp * 6)
     return Profile(model=m.name, micro_batch_size=micro_batch_size, seq_len=m.seq_len, layer_params=m.layer_params,
                    embed_params=m.embed_params, head_params=m.head_params, chips={chip: ChipProfile(entries)},
                    source="measured", meta={"device": str(dev), "torch": torch.__version__, "depths": list(depths),
-                                                   "min_time_s": min_time_s, "repeats": repeats})
+                                                   "min_time_s": min_time_s, "repeats": repeats,
+                                                   "stat": stat, "tp_collectives": tp_group.size if tp_group else None})

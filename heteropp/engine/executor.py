@@ -4,8 +4,15 @@ All receives of the step are posted before the first compute action and waited f
 action comes up, so transfers overlap with compute; sends complete in the background and are drained at
 the end of the step. I runs the backward with weight gradients of the linear layers deferred into a
 per-micro-batch WeightGradStore, which the matching W action flushes.
+
+Diagnostics: with HETEROPP_TIMING=DIR set, every rank appends the start and end of each of its actions
+(seconds on its own clock) as one JSON line per step to DIR/rank<R>.jsonl; unset, nothing is timed.
 """
 from __future__ import annotations
+
+import json
+import os
+import time
 
 import torch
 
@@ -61,8 +68,10 @@ class StageExecutor:
         grad_out: dict[int, torch.Tensor] = {}
         stores: dict[int, WeightGradStore] = {}
         loss_sum = 0.0
+        spans: list[tuple[str, int, float, float]] | None = [] if _TIMING_DIR else None
         for a in actions:
             m = a.mb
+            t0 = time.perf_counter() if spans is not None else 0.0
             if a.op == "RECV_F":
                 x_in[m] = self._receive(posted.pop((a.op, m)), self.fwd_in).requires_grad_()
             elif a.op == "RECV_B":
@@ -89,8 +98,20 @@ class StageExecutor:
                 stores.pop(m).flush()
             elif a.op == "SEND_B":
                 self._send(x_in.pop(m).grad, a)
+            if spans is not None:
+                spans.append((a.op, m, t0, time.perf_counter()))
         if stores and any(s.queue for s in stores.values()):
             raise RuntimeError(f"stage {self.k}: weight gradients of micro-batches "
                                f"{sorted(m for m, s in stores.items() if s.queue)} were never computed (missing W)")
         self.p2p.drain()
+        if spans is not None:
+            _write_spans(self.p2p.rank, self.k, spans)
         return loss_sum
+
+
+_TIMING_DIR = os.environ.get("HETEROPP_TIMING")
+
+
+def _write_spans(rank: int, stage: int, spans: list[tuple[str, int, float, float]]) -> None:
+    with open(os.path.join(_TIMING_DIR, f"rank{rank}.jsonl"), "a") as f:
+        f.write(json.dumps({"stage": stage, "spans": spans}) + "\n")
