@@ -44,6 +44,8 @@ class DpSpace:
         self.ids = [k for k, _ in sorted(self.kid.items(), key=lambda x: x[1])]
         self._tables()
         self._emat: np.ndarray | None = None
+        self._ends: dict = {}
+        self._embs: dict = {}
 
     def _tables(self) -> None:
         """Per-kind columns with a padding kind last (index len(kinds))."""
@@ -143,6 +145,11 @@ class DpSpace:
         y0 = np.where(real, -np.broadcast_to(np.asarray(dmax, dtype=np.float64).reshape(-1, 1), kid.shape), 0.0)
         return Rows(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
 
+    def _emb(self, k: int) -> float:
+        if k not in self._embs:
+            self._embs[k] = 2 * self.cm.end(*self.ids[k], self.dp, "first").time / 3
+        return self._embs[k]
+
     def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> Rows:
         """Exact stage matrix of each order of types (rows), end stages and links included."""
         from .search import _opt
@@ -155,18 +162,21 @@ class DpSpace:
         a0, y0 = np.zeros((R, p)), np.zeros((R, p))
         const = np.zeros(R)
         e = self.emat()[kid[:, :-1], kid[:, 1:]]
+        ends = self._ends  # end-stage terms per (kind, slot): orders of many combinations repeat them
         for r in range(R):
             for j in {0, p - 1}:
-                chip, tp = self.ids[kid[r, j]]
-                o = _opt(cm, chip, tp, dp, b, int(n[j]), j == 0, j == p - 1)
-                a0[r, j], y0[r, j] = o.a0, o.y0
-                g["m0"][r, j], g["m1"][r, j] = o.m
-                const[r] += o.b0
+                key = (int(kid[r, j]), j == 0, j == p - 1, int(n[j]))
+                e_ = ends.get(key)
+                if e_ is None:
+                    o = _opt(cm, *self.ids[key[0]], dp, b, key[3], key[1], key[2])
+                    e_ = ends[key] = (o.a0, o.y0, *o.m, o.b0)
+                a0[r, j], y0[r, j], g["m0"][r, j], g["m1"][r, j] = e_[:4]
+                const[r] += e_[4]
         if self.sched == "zbh1":
             gaps = np.zeros((R, p))
         else:
             step = self.BWD[kid[:, :-1]] + e
-            emb = np.array([2 * cm.end(*self.ids[kid[r, 0]], dp, "first").time / 3 for r in range(R)])
+            emb = np.array([self._emb(int(k)) for k in kid[:, 0]])
             step[:, 0] += emb
             gaps = np.concatenate([np.zeros((R, 1)), np.cumsum(step, axis=1)], axis=1)
         lam = (b * e - 2 * e).max(axis=1) if p > 1 else np.full(R, -np.inf)

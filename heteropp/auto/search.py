@@ -28,7 +28,7 @@ import numpy as np
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, in_flight, micro_batches
 from .dpspace import DpSpace
-from .levels import concat, lower_bound
+from .levels import bound_parts, lower_bound
 from .space import dp_candidates
 from .split import StageOpt, best_split
 
@@ -168,7 +168,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
 
     def expand(items: list[tuple[DpSpace, np.ndarray]]) -> None:
         """Bound every order of the combinations exactly (one numpy pass); queue those that may beat the best."""
-        ob = lower_bound(concat([sp.order_rows(c, orders) for sp, c in items]), L, top.bound)
+        ob = bound_parts([sp.order_rows(c, orders) for sp, c in items], L, top.bound)
         for (space, combo), vs in zip(items, ob.reshape(len(items), len(orders)).tolist()):
             for o, v in zip(orders, vs):
                 push(v, space, o, combo)
@@ -187,7 +187,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             if end < len(lb):
                 push(float(lb[end]), space, "chunk", (lb, idx, end, 2 * size))
         if parts:
-            tight = lower_bound(concat(parts), L, top.bound, FREE_REFINE)
+            tight = bound_parts(parts, L, top.bound, FREE_REFINE)
             for v, (space, combo) in zip(tight.tolist(), owners):
                 push(v, space, "combo", combo)
 
@@ -205,7 +205,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     # An incumbent first (so that every bound below is computed against it): the best-bounded order of the
     # combination with the least tight bound among each dp's cheapest few.
     firsts = [(space, idx[np.argsort(lb, kind="stable")[:CHUNK]]) for space, lb, idx in spaces]
-    tight = lower_bound(concat([sp.free_rows(rows) for sp, rows in firsts]), L, math.inf, 0)
+    tight = bound_parts([sp.free_rows(rows) for sp, rows in firsts], L, math.inf, 0)
     owners = [(sp, c) for sp, rows in firsts for c in rows]
     space0, combo0 = owners[int(np.argmin(tight))]
     ob = lower_bound(space0.order_rows(combo0, orders), L, math.inf, 0)
