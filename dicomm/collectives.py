@@ -162,6 +162,20 @@ class CollectivesMixin:
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    def _root_list(self, lists: list[list[torch.Tensor]], like: torch.Tensor, root: int, what: str,
+                   role: str) -> list[torch.Tensor]:
+        """The root's per-rank tensor list of gather/scatter, checked; [] on the other ranks."""
+        if self._r != root:
+            if lists and lists[0]:
+                raise ValueError(f"dicomm {what}: only the root rank passes {role} tensors")
+            return []
+        tensors = _one(lists, what)
+        if len(tensors) != self._n:
+            raise ValueError(f"dicomm {what}: root's {role} list has {len(tensors)} tensors, expected {self._n}")
+        for x in tensors:
+            _same_shape(x, like, what, f"an {role} tensor")
+        return tensors
+
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: dist.GatherOptions) -> DicommWork:
         t = _one(input_tensors, "gather")
@@ -169,17 +183,7 @@ class CollectivesMixin:
         self._check_root(root, "gather")
         st = Stager()
         send = st.input(t)
-        bufs: list[torch.Tensor] = []
-        if self._r == root:
-            outs = _one(output_tensors, "gather")
-            if len(outs) != self._n:
-                raise ValueError(f"dicomm gather: root's output list has {len(outs)} tensors, "
-                                 f"expected {self._n}")
-            for o in outs:
-                _same_shape(o, t, "gather", "an output tensor")
-            bufs = [st.output(o) for o in outs]
-        elif output_tensors and output_tensors[0]:
-            raise ValueError("dicomm gather: only the root rank passes output tensors")
+        bufs = [st.output(o) for o in self._root_list(output_tensors, t, root, "gather", "output")]
         st.ready()
         req = self._engine("gather")(send.data_ptr(), send.nbytes, [b.data_ptr() for b in bufs],
                                      root)
@@ -191,17 +195,7 @@ class CollectivesMixin:
         root = opts.rootRank
         self._check_root(root, "scatter")
         st = Stager()
-        sends: list[torch.Tensor] = []
-        if self._r == root:
-            ins = _one(input_tensors, "scatter")
-            if len(ins) != self._n:
-                raise ValueError(f"dicomm scatter: root's input list has {len(ins)} tensors, "
-                                 f"expected {self._n}")
-            for i in ins:
-                _same_shape(i, t, "scatter", "an input tensor")
-            sends = [st.input(i) for i in ins]
-        elif input_tensors and input_tensors[0]:
-            raise ValueError("dicomm scatter: only the root rank passes input tensors")
+        sends = [st.input(i) for i in self._root_list(input_tensors, t, root, "scatter", "input")]
         buf = st.output(t)
         st.ready()
         req = self._engine("scatter")([s.data_ptr() for s in sends], buf.data_ptr(), buf.nbytes,

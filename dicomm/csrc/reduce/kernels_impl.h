@@ -122,24 +122,21 @@ void divide_half(void* buf, size_t n, int64_t divisor) {
 
 // Order of ops in each row follows ReduceOp: sum avg product min max band bor bxor.
 template <typename T>
-void fill_integer(KernelTable& t, int dtype) {
-  t.combine[dtype][0] = t.combine[dtype][1] = combine_loop<T, Sum>;
-  t.combine[dtype][2] = combine_loop<T, Product>;
-  t.combine[dtype][3] = combine_loop<T, Min>;
-  t.combine[dtype][4] = combine_loop<T, Max>;
-  t.combine[dtype][5] = combine_loop<T, Band>;
-  t.combine[dtype][6] = combine_loop<T, Bor>;
-  t.combine[dtype][7] = combine_loop<T, Bxor>;
-  t.divide[dtype] = divide_loop<T>;
-}
-
-template <typename T>
 void fill_float(KernelTable& t, int dtype) {
   t.combine[dtype][0] = t.combine[dtype][1] = combine_loop<T, Sum>;
   t.combine[dtype][2] = combine_loop<T, Product>;
   t.combine[dtype][3] = combine_loop<T, Min>;
   t.combine[dtype][4] = combine_loop<T, Max>;
   t.divide[dtype] = divide_loop<T>;
+}
+
+// Integers have the arithmetic rows of floats plus the bitwise ones.
+template <typename T>
+void fill_integer(KernelTable& t, int dtype) {
+  fill_float<T>(t, dtype);
+  t.combine[dtype][5] = combine_loop<T, Band>;
+  t.combine[dtype][6] = combine_loop<T, Bor>;
+  t.combine[dtype][7] = combine_loop<T, Bxor>;
 }
 
 template <typename Convert>
