@@ -24,23 +24,31 @@ def _say(msg: str) -> None:
 
 
 def profile(cluster_path: str, model: str, out: str, analytic: bool) -> str | None:
-    """Measure one chip type on this host and derive the others from their peak-TFLOPS ratio."""
+    """Measure the fastest chip of each device the cluster names (`device` in its spec: cpu, cuda, ...) on
+    that device here, and derive the other chips of that device from their peak-TFLOPS ratio."""
     if analytic:
         return None
     from .auto.profiler import profile_model
     from .auto.profiles import ChipProfile
     from .spec import load_cluster
     cl = load_cluster(cluster_path)
-    fastest = max(cl.chips, key=lambda c: c.peak_tflops)
-    tps = sorted({t for c in cl.chips for t in (1, 2, 4, 8) if t <= c.tp_max})
-    prof = profile_model(model, tps, chip=fastest.name, repeats=2, progress=lambda m: None)
-    measured = prof.chips[fastest.name].tp
-    for c in cl.chips:
-        if c.name != fastest.name:
-            slow = fastest.peak_tflops / c.peak_tflops
-            prof.chips[c.name] = ChipProfile({t: dataclasses.replace(
-                p, fwd_s=p.fwd_s * slow, bwd_s=p.bwd_s * slow, recompute_s=p.recompute_s * slow,
-                wgrad_s=p.wgrad_s * slow, head_s=p.head_s * slow) for t, p in measured.items()})
+    prof = None
+    for device in dict.fromkeys(c.device for c in cl.chips):  # cluster order, each device once
+        chips = [c for c in cl.chips if c.device == device]
+        fastest = max(chips, key=lambda c: c.peak_tflops)
+        tps = sorted({t for c in chips for t in (1, 2, 4, 8) if t <= c.tp_max})
+        got = profile_model(model, tps, device=device, chip=fastest.name, repeats=2, progress=lambda m: None)
+        measured = got.chips[fastest.name].tp
+        if prof is None:
+            prof = got
+        prof.chips[fastest.name] = got.chips[fastest.name]
+        prof.meta.setdefault("devices", {})[fastest.name] = got.meta.get("device", device)
+        for c in chips:
+            if c.name != fastest.name:
+                slow = fastest.peak_tflops / c.peak_tflops
+                prof.chips[c.name] = ChipProfile({t: dataclasses.replace(
+                    p, fwd_s=p.fwd_s * slow, bwd_s=p.bwd_s * slow, recompute_s=p.recompute_s * slow,
+                    wgrad_s=p.wgrad_s * slow, head_s=p.head_s * slow) for t, p in measured.items()})
     prof.save(out)
     return out
 
@@ -61,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .auto.planning import load_problem, run_search, to_plan
     from .spec import load_model
-    _say(f"1/4 profiling the {a.model} model on this host" + (" (skipped: analytic)" if a.analytic else ""))
+    _say(f"1/4 profiling the {a.model} model on this host's devices" + (" (skipped: analytic)" if a.analytic else ""))
     t0 = time.perf_counter()
     prof = profile(a.cluster, a.model, str(out / "profile.json"), a.analytic)
     t_prof = time.perf_counter() - t0

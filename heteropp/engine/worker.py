@@ -78,8 +78,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                 log_file.flush()
     if log_file:
         log_file.close()
-    return {"coord": (k, d, t), "losses": losses if model.last else None, "tokens_per_s": rates, "grads": grads,
-            "bytes_sent": dict(p2p.bytes_sent)}
+    return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
+            "tokens_per_s": rates, "grads": grads, "bytes_sent": dict(p2p.bytes_sent)}
 
 
 def worker(cfg: RunConfig) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 // methods and Request. Every call into the engine releases the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "core/communicator.h"
@@ -207,6 +211,42 @@ PYBIND11_MODULE(_C, m) {
            ", \"path\": " + q(verbs::device_path_name(path)) + ", \"why\": " + q(why) + "}}";
   }, "JSON text: RDMA devices, ports, GID tables and the GID dicomm would choose, and how accelerator\n"
      "memory would reach the NIC (device-direct or CPU-mediated) as far as known before a device buffer is seen.");
+
+  // Exercises the accelerator half of device-direct RDMA and of CPU-mediated staging on a fresh thread (as
+  // the progress thread would): no NIC is needed, so a GPU host without RDMA still checks it.
+  m.def("_accel_check", [](uintptr_t device_ptr, uintptr_t host_ptr, size_t nbytes, bool to_device) {
+    namespace verbs = transport::verbs;
+    std::map<std::string, long long> out;
+    std::string error;
+    {
+      py::gil_scoped_release nogil;
+      std::thread t([&] {
+        try {
+          verbs::Accel& a = verbs::Accel::get();
+          auto* dev = reinterpret_cast<void*>(device_ptr);
+          auto* host = reinterpret_cast<void*>(host_ptr);
+          out["driver"] = a.caps().driver;
+          out["device_is_device"] = a.is_device(dev);
+          out["host_is_device"] = a.is_device(host);
+          uint64_t off = 0;
+          int fd = a.export_dmabuf(dev, nbytes, &off);
+          out["dmabuf_fd"] = fd;
+          out["dmabuf_offset"] = fd >= 0 ? static_cast<long long>(off) : -1;
+          out["dmabuf_size"] = fd >= 0 ? static_cast<long long>(lseek(fd, 0, SEEK_END)) : -1;
+          if (fd >= 0) close(fd);
+          if (to_device) a.copy_to_device(dev, host, nbytes);
+          else a.copy_to_host(host, dev, nbytes);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      });
+      t.join();
+    }
+    if (!error.empty()) throw std::runtime_error(error);
+    return out;
+  }, py::arg("device_ptr"), py::arg("host_ptr"), py::arg("nbytes"), py::arg("to_device") = false,
+     "Test hook: pointer classification, dma-buf export of the device buffer's allocation, and one staging\n"
+     "copy (device -> host, or host -> device with to_device) from a thread that never touched the device.");
 
   py::module_::import("atexit").attr("register")(py::cpp_function([] { close_all_at_exit(); }));
 }

@@ -16,10 +16,16 @@ struct Accel::Fns {
   int (*cuMemGetHandleForAddressRange)(void* handle, unsigned long long ptr, size_t size, int type, unsigned long long flags);
   int (*cuMemcpyDtoH)(void* dst, unsigned long long src, size_t n);
   int (*cuMemcpyHtoD)(unsigned long long dst, const void* src, size_t n);
+  int (*cuCtxPushCurrent)(void* ctx);
+  int (*cuCtxPopCurrent)(void** ctx);
+  int (*cuDeviceGet)(int* dev, int ordinal);
+  int (*cuDevicePrimaryCtxRetain)(void** ctx, int dev);
 };
 
 namespace {
+constexpr int kPointerAttributeContext = 1;     // CU_POINTER_ATTRIBUTE_CONTEXT
 constexpr int kPointerAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kPointerAttributeOrdinal = 9;     // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr int kMemoryTypeDevice = 2;            // CU_MEMORYTYPE_DEVICE
 constexpr int kRangeHandleDmabufFd = 1;         // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 constexpr int kAccess = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_READ | ibv::ACCESS_REMOTE_WRITE;
@@ -79,7 +85,13 @@ Accel::Accel() {
       reinterpret_cast<decltype(f->cuMemGetHandleForAddressRange)>(dlsym(lib, "cuMemGetHandleForAddressRange"));
   f->cuMemcpyDtoH = reinterpret_cast<decltype(f->cuMemcpyDtoH)>(dlsym(lib, "cuMemcpyDtoH_v2"));
   f->cuMemcpyHtoD = reinterpret_cast<decltype(f->cuMemcpyHtoD)>(dlsym(lib, "cuMemcpyHtoD_v2"));
-  if (!f->cuInit || !f->cuPointerGetAttribute || !f->cuMemcpyDtoH || !f->cuMemcpyHtoD || f->cuInit(0) != 0) {
+  f->cuCtxPushCurrent = reinterpret_cast<decltype(f->cuCtxPushCurrent)>(dlsym(lib, "cuCtxPushCurrent_v2"));
+  f->cuCtxPopCurrent = reinterpret_cast<decltype(f->cuCtxPopCurrent)>(dlsym(lib, "cuCtxPopCurrent_v2"));
+  f->cuDeviceGet = reinterpret_cast<decltype(f->cuDeviceGet)>(dlsym(lib, "cuDeviceGet"));
+  f->cuDevicePrimaryCtxRetain =
+      reinterpret_cast<decltype(f->cuDevicePrimaryCtxRetain)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+  if (!f->cuInit || !f->cuPointerGetAttribute || !f->cuMemcpyDtoH || !f->cuMemcpyHtoD || !f->cuCtxPushCurrent ||
+      !f->cuCtxPopCurrent || !f->cuDeviceGet || !f->cuDevicePrimaryCtxRetain || f->cuInit(0) != 0) {
     caps_.driver_why = "CUDA driver present but unusable (cuInit failed or entry points missing)";
     delete f;
     return;
@@ -96,8 +108,37 @@ bool Accel::is_device(const void* p) const {
          type == kMemoryTypeDevice;
 }
 
+// The driver API acts on the calling thread's current context, and dicomm copies and registers from its
+// progress thread, where the framework never made one current: push the buffer's own context around each
+// call. Memory mapped through the virtual-memory API reports no context; its device's primary one serves.
+class Accel::ContextScope {
+ public:
+  ContextScope(const Fns* f, const void* p) : f_(f) {
+    void* ctx = nullptr;
+    auto addr = reinterpret_cast<uintptr_t>(p);
+    if (f_->cuPointerGetAttribute(&ctx, kPointerAttributeContext, addr) != 0 || !ctx) {
+      int ordinal = -1, dev = 0;
+      if (f_->cuPointerGetAttribute(&ordinal, kPointerAttributeOrdinal, addr) != 0 ||
+          f_->cuDeviceGet(&dev, ordinal) != 0 || f_->cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
+        ctx = nullptr;  // the retain is kept for the process's life: the context outlives every buffer
+    }
+    pushed_ = ctx && f_->cuCtxPushCurrent(ctx) == 0;
+  }
+  ~ContextScope() {
+    void* old = nullptr;
+    if (pushed_) f_->cuCtxPopCurrent(&old);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const Fns* f_;
+  bool pushed_ = false;
+};
+
 int Accel::export_dmabuf(const void* p, size_t, uint64_t* offset) const {
   if (!fns_ || !caps_.dmabuf_export) return -1;
+  ContextScope scope(fns_, p);
   unsigned long long base = 0;
   size_t size = 0;
   // Whole allocations export cleanly (their bounds are aligned); the buffer is an offset inside.
@@ -109,12 +150,16 @@ int Accel::export_dmabuf(const void* p, size_t, uint64_t* offset) const {
 }
 
 void Accel::copy_to_host(void* dst, const void* src, size_t n) const {
-  if (!fns_ || fns_->cuMemcpyDtoH(dst, reinterpret_cast<uintptr_t>(src), n) != 0)
+  if (!fns_) throw Error("staging: no accelerator driver to copy device memory with");
+  ContextScope scope(fns_, src);
+  if (fns_->cuMemcpyDtoH(dst, reinterpret_cast<uintptr_t>(src), n) != 0)
     throw Error("staging: copying " + std::to_string(n) + " B from device memory failed");
 }
 
 void Accel::copy_to_device(void* dst, const void* src, size_t n) const {
-  if (!fns_ || fns_->cuMemcpyHtoD(reinterpret_cast<uintptr_t>(dst), src, n) != 0)
+  if (!fns_) throw Error("staging: no accelerator driver to copy device memory with");
+  ContextScope scope(fns_, dst);
+  if (fns_->cuMemcpyHtoD(reinterpret_cast<uintptr_t>(dst), src, n) != 0)
     throw Error("staging: copying " + std::to_string(n) + " B to device memory failed");
 }
 

@@ -45,6 +45,7 @@ class Accel {
   DevicePath path_ = DevicePath::kUnprobed;
   std::string path_why_;
   struct Fns;
+  class ContextScope;
   Fns* fns_ = nullptr;
 };
 
