@@ -101,9 +101,12 @@ class Plan:
             if s.first_layer != expect:
                 raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
             expect += s.layers
-            for hname, h in (("heads", heads), ("kv_heads", kv_heads)):
-                if h is not None and h % s.tp:
-                    raise SpecError(source, f"{p}.tp", f"tp={s.tp} does not divide the model's {hname}={h}", f"a divisor of {h}")
+            if heads is not None and heads % s.tp:
+                raise SpecError(source, f"{p}.tp", f"tp={s.tp} does not divide the model's heads={heads}",
+                                f"a divisor of {heads}")
+            if kv_heads is not None and kv_heads % s.tp and s.tp % kv_heads:
+                raise SpecError(source, f"{p}.tp", f"tp={s.tp} neither divides nor is a multiple of the model's "
+                                f"kv_heads={kv_heads}", f"a divisor or a multiple of {kv_heads}")
         total = num_layers if num_layers is not None else self.num_layers
         if total is not None and expect != total:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")

@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..model import StageModel, WeightGradStore
+from ..model.parallel import sync_replicated_grads
 from ..plan import Plan
 from ..schedules import Action
 from .p2p import P2P, Pending
@@ -104,6 +105,7 @@ class StageExecutor:
             raise RuntimeError(f"stage {self.k}: weight gradients of micro-batches "
                                f"{sorted(m for m, s in stores.items() if s.queue)} were never computed (missing W)")
         self.p2p.drain()
+        sync_replicated_grads(list(self.model.parameters()), self.model.tp)
         if spans is not None:
             _write_spans(self.p2p.rank, self.k, spans)
         return loss_sum

@@ -29,8 +29,10 @@ from .topology import Groups, build_groups
 log = logging.getLogger("heteropp")
 
 
-def _grads(model: StageModel) -> dict[str, tuple[torch.Tensor, int | None]]:
-    return {n: (p.grad.detach().cpu().clone(), p.shard_dim) for n, p in model.named_parameters()}
+def _grads(model: StageModel) -> dict[str, tuple[torch.Tensor, int | None, int]]:
+    """name -> (gradient, TP shard dimension or None, TP ranks sharing that shard)."""
+    return {n: (p.grad.detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
+            for n, p in model.named_parameters()}
 
 
 def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]], rank: int) -> dict[str, Any]:

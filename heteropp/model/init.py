@@ -24,10 +24,13 @@ def full_init(seed: int, layer: int, name: str, shape: tuple[int, ...], std: flo
     return torch.randn(shape, generator=_generator(seed, layer, name)) * std
 
 
-def shard(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
-    """This TP rank's contiguous slice along `dim` (None: replicated)."""
+def shard(full: torch.Tensor, dim: int | None, rank: int, size: int, replicas: int = 1) -> torch.Tensor:
+    """This TP rank's contiguous slice along `dim` (None: replicated). `replicas` consecutive TP ranks
+    share one slice (key/value heads when TP exceeds their number), so there are size // replicas slices."""
     if dim is None or size == 1:
         return full.clone()
-    if full.shape[dim] % size:
-        raise ValueError(f"cannot split dim {dim} of size {full.shape[dim]} over {size} TP ranks")
-    return full.chunk(size, dim)[rank].clone()
+    parts = size // replicas
+    if size % replicas or full.shape[dim] % parts:
+        raise ValueError(f"cannot split dim {dim} of size {full.shape[dim]} over {size} TP ranks"
+                         + (f" in {replicas}-fold replicated slices" if replicas > 1 else ""))
+    return full.chunk(parts, dim)[rank // replicas].clone()

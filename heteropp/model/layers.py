@@ -34,17 +34,24 @@ def rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Heads (query and key/value) are split over TP: column-parallel q, k, v and row-parallel output."""
+    """Heads (query and key/value) are split over TP: column-parallel q, k, v and row-parallel output.
+
+    With more TP ranks than key/value heads, each rank keeps the one key/value head its query heads use
+    (Megatron's replication): tp // kv_heads consecutive ranks hold the same head, and their partial weight
+    gradients are summed after the backward pass (sync_replicated_grads)."""
 
     def __init__(self, m: ModelSpec, tp: TPGroup, seed: int, layer: int) -> None:
         super().__init__()
         self.tp, self.hd = tp, m.head_dim
-        self.heads, self.kv_heads = m.heads // tp.size, m.kv_heads // tp.size
+        kv_replicas = max(1, tp.size // m.kv_heads)
+        self.heads, self.kv_heads = m.heads // tp.size, m.kv_heads * kv_replicas // tp.size
         kv = m.kv_heads * m.head_dim
         out_std = 0.02 / math.sqrt(2 * m.layers)
         self.wq = ColumnParallelLinear(m.hidden, m.hidden, tp, seed=seed, layer=layer, name="attn.wq", std=0.02)
-        self.wk = ColumnParallelLinear(m.hidden, kv, tp, seed=seed, layer=layer, name="attn.wk", std=0.02)
-        self.wv = ColumnParallelLinear(m.hidden, kv, tp, seed=seed, layer=layer, name="attn.wv", std=0.02)
+        self.wk = ColumnParallelLinear(m.hidden, kv, tp, seed=seed, layer=layer, name="attn.wk", std=0.02,
+                                       replicas=kv_replicas)
+        self.wv = ColumnParallelLinear(m.hidden, kv, tp, seed=seed, layer=layer, name="attn.wv", std=0.02,
+                                       replicas=kv_replicas)
         self.wo = RowParallelLinear(m.hidden, m.hidden, tp, seed=seed, layer=layer, name="attn.wo", std=out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,12 +67,14 @@ class _ParallelLinear(nn.Module):
     shard_dim: int
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, *, seed: int, layer: int, name: str,
-                 std: float) -> None:
+                 std: float, replicas: int = 1) -> None:
         super().__init__()
         self.tp = tp
         full = full_init(seed, layer, name, (out_features, in_features), std)
-        self.weight = nn.Parameter(shard(full, self.shard_dim, tp.rank, tp.size))
+        self.weight = nn.Parameter(shard(full, self.shard_dim, tp.rank, tp.size, replicas))
         self.weight.shard_dim = self.shard_dim  # type: ignore[attr-defined]
+        # TP ranks holding this same slice: their gradients are partial sums (see sync_replicated_grads).
+        self.weight.tp_replicas = replicas  # type: ignore[attr-defined]
 
 
 class ColumnParallelLinear(_ParallelLinear):

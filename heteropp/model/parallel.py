@@ -52,3 +52,24 @@ def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
 
 def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x if tp.size == 1 else _ReduceFromTP.apply(x, tp)
+
+
+def sync_replicated_grads(params: list[torch.Tensor], tp: TPGroup) -> None:
+    """Sum the gradients of parameters that `replicas` consecutive TP ranks hold identically (each rank's
+    gradient covers only its own query heads). One all-reduce over the TP group for all of them: every
+    rank writes its gradient into its replica set's slot of a zeroed buffer, so each slot sums its set."""
+    shared = [p for p in params if getattr(p, "tp_replicas", 1) > 1 and p.grad is not None]
+    if not shared or tp.size == 1:
+        return
+    reps = {p.tp_replicas for p in shared}
+    if len(reps) != 1:
+        raise ValueError(f"replicated parameters of one stage disagree on their replica count: {sorted(reps)}")
+    slots = tp.size // reps.pop()
+    flat = torch.cat([p.grad.reshape(-1) for p in shared])
+    buf = torch.zeros(slots, flat.numel(), dtype=flat.dtype, device=flat.device)
+    buf[tp.rank * slots // tp.size] = flat
+    tp.all_reduce(buf)
+    summed, offset = buf[tp.rank * slots // tp.size], 0
+    for p in shared:
+        p.grad = summed[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()

@@ -15,10 +15,13 @@ from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
 def check_tp(m: ModelSpec, tp: int) -> str | None:
-    """Why this model cannot be split over `tp` ranks, or None."""
-    for name in ("heads", "kv_heads", "ffn", "vocab"):
+    """Why this model cannot be split over `tp` ranks, or None. Key/value heads may also be fewer than the
+    TP ranks when they divide it (each is then replicated on tp // kv_heads ranks)."""
+    for name in ("heads", "ffn", "vocab"):
         if getattr(m, name) % tp:
             return f"tp={tp} does not divide the model's {name}={getattr(m, name)}"
+    if m.kv_heads % tp and tp % m.kv_heads:
+        return f"tp={tp} neither divides nor is a multiple of the model's kv_heads={m.kv_heads}"
     return None
 
 

@@ -55,18 +55,23 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def full_grads(results: dict, schedule: str) -> dict[str, torch.Tensor]:
-    """Rebuild every full gradient: concatenate TP shards, sum data-parallel replicas."""
-    shards: dict[str, dict[int, dict[int, tuple[torch.Tensor, int | None]]]] = {}
+    """Rebuild every full gradient: concatenate TP shards (one per set of ranks sharing a replicated
+    key/value slice), sum data-parallel replicas."""
+    shards: dict[str, dict[int, dict[int, tuple[torch.Tensor, int | None, int]]]] = {}
     for r in results.values():
         _, d, t = r[schedule]["coord"]
-        for name, (g, dim) in r[schedule]["grads"].items():
-            shards.setdefault(name, {}).setdefault(d, {})[t] = (g, dim)
+        for name, shard in r[schedule]["grads"].items():
+            shards.setdefault(name, {}).setdefault(d, {})[t] = shard
     out = {}
     for name, reps in shards.items():
         total = None
         for tps in reps.values():
-            dim = tps[0][1]
-            g = tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)], dim)
+            _, dim, replicas = tps[0]
+            if replicas > 1:  # every rank of a replica set must hold the same summed gradient
+                for t in tps:
+                    lead = tps[t - t % replicas][0]
+                    assert torch.equal(tps[t][0], lead), f"{name}: TP rank {t} disagrees with its replica set"
+            g = tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)[::replicas]], dim)
             total = g if total is None else total + g
         out[name] = total
     return out
