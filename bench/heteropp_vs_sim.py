@@ -1,10 +1,13 @@
 """Measured HeteroPP iteration time of several plans against HeteroAuto's simulator on a profile taken here.
 
-All ranks are processes on this host and share its cores. Right before each plan runs, as many profiler
-processes as the plan has ranks start together in one gloo job and time, all at once, the engine's own
-stage (TP 2 over a real pair of them, collectives included), the engine's ZeRO-1 optimizer step with a
-real dp group and a one-way activation send; the medians are the chip's profile under that contention
-("contended"): every rank busy at once. The profile of one process alone is reported too ("alone").
+All ranks are processes on this host and share its cores. Two predictions per plan:
+- "shared cores": the profile of one process alone (stable), communication timed between
+  two processes, and the simulator's schedule under processor sharing (heteropp.auto.shared_cores): a
+  stage computes at full speed only while no more ranks compute than the host has cores.
+- "contended": right before each plan runs, as many profiler processes as the plan has ranks start
+  together in one gloo job and time, all at once, the engine's own stage (TP 2 over a real pair of them,
+  collectives included), the ZeRO-1 optimizer step with a real dp group and a one-way activation send;
+  their medians are the profile, every rank assumed busy at once, fed to the plain simulator.
 
     python -m bench.heteropp_vs_sim [--steps 8] [--runs 3] [--plans NAME,...] [--json FILE]
 """
@@ -20,8 +23,9 @@ import tempfile
 import time
 from typing import Any
 
-from heteropp.auto.costs import CostModel
-from heteropp.auto.plan_sim import simulate_plan
+from heteropp.auto.costs import CostModel, micro_batches
+from heteropp.auto.plan_sim import plan_stages, simulate_plan, stage_times
+from heteropp.auto.shared_cores import simulate_shared_cores
 from heteropp.auto.profiles import ChipProfile, Profile
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec import ModelSpec, TrainSpec
@@ -174,15 +178,26 @@ class MeasuredCosts(CostModel):
         return 0.0  # inside the measured ZeRO-1 step (with_comm)
 
 
-def predict(m: ModelSpec, plan: Plan, prof: Profile, comm: dict | None = None) -> float:
+def _cost_model(m: ModelSpec, plan: Plan, prof: Profile, comm: dict | None) -> CostModel:
     chip = ChipType("cpu", count=64, memory_gb=64, peak_tflops=0.1, chips_per_node=64, tp_max=4,
                     intra_node_bw=LINK_GB_S, network_bw=LINK_GB_S)
     train = TrainSpec(global_batch=plan.global_batch, micro_batch_size=plan.micro_batch_size, dtype="fp32",
                       zero1=True, schedule=plan.schedule)
     cl = Cluster("local", (chip,))
-    cm = CostModel(cl, m, train, prof) if comm is None else \
+    return CostModel(cl, m, train, prof) if comm is None else \
         MeasuredCosts(cl, m, train, with_comm(prof, comm, plan.dp), p2p_s=comm["p2p_s"])
-    return simulate_plan(cm, plan).iteration_time_s
+
+
+def predict(m: ModelSpec, plan: Plan, prof: Profile, comm: dict | None = None) -> float:
+    return simulate_plan(_cost_model(m, plan, prof, comm), plan).iteration_time_s
+
+
+def predict_shared(m: ModelSpec, plan: Plan, prof: Profile, comm: dict, cores: float) -> float:
+    """The plan's schedule with its tp x dp ranks per stage sharing `cores` (processor sharing)."""
+    cm = _cost_model(m, plan, prof, comm)
+    st, es = stage_times(cm, plan_stages(plan), plan.dp)
+    ranks = [s.tp * plan.dp for s in plan.stages]
+    return simulate_shared_cores(st, es, micro_batches(cm.train, plan.dp), plan.schedule, ranks, cores)
 
 
 # -- measurement ------------------------------------------------------------------------------------------
@@ -206,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="launches per plan (the median of their medians)")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per measurement")
     ap.add_argument("--plans", help="comma-separated plan names (default: all)")
+    ap.add_argument("--cores", type=float, help="cores the ranks share (default: this host's count)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run on a toy model (tests)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -214,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     all_plans = plans(m.layers, a.micro_batches)
     names = a.plans.split(",") if a.plans else list(all_plans)
     before = machine()
+    cores = float(a.cores or os.cpu_count() or 1)
     alone, _ = measure_profile(m, [1, 2], 1, 1, a.repeats)
+    _, pair_comm = measure_profile(m, [1], 2, 2, a.repeats)  # two processes: no more than the cores here
     rows, records = [], []
     for name in names:
         plan = all_plans[name]
@@ -222,23 +240,26 @@ def main(argv: list[str] | None = None) -> int:
         runs = [measure(m, plan, a.steps, a.skip) for _ in range(a.runs)]
         times = [t for r in runs for t in r]
         meas = statistics.median(statistics.median(r) for r in runs)
-        sim, sim_alone = predict(m, plan, prof, comm), predict(m, plan, alone, comm)
-        err = (sim - meas) / meas
-        rows.append([name, plan.world_size, meas * 1e3, sim * 1e3, f"{100 * err:+.1f}%",
-                     sim_alone * 1e3, f"{100 * (sim_alone - meas) / meas:+.1f}%"])
+        shared, contended = predict_shared(m, plan, alone, pair_comm, cores), predict(m, plan, prof, comm)
+        err, err_s = (contended - meas) / meas, (shared - meas) / meas
+        rows.append([name, plan.world_size, meas * 1e3, contended * 1e3, f"{100 * err:+.1f}%",
+                     shared * 1e3, f"{100 * err_s:+.1f}%"])
         records.append({"plan": name, "plan_json": plan.to_dict(), "procs": plan.world_size, "measured_s": times,
-                        "measured_median_s": meas, "simulated_s": sim, "error": err, "simulated_alone_s": sim_alone,
+                        "measured_median_s": meas, "simulated_s": contended, "error": err,
+                        "simulated_shared_s": shared, "error_shared": err_s,
                         "profile": prof.to_dict(), "comm_s": comm})
     med = statistics.median(abs(r["error"]) for r in records)
+    med_s = statistics.median(abs(r["error_shared"]) for r in records)
     print(table(["plan", "procs", "measured ms", "simulated ms (contended profile)", "error",
-                 "simulated ms (profile alone)", "error alone"], rows))
-    print(f"median |error| (contended profile): {100 * med:.1f}%")
+                 f"simulated ms ({cores:g} shared cores)", "error shared"], rows))
+    print(f"median |error|: contended profile {100 * med:.1f}%, shared cores {100 * med_s:.1f}%")
     after = machine()
     print(f"nproc {before['nproc']}, {before['cpu']}, load {before['loadavg']} -> {after['loadavg']}")
     write_json(a.json, {"machine_before": before, "machine_after": after,
                         "command": command("bench.heteropp_vs_sim", argv), "model": dataclasses.asdict(m),
-                        "link_gb_s": LINK_GB_S, "median_abs_error": med, "plans": records,
-                        "profile_alone": alone.to_dict()})
+                        "link_gb_s": LINK_GB_S, "cores": cores, "median_abs_error": med,
+                        "median_abs_error_shared": med_s, "plans": records, "profile_alone": alone.to_dict(),
+                        "comm_two_processes_s": pair_comm})
     return 0
 
 

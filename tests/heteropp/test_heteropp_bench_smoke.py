@@ -5,7 +5,7 @@ import json
 import math
 
 from bench.heteropp_bench_common import MODEL, SMOKE_MODEL
-from bench.heteropp_vs_sim import plans, predict
+from bench.heteropp_vs_sim import plans, predict, predict_shared
 from bench.heteropp_vs_torch import main as vs_torch
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
 
@@ -37,3 +37,8 @@ def test_vs_sim_plans_and_prediction():
             # at least every micro-batch's compute on the busiest stage
             busiest = max(s.layers * (3e-3 + (1e-3 if s.recompute else 0)) / s.tp for s in plan.stages)
             assert math.isfinite(t) and t >= plan.micro_batches * busiest
+            # processes sharing cores: no sharing reproduces the plain simulator, one core is never faster
+            comm = {"tp_allreduce_s": 1e-4, "p2p_s": 1e-4, "zero_step_s": 1e-4}
+            free = predict_shared(m, plan, prof, comm, math.inf)
+            assert free == predict(m, plan, prof, comm) or abs(free / predict(m, plan, prof, comm) - 1) < 1e-9
+            assert predict_shared(m, plan, prof, comm, 1.0) >= free
