@@ -36,7 +36,8 @@ def _summary(label: str, losses: list[float], rates: list[float]) -> None:
 
 def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,
              chip_map: dict[str, str] | None = None, loss_log: str | None = None, seed: int = 0, lr: float = 3e-3,
-             timeout_s: float = 60.0, verbose: bool = False, source: str = "<plan>") -> dict:
+             timeout_s: float = 60.0, verbose: bool = False, source: str = "<plan>",
+             recv_window: int | None = None) -> dict:
     """Check the plan, launch its processes, train; returns losses and tokens/s of the last stage's lead rank."""
     from .engine import RunConfig, launch
     from .engine.checks import check_run
@@ -44,7 +45,8 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
         plan.schedule = schedule
     check_run(plan, m, source, chip_map or {}, [plan.schedule])
     cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=steps, seed=seed, lr=lr,
-                    backend=backend, chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose)
+                    backend=backend, chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose,
+                    **({} if recv_window is None else {"recv_window": recv_window}))
     t0 = time.perf_counter()
     results = launch(cfg)
     wall = time.perf_counter() - t0
@@ -63,7 +65,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             plan.schedule = a.schedule
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size)
         cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=a.steps, seed=a.seed, lr=a.lr,
-                        backend=a.backend, chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout)
+                        backend=a.backend, chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout,
+                        **({} if a.recv_window is None else {"recv_window": a.recv_window}))
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
         print(f"wrote {a.write_config}; run it with: torchrun --nproc-per-node={plan.world_size} "
@@ -77,7 +80,8 @@ def cmd_run(a: argparse.Namespace) -> int:
           + f", dp {plan.dp}, {plan.micro_batches} micro-batches, {a.schedule or plan.schedule}, p2p {a.backend}, "
           f"{plan.world_size} processes", flush=True)
     r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
-                 loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan)
+                 loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan,
+                 recv_window=a.recv_window)
     _summary("heteropp run", r["losses"], r["tokens_per_s"])
     if a.loss_log:
         print(f"wrote {a.loss_log}")
@@ -95,6 +99,16 @@ def cmd_reference(a: argparse.Namespace) -> int:
     if a.loss_log:
         print(f"wrote {a.loss_log}")
     return 0
+
+
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cluster", help="cluster spec whose chips' `device` fields give the chip map")
     r.add_argument("--world-size", type=int, help="reject the plan unless it uses exactly this many ranks")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds any send, receive or collective may take")
+    r.add_argument("--recv-window", type=_non_negative,
+                   help="receives each stage posts ahead of the one it waits for; bounds its receive buffers "
+                   "(default: RunConfig.recv_window, 4)")
     r.add_argument("--write-config", help="write the run config for `torchrun -m heteropp.engine.worker` and exit")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per rank: stage, TP/DP position, device")
     r.set_defaults(fn=cmd_run)

@@ -1,8 +1,10 @@
 """Runs one stage's action list (F, B, I, W, SEND_*/RECV_*) for one optimizer step.
 
-All receives of the step are posted before the first compute action and waited for only when their
-action comes up, so transfers overlap with compute; sends complete in the background and are drained at
-the end of the step. I runs the backward with weight gradients of the linear layers deferred into a
+Receives are posted ahead, in action order, and waited for only when their action comes up, so
+transfers overlap with compute; at most `recv_window` receives are posted beyond the one being waited
+for, which bounds the receive buffers a stage holds (one activation or gradient each) however many
+micro-batches a step has. Sends complete in the background and are drained at the end of the step;
+being non-blocking, they never wait on a receive that is posted later. I runs the backward with weight gradients of the linear layers deferred into a
 per-micro-batch WeightGradStore, which the matching W action flushes.
 
 Diagnostics: with HETEROPP_TIMING=DIR set, every rank appends the start and end of each of its actions
@@ -20,14 +22,19 @@ from ..model import StageModel, WeightGradStore
 from ..model.parallel import sync_replicated_grads
 from ..plan import Plan
 from ..schedules import Action
+from .config import DEFAULT_RECV_WINDOW
 from .p2p import P2P, Pending
 from .reshard import Boundary
 from .topology import Groups, rank_of
 
 
 class StageExecutor:
-    def __init__(self, model: StageModel, plan: Plan, groups: Groups, p2p: P2P, act_shape: tuple[int, ...]) -> None:
+    def __init__(self, model: StageModel, plan: Plan, groups: Groups, p2p: P2P, act_shape: tuple[int, ...],
+                 recv_window: int = DEFAULT_RECV_WINDOW) -> None:
+        if recv_window < 0:
+            raise ValueError(f"recv_window must be >= 0 (receives posted ahead), got {recv_window}")
         self.model, self.plan, self.g, self.p2p = model, plan, groups, p2p
+        self.recv_window = recv_window
         self.k, self.d, self.t = groups.coord.stage, groups.coord.replica, groups.coord.tp_rank
         self.n = len(plan.stages)
         self.shape = torch.Size(act_shape)
@@ -63,7 +70,19 @@ class StageExecutor:
     # -- one step -----------------------------------------------------------------------------------
     def run(self, actions: list[Action], inputs: list[torch.Tensor], targets: list[torch.Tensor],
             loss_scale: float) -> float:
-        posted = {(a.op, a.mb): self._post(a) for a in actions if a.op in ("RECV_F", "RECV_B")}
+        recvs = [a for a in actions if a.op in ("RECV_F", "RECV_B")]
+        posted: dict[tuple[str, int], Pending] = {}
+        ahead = 0  # recvs[:ahead] have been posted
+
+        def post_until(n: int) -> None:
+            nonlocal ahead
+            while ahead < min(n, len(recvs)):
+                r = recvs[ahead]
+                posted[(r.op, r.mb)] = self._post(r)
+                ahead += 1
+
+        post_until(self.recv_window)
+        consumed = 0
         x_in: dict[int, torch.Tensor] = {}
         out: dict[int, torch.Tensor] = {}
         grad_out: dict[int, torch.Tensor] = {}
@@ -73,10 +92,14 @@ class StageExecutor:
         for a in actions:
             m = a.mb
             t0 = time.perf_counter() if spans is not None else 0.0
-            if a.op == "RECV_F":
-                x_in[m] = self._receive(posted.pop((a.op, m)), self.fwd_in).requires_grad_()
-            elif a.op == "RECV_B":
-                grad_out[m] = self._receive(posted.pop((a.op, m)), self.bwd_in)
+            if a.op in ("RECV_F", "RECV_B"):
+                consumed += 1
+                post_until(consumed + self.recv_window)  # this one, and the window beyond it
+                pend = posted.pop((a.op, m))
+                if a.op == "RECV_F":
+                    x_in[m] = self._receive(pend, self.fwd_in).requires_grad_()
+                else:
+                    grad_out[m] = self._receive(pend, self.bwd_in)
             elif a.op == "F":
                 x = inputs[m].to(self.g.device) if self.k == 0 else x_in[m]
                 y = self.model(x)

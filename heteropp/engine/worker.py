@@ -43,7 +43,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                        recompute=st.recompute).to(g.device)
     opt = ZeroAdamW(list(model.parameters()), cfg.lr, g.dp, d, plan.dp)
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
-    ex = StageExecutor(model, plan, g, p2p, (plan.micro_batch_size, m.seq_len, m.hidden))
+    ex = StageExecutor(model, plan, g, p2p, (plan.micro_batch_size, m.seq_len, m.hidden), cfg.recv_window)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
     lead = model.last and d == 0 and t == 0
