@@ -37,7 +37,7 @@ def _summary(label: str, losses: list[float], rates: list[float]) -> None:
 def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,
              chip_map: dict[str, str] | None = None, loss_log: str | None = None, seed: int = 0, lr: float = 3e-3,
              timeout_s: float = 60.0, verbose: bool = False, source: str = "<plan>",
-             recv_window: int | None = None) -> dict:
+             recv_window: int | None = None, clip_grad: float | None = None) -> dict:
     """Check the plan, launch its processes, train; returns losses and tokens/s of the last stage's lead rank."""
     from .engine import RunConfig, launch
     from .engine.checks import check_run
@@ -45,6 +45,7 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
         plan.schedule = schedule
     check_run(plan, m, source, chip_map or {}, [plan.schedule])
     cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=steps, seed=seed, lr=lr,
+                    clip_grad=clip_grad,
                     backend=backend, chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose,
                     **({} if recv_window is None else {"recv_window": recv_window}))
     t0 = time.perf_counter()
@@ -65,6 +66,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             plan.schedule = a.schedule
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size)
         cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=a.steps, seed=a.seed, lr=a.lr,
+                        clip_grad=a.clip_grad,
                         backend=a.backend, chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout,
                         **({} if a.recv_window is None else {"recv_window": a.recv_window}))
         with open(a.write_config, "w") as f:
@@ -81,7 +83,7 @@ def cmd_run(a: argparse.Namespace) -> int:
           f"{plan.world_size} processes", flush=True)
     r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
                  loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan,
-                 recv_window=a.recv_window)
+                 recv_window=a.recv_window, clip_grad=a.clip_grad)
     _summary("heteropp run", r["losses"], r["tokens_per_s"])
     if a.loss_log:
         print(f"wrote {a.loss_log}")
@@ -93,7 +95,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     m = load_model(a.model)
     batch = Plan.load(a.plan).global_batch if a.plan else a.global_batch
     t0 = time.perf_counter()
-    r = train_reference(m, a.steps, batch, seed=a.seed, lr=a.lr, loss_log=a.loss_log)
+    r = train_reference(m, a.steps, batch, seed=a.seed, lr=a.lr, loss_log=a.loss_log, clip_grad=a.clip_grad)
     print(f"reference: {a.steps} steps, final loss {r['losses'][-1]:.6f}, "
           f"{a.steps * batch * m.seq_len / (time.perf_counter() - t0):.0f} tokens/s")
     if a.loss_log:
@@ -120,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=10)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--lr", type=float, default=3e-3)
+        p.add_argument("--clip-grad", type=float, help="clip gradients to this global L2 norm (default: no clipping)")
         p.add_argument("--loss-log", help="JSON lines {\"step\": n, \"loss\": x} (what `precision-diff loss` reads)")
 
     r = sub.add_parser("run", help="launch the plan's processes on this host and train")

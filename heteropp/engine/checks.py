@@ -15,7 +15,8 @@ def check_run(plan: Plan, m: ModelSpec, source: str, chip_map: dict[str, str], s
     plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, world_size=world_size)
     for i, s in enumerate(plan.stages):
         if (why := check_tp(m, s.tp)) is not None:
-            raise SpecError(source, f"stages[{i}].tp", why, "a TP size dividing heads, ffn and vocab, and dividing kv_heads or a multiple of it")
+            raise SpecError(source, f"stages[{i}].tp", why,
+                            "a TP size dividing heads, ffn and vocab, and dividing kv_heads or a multiple of it")
         try:
             resolve_chip(s.chip, chip_map)
         except ValueError as e:

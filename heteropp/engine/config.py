@@ -23,7 +23,9 @@ class RunConfig:
     chip_map: dict[str, str] = field(default_factory=dict)  # plan chip name -> ditorch vendor / device name
     loss_log: str | None = None
     timeout_s: float = 60.0  # every collective, send and receive fails after this long
-    recv_window: int = DEFAULT_RECV_WINDOW  # receives posted ahead of the one awaited (bounds receive buffers per stage)
+    clip_grad: float | None = None  # clip gradients to this global L2 norm (None: no clipping)
+    # receives posted ahead of the one awaited (bounds a stage's receive buffers)
+    recv_window: int = DEFAULT_RECV_WINDOW
     collect_grads: bool = False  # workers return step-1 gradients and losses (tests)
     fail_rank: int = -1  # this rank raises at step 1 (failure tests)
     verbose: bool = False

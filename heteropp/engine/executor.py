@@ -4,8 +4,9 @@ Receives are posted ahead, in action order, and waited for only when their actio
 transfers overlap with compute; at most `recv_window` receives are posted beyond the one being waited
 for, which bounds the receive buffers a stage holds (one activation or gradient each) however many
 micro-batches a step has. Sends complete in the background and are drained at the end of the step;
-being non-blocking, they never wait on a receive that is posted later. I runs the backward with weight gradients of the linear layers deferred into a
-per-micro-batch WeightGradStore, which the matching W action flushes.
+being non-blocking, they never wait on a receive that is posted later. I runs the backward with weight
+gradients of the linear layers deferred into a per-micro-batch WeightGradStore, which the matching W
+action flushes.
 
 Diagnostics: with HETEROPP_TIMING=DIR set, every rank appends the start and end of each of its actions
 (seconds on its own clock) as one JSON line per step to DIR/rank<R>.jsonl; unset, nothing is timed.

@@ -2,8 +2,15 @@
 
 Gradients are all-reduced inside the DP group (chips of one type), each rank updates its shard, and the
 updated shards are all-gathered. Adam is elementwise, so a sharded update equals the unsharded one.
+
+Gradient clipping by global norm: the norm is the model's, over every stage, TP rank and DP shard. Each
+rank sums the squares of the gradient elements it owns (its ZeRO shard; a parameter replicated across TP
+ranks counted on one of them only) and one all-reduce over all ranks (`norm_group`) adds them up.
 """
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -12,8 +19,17 @@ from torch import nn
 
 class ZeroAdamW:
     def __init__(self, params: list[nn.Parameter], lr: float, dp_group=None, dp_rank: int = 0, dp_size: int = 1,
-                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.01,
+                 clip_norm: float | None = None, owned: list[bool] | None = None, norm_group: Any = None,
+                 distributed_norm: bool = False) -> None:
+        """`clip_norm`: scale gradients so their global L2 norm is at most this (None: no clipping).
+        `owned[i]`: whether this rank counts parameter i in the norm (False for a TP replica's copy).
+        `distributed_norm`: the norm spans ranks (all-reduced over `norm_group`, None = the world)."""
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be positive, got {clip_norm}")
         self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.clip_norm, self.norm_group, self.distributed_norm = clip_norm, norm_group, distributed_norm
+        self.last_norm: float | None = None
         self.group, self.dp_rank, self.dp_size = dp_group, dp_rank, dp_size
         total = sum(p.numel() for p in params)
         self.shard = -(-total // dp_size)
@@ -21,6 +37,8 @@ class ZeroAdamW:
         self.m = torch.zeros(self.shard, device=params[0].device)
         self.v = torch.zeros(self.shard, device=params[0].device)
         self.t = 0
+        owned = owned if owned is not None else [True] * len(params)
+        self.owned = self._flat([torch.full((p.numel(),), float(o), device=p.device) for p, o in zip(params, owned)])
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -39,6 +57,8 @@ class ZeroAdamW:
             dist.all_reduce(grads, group=self.group)
         lo = self.dp_rank * self.shard
         g = grads[lo:lo + self.shard]
+        if self.clip_norm is not None:
+            g = g * self._clip_coef(g, self.owned[lo:lo + self.shard])
         w = self._flat([p.detach() for p in self.params])
         mine = w[lo:lo + self.shard]
         self.t += 1
@@ -56,3 +76,10 @@ class ZeroAdamW:
             for p in self.params:
                 p.copy_(w[off:off + p.numel()].view_as(p))
                 off += p.numel()
+
+    def _clip_coef(self, g: torch.Tensor, owned: torch.Tensor) -> float:
+        sumsq = (g.double().square() * owned.double()).sum().reshape(1).cpu()
+        if self.distributed_norm:
+            dist.all_reduce(sumsq, group=self.norm_group)
+        self.last_norm = math.sqrt(sumsq.item())
+        return min(1.0, self.clip_norm / (self.last_norm + 1e-6))  # torch's clip_grad_norm_ coefficient

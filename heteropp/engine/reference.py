@@ -13,11 +13,12 @@ from .optim import ZeroAdamW
 
 
 def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr: float = 3e-3,
-                    loss_log: str | None = None, collect_grads: bool = False, verbose: bool = True) -> dict:
+                    loss_log: str | None = None, collect_grads: bool = False, verbose: bool = True,
+                    clip_grad: float | None = None) -> dict:
     torch.set_num_threads(1)
     model = StageModel(m, range(m.layers), TPGroup(), seed=seed, first=True, last=True)
-    opt = ZeroAdamW(list(model.parameters()), lr)
-    losses, grads = [], None
+    opt = ZeroAdamW(list(model.parameters()), lr, clip_norm=clip_grad)
+    losses, grads, norms = [], None, []
     log = open(loss_log, "w") if loss_log else None
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
@@ -28,6 +29,7 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
         if collect_grads and step == 1:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
+        norms.append(opt.last_norm)
         losses.append(loss.item())
         if verbose:
             print(f"[reference] step {step:4d}  loss {loss.item():.6f}  "
@@ -36,4 +38,4 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
     if log:
         log.close()
-    return {"losses": losses, "grads": grads}
+    return {"losses": losses, "grads": grads, "grad_norms": norms}

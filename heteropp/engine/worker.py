@@ -35,13 +35,23 @@ def _grads(model: StageModel) -> dict[str, tuple[torch.Tensor, int | None, int]]
             for n, p in model.named_parameters()}
 
 
+def _owned(p: torch.nn.Parameter, tp_rank: int) -> bool:
+    """Whether this TP rank counts p in the global gradient norm: a full copy on every rank (norms) counts
+    on TP rank 0, a slice shared by a replica set (key/value heads) on the set's first rank."""
+    if p.shard_dim is None:
+        return tp_rank == 0
+    return tp_rank % getattr(p, "tp_replicas", 1) == 0
+
+
 def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]], rank: int) -> dict[str, Any]:
     m = cfg.model_spec
     k, d, t = g.coord.stage, g.coord.replica, g.coord.tp_rank
     st = plan.stages[k]
     model = StageModel(m, st.layer_range, g.tp, seed=cfg.seed, first=k == 0, last=k == len(plan.stages) - 1,
                        recompute=st.recompute).to(g.device)
-    opt = ZeroAdamW(list(model.parameters()), cfg.lr, g.dp, d, plan.dp)
+    params = list(model.parameters())
+    opt = ZeroAdamW(params, cfg.lr, g.dp, d, plan.dp, clip_norm=cfg.clip_grad, owned=[_owned(p, t) for p in params],
+                    distributed_norm=dist.get_world_size() > 1)
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
     ex = StageExecutor(model, plan, g, p2p, (plan.micro_batch_size, m.seq_len, m.hidden), cfg.recv_window)
     actions = compile_schedule(plan, schedule)[k]
@@ -52,7 +62,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         stem, dot, ext = path.rpartition(".")
         path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
     log_file = open(path, "w") if lead and path else None
-    losses, rates, grads = [], [], None
+    losses, rates, grads, norms = [], [], None, []
     tokens = plan.global_batch * m.seq_len
     for step in range(1, cfg.steps + 1):
         if rank == cfg.fail_rank:
@@ -65,6 +75,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         if cfg.collect_grads and step == 1:
             grads = _grads(model)
         opt.step()
+        norms.append(opt.last_norm)
         if model.last:
             total = torch.tensor([loss], dtype=torch.float64)
             if plan.dp > 1:
@@ -81,7 +92,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     if log_file:
         log_file.close()
     return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
-            "tokens_per_s": rates, "grads": grads, "bytes_sent": dict(p2p.bytes_sent)}
+            "tokens_per_s": rates, "grads": grads, "grad_norms": norms, "bytes_sent": dict(p2p.bytes_sent)}
 
 
 def worker(cfg: RunConfig) -> dict[str, Any]:
