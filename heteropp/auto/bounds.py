@@ -36,18 +36,20 @@ class Kind:
         return self.a if self.m0[n] >= 1 else self.a1 if self.mmax[n] >= 1 else math.inf
 
 
-def make_kind(cm: CostModel, chip: str, tp: int, dp: int, b: int, pmax: int) -> Kind:
-    c0, c1 = cm.coef(chip, tp, False, dp), cm.coef(chip, tp, True, dp)
-    room = cm.cluster.chip(chip).usable_bytes
+def make_kinds(cm: CostModel, ids: list[tuple[str, int]], dp: int, b: int, pmax: int) -> list[Kind]:
+    """The Kind of every (chip, tp) in ids, the memory tables of all of them in one go."""
+    c0s = [cm.coef(chip, tp, False, dp) for chip, tp in ids]
+    c1s = [cm.coef(chip, tp, True, dp) for chip, tp in ids]
+    col = lambda v: np.array(v, dtype=np.float64).reshape(-1, 1)  # noqa: E731
+    room = col([cm.cluster.chip(chip).usable_bytes for chip, _ in ids])
     n = np.arange(pmax + 1, dtype=np.float64)
-    m0, m1 = (np.floor(np.maximum(room - c.transient, 0.0) / (c.static + n * c.act)) for c in (c0, c1))
-    m0[0] = m1[0] = 0.0  # closed form of CostModel.max_layers for interior stages
+    m0, m1 = (np.floor(np.maximum(room - col([c.transient for c in cs]), 0.0)
+                       / (col([c.static for c in cs]) + n * col([c.act for c in cs]))) for cs in (c0s, c1s))
+    m0[:, 0] = m1[:, 0] = 0.0  # closed form of CostModel.max_layers for interior stages
     m = np.maximum(m0, m1)
-    return Kind(a=max(b * c0.tau - c0.beta, 1e-300), a1=b * c1.tau - c1.beta, beta=c0.beta, upd=c0.upd,
-                cum=np.cumsum(m), mmax=m, m0=m0, m1=m1)
-
-
-
+    cum = np.cumsum(m, axis=1)
+    return [Kind(a=max(b * c0.tau - c0.beta, 1e-300), a1=b * c1.tau - c1.beta, beta=c0.beta, upd=c0.upd,
+                 cum=cum[i], mmax=m[i], m0=m0[i], m1=m1[i]) for i, (c0, c1) in enumerate(zip(c0s, c1s))]
 
 
 def water_level_many(rates: np.ndarray, caps: np.ndarray, L: int) -> np.ndarray:
@@ -73,13 +75,17 @@ def integral_level(a: np.ndarray, s: np.ndarray, cap: np.ndarray, z: np.ndarray,
     keeps its level, which then still bounds from below."""
     z = z.copy()
     act = np.flatnonzero(np.isfinite(z))
-    for _ in range(steps):
-        if not len(act):
-            break
-        aa, ss, cc, zz = a[act], s[act], cap[act], z[act]
-        with np.errstate(invalid="ignore", divide="ignore"):
+    aa, ss, cc, zz = a[act], s[act], cap[act], z[act]  # the rows still short, carried from step to step
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for _ in range(steps):
+            if not len(act):
+                break
             f = np.floor(zz[:, None] / aa + 1e-9)
-        short = np.minimum(ss * f, cc).sum(axis=1) < L - 1e-9
-        act, f, aa, ss, cc, zz = act[short], f[short], aa[short], ss[short], cc[short], zz[short]
-        z[act] = np.maximum(zz, np.where(ss * f < cc, (f + 1) * aa, np.inf).min(axis=1))
+            sf = ss * f
+            short = np.minimum(sf, cc).sum(axis=1) < L - 1e-9
+            if not short.all():
+                act, f, sf, zz = act[short], f[short], sf[short], zz[short]
+                aa, ss, cc = aa[short], ss[short], cc[short]
+            zz = np.maximum(zz, np.where(sf < cc, (f + 1) * aa, np.inf).min(axis=1))
+            z[act] = zz
     return z

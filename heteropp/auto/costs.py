@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from .analytic import ring_allreduce_s
 from .profiles import Profile
@@ -134,6 +136,24 @@ class CostModel:
         if tb > 1:
             t += (tb - 1) / tb * m / (cb.intra_node_bw * 1e9)
         return t
+
+    def boundary_matrix(self, ids: list[tuple[str, int]], dp: int) -> np.ndarray:
+        """boundary() between every ordered pair of (chip, tp) in ids at once (the same operations
+        elementwise, so the same values)."""
+        m = self.act_msg
+        chip = np.array([a for a, _ in ids])
+        bw = np.array([t * self._chip[a].network_bw for a, t in ids])
+        out = m / (np.minimum(bw[:, None], bw[None, :]) * 1e9)
+        for a in self._chip:
+            for b in self._chip:
+                link = self.cluster.link_bw(a, b) if a != b else None
+                if link is not None:
+                    block = np.ix_(chip == a, chip == b)
+                    out[block] = np.maximum(out[block], dp * m / (link * 1e9))
+        for j, (b, tb) in enumerate(ids):
+            if tb > 1:
+                out[:, j] += (tb - 1) / tb * m / (self._chip[b].intra_node_bw * 1e9)
+        return out
 
     # --- memory -----------------------------------------------------------------------------------
     def memory(self, chip: str, tp: int, recompute: bool, dp: int, layers: int, n: int, first: bool, last: bool,

@@ -1,8 +1,8 @@
 """Everything `--algo auto` needs for one data-parallel size: per-type TP choices, per-kind tables (a kind
 is a (chip, tp) pair), and the stage matrices whose bounds levels.py computes.
 
-* `combos()`: a cheap order-free bound for every combination of per-type choices (water level over
-  types, the slowest stage's one layer, the cheapest fill).
+* `cheap_bounds(spaces)`: a cheap order-free bound for every combination of per-type choices at every dp
+  (water level over types, the slowest stage's one layer, the cheapest fill), in one numpy pass.
 * `free_rows(rows)`: the order-free stage matrix of some combinations. A type's s stages sit next to each
   other somewhere in the pipeline, so under 1F1B its j-th stage holds at least s - j micro-batches'
   activations; caps at those counts, no end-stage or link costs and the largest drain gap relax every order.
@@ -10,14 +10,12 @@ is a (chip, tp) pair), and the stage matrices whose bounds levels.py computes.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
-from .bounds import Kind, integral_level, make_kind, water_level_many
+from .bounds import Kind, integral_level, make_kinds, water_level_many
 from .costs import CostModel, in_flight
 from .levels import Rows
-from .space import heads_gcd, stage_tp_choices
+from .space import heads_gcd, stage_tp_runs
 
 
 class DpSpace:
@@ -28,24 +26,19 @@ class DpSpace:
         self.nmax = max(L, b)
         self.choices: list[list[list[tuple[int, int]]]] = []  # per type, per choice: runs (tp, stages)
         for name in names:
-            runs = []
-            for ts in stage_tp_choices(cm.cluster.chip(name), dp, group_size, heads_gcd(cm)):
-                if len(ts) <= L:
-                    runs.append([(t, len(list(g))) for t, g in itertools.groupby(ts)])
-            self.choices.append(runs)
+            self.choices.append(stage_tp_runs(cm.cluster.chip(name), dp, group_size, heads_gcd(cm), max_stages=L))
         self.kid: dict[tuple[str, int], int] = {}
-        self.kinds: list[Kind] = []
         for name, runs_list in zip(names, self.choices):
             for runs in runs_list:
                 for t, _ in runs:
-                    if (name, t) not in self.kid:
-                        self.kid[(name, t)] = len(self.kinds)
-                        self.kinds.append(make_kind(cm, name, t, dp, b, self.nmax))
-        self.ids = [k for k, _ in sorted(self.kid.items(), key=lambda x: x[1])]
+                    self.kid.setdefault((name, t), len(self.kid))
+        self.ids = list(self.kid)
+        self.kinds: list[Kind] = make_kinds(cm, self.ids, dp, b, self.nmax)
         self._tables()
         self._emat: np.ndarray | None = None
         self._ends: dict = {}
-        self._embs: dict = {}
+        self._embv: np.ndarray | None = None
+        self._nflight: dict = {}
 
     def _tables(self) -> None:
         """Per-kind columns with a padding kind last (index len(kinds))."""
@@ -59,15 +52,19 @@ class DpSpace:
         self.M1 = np.vstack([k.m1 for k in ks] + [z]) if ks else z
         # per type and choice: slot kind ids (padded) and the stage's place from the type's end
         self.slots = []
+        self.seqs: list[list[np.ndarray]] = []  # per type and choice: the stages' kind ids
         for name, runs_list in zip(self.names, self.choices):
             width = max((sum(s for _, s in r) for r in runs_list), default=0)
             kid = np.full((len(runs_list), width), len(ks), dtype=np.int64)
             rel = np.zeros((len(runs_list), width), dtype=np.int64)
+            lens = []
             for i, runs in enumerate(runs_list):
                 seq = [self.kid[(name, t)] for t, s in runs for _ in range(s)]
                 kid[i, :len(seq)] = seq
                 rel[i, :len(seq)] = np.arange(len(seq), 0, -1)
+                lens.append(len(seq))
             self.slots.append((kid, rel))
+            self.seqs.append([kid[i, :n] for i, n in enumerate(lens)])
 
     # --- the cheap bound over all combinations --------------------------------------------------------
     def _upto(self, kd: Kind, x: int) -> float:
@@ -78,35 +75,36 @@ class DpSpace:
             return self._upto(kd, s)
         return s * float(kd.mmax[self.b if self.sched == "gpipe" else min(s, self.b)])
 
-    def combos(self) -> tuple[np.ndarray, np.ndarray]:
-        """Order-free lower bound of every combination, and the combinations (rows of choice indices)."""
-        L, per_type, runs_of = self.L, [], []
-        width = max((len(r) for rl in self.choices for r in rl), default=1)
+    def run_width(self) -> int:
+        """The most runs of one TP size in any choice."""
+        return max((len(r) for rl in self.choices for r in rl), default=1)
+
+    def combo_terms(self, width: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The combinations (rows of choice indices) and the per-type inputs of their cheap bound (runs
+        padded to `width` per type)."""
+        per_type, runs_of = [], []
+        width = width or self.run_width()
         for name, runs_list in zip(self.names, self.choices):
             rows, rr = [], np.zeros((len(runs_list), width, 3))
             rr[:, :, 0] = np.inf
             for i, runs in enumerate(runs_list):
                 kds = [(self.kinds[self.kid[(name, t)]], s) for t, s in runs]
-                rows.append((sum(s / k.a for k, s in kds), sum(self._cap_free(k, s) for k, s in kds),
+                cf = [self._cap_free(k, s) for k, s in kds]
+                rows.append((sum(s / k.a for k, s in kds), sum(cf),
                              min(k.beta for k, _ in kds), sum(s for _, s in kds), sum(s * k.beta for k, s in kds),
                              max(k.one_layer(1) for k, _ in kds)))
-                for j, (k, s) in enumerate(kds):
-                    rr[i, j] = (k.a, s, self._cap_free(k, s))
+                rr[i, :len(kds)] = [(k.a, s, c) for (k, s), c in zip(kds, cf)]
             per_type.append(np.array(rows, dtype=np.float64).reshape(-1, 6))
             runs_of.append(rr)
         sizes = [len(r) for r in per_type]
         if 0 in sizes:
-            return np.zeros(0), np.zeros((0, len(sizes)), dtype=np.int64)
+            return np.zeros((0, len(sizes)), dtype=np.int64), {}
         idx = np.indices(sizes).reshape(len(sizes), -1).T
         cols = [per_type[i][idx[:, i]] for i in range(len(per_type))]
         get = lambda j: np.stack([c[:, j] for c in cols], axis=1)  # noqa: E731
-        stages = get(3).sum(axis=1)
         runs = np.concatenate([runs_of[i][idx[:, i]] for i in range(len(per_type))], axis=1)
-        with np.errstate(invalid="ignore"):
-            z = integral_level(runs[..., 0], runs[..., 1], runs[..., 2], water_level_many(get(0), get(1), L), L)
-            lb = np.maximum(z, get(5).max(axis=1)) + get(4).sum(axis=1) + get(2).min(axis=1) * (L - stages)
-        lb[stages > L] = np.inf
-        return lb, idx
+        return idx, dict(rate=get(0), cap=get(1), bmin=get(2), stages=get(3).sum(axis=1), fill=get(4), one=get(5),
+                         runs=runs)
 
     # --- stage matrices ---------------------------------------------------------------------------------
     def emat(self) -> np.ndarray:
@@ -114,9 +112,7 @@ class DpSpace:
         if self._emat is None:
             n = len(self.ids)
             e = np.zeros((n + 1, n + 1))
-            for i, (a, ta) in enumerate(self.ids):
-                for j, (b, tb) in enumerate(self.ids):
-                    e[i, j] = self.cm.boundary(a, ta, b, tb, self.dp)
+            e[:n, :n] = self.cm.boundary_matrix(self.ids, self.dp)
             self._emat = e
         return self._emat
 
@@ -145,40 +141,76 @@ class DpSpace:
         y0 = np.where(real, -np.broadcast_to(np.asarray(dmax, dtype=np.float64).reshape(-1, 1), kid.shape), 0.0)
         return Rows(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
 
-    def _emb(self, k: int) -> float:
-        if k not in self._embs:
-            self._embs[k] = 2 * self.cm.end(*self.ids[k], self.dp, "first").time / 3
-        return self._embs[k]
+    def _emb(self) -> np.ndarray:
+        """The embedding's backward share of every kind (on the first stage's drain gap)."""
+        if self._embv is None:
+            self._embv = np.array([2 * self.cm.end(c, t, self.dp, "first").time / 3 for c, t in self.ids])
+        return self._embv
+
+    def _end_cols(self, kid: np.ndarray, n: int, first: bool, last: bool) -> np.ndarray:
+        """(a0, y0, m0, m1, b0) of an end stage for each kind in kid, cached per kind and slot: the orders
+        of many combinations repeat them."""
+        from .search import _opt
+        out = []
+        for k in kid.tolist():
+            key = (k, first, last, n)
+            e = self._ends.get(key)
+            if e is None:
+                o = _opt(self.cm, *self.ids[k], self.dp, self.b, n, first, last)
+                e = self._ends[key] = (o.a0, o.y0, *o.m, o.b0)
+            out.append(e)
+        return np.array(out).T
 
     def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> Rows:
         """Exact stage matrix of each order of types (rows), end stages and links included."""
-        from .search import _opt
-        cm, b, dp = self.cm, self.b, self.dp
-        seqs = [np.concatenate([self.slots[i][0][combo[i]] for i in o]) for o in orders]
-        kid = np.stack([s[s < len(self.kinds)] for s in seqs])
+        b = self.b
+        parts = [self.seqs[i][c] for i, c in enumerate(combo.tolist())]
+        kid = np.concatenate([parts[i] for o in orders for i in o]).reshape(len(orders), -1)
         R, p = kid.shape
-        n = np.array([in_flight(self.sched, j, p, b) for j in range(p)])
+        n = self._nflight.get(p)
+        if n is None:
+            n = self._nflight[p] = np.array([in_flight(self.sched, j, p, b) for j in range(p)])
         g = self._gather(kid, np.broadcast_to(n, kid.shape))
         a0, y0 = np.zeros((R, p)), np.zeros((R, p))
         const = np.zeros(R)
         e = self.emat()[kid[:, :-1], kid[:, 1:]]
-        ends = self._ends  # end-stage terms per (kind, slot): orders of many combinations repeat them
-        for r in range(R):
-            for j in {0, p - 1}:
-                key = (int(kid[r, j]), j == 0, j == p - 1, int(n[j]))
-                e_ = ends.get(key)
-                if e_ is None:
-                    o = _opt(cm, *self.ids[key[0]], dp, b, key[3], key[1], key[2])
-                    e_ = ends[key] = (o.a0, o.y0, *o.m, o.b0)
-                a0[r, j], y0[r, j], g["m0"][r, j], g["m1"][r, j] = e_[:4]
-                const[r] += e_[4]
+        for j, first, last in ((0, True, True),) if p == 1 else ((0, True, False), (p - 1, False, True)):
+            a0[:, j], y0[:, j], g["m0"][:, j], g["m1"][:, j], b0 = self._end_cols(kid[:, j], int(n[j]), first, last)
+            const += b0
         if self.sched == "zbh1":
             gaps = np.zeros((R, p))
         else:
             step = self.BWD[kid[:, :-1]] + e
-            emb = np.array([self._emb(int(k)) for k in kid[:, 0]])
-            step[:, 0] += emb
+            step[:, 0] += self._emb()[kid[:, 0]]
             gaps = np.concatenate([np.zeros((R, 1)), np.cumsum(step, axis=1)], axis=1)
         lam = (b * e - 2 * e).max(axis=1) if p > 1 else np.full(R, -np.inf)
         return Rows(a0=a0, y0=y0 - gaps, lam=lam, const=const + 2 * e.sum(axis=1), **g)
 
+
+def cheap_bounds(spaces: list[DpSpace]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per space, the cheap bound of every combination and the combinations (rows of choice indices),
+    the numpy passes over all dps' combinations at once (per-dp passes of a few hundred rows are mostly
+    call overhead). Rows are independent: stacking changes no value."""
+    widths = [sp.run_width() for sp in spaces]
+    if spaces and len(spaces[0].names) * max(widths) < 8:  # row sums of fewer than 8 terms run in order:
+        widths = [max(widths)] * len(spaces)  # padding them with zeros changes no value, saves a pass
+    terms = [sp.combo_terms(w) for sp, w in zip(spaces, widths)]
+    out: list = [(np.zeros(0), idx) for idx, _ in terms]
+    by_w: dict[int, list[int]] = {}
+    for i, (_, t) in enumerate(terms):
+        if t:
+            by_w.setdefault(t["runs"].shape[1], []).append(i)
+    for group in by_w.values():
+        t = {k: np.concatenate([terms[i][1][k] for i in group]) for k in terms[group[0]][1]}
+        L, runs, stages = spaces[group[0]].L, t["runs"], t["stages"]
+        with np.errstate(invalid="ignore"):
+            z = water_level_many(t["rate"], t["cap"], L)
+            z[stages > L] = np.inf  # never a plan (lb is inf below): no integral steps for them
+            z = integral_level(runs[..., 0], runs[..., 1], runs[..., 2], z, L)
+            lb = np.maximum(z, t["one"].max(axis=1)) + t["fill"].sum(axis=1) + t["bmin"].min(axis=1) * (L - stages)
+        lb[stages > L] = np.inf
+        at = 0
+        for i in group:
+            n = len(terms[i][0])
+            out[i], at = (lb[at:at + n], terms[i][0]), at + n
+    return out

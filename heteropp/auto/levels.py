@@ -9,6 +9,10 @@ max(g_K, Lambda) + fill(inf) + W(inf) + C; the least of these bounds every split
 last term reaches the best plan so far, so the grid covers only levels that could still beat it. fill(Z)
 is the greedy over the caps in order of per-layer fill cost (every stage takes a layer), W(Z) a water
 level; both relax recompute's higher per-layer cost (a lower bound stays one).
+
+fill(Z) + W(Z) depends on Z only through the caps, so a level whose caps equal a level already
+evaluated (the previous grid level, or the high end of the segment being halved) takes its value, and W
+is skipped where the fill is already infinite; the values are the same, the numpy work about a third less.
 """
 from __future__ import annotations
 
@@ -37,129 +41,192 @@ class Rows:
     lam: np.ndarray  # (R,) link term
     const: np.ndarray  # (R,) fill offsets and link fill
 
-    def take(self, rows: np.ndarray) -> "Rows":
-        return Rows(**{k: v[rows] for k, v in self.__dict__.items()})
 
-
-def zcaps(r: Rows, z: np.ndarray) -> np.ndarray:
-    """Most layers per stage with own <= z (rows' levels z)."""
-    z = z[:, None]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        c0 = np.minimum(np.floor((z - r.a0) / r.a + EPS), r.m0)
-        c1 = np.minimum(np.floor((z - r.a0) / r.a1 + EPS), r.m1)
-    cap = np.where(c1 > r.m0, c1, c0)
-    return np.where(r.real, np.maximum(cap, 0.0), 0.0)
-
-
-def level_terms(slope: np.ndarray, off: np.ndarray, real: np.ndarray) -> tuple:
-    """The parts of `level` that do not depend on the caps (a bound pass reuses them for every level)."""
+def level_fields(slope: np.ndarray, off: np.ndarray, real: np.ndarray) -> tuple:
+    """The caps-free inputs of `level` for stages with val_k(l) = off_k + slope_k * l: breakpoint offset
+    (padding sorts first), slope, rate and offset over the slope where the slope is positive, and each
+    row's one-layer level."""
     pos = real & (slope > 0)
     sl = np.where(pos, slope, 1.0)
     rate = np.where(pos, 1.0 / sl, 0.0)
-    yoff = np.where(pos, off * rate, 0.0)
     one = np.max(np.where(real, off + np.maximum(slope, 0.0), -np.inf), axis=1)
-    return pos, sl, rate, yoff, off, real, one
+    return np.where(real, off, -1e30), np.where(pos, sl, 0.0), rate, np.where(pos, off * rate, 0.0), one
 
 
-def level(c: np.ndarray, slope: np.ndarray, off: np.ndarray, real: np.ndarray, L: int,
-          terms: tuple | None = None) -> np.ndarray:
-    """Least x with sum_k min(c_k, (x - off_k) / slope_k) >= L and x >= off_k + slope_k (one layer each);
-    inf where the caps cannot hold L (or a stage not even one)."""
-    pos, sl, rate, yoff, off, real, one = terms or level_terms(slope, off, real)
-    cc = np.where(real, c, 0.0)
-    bp = np.where(real, np.where(pos, off + cc * sl, off), -1e30)
-    o = np.argsort(bp, axis=1)
-    o += (np.arange(len(o)) * o.shape[1])[:, None]
+def level(caps: np.ndarray, bpoff: np.ndarray, slr: np.ndarray, rate: np.ndarray, yoff: np.ndarray,
+          one: np.ndarray, lacks: np.ndarray, L: int) -> np.ndarray:
+    """Least x with sum_k min(caps_k, (x - off_k) / slope_k) >= L and x >= off_k + slope_k (one layer each),
+    for g levels of R rows at once: caps (R, g, n), the fields of level_fields broadcast against them
+    (rate and yoff (R, 1, n) or (R, g, n)), one and lacks (R, g); inf where the caps cannot hold L or a
+    stage lacks room for one layer. From the breakpoints in sorted order: caps, rates and offsets summed
+    up to each give the layers held there."""
+    R, g, n = caps.shape
+    offs = (np.arange(R * g) * n).reshape(R, g, 1)  # row-major position of each (row, level)
+    bp = bpoff + caps * slr
+    o = np.argsort(bp, axis=2)
+    o += offs
     bp = bp.ravel()[o]
-    # caps, rates and offsets gathered and summed in one go (a leading 0 column: the sums before slot j)
-    R, n = o.shape
-    cum = np.zeros((3, R, n + 1))
-    cum[:, :, 1:] = np.stack((cc, rate, yoff)).reshape(3, -1)[:, o]
-    np.cumsum(cum, axis=2, out=cum)
-    cum_c, cum_r, cum_y = cum[:, :, 1:]
-    rt, yt = cum_r[:, -1:], cum_y[:, -1:]
-    with np.errstate(over="ignore", invalid="ignore"):
-        s = cum_c + bp * (rt - cum_r) - (yt - cum_y)
+    cum = np.empty((3, R, g, n))
+    np.take(caps, o, out=cum[0])
+    if rate.shape[1] != g:  # one per row: positions in the fields
+        o -= offs
+        o += (np.arange(R) * n).reshape(R, 1, 1)
+    np.take(rate, o, out=cum[1])
+    np.take(yoff, o, out=cum[2])
+    np.cumsum(cum, axis=3, out=cum)
+    cum_c, cum_r, cum_y = cum
+    rt, yt = cum_r[:, :, -1:], cum_y[:, :, -1:]
+    s = cum_c + bp * (rt - cum_r) - (yt - cum_y)
     hit = s >= L - 1e-9
-    j = np.argmax(hit, axis=1)
-    rows = np.arange(len(j))
-    prev_c, prev_r, prev_y = cum[:, rows, j]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = (L - prev_c + (yt[:, 0] - prev_y)) / (rt[:, 0] - prev_r)
-    x = np.where(np.isfinite(x), x, bp[rows, j])  # all rates spent: the level is the breakpoint itself
-    x = np.minimum(x, bp[rows, j])
+    j = np.argmax(hit, axis=2)
+    at = (np.arange(R * g) * n).reshape(R, g) + j  # (row, level)'s slot j, row-major
+    prev = np.where(j > 0, cum.reshape(3, -1)[:, at - 1], 0.0)  # the sums before slot j
+    x = (L - prev[0] + (yt[:, :, 0] - prev[2])) / (rt[:, :, 0] - prev[1])
+    bpj = bp.ravel()[at]
+    x = np.where(np.isfinite(x), x, bpj)  # all rates spent: the level is the breakpoint itself
+    x = np.minimum(x, bpj)
     x = np.maximum(x, one)
-    bad = ~hit.any(axis=1) | (real & (c < 1)).any(axis=1)
-    return np.where(bad, np.inf, x)
+    return np.where(~hit.ravel()[at] | lacks, np.inf, x)
 
 
-def fill_terms(r: Rows) -> tuple:
-    """The parts of `fill` that do not depend on the caps: slots cheapest first, stage counts, their
-    per-layer fill in that order, and the fill of one layer each."""
-    order = np.argsort(np.where(r.real, r.beta, np.inf), axis=1)
-    flat = order + (np.arange(len(order)) * order.shape[1])[:, None]
-    return order, r.real.sum(axis=1), r.beta.ravel()[flat], np.where(r.real, r.beta, 0.0).sum(axis=1)
+class Pass:
+    """A row block's per-slot fields (one array: taking rows for a pass is one gather) and the parts of
+    the fill and the update level that do not depend on the caps (shared by every pass of the block).
+    A pass evaluates g levels per row at once: caps (R, g, n) against fields (R, 1, n), so the grid's
+    levels need no copies of the rows."""
 
+    A0, A, A1, M0, M1, PAD, BPOFF, SLR, RATE, YOFF, BS = range(11)
 
-def fill(r: Rows, caps: np.ndarray, L: int, terms: tuple | None = None) -> np.ndarray:
-    """Least sum of per-layer fill under caps (every stage one layer, the rest to the cheapest first)."""
-    order, p, bs, base = terms or fill_terms(r)
-    flat = order + (np.arange(len(order)) * order.shape[1])[:, None]  # row-major positions, cheapest first
-    room = np.maximum(caps - 1, 0.0).ravel()[flat]
-    cum = np.cumsum(room, 1)
-    take = np.clip((L - p)[:, None] - (cum - room), 0.0, room)
-    out = base + (bs * take).sum(axis=1)
-    bad = (cum[:, -1] < L - p) | (r.real & (caps < 1)).any(axis=1) | (p > L)
-    return np.where(bad, np.inf, out)
+    def __init__(self, s: np.ndarray, v: np.ndarray, order: np.ndarray, L: int, a0: bool) -> None:
+        self.s, self.v, self.L = s[:, :, None, :], v[:, :, None], L  # slots (field, row, 1, slot); rows
+        self.order = order[:, None, :]  # fill order of the slots
+        self.a0 = a0  # any own offset (order rows' end stages); free rows have none
+
+    @classmethod
+    def of(cls, r: Rows, L: int) -> "Pass":
+        order = np.argsort(np.where(r.real, r.beta, np.inf), axis=1)  # slots cheapest fill first
+        flat = order + (np.arange(len(order)) * order.shape[1])[:, None]
+        p = r.real.sum(axis=1)
+        bpoff, slr, rate, yoff, one = level_fields(r.ups, r.y0, r.real)
+        # padding never lacks a layer; a row with more stages than layers always does
+        pad = np.where(r.real, np.where((p > L)[:, None], -np.inf, 0.0), np.inf)
+        s = np.stack((r.a0, r.a, r.a1, r.m0, r.m1, pad, bpoff, slr, rate, yoff, r.beta.ravel()[flat]))
+        v = np.stack(((L - p).astype(np.float64), np.where(r.real, r.beta, 0.0).sum(axis=1), one, r.const))
+        return cls(s, v, order, L, bool(r.a0.any()))
+
+    def take(self, rows: np.ndarray) -> "Pass":
+        return Pass(self.s[:, rows, 0], self.v[:, rows, 0], self.order[rows, 0], self.L, self.a0)
+
+    def zcaps(self, z: np.ndarray) -> np.ndarray:
+        """Most layers per stage with own <= z (levels z (R, g), finite; padding slots get 0)."""
+        s = self.s
+        t = z[:, :, None] - s[self.A0] if self.a0 else z[:, :, None]
+        c0 = np.floor(t / s[self.A] + EPS)
+        np.minimum(c0, s[self.M0], out=c0)
+        c1 = np.floor(t / s[self.A1] + EPS)
+        np.minimum(c1, s[self.M1], out=c1)
+        cap = np.where(c1 > s[self.M0], c1, c0)
+        return np.maximum(cap, 0.0, out=cap)
+
+    def fill(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Least fill under per-stage caps (R, g, n): every stage takes a layer, the rest go to the
+        cheapest first (inf where the caps cannot hold the layers), and which (row, level) has a stage
+        without room for one layer."""
+        s, lp = self.s, self.v[0]
+        R, g, n = caps.shape
+        lacks = (caps + s[self.PAD]).min(axis=2) < 1
+        room = np.maximum(caps - 1, 0.0).ravel()[self.order + (np.arange(R * g) * n).reshape(R, g, 1)]
+        cum = np.cumsum(room, 2)
+        take = lp[:, :, None] - (cum - room)
+        np.minimum(np.maximum(take, 0.0, out=take), room, out=take)
+        f = self.v[1] + (s[self.BS] * take).sum(axis=2)
+        return np.where((cum[:, :, -1] < lp) | lacks, np.inf, f), lacks
+
+    def rest(self, caps: np.ndarray, known: np.ndarray | None = None) -> np.ndarray:
+        """Least fill + least update level + constants under per-stage caps (R, g, n). The update level
+        only where the fill is finite (about half of a grid's levels are below the least feasible
+        fill: the sum is inf there whatever it is) and not `known` (the caller has the value of the
+        same caps; inf comes back there)."""
+        s, v = self.s, self.v
+        f, lacks = self.fill(caps)
+        fields = (s[self.BPOFF], s[self.SLR], s[self.RATE], s[self.YOFF])
+        live = np.isfinite(f)
+        if known is not None:
+            live &= ~known
+        k = np.count_nonzero(live)
+        if k >= 0.9 * f.size:  # too few to skip to pay for the copies
+            return f + level(caps, *fields, v[2], lacks, self.L) + v[3]
+        w = np.full(f.shape, np.inf)
+        if k:
+            rows, at = np.nonzero(live)
+            w[rows, at] = level(caps[rows, at][:, None], *(x[rows] for x in fields), v[2][rows],
+                                lacks[rows, at][:, None], self.L)[:, 0]
+        return f + w + v[3]
 
 
 def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarray:
     """Per row, a lower bound on the cost of every split (see the module doc). Rows whose bound is still
     below `best` get their least segment halved, `refine` times."""
-    one_own = np.where(r.m0 >= 1, r.a, r.a1)
-    z0 = level(np.maximum(r.m0, r.m1), r.a, r.a0, r.real, L)
-    z0 = np.maximum(z0, np.max(np.where(r.real, r.a0 + one_own, -np.inf), axis=1))
+    ps = Pass.of(r, L)
+    full = full_of(r)[:, None, :]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        f_inf, lacks = ps.fill(full)
+        # the least bottleneck level z0 (own slopes) and the least update level, both at full caps, as
+        # the two levels of one level pass
+        own = level_fields(r.a, r.a0, r.real)
+        upd = (ps.s[k, :, 0] for k in (ps.BPOFF, ps.SLR, ps.RATE, ps.YOFF))
+        both = [np.stack(pair, axis=1) for pair in zip(own[:4], upd)]
+        lv = level(np.broadcast_to(full, (len(r.lam), 2, full.shape[2])), *both,
+                   np.stack((own[4], ps.v[2, :, 0]), axis=1),
+                   np.stack(((r.real & (full[:, 0] < 1)).any(axis=1), lacks[:, 0]), axis=1), L)
+        one_own = np.where(r.m0 >= 1, r.a, r.a1)
+        z0 = np.maximum(lv[:, 0], np.max(np.where(r.real, r.a0 + one_own, -np.inf), axis=1))
+        return _segments(r, ps, z0, f_inf[:, 0] + lv[:, 1] + r.const, best, refine)
 
-    def rest(rr: Rows, z: np.ndarray | None, t: tuple) -> np.ndarray:
-        caps = full_of(rr) if z is None else zcaps(rr, z)
-        return fill(rr, caps, L, t[:4]) + level(caps, rr.ups, rr.y0, rr.real, L, t[4:]) + rr.const
 
-    # the caps-free parts of the fill and the update level, shared by every pass (rows taken as needed)
-    terms = fill_terms(r) + level_terms(r.ups, r.y0, r.real)
-    f_inf = rest(r, None, terms)
+def _segments(r: Rows, ps: Pass, z0: np.ndarray, f_inf: np.ndarray, best: float, refine: int) -> np.ndarray:
+    """The grid over [z0, zhi) and its refinement (module doc); f_inf: the rest at unbounded caps."""
     ok = np.isfinite(z0) & np.isfinite(f_inf)
     zhi = np.where(ok, best - f_inf, z0) if math.isfinite(best) else z0 * 1.05
     zhi = np.where(ok, np.maximum(zhi, z0), z0)
     zs = np.where(ok, z0, 0.0)
-    with np.errstate(invalid="ignore"):  # rows without a level are dropped by `ok`
-        width = np.where(ok, zhi - z0, 0.0) / GRID
+    width = np.where(ok, zhi - z0, 0.0) / GRID  # rows without a level are dropped by `ok`
     R = len(zs)
-    # room for the refined segments up front (one column per halving, inf = no segment)
-    lo = np.full((R, GRID + refine), np.inf)
-    hi, fh = lo.copy(), lo.copy()
+    # segments' low end, high end and the rest at the high end (one array: one gather or store per
+    # halving); room for the refined segments up front (one column per halving, inf = no segment)
+    seg = np.full((3, R, GRID + refine), np.inf)
+    lo, hi, fh = seg
     lo[:, :GRID] = zs[:, None] + width[:, None] * np.arange(GRID)
     hi[:, :GRID] = lo[:, :GRID] + width[:, None]
-    # the grid's levels in one pass over rows repeated GRID times (per-call overhead dominates)
-    rep = np.repeat(np.arange(R), GRID)
-    fh[:, :GRID] = rest(r.take(rep), hi[:, :GRID].ravel(), tuple(t[rep] for t in terms)).reshape(R, GRID)
+    # the grid's levels in one pass (per-call overhead dominates)
+    caps = ps.zcaps(hi[:, :GRID])
+    same = np.zeros((R, GRID), dtype=bool)  # caps equal to the previous level's (a third of them)
+    same[:, 1:] = (caps[:, 1:] == caps[:, :-1]).all(axis=2)
+    fh[:, :GRID] = ps.rest(caps, same)
+    for g in range(1, GRID):
+        fh[:, g] = np.where(same[:, g], fh[:, g - 1], fh[:, g])
+    fh[~ok] = np.inf  # rows without a level never refine (their bound is inf)
     tail = np.maximum(zhi, r.lam) + f_inf  # levels at or above zhi
+    lam = r.lam[:, None]
     for w in range(GRID, GRID + refine):
-        sb = np.maximum(lo, r.lam[:, None]) + fh
-        cur = np.minimum(sb.min(axis=1), tail)
-        act = np.flatnonzero(ok & (cur < best) & np.isfinite(cur))
+        sb = np.maximum(lo, lam) + fh
+        cur = np.minimum(sb.min(axis=1), tail)  # never -inf: every term is finite or inf
+        act = np.flatnonzero(cur < best)
         if not len(act):
             break
         j = np.argmin(sb[act], axis=1)
-        l, h = lo[act, j], hi[act, j]
+        l, h, fhj = seg[:, act, j]
         m = (l + h) / 2
-        if len(act) == R:  # every row still open: no copies
-            fm = rest(r, m, terms)
-        else:
-            fm = rest(r.take(act), m, tuple(t[act] for t in terms))
+        pa = ps if len(act) == R else ps.take(act)  # every row still open: no copies
+        # F(m) is F(h) wherever no stage's cap changes in between (nearly half the halvings): the same
+        # caps give the same value
+        caps = pa.zcaps(np.stack((m, h), axis=1))
+        same = (caps[:, 0] == caps[:, 1]).all(axis=1)
+        fm = np.where(same, fhj, pa.rest(caps[:, :1], same[:, None])[:, 0])
         # [l, m) is bounded by F(m); [m, h) keeps F(h)
-        lo[act, w], hi[act, w], fh[act, w] = m, h, fh[act, j]
-        hi[act, j], fh[act, j] = m, fm
-    sb = np.maximum(lo, r.lam[:, None]) + fh
+        seg[:, act, w] = m, h, fhj
+        seg[1:, act, j] = m, fm
+    sb = np.maximum(lo, lam) + fh
     return np.where(ok, np.minimum(sb.min(axis=1), tail), np.inf)
 
 

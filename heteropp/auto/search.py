@@ -27,7 +27,7 @@ import numpy as np
 
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, in_flight, micro_batches
-from .dpspace import DpSpace
+from .dpspace import DpSpace, cheap_bounds
 from .levels import bound_parts, lower_bound
 from .space import dp_candidates
 from .split import StageOpt, best_split
@@ -122,13 +122,13 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), 0.0)
     stats = {"evaluated": 0, "pruned": 0}
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
-    for dp in dp_candidates(cm.cluster, cm.train):
-        space = DpSpace(cm, dp, micro_batches(cm.train, dp), names, group_size)
-        if all(space.choices):
-            lb, idx = space.combos()
-            keep = np.isfinite(lb)
-            if keep.any():
-                spaces.append((space, lb[keep], idx[keep]))
+    every = [DpSpace(cm, dp, micro_batches(cm.train, dp), names, group_size)
+             for dp in dp_candidates(cm.cluster, cm.train)]
+    every = [space for space in every if all(space.choices)]
+    for space, (lb, idx) in zip(every, cheap_bounds(every)):
+        keep = np.isfinite(lb)
+        if keep.any():
+            spaces.append((space, lb[keep], idx[keep]))
     if not spaces:
         raise InfeasibleError(explain_infeasible(cm))
     tick = itertools.count()

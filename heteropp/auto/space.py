@@ -48,12 +48,13 @@ def tp_sequences(chip: ChipType, dp: int, sizes: list[int], heads: int = 0) -> l
     if 0 in per:
         return []
     out: list[GroupChoice] = []
+    sizes_ok = tp_sizes(chip, heads)
 
     def rec(i: int, cap: int, tps: tuple[int, ...]) -> None:
         if i == len(per):
             out.append(GroupChoice(tps, tuple(n // t for n, t in zip(per, tps))))
             return
-        for t in tp_sizes(chip, heads):
+        for t in sizes_ok:
             if t <= cap and per[i] % t == 0:
                 rec(i + 1, t, tps + (t,))
 
@@ -67,11 +68,27 @@ def heads_gcd(cm) -> int:
     return math.gcd(cm.model.heads, cm.model.kv_heads)
 
 
+def stage_tp_runs(chip: ChipType, dp: int, group_size: int, heads: int = 0,
+                  max_stages: int | None = None) -> list[list[tuple[int, int]]]:
+    """stage_tp_choices as runs (tp, stages) of equal consecutive TP sizes, without expanding them; with
+    max_stages, only those with at most that many stages (a pipeline of more stages than layers is
+    never built)."""
+    seen: dict[tuple[tuple[int, int], ...], None] = {}
+    for sizes in ([chip.count], groups(chip, group_size)):
+        for g in tp_sequences(chip, dp, sizes, heads):
+            if max_stages is not None and sum(g.stages) > max_stages:
+                continue
+            runs: list[tuple[int, int]] = []
+            for t, n in zip(g.tps, g.stages):
+                if runs and runs[-1][0] == t:
+                    runs[-1] = (t, runs[-1][1] + n)
+                else:
+                    runs.append((t, n))
+            seen[tuple(runs)] = None
+    return [list(k) for k in seen]
+
+
 def stage_tp_choices(chip: ChipType, dp: int, group_size: int, heads: int = 0) -> list[list[int]]:
     """Per-stage TP lists (pipeline order) for one chip type: the whole type as one entity (the paper's
     first stage) and the grouped entities of its second stage, without duplicates."""
-    seen: dict[tuple[int, ...], None] = {}
-    for sizes in ([chip.count], groups(chip, group_size)):
-        for g in tp_sequences(chip, dp, sizes, heads):
-            seen[tuple(t for t, n in zip(g.tps, g.stages) for _ in range(n))] = None
-    return [list(k) for k in seen]
+    return [[t for t, n in runs for _ in range(n)] for runs in stage_tp_runs(chip, dp, group_size, heads)]
