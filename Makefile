@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 CSRC   := $(shell find dicomm/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test test-rdma demo bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC)
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# The RDMA tests alone: a Soft-RoCE guest under QEMU (see docs/rdma.md; a few minutes).
+test-rdma: setup
+	$(PY) -m pytest -q tests/rdma
 
 demo: setup
 	$(PY) -m heteropp.demo

@@ -39,7 +39,7 @@ def _common(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--rounds", type=int, default=10,
                    help="timed iterations are split into rounds, backends alternating (default 10)")
     p.add_argument("--transport", default=os.environ.get("DICOMM_TRANSPORT", "auto"),
-                   choices=["auto", "shm", "tcp"], help="transport of the dicomm groups "
+                   choices=["auto", "shm", "tcp", "verbs"], help="transport of the dicomm groups "
                    "(default: $DICOMM_TRANSPORT or auto); labels become dicomm-<transport>")
     p.add_argument("--quick", action="store_true", help="a few small sizes and iterations")
     p.add_argument("--targets", action="store_true",

@@ -23,7 +23,7 @@ class BackendSpec:
     label: str      # "gloo", "dicomm", "dicomm-tcp", "dicomm-raw", ...
     backend: str    # "gloo" | "dicomm" | "memcpy" (the local copy that bounds a transfer)
     api: str        # "torch" | "raw" | "local"
-    transport: str  # requested transport: "auto" | "shm" | "tcp" (gloo: "tcp"; memcpy: "local")
+    transport: str  # requested transport: "auto" | "shm" | "tcp" | "verbs" (gloo: "tcp"; memcpy: "local")
 
 
 def make_specs(backends: list[str], apis: list[str], transport: str, extra_tcp: bool,

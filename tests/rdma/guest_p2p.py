@@ -1,7 +1,7 @@
 """dicomm's engine on real verbs (run inside the Soft-RoCE guest by guest_session.sh).
 
-Real processes on rxe0 with transport="verbs": point-to-point 0 B .. 16 MiB verified byte for byte,
-collectives against numpy, the torch backend with DICOMM_TRANSPORT=verbs, latency and bandwidth
+Real processes on rxe0 with transport="verbs": point-to-point 0 B .. 64 MiB verified byte for byte,
+every collective against numpy, the torch backend with DICOMM_TRANSPORT=verbs, latency and bandwidth
 through the Communicator, a peer killed mid-transfer, and a wrong DICOMM_IB_GID_INDEX. Prints one
 JSON line (one entry per scenario, each with "ok" or "error"); exit 0 only if all passed.
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 from tests.dicomm.multiproc import run_ranks
 
-SIZES = [0, 1, 8, 4095, 8192, 8193, 65536, 65537, 1 << 20, (3 << 20) + 7, 16 << 20]
+SIZES = [0, 1, 8, 4095, 8192, 8193, 65536, 65537, 1 << 20, (3 << 20) + 7, 16 << 20, 64 << 20]
 
 
 def _data(n: int, seed: int) -> np.ndarray:
@@ -44,22 +44,13 @@ def _p2p(rank: int, world: int, store, sizes: list[int], measure: bool) -> dict:
         r = c.irecv(got.ctypes.data, n, prv, i)
         c.isend(out.ctypes.data, n, nxt, i).wait()
         r.wait()
-        if not np.array_equal(got, _data(n, 1000 * i + prv)):
-            raise AssertionError(f"{n} B from rank {prv}: {int((got != _data(n, 1000 * i + prv)).sum())} bytes differ")
+        del out
+        want = _data(n, 1000 * i + prv)
+        if not np.array_equal(got, want):
+            raise AssertionError(f"{n} B from rank {prv}: {int((got != want).sum())} bytes differ")
+        del got, want  # 64 MiB messages: keep the guest's memory for the next size
     res = {"paths": [c.transport_of(p) for p in range(world)], "sizes": len(sizes)}
-    # Collectives: all_reduce (sum of float64), all_gather, broadcast; references from numpy.
-    x = np.arange(4097, dtype=np.float64) * (rank + 1)
-    c.all_reduce(x.ctypes.data, x.size, "float64", "sum").wait()
-    if not np.array_equal(x, np.arange(4097, dtype=np.float64) * sum(range(1, world + 1))):
-        raise AssertionError("all_reduce differs from numpy")
-    mine, parts = _data(100003, rank), [np.zeros(100003, np.uint8) for _ in range(world)]
-    c.all_gather(mine.ctypes.data, mine.size, [p.ctypes.data for p in parts]).wait()
-    if not all(np.array_equal(parts[r], _data(100003, r)) for r in range(world)):
-        raise AssertionError("all_gather differs")
-    b = _data(1 << 20, 77) if rank == 0 else np.zeros(1 << 20, np.uint8)
-    c.broadcast(b.ctypes.data, b.size, 0).wait()
-    if not np.array_equal(b, _data(1 << 20, 77)):
-        raise AssertionError("broadcast differs")
+    res["collectives"] = _collectives(c, rank, world)
     if measure and world == 2:
         res.update(_numbers(c, rank))
     res["stats"] = {k: v for k, v in c.stats().items() if k.startswith("verbs_")}
@@ -67,21 +58,80 @@ def _p2p(rank: int, world: int, store, sizes: list[int], measure: bool) -> dict:
     return res
 
 
+def _collectives(c, rank: int, world: int) -> list[str]:
+    """Every collective, each checked against what numpy computes from all ranks' inputs."""
+    done = []
+
+    def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
+        if not np.array_equal(got, want):
+            raise AssertionError(f"{name} on rank {rank}: {int((got != want).sum())} of {want.size} elements differ from numpy")
+        done.append(name)
+
+    def vec(r: int, n: int) -> np.ndarray:  # rank r's float64 input: integers, so sums are exact in any order
+        return np.random.default_rng(500 + r).integers(-1000, 1000, size=n).astype(np.float64)
+
+    n = 70001  # several chunks and an uneven split
+    x = vec(rank, n)
+    c.all_reduce(x.ctypes.data, n, "float64", "sum").wait()
+    check("all_reduce", x, sum(vec(r, n) for r in range(world)))
+    root = world - 1
+    x = vec(rank, n)
+    c.reduce(x.ctypes.data, n, "float64", "max", root).wait()
+    check("reduce", x, np.maximum.reduce([vec(r, n) for r in range(world)]) if rank == root else vec(rank, n))
+    mine, parts = _data(100003, rank), [np.zeros(100003, np.uint8) for _ in range(world)]
+    c.all_gather(mine.ctypes.data, mine.size, [p.ctypes.data for p in parts]).wait()
+    check("all_gather", np.concatenate(parts), np.concatenate([_data(100003, r) for r in range(world)]))
+    parts = [np.zeros(65537, np.uint8) for _ in range(world)] if rank == 0 else []
+    mine = _data(65537, 10 + rank)
+    c.gather(mine.ctypes.data, mine.size, [p.ctypes.data for p in parts], 0).wait()
+    if rank == 0:
+        check("gather", np.concatenate(parts), np.concatenate([_data(65537, 10 + r) for r in range(world)]))
+    else:
+        done.append("gather")
+    sroot = 1 % world
+    src = [_data(40000, 20 + r) for r in range(world)] if rank == sroot else []
+    got = np.zeros(40000, np.uint8)
+    c.scatter([p.ctypes.data for p in src], got.ctypes.data, got.size, sroot).wait()
+    check("scatter", got, _data(40000, 20 + rank))
+    blocks = [vec(100 * rank + b, 30011) for b in range(world)]
+    got = np.zeros(30011, np.float64)
+    c.reduce_scatter([p.ctypes.data for p in blocks], got.ctypes.data, got.size, "float64", "sum").wait()
+    check("reduce_scatter", got, sum(vec(100 * r + rank, 30011) for r in range(world)))
+
+    def size(a: int, b: int) -> int:  # bytes from rank a to rank b: every pair its own size
+        return 1000 * (a + 1) + 7 * b + 3
+
+    send = [_data(size(rank, b), 1000 + 10 * rank + b) for b in range(world)]
+    recv = [np.zeros(size(a, rank), np.uint8) for a in range(world)]
+    c.all_to_all([p.ctypes.data for p in send], [p.size for p in send], [p.ctypes.data for p in recv],
+                 [p.size for p in recv]).wait()
+    check("all_to_all", np.concatenate(recv),
+          np.concatenate([_data(size(a, rank), 1000 + 10 * a + rank) for a in range(world)]))
+    b = _data(1 << 20, 77) if rank == 0 else np.zeros(1 << 20, np.uint8)
+    c.broadcast(b.ctypes.data, b.size, 0).wait()
+    check("broadcast", b, _data(1 << 20, 77))
+    c.barrier().wait()
+    done.append("barrier")
+    return done
+
+
 def _numbers(c, rank: int) -> dict:
     """8 B half round trip and 1 MiB streaming bandwidth through the Communicator."""
     peer, buf, tag = 1 - rank, np.zeros(1 << 20, np.uint8), 1 << 40
     ptr = buf.ctypes.data  # once: the attribute builds a ctypes object each time
 
-    def pingpong(n: int, iters: int) -> float:
-        t0 = time.perf_counter()
+    def pingpong(n: int, iters: int) -> list[float]:
+        times = []
         for _ in range(iters):
+            t0 = time.perf_counter()
             if rank == 0:
                 c.isend(ptr, n, peer, tag).wait()
                 c.irecv(ptr, n, peer, tag).wait()
             else:
                 c.irecv(ptr, n, peer, tag).wait()
                 c.isend(ptr, n, peer, tag).wait()
-        return (time.perf_counter() - t0) / iters / 2 * 1e6
+            times.append((time.perf_counter() - t0) / 2 * 1e6)
+        return times
 
     pingpong(8, 50)
     lat = pingpong(8, 500)
@@ -95,7 +145,8 @@ def _numbers(c, rank: int) -> dict:
             c.irecv(ptr, buf.size, peer, tag + 1).wait()
         c.isend(ptr, 1, peer, tag + 2).wait()
     bw = buf.size * count / (time.perf_counter() - t0) / 1e6
-    return {"lat_8B_us": round(lat, 2), "bw_1MiB_MBps": round(bw, 1)}
+    return {"lat_8B_us": round(float(np.median(lat)), 2), "lat_8B_mean_us": round(float(np.mean(lat)), 2),
+            "bw_1MiB_MBps": round(bw, 1)}
 
 
 def _latency(rank: int, world: int, store) -> dict:
@@ -156,6 +207,50 @@ def _killed_peer(rank: int, world: int, store) -> dict:
         return {"kind": type(e).__name__, "seconds": round(time.monotonic() - t0, 2), "text": str(e)}
 
 
+def _reused_address(rank: int, world: int, store) -> dict:
+    """Registration-cache staleness: each rank maps 4 MiB, transfers it (registered and cached),
+    unmaps it, maps 4 MiB again (the kernel hands back the same address) with other bytes and
+    transfers again. A cache that trusted the address would move the old, still pinned pages
+    (address_reused: the send or the receive buffer came back at its old address)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    n, peer = 4 << 20, 1 - rank
+
+    def mapped() -> int:
+        addr = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        return addr
+
+    c = _comm(store, rank, world)
+    # Made first: no other large allocation may take the unmapped range before it is mapped again.
+    mine = [_data(n, 300 + 10 * k + rank) for k in range(2)]
+    theirs = [_data(n, 300 + 10 * k + peer) for k in range(2)]
+    got = np.zeros(n, np.uint8)
+    addrs, got_all = [], []
+    for round_ in range(2):
+        out, inn = mapped(), mapped()
+        addrs.append((out, inn))
+        ctypes.memmove(out, mine[round_].ctypes.data, n)
+        r = c.irecv(inn, n, peer, 40 + round_)
+        c.isend(out, n, peer, 40 + round_).wait()
+        r.wait()
+        ctypes.memmove(got.ctypes.data, inn, n)
+        got_all.append(bool(np.array_equal(got, theirs[round_])))
+        libc.munmap(out, n)
+        libc.munmap(inn, n)
+    stats = c.stats()
+    _close(c)
+    if not all(got_all):
+        raise AssertionError(f"rounds byte-exact: {got_all} (addresses {addrs})")
+    return {"address_reused": addrs[0][0] == addrs[1][0] or addrs[0][1] == addrs[1][1], "rounds_ok": got_all, "addrs": [[hex(a) for a in p] for p in addrs],
+            "reg_cache": {k: v for k, v in stats.items() if k.startswith("verbs_reg")}}
+
+
 def _bad_gid(rank: int, world: int, store) -> dict:
     import dicomm._C as C
 
@@ -174,12 +269,14 @@ def _probe() -> dict:
 
 SCENARIOS = {
     "probe": _probe,
-    "p2p_2": lambda: run_ranks(_p2p, 2, SIZES, True, timeout=150),
+    "p2p_2": lambda: run_ranks(_p2p, 2, SIZES, True, timeout=240),
     "p2p_4": lambda: run_ranks(_p2p, 4, SIZES[:9], False, timeout=150),
-    # Waits that spin longer instead of sleeping in epoll: how much of the latency is wake-ups.
-    "latency_spin_5ms": lambda: run_ranks(_latency, 2, timeout=90, env={"DICOMM_SPIN_US": "5000"}),
+    "p2p_3": lambda: run_ranks(_p2p, 3, SIZES[:6], False, timeout=120),  # an odd world: uneven splits
+    # The earlier 100 us spin before sleeping on the completion channel: what the 1 ms verbs spin buys.
+    "latency_spin_100us": lambda: run_ranks(_latency, 2, timeout=90, env={"DICOMM_IB_SPIN_US": "100"}),
     "torch_backend": lambda: run_ranks(_torch_backend, 2, timeout=90, env={"DICOMM_TRANSPORT": "verbs"}),
     "killed_peer": lambda: run_ranks(_killed_peer, 2, timeout=60, expect_dead=[0])[1],
+    "reused_address": lambda: run_ranks(_reused_address, 2, timeout=90),
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],
 }
 

@@ -86,7 +86,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // progress.cpp (lock held unless noted)
   bool progress_locked(bool thorough);
   bool arm_locked();
-  bool spin_pays_locked(const P2PRequest& r) const;
+  std::chrono::microseconds spin_budget_locked(const P2PRequest& r) const;
   void disarm_locked();
   void progress_loop();  // the progress thread; lock not held
   void progress_loop_locked(std::unique_lock<std::mutex>& lock);
@@ -104,6 +104,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   std::condition_variable done_cv_;  // blocked waiters
   std::condition_variable idle_cv_;  // the progress thread, parked while callers drive progress
   int driving_ = 0;                  // callers spinning, or sleeping in epoll themselves
+  std::chrono::steady_clock::time_point driven_at_{};  // when the last caller stopped driving
   bool caller_polling_ = false;      // one caller sleeps in epoll (a completion elsewhere must wake it)
   int blocked_ = 0;
   bool stop_ = false;

@@ -3,11 +3,17 @@
 // streaming bandwidth. Prints one JSON line; exit 0 only if every check passed.
 //   verbs_pingpong probe              -> the device/port/GID probe as JSON
 //   verbs_pingpong run [iters]        -> checks + numbers
+//   verbs_pingpong write-target N DIR -> a buffer of N bytes registered through dicomm's cache and
+//       dicomm's RC queue pair, published in DIR/target.json for an independent peer (pyverbs) to
+//       RDMA-WRITE into; once DIR/written appears, the bytes are checked against the peer's pattern
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -17,7 +23,9 @@
 
 #include "transport/poller.h"
 #include "transport/verbs/accel.h"
+#include "transport/verbs/channel.h"
 #include "transport/verbs/device.h"
+#include "transport/verbs/nic.h"
 #include "transport/verbs/verbs_transport.h"
 
 using namespace dicomm;
@@ -185,10 +193,13 @@ int run_rank(int rank, int sock, int iters) {
     }
   }
   // 2. Ping-pong latency (8 B) and streaming bandwidth (64 KiB, 1 MiB).
+  std::vector<double> halves;  // per round trip, for the median (the host's load makes the mean swing)
   auto pingpong = [&](size_t n, int count) {
     r.sink.target = in.data();
+    halves.clear();
     auto t0 = Clock::now();
     for (int i = 0; i < count; ++i) {
+      auto ti = Clock::now();
       if (rank == 0) {
         r.send_msg(out.data(), n, ++tag);
         r.wait_received(r.sink.received + 1);
@@ -196,6 +207,7 @@ int run_rank(int rank, int sock, int iters) {
         r.wait_received(r.sink.received + 1);
         r.send_msg(out.data(), n, ++tag);
       }
+      halves.push_back(std::chrono::duration<double, std::micro>(Clock::now() - ti).count() / 2);
     }
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / count / 2;
   };
@@ -216,12 +228,14 @@ int run_rank(int rank, int sock, int iters) {
   };
   pingpong(8, 50);  // warm-up
   double lat8 = pingpong(8, iters);
+  std::sort(halves.begin(), halves.end());
+  const double lat8_median = halves.empty() ? 0 : halves[halves.size() / 2];
   double bw64k = stream(65536, 200);
   double bw1m = stream(1 << 20, 32);
   if (rank == 0)
-    std::printf("{\"ok\": true, \"lat_8B_us\": %.2f, \"bw_64KiB_MBps\": %.1f, \"bw_1MiB_MBps\": %.1f, \"address\": \"%s\", "
-                "\"reg_cache_hits\": %zu, \"reg_cache_misses\": %zu}\n",
-                lat8, bw64k, bw1m, mine.c_str(), r.t->nic().cache().hits(), r.t->nic().cache().misses());
+    std::printf("{\"ok\": true, \"lat_8B_us\": %.2f, \"lat_8B_mean_us\": %.2f, \"bw_64KiB_MBps\": %.1f, "
+                "\"bw_1MiB_MBps\": %.1f, \"address\": \"%s\", \"reg_cache_hits\": %zu, \"reg_cache_misses\": %zu}\n",
+                lat8_median, lat8, bw64k, bw1m, mine.c_str(), r.t->nic().cache().hits(), r.t->nic().cache().misses());
   std::fflush(stdout);
   // Both ranks finished their last waits: close in order.
   char b = 0;
@@ -229,6 +243,85 @@ int run_rank(int rank, int sock, int iters) {
   r.send.reset();
   r.sink.recv.reset();
   return 0;
+}
+
+// The pattern the independent peer writes (tests/rdma/guest_pyverbs.py computes it on its own).
+unsigned char peer_byte(size_t i) { return static_cast<unsigned char>((i * 7 + 13 + (i >> 8)) & 0xFF); }
+
+bool wait_file(const std::string& path, int seconds) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    if (access(path.c_str(), F_OK) == 0) return true;
+    usleep(50000);
+  }
+  return false;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+uint64_t json_u64(const std::string& j, const std::string& key) {  // flat JSON with integer values
+  auto at = j.find("\"" + key + "\"");
+  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + j);
+  return std::stoull(j.substr(j.find(':', at) + 1));
+}
+
+int write_target(size_t n, const std::string& dir) {
+  using namespace dicomm::transport::verbs;
+  try {
+    std::string why;
+    const IbvApi* api = ibv_api(&why);
+    if (!api) throw std::runtime_error(why);
+    auto devices = discover(*api, &why);
+    auto ports = usable_ports(devices);
+    if (ports.empty()) throw std::runtime_error("no active port: " + why);
+    int max_wr = 0, max_rd = 0;
+    for (const auto& d : devices)
+      if (d.name == ports[0].device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
+    auto nic = std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+    int sv[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);  // the channel's side channel: unused here
+    int gid = choose_gid(nic->port(), "", nullptr);
+    Channel ch(nic, sv[0], gid, "write target", nullptr);
+    std::vector<char> buf(n, static_cast<char>(0xEE));
+    Registration* reg = nic->cache().acquire(buf.data(), n);
+    if (!reg->mr) throw std::runtime_error("the buffer could not be registered");
+    WireInfo mine = ch.local_info();
+    std::string gidhex;
+    for (uint8_t b : mine.gid) { char h[3]; std::snprintf(h, 3, "%02x", b); gidhex += h; }
+    std::ofstream(dir + "/target.json.tmp") << "{\"qpn\": " << mine.qpn << ", \"psn\": " << mine.psn << ", \"mtu\": " << mine.mtu
+        << ", \"gid_index\": " << gid << ", \"addr\": " << reinterpret_cast<uintptr_t>(buf.data()) << ", \"rkey\": "
+        << reg->rkey() << ", \"bytes\": " << n << ", \"gid\": \"" << gidhex << "\"}\n";
+    std::rename((dir + "/target.json.tmp").c_str(), (dir + "/target.json").c_str());
+    if (!wait_file(dir + "/peer.json", 60)) throw std::runtime_error("the peer published no peer.json in 60 s");
+    std::string pj = read_text(dir + "/peer.json");
+    WireInfo peer;
+    peer.qpn = static_cast<uint32_t>(json_u64(pj, "qpn"));
+    peer.psn = static_cast<uint32_t>(json_u64(pj, "psn"));
+    peer.mtu = static_cast<uint32_t>(json_u64(pj, "mtu"));
+    peer.slots = 1;
+    peer.rd_atom = 1;
+    auto at = pj.find("\"gid\"");
+    std::string g = pj.substr(pj.find('"', pj.find(':', at)) + 1, 32);
+    for (int i = 0; i < 16; ++i) peer.gid[i] = static_cast<uint8_t>(std::stoul(g.substr(2 * i, 2), nullptr, 16));
+    ch.connect(peer);
+    std::ofstream(dir + "/ready") << "1\n";
+    if (!wait_file(dir + "/written", 60)) throw std::runtime_error("the peer did not report its write in 60 s");
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; ++i)
+      if (static_cast<unsigned char>(buf[i]) != peer_byte(i)) { ++bad; if (first == n) first = i; }
+    const uint32_t rkey = reg->rkey();
+    nic->cache().release(reg);
+    std::printf("{\"ok\": %s, \"bytes\": %zu, \"mismatched\": %zu, \"first_mismatch\": %zu, \"rkey\": %u}\n",
+                bad ? "false" : "true", n, bad, first, rkey);
+    return bad ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::printf("{\"ok\": false, \"error\": \"%s\"}\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -241,6 +334,7 @@ int main(int argc, char** argv) {
     std::printf("{\"probe\": %s, \"device_path_without_gpu\": \"%s\"}\n", verbs::probe_json().c_str(), why.c_str());
     return 0;
   }
+  if (mode == "write-target" && argc > 3) return write_target(std::strtoull(argv[2], nullptr, 10), argv[3]);
   int iters = argc > 2 ? std::atoi(argv[2]) : 1000;
   int sv[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, sv);

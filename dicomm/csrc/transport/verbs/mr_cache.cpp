@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unistd.h>
 
+#include "core/log.h"
 #include "core/types.h"
 
 namespace dicomm::transport::verbs {
@@ -33,9 +34,17 @@ Registration* MrCache::acquire(const void* addr, size_t len) {
   auto it = map_.find(key);
   if (it != map_.end()) {
     Registration* r = it->second;
-    if (r->refs++ == 0) idle_.erase(r->lru);
-    ++hits_;
-    return r;
+    // Only an idle entry can have been freed by its owner; two reads of pagemap per hit.
+    if (r->refs == 0 && r->pages.known() && !(page_ids(addr, len) == r->pages)) {
+      ++stale_;
+      idle_.erase(r->lru);
+      drop(r);
+      log(LogLevel::kDebug, "verbs: " + std::to_string(len) + " B cached at a freed and reused address: registered again");
+    } else {
+      if (r->refs++ == 0) idle_.erase(r->lru);
+      ++hits_;
+      return r;
+    }
   }
   ++misses_;
   auto* r = new Registration();
@@ -59,6 +68,7 @@ Registration* MrCache::acquire(const void* addr, size_t len) {
     if (!r->mr) r->path = DevicePath::kCpuMediated;
   } else if (!force_staging_) {
     r->mr = api_.reg_mr(pd_, const_cast<void*>(addr), len, kAccess);
+    if (r->mr) r->pages = page_ids(addr, len);  // pinned now: present
     if (!r->mr) {
       int err = errno;
       delete r;

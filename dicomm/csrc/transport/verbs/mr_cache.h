@@ -1,8 +1,11 @@
 // Memory registration with a cache keyed by (address, length): a buffer sent or received again is
 // registered once. Entries in use are pinned by a reference count; idle ones are evicted least
 // recently used past DICOMM_IB_REG_CACHE entries (0 turns caching off: register per message).
-// The cache trusts that a cached address range keeps its pages (the usual assumption of
-// registration caches without memory hooks); DICOMM_IB_REG_CACHE=0 is the escape hatch.
+// A freed and reused range (same address and length, other pages) would hit a stale registration:
+// where /proc/self/pagemap shows page frames (CAP_SYS_ADMIN), a hit on an idle entry compares the
+// first and last page with those pinned at registration and registers again when they differ.
+// Without that privilege the cache trusts that a cached range keeps its pages (the usual
+// assumption of caches without memory hooks); DICOMM_IB_REG_CACHE=0 is the escape hatch.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +16,7 @@
 
 #include "transport/verbs/accel.h"
 #include "transport/verbs/ibv_api.h"
+#include "transport/verbs/page_ids.h"
 
 namespace dicomm::transport::verbs {
 
@@ -23,6 +27,7 @@ struct Registration {
   bool device = false;          // accelerator memory
   DevicePath path = DevicePath::kUnprobed;  // for device memory: how it is reached
   int refs = 0;
+  PageIds pages;                // host memory: the pages pinned at registration (when visible)
   std::list<Registration*>::iterator lru;
   uint32_t lkey() const { return mr ? mr->lkey : 0; }
   uint32_t rkey() const { return mr ? mr->rkey : 0; }
@@ -39,6 +44,7 @@ class MrCache {
   bool force_staging() const { return force_staging_; }
   size_t hits() const { return hits_; }
   size_t misses() const { return misses_; }
+  size_t stale() const { return stale_; }  // cached ranges found mapped to other pages, registered anew
   std::string device_path_why() const { return device_why_; }
 
  private:
@@ -51,7 +57,7 @@ class MrCache {
   bool force_staging_;
   std::map<std::pair<const void*, size_t>, Registration*> map_;
   std::list<Registration*> idle_;  // least recently used first
-  size_t hits_ = 0, misses_ = 0;
+  size_t hits_ = 0, misses_ = 0, stale_ = 0;
   std::string device_why_;
 };
 

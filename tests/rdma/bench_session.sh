@@ -1,0 +1,14 @@
+#!/bin/bash
+# The Soft-RoCE benchmark session (inside the guest, in the repository; $RESULTS comes back):
+# `dicomm-bench p2p --transport verbs` and perftest on the same rxe0, alternating in rounds so that
+# both see the same load on the (shared) host.
+source tests/rdma/guest_lib.sh
+PY=.venv/bin/python
+for r in $(seq ${ROUNDS:-3}); do
+  perftest write_lat_$r ib_write_lat 8 ${LAT_ITERS:-1000}
+  perftest write_bw_1m_$r ib_write_bw 1048576 100
+  step dicomm_$r 280 "$PY" -m bench.dicomm_bench p2p --transport verbs --backends dicomm --api raw,torch --no-memcpy \
+    --min-bytes 8 --max-bytes 1M --step 131072 --iters ${LAT_ITERS:-1000} --budget 64M --warmup 20 --rounds 5 \
+    --op-timeout 60 --timeout 240 --json "$RESULTS/dicomm_$r.json"
+done
+exit 0
