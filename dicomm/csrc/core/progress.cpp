@@ -83,6 +83,12 @@ bool Engine::progress_locked(bool thorough) {
     try {
       for (size_t i = 0; i < p.recv.size(); ++i) did |= p.recv[i]->progress(thorough);
     } catch (const PeerError& e) {
+      // The peer may have taken our last message and closed between our send pass and this one:
+      // collect the send side's completions before failing what is still pending.
+      try {
+        if (p.send) p.send->progress(false);
+      } catch (const std::exception&) {
+      }
       peer_lost(peer, e.what());
       did = true;
     }
