@@ -37,8 +37,11 @@ class ZeroAdamW:
         self.m = torch.zeros(self.shard, device=params[0].device)
         self.v = torch.zeros(self.shard, device=params[0].device)
         self.t = 0
-        owned = owned if owned is not None else [True] * len(params)
-        self.owned = self._flat([torch.full((p.numel(),), float(o), device=p.device) for p, o in zip(params, owned)])
+        self.owned_shard = None  # this rank's slice of the 0/1 ownership mask, kept only when clipping
+        if clip_norm is not None:
+            owned = owned if owned is not None else [True] * len(params)
+            mask = self._flat([torch.full((p.numel(),), float(o), device=p.device) for p, o in zip(params, owned)])
+            self.owned_shard = mask[dp_rank * self.shard:(dp_rank + 1) * self.shard].clone()
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -58,7 +61,7 @@ class ZeroAdamW:
         lo = self.dp_rank * self.shard
         g = grads[lo:lo + self.shard]
         if self.clip_norm is not None:
-            g = g * self._clip_coef(g, self.owned[lo:lo + self.shard])
+            g = g * self._clip_coef(g, self.owned_shard)
         w = self._flat([p.detach() for p in self.params])
         mine = w[lo:lo + self.shard]
         self.t += 1
