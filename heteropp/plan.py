@@ -19,6 +19,20 @@ SCHEDULES = ("1f1b", "gpipe", "zbh1")
 PLAN_VERSION = 1
 
 
+def tp_heads_error(tp: int, heads: int | None = None, kv_heads: int | None = None) -> tuple[str, str] | None:
+    """Why `tp` ranks cannot split the attention heads, as (what is wrong, what is expected), or None.
+
+    The one rule shared by plan validation and the planner's search space: query heads are split evenly;
+    key/value heads are split too, or, with more ranks than key/value heads, each is replicated on
+    tp // kv_heads consecutive ranks. A count left as None is not checked."""
+    if heads is not None and heads % tp:
+        return f"tp={tp} does not divide the model's heads={heads}", f"a divisor of {heads}"
+    if kv_heads is not None and kv_heads % tp and tp % kv_heads:
+        return (f"tp={tp} neither divides nor is a multiple of the model's kv_heads={kv_heads}",
+                f"a divisor or a multiple of {kv_heads}")
+    return None
+
+
 @dataclass
 class StagePlan:
     chip: str
@@ -101,12 +115,8 @@ class Plan:
             if s.first_layer != expect:
                 raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
             expect += s.layers
-            if heads is not None and heads % s.tp:
-                raise SpecError(source, f"{p}.tp", f"tp={s.tp} does not divide the model's heads={heads}",
-                                f"a divisor of {heads}")
-            if kv_heads is not None and kv_heads % s.tp and s.tp % kv_heads:
-                raise SpecError(source, f"{p}.tp", f"tp={s.tp} neither divides nor is a multiple of the model's "
-                                f"kv_heads={kv_heads}", f"a divisor or a multiple of {kv_heads}")
+            if (why := tp_heads_error(s.tp, heads, kv_heads)) is not None:
+                raise SpecError(source, f"{p}.tp", *why)
         total = num_layers if num_layers is not None else self.num_layers
         if total is not None and expect != total:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")

@@ -15,14 +15,14 @@ def tp_profile(model: ModelSpec, train: TrainSpec, peak_tflops: float, efficienc
     tokens = train.micro_batch_size * model.seq_len
     flops_s = peak_tflops * 1e12 * efficiency * tp
     nb = train.bytes_per_value
-    fwd_compute = model.layer_flops_fwd(tokens) / flops_s
+    fwd_compute = model.layer_flops_fwd(tokens, tp) / flops_s  # with each replicated K/V head projected per rank
     # Megatron TP: one all-reduce after attention and one after the MLP, in forward and again in backward.
     ar = ring_allreduce_s(nb * tokens * model.hidden, tp, intra_bw)
     fwd = fwd_compute + 2 * ar
     bwd = 2 * fwd_compute + 2 * ar
     head_f = model.head_flops_fwd(tokens) / flops_s
     # Adam on the shard: read/write fp32 master, two moments, bf16 param and grad (~36 bytes per parameter).
-    optim = 36.0 * model.layer_params / tp / (hbm_bw * 1e9)
+    optim = 36.0 * model.layer_params_tp_group(tp) / tp / (hbm_bw * 1e9)
     return TPProfile(
         fwd_s=fwd, bwd_s=bwd, recompute_s=fwd, wgrad_s=fwd_compute,
         act_bytes=model.activation_bytes(tokens, tp, nb, train.sequence_parallel),

@@ -100,6 +100,24 @@ class CostModel:
         # ZeRO-1 reduce-scatter + all-gather moves the same bytes as an all-reduce.
         return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, self._chip[chip].network_bw)
 
+    def _layer_params(self, tp: int) -> float:
+        """Weights of one layer on one of `tp` ranks. The profile records only the whole layer's count, split
+        evenly here; where key/value heads are replicated it grows by the model's replication factor (a
+        measured profile's times already include replication, its parameter count does not)."""
+        group = self.model.layer_params_tp_group(tp)
+        if group == self.model.layer_params:
+            return self.profile.layer_params / tp
+        return self.profile.layer_params * (group / self.model.layer_params) / tp
+
+    def _replica_sync(self, chip: str, tp: int) -> float:
+        """The engine's all-reduce over the TP group that sums replicated key/value weight gradients once per
+        iteration: a slot per distinct key/value head, each one rank's K and V weights of the layer."""
+        m = self.model
+        if m.kv_replicas(tp) == 1:
+            return 0.0
+        nbytes = self.train.bytes_per_value * m.kv_heads * 2 * m.hidden * m.head_dim
+        return ring_allreduce_s(nbytes, tp, self._chip[chip].intra_node_bw)
+
     def _coef(self, chip: str, tp: int, recompute: bool, dp: int, zero1: bool | None = None,
               schedule: str | None = None) -> StageCoef:
         zero1 = self.train.zero1 if zero1 is None else zero1
@@ -107,8 +125,8 @@ class CostModel:
         pr = self.profile.get(chip, tp)
         tau = pr.fwd_s + pr.bwd_s + (pr.recompute_s if recompute else 0.0)
         beta = tau - pr.wgrad_s if schedule == "zbh1" else tau
-        params = self.profile.layer_params / tp
-        upd = self._grad_sync(chip, params, dp) + pr.optim_s / (dp if zero1 else 1)
+        params = self._layer_params(tp)
+        upd = self._grad_sync(chip, params, dp) + pr.optim_s / (dp if zero1 else 1) + self._replica_sync(chip, tp)
         return StageCoef(tau=tau, beta=beta, upd=upd, bwd=pr.bwd_s, static=params * self._static_per_param(dp, zero1),
                          act=pr.ckpt_bytes if recompute else pr.act_bytes,
                          transient=pr.act_bytes if recompute else 0.0)
@@ -120,7 +138,7 @@ class CostModel:
             params, t, tr = self.profile.embed_params / tp, pr.embed_s, 0.0
         else:
             params, t, tr = self.profile.head_params / tp, pr.head_s, pr.head_act_bytes
-        upd = self._grad_sync(chip, params, dp) + pr.optim_s * params / (self.profile.layer_params / tp) / (dp if zero1 else 1)
+        upd = self._grad_sync(chip, params, dp) + pr.optim_s * params / self._layer_params(tp) / (dp if zero1 else 1)
         return EndCoef(time=t, beta=t, upd=upd, static=params * self._static_per_param(dp, zero1), transient=tr)
 
     def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 from .bounds import Kind, integral_level, make_kinds, water_level_many
 from .costs import CostModel, in_flight
 from .levels import Rows
-from .space import heads_gcd, stage_tp_runs
+from .space import stage_tp_runs
 
 
 class DpSpace:
@@ -25,8 +25,9 @@ class DpSpace:
         self.sched = cm.train.schedule
         self.nmax = max(L, b)
         self.choices: list[list[list[tuple[int, int]]]] = []  # per type, per choice: runs (tp, stages)
+        heads, kv_heads = cm.model.heads, cm.model.kv_heads
         for name in names:
-            self.choices.append(stage_tp_runs(cm.cluster.chip(name), dp, group_size, heads_gcd(cm), max_stages=L))
+            self.choices.append(stage_tp_runs(cm.cluster.chip(name), dp, group_size, heads, kv_heads, max_stages=L))
         self.kid: dict[tuple[str, int], int] = {}
         for name, runs_list in zip(names, self.choices):
             for runs in runs_list:
@@ -181,7 +182,8 @@ class DpSpace:
             gaps = np.zeros((R, p))
         else:
             step = self.BWD[kid[:, :-1]] + e
-            step[:, 0] += self._emb()[kid[:, 0]]
+            if p > 1:  # a lone stage has no drain gap to extend
+                step[:, 0] += self._emb()[kid[:, 0]]
             gaps = np.concatenate([np.zeros((R, 1)), np.cumsum(step, axis=1)], axis=1)
         lam = (b * e - 2 * e).max(axis=1) if p > 1 else np.full(R, -np.inf)
         return Rows(a0=a0, y0=y0 - gaps, lam=lam, const=const + 2 * e.sum(axis=1), **g)

@@ -30,6 +30,26 @@ class ModelSpec:
         h, kv = self.hidden, self.kv_heads * self.head_dim
         return 2 * h * h + 2 * h * kv + 3 * h * self.ffn + 2 * h
 
+    def kv_replicas(self, tp: int) -> int:
+        """TP ranks holding each key/value head: with more ranks than heads each is replicated (Megatron)."""
+        return max(1, tp // self.kv_heads)
+
+    def layer_params_tp_group(self, tp: int) -> int:
+        """One decoder layer's weights summed over the `tp` ranks of its TP group. Replicated key/value heads
+        count once per rank holding them, and then so do the RMSNorm weights that every rank holds; without
+        replication this stays layer_params, the even split plans were always costed with (the norms are
+        a negligible 2 * hidden)."""
+        r = self.kv_replicas(tp)
+        if r == 1:
+            return self.layer_params
+        h = self.hidden
+        return self.layer_params + 2 * h * self.head_dim * self.kv_heads * (r - 1) + 2 * h * (tp - 1)
+
+    def layer_params_per_rank(self, tp: int) -> float:
+        """Weights of one decoder layer on each of `tp` ranks; with replicated key/value heads exactly what
+        the engine builds (one whole key/value head per rank, whole norms)."""
+        return self.layer_params_tp_group(tp) / tp
+
     @property
     def embed_params(self) -> int:
         return self.vocab * self.hidden
@@ -43,9 +63,11 @@ class ModelSpec:
     def total_params(self) -> int:
         return self.layers * self.layer_params + self.embed_params + self.head_params
 
-    def layer_flops_fwd(self, tokens: int) -> float:
-        """Forward FLOPs of one layer for `tokens` tokens of one sequence length (causal attention halves QK and AV)."""
-        mm = 2.0 * tokens * (self.layer_params - 2 * self.hidden)
+    def layer_flops_fwd(self, tokens: int, tp: int = 1) -> float:
+        """Forward FLOPs of one layer for `tokens` tokens of one sequence length (causal attention halves QK and
+        AV), summed over a TP group of `tp` ranks: a replicated key/value head is projected on each rank."""
+        kv_copies = 2 * self.hidden * self.head_dim * self.kv_heads * (self.kv_replicas(tp) - 1)
+        mm = 2.0 * tokens * (self.layer_params - 2 * self.hidden + kv_copies)
         attn = 2.0 * 2.0 * tokens * self.seq_len * self.hidden * 0.5
         return mm + attn
 
@@ -55,8 +77,9 @@ class ModelSpec:
     def activation_bytes(self, tokens: int, tp: int, bytes_per: int = 2, sequence_parallel: bool = False) -> float:
         """Activations one layer saves for backward, per chip of a TP group (Megatron-style accounting with
         flash attention): norm inputs/outputs are replicated over TP unless sequence parallelism shards them;
-        q/k/v, attention output and the three SwiGLU tensors are split by TP."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
+        q/k/v, attention output and the three SwiGLU tensors are split by TP (with more ranks than key/value
+        heads, each rank's k/v hold one whole head)."""
+        h, kv = self.hidden, self.kv_heads * self.kv_replicas(tp) * self.head_dim
         replicated = 4 * h
         split = (h + 2 * kv) + h + 3 * self.ffn
         per_token = (replicated / tp if sequence_parallel else replicated) + split / tp
