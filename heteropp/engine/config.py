@@ -26,7 +26,9 @@ class RunConfig:
     clip_grad: float | None = None  # clip gradients to this global L2 norm (None: no clipping)
     # receives posted ahead of the one awaited (bounds a stage's receive buffers)
     recv_window: int = DEFAULT_RECV_WINDOW
-    collect_grads: bool = False  # workers return step-1 gradients and losses (tests)
+    # Tests: compare against the reference beyond the loss. Off by default; each copy costs one model's memory.
+    collect_grads: bool = False  # workers return every step's gradients: a list, one {name: shard} per step
+    collect_params: bool = False  # workers return their parameters after the last optimizer step
     fail_rank: int = -1  # this rank raises at step 1 (failure tests)
     verbose: bool = False
 

@@ -29,9 +29,10 @@ from .topology import Groups, build_groups
 log = logging.getLogger("heteropp")
 
 
-def _grads(model: StageModel) -> dict[str, tuple[torch.Tensor, int | None, int]]:
-    """name -> (gradient, TP shard dimension or None, TP ranks sharing that shard)."""
-    return {n: (p.grad.detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
+def _shards(model: StageModel, grad: bool) -> dict[str, tuple[torch.Tensor, int | None, int]]:
+    """name -> (this rank's gradient or weight, TP shard dimension or None, TP ranks sharing that shard):
+    what a test needs to line the shard up with the reference's full tensor."""
+    return {n: ((p.grad if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
             for n, p in model.named_parameters()}
 
 
@@ -62,7 +63,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         stem, dot, ext = path.rpartition(".")
         path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
     log_file = open(path, "w") if lead and path else None
-    losses, rates, grads, norms = [], [], None, []
+    losses, rates, norms = [], [], []
+    grads: list[dict[str, tuple[torch.Tensor, int | None, int]]] | None = [] if cfg.collect_grads else None
     tokens = plan.global_batch * m.seq_len
     for step in range(1, cfg.steps + 1):
         if rank == cfg.fail_rank:
@@ -72,8 +74,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         mbs = [micro_batch(batch, d, plan.micro_batches, plan.micro_batch_size, i) for i in range(plan.micro_batches)]
         opt.zero_grad()
         loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs], 1.0 / (plan.micro_batches * plan.dp))
-        if cfg.collect_grads and step == 1:
-            grads = _grads(model)
+        if grads is not None:
+            grads.append(_shards(model, grad=True))
         opt.step()
         norms.append(opt.last_norm)
         if model.last:
@@ -91,8 +93,10 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                 log_file.flush()
     if log_file:
         log_file.close()
+    params = _shards(model, grad=False) if cfg.collect_params else None
     return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
-            "tokens_per_s": rates, "grads": grads, "grad_norms": norms, "bytes_sent": dict(p2p.bytes_sent)}
+            "tokens_per_s": rates, "grads": grads, "params": params, "grad_norms": norms,
+            "bytes_sent": dict(p2p.bytes_sent)}
 
 
 def worker(cfg: RunConfig) -> dict[str, Any]:

@@ -35,8 +35,8 @@ PLANS = {
 }
 
 
-def config(p: Plan, schedules=SCHEDULES, backend: str = "gloo", **kw) -> RunConfig:
-    return RunConfig(plan=p.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, schedules=list(schedules),
+def config(p: Plan, schedules=SCHEDULES, backend: str = "gloo", steps: int = STEPS, **kw) -> RunConfig:
+    return RunConfig(plan=p.to_dict(), model=RunConfig.model_dict(MODEL), steps=steps, schedules=list(schedules),
                      backend=backend, chip_map={"A": "cpu", "B": "cpu"}, collect_grads=True, timeout_s=60, **kw)
 
 
@@ -50,31 +50,72 @@ def reference(sequences: int) -> dict:
     return train_reference(MODEL, STEPS, sequences, collect_grads=True, verbose=False)
 
 
+def ref_grads(want: dict, step: int = 1) -> dict[str, torch.Tensor]:
+    """The reference's gradients of `step` (1-based)."""
+    return want["grads"][step - 1]
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-def full_grads(results: dict, schedule: str) -> dict[str, torch.Tensor]:
-    """Rebuild every full gradient: concatenate TP shards (one per set of ranks sharing a replicated
-    key/value slice), sum data-parallel replicas."""
-    shards: dict[str, dict[int, dict[int, tuple[torch.Tensor, int | None, int]]]] = {}
+ATOL = 1e-9  # floor under the relative tolerance, for tensors whose norm is (near) zero
+
+Shard = tuple[torch.Tensor, int | None, int]  # (tensor, TP shard dimension or None, TP ranks sharing it)
+
+
+def _by_replica(results: dict, schedule: str, key: str, step: int | None) -> dict[str, dict[int, dict[int, Shard]]]:
+    """name -> DP replica -> TP rank -> that rank's shard of `key` ("grads" at `step`, or "params")."""
+    out: dict[str, dict[int, dict[int, Shard]]] = {}
     for r in results.values():
         _, d, t = r[schedule]["coord"]
-        for name, shard in r[schedule]["grads"].items():
-            shards.setdefault(name, {}).setdefault(d, {})[t] = shard
-    out = {}
-    for name, reps in shards.items():
-        total = None
-        for tps in reps.values():
-            _, dim, replicas = tps[0]
-            if replicas > 1:  # every rank of a replica set must hold the same summed gradient
-                for t in tps:
-                    lead = tps[t - t % replicas][0]
-                    assert torch.equal(tps[t][0], lead), f"{name}: TP rank {t} disagrees with its replica set"
-            g = tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)[::replicas]], dim)
-            total = g if total is None else total + g
-        out[name] = total
+        got = r[schedule][key] if step is None else r[schedule][key][step - 1]
+        for name, shard in got.items():
+            out.setdefault(name, {}).setdefault(d, {})[t] = shard
     return out
+
+
+def _join(name: str, tps: dict[int, Shard]) -> torch.Tensor:
+    """One replica's full tensor from its TP ranks' shards: the ranks of a set sharing a slice (key/value
+    heads, or all of them for an unsharded tensor) must hold the same values; the sets' slices concatenate."""
+    _, dim, replicas = tps[0]
+    if dim is None:
+        replicas = len(tps)
+    for t in tps:
+        lead = tps[t - t % replicas][0]
+        assert torch.equal(tps[t][0], lead), f"{name}: TP rank {t} disagrees with its replica set"
+    return tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)[::replicas]], dim)
+
+
+def full_grads(results: dict, schedule: str, step: int = 1) -> dict[str, torch.Tensor]:
+    """Every full gradient of `step` (1-based), as the reference computes it: TP shards joined, data-parallel
+    replicas' partial gradients summed."""
+    return {name: sum(_join(name, tps) for tps in reps.values())
+            for name, reps in _by_replica(results, schedule, "grads", step).items()}
+
+
+def full_params(results: dict, schedule: str) -> dict[str, torch.Tensor]:
+    """Every full parameter after the last step. ZeRO-1 all-gathers the updated shards, so every DP
+    replica must hold exactly the same full parameters: each rank's shard is checked, not just one."""
+    out = {}
+    for name, reps in _by_replica(results, schedule, "params", None).items():
+        full = {d: _join(name, tps) for d, tps in reps.items()}
+        for d, w in full.items():
+            assert torch.equal(w, full[0]), f"{name}: DP replica {d} holds other parameters than replica 0"
+        out[name] = full[0]
+    return out
+
+
+def mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float = RTOL,
+               atol: float = ATOL) -> list[str]:
+    """Names whose tensors differ by more than rtol of the reference's norm plus atol (empty: all match)."""
+    assert set(got) == set(want), f"parameters differ: {set(got) ^ set(want)}"
+    bad = []
+    for n in sorted(want):
+        err = (got[n].double() - want[n].double()).norm().item()
+        if not err <= rtol * want[n].double().norm().item() + atol:
+            bad.append(f"{n} (relative {rel(got[n], want[n]):.2e})")
+    return bad
 
 
 def losses(results: dict, schedule: str) -> list[float]:

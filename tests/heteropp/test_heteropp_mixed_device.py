@@ -15,7 +15,7 @@ import torch
 
 from heteropp.engine import RunConfig, launch
 from heteropp.plan import Plan, StagePlan
-from tests.heteropp.heteropp_helpers import MODEL, SCHEDULES, STEPS, full_grads, losses, reference, rel
+from tests.heteropp.heteropp_helpers import MODEL, SCHEDULES, STEPS, full_grads, losses, ref_grads, reference, rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -56,7 +56,7 @@ def test_mixed_device_losses_match_cpu_reference(name: str, schedule: str) -> No
 
 @pytest.mark.parametrize("name,schedule", CASES)
 def test_mixed_device_gradients_match_cpu_reference(name: str, schedule: str) -> None:
-    got, want = full_grads(run(name), schedule), reference(PLANS[name].global_batch)["grads"]
+    got, want = full_grads(run(name), schedule), ref_grads(reference(PLANS[name].global_batch))
     assert set(got) == set(want), f"parameters differ: {set(got) ^ set(want)}"
     worst = max((rel(got[n], want[n]), n) for n in want)
     print(f"{name} {schedule}: worst gradient relative error {worst[0]:.2e} ({worst[1]})")
