@@ -19,17 +19,22 @@ SCHEDULES = ("1f1b", "gpipe", "zbh1")
 PLAN_VERSION = 1
 
 
-def tp_heads_error(tp: int, heads: int | None = None, kv_heads: int | None = None) -> tuple[str, str] | None:
-    """Why `tp` ranks cannot split the attention heads, as (what is wrong, what is expected), or None.
+def tp_split_error(tp: int, heads: int | None = None, kv_heads: int | None = None, ffn: int | None = None,
+                   vocab: int | None = None) -> tuple[str, str] | None:
+    """Why `tp` ranks cannot split the model, as (what is wrong, what is expected), or None.
 
-    The one rule shared by plan validation and the planner's search space: query heads are split evenly;
-    key/value heads are split too, or, with more ranks than key/value heads, each is replicated on
-    tp // kv_heads consecutive ranks. A count left as None is not checked."""
+    The one TP rule, shared by plan validation, the planner's search space and the engine's stage model,
+    so the planner never proposes a TP size the engine refuses. Query heads, the FFN width and the
+    vocabulary are split evenly; key/value heads are split too, or, with more ranks than key/value heads,
+    each is replicated on tp // kv_heads consecutive ranks. A count left as None is not checked."""
     if heads is not None and heads % tp:
         return f"tp={tp} does not divide the model's heads={heads}", f"a divisor of {heads}"
     if kv_heads is not None and kv_heads % tp and tp % kv_heads:
         return (f"tp={tp} neither divides nor is a multiple of the model's kv_heads={kv_heads}",
                 f"a divisor or a multiple of {kv_heads}")
+    for name, n in (("ffn", ffn), ("vocab", vocab)):
+        if n is not None and n % tp:
+            return f"tp={tp} does not divide the model's {name}={n}", f"a divisor of {n}"
     return None
 
 
@@ -92,8 +97,10 @@ class Plan:
         return offs
 
     def validate(self, source: str = "<plan>", *, num_layers: int | None = None, heads: int | None = None,
-                 kv_heads: int | None = None, world_size: int | None = None) -> "Plan":
-        """Raise SpecError naming the field for anything the engine could not run."""
+                 kv_heads: int | None = None, ffn: int | None = None, vocab: int | None = None,
+                 world_size: int | None = None) -> "Plan":
+        """Raise SpecError naming the field for anything the engine could not run; the model counts given
+        are checked against each stage's TP size by the shared rule (tp_split_error)."""
         if not self.stages:
             raise SpecError(source, "stages", "empty", "at least one stage")
         for name, v in (("dp", self.dp), ("micro_batch_size", self.micro_batch_size), ("micro_batches", self.micro_batches)):
@@ -115,7 +122,7 @@ class Plan:
             if s.first_layer != expect:
                 raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
             expect += s.layers
-            if (why := tp_heads_error(s.tp, heads, kv_heads)) is not None:
+            if (why := tp_split_error(s.tp, heads, kv_heads, ffn, vocab)) is not None:
                 raise SpecError(source, f"{p}.tp", *why)
         total = num_layers if num_layers is not None else self.num_layers
         if total is not None and expect != total:

@@ -47,7 +47,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from .planning import load_problem
     plan = Plan.load(a.plan)
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
-    plan.validate(a.plan, num_layers=pb.model.layers, heads=pb.model.heads, kv_heads=pb.model.kv_heads)
+    m = pb.model
+    plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab)
     r = simulate_plan(pb.cm, plan, a.schedule, keep_timeline=bool(a.png))
     out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
            "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": a.schedule or plan.schedule}

@@ -15,7 +15,7 @@ import numpy as np
 from .bounds import Kind, integral_level, make_kinds, water_level_many
 from .costs import CostModel, in_flight
 from .levels import Rows
-from .space import stage_tp_runs
+from .space import stage_tp_runs, tp_counts
 
 
 class DpSpace:
@@ -25,9 +25,9 @@ class DpSpace:
         self.sched = cm.train.schedule
         self.nmax = max(L, b)
         self.choices: list[list[list[tuple[int, int]]]] = []  # per type, per choice: runs (tp, stages)
-        heads, kv_heads = cm.model.heads, cm.model.kv_heads
+        counts = tp_counts(cm.model)
         for name in names:
-            self.choices.append(stage_tp_runs(cm.cluster.chip(name), dp, group_size, heads, kv_heads, max_stages=L))
+            self.choices.append(stage_tp_runs(cm.cluster.chip(name), dp, group_size, *counts, max_stages=L))
         self.kid: dict[tuple[str, int], int] = {}
         for name, runs_list in zip(names, self.choices):
             for runs in runs_list:

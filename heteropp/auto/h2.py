@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
 from .search import Candidate, Progress, SearchResult
-from .space import dp_candidates, groups, tp_sizes
+from .space import dp_candidates, groups, tp_counts, tp_sizes
 
 ALPHA = 1.0
 
@@ -93,7 +93,7 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                 return
             e = ents[i]
             prev = [tps[j] for j in range(i) if ents[j].chip == e.chip]
-            for t in tp_sizes(chips[e.chip], cm.model.heads, cm.model.kv_heads):
+            for t in tp_sizes(chips[e.chip], *tp_counts(cm.model)):
                 if (e.chips // dp) % t or (group_rule and prev and t > prev[-1]):
                     continue
                 same = [rs[j] for j in range(i) if ents[j].chip == e.chip] if tie_recompute is not None else []

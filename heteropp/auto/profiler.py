@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..model import StageModel, TPGroup
-from ..plan import tp_heads_error
+from ..plan import tp_split_error
 from ..spec import load_model
 from .profiles import ChipProfile, Profile, TPProfile
 
@@ -174,7 +174,7 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
     entries = {}
     d1, d2 = depths
     for tp in tps:
-        if (why := tp_heads_error(tp, m.heads, m.kv_heads)) is not None:
+        if (why := tp_split_error(tp, m.heads, m.kv_heads, m.ffn, m.vocab)) is not None:
             raise ValueError(f"cannot profile {m.name}: {why[0]}; expected a tp that is {why[1]}")
         tokens = torch.randint(0, m.vocab, (micro_batch_size, m.seq_len), device=dev)
         group = tp_group if tp_group is not None and tp_group.size == tp else _LocalTP(0, tp)

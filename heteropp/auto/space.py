@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import tp_heads_error
-from ..spec import ChipType, Cluster, InfeasibleError, TrainSpec
+from ..plan import tp_split_error
+from ..spec import ChipType, Cluster, InfeasibleError, ModelSpec, TrainSpec
 
 
 def dp_candidates(cluster: Cluster, train: TrainSpec) -> list[int]:
@@ -18,13 +18,19 @@ def dp_candidates(cluster: Cluster, train: TrainSpec) -> list[int]:
     return out
 
 
-def tp_sizes(chip: ChipType, heads: int = 0, kv_heads: int = 0) -> list[int]:
-    """Powers of two up to the chip's TP_MAX that the plan's head rule (tp_heads_error) accepts for the
-    head counts given (0: not checked), so the planner proposes exactly the TP sizes the engine runs,
-    including those above kv_heads, where key/value heads are replicated."""
+def tp_counts(m: ModelSpec) -> tuple[int, int, int, int]:
+    """The model counts the TP rule checks, in the order tp_sizes and the functions below take them."""
+    return m.heads, m.kv_heads, m.ffn, m.vocab
+
+
+def tp_sizes(chip: ChipType, heads: int = 0, kv_heads: int = 0, ffn: int = 0, vocab: int = 0) -> list[int]:
+    """Powers of two up to the chip's TP_MAX that the shared TP rule (tp_split_error, which the engine's
+    stage model also applies) accepts for the counts given (0: not checked), so the planner proposes
+    exactly the TP sizes the engine runs, including those above kv_heads, where key/value heads are
+    replicated."""
     out, t = [], 1
     while t <= chip.tp_max:
-        if tp_heads_error(t, heads or None, kv_heads or None) is None:
+        if tp_split_error(t, heads or None, kv_heads or None, ffn or None, vocab or None) is None:
             out.append(t)
         t *= 2
     return out
@@ -45,13 +51,14 @@ class GroupChoice:
     stages: tuple[int, ...]  # pipeline stages per group
 
 
-def tp_sequences(chip: ChipType, dp: int, sizes: list[int], heads: int = 0, kv_heads: int = 0) -> list[GroupChoice]:
+def tp_sequences(chip: ChipType, dp: int, sizes: list[int], heads: int = 0, kv_heads: int = 0, ffn: int = 0,
+                 vocab: int = 0) -> list[GroupChoice]:
     """Every non-increasing per-group TP choice where each group's per-replica chips split into whole stages."""
     per = [s // dp if s % dp == 0 else 0 for s in sizes]
     if 0 in per:
         return []
     out: list[GroupChoice] = []
-    sizes_ok = tp_sizes(chip, heads, kv_heads)
+    sizes_ok = tp_sizes(chip, heads, kv_heads, ffn, vocab)
 
     def rec(i: int, cap: int, tps: tuple[int, ...]) -> None:
         if i == len(per):
@@ -65,14 +72,14 @@ def tp_sequences(chip: ChipType, dp: int, sizes: list[int], heads: int = 0, kv_h
     return out
 
 
-def stage_tp_runs(chip: ChipType, dp: int, group_size: int, heads: int = 0, kv_heads: int = 0,
-                  max_stages: int | None = None) -> list[list[tuple[int, int]]]:
+def stage_tp_runs(chip: ChipType, dp: int, group_size: int, heads: int = 0, kv_heads: int = 0, ffn: int = 0,
+                  vocab: int = 0, max_stages: int | None = None) -> list[list[tuple[int, int]]]:
     """stage_tp_choices as runs (tp, stages) of equal consecutive TP sizes, without expanding them; with
     max_stages, only those with at most that many stages (a pipeline of more stages than layers is
     never built)."""
     seen: dict[tuple[tuple[int, int], ...], None] = {}
     for sizes in ([chip.count], groups(chip, group_size)):
-        for g in tp_sequences(chip, dp, sizes, heads, kv_heads):
+        for g in tp_sequences(chip, dp, sizes, heads, kv_heads, ffn, vocab):
             if max_stages is not None and sum(g.stages) > max_stages:
                 continue
             runs: list[tuple[int, int]] = []
@@ -85,8 +92,9 @@ def stage_tp_runs(chip: ChipType, dp: int, group_size: int, heads: int = 0, kv_h
     return [list(k) for k in seen]
 
 
-def stage_tp_choices(chip: ChipType, dp: int, group_size: int, heads: int = 0,
-                     kv_heads: int = 0) -> list[list[int]]:
+def stage_tp_choices(chip: ChipType, dp: int, group_size: int, heads: int = 0, kv_heads: int = 0, ffn: int = 0,
+                     vocab: int = 0) -> list[list[int]]:
     """Per-stage TP lists (pipeline order) for one chip type: the whole type as one entity (the paper's
     first stage) and the grouped entities of its second stage, without duplicates."""
-    return [[t for t, n in runs for _ in range(n)] for runs in stage_tp_runs(chip, dp, group_size, heads, kv_heads)]
+    runs_list = stage_tp_runs(chip, dp, group_size, heads, kv_heads, ffn, vocab)
+    return [[t for t, n in runs for _ in range(n)] for runs in runs_list]

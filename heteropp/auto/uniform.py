@@ -12,7 +12,7 @@ import math
 from .costs import CostModel, StageSpec, in_flight, micro_batches
 from .plan_sim import iteration_time
 from .search import Candidate
-from .space import dp_candidates, tp_sizes
+from .space import dp_candidates, tp_counts, tp_sizes
 
 
 def even_layers(L: int, p: int) -> list[int]:
@@ -25,7 +25,7 @@ def even_layers(L: int, p: int) -> list[int]:
 def uniform_1f1b(cm: CostModel) -> Candidate | None:
     """The best uniform-1F1B plan by simulated iteration time (its `time_s`); None when none fits."""
     L, chips = cm.model.layers, cm.cluster.chips
-    tps = set.intersection(*(set(tp_sizes(c, cm.model.heads, cm.model.kv_heads)) for c in chips))
+    tps = set.intersection(*(set(tp_sizes(c, *tp_counts(cm.model))) for c in chips))
     best: Candidate | None = None
     for dp, tp in itertools.product(dp_candidates(cm.cluster, cm.train), sorted(tps)):
         if any(c.count % (tp * dp) for c in chips):

@@ -2,7 +2,6 @@
 types, and the schedule's action lists."""
 from __future__ import annotations
 
-from ..model.stage import check_tp
 from ..plan import Plan
 from ..spec import ModelSpec, SpecError
 from .schedule import compile_schedule
@@ -12,11 +11,10 @@ from .topology import resolve_chip
 def check_run(plan: Plan, m: ModelSpec, source: str, chip_map: dict[str, str], schedules: list,
               world_size: int | None = None) -> None:
     """Raise SpecError (or ScheduleError) naming the field, stage or schedule that cannot run."""
-    plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, world_size=world_size)
+    # Every stage's TP size is checked here by the shared rule (tp_split_error), the one StageModel applies.
+    plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
+                  world_size=world_size)
     for i, s in enumerate(plan.stages):
-        if (why := check_tp(m, s.tp)) is not None:
-            raise SpecError(source, f"stages[{i}].tp", why,
-                            "a TP size dividing heads, ffn and vocab, and dividing kv_heads or a multiple of it")
         try:
             resolve_chip(s.chip, chip_map)
         except ValueError as e:

@@ -106,7 +106,8 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING, format="%(name)s: %(message)s")
     plan = cfg.plan_obj
     m = cfg.model_spec
-    plan.validate("plan", num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, world_size=world)
+    plan.validate("plan", num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
+                  world_size=world)
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
     timeout = datetime.timedelta(seconds=cfg.timeout_s)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..plan import tp_split_error
 from ..spec import ModelSpec
 from .init import EMBED_LAYER
 from .layers import Block, RMSNorm
@@ -15,14 +16,10 @@ from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
 def check_tp(m: ModelSpec, tp: int) -> str | None:
-    """Why this model cannot be split over `tp` ranks, or None. Key/value heads may also be fewer than the
-    TP ranks when they divide it (each is then replicated on tp // kv_heads ranks)."""
-    for name in ("heads", "ffn", "vocab"):
-        if getattr(m, name) % tp:
-            return f"tp={tp} does not divide the model's {name}={getattr(m, name)}"
-    if m.kv_heads % tp and tp % m.kv_heads:
-        return f"tp={tp} neither divides nor is a multiple of the model's kv_heads={m.kv_heads}"
-    return None
+    """Why this model cannot be split over `tp` ranks, or None. The rule itself is tp_split_error, shared
+    with plan validation and the planner, so a TP size the planner proposes is one this model accepts."""
+    why = tp_split_error(tp, m.heads, m.kv_heads, m.ffn, m.vocab)
+    return None if why is None else f"{why[0]}; expected a tp that is {why[1]}"
 
 
 class StageModel(nn.Module):
