@@ -26,7 +26,8 @@ def _common(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--backends", default=None,
                    help="comma list of dicomm,gloo (default: both; dicomm skipped with a warning "
                         "when it cannot be imported)")
-    p.add_argument("--api", default=apis, help=f"dicomm APIs: torch,raw (default {apis})")
+    p.add_argument("--api", default=apis, help=f"dicomm APIs: torch,raw,native (default {apis}); native: p2p's "
+                   "ping-pong looped in C++ over the raw communicator")
     p.add_argument("--min-bytes", default=lo, help=f"smallest size (default {lo})")
     p.add_argument("--max-bytes", default=hi, help=f"largest size (default {hi})")
     p.add_argument("--step", type=int, default=2, help="size multiplier (default 2)")

@@ -22,7 +22,7 @@ _P2P_TAG = 7
 class BackendSpec:
     label: str      # "gloo", "dicomm", "dicomm-tcp", "dicomm-raw", ...
     backend: str    # "gloo" | "dicomm" | "memcpy" (the local copy that bounds a transfer)
-    api: str        # "torch" | "raw" | "local"
+    api: str        # "torch" | "raw" | "native" (raw, ping-pong looped in C++) | "local"
     transport: str  # requested transport: "auto" | "shm" | "tcp" | "verbs" (gloo: "tcp"; memcpy: "local")
 
 
@@ -36,7 +36,7 @@ def make_specs(backends: list[str], apis: list[str], transport: str, extra_tcp: 
             continue
         suffix = "" if transport == "auto" else f"-{transport}"
         for api in apis:
-            label = "dicomm" + ("-raw" if api == "raw" else "") + suffix
+            label = "dicomm" + ("" if api == "torch" else f"-{api}") + suffix
             specs.append(BackendSpec(label, "dicomm", api, transport))
         if extra_tcp and transport != "tcp" and "torch" in apis:
             specs.append(BackendSpec("dicomm-tcp", "dicomm", "torch", "tcp"))
@@ -159,7 +159,7 @@ def make_endpoint(spec: BackendSpec, store, rank: int, world_size: int, timeout_
     import dicomm.backend  # noqa: F401  (registers the backend)
 
     with _transport_env(spec.transport):
-        if spec.api == "raw":
+        if spec.api in ("raw", "native"):
             from dicomm import _C
 
             comm = _C.Communicator(dist.PrefixStore(f"bench/{spec.label}", store), rank,

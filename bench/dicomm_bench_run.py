@@ -32,10 +32,10 @@ def resolve_specs(backends_arg: str | None, api_arg: str, transport: str, kind: 
     asked for explicitly (asked for explicitly, it is an error)."""
     explicit = backends_arg is not None
     backends = _split(backends_arg or "dicomm,gloo", ("dicomm", "gloo"), "--backends")
-    apis = _split(api_arg, ("torch", "raw"), "--api")
-    if kind == "coll" and "raw" in apis:
-        _warn("coll measures through torch.distributed only; ignoring --api raw")
-        apis = [a for a in apis if a != "raw"] or ["torch"]
+    apis = _split(api_arg, ("torch", "raw", "native"), "--api")
+    if kind == "coll" and {"raw", "native"} & set(apis):
+        _warn("coll measures through torch.distributed only; ignoring --api raw/native")
+        apis = [a for a in apis if a == "torch"] or ["torch"]
     if "dicomm" in backends:
         why = dicomm_status()
         if why and explicit:

@@ -56,17 +56,19 @@ def table(rounds: list[dict]) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    lines = ["| round | `ib_write_lat -s 8` typical | dicomm-raw 8 B median | ratio | dicomm (torch) 8 B | ratio "
-             "| `ib_write_bw -s 1M` | dicomm-raw 1 MiB | ratio | dicomm (torch) 1 MiB | ratio |",
-             "|---" * 11 + "|"]
+    apis = [("dicomm-native-verbs", "native (C++ loop)"), ("dicomm-raw-verbs", "raw (Python)"),
+            ("dicomm-verbs", "torch")]
+    lines = ["| round | `ib_write_lat -s 8` typical | " + " | ".join(f"{n} 8 B | ratio" for _, n in apis)
+             + " | `ib_write_bw -s 1M` | " + " | ".join(f"{n} 1 MiB | ratio" for _, n in apis) + " |",
+             "|---" * (3 + 4 * len(apis)) + "|"]
     for r in rounds:
-        lines.append(" | ".join([
-            f"| {r['round']}", f(r["ib_write_lat_8B_typical_us"], ".2f") + " us",
-            f(r.get("dicomm-raw-verbs 8B median_us"), ".1f") + " us", f(r.get("dicomm-raw-verbs 8B ratio"), ".2f") + "x",
-            f(r.get("dicomm-verbs 8B median_us"), ".1f") + " us", f(r.get("dicomm-verbs 8B ratio"), ".2f") + "x",
-            f(r["ib_write_bw_1MiB_MBps"], ".1f") + " MB/s",
-            f(r.get("dicomm-raw-verbs 1MiB MBps"), ".1f") + " MB/s", f(r.get("dicomm-raw-verbs 1MiB ratio"), ".2f"),
-            f(r.get("dicomm-verbs 1MiB MBps"), ".1f") + " MB/s", f(r.get("dicomm-verbs 1MiB ratio"), ".2f")]) + " |")
+        cells = [f"| {r['round']}", f(r["ib_write_lat_8B_typical_us"], ".2f") + " us"]
+        for key, _ in apis:
+            cells += [f(r.get(f"{key} 8B median_us"), ".1f") + " us", f(r.get(f"{key} 8B ratio"), ".2f") + "x"]
+        cells.append(f(r["ib_write_bw_1MiB_MBps"], ".1f") + " MB/s")
+        for key, _ in apis:
+            cells += [f(r.get(f"{key} 1MiB MBps"), ".1f") + " MB/s", f(r.get(f"{key} 1MiB ratio"), ".2f")]
+        lines.append(" | ".join(cells) + " |")
     return "\n".join(lines)
 
 

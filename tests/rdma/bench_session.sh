@@ -7,7 +7,7 @@ PY=.venv/bin/python
 for r in $(seq ${ROUNDS:-3}); do
   perftest write_lat_$r ib_write_lat 8 ${LAT_ITERS:-1000}
   perftest write_bw_1m_$r ib_write_bw 1048576 100
-  step dicomm_$r 280 "$PY" -m bench.dicomm_bench p2p --transport verbs --backends dicomm --api raw,torch --no-memcpy \
+  step dicomm_$r 280 "$PY" -m bench.dicomm_bench p2p --transport verbs --backends dicomm --api native,raw,torch --no-memcpy \
     --min-bytes 8 --max-bytes 1M --step 131072 --iters ${LAT_ITERS:-1000} --budget 64M --warmup 20 --rounds 5 \
     --op-timeout 60 --timeout 240 --json "$RESULTS/dicomm_$r.json"
 done

@@ -45,7 +45,7 @@ def run(command: str, timeout_s: float = 240, mem_mb: int = 1024) -> GuestResult
     run_dir.mkdir(parents=True)
     (run_dir / "cmd.sh").write_text(command + "\n")
     stage2 = Path(__file__).with_name("guest_stage2.sh")
-    append = (f"console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on rdmalab={lab.LAB} "
+    append = (f"console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on tsc=reliable clocksource=tsc rdmalab={lab.LAB} "
               f"stage2={stage2} rdmarun={run_dir} rdmarepo={lab.REPO}")
     cmd = [env["qemu"], *_accel(), "-smp", "2", "-m", str(mem_mb), "-M", "pc", "-nodefaults", "-no-user-config",
            "-display", "none", "-serial", "stdio", "-no-reboot",

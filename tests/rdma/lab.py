@@ -16,7 +16,8 @@ LAB = Path(os.environ.get("DICOMM_RDMA_LAB", REPO / "build" / "rdma-lab"))
 # Userland layered over the host root in the guest. libibverbs-dev only supplies headers for the
 # ABI check of dicomm's own verbs declarations; python3-pyverbs is the independent reference.
 USER_PACKAGES = ["busybox-static", "kmod", "libkmod2", "libibverbs1", "ibverbs-providers", "rdma-core",
-                 "ibverbs-utils", "perftest", "librdmacm1", "libpci3", "libibverbs-dev", "python3-pyverbs"]
+                 "ibverbs-utils", "perftest", "librdmacm1", "libpci3", "libibverbs-dev", "python3-pyverbs",
+                 "libibumad3"]  # libibumad3: perftest's ib_send_lat links it
 # Stage 1 needs only virtio, 9p and overlay; everything else is loaded from the full module tree.
 INITRD_MODULES = ["drivers/virtio/virtio.ko", "drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio_pci.ko",
                   "drivers/virtio/virtio_pci_modern_dev.ko", "drivers/virtio/virtio_pci_legacy_dev.ko",

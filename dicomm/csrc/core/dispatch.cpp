@@ -8,7 +8,7 @@ namespace dicomm {
 // ---------------------------------------------------------------- matching
 
 void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
-  ++counters_["messages_received"];
+  ++*hot_.messages_received;
   Unexpected msg;
   msg.src = conn.peer();
   msg.hdr = hdr;
@@ -17,23 +17,23 @@ void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr,
     match(r, std::move(msg), payload);  // an eager payload goes straight into the receive buffer
     return;
   }
-  ++counters_["unexpected_messages"];
+  ++*hot_.unexpected_messages;
   if (payload) msg.data.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + hdr.bytes);
   queues_.add_unexpected(std::move(msg));
 }
 
 bool Engine::fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal) {
-  std::string who = "rank " + std::to_string(src);
+  auto who = [src] { return "rank " + std::to_string(src); };  // only for errors: not on the hot path
   if (hdr.bytes > r.capacity) {
     fail(r, ErrorKind::kMismatch,
-         r.describe() + ": the message from " + who + " has " + std::to_string(hdr.bytes) +
+         r.describe() + ": the message from " + who() + " has " + std::to_string(hdr.bytes) +
              " B but the buffer holds only " + std::to_string(r.capacity) + " B (nothing was truncated)");
     *refusal = transport::Refusal{transport::Refusal::kTooSmall, r.capacity, r.meta};
     return false;
   }
   if (r.meta != 0 && r.meta != hdr.meta) {
     fail(r, ErrorKind::kMismatch,
-         r.describe() + ": " + who + " sent " + Communicator::describe_meta(hdr.meta) + " but this receive expects " +
+         r.describe() + ": " + who() + " sent " + Communicator::describe_meta(hdr.meta) + " but this receive expects " +
              Communicator::describe_meta(r.meta));
     *refusal = transport::Refusal{transport::Refusal::kMetaDiffers, r.capacity, r.meta};
     return false;
@@ -83,10 +83,10 @@ void Engine::finish(P2PRequest& r, int source, size_t nbytes) {
   release_memory(r);
   r.complete(source, nbytes);
   if (r.op == P2PRequest::Op::kSend) {
-    ++counters_["messages_sent"];
-    counters_["bytes_sent"] += static_cast<int64_t>(nbytes);
+    ++*hot_.messages_sent;
+    *hot_.bytes_sent += static_cast<int64_t>(nbytes);
   } else {
-    counters_["bytes_received"] += static_cast<int64_t>(nbytes);
+    *hot_.bytes_received += static_cast<int64_t>(nbytes);
   }
   if (blocked_) done_cv_.notify_all();
   if (caller_polling_) poller_->wake();

@@ -52,6 +52,8 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
                         "messages_received", "bytes_sent", "bytes_received", "unexpected_messages", "peers_lost",
                         "shm_bytes_written_by_sender", "shm_cma_unavailable"})
     counters_[c] = 0;
+  hot_ = {&counters_["messages_sent"], &counters_["messages_received"], &counters_["bytes_sent"],
+          &counters_["bytes_received"], &counters_["unexpected_messages"]};
 }
 
 Engine::~Engine() { close(); }
@@ -212,6 +214,7 @@ std::map<std::string, int64_t> Engine::stats() const {
     auto& cache = static_cast<transport::verbs::VerbsTransport&>(*verbs->second).nic().cache();
     out["verbs_reg_cache_hits"] = static_cast<int64_t>(cache.hits());
     out["verbs_reg_cache_misses"] = static_cast<int64_t>(cache.misses());
+    out["verbs_reg_cache_stale"] = static_cast<int64_t>(cache.stale());
     out["verbs_peers"] = out["verbs_device_direct_peers"] = out["verbs_cpu_mediated_peers"] = 0;
     for (const auto& p : peers_) {
       std::string path = path_of_locked(p);

@@ -200,6 +200,7 @@ PYBIND11_MODULE(_C, m) {
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
 
   bind_collectives(m, comm);
+  bind_bench(m);
 
   m.def("_verbs_probe", [] {
     namespace verbs = transport::verbs;

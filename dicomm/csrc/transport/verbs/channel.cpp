@@ -36,6 +36,7 @@ Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::stri
   slots_ = static_cast<int>(env_long("DICOMM_IB_SLOTS", 32, 4, 1024));
   slot_bytes_ = sizeof(Ctrl) + static_cast<size_t>(env_long("DICOMM_IB_EAGER_BYTES", 8192, 0, 1 << 20));
   sq_depth_ = std::max(16, std::min(256, nic_->max_qp_wr()));
+  signal_every_ = static_cast<int>(env_long("DICOMM_IB_SIGNAL_EVERY", 16, 1, sq_depth_ / 4));
   const std::string dev = nic_->port().describe();
   auto fail = [&](const std::string& step) { throw PeerError(what_ + ": " + step + " failed on " + dev + ": " + errno_text(errno)); };
 
@@ -89,13 +90,15 @@ Channel::~Channel() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(env_long("DICOMM_IB_DRAIN_MS", 2000, 0, 60000));
   try {
     while (fault_->empty() && (sq_used_ > 0 || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
+      // Unsignaled requests at the tail would never report: a signaled credit write behind them does.
+      if (unsignaled_ > 0 && retire_.empty() && sq_used_ < sq_depth_ && qp_) write_credit(true);
       ibv::wc wc[16];
       int n = api_.poll_cq(cq_, 16, wc);
       for (int i = 0; i < n; ++i) {
         if (wc[i].status != ibv::WC_SUCCESS) throw PeerError("error completion while draining");
         uint64_t kind = wc[i].wr_id & ~kLow;
         if (kind == kWrRecv) continue;  // the peer is closing too: nothing more to deliver
-        --sq_used_;
+        retire();
         if (kind == kWrRead) --reads_;
         if (kind == kWrSend && (wc[i].wr_id & kLow) != kNoSlot) free_send_slots_.push_back(static_cast<int>(wc[i].wr_id & kLow));
       }
@@ -211,7 +214,8 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = ibv::WR_SEND;
-  wr.send_flags = ibv::SEND_SIGNALED | (inl ? ibv::SEND_INLINE : 0u);
+  // A registered send slot is reused only after its completion: those are always signaled.
+  wr.send_flags = signal_flag(!inl) | (inl ? ibv::SEND_INLINE : 0u);
   ibv::send_wr* bad = nullptr;
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a send failed: " + errno_text(errno));
   ++sent_;
@@ -239,7 +243,7 @@ void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey,
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = ibv::WR_RDMA_READ;
-  wr.send_flags = ibv::SEND_SIGNALED;
+  wr.send_flags = signal_flag(true);
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   ibv::send_wr* bad = nullptr;
@@ -248,8 +252,28 @@ void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey,
   ++sq_used_;
 }
 
+unsigned Channel::signal_flag(bool must) {
+  if (must || unsignaled_ + 1 >= signal_every_ || sq_used_ + 1 >= sq_depth_) {
+    retire_.push_back(unsignaled_ + 1);
+    unsignaled_ = 0;
+    return ibv::SEND_SIGNALED;
+  }
+  ++unsignaled_;
+  return 0;
+}
+
+void Channel::retire() {
+  if (retire_.empty()) throw PeerError(what_ + ": a send-queue completion nobody asked for");
+  sq_used_ -= retire_.front();
+  retire_.pop_front();
+}
+
 void Channel::advertise() {
   if (posted_ - advertised_ < static_cast<uint64_t>(slots_ / 2) || sq_used_ >= sq_depth_) return;
+  write_credit(false);
+}
+
+void Channel::write_credit(bool signal) {
   *posted_word_ = posted_;
   ibv::sge s{reinterpret_cast<uintptr_t>(posted_word_), 8, mr_->lkey};
   ibv::send_wr wr{};
@@ -257,7 +281,8 @@ void Channel::advertise() {
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = ibv::WR_RDMA_WRITE;
-  wr.send_flags = ibv::SEND_SIGNALED | (max_inline_ >= 8 ? ibv::SEND_INLINE : 0u);
+  // Not inline, the NIC reads the word later: signaled then, so it is not rewritten under the read.
+  wr.send_flags = signal_flag(signal || max_inline_ < 8) | (max_inline_ >= 8 ? ibv::SEND_INLINE : 0u);
   wr.wr.rdma.remote_addr = remote_credit_addr_;
   wr.wr.rdma.rkey = remote_credit_rkey_;
   ibv::send_wr* bad = nullptr;
@@ -297,7 +322,7 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
     ++posted_;
     return;
   }
-  --sq_used_;
+  retire();
   if (kind == kWrSend && low != kNoSlot) free_send_slots_.push_back(static_cast<int>(low));
   if (kind == kWrRead) {
     --reads_;

@@ -82,6 +82,9 @@ class Channel {
   bool post_send_slot(const Ctrl& c, const void* payload, size_t n);
   void post_recv(int slot);
   void advertise();
+  void write_credit(bool signal);      // RDMA-writes our posted count into the peer's credit word
+  unsigned signal_flag(bool must);     // SEND_SIGNALED for this work request, or 0
+  void retire();                       // a send-queue completion: frees it and the unsignaled before it
   void handle(const ibv::wc& wc, Handler& h);
   [[noreturn]] void fail_wc(const ibv::wc& wc);
   void drain_events();
@@ -114,6 +117,12 @@ class Channel {
   uint32_t max_inline_ = 0;
 
   int sq_depth_ = 0, sq_used_ = 0;
+  // Sends and credit writes ask for a completion only every signal_every_ work requests (RC
+  // completes a send queue in order, so one completion retires those before it): fewer completions
+  // to make and poll per message. retire_ holds, per signaled request in flight, how many send-queue
+  // entries its completion frees.
+  int signal_every_ = 1, unsignaled_ = 0;
+  std::deque<int> retire_;
   int max_reads_ = 1, reads_ = 0;
   struct Pending { Ctrl c; std::vector<char> payload; };
   std::deque<Pending> pending_;

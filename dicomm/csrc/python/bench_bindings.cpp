@@ -1,0 +1,56 @@
+// `dicomm._C._pingpong`: the benchmark's ping-pong loop in C++, through the same Communicator calls
+// the Python API makes (isend/irecv + wait), so a latency figure can separate the engine from the
+// interpreter (perftest and OSU-style benchmarks are C loops too).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace dicomm::python {
+
+void bind_bench(py::module_& m) {
+  m.def(
+      "_pingpong",
+      [](Communicator& c, int peer, uintptr_t send_ptr, uintptr_t recv_ptr, size_t nbytes, int iters, bool initiator,
+         int64_t tag, double timeout_s) {
+        if (iters < 0) throw ValueError("iters must be >= 0, got " + std::to_string(iters));
+        if (tag < 0) throw ValueError("tag " + std::to_string(tag) + " is negative; tags are integers in [0, 2**63)");
+        if (!(timeout_s > 0)) throw ValueError("timeout_s must be positive");
+        if (peer == c.rank()) throw ValueError("ping-pong needs a peer other than this rank (" + std::to_string(peer) + ")");
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
+        const void* sbuf = reinterpret_cast<const void*>(send_ptr);
+        void* rbuf = reinterpret_cast<void*>(recv_ptr);
+        const Tag t = static_cast<Tag>(tag);
+        std::vector<int64_t> round_trips;
+        round_trips.reserve(initiator ? static_cast<size_t>(iters) : 0);
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < iters; ++i) {
+          if (initiator) {  // the same order as the Python loop: send, then receive the answer
+            const auto t0 = std::chrono::steady_clock::now();
+            c.isend(sbuf, nbytes, peer, t)->wait(timeout);
+            c.irecv(rbuf, nbytes, peer, t)->wait(timeout);
+            round_trips.push_back(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+          } else {
+            c.irecv(rbuf, nbytes, peer, t)->wait(timeout);
+            c.isend(sbuf, nbytes, peer, t)->wait(timeout);
+          }
+        }
+        return round_trips;
+      },
+      py::arg("comm"), py::arg("peer"), py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("nbytes"), py::arg("iters"),
+      py::arg("initiator"), py::arg("tag") = 7, py::arg("timeout_s") = 60.0,
+      "`iters` ping-pongs with `peer` through the Communicator's isend/irecv, looped in C++ without the GIL.\n"
+      "The initiator sends first and returns each round trip's duration in ns; the other side answers and\n"
+      "returns an empty list.");
+}
+
+}  // namespace dicomm::python
