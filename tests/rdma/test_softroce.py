@@ -187,6 +187,15 @@ def test_freed_and_reused_buffer_is_registered_again(session):
         assert res["address_reused"], f"rank {rank}: the kernel did not hand back the same address: {res}"
 
 
+def test_buffer_remapped_in_the_middle_is_registered_again(session):
+    """One page in the middle of a cached 4 MiB send and receive buffer mapped anew (first and last
+    pages kept): the second transfer must carry the new bytes, and the cache must say it found both
+    registrations stale."""
+    for rank, res in enumerate(_scenario(session, "middle_page")):
+        assert res["rounds_ok"] == [True, True], (rank, res)
+        assert res["stale_registrations"] == 2, (rank, res)
+
+
 def test_wrong_gid_index_names_device_port_and_gid(session):
     res = _scenario(session, "bad_gid")
     assert "DICOMM_IB_GID_INDEX=97" in res.get("text", ""), res

@@ -34,7 +34,7 @@ Registration* MrCache::acquire(const void* addr, size_t len) {
   auto it = map_.find(key);
   if (it != map_.end()) {
     Registration* r = it->second;
-    // Only an idle entry can have been freed by its owner; two reads of pagemap per hit.
+    // Only an idle entry can have been freed by its owner; one pagemap read per 4096 pages per hit.
     if (r->refs == 0 && r->pages.known() && !(page_ids(addr, len) == r->pages)) {
       ++stale_;
       idle_.erase(r->lru);

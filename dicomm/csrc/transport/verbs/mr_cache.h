@@ -1,9 +1,10 @@
 // Memory registration with a cache keyed by (address, length): a buffer sent or received again is
 // registered once. Entries in use are pinned by a reference count; idle ones are evicted least
 // recently used past DICOMM_IB_REG_CACHE entries (0 turns caching off: register per message).
-// A freed and reused range (same address and length, other pages) would hit a stale registration:
-// where /proc/self/pagemap shows page frames (CAP_SYS_ADMIN), a hit on an idle entry compares the
-// first and last page with those pinned at registration and registers again when they differ.
+// A freed and reused range (same address and length, other pages, whole or in part) would hit a
+// stale registration: where /proc/self/pagemap shows page frames (CAP_SYS_ADMIN), a hit on an idle
+// entry compares a digest of every page's frame with the one taken at registration and registers
+// again when they differ.
 // Without that privilege the cache trusts that a cached range keeps its pages (the usual
 // assumption of caches without memory hooks); DICOMM_IB_REG_CACHE=0 is the escape hatch.
 #pragma once
