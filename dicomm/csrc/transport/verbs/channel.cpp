@@ -281,8 +281,9 @@ void Channel::write_credit(bool signal) {
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = ibv::WR_RDMA_WRITE;
-  // Not inline, the NIC reads the word later: signaled then, so it is not rewritten under the read.
-  wr.send_flags = signal_flag(signal || max_inline_ < 8) | (max_inline_ >= 8 ? ibv::SEND_INLINE : 0u);
+  // Without inline data the NIC reads the word after the post; a later, larger count written over it
+  // meanwhile only advertises more credit.
+  wr.send_flags = signal_flag(signal) | (max_inline_ >= 8 ? ibv::SEND_INLINE : 0u);
   wr.wr.rdma.remote_addr = remote_credit_addr_;
   wr.wr.rdma.rkey = remote_credit_rkey_;
   ibv::send_wr* bad = nullptr;
