@@ -32,7 +32,7 @@ def test_vs_sim_plans_and_prediction():
         got = plans(m.layers, 8)
         assert len(got) >= 3
         for name, plan in got.items():
-            plan.validate(name, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads)
+            plan.validate(name, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab)
             t = predict(m, plan, prof)
             # at least every micro-batch's compute on the busiest stage
             busiest = max(s.layers * (3e-3 + (1e-3 if s.recompute else 0)) / s.tp for s in plan.stages)
