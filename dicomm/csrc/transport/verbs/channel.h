@@ -40,10 +40,10 @@ struct Ctrl {
   uint64_t addr = 0;  // rendezvous: the sender's buffer, read by the receiver
   uint32_t rkey = 0;
   uint32_t reserved = 0;
-  uint64_t reserved2 = 0;
+  uint64_t ready = 0;  // rendezvous: bytes the receiver may read so far (a staged copy grows)
 };
 static_assert(sizeof(Ctrl) == 64, "Ctrl is a wire format");
-enum CtrlKind : uint32_t { kEager = 1, kRts = 2, kFin = 3, kRefuse = 4 };
+enum CtrlKind : uint32_t { kEager = 1, kRts = 2, kFin = 3, kRefuse = 4, kReady = 5 };
 
 class Channel {
  public:

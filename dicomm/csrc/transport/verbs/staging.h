@@ -1,7 +1,9 @@
 // The CPU-mediated path: buffers the NIC cannot register (device memory without dma-buf or a
 // peer-memory module) move through registered host memory. The receiver reads each chunk into a
 // slot of a staging ring and copies it to the destination while later chunks are still on the
-// wire; the sender copies its buffer into one registered host buffer before announcing it.
+// wire; the sender copies its buffer into one registered host buffer chunk by chunk, announcing the
+// first chunk with the message and each later one as it lands (kReady), so its copy-in overlaps the
+// receiver's reads.
 #pragma once
 
 #include <cstddef>

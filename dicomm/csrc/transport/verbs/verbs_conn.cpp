@@ -19,8 +19,8 @@ std::string PathStats::describe() const {
 
 // ---------------------------------------------------------------- send side
 
-VerbsSendConn::VerbsSendConn(int peer, std::unique_ptr<Channel> ch, Sink* sink)
-    : peer_(peer), ch_(std::move(ch)), sink_(sink) {}
+VerbsSendConn::VerbsSendConn(int peer, std::unique_ptr<Channel> ch, Sink* sink, size_t chunk_bytes)
+    : peer_(peer), ch_(std::move(ch)), sink_(sink), chunk_(chunk_bytes) {}
 
 VerbsSendConn::~VerbsSendConn() {
   ch_.reset();  // drains first: the peer may still be reading our buffers
@@ -46,14 +46,18 @@ void VerbsSendConn::post(SendOp* op) {
   if (r.reg->mr) {
     c.addr = reinterpret_cast<uintptr_t>(op->buf);
     c.rkey = r.reg->rkey();
+    r.ready = op->hdr.bytes;
     path_.device_direct |= r.reg->device;
-  } else {  // CPU-mediated: the peer reads a registered host copy
+  } else {  // CPU-mediated: the peer reads a registered host copy, made one chunk at a time
     r.staged = std::make_unique<HostBuffer>(nic, op->hdr.bytes);
-    copy_in(r.staged->data(), op->buf, op->hdr.bytes, r.reg->device);
+    r.ready = std::min(chunk_, op->hdr.bytes);
+    copy_in(r.staged->data(), op->buf, r.ready, r.reg->device);
+    if (r.ready < op->hdr.bytes) ++staging_;
     c.addr = reinterpret_cast<uintptr_t>(r.staged->data());
     c.rkey = r.staged->rkey();
     path_.cpu_mediated = true;
   }
+  c.ready = r.ready;
   rendezvous_.emplace(c.msg_id, std::move(r));
   ch_->send_ctrl(c);
 }
@@ -64,10 +68,36 @@ void VerbsSendConn::on_ctrl(const Ctrl& c, const char*) {
     throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind) + " for message " +
                     std::to_string(c.msg_id));
   SendOp* op = it->second.op;
+  if (it->second.staged && it->second.ready < op->hdr.bytes) --staging_;  // refused before fully staged
   ch_->nic().cache().release(it->second.reg);
   rendezvous_.erase(it);
   if (c.kind == kFin) sink_->on_send_done(op);
   else sink_->on_send_refused(op, Refusal{c.code, c.bytes, c.meta});
+}
+
+bool VerbsSendConn::progress(bool thorough) {
+  bool did = ch_->progress(*this, thorough);
+  if (staging_ > 0) did |= stage_more();
+  return did;
+}
+
+bool VerbsSendConn::stage_more() {
+  bool did = false;
+  for (auto& [id, r] : rendezvous_) {
+    const size_t bytes = r.op->hdr.bytes;
+    if (!r.staged || r.ready >= bytes) continue;
+    const size_t n = std::min(chunk_, bytes - r.ready);
+    copy_in(r.staged->data() + r.ready, static_cast<const char*>(r.op->buf) + r.ready, n, r.reg->device);
+    r.ready += n;
+    if (r.ready == bytes) --staging_;
+    Ctrl c;
+    c.kind = kReady;
+    c.msg_id = id;
+    c.ready = r.ready;
+    ch_->send_ctrl(c);
+    did = true;
+  }
+  return did;
 }
 
 // ---------------------------------------------------------------- receive side
@@ -90,8 +120,17 @@ void VerbsRecvConn::on_ctrl(const Ctrl& c, const char* payload) {
   if (c.kind == kEager) {
     sink_->on_message(*this, h, c.bytes ? payload : kEmpty);
   } else if (c.kind == kRts) {
-    announced_[c.msg_id] = Announced{c.addr, c.rkey, c.bytes};
+    announced_[c.msg_id] = Announced{c.addr, c.rkey, c.bytes, std::min(c.ready, c.bytes)};
     sink_->on_message(*this, h, nullptr);
+  } else if (c.kind == kReady) {  // more of a staged message may be read
+    auto a = announced_.find(c.msg_id);
+    if (a != announced_.end()) {
+      a->second.ready = std::max(a->second.ready, std::min(c.ready, a->second.bytes));
+      return;
+    }
+    for (auto& p : pulls_)
+      if (p.msg_id == c.msg_id) p.src.ready = std::max(p.src.ready, c.ready);
+    issue_reads();  // a message refused or finished already: nothing to do
   } else {
     throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind));
   }
@@ -117,8 +156,9 @@ void VerbsRecvConn::pull(uint64_t msg_id, RecvOp* op) {
 bool VerbsRecvConn::issue_reads() {
   bool did = false;
   for (auto& p : pulls_) {
-    while (p.issued < p.src.bytes && ch_->can_read()) {
-      const uint32_t len = static_cast<uint32_t>(std::min(chunk_, p.src.bytes - p.issued));
+    const size_t readable = std::min(p.src.ready, p.src.bytes);
+    while (p.issued < readable && ch_->can_read()) {
+      const uint32_t len = static_cast<uint32_t>(std::min(chunk_, readable - p.issued));
       int slot = -1;
       char* dst = static_cast<char*>(p.op->buf) + p.issued;
       uint32_t lkey = p.reg->lkey();

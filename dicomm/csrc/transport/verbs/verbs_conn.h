@@ -4,7 +4,9 @@
 // the receiver reads it straight into the destination in pipelined chunks (several reads in
 // flight) and then tells the sender it is done. Pull suits the transport interface (only the
 // receiver knows where a message lands, after matching) and saves the clear-to-send round trip
-// that a sender-side RDMA write would need.
+// that a sender-side RDMA write would need. A buffer the NIC cannot register goes through a registered
+// host copy on both sides; the sender copies it chunk by chunk during progress and tells the receiver
+// how far it may read (kReady), so the copy-in overlaps the reads.
 #pragma once
 
 #include <deque>
@@ -26,13 +28,13 @@ struct PathStats {
 
 class VerbsSendConn : public SendConn, private Channel::Handler {
  public:
-  VerbsSendConn(int peer, std::unique_ptr<Channel> ch, Sink* sink);
+  VerbsSendConn(int peer, std::unique_ptr<Channel> ch, Sink* sink, size_t chunk_bytes);
   ~VerbsSendConn() override;
   int peer() const override { return peer_; }
   const char* transport_name() const override { return "verbs"; }
-  bool progress(bool thorough) override { return ch_->progress(*this, thorough); }
-  bool busy() const override { return ch_->pending(); }
-  bool arm() override { return ch_->arm(); }
+  bool progress(bool thorough) override;
+  bool busy() const override { return ch_->pending() || staging_ > 0; }
+  bool arm() override { return staging_ == 0 && ch_->arm(); }
   void post(SendOp* op) override;
   const PathStats& path() const { return path_; }
 
@@ -40,10 +42,19 @@ class VerbsSendConn : public SendConn, private Channel::Handler {
   void on_ctrl(const Ctrl& c, const char* payload) override;
   void on_read_done(uint64_t) override {}
 
-  struct Rendezvous { SendOp* op; Registration* reg; std::unique_ptr<HostBuffer> staged; };
+  bool stage_more();  // copies the next chunk of every partly staged message and announces it
+
+  struct Rendezvous {
+    SendOp* op;
+    Registration* reg;
+    std::unique_ptr<HostBuffer> staged;  // CPU-mediated: the registered host copy
+    size_t ready = 0;                    // bytes of it copied and announced
+  };
   int peer_;
   std::unique_ptr<Channel> ch_;
   Sink* sink_;
+  size_t chunk_;
+  int staging_ = 0;  // messages whose host copy is not complete yet
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Rendezvous> rendezvous_;
   PathStats path_;
@@ -67,7 +78,7 @@ class VerbsRecvConn : public RecvConn, private Channel::Handler {
   void on_read_done(uint64_t cookie) override;
   bool issue_reads();
 
-  struct Announced { uint64_t addr; uint32_t rkey; uint64_t bytes; };
+  struct Announced { uint64_t addr; uint32_t rkey; uint64_t bytes; uint64_t ready; };
   struct Pull {
     uint64_t msg_id;
     RecvOp* op;

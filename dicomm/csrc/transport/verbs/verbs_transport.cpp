@@ -154,7 +154,7 @@ std::unique_ptr<SendConn> VerbsTransport::connect(int peer, const Card& card, Cl
     if (!ch) close(fd);  // else the channel owns it
     throw;
   }
-  return std::make_unique<VerbsSendConn>(peer, std::move(ch), ctx_.sink);
+  return std::make_unique<VerbsSendConn>(peer, std::move(ch), ctx_.sink, chunk_bytes_);
 }
 
 bool VerbsTransport::progress() {
