@@ -35,15 +35,11 @@ class ModelSpec:
         return max(1, tp // self.kv_heads)
 
     def layer_params_tp_group(self, tp: int) -> int:
-        """One decoder layer's weights summed over the `tp` ranks of its TP group. Replicated key/value heads
-        count once per rank holding them, and then so do the RMSNorm weights that every rank holds; without
-        replication this stays layer_params, the even split plans were always costed with (the norms are
-        a negligible 2 * hidden)."""
-        r = self.kv_replicas(tp)
-        if r == 1:
-            return self.layer_params
+        """One decoder layer's weights summed over the `tp` ranks of its TP group, as the engine builds
+        them: projections split, replicated key/value heads counted once per rank holding them, and the
+        two RMSNorm weights whole on every rank."""
         h = self.hidden
-        return self.layer_params + 2 * h * self.head_dim * self.kv_heads * (r - 1) + 2 * h * (tp - 1)
+        return self.layer_params + 2 * h * self.head_dim * self.kv_heads * (self.kv_replicas(tp) - 1) + 2 * h * (tp - 1)
 
     def layer_params_per_rank(self, tp: int) -> float:
         """Weights of one decoder layer on each of `tp` ranks; with replicated key/value heads exactly what

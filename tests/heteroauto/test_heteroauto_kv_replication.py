@@ -69,17 +69,17 @@ MODELS = [TINY, ModelSpec("gqa", layers=2, hidden=128, heads=8, kv_heads=2, ffn=
 
 
 @pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
-def test_per_rank_params_match_engine_when_replicated(m):
-    for tp in (t for t in (2, 4, 8) if t > m.kv_heads and _engine_rule(t, m.heads, m.kv_heads)):
+def test_per_rank_params_match_engine(m):
+    """Replicated or split, every rank's count equals the engine's own stage model."""
+    for tp in (t for t in (1, 2, 4, 8) if _engine_rule(t, m.heads, m.kv_heads)):
         want = {_engine_layer_params(m, tp, r) for r in range(tp)}
         assert want == {m.layer_params_per_rank(tp)}, tp
 
 
-def test_even_split_unchanged_without_replication():
+def test_split_layer_keeps_whole_norms_on_every_rank():
     m = PRESETS["h2-100b"]
     for tp in (1, 2, 4, 8):
-        assert m.layer_params_tp_group(tp) == m.layer_params
-        assert m.layer_params_per_rank(tp) == m.layer_params / tp
+        assert m.layer_params_per_rank(tp) == (m.layer_params - 2 * m.hidden) / tp + 2 * m.hidden
 
 
 @pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
