@@ -2,6 +2,8 @@
 
 #include <cstring>
 #include <dlfcn.h>
+#include <map>
+#include <mutex>
 #include <unistd.h>
 
 #include "core/types.h"
@@ -20,6 +22,19 @@ struct Accel::Fns {
   int (*cuCtxPopCurrent)(void** ctx);
   int (*cuDeviceGet)(int* dev, int ordinal);
   int (*cuDevicePrimaryCtxRetain)(void** ctx, int dev);
+  // Primary contexts retained so far, by device ordinal: retained once and kept for the process's life
+  // (they outlive every buffer), not once per copy.
+  std::mutex primary_mu;
+  std::map<int, void*> primary;
+  void* primary_context(int ordinal) {
+    std::lock_guard<std::mutex> lock(primary_mu);
+    auto it = primary.find(ordinal);
+    if (it != primary.end()) return it->second;
+    int dev = 0;
+    void* ctx = nullptr;
+    if (cuDeviceGet(&dev, ordinal) != 0 || cuDevicePrimaryCtxRetain(&ctx, dev) != 0) return nullptr;
+    return primary[ordinal] = ctx;
+  }
 };
 
 namespace {
@@ -113,14 +128,13 @@ bool Accel::is_device(const void* p) const {
 // call. Memory mapped through the virtual-memory API reports no context; its device's primary one serves.
 class Accel::ContextScope {
  public:
-  ContextScope(const Fns* f, const void* p) : f_(f) {
+  ContextScope(Fns* f, const void* p) : f_(f) {
     void* ctx = nullptr;
     auto addr = reinterpret_cast<uintptr_t>(p);
     if (f_->cuPointerGetAttribute(&ctx, kPointerAttributeContext, addr) != 0 || !ctx) {
-      int ordinal = -1, dev = 0;
-      if (f_->cuPointerGetAttribute(&ordinal, kPointerAttributeOrdinal, addr) != 0 ||
-          f_->cuDeviceGet(&dev, ordinal) != 0 || f_->cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
-        ctx = nullptr;  // the retain is kept for the process's life: the context outlives every buffer
+      int ordinal = -1;
+      ctx = f_->cuPointerGetAttribute(&ordinal, kPointerAttributeOrdinal, addr) == 0 ? f_->primary_context(ordinal)
+                                                                                      : nullptr;
     }
     pushed_ = ctx && f_->cuCtxPushCurrent(ctx) == 0;
   }
@@ -132,7 +146,7 @@ class Accel::ContextScope {
   ContextScope& operator=(const ContextScope&) = delete;
 
  private:
-  const Fns* f_;
+  Fns* f_;
   bool pushed_ = false;
 };
 

@@ -128,9 +128,10 @@ void VerbsRecvConn::on_ctrl(const Ctrl& c, const char* payload) {
       a->second.ready = std::max(a->second.ready, std::min(c.ready, a->second.bytes));
       return;
     }
+    // Being pulled: read further. Neither announced nor pulled: refused already, nothing to do.
     for (auto& p : pulls_)
       if (p.msg_id == c.msg_id) p.src.ready = std::max(p.src.ready, c.ready);
-    issue_reads();  // a message refused or finished already: nothing to do
+    issue_reads();
   } else {
     throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind));
   }
