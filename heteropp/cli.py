@@ -34,20 +34,27 @@ def _summary(label: str, losses: list[float], rates: list[float]) -> None:
           f"{statistics.median(steady):.0f} tokens/s (median)")
 
 
+def _run_config(plan: Plan, m: ModelSpec, *, recv_window: int | None, **fields):
+    """The engine's RunConfig for `plan`; recv_window None keeps RunConfig's default (the engine is imported
+    here, not at the top: it pulls in torch)."""
+    from .engine import RunConfig
+    return RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), **fields,
+                     **({} if recv_window is None else {"recv_window": recv_window}))
+
+
 def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,
              chip_map: dict[str, str] | None = None, loss_log: str | None = None, seed: int = 0, lr: float = 3e-3,
              timeout_s: float = 60.0, verbose: bool = False, source: str = "<plan>",
              recv_window: int | None = None, clip_grad: float | None = None) -> dict:
     """Check the plan, launch its processes, train; returns losses and tokens/s of the last stage's lead rank."""
-    from .engine import RunConfig, launch
+    from .engine import launch
     from .engine.checks import check_run
     if schedule:
         plan.schedule = schedule
     check_run(plan, m, source, chip_map or {}, [plan.schedule])
-    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=steps, seed=seed, lr=lr,
-                    clip_grad=clip_grad,
-                    backend=backend, chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose,
-                    **({} if recv_window is None else {"recv_window": recv_window}))
+    cfg = _run_config(plan, m, steps=steps, seed=seed, lr=lr, clip_grad=clip_grad, backend=backend,
+                      chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose,
+                      recv_window=recv_window)
     t0 = time.perf_counter()
     results = launch(cfg)
     wall = time.perf_counter() - t0
@@ -60,15 +67,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     plan, m = Plan.load(a.plan), load_model(a.model)
     chip_map = parse_chip_map(a.chip_map, a.cluster)
     if a.write_config:
-        from .engine import RunConfig
         from .engine.checks import check_run
         if a.schedule:
             plan.schedule = a.schedule
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size)
-        cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(m), steps=a.steps, seed=a.seed, lr=a.lr,
-                        clip_grad=a.clip_grad,
-                        backend=a.backend, chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout,
-                        **({} if a.recv_window is None else {"recv_window": a.recv_window}))
+        cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
+                          chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window)
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
         print(f"wrote {a.write_config}; run it with: torchrun --nproc-per-node={plan.world_size} "

@@ -37,10 +37,11 @@ class ZeroAdamW:
         self.m = torch.zeros(self.shard, device=params[0].device)
         self.v = torch.zeros(self.shard, device=params[0].device)
         self.t = 0
-        self.owned_shard = None  # this rank's slice of the 0/1 ownership mask, kept only when clipping
+        self.owned_shard = None  # this rank's slice of the 0/1 ownership mask (float64), kept only when clipping
         if clip_norm is not None:
             owned = owned if owned is not None else [True] * len(params)
-            mask = self._flat([torch.full((p.numel(),), float(o), device=p.device) for p, o in zip(params, owned)])
+            mask = self._flat([torch.full((p.numel(),), float(o), dtype=torch.float64, device=p.device)
+                               for p, o in zip(params, owned)])
             self.owned_shard = mask[dp_rank * self.shard:(dp_rank + 1) * self.shard].clone()
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -61,7 +62,7 @@ class ZeroAdamW:
         lo = self.dp_rank * self.shard
         g = grads[lo:lo + self.shard]
         if self.clip_norm is not None:
-            g = g * self._clip_coef(g, self.owned_shard)
+            g = g * self._clip_coef(g)
         w = self._flat([p.detach() for p in self.params])
         mine = w[lo:lo + self.shard]
         self.t += 1
@@ -80,8 +81,8 @@ class ZeroAdamW:
                 p.copy_(w[off:off + p.numel()].view_as(p))
                 off += p.numel()
 
-    def _clip_coef(self, g: torch.Tensor, owned: torch.Tensor) -> float:
-        sumsq = (g.double().square() * owned.double()).sum().reshape(1).cpu()
+    def _clip_coef(self, g: torch.Tensor) -> float:
+        sumsq = (g.double().square() * self.owned_shard).sum().reshape(1).cpu()
         if self.distributed_norm:
             dist.all_reduce(sumsq, group=self.norm_group)
         self.last_norm = math.sqrt(sumsq.item())

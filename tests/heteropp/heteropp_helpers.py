@@ -118,6 +118,13 @@ def mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol
     return bad
 
 
+def check_losses(got: list[float], want: list[float], label: str, rtol: float = RTOL) -> None:
+    """Every step's loss within rtol of the reference's, and as many steps (zip alone would pass on none)."""
+    assert len(got) == len(want), f"{label}: {len(got)} losses, the reference has {len(want)}"
+    for step, (a, b) in enumerate(zip(got, want), 1):
+        assert abs(a - b) / abs(b) < rtol, f"{label} step {step}: loss {a} vs reference {b}"
+
+
 def losses(results: dict, schedule: str) -> list[float]:
     (lead,) = [r[schedule]["losses"] for r in results.values()
                if r[schedule]["losses"] is not None and r[schedule]["coord"][1:] == (0, 0)]
