@@ -64,17 +64,16 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def _comm_times(m: ModelSpec, dp: int, repeats: int) -> dict[str, float]:
-    """Over real gloo groups of neighbouring ranks (pairs): one TP all-reduce of an activation, one one-way
-    send of an activation (half a ping-pong) and one ZeroAdamW step over a layer's parameters at `dp`
-    (gradient all-reduce and shard all-gather included). Every rank times at once, as in a plan."""
+def _comm_times(m: ModelSpec, dp: int, repeats: int, mine: Any) -> dict[str, float]:
+    """Over this rank's gloo group of two neighbouring ranks (`mine`; None: it has no peer): one TP
+    all-reduce of an activation, one one-way send of an activation (half a ping-pong) and one ZeroAdamW
+    step over a layer's parameters at `dp` (gradient all-reduce and shard all-gather included). Every rank
+    times at once, as in a plan."""
     import torch
     import torch.distributed as dist
 
     from heteropp.engine.optim import ZeroAdamW
-    r, n = dist.get_rank(), dist.get_world_size()
-    pairs = [dist.new_group([i, i + 1]) for i in range(0, n - 1, 2)]
-    mine = pairs[r // 2] if r // 2 < len(pairs) else None
+    r = dist.get_rank()
     act = torch.randn(m.seq_len * m.hidden)
     out: dict[str, float | None] = {"tp_allreduce_s": None, "p2p_s": None, "zero_step_s": None}
     if mine is not None:
@@ -103,16 +102,18 @@ def _profile_proc(model_file: str, tps: list[int], repeats: int, rank: int, proc
     import torch.distributed as dist
 
     from heteropp.auto.profiler import profile_model
+    from heteropp.spec import load_model
     torch.set_num_threads(1)  # as each rank does
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=procs)
     from heteropp.model import TPGroup
     pairs = [dist.new_group([i, i + 1]) for i in range(0, procs - 1, 2)]
+    mine = pairs[rank // 2] if rank // 2 < len(pairs) else None
     # TP 2 is timed over a real pair of ranks where this rank has a peer, so its all-reduces are included
-    tp = TPGroup(rank % 2, 2, pairs[rank // 2]) if rank // 2 < len(pairs) else None
+    tp = TPGroup(rank % 2, 2, mine) if mine is not None else None
     dist.barrier()  # all start busy together, as the ranks of a plan do
     prof = profile_model(model_file, tps, repeats=repeats, stat="median" if procs > 1 else "min", tp_group=tp)
     dist.barrier()
-    comm = _comm_times(ModelSpec(**json.load(open(model_file))), dp, 4 * repeats)
+    comm = _comm_times(load_model(model_file), dp, 4 * repeats, mine)
     dist.destroy_process_group()
     out.put((prof.to_dict(), comm))
 
@@ -120,22 +121,19 @@ def _profile_proc(model_file: str, tps: list[int], repeats: int, rank: int, proc
 def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: int) -> tuple[Profile, dict]:
     """The compute profile under `procs` concurrent profiler processes (the median of their entries), and
     the communication times measured between those processes."""
-    tmp = tempfile.mkdtemp()
-    model_file, store = os.path.join(tmp, "model.json"), os.path.join(tmp, "store")
-    with open(model_file, "w") as f:
-        json.dump(dataclasses.asdict(m), f)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    ps = [ctx.Process(target=_profile_proc, args=(model_file, tps, repeats, r, procs, dp, store, q))
-          for r in range(procs)]
-    for p in ps:
-        p.start()
-    got = [q.get(timeout=300) for _ in ps]
-    for p in ps:
-        p.join()
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file, store = os.path.join(tmp, "model.json"), os.path.join(tmp, "store")
+        with open(model_file, "w") as f:
+            json.dump(dataclasses.asdict(m), f)
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        ps = [ctx.Process(target=_profile_proc, args=(model_file, tps, repeats, r, procs, dp, store, q))
+              for r in range(procs)]
+        for p in ps:
+            p.start()
+        got = [q.get(timeout=300) for _ in ps]
+        for p in ps:
+            p.join()
     profs = [Profile.from_dict(d) for d, _ in got]
     # medians over the ranks that timed each (a rank without a peer times no pair operation)
     comm = {k: statistics.median([c[k] for _, c in got if c[k] is not None] or [0.0]) for k in got[0][1]}

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import numpy as np
-
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from .analytic import ring_allreduce_s
 from .profiles import Profile
@@ -101,13 +99,10 @@ class CostModel:
         return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, self._chip[chip].network_bw)
 
     def _layer_params(self, tp: int) -> float:
-        """Weights of one layer on one of `tp` ranks. The profile records only the whole layer's count, split
-        evenly here; where key/value heads are replicated it grows by the model's replication factor (a
-        measured profile's times already include replication, its parameter count does not)."""
-        group = self.model.layer_params_tp_group(tp)
-        if group == self.model.layer_params:
-            return self.profile.layer_params / tp
-        return self.profile.layer_params * (group / self.model.layer_params) / tp
+        """Weights of one layer on one of `tp` ranks: the profile's whole-layer count, scaled by the model's
+        TP-group total over its layer count (replicated key/value heads, whole norms on every rank; a
+        measured profile's times already include replication, its parameter count does not), split evenly."""
+        return self.profile.layer_params * (self.model.layer_params_tp_group(tp) / self.model.layer_params) / tp
 
     def _replica_sync(self, chip: str, tp: int) -> float:
         """The engine's all-reduce over the TP group that sums replicated key/value weight gradients once per
@@ -154,24 +149,6 @@ class CostModel:
         if tb > 1:
             t += (tb - 1) / tb * m / (cb.intra_node_bw * 1e9)
         return t
-
-    def boundary_matrix(self, ids: list[tuple[str, int]], dp: int) -> np.ndarray:
-        """boundary() between every ordered pair of (chip, tp) in ids at once (the same operations
-        elementwise, so the same values)."""
-        m = self.act_msg
-        chip = np.array([a for a, _ in ids])
-        bw = np.array([t * self._chip[a].network_bw for a, t in ids])
-        out = m / (np.minimum(bw[:, None], bw[None, :]) * 1e9)
-        for a in self._chip:
-            for b in self._chip:
-                link = self.cluster.link_bw(a, b) if a != b else None
-                if link is not None:
-                    block = np.ix_(chip == a, chip == b)
-                    out[block] = np.maximum(out[block], dp * m / (link * 1e9))
-        for j, (b, tb) in enumerate(ids):
-            if tb > 1:
-                out[:, j] += (tb - 1) / tb * m / (self._chip[b].intra_node_bw * 1e9)
-        return out
 
     # --- memory -----------------------------------------------------------------------------------
     def memory(self, chip: str, tp: int, recompute: bool, dp: int, layers: int, n: int, first: bool, last: bool,

@@ -113,7 +113,9 @@ class DpSpace:
         if self._emat is None:
             n = len(self.ids)
             e = np.zeros((n + 1, n + 1))
-            e[:n, :n] = self.cm.boundary_matrix(self.ids, self.dp)
+            for i, (a, ta) in enumerate(self.ids):
+                for j, (b, tb) in enumerate(self.ids):
+                    e[i, j] = self.cm.boundary(a, ta, b, tb, self.dp)
             self._emat = e
         return self._emat
 

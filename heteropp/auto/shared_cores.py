@@ -13,9 +13,9 @@ as many cores as ranks the result equals simulator.simulate's iteration time.
 """
 from __future__ import annotations
 
-from ..schedules import Action, Schedule, validate
+from ..schedules import Action, Schedule
 from ..schedules.actions import deps_done
-from .simulator import StageTimes, _built
+from .simulator import StageTimes, schedule_of
 
 _EPS = 1e-12
 
@@ -35,11 +35,7 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
         raise ValueError(f"ranks must give each of the {p} stages at least one process, got {ranks}")
     if not cores > 0:
         raise ValueError(f"cores must be positive, got {cores}")
-    if isinstance(schedule, str):
-        sched = _built(schedule, p, m)
-    else:
-        sched = schedule
-        validate(sched, m)
+    sched = schedule_of(schedule, p, m)
     pos = [0] * p
     updated = [False] * p
     finish = [0.0] * p

@@ -44,15 +44,19 @@ def _built(schedule: str, p: int, m: int) -> Schedule:
     return sched
 
 
+def schedule_of(schedule: str | Schedule, p: int, m: int) -> Schedule:
+    """A named schedule built for p stages and m micro-batches, or a given action list, validated."""
+    if isinstance(schedule, str):
+        return _built(schedule, p, m)
+    validate(schedule, m)
+    return schedule
+
+
 def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str | Schedule,
              keep_timeline: bool = False, limit: float = math.inf) -> SimResult:
     """`limit`: stop once some stage surely ends after it (iteration time inf, the rest partial)."""
     p, m = len(stages), micro_batches
-    if isinstance(schedule, str):
-        sched = _built(schedule, p, m)
-    else:
-        sched = schedule
-        validate(sched, m)
+    sched = schedule_of(schedule, p, m)
     done: dict[tuple[int, str, int], float] = {}  # finish times; "B" also marks I
     free = [0.0] * p
     fwd_chan = [0.0] * max(p - 1, 0)  # channel k: stage k -> k+1

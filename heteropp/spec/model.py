@@ -34,12 +34,15 @@ class ModelSpec:
         """TP ranks holding each key/value head: with more ranks than heads each is replicated (Megatron)."""
         return max(1, tp // self.kv_heads)
 
+    def kv_copy_params(self, tp: int) -> int:
+        """Key/value weights of one layer that a TP group holds beyond one copy (replicas past the first)."""
+        return 2 * self.hidden * self.head_dim * self.kv_heads * (self.kv_replicas(tp) - 1)
+
     def layer_params_tp_group(self, tp: int) -> int:
         """One decoder layer's weights summed over the `tp` ranks of its TP group, as the engine builds
         them: projections split, replicated key/value heads counted once per rank holding them, and the
         two RMSNorm weights whole on every rank."""
-        h = self.hidden
-        return self.layer_params + 2 * h * self.head_dim * self.kv_heads * (self.kv_replicas(tp) - 1) + 2 * h * (tp - 1)
+        return self.layer_params + self.kv_copy_params(tp) + 2 * self.hidden * (tp - 1)
 
     def layer_params_per_rank(self, tp: int) -> float:
         """Weights of one decoder layer on each of `tp` ranks; with replicated key/value heads exactly what
@@ -62,8 +65,7 @@ class ModelSpec:
     def layer_flops_fwd(self, tokens: int, tp: int = 1) -> float:
         """Forward FLOPs of one layer for `tokens` tokens of one sequence length (causal attention halves QK and
         AV), summed over a TP group of `tp` ranks: a replicated key/value head is projected on each rank."""
-        kv_copies = 2 * self.hidden * self.head_dim * self.kv_heads * (self.kv_replicas(tp) - 1)
-        mm = 2.0 * tokens * (self.layer_params - 2 * self.hidden + kv_copies)
+        mm = 2.0 * tokens * (self.layer_params - 2 * self.hidden + self.kv_copy_params(tp))
         attn = 2.0 * 2.0 * tokens * self.seq_len * self.hidden * 0.5
         return mm + attn
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import pytest  # noqa: F401
 
+from heteropp.auto.analytic import analytic_profile
 from heteropp.auto.costs import CostModel
+from heteropp.auto.planning import Problem
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
-from heteropp.spec import ModelSpec, TrainSpec, cluster_from_dict
+from heteropp.spec import ChipType, ModelSpec, TrainSpec, cluster_from_dict
 
 GB = 1e9
 
@@ -13,6 +15,22 @@ GB = 1e9
 def chip(name: str, count: int, mem: float, tp_max: int = 2, net: float = 10.0) -> dict:
     return {"name": name, "count": count, "memory_gb": mem, "peak_tflops": 100, "chips_per_node": tp_max,
             "tp_max": tp_max, "intra_node_bw": 100, "network_bw": net, "memory_fraction": 1.0}
+
+
+def chip_type(tp_max: int) -> ChipType:
+    """64 chips of type A with the given TP_MAX."""
+    return cluster_from_dict({"name": "c", "chips": [chip("A", 64, 80.0, tp_max=tp_max)]}, "test").chips[0]
+
+
+def tp4_problem(m: ModelSpec) -> Problem:
+    """Four chips in one fast node on a very slow network, one micro-batch per iteration: a pipeline has
+    nothing to overlap and pays for every boundary, so for `tiny` one TP-4 stage is best by two orders of
+    magnitude."""
+    c = chip("A", 4, 0.004, tp_max=4, net=0.001)
+    c.update(intra_node_bw=10_000.0, chips_per_node=4, peak_tflops=1.0)
+    cl = cluster_from_dict({"name": "tp4", "chips": [c]}, "test")
+    tr = TrainSpec(global_batch=1, micro_batch_size=1, dtype="fp32")
+    return Problem(cl, m, tr, CostModel(cl, m, tr, analytic_profile(cl, m, tr)))
 
 
 def tp_entry(f: float, act_gb: float, tp: int) -> TPProfile:

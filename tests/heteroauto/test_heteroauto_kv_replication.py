@@ -6,19 +6,15 @@ import pytest
 
 from heteropp.auto.analytic import analytic_profile
 from heteropp.auto.costs import CostModel
-from heteropp.auto.planning import Problem, run_search, to_plan
+from heteropp.auto.planning import run_search, to_plan
 from heteropp.auto.profiler import profile_model
 from heteropp.auto.space import stage_tp_choices, tp_sizes
 from heteropp.model import StageModel, TPGroup
-from heteropp.spec import PRESETS, ChipType, ModelSpec, TrainSpec, cluster_from_dict
+from heteropp.spec import PRESETS, ModelSpec, TrainSpec, cluster_from_dict
 
-from heteroauto_helpers import chip
+from heteroauto_helpers import chip, chip_type, tp4_problem
 
 TINY = PRESETS["tiny"]  # heads 4, kv_heads 2
-
-
-def _chip_type(tp_max: int) -> ChipType:
-    return cluster_from_dict({"name": "c", "chips": [chip("A", 64, 80.0, tp_max=tp_max)]}, "test").chips[0]
 
 
 def _engine_rule(tp: int, heads: int, kv_heads: int) -> bool:
@@ -30,27 +26,17 @@ def _engine_rule(tp: int, heads: int, kv_heads: int) -> bool:
                                                    (8, 8, 16), (12, 3, 16), (40, 10, 32), (6, 1, 8), (16, 16, 4)])
 def test_tp_candidates_match_engine_rule(heads, kv_heads, tp_max):
     brute = [t for t in range(1, tp_max + 1) if t & (t - 1) == 0 and _engine_rule(t, heads, kv_heads)]
-    assert tp_sizes(_chip_type(tp_max), heads, kv_heads) == brute
+    assert tp_sizes(chip_type(tp_max), heads, kv_heads) == brute
 
 
 def test_stage_choices_reach_tp_above_kv_heads():
-    got = {t for tps in stage_tp_choices(_chip_type(4), 16, 64, TINY.heads, TINY.kv_heads) for t in tps}
+    got = {t for tps in stage_tp_choices(chip_type(4), 16, 64, TINY.heads, TINY.kv_heads) for t in tps}
     assert got == {1, 2, 4}
-
-
-def _tp4_problem() -> Problem:
-    """Four chips in one fast node on a very slow network, one micro-batch per iteration: a pipeline has
-    nothing to overlap and pays for every boundary, so one TP-4 stage is best by two orders of magnitude."""
-    c = chip("A", 4, 0.004, tp_max=4, net=0.001)
-    c.update(intra_node_bw=10_000.0, chips_per_node=4, peak_tflops=1.0)
-    cl = cluster_from_dict({"name": "tp4", "chips": [c]}, "test")
-    tr = TrainSpec(global_batch=1, micro_batch_size=1, dtype="fp32")
-    return Problem(cl, TINY, tr, CostModel(cl, TINY, tr, analytic_profile(cl, TINY, tr)))
 
 
 @pytest.mark.parametrize("algo", ["auto", "h2"])
 def test_tiny_plan_uses_tp4_and_passes_engine_validation(algo):
-    pb = _tp4_problem()
+    pb = tp4_problem(TINY)
     res = run_search(pb, algo, group_size=4)
     plan = to_plan(pb, res.best, res.search_time_s, algo)
     assert [s.tp for s in plan.stages] == [4]
@@ -110,6 +96,10 @@ def test_replication_is_charged():
     assert m.layer_flops_fwd(tokens, 2) == m.layer_flops_fwd(tokens)
     assert m.activation_bytes(tokens, 8) == 2 * tokens * (4 * h + (2 * h + 3 * m.ffn) / 8 + 2 * hd)
     assert cm._replica_sync("A", 2) == 0.0 and cm._replica_sync("A", 8) > 0.0
+    # by hand, from sync_replicated_grads: a bf16 buffer of one slot per distinct K/V head, each slot one
+    # rank's K and V weights, ring all-reduced over the 8 ranks at the node's 100 GB/s
+    nbytes = 2 * m.kv_heads * kv_weights
+    assert cm._replica_sync("A", 8) == pytest.approx(2 * 7 / 8 * nbytes / 100e9, rel=1e-12)
     pr = cm.profile.get("A", 8)
     want = cm._grad_sync("A", m.layer_params_per_rank(8), 2) + pr.optim_s / 2 + cm._replica_sync("A", 8)
     assert cm.coef("A", 8, False, 2).upd == pytest.approx(want, rel=1e-12)

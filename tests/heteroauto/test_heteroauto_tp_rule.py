@@ -6,18 +6,16 @@ import itertools
 
 import pytest
 
-from heteropp.auto.analytic import analytic_profile
-from heteropp.auto.costs import CostModel
-from heteropp.auto.planning import Problem, run_search, to_plan
+from heteropp.auto.planning import run_search, to_plan
 from heteropp.auto.space import stage_tp_choices, tp_counts, tp_sizes
 from heteropp.auto.uniform import uniform_1f1b
 from heteropp.engine.checks import check_run
 from heteropp.model import StageModel, TPGroup
 from heteropp.model.stage import check_tp
 from heteropp.plan import Plan, StagePlan, tp_split_error
-from heteropp.spec import PRESETS, ChipType, ModelSpec, SpecError, TrainSpec, cluster_from_dict
+from heteropp.spec import PRESETS, ModelSpec, SpecError
 
-from heteroauto_helpers import chip
+from heteroauto_helpers import chip_type, tp4_problem
 
 TINY = PRESETS["tiny"]  # heads 4, kv_heads 2, ffn 172, vocab 256: every TP up to 4 is valid
 ODD_FFN = ModelSpec("odd-ffn", layers=8, hidden=64, heads=4, kv_heads=2, ffn=174, vocab=256, seq_len=32)
@@ -35,10 +33,6 @@ def _engine_rule(tp: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> bo
             and (kv_heads % tp == 0 or tp % kv_heads == 0))
 
 
-def _chip_type(tp_max: int) -> ChipType:
-    return cluster_from_dict({"name": "c", "chips": [chip("A", 64, 80.0, tp_max=tp_max)]}, "test").chips[0]
-
-
 COUNTS = [(4, 2, 172, 256), (4, 2, 174, 256), (4, 2, 172, 258), (64, 8, 36864, 92544), (64, 8, 36868, 92544),
           (16, 16, 8192, 50304), (32, 4, 11008, 32000), (8, 1, 344, 1000), (12, 3, 48, 96), (8, 8, 4096, 1000)]
 
@@ -47,8 +41,8 @@ COUNTS = [(4, 2, 172, 256), (4, 2, 174, 256), (4, 2, 172, 258), (64, 8, 36864, 9
 @pytest.mark.parametrize("heads,kv_heads,ffn,vocab", COUNTS)
 def test_tp_candidates_match_brute_force(heads, kv_heads, ffn, vocab, tp_max):
     brute = [t for t in range(1, tp_max + 1) if t & (t - 1) == 0 and _engine_rule(t, heads, kv_heads, ffn, vocab)]
-    assert tp_sizes(_chip_type(tp_max), heads, kv_heads, ffn, vocab) == brute
-    assert tp_sizes(_chip_type(tp_max), *tp_counts(_model(heads, kv_heads, ffn, vocab))) == brute
+    assert tp_sizes(chip_type(tp_max), heads, kv_heads, ffn, vocab) == brute
+    assert tp_sizes(chip_type(tp_max), *tp_counts(_model(heads, kv_heads, ffn, vocab))) == brute
 
 
 def test_engine_check_agrees_with_rule_on_grid():
@@ -65,24 +59,15 @@ def test_engine_check_agrees_with_rule_on_grid():
 
 
 def test_stage_choices_skip_tp_not_dividing_ffn():
-    got = {t for tps in stage_tp_choices(_chip_type(4), 16, 64, *tp_counts(ODD_FFN)) for t in tps}
+    got = {t for tps in stage_tp_choices(chip_type(4), 16, 64, *tp_counts(ODD_FFN)) for t in tps}
     assert got == {1, 2}
-    assert tp_sizes(_chip_type(8), *tp_counts(TINY)) == [1, 2, 4]
-
-
-def _problem(m: ModelSpec) -> Problem:
-    """The setting where one TP-4 stage is best by far for `tiny` (see test_heteroauto_kv_replication)."""
-    c = chip("A", 4, 0.004, tp_max=4, net=0.001)
-    c.update(intra_node_bw=10_000.0, chips_per_node=4, peak_tflops=1.0)
-    cl = cluster_from_dict({"name": "tp4", "chips": [c]}, "test")
-    tr = TrainSpec(global_batch=1, micro_batch_size=1, dtype="fp32")
-    return Problem(cl, m, tr, CostModel(cl, m, tr, analytic_profile(cl, m, tr)))
+    assert tp_sizes(chip_type(8), *tp_counts(TINY)) == [1, 2, 4]
 
 
 @pytest.mark.parametrize("m", [ODD_FFN, ODD_VOCAB], ids=lambda m: m.name)
 @pytest.mark.parametrize("algo", ["auto", "h2"])
 def test_planner_proposes_no_tp_the_engine_rejects(algo, m):
-    pb = _problem(m)
+    pb = tp4_problem(m)
     res = run_search(pb, algo, group_size=4)
     plan = to_plan(pb, res.best, res.search_time_s, algo)
     assert all(s.tp in (1, 2) for s in plan.stages), [s.tp for s in plan.stages]
@@ -93,7 +78,7 @@ def test_planner_proposes_no_tp_the_engine_rejects(algo, m):
 
 
 def test_uniform_baseline_skips_tp_not_dividing_ffn():
-    best = uniform_1f1b(_problem(ODD_FFN).cm)
+    best = uniform_1f1b(tp4_problem(ODD_FFN).cm)
     assert best is not None and {s.tp for s in best.stages} <= {1, 2}
 
 
