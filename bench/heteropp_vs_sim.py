@@ -1,9 +1,12 @@
 """Measured HeteroPP iteration time of several plans against HeteroAuto's simulator on a profile taken here.
 
 All ranks are processes on this host and share its cores. Two predictions per plan:
-- "shared cores": the profile of one process alone (stable), communication timed between
-  two processes, and the simulator's schedule under processor sharing (heteropp.auto.shared_cores): a
-  stage computes at full speed only while no more ranks compute than the host has cores.
+- "shared cores": each TP size's entry timed by exactly that many processes and nothing else (TP 1: one
+  process alone; TP 2: a real pair, its all-reduces in the timings, since a TP collective between compute
+  costs far more than the same all-reduce looped back to back), communication timed between two
+  processes, and the simulator's schedule under processor sharing (heteropp.auto.shared_cores) with the
+  host's measured slowdown when k ranks compute at once (k processes doing the same work together against
+  one alone: the throughput the host loses to sharing, beyond fair shares of its cores).
 - "contended": right before each plan runs, as many profiler processes as the plan has ranks start
   together in one gloo job and time, all at once, the engine's own stage (TP 2 over a real pair of them,
   collectives included), the ZeRO-1 optimizer step with a real dp group and a one-way activation send;
@@ -111,11 +114,27 @@ def _profile_proc(model_file: str, tps: list[int], repeats: int, rank: int, proc
     # TP 2 is timed over a real pair of ranks where this rank has a peer, so its all-reduces are included
     tp = TPGroup(rank % 2, 2, mine) if mine is not None else None
     dist.barrier()  # all start busy together, as the ranks of a plan do
-    prof = profile_model(model_file, tps, repeats=repeats, stat="median" if procs > 1 else "min", tp_group=tp)
+    # the typical round, not the least disturbed: the measured side is a median of iterations too
+    prof = profile_model(model_file, tps, repeats=repeats, stat="median", tp_group=tp)
     dist.barrier()
     comm = _comm_times(load_model(model_file), dp, 4 * repeats, mine)
     dist.destroy_process_group()
     out.put((prof.to_dict(), comm))
+
+
+def _get(q: mp.Queue, ps: list, timeout_s: float = 300.0) -> Any:
+    """The next profiler result; fails as soon as a profiler process died without one."""
+    import queue
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in ps if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a profiler process exited with code {dead[0]} before reporting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"profiler processes reported nothing within {timeout_s:.0f} s")
 
 
 def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: int) -> tuple[Profile, dict]:
@@ -131,7 +150,7 @@ def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: 
               for r in range(procs)]
         for p in ps:
             p.start()
-        got = [q.get(timeout=300) for _ in ps]
+        got = [_get(q, ps) for _ in ps]
         for p in ps:
             p.join()
     profs = [Profile.from_dict(d) for d, _ in got]
@@ -144,6 +163,63 @@ def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: 
         entries[t] = dataclasses.replace(profs[0].chips["cpu"].tp[t], **fields)
     meta = {**profs[0].meta, "procs": procs, "tp_collectives": 2 if procs > 1 else None}
     return dataclasses.replace(profs[0], chips={"cpu": ChipProfile(entries)}, meta=meta), comm
+
+
+def stage_alone_profile(m: ModelSpec, repeats: int) -> tuple[Profile, dict]:
+    """TP 1 timed by one process alone and TP 2 by a real pair alone (its all-reduces in the timings), merged
+    into one profile; and the communication times measured between the two processes of the pair."""
+    one, _ = measure_profile(m, [1], 1, 1, repeats)
+    pair, comm = measure_profile(m, [2], 2, 2, repeats)
+    meta = {**one.meta, "procs": {"1": 1, "2": 2}, "tp_collectives": 2}
+    entries = {1: one.chips["cpu"].tp[1], 2: pair.chips["cpu"].tp[2]}
+    return dataclasses.replace(one, chips={"cpu": ChipProfile(entries)}, meta=meta), comm
+
+
+def _sharing_proc(model_file: str, calls: int, rank: int, procs: int, store: str, out: mp.Queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from heteropp.auto.profiler import _LocalTP, _Net
+    from heteropp.spec import load_model
+    torch.set_num_threads(1)
+    m = load_model(model_file)
+    net = _Net(m, _LocalTP(0, 1), 2, False)
+    tokens = torch.randint(0, m.vocab, (1, m.seq_len))
+
+    def step() -> None:
+        net(tokens).backward()
+        net.zero_grad(set_to_none=True)
+    step()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=procs)
+    dist.barrier()  # all compute at once from here
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    out.put((t0, time.perf_counter()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_slowdown(m: ModelSpec, most: int, calls: int = 40) -> list[float]:
+    """Entry k-1: how much longer k processes, each running the same training steps of a 2-layer stage, take
+    together (first start to last finish: the host's throughput, whichever core each lands on) than one alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file = os.path.join(tmp, "model.json")
+        with open(model_file, "w") as f:
+            json.dump(dataclasses.asdict(m), f)
+        ctx = mp.get_context("spawn")
+        per = []
+        for k in range(1, most + 1):
+            q = ctx.Queue()
+            store = os.path.join(tmp, f"store{k}")
+            ps = [ctx.Process(target=_sharing_proc, args=(model_file, calls, r, k, store, q)) for r in range(k)]
+            for p in ps:
+                p.start()
+            got = [_get(q, ps) for _ in ps]
+            for p in ps:
+                p.join()
+            per.append(max(e for _, e in got) - min(b for b, _ in got))
+    return [t / per[0] for t in per]
 
 
 def with_comm(prof: Profile, comm: dict, dp: int) -> Profile:
@@ -190,12 +266,15 @@ def predict(m: ModelSpec, plan: Plan, prof: Profile, comm: dict | None = None) -
     return simulate_plan(_cost_model(m, plan, prof, comm), plan).iteration_time_s
 
 
-def predict_shared(m: ModelSpec, plan: Plan, prof: Profile, comm: dict, cores: float) -> float:
-    """The plan's schedule with its tp x dp ranks per stage sharing `cores` (processor sharing)."""
+def predict_shared(m: ModelSpec, plan: Plan, prof: Profile, comm: dict, cores: float,
+                   slowdown: list[float] | None = None) -> float:
+    """The plan's schedule with its tp x dp ranks per stage sharing `cores` (processor sharing, fair or with
+    the measured `slowdown`); `prof`'s TP t entries timed with t ranks running (stage_alone_profile)."""
     cm = _cost_model(m, plan, prof, comm)
     st, es = stage_times(cm, plan_stages(plan), plan.dp)
     ranks = [s.tp * plan.dp for s in plan.stages]
-    return simulate_shared_cores(st, es, micro_batches(cm.train, plan.dp), plan.schedule, ranks, cores)
+    return simulate_shared_cores(st, es, micro_batches(cm.train, plan.dp), plan.schedule, ranks, cores, slowdown,
+                                 [s.tp for s in plan.stages])
 
 
 # -- measurement ------------------------------------------------------------------------------------------
@@ -217,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", type=int, default=2, help="leading steps left out (warm-up)")
     ap.add_argument("--micro-batches", type=int, default=8, help="per iteration, over all replicas")
     ap.add_argument("--runs", type=int, default=3, help="launches per plan (the median of their medians)")
-    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per measurement")
+    ap.add_argument("--repeats", type=int, default=15, help="profiler repeats per measurement")
     ap.add_argument("--plans", help="comma-separated plan names (default: all)")
     ap.add_argument("--cores", type=float, help="cores the ranks share (default: this host's count)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run on a toy model (tests)")
@@ -229,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     names = a.plans.split(",") if a.plans else list(all_plans)
     before = machine()
     cores = float(a.cores or os.cpu_count() or 1)
-    alone, _ = measure_profile(m, [1, 2], 1, 1, a.repeats)
-    _, pair_comm = measure_profile(m, [1], 2, 2, a.repeats)  # two processes: no more than the cores here
+    alone, pair_comm = stage_alone_profile(m, a.repeats)
+    slowdown = measure_slowdown(m, max(p.world_size for p in all_plans.values()))
+    print("slowdown with 1, 2, ... ranks computing at once: " + ", ".join(f"{x:.2f}" for x in slowdown))
     rows, records = [], []
     for name in names:
         plan = all_plans[name]
@@ -238,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [measure(m, plan, a.steps, a.skip) for _ in range(a.runs)]
         times = [t for r in runs for t in r]
         meas = statistics.median(statistics.median(r) for r in runs)
-        shared, contended = predict_shared(m, plan, alone, pair_comm, cores), predict(m, plan, prof, comm)
+        shared, contended = predict_shared(m, plan, alone, pair_comm, cores, slowdown), predict(m, plan, prof, comm)
         err, err_s = (contended - meas) / meas, (shared - meas) / meas
         rows.append([name, plan.world_size, meas * 1e3, contended * 1e3, f"{100 * err:+.1f}%",
                      shared * 1e3, f"{100 * err_s:+.1f}%"])
@@ -257,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                         "command": command("bench.heteropp_vs_sim", argv), "model": dataclasses.asdict(m),
                         "link_gb_s": LINK_GB_S, "cores": cores, "median_abs_error": med,
                         "median_abs_error_shared": med_s, "plans": records, "profile_alone": alone.to_dict(),
-                        "comm_two_processes_s": pair_comm})
+                        "comm_two_processes_s": pair_comm, "slowdown": slowdown})
     return 0
 
 

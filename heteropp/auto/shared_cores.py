@@ -4,7 +4,13 @@ On a cluster the stages of a pipeline run on separate chips; in the demo and the
 they are processes time-sharing its cores. Then a stage computes at full speed only while at most `cores`
 ranks compute at once; with more, every computing rank gets cores / (ranks computing) of a core, and idle
 stages (waiting in a bubble) free their share. A stage occupies tp x dp ranks while it computes. Profiles
-stay those of one process alone, which are stable, instead of profiles taken under a guessed contention.
+stay those of one stage alone, which are stable, instead of profiles taken under a guessed contention.
+
+Fair sharing is the ideal; a host loses some throughput to the sharing itself (context switches, caches
+refilled, a TP partner descheduled at a collective). `slowdown`, when given, is measured instead: entry k-1
+is how much longer a compute step takes while k ranks compute at once than alone; a stage whose entries
+were timed with its own tp ranks running is scaled by slowdown(k) / slowdown(its ranks). Beyond the table,
+the last entry grows in proportion to k.
 
 Otherwise the rules of simulator.simulate: each stage runs its actions in list order once their
 dependencies (schedules.actions.deps_done) are met and their input has arrived; each boundary is two
@@ -12,6 +18,8 @@ one-way FIFO channels with a fixed transfer time; a stage's update follows its l
 as many cores as ranks the result equals simulator.simulate's iteration time.
 """
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 from ..schedules import Action, Schedule
 from ..schedules.actions import deps_done
@@ -26,15 +34,30 @@ def _duration(st: StageTimes, a: Action | None) -> float:
     return {"F": st.fwd, "B": st.bwd, "I": st.bwd - st.wgrad, "W": st.wgrad}[a.op]
 
 
+def _slowdown_fn(slowdown: Sequence[float] | None, cores: float) -> Callable[[int], float]:
+    if slowdown is None:
+        return lambda k: max(1.0, k / cores)
+    table = [float(x) for x in slowdown]
+    if not table or any(not x > 0 for x in table):
+        raise ValueError(f"slowdown must list positive factors for 1, 2, ... ranks computing, got {slowdown}")
+    return lambda k: table[k - 1] if k <= len(table) else table[-1] * k / len(table)
+
+
 def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], micro_batches: int,
-                          schedule: str | Schedule, ranks: list[int], cores: float) -> float:
+                          schedule: str | Schedule, ranks: list[int], cores: float,
+                          slowdown: Sequence[float] | None = None, tp: list[int] | None = None) -> float:
     """Iteration time of one step. `ranks[k]`: processes stage k keeps busy while computing (tp x dp);
-    `cores`: the cores they share (math.inf: no sharing)."""
+    `cores`: the cores they share (math.inf: no sharing); `slowdown`: measured factors (module doc), else
+    fair sharing; `tp[k]`: the ranks stage k's entries were timed with (default 1 each)."""
     p, m = len(stages), micro_batches
     if len(ranks) != p or any(r < 1 for r in ranks):
         raise ValueError(f"ranks must give each of the {p} stages at least one process, got {ranks}")
     if not cores > 0:
         raise ValueError(f"cores must be positive, got {cores}")
+    tp = [1] * p if tp is None else tp
+    if len(tp) != p or any(t < 1 for t in tp):
+        raise ValueError(f"tp must give each of the {p} stages a size of at least 1, got {tp}")
+    slow = _slowdown_fn(slowdown, cores)
     sched = schedule_of(schedule, p, m)
     pos = [0] * p
     updated = [False] * p
@@ -92,14 +115,15 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
                 raise RuntimeError("shared-cores simulation made no progress")
             now = min(pending)
             continue
-        rate = min(1.0, cores / sum(ranks[s] for s in running))
-        step = min(rem for _, rem in running.values()) / rate
+        busy = slow(sum(ranks[s] for s in running))
+        rate = {s: min(1.0, slow(tp[s]) / busy) for s in running}
+        step = min(rem / rate[s] for s, (_, rem) in running.items())
         if pending:  # an arrival may let an idle stage start (and change everyone's share)
             step = min(step, min(pending) - now)
         now += step
         for s in list(running):
             task = running[s]
-            task[1] -= step * rate
+            task[1] -= step * rate[s]
             if task[1] <= _EPS * max(1.0, abs(now)):
                 del running[s]
                 complete(s, task[0])

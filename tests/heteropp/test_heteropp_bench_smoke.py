@@ -42,3 +42,6 @@ def test_vs_sim_plans_and_prediction():
             free, plain = predict_shared(m, plan, prof, comm, math.inf), predict(m, plan, prof, comm)
             assert free == plain or abs(free / plain - 1) < 1e-9
             assert predict_shared(m, plan, prof, comm, 1.0) >= free
+            # a host that loses nothing to sharing, measured: as if no core were shared
+            lossless = predict_shared(m, plan, prof, comm, 1.0, slowdown=[1.0] * plan.world_size)
+            assert lossless == free or abs(lossless / free - 1) < 1e-9
