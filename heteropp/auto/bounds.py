@@ -80,12 +80,18 @@ def integral_level(a: np.ndarray, s: np.ndarray, cap: np.ndarray, z: np.ndarray,
         for _ in range(steps):
             if not len(act):
                 break
-            f = np.floor(zz[:, None] / aa + 1e-9)
+            # in place where a temporary would only be thrown away: thousands of rows, the same arithmetic
+            f = np.divide(zz[:, None], aa)
+            f += 1e-9
+            np.floor(f, out=f)
             sf = ss * f
             short = np.minimum(sf, cc).sum(axis=1) < L - 1e-9
             if not short.all():
                 act, f, sf, zz = act[short], f[short], sf[short], zz[short]
                 aa, ss, cc = aa[short], ss[short], cc[short]
-            zz = np.maximum(zz, np.where(sf < cc, (f + 1) * aa, np.inf).min(axis=1))
+            f += 1
+            f *= aa
+            f[~(sf < cc)] = np.inf
+            zz = np.maximum(zz, f.min(axis=1))
             z[act] = zz
     return z

@@ -151,18 +151,19 @@ class DpSpace:
         return self._embv
 
     def _end_cols(self, kid: np.ndarray, n: int, first: bool, last: bool) -> np.ndarray:
-        """(a0, y0, m0, m1, b0) of an end stage for each kind in kid, cached per kind and slot: the orders
-        of many combinations repeat them."""
-        from .search import _opt
-        out = []
-        for k in kid.tolist():
-            key = (k, first, last, n)
-            e = self._ends.get(key)
-            if e is None:
+        """(a0, y0, m0, m1, b0) of an end stage for each kind in kid, from a table per slot filled per kind
+        on first use: the orders of many combinations repeat them (one gather instead of a loop)."""
+        got = self._ends.get((first, last, n))
+        if got is None:
+            got = self._ends[(first, last, n)] = (np.zeros((len(self.ids), 5)), np.zeros(len(self.ids), dtype=bool))
+        tab, have = got
+        if not have[kid].all():
+            from .search import _opt
+            for k in np.unique(kid[~have[kid]]).tolist():
                 o = _opt(self.cm, *self.ids[k], self.dp, self.b, n, first, last)
-                e = self._ends[key] = (o.a0, o.y0, *o.m, o.b0)
-            out.append(e)
-        return np.array(out).T
+                tab[k] = (o.a0, o.y0, *o.m, o.b0)
+                have[k] = True
+        return tab[kid].T
 
     def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> Rows:
         """Exact stage matrix of each order of types (rows), end stages and links included."""
@@ -173,7 +174,7 @@ class DpSpace:
         n = self._nflight.get(p)
         if n is None:
             n = self._nflight[p] = np.array([in_flight(self.sched, j, p, b) for j in range(p)])
-        g = self._gather(kid, np.broadcast_to(n, kid.shape))
+        g = self._gather(kid, n)  # n (p,) broadcasts against kid (R, p)
         a0, y0 = np.zeros((R, p)), np.zeros((R, p))
         const = np.zeros(R)
         e = self.emat()[kid[:, :-1], kid[:, 1:]]
@@ -186,7 +187,7 @@ class DpSpace:
             step = self.BWD[kid[:, :-1]] + e
             if p > 1:  # a lone stage has no drain gap to extend
                 step[:, 0] += self._emb()[kid[:, 0]]
-            gaps = np.concatenate([np.zeros((R, 1)), np.cumsum(step, axis=1)], axis=1)
+            gaps = np.concatenate([np.zeros((R, 1)), step.cumsum(axis=1)], axis=1)
         lam = (b * e - 2 * e).max(axis=1) if p > 1 else np.full(R, -np.inf)
         return Rows(a0=a0, y0=y0 - gaps, lam=lam, const=const + 2 * e.sum(axis=1), **g)
 

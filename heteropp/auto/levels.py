@@ -49,7 +49,7 @@ def level_fields(slope: np.ndarray, off: np.ndarray, real: np.ndarray) -> tuple:
     pos = real & (slope > 0)
     sl = np.where(pos, slope, 1.0)
     rate = np.where(pos, 1.0 / sl, 0.0)
-    one = np.max(np.where(real, off + np.maximum(slope, 0.0), -np.inf), axis=1)
+    one = np.max(np.where(real, off + np.maximum(slope, 0.0), -np.inf), axis=-1)
     return np.where(real, off, -1e30), np.where(pos, sl, 0.0), rate, np.where(pos, off * rate, 0.0), one
 
 
@@ -63,30 +63,30 @@ def level(caps: np.ndarray, bpoff: np.ndarray, slr: np.ndarray, rate: np.ndarray
     R, g, n = caps.shape
     offs = (np.arange(R * g) * n).reshape(R, g, 1)  # row-major position of each (row, level)
     bp = bpoff + caps * slr
-    o = np.argsort(bp, axis=2)
+    o = bp.argsort(axis=2)  # methods, not the np.* wrappers: many small calls
     o += offs
     bp = bp.ravel()[o]
     cum = np.empty((3, R, g, n))
-    np.take(caps, o, out=cum[0])
+    caps.take(o, out=cum[0])
     if rate.shape[1] != g:  # one per row: positions in the fields
         o -= offs
         o += (np.arange(R) * n).reshape(R, 1, 1)
-    np.take(rate, o, out=cum[1])
-    np.take(yoff, o, out=cum[2])
-    np.cumsum(cum, axis=3, out=cum)
+    rate.take(o, out=cum[1])
+    yoff.take(o, out=cum[2])
+    cum.cumsum(axis=3, out=cum)
     cum_c, cum_r, cum_y = cum
     rt, yt = cum_r[:, :, -1:], cum_y[:, :, -1:]
     s = cum_c + bp * (rt - cum_r) - (yt - cum_y)
     hit = s >= L - 1e-9
-    j = np.argmax(hit, axis=2)
-    at = (np.arange(R * g) * n).reshape(R, g) + j  # (row, level)'s slot j, row-major
+    j = hit.argmax(axis=2)
+    at = offs[:, :, 0] + j  # (row, level)'s slot j, row-major
     prev = np.where(j > 0, cum.reshape(3, -1)[:, at - 1], 0.0)  # the sums before slot j
     x = (L - prev[0] + (yt[:, :, 0] - prev[2])) / (rt[:, :, 0] - prev[1])
     bpj = bp.ravel()[at]
     x = np.where(np.isfinite(x), x, bpj)  # all rates spent: the level is the breakpoint itself
     x = np.minimum(x, bpj)
     x = np.maximum(x, one)
-    return np.where(~hit.ravel()[at] | lacks, np.inf, x)
+    return np.where(~hit.any(axis=2) | lacks, np.inf, x)  # any: hit at j
 
 
 class Pass:
@@ -101,13 +101,15 @@ class Pass:
         self.s, self.v, self.L = s[:, :, None, :], v[:, :, None], L  # slots (field, row, 1, slot); rows
         self.order = order[:, None, :]  # fill order of the slots
         self.a0 = a0  # any own offset (order rows' end stages); free rows have none
+        self._at: dict = {}  # per number of levels: flat positions of the slots in fill order
 
     @classmethod
-    def of(cls, r: Rows, L: int) -> "Pass":
+    def of(cls, r: Rows, L: int, upd: tuple) -> "Pass":
+        """upd: level_fields of the update terms."""
         order = np.argsort(np.where(r.real, r.beta, np.inf), axis=1)  # slots cheapest fill first
         flat = order + (np.arange(len(order)) * order.shape[1])[:, None]
         p = r.real.sum(axis=1)
-        bpoff, slr, rate, yoff, one = level_fields(r.ups, r.y0, r.real)
+        bpoff, slr, rate, yoff, one = upd
         # padding never lacks a layer; a row with more stages than layers always does
         pad = np.where(r.real, np.where((p > L)[:, None], -np.inf, 0.0), np.inf)
         s = np.stack((r.a0, r.a, r.a1, r.m0, r.m1, pad, bpoff, slr, rate, yoff, r.beta.ravel()[flat]))
@@ -135,8 +137,11 @@ class Pass:
         s, lp = self.s, self.v[0]
         R, g, n = caps.shape
         lacks = (caps + s[self.PAD]).min(axis=2) < 1
-        room = np.maximum(caps - 1, 0.0).ravel()[self.order + (np.arange(R * g) * n).reshape(R, g, 1)]
-        cum = np.cumsum(room, 2)
+        at = self._at.get(g)
+        if at is None:  # reused by a refinement's passes while its rows stay open
+            at = self._at[g] = self.order + (np.arange(R * g) * n).reshape(R, g, 1)
+        room = np.maximum(caps - 1, 0.0).ravel()[at]
+        cum = room.cumsum(2)
         take = lp[:, :, None] - (cum - room)
         np.minimum(np.maximum(take, 0.0, out=take), room, out=take)
         f = self.v[1] + (s[self.BS] * take).sum(axis=2)
@@ -149,17 +154,17 @@ class Pass:
         same caps; inf comes back there)."""
         s, v = self.s, self.v
         f, lacks = self.fill(caps)
-        fields = (s[self.BPOFF], s[self.SLR], s[self.RATE], s[self.YOFF])
         live = np.isfinite(f)
         if known is not None:
             live &= ~known
         k = np.count_nonzero(live)
         if k >= 0.9 * f.size:  # too few to skip to pay for the copies
-            return f + level(caps, *fields, v[2], lacks, self.L) + v[3]
-        w = np.full(f.shape, np.inf)
+            return f + level(caps, *s[self.BPOFF:self.YOFF + 1], v[2], lacks, self.L) + v[3]
+        w = np.empty(f.shape)
+        w.fill(np.inf)
         if k:
-            rows, at = np.nonzero(live)
-            w[rows, at] = level(caps[rows, at][:, None], *(x[rows] for x in fields), v[2][rows],
+            rows, at = live.nonzero()
+            w[rows, at] = level(caps[rows, at][:, None], *s[self.BPOFF:self.YOFF + 1, rows], v[2][rows],
                                 lacks[rows, at][:, None], self.L)[:, 0]
         return f + w + v[3]
 
@@ -167,18 +172,17 @@ class Pass:
 def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarray:
     """Per row, a lower bound on the cost of every split (see the module doc). Rows whose bound is still
     below `best` get their least segment halved, `refine` times."""
-    ps = Pass.of(r, L)
+    # the fields of the own terms and of the update terms in one pass (elementwise: the same values as
+    # two passes), (R, 2, n): own first
+    both = level_fields(np.stack((r.a, r.ups), axis=1), np.stack((r.a0, r.y0), axis=1), r.real[:, None])
+    ps = Pass.of(r, L, tuple(x[:, 1] for x in both))
     full = full_of(r)[:, None, :]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         f_inf, lacks = ps.fill(full)
         # the least bottleneck level z0 (own slopes) and the least update level, both at full caps, as
         # the two levels of one level pass
-        own = level_fields(r.a, r.a0, r.real)
-        upd = (ps.s[k, :, 0] for k in (ps.BPOFF, ps.SLR, ps.RATE, ps.YOFF))
-        both = [np.stack(pair, axis=1) for pair in zip(own[:4], upd)]
-        lv = level(np.broadcast_to(full, (len(r.lam), 2, full.shape[2])), *both,
-                   np.stack((own[4], ps.v[2, :, 0]), axis=1),
-                   np.stack(((r.real & (full[:, 0] < 1)).any(axis=1), lacks[:, 0]), axis=1), L)
+        lv = level(np.broadcast_to(full, (len(r.lam), 2, full.shape[2])), *both[:4],
+                   both[4], np.stack(((r.real & (full[:, 0] < 1)).any(axis=1), lacks[:, 0]), axis=1), L)
         one_own = np.where(r.m0 >= 1, r.a, r.a1)
         z0 = np.maximum(lv[:, 0], np.max(np.where(r.real, r.a0 + one_own, -np.inf), axis=1))
         return _segments(r, ps, z0, f_inf[:, 0] + lv[:, 1] + r.const, best, refine)
@@ -208,26 +212,42 @@ def _segments(r: Rows, ps: Pass, z0: np.ndarray, f_inf: np.ndarray, best: float,
     fh[~ok] = np.inf  # rows without a level never refine (their bound is inf)
     tail = np.maximum(zhi, r.lam) + f_inf  # levels at or above zhi
     lam = r.lam[:, None]
+    # A halving only raises a row's bound, so a row whose bound reaches `best` stays closed: its bound is
+    # final then, and the loop goes on with copies of the open rows only (narrowed when rows close).
+    out = np.empty(R)
+    rows, pa = np.arange(R), ps
     for w in range(GRID, GRID + refine):
-        sb = np.maximum(lo, lam) + fh
+        sb = np.maximum(seg[0], lam)
+        sb += seg[2]
         cur = np.minimum(sb.min(axis=1), tail)  # never -inf: every term is finite or inf
-        act = np.flatnonzero(cur < best)
-        if not len(act):
-            break
-        j = np.argmin(sb[act], axis=1)
-        l, h, fhj = seg[:, act, j]
+        open_ = cur < best
+        if not open_.all():
+            out[rows] = cur
+            keep = open_.nonzero()[0]
+            if not len(keep):
+                break
+            rows, seg, sb, lam, tail, pa = rows[keep], seg[:, keep], sb[keep], lam[keep], tail[keep], pa.take(keep)
+        at = np.arange(len(rows))
+        j = sb.argmin(axis=1)
+        l, h, fhj = seg[:, at, j]
         m = (l + h) / 2
-        pa = ps if len(act) == R else ps.take(act)  # every row still open: no copies
         # F(m) is F(h) wherever no stage's cap changes in between (nearly half the halvings): the same
         # caps give the same value
-        caps = pa.zcaps(np.stack((m, h), axis=1))
+        mh = np.empty((len(m), 2))  # not np.stack: its Python overhead counts in this loop
+        mh[:, 0], mh[:, 1] = m, h
+        caps = pa.zcaps(mh)
         same = (caps[:, 0] == caps[:, 1]).all(axis=1)
-        fm = np.where(same, fhj, pa.rest(caps[:, :1], same[:, None])[:, 0])
+        if same.all():  # about one halving in five: no pass at all
+            fm = fhj
+        else:
+            fm = np.where(same, fhj, pa.rest(caps[:, :1], same[:, None])[:, 0])
         # [l, m) is bounded by F(m); [m, h) keeps F(h)
-        seg[:, act, w] = m, h, fhj
-        seg[1:, act, j] = m, fm
-    sb = np.maximum(lo, lam) + fh
-    return np.where(ok, np.minimum(sb.min(axis=1), tail), np.inf)
+        seg[:, :, w] = m, h, fhj
+        seg[1:, at, j] = m, fm
+    else:
+        sb = np.maximum(seg[0], lam) + seg[2]
+        out[rows] = np.minimum(sb.min(axis=1), tail)
+    return np.where(ok, out, np.inf)
 
 
 WASTE = 512  # padding cells a row block may add to a wider block's pass (times 1 + refine: a refined

@@ -120,21 +120,71 @@ def _fill_floor(opts: list[StageOpt], caps: list[int], L: int) -> float:
     return total
 
 
-def _level(val, cap, slopes: list[float], offs: list[float], caps: list[int], L: int) -> float | None:
-    """Least max_k val(k, l_k) with 1 <= l_k <= caps[k] and sum l_k = L, for non-decreasing val(k, l) >=
-    offs[k] + slopes[k] * l with cap(k, z) the most layers at level z (a division). Starts at the fractional
-    level, then steps to the next breakpoint until the caps hold L layers."""
-    p = len(caps)
+def _olevel(opts: list[StageOpt], full: list[int], L: int) -> float | None:
+    """Least max_k own_k(l_k) with 1 <= l_k <= full[k] and sum l_k = L: starts at the fractional level, then
+    steps to the next breakpoint until the caps hold L layers. StageOpt.own and StageOpt.cap are inlined
+    (the same arithmetic): the scan can step through many breakpoints."""
+    if sum(full) < L or min(full) < 1:
+        return None
+    z = max(o.own(1) for o in opts)
+    slopes = [o.a[0] for o in opts]
+    if min(slopes) > 0:
+        z = max(z, (L + sum(o.a0 / a for o, a in zip(opts, slopes))) / sum(1 / a for a in slopes))
+    floor = math.floor
+    stages = [(o.a0, o.a[0], o.a[1], o.m[0], o.m[1], c) for o, c in zip(opts, full)]
+    while True:
+        held, nxt = 0, None
+        for a0, s0, s1, m0, m1, c in stages:
+            c0 = m0 if s0 <= 0 else min(m0, floor((z - a0) / s0 + 1e-12))
+            cap = None
+            if c0 >= m0 and m1 > m0:
+                c1 = m1 if s1 <= 0 else min(m1, floor((z - a0) / s1 + 1e-12))
+                if c1 > m0:
+                    cap = c1
+            if cap is None:
+                cap = c0 if c0 > 0 else 0
+            if cap < c:
+                held += cap
+                at = a0 + (s0 if cap + 1 <= m0 else s1) * (cap + 1)
+                if nxt is None or at < nxt:
+                    nxt = at
+            else:
+                held += c
+        if held >= L:
+            return z
+        z = nxt
+
+
+def _ylevel(y0s: list[float], ups: list[float], full: list[int], caps: list[int], L: int) -> float | None:
+    """The same scan for the update terms under per-stage caps (y is linear: its cap is a division), with
+    StageOpt.y and StageOpt.ycap inlined; it runs once per bottleneck level, the split's hot loop."""
     if sum(caps) < L or min(caps) < 1:
         return None
-    z = max(val(k, 1) for k in range(p))
-    if min(slopes) > 0:
-        z = max(z, (L + sum(o / a for o, a in zip(offs, slopes))) / sum(1 / a for a in slopes))
+    z = max(y0 + u * 1 for y0, u in zip(y0s, ups))  # y(1)
+    if min(ups) > 0:
+        z = max(z, (L + sum(o / a for o, a in zip(y0s, ups))) / sum(1 / a for a in ups))
+    floor = math.floor
+    stages = list(zip(y0s, ups, full, caps))
     while True:
-        cs = [min(cap(k, z), c) for k, c in enumerate(caps)]
-        if sum(cs) >= L:
+        # the layers held at z and the next breakpoint, in one sweep (min's first-of-equals rule kept)
+        held, nxt = 0, None
+        for y0, u, m, c in stages:
+            if u <= 0:
+                yc = m if z >= y0 - 1e-12 else 0
+            else:
+                yc = floor((z - y0) / u + 1e-12)
+                if yc < 0:
+                    yc = 0
+            if yc < c:
+                held += yc
+                at = y0 + u * (yc + 1)
+                if nxt is None or at < nxt:
+                    nxt = at
+            else:
+                held += c
+        if held >= L:
             return z
-        z = min(val(k, c + 1) for k, c in enumerate(cs) if c < caps[k])
+        z = nxt
 
 
 def best_split(opts: list[StageOpt], L: int, lam: float = -math.inf, const: float = 0.0,
@@ -144,18 +194,15 @@ def best_split(opts: list[StageOpt], L: int, lam: float = -math.inf, const: floa
     full = [o.lmax for o in opts]
     if p > L or min(full) < 1 or sum(full) < L:
         return None
-    own, cap = (lambda k, l: opts[k].own(l)), (lambda k, z: opts[k].cap(z))
-    y, ycap = (lambda k, l: opts[k].y(l)), (lambda k, w: opts[k].ycap(w))
-    a_sl, a_off = [o.a[0] for o in opts], [o.a0 for o in opts]
     y_sl, y_off = [o.ups for o in opts], [o.y0 for o in opts]
-    z = _level(own, cap, a_sl, a_off, full, L)
-    w_floor = _level(y, ycap, y_sl, y_off, full, L)
+    z = _olevel(opts, full, L)
+    w_floor = _ylevel(y_off, y_sl, full, full, L)
     floor_fill = _fill_floor(opts, full, L)
     best: SplitResult | None = None
     best_t = bound
     while max(z, lam) + w_floor + floor_fill + const < best_t:
         zcaps = [o.cap(z) for o in opts]
-        w = _level(y, ycap, y_sl, y_off, zcaps, L)
+        w = _ylevel(y_off, y_sl, full, zcaps, L)
         zfloor = _fill_floor(opts, zcaps, L)
         while w is not None and max(z, lam) + w + zfloor + const < best_t:
             caps = [min(c, o.ycap(w)) for o, c in zip(opts, zcaps)]
