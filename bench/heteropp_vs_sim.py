@@ -192,23 +192,25 @@ def _sharing_proc(model_file: str, calls: int, rank: int, procs: int, store: str
     step()
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=procs)
     dist.barrier()  # all compute at once from here
-    t0 = time.perf_counter()
+    ends = [time.perf_counter()]  # the monotonic clock is one clock for all processes of the host
     for _ in range(calls):
         step()
-    out.put((t0, time.perf_counter()))
+        ends.append(time.perf_counter())
+    out.put(ends)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def measure_slowdown(m: ModelSpec, most: int, calls: int = 40) -> list[float]:
-    """Entry k-1: how much longer k processes, each running the same training steps of a 2-layer stage, take
-    together (first start to last finish: the host's throughput, whichever core each lands on) than one alone."""
+    """Entry k-1: k processes run the same training steps of a 2-layer stage at once; k times one process's
+    step rate alone over their summed step rate while all of them run (from the last one's start to the first
+    one's finish: no skew at either end; the host's throughput, whichever core each lands on)."""
     with tempfile.TemporaryDirectory() as tmp:
         model_file = os.path.join(tmp, "model.json")
         with open(model_file, "w") as f:
             json.dump(dataclasses.asdict(m), f)
         ctx = mp.get_context("spawn")
-        per = []
+        rate = []
         for k in range(1, most + 1):
             q = ctx.Queue()
             store = os.path.join(tmp, f"store{k}")
@@ -218,8 +220,12 @@ def measure_slowdown(m: ModelSpec, most: int, calls: int = 40) -> list[float]:
             got = [_get(q, ps) for _ in ps]
             for p in ps:
                 p.join()
-            per.append(max(e for _, e in got) - min(b for b, _ in got))
-    return [t / per[0] for t in per]
+            lo, hi = max(e[0] for e in got), min(e[-1] for e in got)
+            done = sum(lo < t <= hi for e in got for t in e[1:])
+            if hi <= lo or done < k:
+                raise RuntimeError(f"{k} processes never all ran at once; raise the step count ({calls})")
+            rate.append(done / (hi - lo))
+    return [k * rate[0] / r for k, r in enumerate(rate, 1)]
 
 
 def with_comm(prof: Profile, comm: dict, dp: int) -> Profile:
