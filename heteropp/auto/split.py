@@ -120,16 +120,21 @@ def _fill_floor(opts: list[StageOpt], caps: list[int], L: int) -> float:
     return total
 
 
+def _start_level(at_one: float, offs: list[float], slopes: list[float], L: int) -> float:
+    """Where the level scans start: the highest value at one layer, or the fractional level at which the
+    linear lower bounds offs[k] + slopes[k] * l hold L layers, whichever is higher."""
+    if min(slopes) > 0:
+        return max(at_one, (L + sum(o / a for o, a in zip(offs, slopes))) / sum(1 / a for a in slopes))
+    return at_one
+
+
 def _olevel(opts: list[StageOpt], full: list[int], L: int) -> float | None:
     """Least max_k own_k(l_k) with 1 <= l_k <= full[k] and sum l_k = L: starts at the fractional level, then
     steps to the next breakpoint until the caps hold L layers. StageOpt.own and StageOpt.cap are inlined
     (the same arithmetic): the scan can step through many breakpoints."""
     if sum(full) < L or min(full) < 1:
         return None
-    z = max(o.own(1) for o in opts)
-    slopes = [o.a[0] for o in opts]
-    if min(slopes) > 0:
-        z = max(z, (L + sum(o.a0 / a for o, a in zip(opts, slopes))) / sum(1 / a for a in slopes))
+    z = _start_level(max(o.own(1) for o in opts), [o.a0 for o in opts], [o.a[0] for o in opts], L)
     floor = math.floor
     stages = [(o.a0, o.a[0], o.a[1], o.m[0], o.m[1], c) for o, c in zip(opts, full)]
     while True:
@@ -160,9 +165,7 @@ def _ylevel(y0s: list[float], ups: list[float], full: list[int], caps: list[int]
     StageOpt.y and StageOpt.ycap inlined; it runs once per bottleneck level, the split's hot loop."""
     if sum(caps) < L or min(caps) < 1:
         return None
-    z = max(y0 + u * 1 for y0, u in zip(y0s, ups))  # y(1)
-    if min(ups) > 0:
-        z = max(z, (L + sum(o / a for o, a in zip(y0s, ups))) / sum(1 / a for a in ups))
+    z = _start_level(max(y0 + u * 1 for y0, u in zip(y0s, ups)), y0s, ups, L)  # y(1)
     floor = math.floor
     stages = list(zip(y0s, ups, full, caps))
     while True:
