@@ -312,10 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     m = SMOKE_MODEL if a.smoke else MODEL
     all_plans = plans(m.layers, a.micro_batches)
     names = a.plans.split(",") if a.plans else list(all_plans)
+    if unknown := [n for n in names if n not in all_plans]:
+        ap.error(f"unknown plan(s) {unknown}; expected some of {list(all_plans)}")
     before = machine()
     cores = float(a.cores or os.cpu_count() or 1)
     alone, pair_comm = stage_alone_profile(m, a.repeats)
-    slowdown = measure_slowdown(m, max(p.world_size for p in all_plans.values()))
+    slowdown = measure_slowdown(m, max(all_plans[n].world_size for n in names))  # the plans this run measures
     print("slowdown with 1, 2, ... ranks computing at once: " + ", ".join(f"{x:.2f}" for x in slowdown))
     rows, records = [], []
     for name in names:

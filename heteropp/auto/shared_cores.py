@@ -47,8 +47,9 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
                           schedule: str | Schedule, ranks: list[int], cores: float,
                           slowdown: Sequence[float] | None = None, tp: list[int] | None = None) -> float:
     """Iteration time of one step. `ranks[k]`: processes stage k keeps busy while computing (tp x dp);
-    `cores`: the cores they share (math.inf: no sharing); `slowdown`: measured factors (module doc), else
-    fair sharing; `tp[k]`: the ranks stage k's entries were timed with (default 1 each)."""
+    `cores`: the cores they share (math.inf: no sharing); `slowdown`: measured factors (module doc), which
+    then stand for fair sharing of `cores` (it is not used); `tp[k]`: the ranks stage k's entries were timed
+    with (default 1 each)."""
     p, m = len(stages), micro_batches
     if len(ranks) != p or any(r < 1 for r in ranks):
         raise ValueError(f"ranks must give each of the {p} stages at least one process, got {ranks}")
