@@ -162,7 +162,9 @@ def _olevel(opts: list[StageOpt], full: list[int], L: int) -> float | None:
 
 def _ylevel(y0s: list[float], ups: list[float], full: list[int], caps: list[int], L: int) -> float | None:
     """The same scan for the update terms under per-stage caps (y is linear: its cap is a division), with
-    StageOpt.y and StageOpt.ycap inlined; it runs once per bottleneck level, the split's hot loop."""
+    StageOpt.y and StageOpt.ycap inlined; it runs once per bottleneck level, the split's hot loop. Kept apart
+    from _olevel: a non-positive slope caps all or nothing here, and a per-stage callback shared by both
+    scans is what made them slow."""
     if sum(caps) < L or min(caps) < 1:
         return None
     z = _start_level(max(y0 + u * 1 for y0, u in zip(y0s, ups)), y0s, ups, L)  # y(1)
