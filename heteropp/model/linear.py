@@ -31,8 +31,11 @@ class WeightGradStore:
         WeightGradStore._open = None
 
     def flush(self) -> None:
-        for fn in self.queue:
-            fn()
+        # outside autograd's backward grad mode is on: recording here would give each weight gradient a
+        # graph holding the saved activations until the gradients are cleared
+        with torch.no_grad():
+            for fn in self.queue:
+                fn()
         self.queue.clear()
 
 
