@@ -20,7 +20,7 @@ import statistics
 import torch
 from torch import nn
 
-from ..model import StageModel, TPGroup
+from ..model import StageModel, TPGroup, WeightGradStore
 from ..plan import tp_split_error
 from ..spec import load_model
 from .profiles import ChipProfile, Profile, TPProfile
@@ -82,15 +82,18 @@ def _repeat(run: Callable[[], tuple[float, ...]], min_time_s: float, tp: TPGroup
     return tuple(t / n for t in total)
 
 
-def _timer(net: _Net, tokens: torch.Tensor, dev: torch.device) -> tuple[Callable[[], tuple[float, float]], list[int]]:
-    """A call that times one forward and one backward; the list holds the bytes saved for backward."""
+def _timer(net: _Net, tokens: torch.Tensor, dev: torch.device,
+           split: bool = False) -> tuple[Callable[[], tuple[float, ...]], list[int]]:
+    """A call that times one forward and one backward (`split`: the backward as the engine's ZB-H1 runs it,
+    an input-gradient pass with the weight gradients deferred, then the weight-gradient pass); the list holds
+    the bytes saved for backward."""
     saved = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved[0] += t.numel() * t.element_size()
         return t
 
-    def once() -> tuple[float, float]:
+    def once() -> tuple[float, ...]:
         saved[0] = 0
         _sync(dev)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -98,30 +101,41 @@ def _timer(net: _Net, tokens: torch.Tensor, dev: torch.device) -> tuple[Callable
             loss = net(tokens)
             _sync(dev)
             t1 = time.perf_counter()
-        loss.backward()
-        _sync(dev)
-        t2 = time.perf_counter()
+        if split:
+            with WeightGradStore() as store:
+                loss.backward()
+            _sync(dev)
+            t2 = time.perf_counter()
+            store.flush()
+            _sync(dev)
+            out = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+        else:
+            loss.backward()
+            _sync(dev)
+            out = (t1 - t0, time.perf_counter() - t1)
         net.zero_grad(set_to_none=True)
-        return t1 - t0, t2 - t1
+        return out
 
     once()  # warms up allocators and kernels
     return once, saved
 
 
 def _time_depths(nets: dict[int, _Net], tokens: torch.Tensor, repeats: int, min_time_s: float,
-                 dev: torch.device, stat: str = "min") -> dict[int, tuple[float, float, float]]:
-    """Per depth: least (or median, `stat`) forward and backward time over `repeats` rounds (each a mean
-    over at least `min_time_s`), and bytes saved for backward. The depths alternate within a round, so a
+                 dev: torch.device, stat: str = "min", split: bool = False) -> dict[int, tuple[float, ...]]:
+    """Per depth: least (or median, `stat`) forward and backward times (`split`: forward, input-gradient and
+    weight-gradient passes) over `repeats` rounds (each a mean over at least `min_time_s`), and last the
+    bytes saved for backward. The depths alternate within a round, so a
     burst of load from elsewhere hits both and cancels in their difference; the least is the run least
     disturbed, the median the typical one (what ranks sharing cores see)."""
     pick = min if stat == "min" else statistics.median
-    timers = {d: _timer(net, tokens, dev) for d, net in nets.items()}
+    timers = {d: _timer(net, tokens, dev, split) for d, net in nets.items()}
     net = next(iter(nets.values()))
     runs: dict[int, list[tuple[float, ...]]] = {d: [] for d in nets}
     for _ in range(repeats):
         for d, (once, _) in timers.items():
             runs[d].append(_repeat(once, min_time_s, net.tp))
-    return {d: (pick(r[0] for r in runs[d]), pick(r[1] for r in runs[d]), float(timers[d][1][0])) for d in nets}
+    return {d: (*(pick(r[i] for r in runs[d]) for i in range(len(runs[d][0]))), float(timers[d][1][0]))
+            for d in nets}
 
 
 def _optim_time(layer: nn.Module, repeats: int, min_time_s: float, dev: torch.device) -> float:
@@ -188,10 +202,19 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         fwd, bwd, act = per(False, 0), per(False, 1), per(False, 2)
         bwd_rc, ckpt = per(True, 1), per(True, 2)
         ends = max(sum(res[(False, d1)][:2]) - d1 * (fwd + bwd), 0.0)
+        # The weight-gradient share of the backward as the engine splits it for ZB-H1, measured: it depends on
+        # how much of the backward is outside the linear layers (on this CPU ~0.45 for the benchmark model,
+        # ~0.2 for the tiny preset), not the half that counting matmuls gives
+        if progress:
+            progress(f"profiling tp={tp} depths {d1},{d2} backward split into input and weight gradients on {dev}")
+        got = _time_depths({d: _Net(m, group, d, False).to(dev) for d in (d1, d2)}, tokens, repeats, min_time_s, dev,
+                           stat, split=True)
+        i_s, w_s = ((got[d2][k] - got[d1][k]) / (d2 - d1) for k in (1, 2))
+        share = w_s / (i_s + w_s) if i_s > 0 and w_s > 0 else 0.5
         if progress:
             progress(f"profiling tp={tp} optimizer step on {dev}")
         optim = _optim_time(_Net(m, _LocalTP(0, tp), 1, False).to(dev).layers[0], repeats, min_time_s, dev)
-        entries[tp] = TPProfile(fwd_s=fwd, bwd_s=bwd, recompute_s=max(bwd_rc - bwd, 0.0), wgrad_s=bwd / 2,
+        entries[tp] = TPProfile(fwd_s=fwd, bwd_s=bwd, recompute_s=max(bwd_rc - bwd, 0.0), wgrad_s=bwd * share,
                                 act_bytes=act, ckpt_bytes=ckpt, optim_s=optim, embed_s=0.0, head_s=ends,
                                 head_act_bytes=micro_batch_size * m.seq_len * m.vocab / tp * 6)
     return Profile(model=m.name, micro_batch_size=micro_batch_size, seq_len=m.seq_len, layer_params=m.layer_params,
