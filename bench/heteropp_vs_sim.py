@@ -12,7 +12,10 @@ All ranks are processes on this host and share its cores. Two predictions per pl
   collectives included), the ZeRO-1 optimizer step with a real dp group and a one-way activation send;
   their medians are the profile, every rank assumed busy at once, fed to the plain simulator.
 
-    python -m bench.heteropp_vs_sim [--steps 8] [--runs 3] [--plans NAME,...] [--json FILE]
+Profiling and measuring alternate in rounds (each: both profiles, then one launch per plan); the predictions
+and the measured times are medians over rounds.
+
+    python -m bench.heteropp_vs_sim [--steps 8] [--rounds 3] [--plans NAME,...] [--json FILE]
 """
 from __future__ import annotations
 
@@ -296,18 +299,40 @@ def measure(m: ModelSpec, plan: Plan, steps: int, skip: int) -> list[float]:
     return [tokens / r for r in lead["tokens_per_s"][skip:]]
 
 
+def _round(m: ModelSpec, all_plans: dict[str, Plan], names: list[str], a: argparse.Namespace, cores: float,
+           most: int) -> dict:
+    """One round: the stage-alone profile and the slowdown, then per plan its contended profile and one launch.
+    Rounds interleave profiling with measuring, so a host whose speed drifts over minutes moves both alike."""
+    alone, pair_comm = stage_alone_profile(m, a.repeats)
+    slowdown = measure_slowdown(m, most)
+    print("slowdown with 1, 2, ... ranks computing at once: " + ", ".join(f"{x:.2f}" for x in slowdown))
+    per_plan = {}
+    for name in names:
+        plan = all_plans[name]
+        prof, comm = measure_profile(m, [1, 2], plan.world_size, plan.dp, a.repeats)
+        times = measure(m, plan, a.steps, a.skip)
+        per_plan[name] = {"measured_s": times, "simulated_s": predict(m, plan, prof, comm),
+                          "simulated_shared_s": predict_shared(m, plan, alone, pair_comm, cores, slowdown),
+                          "profile": prof.to_dict(), "comm_s": comm}
+    return {"profile_alone": alone.to_dict(), "comm_two_processes_s": pair_comm, "slowdown": slowdown,
+            "plans": per_plan}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.heteropp_vs_sim", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--skip", type=int, default=2, help="leading steps left out (warm-up)")
     ap.add_argument("--micro-batches", type=int, default=8, help="per iteration, over all replicas")
-    ap.add_argument("--runs", type=int, default=3, help="launches per plan (the median of their medians)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of profiling then one launch per plan (medians over rounds)")
     ap.add_argument("--repeats", type=int, default=15, help="profiler repeats per measurement")
     ap.add_argument("--plans", help="comma-separated plan names (default: all)")
     ap.add_argument("--cores", type=float, help="cores the ranks share (default: this host's count)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run on a toy model (tests)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     m = SMOKE_MODEL if a.smoke else MODEL
     all_plans = plans(m.layers, a.micro_batches)
@@ -316,24 +341,23 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown plan(s) {unknown}; expected some of {list(all_plans)}")
     before = machine()
     cores = float(a.cores or os.cpu_count() or 1)
-    alone, pair_comm = stage_alone_profile(m, a.repeats)
-    slowdown = measure_slowdown(m, max(all_plans[n].world_size for n in names))  # the plans this run measures
-    print("slowdown with 1, 2, ... ranks computing at once: " + ", ".join(f"{x:.2f}" for x in slowdown))
+    most = max(all_plans[n].world_size for n in names)  # the slowdown only as far as the selected plans need
+    # each round starts at another plan, so no plan always runs right after the profiling
+    rounds = [_round(m, all_plans, names[i % len(names):] + names[:i % len(names)], a, cores, most)
+              for i in range(a.rounds)]
     rows, records = [], []
     for name in names:
-        plan = all_plans[name]
-        prof, comm = measure_profile(m, [1, 2], plan.world_size, plan.dp, a.repeats)
-        runs = [measure(m, plan, a.steps, a.skip) for _ in range(a.runs)]
-        times = [t for r in runs for t in r]
-        meas = statistics.median(statistics.median(r) for r in runs)
-        shared, contended = predict_shared(m, plan, alone, pair_comm, cores, slowdown), predict(m, plan, prof, comm)
+        plan, got = all_plans[name], [r["plans"][name] for r in rounds]
+        meas = statistics.median(statistics.median(g["measured_s"]) for g in got)
+        contended = statistics.median(g["simulated_s"] for g in got)
+        shared = statistics.median(g["simulated_shared_s"] for g in got)
         err, err_s = (contended - meas) / meas, (shared - meas) / meas
         rows.append([name, plan.world_size, meas * 1e3, contended * 1e3, f"{100 * err:+.1f}%",
                      shared * 1e3, f"{100 * err_s:+.1f}%"])
-        records.append({"plan": name, "plan_json": plan.to_dict(), "procs": plan.world_size, "measured_s": times,
-                        "measured_median_s": meas, "simulated_s": contended, "error": err,
-                        "simulated_shared_s": shared, "error_shared": err_s,
-                        "profile": prof.to_dict(), "comm_s": comm})
+        records.append({"plan": name, "plan_json": plan.to_dict(), "procs": plan.world_size,
+                        "measured_s": [t for g in got for t in g["measured_s"]], "measured_median_s": meas,
+                        "simulated_s": contended, "error": err, "simulated_shared_s": shared, "error_shared": err_s,
+                        "rounds": got})
     med = statistics.median(abs(r["error"]) for r in records)
     med_s = statistics.median(abs(r["error_shared"]) for r in records)
     print(table(["plan", "procs", "measured ms", "simulated ms (contended profile)", "error",
@@ -344,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(a.json, {"machine_before": before, "machine_after": after,
                         "command": command("bench.heteropp_vs_sim", argv), "model": dataclasses.asdict(m),
                         "link_gb_s": LINK_GB_S, "cores": cores, "median_abs_error": med,
-                        "median_abs_error_shared": med_s, "plans": records, "profile_alone": alone.to_dict(),
-                        "comm_two_processes_s": pair_comm, "slowdown": slowdown})
+                        "median_abs_error_shared": med_s, "plans": records,
+                        "rounds": [{k: v for k, v in r.items() if k != "plans"} for r in rounds]})
     return 0
 
 
