@@ -124,9 +124,9 @@ def _time_depths(nets: dict[int, _Net], tokens: torch.Tensor, repeats: int, min_
                  dev: torch.device, stat: str = "min", split: bool = False) -> dict[int, tuple[float, ...]]:
     """Per depth: least (or median, `stat`) forward and backward times (`split`: forward, input-gradient and
     weight-gradient passes) over `repeats` rounds (each a mean over at least `min_time_s`), and last the
-    bytes saved for backward. The depths alternate within a round, so a
-    burst of load from elsewhere hits both and cancels in their difference; the least is the run least
-    disturbed, the median the typical one (what ranks sharing cores see)."""
+    bytes saved for backward. The depths alternate within a round, so a burst of load from elsewhere hits
+    both and cancels in their difference; the least is the run least disturbed, the median the typical one
+    (what ranks sharing cores see)."""
     pick = min if stat == "min" else statistics.median
     timers = {d: _timer(net, tokens, dev, split) for d, net in nets.items()}
     net = next(iter(nets.values()))
@@ -210,7 +210,7 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         got = _time_depths({d: _Net(m, group, d, False).to(dev) for d in (d1, d2)}, tokens, repeats, min_time_s, dev,
                            stat, split=True)
         i_s, w_s = ((got[d2][k] - got[d1][k]) / (d2 - d1) for k in (1, 2))
-        share = w_s / (i_s + w_s) if i_s > 0 and w_s > 0 else 0.5
+        share = w_s / (i_s + w_s) if i_s > 0 and w_s > 0 else 0.5  # a tiny layer's differences can come out 0
         if progress:
             progress(f"profiling tp={tp} optimizer step on {dev}")
         optim = _optim_time(_Net(m, _LocalTP(0, tp), 1, False).to(dev).layers[0], repeats, min_time_s, dev)

@@ -52,13 +52,10 @@ class ZeroAdamW:
         self.owned_shard = None  # this rank's slice of the 0/1 ownership mask (float64), kept only when clipping
         if clip_norm is not None:
             owned = owned if owned is not None else [True] * len(params)
-            mask = self._flat([torch.full((p.numel(),), float(o), dtype=torch.float64, device=p.device)
+            mask = self._fill(torch.zeros(self.padded, dtype=torch.float64, device=dev),
+                              [torch.full((p.numel(),), float(o), dtype=torch.float64, device=dev)
                                for p, o in zip(params, owned)])
             self.owned_shard = mask[dp_rank * self.shard:(dp_rank + 1) * self.shard].clone()
-
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        return torch.cat([flat, flat.new_zeros(self.padded - flat.numel())])
 
     def _fill(self, flat: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
         """`flat` with the tensors copied in, in order (its padding stays zero)."""

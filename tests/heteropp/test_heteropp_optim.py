@@ -26,8 +26,6 @@ def test_steps_match_torch_adamw(wd: float) -> None:
         for a, b in zip(ours, theirs):
             # torch divides sqrt(v) by sqrt(1 - b2^t), we take sqrt(v / (1 - b2^t)): rounding apart only
             torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-12, atol=1e-14)
-
-
     assert all((a.detach() - s).abs().max() > 1e-3 for a, s in zip(ours, start))  # they did move
 
 
