@@ -167,6 +167,10 @@ int run_rank(int rank, int sock, int iters) {
   struct View { char* p; char* data() { return p; } char& operator[](size_t i) { return p[i]; } };
   View out{out_p}, in{in_p};
   uint64_t tag = 0;
+  // VERBS_PINGPONG_LAT_ONLY=1: only the 8 B ping-pong, and the medians of its phases on stderr (how long
+  // posting a send takes, how long the wait for the reply after it, and the polls in that wait)
+  static const bool lat_only = std::getenv("VERBS_PINGPONG_LAT_ONLY") != nullptr;
+  if (lat_only) sizes.clear();
   for (size_t n : sizes) {
     for (int dir = 0; dir < 2; ++dir) {
       ++tag;
@@ -193,19 +197,33 @@ int run_rank(int rank, int sock, int iters) {
     }
   }
   // 2. Ping-pong latency (8 B) and streaming bandwidth (64 KiB, 1 MiB).
+  std::vector<double> post_us, wait_us, passes;
   std::vector<double> halves;  // per round trip, for the median (the host's load makes the mean swing)
   auto pingpong = [&](size_t n, int count) {
     r.sink.target = in.data();
     halves.clear();
     auto t0 = Clock::now();
+    post_us.clear(); wait_us.clear(); passes.clear();
     for (int i = 0; i < count; ++i) {
       auto ti = Clock::now();
+      auto us_since = [](Clock::time_point a) { return std::chrono::duration<double, std::micro>(Clock::now() - a).count(); };
+      auto timed_send = [&] {
+        auto a = lat_only ? Clock::now() : Clock::time_point{};
+        r.send_msg(out.data(), n, ++tag);
+        if (lat_only) post_us.push_back(us_since(a));
+      };
+      auto timed_wait = [&] {
+        int p0 = r.passes;
+        auto a = lat_only ? Clock::now() : Clock::time_point{};
+        r.wait_received(r.sink.received + 1);
+        if (lat_only) wait_us.push_back(us_since(a)), passes.push_back(r.passes - p0);
+      };
       if (rank == 0) {
-        r.send_msg(out.data(), n, ++tag);
-        r.wait_received(r.sink.received + 1);
+        timed_send();
+        timed_wait();
       } else {
-        r.wait_received(r.sink.received + 1);
-        r.send_msg(out.data(), n, ++tag);
+        timed_wait();
+        timed_send();
       }
       halves.push_back(std::chrono::duration<double, std::micro>(Clock::now() - ti).count() / 2);
     }
@@ -228,10 +246,17 @@ int run_rank(int rank, int sock, int iters) {
   };
   pingpong(8, 50);  // warm-up
   double lat8 = pingpong(8, iters);
+  if (lat_only) {
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.0 : v[v.size() / 2]; };
+    std::vector<double> per_pass;
+    for (size_t i = 0; i < wait_us.size(); ++i) if (passes[i] > 0) per_pass.push_back(wait_us[i] / passes[i]);
+    std::fprintf(stderr, "rank %d: post %.2f us, wait %.2f us, passes %.0f, per pass %.3f us (medians)\n", rank,
+                 med(post_us), med(wait_us), med(passes), med(per_pass));
+  }
   std::sort(halves.begin(), halves.end());
   const double lat8_median = halves.empty() ? 0 : halves[halves.size() / 2];
-  double bw64k = stream(65536, 200);
-  double bw1m = stream(1 << 20, 32);
+  double bw64k = lat_only ? 0.0 : stream(65536, 200);
+  double bw1m = lat_only ? 0.0 : stream(1 << 20, 32);
   if (rank == 0)
     std::printf("{\"ok\": true, \"lat_8B_us\": %.2f, \"lat_8B_mean_us\": %.2f, \"bw_64KiB_MBps\": %.1f, "
                 "\"bw_1MiB_MBps\": %.1f, \"address\": \"%s\", \"reg_cache_hits\": %zu, \"reg_cache_misses\": %zu}\n",
