@@ -102,7 +102,7 @@ def _comm_times(m: ModelSpec, dp: int, repeats: int, mine: Any) -> dict[str, flo
     return out
 
 
-def _profile_proc(model_file: str, tps: list[int], repeats: int, rank: int, procs: int, dp: int, store: str,
+def _profile_proc(model_file: str, tps: list[int], repeats: int, dp: int, rank: int, procs: int, store: str,
                   out: mp.Queue) -> None:
     import torch
     import torch.distributed as dist
@@ -140,22 +140,28 @@ def _get(q: mp.Queue, ps: list, timeout_s: float = 300.0) -> Any:
                 raise TimeoutError(f"profiler processes reported nothing within {timeout_s:.0f} s")
 
 
-def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: int) -> tuple[Profile, dict]:
-    """The compute profile under `procs` concurrent profiler processes (the median of their entries), and
-    the communication times measured between those processes."""
+def _run_ranks(target, m: ModelSpec, procs: int, *args) -> list:
+    """Starts `procs` spawned processes, target(model_file, *args, rank, procs, store, queue), sharing a file of
+    `m`'s spec and a file store for their gloo group; returns what they put on the queue, in arrival order."""
     with tempfile.TemporaryDirectory() as tmp:
         model_file, store = os.path.join(tmp, "model.json"), os.path.join(tmp, "store")
         with open(model_file, "w") as f:
             json.dump(dataclasses.asdict(m), f)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        ps = [ctx.Process(target=_profile_proc, args=(model_file, tps, repeats, r, procs, dp, store, q))
-              for r in range(procs)]
+        ps = [ctx.Process(target=target, args=(model_file, *args, r, procs, store, q)) for r in range(procs)]
         for p in ps:
             p.start()
         got = [_get(q, ps) for _ in ps]
         for p in ps:
             p.join()
+    return got
+
+
+def measure_profile(m: ModelSpec, tps: list[int], procs: int, dp: int, repeats: int) -> tuple[Profile, dict]:
+    """The compute profile under `procs` concurrent profiler processes (the median of their entries), and
+    the communication times measured between those processes."""
+    got = _run_ranks(_profile_proc, m, procs, tps, repeats, dp)
     profs = [Profile.from_dict(d) for d, _ in got]
     # medians over the ranks that timed each (a rank without a peer times no pair operation)
     comm = {k: statistics.median([c[k] for _, c in got if c[k] is not None] or [0.0]) for k in got[0][1]}
@@ -208,26 +214,14 @@ def measure_slowdown(m: ModelSpec, most: int, calls: int = 40) -> list[float]:
     """Entry k-1: k processes run the same training steps of a 2-layer stage at once; k times one process's
     step rate alone over their summed step rate while all of them run (from the last one's start to the first
     one's finish: no skew at either end; the host's throughput, whichever core each lands on)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        model_file = os.path.join(tmp, "model.json")
-        with open(model_file, "w") as f:
-            json.dump(dataclasses.asdict(m), f)
-        ctx = mp.get_context("spawn")
-        rate = []
-        for k in range(1, most + 1):
-            q = ctx.Queue()
-            store = os.path.join(tmp, f"store{k}")
-            ps = [ctx.Process(target=_sharing_proc, args=(model_file, calls, r, k, store, q)) for r in range(k)]
-            for p in ps:
-                p.start()
-            got = [_get(q, ps) for _ in ps]
-            for p in ps:
-                p.join()
-            lo, hi = max(e[0] for e in got), min(e[-1] for e in got)
-            done = sum(lo < t <= hi for e in got for t in e[1:])
-            if hi <= lo or done < k:
-                raise RuntimeError(f"{k} processes never all ran at once; raise the step count ({calls})")
-            rate.append(done / (hi - lo))
+    rate = []
+    for k in range(1, most + 1):
+        got = _run_ranks(_sharing_proc, m, k, calls)
+        lo, hi = max(e[0] for e in got), min(e[-1] for e in got)
+        done = sum(lo < t <= hi for e in got for t in e[1:])
+        if hi <= lo or done < k:
+            raise RuntimeError(f"{k} processes never all ran at once; raise the step count ({calls})")
+        rate.append(done / (hi - lo))
     return [k * rate[0] / r for k, r in enumerate(rate, 1)]
 
 

@@ -193,10 +193,11 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         tokens = torch.randint(0, m.vocab, (micro_batch_size, m.seq_len), device=dev)
         group = tp_group if tp_group is not None and tp_group.size == tp else _LocalTP(0, tp)
         res = {}
+        nets = {rc: {d: _Net(m, group, d, rc).to(dev) for d in (d1, d2)} for rc in (False, True)}
         for rc in (False, True):
             if progress:
                 progress(f"profiling tp={tp} depths {d1},{d2} recompute={'on' if rc else 'off'} on {dev}")
-            got = _time_depths({d: _Net(m, group, d, rc).to(dev) for d in (d1, d2)}, tokens, repeats, min_time_s, dev, stat)
+            got = _time_depths(nets[rc], tokens, repeats, min_time_s, dev, stat)
             res.update({(rc, d): v for d, v in got.items()})
         per = lambda rc, i: max((res[(rc, d2)][i] - res[(rc, d1)][i]) / (d2 - d1), 0.0)  # noqa: E731
         fwd, bwd, act = per(False, 0), per(False, 1), per(False, 2)
@@ -207,8 +208,7 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         # ~0.2 for the tiny preset), not the half that counting matmuls gives
         if progress:
             progress(f"profiling tp={tp} depths {d1},{d2} backward split into input and weight gradients on {dev}")
-        got = _time_depths({d: _Net(m, group, d, False).to(dev) for d in (d1, d2)}, tokens, repeats, min_time_s, dev,
-                           stat, split=True)
+        got = _time_depths(nets[False], tokens, repeats, min_time_s, dev, stat, split=True)
         i_s, w_s = ((got[d2][k] - got[d1][k]) / (d2 - d1) for k in (1, 2))
         share = w_s / (i_s + w_s) if i_s > 0 and w_s > 0 else 0.5  # a tiny layer's differences can come out 0
         if progress:
