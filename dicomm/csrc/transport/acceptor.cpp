@@ -1,6 +1,7 @@
 #include "transport/acceptor.h"
 
 #include <cerrno>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,9 +22,13 @@ Acceptor::~Acceptor() {
 
 bool Acceptor::progress(std::vector<Accepted>* out) {
   bool did = false;
-  for (;;) {
+  // Ask before accepting: Linux's accept4 allocates a socket, its inode and a file before it looks at
+  // the backlog, and on EAGAIN frees them again through RCU. Spinning callers come here every few dozen
+  // polls; under Soft-RoCE in QEMU that churn made an 8 B half round trip 15-21 us instead of 15.
+  pollfd ready{listen_fd_, POLLIN, 0};
+  while (poll(&ready, 1, 0) > 0 && (ready.revents & POLLIN)) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) break;  // EAGAIN, or a transient error (EMFILE...): try again on the next event
+    if (fd < 0) break;  // taken meanwhile, or a transient error (EMFILE...): try again on the next event
     ctx_.poller->add(fd);
     pending_.push_back(std::make_unique<HelloReader>(fd, Clock::now() + ctx_.handshake_timeout));
     did = true;
