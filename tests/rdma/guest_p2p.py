@@ -208,6 +208,61 @@ def _killed_peer(rank: int, world: int, store) -> dict:
         return {"kind": type(e).__name__, "seconds": round(time.monotonic() - t0, 2), "text": str(e)}
 
 
+def _pingpongs(c, rank: int, n: int = 100) -> None:
+    """8 B ping-pongs, past a half ring of receive slots both ways: credit writes in both send queues."""
+    buf = np.zeros(8, np.uint8)
+    for _ in range(n):
+        if rank == 0:
+            c.isend(buf.ctypes.data, 8, 1, 1).wait()
+            c.irecv(buf.ctypes.data, 8, 1, 1).wait()
+        else:
+            c.irecv(buf.ctypes.data, 8, 0, 1).wait()
+            c.isend(buf.ctypes.data, 8, 0, 1).wait()
+
+
+def _close_and_drop(c) -> dict:
+    """Seconds spent in close() and in dropping the communicator (its connections go with it)."""
+    import gc
+
+    t0 = time.monotonic()
+    c.close()
+    t1 = time.monotonic()
+    del c
+    gc.collect()
+    return {"close_s": round(t1 - t0, 3), "drop_s": round(time.monotonic() - t1, 3)}
+
+
+def _close_in_order(rank: int, world: int, store) -> dict:
+    """Rank 0 sends its last (eager) message and closes at once; rank 1 takes the message only after
+    that, then closes too. The message must arrive intact, and nothing may wait out the drain bound
+    (DICOMM_IB_DRAIN_MS, 20 s here): not rank 1's receive (its engine tears down the connection the
+    peer closed), not either close."""
+    c = _comm(store, rank, world)
+    _pingpongs(c, rank)
+    last = _data(4000, 77)
+    if rank == 0:
+        c.isend(last.ctypes.data, last.size, 1, 2).wait()  # eager: complete once copied out
+        res = _close_and_drop(c)
+        store.set("closed0", "1")
+        return res
+    store.wait(["closed0"])
+    got = np.zeros(last.size, np.uint8)
+    t0 = time.monotonic()
+    c.irecv(got.ctypes.data, got.size, 0, 2).wait()
+    recv_s = round(time.monotonic() - t0, 3)
+    return dict(_close_and_drop(c), recv_s=recv_s, last_message_ok=bool(np.array_equal(got, last)))
+
+
+def _close_together(rank: int, world: int, store) -> dict:
+    """Both ranks close at the same moment after a ping-pong: neither may wait out the drain bound."""
+    c = _comm(store, rank, world)
+    _pingpongs(c, rank)
+    store.add("ready", 1)
+    while store.add("ready", 0) < 2:
+        time.sleep(0.001)
+    return _close_and_drop(c)
+
+
 def _reused_address(rank: int, world: int, store) -> dict:
     """Registration-cache staleness: each rank maps 4 MiB, transfers it (registered and cached),
     unmaps it, maps 4 MiB again (the kernel hands back the same address) with other bytes and
@@ -319,6 +374,8 @@ SCENARIOS = {
     "latency_spin_100us": lambda: run_ranks(_latency, 2, timeout=90, env={"DICOMM_IB_SPIN_US": "100"}),
     "torch_backend": lambda: run_ranks(_torch_backend, 2, timeout=90, env={"DICOMM_TRANSPORT": "verbs"}),
     "killed_peer": lambda: run_ranks(_killed_peer, 2, timeout=60, expect_dead=[0])[1],
+    "close_in_order": lambda: run_ranks(_close_in_order, 2, timeout=120, env={"DICOMM_IB_DRAIN_MS": "20000"}),
+    "close_together": lambda: run_ranks(_close_together, 2, timeout=120, env={"DICOMM_IB_DRAIN_MS": "20000"}),
     "reused_address": lambda: run_ranks(_reused_address, 2, timeout=90),
     "middle_page": lambda: run_ranks(_middle_page, 2, timeout=90),
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],

@@ -172,6 +172,18 @@ def test_torch_backend_over_verbs(session):
     assert [r["path"] for r in _scenario(session, "torch_backend")] == ["verbs", "verbs"]
 
 
+def test_closing_peer_neither_stalls_nor_loses_its_last_message(session):
+    """The drain bound is 20 s in these scenarios: a close that waited for credit writes, or for a peer
+    that had torn its queue pair down, took all of it (under the engine lock: the survivor's next
+    receive waited too)."""
+    first, second = _scenario(session, "close_in_order")
+    assert second["last_message_ok"]
+    assert second["recv_s"] < 5.0, second
+    both = _scenario(session, "close_together")
+    for rank in (first, second, *both):
+        assert rank["close_s"] + rank["drop_s"] < 5.0, (first, second, both)
+
+
 def test_peer_killed_mid_transfer_is_a_peer_error_not_a_hang(session):
     res = _scenario(session, "killed_peer")
     assert res.get("kind") == "PeerError", res

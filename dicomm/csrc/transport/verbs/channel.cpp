@@ -86,10 +86,15 @@ Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::stri
 
 Channel::~Channel() {
   // Eager sends completed to the engine when copied: let them (and completions owed to the peer)
-  // leave before the queue pair goes, within a bound.
+  // leave before the queue pair goes, within a bound. Credit writes behind the last of them are not
+  // waited for, and a peer that closed its side channel has torn its queue pair down: nothing it
+  // would still acknowledge (both ends closing together used to wait out the whole bound).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(env_long("DICOMM_IB_DRAIN_MS", 2000, 0, 60000));
   try {
-    while (fault_->empty() && (sq_used_ > 0 || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
+    while (fault_->empty() && (wr_retired_ < wr_needed_ || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
+      char byte;
+      ssize_t r = recv(side_fd_, &byte, 1, MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;  // the peer is gone
       // Unsignaled requests at the tail would never report: a signaled credit write behind them does.
       if (unsignaled_ > 0 && retire_.empty() && sq_used_ < sq_depth_ && qp_) write_credit(true);
       ibv::wc wc[16];
@@ -220,6 +225,7 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a send failed: " + errno_text(errno));
   ++sent_;
   ++sq_used_;
+  wr_needed_ = ++wr_posted_;
   return true;
 }
 
@@ -250,6 +256,7 @@ void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey,
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting an RDMA read failed: " + errno_text(errno));
   ++reads_;
   ++sq_used_;
+  wr_needed_ = ++wr_posted_;
 }
 
 unsigned Channel::signal_flag(bool must) {
@@ -265,6 +272,7 @@ unsigned Channel::signal_flag(bool must) {
 void Channel::retire() {
   if (retire_.empty()) throw PeerError(what_ + ": a send-queue completion nobody asked for");
   sq_used_ -= retire_.front();
+  wr_retired_ += static_cast<uint64_t>(retire_.front());
   retire_.pop_front();
 }
 
@@ -290,6 +298,7 @@ void Channel::write_credit(bool signal) {
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a credit update failed: " + errno_text(errno));
   advertised_ = posted_;
   ++sq_used_;
+  ++wr_posted_;
 }
 
 void Channel::fail_wc(const ibv::wc& wc) {

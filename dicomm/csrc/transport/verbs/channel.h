@@ -123,6 +123,9 @@ class Channel {
   // entries its completion frees.
   int signal_every_ = 1, unsignaled_ = 0;
   std::deque<int> retire_;
+  // Send-queue entries posted and retired so far, and the last one a close must wait for (a message
+  // or a read; credit writes need not leave).
+  uint64_t wr_posted_ = 0, wr_retired_ = 0, wr_needed_ = 0;
   int max_reads_ = 1, reads_ = 0;
   struct Pending { Ctrl c; std::vector<char> payload; };
   std::deque<Pending> pending_;
