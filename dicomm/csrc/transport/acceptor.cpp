@@ -24,7 +24,8 @@ bool Acceptor::progress(std::vector<Accepted>* out) {
   bool did = false;
   // Ask before accepting: Linux's accept4 allocates a socket, its inode and a file before it looks at
   // the backlog, and on EAGAIN frees them again through RCU. Spinning callers come here every few dozen
-  // polls; under Soft-RoCE in QEMU that churn made an 8 B half round trip 15-21 us instead of 15.
+  // polls; under Soft-RoCE in QEMU that churn made the verbs transport's 8 B half round trip 17-23 us
+  // instead of 15-18 (docs/rdma.md, fix 5).
   pollfd ready{listen_fd_, POLLIN, 0};
   while (poll(&ready, 1, 0) > 0 && (ready.revents & POLLIN)) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
