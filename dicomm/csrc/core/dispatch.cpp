@@ -99,22 +99,26 @@ void Engine::fail(P2PRequest& r, ErrorKind kind, const std::string& text) {
   if (caller_polling_) poller_->wake();
 }
 
-void Engine::on_send_done(transport::SendOp* op) {
+Engine::RequestSP Engine::take_in_flight(const void* op) {
+  if (posting_ && op == &(*posting_)->send_op) {
+    RequestSP r = *posting_;
+    posting_ = nullptr;
+    return r;
+  }
   auto it = in_flight_.find(op);
-  if (it == in_flight_.end()) return;
+  if (it == in_flight_.end()) return nullptr;
   RequestSP r = std::move(it->second);
   in_flight_.erase(it);
-  finish(*r, rank_, op->hdr.bytes);
+  return r;
+}
+
+void Engine::on_send_done(transport::SendOp* op) {
+  if (RequestSP r = take_in_flight(op)) finish(*r, rank_, op->hdr.bytes);
 }
 
 void Engine::on_send_refused(transport::SendOp* op, const transport::Refusal& why) {
-  RequestSP r;
-  auto it = in_flight_.find(op);
-  if (it != in_flight_.end()) {
-    r = std::move(it->second);
-    in_flight_.erase(it);
-  }
-  P2PRequest* req = r ? r.get() : nullptr;
+  RequestSP r = take_in_flight(op);
+  P2PRequest* req = r.get();
   if (!req) return;
   std::string text = why.code == transport::Refusal::kTooSmall
                          ? req->describe() + " refused by the receiver: its buffer holds only " +
@@ -126,11 +130,7 @@ void Engine::on_send_refused(transport::SendOp* op, const transport::Refusal& wh
 }
 
 void Engine::on_recv_done(transport::RecvOp* op) {
-  auto it = in_flight_.find(op);
-  if (it == in_flight_.end()) return;
-  RequestSP r = std::move(it->second);
-  in_flight_.erase(it);
-  finish(*r, r->matched_from, op->bytes);
+  if (RequestSP r = take_in_flight(op)) finish(*r, r->matched_from, op->bytes);
 }
 
 }  // namespace dicomm

@@ -130,13 +130,18 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
 void Engine::post_locked(const RequestSP& r, transport::SendConn& conn, int peer) {
   const size_t bytes = r->capacity;
   if (bytes > kRegisterAbove) r->send_op.mem = transports_[peers_[peer].transport]->register_memory(r->buf, bytes);
-  in_flight_[&r->send_op] = r;
+  posting_ = &r;
+  struct Clear { const RequestSP*& p; ~Clear() { p = nullptr; } } clear{posting_};  // however post() ends
   try {
-    conn.post(&r->send_op);  // may complete at once (eager)
+    conn.post(&r->send_op);  // may complete at once (eager): take_in_flight then clears posting_
   } catch (const PeerError& e) {
+    if (posting_) in_flight_[&r->send_op] = r;  // not complete: peer_lost fails what is in flight
+    posting_ = nullptr;
     peer_lost(peer, e.what());
     graveyard_.clear();
+    return;
   }
+  if (posting_) in_flight_[&r->send_op] = r;  // not complete inside post(): in flight
 }
 
 RequestPtr Engine::irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t meta) {

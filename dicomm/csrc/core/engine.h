@@ -117,6 +117,10 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   std::vector<std::shared_ptr<transport::Conn>> graveyard_;  // closed after the current pass
   MatchQueues queues_;
   std::unordered_map<const void*, RequestSP> in_flight_;  // by &send_op / &recv_op
+  // The send inside conn.post() right now: most small sends complete there (copied out eagerly),
+  // and those never enter in_flight_ (a hash-map insert and erase less on the latency path).
+  const RequestSP* posting_ = nullptr;
+  RequestSP take_in_flight(const void* op);  // the request of `op`, removed from in_flight_ (or null)
   std::thread progress_thread_;
   std::map<std::string, int64_t> counters_;
   // The counters every message touches, by pointer (map nodes never move): a string-keyed lookup

@@ -191,6 +191,31 @@ void Channel::post_recv(int slot) {
   if (IbvApi::post_recv(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a receive failed: " + errno_text(errno));
 }
 
+void Channel::repost() {
+  if (consumed_.empty()) return;
+  ibv::sge sges[64];
+  ibv::recv_wr wrs[64];
+  size_t done = 0;
+  while (done < consumed_.size()) {  // chains of up to 64: one lock and queue update per chain
+    const size_t n = std::min<size_t>(64, consumed_.size() - done);
+    for (size_t i = 0; i < n; ++i) {
+      const int slot = consumed_[done + i];
+      sges[i] = ibv::sge{reinterpret_cast<uintptr_t>(mem_ + static_cast<size_t>(slot) * slot_bytes_),
+                         static_cast<uint32_t>(slot_bytes_), mr_->lkey};
+      wrs[i] = ibv::recv_wr{};
+      wrs[i].wr_id = kWrRecv | static_cast<uint64_t>(slot);
+      wrs[i].sg_list = &sges[i];
+      wrs[i].num_sge = 1;
+      wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    }
+    ibv::recv_wr* bad = nullptr;
+    if (IbvApi::post_recv(qp_, wrs, &bad)) throw PeerError(what_ + ": posting receives failed: " + errno_text(errno));
+    done += n;
+    posted_ += n;
+  }
+  consumed_.clear();
+}
+
 void Channel::send_ctrl(const Ctrl& c, const void* payload, size_t n) {
   if (pending_.empty() && post_send_slot(c, payload, n)) return;
   Pending p{c, {}};
@@ -328,8 +353,7 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
     if (wc.byte_len < sizeof(Ctrl) || (c.kind == kEager && wc.byte_len != sizeof(Ctrl) + c.bytes))
       throw PeerError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " + std::to_string(c.kind) + ")");
     h.on_ctrl(c, p + sizeof(Ctrl));
-    post_recv(static_cast<int>(low));
-    ++posted_;
+    consumed_.push_back(static_cast<int>(low));
     return;
   }
   retire();
@@ -350,6 +374,7 @@ bool Channel::progress(Handler& h, bool thorough) {
   if (!fault_->empty()) throw PeerError(what_ + ": " + *fault_);
   const bool eof_before = eof_;
   bool did = false;
+  repost();
   if (!stash_.empty()) {
     auto stash = std::move(stash_);
     stash_.clear();
@@ -377,6 +402,8 @@ bool Channel::progress(Handler& h, bool thorough) {
 }
 
 bool Channel::arm() {
+  repost();  // a sleeping receiver must have given every handled slot back, credit included
+  advertise();
   if (!stash_.empty()) return false;
   if (!pending_.empty() && sent_ < *credit_word_) return false;
   IbvApi::req_notify_cq(cq_);
