@@ -74,8 +74,9 @@ Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::stri
   a.port_num = static_cast<uint8_t>(nic_->port().port);
   a.qp_access_flags = kAccess;
   if (api_.modify_qp(qp_, &a, ibv::QP_STATE | ibv::QP_PKEY_INDEX | ibv::QP_PORT | ibv::QP_ACCESS_FLAGS)) fail("QP -> INIT");
-  for (int i = 0; i < slots_; ++i) post_recv(i);
-  posted_ = advertised_ = static_cast<uint64_t>(slots_);
+  for (int i = 0; i < slots_; ++i) consumed_.push_back(i);
+  repost();  // the whole ring
+  advertised_ = posted_;
   psn_ = std::random_device{}() & 0xFFFFFF;
   nic_->watch(qp_->qp_num, fault_);
   if (poller_) {
@@ -179,16 +180,6 @@ void Channel::connect(const WireInfo& r) {
   a.max_rd_atomic = static_cast<uint8_t>(max_reads_);
   mask = ibv::QP_STATE | ibv::QP_TIMEOUT | ibv::QP_RETRY_CNT | ibv::QP_RNR_RETRY | ibv::QP_SQ_PSN | ibv::QP_MAX_QP_RD_ATOMIC;
   if (api_.modify_qp(qp_, &a, mask)) throw PeerError(what_ + ": QP -> RTS failed on " + dev + ": " + errno_text(errno));
-}
-
-void Channel::post_recv(int slot) {
-  ibv::sge s{reinterpret_cast<uintptr_t>(mem_ + static_cast<size_t>(slot) * slot_bytes_), static_cast<uint32_t>(slot_bytes_), mr_->lkey};
-  ibv::recv_wr wr{};
-  wr.wr_id = kWrRecv | static_cast<uint64_t>(slot);
-  wr.sg_list = &s;
-  wr.num_sge = 1;
-  ibv::recv_wr* bad = nullptr;
-  if (IbvApi::post_recv(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a receive failed: " + errno_text(errno));
 }
 
 void Channel::repost() {

@@ -80,8 +80,7 @@ class Channel {
  private:
   bool flush_pending();
   bool post_send_slot(const Ctrl& c, const void* payload, size_t n);
-  void post_recv(int slot);
-  void repost();  // gives the peer back the slots whose messages were handled (one provider call)
+  void repost();  // posts the slots in consumed_ as receives (chained: one provider call per 64)
   void advertise();
   void write_credit(bool signal);      // RDMA-writes our posted count into the peer's credit word
   unsigned signal_flag(bool must);     // SEND_SIGNALED for this work request, or 0
@@ -114,7 +113,7 @@ class Channel {
   uint64_t posted_ = 0, advertised_ = 0, sent_ = 0;
   // Slots whose messages were handled, posted again at the start of the next pass (or before
   // sleeping): a waiter whose message just arrived returns without the provider call, and the
-  // peer's credit only counts posted slots, so it never sends into one of these.
+  // peer's credit only counts posted slots, so it never sends into one of these. At setup: the ring.
   std::vector<int> consumed_;
   uint64_t remote_credit_addr_ = 0;
   uint32_t remote_credit_rkey_ = 0;
