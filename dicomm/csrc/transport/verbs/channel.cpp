@@ -93,9 +93,7 @@ Channel::~Channel() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(env_long("DICOMM_IB_DRAIN_MS", 2000, 0, 60000));
   try {
     while (fault_->empty() && (wr_retired_ < wr_needed_ || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
-      char byte;
-      ssize_t r = recv(side_fd_, &byte, 1, MSG_DONTWAIT);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;  // the peer is gone
+      if (side_closed()) break;  // the peer is gone
       // Unsignaled requests at the tail would never report: a signaled credit write behind them does.
       if (unsignaled_ > 0 && retire_.empty() && sq_used_ < sq_depth_ && qp_) write_credit(true);
       ibv::wc wc[16];
@@ -355,6 +353,14 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
   }
 }
 
+bool Channel::side_closed() {
+  if (eof_) return true;
+  char byte;  // nothing is sent on it after the handshake: a read finds EOF or nothing
+  ssize_t r = recv(side_fd_, &byte, 1, MSG_DONTWAIT);
+  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) eof_ = true;
+  return eof_;
+}
+
 void Channel::drain_events() {
   ibv::cq* cq = nullptr;
   void* ctx = nullptr;
@@ -384,9 +390,7 @@ bool Channel::progress(Handler& h, bool thorough) {
   advertise();
   if (thorough) {
     drain_events();
-    char byte;
-    ssize_t r = recv(side_fd_, &byte, 1, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) eof_ = true;
+    side_closed();
   }
   if (eof_before && eof_ && !did) throw ConnectionClosed(what_ + ": the peer closed the connection");
   return did;

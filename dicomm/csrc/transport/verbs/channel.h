@@ -88,6 +88,7 @@ class Channel {
   void handle(const ibv::wc& wc, Handler& h);
   [[noreturn]] void fail_wc(const ibv::wc& wc);
   void drain_events();
+  bool side_closed();  // the peer closed the side channel (its process or connection is gone); sets eof_
 
   std::shared_ptr<Nic> nic_;
   const IbvApi& api_;
