@@ -89,3 +89,46 @@ def test_the_choice_is_logged_once_at_debug_level():
     err0, err1 = run_ranks(_debug_log, 2, env={"DICOMM_LOG_LEVEL": "debug"})
     assert err0.count("rank 0 -> rank 1: shm (same host)") == 1
     assert err1.count("rank 1 -> rank 0: shm (same host)") == 1
+
+
+def _spin_yield(rank, world, store, transport, pin, drop):
+    import os
+
+    import numpy as np
+
+    for name in drop:  # what the test runner's own environment might say
+        os.environ.pop(name, None)
+    if pin:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    cpus = len(os.sched_getaffinity(0))
+    c = comm(store, rank, world, transport=transport)
+    a = np.zeros(8, np.uint8)
+    if rank < 2:  # rank 2 meets nobody
+        for _ in range(3):
+            c.isend(ptr(a), 8, 1 - rank, tag=1).wait()
+            c.irecv(ptr(a), 8, 1 - rank, tag=1).wait()
+    stats = c.stats()
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{p}" for p in range(world)])
+    c.close()
+    return cpus, stats["local_ranks_known"], stats["spin_yield_every"]
+
+
+@pytest.mark.parametrize("transport,pin,env", [
+    ("auto", False, {}),
+    ("auto", True, {}),                       # one CPU for two talking ranks: oversubscribed
+    ("tcp", True, {}),                        # a tcp peer on this host counts too (its card says so)
+    ("auto", False, {"LOCAL_WORLD_SIZE": "4096"}),  # the launcher's word
+    ("auto", True, {"DICOMM_SPIN_YIELD_EVERY": "3"}),  # the setting wins
+    ("auto", True, {"DICOMM_SPIN_YIELD_EVERY": "0"}),
+])
+def test_spinning_callers_yield_only_when_this_hosts_ranks_outnumber_its_cpus(transport, pin, env):
+    drop = [k for k in ("LOCAL_WORLD_SIZE", "DICOMM_SPIN_YIELD_EVERY") if k not in env]
+    res = run_ranks(_spin_yield, 3, transport, pin, drop, env=env)
+    for rank, (cpus, known, every) in enumerate(res):
+        assert known == (2 if rank < 2 else 1), (rank, known)
+        ranks = max(known, int(env.get("LOCAL_WORLD_SIZE", 0)))
+        expected = int(env["DICOMM_SPIN_YIELD_EVERY"]) if "DICOMM_SPIN_YIELD_EVERY" in env else (8 if ranks > cpus else 0)
+        assert every == expected, (rank, cpus, known, every)
+    if pin:
+        assert all(cpus == 1 for cpus, _, _ in res)

@@ -51,6 +51,7 @@ transport::SendConn* Engine::connection_to(int peer) {
   Peer& p = peers_[peer];
   p.card = card;
   p.card_known = true;
+  if (card.same_kernel(card_)) note_local_locked(p);
   if (p.dead || closed_) {
     graveyard_.push_back(std::move(conn));
     graveyard_.clear();
@@ -67,6 +68,7 @@ void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
   Peer& p = peers_[conn->peer()];
   ++counters_["connections_accepted"];
   if (p.transport.empty()) p.transport = conn->transport_name();
+  if (conn->transport_name() == "shm") note_local_locked(p);  // shared memory: the same host
   if (p.dead) {  // a late connection from a peer we gave up on: do not resurrect it
     graveyard_.push_back(std::move(conn));
     return;

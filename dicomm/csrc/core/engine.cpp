@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <sched.h>
 
 #include "core/log.h"
 #include "transport/shm/shm_transport.h"
@@ -24,6 +25,13 @@ std::string transport_setting(const std::string& option) {
   return v;
 }
 
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
 std::chrono::milliseconds handshake_timeout() {
   const char* v = std::getenv("DICOMM_HANDSHAKE_TIMEOUT_MS");
   return std::chrono::milliseconds(v && *v ? std::max(1L, std::atol(v)) : 5000L);
@@ -33,7 +41,7 @@ std::chrono::milliseconds handshake_timeout() {
 
 Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& options)
     : rank_(rank), size_(size), timeout_(options.timeout), forced_(transport_setting(options.transport)),
-      bootstrap_(std::move(store), rank, options.timeout), card_(Card::local()),
+      bootstrap_(std::move(store), rank, options.timeout), card_(Card::local()), cpus_(affinity_cpus()),
       poller_(std::make_unique<transport::Poller>()), peers_(static_cast<size_t>(size)) {
   transport::Context ctx;
   ctx.rank = rank;
@@ -214,6 +222,8 @@ std::map<std::string, int64_t> Engine::stats() const {
   auto out = counters_;
   out["unexpected_queued"] = static_cast<int64_t>(queues_.unexpected_count());
   out["in_flight"] = static_cast<int64_t>(in_flight_.size());
+  out["local_ranks_known"] = local_ranks_;
+  out["spin_yield_every"] = spin_yield_every_locked();
   auto verbs = transports_.find("verbs");
   if (verbs != transports_.end()) {  // the registration cache is touched under the engine lock too
     auto& cache = static_cast<transport::verbs::VerbsTransport&>(*verbs->second).nic().cache();

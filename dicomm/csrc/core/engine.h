@@ -52,6 +52,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::string transport;  // "" until first contact
     bool dead = false;         // nothing more to or from this peer
     bool send_closed = false;  // it closed our send connection; its messages may still drain
+    bool local = false;        // known to run on this host (its card, or a shared-memory connection)
     std::string dead_reason;
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
   };
@@ -87,6 +88,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool progress_locked(bool thorough);
   bool arm_locked();
   std::chrono::microseconds spin_budget_locked(const P2PRequest& r) const;
+  void note_local_locked(Peer& p);  // counts `p` among the ranks on this host (once)
+  int spin_yield_every_locked() const;
   void disarm_locked();
   void progress_loop();  // the progress thread; lock not held
   void progress_loop_locked(std::unique_lock<std::mutex>& lock);
@@ -106,6 +109,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   int driving_ = 0;                  // callers spinning, or sleeping in epoll themselves
   std::chrono::steady_clock::time_point driven_at_{};  // when the last caller stopped driving
   bool caller_polling_ = false;      // one caller sleeps in epoll (a completion elsewhere must wake it)
+  // Spinning callers give the CPU away only when this host's ranks outnumber the CPUs they may run on.
+  const int cpus_;                   // CPUs in this process's affinity mask
+  int local_ranks_ = 1;              // this rank and the peers known to be on this host
   int blocked_ = 0;
   bool stop_ = false;
   bool closed_ = false;

@@ -53,11 +53,10 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spinning callers look at sockets (EOF, accepts) every DICOMM_SPIN_THOROUGH_EVERY polls and give the
-// core away (sched_yield) every DICOMM_SPIN_YIELD_EVERY: both are system calls. Between polls they
-// pause DICOMM_SPIN_PAUSES times: none by default, since under QEMU TCG each pause leaves the
-// emulated CPU's loop (8 B over Soft-RoCE: 16.5 us median half round trip without, 17.7 us with 4;
-// natively over shm no difference was measurable).
+// Spinning callers look at sockets (EOF, accepts) every DICOMM_SPIN_THOROUGH_EVERY polls (a system
+// call) and pause DICOMM_SPIN_PAUSES times between polls: none by default, since under QEMU TCG each
+// pause leaves the emulated CPU's loop (8 B over Soft-RoCE: 16.5 us median half round trip without,
+// 17.7 us with 4; natively over shm no difference was measurable).
 int thorough_every() {
   static const int n = static_cast<int>(std::max(1L, env_us("DICOMM_SPIN_THOROUGH_EVERY", 64)));
   return n;
@@ -66,8 +65,22 @@ int pauses() {
   static const int n = static_cast<int>(env_us("DICOMM_SPIN_PAUSES", 0));
   return n;
 }
-int yield_every() {
-  static const int n = static_cast<int>(env_us("DICOMM_SPIN_YIELD_EVERY", 8));
+// Giving the CPU away (sched_yield) is what lets a peer sharing our CPU run, and pure cost when every
+// rank has a CPU of its own: 8 B over Soft-RoCE, paired A/B, never yielding against yielding every 8th
+// poll: -0.25 to -1.69 us per half round trip (5 of 5 process pairs), and against every 64th: -0.08 to
+// -0.54 (5 of 5). So, as Open MPI does with yield_when_idle, a spinner yields only when this host's ranks
+// outnumber its CPUs; DICOMM_SPIN_YIELD_EVERY (polls; 0 never) overrides.
+constexpr int kYieldEveryOversubscribed = 8;
+int yield_every_setting() {  // -1: not set
+  static const int n = [] {
+    const char* v = std::getenv("DICOMM_SPIN_YIELD_EVERY");
+    return v && *v ? static_cast<int>(std::max(0L, std::atol(v))) : -1;
+  }();
+  return n;
+}
+// The ranks on this host by the launcher's word (torchrun's LOCAL_WORLD_SIZE), 0 when it says nothing.
+int launcher_local_ranks() {
+  static const int n = static_cast<int>(env_us("LOCAL_WORLD_SIZE", 0));
   return n;
 }
 // A spinning caller reads the clock (spin budget, deadline) every 8th pass: under QEMU TCG a read
@@ -134,6 +147,17 @@ void Engine::disarm_locked() {
   }
 }
 
+void Engine::note_local_locked(Peer& p) {
+  if (p.local) return;
+  p.local = true;
+  ++local_ranks_;
+}
+
+int Engine::spin_yield_every_locked() const {
+  if (yield_every_setting() >= 0) return yield_every_setting();
+  return std::max(local_ranks_, launcher_local_ranks()) > cpus_ ? kYieldEveryOversubscribed : 0;
+}
+
 std::chrono::microseconds Engine::spin_budget_locked(const P2PRequest& r) const {
   if (r.peer == rank_) return spin_budget();
   if (r.peer != kAnySource) return budget_for(peers_[r.peer].transport);
@@ -162,11 +186,13 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
     // first pass's lock, and `last` (the latest reading) dates the end of driving (paired A/B, 8 B over
     // Soft-RoCE, with the early return above: -1.0 and -1.5 us per half round trip).
     auto spin_end = start, last = start;
+    int yield_every = 0;
     for (int i = 1;; ++i) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (i == 1) {
           spin_end += spin_budget_locked(r);
+          yield_every = spin_yield_every_locked();
           ++driving_;
           disarm_locked();
         }
@@ -178,7 +204,7 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
         last = Clock::now();
         if (last >= spin_end || last >= deadline) break;
       }
-      if (yield_every() > 0 && i % yield_every() == 0) sched_yield();
+      if (yield_every > 0 && i % yield_every == 0) sched_yield();
       else for (int k = 0; k < pauses(); ++k) cpu_relax();
     }
     std::unique_lock<std::mutex> lock(mu_);
