@@ -106,8 +106,10 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   mutable std::mutex mu_;
   std::condition_variable done_cv_;  // blocked waiters
   std::condition_variable idle_cv_;  // the progress thread, parked while callers drive progress
-  int driving_ = 0;                  // callers spinning, or sleeping in epoll themselves
-  std::chrono::steady_clock::time_point driven_at_{};  // when the last caller stopped driving
+  // Callers spinning, or sleeping in epoll themselves, and when the last one stopped (steady_clock
+  // ticks). Atomic so that a spin whose request completed stops driving without taking the lock again.
+  std::atomic<int> driving_{0};
+  std::atomic<std::chrono::steady_clock::rep> driven_at_{0};
   bool caller_polling_ = false;      // one caller sleeps in epoll (a completion elsewhere must wake it)
   // Spinning callers give the CPU away only when this host's ranks outnumber the CPUs they may run on.
   const int cpus_;                   // CPUs in this process's affinity mask

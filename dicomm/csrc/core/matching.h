@@ -2,6 +2,7 @@
 // their receive. Messages of one (source, tag) never overtake: both queues keep arrival order.
 #pragma once
 
+#include <deque>
 #include <list>
 #include <memory>
 #include <optional>
@@ -43,7 +44,7 @@ class MatchQueues {
   size_t unexpected_count() const { return unexpected_.size(); }
 
  private:
-  std::list<RequestSP> posted_;
+  std::deque<RequestSP> posted_;  // usually matched at the front: no node allocated per receive
   std::list<Unexpected> unexpected_;
 };
 

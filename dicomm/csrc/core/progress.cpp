@@ -207,10 +207,16 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
       if (yield_every > 0 && i % yield_every == 0) sched_yield();
       else for (int k = 0; k < pauses(); ++k) cpu_relax();
     }
-    std::unique_lock<std::mutex> lock(mu_);
     // No notify: the progress thread looks within kTakeOver, a scale on which `last` (at most
-    // kClockEvery passes old) is now.
-    if (--driving_ == 0) driven_at_ = last;
+    // kClockEvery passes old) is now. The time is stored before the count drops, so the progress
+    // thread never pairs a count of 0 with an older time.
+    driven_at_.store(last.time_since_epoch().count());
+    --driving_;
+    if (r.done()) {  // the usual end of a spin: no second lock
+      r.rethrow_if_failed();
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
     // Block. One waiting caller sleeps in epoll itself, so the wake-up lands where the result is
     // wanted (no hand-off through the progress thread); other waiters sleep on the condition.
     while (!r.done()) {
@@ -229,7 +235,8 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
         poller_->wait(static_cast<int>(ms));
         lock.lock();
         caller_polling_ = false;
-        if (--driving_ == 0) driven_at_ = Clock::now();
+        driven_at_.store(Clock::now().time_since_epoch().count());
+        --driving_;
         disarm_locked();
         if (!closed_) progress_locked(true);
         if (blocked_) done_cv_.notify_all();  // let another waiter take over the polling
@@ -284,7 +291,7 @@ void Engine::progress_loop() {
 
 void Engine::progress_loop_locked(std::unique_lock<std::mutex>& lock) {
   while (!stop_) {
-    if (driving_ > 0 || Clock::now() - driven_at_ < kTakeOver) {  // callers drive: stay out of their way
+    if (driving_ > 0 || Clock::now() - Clock::time_point(Clock::duration(driven_at_.load())) < kTakeOver) {  // callers drive: stay out of their way
       idle_cv_.wait_for(lock, kTakeOver);
       continue;
     }
