@@ -29,7 +29,8 @@ from tests.rdma import guest, lab
 RENAMES = {
     "dicomm/csrc/python/module.cpp": [("PYBIND11_MODULE(_C,", "PYBIND11_MODULE({mod},")],
     "CMakeLists.txt": [("pybind11_add_module(_C ", "pybind11_add_module({mod} "),
-                       ("target_link_libraries(_C ", "target_link_libraries({mod} ")],
+                       ("target_link_libraries(_C ", "target_link_libraries({mod} "),
+                       ("install(TARGETS _C ", "install(TARGETS {mod} ")],
 }
 
 
