@@ -123,10 +123,8 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=16, help="blocks per build and run")
     ap.add_argument("--iters", type=int, default=2000, help="round trips per block")
     args = ap.parse_args()
-    try:
-        lab.prepare()
-    except lab.Unavailable as e:
-        print(f"Soft-RoCE lab unavailable: {e}", file=sys.stderr)
+    if why := lab.unavailable_reason():
+        print(f"Soft-RoCE lab unavailable: {why}", file=sys.stderr)
         return 2
     work = lab.LAB / "ab"
     a = build(args.rev_a, "_ab_a", work)

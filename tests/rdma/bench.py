@@ -78,10 +78,8 @@ def main() -> int:
     ap.add_argument("--lat-iters", type=int, default=1000, help="8 B iterations of both per round (default 1000)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     args = ap.parse_args()
-    try:
-        lab.prepare()
-    except lab.Unavailable as e:
-        print(f"Soft-RoCE lab unavailable: {e}", file=sys.stderr)
+    if why := lab.unavailable_reason():
+        print(f"Soft-RoCE lab unavailable: {why}", file=sys.stderr)
         return 2
     res = guest.run(f"LAT_ITERS={args.lat_iters} ROUNDS={args.rounds} bash tests/rdma/bench_session.sh", timeout_s=600)
     if res.rc != 0:

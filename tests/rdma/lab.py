@@ -177,6 +177,15 @@ def build_native() -> Path:
     return out
 
 
+def unavailable_reason() -> str | None:
+    """None once the lab is prepared; otherwise why it cannot be (for a command line to print)."""
+    try:
+        prepare()
+    except Unavailable as e:
+        return str(e)
+    return None
+
+
 def abi_check() -> str:
     """Compiles native/abi_check.cpp against rdma-core's own header; '' if it matches, else why."""
     inc = LAB / "pkgroot" / "usr" / "include"

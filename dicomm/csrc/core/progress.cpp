@@ -67,9 +67,9 @@ int pauses() {
 }
 // Giving the CPU away (sched_yield) is what lets a peer sharing our CPU run, and pure cost when every
 // rank has a CPU of its own: 8 B over Soft-RoCE, paired A/B, never yielding against yielding every 8th
-// poll: -0.25 to -1.69 us per half round trip (5 of 5 process pairs), and against every 64th: -0.08 to
-// -0.54 (5 of 5). So, as Open MPI does with yield_when_idle, a spinner yields only when this host's ranks
-// outnumber its CPUs; DICOMM_SPIN_YIELD_EVERY (polls; 0 never) overrides.
+// poll: -0.25 to -1.69 us per half round trip (5 of 5 process pairs; a pair's own noise is ~0.3 us),
+// against every 64th: -0.08 to -0.54. So, as Open MPI does with yield_when_idle, a spinner yields only
+// when this host's ranks outnumber its CPUs; DICOMM_SPIN_YIELD_EVERY (polls; 0 never) overrides.
 constexpr int kYieldEveryOversubscribed = 8;
 int yield_every_setting() {  // -1: not set
   static const int n = [] {
