@@ -59,11 +59,11 @@ Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::stri
   init.send_cq = cq_;
   init.recv_cq = cq_;
   init.qp_type = ibv::QPT_RC;
-  init.cap = ibv::qp_cap{static_cast<uint32_t>(sq_depth_), static_cast<uint32_t>(slots_), 1, 1, 256};
-  qp_ = api_.create_qp(nic_->pd(), &init);
-  if (!qp_) {  // the device may not do inline sends
-    init.cap.max_inline_data = 0;
-    qp_ = api_.create_qp(nic_->pd(), &init);
+  // Devices differ in how much they take inline (some 64 or 101 B, some none): ask for less until one
+  // fits, rather than falling from 256 B straight to none.
+  for (uint32_t inline_bytes : {256u, 128u, 64u, 0u}) {
+    init.cap = ibv::qp_cap{static_cast<uint32_t>(sq_depth_), static_cast<uint32_t>(slots_), 1, 1, inline_bytes};
+    if ((qp_ = api_.create_qp(nic_->pd(), &init))) break;
   }
   if (!qp_) fail("creating an RC queue pair");
   max_inline_ = init.cap.max_inline_data;
@@ -214,7 +214,9 @@ void Channel::send_ctrl(const Ctrl& c, const void* payload, size_t n) {
 
 bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
   if (sent_ >= *credit_word_ || sq_used_ >= sq_depth_) return false;  // no receive posted yet, or SQ full
-  const size_t total = sizeof(Ctrl) + n;
+  const bool eager = c.kind == kEager;
+  const size_t head = eager ? sizeof(EagerHeader) : sizeof(Ctrl);
+  const size_t total = head + n;
   alignas(64) char inline_buf[256];
   const bool inl = total <= max_inline_ && total <= sizeof(inline_buf);
   uint64_t slot = kNoSlot;
@@ -225,8 +227,15 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
     free_send_slots_.pop_back();
     src = mem_ + (static_cast<size_t>(slots_) + slot) * slot_bytes_;
   }
-  std::memcpy(src, &c, sizeof(Ctrl));
-  if (n) std::memcpy(src + sizeof(Ctrl), payload, n);
+  if (eager) {
+    EagerHeader e;
+    e.tag = c.tag;
+    e.meta = c.meta;
+    std::memcpy(src, &e, sizeof(e));
+  } else {
+    std::memcpy(src, &c, sizeof(Ctrl));
+  }
+  if (n) std::memcpy(src + head, payload, n);
   ibv::sge s{reinterpret_cast<uintptr_t>(src), static_cast<uint32_t>(total), mr_->lkey};
   ibv::send_wr wr{};
   wr.wr_id = kWrSend | slot;
@@ -338,10 +347,24 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
   if (kind == kWrRecv) {
     const char* p = mem_ + low * slot_bytes_;
     Ctrl c;
-    std::memcpy(&c, p, sizeof(Ctrl));
-    if (wc.byte_len < sizeof(Ctrl) || (c.kind == kEager && wc.byte_len != sizeof(Ctrl) + c.bytes))
-      throw PeerError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " + std::to_string(c.kind) + ")");
-    h.on_ctrl(c, p + sizeof(Ctrl));
+    uint32_t kind = 0;
+    if (wc.byte_len >= sizeof(kind)) std::memcpy(&kind, p, sizeof(kind));
+    size_t head = sizeof(Ctrl);
+    if (kind == kEager && wc.byte_len >= sizeof(EagerHeader)) {
+      EagerHeader e;
+      std::memcpy(&e, p, sizeof(e));
+      head = sizeof(e);
+      c.kind = kEager;
+      c.tag = e.tag;
+      c.meta = e.meta;
+      c.bytes = wc.byte_len - head;
+    } else if (kind != kEager && wc.byte_len >= sizeof(Ctrl)) {
+      std::memcpy(&c, p, sizeof(Ctrl));
+    } else {
+      throw PeerError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " +
+                      std::to_string(kind) + ")");
+    }
+    h.on_ctrl(c, p + head);
     consumed_.push_back(static_cast<int>(low));
     return;
   }
