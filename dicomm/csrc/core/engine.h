@@ -110,6 +110,14 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // ticks). Atomic so that a spin whose request completed stops driving without taking the lock again.
   std::atomic<int> driving_{0};
   std::atomic<std::chrono::steady_clock::rep> driven_at_{0};
+  // The time first, then the count: the progress thread never pairs a count of 0 with an older time.
+  void stop_driving(std::chrono::steady_clock::time_point when) {
+    driven_at_.store(when.time_since_epoch().count());
+    --driving_;
+  }
+  std::chrono::steady_clock::time_point driven_at() const {
+    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(driven_at_.load()));
+  }
   bool caller_polling_ = false;      // one caller sleeps in epoll (a completion elsewhere must wake it)
   // Spinning callers give the CPU away only when this host's ranks outnumber the CPUs they may run on.
   const int cpus_;                   // CPUs in this process's affinity mask

@@ -178,74 +178,69 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
   }
   const auto start = Clock::now();
   const auto deadline = start + timeout;
-  {
-    // Spin: poll the transports ourselves, yielding often (cores are shared). Over TCP only a short
-    // spin pays (an 8 B half round-trip measured 25-26 us with 30-80 us of spin, 32-59 us without):
-    // a reply usually lands within one loopback round trip, later ones are better met in epoll.
-    // Each clock read and lock is a good part of a pass under QEMU TCG: the spin's setup shares the
-    // first pass's lock, and `last` (the latest reading) dates the end of driving (paired A/B, 8 B over
-    // Soft-RoCE, with the early return above: -1.0 and -1.5 us per half round trip).
-    auto spin_end = start, last = start;
-    int yield_every = 0;
-    for (int i = 1;; ++i) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (i == 1) {
-          spin_end += spin_budget_locked(r);
-          yield_every = spin_yield_every_locked();
-          ++driving_;
-          disarm_locked();
-        }
-        if (closed_) break;
-        progress_locked(i % thorough_every() == 0);
-      }
-      if (r.done()) break;
-      if (i % kClockEvery == 0) {
-        last = Clock::now();
-        if (last >= spin_end || last >= deadline) break;
-      }
-      if (yield_every > 0 && i % yield_every == 0) sched_yield();
-      else for (int k = 0; k < pauses(); ++k) cpu_relax();
-    }
-    // No notify: the progress thread looks within kTakeOver, a scale on which `last` (at most
-    // kClockEvery passes old) is now. The time is stored before the count drops, so the progress
-    // thread never pairs a count of 0 with an older time.
-    driven_at_.store(last.time_since_epoch().count());
-    --driving_;
-    if (r.done()) {  // the usual end of a spin: no second lock
-      r.rethrow_if_failed();
-      return;
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    // Block. One waiting caller sleeps in epoll itself, so the wake-up lands where the result is
-    // wanted (no hand-off through the progress thread); other waiters sleep on the condition.
-    while (!r.done()) {
-      auto now = Clock::now();
-      if (now >= deadline) time_out(r, timeout);
-      if (!closed_ && !arm_locked()) {  // work is waiting: do it rather than sleep
-        progress_locked(true);
-        continue;
-      }
-      auto until = std::min(deadline, now + std::chrono::milliseconds(kSleepMs));
-      if (!caller_polling_ && !closed_) {
-        caller_polling_ = true;
+  // Spin: poll the transports ourselves (giving the CPU away only on an oversubscribed host). Over TCP
+  // only a short spin pays (an 8 B half round-trip measured 25-26 us with 30-80 us of spin, 32-59 us
+  // without): a reply usually lands within one loopback round trip, later ones are better met in epoll.
+  // Each clock read and lock is a good part of a pass under QEMU TCG: the spin's setup shares the
+  // first pass's lock, and `last` (the latest reading) dates the end of driving (paired A/B, 8 B over
+  // Soft-RoCE, with the early return above: -1.0 and -1.5 us per half round trip).
+  auto spin_end = start, last = start;
+  int yield_every = 0;
+  for (int i = 1;; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (i == 1) {
+        spin_end += spin_budget_locked(r);
+        yield_every = spin_yield_every_locked();
         ++driving_;
-        lock.unlock();
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
-        poller_->wait(static_cast<int>(ms));
-        lock.lock();
-        caller_polling_ = false;
-        driven_at_.store(Clock::now().time_since_epoch().count());
-        --driving_;
         disarm_locked();
-        if (!closed_) progress_locked(true);
-        if (blocked_) done_cv_.notify_all();  // let another waiter take over the polling
-        continue;
       }
-      ++blocked_;
-      done_cv_.wait_until(lock, until);
-      --blocked_;
+      if (closed_) break;
+      progress_locked(i % thorough_every() == 0);
     }
+    if (r.done()) break;
+    if (i % kClockEvery == 0) {
+      last = Clock::now();
+      if (last >= spin_end || last >= deadline) break;
+    }
+    if (yield_every > 0 && i % yield_every == 0) sched_yield();
+    else for (int k = 0; k < pauses(); ++k) cpu_relax();
+  }
+  // No notify: the progress thread looks within kTakeOver, a scale on which `last` (at most
+  // kClockEvery passes old) is now.
+  stop_driving(last);
+  if (r.done()) {  // the usual end of a spin: no second lock
+    r.rethrow_if_failed();
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  // Block. One waiting caller sleeps in epoll itself, so the wake-up lands where the result is
+  // wanted (no hand-off through the progress thread); other waiters sleep on the condition.
+  while (!r.done()) {
+    auto now = Clock::now();
+    if (now >= deadline) time_out(r, timeout);
+    if (!closed_ && !arm_locked()) {  // work is waiting: do it rather than sleep
+      progress_locked(true);
+      continue;
+    }
+    auto until = std::min(deadline, now + std::chrono::milliseconds(kSleepMs));
+    if (!caller_polling_ && !closed_) {
+      caller_polling_ = true;
+      ++driving_;
+      lock.unlock();
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
+      poller_->wait(static_cast<int>(ms));
+      lock.lock();
+      caller_polling_ = false;
+      stop_driving(Clock::now());
+      disarm_locked();
+      if (!closed_) progress_locked(true);
+      if (blocked_) done_cv_.notify_all();  // let another waiter take over the polling
+      continue;
+    }
+    ++blocked_;
+    done_cv_.wait_until(lock, until);
+    --blocked_;
   }
   r.rethrow_if_failed();
 }
@@ -291,7 +286,7 @@ void Engine::progress_loop() {
 
 void Engine::progress_loop_locked(std::unique_lock<std::mutex>& lock) {
   while (!stop_) {
-    if (driving_ > 0 || Clock::now() - Clock::time_point(Clock::duration(driven_at_.load())) < kTakeOver) {  // callers drive: stay out of their way
+    if (driving_ > 0 || Clock::now() - driven_at() < kTakeOver) {  // callers drive: stay out of their way
       idle_cv_.wait_for(lock, kTakeOver);
       continue;
     }

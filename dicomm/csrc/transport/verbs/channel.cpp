@@ -95,7 +95,7 @@ Channel::~Channel() {
     while (fault_->empty() && (wr_retired_ < wr_needed_ || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
       if (side_closed()) break;  // the peer is gone
       // Unsignaled requests at the tail would never report: a signaled credit write behind them does.
-      if (unsignaled_ > 0 && retire_.empty() && sq_used_ < sq_depth_ && qp_) write_credit(true);
+      if (unsignaled_ > 0 && retire_.empty() && sq_used() < sq_depth_ && qp_) write_credit(true);
       ibv::wc wc[16];
       int n = api_.poll_cq(cq_, 16, wc);
       for (int i = 0; i < n; ++i) {
@@ -213,7 +213,7 @@ void Channel::send_ctrl(const Ctrl& c, const void* payload, size_t n) {
 }
 
 bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
-  if (sent_ >= *credit_word_ || sq_used_ >= sq_depth_) return false;  // no receive posted yet, or SQ full
+  if (sent_ >= *credit_word_ || sq_used() >= sq_depth_) return false;  // no receive posted yet, or SQ full
   const bool eager = c.kind == kEager;
   const size_t head = eager ? sizeof(EagerHeader) : sizeof(Ctrl);
   const size_t total = head + n;
@@ -247,7 +247,6 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
   ibv::send_wr* bad = nullptr;
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a send failed: " + errno_text(errno));
   ++sent_;
-  ++sq_used_;
   wr_needed_ = ++wr_posted_;
   return true;
 }
@@ -263,7 +262,7 @@ bool Channel::flush_pending() {
   return did;
 }
 
-bool Channel::can_read() const { return reads_ < max_reads_ && sq_used_ < sq_depth_; }
+bool Channel::can_read() const { return reads_ < max_reads_ && sq_used() < sq_depth_; }
 
 void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len, uint64_t cookie) {
   ibv::sge s{reinterpret_cast<uintptr_t>(dst), len, lkey};
@@ -278,12 +277,11 @@ void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey,
   ibv::send_wr* bad = nullptr;
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting an RDMA read failed: " + errno_text(errno));
   ++reads_;
-  ++sq_used_;
   wr_needed_ = ++wr_posted_;
 }
 
 unsigned Channel::signal_flag(bool must) {
-  if (must || unsignaled_ + 1 >= signal_every_ || sq_used_ + 1 >= sq_depth_) {
+  if (must || unsignaled_ + 1 >= signal_every_ || sq_used() + 1 >= sq_depth_) {
     retire_.push_back(unsignaled_ + 1);
     unsignaled_ = 0;
     return ibv::SEND_SIGNALED;
@@ -294,13 +292,12 @@ unsigned Channel::signal_flag(bool must) {
 
 void Channel::retire() {
   if (retire_.empty()) throw PeerError(what_ + ": a send-queue completion nobody asked for");
-  sq_used_ -= retire_.front();
   wr_retired_ += static_cast<uint64_t>(retire_.front());
   retire_.pop_front();
 }
 
 void Channel::advertise() {
-  if (posted_ - advertised_ < static_cast<uint64_t>(slots_ / 2) || sq_used_ >= sq_depth_) return;
+  if (posted_ - advertised_ < static_cast<uint64_t>(slots_ / 2) || sq_used() >= sq_depth_) return;
   write_credit(false);
 }
 
@@ -320,7 +317,6 @@ void Channel::write_credit(bool signal) {
   ibv::send_wr* bad = nullptr;
   if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a credit update failed: " + errno_text(errno));
   advertised_ = posted_;
-  ++sq_used_;
   ++wr_posted_;
 }
 

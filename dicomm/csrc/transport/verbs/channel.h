@@ -133,7 +133,7 @@ class Channel {
   std::vector<int> free_send_slots_;
   uint32_t max_inline_ = 0;
 
-  int sq_depth_ = 0, sq_used_ = 0;
+  int sq_depth_ = 0;
   // Sends and credit writes ask for a completion only every signal_every_ work requests (RC
   // completes a send queue in order, so one completion retires those before it): fewer completions
   // to make and poll per message. retire_ holds, per signaled request in flight, how many send-queue
@@ -143,6 +143,7 @@ class Channel {
   // Send-queue entries posted and retired so far, and the last one a close must wait for (a message
   // or a read; credit writes need not leave).
   uint64_t wr_posted_ = 0, wr_retired_ = 0, wr_needed_ = 0;
+  int sq_used() const { return static_cast<int>(wr_posted_ - wr_retired_); }
   int max_reads_ = 1, reads_ = 0;
   struct Pending { Ctrl c; std::vector<char> payload; };
   std::deque<Pending> pending_;
