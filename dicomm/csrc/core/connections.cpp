@@ -58,7 +58,7 @@ transport::SendConn* Engine::connection_to(int peer) {
     return nullptr;
   }
   p.send = std::move(conn);
-  p.transport = t.name();
+  set_transport_locked(p, t.name());
   ++counters_["connections_opened"];
   poller_->wake();  // the progress thread now has one more connection to watch
   return p.send.get();
@@ -67,7 +67,7 @@ transport::SendConn* Engine::connection_to(int peer) {
 void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
   Peer& p = peers_[conn->peer()];
   ++counters_["connections_accepted"];
-  if (p.transport.empty()) p.transport = conn->transport_name();
+  if (p.transport.empty()) set_transport_locked(p, conn->transport_name());
   if (conn->transport_name() == "shm") note_local_locked(p);  // shared memory: the same host
   if (p.dead) {  // a late connection from a peer we gave up on: do not resurrect it
     graveyard_.push_back(std::move(conn));

@@ -70,6 +70,7 @@ void Engine::match(const RequestSP& r, Unexpected&& msg, const void* payload) {
 // ---------------------------------------------------------------- completions
 
 void Engine::release_memory(P2PRequest& r) {
+  if (!r.send_op.mem.opaque && !r.recv_op.mem.opaque) return;  // small messages register nothing
   for (transport::MemHandle* m : {&r.send_op.mem, &r.recv_op.mem}) {
     if (!m->opaque) continue;
     int peer = r.op == P2PRequest::Op::kSend ? r.peer : r.matched_from;

@@ -49,7 +49,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     Card card;
     std::unique_ptr<transport::SendConn> send;
     std::vector<std::shared_ptr<transport::RecvConn>> recv;
-    std::string transport;  // "" until first contact
+    std::string transport;  // "" until first contact (set_transport_locked)
+    std::chrono::microseconds spin{0};  // a waiter's spin budget for this transport (progress.cpp)
     bool dead = false;         // nothing more to or from this peer
     bool send_closed = false;  // it closed our send connection; its messages may still drain
     bool local = false;        // known to run on this host (its card, or a shared-memory connection)
@@ -89,6 +90,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool arm_locked();
   std::chrono::microseconds spin_budget_locked(const P2PRequest& r) const;
   void note_local_locked(Peer& p);  // counts `p` among the ranks on this host (once)
+  // Names the transport of `p`'s traffic and looks up its spin budget once: a waiter reads it
+  // at every wait, where comparing transport names cost more than the rest of the spin's setup.
+  void set_transport_locked(Peer& p, const std::string& name);
   int spin_yield_every_locked() const;
   void disarm_locked();
   void progress_loop();  // the progress thread; lock not held

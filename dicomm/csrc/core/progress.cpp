@@ -158,11 +158,17 @@ int Engine::spin_yield_every_locked() const {
   return std::max(local_ranks_, launcher_local_ranks()) > cpus_ ? kYieldEveryOversubscribed : 0;
 }
 
+void Engine::set_transport_locked(Peer& p, const std::string& name) {
+  p.transport = name;
+  p.spin = budget_for(name);
+}
+
 std::chrono::microseconds Engine::spin_budget_locked(const P2PRequest& r) const {
+  auto of = [](const Peer& p) { return p.transport.empty() ? spin_budget() : p.spin; };
   if (r.peer == rank_) return spin_budget();
-  if (r.peer != kAnySource) return budget_for(peers_[r.peer].transport);
+  if (r.peer != kAnySource) return of(peers_[r.peer]);
   auto most = tcp_spin_budget();
-  for (const auto& p : peers_) most = std::max(most, budget_for(p.transport));
+  for (const auto& p : peers_) most = std::max(most, of(p));
   return most;
 }
 
