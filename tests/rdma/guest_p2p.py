@@ -2,7 +2,8 @@
 
 Real processes on rxe0 with transport="verbs": point-to-point 0 B .. 64 MiB verified byte for byte,
 every collective against numpy, the torch backend with DICOMM_TRANSPORT=verbs, latency and bandwidth
-through the Communicator, a peer killed mid-transfer, and a wrong DICOMM_IB_GID_INDEX. Prints one
+through the Communicator, a peer killed mid-transfer, a wrong DICOMM_IB_GID_INDEX, and (on its own, last:
+`guest_p2p port_down`) the port going down under waiting receives. Prints one
 JSON line (one entry per scenario, each with "ok" or "error"); exit 0 only if all passed.
 """
 from __future__ import annotations
@@ -349,6 +350,62 @@ def _middle_page(rank: int, world: int, store) -> dict:
     return {"rounds_ok": ok, "stale_registrations": stale}
 
 
+def _netdev_of(device: str = "rxe0", port: int = 1) -> str:
+    """The network interface under a RoCE port (from its GID table's netdevs in sysfs)."""
+    base = f"/sys/class/infiniband/{device}/ports/{port}/gid_attrs/ndevs"
+    for name in sorted(os.listdir(base), key=int):
+        try:
+            with open(os.path.join(base, name)) as f:
+                if netdev := f.read().strip():
+                    return netdev
+        except OSError:  # an empty GID table entry has no netdev
+            continue
+    raise AssertionError(f"no netdev under {device} port {port}")
+
+
+def _port_down(rank: int, world: int, store) -> dict:
+    """The network interface under rxe0 taken down while both ranks wait on a receive from each
+    other: the port error (an asynchronous event of the device, not a completion) must fail both
+    receives with PeerError well inside their 30 s, and a send to the lost peer must fail at once.
+    Runs last in the guest session: the link comes back up, but connections on it are gone."""
+    import subprocess
+
+    import dicomm._C as C
+
+    c = _comm(store, rank, world)
+    _pingpongs(c, rank, 20)
+
+    def barrier(key: str) -> None:  # through the store: it runs over loopback, not over the port
+        store.add(key, 1)
+        while store.add(key, 0) < world:
+            time.sleep(0.01)
+
+    buf = np.zeros(8, np.uint8)
+    r = c.irecv(buf.ctypes.data, 8, 1 - rank, 5)  # never sent
+    barrier("waiting")
+    netdev = _netdev_of()
+    if rank == 0:
+        subprocess.run(["ip", "link", "set", netdev, "down"], check=True, timeout=30)
+    res: dict = {"netdev": netdev}
+    t0 = time.monotonic()
+    try:
+        r.wait(30.0)
+        res["error"] = "the receive completed although nothing was sent"
+    except C.DicommError as e:
+        res.update(kind=type(e).__name__, seconds=round(time.monotonic() - t0, 2), text=str(e))
+    t1 = time.monotonic()
+    try:
+        c.isend(buf.ctypes.data, 8, 1 - rank, 6).wait(30.0)
+        res["send_after"] = "completed"
+    except C.DicommError as e:
+        res.update(send_after=type(e).__name__, send_after_s=round(time.monotonic() - t1, 2))
+    barrier("seen")
+    if rank == 0:
+        subprocess.run(["ip", "link", "set", netdev, "up"], check=True, timeout=30)
+    c.close()
+    return res
+
+
 def _bad_gid(rank: int, world: int, store) -> dict:
     import dicomm._C as C
 
@@ -380,15 +437,21 @@ SCENARIOS = {
     "middle_page": lambda: run_ranks(_middle_page, 2, timeout=90),
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],
 }
+# Takes the port down: run on its own, at the end of a session (guest_session.sh).
+LAST = {"port_down": lambda: run_ranks(_port_down, 2, timeout=120)}
 
 
 def main() -> int:
     only = sys.argv[1:] or list(SCENARIOS)
+    everything = {**SCENARIOS, **LAST}
+    if unknown := [n for n in only if n not in everything]:
+        print(f"unknown scenario(s) {unknown}; known: {sorted(everything)}", file=sys.stderr)
+        return 2
     out = {}
     for name in only:
         t0 = time.monotonic()
         try:
-            out[name] = {"ok": True, "result": SCENARIOS[name]()}
+            out[name] = {"ok": True, "result": everything[name]()}
         except BaseException:
             out[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
         out[name]["seconds"] = round(time.monotonic() - t0, 1)

@@ -15,4 +15,6 @@ step p2p 400 .venv/bin/python -m tests.rdma.guest_p2p  # the engine on verbs (sc
 perftest write_lat ib_write_lat 8 1000
 perftest write_bw_64k ib_write_bw 65536 1000
 perftest write_bw_1m ib_write_bw 1048576 100
+# Last: takes rxe0's network interface down (and up again).
+step port_down 150 .venv/bin/python -m tests.rdma.guest_p2p port_down
 exit 0

@@ -124,10 +124,10 @@ def test_cpu_mediated_staging_path_byte_exact(session):
     assert _json_line(_step(session, "staging"))["ok"]
 
 
-def _scenario(session, name: str):
+def _scenario(session, name: str, step: str = "p2p"):
     """One scenario of guest_p2p.py (its step may exit non-zero: each scenario says for itself)."""
-    text = session.files.get("p2p.txt", "")
-    assert text, f"guest_p2p.py did not run:\n{session.describe()}"
+    text = session.files.get(f"{step}.txt", "")
+    assert text, f"guest_p2p.py ({step}) did not run:\n{session.describe()}"
     entry = _json_line(text).get(name)
     assert entry and entry["ok"], f"guest_p2p scenario {name}:\n{(entry or {}).get('error', text[-3000:])}"
     return entry["result"]
@@ -188,6 +188,17 @@ def test_peer_killed_mid_transfer_is_a_peer_error_not_a_hang(session):
     res = _scenario(session, "killed_peer")
     assert res.get("kind") == "PeerError", res
     assert res["seconds"] < 20 and "rank 0" in res["text"], res
+
+
+def test_port_going_down_fails_waiting_receives_with_peer_error(session):
+    """The interface under rxe0 taken down while both ranks wait on a receive: the device's port error
+    event (no completion comes) must fail both with PeerError long before their 30 s, naming the
+    event; a send to the lost peer then fails at once."""
+    ranks = _scenario(session, "port_down", step="port_down")
+    for rank, res in enumerate(ranks):
+        assert res.get("kind") == "PeerError", (rank, res)
+        assert res["seconds"] < 10 and "port error" in res["text"] and "rxe0 port 1" in res["text"], (rank, res)
+        assert res["send_after"] == "PeerError" and res["send_after_s"] < 1, (rank, res)
 
 
 def test_freed_and_reused_buffer_is_registered_again(session):
