@@ -27,5 +27,6 @@ def lat_typical_us(text: str) -> float:
     return row(text, 5)[4]  # #bytes #iterations t_min t_max t_typical
 
 
-def bw_average_mbps(text: str) -> float:
-    return row(text, 4)[3]  # #bytes #iterations BW peak BW average (MB/s)
+def bw_average_mibps(text: str) -> float:
+    """BW average in perftest's "MB/sec", which is MiB/s (it divides bytes per second by 0x100000)."""
+    return row(text, 4)[3]  # #bytes #iterations BW peak BW average

@@ -1,0 +1,119 @@
+"""`_C._pingpong` and `_C._stream`, the benchmark's C++ loops over a Communicator: real processes, bytes checked
+against payloads each side regenerates on its own, counters against the loop's own arithmetic."""
+import pytest
+
+from tests.dicomm.engine_util import comm, payload, ptr
+from tests.dicomm.multiproc import run_ranks
+
+
+def _pingpong(rank, world, store, nbytes, iters):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world)
+    out = payload(nbytes, 7 + rank)
+    got = np.zeros(nbytes, np.uint8)
+    samples = C._pingpong(c, 1 - rank, ptr(out), ptr(got), nbytes, iters, rank == 0, tag=3, timeout_s=30)
+    after = c.stats()
+    ok = bool(np.array_equal(got, payload(nbytes, 7 + (1 - rank))))
+    sent, received = after["messages_sent"], after["messages_received"]  # the communicator carried nothing else
+    c.close()
+    return list(samples), ok, sent, received
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("nbytes", [0, 8, 70_000])
+def test_native_pingpong_moves_the_bytes_and_times_each_round_trip(transport, nbytes):
+    iters = 50
+    res = run_ranks(_pingpong, 2, nbytes, iters, env={"DICOMM_TRANSPORT": transport})
+    (s0, ok0, sent0, recv0), (s1, ok1, sent1, recv1) = res
+    assert ok0 and ok1, "a side did not end with the peer's bytes"
+    assert len(s0) == iters and all(t > 0 for t in s0), "the initiator reports one positive duration per round trip"
+    assert s1 == [], "the answering side reports nothing"
+    assert (sent0, recv0, sent1, recv1) == (iters, iters, iters, iters)
+
+
+def _bad_args(rank, world, store):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world)
+    buf = np.zeros(8, np.uint8)
+    errors = []
+    for kwargs in ({"peer": rank}, {"iters": -1}, {"tag": -2}, {"timeout_s": 0.0}):
+        args = dict(peer=1 - rank, iters=1, tag=3, timeout_s=5.0) | kwargs
+        try:
+            C._pingpong(c, args["peer"], ptr(buf), ptr(buf), 8, args["iters"], True, tag=args["tag"],
+                        timeout_s=args["timeout_s"])
+            errors.append(None)
+        except C.ValueError as e:
+            errors.append(str(e))
+    c.close()
+    return errors
+
+
+def test_native_pingpong_refuses_bad_arguments_by_name():
+    errors = run_ranks(_bad_args, 2)[0]
+    assert "peer other than this rank" in errors[0]
+    assert "iters must be >= 0" in errors[1]
+    assert "tag -2 is negative" in errors[2]
+    assert "timeout_s must be positive" in errors[3]
+
+
+def _stream(rank, world, store, nbytes, window, iters):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world)
+    out = payload(nbytes, 21)
+    land = np.zeros(max(1, nbytes * window), np.uint8)
+    windows = C._stream(c, 1 - rank, ptr(out), ptr(land), nbytes, window, iters, rank == 0, tag=4, timeout_s=30)
+    after = c.stats()
+    want = payload(nbytes, 21)
+    ok = rank == 0 or all(np.array_equal(land[w * nbytes:(w + 1) * nbytes], want) for w in range(window))
+    sent, received = after["messages_sent"], after["messages_received"]
+    c.close()
+    return list(windows), bool(ok), sent, received
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("nbytes", [8, 70_000])
+def test_native_stream_lands_every_message_of_a_window_and_times_each_window(transport, nbytes):
+    window, iters = 5, 4
+    (w0, _, sent0, recv0), (w1, ok1, sent1, recv1) = run_ranks(_stream, 2, nbytes, window, iters,
+                                                               env={"DICOMM_TRANSPORT": transport})
+    assert ok1, "a slice of the receiver's window does not hold the sender's bytes"
+    assert len(w0) == iters and all(t > 0 for t in w0) and w1 == []
+    # per window: `window` messages one way, a 1 B acknowledgement back
+    assert (sent0, recv0, sent1, recv1) == (window * iters, iters, iters, window * iters)
+
+
+def _stream_bad_args(rank, world, store):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world)
+    buf = np.zeros(8, np.uint8)
+    errors = []
+    for kwargs in ({"peer": rank}, {"window": 0}, {"iters": -1}, {"tag": -1}, {"timeout_s": -1.0}):
+        args = dict(peer=1 - rank, window=1, iters=1, tag=3, timeout_s=5.0) | kwargs
+        try:
+            C._stream(c, args["peer"], ptr(buf), ptr(buf), 8, args["window"], args["iters"], True, tag=args["tag"],
+                      timeout_s=args["timeout_s"])
+            errors.append(None)
+        except C.ValueError as e:
+            errors.append(str(e))
+    c.close()
+    return errors
+
+
+def test_native_stream_refuses_bad_arguments_by_name():
+    errors = run_ranks(_stream_bad_args, 2)[0]
+    assert "peer other than this rank" in errors[0]
+    assert "window must be >= 1" in errors[1] and "iters >= 0" in errors[2]
+    assert "tag -1 is not in" in errors[3]
+    assert "timeout_s must be positive" in errors[4]
