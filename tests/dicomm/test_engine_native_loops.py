@@ -34,34 +34,6 @@ def test_native_pingpong_moves_the_bytes_and_times_each_round_trip(transport, nb
     assert (sent0, recv0, sent1, recv1) == (iters, iters, iters, iters)
 
 
-def _bad_args(rank, world, store):
-    import numpy as np
-
-    import dicomm._C as C
-
-    c = comm(store, rank, world)
-    buf = np.zeros(8, np.uint8)
-    errors = []
-    for kwargs in ({"peer": rank}, {"iters": -1}, {"tag": -2}, {"timeout_s": 0.0}):
-        args = dict(peer=1 - rank, iters=1, tag=3, timeout_s=5.0) | kwargs
-        try:
-            C._pingpong(c, args["peer"], ptr(buf), ptr(buf), 8, args["iters"], True, tag=args["tag"],
-                        timeout_s=args["timeout_s"])
-            errors.append(None)
-        except C.ValueError as e:
-            errors.append(str(e))
-    c.close()
-    return errors
-
-
-def test_native_pingpong_refuses_bad_arguments_by_name():
-    errors = run_ranks(_bad_args, 2)[0]
-    assert "peer other than this rank" in errors[0]
-    assert "iters must be >= 0" in errors[1]
-    assert "tag -2 is negative" in errors[2]
-    assert "timeout_s must be positive" in errors[3]
-
-
 def _stream(rank, world, store, nbytes, window, iters):
     import numpy as np
 
@@ -91,19 +63,32 @@ def test_native_stream_lands_every_message_of_a_window_and_times_each_window(tra
     assert (sent0, recv0, sent1, recv1) == (window * iters, iters, iters, window * iters)
 
 
-def _stream_bad_args(rank, world, store):
+# Per loop: valid arguments, then one bad argument per call ("self": this rank as the peer) and the
+# words its error must contain.
+BAD = {
+    "_pingpong": (dict(nbytes=8, iters=1, initiator=True, tag=3, timeout_s=5.0),
+                  [({"peer": "self"}, "peer other than this rank"), ({"iters": -1}, "iters must be >= 0"),
+                   ({"tag": -2}, "tag -2 is negative"), ({"timeout_s": 0.0}, "timeout_s must be positive")]),
+    "_stream": (dict(nbytes=8, window=1, iters=1, sender=True, tag=3, timeout_s=5.0),
+                [({"peer": "self"}, "peer other than this rank"), ({"window": 0}, "window must be >= 1"),
+                 ({"iters": -1}, "iters >= 0"), ({"tag": -1}, "tag -1 is not in"),
+                 ({"timeout_s": -1.0}, "timeout_s must be positive")]),
+}
+
+
+def _bad_args(rank, world, store, loop):
     import numpy as np
 
     import dicomm._C as C
 
     c = comm(store, rank, world)
     buf = np.zeros(8, np.uint8)
+    valid, cases = BAD[loop]
     errors = []
-    for kwargs in ({"peer": rank}, {"window": 0}, {"iters": -1}, {"tag": -1}, {"timeout_s": -1.0}):
-        args = dict(peer=1 - rank, window=1, iters=1, tag=3, timeout_s=5.0) | kwargs
+    for bad, _ in cases:
+        kwargs = valid | {"peer": 1 - rank} | {k: rank if v == "self" else v for k, v in bad.items()}
         try:
-            C._stream(c, args["peer"], ptr(buf), ptr(buf), 8, args["window"], args["iters"], True, tag=args["tag"],
-                      timeout_s=args["timeout_s"])
+            getattr(C, loop)(c, send_ptr=ptr(buf), recv_ptr=ptr(buf), **kwargs)
             errors.append(None)
         except C.ValueError as e:
             errors.append(str(e))
@@ -111,9 +96,8 @@ def _stream_bad_args(rank, world, store):
     return errors
 
 
-def test_native_stream_refuses_bad_arguments_by_name():
-    errors = run_ranks(_stream_bad_args, 2)[0]
-    assert "peer other than this rank" in errors[0]
-    assert "window must be >= 1" in errors[1] and "iters >= 0" in errors[2]
-    assert "tag -1 is not in" in errors[3]
-    assert "timeout_s must be positive" in errors[4]
+@pytest.mark.parametrize("loop", list(BAD))
+def test_native_loops_refuse_bad_arguments_by_name(loop):
+    errors = run_ranks(_bad_args, 2, loop)[0]
+    for (bad, words), error in zip(BAD[loop][1], errors):
+        assert error is not None and words in error, (bad, error)
