@@ -15,18 +15,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-long env_us(const char* name, long fallback) {
+long env_nonnegative(const char* name, long fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::max(0L, std::atol(v)) : fallback;
 }
 
 std::chrono::microseconds spin_budget() {
-  static const long us = env_us("DICOMM_SPIN_US", 100);
+  static const long us = env_nonnegative("DICOMM_SPIN_US", 100);
   return std::chrono::microseconds(us);
 }
 
 std::chrono::microseconds tcp_spin_budget() {
-  static const long us = env_us("DICOMM_TCP_SPIN_US", 50);
+  static const long us = env_nonnegative("DICOMM_TCP_SPIN_US", 50);
   return std::chrono::microseconds(us);
 }
 
@@ -35,7 +35,7 @@ std::chrono::microseconds tcp_spin_budget() {
 // half round trip through the Communicator measured 356-409 us (median) with a 100 us spin and
 // 41 us with 1 ms (on a quiet host both about 40 us).
 std::chrono::microseconds verbs_spin_budget() {
-  static const long us = env_us("DICOMM_IB_SPIN_US", 1000);
+  static const long us = env_nonnegative("DICOMM_IB_SPIN_US", 1000);
   return std::chrono::microseconds(us);
 }
 
@@ -58,11 +58,11 @@ inline void cpu_relax() {
 // pause leaves the emulated CPU's loop (8 B over Soft-RoCE: 16.5 us median half round trip without,
 // 17.7 us with 4; natively over shm no difference was measurable).
 int thorough_every() {
-  static const int n = static_cast<int>(std::max(1L, env_us("DICOMM_SPIN_THOROUGH_EVERY", 64)));
+  static const int n = static_cast<int>(std::max(1L, env_nonnegative("DICOMM_SPIN_THOROUGH_EVERY", 64)));
   return n;
 }
 int pauses() {
-  static const int n = static_cast<int>(env_us("DICOMM_SPIN_PAUSES", 0));
+  static const int n = static_cast<int>(env_nonnegative("DICOMM_SPIN_PAUSES", 0));
   return n;
 }
 // Giving the CPU away (sched_yield) is what lets a peer sharing our CPU run, and pure cost when every
@@ -80,7 +80,7 @@ int yield_every_setting() {  // -1: not set
 }
 // The ranks on this host by the launcher's word (torchrun's LOCAL_WORLD_SIZE), 0 when it says nothing.
 int launcher_local_ranks() {
-  static const int n = static_cast<int>(env_us("LOCAL_WORLD_SIZE", 0));
+  static const int n = static_cast<int>(env_nonnegative("LOCAL_WORLD_SIZE", 0));
   return n;
 }
 // A spinning caller reads the clock (spin budget, deadline) every 8th pass: under QEMU TCG a read

@@ -15,6 +15,17 @@
 namespace py = pybind11;
 
 namespace dicomm::python {
+namespace {
+
+// What both loops check before they start: another rank as the peer, and a positive timeout (returned
+// as the wait's timeout).
+std::chrono::milliseconds checked_loop(const Communicator& c, int peer, double timeout_s, const char* loop) {
+  if (!(timeout_s > 0)) throw ValueError("timeout_s must be positive");
+  if (peer == c.rank()) throw ValueError(std::string(loop) + " needs a peer other than this rank (" + std::to_string(peer) + ")");
+  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
+}
+
+}  // namespace
 
 void bind_bench(py::module_& m) {
   m.def(
@@ -23,9 +34,7 @@ void bind_bench(py::module_& m) {
          int64_t tag, double timeout_s) {
         if (iters < 0) throw ValueError("iters must be >= 0, got " + std::to_string(iters));
         if (tag < 0) throw ValueError("tag " + std::to_string(tag) + " is negative; tags are integers in [0, 2**63)");
-        if (!(timeout_s > 0)) throw ValueError("timeout_s must be positive");
-        if (peer == c.rank()) throw ValueError("ping-pong needs a peer other than this rank (" + std::to_string(peer) + ")");
-        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
+        const auto timeout = checked_loop(c, peer, timeout_s, "ping-pong");
         const void* sbuf = reinterpret_cast<const void*>(send_ptr);
         void* rbuf = reinterpret_cast<void*>(recv_ptr);
         const Tag t = static_cast<Tag>(tag);
@@ -61,10 +70,9 @@ void bind_bench(py::module_& m) {
         if (window < 1 || iters < 0)
           throw ValueError("window must be >= 1 and iters >= 0, got window " + std::to_string(window) + ", iters " +
                            std::to_string(iters));
+        // The acknowledgement uses tag + 1.
         if (tag < 0 || tag == INT64_MAX) throw ValueError("tag " + std::to_string(tag) + " is not in [0, 2**63 - 1)");
-        if (!(timeout_s > 0)) throw ValueError("timeout_s must be positive");
-        if (peer == c.rank()) throw ValueError("streaming needs a peer other than this rank (" + std::to_string(peer) + ")");
-        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
+        const auto timeout = checked_loop(c, peer, timeout_s, "streaming");
         const Tag t = static_cast<Tag>(tag);
         std::vector<int64_t> windows;
         windows.reserve(sender ? static_cast<size_t>(iters) : 0);

@@ -343,10 +343,10 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
   if (kind == kWrRecv) {
     const char* p = mem_ + low * slot_bytes_;
     Ctrl c;
-    uint32_t kind = 0;
-    if (wc.byte_len >= sizeof(kind)) std::memcpy(&kind, p, sizeof(kind));
+    uint32_t msg_kind = 0;
+    if (wc.byte_len >= sizeof(msg_kind)) std::memcpy(&msg_kind, p, sizeof(msg_kind));
     size_t head = sizeof(Ctrl);
-    if (kind == kEager && wc.byte_len >= sizeof(EagerHeader)) {
+    if (msg_kind == kEager && wc.byte_len >= sizeof(EagerHeader)) {
       EagerHeader e;
       std::memcpy(&e, p, sizeof(e));
       head = sizeof(e);
@@ -354,11 +354,11 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
       c.tag = e.tag;
       c.meta = e.meta;
       c.bytes = wc.byte_len - head;
-    } else if (kind != kEager && wc.byte_len >= sizeof(Ctrl)) {
+    } else if (msg_kind != kEager && wc.byte_len >= sizeof(Ctrl)) {
       std::memcpy(&c, p, sizeof(Ctrl));
     } else {
       throw PeerError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " +
-                      std::to_string(kind) + ")");
+                      std::to_string(msg_kind) + ")");
     }
     h.on_ctrl(c, p + head);
     consumed_.push_back(static_cast<int>(low));
