@@ -9,17 +9,17 @@ import time
 
 from .plan import SCHEDULES, Plan
 from .schedules import ScheduleError
-from .spec import ModelSpec, SpecError, load_cluster, load_model
+from .spec import Cluster, ModelSpec, SpecError, load_cluster, load_model
 
 # Point-to-point backend between stages when --backend is not given.
 DEFAULT_BACKEND = "dicomm"
 
 
-def parse_chip_map(text: str | None, cluster: str | None) -> dict[str, str]:
+def parse_chip_map(text: str | None, cluster: Cluster | None) -> dict[str, str]:
     """`A=cpu,B=cuda` and/or a cluster spec's per-chip `device`; the command line wins."""
     out: dict[str, str] = {}
     if cluster:
-        out.update({c.name: c.device for c in load_cluster(cluster).chips})
+        out.update({c.name: c.device for c in cluster.chips})
     for item in filter(None, (text or "").split(",")):
         if "=" not in item:
             raise SpecError("--chip-map", item, "not CHIP=VENDOR", "e.g. big=cpu,small=cpu")
@@ -65,12 +65,14 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
 
 def cmd_run(a: argparse.Namespace) -> int:
     plan, m = Plan.load(a.plan), load_model(a.model)
-    chip_map = parse_chip_map(a.chip_map, a.cluster)
+    cluster = load_cluster(a.cluster) if a.cluster else None
+    chip_map = parse_chip_map(a.chip_map, cluster)
+    available = {c.name: c.count for c in cluster.chips} if cluster else None
     if a.write_config:
         from .engine.checks import check_run
         if a.schedule:
             plan.schedule = a.schedule
-        check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size)
+        check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available)
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                           chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window)
         with open(a.write_config, "w") as f:
@@ -79,7 +81,7 @@ def cmd_run(a: argparse.Namespace) -> int:
               f"-m heteropp.engine.worker --config {a.write_config}")
         return 0
     from .engine.checks import check_run
-    check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size)
+    check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size, available)
     print(f"heteropp: {len(plan.stages)} stages "
           + " | ".join(f"{s.chip} tp{s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"
                        + (" rc" if s.recompute else "") for s in plan.stages)
@@ -107,14 +109,17 @@ def cmd_reference(a: argparse.Namespace) -> int:
     return 0
 
 
-def _non_negative(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+def _at_least(least: int):
+    """An argparse type for integers >= `least` (argparse turns its error into a usage message, exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {v}")
+        return v
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", required=True, help="model preset (tiny) or spec file")
-        p.add_argument("--steps", type=int, default=10)
+        p.add_argument("--steps", type=_at_least(1), default=10)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--lr", type=float, default=3e-3)
         p.add_argument("--clip-grad", type=float, help="clip gradients to this global L2 norm (default: no clipping)")
@@ -139,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cluster", help="cluster spec whose chips' `device` fields give the chip map")
     r.add_argument("--world-size", type=int, help="reject the plan unless it uses exactly this many ranks")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds any send, receive or collective may take")
-    r.add_argument("--recv-window", type=_non_negative,
+    r.add_argument("--recv-window", type=_at_least(0),
                    help="receives each stage posts ahead of the one it waits for; bounds its receive buffers "
                    "(default: RunConfig.recv_window, 4)")
     r.add_argument("--write-config", help="write the run config for `torchrun -m heteropp.engine.worker` and exit")

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"3/4 training the plan ({a.steps} steps, {a.backend} between stages)")
     m = load_model(a.model)
     run_log, ref_log = str(out / "run.jsonl"), str(out / "reference.jsonl")
-    run = run_plan(plan, m, steps=a.steps, backend=a.backend, chip_map=parse_chip_map(None, a.cluster),
+    run = run_plan(plan, m, steps=a.steps, backend=a.backend, chip_map=parse_chip_map(None, pb.cluster),
                    loss_log=run_log)
 
     _say("4/4 training the single-process reference and comparing loss curves")

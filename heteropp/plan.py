@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .spec.errors import SpecError
 
@@ -36,6 +36,10 @@ def tp_split_error(tp: int, heads: int | None = None, kv_heads: int | None = Non
         if n is not None and n % tp:
             return f"tp={tp} does not divide the model's {name}={n}", f"a divisor of {n}"
     return None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass
@@ -71,6 +75,8 @@ class Plan:
     def __post_init__(self) -> None:
         first = 0
         for s in self.stages:
+            if not (_is_int(s.layers) and _is_int(s.first_layer)):
+                break  # malformed: validate() names the field instead of a TypeError here
             if s.first_layer < 0:
                 s.first_layer = first
             first = s.first_layer + s.layers
@@ -98,13 +104,14 @@ class Plan:
 
     def validate(self, source: str = "<plan>", *, num_layers: int | None = None, heads: int | None = None,
                  kv_heads: int | None = None, ffn: int | None = None, vocab: int | None = None,
-                 world_size: int | None = None) -> "Plan":
+                 world_size: int | None = None, available: Mapping[str, int] | None = None) -> "Plan":
         """Raise SpecError naming the field for anything the engine could not run; the model counts given
-        are checked against each stage's TP size by the shared rule (tp_split_error)."""
+        are checked against each stage's TP size by the shared rule (tp_split_error), and `available`
+        (chips per type of the cluster the plan is for) against the chips the plan uses."""
         if not self.stages:
             raise SpecError(source, "stages", "empty", "at least one stage")
         for name, v in (("dp", self.dp), ("micro_batch_size", self.micro_batch_size), ("micro_batches", self.micro_batches)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not _is_int(v) or v < 1:
                 raise SpecError(source, name, f"got {v!r}", "an integer >= 1")
         if self.schedule not in SCHEDULES:
             raise SpecError(source, "schedule", f"got {self.schedule!r}", "one of " + ", ".join(SCHEDULES))
@@ -113,13 +120,13 @@ class Plan:
             p = f"stages[{i}]"
             if not isinstance(s.chip, str) or not s.chip:
                 raise SpecError(source, f"{p}.chip", f"got {s.chip!r}", "a chip type name")
-            if not isinstance(s.tp, int) or s.tp < 1 or s.tp & (s.tp - 1):
+            if not _is_int(s.tp) or s.tp < 1 or s.tp & (s.tp - 1):
                 raise SpecError(source, f"{p}.tp", f"got {s.tp!r}", "a power of two >= 1")
-            if not isinstance(s.layers, int) or s.layers < 1:
+            if not _is_int(s.layers) or s.layers < 1:
                 raise SpecError(source, f"{p}.layers", f"got {s.layers!r}", "an integer >= 1")
             if not isinstance(s.recompute, bool):
                 raise SpecError(source, f"{p}.recompute", f"got {s.recompute!r}", "true or false")
-            if s.first_layer != expect:
+            if not _is_int(s.first_layer) or s.first_layer != expect:
                 raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
             expect += s.layers
             if (why := tp_split_error(s.tp, heads, kv_heads, ffn, vocab)) is not None:
@@ -129,7 +136,19 @@ class Plan:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")
         if world_size is not None and self.world_size != world_size:
             raise SpecError(source, "stages[*].tp * dp", f"plan needs {self.world_size} ranks", f"the world size {world_size}")
+        if available is not None:
+            self._check_chips(source, available)
         return self
+
+    def _check_chips(self, source: str, available: Mapping[str, int]) -> None:
+        for i, s in enumerate(self.stages):
+            if s.chip not in available:
+                raise SpecError(source, f"stages[{i}].chip", f"chip type {s.chip!r} is not in the cluster",
+                                "one of " + ", ".join(available))
+        for chip, n in self.chips_used().items():
+            if n > available[chip]:
+                raise SpecError(source, "stages[*].tp * dp", f"plan uses {n} chips of type {chip!r}",
+                                f"at most the cluster's {available[chip]}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -48,7 +48,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     plan = Plan.load(a.plan)
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     m = pb.model
-    plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab)
+    plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
+                  available={c.name: c.count for c in pb.cluster.chips})
     r = simulate_plan(pb.cm, plan, a.schedule, keep_timeline=bool(a.png))
     out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
            "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": a.schedule or plan.schedule}

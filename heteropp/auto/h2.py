@@ -173,7 +173,7 @@ def search_h2(cm: CostModel, group_size: int = 128, two_stage: bool = True,
     dps = dp_candidates(cm.cluster, cm.train)
     found, n1 = _dfs(cm, ents, dps, False, progress)
     if not found:
-        from .search import explain_infeasible
+        from .infeasible import explain_infeasible
         raise InfeasibleError(explain_infeasible(cm))
     best_cost, best_dp, best_cfg = found[0]
     best_ents, n2 = ents, 0

@@ -28,6 +28,7 @@ import numpy as np
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, in_flight, micro_batches
 from .dpspace import DpSpace, cheap_bounds
+from .infeasible import explain_infeasible
 from .levels import bound_parts, lower_bound
 from .space import dp_candidates
 from .split import StageOpt, best_split
@@ -275,15 +276,3 @@ def _sig(c: Candidate) -> tuple:
 
 def _runs(stages: list[StageSpec]) -> list[tuple[str, int, int]]:
     return [(c, t, len(list(g))) for (c, t), g in itertools.groupby((s.chip, s.tp) for s in stages)]
-
-
-def explain_infeasible(cm: CostModel) -> str:
-    """Why nothing fits: the best any stage can do on each chip type."""
-    L, parts = cm.model.layers, []
-    for c in cm.cluster.chips:
-        best = max(cm.max_layers(c.name, c.tp_max, True, 1, 1, False, False), 0)
-        parts.append(f"{c.name}: at most {best} layer(s) per stage even at tp={c.tp_max} with recompute "
-                     f"and one micro-batch in flight ({c.memory_gb:g} GB x {c.memory_fraction:g} usable)")
-    stages = sum(c.count // c.tp_max for c in cm.cluster.chips)
-    return (f"no plan fits the {L}-layer model {cm.model.name!r} on cluster {cm.cluster.name!r}: "
-            + "; ".join(parts) + f"; at most {stages} stages are possible")

@@ -56,6 +56,14 @@ _CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "tp
               "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device"}
 
 
+# Plausible ranges of a chip's numbers: outside them the cost model produces 0-second or infinite times.
+MAX_COUNT = 10**12  # chips of one type
+MEMORY_GB = (1e-6, 1e6)
+TFLOPS = (1e-6, 1e6)
+BANDWIDTH = (1e-9, 1e12)  # GB/s: about 1 byte/s up to "free" (tests model zero-cost links so)
+FRACTION = (1e-3, 1.0)
+
+
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -69,24 +77,20 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
             raise SpecError(source, f"chips[{i}]", f"got {type(raw).__name__}", "a mapping")
         c = Fields(raw, source, f"chips[{i}].")
         c.unknown(_CHIP_KEYS)
-        cpn = c.int("chips_per_node")
-        tp_max = c.int("tp_max", cpn)
+        cpn = c.int("chips_per_node", max=MAX_COUNT)
+        tp_max = c.int("tp_max", cpn, max=MAX_COUNT)
         if not _power_of_two(tp_max):
             raise c.err("tp_max", f"got {tp_max}", "a power of two")
         if tp_max > cpn:
             raise c.err("tp_max", f"{tp_max} exceeds chips_per_node={cpn}", "tensor parallelism inside one node")
-        eff = c.float("efficiency", 0.5)
-        if eff > 1:
-            raise c.err("efficiency", f"got {eff}", "a fraction of peak in (0, 1]")
-        frac = c.float("memory_fraction", 0.9)
-        if frac > 1:
-            raise c.err("memory_fraction", f"got {frac}", "a fraction in (0, 1]")
         chips.append(ChipType(
-            name=c.str("name"), count=c.int("count"), memory_gb=c.float("memory_gb"),
-            peak_tflops=c.float("peak_tflops"), chips_per_node=cpn, tp_max=tp_max,
-            intra_node_bw=c.bandwidth("intra_node_bw"), network_bw=c.bandwidth("network_bw"),
-            efficiency=eff, memory_fraction=frac, hbm_bw=c.bandwidth("hbm_bw", 1500.0),
-            device=c.str("device", "cpu")))
+            name=c.str("name"), count=c.int("count", max=MAX_COUNT), memory_gb=c.float("memory_gb", lo=MEMORY_GB[0], hi=MEMORY_GB[1]),
+            peak_tflops=c.float("peak_tflops", lo=TFLOPS[0], hi=TFLOPS[1]), chips_per_node=cpn, tp_max=tp_max,
+            intra_node_bw=c.bandwidth("intra_node_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
+            network_bw=c.bandwidth("network_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
+            efficiency=c.float("efficiency", 0.5, lo=FRACTION[0], hi=FRACTION[1]),
+            memory_fraction=c.float("memory_fraction", 0.9, lo=FRACTION[0], hi=FRACTION[1]),
+            hbm_bw=c.bandwidth("hbm_bw", 1500.0, lo=BANDWIDTH[0], hi=BANDWIDTH[1]), device=c.str("device", "cpu")))
     if not chips:
         raise f.err("chips", "empty list", "at least one chip type")
     names = [c.name for c in chips]
@@ -102,7 +106,14 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
         pair = lf.list("between")
         if len(pair) != 2 or any(p not in names for p in pair):
             raise lf.err("between", f"got {pair!r}", f"two chip names out of {names}")
-        links[(pair[0], pair[1])] = lf.bandwidth("bandwidth")
+        if pair[0] == pair[1]:
+            raise lf.err("between", f"links {pair[0]!r} to itself", "two different chip types (a type's own "
+                         "fabric is its intra_node_bw and network_bw)")
+        key = (pair[0], pair[1])
+        if key in links or key[::-1] in links:
+            raise lf.err("between", f"a second link between {pair[0]!r} and {pair[1]!r}",
+                         "one link per pair of chip types (a link carries both directions)")
+        links[key] = lf.bandwidth("bandwidth", lo=BANDWIDTH[0], hi=BANDWIDTH[1])
     return Cluster(name=f.str("name", Path(source).stem), chips=tuple(chips), links=links)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -56,26 +57,41 @@ class Fields:
             return default
         return self.data[key]
 
-    def int(self, key: str, default: int | None = None, *, required: bool = True, min: int | None = 1) -> int:
+    def int(self, key: str, default: int | None = None, *, required: bool = True, min: int | None = 1,
+            max: int | None = None) -> int:
         v = self._get(key, default, required and default is None)
         if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
+            if isinstance(v, float) and math.isfinite(v) and v.is_integer():
                 v = int(v)
             else:
                 raise self.err(key, f"got {v!r}", "an integer")
         if min is not None and v < min:
             raise self.err(key, f"got {v}", f"an integer >= {min}")
+        if max is not None and v > max:
+            raise self.err(key, f"got {v}", f"an integer <= {max:g}")
         return v
 
-    def float(self, key: str, default: float | None = None, *, required: bool = True, positive: bool = True) -> float:
+    def _range(self, key: str, v: float, shown: Any, lo: float | None, hi: float | None, what: str) -> float:
+        """Finite and within [lo, hi]: infinities and absurd magnitudes would turn into 0-second or
+        infinite costs downstream instead of an error here."""
+        if not math.isfinite(v):
+            raise self.err(key, f"got {shown!r}", f"a finite {what}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            bounds = [f">= {lo:g}"] * (lo is not None) + [f"<= {hi:g}"] * (hi is not None)
+            raise self.err(key, f"got {shown!r}", f"a {what} " + " and ".join(bounds))
+        return v
+
+    def float(self, key: str, default: float | None = None, *, required: bool = True, positive: bool = True,
+              lo: float | None = None, hi: float | None = None) -> float:
         v = self._get(key, default, required and default is None)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.err(key, f"got {v!r}", "a number")
         if positive and not v > 0:
             raise self.err(key, f"got {v}", "a positive number")
-        return float(v)
+        return self._range(key, float(v), v, lo, hi, "number")
 
-    def bandwidth(self, key: str, default: float | None = None, *, required: bool = True) -> float:
+    def bandwidth(self, key: str, default: float | None = None, *, required: bool = True,
+                  lo: float | None = None, hi: float | None = None) -> float:
         """A bandwidth in GB/s; strings may carry a unit: '200Gbps', '9.56 GB/s'."""
         v = self._get(key, default, required and default is None)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -87,7 +103,7 @@ class Fields:
             val = float(m.group(1)) * _BW_SCALE[m.group(2)]
         if not val > 0:
             raise self.err(key, f"got {v!r}", "a positive bandwidth")
-        return val
+        return self._range(key, val, v, lo, hi, "bandwidth in GB/s")
 
     def str(self, key: str, default: str | None = None, *, required: bool = True, choices: tuple[str, ...] | None = None) -> str:
         v = self._get(key, default, required and default is None)

@@ -1,0 +1,45 @@
+"""Bad input to `heteropp run`: rejected with exit 2 and a message naming the field, before any process starts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from heteropp.cli import main
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _plan(tmp_path: Path, stages: list[dict], dp: int = 1) -> str:
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"stages": stages, "dp": dp, "micro_batches": 4, "micro_batch_size": 1}))
+    return str(p)
+
+
+GOOD = [{"chip": "big", "tp": 1, "layers": 4}, {"chip": "small", "tp": 1, "layers": 4}]
+
+
+def test_run_with_a_cluster_too_small_for_the_plan(tmp_path, capsys):
+    """two-cpu has 2 chips of each type; dp 4 needs 4 of each."""
+    path = _plan(tmp_path, GOOD, dp=4)
+    assert main(["run", "--plan", path, "--model", "tiny", "--steps", "1",
+                 "--cluster", str(EX / "clusters" / "two-cpu.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "plan uses 4 chips of type 'big'" in err and "at most the cluster's 2" in err, err
+
+
+@pytest.mark.parametrize("layers", ["4", None])
+def test_run_a_plan_whose_layers_are_not_an_integer(tmp_path, capsys, layers):
+    path = _plan(tmp_path, [{**GOOD[0], "layers": layers}, GOOD[1]])
+    assert main(["run", "--plan", path, "--model", "tiny", "--steps", "1", "--chip-map", "big=cpu,small=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "'stages[0].layers'" in err and f"got {layers!r}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("cmd", ["run", "reference"])
+def test_negative_steps(tmp_path, capsys, cmd):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--plan", _plan(tmp_path, GOOD), "--model", "tiny", "--steps", "-5"])
+    assert e.value.code == 2
+    assert "--steps: expected an integer >= 1, got -5" in capsys.readouterr().err
