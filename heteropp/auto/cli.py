@@ -27,13 +27,16 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from .explain import explain, table
+    from .limits import Limits
     from .planning import load_problem, run_search, to_plan
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     t0 = time.perf_counter()
-    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None)
+    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None, Limits(time_budget_s=a.time_budget))
     dt = time.perf_counter() - t0
-    plan = to_plan(pb, res.best, dt, a.algo)
+    plan = to_plan(pb, res.best, dt, a.algo, res)
     print(table(plan))
+    if res.bounded:
+        print(f"bounded search ({'; '.join(res.bounded)}): no plan is faster than {res.lower_bound_s:.4f} s")
     if a.explain:
         print(explain(plan, res))
     if a.json:
@@ -95,6 +98,16 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="heteroauto", description="Plan heterogeneous pipeline-parallel training.")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -105,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the plan here")
     p.add_argument("--explain", action="store_true", help="bottleneck, memory headroom, runners-up")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--time-budget", type=_positive_seconds, default=3.0,
+                   help="seconds the best-first search may take before it returns its best plan and a bound")
     p.set_defaults(fn=cmd_plan)
     s = sub.add_parser("simulate", help="discrete-event simulation of a plan")
     s.add_argument("plan")

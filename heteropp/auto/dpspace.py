@@ -18,16 +18,28 @@ from .levels import Rows
 from .space import stage_tp_runs, tp_counts
 
 
+def type_choices(cm: CostModel, dp: int, names: list[str], group_size: int,
+                 max_groups: int | None = None) -> tuple[list[list[list[tuple[int, int]]]], bool]:
+    """Per type, every TP choice as runs (tp, stages) at dp (stage_tp_runs), with at most `max_groups`
+    groups per type (larger groups beyond it); True when that limit made groups larger."""
+    out, cut, counts = [], False, tp_counts(cm.model)
+    for name in names:
+        c, g = cm.cluster.chip(name), group_size
+        if max_groups and c.count > g * max_groups:
+            g, cut = -(-c.count // max_groups), True
+        out.append(stage_tp_runs(c, dp, g, *counts, max_stages=cm.model.layers))
+    return out, cut
+
+
 class DpSpace:
-    def __init__(self, cm: CostModel, dp: int, b: int, names: list[str], group_size: int) -> None:
+    def __init__(self, cm: CostModel, dp: int, b: int, names: list[str], group_size: int,
+                 choices: list[list[list[tuple[int, int]]]] | None = None) -> None:
+        """choices: per type, per choice, runs (tp, stages); type_choices(...) when not given."""
         self.cm, self.dp, self.b, self.names = cm, dp, b, names
         self.L = L = cm.model.layers
         self.sched = cm.train.schedule
         self.nmax = max(L, b)
-        self.choices: list[list[list[tuple[int, int]]]] = []  # per type, per choice: runs (tp, stages)
-        counts = tp_counts(cm.model)
-        for name in names:
-            self.choices.append(stage_tp_runs(cm.cluster.chip(name), dp, group_size, *counts, max_stages=L))
+        self.choices = choices if choices is not None else type_choices(cm, dp, names, group_size)[0]
         self.kid: dict[tuple[str, int], int] = {}
         for name, runs_list in zip(names, self.choices):
             for runs in runs_list:

@@ -7,6 +7,7 @@ from ..plan import Plan, StagePlan
 from ..spec import Cluster, ModelSpec, TrainSpec, load_cluster, load_model, load_train
 from .analytic import analytic_profile
 from .costs import CostModel, micro_batches
+from .limits import Limits
 from .profiles import Profile
 from .search import Candidate, Progress, SearchResult, search_auto
 
@@ -26,16 +27,20 @@ def load_problem(cluster: str, model: str, train: str, profile: str | None = Non
     return Problem(cl, m, tr, CostModel(cl, m, tr, prof))
 
 
-def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None) -> SearchResult:
+def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
+               limits: Limits = Limits()) -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         return search_h2(pb.cm, group_size, progress=progress)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
-    return search_auto(pb.cm, group_size, progress=progress)
+    return search_auto(pb.cm, group_size, progress=progress, limits=limits)
 
 
-def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str) -> Plan:
+def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str,
+            result: SearchResult | None = None) -> Plan:
+    """The plan of `cand`; with the search's `result`, extra["search"] says whether it was exact or which
+    limits bounded it, and the lower bound on every plan then."""
     b = micro_batches(pb.train, cand.dp)
     est = pb.cm.evaluate(cand.stages, cand.dp, b)
     stages = [StagePlan(chip=s.chip, tp=s.tp, layers=s.layers, recompute=s.recompute,
@@ -48,4 +53,6 @@ def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str
                        "boundary_s": est.boundary_s, "in_flight": est.in_flight,
                        "memory_capacity_gb": [c / 1e9 for c in est.stage_capacity_bytes],
                        "tokens_per_chip_s": pb.train.global_batch * pb.model.seq_len
-                       / (est.iteration_time_s * pb.cluster.total_chips)})
+                       / (est.iteration_time_s * pb.cluster.total_chips),
+                       **({"search": {"exact": not result.bounded, "bounded_by": result.bounded,
+                                      "lower_bound_s": result.lower_bound_s}} if result else {})})

@@ -27,10 +27,11 @@ import numpy as np
 
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, in_flight, micro_batches
-from .dpspace import DpSpace, cheap_bounds
+from .dpspace import DpSpace, cheap_bounds, type_choices
 from .infeasible import explain_infeasible
 from .levels import bound_parts, lower_bound
-from .space import dp_candidates
+from .limits import Limits, relaxed_bound, trim_choices, type_orders
+from .space import dp_candidates, tp_counts, tp_sizes
 from .split import StageOpt, best_split
 
 Progress = Callable[[str], None]
@@ -51,6 +52,8 @@ class SearchResult:
     evaluated: int = 0
     pruned: int = 0
     search_time_s: float = 0.0
+    bounded: list[str] = field(default_factory=list)  # the limits that cut the space; empty: exact
+    lower_bound_s: float | None = None  # no plan of the full space is faster (set when bounded)
 
 
 class _Top:
@@ -108,7 +111,7 @@ RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
-                progress: Progress | None = None) -> SearchResult:
+                progress: Progress | None = None, limits: Limits = Limits()) -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
 
@@ -118,14 +121,27 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     t0 = time.perf_counter()
     L = cm.model.layers
     names = [c.name for c in sorted(cm.cluster.chips, key=lambda c: -c.memory_gb)]
-    orders = list(itertools.permutations(range(len(names))))
-    wide = _rerank_slack(cm) if rerank else 0.0
+    orders, cut_orders = type_orders([cm.cluster.chip(n).memory_gb for n in names], limits.max_orders)
+    bounded = [f"orders of chip types: {len(orders)} next to the memory-descending one"] if cut_orders else []
+    dps = [dp for dp in dp_candidates(cm.cluster, cm.train) if _fewest_stages(cm, dp) <= L]
+    wide = _rerank_slack(cm, dp_candidates(cm.cluster, cm.train)) if rerank else 0.0
     top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), 0.0)
     stats = {"evaluated": 0, "pruned": 0}
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
-    every = [DpSpace(cm, dp, micro_batches(cm.train, dp), names, group_size)
-             for dp in dp_candidates(cm.cluster, cm.train)]
+    per_dp, grouped = {}, False
+    for dp in dps:
+        per_dp[dp], cut = type_choices(cm, dp, names, group_size, limits.max_groups)
+        grouped |= cut
+    if grouped:
+        bounded.append(f"groups: at most {limits.max_groups} per chip type")
+    if sum(math.prod(len(c) for c in ch) for ch in per_dp.values()) > limits.max_rows:
+        for ch in per_dp.values():
+            trim_choices(ch, limits.max_rows // len(per_dp))
+        bounded.append(f"TP choices: the first of each type's, at most {limits.max_rows} combinations over all dps")
+    every = [DpSpace(cm, dp, micro_batches(cm.train, dp), names, group_size, ch) for dp, ch in per_dp.items()]
     every = [space for space in every if all(space.choices)]
+    if progress and bounded:
+        progress("search space bounded: " + "; ".join(bounded))
     for space, (lb, idx) in zip(every, cheap_bounds(every)):
         keep = np.isfinite(lb)
         if keep.any():
@@ -192,8 +208,15 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             for v, (space, combo) in zip(tight.tolist(), owners):
                 push(v, space, "combo", combo)
 
+    deadline = t0 + limits.time_budget_s
+
     def drain() -> None:
         while heap and heap[0][0] < top.bound:
+            if time.perf_counter() > deadline and top.items:
+                bounded.append(f"time budget {limits.time_budget_s:g} s (best-first search stopped with "
+                               f"bounds from {heap[0][0]:.4f} s open)")
+                stats["open_bound"] = heap[0][0]
+                return
             _, _, space, what, data = heapq.heappop(heap)
             if isinstance(what, tuple):
                 split(space, what, data)
@@ -219,7 +242,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     drain()
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
-    if wide and _affordable(cm, top.items[0]):
+    if wide and _affordable(cm, top.items[0]) and not bounded:
         top.slack = wide
         drain()
     stats["pruned"] += len(heap)
@@ -227,7 +250,28 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
-    return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"], time.perf_counter() - t0)
+    low = None
+    if bounded:
+        low = relaxed_bound(cm, dps)
+        if len(bounded) == 1 and "open_bound" in stats:  # only the clock stopped it: the heap bounds the rest
+            low = max(low, min(stats["open_bound"], top.items[0].time_s))
+        if progress:
+            progress(f"bounded search: best {items[0].time_s:.4f} s, no plan below {low:.4f} s")
+    return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"],
+                        time.perf_counter() - t0, bounded, low)
+
+
+def _fewest_stages(cm: CostModel, dp: int) -> int:
+    """The fewest pipeline stages at dp when every chip serves (each type at its largest TP size that
+    splits its per-replica chips); a dp with more stages than layers has no plan."""
+    counts, total = tp_counts(cm.model), 0
+    for c in cm.cluster.chips:
+        per = c.count // dp
+        fits = [t for t in tp_sizes(c, *counts) if per % t == 0]
+        if c.count % dp or not fits:
+            return math.inf
+        total += per // max(fits)
+    return total
 
 
 def _cost(cm: CostModel, c: Candidate) -> int:
@@ -239,11 +283,10 @@ def _affordable(cm: CostModel, best: Candidate) -> bool:
     return RERANK_KEEP // 2 * _cost(cm, best) <= RERANK_MAX_ACTIONS
 
 
-def _rerank_slack(cm: CostModel) -> float:
+def _rerank_slack(cm: CostModel, dps: list[int]) -> float:
     """The wide margin only where simulating every kept plan surely stays within the re-rank budget."""
     total = cm.train.micro_batches_total
-    worst = max(min(cm.model.layers, cm.cluster.total_chips // dp) * (total // dp)
-                for dp in dp_candidates(cm.cluster, cm.train))
+    worst = max((min(cm.model.layers, cm.cluster.total_chips // dp) * (total // dp) for dp in dps), default=0)
     return RERANK_SLACK_SMALL if worst * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
 
 

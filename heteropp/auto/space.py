@@ -1,17 +1,30 @@
 """The shared search space: data-parallel sizes, chip groups, and per-group tensor-parallel sequences."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..plan import tp_split_error
 from ..spec import ChipType, Cluster, InfeasibleError, ModelSpec, TrainSpec
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order, by trial division up to sqrt(n) (1e6 steps for n = 1e12)."""
+    small, large, d = [], [], 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
 def dp_candidates(cluster: Cluster, train: TrainSpec) -> list[int]:
-    """dp divides the micro-batch count and every chip type's count (each type's chips all serve in every replica)."""
+    """dp divides the micro-batch count and every chip type's count (each type's chips all serve in every
+    replica): the divisors of their gcd, found without a loop over the chip counts."""
     total = train.micro_batches_total
-    out = [d for d in range(1, min(c.count for c in cluster.chips) + 1)
-           if total % d == 0 and all(c.count % d == 0 for c in cluster.chips)]
+    out = divisors(math.gcd(total, *(c.count for c in cluster.chips)))
     if not out:
         raise InfeasibleError("no data-parallel size divides both the global batch "
                               f"({total} micro-batches) and every chip count")

@@ -1,45 +1,16 @@
-"""Search correctness against brute-force enumeration of the whole space (small synthetic clusters)."""
+"""Search correctness against the exact reference search over the whole space (small synthetic clusters)."""
 from __future__ import annotations
-
-import itertools
-import math
 
 import pytest
 
-from heteropp.auto.costs import StageSpec, micro_batches
+from heteropp.auto.costs import micro_batches
 from heteropp.auto.h2 import search_h2
+from heteropp.auto.reference import reference_search
 from heteropp.auto.search import search_auto
-from heteropp.auto.space import dp_candidates, stage_tp_choices
+from heteropp.auto.space import dp_candidates
 from heteropp.spec import InfeasibleError
 
 from heteroauto_helpers import chip, make_problem
-
-
-def compositions(n: int, k: int):
-    for cuts in itertools.combinations(range(1, n), k - 1):
-        b = (0,) + cuts + (n,)
-        yield [b[i + 1] - b[i] for i in range(k)]
-
-
-def brute_force(cm, group_size: int) -> float:
-    """Enumerate dp, chip-type order, per-group TP, every layer split and every per-stage recompute flag."""
-    best = math.inf
-    L = cm.model.layers
-    for dp in dp_candidates(cm.cluster, cm.train):
-        b = micro_batches(cm.train, dp)
-        per_type = {c.name: stage_tp_choices(c, dp, group_size) for c in cm.cluster.chips}
-        for order in itertools.permutations([c.name for c in cm.cluster.chips]):
-            for combo in itertools.product(*(per_type[n] for n in order)):
-                seq = [(n, t) for n, ts in zip(order, combo) for t in ts]
-                if len(seq) > L:
-                    continue
-                for ls in compositions(L, len(seq)):
-                    for rs in itertools.product((False, True), repeat=len(seq)):
-                        st = [StageSpec(c, t, l, r) for (c, t), l, r in zip(seq, ls, rs)]
-                        e = cm.evaluate(st, dp, b)
-                        if e.feasible:
-                            best = min(best, e.iteration_time_s)
-    return best
 
 
 CASES = {
@@ -58,7 +29,7 @@ def test_auto_equals_brute_force_optimum(name):
     """The auto search finds exactly the brute-force optimum of the cost model (group size 2 so that
     TP may differ between the two groups of one type)."""
     cm = make_problem(**CASES[name])
-    want = brute_force(cm, group_size=2)
+    want = reference_search(cm, group_size=2)
     got = search_auto(cm, group_size=2, rerank=False)
     assert got.best.time_s == pytest.approx(want, rel=1e-9)
     b = micro_batches(cm.train, got.best.dp)
@@ -125,3 +96,21 @@ def test_integral_level_is_least_level_where_whole_layers_fit():
         levels = sorted(a[r, k] * l for k in range(3) for l in range(1, 40))
         want = next((z for z in levels if held(z) >= L), np.inf)
         assert got[r] == pytest.approx(want)
+
+
+def test_dp_candidates_are_the_common_divisors_also_for_huge_counts():
+    """Against a loop over every size on small counts; for 1e12 chips against the divisors of
+    gcd = 5e11 = 2^11 * 5^12 written out (the loop over every size would run 5e11 times)."""
+    import random
+    from dataclasses import replace
+    rng = random.Random(5)
+    for _ in range(50):
+        counts = [rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 96]) for _ in range(rng.randint(1, 3))]
+        gb = rng.choice([1, 6, 8, 24, 64, 96])
+        cm = make_problem([chip(f"T{i}", n, 40.0) for i, n in enumerate(counts)],
+                          {f"T{i}": 1.0 for i in range(len(counts))}, layers=8, gb=gb)
+        want = [d for d in range(1, min(counts) + 1) if gb % d == 0 and all(n % d == 0 for n in counts)]
+        assert dp_candidates(cm.cluster, cm.train) == want
+    cm = make_problem([chip("X", 10**12, 40.0), chip("Y", 5 * 10**11, 40.0)], {"X": 1.0, "Y": 1.0}, layers=8, gb=8)
+    want = sorted(2**a * 5**b for a in range(12) for b in range(13))
+    assert dp_candidates(cm.cluster, replace(cm.train, global_batch=10**12)) == want

@@ -7,12 +7,12 @@ import random
 import pytest
 
 from heteropp.auto.h2 import search_h2
+from heteropp.auto.reference import reference_search
 from heteropp.auto.plan_sim import simulate_stages
 from heteropp.auto.search import search_auto
 from heteropp.spec import InfeasibleError
 
 from heteroauto_helpers import chip, make_problem
-from test_heteroauto_search import brute_force
 
 
 def random_case(seed: int) -> dict:
@@ -48,7 +48,7 @@ def test_auto_is_brute_force_optimum_on_random_cases(seed):
     case = random_case(100 + seed)
     case["layers"] = min(case["layers"], 6)
     cm = make_problem(**case)
-    want = brute_force(cm, group_size=2)
+    want = reference_search(cm, group_size=2)
     if want == float("inf"):
         with pytest.raises(InfeasibleError):
             search_auto(cm, group_size=2)

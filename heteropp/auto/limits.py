@@ -1,0 +1,77 @@
+"""How far `--algo auto` may search, and what it reports when a limit cut the space.
+
+Up to these limits the search is exact (the cost model's optimum). Beyond them it is an anytime search over
+a restricted space: the orders of chip types next to the memory-descending one, the first per-type TP
+choices (whole types before groups), groups no smaller than count / max_groups, and a time budget on the
+best-first phase. A bounded result says which limits applied and gives a lower bound on every plan of the
+full space (`relaxed_bound`), so the gap to the optimum is known.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from .costs import CostModel, micro_batches
+from .space import tp_counts, tp_sizes
+
+
+@dataclass(frozen=True)
+class Limits:
+    time_budget_s: float = 3.0  # the best-first phase stops after this many seconds
+    max_orders: int = 24  # every order of up to 4 chip types
+    max_rows: int = 60_000  # combinations of per-type TP choices, over all dps together (Exp-B: 39,235)
+    max_groups: int = 16  # groups per chip type in the two-stage refinement
+
+
+def type_orders(memory: list[float], limit: int) -> tuple[list[tuple[int, ...]], bool]:
+    """Every order of the chip types when there are at most `limit`, else (bounded) the memory-descending
+    order of `memory` first, then the orders one adjacent swap, then two, away from it."""
+    n = len(memory)
+    if math.factorial(n) <= limit:
+        return list(itertools.permutations(range(n))), False
+    base = tuple(sorted(range(n), key=lambda i: -memory[i]))
+    seen, frontier = {base: None}, [base]
+    while frontier and len(seen) < limit:
+        nxt = []
+        for o in frontier:
+            for j in range(n - 1):
+                s = o[:j] + (o[j + 1], o[j]) + o[j + 2:]
+                if s not in seen and len(seen) < limit:
+                    seen[s] = None
+                    nxt.append(s)
+        frontier = nxt
+    return list(seen), True
+
+
+def trim_choices(choices: list[list], budget: int) -> bool:
+    """Cut the longest per-type choice lists (in place, keeping their first entries: whole types before
+    groups) until their product fits `budget`; True when anything was cut."""
+    cut = False
+    while math.prod(max(len(c), 1) for c in choices) > max(budget, 1):
+        i = max(range(len(choices)), key=lambda j: len(choices[j]))
+        if len(choices[i]) <= 1:
+            break
+        del choices[i][max(1, len(choices[i]) // 2):]
+        cut = True
+    return cut
+
+
+def relaxed_bound(cm: CostModel, dps: list[int]) -> float:
+    """A lower bound on the iteration time of every plan, from the cost model's F >= max_k (b c_k - beta_k)
+    + sum_k beta_k at the best dp, every type at its best TP size, with no memory limit, update or links:
+    the bottleneck term is at least l_k a_k (a_k = b tau_k - beta_k per layer), so with sum l_k = L at
+    least L / sum_k (1 / a_k) (a type at tp t has at most min(L, chips / (dp t)) stages), and the fill
+    sum_k beta_k is at least L times the least per-layer fill share."""
+    best = math.inf
+    counts, L = tp_counts(cm.model), cm.model.layers
+    for dp in dps:
+        b, rate, fill = micro_batches(cm.train, dp), 0.0, math.inf
+        for c in cm.cluster.chips:
+            per = c.count // dp
+            kinds = [(min(per // t, L), cm.coef(c.name, t, False, dp)) for t in tp_sizes(c, *counts) if per >= t]
+            rate += max((s / max(b * k.tau - k.beta, 1e-300) for s, k in kinds), default=0.0)
+            fill = min([fill] + [k.beta for _, k in kinds])
+        if rate > 0:
+            best = min(best, L / rate + L * fill)
+    return best

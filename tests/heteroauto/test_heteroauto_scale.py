@@ -1,0 +1,83 @@
+"""The search at scale: beyond its limits it is bounded (a best plan, the limits that applied and a lower
+bound on every plan), checked against the exact reference search on random small instances where the
+limits are set small enough to apply; large clusters and chip counts of 1e12 finish."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import yaml
+
+from heteropp.auto.cli import main
+from heteropp.auto.limits import Limits
+from heteropp.auto.reference import reference_search
+from heteropp.auto.search import search_auto
+
+from heteroauto_helpers import chip, make_problem
+
+
+def random_three_types(seed: int):
+    rng = random.Random(seed)
+    names = ["X", "Y", "Z"]
+    chips = [chip(n, 2, rng.choice([6.0, 9.0, 14.0, 30.0]), tp_max=rng.choice([1, 2])) for n in names]
+    return make_problem(chips, {n: rng.choice([0.5, 0.8, 1.0, 1.5]) for n in names}, layers=rng.choice([5, 6]),
+                        gb=rng.choice([2, 4]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounded_search_brackets_the_exact_optimum(seed):
+    cm = random_three_types(seed)
+    want = reference_search(cm, group_size=2)
+    if want == float("inf"):
+        pytest.skip("no plan fits this instance")
+    exact = search_auto(cm, group_size=2, rerank=False)
+    assert not exact.bounded and exact.lower_bound_s is None
+    assert exact.best.time_s == pytest.approx(want, rel=1e-9)
+    small = search_auto(cm, group_size=2, rerank=False, limits=Limits(max_orders=2, max_rows=1))
+    assert any("orders" in b for b in small.bounded) and any("TP choices" in b for b in small.bounded)
+    assert small.best.time_s >= want * (1 - 1e-9)
+    assert 0 < small.lower_bound_s <= want * (1 + 1e-9)
+
+
+def test_a_zero_time_budget_returns_the_first_plan_and_a_valid_bound():
+    cm = random_three_types(1)
+    want = reference_search(cm, group_size=2)
+    r = search_auto(cm, group_size=2, rerank=False, limits=Limits(time_budget_s=0.0))
+    assert any("time budget" in b for b in r.bounded)
+    assert r.best.time_s >= want * (1 - 1e-9) and r.lower_bound_s <= want * (1 + 1e-9)
+
+
+TYPES = [(96, 234, 16), (64, 234, 8), (32, 78, 16), (32, 546, 8), (80, 312, 8), (48, 150, 8), (24, 120, 8),
+         (141, 990, 8)]
+
+
+def _cluster(tmp_path, counts: list[int]) -> str:
+    chips = [{"name": chr(65 + i), "count": n, "memory_gb": m, "peak_tflops": t, "chips_per_node": c, "tp_max": 8,
+              "intra_node_bw": 200, "network_bw": 10} for i, (n, (m, t, c)) in enumerate(zip(counts, TYPES))]
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"name": "scale", "chips": chips}))
+    return str(p)
+
+
+def test_1024_chips_of_8_types_give_a_bounded_plan(tmp_path, capsys):
+    from pathlib import Path
+    train = Path(__file__).resolve().parents[2] / "examples" / "training" / "gbs-2m.yaml"
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--cluster", _cluster(tmp_path, [128] * 8), "--model", "h2-100b", "--train", str(train),
+                 "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "search space bounded" in captured.err and "no plan is faster than" in captured.out
+    plan = json.loads(out.read_text())
+    s = plan["extra"]["search"]
+    assert s["exact"] is False and s["bounded_by"]
+    assert 0 < s["lower_bound_s"] <= plan["iteration_time_s"]
+    assert sum(plan["chips_used"].values()) == 1024
+
+
+def test_chip_counts_of_1e12_finish_with_the_reason(tmp_path, capsys):
+    from pathlib import Path
+    train = Path(__file__).resolve().parents[2] / "examples" / "training" / "gbs-2m.yaml"
+    assert main(["plan", "--cluster", _cluster(tmp_path, [10**12, 10**12]), "--model", "h2-100b",
+                 "--train", str(train), "--no-progress"]) == 2
+    assert "more than the 96 layers" in capsys.readouterr().err
