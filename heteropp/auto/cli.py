@@ -31,7 +31,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .planning import load_problem, run_search, to_plan
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     t0 = time.perf_counter()
-    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None, Limits(time_budget_s=a.time_budget))
+    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None, Limits(time_budget_s=a.time_budget),
+                     a.idle)
     dt = time.perf_counter() - t0
     plan = to_plan(pb, res.best, dt, a.algo, res)
     print(table(plan))
@@ -120,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--time-budget", type=_positive_seconds, default=3.0,
                    help="seconds the best-first search may take before it returns its best plan and a bound")
+    p.add_argument("--idle", choices=("auto", "never", "always"), default="auto",
+                   help="plans that leave chips idle: only when no plan uses every chip (auto), never, or also")
     p.set_defaults(fn=cmd_plan)
     s = sub.add_parser("simulate", help="discrete-event simulation of a plan")
     s.add_argument("plan")

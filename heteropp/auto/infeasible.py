@@ -17,8 +17,9 @@ def _type_options(cm: CostModel, dp: int) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-def explain_infeasible(cm: CostModel) -> str:
-    """The reason, with the numbers behind it, that no plan fits (dp_candidates raises its own)."""
+def explain_infeasible(cm: CostModel, idle: bool = False) -> str:
+    """The reason, with the numbers behind it, that no plan fits (dp_candidates raises its own); with
+    `idle` (chips may stay idle) the stage count is no cause."""
     L, name = cm.model.layers, cm.model.name
     head = f"no plan fits the {L}-layer model {name!r} on cluster {cm.cluster.name!r}: "
     usable = "; ".join(f"{c.name}: {c.memory_gb:g} GB x {c.memory_fraction:g} usable" for c in cm.cluster.chips)
@@ -30,7 +31,7 @@ def explain_infeasible(cm: CostModel) -> str:
         return head + (f"at dp={dp} the {unsplit[dp][0]!r} chips split into no whole stages of any TP size the "
                        f"model allows (the TP rule: heads, kv_heads, ffn and vocab)")
     fewest = {dp: sum(min(s for _, s in o) for o in opts.values()) for dp, opts in options.items() if not unsplit[dp]}
-    if min(fewest.values()) > L:
+    if min(fewest.values()) > L and not idle:
         dp = min(fewest, key=fewest.get)
         return head + (f"every chip serves in a stage and every stage holds at least one layer, but the fewest "
                        f"stages any data-parallel size allows is {fewest[dp]} (dp={dp}, each type at its largest "

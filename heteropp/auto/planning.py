@@ -28,13 +28,13 @@ def load_problem(cluster: str, model: str, train: str, profile: str | None = Non
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
-               limits: Limits = Limits()) -> SearchResult:
+               limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         return search_h2(pb.cm, group_size, progress=progress)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
-    return search_auto(pb.cm, group_size, progress=progress, limits=limits)
+    return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle)
 
 
 def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str,

@@ -111,9 +111,11 @@ RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
-                progress: Progress | None = None, limits: Limits = Limits()) -> SearchResult:
+                progress: Progress | None = None, limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
+    `idle`: "auto" searches plans that leave chips idle (idle.py) only when no plan uses every chip,
+    "always" also when one does (the better plan wins), "never" not at all.
 
     Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
     re-rank margin is kept on the heap, and a second phase collects it only when the optimum is cheap
@@ -147,7 +149,13 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         if keep.any():
             spaces.append((space, lb[keep], idx[keep]))
     if not spaces:
-        raise InfeasibleError(explain_infeasible(cm))
+        if idle == "never":
+            raise InfeasibleError(explain_infeasible(cm))
+        from .idle import search_idle  # no plan uses every chip: plans that leave some idle
+        try:
+            return search_idle(cm, limits, progress, runners_up)
+        except InfeasibleError:
+            raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
     tick = itertools.count()
     heap: list = []
     done: set = set()
@@ -250,6 +258,11 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
+    if idle == "always":
+        from .idle import search_idle
+        other = search_idle(cm, limits, progress, runners_up)
+        if other.best.time_s < items[0].time_s:
+            return other
     low = None
     if bounded:
         low = relaxed_bound(cm, dps)

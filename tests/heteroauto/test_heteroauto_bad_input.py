@@ -86,12 +86,12 @@ def test_simulate_a_plan_the_cluster_cannot_hold_or_that_is_malformed(tmp_path, 
 
 
 def test_infeasible_names_too_many_stages_not_memory(tmp_path, capsys):
-    """16 single-chip nodes with ample memory and one micro-batch: every chip must serve in a stage and the
-    tiny model has 8 layers, so stages, not memory, rule every plan out."""
+    """16 single-chip nodes with ample memory and one micro-batch: with no chip left idle every chip must
+    serve in a stage and the tiny model has 8 layers, so stages, not memory, rule every plan out."""
     path = _cluster(tmp_path, [CHIP.replace("chips_per_node: 2", "chips_per_node: 1") % ("A", 16, 1)])
     train = tmp_path / "t.yaml"
     train.write_text("global_batch: 1\nmicro_batch_size: 1\ndtype: fp32\n")
-    err = _fails(["plan", "--cluster", path, "--model", "tiny", "--train", str(train), "--no-progress"], capsys,
+    err = _fails(["plan", "--cluster", path, "--model", "tiny", "--train", str(train), "--no-progress", "--idle", "never"], capsys,
                  "fewest stages any data-parallel size allows is 16", "more than the 8 layers")
     assert "memory" not in err
 

@@ -75,9 +75,36 @@ def test_1024_chips_of_8_types_give_a_bounded_plan(tmp_path, capsys):
     assert sum(plan["chips_used"].values()) == 1024
 
 
-def test_chip_counts_of_1e12_finish_with_the_reason(tmp_path, capsys):
+def test_chip_counts_of_1e12_give_a_plan_that_leaves_chips_idle(tmp_path, capsys):
+    """No dp lets 2e12 chips serve in 96-layer pipelines; the plan uses some and says it was bounded."""
     from pathlib import Path
     train = Path(__file__).resolve().parents[2] / "examples" / "training" / "gbs-2m.yaml"
+    out = tmp_path / "plan.json"
     assert main(["plan", "--cluster", _cluster(tmp_path, [10**12, 10**12]), "--model", "h2-100b",
-                 "--train", str(train), "--no-progress"]) == 2
-    assert "more than the 96 layers" in capsys.readouterr().err
+                 "--train", str(train), "--no-progress", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert 0 < sum(plan["chips_used"].values()) < 2 * 10**12
+    assert any("idle" in b for b in plan["extra"]["search"]["bounded_by"])
+    assert 0 < plan["extra"]["search"]["lower_bound_s"] <= plan["iteration_time_s"]
+
+
+def test_idle_plans_never_beat_the_relaxed_bound_and_use_at_most_the_chips():
+    """Random small clusters with more chips than layers allow: the idle-chip search's plan is feasible
+    under the cost model, fits the cluster, and its lower bound is below the exact reference optimum of
+    every-chip plans where one exists."""
+    from heteropp.auto.costs import micro_batches
+    from heteropp.auto.idle import search_idle
+    rng = random.Random(3)
+    for _ in range(8):
+        chips = [chip(n, rng.choice([2, 4, 8]), rng.choice([9.0, 14.0, 30.0]), tp_max=rng.choice([1, 2]))
+                 for n in ("X", "Y")]
+        cm = make_problem(chips, {"X": rng.choice([0.5, 1.0]), "Y": rng.choice([0.7, 1.5])}, layers=3,
+                          gb=rng.choice([1, 2, 4]))
+        r = search_idle(cm)
+        e = cm.evaluate(r.best.stages, r.best.dp, micro_batches(cm.train, r.best.dp))
+        assert e.feasible and e.iteration_time_s == pytest.approx(r.best.time_s, rel=1e-9)
+        for c in cm.cluster.chips:
+            assert sum(s.tp * r.best.dp for s in r.best.stages if s.chip == c.name) <= c.count
+        assert r.lower_bound_s <= r.best.time_s * (1 + 1e-9)
+        want = reference_search(cm, group_size=2)
+        assert r.lower_bound_s <= want * (1 + 1e-9)

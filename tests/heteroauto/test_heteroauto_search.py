@@ -78,7 +78,7 @@ def test_impossible_inputs_say_why():
         search_h2(cm)
     cm = make_problem([chip("X", 8, 40.0, tp_max=1), chip("Y", 8, 40.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=3, gb=1)
     with pytest.raises(InfeasibleError, match="no plan fits"):  # dp=1, tp=1: 16 stages for 3 layers
-        search_auto(cm)
+        search_auto(cm, idle="never")
 
 
 def test_integral_level_is_least_level_where_whole_layers_fit():
