@@ -7,6 +7,10 @@ uniform-1F1B ablation baseline's simulated time relative to auto's (H2 Table 9: 
 reproduces Table 6's TGS (bisection; never tuned on the heterogeneous results).
 
     python -m bench.heteroauto_search --json docs/heteroauto-bench.json [--calibrate] [--exp Exp-A-1 ...]
+    python -m bench.heteroauto_search --scale [--repeats 3] [--json scale.json]
+
+`--scale` times `heteroauto plan` (the CLI's search, default time budget) on generated clusters of 1,024
+to 2e12 chips, each run in a fresh process (search time and the process's peak resident memory).
 """
 from __future__ import annotations
 
@@ -35,6 +39,61 @@ EXPERIMENTS = {  # id: (cluster, model, training)
     "Exp-C-1": ("exp-c", "h2-100b", "gbs-4m"), "Exp-C-2": ("exp-c", "h2-100b", "gbs-8m"),
     "Exp-D": ("exp-d", "h2-100b", "gbs-8m"), "HARP": ("harp", str(EX / "models" / "gpt-harp.yaml"), "harp"),
 }
+
+
+# Chip types of the generated clusters: memory GB, peak TFLOPS, chips per node (TP_MAX 8, 200 GB/s inside a
+# node, 10 GB/s between nodes): the paper's A-D and four more of other generations.
+SCALE_TYPES = [(96, 234, 16), (64, 234, 8), (32, 78, 16), (32, 546, 8), (80, 312, 8), (48, 150, 8), (24, 120, 8),
+               (141, 990, 8)]
+SCALE = {"1,024 x 8": [128] * 8, "4,096 x 3": [1366, 1365, 1365], "10,240 x 6": [1707] + [1706] * 5,
+         "30,720 x 2": [15360] * 2, "100,000 x 8": [12500] * 8, "2e12 x 2": [10**12] * 2}
+
+
+def scale_cluster(counts: list[int]) -> dict:
+    """A cluster spec (as a mapping) with len(counts) of SCALE_TYPES."""
+    return {"name": f"scale-{sum(counts)}x{len(counts)}",
+            "chips": [{"name": chr(65 + i), "count": n, "memory_gb": m, "peak_tflops": t, "chips_per_node": c,
+                       "tp_max": 8, "intra_node_bw": 200, "network_bw": 10}
+                      for i, (n, (m, t, c)) in enumerate(zip(counts, SCALE_TYPES))]}
+
+
+_SCALE_CHILD = """
+import json, resource, sys, time
+from heteropp.auto.limits import Limits
+from heteropp.auto.planning import load_problem, run_search
+pb = load_problem(sys.argv[1], "h2-100b", sys.argv[2])
+t0 = time.perf_counter()
+res = run_search(pb, "auto", limits=Limits())
+dt = time.perf_counter() - t0
+print(json.dumps({"search_s": dt, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "iteration_s": res.best.time_s, "lower_bound_s": res.lower_bound_s, "bounded": res.bounded,
+                  "dp": res.best.dp, "stages": len(res.best.stages),
+                  "chips_used": sum(s.tp for s in res.best.stages) * res.best.dp}))
+"""
+
+
+def run_scale(repeats: int) -> list[dict]:
+    """Each instance `repeats` times in a fresh process: median search time, largest peak memory."""
+    import subprocess
+    import sys
+    import tempfile
+    rows = []
+    train = str(EX / "training" / "gbs-2m.yaml")
+    print(f"{'cluster':>12} | {'search s':>8} {'peak MiB':>8} | {'plan s':>8} {'bound s':>8} | {'dp':>4} "
+          f"{'stages':>6} {'chips used':>14} | bounded by")
+    for label, counts in SCALE.items():
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(scale_cluster(counts), f)
+        runs = [json.loads(subprocess.run([sys.executable, "-c", _SCALE_CHILD, f.name, train], check=True,
+                                          capture_output=True, text=True).stdout) for _ in range(repeats)]
+        Path(f.name).unlink()
+        r = {**runs[-1], "cluster": label, "chips": sum(counts), "search_s": statistics.median(x["search_s"] for x in runs),
+             "peak_rss_mib": max(x["peak_rss_mib"] for x in runs)}
+        rows.append(r)
+        bound = "-" if r["lower_bound_s"] is None else f"{r['lower_bound_s']:.3f}"
+        print(f"{label:>12} | {r['search_s']:>8.3f} {r['peak_rss_mib']:>8.0f} | {r['iteration_s']:>8.3f} {bound:>8} | "
+              f"{r['dp']:>4} {r['stages']:>6} {r['chips_used']:>14,} | {'; '.join(r['bounded']) or 'exact'}", flush=True)
+    return rows
 
 
 def problem(cluster: str, model: str, train: str, eff: dict[str, float] | None) -> CostModel:
@@ -104,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--scale", action="store_true", help="the scale table instead of the paper experiments")
     a = ap.parse_args(argv)
+    if a.scale:
+        rows = run_scale(a.repeats)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"scale": rows}, indent=2) + "\n")
+        return 0
     eff = calibrate() if a.calibrate else None
     rows = []
     print(f"{'exp':>8} | {'h2 search':>9} {'auto search':>11} {'paper':>6} | {'h2 sim s':>9} {'auto sim s':>10} | "

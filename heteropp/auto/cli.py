@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=_positive_seconds, default=3.0,
                    help="seconds the best-first search may take before it returns its best plan and a bound")
     p.add_argument("--idle", choices=("auto", "never", "always"), default="auto",
-                   help="plans that leave chips idle: only when no plan uses every chip (auto), never, or also")
+                   help="plans that leave chips idle: when no plan uses every chip or the search was bounded (auto), never, or also")
     p.set_defaults(fn=cmd_plan)
     s = sub.add_parser("simulate", help="discrete-event simulation of a plan")
     s.add_argument("plan")

@@ -19,7 +19,7 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -114,7 +114,8 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
                 progress: Progress | None = None, limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
-    `idle`: "auto" searches plans that leave chips idle (idle.py) only when no plan uses every chip,
+    `idle`: "auto" searches plans that leave chips idle (idle.py) when no plan uses every chip or the
+    search was bounded,
     "always" also when one does (the better plan wins), "never" not at all.
 
     Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
@@ -258,10 +259,17 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
-    if idle == "always":
+    if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         from .idle import search_idle
-        other = search_idle(cm, limits, progress, runners_up)
-        if other.best.time_s < items[0].time_s:
+        left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
+        try:
+            other = search_idle(cm, replace(limits, time_budget_s=left), progress, runners_up)
+        except InfeasibleError:
+            other = None
+        if other is not None and other.best.time_s < items[0].time_s:
+            other.bounded = bounded + other.bounded
+            other.lower_bound_s = min(other.lower_bound_s, relaxed_bound(cm, dps))
+            other.search_time_s = time.perf_counter() - t0
             return other
     low = None
     if bounded:

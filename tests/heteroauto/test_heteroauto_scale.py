@@ -9,6 +9,7 @@ import random
 import pytest
 import yaml
 
+from bench.heteroauto_search import scale_cluster
 from heteropp.auto.cli import main
 from heteropp.auto.limits import Limits
 from heteropp.auto.reference import reference_search
@@ -34,7 +35,7 @@ def test_bounded_search_brackets_the_exact_optimum(seed):
     exact = search_auto(cm, group_size=2, rerank=False)
     assert not exact.bounded and exact.lower_bound_s is None
     assert exact.best.time_s == pytest.approx(want, rel=1e-9)
-    small = search_auto(cm, group_size=2, rerank=False, limits=Limits(max_orders=2, max_rows=1))
+    small = search_auto(cm, group_size=2, rerank=False, limits=Limits(max_orders=2, max_rows=1), idle="never")
     assert any("orders" in b for b in small.bounded) and any("TP choices" in b for b in small.bounded)
     assert small.best.time_s >= want * (1 - 1e-9)
     assert 0 < small.lower_bound_s <= want * (1 + 1e-9)
@@ -43,20 +44,14 @@ def test_bounded_search_brackets_the_exact_optimum(seed):
 def test_a_zero_time_budget_returns_the_first_plan_and_a_valid_bound():
     cm = random_three_types(1)
     want = reference_search(cm, group_size=2)
-    r = search_auto(cm, group_size=2, rerank=False, limits=Limits(time_budget_s=0.0))
+    r = search_auto(cm, group_size=2, rerank=False, limits=Limits(time_budget_s=0.0), idle="never")
     assert any("time budget" in b for b in r.bounded)
     assert r.best.time_s >= want * (1 - 1e-9) and r.lower_bound_s <= want * (1 + 1e-9)
 
 
-TYPES = [(96, 234, 16), (64, 234, 8), (32, 78, 16), (32, 546, 8), (80, 312, 8), (48, 150, 8), (24, 120, 8),
-         (141, 990, 8)]
-
-
 def _cluster(tmp_path, counts: list[int]) -> str:
-    chips = [{"name": chr(65 + i), "count": n, "memory_gb": m, "peak_tflops": t, "chips_per_node": c, "tp_max": 8,
-              "intra_node_bw": 200, "network_bw": 10} for i, (n, (m, t, c)) in enumerate(zip(counts, TYPES))]
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump({"name": "scale", "chips": chips}))
+    p.write_text(yaml.safe_dump(scale_cluster(counts)))
     return str(p)
 
 
@@ -72,7 +67,7 @@ def test_1024_chips_of_8_types_give_a_bounded_plan(tmp_path, capsys):
     s = plan["extra"]["search"]
     assert s["exact"] is False and s["bounded_by"]
     assert 0 < s["lower_bound_s"] <= plan["iteration_time_s"]
-    assert sum(plan["chips_used"].values()) == 1024
+    assert 0 < sum(plan["chips_used"].values()) <= 1024
 
 
 def test_chip_counts_of_1e12_give_a_plan_that_leaves_chips_idle(tmp_path, capsys):
