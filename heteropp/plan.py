@@ -1,10 +1,15 @@
 """The one plan schema, shared by HeteroAuto (which writes it) and the HeteroPP engine (which runs it).
 
 A plan lists pipeline stages in order. Each stage is a group of same-type chips with its own tensor-parallel
-size, a contiguous range of decoder layers and a recompute flag; the data-parallel size is shared by all
-stages, so stage k uses `tp * dp` chips. Stage 0 also holds the embedding, the last stage the final norm and
-output head. Ranks are assigned stage by stage: stage k, dp replica d, tp rank t -> rank
-offset_k + d * tp_k + t.
+size, a contiguous range of decoder layers and a recompute flag. Data parallelism has two levels (HetAuto's
+d_k = d_outer * d_inner,k): `Plan.dp` independent pipelines, each taking its share of the micro-batches,
+and per stage `inner_dp` replicas inside one pipeline that split every micro-batch along the batch
+dimension (micro_batch_size / inner_dp sequences each). Stage k so has dp * inner_dp_k replicas of tp_k
+ranks; its gradients are reduced over those replicas. Chips of the cluster that no stage uses stay idle.
+Stage 0 also holds the embedding, the last stage the final norm and output head. Ranks are assigned stage
+by stage: stage k, replica r (= outer replica * inner_dp_k + inner replica), tp rank t -> offset_k + r * tp_k + t.
+
+Version 2 added `inner_dp`; a plan of another version is rejected with what to do about it.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from typing import Any, Mapping
 from .spec.errors import SpecError
 
 SCHEDULES = ("1f1b", "gpipe", "zbh1")
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
 def tp_split_error(tp: int, heads: int | None = None, kv_heads: int | None = None, ffn: int | None = None,
@@ -51,6 +56,7 @@ class StagePlan:
     first_layer: int = -1  # filled by Plan.__post_init__ when omitted
     est_time_s: float | None = None  # per-micro-batch forward+backward(+recompute) time
     est_memory_gb: float | None = None  # peak memory per chip
+    inner_dp: int = 1  # replicas inside one pipeline, each taking micro_batch_size / inner_dp sequences
 
     @property
     def layer_range(self) -> range:
@@ -81,9 +87,16 @@ class Plan:
                 s.first_layer = first
             first = s.first_layer + s.layers
 
+    def stage_dp(self, k: int) -> int:
+        """Replicas of stage k: the pipelines times the stage's inner replicas."""
+        return self.dp * self.stages[k].inner_dp
+
+    def stage_ranks(self, k: int) -> int:
+        return self.stages[k].tp * self.stage_dp(k)
+
     @property
     def world_size(self) -> int:
-        return sum(s.tp for s in self.stages) * self.dp
+        return sum(self.stage_ranks(k) for k in range(len(self.stages)))
 
     @property
     def global_batch(self) -> int:
@@ -91,15 +104,15 @@ class Plan:
 
     def chips_used(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for s in self.stages:
-            out[s.chip] = out.get(s.chip, 0) + s.tp * self.dp
+        for k, s in enumerate(self.stages):
+            out[s.chip] = out.get(s.chip, 0) + self.stage_ranks(k)
         return out
 
     def rank_offsets(self) -> list[int]:
         offs, r = [], 0
-        for s in self.stages:
+        for k in range(len(self.stages)):
             offs.append(r)
-            r += s.tp * self.dp
+            r += self.stage_ranks(k)
         return offs
 
     def validate(self, source: str = "<plan>", *, num_layers: int | None = None, heads: int | None = None,
@@ -113,6 +126,11 @@ class Plan:
         for name, v in (("dp", self.dp), ("micro_batch_size", self.micro_batch_size), ("micro_batches", self.micro_batches)):
             if not _is_int(v) or v < 1:
                 raise SpecError(source, name, f"got {v!r}", "an integer >= 1")
+        if self.version != PLAN_VERSION:
+            raise SpecError(source, "version", f"got {self.version!r}",
+                            f"{PLAN_VERSION}: plans of version 1 predate per-stage data parallelism; write them "
+                            f"again with `heteroauto plan`, or set version {PLAN_VERSION} (every stage then has "
+                            "inner_dp 1, the old meaning)")
         if self.schedule not in SCHEDULES:
             raise SpecError(source, "schedule", f"got {self.schedule!r}", "one of " + ", ".join(SCHEDULES))
         expect = 0
@@ -124,6 +142,9 @@ class Plan:
                 raise SpecError(source, f"{p}.tp", f"got {s.tp!r}", "a power of two >= 1")
             if not _is_int(s.layers) or s.layers < 1:
                 raise SpecError(source, f"{p}.layers", f"got {s.layers!r}", "an integer >= 1")
+            if not _is_int(s.inner_dp) or s.inner_dp < 1 or self.micro_batch_size % s.inner_dp:
+                raise SpecError(source, f"{p}.inner_dp", f"got {s.inner_dp!r}",
+                                f"an integer >= 1 dividing micro_batch_size={self.micro_batch_size}")
             if not isinstance(s.recompute, bool):
                 raise SpecError(source, f"{p}.recompute", f"got {s.recompute!r}", "true or false")
             if not _is_int(s.first_layer) or s.first_layer != expect:
@@ -135,7 +156,8 @@ class Plan:
         if total is not None and expect != total:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")
         if world_size is not None and self.world_size != world_size:
-            raise SpecError(source, "stages[*].tp * dp", f"plan needs {self.world_size} ranks", f"the world size {world_size}")
+            raise SpecError(source, "stages[*].tp * dp * inner_dp", f"plan needs {self.world_size} ranks",
+                            f"the world size {world_size}")
         if available is not None:
             self._check_chips(source, available)
         return self
@@ -147,7 +169,7 @@ class Plan:
                                 "one of " + ", ".join(available))
         for chip, n in self.chips_used().items():
             if n > available[chip]:
-                raise SpecError(source, "stages[*].tp * dp", f"plan uses {n} chips of type {chip!r}",
+                raise SpecError(source, "stages[*].tp * dp * inner_dp", f"plan uses {n} chips of type {chip!r}",
                                 f"at most the cluster's {available[chip]}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class StageSpec:
     tp: int
     layers: int
     recompute: bool
+    inner_dp: int = 1  # replicas splitting each micro-batch (plan.StagePlan.inner_dp); the search uses 1
 
 
 @dataclass

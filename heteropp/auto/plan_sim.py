@@ -10,24 +10,29 @@ from .simulator import SimResult, StageTimes, simulate
 
 
 def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[StageTimes], list[float]]:
+    """Per-stage times and bytes, and per-boundary transfer times. A stage with inner_dp = i computes 1/i of
+    every micro-batch (times and activations scaled by 1/i, linear in the rows) and reduces gradients over
+    dp * i replicas; its boundaries are priced as if its TP group were i times larger (the send/recv spread
+    over i times the NICs; the all-gather is over-counted: it runs in each TP group on 1/i of the rows)."""
     p = len(stages)
     out = []
     for k, s in enumerate(stages):
         pr = cm.profile.get(s.chip, s.tp)
-        c = cm.coef(s.chip, s.tp, s.recompute, dp)
-        fwd = s.layers * pr.fwd_s
-        bwd = s.layers * (pr.bwd_s + (pr.recompute_s if s.recompute else 0.0))
+        sdp, share = dp * s.inner_dp, 1.0 / s.inner_dp
+        c = cm.coef(s.chip, s.tp, s.recompute, sdp)
+        fwd = s.layers * pr.fwd_s * share
+        bwd = s.layers * (pr.bwd_s + (pr.recompute_s if s.recompute else 0.0)) * share
         upd = s.layers * c.upd
-        static, transient = s.layers * c.static, c.transient
+        static, transient = s.layers * c.static, c.transient * share
         for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
             if flag:
-                e = cm.end(s.chip, s.tp, dp, which)
+                e = cm.end(s.chip, s.tp, sdp, which)
                 # embedding/head work split 1:2 between forward and backward, none of it deferred
-                fwd, bwd, upd = fwd + e.time / 3, bwd + 2 * e.time / 3, upd + e.upd
-                static, transient = static + e.static, transient + e.transient
-        out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s, update=upd, static_bytes=static,
-                              act_bytes=s.layers * c.act, transient_bytes=transient))
-    es = [cm.boundary(stages[k].chip, stages[k].tp, stages[k + 1].chip, stages[k + 1].tp, dp) for k in range(p - 1)]
+                fwd, bwd, upd = fwd + e.time * share / 3, bwd + 2 * e.time * share / 3, upd + e.upd
+                static, transient = static + e.static, transient + e.transient * share
+        out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s * share, update=upd, static_bytes=static,
+                              act_bytes=s.layers * c.act * share, transient_bytes=transient))
+    es = [cm.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp, dp) for a, b in zip(stages, stages[1:])]
     return out, es
 
 
@@ -44,7 +49,7 @@ def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: st
 
 
 def plan_stages(plan: Plan) -> list[StageSpec]:
-    return [StageSpec(s.chip, s.tp, s.layers, s.recompute) for s in plan.stages]
+    return [StageSpec(s.chip, s.tp, s.layers, s.recompute, s.inner_dp) for s in plan.stages]
 
 
 def simulate_plan(cm: CostModel, plan: Plan, schedule: str | None = None, keep_timeline: bool = False) -> SimResult:

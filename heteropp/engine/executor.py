@@ -25,54 +25,73 @@ from ..plan import Plan
 from ..schedules import Action
 from .config import DEFAULT_RECV_WINDOW
 from .p2p import P2P, Pending
-from .reshard import Boundary
+from .reshard import BatchSplit, Boundary
 from .topology import Groups, rank_of
 
 
 class StageExecutor:
     def __init__(self, model: StageModel, plan: Plan, groups: Groups, p2p: P2P, act_shape: tuple[int, ...],
                  recv_window: int = DEFAULT_RECV_WINDOW) -> None:
+        """act_shape: one micro-batch's activation as this stage's inner replica holds it (its slice of the
+        micro-batch's sequences)."""
         if recv_window < 0:
             raise ValueError(f"recv_window must be >= 0 (receives posted ahead), got {recv_window}")
         self.model, self.plan, self.g, self.p2p = model, plan, groups, p2p
         self.recv_window = recv_window
-        self.k, self.d, self.t = groups.coord.stage, groups.coord.replica, groups.coord.tp_rank
+        c = groups.coord
+        self.k, self.d, self.t, self.outer, self.inner = c.stage, c.replica, c.tp_rank, c.outer, c.inner
         self.n = len(plan.stages)
         self.shape = torch.Size(act_shape)
-        self.numel = self.shape.numel()
-        tps = [s.tp for s in plan.stages]
-        self.fwd_in = Boundary(tps[self.k - 1], tps[self.k]) if self.k > 0 else None
-        self.fwd_out = Boundary(tps[self.k], tps[self.k + 1]) if self.k < self.n - 1 else None
-        self.bwd_in = Boundary(tps[self.k + 1], tps[self.k]) if self.k < self.n - 1 else None
-        self.bwd_out = Boundary(tps[self.k], tps[self.k - 1]) if self.k > 0 else None
+        self.peer = {"F": self.k - 1, "B": self.k + 1}  # the stage a forward / backward receive comes from
+        self.to = {"F": self.k + 1, "B": self.k - 1}  # the stage a forward / backward send goes to
+
+    def _split(self, peer_stage: int) -> BatchSplit:
+        inner = [s.inner_dp for s in self.plan.stages]
+        return BatchSplit(self.plan.micro_batch_size, inner[self.k], inner[peer_stage])
+
+    def _peer_rank(self, stage: int, inner: int, tp_rank: int) -> int:
+        return rank_of(self.plan, stage, self.outer * self.plan.stages[stage].inner_dp + inner, tp_rank)
+
+    def _segment_shape(self, lo: int, hi: int) -> torch.Size:
+        return torch.Size((hi - lo, *self.shape[1:]))
 
     # -- communication -------------------------------------------------------------------------------
-    def _post(self, a: Action) -> Pending:
+    def _post(self, a: Action) -> list[tuple[Pending, torch.Size]]:
+        """Receives for every segment of rows this rank shares with a peer slice (one segment unless the
+        two stages split micro-batches differently)."""
         fwd = a.op == "RECV_F"
-        b = self.fwd_in if fwd else self.bwd_in
-        peer_stage = self.k - 1 if fwd else self.k + 1
-        sources = [(rank_of(self.plan, peer_stage, self.d, i), piece) for i, piece in b.incoming(self.t)]
-        return self.p2p.post_recv(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", sources,
-                                  b.piece_numel(self.numel), torch.float32, a.mb, backward=not fwd)
+        peer = self.peer["F" if fwd else "B"]
+        b = Boundary(self.plan.stages[peer].tp, self.plan.stages[self.k].tp)
+        out = []
+        for j, lo, hi in self._split(peer).segments(self.inner):
+            shape = self._segment_shape(lo, hi)
+            sources = [(self._peer_rank(peer, j, i), piece) for i, piece in b.incoming(self.t)]
+            out.append((self.p2p.post_recv(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", sources,
+                                           b.piece_numel(shape.numel()), torch.float32, a.mb, backward=not fwd), shape))
+        return out
 
-    def _receive(self, pend: Pending, b: Boundary) -> torch.Tensor:
-        mine = self.p2p.wait_recv(pend, self.g.device)
-        return b.assemble(mine, self.t, self.g.tp, self.shape)
+    def _receive(self, posted: list[tuple[Pending, torch.Size]], peer: int) -> torch.Tensor:
+        b = Boundary(self.plan.stages[peer].tp, self.plan.stages[self.k].tp)
+        segs = [b.assemble(self.p2p.wait_recv(pend, self.g.device), self.t, self.g.tp, shape) for pend, shape in posted]
+        return segs[0] if len(segs) == 1 else torch.cat(segs)
 
     def _send(self, t: torch.Tensor, a: Action) -> None:
         fwd = a.op == "SEND_F"
-        b = self.fwd_out if fwd else self.bwd_out
-        peer_stage = self.k + 1 if fwd else self.k - 1
-        pieces = b.split(t)
-        dests = [(rank_of(self.plan, peer_stage, self.d, j), pieces[piece]) for j, piece in b.outgoing(self.t)]
-        key = f"{'F' if fwd else 'B'}{min(self.k, peer_stage)}"  # boundary index, direction
-        self.p2p.send(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", dests, a.mb, not fwd, key)
+        peer = self.to["F" if fwd else "B"]
+        b = Boundary(self.plan.stages[self.k].tp, self.plan.stages[peer].tp)
+        split = self._split(peer)
+        first = split.span(self.inner, split.mine)[0]
+        key = f"{'F' if fwd else 'B'}{min(self.k, peer)}"  # boundary index, direction
+        for j, lo, hi in split.segments(self.inner):
+            pieces = b.split(t[lo - first:hi - first])
+            dests = [(self._peer_rank(peer, j, r), pieces[piece]) for r, piece in b.outgoing(self.t)]
+            self.p2p.send(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", dests, a.mb, not fwd, key)
 
     # -- one step -----------------------------------------------------------------------------------
     def run(self, actions: list[Action], inputs: list[torch.Tensor], targets: list[torch.Tensor],
             loss_scale: float) -> float:
         recvs = [a for a in actions if a.op in ("RECV_F", "RECV_B")]
-        posted: dict[tuple[str, int], Pending] = {}
+        posted: dict[tuple[str, int], list[tuple[Pending, torch.Size]]] = {}
         ahead = 0  # recvs[:ahead] have been posted
 
         def post_until(n: int) -> None:
@@ -98,9 +117,9 @@ class StageExecutor:
                 post_until(consumed + self.recv_window)  # this one, and the window beyond it
                 pend = posted.pop((a.op, m))
                 if a.op == "RECV_F":
-                    x_in[m] = self._receive(pend, self.fwd_in).requires_grad_()
+                    x_in[m] = self._receive(pend, self.peer["F"]).requires_grad_()
                 else:
-                    grad_out[m] = self._receive(pend, self.bwd_in)
+                    grad_out[m] = self._receive(pend, self.peer["B"])
             elif a.op == "F":
                 x = inputs[m].to(self.g.device) if self.k == 0 else x_in[m]
                 y = self.model(x)

@@ -1,4 +1,10 @@
-"""Activation resharding between consecutive stages with different TP sizes (the H2 paper's Figure 10).
+"""Activation resharding between consecutive stages with different TP sizes (the H2 paper's Figure 10)
+and different inner data parallelism (split along the batch dimension).
+
+Batch: a stage with inner_dp = a splits every micro-batch's rows into a equal slices, one per inner replica.
+Between stages with a and b slices, the rows a sender and a receiver share form one contiguous segment
+(`BatchSplit.segments`); each segment crosses once, resharded over the two TP groups as below, and a
+receiver concatenates its segments. Every byte of an activation or gradient is sent once.
 
 Every rank of a TP group holds the whole (replicated) activation. The activation is cut into
 L = lcm(t_send, t_recv) equal pieces; piece k goes from sender k % t_send to receiver k % t_recv, so every
@@ -61,3 +67,27 @@ class Boundary:
                 ordered[r + n * self.recv_tp] = piece
         numel = math.prod(shape)
         return torch.cat(ordered)[:numel].view(shape)
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """Rows of a micro-batch of `rows` sequences split into `mine` slices on this side and `peer` slices on the
+    other side of a boundary."""
+    rows: int
+    mine: int
+    peer: int
+
+    def span(self, i: int, parts: int) -> tuple[int, int]:
+        size = self.rows // parts
+        return i * size, (i + 1) * size
+
+    def segments(self, me: int) -> list[tuple[int, int, int]]:
+        """(peer slice, first row, end row) of every peer slice that shares rows with my slice `me`, in row
+        order; rows are global within the micro-batch."""
+        lo, hi = self.span(me, self.mine)
+        out = []
+        for j in range(self.peer):
+            plo, phi = self.span(j, self.peer)
+            if max(lo, plo) < min(hi, phi):
+                out.append((j, max(lo, plo), min(hi, phi)))
+        return out

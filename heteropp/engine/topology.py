@@ -1,8 +1,10 @@
 """Where a rank sits in the plan, which device and backend its chip type maps to, and its process groups.
 
-Ranks are assigned stage by stage (Plan.rank_offsets): stage k, replica d, TP rank t -> offset_k + d*tp_k + t.
-TP and DP groups live inside one stage and use the chip type's native backend (through ditorch); DP
-gradients are therefore only ever reduced among chips of one type.
+Ranks are assigned stage by stage (Plan.rank_offsets): stage k, replica r, TP rank t -> offset_k + r*tp_k + t,
+where r < dp * inner_dp_k counts the pipelines' and the stage's inner replicas together (r = outer replica
+* inner_dp_k + inner replica). TP and DP groups live inside one stage and use the chip type's native
+backend (through ditorch); DP gradients are therefore only ever reduced among chips of one type, over
+each stage's own replicas.
 """
 from __future__ import annotations
 
@@ -20,16 +22,27 @@ from ..model.parallel import TPGroup
 @dataclass(frozen=True)
 class Coord:
     stage: int
-    replica: int
+    replica: int  # within the stage: outer * inner_dp + inner
     tp_rank: int
+    inner_dp: int = 1  # the stage's inner replicas
+
+    @property
+    def outer(self) -> int:
+        """The pipeline (outer data-parallel replica) this rank serves."""
+        return self.replica // self.inner_dp
+
+    @property
+    def inner(self) -> int:
+        """Which slice of every micro-batch's sequences this rank takes."""
+        return self.replica % self.inner_dp
 
 
 def coord_of(plan: Plan, rank: int) -> Coord:
     offs = plan.rank_offsets()
     for k, s in enumerate(plan.stages):
-        if offs[k] <= rank < offs[k] + s.tp * plan.dp:
+        if offs[k] <= rank < offs[k] + plan.stage_ranks(k):
             d, t = divmod(rank - offs[k], s.tp)
-            return Coord(k, d, t)
+            return Coord(k, d, t, s.inner_dp)
     raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
 
 
@@ -52,7 +65,7 @@ def resolve_chip(chip: str, chip_map: dict[str, str]) -> Any:
 class Groups:
     coord: Coord
     tp: TPGroup
-    dp: Any  # process group of this rank's DP peers (same stage, same TP rank), None when dp == 1
+    dp: Any  # process group of this rank's DP peers (same stage, same TP rank), None when the stage has one replica
     device: torch.device
     p2p_cpu: bool  # stage tensors must be staged through host memory for the point-to-point backend
 
@@ -64,14 +77,14 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
     mine_tp = mine_dp = None
     for k, s in enumerate(plan.stages):
         backend = resolve_chip(s.chip, chip_map).backend
-        for d in range(plan.dp):
+        for d in range(plan.stage_dp(k)):
             ranks = [rank_of(plan, k, d, t) for t in range(s.tp)]
             g = dist.new_group(ranks, backend=backend, timeout=timeout) if s.tp > 1 else None
             if rank in ranks:
                 mine_tp = g
         for t in range(s.tp):
-            ranks = [rank_of(plan, k, d, t) for d in range(plan.dp)]
-            g = dist.new_group(ranks, backend=backend, timeout=timeout) if plan.dp > 1 else None
+            ranks = [rank_of(plan, k, d, t) for d in range(plan.stage_dp(k))]
+            g = dist.new_group(ranks, backend=backend, timeout=timeout) if plan.stage_dp(k) > 1 else None
             if rank in ranks:
                 mine_dp = g
     adapter = resolve_chip(plan.stages[me.stage].chip, chip_map)

@@ -48,13 +48,15 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     m = cfg.model_spec
     k, d, t = g.coord.stage, g.coord.replica, g.coord.tp_rank
     st = plan.stages[k]
+    rows = plan.micro_batch_size // st.inner_dp  # this replica's slice of every micro-batch
+    first_row = g.coord.inner * rows
     model = StageModel(m, st.layer_range, g.tp, seed=cfg.seed, first=k == 0, last=k == len(plan.stages) - 1,
                        recompute=st.recompute).to(g.device)
     params = list(model.parameters())
-    opt = ZeroAdamW(params, cfg.lr, g.dp, d, plan.dp, clip_norm=cfg.clip_grad, owned=[_owned(p, t) for p in params],
-                    distributed_norm=dist.get_world_size() > 1)
+    opt = ZeroAdamW(params, cfg.lr, g.dp, d, plan.stage_dp(k), clip_norm=cfg.clip_grad,
+                    owned=[_owned(p, t) for p in params], distributed_norm=dist.get_world_size() > 1)
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
-    ex = StageExecutor(model, plan, g, p2p, (plan.micro_batch_size, m.seq_len, m.hidden), cfg.recv_window)
+    ex = StageExecutor(model, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
     lead = model.last and d == 0 and t == 0
@@ -71,16 +73,19 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             raise RuntimeError(f"rank {rank}: injected failure at step {step}")
         t0 = time.perf_counter()
         batch = global_batch(m, cfg.seed, step, plan.global_batch)
-        mbs = [micro_batch(batch, d, plan.micro_batches, plan.micro_batch_size, i) for i in range(plan.micro_batches)]
+        mbs = [micro_batch(batch, g.coord.outer, plan.micro_batches, plan.micro_batch_size, i)[first_row:first_row + rows]
+               for i in range(plan.micro_batches)]
         opt.zero_grad()
-        loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs], 1.0 / (plan.micro_batches * plan.dp))
+        # the loss is a mean over this replica's rows: scaled so that the stage's replicas sum to the global mean
+        loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs],
+                      1.0 / (plan.micro_batches * plan.stage_dp(k)))
         if grads is not None:
             grads.append(_shards(model, grad=True))
         opt.step()
         norms.append(opt.last_norm)
         if model.last:
             total = torch.tensor([loss], dtype=torch.float64)
-            if plan.dp > 1:
+            if plan.stage_dp(k) > 1:
                 dist.all_reduce(total, group=g.dp)
             loss = total.item()
         dt = time.perf_counter() - t0
@@ -117,7 +122,7 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
         st = plan.stages[g.coord.stage]
         log.info("rank %d: stage %d (%s, layers %d-%d%s) tp %d/%d dp %d/%d on %s, p2p %s", rank, g.coord.stage,
                  st.chip, st.first_layer, st.first_layer + st.layers - 1, ", recompute" if st.recompute else "",
-                 g.coord.tp_rank, st.tp, g.coord.replica, plan.dp, g.device, cfg.backend)
+                 g.coord.tp_rank, st.tp, g.coord.replica, plan.stage_dp(g.coord.stage), g.device, cfg.backend)
         out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank) for s in cfg.schedule_list()}
         dist.barrier()
         return out

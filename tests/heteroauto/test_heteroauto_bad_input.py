@@ -100,3 +100,12 @@ def test_infeasible_names_memory_when_the_layers_do_not_fit(tmp_path, capsys):
     path = _cluster(tmp_path, [CHIP.replace("memory_gb: 4", "memory_gb: 0.001") % ("A", 2, 1)])
     _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
            "memory:", "fewer than the 8 layers")
+
+
+def test_simulate_counts_the_chips_of_inner_replicas(tmp_path, capsys):
+    """two-cpu has 2 'big' chips: one stage at tp 2 with 2 inner replicas needs 4."""
+    stages = [{"chip": "big", "tp": 2, "layers": 4, "inner_dp": 2}, {"chip": "small", "tp": 2, "layers": 4}]
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"stages": stages, "dp": 1, "micro_batches": 8, "micro_batch_size": 2}))
+    args = ["--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", TRAIN]
+    _fails(["simulate", str(p), *args], capsys, "plan uses 4 chips of type 'big'")
