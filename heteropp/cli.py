@@ -28,6 +28,13 @@ def parse_chip_map(text: str | None, cluster: Cluster | None) -> dict[str, str]:
     return out
 
 
+def override_schedule(plan: Plan, schedule: str) -> None:
+    """Run `plan` under another schedule: its parameters belong to the plan's own schedule and go with it
+    (a schedule that needs parameters then says which are missing)."""
+    if schedule != plan.schedule:
+        plan.schedule, plan.schedule_params = schedule, {}
+
+
 def _summary(label: str, losses: list[float], rates: list[float]) -> None:
     steady = rates[1:] or rates  # the first step pays for warm-up
     print(f"{label}: {len(losses)} steps, final loss {losses[-1]:.6f}, "
@@ -50,7 +57,7 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
     from .engine import launch
     from .engine.checks import check_run
     if schedule:
-        plan.schedule = schedule
+        override_schedule(plan, schedule)
     check_run(plan, m, source, chip_map or {}, [plan.schedule])
     cfg = _run_config(plan, m, steps=steps, seed=seed, lr=lr, clip_grad=clip_grad, backend=backend,
                       chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose,
@@ -71,7 +78,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.write_config:
         from .engine.checks import check_run
         if a.schedule:
-            plan.schedule = a.schedule
+            override_schedule(plan, a.schedule)
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available)
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                           chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window)

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .schedules.registry import NAMES, params_error
 from .spec.errors import SpecError
 
-SCHEDULES = ("1f1b", "gpipe", "zbh1")
+SCHEDULES = NAMES  # every registered schedule (heteropp/schedules/registry.py)
 PLAN_VERSION = 2
 
 
@@ -76,6 +77,7 @@ class Plan:
     search_time_s: float | None = None
     algo: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # free-form estimates (bubble, per-stage detail)
+    schedule_params: dict[str, Any] = field(default_factory=dict)  # e.g. h1f1b's extra_warmup per boundary
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -133,6 +135,8 @@ class Plan:
                             "inner_dp 1, the old meaning)")
         if self.schedule not in SCHEDULES:
             raise SpecError(source, "schedule", f"got {self.schedule!r}", "one of " + ", ".join(SCHEDULES))
+        if (why := params_error(self.schedule, self.schedule_params, len(self.stages))) is not None:
+            raise SpecError(source, "schedule_params", why, f"the parameters of {self.schedule!r}")
         expect = 0
         for i, s in enumerate(self.stages):
             p = f"stages[{i}]"

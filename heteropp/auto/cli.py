@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from ..plan import Plan
+from ..plan import SCHEDULES, Plan
 from ..spec import InfeasibleError, SpecError
 
 log = logging.getLogger("heteroauto")
@@ -47,25 +47,37 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from .plan_sim import simulate_plan
+    from ..schedules import kind
+    from .plan_sim import plan_stages, schedule_params, simulate_plan
     from .planning import load_problem
     plan = Plan.load(a.plan)
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     m = pb.model
     plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
                   available={c.name: c.count for c in pb.cluster.chips})
-    r = simulate_plan(pb.cm, plan, a.schedule, keep_timeline=bool(a.png))
+    name = a.schedule or plan.schedule
+    if name != plan.schedule:
+        plan.schedule, plan.schedule_params = name, schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
+    elif kind(name).params and not plan.schedule_params:
+        plan.schedule_params = schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
+    r = simulate_plan(pb.cm, plan, keep_timeline=bool(a.png))
     out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
-           "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": a.schedule or plan.schedule}
-    print(f"simulated iteration {r.iteration_time_s:.4f} s, bubble {100 * r.bubble_fraction:.1f}%")
-    for i, m in enumerate(out["peak_memory_gb"]):
-        print(f"  stage {i}: peak {m:.2f} GB")
+           "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": name,
+           "schedule_params": plan.schedule_params}
+    print(f"simulated iteration {r.iteration_time_s:.4f} s, bubble {100 * r.bubble_fraction:.1f}%"
+          + (f", {name} {plan.schedule_params}" if plan.schedule_params else ""))
+    for i, (m, st) in enumerate(zip(out["peak_memory_gb"], plan.stages)):
+        cap = pb.cluster.chip(st.chip).usable_bytes / 1e9
+        print(f"  stage {i}: peak {m:.2f} GB" + (f" EXCEEDS the {cap:.2f} GB usable on {st.chip}" if m > cap else ""))
     if a.png:
         from .timeline import write_png
         print(write_png(r, a.png) or f"wrote {a.png}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
+    if a.write_plan:
+        plan.save(a.write_plan)
+        print(f"wrote {a.write_plan}")
     return 0
 
 
@@ -127,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="discrete-event simulation of a plan")
     s.add_argument("plan")
     _add_inputs(s)
-    s.add_argument("--schedule", choices=("1f1b", "gpipe", "zbh1"))
+    s.add_argument("--schedule", choices=SCHEDULES,
+                   help="simulate under this schedule (h1f1b: extra warm-up derived from the plan's costs)")
+    s.add_argument("--write-plan", help="write the plan with the simulated schedule and its parameters here")
     s.add_argument("--png", help="write a timeline PNG (needs matplotlib)")
     s.add_argument("--json")
     s.set_defaults(fn=cmd_simulate)

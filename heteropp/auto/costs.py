@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
+from ..schedules.registry import kind
 from .analytic import ring_allreduce_s
 from .profiles import Profile
 
@@ -71,12 +72,8 @@ class Estimate:
 
 
 def in_flight(schedule: str, k: int, p: int, b: int) -> int:
-    """Micro-batches whose activations stage k holds at its peak."""
-    if schedule == "gpipe":
-        return b
-    if schedule == "zbh1":  # up to p-k awaiting B/I plus up to k awaiting their deferred W
-        return min(p, b)
-    return min(p - k, b)
+    """Micro-batches whose activations stage k holds at its peak (the registry's count, default parameters)."""
+    return kind(schedule).in_flight(k, p, b, {})
 
 
 class CostModel:

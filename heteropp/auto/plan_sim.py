@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..plan import Plan
+from ..schedules import build, h1f1b_extra, kind
 from .costs import CostModel, StageSpec, micro_batches
 from .makespan import makespan
 from .simulator import SimResult, StageTimes, simulate
@@ -36,10 +37,25 @@ def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[S
     return out, es
 
 
-def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
-                    keep_timeline: bool = False, limit: float = math.inf) -> SimResult:
+def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str) -> dict:
+    """Parameters of a schedule that takes some, derived from the plan's costs (H-1F1B: HARP's extra
+    warm-up per boundary from its transfer time over the bottleneck stage's compute)."""
+    if not kind(schedule).params:
+        return {}
     st, es = stage_times(cm, stages, dp)
-    return simulate(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, keep_timeline, limit)
+    return {"extra_warmup": h1f1b_extra([t.fwd + t.bwd for t in st], es)}
+
+
+def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
+                    keep_timeline: bool = False, limit: float = math.inf, params: dict | None = None) -> SimResult:
+    """`params`: the schedule's parameters; derived from the costs (schedule_params) when it needs some
+    and none are given."""
+    st, es = stage_times(cm, stages, dp)
+    name, b = schedule or cm.train.schedule, micro_batches(cm.train, dp)
+    sched: str | list = name
+    if kind(name).params:
+        sched = build(name, len(stages), b, params or schedule_params(cm, stages, dp, name))
+    return simulate(st, es, b, sched, keep_timeline, limit)
 
 
 def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None) -> float:
@@ -53,4 +69,6 @@ def plan_stages(plan: Plan) -> list[StageSpec]:
 
 
 def simulate_plan(cm: CostModel, plan: Plan, schedule: str | None = None, keep_timeline: bool = False) -> SimResult:
-    return simulate_stages(cm, plan_stages(plan), plan.dp, schedule or plan.schedule, keep_timeline)
+    name = schedule or plan.schedule
+    return simulate_stages(cm, plan_stages(plan), plan.dp, name, keep_timeline,
+                           params=plan.schedule_params if name == plan.schedule else None)

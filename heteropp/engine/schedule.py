@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 from ..plan import Plan
-from ..schedules import Action, Schedule, ScheduleError, build, validate, with_comms
+from ..schedules import Action, Schedule, ScheduleError, build, kind, params_error, validate, with_comms
 
 
 def compile_schedule(plan: Plan, schedule: str | list[list[str]]) -> Schedule:
-    """`schedule`: gpipe, 1f1b, zbh1, or compute actions per stage (e.g. [["F0", "F1", "B0", "B1"], ...]).
+    """`schedule`: a registered name (its parameters from the plan), or compute actions per stage (e.g. [["F0", "F1", "B0", "B1"], ...]).
     Raises ScheduleError for a malformed or deadlocking list, before any process runs it."""
     p, m = len(plan.stages), plan.micro_batches
     if isinstance(schedule, str):
-        sched = build(schedule, p, m)
+        params = plan.schedule_params if schedule == plan.schedule else {}
+        missing = [n for n in kind(schedule).params if n not in params]
+        if missing:
+            raise ScheduleError(f"schedule {schedule!r} needs schedule_params.{missing[0]} in the plan "
+                                f"(`heteroauto simulate --schedule {schedule}` derives it)")
+        if (why := params_error(schedule, params, p)) is not None:
+            raise ScheduleError(why)
+        sched = build(schedule, p, m, params)
     else:
         if len(schedule) != p:
             raise ScheduleError(f"action list has {len(schedule)} stages; the plan has {p}")

@@ -1,4 +1,4 @@
-"""GPipe, 1F1B and ZB-H1 as per-stage compute-action lists."""
+"""GPipe, 1F1B, H-1F1B and ZB-H1 as per-stage compute-action lists (registry.py names them)."""
 from __future__ import annotations
 
 from .actions import Action, Schedule
@@ -8,11 +8,14 @@ def gpipe(p: int, m: int) -> Schedule:
     return [[Action("F", i) for i in range(m)] + [Action("B", i) for i in range(m)] for _ in range(p)]
 
 
-def one_f_one_b(p: int, m: int) -> Schedule:
-    """Stage s runs min(p-1-s, m) warm-up forwards, then alternates F and B, then drains the backwards."""
+def h_1f1b(p: int, m: int, extra_warmup: list[int]) -> Schedule:
+    """1F1B with extra_warmup[j] more warm-up forwards in front of boundary j (all zeros: plain 1F1B): stage
+    s runs min(sum_{j>=s} (1 + extra_warmup[j]), m) warm-up forwards, then alternates F and B, then drains
+    the backwards. Warm-ups fall by at least one per stage, so no stage waits on a backward that needs a
+    forward it has not sent."""
     out: Schedule = []
     for s in range(p):
-        warm = min(p - 1 - s, m)
+        warm = min(sum(1 + x for x in extra_warmup[s:]), m)
         acts = [Action("F", i) for i in range(warm)]
         f, b = warm, 0
         while f < m:
@@ -21,6 +24,11 @@ def one_f_one_b(p: int, m: int) -> Schedule:
         acts += [Action("B", i) for i in range(b, m)]
         out.append(acts)
     return out
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """Stage s runs min(p-1-s, m) warm-up forwards, then alternates F and B, then drains the backwards."""
+    return h_1f1b(p, m, [0] * max(p - 1, 0))
 
 
 def zb_h1(p: int, m: int) -> Schedule:
@@ -49,8 +57,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     return out
 
 
-def build(name: str, p: int, m: int) -> Schedule:
-    table = {"gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zb_h1}
-    if name not in table:
-        raise ValueError(f"unknown schedule {name!r}; expected one of {', '.join(table)}")
-    return table[name](p, m)
+def build(name: str, p: int, m: int, params: dict | None = None) -> Schedule:
+    """The compute actions of the registered schedule `name` (registry.py) with its parameters."""
+    from .registry import kind
+    return kind(name).build(p, m, params or {})

@@ -5,9 +5,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..schedules.registry import REGISTRY
 from .io import Fields, load_mapping
 
-SCHEDULES = ("1f1b", "gpipe", "zbh1")
+# The schedules the planner searches with: the registered ones that take no parameters (H-1F1B's warm-up
+# depends on the plan's boundaries; `heteroauto simulate --schedule h1f1b` derives it for a plan).
+SCHEDULES = tuple(n for n, k in REGISTRY.items() if not k.params)
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 

@@ -29,3 +29,21 @@ def test_bad_input_exit_code(tmp_path, capsys):
     bad.write_text("chips: []\n")
     assert main(["plan", "--cluster", str(bad), "--model", "tiny", "--train", str(EX / "training" / "tiny.yaml")]) == 2
     assert "chips" in capsys.readouterr().err
+
+
+def test_simulate_under_h1f1b_derives_and_writes_its_warmup(tmp_path, capsys):
+    """HARP's setting (slow cross-cluster links): H-1F1B's extra warm-up comes from the plan's costs, the
+    written plan carries it, and the simulator times it below 1F1B."""
+    harp = ["--cluster", str(EX / "clusters" / "harp.yaml"), "--model", str(EX / "models" / "gpt-harp.yaml"),
+            "--train", str(EX / "training" / "harp.yaml")]
+    plan, out = tmp_path / "plan.json", tmp_path / "h.json"
+    assert main(["plan", *harp, "--json", str(plan), "--no-progress"]) == 0
+    times = {}
+    for sched in ("1f1b", "h1f1b"):
+        sim = tmp_path / f"{sched}.json"
+        assert main(["simulate", str(plan), *harp, "--schedule", sched, "--json", str(sim), "--write-plan", str(out)]) == 0
+        times[sched] = json.loads(sim.read_text())["iteration_time_s"]
+    d = json.loads(out.read_text())
+    assert d["schedule"] == "h1f1b" and len(d["schedule_params"]["extra_warmup"]) == len(d["stages"]) - 1
+    assert max(d["schedule_params"]["extra_warmup"]) > 1
+    assert times["h1f1b"] < times["1f1b"]

@@ -1,0 +1,74 @@
+"""The one schedule registry: name -> action-list generator, activations a stage holds at its peak, whether
+weight gradients are deferred, and the parameters the schedule takes. The engine, the simulator, the cost
+model, the plan validator and the command lines all look schedules up here.
+
+H-1F1B (HARP): 1F1B with extra warm-up forwards in front of slow boundaries, so that a stage keeps
+computing while activations and gradients cross a link. `extra_warmup[j]` micro-batches more are in flight
+across boundary j; stage s runs sum_{j >= s} (1 + extra_warmup[j]) warm-up forwards (1F1B: p - 1 - s) and
+so holds that many plus one micro-batches' activations at its peak.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .actions import Schedule, ScheduleError
+from .generators import gpipe, h_1f1b, zb_h1
+
+Params = Mapping[str, Any]
+
+
+def _warmups(p: int, params: Params) -> list[int]:
+    extra = list(params.get("extra_warmup") or [0] * max(p - 1, 0))
+    return [sum(1 + x for x in extra[s:]) for s in range(p)]
+
+
+@dataclass(frozen=True)
+class ScheduleKind:
+    name: str
+    build: Callable[[int, int, Params], Schedule]  # (stages, micro-batches, params) -> compute actions
+    in_flight: Callable[[int, int, int, Params], int]  # (stage, stages, micro-batches, params) -> activations held
+    defers_weight_grads: bool
+    params: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
+    ScheduleKind("1f1b", lambda p, m, _: h_1f1b(p, m, [0] * max(p - 1, 0)), lambda k, p, b, _: min(p - k, b), False),
+    ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False),
+    # up to p - k awaiting B/I plus up to k awaiting their deferred W
+    ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True),
+    ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
+                 lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",)),
+)}
+NAMES = tuple(REGISTRY)
+
+
+def kind(name: str) -> ScheduleKind:
+    if name not in REGISTRY:
+        raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(NAMES)}")
+    return REGISTRY[name]
+
+
+def params_error(name: str, params: Any, stages: int) -> str | None:
+    """Why `params` do not fit schedule `name` on `stages` stages, or None."""
+    if not isinstance(params, dict):
+        return f"schedule_params must be a mapping, got {type(params).__name__}"
+    k = kind(name)
+    extra = sorted(set(params) - set(k.params))
+    if extra:
+        return f"schedule {name!r} takes no parameter {extra[0]!r} (it takes: {', '.join(k.params) or 'none'})"
+    if "extra_warmup" in params:
+        x = params["extra_warmup"]
+        if (not isinstance(x, list) or len(x) != stages - 1
+                or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in x)):
+            return f"extra_warmup must list {stages - 1} integers >= 0, one per boundary, got {x!r}"
+    return None
+
+
+def h1f1b_extra(compute_s: list[float], boundary_s: list[float]) -> list[int]:
+    """HARP's rule: across boundary j, ceil(round trip / bottleneck compute) more micro-batches in flight,
+    the round trip being the activation's and the gradient's transfer (2 e_j) and the bottleneck compute
+    the slowest stage's forward and backward of one micro-batch."""
+    c = max(compute_s) if compute_s else 0.0
+    return [math.ceil(2 * e / c - 1e-9) if c > 0 else 0 for e in boundary_s]
