@@ -87,6 +87,7 @@ class CostModel:
         self.coef = lru_cache(maxsize=None)(self._coef)
         self.end = lru_cache(maxsize=None)(self._end)
         self.boundary = lru_cache(maxsize=None)(self._boundary)
+        self.latency = lru_cache(maxsize=None)(cluster.latency_s)  # (chip a, chip b) -> seconds per message
 
     # --- per-layer coefficients -------------------------------------------------------------------
     def _static_per_param(self, dp: int, zero1: bool) -> float:
@@ -178,7 +179,7 @@ class CostModel:
                 out.append(0.0)
                 continue
             (a, ta), (b_, tb) = seq[k], seq[k + 1]
-            d = self.coef(a, ta, False, dp).bwd + self.boundary(a, ta, b_, tb, dp)
+            d = self.coef(a, ta, False, dp).bwd + self.boundary(a, ta, b_, tb, dp) + self.latency(a, b_)
             if k == 0:
                 d += 2 * self.end(a, ta, dp, "first").time / 3  # the embedding's backward share
             out.append(out[-1] + d)
@@ -201,8 +202,9 @@ class CostModel:
             caps.append(self._chip[s.chip].usable_bytes)
         es = [self.boundary(stages[k].chip, stages[k].tp, stages[k + 1].chip, stages[k + 1].tp, dp) for k in range(p - 1)]
         gaps = self.drain_gaps([(s.chip, s.tp) for s in stages], dp, schedule)
+        lats = [self.latency(a.chip, c.chip) for a, c in zip(stages, stages[1:])]
         link_own = [b * e - 2 * e for e in es]
-        fill = sum(beta) + 2 * sum(es)
+        fill = sum(beta) + 2 * sum(es) + 2 * sum(lats)  # latency is pipelined: it only adds to fill and drain
         upd_term = max(u - d for u, d in zip(us, gaps))
         ks = max(range(p), key=lambda k: own[k])
         if link_own and max(link_own) > own[ks]:

@@ -49,6 +49,7 @@ class DpSpace:
         self.kinds: list[Kind] = make_kinds(cm, self.ids, dp, b, self.nmax)
         self._tables()
         self._emat: np.ndarray | None = None
+        self._lmat: np.ndarray | None = None
         self._ends: dict = {}
         self._embv: np.ndarray | None = None
         self._nflight: dict = {}
@@ -120,6 +121,16 @@ class DpSpace:
                          runs=runs)
 
     # --- stage matrices ---------------------------------------------------------------------------------
+    def lmat(self) -> np.ndarray:
+        """Message latency between every pair of kinds (padding: 0); it lengthens drain gaps."""
+        if self._lmat is None:
+            n = len(self.ids)
+            self._lmat = np.zeros((n + 1, n + 1))
+            for i, (a, _) in enumerate(self.ids):
+                for j, (b, _) in enumerate(self.ids):
+                    self._lmat[i, j] = self.cm.latency(a, b)
+        return self._lmat
+
     def emat(self) -> np.ndarray:
         """Boundary time between every pair of kinds (padding: 0)."""
         if self._emat is None:
@@ -151,7 +162,7 @@ class DpSpace:
         g = self._gather(kid, np.where(real, n, 0))
         # the largest drain gap any order could give (every other stage's one-layer backward and a boundary)
         dmax = 0.0 if self.sched == "zbh1" else (np.where(real, self.BWD[kid], 0.0).sum(axis=1)
-                                                 + (p - 1) * float(self.emat().max()))
+                                                 + (p - 1) * float((self.emat() + self.lmat()).max()))
         zero = np.zeros(kid.shape)
         y0 = np.where(real, -np.broadcast_to(np.asarray(dmax, dtype=np.float64).reshape(-1, 1), kid.shape), 0.0)
         return Rows(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
@@ -196,7 +207,7 @@ class DpSpace:
         if self.sched == "zbh1":
             gaps = np.zeros((R, p))
         else:
-            step = self.BWD[kid[:, :-1]] + e
+            step = self.BWD[kid[:, :-1]] + e + self.lmat()[kid[:, :-1], kid[:, 1:]]
             if p > 1:  # a lone stage has no drain gap to extend
                 step[:, 0] += self._emb()[kid[:, 0]]
             gaps = np.concatenate([np.zeros((R, 1)), step.cumsum(axis=1)], axis=1)

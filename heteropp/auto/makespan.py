@@ -33,9 +33,11 @@ def program(schedule: str, p: int, m: int) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def makespan(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str) -> float:
+def makespan(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str,
+             latency_s: list[float] | None = None) -> float:
     """The simulator's iteration time (last stage update end) for a named schedule."""
     p, m = len(stages), micro_batches
+    lat = latency_s or [0.0] * p
     dur = [(st.fwd, st.bwd, st.bwd - st.wgrad, st.wgrad) for st in stages]
     free = [0.0] * p
     fch = [0.0] * p  # forward channel s: stage s -> s+1
@@ -51,14 +53,16 @@ def makespan(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
             t += dur[s][0]
             if s < last:
                 c = (t if t > fch[s] else fch[s]) + boundary_s[s]
-                fch[s] = arr_f[(s + 1) * m + j] = c
+                fch[s] = c
+                arr_f[(s + 1) * m + j] = c + lat[s]
         elif op < 3:
             if s < last and arr_b[s * m + j] > t:
                 t = arr_b[s * m + j]
             t += dur[s][op]
             if s:
                 c = (t if t > bch[s - 1] else bch[s - 1]) + boundary_s[s - 1]
-                bch[s - 1] = arr_b[(s - 1) * m + j] = c
+                bch[s - 1] = c
+                arr_b[(s - 1) * m + j] = c + lat[s - 1]
         else:
             t += dur[s][3]
         free[s] = t

@@ -55,13 +55,18 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
     sched: str | list = name
     if kind(name).params:
         sched = build(name, len(stages), b, params or schedule_params(cm, stages, dp, name))
-    return simulate(st, es, b, sched, keep_timeline, limit)
+    return simulate(st, es, b, sched, keep_timeline, limit, latencies(cm, stages))
 
 
 def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None) -> float:
     """The simulated iteration time alone (makespan.py: the same recurrence, no event loop)."""
     st, es = stage_times(cm, stages, dp)
-    return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule)
+    return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, latencies(cm, stages))
+
+
+def latencies(cm: CostModel, stages: list[StageSpec]) -> list[float]:
+    """Per boundary, the message latency between the two stages' chip types."""
+    return [cm.latency(a.chip, b.chip) for a, b in zip(stages, stages[1:])]
 
 
 def plan_stages(plan: Plan) -> list[StageSpec]:

@@ -97,7 +97,8 @@ def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tu
         opts.append(StageOpt(o.a0, o.a, o.b0, o.bt, o.m, o.y0 - gaps[k], o.ups))
     es = [cm.boundary(seq[k][0], seq[k][1], seq[k + 1][0], seq[k + 1][1], dp) for k in range(p - 1)]
     lam = max((b * e - 2 * e for e in es), default=-math.inf)
-    return opts, lam, 2 * sum(es)
+    lats = sum(cm.latency(seq[k][0], seq[k + 1][0]) for k in range(p - 1))
+    return opts, lam, 2 * sum(es) + 2 * lats
 
 
 CHUNK = 16  # combinations per first tight-bound batch of a dp (then doubling)

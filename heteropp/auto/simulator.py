@@ -53,9 +53,12 @@ def schedule_of(schedule: str | Schedule, p: int, m: int) -> Schedule:
 
 
 def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str | Schedule,
-             keep_timeline: bool = False, limit: float = math.inf) -> SimResult:
-    """`limit`: stop once some stage surely ends after it (iteration time inf, the rest partial)."""
+             keep_timeline: bool = False, limit: float = math.inf, latency_s: list[float] | None = None) -> SimResult:
+    """`boundary_s`: how long a transfer occupies boundary j's channel (bytes over bandwidth); `latency_s`:
+    what it adds on top before it arrives, without occupying the channel (messages pipeline).
+    `limit`: stop once some stage surely ends after it (iteration time inf, the rest partial)."""
     p, m = len(stages), micro_batches
+    lat = latency_s or [0.0] * max(p - 1, 0)
     sched = schedule_of(schedule, p, m)
     done: dict[tuple[int, str, int], float] = {}  # finish times; "B" also marks I
     free = [0.0] * p
@@ -105,11 +108,11 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
                 if a.op == "F" and s < p - 1:
                     start = max(end, fwd_chan[s])
                     fwd_chan[s] = start + boundary_s[s]
-                    arrive[(s + 1, "F", a.mb)] = fwd_chan[s]
+                    arrive[(s + 1, "F", a.mb)] = fwd_chan[s] + lat[s]
                 if a.op in ("B", "I") and s > 0:
                     start = max(end, bwd_chan[s - 1])
                     bwd_chan[s - 1] = start + boundary_s[s - 1]
-                    arrive[(s - 1, "B", a.mb)] = bwd_chan[s - 1]
+                    arrive[(s - 1, "B", a.mb)] = bwd_chan[s - 1] + lat[s - 1]
                 pos[s] += 1
                 remaining -= 1
                 progressed = True

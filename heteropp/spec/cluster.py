@@ -25,6 +25,7 @@ class ChipType:
     memory_fraction: float = 0.9  # the "safe capacity": fragmentation and runtime reserve
     hbm_bw: float = 1500.0  # for the memory-bound optimizer step in the analytic profile
     device: str = "cpu"  # ditorch device type the engine maps this chip to
+    network_latency_s: float = 0.0  # one message between nodes, on top of its bytes / network_bw
 
     @property
     def usable_bytes(self) -> float:
@@ -36,6 +37,7 @@ class Cluster:
     name: str
     chips: tuple[ChipType, ...]
     links: dict[tuple[str, str], float] = field(default_factory=dict)  # aggregate GB/s between two groups
+    link_latency: dict[tuple[str, str], float] = field(default_factory=dict)  # seconds per message on a link
 
     def chip(self, name: str) -> ChipType:
         for c in self.chips:
@@ -47,13 +49,21 @@ class Cluster:
         """Aggregate bandwidth of an explicit link between two chip groups, None when they share the fabric."""
         return self.links.get((a, b)) or self.links.get((b, a))
 
+    def latency_s(self, a: str, b: str) -> float:
+        """Latency of one message from a stage of type a to one of type b: the explicit link's, else the
+        larger of the two types' network latencies."""
+        for key in ((a, b), (b, a)):
+            if key in self.link_latency:
+                return self.link_latency[key]
+        return max(self.chip(a).network_latency_s, self.chip(b).network_latency_s)
+
     @property
     def total_chips(self) -> int:
         return sum(c.count for c in self.chips)
 
 
 _CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "tp_max", "intra_node_bw",
-              "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device"}
+              "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device", "network_latency"}
 
 
 # Plausible ranges of a chip's numbers: outside them the cost model produces 0-second or infinite times.
@@ -90,7 +100,8 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
             network_bw=c.bandwidth("network_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
             efficiency=c.float("efficiency", 0.5, lo=FRACTION[0], hi=FRACTION[1]),
             memory_fraction=c.float("memory_fraction", 0.9, lo=FRACTION[0], hi=FRACTION[1]),
-            hbm_bw=c.bandwidth("hbm_bw", 1500.0, lo=BANDWIDTH[0], hi=BANDWIDTH[1]), device=c.str("device", "cpu")))
+            hbm_bw=c.bandwidth("hbm_bw", 1500.0, lo=BANDWIDTH[0], hi=BANDWIDTH[1]), device=c.str("device", "cpu"),
+            network_latency_s=c.duration("network_latency")))
     if not chips:
         raise f.err("chips", "empty list", "at least one chip type")
     names = [c.name for c in chips]
@@ -98,11 +109,12 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
     if dup:
         raise f.err("chips", f"duplicate chip name {sorted(dup)[0]!r}", "unique names")
     links: dict[tuple[str, str], float] = {}
+    latency: dict[tuple[str, str], float] = {}
     for i, raw in enumerate(f.list("links", required=False)):
         if not isinstance(raw, dict):
             raise SpecError(source, f"links[{i}]", f"got {type(raw).__name__}", "a mapping with between and bandwidth")
         lf = Fields(raw, source, f"links[{i}].")
-        lf.unknown({"between", "bandwidth"})
+        lf.unknown({"between", "bandwidth", "latency"})
         pair = lf.list("between")
         if len(pair) != 2 or any(p not in names for p in pair):
             raise lf.err("between", f"got {pair!r}", f"two chip names out of {names}")
@@ -114,7 +126,9 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
             raise lf.err("between", f"a second link between {pair[0]!r} and {pair[1]!r}",
                          "one link per pair of chip types (a link carries both directions)")
         links[key] = lf.bandwidth("bandwidth", lo=BANDWIDTH[0], hi=BANDWIDTH[1])
-    return Cluster(name=f.str("name", Path(source).stem), chips=tuple(chips), links=links)
+        if "latency" in raw:
+            latency[key] = lf.duration("latency")
+    return Cluster(name=f.str("name", Path(source).stem), chips=tuple(chips), links=links, link_latency=latency)
 
 
 def load_cluster(path: str | Path) -> Cluster:

@@ -34,6 +34,8 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
+_DURATION = re.compile(r"^\s*([0-9.eE+-]+)\s*(s|ms|us)?\s*$")
+_DURATION_SCALE = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 _BW = re.compile(r"^\s*([0-9.eE+-]+)\s*(GB/s|GBps|Gbps|Gb/s|MB/s|Mbps)?\s*$")
 _BW_SCALE = {None: 1.0, "GB/s": 1.0, "GBps": 1.0, "Gbps": 1 / 8, "Gb/s": 1 / 8, "MB/s": 1e-3, "Mbps": 1e-3 / 8}
 
@@ -90,20 +92,31 @@ class Fields:
             raise self.err(key, f"got {v}", "a positive number")
         return self._range(key, float(v), v, lo, hi, "number")
 
+    def _with_unit(self, key: str, v: Any, pattern: re.Pattern, scale: dict, expected: str) -> float:
+        """A number, or a string of a number and one of `scale`'s units."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        m = pattern.match(str(v))
+        if not m:
+            raise self.err(key, f"got {v!r}", expected)
+        return float(m.group(1)) * scale[m.group(2)]
+
     def bandwidth(self, key: str, default: float | None = None, *, required: bool = True,
                   lo: float | None = None, hi: float | None = None) -> float:
         """A bandwidth in GB/s; strings may carry a unit: '200Gbps', '9.56 GB/s'."""
         v = self._get(key, default, required and default is None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            val = float(v)
-        else:
-            m = _BW.match(str(v))
-            if not m:
-                raise self.err(key, f"got {v!r}", "a number in GB/s or a string like '200Gbps' or '25 GB/s'")
-            val = float(m.group(1)) * _BW_SCALE[m.group(2)]
+        val = self._with_unit(key, v, _BW, _BW_SCALE, "a number in GB/s or a string like '200Gbps' or '25 GB/s'")
         if not val > 0:
             raise self.err(key, f"got {v!r}", "a positive bandwidth")
         return self._range(key, val, v, lo, hi, "bandwidth in GB/s")
+
+    def duration(self, key: str, default: float = 0.0, hi: float = 3600.0) -> float:
+        """A time in seconds, >= 0; strings may carry a unit: '1ms', '50 us', '0.2 s'."""
+        v = self._get(key, default, False)
+        val = self._with_unit(key, v, _DURATION, _DURATION_SCALE, "seconds, or a string like '1ms' or '50us'")
+        if not val >= 0:
+            raise self.err(key, f"got {v!r}", "a duration >= 0")
+        return self._range(key, val, v, 0.0, hi, "duration in seconds")
 
     def str(self, key: str, default: str | None = None, *, required: bool = True, choices: tuple[str, ...] | None = None) -> str:
         v = self._get(key, default, required and default is None)

@@ -19,6 +19,8 @@ CASES = {
                         speeds={"X": 1.0, "Y": 0.6, "Z": 1.5}, layers=7, gb=4),
     "slow cross link": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)], speeds={"X": 1.0, "Y": 0.7}, layers=8, gb=8,
                             links=[{"between": ["X", "Y"], "bandwidth": 0.0005}]),
+    "link latency": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)], speeds={"X": 1.0, "Y": 0.7}, layers=8, gb=8,
+                         links=[{"between": ["X", "Y"], "bandwidth": 0.05, "latency": "0.4s"}]),
     "zbh1": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8, schedule="zbh1"),
     "gpipe": dict(chips=[chip("X", 2, 30.0), chip("Y", 2, 20.0)], speeds={"X": 1.0, "Y": 0.5}, layers=6, gb=4, schedule="gpipe"),
 }
