@@ -37,7 +37,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     plan = to_plan(pb, res.best, dt, a.algo, res)
     print(table(plan))
     if res.bounded:
-        print(f"bounded search ({'; '.join(res.bounded)}): no plan is faster than {res.lower_bound_s:.4f} s")
+        print(f"bounded search ({'; '.join(res.bounded)}): no plan's cost-model time is below "
+              f"{res.lower_bound_s:.4f} s")
     if a.explain:
         print(explain(plan, res))
     if a.json:

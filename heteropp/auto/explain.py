@@ -13,7 +13,10 @@ def table(plan: Plan) -> str:
                     f"{(s.est_time_s or 0):>10.4f} {(s.est_memory_gb or 0):>8.2f}")
     rows.append(f"dp={plan.dp} micro-batches={plan.micro_batches} x {plan.micro_batch_size} schedule={plan.schedule} "
                 f"chips={plan.chips_used()}")
-    rows.append(f"estimated iteration time {plan.iteration_time_s:.4f} s; search time {plan.search_time_s:.3f} s")
+    model = plan.extra.get("model_estimate_s")
+    rows.append(f"simulated iteration time {plan.iteration_time_s:.4f} s"
+                + (f" (cost model {model:.4f} s)" if model is not None else "")
+                + f"; search time {plan.search_time_s:.3f} s")
     return "\n".join(rows)
 
 
