@@ -16,6 +16,7 @@ from .bounds import Kind, integral_level, make_kinds, water_level_many
 from .costs import CostModel, in_flight
 from .levels import Rows
 from .space import stage_tp_runs, tp_counts
+from .stageopts import stage_opt
 
 
 def type_choices(cm: CostModel, dp: int, names: list[str], group_size: int,
@@ -181,9 +182,8 @@ class DpSpace:
             got = self._ends[(first, last, n)] = (np.zeros((len(self.ids), 5)), np.zeros(len(self.ids), dtype=bool))
         tab, have = got
         if not have[kid].all():
-            from .search import _opt
             for k in np.unique(kid[~have[kid]]).tolist():
-                o = _opt(self.cm, *self.ids[k], self.dp, self.b, n, first, last)
+                o = stage_opt(self.cm, *self.ids[k], self.dp, self.b, n, first, last)
                 tab[k] = (o.a0, o.y0, *o.m, o.b0)
                 have[k] = True
         return tab[kid].T

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..plan import Plan
-from .search import SearchResult
+from .candidates import SearchResult
 
 
 def table(plan: Plan) -> str:

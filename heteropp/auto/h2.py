@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
-from .search import Candidate, Progress, SearchResult
+from .candidates import Candidate, Progress, SearchResult
 from .space import dp_candidates, groups, tp_counts, tp_sizes
 
 ALPHA = 1.0

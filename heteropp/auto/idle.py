@@ -17,7 +17,8 @@ import time
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
 from .limits import Limits, relaxed_bound
-from .search import Candidate, Progress, SearchResult, stage_opts
+from .candidates import Candidate, Progress, SearchResult
+from .stageopts import stage_opts
 from .space import divisors, tp_counts, tp_sizes
 from .split import best_split
 

@@ -9,7 +9,8 @@ from .analytic import analytic_profile
 from .costs import CostModel, micro_batches
 from .limits import Limits
 from .profiles import Profile
-from .search import Candidate, Progress, SearchResult, search_auto
+from .candidates import Candidate, Progress, SearchResult
+from .search import search_auto
 
 
 @dataclass

@@ -19,42 +19,22 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from ..spec import InfeasibleError
-from .costs import CostModel, StageSpec, in_flight, micro_batches
+from .costs import CostModel, StageSpec, micro_batches
+from .candidates import Candidate, Progress, SearchResult
 from .dpspace import DpSpace, cheap_bounds, type_choices
+from .h2 import h2_candidates
 from .infeasible import explain_infeasible
 from .levels import bound_parts, lower_bound
+from .idle import search_idle
 from .limits import Limits, relaxed_bound, trim_choices, type_orders
 from .space import dp_candidates, tp_counts, tp_sizes
-from .split import StageOpt, best_split
-
-Progress = Callable[[str], None]
-
-
-@dataclass
-class Candidate:
-    time_s: float
-    dp: int
-    stages: list[StageSpec]
-    label: str = ""
-
-
-@dataclass
-class SearchResult:
-    best: Candidate
-    runners_up: list[Candidate] = field(default_factory=list)
-    evaluated: int = 0
-    pruned: int = 0
-    search_time_s: float = 0.0
-    bounded: list[str] = field(default_factory=list)  # the limits that cut the space; empty: exact
-    lower_bound_s: float | None = None  # no plan of the full space is faster (set when bounded)
-
+from .split import best_split
+from .stageopts import stage_opts
 
 class _Top:
     """Best plan plus runners-up within a relative `slack` of it (the simulator re-ranks those)."""
@@ -70,35 +50,6 @@ class _Top:
         self.items.append(c)
         self.items.sort(key=lambda x: x.time_s)
         del self.items[self.keep:]
-
-
-@lru_cache(maxsize=None)
-def _opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first: bool, last: bool) -> StageOpt:
-    cs = [cm.coef(chip, tp, r, dp) for r in (False, True)]
-    a0 = b0 = y0 = 0.0
-    for flag, which in ((first, "first"), (last, "last")):
-        if flag:
-            e = cm.end(chip, tp, dp, which)
-            a0 += b * e.time - e.beta
-            b0 += e.beta
-            y0 += e.upd
-    m = tuple(cm.max_layers(chip, tp, r, dp, n, first, last) for r in (False, True))
-    return StageOpt(a0, tuple(b * c.tau - c.beta for c in cs), b0, tuple(c.beta for c in cs), m, y0, cs[0].upd)
-
-
-def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tuple[list[StageOpt], float, float]:
-    """StageOpts for a (chip, tp) sequence (update offsets by the drain gaps), the link term Lambda and the
-    constant 2 * sum(e)."""
-    p, sched = len(seq), cm.train.schedule
-    gaps = cm.drain_gaps(seq, dp)
-    opts = []
-    for k, (chip, tp) in enumerate(seq):
-        o = _opt(cm, chip, tp, dp, b, in_flight(sched, k, p, b), k == 0, k == p - 1)
-        opts.append(StageOpt(o.a0, o.a, o.b0, o.bt, o.m, o.y0 - gaps[k], o.ups))
-    es = [cm.boundary(seq[k][0], seq[k][1], seq[k + 1][0], seq[k + 1][1], dp) for k in range(p - 1)]
-    lam = max((b * e - 2 * e for e in es), default=-math.inf)
-    lats = sum(cm.latency(seq[k][0], seq[k + 1][0]) for k in range(p - 1))
-    return opts, lam, 2 * sum(es) + 2 * lats
 
 
 CHUNK = 16  # combinations per first tight-bound batch of a dp (then doubling)
@@ -153,7 +104,6 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if not spaces:
         if idle == "never":
             raise InfeasibleError(explain_infeasible(cm))
-        from .idle import search_idle  # no plan uses every chip: plans that leave some idle
         try:
             return search_idle(cm, limits, progress, runners_up)
         except InfeasibleError:
@@ -261,7 +211,6 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
-        from .idle import search_idle
         left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
         try:
             other = search_idle(cm, replace(limits, time_budget_s=left), progress, runners_up)
@@ -316,7 +265,6 @@ def _rerank(cm: CostModel, cands: list[Candidate], group_size: int) -> list[Cand
     """Simulate the near-optimal plans in model order while the budget lasts, plus h2's layer sharding of
     the best plan's dp and TP sizes (the model's 1F1B estimate can misjudge near-ties that the paper's
     heuristic happens to get right); each is timed by the simulator's recurrence (makespan.py)."""
-    from .h2 import h2_candidates
     from .plan_sim import iteration_time
     pool, seen, spent = [], set(), 0
     h2 = h2_candidates(cm, cands[0].dp, _runs(cands[0].stages), group_size)

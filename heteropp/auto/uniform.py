@@ -11,7 +11,7 @@ import math
 
 from .costs import CostModel, StageSpec, in_flight, micro_batches
 from .plan_sim import iteration_time
-from .search import Candidate
+from .candidates import Candidate
 from .space import dp_candidates, tp_counts, tp_sizes
 
 

@@ -1,0 +1,29 @@
+"""What a search returns: candidate plans (dp and stage list with the cost model's time) and the result
+with its statistics and, for a bounded search, the limits that applied and a lower bound."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .costs import StageSpec
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Candidate:
+    time_s: float
+    dp: int
+    stages: list[StageSpec]
+    label: str = ""
+
+
+@dataclass
+class SearchResult:
+    best: Candidate
+    runners_up: list[Candidate] = field(default_factory=list)
+    evaluated: int = 0
+    pruned: int = 0
+    search_time_s: float = 0.0
+    bounded: list[str] = field(default_factory=list)  # the limits that cut the space; empty: exact
+    lower_bound_s: float | None = None  # no plan of the full space is faster (set when bounded)
