@@ -1,4 +1,4 @@
-"""Two emulated clusters on this machine: one network namespace per cluster, joined by a veth pair whose
+"""Two emulated clusters on this machine (tests and benchmarks): one network namespace per cluster, joined by a veth pair whose
 both ends are shaped with `tc` (token bucket: the cross-cluster link's rate). Ranks run inside their
 cluster's namespace (`ip netns exec`), so the only traffic between clusters crosses that link, on
 addresses of namespaces created here. Needs root, `ip` and `tc`; `two_clusters` raises Unavailable with
@@ -6,11 +6,17 @@ the reason otherwise. Delay shaping (netem) is used when the kernel has it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
+
+from heteropp.engine.config import RunConfig
 
 
 class Unavailable(RuntimeError):
@@ -67,3 +73,48 @@ def two_clusters(rate: str = "1gbit", delay: str = "1ms") -> Iterator[tuple[Clus
     finally:
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tx_bytes(c: Cluster) -> int:
+    """Bytes the cluster's end of the link has sent."""
+    r = subprocess.run(["ip", "netns", "exec", c.netns, "cat", f"/sys/class/net/{c.ifname}/statistics/tx_bytes"],
+                       capture_output=True, text=True, check=True)
+    return int(r.stdout)
+
+
+def run_across(workdir: Path, cfg: RunConfig, clusters: tuple[Cluster, Cluster, bool],
+               env_extra: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """Runs `cfg` with each stage's ranks in its chip type's namespace (the plan's first chip type in the first
+    cluster, every other in the second); returns the lead rank's per-step lines per schedule (loss, tokens/s)."""
+    a, b, _ = clusters
+    plan = cfg.plan_obj
+    first = plan.stages[0].chip
+    path = workdir / "run.json"
+    path.write_text(json.dumps(cfg.__dict__))
+    port, procs = _free_port(), []
+    offs = plan.rank_offsets()
+    for k, st in enumerate(plan.stages):
+        c = a if st.chip == first else b
+        for r in range(offs[k], offs[k] + plan.stage_ranks(k)):
+            env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(plan.world_size), "MASTER_ADDR": a.address,
+                   "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": c.ifname, "OMP_NUM_THREADS": "1",
+                   **(env_extra or {})}
+            procs.append(subprocess.Popen(["ip", "netns", "exec", c.netns, sys.executable, "-m",
+                                           "heteropp.engine.worker", "--config", str(path)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a rank failed:\n" + "\n".join(outs)[-3000:])
+    steps: dict[str, list[dict]] = {}
+    for line in "\n".join(outs).splitlines():
+        if line.startswith("[") and "tokens/s" in line:
+            label, rest = line[1:].split("]", 1)
+            f = rest.split()
+            steps.setdefault(label, []).append({"loss": float(f[3]), "tokens_per_s": float(f[4])})
+    return steps
