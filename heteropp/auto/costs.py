@@ -93,9 +93,12 @@ class CostModel:
     def _static_per_param(self, dp: int, zero1: bool) -> float:
         return self._param_b + self._opt_b / (dp if zero1 else 1)
 
-    def _grad_sync(self, chip: str, params_per_chip: float, dp: int) -> float:
-        # ZeRO-1 reduce-scatter + all-gather moves the same bytes as an all-reduce.
-        return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, self._chip[chip].network_bw)
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int) -> float:
+        """ZeRO-1 reduce-scatter + all-gather moves the same bytes as an all-reduce; over the node's own
+        fabric when the stage's tp * dp chips fit in one node (ranks are laid out stage by stage)."""
+        c = self._chip[chip]
+        bw = c.intra_node_bw if tp * dp <= c.chips_per_node else c.network_bw
+        return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, bw)
 
     def _layer_params(self, tp: int) -> float:
         """Weights of one layer on one of `tp` ranks: the profile's whole-layer count, scaled by the model's
@@ -120,7 +123,7 @@ class CostModel:
         tau = pr.fwd_s + pr.bwd_s + (pr.recompute_s if recompute else 0.0)
         beta = tau - pr.wgrad_s if schedule == "zbh1" else tau
         params = self._layer_params(tp)
-        upd = self._grad_sync(chip, params, dp) + pr.optim_s / (dp if zero1 else 1) + self._replica_sync(chip, tp)
+        upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s / (dp if zero1 else 1) + self._replica_sync(chip, tp)
         return StageCoef(tau=tau, beta=beta, upd=upd, bwd=pr.bwd_s, static=params * self._static_per_param(dp, zero1),
                          act=pr.ckpt_bytes if recompute else pr.act_bytes,
                          transient=pr.act_bytes if recompute else 0.0)
@@ -132,7 +135,7 @@ class CostModel:
             params, t, tr = self.profile.embed_params / tp, pr.embed_s, 0.0
         else:
             params, t, tr = self.profile.head_params / tp, pr.head_s, pr.head_act_bytes
-        upd = self._grad_sync(chip, params, dp) + pr.optim_s * params / self._layer_params(tp) / (dp if zero1 else 1)
+        upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s * params / self._layer_params(tp) / (dp if zero1 else 1)
         return EndCoef(time=t, beta=t, upd=upd, static=params * self._static_per_param(dp, zero1), transient=tr)
 
     def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:

@@ -101,7 +101,7 @@ def test_replication_is_charged():
     nbytes = 2 * m.kv_heads * kv_weights
     assert cm._replica_sync("A", 8) == pytest.approx(2 * 7 / 8 * nbytes / 100e9, rel=1e-12)
     pr = cm.profile.get("A", 8)
-    want = cm._grad_sync("A", m.layer_params_per_rank(8), 2) + pr.optim_s / 2 + cm._replica_sync("A", 8)
+    want = cm._grad_sync("A", m.layer_params_per_rank(8), 2, 8) + pr.optim_s / 2 + cm._replica_sync("A", 8)
     assert cm.coef("A", 8, False, 2).upd == pytest.approx(want, rel=1e-12)
 
 
