@@ -251,7 +251,7 @@ class MeasuredCosts(CostModel):
     def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:
         return self.p2p_s
 
-    def _grad_sync(self, chip: str, params_per_chip: float, dp: int) -> float:
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int) -> float:
         return 0.0  # inside the measured ZeRO-1 step (with_comm)
 
 

@@ -31,6 +31,7 @@ class ScheduleKind:
     in_flight: Callable[[int, int, int, Params], int]  # (stage, stages, micro-batches, params) -> activations held
     defers_weight_grads: bool
     params: tuple[str, ...] = ()
+    searched_as: str = ""  # the parameter-free schedule the planner searches with (the plan then derives params)
 
 
 REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
@@ -39,7 +40,7 @@ REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
     # up to p - k awaiting B/I plus up to k awaiting their deferred W
     ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True),
     ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
-                 lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",)),
+                 lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b"),
 )}
 NAMES = tuple(REGISTRY)
 

@@ -8,9 +8,9 @@ from typing import Any
 from ..schedules.registry import REGISTRY
 from .io import Fields, load_mapping
 
-# The schedules the planner searches with: the registered ones that take no parameters (H-1F1B's warm-up
-# depends on the plan's boundaries; `heteroauto simulate --schedule h1f1b` derives it for a plan).
-SCHEDULES = tuple(n for n, k in REGISTRY.items() if not k.params)
+# Every registered schedule; one with parameters (H-1F1B) is searched as its `searched_as` schedule and the
+# plan derives its parameters (heteropp/auto/planning.py).
+SCHEDULES = tuple(REGISTRY)
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 

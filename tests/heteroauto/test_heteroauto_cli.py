@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from heteropp.auto.cli import main
 
 EX = Path(__file__).resolve().parents[2] / "examples"
@@ -51,3 +53,48 @@ def test_simulate_under_h1f1b_derives_and_writes_its_warmup(tmp_path, capsys):
     planned = json.loads(plan.read_text())
     assert abs(planned["iteration_time_s"] / times["1f1b"] - 1) < 0.05
     assert planned["extra"]["model_estimate_s"] < 0.9 * times["1f1b"]
+
+
+def test_plan_under_h1f1b_writes_the_warmup_and_its_memory(tmp_path):
+    """Training spec schedule h1f1b on HARP's setting: the plan is searched as 1F1B, then carries HARP's
+    extra warm-up, its stages' memory with the extra in-flight activations (within capacity), and the
+    simulator's time, which the cost model's estimate is within 5% of here."""
+    train = tmp_path / "t.yaml"
+    train.write_text((EX / "training" / "harp.yaml").read_text().replace("schedule: 1f1b", "schedule: h1f1b"))
+    harp = ["--cluster", str(EX / "clusters" / "harp.yaml"), "--model", str(EX / "models" / "gpt-harp.yaml"),
+            "--train", str(train)]
+    out = tmp_path / "plan.json"
+    assert main(["plan", *harp, "--json", str(out), "--no-progress"]) == 0
+    d = json.loads(out.read_text())
+    extra = d["schedule_params"]["extra_warmup"]
+    assert d["schedule"] == "h1f1b" and len(extra) == len(d["stages"]) - 1 and max(extra) > 1
+    p = len(d["stages"])
+    assert d["extra"]["in_flight"] == [min(sum(1 + x for x in extra[k:]) + 1, d["micro_batches"]) for k in range(p)]
+    assert all(s["est_memory_gb"] <= cap for s, cap in zip(d["stages"], d["extra"]["memory_capacity_gb"]))
+    assert abs(d["extra"]["model_estimate_s"] / d["iteration_time_s"] - 1) < 0.05
+    sim = tmp_path / "sim.json"
+    assert main(["simulate", str(out), *harp, "--json", str(sim)]) == 0
+    assert json.loads(sim.read_text())["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-9)
+
+
+def test_h1f1b_warmup_is_cut_back_to_fit_memory():
+    """A slow link asks for a deep warm-up; with memory for only a few activations beyond 1F1B's the extra
+    is cut until every stage fits (checked against the memory model stage by stage)."""
+    from heteroauto_helpers import chip, make_problem
+    from heteropp.auto.candidates import Candidate
+    from heteropp.auto.costs import StageSpec
+    from heteropp.auto.planning import Problem, warmup_within_memory
+    from heteropp.schedules import kind
+    cm = make_problem([chip("X", 2, 7.0, tp_max=1), chip("Y", 2, 7.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=4,
+                      gb=16, links=[{"between": ["X", "Y"], "bandwidth": 0.0005}], schedule="h1f1b")
+    pb = Problem(cm.cluster, cm.model, cm.train, cm)
+    stages = [StageSpec("X", 1, 1, False), StageSpec("X", 1, 1, False), StageSpec("Y", 1, 1, False),
+              StageSpec("Y", 1, 1, False)]
+    params, mem = warmup_within_memory(pb, Candidate(0.0, 1, stages))
+    from heteropp.auto.plan_sim import schedule_params
+    wanted = schedule_params(cm, stages, 1, "h1f1b")["extra_warmup"]
+    assert sum(params["extra_warmup"]) < sum(wanted)
+    for k, s in enumerate(stages):
+        n = kind("h1f1b").in_flight(k, 4, 16, params)
+        assert cm.memory(s.chip, 1, False, 1, 1, n, k == 0, k == 3) == pytest.approx(mem[k])
+        assert mem[k] <= cm.cluster.chip(s.chip).usable_bytes
