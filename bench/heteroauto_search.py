@@ -79,7 +79,7 @@ def run_scale(repeats: int) -> list[dict]:
     import tempfile
     rows = []
     train = str(EX / "training" / "gbs-2m.yaml")
-    print(f"{'cluster':>12} | {'search s':>8} {'peak MiB':>8} | {'plan s':>8} {'bound s':>8} | {'dp':>4} "
+    print(f"{'cluster':>12} | {'search s':>8} {'peak MiB':>8} | {'model s':>8} {'bound s':>8} | {'dp':>4} "
           f"{'stages':>6} {'chips used':>14} | bounded by")
     for label, counts in SCALE.items():
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

@@ -5,8 +5,9 @@ A bounded search over few, structured candidates: dp (a divisor of the micro-bat
 pipeline depth P from a ladder, one TP size per chip type (its largest, or its cheapest per chip), and two
 ways to share the P stages among the types (fastest stages first; in proportion to what each type can
 hold). Types keep the memory-descending order, and every candidate stage sequence gets the exact optimal
-layer split and recompute (split.py). Candidates are tried in order of a lower bound and skipped when it
-cannot beat the best plan; the time budget stops the rest. The result is bounded by construction and
+layer split and recompute (split.py). Candidates are tried by their stages' speed (the bottleneck part of
+their lower bound) and skipped when the whole lower bound cannot beat the best plan; the time budget stops
+the rest. The result is bounded by construction and
 carries limits.relaxed_bound, a lower bound on every plan with or without idle chips.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .space import divisors, tp_counts, tp_sizes
 from .split import best_split
 
 DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+SEEDS = 2
 
 
 def _share(caps: list[int], rates: list[float], depth: int, fastest_first: bool) -> list[int]:
@@ -47,20 +49,21 @@ def search_idle(cm: CostModel, limits: Limits = Limits(), progress: Progress | N
     L, counts = cm.model.layers, tp_counts(cm.model)
     chips = sorted(cm.cluster.chips, key=lambda c: -c.memory_gb)
     dps = [d for d in divisors(cm.train.micro_batches_total) if d <= cm.cluster.total_chips]
-    trials = []  # (lower bound, dp, stage sequence)
+    trials = []  # (the stages' bottleneck bound, the sequence's lower bound, dp, stage sequence)
     for dp in dps:
         b = micro_batches(cm.train, dp)
         for policy in ("largest", "cheapest"):
-            tps, caps, rates = [], [], []
+            tps, caps, rates, fills = [], [], [], []
             for c in chips:
                 ok = [t for t in tp_sizes(c, *counts) if t * dp <= c.count]
                 if not ok:
-                    tps.append(0), caps.append(0), rates.append(0.0)
+                    tps.append(0), caps.append(0), rates.append(0.0), fills.append(math.inf)
                     continue
                 cost = {t: max(b * cm.coef(c.name, t, False, dp).tau - cm.coef(c.name, t, False, dp).beta, 1e-300)
                         for t in ok}
                 t = max(ok) if policy == "largest" else min(ok, key=lambda x: cost[x] * x)
                 tps.append(t), caps.append(min(L, c.count // (dp * t))), rates.append(1 / cost[t])
+                fills.append(cm.coef(c.name, t, False, dp).beta)
             for depth in sorted({min(d, L) for d in DEPTHS}):
                 for fastest in (True, False):
                     share = _share(caps, rates, depth, fastest)
@@ -68,14 +71,22 @@ def search_idle(cm: CostModel, limits: Limits = Limits(), progress: Progress | N
                     if not rate:
                         continue
                     seq = tuple((c.name, t) for c, t, s in zip(chips, tps, share) for _ in range(s))
-                    trials.append((L / rate, dp, seq))
+                    # F >= the bottleneck (at least L / sum of the stages' rates) + the fill (at least L
+                    # layers at the least per-layer fill share): a lower bound of this sequence's time
+                    fill = min(f for f, s in zip(fills, share) if s)
+                    trials.append((L / rate, L / rate + L * fill, dp, seq))
+    # The first few by their stages' speed seed the best plan (they find good plans early); the rest go
+    # in order of their whole lower bound, so the first that cannot win ends the search.
     trials = sorted(set(trials))
+    trials = trials[:SEEDS] + sorted(trials[SEEDS:], key=lambda x: x[1])
     best: list[Candidate] = []
     stopped = None
-    for i, (low, dp, seq) in enumerate(trials):
+    for i, (_, low, dp, seq) in enumerate(trials):
         bound = best[0].time_s if best else math.inf
         if low >= bound:
-            break  # trials are in bound order: none of the rest can win
+            if i >= SEEDS:
+                break
+            continue
         if time.perf_counter() - t0 > limits.time_budget_s and best:
             stopped = f"time budget {limits.time_budget_s:g} s ({len(trials) - i} of {len(trials)} candidates left)"
             break
