@@ -1,10 +1,10 @@
 """`--algo auto`: exact best-first search over data parallelism, the order of chip types along the pipeline,
 per-group TP sizes, per-stage layer counts and recompute, under the full cost model (costs.py).
 
-Three levels of bounds, each below the next, feed one heap (dpspace.py builds them, levels.py computes
-the tight ones for many rows at once with numpy):
-1. every combination of per-type TP choices at every dp gets a cheap order-free bound; they enter the heap
-   in chunks, in increasing cheap bound;
+Three levels of bounds, each below the next, feed one typed frontier (frontier.py; dpspace.py builds the
+bounds, levels.py computes the tight ones for many rows at once with numpy):
+1. every combination of per-type TP choices at every dp gets a cheap order-free bound; they enter the
+   frontier in chunks, in increasing cheap bound;
 2. a popped chunk gives its combinations the tight order-free bound (integral caps with recompute, the
    least fill and update level at each bottleneck level);
 3. a popped combination gives each order of chip types the same bound on its exact stage sequence (end
@@ -15,7 +15,6 @@ optimum of the cost model.
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import time
@@ -27,6 +26,7 @@ from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
 from .candidates import Candidate, Progress, SearchResult
 from .dpspace import DpSpace, cheap_bounds, type_choices
+from .frontier import Chunk, Entry, Frontier, Level
 from .h2 import h2_candidates
 from .infeasible import explain_infeasible
 from .levels import bound_parts, lower_bound
@@ -108,17 +108,16 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             return search_idle(cm, limits, progress, runners_up)
         except InfeasibleError:
             raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
-    tick = itertools.count()
-    heap: list = []
+    frontier = Frontier()
     done: set = set()
 
     def later(v: float) -> bool:
         """Worth keeping: below the best plan, or (for the second phase) within the re-rank margin."""
         return not top.items or v < top.items[0].time_s * (1 + max(wide, top.slack))
 
-    def push(v: float, space: DpSpace, what, data) -> None:
-        if later(v):
-            heapq.heappush(heap, (v, next(tick), space, what, data))
+    def push(e: Entry) -> None:
+        if later(e.bound):
+            frontier.push(e)
         else:
             stats["pruned"] += 1
 
@@ -134,7 +133,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         res = best_split(opts, L, lam, const, bound)
         if res is None:  # nothing below `bound`: that is its lower bound for the second phase
             if math.isfinite(bound):
-                push(bound, space, order, combo)
+                push(Entry(bound, Level.ORDER, space, combo, order))
             return
         done.add(sig)
         stages = [StageSpec(ch, t, l, r) for (ch, t), l, r in zip(seq, res.layers, res.recompute)]
@@ -148,43 +147,43 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         ob = bound_parts([sp.order_rows(c, orders) for sp, c in items], L, top.bound)
         for (space, combo), vs in zip(items, ob.reshape(len(items), len(orders)).tolist()):
             for o, v in zip(orders, vs):
-                push(v, space, o, combo)
+                push(Entry(v, Level.ORDER, space, combo, o))
 
-    def chunks(items: list[tuple[DpSpace, tuple]]) -> None:
+    def chunks(items: list[tuple[DpSpace, Chunk]]) -> None:
         """Tight order-free bounds for the rows of some chunks below the best; the rest waits on the heap."""
         parts, owners = [], []
-        for space, (lb, idx, start, size) in items:
+        for space, ch in items:
+            lb, idx, start, size = ch.lb, ch.idx, ch.start, ch.size
             end = min(start + size, len(lb))
             cut = start + int(np.searchsorted(lb[start:end], top.bound))
             if cut > start:
                 parts.append(space.free_rows(idx[start:cut]))
                 owners += [(space, c) for c in idx[start:cut]]
             if cut < end:
-                push(float(lb[cut]), space, "chunk", (lb, idx, cut, end - cut))
+                push(Entry(float(lb[cut]), Level.CHUNK, space, chunk=Chunk(lb, idx, cut, end - cut)))
             if end < len(lb):
-                push(float(lb[end]), space, "chunk", (lb, idx, end, 2 * size))
+                push(Entry(float(lb[end]), Level.CHUNK, space, chunk=Chunk(lb, idx, end, 2 * size)))
         if parts:
             tight = bound_parts(parts, L, top.bound, FREE_REFINE)
             for v, (space, combo) in zip(tight.tolist(), owners):
-                push(v, space, "combo", combo)
+                push(Entry(v, Level.COMBO, space, combo))
 
     deadline = t0 + limits.time_budget_s
 
     def drain() -> None:
-        while heap and heap[0][0] < top.bound:
+        while frontier.least() < top.bound:
             if time.perf_counter() > deadline and top.items:
                 bounded.append(f"time budget {limits.time_budget_s:g} s (best-first search stopped with "
-                               f"bounds from {heap[0][0]:.4f} s open)")
-                stats["open_bound"] = heap[0][0]
+                               f"bounds from {frontier.least():.4f} s open)")
+                stats["open_bound"] = frontier.least()
                 return
-            _, _, space, what, data = heapq.heappop(heap)
-            if isinstance(what, tuple):
-                split(space, what, data)
-                continue
-            batch = [(space, data)]
-            while heap and heap[0][3] == what and heap[0][0] < top.bound and len(batch) < BATCH:
-                batch.append((heap[0][2], heapq.heappop(heap)[4]))
-            (chunks if what == "chunk" else expand)(batch)
+            e = frontier.pop()
+            if e.level is Level.ORDER:
+                split(e.space, e.order, e.combo)
+            elif e.level is Level.CHUNK:
+                chunks([(x.space, x.chunk) for x in frontier.pop_more(e, top.bound, BATCH)])
+            else:
+                expand([(x.space, x.combo) for x in frontier.pop_more(e, top.bound, BATCH)])
 
     # An incumbent first (so that every bound below is computed against it): the best-bounded order of the
     # combination with the least tight bound among each dp's cheapest few.
@@ -198,14 +197,14 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     # bound (the chunk's first), combinations with their tight order-free bound, orders with their exact bound.
     for space, lb, idx in spaces:
         o = np.argsort(lb, kind="stable")
-        push(float(lb[o[0]]), space, "chunk", (lb[o], idx[o], 0, CHUNK))
+        push(Entry(float(lb[o[0]]), Level.CHUNK, space, chunk=Chunk(lb[o], idx[o], 0, CHUNK)))
     drain()
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
     if wide and _affordable(cm, top.items[0]) and not bounded:
         top.slack = wide
         drain()
-    stats["pruned"] += len(heap)
+    stats["pruned"] += len(frontier)
     items = top.items
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
