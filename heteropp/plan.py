@@ -9,7 +9,9 @@ ranks; its gradients are reduced over those replicas. Chips of the cluster that 
 Stage 0 also holds the embedding, the last stage the final norm and output head. Ranks are assigned stage
 by stage: stage k, replica r (= outer replica * inner_dp_k + inner replica), tp rank t -> offset_k + r * tp_k + t.
 
-Version 2 added `inner_dp`; a plan of another version is rejected with what to do about it.
+Under the interleaved schedule each group of chips holds `schedule_params.chunks` model chunks: `stages`
+then lists the virtual stages in pipeline order, virtual stage i on the chips of stage i % p (`Plan.chunks`,
+`Plan.devices`). Version 2 added `inner_dp`; a plan of another version is rejected with what to do.
 """
 from __future__ import annotations
 
@@ -89,6 +91,19 @@ class Plan:
                 s.first_layer = first
             first = s.first_layer + s.layers
 
+    @property
+    def chunks(self) -> int:
+        """Model chunks per group of chips: `schedule_params.chunks` under the interleaved schedule, else 1.
+        Then `stages` lists the p * chunks virtual stages in pipeline order and virtual stage i runs on the
+        chips of stage i % p (the first p entries name them)."""
+        c = self.schedule_params.get("chunks", 1) if isinstance(self.schedule_params, dict) else 1
+        return c if _is_int(c) and c >= 1 and self.schedule == "interleaved" else 1
+
+    @property
+    def devices(self) -> int:
+        """Groups of chips along the pipeline (stages, or stages / chunks for an interleaved plan)."""
+        return max(len(self.stages) // self.chunks, 1)
+
     def stage_dp(self, k: int) -> int:
         """Replicas of stage k: the pipelines times the stage's inner replicas."""
         return self.dp * self.stages[k].inner_dp
@@ -98,7 +113,7 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return sum(self.stage_ranks(k) for k in range(len(self.stages)))
+        return sum(self.stage_ranks(k) for k in range(self.devices))
 
     @property
     def global_batch(self) -> int:
@@ -106,13 +121,13 @@ class Plan:
 
     def chips_used(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for k, s in enumerate(self.stages):
+        for k, s in enumerate(self.stages[:self.devices]):
             out[s.chip] = out.get(s.chip, 0) + self.stage_ranks(k)
         return out
 
     def rank_offsets(self) -> list[int]:
         offs, r = [], 0
-        for k in range(len(self.stages)):
+        for k in range(self.devices):
             offs.append(r)
             r += self.stage_ranks(k)
         return offs
@@ -137,6 +152,15 @@ class Plan:
             raise SpecError(source, "schedule", f"got {self.schedule!r}", "one of " + ", ".join(SCHEDULES))
         if (why := params_error(self.schedule, self.schedule_params, len(self.stages))) is not None:
             raise SpecError(source, "schedule_params", why, f"the parameters of {self.schedule!r}")
+        if len(self.stages) % self.chunks:
+            raise SpecError(source, "stages", f"{len(self.stages)} stages for {self.chunks} chunks per group of chips",
+                            "a multiple of schedule_params.chunks (the virtual stages in pipeline order)")
+        groups = self.devices
+        for i in range(groups, len(self.stages)):
+            a, b = self.stages[i], self.stages[i % groups]
+            if (a.chip, a.tp, a.inner_dp) != (b.chip, b.tp, b.inner_dp):
+                raise SpecError(source, f"stages[{i}]", f"runs on the chips of stages[{i % groups}] but names "
+                                f"{a.chip}/tp{a.tp}/inner_dp{a.inner_dp}", f"{b.chip}/tp{b.tp}/inner_dp{b.inner_dp}")
         expect = 0
         for i, s in enumerate(self.stages):
             p = f"stages[{i}]"

@@ -40,8 +40,8 @@ def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[S
 def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str) -> dict:
     """Parameters of a schedule that takes some, derived from the plan's costs (H-1F1B: HARP's extra
     warm-up per boundary from its transfer time over the bottleneck stage's compute)."""
-    if not kind(schedule).params:
-        return {}
+    if "extra_warmup" not in kind(schedule).params:
+        return {}  # interleaved 1F1B's chunks come with the plan's virtual stages, not from costs
     st, es = stage_times(cm, stages, dp)
     return {"extra_warmup": h1f1b_extra([t.fwd + t.bwd for t in st], es)}
 
@@ -54,7 +54,8 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
     name, b = schedule or cm.train.schedule, micro_batches(cm.train, dp)
     sched: str | list = name
     if kind(name).params:
-        sched = build(name, len(stages), b, params or schedule_params(cm, stages, dp, name))
+        params = params or schedule_params(cm, stages, dp, name)
+        sched = build(name, len(stages) // params.get("chunks", 1), b, params)
     return simulate(st, es, b, sched, keep_timeline, limit, latencies(cm, stages))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..schedules import Action, Schedule, build, validate
-from ..schedules.actions import deps_done
+from ..schedules.actions import chunks_of, deps_done, mark_done
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,31 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
              keep_timeline: bool = False, limit: float = math.inf, latency_s: list[float] | None = None) -> SimResult:
     """`boundary_s`: how long a transfer occupies boundary j's channel (bytes over bandwidth); `latency_s`:
     what it adds on top before it arrives, without occupying the channel (messages pipeline).
-    `limit`: stop once some stage surely ends after it (iteration time inf, the rest partial)."""
-    p, m = len(stages), micro_batches
-    lat = latency_s or [0.0] * max(p - 1, 0)
-    sched = schedule_of(schedule, p, m)
-    done: dict[tuple[int, str, int], float] = {}  # finish times; "B" also marks I
+    `limit`: stop once some stage surely ends after it (iteration time inf, the rest partial).
+    An interleaved schedule (chunks v > 1) on p stages takes `stages` and `boundary_s` per virtual stage
+    (p * v of them, in pipeline order; virtual stage c * p + s is stage s's chunk c); times, memory and
+    bubbles are reported per physical stage, and boundary j's transfers use the link from stage j % p to
+    the next (stage p - 1's to stage 0 for the chunks' wrap-around)."""
+    m = micro_batches
+    if isinstance(schedule, str):
+        p = len(stages)
+        sched = schedule_of(schedule, p, m)
+    else:
+        sched = schedule_of(schedule, len(schedule), m)
+        p = len(sched)
+    v = chunks_of(sched)
+    if len(stages) != p * v:
+        raise ValueError(f"{len(stages)} stage times for {p} stages of {v} chunks each")
+    vstages = stages
+    lat = latency_s or [0.0] * max(p * v - 1, 0)
+    stages = [StageTimes(fwd=0.0, bwd=0.0, wgrad=0.0, update=sum(vstages[c * p + s].update for c in range(v)),
+                         static_bytes=sum(vstages[c * p + s].static_bytes for c in range(v)),
+                         act_bytes=0.0, transient_bytes=max(vstages[c * p + s].transient_bytes for c in range(v)))
+              for s in range(p)]
     free = [0.0] * p
-    fwd_chan = [0.0] * max(p - 1, 0)  # channel k: stage k -> k+1
-    bwd_chan = [0.0] * max(p - 1, 0)  # channel k: stage k+1 -> k
+    fwd_chan = [0.0] * p  # channel k: stage k -> k+1 (mod p)
+    bwd_chan = [0.0] * p  # channel k: stage k+1 (mod p) -> k
+    last = p * v - 1
     arrive: dict[tuple[int, str, int], float] = {}
     pos = [0] * p
     live = [0] * p
@@ -77,42 +94,40 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
         for s in range(p):
             while pos[s] < len(sched[s]):
                 a: Action = sched[s][pos[s]]
-                if not deps_done(a, s, p, done_keys):
+                if not deps_done(a, s, p, done_keys, v):
                     break
-                st = stages[s]
+                vs = a.chunk * p + s
+                st = vstages[vs]
                 ready = free[s]
-                if a.op == "F" and s > 0:
-                    ready = max(ready, arrive[(s, "F", a.mb)])
-                elif a.op in ("B", "I") and s < p - 1:
-                    ready = max(ready, arrive[(s, "B", a.mb)])
+                if a.op == "F" and vs > 0:
+                    ready = max(ready, arrive[(vs, "F", a.mb)])
+                elif a.op in ("B", "I") and vs < last:
+                    ready = max(ready, arrive[(vs, "B", a.mb)])
                 dur = {"F": st.fwd, "B": st.bwd, "I": st.bwd - st.wgrad, "W": st.wgrad}[a.op]
                 end = ready + dur
                 free[s] = end
-                if end + st.update > limit:
+                if end + stages[s].update > limit:
                     return SimResult(math.inf, 0.0, peak, busy, timeline)
                 busy[s] += dur
                 if keep_timeline:
                     timeline.append((s, a.op, a.mb, ready, end))
-                key = "B" if a.op == "I" else a.op
-                done[(s, key, a.mb)] = end
-                done_keys.add((s, key, a.mb))
-                if a.op == "I":
-                    done_keys.add((s, "I", a.mb))
+                mark_done(a, s, p, done_keys)
                 # memory: activations live from F until the pass that last reads them
                 if a.op == "F":
-                    live[s] += 1
-                    peak[s] = max(peak[s], st.static_bytes + live[s] * st.act_bytes + st.transient_bytes)
+                    live[s] += st.act_bytes
+                    peak[s] = max(peak[s], stages[s].static_bytes + live[s] + stages[s].transient_bytes)
                 elif a.op in ("B", "W"):
-                    live[s] -= 1
-                # point-to-point transfers
-                if a.op == "F" and s < p - 1:
+                    live[s] -= st.act_bytes
+                # point-to-point transfers (virtual boundary vs on the link from stage s to the next)
+                if a.op == "F" and vs < last:
                     start = max(end, fwd_chan[s])
-                    fwd_chan[s] = start + boundary_s[s]
-                    arrive[(s + 1, "F", a.mb)] = fwd_chan[s] + lat[s]
-                if a.op in ("B", "I") and s > 0:
-                    start = max(end, bwd_chan[s - 1])
-                    bwd_chan[s - 1] = start + boundary_s[s - 1]
-                    arrive[(s - 1, "B", a.mb)] = bwd_chan[s - 1] + lat[s - 1]
+                    fwd_chan[s] = start + boundary_s[vs]
+                    arrive[(vs + 1, "F", a.mb)] = fwd_chan[s] + lat[vs]
+                if a.op in ("B", "I") and vs > 0:
+                    prev = (s - 1) % p
+                    start = max(end, bwd_chan[prev])
+                    bwd_chan[prev] = start + boundary_s[vs - 1]
+                    arrive[(vs - 1, "B", a.mb)] = bwd_chan[prev] + lat[vs - 1]
                 pos[s] += 1
                 remaining -= 1
                 progressed = True

@@ -30,20 +30,33 @@ from .topology import Groups, rank_of
 
 
 class StageExecutor:
-    def __init__(self, model: StageModel, plan: Plan, groups: Groups, p2p: P2P, act_shape: tuple[int, ...],
-                 recv_window: int = DEFAULT_RECV_WINDOW) -> None:
-        """act_shape: one micro-batch's activation as this stage's inner replica holds it (its slice of the
-        micro-batch's sequences)."""
+    def __init__(self, model: StageModel | list[StageModel], plan: Plan, groups: Groups, p2p: P2P,
+                 act_shape: tuple[int, ...], recv_window: int = DEFAULT_RECV_WINDOW) -> None:
+        """model: this stage's model, or its chunks in order (interleaved plans: chunk c is virtual stage
+        c * p + k); act_shape: one micro-batch's activation as this stage's inner replica holds it (its slice
+        of the micro-batch's sequences)."""
         if recv_window < 0:
             raise ValueError(f"recv_window must be >= 0 (receives posted ahead), got {recv_window}")
-        self.model, self.plan, self.g, self.p2p = model, plan, groups, p2p
+        self.models = model if isinstance(model, list) else [model]
+        self.model, self.plan, self.g, self.p2p = self.models[0], plan, groups, p2p
         self.recv_window = recv_window
         c = groups.coord
         self.k, self.d, self.t, self.outer, self.inner = c.stage, c.replica, c.tp_rank, c.outer, c.inner
-        self.n = len(plan.stages)
+        self.p, self.n = plan.devices, len(plan.stages)  # groups of chips, virtual stages
         self.shape = torch.Size(act_shape)
-        self.peer = {"F": self.k - 1, "B": self.k + 1}  # the stage a forward / backward receive comes from
-        self.to = {"F": self.k + 1, "B": self.k - 1}  # the stage a forward / backward send goes to
+        # the stage a forward / backward receive comes from, and a send goes to (chunks wrap around)
+        self.peer = {"F": (self.k - 1) % self.p, "B": (self.k + 1) % self.p}
+        self.to = {"F": (self.k + 1) % self.p, "B": (self.k - 1) % self.p}
+
+    def _virtual(self, a: Action) -> int:
+        return a.chunk * self.p + self.k
+
+    def _tag(self, a: Action) -> int:
+        """Message id of the transfer an action sends or receives: micro-batch and receiving virtual stage
+        (several chunks' transfers share a pair of ranks)."""
+        vs = self._virtual(a)
+        to = vs if a.op.startswith("RECV") else vs + 1 if a.op == "SEND_F" else vs - 1
+        return a.mb * self.n + to
 
     def _split(self, peer_stage: int) -> BatchSplit:
         inner = [s.inner_dp for s in self.plan.stages]
@@ -67,7 +80,8 @@ class StageExecutor:
             shape = self._segment_shape(lo, hi)
             sources = [(self._peer_rank(peer, j, i), piece) for i, piece in b.incoming(self.t)]
             out.append((self.p2p.post_recv(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", sources,
-                                           b.piece_numel(shape.numel()), torch.float32, a.mb, backward=not fwd), shape))
+                                           b.piece_numel(shape.numel()), torch.float32, self._tag(a),
+                                           backward=not fwd), shape))
         return out
 
     def _receive(self, posted: list[tuple[Pending, torch.Size]], peer: int) -> torch.Tensor:
@@ -81,74 +95,78 @@ class StageExecutor:
         b = Boundary(self.plan.stages[self.k].tp, self.plan.stages[peer].tp)
         split = self._split(peer)
         first = split.span(self.inner, split.mine)[0]
-        key = f"{'F' if fwd else 'B'}{min(self.k, peer)}"  # boundary index, direction
+        vs = self._virtual(a)
+        key = f"{'F' if fwd else 'B'}{vs if fwd else vs - 1}"  # virtual boundary index, direction
         for j, lo, hi in split.segments(self.inner):
             pieces = b.split(t[lo - first:hi - first])
             dests = [(self._peer_rank(peer, j, r), pieces[piece]) for r, piece in b.outgoing(self.t)]
-            self.p2p.send(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", dests, a.mb, not fwd, key)
+            self.p2p.send(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", dests, self._tag(a), not fwd,
+                          key)
 
     # -- one step -----------------------------------------------------------------------------------
     def run(self, actions: list[Action], inputs: list[torch.Tensor], targets: list[torch.Tensor],
             loss_scale: float) -> float:
         recvs = [a for a in actions if a.op in ("RECV_F", "RECV_B")]
-        posted: dict[tuple[str, int], list[tuple[Pending, torch.Size]]] = {}
+        posted: dict[tuple[str, int, int], list[tuple[Pending, torch.Size]]] = {}
         ahead = 0  # recvs[:ahead] have been posted
 
         def post_until(n: int) -> None:
             nonlocal ahead
             while ahead < min(n, len(recvs)):
                 r = recvs[ahead]
-                posted[(r.op, r.mb)] = self._post(r)
+                posted[(r.op, r.mb, r.chunk)] = self._post(r)
                 ahead += 1
 
         post_until(self.recv_window)
         consumed = 0
-        x_in: dict[int, torch.Tensor] = {}
-        out: dict[int, torch.Tensor] = {}
-        grad_out: dict[int, torch.Tensor] = {}
-        stores: dict[int, WeightGradStore] = {}
+        # keyed by (chunk, micro-batch)
+        x_in: dict[tuple[int, int], torch.Tensor] = {}
+        out: dict[tuple[int, int], torch.Tensor] = {}
+        grad_out: dict[tuple[int, int], torch.Tensor] = {}
+        stores: dict[tuple[int, int], WeightGradStore] = {}
         loss_sum = 0.0
         spans: list[tuple[str, int, float, float]] | None = [] if _TIMING_DIR else None
         for a in actions:
-            m = a.mb
+            m, key = a.mb, (a.chunk, a.mb)
+            model = self.models[a.chunk]
             t0 = time.perf_counter() if spans is not None else 0.0
             if a.op in ("RECV_F", "RECV_B"):
                 consumed += 1
                 post_until(consumed + self.recv_window)  # this one, and the window beyond it
-                pend = posted.pop((a.op, m))
+                pend = posted.pop((a.op, m, a.chunk))
                 if a.op == "RECV_F":
-                    x_in[m] = self._receive(pend, self.peer["F"]).requires_grad_()
+                    x_in[key] = self._receive(pend, self.peer["F"]).requires_grad_()
                 else:
-                    grad_out[m] = self._receive(pend, self.peer["B"])
+                    grad_out[key] = self._receive(pend, self.peer["B"])
             elif a.op == "F":
-                x = inputs[m].to(self.g.device) if self.k == 0 else x_in[m]
-                y = self.model(x)
-                if self.model.last:
-                    y = self.model.loss(y, targets[m].to(self.g.device)) * loss_scale
+                x = inputs[m].to(self.g.device) if model.first else x_in[key]
+                y = model(x)
+                if model.last:
+                    y = model.loss(y, targets[m].to(self.g.device)) * loss_scale
                     loss_sum += y.item()
-                out[m] = y
+                out[key] = y
             elif a.op == "SEND_F":
-                self._send(out[m], a)
+                self._send(out[key], a)
             elif a.op in ("B", "I"):
-                store = stores.setdefault(m, WeightGradStore())
-                y = out.pop(m)
-                grad = None if self.model.last else grad_out.pop(m)
+                store = stores.setdefault(key, WeightGradStore())
+                y = out.pop(key)
+                grad = None if model.last else grad_out.pop(key)
                 if a.op == "I":
                     with store:
                         torch.autograd.backward(y, grad)
                 else:
                     torch.autograd.backward(y, grad)
             elif a.op == "W":
-                stores.pop(m).flush()
+                stores.pop(key).flush()
             elif a.op == "SEND_B":
-                self._send(x_in.pop(m).grad, a)
+                self._send(x_in.pop(key).grad, a)
             if spans is not None:
                 spans.append((a.op, m, t0, time.perf_counter()))
         if stores and any(s.queue for s in stores.values()):
             raise RuntimeError(f"stage {self.k}: weight gradients of micro-batches "
-                               f"{sorted(m for m, s in stores.items() if s.queue)} were never computed (missing W)")
+                               f"{sorted(m for (_, m), s in stores.items() if s.queue)} were never computed (missing W)")
         self.p2p.drain()
-        sync_replicated_grads(list(self.model.parameters()), self.model.tp)
+        sync_replicated_grads([q for mdl in self.models for q in mdl.parameters()], self.model.tp)
         if spans is not None:
             _write_spans(self.p2p.rank, self.k, spans)
         return loss_sum

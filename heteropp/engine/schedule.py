@@ -8,7 +8,7 @@ from ..schedules import Action, Schedule, ScheduleError, build, kind, params_err
 def compile_schedule(plan: Plan, schedule: str | list[list[str]]) -> Schedule:
     """`schedule`: a registered name (its parameters from the plan), or compute actions per stage (e.g. [["F0", "F1", "B0", "B1"], ...]).
     Raises ScheduleError for a malformed or deadlocking list, before any process runs it."""
-    p, m = len(plan.stages), plan.micro_batches
+    p, m = plan.devices, plan.micro_batches
     if isinstance(schedule, str):
         params = plan.schedule_params if schedule == plan.schedule else {}
         missing = [n for n in kind(schedule).params if n not in params]

@@ -39,7 +39,7 @@ class Coord:
 
 def coord_of(plan: Plan, rank: int) -> Coord:
     offs = plan.rank_offsets()
-    for k, s in enumerate(plan.stages):
+    for k, s in enumerate(plan.stages[:plan.devices]):
         if offs[k] <= rank < offs[k] + plan.stage_ranks(k):
             d, t = divmod(rank - offs[k], s.tp)
             return Coord(k, d, t, s.inner_dp)
@@ -75,7 +75,7 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
     timeout = datetime.timedelta(seconds=timeout_s)
     me = coord_of(plan, rank)
     mine_tp = mine_dp = None
-    for k, s in enumerate(plan.stages):
+    for k, s in enumerate(plan.stages[:plan.devices]):
         backend = resolve_chip(s.chip, chip_map).backend
         for d in range(plan.stage_dp(k)):
             ranks = [rank_of(plan, k, d, t) for t in range(s.tp)]

@@ -29,11 +29,12 @@ from .topology import Groups, build_groups
 log = logging.getLogger("heteropp")
 
 
-def _shards(model: StageModel, grad: bool) -> dict[str, tuple[torch.Tensor, int | None, int]]:
-    """name -> (this rank's gradient or weight, TP shard dimension or None, TP ranks sharing that shard):
-    what a test needs to line the shard up with the reference's full tensor."""
+def _shards(models: list[StageModel], grad: bool) -> dict[str, tuple[torch.Tensor, int | None, int]]:
+    """name -> (this rank's gradient or weight, TP shard dimension or None, TP ranks sharing that shard), over
+    the stage's chunks (names carry global layer indices): what a test needs to line the shard up with the
+    reference's full tensor."""
     return {n: ((p.grad if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
-            for n, p in model.named_parameters()}
+            for model in models for n, p in model.named_parameters()}
 
 
 def _owned(p: torch.nn.Parameter, tp_rank: int) -> bool:
@@ -50,13 +51,15 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     st = plan.stages[k]
     rows = plan.micro_batch_size // st.inner_dp  # this replica's slice of every micro-batch
     first_row = g.coord.inner * rows
-    model = StageModel(m, st.layer_range, g.tp, seed=cfg.seed, first=k == 0, last=k == len(plan.stages) - 1,
-                       recompute=st.recompute).to(g.device)
-    params = list(model.parameters())
+    n, p = len(plan.stages), plan.devices
+    chunks = [StageModel(m, plan.stages[vs].layer_range, g.tp, seed=cfg.seed, first=vs == 0, last=vs == n - 1,
+                         recompute=plan.stages[vs].recompute).to(g.device) for vs in range(k, n, p)]
+    model = chunks[-1]  # the chunk that holds the head on the last stage
+    params = [q for c in chunks for q in c.parameters()]
     opt = ZeroAdamW(params, cfg.lr, g.dp, d, plan.stage_dp(k), clip_norm=cfg.clip_grad,
                     owned=[_owned(p, t) for p in params], distributed_norm=dist.get_world_size() > 1)
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
-    ex = StageExecutor(model, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window)
+    ex = StageExecutor(chunks, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
     lead = model.last and d == 0 and t == 0
@@ -80,7 +83,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs],
                       1.0 / (plan.micro_batches * plan.stage_dp(k)))
         if grads is not None:
-            grads.append(_shards(model, grad=True))
+            grads.append(_shards(chunks, grad=True))
         opt.step()
         norms.append(opt.last_norm)
         if model.last:
@@ -98,7 +101,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                 log_file.flush()
     if log_file:
         log_file.close()
-    params = _shards(model, grad=False) if cfg.collect_params else None
+    params = _shards(chunks, grad=False) if cfg.collect_params else None
     return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
             "tokens_per_s": rates, "grads": grads, "params": params, "grad_norms": norms,
             "bytes_sent": dict(p2p.bytes_sent)}

@@ -3,6 +3,10 @@
 Compute actions: F (forward), B (full backward), I (input-gradient backward), W (weight-gradient backward).
 Communication actions: SEND_F/RECV_F (activations to/from the next/previous stage) and SEND_B/RECV_B
 (gradients). A schedule is `list[list[Action]]`, one list per stage in execution order.
+
+Interleaved schedules give a stage several model chunks (virtual stages): an action's `chunk` c on stage s
+is virtual stage c * p + s of p * v, and the pipeline runs through the virtual stages in order (stage p - 1's
+chunk c feeds stage 0's chunk c + 1). Every schedule without chunks has v = 1 and virtual stage = stage.
 """
 from __future__ import annotations
 
@@ -16,16 +20,24 @@ COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 class Action:
     op: str
     mb: int
+    chunk: int = 0  # the stage's model chunk (interleaved schedules)
 
     def __str__(self) -> str:
-        return f"{self.op}{self.mb}"
+        return f"{self.op}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
 
     @classmethod
     def parse(cls, text: str) -> "Action":
         for op in COMM + COMPUTE:
-            if text.startswith(op) and text[len(op):].isdigit():
-                return cls(op, int(text[len(op):]))
-        raise ValueError(f"cannot parse action {text!r}; expected e.g. F3, B0, I2, W2, SEND_F1, RECV_B4")
+            mb, _, chunk = text[len(op):].partition(".")
+            if text.startswith(op) and mb.isdigit() and (chunk.isdigit() or not chunk and "." not in text):
+                return cls(op, int(mb), int(chunk or 0))
+        raise ValueError(f"cannot parse action {text!r}; expected e.g. F3, B0, I2, W2, SEND_F1, RECV_B4, F3.1 "
+                         "(micro-batch 3 of chunk 1)")
+
+
+def chunks_of(sched: "Schedule") -> int:
+    """Model chunks per stage (1 unless the schedule is interleaved)."""
+    return 1 + max((a.chunk for acts in sched for a in acts), default=0)
 
 
 Schedule = list[list[Action]]
@@ -34,20 +46,22 @@ Schedule = list[list[Action]]
 def with_comms(sched: Schedule) -> Schedule:
     """Insert point-to-point actions: receive before a compute action that needs a neighbour's output,
     send right after a compute action whose output a neighbour needs."""
-    p = len(sched)
+    p, v = len(sched), chunks_of(sched)
+    last = p * v - 1
     out: Schedule = []
     for s, acts in enumerate(sched):
         lst: list[Action] = []
         for a in acts:
-            if a.op == "F" and s > 0:
-                lst.append(Action("RECV_F", a.mb))
-            if a.op in ("B", "I") and s < p - 1:
-                lst.append(Action("RECV_B", a.mb))
+            vs = a.chunk * p + s
+            if a.op == "F" and vs > 0:
+                lst.append(Action("RECV_F", a.mb, a.chunk))
+            if a.op in ("B", "I") and vs < last:
+                lst.append(Action("RECV_B", a.mb, a.chunk))
             lst.append(a)
-            if a.op == "F" and s < p - 1:
-                lst.append(Action("SEND_F", a.mb))
-            if a.op in ("B", "I") and s > 0:
-                lst.append(Action("SEND_B", a.mb))
+            if a.op == "F" and vs < last:
+                lst.append(Action("SEND_F", a.mb, a.chunk))
+            if a.op in ("B", "I") and vs > 0:
+                lst.append(Action("SEND_B", a.mb, a.chunk))
         out.append(lst)
     return out
 
@@ -59,32 +73,38 @@ class ScheduleError(ValueError):
 def validate(sched: Schedule, micro_batches: int) -> None:
     """Every stage runs each micro-batch's F once and then either B or I followed by W; the stages together
     cannot deadlock (checked by executing the dependency order with zero durations)."""
-    p = len(sched)
+    p, v = len(sched), chunks_of(sched)
     for s, acts in enumerate(sched):
-        seen: dict[tuple[str, int], int] = {}
+        seen: dict[tuple[str, int, int], int] = {}
         for i, a in enumerate(acts):
             if a.op not in COMPUTE + COMM:
                 raise ScheduleError(f"stage {s} action {i}: unknown op {a.op!r}; expected one of {COMPUTE + COMM}")
             if not 0 <= a.mb < micro_batches:
                 raise ScheduleError(f"stage {s} action {i} ({a}): micro-batch outside 0..{micro_batches - 1}")
-            if (a.op, a.mb) in seen:
+            if (a.op, a.mb, a.chunk) in seen:
                 raise ScheduleError(f"stage {s}: {a} appears twice")
-            seen[(a.op, a.mb)] = i
-        for m in range(micro_batches):
-            if ("F", m) not in seen:
-                raise ScheduleError(f"stage {s}: micro-batch {m} has no forward F{m}")
-            has_b, has_i, has_w = ("B", m) in seen, ("I", m) in seen, ("W", m) in seen
-            if has_b == (has_i or has_w) or has_i != has_w:
-                raise ScheduleError(f"stage {s}: micro-batch {m} needs either B{m} or both I{m} and W{m}")
-            bk = seen.get(("B", m), seen.get(("I", m)))
-            if bk < seen[("F", m)]:
-                raise ScheduleError(f"stage {s}: backward of micro-batch {m} before its forward F{m}")
-            if has_w and seen[("W", m)] < seen[("I", m)]:
-                raise ScheduleError(f"stage {s}: W{m} before I{m}")
+            seen[(a.op, a.mb, a.chunk)] = i
+        for c, m in ((c, m) for c in range(v) for m in range(micro_batches)):
+            _check_micro_batch(s, m, {(op, mb): i for (op, mb, ch), i in seen.items() if ch == c})
     _check_deadlock([[a for a in acts if a.op in COMPUTE] for acts in sched], p)
 
 
+def _check_micro_batch(s: int, m: int, seen: dict[tuple[str, int], int]) -> None:
+    """One micro-batch of one chunk on stage s: F once, then B, or I followed by W."""
+    if ("F", m) not in seen:
+        raise ScheduleError(f"stage {s}: micro-batch {m} has no forward F{m}")
+    has_b, has_i, has_w = ("B", m) in seen, ("I", m) in seen, ("W", m) in seen
+    if has_b == (has_i or has_w) or has_i != has_w:
+        raise ScheduleError(f"stage {s}: micro-batch {m} needs either B{m} or both I{m} and W{m}")
+    bk = seen.get(("B", m), seen.get(("I", m)))
+    if bk < seen[("F", m)]:
+        raise ScheduleError(f"stage {s}: backward of micro-batch {m} before its forward F{m}")
+    if has_w and seen[("W", m)] < seen[("I", m)]:
+        raise ScheduleError(f"stage {s}: W{m} before I{m}")
+
+
 def _check_deadlock(sched: Schedule, p: int) -> None:
+    v = chunks_of(sched)
     done: set[tuple[int, str, int]] = set()
     pos = [0] * p
     progress = True
@@ -93,11 +113,9 @@ def _check_deadlock(sched: Schedule, p: int) -> None:
         for s in range(p):
             while pos[s] < len(sched[s]):
                 a = sched[s][pos[s]]
-                if not deps_done(a, s, p, done):
+                if not deps_done(a, s, p, done, v):
                     break
-                done.add((s, "B" if a.op == "I" else a.op, a.mb))
-                if a.op == "I":
-                    done.add((s, "I", a.mb))
+                mark_done(a, s, p, done)
                 pos[s] += 1
                 progress = True
     stuck = [f"stage {s} waits at {sched[s][pos[s]]}" for s in range(p) if pos[s] < len(sched[s])]
@@ -105,10 +123,20 @@ def _check_deadlock(sched: Schedule, p: int) -> None:
         raise ScheduleError("deadlock: " + "; ".join(stuck))
 
 
-def deps_done(a: Action, s: int, p: int, done: set[tuple[int, str, int]]) -> bool:
-    """Cross-stage and local dependencies of one compute action ("B" in `done` marks B or I finished)."""
+def mark_done(a: Action, s: int, p: int, done: set[tuple[int, str, int]]) -> None:
+    """Record a finished compute action under its virtual stage ("B" marks B or I, "I" also I)."""
+    vs = a.chunk * p + s
+    done.add((vs, "B" if a.op == "I" else a.op, a.mb))
+    if a.op == "I":
+        done.add((vs, "I", a.mb))
+
+
+def deps_done(a: Action, s: int, p: int, done: set[tuple[int, str, int]], chunks: int = 1) -> bool:
+    """Cross-stage and local dependencies of one compute action, by virtual stage (= s without chunks;
+    "B" in `done` marks B or I finished)."""
+    vs, last = a.chunk * p + s, p * chunks - 1
     if a.op == "F":
-        return s == 0 or (s - 1, "F", a.mb) in done
+        return vs == 0 or (vs - 1, "F", a.mb) in done
     if a.op in ("B", "I"):
-        return (s, "F", a.mb) in done and (s == p - 1 or (s + 1, "B", a.mb) in done)
-    return (s, "I", a.mb) in done  # W
+        return (vs, "F", a.mb) in done and (vs == last or (vs + 1, "B", a.mb) in done)
+    return (vs, "I", a.mb) in done  # W

@@ -1,7 +1,7 @@
 """GPipe, 1F1B, H-1F1B and ZB-H1 as per-stage compute-action lists (registry.py names them)."""
 from __future__ import annotations
 
-from .actions import Action, Schedule
+from .actions import Action, Schedule, ScheduleError
 
 
 def gpipe(p: int, m: int) -> Schedule:
@@ -53,6 +53,31 @@ def zb_h1(p: int, m: int) -> Schedule:
             if len(pending) > hold:
                 acts.append(Action("W", pending.pop(0)))
         acts += [Action("W", i) for i in pending]
+        out.append(acts)
+    return out
+
+
+def interleaved_1f1b(p: int, m: int, chunks: int) -> Schedule:
+    """Megatron's interleaved 1F1B: stage s holds `chunks` model chunks (virtual stages c * p + s). Forward
+    micro-step i runs chunk (i // p) % v of micro-batch (i // (p v)) p + i % p, backward micro-step i the same
+    micro-batch's chunk v - 1 - (i // p) % v; stage s warms up with (p - s - 1) * 2 + (v - 1) * p forward
+    micro-steps, then alternates, then drains. Needs m to be a multiple of p."""
+    v, total = chunks, m * chunks
+    if m % p:
+        raise ScheduleError(f"interleaved 1F1B runs micro-batches in groups of the {p} stages: {m} micro-batches "
+                            f"is not a multiple of {p}")
+
+    def step(i: int, backward: bool) -> tuple[int, int]:
+        c = (i // p) % v
+        return (i // (p * v)) * p + i % p, (v - 1 - c if backward else c)
+
+    out: Schedule = []
+    for s in range(p):
+        warm = min((p - s - 1) * 2 + (v - 1) * p, total)
+        acts = [Action("F", *step(i, False)) for i in range(warm)]
+        for i in range(total - warm):
+            acts += [Action("F", *step(warm + i, False)), Action("B", *step(i, True))]
+        acts += [Action("B", *step(i, True)) for i in range(total - warm, total)]
         out.append(acts)
     return out
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .actions import Schedule, ScheduleError
-from .generators import gpipe, h_1f1b, zb_h1
+from .generators import gpipe, h_1f1b, interleaved_1f1b, zb_h1
 
 Params = Mapping[str, Any]
 
@@ -41,6 +41,12 @@ REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
     ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True),
     ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
                  lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b"),
+    # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up
+    # micro-steps plus one over v
+    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", 2)),
+                 lambda k, p, b, q: math.ceil(min((p - k - 1) * 2 + (q.get("chunks", 2) - 1) * p + 1,
+                                                  b * q.get("chunks", 2)) / q.get("chunks", 2)),
+                 False, ("chunks",)),
 )}
 NAMES = tuple(REGISTRY)
 
@@ -59,6 +65,9 @@ def params_error(name: str, params: Any, stages: int) -> str | None:
     extra = sorted(set(params) - set(k.params))
     if extra:
         return f"schedule {name!r} takes no parameter {extra[0]!r} (it takes: {', '.join(k.params) or 'none'})"
+    if "chunks" in params and (not isinstance(params["chunks"], int) or isinstance(params["chunks"], bool)
+                               or params["chunks"] < 1):
+        return f"chunks must be an integer >= 1 (model chunks per stage), got {params['chunks']!r}"
     if "extra_warmup" in params:
         x = params["extra_warmup"]
         if (not isinstance(x, list) or len(x) != stages - 1
