@@ -138,6 +138,22 @@ def _time_depths(nets: dict[int, _Net], tokens: torch.Tensor, repeats: int, min_
             for d in nets}
 
 
+def _layer_flops(nets: dict[int, _Net], tokens: torch.Tensor) -> tuple[float, float]:
+    """Forward and backward FLOPs of one decoder layer as torch's counter sees them, by the same two-depth
+    difference as the timings: a check of what was timed that does not depend on the machine's load."""
+    from torch.utils.flop_counter import FlopCounterMode
+    per = {}
+    for d, net in nets.items():
+        with FlopCounterMode(display=False) as fwd:
+            loss = net(tokens)
+        with FlopCounterMode(display=False) as bwd:
+            loss.backward()
+        net.zero_grad(set_to_none=True)
+        per[d] = (fwd.get_total_flops(), bwd.get_total_flops())
+    (d1, f1), (d2, f2) = sorted(per.items())
+    return tuple((b - a) / (d2 - d1) for a, b in zip(f1, f2))
+
+
 def _optim_time(layer: nn.Module, repeats: int, min_time_s: float, dev: torch.device) -> float:
     """One step of the engine's optimizer (ZeroAdamW, dp 1) over a layer shard's parameters."""
     from ..engine.optim import ZeroAdamW
@@ -185,7 +201,7 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
              depths: tuple[int, int], progress: Callable[[str], None] | None, min_time_s: float, stat: str,
              tp_group: TPGroup | None) -> Profile:
     torch.manual_seed(0)
-    entries = {}
+    entries, flops = {}, {}
     d1, d2 = depths
     for tp in tps:
         if (why := tp_split_error(tp, m.heads, m.kv_heads, m.ffn, m.vocab)) is not None:
@@ -213,6 +229,7 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
         share = w_s / (i_s + w_s) if i_s > 0 and w_s > 0 else 0.5  # a tiny layer's differences can come out 0
         if progress:
             progress(f"profiling tp={tp} optimizer step on {dev}")
+        flops[str(tp)] = list(_layer_flops(nets[False], tokens))
         optim = _optim_time(_Net(m, _LocalTP(0, tp), 1, False).to(dev).layers[0], repeats, min_time_s, dev)
         entries[tp] = TPProfile(fwd_s=fwd, bwd_s=bwd, recompute_s=max(bwd_rc - bwd, 0.0), wgrad_s=bwd * share,
                                 act_bytes=act, ckpt_bytes=ckpt, optim_s=optim, embed_s=0.0, head_s=ends,
@@ -221,4 +238,5 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
                    embed_params=m.embed_params, head_params=m.head_params, chips={chip: ChipProfile(entries)},
                    source="measured", meta={"device": str(dev), "torch": torch.__version__, "depths": list(depths),
                                                    "min_time_s": min_time_s, "repeats": repeats,
-                                                   "stat": stat, "tp_collectives": tp_group.size if tp_group else None})
+                                                   "stat": stat, "tp_collectives": tp_group.size if tp_group else None,
+                                                   "layer_flops": flops})
