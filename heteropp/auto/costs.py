@@ -16,6 +16,7 @@ direction it carries one activation (or gradient) per micro-batch and adds its l
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -188,7 +189,30 @@ class CostModel:
             out.append(out[-1] + d)
         return out
 
-    def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None) -> Estimate:
+    def round_trip_term(self, cs: list[float], es: list[float], lats: list[float], ns: list[int], b: int) -> tuple[float, str]:
+        """1F1B's round trips: stage k sends forward n_k + x only after backward x returned, so stages
+        k..k' (k < k') repeat a cycle of their compute c_k + ... + c_k' and every boundary's transfer and
+        latency both ways per n_k - n_k' + 1 micro-batches; over the b - 1 after the first that is
+        (b - 1) x cycle / count. Where a boundary is slow next to fast stages this, not the link's bandwidth,
+        sets the pace. Only runs where stage k has a forward after a backward (b > n_k) have the cycle."""
+        best, where = -math.inf, ""
+        for k in range(len(cs) - 1):
+            if b <= ns[k]:
+                continue
+            cycle = cs[k]
+            for j in range(k + 1, len(cs)):
+                cycle += cs[j] + 2 * (es[j - 1] + lats[j - 1])
+                t = (b - 1) * cycle / (ns[k] - ns[j] + 1)
+                if t > best:
+                    best, where = t, f"round trip {k}->{j}"
+        return best, where
+
+    def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
+                 round_trips: bool = False, params: dict | None = None) -> Estimate:
+        """`round_trips`: also price the round-trip cycles of 1F1B and H-1F1B (round_trip_term), a max over
+        runs of stages that the search's layer split cannot take apart; without it the estimate bounds this
+        from below and is the search's objective. `params`: the schedule's (H-1F1B's extra warm-up), which
+        set the in-flight counts."""
         schedule = schedule or self.train.schedule
         p = len(stages)
         own, beta, cs, us, mems, caps, ns = [], [], [], [], [], [], []
@@ -199,7 +223,7 @@ class CostModel:
                 if flag:
                     e = self.end(s.chip, s.tp, dp, which)
                     t, bt, u = t + e.time, bt + e.beta, u + e.upd
-            n = in_flight(schedule, k, p, b)
+            n = kind(schedule).in_flight(k, p, b, params or {})
             cs.append(t), us.append(u), beta.append(bt), own.append(b * t - bt), ns.append(n)
             mems.append(self.memory(s.chip, s.tp, s.recompute, dp, s.layers, n, k == 0, k == p - 1))
             caps.append(self._chip[s.chip].usable_bytes)
@@ -215,6 +239,10 @@ class CostModel:
             top, where = link_own[j], f"link {j}->{j + 1}"
         else:
             top, where = own[ks], f"stage {ks}"
+        if round_trips and schedule in ("1f1b", "h1f1b"):
+            rt, rt_where = self.round_trip_term(cs, es, lats, ns, b)
+            if rt > top:
+                top, where = rt, rt_where
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,
                         stage_memory_bytes=mems, stage_capacity_bytes=caps, in_flight=ns, boundary_s=es,
                         bottleneck=where, fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),

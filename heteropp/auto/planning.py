@@ -46,10 +46,11 @@ def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str
     limits bounded it, and the lower bound on every plan then."""
     from .plan_sim import simulate_stages
     b = micro_batches(pb.train, cand.dp)
-    est = pb.cm.evaluate(cand.stages, cand.dp, b)
-    params, memory = warmup_within_memory(pb, cand) if kind(pb.train.schedule).params else ({}, est.stage_memory_bytes)
-    # the plan states the simulator's time: the cost model (which ranks plans in the search) misses the
-    # stalls 1F1B takes on slow links; its own number stays in extra["model_estimate_s"]
+    params = warmup_within_memory(pb, cand)[0] if kind(pb.train.schedule).params else {}
+    est = pb.cm.evaluate(cand.stages, cand.dp, b, pb.train.schedule, round_trips=True, params=params)
+    memory = est.stage_memory_bytes
+    # the plan states the simulator's time; the cost model's, with 1F1B's round trips priced (the search
+    # ranks without them), stays in extra["model_estimate_s"]
     sim = simulate_stages(pb.cm, cand.stages, cand.dp, pb.train.schedule, params=params).iteration_time_s
     stages = [StagePlan(chip=s.chip, tp=s.tp, layers=s.layers, recompute=s.recompute,
                         est_time_s=round(t, 6), est_memory_gb=round(mem / 1e9, 3))

@@ -49,10 +49,10 @@ def test_simulate_under_h1f1b_derives_and_writes_its_warmup(tmp_path, capsys):
     assert d["schedule"] == "h1f1b" and len(d["schedule_params"]["extra_warmup"]) == len(d["stages"]) - 1
     assert max(d["schedule_params"]["extra_warmup"]) > 1
     assert times["h1f1b"] < times["1f1b"]
-    # the plan's stated time is the simulator's (the cost model alone is ~20% optimistic on these links)
+    # the plan's stated time is the simulator's; the cost model's, with 1F1B's round trips priced, is near it
     planned = json.loads(plan.read_text())
     assert abs(planned["iteration_time_s"] / times["1f1b"] - 1) < 0.05
-    assert planned["extra"]["model_estimate_s"] < 0.9 * times["1f1b"]
+    assert abs(planned["extra"]["model_estimate_s"] / times["1f1b"] - 1) < 0.05
 
 
 def test_plan_under_h1f1b_writes_the_warmup_and_its_memory(tmp_path):
