@@ -155,13 +155,15 @@ class CostModel:
 
     # --- memory -----------------------------------------------------------------------------------
     def memory(self, chip: str, tp: int, recompute: bool, dp: int, layers: int, n: int, first: bool, last: bool,
-               zero1: bool | None = None) -> float:
+               zero1: bool | None = None, share: float = 1.0) -> float:
+        """`dp`: the stage's replicas (dp x inner_dp); `share`: the part of each micro-batch's rows it holds
+        (1 / inner_dp)."""
         c = self.coef(chip, tp, recompute, dp, zero1)
-        mem = layers * (c.static + n * c.act) + c.transient
+        mem = layers * (c.static + n * c.act * share) + c.transient * share
         for flag, which in ((first, "first"), (last, "last")):
             if flag:
                 e = self.end(chip, tp, dp, which, zero1)
-                mem += e.static + e.transient
+                mem += e.static + e.transient * share
         return mem
 
     def max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
@@ -217,17 +219,20 @@ class CostModel:
         p = len(stages)
         own, beta, cs, us, mems, caps, ns = [], [], [], [], [], [], []
         for k, s in enumerate(stages):
-            c = self.coef(s.chip, s.tp, s.recompute, dp, None, schedule)
-            t, bt, u = s.layers * c.tau, s.layers * c.beta, s.layers * c.upd
+            # inner_dp replicas each compute 1 / inner_dp of every micro-batch and reduce over dp x inner_dp
+            sdp, share = dp * s.inner_dp, 1.0 / s.inner_dp
+            c = self.coef(s.chip, s.tp, s.recompute, sdp, None, schedule)
+            t, bt, u = s.layers * c.tau * share, s.layers * c.beta * share, s.layers * c.upd
             for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
                 if flag:
-                    e = self.end(s.chip, s.tp, dp, which)
-                    t, bt, u = t + e.time, bt + e.beta, u + e.upd
+                    e = self.end(s.chip, s.tp, sdp, which)
+                    t, bt, u = t + e.time * share, bt + e.beta * share, u + e.upd
             n = kind(schedule).in_flight(k, p, b, params or {})
             cs.append(t), us.append(u), beta.append(bt), own.append(b * t - bt), ns.append(n)
-            mems.append(self.memory(s.chip, s.tp, s.recompute, dp, s.layers, n, k == 0, k == p - 1))
+            mems.append(self.memory(s.chip, s.tp, s.recompute, sdp, s.layers, n, k == 0, k == p - 1, share=share))
             caps.append(self._chip[s.chip].usable_bytes)
-        es = [self.boundary(stages[k].chip, stages[k].tp, stages[k + 1].chip, stages[k + 1].tp, dp) for k in range(p - 1)]
+        # a boundary of inner_dp replicas spreads over inner_dp x tp NICs (as plan_sim.stage_times prices it)
+        es = [self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp) for a, c in zip(stages, stages[1:])]
         gaps = self.drain_gaps([(s.chip, s.tp) for s in stages], dp, schedule)
         lats = [self.latency(a.chip, c.chip) for a, c in zip(stages, stages[1:])]
         link_own = [b * e - 2 * e for e in es]

@@ -52,7 +52,7 @@ def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str
     # the plan states the simulator's time; the cost model's, with 1F1B's round trips priced (the search
     # ranks without them), stays in extra["model_estimate_s"]
     sim = simulate_stages(pb.cm, cand.stages, cand.dp, pb.train.schedule, params=params).iteration_time_s
-    stages = [StagePlan(chip=s.chip, tp=s.tp, layers=s.layers, recompute=s.recompute,
+    stages = [StagePlan(chip=s.chip, tp=s.tp, layers=s.layers, recompute=s.recompute, inner_dp=s.inner_dp,
                         est_time_s=round(t, 6), est_memory_gb=round(mem / 1e9, 3))
               for s, t, mem in zip(cand.stages, est.stage_time_s, memory)]
     return Plan(stages=stages, dp=cand.dp, micro_batch_size=pb.train.micro_batch_size, micro_batches=b,

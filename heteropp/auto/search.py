@@ -29,6 +29,7 @@ from .dpspace import DpSpace, cheap_bounds, type_choices
 from .frontier import Chunk, Entry, Frontier, Level
 from .h2 import h2_candidates
 from .infeasible import explain_infeasible
+from .inner_dp import with_inner_dp
 from .levels import bound_parts, lower_bound
 from .idle import search_idle
 from .limits import Limits, relaxed_bound, trim_choices, type_orders
@@ -209,6 +210,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
+    items = [with_inner_dp(cm, c) for c in items]  # per-stage data parallelism on the kept plans
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
         try:
@@ -283,7 +285,7 @@ def _rerank(cm: CostModel, cands: list[Candidate], group_size: int) -> list[Cand
 
 
 def _sig(c: Candidate) -> tuple:
-    return c.dp, tuple((s.chip, s.tp, s.layers, s.recompute) for s in c.stages)
+    return c.dp, tuple((s.chip, s.tp, s.layers, s.recompute, s.inner_dp) for s in c.stages)
 
 
 def _runs(stages: list[StageSpec]) -> list[tuple[str, int, int]]:

@@ -1,0 +1,49 @@
+"""Per-stage data parallelism proposed on the searched plans: a stage whose replica spans g chips may run
+inner_dp replicas of g / inner_dp-way TP instead (HetAuto's d_k = d_outer x d_inner,k), each computing
+micro_batch_size / inner_dp of every micro-batch. Splitting rows saves TP's collectives and costs a
+gradient reduction over more replicas and a whole layer's weights on fewer chips; the cost model prices
+both (CostModel.evaluate), and each stage takes the inner_dp that lowers the plan's time, stage by stage
+until none does. With one sequence per micro-batch there is nothing to split and plans stay as searched."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .candidates import Candidate
+from .costs import CostModel, StageSpec, micro_batches
+
+
+def inner_dp_choices(cm: CostModel, s: StageSpec) -> list[StageSpec]:
+    """The same chips as `s` at every other inner_dp that divides both its chips and the micro-batch, where
+    the profile has the smaller TP size."""
+    group, mbs = s.tp * s.inner_dp, cm.train.micro_batch_size
+    out = []
+    for i in range(1, group + 1):
+        if group % i or mbs % i or i == s.inner_dp:
+            continue
+        try:
+            cm.profile.get(s.chip, group // i)
+        except KeyError:
+            continue
+        out.append(replace(s, tp=group // i, inner_dp=i))
+    return out
+
+
+def with_inner_dp(cm: CostModel, cand: Candidate) -> Candidate:
+    """`cand` with each stage's inner_dp chosen by the cost model (coordinate descent, strict gains only)."""
+    if cm.train.micro_batch_size == 1:
+        return cand
+    b = micro_batches(cm.train, cand.dp)
+    stages, best = list(cand.stages), cm.evaluate(cand.stages, cand.dp, b).iteration_time_s
+    changed = True
+    while changed:
+        changed = False
+        for k, s in enumerate(stages):
+            for alt in inner_dp_choices(cm, s):
+                trial = stages[:k] + [alt] + stages[k + 1:]
+                e = cm.evaluate(trial, cand.dp, b)
+                if e.feasible and e.iteration_time_s < best * (1 - 1e-9):
+                    stages, best, changed, s = trial, e.iteration_time_s, True, alt
+    if stages == cand.stages:
+        return cand
+    inner = ",".join(str(s.inner_dp) for s in stages)
+    return Candidate(best, cand.dp, stages, f"{cand.label} inner_dp {inner}".strip())
