@@ -122,7 +122,7 @@ class CostModel:
         schedule = schedule or self.train.schedule
         pr = self.profile.get(chip, tp)
         tau = pr.fwd_s + pr.bwd_s + (pr.recompute_s if recompute else 0.0)
-        beta = tau - pr.wgrad_s if schedule == "zbh1" else tau
+        beta = tau - pr.wgrad_s if kind(schedule).defers_weight_grads else tau
         params = self._layer_params(tp)
         upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s / (dp if zero1 else 1) + self._replica_sync(chip, tp)
         return StageCoef(tau=tau, beta=beta, upd=upd, bwd=pr.bwd_s, static=params * self._static_per_param(dp, zero1),
@@ -181,7 +181,7 @@ class CostModel:
         schedule = schedule or self.train.schedule
         out = [0.0]
         for k in range(len(seq) - 1):
-            if schedule == "zbh1":  # a stage's last actions are deferred weight passes, off the chain
+            if kind(schedule).defers_weight_grads:  # a stage's last actions are weight passes, off the chain
                 out.append(0.0)
                 continue
             (a, ta), (b_, tb) = seq[k], seq[k + 1]
@@ -244,7 +244,7 @@ class CostModel:
             top, where = link_own[j], f"link {j}->{j + 1}"
         else:
             top, where = own[ks], f"stage {ks}"
-        if round_trips and schedule in ("1f1b", "h1f1b"):
+        if round_trips and kind(schedule).alternates:
             rt, rt_where = self.round_trip_term(cs, es, lats, ns, b)
             if rt > top:
                 top, where = rt, rt_where

@@ -15,6 +15,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from ..schedules.registry import kind
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
 from .candidates import Candidate, Progress, SearchResult
@@ -34,7 +35,7 @@ def _shard_layers(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bo
     """Equal-compute initial layer assignment, then +-1 refinement until the total is L and memory holds."""
     L = cm.model.layers
     taus = [cm.coef(e.chip, t, r, dp).tau for e, t, r in zip(ents, tps, rs)]
-    n = b if cm.train.schedule == "gpipe" else min(p_total, b)
+    n = kind(cm.train.schedule).in_flight(0, p_total, b, {})  # the first stage holds the most
     last = len(ents) - 1
     caps = [s * cm.max_layers(e.chip, t, r, dp, n, i == 0, i == last, zero1=False)
             for i, (e, t, r, s) in enumerate(zip(ents, tps, rs, spps))]

@@ -32,15 +32,19 @@ class ScheduleKind:
     defers_weight_grads: bool
     params: tuple[str, ...] = ()
     searched_as: str = ""  # the parameter-free schedule the planner searches with (the plan then derives params)
+    # after its warm-up a stage alternates one forward and one whole backward, so its next forward waits for a
+    # backward to come back (the cost model's round-trip cycles)
+    alternates: bool = False
 
 
 REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
-    ScheduleKind("1f1b", lambda p, m, _: h_1f1b(p, m, [0] * max(p - 1, 0)), lambda k, p, b, _: min(p - k, b), False),
+    ScheduleKind("1f1b", lambda p, m, _: h_1f1b(p, m, [0] * max(p - 1, 0)), lambda k, p, b, _: min(p - k, b), False,
+                 alternates=True),
     ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False),
     # up to p - k awaiting B/I plus up to k awaiting their deferred W
     ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True),
     ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
-                 lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b"),
+                 lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b", alternates=True),
     # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up
     # micro-steps plus one over v
     ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", 2)),
