@@ -1,8 +1,8 @@
-"""Per-stage-kind tables and the cheap lower bounds that let `--algo auto` skip most configurations.
+"""The cheap lower bounds that let `--algo auto` skip most configurations.
 
-A stage kind is (chip, tp) at a given dp. Its per-layer steady-state cost a (b * tau - beta, recompute off:
-recompute only adds work), fill share beta, and the most layers m(n) a stage can hold with n micro-batches
-in flight (a division, tabulated once for every n) bound any split from below:
+A stage kind (stagekind.StageKind: (chip, tp) at a given dp) has a per-layer steady-state cost a (b * tau -
+beta, recompute off: recompute only adds work), a fill share beta, and the most layers m(n) a stage can
+hold with n micro-batches in flight; they bound any split from below:
 
     every split has l_k <= min(Z / a_k, m(n_k)) at bottleneck level Z, so sum_k min(Z / a_k, m(n_k)) >= L.
 
@@ -12,44 +12,7 @@ the in-flight counts are distinct, so m(1) + ... + m(s) bounds its capacity what
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
-
-from .costs import CostModel
-
-
-@dataclass(frozen=True)
-class Kind:
-    a: float  # per-layer steady-state cost, recompute off
-    a1: float  # the same with recompute on
-    beta: float  # per-layer fill/drain share, recompute off
-    upd: float  # per-layer update time
-    cum: np.ndarray  # cum[n] = m(1) + ... + m(n) (in-flight counts 1..n)
-    mmax: np.ndarray  # mmax[n] = most layers with n in flight, recompute on or off
-    m0: np.ndarray  # m0[n] = the same with recompute off
-    m1: np.ndarray  # m1[n] = the same with recompute on
-
-    def one_layer(self, n: int) -> float:
-        """Least steady-state cost of a stage (it holds a layer or more) with n in flight; inf if none fits."""
-        return self.a if self.m0[n] >= 1 else self.a1 if self.mmax[n] >= 1 else math.inf
-
-
-def make_kinds(cm: CostModel, ids: list[tuple[str, int]], dp: int, b: int, pmax: int) -> list[Kind]:
-    """The Kind of every (chip, tp) in ids, the memory tables of all of them in one go."""
-    c0s = [cm.coef(chip, tp, False, dp) for chip, tp in ids]
-    c1s = [cm.coef(chip, tp, True, dp) for chip, tp in ids]
-    col = lambda v: np.array(v, dtype=np.float64).reshape(-1, 1)  # noqa: E731
-    room = col([cm.cluster.chip(chip).usable_bytes for chip, _ in ids])
-    n = np.arange(pmax + 1, dtype=np.float64)
-    m0, m1 = (np.floor(np.maximum(room - col([c.transient for c in cs]), 0.0)
-                       / (col([c.static for c in cs]) + n * col([c.act for c in cs]))) for cs in (c0s, c1s))
-    m0[:, 0] = m1[:, 0] = 0.0  # closed form of CostModel.max_layers for interior stages
-    m = np.maximum(m0, m1)
-    cum = np.cumsum(m, axis=1)
-    return [Kind(a=max(b * c0.tau - c0.beta, 1e-300), a1=b * c1.tau - c1.beta, beta=c0.beta, upd=c0.upd,
-                 cum=cum[i], mmax=m[i], m0=m0[i], m1=m1[i]) for i, (c0, c1) in enumerate(zip(c0s, c1s))]
 
 
 def water_level_many(rates: np.ndarray, caps: np.ndarray, L: int) -> np.ndarray:

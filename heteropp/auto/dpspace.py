@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bounds import Kind, integral_level, make_kinds, water_level_many
+from .bounds import integral_level, water_level_many
 from .costs import CostModel, in_flight
 from .levels import Rows
 from .space import stage_tp_runs, tp_counts
+from .stagekind import StageKind, stage_kinds
 from .stageopts import stage_opt
 
 
@@ -47,7 +48,7 @@ class DpSpace:
                 for t, _ in runs:
                     self.kid.setdefault((name, t), len(self.kid))
         self.ids = list(self.kid)
-        self.kinds: list[Kind] = make_kinds(cm, self.ids, dp, b, self.nmax)
+        self.kinds: list[StageKind] = stage_kinds(cm, self.ids, dp, b, self.nmax)
         self._tables()
         self._emat: np.ndarray | None = None
         self._lmat: np.ndarray | None = None
@@ -59,8 +60,8 @@ class DpSpace:
         """Per-kind columns with a padding kind last (index len(kinds))."""
         ks, cm, dp = self.kinds, self.cm, self.dp
         pad = lambda v, x: np.array(list(v) + [x], dtype=np.float64)  # noqa: E731
-        self.A, self.A1 = pad((k.a for k in ks), np.inf), pad((k.a1 for k in ks), np.inf)
-        self.BETA, self.UPS = pad((k.beta for k in ks), 0.0), pad((k.upd for k in ks), 0.0)
+        self.A, self.A1 = pad((k.own_floor for k in ks), np.inf), pad((k.own[1] for k in ks), np.inf)
+        self.BETA, self.UPS = pad((k.fill[0] for k in ks), 0.0), pad((k.upd for k in ks), 0.0)
         self.BWD = pad((cm.coef(c, t, False, dp).bwd for c, t in self.ids), 0.0)
         z = np.zeros((1, self.nmax + 1))
         self.M0 = np.vstack([k.m0 for k in ks] + [z]) if ks else z
@@ -82,10 +83,10 @@ class DpSpace:
             self.seqs.append([kid[i, :n] for i, n in enumerate(lens)])
 
     # --- the cheap bound over all combinations --------------------------------------------------------
-    def _upto(self, kd: Kind, x: int) -> float:
+    def _upto(self, kd: StageKind, x: int) -> float:
         return float(kd.cum[min(x, self.b)]) + max(x - self.b, 0) * float(kd.mmax[self.b])
 
-    def _cap_free(self, kd: Kind, s: int) -> float:
+    def _cap_free(self, kd: StageKind, s: int) -> float:
         if self.sched == "1f1b":
             return self._upto(kd, s)
         return s * float(kd.mmax[self.b if self.sched == "gpipe" else min(s, self.b)])
@@ -105,10 +106,10 @@ class DpSpace:
             for i, runs in enumerate(runs_list):
                 kds = [(self.kinds[self.kid[(name, t)]], s) for t, s in runs]
                 cf = [self._cap_free(k, s) for k, s in kds]
-                rows.append((sum(s / k.a for k, s in kds), sum(cf),
-                             min(k.beta for k, _ in kds), sum(s for _, s in kds), sum(s * k.beta for k, s in kds),
-                             max(k.one_layer(1) for k, _ in kds)))
-                rr[i, :len(kds)] = [(k.a, s, c) for (k, s), c in zip(kds, cf)]
+                rows.append((sum(s / k.own_floor for k, s in kds), sum(cf),
+                             min(k.fill[0] for k, _ in kds), sum(s for _, s in kds),
+                             sum(s * k.fill[0] for k, s in kds), max(k.one_layer(1) for k, _ in kds)))
+                rr[i, :len(kds)] = [(k.own_floor, s, c) for (k, s), c in zip(kds, cf)]
             per_type.append(np.array(rows, dtype=np.float64).reshape(-1, 6))
             runs_of.append(rr)
         sizes = [len(r) for r in per_type]

@@ -8,11 +8,12 @@ from functools import lru_cache
 
 from .costs import CostModel, in_flight
 from .split import StageOpt
+from .stagekind import stage_kind
 
 
 @lru_cache(maxsize=None)
 def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first: bool, last: bool) -> StageOpt:
-    cs = [cm.coef(chip, tp, r, dp) for r in (False, True)]
+    k = stage_kind(cm, chip, tp, dp, b)
     a0 = b0 = y0 = 0.0
     for flag, which in ((first, "first"), (last, "last")):
         if flag:
@@ -21,7 +22,7 @@ def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first:
             b0 += e.beta
             y0 += e.upd
     m = tuple(cm.max_layers(chip, tp, r, dp, n, first, last) for r in (False, True))
-    return StageOpt(a0, tuple(b * c.tau - c.beta for c in cs), b0, tuple(c.beta for c in cs), m, y0, cs[0].upd)
+    return StageOpt(a0, k.own, b0, k.fill, m, y0, k.upd)
 
 
 def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tuple[list[StageOpt], float, float]:

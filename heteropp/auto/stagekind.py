@@ -1,0 +1,57 @@
+"""The one description of a stage kind, a (chip, tp) pair at a dp with b micro-batches per replica, that the
+search's bounds (bounds.py, dpspace.py) and its exact layer split (stageopts.py) both read: per-layer costs
+with recompute off and on, and the most layers an interior stage of the kind holds with n micro-batches
+in flight (a division, tabulated once for every n)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .costs import CostModel
+
+
+@dataclass(frozen=True)
+class StageKind:
+    chip: str
+    tp: int
+    own: tuple[float, float]  # steady-state cost per layer (b * tau - beta), recompute off / on
+    fill: tuple[float, float]  # fill/drain share per layer, recompute off / on
+    upd: float  # gradient sync and optimizer step per layer
+    m0: np.ndarray = field(repr=False)  # m0[n]: most layers with n in flight, recompute off
+    m1: np.ndarray = field(repr=False)  # the same with recompute on
+    mmax: np.ndarray = field(repr=False)  # the larger of the two
+    cum: np.ndarray = field(repr=False)  # cum[n] = mmax[1] + ... + mmax[n] (in-flight counts 1..n)
+
+    @property
+    def own_floor(self) -> float:
+        """The steady-state cost per layer, recompute off, kept positive for the bounds' divisions."""
+        return max(self.own[0], 1e-300)
+
+    def one_layer(self, n: int) -> float:
+        """Least steady-state cost of a stage (it holds a layer or more) with n in flight; inf if none fits."""
+        return self.own_floor if self.m0[n] >= 1 else self.own[1] if self.mmax[n] >= 1 else math.inf
+
+
+def stage_kinds(cm: CostModel, ids: list[tuple[str, int]], dp: int, b: int, pmax: int) -> list[StageKind]:
+    """The StageKind of every (chip, tp) in ids, the memory tables of all of them in one go."""
+    c0s = [cm.coef(chip, tp, False, dp) for chip, tp in ids]
+    c1s = [cm.coef(chip, tp, True, dp) for chip, tp in ids]
+    col = lambda v: np.array(v, dtype=np.float64).reshape(-1, 1)  # noqa: E731
+    room = col([cm.cluster.chip(chip).usable_bytes for chip, _ in ids])
+    n = np.arange(pmax + 1, dtype=np.float64)
+    m0, m1 = (np.floor(np.maximum(room - col([c.transient for c in cs]), 0.0)
+                       / (col([c.static for c in cs]) + n * col([c.act for c in cs]))) for cs in (c0s, c1s))
+    m0[:, 0] = m1[:, 0] = 0.0  # closed form of CostModel.max_layers for interior stages
+    m = np.maximum(m0, m1)
+    cum = np.cumsum(m, axis=1)
+    return [StageKind(chip=chip, tp=tp, own=(b * c0.tau - c0.beta, b * c1.tau - c1.beta), fill=(c0.beta, c1.beta),
+                      upd=c0.upd, m0=m0[i], m1=m1[i], mmax=m[i], cum=cum[i])
+            for i, ((chip, tp), c0, c1) in enumerate(zip(ids, c0s, c1s))]
+
+
+@lru_cache(maxsize=None)
+def stage_kind(cm: CostModel, chip: str, tp: int, dp: int, b: int) -> StageKind:
+    return stage_kinds(cm, [(chip, tp)], dp, b, max(cm.model.layers, b))[0]
