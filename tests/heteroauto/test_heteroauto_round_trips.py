@@ -50,3 +50,11 @@ def test_random_harp_plans_estimate_within_5_percent(seed):
     assert est == pytest.approx(sim, rel=0.05), (stages, est, sim)
     # the search's objective leaves the round trips out: it bounds the estimate from below
     assert pb.cm.evaluate(stages, 1, b).iteration_time_s <= est
+
+
+@pytest.mark.parametrize("exp,gbs", [("a", "2m"), ("b", "8m"), ("c", "4m"), ("d", "8m")])
+def test_paper_experiment_plans_estimate_within_5_percent(exp, gbs):
+    pb = load_problem(str(EX / f"clusters/exp-{exp}.yaml"), "h2-100b", str(EX / f"training/gbs-{gbs}.yaml"))
+    res = run_search(pb, progress=None)
+    plan = to_plan(pb, res.best, None, "auto", res)
+    assert plan.extra["model_estimate_s"] == pytest.approx(plan.iteration_time_s, rel=0.05)
