@@ -17,6 +17,7 @@ import time
 
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
+from .inner_dp import with_inner_dp
 from .limits import Limits, relaxed_bound
 from .candidates import Candidate, Progress, SearchResult
 from .stageopts import stage_opts
@@ -110,4 +111,4 @@ def search_idle(cm: CostModel, limits: Limits = Limits(), progress: Progress | N
     if stopped:
         bounded.append(stopped)
     low = relaxed_bound(cm, dps)
-    return SearchResult(best[0], best[1:], len(trials), 0, time.perf_counter() - t0, bounded, low)
+    return SearchResult(with_inner_dp(cm, best[0]), best[1:], len(trials), 0, time.perf_counter() - t0, bounded, low)

@@ -2,8 +2,8 @@
 inner_dp replicas of g / inner_dp-way TP instead (HetAuto's d_k = d_outer x d_inner,k), each computing
 micro_batch_size / inner_dp of every micro-batch. Splitting rows saves TP's collectives and costs a
 gradient reduction over more replicas and a whole layer's weights on fewer chips; the cost model prices
-both (CostModel.evaluate), and each stage takes the inner_dp that lowers the plan's time, stage by stage
-until none does. With one sequence per micro-batch there is nothing to split and plans stay as searched."""
+both (CostModel.evaluate); a local search moves one stage, or all stages of one chip type, to another
+inner_dp while that lowers the plan's time. With one sequence per micro-batch there is nothing to split and plans stay as searched."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -28,21 +28,35 @@ def inner_dp_choices(cm: CostModel, s: StageSpec) -> list[StageSpec]:
     return out
 
 
+def _moves(cm: CostModel, stages: list[StageSpec]) -> list[list[StageSpec]]:
+    """Each stage alone at another inner_dp, and every stage of one chip type at the same other inner_dp
+    (stages tied as bottleneck only gain when they change together)."""
+    out = [stages[:k] + [alt] + stages[k + 1:] for k, s in enumerate(stages) for alt in inner_dp_choices(cm, s)]
+    for chip in dict.fromkeys(s.chip for s in stages):
+        ks = [k for k, s in enumerate(stages) if s.chip == chip]
+        for i in sorted({a.inner_dp for k in ks for a in inner_dp_choices(cm, stages[k])}):
+            trial = list(stages)
+            for k in ks:
+                alt = next((a for a in inner_dp_choices(cm, stages[k]) if a.inner_dp == i), None)
+                trial[k] = alt or stages[k]
+            out.append(trial)
+    return out
+
+
 def with_inner_dp(cm: CostModel, cand: Candidate) -> Candidate:
-    """`cand` with each stage's inner_dp chosen by the cost model (coordinate descent, strict gains only)."""
+    """`cand` with each stage's inner_dp chosen by the cost model (local search, strict gains only)."""
     if cm.train.micro_batch_size == 1:
         return cand
     b = micro_batches(cm.train, cand.dp)
     stages, best = list(cand.stages), cm.evaluate(cand.stages, cand.dp, b).iteration_time_s
-    changed = True
-    while changed:
-        changed = False
-        for k, s in enumerate(stages):
-            for alt in inner_dp_choices(cm, s):
-                trial = stages[:k] + [alt] + stages[k + 1:]
-                e = cm.evaluate(trial, cand.dp, b)
-                if e.feasible and e.iteration_time_s < best * (1 - 1e-9):
-                    stages, best, changed, s = trial, e.iteration_time_s, True, alt
+    improved = True
+    while improved:
+        improved = False
+        for trial in _moves(cm, stages):
+            e = cm.evaluate(trial, cand.dp, b)
+            if e.feasible and e.iteration_time_s < best * (1 - 1e-9):
+                stages, best, improved = trial, e.iteration_time_s, True
+                break
     if stages == cand.stages:
         return cand
     inner = ",".join(str(s.inner_dp) for s in stages)
