@@ -131,7 +131,7 @@ class Capture(Tool):
             self._index.close()
             self._index = None
         meta = {
-            "format": FORMAT, "version": 2 if self.bulk else VERSION, "bulk": self.bulk, "rank": self.rank.get(),
+            "format": FORMAT, "version": VERSION, "bulk": self.bulk, "rank": self.rank.get(),
             "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,

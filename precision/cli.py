@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 
+from .arguments import cli_type, device, floating_dtype, non_negative_float, non_negative_int, output_file
 from .loss import DEFAULT_THRESHOLD, LossInputError, LossReport, loss_check
 
 # torch is imported by the compare/replay commands only: the loss check stays light.
@@ -67,16 +68,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    import torch
-
     from .dump import DumpError
     from .replay import replay
 
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    if args.dtype and not isinstance(dtype, torch.dtype):
-        return _input_error(args, f"--dtype {args.dtype!r} is not a torch dtype (e.g. float64, float32)")
     try:
-        result = replay(args.dump, args.op_index, device=args.device, dtype=dtype, rtol=args.rtol, atol=args.atol)
+        result = replay(args.dump, args.op_index, device=args.device, dtype=args.dtype, rtol=args.rtol, atol=args.atol)
     except (DumpError, LookupError, ValueError) as exc:
         return _input_error(args, str(exc))
     d = result.to_dict()
@@ -132,6 +128,9 @@ def _input_error(args, message: str, **extra) -> int:
     return EXIT_INPUT
 
 
+_nonneg, _count, _out = cli_type(non_negative_float), cli_type(non_negative_int), cli_type(output_file)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="precision-diff", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,40 +140,40 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="align two captures op by op and report the first divergent op")
     c.add_argument("dump_a", help="capture of the run under test (the device)")
     c.add_argument("dump_b", help="capture of the reference run")
-    c.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype of DUMP_A's outputs)")
-    c.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
-    c.add_argument("--error-ratio", type=float, metavar="K", nargs="?", const=DEFAULT_RATIO_K,
+    c.add_argument("--rtol", type=_nonneg, help="relative tolerance (default: per dtype of DUMP_A's outputs)")
+    c.add_argument("--atol", type=_nonneg, help="absolute tolerance (default: per dtype)")
+    c.add_argument("--error-ratio", type=_nonneg, metavar="K", nargs="?", const=DEFAULT_RATIO_K,
                    help=f"judge by the error-ratio rule instead: replay each op in float64 on the CPU from both "
                         f"runs' inputs; the device's error may be at most K x the reference's (K={DEFAULT_RATIO_K:g})")
-    c.add_argument("--rows", type=int, default=20, help="failing rows to print (default 20)")
+    c.add_argument("--rows", type=_count, default=20, help="failing rows to print (default 20)")
     c.add_argument("--all", action="store_true", help="print every op, not only failures")
     c.add_argument("--json", action="store_true", help="JSON: first_divergence and one record per op")
-    c.add_argument("--csv", metavar="FILE", help="also write the per-op table as CSV")
-    c.add_argument("--html", metavar="FILE", help="also write an HTML page with a plot")
+    c.add_argument("--csv", metavar="FILE", type=_out, help="also write the per-op table as CSV")
+    c.add_argument("--html", metavar="FILE", type=_out, help="also write an HTML page with a plot")
     c.set_defaults(func=cmd_compare)
 
     r = sub.add_parser("replay", help="re-run one captured op on another device/dtype and compare")
     r.add_argument("dump")
-    r.add_argument("op_index", type=int, help="the op's call index (the 'index' in the capture)")
-    r.add_argument("--device", default="cpu", help="device to replay on (default cpu)")
-    r.add_argument("--dtype", help="cast floating inputs to this dtype first, e.g. float64")
-    r.add_argument("--rtol", type=float)
-    r.add_argument("--atol", type=float)
+    r.add_argument("op_index", type=_count, help="the op's call index (the 'index' in the capture)")
+    r.add_argument("--device", default="cpu", type=cli_type(device), help="device to replay on (default cpu)")
+    r.add_argument("--dtype", type=cli_type(floating_dtype), help="cast floating inputs to this dtype first, e.g. float64")
+    r.add_argument("--rtol", type=_nonneg)
+    r.add_argument("--atol", type=_nonneg)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay)
 
     lo = sub.add_parser("loss", help="the loss-curve check: MRE of RUN against REF below the threshold")
     lo.add_argument("run", help="loss file of the run under test (JSON lines {step, loss} or CSV step,loss)")
     lo.add_argument("ref", help="loss file of the reference run")
-    lo.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="MRE threshold (default 0.015)")
-    lo.add_argument("--warmup", type=int, default=0, metavar="K", help="leave out the first K common steps")
+    lo.add_argument("--threshold", type=_nonneg, default=DEFAULT_THRESHOLD, help="MRE threshold (default 0.015)")
+    lo.add_argument("--warmup", type=_count, default=0, metavar="K", help="leave out the first K common steps")
     lo.add_argument("--common-steps", action="store_true",
                     help="compare over the steps both files have (default: the step sets must match)")
     lo.add_argument("--json", action="store_true", help="JSON: mre, max_rel, n, passed, first_divergence_step, ...")
     lo.add_argument("--curves", action="store_true", help="with --json: include the per-step values")
-    lo.add_argument("--plot", metavar="FILE.png", help="write a PNG plot (needs matplotlib)")
-    lo.add_argument("--csv", metavar="FILE", help="also write the per-step table as CSV")
-    lo.add_argument("--html", metavar="FILE", help="also write an HTML page with the plots")
+    lo.add_argument("--plot", metavar="FILE.png", type=_out, help="write a PNG plot (needs matplotlib)")
+    lo.add_argument("--csv", metavar="FILE", type=_out, help="also write the per-step table as CSV")
+    lo.add_argument("--html", metavar="FILE", type=_out, help="also write an HTML page with the plots")
     lo.set_defaults(func=cmd_loss)
     return p
 

@@ -18,12 +18,13 @@ import sys
 
 import torch
 
+from .arguments import device, floating_dtype, non_negative_int, positive_int
 from .autocompare import AutoCompare
 from .capture import Capture
 from .cast import DtypeCast, Fallback
 from .op_timer import OpTimer
 from .overflow import OverflowCheck
-from .selection import Selector
+from .selection import Selector, parse_int_set
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -41,11 +42,20 @@ def config_from_env(environ=os.environ) -> tuple[list[str], dict]:
     return names, cfg
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{name!r} is not a torch dtype (e.g. float32, float16)")
-    return dtype
+# How each setting is checked (the same checks as the command line's).
+CHECKS = {"max_bytes": non_negative_int, "top": positive_int, "dtype": floating_dtype, "range_dtype": floating_dtype,
+          "device": device, "steps": parse_int_set, "ranks": parse_int_set}
+
+
+def _checked(cfg: dict, key: str, default=None):
+    """A setting's value, checked; the error names both the variable and the flag."""
+    value = cfg.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        return CHECKS[key](value) if key in CHECKS else value
+    except ValueError as exc:
+        raise ValueError(f"PRECISION_{key.upper()} / --{key.replace('_', '-')}: {exc}") from None
 
 
 def _flag(value) -> bool:
@@ -55,28 +65,27 @@ def _flag(value) -> bool:
 def make_tool(name: str, cfg: dict) -> Tool:
     """One tool from string settings (the environment's or the command line's)."""
     if name not in TOOLS:
-        raise ValueError(f"unknown precision tool {name!r}; expected one of {', '.join(TOOLS)}")
+        raise ValueError(f"PRECISION_TOOL / --tool: unknown tool {name!r}; expected one of {', '.join(TOOLS)}")
     out = cfg.get("out") or "precision_out"
-    selector = Selector.build(cfg.get("ops"), cfg.get("exclude_ops"), cfg.get("modules"), cfg.get("steps"),
-                              cfg.get("ranks"), cfg.get("phases"))
+    selector = Selector.build(cfg.get("ops"), cfg.get("exclude_ops"), cfg.get("modules"), _checked(cfg, "steps"),
+                              _checked(cfg, "ranks"), cfg.get("phases"))
     common = {"with_callsite": _flag(cfg.get("callsite", "0"))}
     if name == "capture":
-        max_bytes = int(float(cfg["max_bytes"])) if cfg.get("max_bytes") else 1 << 30
+        max_bytes = _checked(cfg, "max_bytes", 1 << 30)
         return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,
                        bulk=_flag(cfg.get("bulk", "0")), **common)
     if name == "autocompare":
-        return AutoCompare(selector, device=cfg.get("device") or "cpu", sync=_flag(cfg.get("sync", "1")),
+        return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_flag(cfg.get("sync", "1")),
                            out=os.path.join(out, "autocompare_rank{rank}.jsonl"), **common)
     if name == "overflow_check":
-        rd = _dtype(cfg["range_dtype"]) if cfg.get("range_dtype") else None
-        return OverflowCheck(selector, range_dtype=rd, sync=_flag(cfg.get("sync", "1")),
+        return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_flag(cfg.get("sync", "1")),
                              out=os.path.join(out, "overflow_rank{rank}.json"), **common)
     if name == "op_timer":
-        return OpTimer(selector, top=int(cfg.get("top") or 20), out=os.path.join(out, "op_timer_rank{rank}.json"),
+        return OpTimer(selector, top=_checked(cfg, "top", 20), out=os.path.join(out, "op_timer_rank{rank}.json"),
                        **common)
     if name == "dtype_cast":
-        return DtypeCast(selector, to=_dtype(cfg.get("dtype") or "float32"), **common)
-    return Fallback(selector, device=cfg.get("device") or "cpu", **common)
+        return DtypeCast(selector, to=_checked(cfg, "dtype", torch.float32), **common)
+    return Fallback(selector, device=str(_checked(cfg, "device", "cpu")), **common)
 
 
 def start(names: list[str], cfg: dict) -> list[Tool]:
@@ -124,5 +133,13 @@ def stop() -> None:
 
 
 def activate_from_env() -> list[Tool]:
+    """Start the tools PRECISION_TOOL names; a bad setting ends the process with exit status 2 and
+    a message naming the variable (running the script without the asked-for tools would mislead)."""
     names, cfg = config_from_env()
-    return start(names, cfg) if names and not _active else []
+    if not names or _active:
+        return []
+    try:
+        return start(names, cfg)
+    except ValueError as exc:
+        print(f"precision: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

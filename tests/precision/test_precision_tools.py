@@ -70,7 +70,7 @@ def test_capture_selection_module_paths_phases_and_steps(tmp_path):
     silu_bwd = [r for r in recs if r["op"] == "aten::silu_backward"]
     assert silu_bwd[0]["module"] == "TinyLlama.layers.1.mlp"
     assert all(r["file"] for r in recs)
-    data = torch.load(tmp_path / "c" / silu_bwd[0]["file"], weights_only=False)
+    data = torch.load(tmp_path / "c" / silu_bwd[0]["file"], weights_only=True)
     grad_out, x = data["args"]
     # the captured gradient is the real one: silu'(x) * grad_out
     sig = torch.sigmoid(x)
