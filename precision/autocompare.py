@@ -12,7 +12,7 @@ import os
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .metrics import compare_trees, quick_pass
+from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
 from .records import OpRecord
 from .reference import convert_inputs, skip_reason
@@ -40,14 +40,17 @@ class AutoCompare(Tool):
     right after it and the copies are freed, so at most one op's copies are alive. ``sync=False``:
     no extra device synchronisation per op; host copies are queued and judged after each optimizer
     step (or ``flush()``), with one synchronisation, at the cost of holding one step's copies.
-    ``full_stats=True``: full statistics for passing ops too (slower)."""
+    ``full_stats=True``: full statistics for passing ops too (slower). ``tolerances``: per op and
+    dtype (see ``ToleranceTable``; ``rtol``/``atol`` are its fallback)."""
 
     name = "autocompare"
 
     def __init__(self, selector: Selector | None = None, *, device: str = "cpu", dtype: torch.dtype | None = torch.float64,
                  rtol: float | None = None, atol: float | None = None, sync: bool = True, skip_views: bool = True,
-                 out: str | None = None, full_stats: bool = False, **kwargs) -> None:
+                 out: str | None = None, full_stats: bool = False, tolerances: ToleranceTable | None = None,
+                 **kwargs) -> None:
         super().__init__(selector, **kwargs)
+        self.tolerances = tolerances or ToleranceTable(rtol=rtol, atol=atol)
         self.full_stats = full_stats
         self._warned = False
         self._skip: dict = {}  # op overload -> why it is not compared (None: it is)
@@ -92,12 +95,13 @@ class AutoCompare(Tool):
             row.update(status="skipped", rule="skipped", detail=f"reference failed: {type(exc).__name__}: {exc}")
             self.results.append(row)
             return
-        quick = None if self.full_stats else quick_pass(out, ref_out, rtol=self.rtol, atol=self.atol)
+        rtol, atol = op_tolerances(self.tolerances, rec.op, out, ref_out)
+        quick = None if self.full_stats else quick_pass(out, ref_out, rtol=rtol, atol=atol)
         if quick is not None:
             row.update(status="pass", **quick)
             self.results.append(row)
             return
-        verdict = compare_trees(out, ref_out, rtol=self.rtol, atol=self.atol)
+        verdict = compare_trees(out, ref_out, rtol=rtol, atol=atol)
         if not verdict.verdicts:
             self.n_skipped += 1
             return

@@ -41,16 +41,38 @@ def _print_diff(report, rows: int, show_all: bool) -> None:
         print("no divergence")
 
 
+def _tolerances(args):
+    """--tol, or PRECISION_TOL when --tol is not given (both given and different: an error)."""
+    import os
+
+    from .metrics import ToleranceTable
+
+    env_tol = os.environ.get("PRECISION_TOL")
+    if args.tol and env_tol and ",".join(args.tol) != env_tol:
+        raise ValueError(f"--tol {','.join(args.tol)!r} and PRECISION_TOL={env_tol!r} disagree; give one of them")
+    return ToleranceTable.parse(",".join(args.tol) if args.tol else env_tol, rtol=args.rtol, atol=args.atol)
+
+
 def cmd_compare(args) -> int:
-    from .diff import compare_dumps
+    from .diff import CompareOptions, compare_dumps
     from .dump import DumpError
     from .metrics import DEFAULT_RATIO_K as k_default
 
     assert k_default == DEFAULT_RATIO_K, "keep cli.DEFAULT_RATIO_K in step with precision.metrics"
+    if args.error_ratio is not None and args.rule not in (None, "error_ratio"):
+        return _input_error(args, f"--error-ratio asks for the error_ratio rule, but --rule is {args.rule}")
+    rule = args.rule or ("error_ratio" if args.error_ratio is not None else "auto")
     try:
-        report = compare_dumps(args.dump_a, args.dump_b, rtol=args.rtol, atol=args.atol, ratio_k=args.error_ratio)
-    except DumpError as exc:
+        options = CompareOptions(rule, args.error_ratio if args.error_ratio is not None else DEFAULT_RATIO_K,
+                                 _tolerances(args))
+        report = compare_dumps(args.dump_a, args.dump_b, options=options)
+    except (DumpError, ValueError) as exc:
         return _input_error(args, str(exc))
+    d = report.to_dict()
+    if d["n_passed"] + d["n_failed"] == 0:
+        what = "no ops" if not d["n_ops"] else f"all {d['n_ops']} ops were skipped"
+        return _input_error(args, f"nothing was compared ({what}): check that the captures selected the same ops "
+                                  "and saved their tensors (size cap, save_tensors)")
     if args.csv:
         from .report import write_diff_csv
 
@@ -140,11 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="align two captures op by op and report the first divergent op")
     c.add_argument("dump_a", help="capture of the run under test (the device)")
     c.add_argument("dump_b", help="capture of the reference run")
-    c.add_argument("--rtol", type=_nonneg, help="relative tolerance (default: per dtype of DUMP_A's outputs)")
+    c.add_argument("--rtol", type=_nonneg, help="relative tolerance of the allclose rule (default: per dtype)")
     c.add_argument("--atol", type=_nonneg, help="absolute tolerance (default: per dtype)")
     c.add_argument("--error-ratio", type=_nonneg, metavar="K", nargs="?", const=DEFAULT_RATIO_K,
-                   help=f"judge by the error-ratio rule instead: replay each op in float64 on the CPU from both "
-                        f"runs' inputs; the device's error may be at most K x the reference's (K={DEFAULT_RATIO_K:g})")
+                   help=f"judge every op by the error-ratio rule (replay it in float64 on the CPU from both runs' "
+                        f"inputs; the device's error may be at most K x the reference's, K={DEFAULT_RATIO_K:g}); "
+                        "ops that cannot be replayed are skipped")
+    c.add_argument("--rule", choices=("auto", "allclose", "error_ratio"),
+                   help="auto (default): error_ratio wherever an op can be replayed in float64, else allclose")
+    c.add_argument("--tol", action="append", metavar="KEY=RTOL[:ATOL]",
+                   help="tolerance per dtype or op pattern, e.g. float32=1e-5:1e-6 or aten::rsqrt=1e-4 "
+                        "(repeatable or comma-separated; default: $PRECISION_TOL)")
     c.add_argument("--rows", type=_count, default=20, help="failing rows to print (default 20)")
     c.add_argument("--all", action="store_true", help="print every op, not only failures")
     c.add_argument("--json", action="store_true", help="JSON: first_divergence and one record per op")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .dump import Dump, check_replayable
-from .metrics import TreeVerdict, compare_trees, compare_trees_ratio
+from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances
 from .records import resolve_op
 from .reference import run_reference, skip_reason
 
@@ -49,32 +49,55 @@ def _row(rec: dict, status: str, rule: str, detail: str, verdict: TreeVerdict | 
     return row
 
 
-def _compare_one(a: Dump, b: Dump, ra: dict, rb: dict, rtol, atol, ratio_k) -> dict:
-    if ra["op"] != rb["op"] or ra.get("overload") != rb.get("overload"):
-        return _row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index {ra['index']}: "
-                    "the runs took different paths")
+RULES = ("auto", "allclose", "error_ratio")
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """How ops are judged. ``rule``: "error_ratio" replays each op in float64 on the CPU from both
+    runs' own inputs (so drift inherited from earlier ops is not blamed on later ones); "allclose"
+    compares the runs' outputs directly; "auto" (default) uses the error ratio wherever an op can
+    be replayed (known op, not random, inputs saved) and allclose elsewhere."""
+
+    rule: str = "auto"
+    ratio_k: float = DEFAULT_RATIO_K
+    tolerances: ToleranceTable = ToleranceTable()
+
+
+def _replay_func(ra: dict, da: dict, db: dict):
+    """The op to replay in float64, or the reason it cannot be."""
     try:
-        func = resolve_op(ra["op"], ra.get("overload", "default"))
-        reason = skip_reason(func)
+        func = resolve_op(ra["op"], ra.get("overload") or "default")
     except LookupError:
-        func, reason = None, None
+        return None, f"op {ra['op']} unknown to this torch: no float64 replay"
+    reason = skip_reason(func)
     if reason:
-        return _row(ra, "skipped", "skipped", reason)
+        return None, reason
+    try:
+        check_replayable((da["args"], da["kwargs"], db["args"], db["kwargs"]), f"op {ra['op']} #{ra['index']}")
+    except ValueError as exc:
+        return None, str(exc)
+    return func, None
+
+
+def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) -> dict:
+    """One op of run A (the device) against the same op of run B (the reference)."""
     da, db = a.load(ra), b.load(rb)
     if da is None or db is None:
         return _row(ra, "skipped", "skipped", "tensors not saved in " + ("A" if da is None else "B"))
-    if ratio_k is None:
-        verdict = compare_trees(da["outputs"], db["outputs"], rtol=rtol, atol=atol)
-    else:
-        if func is None:
-            return _row(ra, "skipped", "skipped", f"op {ra['op']} unknown to this torch: no float64 replay")
-        try:
-            check_replayable((da["args"], da["kwargs"], db["args"], db["kwargs"]), f"op {ra['op']} #{ra['index']}")
-        except ValueError as exc:
-            return _row(ra, "skipped", "skipped", str(exc))
+    func, why_not = (None, "") if opts.rule == "allclose" else _replay_func(ra, da, db)
+    if func is not None and ra["op"] != rb["op"]:
+        # equivalent ops (precision.align): neither run's op can stand for the other's in a replay
+        func, why_not = None, f"{ra['op']} and {rb['op']} are different ops"
+    if func is None and (opts.rule == "error_ratio" or why_not == "uninitialised output"):
+        return _row(ra, "skipped", "skipped", why_not)
+    if func is not None:
         fa = run_reference(func, da["args"], da["kwargs"])
         fb = run_reference(func, db["args"], db["kwargs"])
-        verdict = compare_trees_ratio(da["outputs"], db["outputs"], fa, k=ratio_k, reference_fp64=fb)
+        verdict = compare_trees_ratio(da["outputs"], db["outputs"], fa, k=opts.ratio_k, reference_fp64=fb)
+    else:
+        rtol, atol = op_tolerances(opts.tolerances, ra["op"], da["outputs"], db["outputs"])
+        verdict = compare_trees(da["outputs"], db["outputs"], rtol=rtol, atol=atol)
     if not verdict.verdicts:
         return _row(ra, "skipped", "skipped", verdict.detail or "no tensor outputs")
     deciding = verdict.deciding
@@ -82,11 +105,18 @@ def _compare_one(a: Dump, b: Dump, ra: dict, rb: dict, rtol, atol, ratio_k) -> d
 
 
 def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: float | None = None,
-                  ratio_k: float | None = None) -> DiffReport:
+                  ratio_k: float | None = None, options: CompareOptions | None = None) -> DiffReport:
     """Compare capture A (device) against capture B (reference), aligned by call index.
 
-    Default rule: A's outputs against B's with A's dtype tolerances. With ``ratio_k``: each op is
-    replayed in float64 on the CPU from both runs' inputs and the error-ratio rule decides."""
+    ``options`` (default: the auto rule); the older keywords still work: ``ratio_k`` asks for the
+    error-ratio rule with that k, ``rtol``/``atol`` for allclose with those tolerances."""
+    if options is None:
+        if ratio_k is not None:
+            options = CompareOptions("error_ratio", ratio_k, ToleranceTable(rtol=rtol, atol=atol))
+        elif rtol is not None or atol is not None:
+            options = CompareOptions("allclose", tolerances=ToleranceTable(rtol=rtol, atol=atol))
+        else:
+            options = CompareOptions()
     a, b = Dump.open(dump_a), Dump.open(dump_b)
     ia, ib = a.by_index(), b.by_index()
     report = DiffReport(dump_a, dump_b)
@@ -98,5 +128,9 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
                 where = "A" if ra is None else "B"
                 report.ops.append(_row(present, "fail", "alignment", f"op #{index} {present['op']} missing in {where}"))
                 continue
-            report.ops.append(_compare_one(a, b, ra, rb, rtol, atol, ratio_k))
+            if ra["op"] != rb["op"] or ra.get("overload") != rb.get("overload"):
+                report.ops.append(_row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index "
+                                       f"{ra['index']}: the runs took different paths"))
+                continue
+            report.ops.append(compare_records(a, b, ra, rb, options))
     return report

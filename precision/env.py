@@ -7,7 +7,8 @@ PRECISION_OPS, PRECISION_EXCLUDE_OPS, PRECISION_MODULES (comma-separated fnmatch
 PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES and PRECISION_BULK=1 (capture),
 PRECISION_CALLSITE=1, PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
 PRECISION_DTYPE (dtype_cast target, default float32), PRECISION_DEVICE (fallback target /
-autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP."""
+autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP, PRECISION_TOL (autocompare tolerances per dtype
+and op, see precision.metrics.ToleranceTable)."""
 from __future__ import annotations
 
 import atexit
@@ -20,11 +21,12 @@ import torch
 
 from .arguments import device, floating_dtype, non_negative_int, positive_int
 from .autocompare import AutoCompare
+from .metrics import ToleranceTable
 from .capture import Capture
 from .cast import DtypeCast, Fallback
 from .op_timer import OpTimer
 from .overflow import OverflowCheck
-from .selection import Selector, parse_int_set
+from .selection import SelectionError, Selector, parse_int_set
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -32,7 +34,7 @@ log = logging.getLogger("precision")
 TOOLS: dict[str, type[Tool]] = {"capture": Capture, "autocompare": AutoCompare, "overflow_check": OverflowCheck,
                                 "op_timer": OpTimer, "dtype_cast": DtypeCast, "fallback": Fallback}
 _KEYS = ("out", "ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "bulk", "callsite", "sync",
-         "dtype", "device", "range_dtype", "top")
+         "dtype", "device", "range_dtype", "top", "tol")
 _active: list[Tool] = []
 
 
@@ -44,7 +46,7 @@ def config_from_env(environ=os.environ) -> tuple[list[str], dict]:
 
 # How each setting is checked (the same checks as the command line's).
 CHECKS = {"max_bytes": non_negative_int, "top": positive_int, "dtype": floating_dtype, "range_dtype": floating_dtype,
-          "device": device, "steps": parse_int_set, "ranks": parse_int_set}
+          "device": device, "steps": parse_int_set, "ranks": parse_int_set, "tol": ToleranceTable.parse}
 
 
 def _checked(cfg: dict, key: str, default=None):
@@ -76,6 +78,7 @@ def make_tool(name: str, cfg: dict) -> Tool:
                        bulk=_flag(cfg.get("bulk", "0")), **common)
     if name == "autocompare":
         return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_flag(cfg.get("sync", "1")),
+                           tolerances=_checked(cfg, "tol"),
                            out=os.path.join(out, "autocompare_rank{rank}.jsonl"), **common)
     if name == "overflow_check":
         return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_flag(cfg.get("sync", "1")),
@@ -96,7 +99,7 @@ def start(names: list[str], cfg: dict) -> list[Tool]:
     for t in tools:
         t.__enter__()
         _active.append(t)
-    atexit.register(stop)
+    atexit.register(_stop_at_exit)
     log.info("precision: %s active (output in %s)", ", ".join(names), cfg.get("out") or "precision_out")
     return tools
 
@@ -118,18 +121,30 @@ def _summary(tool: Tool) -> str | None:
     return None
 
 
-def stop() -> None:
-    """Leave the active tools (innermost first), write their outputs and print one summary each."""
+def stop() -> int:
+    """Leave the active tools (innermost first), write their outputs and print one summary each.
+    Returns 2 when a tool's selection matched nothing (the message says what), else 0."""
+    status = 0
     while _active:
         tool = _active.pop()
         try:
             tool.__exit__(None, None, None)
+        except SelectionError as exc:
+            print(f"precision: {exc}", file=sys.stderr)
+            status = 2
         except Exception as exc:  # at exit: report, never mask the script's own result
             print(f"precision: {tool.name} could not finish: {exc}", file=sys.stderr)
             continue
         line = _summary(tool)
         if line:
             print(f"precision: {line}", file=sys.stderr)
+    return status
+
+
+def _stop_at_exit() -> None:
+    if stop():
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(2)  # a selection that matched nothing must not end as a success
 
 
 def activate_from_env() -> list[Tool]:

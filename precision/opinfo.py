@@ -14,6 +14,7 @@ class OpInfo:
     overload: str  # "default"
     written: tuple[tuple[int, str], ...]  # (position, name) of every argument the op writes
     is_view: bool  # the output is a view of an input: no kernel computes it
+    out_names: tuple[str, ...] = ()  # keyword-only written arguments (out=): only written, never read
 
     @property
     def mutates(self) -> bool:
@@ -43,5 +44,7 @@ def op_info(func) -> OpInfo:
         written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                         if a.alias_info is not None and a.alias_info.is_write)
         is_view = bool(func.is_view) or schema.name in _UNDECLARED_VIEWS
-        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view)
+        out_names = tuple(a.name for a in schema.arguments
+                          if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names)
     return info

@@ -1,9 +1,24 @@
 """Which ops a tool acts on: op names, module paths, steps, ranks, phases (all optional)."""
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+PHASES = ("forward", "backward", "recompute", "optimizer")
+
+
+class SelectionError(ValueError):
+    """A selector pattern that matches nothing; the message names the closest existing names."""
+
+
+def closest(pattern: str, names, n: int = 3) -> str:
+    """'closest: a, b, c' (or a note that there is nothing to suggest)."""
+    names = sorted(set(names))
+    stem = pattern.replace("*", "").replace("?", "")
+    hits = difflib.get_close_matches(stem, names, n=n, cutoff=0.5) or [x for x in names if stem and stem in x][:n]
+    return f"closest: {', '.join(hits)}" if hits else f"{len(names)} names seen, none close"
 
 
 def parse_int_set(text: str | None) -> frozenset[int] | None:
@@ -63,8 +78,30 @@ class Selector:
         def ints(v):
             return parse_int_set(v) if isinstance(v, str) or v is None else frozenset(int(i) for i in v)
 
+        phase_set = frozenset(parse_patterns(phases) or ()) or None
+        for phase in phase_set or ():
+            if phase not in PHASES:
+                raise SelectionError(f"phase {phase!r} does not exist; expected one of {', '.join(PHASES)} "
+                                     f"({closest(phase, PHASES)})")
         return cls(parse_patterns(ops), parse_patterns(exclude_ops), parse_patterns(modules), ints(steps), ints(ranks),
-                   frozenset(parse_patterns(phases)) if phases else None)
+                   phase_set)
+
+    def unmatched(self, ops_seen, modules_seen, last_step: int) -> list[str]:
+        """What in this selector matched nothing the run did: one message per op or module pattern
+        (with the closest names seen) and for a step set the run never reached."""
+        problems = []
+        for pattern in self.ops or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for op in ops_seen for n in op_aliases(*op)):
+                problems.append(f"op pattern {pattern!r} matched none of the {len(ops_seen)} ops the run executed "
+                                f"({closest(pattern, [o for o, _ in ops_seen] + [o.partition('::')[2] for o, _ in ops_seen])})")
+        for pattern in self.modules or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for m in modules_seen for n in module_aliases(m)):
+                names = {a for m in modules_seen for a in module_aliases(m)}
+                problems.append(f"module pattern {pattern!r} matched none of the {len(modules_seen)} module paths of "
+                                f"the run ({closest(pattern, names)})")
+        if self.steps is not None and min(self.steps) > last_step:
+            problems.append(f"steps {sorted(self.steps)} were never reached (the run ended at step {last_step})")
+        return problems
 
     def op_ok(self, op: str, overload: str) -> bool:
         key = (op, overload)

@@ -2,6 +2,7 @@
 tracking, selection. Entering a tool installs all of it; leaving removes all of it."""
 from __future__ import annotations
 
+import fnmatch
 import logging
 import threading
 from contextlib import ExitStack, nullcontext
@@ -11,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from .opinfo import op_info
 from .records import OpRecord, callsite
-from .selection import Selector
+from .selection import Selector, SelectionError, closest, op_aliases
 from .tracking import ModuleTracker, RankInfo, StepTracker
 
 log = logging.getLogger("precision")
@@ -43,11 +44,13 @@ class Tool:
         self._stack: ExitStack | None = None
         self._lock = threading.Lock()
         self._op_hits: dict = {}  # op overload -> selected by name
+        self.check_selection = True  # on exit: a pattern that matched nothing raises SelectionError
 
     # lifecycle -------------------------------------------------------------------------------
     def __enter__(self):
         if self._stack is not None:
             raise RuntimeError(f"{self.name} is already active; a tool can be entered only once at a time")
+        self._check_op_patterns()
         stack = ExitStack()
         try:
             stack.enter_context(self.modules)
@@ -61,10 +64,31 @@ class Tool:
         self._stack = stack
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+        if exc_type is None and self.check_selection:  # never mask the block's own error
+            problems = self.unmatched_selection()
+            if problems:
+                raise SelectionError(f"{self.name}: " + "; ".join(problems))
+
+    def _check_op_patterns(self) -> None:
+        """An op pattern that names no operator torch has is a typo: say so before the run."""
+        known = []
+        for name in torch._C._dispatch_get_all_op_names():
+            op, _, overload = name.partition(".")
+            known.append((op, overload or "default"))
+        for pattern in self.selector.ops or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for o in known for n in op_aliases(*o)):
+                names = {o for o, _ in known} | {o.partition("::")[2] for o, _ in known}
+                raise SelectionError(f"{self.name}: op pattern {pattern!r} matches no operator of torch "
+                                     f"{torch.__version__} ({closest(pattern, names)})")
+
+    def unmatched_selection(self) -> list[str]:
+        """Patterns of the selector that matched nothing the run did (see ``Selector.unmatched``)."""
+        ops_seen = [(info.op, info.overload) for info in map(op_info, self._op_hits)]
+        return self.selector.unmatched(ops_seen, self.modules.paths_seen(), self.steps.step)
 
     def step(self, n: int | None = None) -> None:
         """Advance the step (or set it): for loops without an optimizer."""

@@ -16,13 +16,7 @@ from precision.examples.tiny_llama import LlamaConfig, make_model, train
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Python dispatch modes and intra-op threads contend on a small shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class OpLog(TorchDispatchMode):
