@@ -8,6 +8,7 @@ import os
 import time
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
 from .bulk import PendingWrites
@@ -40,8 +41,11 @@ class Capture(Tool):
     name = "capture"
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
-                 save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20, **kwargs) -> None:
+                 save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20,
+                 module_outputs: bool = True, **kwargs) -> None:
+        self.wants_module_outputs = module_outputs
         super().__init__(selector, **kwargs)
+        self._n_module_records = 0
         self.bulk, self.bulk_bytes = bulk, bulk_bytes
         self._pending = PendingWrites() if bulk else None
         self._n_parts = 0
@@ -74,8 +78,41 @@ class Capture(Tool):
             self._write(rec, args, kwargs, inputs, out)
         return out
 
-    def _write(self, rec: OpRecord, args, kwargs, inputs, out) -> None:
+    # module records -------------------------------------------------------------------------
+    def on_module_output(self, path: str, output) -> None:
+        """Selected modules (when no op filter is set): their outputs, and the gradients of those
+        outputs when backward reaches them, as records of kind "module" (ops "module::output",
+        "module::grad"), so regions whose op sequences differ between runs can still be compared."""
+        sel, step, rank = self.selector, self.steps.step, self.rank.get()
+        if (sel.ops is not None or not sel.module_ok(path) or (sel.steps is not None and step not in sel.steps)
+                or (sel.ranks is not None and rank not in sel.ranks)):
+            return
+        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        if not tensors:
+            return
+        if sel.phases is None or "forward" in sel.phases:
+            self._module_record("module::output", "forward", path, step, rank, tensors)
+        if sel.phases is None or "backward" in sel.phases:
+            for t in tensors:
+                if t.requires_grad:
+                    t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
+
+    def _module_grad(self, path: str, step: int, grad: torch.Tensor) -> None:
+        if self._index is not None:  # the tool may have been left before backward ran
+            self._module_record("module::grad", "backward", path, step, self.rank.get(), [grad])
+
+    def _module_record(self, op: str, phase: str, path: str, step: int, rank: int, tensors: list) -> None:
+        rec = OpRecord(self.n_ops, op, "default", phase, path, step, rank)
+        name = f"m{self._n_module_records:07d}"
+        self._n_module_records += 1
+        with self.quiet():
+            self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
+
+    def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op") -> None:
+        name = name or f"{rec.index:07d}"
         entry = rec.to_dict()
+        if kind != "op":
+            entry["kind"] = kind
         entry["inputs"] = tensors_meta((args, kwargs))
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None
@@ -85,10 +122,10 @@ class Capture(Tool):
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
             if self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
                 if self._pending is not None:
-                    rel, entry["key"] = self._part_name(), f"{rec.index:07d}"
+                    rel, entry["key"] = self._part_name(), name
                     self._pending.add(entry["key"], payload, size)
                 else:
-                    rel = os.path.join("tensors", f"{rec.index:07d}.pt")
+                    rel = os.path.join("tensors", f"{name}.pt")
                     _save(payload, os.path.join(self.path, rel))
                 self.bytes_written += size
                 entry["file"] = rel

@@ -32,7 +32,16 @@ def _print_diff(report, rows: int, show_all: bool) -> None:
         for r in shown:
             print(" ".join(f"{_fmt(r.get(c)):<10}" if c not in ("op", "module") else f"{_fmt(r.get(c))[-28:]:<28}"
                            for c in cols))
-    print(f"{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped")
+    print(f"{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped, "
+          f"{d['n_unmatched']} unmatched")
+    for region in d["regions"]:
+        ops_a = sorted({r["op"] for r in report.unmatched if r["run"] == "A" and r["module"] == region["module"]
+                        and r["phase"] == region["phase"]})
+        ops_b = sorted({r["op"] for r in report.unmatched if r["run"] == "B" and r["module"] == region["module"]
+                        and r["phase"] == region["phase"]})
+        print(f"region {region['module']} ({region['phase']}, step {region['step']}): op sequences differ "
+              f"(only in A: {', '.join(ops_a) or '-'}; only in B: {', '.join(ops_b) or '-'}); judged by "
+              f"{region['n_module_records']} module records")
     fd = d["first_divergence"]
     if fd:
         print(f"first divergence: {fd['op']} #{fd['index']} ({fd['phase']}, module {fd['module']}, step "
@@ -54,6 +63,7 @@ def _tolerances(args):
 
 
 def cmd_compare(args) -> int:
+    from .align import Equivalences
     from .diff import CompareOptions, compare_dumps
     from .dump import DumpError
     from .metrics import DEFAULT_RATIO_K as k_default
@@ -64,7 +74,7 @@ def cmd_compare(args) -> int:
     rule = args.rule or ("error_ratio" if args.error_ratio is not None else "auto")
     try:
         options = CompareOptions(rule, args.error_ratio if args.error_ratio is not None else DEFAULT_RATIO_K,
-                                 _tolerances(args))
+                                 _tolerances(args), args.align, Equivalences.load(args.map))
         report = compare_dumps(args.dump_a, args.dump_b, options=options)
     except (DumpError, ValueError) as exc:
         return _input_error(args, str(exc))
@@ -173,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tol", action="append", metavar="KEY=RTOL[:ATOL]",
                    help="tolerance per dtype or op pattern, e.g. float32=1e-5:1e-6 or aten::rsqrt=1e-4 "
                         "(repeatable or comma-separated; default: $PRECISION_TOL)")
+    c.add_argument("--align", choices=("structure", "index"), default="structure",
+                   help="structure (default): by step, phase, module path and place among the module's ops; "
+                        "index: by global call index (both runs must run the same ops)")
+    c.add_argument("--map", metavar="FILE.json",
+                   help='more equivalent ops, {"equivalent": [["aten::a", "aten::b"], ...]}, over the built-in '
+                        "table (the attention kernels of each device, fused Adam/AdamW)")
     c.add_argument("--rows", type=_count, default=20, help="failing rows to print (default 20)")
     c.add_argument("--all", action="store_true", help="print every op, not only failures")
     c.add_argument("--json", action="store_true", help="JSON: first_divergence and one record per op")

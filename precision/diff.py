@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .align import Equivalences, align, region_module_records
 from .dump import Dump, check_replayable
-from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances
+from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
 from .records import resolve_op
 from .reference import run_reference, skip_reason
 
@@ -19,6 +20,8 @@ class DiffReport:
     dump_a: str
     dump_b: str
     ops: list[dict] = field(default_factory=list)  # one record per op, in call order
+    unmatched: list[dict] = field(default_factory=list)  # ops of one run that the other has no match for
+    regions: list[dict] = field(default_factory=list)  # modules whose op sequences differ, judged as modules
 
     @property
     def failed(self) -> list[dict]:
@@ -36,7 +39,8 @@ class DiffReport:
         count = lambda s: sum(r["status"] == s for r in self.ops)  # noqa: E731
         return {"dump_a": self.dump_a, "dump_b": self.dump_b, "passed": self.passed, "n_ops": len(self.ops),
                 "n_passed": count("pass"), "n_failed": count("fail"), "n_skipped": count("skipped"),
-                "first_divergence": self.first_divergence, "ops": self.ops}
+                "n_unmatched": len(self.unmatched), "first_divergence": self.first_divergence, "ops": self.ops,
+                "unmatched": self.unmatched, "regions": self.regions}
 
 
 def _row(rec: dict, status: str, rule: str, detail: str, verdict: TreeVerdict | None = None) -> dict:
@@ -62,6 +66,8 @@ class CompareOptions:
     rule: str = "auto"
     ratio_k: float = DEFAULT_RATIO_K
     tolerances: ToleranceTable = ToleranceTable()
+    align: str = "structure"  # or "index"
+    equivalences: Equivalences = field(default_factory=Equivalences)
 
 
 def _replay_func(ra: dict, da: dict, db: dict):
@@ -85,19 +91,32 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
     da, db = a.load(ra), b.load(rb)
     if da is None or db is None:
         return _row(ra, "skipped", "skipped", "tensors not saved in " + ("A" if da is None else "B"))
-    func, why_not = (None, "") if opts.rule == "allclose" else _replay_func(ra, da, db)
-    if func is not None and ra["op"] != rb["op"]:
-        # equivalent ops (precision.align): neither run's op can stand for the other's in a replay
-        func, why_not = None, f"{ra['op']} and {rb['op']} are different ops"
-    if func is None and (opts.rule == "error_ratio" or why_not == "uninitialised output"):
+    out_a, out_b = da["outputs"], db["outputs"]
+    if ra.get("kind") == "module":
+        # A module may return extra outputs in one run (attention weights in eager attention, None
+        # with a fused kernel): its outputs are compared as far as both have them, shape for shape.
+        func, why_not = None, "module record"
+        la, lb = tensor_leaves(out_a), tensor_leaves(out_b)
+        n = next((i for i, (x, y) in enumerate(zip(la, lb)) if x.shape != y.shape), min(len(la), len(lb)))
+        out_a, out_b = la[: max(n, 1)], lb[: max(n, 1)]
+    elif ra["op"] != rb["op"]:
+        # equivalent kernels (precision.align): their results (first outputs) are compared directly
+        func, why_not = None, f"{ra['op']} and {rb['op']} are equivalent ops"
+        out_a, out_b = tensor_leaves(out_a)[:1], tensor_leaves(out_b)[:1]
+    elif opts.rule == "allclose":
+        func, why_not = None, ""
+    else:
+        func, why_not = _replay_func(ra, da, db)
+    if func is None and why_not == "uninitialised output" or (opts.rule == "error_ratio" and func is None
+                                                              and ra.get("kind", "op") == "op" and ra["op"] == rb["op"]):
         return _row(ra, "skipped", "skipped", why_not)
     if func is not None:
         fa = run_reference(func, da["args"], da["kwargs"])
         fb = run_reference(func, db["args"], db["kwargs"])
-        verdict = compare_trees_ratio(da["outputs"], db["outputs"], fa, k=opts.ratio_k, reference_fp64=fb)
+        verdict = compare_trees_ratio(out_a, out_b, fa, k=opts.ratio_k, reference_fp64=fb)
     else:
-        rtol, atol = op_tolerances(opts.tolerances, ra["op"], da["outputs"], db["outputs"])
-        verdict = compare_trees(da["outputs"], db["outputs"], rtol=rtol, atol=atol)
+        rtol, atol = op_tolerances(opts.tolerances, ra["op"], out_a, out_b)
+        verdict = compare_trees(out_a, out_b, rtol=rtol, atol=atol)
     if not verdict.verdicts:
         return _row(ra, "skipped", "skipped", verdict.detail or "no tensor outputs")
     deciding = verdict.deciding
@@ -106,7 +125,8 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
 
 def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: float | None = None,
                   ratio_k: float | None = None, options: CompareOptions | None = None) -> DiffReport:
-    """Compare capture A (device) against capture B (reference), aligned by call index.
+    """Compare capture A (device) against capture B (reference), aligned by structure (see
+    precision.align; ``options.align="index"``: by call index, as both runs must then run the same ops).
 
     ``options`` (default: the auto rule); the older keywords still work: ``ratio_k`` asks for the
     error-ratio rule with that k, ``rtol``/``atol`` for allclose with those tolerances."""
@@ -118,19 +138,56 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
         else:
             options = CompareOptions()
     a, b = Dump.open(dump_a), Dump.open(dump_b)
-    ia, ib = a.by_index(), b.by_index()
     report = DiffReport(dump_a, dump_b)
     with torch.no_grad():
-        for index in sorted(set(ia) | set(ib)):
-            ra, rb = ia.get(index), ib.get(index)
-            if ra is None or rb is None:
-                present = ra or rb
-                where = "A" if ra is None else "B"
-                report.ops.append(_row(present, "fail", "alignment", f"op #{index} {present['op']} missing in {where}"))
-                continue
-            if ra["op"] != rb["op"] or ra.get("overload") != rb.get("overload"):
-                report.ops.append(_row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index "
-                                       f"{ra['index']}: the runs took different paths"))
-                continue
-            report.ops.append(compare_records(a, b, ra, rb, options))
+        if options.align == "index":
+            _compare_by_index(a, b, options, report)
+        else:
+            _compare_by_structure(a, b, options, report)
     return report
+
+
+def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
+    ia, ib = a.by_index(), b.by_index()
+    for index in sorted(set(ia) | set(ib)):
+        ra, rb = ia.get(index), ib.get(index)
+        if ra is None or rb is None:
+            present = ra or rb
+            where = "A" if ra is None else "B"
+            report.ops.append(_row(present, "fail", "alignment", f"op #{index} {present['op']} missing in {where}"))
+            continue
+        if ra["op"] != rb["op"] or ra.get("overload") != rb.get("overload"):
+            report.ops.append(_row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index "
+                                   f"{ra['index']}: the runs took different paths"))
+            continue
+        report.ops.append(compare_records(a, b, ra, rb, options))
+
+
+def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
+    al = align(a.records, b.records, options.equivalences)
+    report.ops.extend(compare_records(a, b, ra, rb, options) for ra, rb in al.pairs)
+    report.ops.sort(key=lambda r: r["index"])
+    first_fail = min((r["index"] for r in report.ops if r["status"] == "fail"), default=None)
+    for ra in al.unmatched_a:
+        report.unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
+    for rb in al.unmatched_b:
+        report.unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
+    judged = []
+    for region in al.regions:
+        step, phase, module = region
+        pairs = region_module_records(al, region)
+        report.regions.append({"step": step, "phase": phase, "module": module, "n_module_records": len(pairs)})
+        judged.extend((ra, rb, f"{module} ({phase})") for ra, rb in pairs)
+    # In call order: a region after the first failure (an op's or an earlier region's) is not judged.
+    for ra, rb, region in sorted(judged, key=lambda j: j[0]["index"]):
+        if first_fail is not None and ra["index"] > first_fail:
+            report.ops.append(_row(ra, "skipped", "skipped", f"region {region} comes after the first divergence: "
+                                   "its module compare cannot tell inherited drift apart"))
+            continue
+        row = compare_records(a, b, ra, rb, options) | {"region": region}
+        report.ops.append(row)
+        if row["status"] == "fail":
+            first_fail = ra["index"] if first_fail is None else min(first_fail, ra["index"])
+    # at one index: ops, then module records, outer modules first (a module and its last child
+    # return together; the region is the module)
+    report.ops.sort(key=lambda r: (r["index"], r["op"].startswith("module::"), (r["module"] or "").count(".")))

@@ -159,8 +159,13 @@ class Dump:
                 records.append(rec)
         return cls(path, meta, records)
 
+    @property
+    def op_records(self) -> list[dict]:
+        """The op records (not the module records: kind "module")."""
+        return [r for r in self.records if r.get("kind", "op") == "op"]
+
     def by_index(self) -> dict[int, dict]:
-        return {int(r["index"]): r for r in self.records}
+        return {int(r["index"]): r for r in self.op_records}
 
     def record(self, index: int) -> dict:
         rec = self.by_index().get(int(index))
@@ -169,7 +174,7 @@ class Dump:
         return rec
 
     def _range(self) -> str:
-        idx = sorted(int(r["index"]) for r in self.records)
+        idx = sorted(int(r["index"]) for r in self.op_records)
         return f"{idx[0]}..{idx[-1]}, {len(idx)} records" if idx else "none"
 
     def file_path(self, rec: dict) -> str:
@@ -225,7 +230,7 @@ def _record_problem(rec) -> str | None:
             return f"missing field {key!r} (every record needs 'index' and 'op')"
         if not isinstance(rec[key], types) or isinstance(rec[key], bool):
             return f"field {key!r} is {rec[key]!r}, expected {'an integer' if types is int else 'a string'}"
-    for key in ("file", "key", "overload", "module", "phase"):
+    for key in ("file", "key", "overload", "module", "phase", "kind"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             return f"field {key!r} is {rec[key]!r}, expected a string or null"
     if "step" in rec and rec["step"] is not None and (not isinstance(rec["step"], int) or isinstance(rec["step"], bool)):

@@ -33,11 +33,12 @@ class Tool:
     ``finish`` (write results). Use as a context manager; ``step()`` advances the step by hand."""
 
     name = "tool"
+    wants_module_outputs = False  # True: ``on_module_output`` is called whenever a module returns
 
     def __init__(self, selector: Selector | None = None, *, with_callsite: bool = False, step: int = 0) -> None:
         self.selector = selector or Selector()
         self.with_callsite = with_callsite
-        self.modules = ModuleTracker()
+        self.modules = ModuleTracker(self.on_module_output if self.wants_module_outputs else None)
         self.steps = StepTracker(step, self.on_step)
         self.rank = RankInfo()
         self.n_ops = 0
@@ -97,6 +98,9 @@ class Tool:
 
     def on_step(self) -> None:
         """Called after every optimizer step (the step counter already advanced)."""
+
+    def on_module_output(self, path: str, output) -> None:
+        """Called when a module returns (with ``wants_module_outputs``), after its path is popped."""
 
     def start(self) -> None:
         """Called on entry, before the mode is installed."""

@@ -18,7 +18,8 @@ class ModuleTracker:
     """Keeps the stack of running modules and tags the autograd nodes each module creates, so
     backward ops can be attributed to the module whose forward created them."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_output=None) -> None:
+        self.on_output = on_output  # called as on_output(path, output) when a module returns
         self.stack: list[tuple[str, int]] = []  # (path, sequence number at the module's entry)
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._roots: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -63,6 +64,8 @@ class ModuleTracker:
         path, seq_start = self.stack.pop()
         if torch.is_grad_enabled():
             self._tag(output, path, seq_start)
+        if self.on_output is not None:
+            self.on_output(path, output)
 
     @staticmethod
     def _tag(output, path: str, seq_start: int) -> None:

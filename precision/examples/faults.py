@@ -13,6 +13,7 @@ _FORMULAS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": lambda x: x * torch.sigmoid(x),
     "rsqrt": lambda x: torch.reciprocal(torch.sqrt(x)),
     "mm": lambda a, b: torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0),
+    "bmm": lambda a, b: (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2),
 }
 
 

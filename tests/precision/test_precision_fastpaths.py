@@ -243,7 +243,7 @@ def test_capture_in_bulk_reads_back_what_per_op_files_hold(tmp_path):
             else:
                 assert x == y
     report = compare_dumps(str(tmp_path / "bulk"), str(tmp_path / "per_op"))  # the CLI's reader path
-    assert report.passed and len(report.ops) == len(a.records)
+    assert report.passed and len(report.ops) == len(a.op_records)
 
 
 def test_capture_in_bulk_keeps_a_held_tensor_from_a_later_in_place_write(tmp_path):
