@@ -1,5 +1,6 @@
 """autocompare: every selected op is run again on a reference device (default: CPU, float64) on
 copies of its inputs, forward and backward, and its outputs are judged by the metrics library.
+Collectives are not run again: they are checked across ranks (precision.collectives).
 
 An op whose outputs all pass the quick test (precision.metrics.quick) is recorded with max_abs
 only; every other op gets the full comparison and its full statistics."""
@@ -12,6 +13,7 @@ import os
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .collectives import check_across_ranks, exchange, inputs_stats, is_collective, outputs_stats, wait_collective
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
 from .records import OpRecord
@@ -59,6 +61,8 @@ class AutoCompare(Tool):
         self.sync, self.skip_views = sync, skip_views
         self.out = out
         self.results: list[dict] = []
+        self.collectives: list[dict] = []  # per collective call: input/output sums and checksums
+        self._collectives_checked = False
         self.n_skipped = 0
         self._queue: list = []
 
@@ -67,6 +71,8 @@ class AutoCompare(Tool):
         return [r for r in self.results if r["status"] == "fail"]
 
     def handle(self, rec: OpRecord, func, args, kwargs):
+        if is_collective(rec.op):
+            return self._collective(rec, func, args, kwargs)
         reason = self._skip.get(func, False)
         if reason is False:
             reason = self._skip[func] = skip_reason(func) or ("view" if self.skip_views and op_info(func).is_view else None)
@@ -86,6 +92,38 @@ class AutoCompare(Tool):
         with self.quiet():
             self._judge(rec, func, out, ref_args, ref_kwargs)
         return out
+
+    def _collective(self, rec: OpRecord, func, args, kwargs):
+        """Run once, never again on the reference: record what the cross-rank check needs."""
+        with self.quiet():
+            stats = inputs_stats(rec.op, args)
+        out = func(*args, **kwargs)
+        with self.quiet():
+            wait_collective(out)
+            stats.update(outputs_stats(rec.op, args, out))
+        self.collectives.append({**rec.to_dict(), **stats})
+        return out
+
+    def check_collectives(self, timeout_s: float = 60.0) -> list[dict]:
+        """Cross-rank check of the recorded collectives (through the default group's store); the rows
+        go to ``results``. Called on exit; call it earlier if the process group is destroyed first."""
+        if self._collectives_checked:
+            return []
+        self._collectives_checked = True
+        try:
+            per_rank = exchange(self.collectives, self.rank.get(), timeout_s)
+        except (RuntimeError, ValueError) as exc:  # a rank that never reported (timeout), a closed store
+            log.warning("autocompare: cross-rank check of %d collectives not done: %s", len(self.collectives), exc)
+            per_rank = None
+        if per_rank is None:
+            if self.collectives:
+                self.results.append({"op": "collectives", "status": "skipped", "rule": "skipped",
+                                     "detail": "no initialised process group at the check: leave the tool "
+                                               "(or call check_collectives) before destroy_process_group"})
+            return []
+        rows = check_across_ranks(per_rank)
+        self.results.extend(rows)
+        return rows
 
     def _judge(self, rec: OpRecord, func, out, ref_args, ref_kwargs) -> None:
         row = rec.to_dict()
@@ -130,6 +168,8 @@ class AutoCompare(Tool):
 
     def finish(self) -> None:
         self.flush()
+        if self.collectives:
+            self.check_collectives()
         if self.out:
             path = self.out.format(rank=self.rank.get())
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

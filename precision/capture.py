@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_leaves
 
 from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
 from .bulk import PendingWrites
+from .collectives import is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
@@ -73,6 +74,8 @@ class Capture(Tool):
                 inputs = snapshot((args, kwargs))
         out = func(*args, **kwargs)
         with self.quiet():
+            if is_collective(rec.op):  # its outputs hold the result only once it completed
+                wait_collective(out)
             if self.save_tensors and inputs is None:
                 inputs = saveable_now((args, kwargs))
             self._write(rec, args, kwargs, inputs, out)
@@ -116,6 +119,8 @@ class Capture(Tool):
         entry["inputs"] = tensors_meta((args, kwargs))
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None
+        if is_collective(rec.op):
+            entry["reduce_op"] = reduce_op_name(args)
         if self.save_tensors:
             outputs = saveable_now(out)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}

@@ -64,7 +64,7 @@ def _tolerances(args):
 
 def cmd_compare(args) -> int:
     from .align import Equivalences
-    from .diff import CompareOptions, compare_dumps
+    from .diff import CompareOptions, compare_dumps, rank_dirs
     from .dump import DumpError
     from .metrics import DEFAULT_RATIO_K as k_default
 
@@ -75,6 +75,8 @@ def cmd_compare(args) -> int:
     try:
         options = CompareOptions(rule, args.error_ratio if args.error_ratio is not None else DEFAULT_RATIO_K,
                                  _tolerances(args), args.align, Equivalences.load(args.map))
+        if rank_dirs(args.dump_a) is not None or rank_dirs(args.dump_b) is not None:
+            return _compare_ranks(args, options)
         report = compare_dumps(args.dump_a, args.dump_b, options=options)
     except (DumpError, ValueError) as exc:
         return _input_error(args, str(exc))
@@ -97,6 +99,34 @@ def cmd_compare(args) -> int:
     else:
         _print_diff(report, args.rows, args.all)
     return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _compare_ranks(args, options) -> int:
+    """Both arguments hold rank{r} captures: one compare per rank, the collectives checked across
+    ranks, one summary."""
+    from .diff import compare_ranks
+
+    if args.csv or args.html:
+        return _input_error(args, "--csv/--html take single captures; compare one rank{r} directory pair for them")
+    result = compare_ranks(args.dump_a, args.dump_b, options)
+    d = result.to_dict()
+    if d["n_passed"] + d["n_failed"] == 0 and not d["collectives"]:
+        return _input_error(args, "nothing was compared: every op of every rank was skipped")
+    if args.json:
+        print(json.dumps(d, indent=1))
+    else:
+        for rank in d["ranks"]:
+            r = d["per_rank"][rank]
+            print(f"rank {rank}: {r['n_ops']} ops: {r['n_passed']} pass, {r['n_failed']} fail, "
+                  f"{r['n_skipped']} skipped, {r['n_unmatched']} unmatched")
+        bad = [c for c in d["collectives"] if c["status"] == "fail"]
+        print(f"collectives of A across ranks: {len(d['collectives'])} checked, {len(bad)} fail"
+              + (f" (first: {bad[0]['op']} #{bad[0].get('index')}: {bad[0]['detail']})" if bad else ""))
+        fd = d["first_divergence"]
+        print(f"{len(d['ranks'])} ranks: {'no divergence' if fd is None else 'first divergence: '}"
+              + ("" if fd is None else f"rank {fd.get('rank')} {fd['op']} #{fd.get('index')} ({fd.get('phase')}, "
+                                        f"module {fd.get('module')}, step {fd.get('step')}): {fd['detail']}"))
+    return EXIT_PASS if result.passed else EXIT_FAIL
 
 
 def cmd_replay(args) -> int:

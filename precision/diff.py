@@ -2,12 +2,15 @@
 whose outputs differ beyond tolerance."""
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 
 import torch
 
 from .align import Equivalences, align, region_module_records
-from .dump import Dump, check_replayable
+from .collectives import check_across_ranks, is_collective, stats_from_capture
+from .dump import Dump, DumpError, check_replayable
 from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
 from .records import resolve_op
 from .reference import run_reference, skip_reason
@@ -88,6 +91,8 @@ def _replay_func(ra: dict, da: dict, db: dict):
 
 def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) -> dict:
     """One op of run A (the device) against the same op of run B (the reference)."""
+    if is_collective(ra["op"]):
+        return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
     da, db = a.load(ra), b.load(rb)
     if da is None or db is None:
         return _row(ra, "skipped", "skipped", "tensors not saved in " + ("A" if da is None else "B"))
@@ -191,3 +196,62 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
     # at one index: ops, then module records, outer modules first (a module and its last child
     # return together; the region is the module)
     report.ops.sort(key=lambda r: (r["index"], r["op"].startswith("module::"), (r["module"] or "").count(".")))
+
+
+def rank_dirs(path: str) -> dict[int, str] | None:
+    """{rank: capture directory} for a directory of rank{r} captures (directly or under capture/,
+    as precision.run writes them); None for a single capture."""
+    if os.path.isfile(os.path.join(path, "index.jsonl")):
+        return None
+    for base in (path, os.path.join(path, "capture")):
+        if os.path.isdir(base):
+            found = {int(m.group(1)): os.path.join(base, name) for name in sorted(os.listdir(base))
+                     if (m := re.fullmatch(r"rank(\d+)", name)) and os.path.isdir(os.path.join(base, name))}
+            if found:
+                return found
+    return None
+
+
+@dataclass
+class RankReport:
+    """A cross-rank compare: one DiffReport per rank, and the collectives of run A checked across ranks."""
+
+    reports: dict[int, DiffReport]
+    collectives: list[dict]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.reports.values()) and all(c["status"] != "fail" for c in self.collectives)
+
+    @property
+    def first_divergence(self) -> dict | None:
+        firsts = [{**r.first_divergence, "rank": rank} for rank, r in self.reports.items() if r.first_divergence]
+        firsts += [c for c in self.collectives if c["status"] == "fail"]
+        return min(firsts, key=lambda f: (f.get("step") or 0, f.get("index") or 0, f.get("rank") or 0), default=None)
+
+    def to_dict(self) -> dict:
+        per_rank = {rank: r.to_dict() for rank, r in self.reports.items()}
+        total = lambda key: sum(d[key] for d in per_rank.values())  # noqa: E731
+        return {"passed": self.passed, "ranks": sorted(self.reports), "first_divergence": self.first_divergence,
+                "n_ops": total("n_ops"), "n_passed": total("n_passed"), "n_failed": total("n_failed"),
+                "n_skipped": total("n_skipped"), "n_unmatched": total("n_unmatched"),
+                "collectives": self.collectives, "per_rank": per_rank}
+
+
+def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None) -> RankReport:
+    """Compare two runs rank by rank (their rank{r} capture directories); the collectives of run A
+    are judged by their cross-rank invariants on A's own captured inputs, so drift from another
+    rank's fault is not blamed on them."""
+    ra, rb = rank_dirs(dir_a), rank_dirs(dir_b)
+    if ra is None or rb is None:
+        raise DumpError(f"{dir_a if ra is None else dir_b}: no rank{{r}} capture directories")
+    if set(ra) != set(rb):
+        raise DumpError(f"the runs have different ranks: {sorted(ra)} in {dir_a}, {sorted(rb)} in {dir_b}")
+    reports = {rank: compare_dumps(ra[rank], rb[rank], options=options) for rank in sorted(ra)}
+    per_rank = {}
+    for rank in sorted(ra):
+        dump = Dump.open(ra[rank])
+        with torch.no_grad():
+            stats = [stats_from_capture(r, dump.load(r)) for r in dump.op_records if is_collective(r["op"])]
+        per_rank[rank] = [s for s in stats if s is not None]
+    return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])

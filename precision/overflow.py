@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .collectives import is_collective, wait_collective
 from .finite import VALUE_PRESERVING, device_stats, first_problem, floats, nonfinite_scalars, read_stats, stats_problem
 from .opinfo import op_info
 from .records import OpRecord, format_frames, user_frames
@@ -112,6 +113,8 @@ class OverflowCheck(Tool):
             with self.quiet():
                 inputs_bad = self._inputs_bad(func, args, kwargs)
         out = func(*args, **kwargs)
+        if is_collective(rec.op):  # its outputs hold the result only once it completed
+            wait_collective(out)
         if inputs_bad:
             return out
         with self.quiet():
