@@ -11,9 +11,10 @@ import logging
 import os
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from .collectives import check_across_ranks, exchange, inputs_stats, is_collective, outputs_stats, wait_collective
+from .dump import DumpWriter
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
 from .records import OpRecord
@@ -29,6 +30,11 @@ def _host_copy(tree):
     return tree_map(lambda t: t.detach().to("cpu", non_blocking=True, copy=True) if isinstance(t, torch.Tensor) else t, tree)
 
 
+def _leaf_types(tree) -> list:
+    """The dtype of each tensor leaf, in order (to cast reference copies back)."""
+    return [t.dtype for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
 def _synchronize() -> None:
     acc = getattr(torch, "accelerator", None)
     if acc is not None and acc.current_accelerator() is not None:
@@ -42,7 +48,9 @@ class AutoCompare(Tool):
     right after it and the copies are freed, so at most one op's copies are alive. ``sync=False``:
     no extra device synchronisation per op; host copies are queued and judged after each optimizer
     step (or ``flush()``), with one synchronisation, at the cost of holding one step's copies.
-    ``full_stats=True``: full statistics for passing ops too (slower). ``tolerances``: per op and
+    ``full_stats=True``: full statistics for passing ops too (slower). ``save_failures``: a directory
+    (``{rank}`` replaced) where each failing op's inputs and outputs are written in the capture
+    format, for ``precision-diff replay DIR INDEX``. ``tolerances``: per op and
     dtype (see ``ToleranceTable``; ``rtol``/``atol`` are its fallback)."""
 
     name = "autocompare"
@@ -50,8 +58,10 @@ class AutoCompare(Tool):
     def __init__(self, selector: Selector | None = None, *, device: str = "cpu", dtype: torch.dtype | None = torch.float64,
                  rtol: float | None = None, atol: float | None = None, sync: bool = True, skip_views: bool = True,
                  out: str | None = None, full_stats: bool = False, tolerances: ToleranceTable | None = None,
-                 **kwargs) -> None:
+                 save_failures: str | None = None, **kwargs) -> None:
         super().__init__(selector, **kwargs)
+        self.save_failures = save_failures  # directory: failing ops' inputs, for precision-diff replay
+        self._failure_dump: DumpWriter | None = None
         self.tolerances = tolerances or ToleranceTable(rtol=rtol, atol=atol)
         self.full_stats = full_stats
         self._warned = False
@@ -88,9 +98,10 @@ class AutoCompare(Tool):
             return out
         with self.quiet():  # before the op: in-place ops
             ref_args, ref_kwargs = convert_inputs(args, kwargs, self.device, self.dtype)
+            originals = _leaf_types((args, kwargs)) if self.save_failures else None
         out = func(*args, **kwargs)
         with self.quiet():
-            self._judge(rec, func, out, ref_args, ref_kwargs)
+            self._judge(rec, func, out, ref_args, ref_kwargs, originals)
         return out
 
     def _collective(self, rec: OpRecord, func, args, kwargs):
@@ -125,8 +136,11 @@ class AutoCompare(Tool):
         self.results.extend(rows)
         return rows
 
-    def _judge(self, rec: OpRecord, func, out, ref_args, ref_kwargs) -> None:
+    def _judge(self, rec: OpRecord, func, out, ref_args, ref_kwargs, originals=None) -> None:
         row = rec.to_dict()
+        saved_inputs = (ref_args, ref_kwargs)
+        if originals is not None and op_info(func).mutates:  # the reference run overwrites its copies
+            saved_inputs = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, saved_inputs)
         try:
             ref_out = func(*ref_args, **ref_kwargs)
         except Exception as exc:  # an op the reference device lacks (in this dtype): say so, go on
@@ -146,10 +160,25 @@ class AutoCompare(Tool):
         summary = verdict.summary()
         row.update(status="pass" if verdict.passed else "fail", **summary)
         self.results.append(row)
+        if not verdict.passed and self.save_failures and originals is not None:
+            self._save_failure(row, saved_inputs, originals, out)
         if not verdict.passed and not self._warned:  # the first failure
             self._warned = True
             log.warning("autocompare: first failure at %s #%d (%s, module %s): %s", rec.op, rec.index, rec.phase,
                         rec.module, summary["detail"])
+
+    def _save_failure(self, row: dict, ref_inputs, originals, out) -> None:
+        """The failing op's inputs as the op saw them: the reference copies, cast back (float64
+        holds every float32/16 value exactly), with the device's outputs."""
+        if self._failure_dump is None:
+            self._failure_dump = DumpWriter(self.save_failures.format(rank=self.rank.get()))
+        leaves, spec = tree_flatten(ref_inputs)
+        kinds = iter(originals)
+        back = [x.to(device="cpu", dtype=next(kinds)) if isinstance(x, torch.Tensor) else x for x in leaves]
+        args, kwargs = tree_unflatten(back, spec)
+        entry = {k: row[k] for k in ("index", "op", "overload", "phase", "module", "step", "rank")}
+        self._failure_dump.write(entry, args, kwargs, out)
+        row["saved"] = os.path.join(self.save_failures.format(rank=self.rank.get()), "tensors")
 
     def flush(self) -> None:
         """Judge the queued ops (no-sync mode): one synchronisation for all of them."""
@@ -160,7 +189,7 @@ class AutoCompare(Tool):
         with self.quiet():  # called from an optimizer hook, where the mode is active
             for rec, func, (args, kwargs), out in queue:
                 ref_args, ref_kwargs = convert_inputs(args, kwargs, self.device, self.dtype)
-                self._judge(rec, func, out, ref_args, ref_kwargs)
+                self._judge(rec, func, out, ref_args, ref_kwargs, _leaf_types((args, kwargs)))
 
     def on_step(self) -> None:
         if not self.sync:
@@ -170,6 +199,9 @@ class AutoCompare(Tool):
         self.flush()
         if self.collectives:
             self.check_collectives()
+        if self._failure_dump is not None:
+            self._failure_dump.close(source="autocompare failures")
+            self._failure_dump = None
         if self.out:
             path = self.out.format(rank=self.rank.get())
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

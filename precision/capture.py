@@ -16,6 +16,7 @@ from .collectives import is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
+from .summaries import MODES, summarise
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -35,6 +36,8 @@ class Capture(Tool):
     """``with Capture("dump/{rank}", Selector.build(modules="layers.1")): train()``.
 
     ``max_bytes`` caps the tensor bytes written; past it, ops are still indexed (``file: null``).
+    ``mode``: "full" (tensors), "stats" (per output: min, max, mean, norm, NaN/Inf counts in the
+    index, no tensor files) or "checksum" (per output: a hash of its bytes).
     ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
     ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
     through ``Dump``); it holds up to a step's captured tensors in memory meanwhile."""
@@ -43,9 +46,13 @@ class Capture(Tool):
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
                  save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20,
-                 module_outputs: bool = True, **kwargs) -> None:
+                 module_outputs: bool = True, mode: str = "full", **kwargs) -> None:
+        if mode not in MODES:
+            raise ValueError(f"capture mode {mode!r}; expected one of {', '.join(MODES)}")
         self.wants_module_outputs = module_outputs
         super().__init__(selector, **kwargs)
+        self.mode = mode
+        save_tensors = save_tensors and mode == "full"
         self._n_module_records = 0
         self.bulk, self.bulk_bytes = bulk, bulk_bytes
         self._pending = PendingWrites() if bulk else None
@@ -121,6 +128,8 @@ class Capture(Tool):
         entry["file"] = None
         if is_collective(rec.op):
             entry["reduce_op"] = reduce_op_name(args)
+        if self.mode != "full":
+            entry.update(summarise(self.mode, out))
         if self.save_tensors:
             outputs = saveable_now(out)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
@@ -173,7 +182,7 @@ class Capture(Tool):
             self._index.close()
             self._index = None
         meta = {
-            "format": FORMAT, "version": VERSION, "bulk": self.bulk, "rank": self.rank.get(),
+            "format": FORMAT, "version": VERSION, "bulk": self.bulk, "mode": self.mode, "rank": self.rank.get(),
             "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,

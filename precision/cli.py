@@ -134,7 +134,8 @@ def cmd_replay(args) -> int:
     from .replay import replay
 
     try:
-        result = replay(args.dump, args.op_index, device=args.device, dtype=args.dtype, rtol=args.rtol, atol=args.atol)
+        result = replay(args.dump, args.op_index, device=args.device, dtype=args.dtype, rtol=args.rtol, atol=args.atol,
+                        backward=args.backward, repeat=args.repeat)
     except (DumpError, LookupError, ValueError) as exc:
         return _input_error(args, str(exc))
     d = result.to_dict()
@@ -145,7 +146,14 @@ def cmd_replay(args) -> int:
               f"{' in ' + d['dtype'] if d['dtype'] else ''}: {'pass' if d['passed'] else 'FAIL'} by {d['rule']}: "
               f"{d['detail']}; max_abs {_fmt(d.get('max_abs'))}, max_rel {_fmt(d.get('max_rel'))}"
               f"{'; ' + d['note'] if d['note'] else ''}")
-    return EXIT_PASS if result.verdict.passed else EXIT_FAIL
+        if "backward" in d:
+            b = d["backward"]
+            print(f"backward: {'pass' if b['passed'] else 'FAIL'} by {b['rule']}: {b['detail']}")
+        if "timing" in d:
+            print("timing (median of {repeat}): ".format(**d["timing"]) + ", ".join(
+                f"{k} {v:.3f}" for k, v in d["timing"].items() if k != "repeat"))
+    passed = result.verdict.passed and (result.backward is None or result.backward.passed)
+    return EXIT_PASS if passed else EXIT_FAIL
 
 
 def _print_loss(r: LossReport) -> None:
@@ -233,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", type=cli_type(floating_dtype), help="cast floating inputs to this dtype first, e.g. float64")
     r.add_argument("--rtol", type=_nonneg)
     r.add_argument("--atol", type=_nonneg)
+    r.add_argument("--backward", action="store_true",
+                   help="also run backward (seeded random output gradients) and compare input gradients with "
+                        "float64 CPU ones")
+    r.add_argument("--repeat", type=_count, default=0, metavar="N", help="time forward (and backward) N times")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay)
 

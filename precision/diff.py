@@ -13,6 +13,7 @@ from .collectives import check_across_ranks, is_collective, stats_from_capture
 from .dump import Dump, DumpError, check_replayable
 from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
 from .records import resolve_op
+from .summaries import compare_summaries
 from .reference import run_reference, skip_reason
 
 _ID_FIELDS = ("index", "op", "overload", "phase", "module", "step", "rank")
@@ -95,6 +96,9 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
         return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
     da, db = a.load(ra), b.load(rb)
     if da is None or db is None:
+        summary = compare_summaries(ra, rb)
+        if summary is not None:  # stats or checksum captures
+            return _row(ra, *summary)
         return _row(ra, "skipped", "skipped", "tensors not saved in " + ("A" if da is None else "B"))
     out_a, out_b = da["outputs"], db["outputs"]
     if ra.get("kind") == "module":

@@ -236,3 +236,26 @@ def _record_problem(rec) -> str | None:
     if "step" in rec and rec["step"] is not None and (not isinstance(rec["step"], int) or isinstance(rec["step"], bool)):
         return f"field 'step' is {rec['step']!r}, expected an integer"
     return None
+
+
+class DumpWriter:
+    """Writes a capture directory op by op (what ``Dump`` reads): used for the inputs of failing ops."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(os.path.join(path, "tensors"), exist_ok=True)
+        self._index = open(os.path.join(path, INDEX), "w")
+        self.n_records = 0
+
+    def write(self, entry: dict, args, kwargs, outputs) -> None:
+        rel = os.path.join("tensors", f"{int(entry['index']):07d}.pt")
+        torch.save({"args": snapshot(args), "kwargs": snapshot(kwargs), "outputs": snapshot(outputs)},
+                   os.path.join(self.path, rel))
+        self._index.write(json.dumps({**entry, "file": rel}) + "\n")
+        self._index.flush()
+        self.n_records += 1
+
+    def close(self, **meta) -> None:
+        self._index.close()
+        with open(os.path.join(self.path, META), "w") as f:
+            json.dump({"format": FORMAT, "version": VERSION, "n_records": self.n_records, **meta}, f, indent=1)

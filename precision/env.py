@@ -4,7 +4,7 @@ imported, or with ``python -m precision.run --tool NAME script.py``.
 Variables: PRECISION_TOOL (capture, autocompare, overflow_check, op_timer, dtype_cast, fallback;
 comma-separated to stack), PRECISION_OUT (output directory, default ./precision_out),
 PRECISION_OPS, PRECISION_EXCLUDE_OPS, PRECISION_MODULES (comma-separated fnmatch patterns),
-PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES and PRECISION_BULK=1 (capture),
+PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES, PRECISION_BULK=1 and PRECISION_MODE=full|stats|checksum (capture),
 PRECISION_CALLSITE=1, PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
 PRECISION_DTYPE (dtype_cast target, default float32), PRECISION_DEVICE (fallback target /
 autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP, PRECISION_TOL (autocompare tolerances per dtype
@@ -26,6 +26,7 @@ from .capture import Capture
 from .cast import DtypeCast, Fallback
 from .op_timer import OpTimer
 from .overflow import OverflowCheck
+from .summaries import MODES
 from .selection import SelectionError, Selector, parse_int_set
 from .tool import Tool
 
@@ -34,7 +35,7 @@ log = logging.getLogger("precision")
 TOOLS: dict[str, type[Tool]] = {"capture": Capture, "autocompare": AutoCompare, "overflow_check": OverflowCheck,
                                 "op_timer": OpTimer, "dtype_cast": DtypeCast, "fallback": Fallback}
 _KEYS = ("out", "ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "bulk", "callsite", "sync",
-         "dtype", "device", "range_dtype", "top", "tol")
+         "dtype", "device", "range_dtype", "top", "tol", "mode")
 _active: list[Tool] = []
 
 
@@ -44,9 +45,16 @@ def config_from_env(environ=os.environ) -> tuple[list[str], dict]:
     return names, cfg
 
 
+def capture_mode(text: str) -> str:
+    if text not in MODES:
+        raise ValueError(f"{text!r}: expected one of {', '.join(MODES)}")
+    return text
+
+
 # How each setting is checked (the same checks as the command line's).
 CHECKS = {"max_bytes": non_negative_int, "top": positive_int, "dtype": floating_dtype, "range_dtype": floating_dtype,
-          "device": device, "steps": parse_int_set, "ranks": parse_int_set, "tol": ToleranceTable.parse}
+          "device": device, "steps": parse_int_set, "ranks": parse_int_set, "tol": ToleranceTable.parse,
+          "mode": capture_mode}
 
 
 def _checked(cfg: dict, key: str, default=None):
@@ -75,10 +83,11 @@ def make_tool(name: str, cfg: dict) -> Tool:
     if name == "capture":
         max_bytes = _checked(cfg, "max_bytes", 1 << 30)
         return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,
-                       bulk=_flag(cfg.get("bulk", "0")), **common)
+                       bulk=_flag(cfg.get("bulk", "0")), mode=_checked(cfg, "mode", "full"), **common)
     if name == "autocompare":
         return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_flag(cfg.get("sync", "1")),
                            tolerances=_checked(cfg, "tol"),
+                           save_failures=os.path.join(out, "autocompare_failures", "rank{rank}"),
                            out=os.path.join(out, "autocompare_rank{rank}.jsonl"), **common)
     if name == "overflow_check":
         return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_flag(cfg.get("sync", "1")),

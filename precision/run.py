@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool", help=f"comma-separated: {', '.join(env.TOOLS)} (default: $PRECISION_TOOL)")
     p.add_argument("--out", help="output directory (default ./precision_out)")
     for key in ("ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "dtype", "device",
-                "range_dtype", "top", "tol"):
+                "range_dtype", "top", "tol", "mode"):
         p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=_validated(key))
     p.add_argument("--callsite", action="store_const", const="1")
     p.add_argument("--bulk", action="store_const", const="1",
