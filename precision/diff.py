@@ -16,7 +16,7 @@ from .records import resolve_op
 from .summaries import compare_summaries
 from .reference import run_reference, skip_reason
 
-_ID_FIELDS = ("index", "op", "overload", "phase", "module", "step", "rank")
+_ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
 
 
 @dataclass

@@ -5,7 +5,8 @@ Variables: PRECISION_TOOL (capture, autocompare, overflow_check, op_timer, dtype
 comma-separated to stack), PRECISION_OUT (output directory, default ./precision_out),
 PRECISION_OPS, PRECISION_EXCLUDE_OPS, PRECISION_MODULES (comma-separated fnmatch patterns),
 PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES, PRECISION_BULK=1 and PRECISION_MODE=full|stats|checksum (capture),
-PRECISION_CALLSITE=1, PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
+PRECISION_CALLSITE=1, PRECISION_API=1 (record each op's torch-level call),
+PRECISION_APIS (select by torch-level call: 'torch.nn.functional.linear', 'F.linear', 'linear'), PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
 PRECISION_DTYPE (dtype_cast target, default float32), PRECISION_DEVICE (fallback target /
 autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP, PRECISION_TOL (autocompare tolerances per dtype
 and op, see precision.metrics.ToleranceTable)."""
@@ -35,7 +36,7 @@ log = logging.getLogger("precision")
 TOOLS: dict[str, type[Tool]] = {"capture": Capture, "autocompare": AutoCompare, "overflow_check": OverflowCheck,
                                 "op_timer": OpTimer, "dtype_cast": DtypeCast, "fallback": Fallback}
 _KEYS = ("out", "ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "bulk", "callsite", "sync",
-         "dtype", "device", "range_dtype", "top", "tol", "mode")
+         "dtype", "device", "range_dtype", "top", "tol", "mode", "apis", "api")
 _active: list[Tool] = []
 
 
@@ -78,8 +79,8 @@ def make_tool(name: str, cfg: dict) -> Tool:
         raise ValueError(f"PRECISION_TOOL / --tool: unknown tool {name!r}; expected one of {', '.join(TOOLS)}")
     out = cfg.get("out") or "precision_out"
     selector = Selector.build(cfg.get("ops"), cfg.get("exclude_ops"), cfg.get("modules"), _checked(cfg, "steps"),
-                              _checked(cfg, "ranks"), cfg.get("phases"))
-    common = {"with_callsite": _flag(cfg.get("callsite", "0"))}
+                              _checked(cfg, "ranks"), cfg.get("phases"), cfg.get("apis"))
+    common = {"with_callsite": _flag(cfg.get("callsite", "0")), "with_api": _flag(cfg.get("api", "0"))}
     if name == "capture":
         max_bytes = _checked(cfg, "max_bytes", 1 << 30)
         return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,

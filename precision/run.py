@@ -29,10 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m precision.run", description=__doc__)
     p.add_argument("--tool", help=f"comma-separated: {', '.join(env.TOOLS)} (default: $PRECISION_TOOL)")
     p.add_argument("--out", help="output directory (default ./precision_out)")
-    for key in ("ops", "exclude_ops", "modules", "steps", "ranks", "phases", "max_bytes", "dtype", "device",
+    for key in ("ops", "exclude_ops", "modules", "apis", "steps", "ranks", "phases", "max_bytes", "dtype", "device",
                 "range_dtype", "top", "tol", "mode"):
         p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=_validated(key))
     p.add_argument("--callsite", action="store_const", const="1")
+    p.add_argument("--api", action="store_const", const="1", help="record each op's torch-level call")
     p.add_argument("--bulk", action="store_const", const="1",
                    help="capture: write each step's tensors together, a tensor several ops read once")
     p.add_argument("--no-sync", dest="sync", action="store_const", const="0",

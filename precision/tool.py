@@ -8,6 +8,7 @@ import threading
 from contextlib import ExitStack, nullcontext
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .opinfo import op_info
@@ -28,6 +29,31 @@ class _Mode(TorchDispatchMode):
         return self.tool._dispatch(func, args, kwargs or {})
 
 
+class _ApiMode(TorchFunctionMode):
+    """Keeps the torch-level call being run (torch functions and Tensor methods): calls made inside
+    it are not seen (the mode is off while it handles one), so it is the call the program made."""
+
+    def __init__(self, stack: list) -> None:
+        super().__init__()
+        self.stack = stack
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = _API_NAMES.get(func)
+        if name is None:
+            try:
+                name = _API_NAMES[func] = torch.overrides.resolve_name(func) or getattr(func, "__name__", str(func))
+            except TypeError:  # an unhashable callable: name it, do not cache
+                name = getattr(func, "__name__", str(func))
+        self.stack.append(name)
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.stack.pop()
+
+
+_API_NAMES: dict = {}
+
+
 class Tool:
     """Subclasses implement ``handle`` (run the op, do their work, return the outputs) and
     ``finish`` (write results). Use as a context manager; ``step()`` advances the step by hand."""
@@ -35,9 +61,13 @@ class Tool:
     name = "tool"
     wants_module_outputs = False  # True: ``on_module_output`` is called whenever a module returns
 
-    def __init__(self, selector: Selector | None = None, *, with_callsite: bool = False, step: int = 0) -> None:
+    def __init__(self, selector: Selector | None = None, *, with_callsite: bool = False, with_api: bool = False,
+                 step: int = 0) -> None:
         self.selector = selector or Selector()
         self.with_callsite = with_callsite
+        self.with_api = with_api or self.selector.apis is not None  # record the torch-level call of each op
+        self._api_stack: list[str] = []
+        self._apis_seen: set[str] = set()
         self.modules = ModuleTracker(self.on_module_output if self.wants_module_outputs else None)
         self.steps = StepTracker(step, self.on_step)
         self.rank = RankInfo()
@@ -58,6 +88,8 @@ class Tool:
             stack.enter_context(self.steps)
             self.start()
             stack.callback(self.finish)
+            if self.with_api:
+                stack.enter_context(_ApiMode(self._api_stack))
             stack.enter_context(_Mode(self))
         except BaseException:
             stack.close()
@@ -89,7 +121,7 @@ class Tool:
     def unmatched_selection(self) -> list[str]:
         """Patterns of the selector that matched nothing the run did (see ``Selector.unmatched``)."""
         ops_seen = [(info.op, info.overload) for info in map(op_info, self._op_hits)]
-        return self.selector.unmatched(ops_seen, self.modules.paths_seen(), self.steps.step)
+        return self.selector.unmatched(ops_seen, self.modules.paths_seen(), self.steps.step, sorted(self._apis_seen))
 
     def step(self, n: int | None = None) -> None:
         """Advance the step (or set it): for loops without an optimizer."""
@@ -141,8 +173,14 @@ class Tool:
         phase = self._phase(in_backward)
         if not (sel.module_ok(module) and (sel.phases is None or phase in sel.phases)):
             return func(*args, **kwargs)
+        api = None
+        if self.with_api and self._api_stack:
+            api = self._api_stack[0]
+            self._apis_seen.add(api)
+        if not sel.api_ok(api):
+            return func(*args, **kwargs)
         info = op_info(func)
-        rec = OpRecord(index, info.op, info.overload, phase, module, step, rank)
+        rec = OpRecord(index, info.op, info.overload, phase, module, step, rank, api=api)
         if self.with_callsite:
             rec.callsite = callsite()
         return self.handle(rec, func, args, kwargs)

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from precision import AutoCompare, Capture, compare_dumps
+from precision import AutoCompare, Capture, Selector, compare_dumps
+from precision.selection import SelectionError
 from precision.cli import main
 from precision.dump import Dump
 from precision.examples.faults import wrong_kernel
@@ -92,3 +93,21 @@ def test_autocompare_saves_failing_inputs_and_replay_runs_forward_backward(tmp_p
     d = json.loads(capsys.readouterr().out)
     assert d["passed"] is False and d["backward"]["passed"] is True  # backward of mm on the CPU is honest
     assert d["timing"]["repeat"] == 3 and d["timing"]["forward_ms"] > 0 and d["timing"]["forward_backward_ms"] > 0
+
+
+def test_ops_carry_their_torch_level_call_and_can_be_selected_by_it(tmp_path):
+    model = make_hf_llama(SIZE)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    with Capture(str(tmp_path / "c"), Selector.build(apis="F.linear", phases="forward")):
+        hf_train(model, hf_batches(SIZE, 1))
+    records = Dump.open(str(tmp_path / "c")).op_records
+    assert records and all(r["api"] == "torch.nn.functional.linear" for r in records)
+    assert sum(r["op"] == "aten::mm" for r in records) == n_linear  # one matmul per nn.Linear call
+    model = make_hf_llama(SIZE)
+    with wrong_kernel("mm", 1 + 1e-4, inside=model.model.layers[0].mlp.down_proj):
+        with AutoCompare(with_api=True) as ac:
+            hf_train(model, hf_batches(SIZE, 1))
+    assert [(f["op"], f["api"]) for f in ac.failures] == [("aten::mm", "torch.nn.functional.linear")]
+    with pytest.raises(SelectionError, match="closest: .*linear"):
+        with Capture(str(tmp_path / "d"), Selector.build(apis="F.linearr")):
+            hf_train(make_hf_llama(SIZE), hf_batches(SIZE, 1))
