@@ -19,20 +19,27 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 def tensor_stats(t: torch.Tensor) -> dict:
-    """min, max, mean, L2 norm (float64, over finite values) and NaN/Inf counts of one tensor."""
+    """min, max, mean, L2 norm (float64 sums, over finite values) and NaN/Inf counts of one tensor."""
     x = t.detach()
     out: dict = {"dtype": str(x.dtype).removeprefix("torch."), "numel": x.numel()}
-    if not x.numel() or not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64, torch.int16,
-                                                                     torch.int8, torch.uint8, torch.bool)):
+    if not x.numel() or x.is_complex() or x.dtype == torch.bool or not (x.is_floating_point() or x.dtype in _INTS):
         return out
-    x = x.to("cpu", torch.float64)
-    finite = x.isfinite()
-    out["nan"], out["inf"] = int(x.isnan().sum()), int(x.isinf().sum())
-    if out["nan"] or out["inf"]:
-        x = x[finite]
-    if x.numel():
-        out.update(min=float(x.min()), max=float(x.max()), mean=float(x.mean()), norm=float(x.norm()))
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):  # the rare case: count, then drop
+        out["nan"], out["inf"] = int(x.isnan().sum()), int(x.isinf().sum())
+        x = x[x.isfinite()]
+        if not x.numel():
+            return out
+    else:
+        out["nan"] = out["inf"] = 0
+    if not x.is_floating_point():
+        x = x.to(torch.float64)  # integer results (indices, counts) are small
+    lo, hi = torch.aminmax(x)
+    out.update(min=float(lo), max=float(hi), mean=float(torch.sum(x, dtype=torch.float64)) / x.numel(),
+               norm=float(torch.linalg.vector_norm(x, dtype=torch.float64)))
     return out
+
+
+_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
