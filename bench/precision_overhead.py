@@ -44,6 +44,8 @@ def tools(tmp: str) -> dict:
         "overflow_check(sync=False)": lambda r: OverflowCheck(sync=False),
         "op_timer": lambda r: OpTimer(),
         "autocompare(all ops)": lambda r: AutoCompare(),
+        # the same with a fixed atol: what the magnitude-tied default tolerance costs
+        "autocompare(all ops, fixed atol)": lambda r: AutoCompare(atol=1e-5),
     }
 
 
