@@ -1,7 +1,8 @@
 """Data-parallel training of the small HuggingFace Llama with hand-written gradient all-reduces
 (c10d::allreduce_, through the dispatcher the tools see), one process per rank on gloo, under
-Capture and AutoCompare: ``python -m precision.examples.dist_llama OUT WORLD PORT [--fault-rank R]``.
-Each rank writes OUT/capture/rank{r}/ and OUT/autocompare_rank{r}.json."""
+Capture and AutoCompare: ``python -m precision.examples.dist_llama OUT WORLD PORT [--fault-rank R] [--honest OUT2]``.
+Each rank writes OUT/capture/rank{r}/ and OUT/autocompare_rank{r}.json; with ``--honest OUT2`` the
+same processes first run once without the fault into OUT2 (one launch for a reference and a test run)."""
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,17 @@ from precision.examples.faults import wrong_kernel
 from precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
 
 
-def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None) -> None:
+def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, honest: str | None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if honest:
+        train_once(rank, world, honest, None)
+    train_once(rank, world, out, fault_rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_once(rank: int, world: int, out: str, fault_rank: int | None) -> None:
     size = HFLlamaSize()
     model = make_hf_llama(size, seed=0)  # the same weights on every rank
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -37,8 +46,6 @@ def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None) -
     with open(os.path.join(out, f"autocompare_rank{rank}.json"), "w") as f:
         json.dump({"failures": ac.failures, "collectives": [r for r in ac.results if r.get("rule") == "collective"],
                    "n_params": len(list(model.parameters()))}, f)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -47,8 +54,9 @@ def main() -> None:
     p.add_argument("world", type=int)
     p.add_argument("port", type=int)
     p.add_argument("--fault-rank", type=int)
+    p.add_argument("--honest", metavar="OUT2", help="first a run without the fault, into OUT2")
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank), nprocs=a.world)
+    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.honest), nprocs=a.world)
 
 
 if __name__ == "__main__":

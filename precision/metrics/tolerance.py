@@ -1,6 +1,7 @@
 """Per-dtype tolerances: torch.testing.assert_close's defaults are the floor."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -109,6 +110,11 @@ class ToleranceTable:
 
     def resolve(self, op: str | None, dtype: torch.dtype | None) -> tuple[float | None, float | None]:
         """(rtol, atol) for ``op`` judged in ``dtype``; None where the dtype default applies."""
+        if not self.rules:
+            return self.rtol, self.atol
+        return _resolve(self, op, dtype)
+
+    def _resolve(self, op: str | None, dtype: torch.dtype | None) -> tuple[float | None, float | None]:
         import fnmatch
 
         rtol, atol = self.rtol, self.atol
@@ -125,6 +131,11 @@ class ToleranceTable:
 
     def to_dict(self) -> dict:
         return {"rules": [asdict(r) for r in self.rules], "rtol": self.rtol, "atol": self.atol}
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(table: ToleranceTable, op: str | None, dtype: torch.dtype | None) -> tuple[float | None, float | None]:
+    return table._resolve(op, dtype)
 
 
 def magnitude_atol(dtype: torch.dtype, scale: float) -> float:
@@ -150,7 +161,7 @@ def op_tolerances(table: ToleranceTable, op: str, actual, expected) -> tuple[flo
         scale = 0.0
         for e in tree_leaves(expected):
             if isinstance(e, torch.Tensor) and e.dtype.is_floating_point and e.numel():
-                largest = float(e.detach().abs().amax())  # one pass; a copy only if there is Inf/NaN
+                largest = float(torch.linalg.vector_norm(e.detach(), ord=math.inf))  # max |e|, no copy
                 if not math.isfinite(largest):
                     largest = float(e.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax())
                 scale = max(scale, largest)
