@@ -82,7 +82,7 @@ class Capture(Tool):
         out = func(*args, **kwargs)
         with self.quiet():
             if is_collective(rec.op):  # its outputs hold the result only once it completed
-                wait_collective(out)
+                wait_collective(out, rec.op)
             if self.save_tensors and inputs is None:
                 inputs = saveable_now((args, kwargs))
             self._write(rec, args, kwargs, inputs, out)

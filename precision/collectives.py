@@ -11,17 +11,29 @@ from datetime import timedelta
 import torch
 from torch.utils._pytree import tree_leaves
 
-# In-place collectives whose outputs must be the same on every rank of the group.
+# Collectives whose outputs must be the same on every rank of the group.
 SAME_EVERYWHERE = ("c10d::allreduce_", "c10d::allgather_", "c10d::broadcast_", "c10d::allreduce_coalesced_",
-                   "c10d::_allgather_base_")
+                   "c10d::_allgather_base_", "_c10d_functional::all_reduce", "_c10d_functional::broadcast",
+                   "_c10d_functional::all_gather_into_tensor")
+ALL_REDUCE = ("c10d::allreduce_", "_c10d_functional::all_reduce")
+_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
+# Functional-collective plumbing: waiting and autograd wrapping, no communication of their own.
+PLUMBING = ("_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd",
+            "c10d_functional::wait_tensor")
 
 
 def is_collective(op: str) -> bool:
-    return op.startswith("c10d::")
+    return op.startswith("c10d::") or op.startswith(_FUNCTIONAL)
 
 
-def wait_collective(out) -> None:
-    """Wait for the Work objects an async collective returned, so its outputs hold the result."""
+def wait_collective(out, op: str = "") -> None:
+    """Wait for the collective to complete, so its outputs hold the result: the Work objects of a
+    c10d op, ``wait_tensor`` on a functional collective's outputs (its own later wait is then a no-op)."""
+    if op.startswith(_FUNCTIONAL) and op not in PLUMBING:
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                torch.ops._c10d_functional.wait_tensor(t)
+        return
     for leaf in tree_leaves(out):
         if isinstance(leaf, torch.ScriptObject):
             try:
@@ -33,6 +45,8 @@ def wait_collective(out) -> None:
 
 def reduce_op_name(args) -> str | None:
     """'SUM', 'AVG', ... for an all-reduce's ReduceOp argument, or None if it cannot be read."""
+    if len(args) > 1 and isinstance(args[1], str):  # functional collectives name it: "sum", "avg"
+        return args[1].upper()
     for a in args:
         if isinstance(a, torch.ScriptObject):
             try:
@@ -68,11 +82,11 @@ def inputs_stats(op: str, args) -> dict:
 
 
 def outputs_stats(op: str, args, out) -> dict:
-    tensors = _tensors(out[0] if isinstance(out, (tuple, list)) and out else out)
+    tensors = _tensors(out[0] if isinstance(out, (tuple, list)) and out and op.startswith("c10d::") else out)
     stats = dict(zip(("out_sum", "out_abs", "out_check"), _sums(tensors)))
     if op == "c10d::allgather_":  # per gathered piece: piece j must be rank j's input
         stats["piece_sums"] = [_sums(_tensors(p))[0] for p in (out[0][0] if out and out[0] else [])]
-    stats["reduce_op"] = reduce_op_name(args) if op.startswith("c10d::allreduce") else None
+    stats["reduce_op"] = reduce_op_name(args) if op in ALL_REDUCE or op.startswith("c10d::allreduce") else None
     return stats
 
 
@@ -101,7 +115,7 @@ def check_across_ranks(per_rank: dict[int, list[dict]]) -> list[dict]:
             if not all(_close(c["out_check"], first["out_check"], scale) for c in calls):
                 row.update(status="fail", detail=f"results differ across ranks (checksums "
                                                  f"{[c['out_check'] for c in calls]})")
-            elif first["op"] == "c10d::allreduce_" and first.get("reduce_op") in ("SUM", "AVG"):
+            elif first["op"] in ALL_REDUCE and first.get("reduce_op") in ("SUM", "AVG"):
                 expected = sum(c["in_sum"] for c in calls) / (len(calls) if first["reduce_op"] == "AVG" else 1)
                 in_scale = sum(c["in_abs"] for c in calls)
                 if not _close(first["out_sum"], expected, in_scale):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .align import Equivalences, align, region_module_records
-from .collectives import check_across_ranks, is_collective, stats_from_capture
+from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import Dump, DumpError, check_replayable
 from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
 from .records import resolve_op
@@ -256,6 +256,7 @@ def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None)
     for rank in sorted(ra):
         dump = Dump.open(ra[rank])
         with torch.no_grad():
-            stats = [stats_from_capture(r, dump.load(r)) for r in dump.op_records if is_collective(r["op"])]
+            stats = [stats_from_capture(r, dump.load(r)) for r in dump.op_records
+                     if is_collective(r["op"]) and r["op"] not in PLUMBING]
         per_rank[rank] = [s for s in stats if s is not None]
     return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])

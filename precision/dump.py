@@ -76,9 +76,20 @@ def _decode_tag(d: dict):
     return Unsaved(str(d.get("text", d))[:200])
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A tensor subclass (an async collective's result, a wrapper) as the plain tensor it wraps, so
+    a capture holds only what ``torch.load(weights_only=True)`` reads."""
+    while type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        inner, _ = t.__tensor_flatten__()
+        if len(inner) != 1:
+            break
+        t = getattr(t, inner[0])
+    return t if type(t) in (torch.Tensor, torch.nn.Parameter) else t.as_subclass(torch.Tensor)
+
+
 def _saveable(x):
     if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", copy=True).contiguous()  # compact: a view would save its whole storage
+        return _plain(x).detach().to("cpu", copy=True).contiguous()  # compact: a view would save its whole storage
     return _encode(x)
 
 
@@ -96,7 +107,7 @@ def _compact(t: torch.Tensor) -> bool:
 def saveable_now(tree):
     """Like ``snapshot``, but compact CPU tensors are not copied: only for a ``torch.save`` done
     before anything can change them (or with writes to them guarded, see precision.bulk)."""
-    return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) and _compact(x) else _saveable(x), tree)
+    return tree_map(lambda x: _plain(x).detach() if isinstance(x, torch.Tensor) and _compact(x) else _saveable(x), tree)
 
 
 def restore(tree):

@@ -114,7 +114,7 @@ class OverflowCheck(Tool):
                 inputs_bad = self._inputs_bad(func, args, kwargs)
         out = func(*args, **kwargs)
         if is_collective(rec.op):  # its outputs hold the result only once it completed
-            wait_collective(out)
+            wait_collective(out, rec.op)
         if inputs_bad:
             return out
         with self.quiet():

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from precision import AutoCompare, Capture
 from precision.examples.faults import wrong_kernel
@@ -41,10 +42,11 @@ def train_once(rank: int, world: int, out: str, fault_rank: int | None) -> None:
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= world
+        mean_loss = funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD) * 1  # a functional collective
         opt.step()
         ac.check_collectives()  # while the process group is alive
     with open(os.path.join(out, f"autocompare_rank{rank}.json"), "w") as f:
-        json.dump({"failures": ac.failures, "collectives": [r for r in ac.results if r.get("rule") == "collective"],
+        json.dump({"failures": ac.failures, "mean_loss": float(mean_loss), "loss": float(loss), "collectives": [r for r in ac.results if r.get("rule") == "collective"],
                    "n_params": len(list(model.parameters()))}, f)
 
 

@@ -60,8 +60,12 @@ def test_autocompare_checks_collectives_across_ranks_without_running_them_again(
         d = json.loads((jobs["ref"] / f"autocompare_rank{rank}.json").read_text())
         assert d["failures"] == []
         rows = d["collectives"]
-        assert len(rows) == d["n_params"] == 21
-        assert all(r["status"] == "pass" and "SUM of the inputs" in r["detail"] for r in rows)
+        assert len(rows) == d["n_params"] + 1 == 22  # the gradients' c10d all-reduces, the loss's functional one
+        assert all(r["status"] == "pass" and "SUM of the inputs" in r["detail"] for r in rows[:-1])
+        assert rows[-1]["op"] == "_c10d_functional::all_reduce" and "AVG of the inputs" in rows[-1]["detail"]
+    losses = [json.loads((jobs["ref"] / f"autocompare_rank{r}.json").read_text()) for r in (0, 1)]
+    mean = (losses[0]["loss"] + losses[1]["loss"]) / 2  # by hand
+    assert losses[0]["mean_loss"] == pytest.approx(mean, rel=1e-6) == losses[1]["mean_loss"]
 
 
 def test_autocompare_on_the_faulty_rank_names_the_planted_op(jobs):
@@ -79,7 +83,7 @@ def test_cross_rank_compare_gives_one_summary_naming_the_faulty_rank(jobs, capsy
     fd = d["first_divergence"]
     assert (fd["rank"], fd["op"], fd["module"]) == (1, "aten::mm", f"{ROOT}.1.mlp.down_proj")
     assert d["per_rank"]["0"]["n_failed"] == 0 and d["per_rank"]["1"]["n_failed"] == 1
-    assert len(d["collectives"]) == 21 and all(c["status"] == "pass" for c in d["collectives"])
+    assert len(d["collectives"]) == 22 and all(c["status"] == "pass" for c in d["collectives"])
 
 
 def test_cross_rank_compare_rejects_different_rank_sets(jobs, tmp_path, capsys):
