@@ -1,5 +1,5 @@
-"""Overhead of each precision tool on one training step of the small LLaMA-style model, against
-the plain step. The plain step and the tools are measured side by side: every round runs each of
+"""Overhead of each precision tool on one AdamW training step of a HuggingFace LlamaForCausalLM
+(random weights, 2 layers, hidden 256, sequence 128, batch 4), against the plain step. The plain step and the tools are measured side by side: every round runs each of
 them for --steps steps (a tool's entry and exit included), in a rotated order, on the same model,
 so a change in machine load hits all of them alike. Quoted: the median over rounds of each one's
 mean step time, and the median over rounds of its ratio to the plain step of the same round; the
@@ -20,23 +20,32 @@ import time
 import torch
 
 from precision import AutoCompare, Capture, OpTimer, OverflowCheck, Selector
-from precision.examples.tiny_llama import LlamaConfig, batches, make_model, train_step
+from precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
 
-CFG = LlamaConfig(vocab=512, dim=256, layers=2, heads=8, hidden=688, seq=128, batch=4)
-TARGETS = {"capture(layers.1.mlp)": 1.5, "capture(layers.1.mlp, bulk)": 1.5, "overflow_check": 1.5,
+CFG = HFLlamaSize(vocab=512, hidden=256, intermediate=688, layers=2, heads=8, kv_heads=8, seq=128, batch=4)
+MLP = "model.layers.1.mlp"
+TARGETS = {f"capture({MLP})": 1.5, f"capture({MLP}, bulk)": 1.5, "overflow_check": 1.5,
            "autocompare(all ops)": 5.0}
+
+
+def train_step(model, opt, ids) -> None:
+    opt.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
 
 
 def tools(tmp: str) -> dict:
     return {
         "plain": lambda r: None,
-        "capture(layers.1.mlp)": lambda r: Capture(f"{tmp}/cap{r}", Selector.build(modules="layers.1.mlp")),
-        "capture(layers.1.mlp, bulk)": lambda r: Capture(f"{tmp}/bulk{r}", Selector.build(modules="layers.1.mlp"),
-                                                         bulk=True),
+        f"capture({MLP})": lambda r: Capture(f"{tmp}/cap{r}", Selector.build(modules=MLP)),
+        f"capture({MLP}, bulk)": lambda r: Capture(f"{tmp}/bulk{r}", Selector.build(modules=MLP), bulk=True),
+        "capture(all ops, stats)": lambda r: Capture(f"{tmp}/stats{r}", mode="stats"),
         "overflow_check": lambda r: OverflowCheck(),
         "overflow_check(sync=False)": lambda r: OverflowCheck(sync=False),
         "op_timer": lambda r: OpTimer(),
         "autocompare(all ops)": lambda r: AutoCompare(),
+        # the same with a fixed atol: what the magnitude-tied default tolerance costs
+        "autocompare(all ops, fixed atol)": lambda r: AutoCompare(atol=1e-5),
     }
 
 
@@ -61,10 +70,10 @@ def measure(names: list[str], rounds: int, steps: int) -> dict[str, list[tuple[f
     tmp = tempfile.mkdtemp(prefix="precision-bench-")
     try:
         make = tools(tmp)
-        model = make_model(CFG)
+        model = make_hf_llama(CFG)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        data = batches(CFG, steps)
-        train_step(model, opt, *data[0])  # warm-up, outside any tool
+        data = hf_batches(CFG, steps)
+        train_step(model, opt, data[0])  # warm-up, outside any tool
         times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]
@@ -73,8 +82,8 @@ def measure(names: list[str], rounds: int, steps: int) -> dict[str, list[tuple[f
                 # Entry and exit are timed too: work a tool defers to its exit is part of its cost.
                 t0, c0 = time.perf_counter(), time.process_time()
                 with tool:
-                    for x, y in data:
-                        train_step(model, opt, x, y)
+                    for ids in data:
+                        train_step(model, opt, ids)
                 times[name].append(((time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps))
                 # Captures are removed once timed: gigabytes of them left behind would load the
                 # disk (write-back) under whichever tool runs next.
@@ -117,15 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     load_before = _load()
     rows = summarise(measure(names, a.rounds, a.steps))
     load_after = _load()
-    print(f"{'tool':<28} {'step ms':>9} {'ratio':>7} {'range':>13} {'cpu ms':>8} {'cpu ratio':>9} {'target':>7}")
+    print(f"{'tool':<34} {'step ms':>9} {'ratio':>7} {'range':>13} {'cpu ms':>8} {'cpu ratio':>9} {'target':>7}")
     for name, row in rows.items():
         target = f"{TARGETS[name]:.1f}x" if name in TARGETS else ""
-        print(f"{name:<28} {row['step_ms']:9.1f} {row['ratio']:6.2f}x {row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f}x "
+        print(f"{name:<34} {row['step_ms']:9.1f} {row['ratio']:6.2f}x {row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f}x "
               f"{row['cpu_ms']:8.1f} {row['cpu_ratio']:8.2f}x {target:>7}")
     print(f"load average {load_before} -> {load_after}; {a.rounds} rounds x {a.steps} steps, "
           f"{torch.get_num_threads()} thread(s)")
     result = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "config": vars(CFG), "rounds": a.rounds, "steps": a.steps,
+              "threads": torch.get_num_threads(), "config": vars(CFG), "model": "transformers LlamaForCausalLM", "rounds": a.rounds, "steps": a.steps,
               "load_average": [load_before, load_after], "tools": rows, "targets": TARGETS}
     if a.json:
         with open(a.json, "w") as f:

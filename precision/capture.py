@@ -8,12 +8,15 @@ import os
 import time
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
 from .bulk import PendingWrites
+from .collectives import is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
+from .summaries import MODES, summarise
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -33,6 +36,8 @@ class Capture(Tool):
     """``with Capture("dump/{rank}", Selector.build(modules="layers.1")): train()``.
 
     ``max_bytes`` caps the tensor bytes written; past it, ops are still indexed (``file: null``).
+    ``mode``: "full" (tensors), "stats" (per output: min, max, mean, norm, NaN/Inf counts in the
+    index, no tensor files) or "checksum" (per output: a hash of its bytes).
     ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
     ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
     through ``Dump``); it holds up to a step's captured tensors in memory meanwhile."""
@@ -40,8 +45,15 @@ class Capture(Tool):
     name = "capture"
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
-                 save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20, **kwargs) -> None:
+                 save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20,
+                 module_outputs: bool = True, mode: str = "full", **kwargs) -> None:
+        if mode not in MODES:
+            raise ValueError(f"capture mode {mode!r}; expected one of {', '.join(MODES)}")
+        self.wants_module_outputs = module_outputs
         super().__init__(selector, **kwargs)
+        self.mode = mode
+        save_tensors = save_tensors and mode == "full"
+        self._n_module_records = 0
         self.bulk, self.bulk_bytes = bulk, bulk_bytes
         self._pending = PendingWrites() if bulk else None
         self._n_parts = 0
@@ -69,26 +81,65 @@ class Capture(Tool):
                 inputs = snapshot((args, kwargs))
         out = func(*args, **kwargs)
         with self.quiet():
+            if is_collective(rec.op):  # its outputs hold the result only once it completed
+                wait_collective(out, rec.op)
             if self.save_tensors and inputs is None:
                 inputs = saveable_now((args, kwargs))
             self._write(rec, args, kwargs, inputs, out)
         return out
 
-    def _write(self, rec: OpRecord, args, kwargs, inputs, out) -> None:
+    # module records -------------------------------------------------------------------------
+    def on_module_output(self, path: str, output) -> None:
+        """Selected modules (when no op filter is set): their outputs, and the gradients of those
+        outputs when backward reaches them, as records of kind "module" (ops "module::output",
+        "module::grad"), so regions whose op sequences differ between runs can still be compared."""
+        sel, step, rank = self.selector, self.steps.step, self.rank.get()
+        if (sel.ops is not None or not sel.module_ok(path) or (sel.steps is not None and step not in sel.steps)
+                or (sel.ranks is not None and rank not in sel.ranks)):
+            return
+        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        if not tensors:
+            return
+        if sel.phases is None or "forward" in sel.phases:
+            self._module_record("module::output", "forward", path, step, rank, tensors)
+        if sel.phases is None or "backward" in sel.phases:
+            for t in tensors:
+                if t.requires_grad:
+                    t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
+
+    def _module_grad(self, path: str, step: int, grad: torch.Tensor) -> None:
+        if self._index is not None:  # the tool may have been left before backward ran
+            self._module_record("module::grad", "backward", path, step, self.rank.get(), [grad])
+
+    def _module_record(self, op: str, phase: str, path: str, step: int, rank: int, tensors: list) -> None:
+        rec = OpRecord(self.n_ops, op, "default", phase, path, step, rank)
+        name = f"m{self._n_module_records:07d}"
+        self._n_module_records += 1
+        with self.quiet():
+            self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
+
+    def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op") -> None:
+        name = name or f"{rec.index:07d}"
         entry = rec.to_dict()
+        if kind != "op":
+            entry["kind"] = kind
         entry["inputs"] = tensors_meta((args, kwargs))
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None
+        if is_collective(rec.op):
+            entry["reduce_op"] = reduce_op_name(args)
+        if self.mode != "full":
+            entry.update(summarise(self.mode, out))
         if self.save_tensors:
             outputs = saveable_now(out)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
             if self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
                 if self._pending is not None:
-                    rel, entry["key"] = self._part_name(), f"{rec.index:07d}"
+                    rel, entry["key"] = self._part_name(), name
                     self._pending.add(entry["key"], payload, size)
                 else:
-                    rel = os.path.join("tensors", f"{rec.index:07d}.pt")
+                    rel = os.path.join("tensors", f"{name}.pt")
                     _save(payload, os.path.join(self.path, rel))
                 self.bytes_written += size
                 entry["file"] = rel
@@ -131,7 +182,7 @@ class Capture(Tool):
             self._index.close()
             self._index = None
         meta = {
-            "format": FORMAT, "version": 2 if self.bulk else VERSION, "bulk": self.bulk, "rank": self.rank.get(),
+            "format": FORMAT, "version": VERSION, "bulk": self.bulk, "mode": self.mode, "rank": self.rank.get(),
             "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,

@@ -1,6 +1,7 @@
 """dtype_cast (run selected ops in a wider dtype) and fallback (run selected ops on the CPU).
 Both hand back outputs in the dtype and on the device the op would have produced, and write
-in-place results back into the original tensors."""
+in-place results back into the original tensors. View ops run untouched, so views still alias
+their base (a write through a view reaches the base, as in plain torch)."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from collections import Counter
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
 from .tool import Tool
@@ -89,6 +91,8 @@ class DtypeCast(Tool):
         self.counts: Counter[str] = Counter()
 
     def handle(self, rec: OpRecord, func, args, kwargs):
+        if op_info(func).is_view:  # a view must alias its base; it computes nothing to widen
+            return func(*args, **kwargs)
         if not any(isinstance(t, torch.Tensor) and t.dtype in self.from_dtypes for t in tree_leaves((args, kwargs))):
             return func(*args, **kwargs)
         self.counts[rec.op] += 1
@@ -108,7 +112,7 @@ class Fallback(Tool):
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         home = _first_device(args, kwargs)
-        if home is None:
+        if home is None or op_info(func).is_view:  # a view must alias its base, on its device
             return func(*args, **kwargs)
         self.counts[rec.op] += 1
         convert = lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t  # noqa: E731

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,7 @@ class OpInfo:
     overload: str  # "default"
     written: tuple[tuple[int, str], ...]  # (position, name) of every argument the op writes
     is_view: bool  # the output is a view of an input: no kernel computes it
+    out_names: tuple[str, ...] = ()  # keyword-only written arguments (out=): only written, never read
 
     @property
     def mutates(self) -> bool:
@@ -27,7 +29,7 @@ class OpInfo:
             if isinstance(value, torch.Tensor):
                 out.append(value)
             elif isinstance(value, (list, tuple)):
-                out.extend(v for v in value if isinstance(v, torch.Tensor))
+                out.extend(t for t in tree_leaves(value) if isinstance(t, torch.Tensor))
         return out
 
 
@@ -42,6 +44,12 @@ def op_info(func) -> OpInfo:
         schema = func._schema
         written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                         if a.alias_info is not None and a.alias_info.is_write)
+        if not written and schema.name.startswith("c10d::") and schema.name.endswith("_") and schema.arguments:
+            # in-place collectives (allreduce_, broadcast_, allgather_ ...) do not annotate that they
+            # write their first argument
+            written = ((0, schema.arguments[0].name),)
         is_view = bool(func.is_view) or schema.name in _UNDECLARED_VIEWS
-        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view)
+        out_names = tuple(a.name for a in schema.arguments
+                          if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names)
     return info

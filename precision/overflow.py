@@ -14,9 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .collectives import is_collective, wait_collective
 from .finite import VALUE_PRESERVING, device_stats, first_problem, floats, nonfinite_scalars, read_stats, stats_problem
 from .opinfo import op_info
 from .records import OpRecord, format_frames, user_frames
+from .reference import UNINITIALISED
 from .selection import Selector
 from .tool import Tool
 
@@ -81,12 +83,22 @@ class OverflowCheck(Tool):
         return self.events[0] if self.events else None
 
     def _skips(self, func) -> bool:
-        # With a range bound a given constant can exceed it, so only views are skipped then.
+        # Uninitialised memory (aten::empty and friends) may hold anything: not an overflow. With a
+        # range bound a given constant can exceed it, so only views are skipped then.
         info = op_info(func)
-        return info.is_view or (self.range_max is None and info.op in VALUE_PRESERVING)
+        return (info.is_view or info.op in UNINITIALISED
+                or (self.range_max is None and info.op in VALUE_PRESERVING))
 
-    def _inputs_bad(self, args, kwargs) -> bool:
-        return first_problem(floats((args, kwargs)), self.range_max) is not None or nonfinite_scalars((args, kwargs))
+    @staticmethod
+    def _read_inputs(func, args, kwargs):
+        out_names = op_info(func).out_names
+        if out_names:  # out= buffers are only written: what they held before is no input
+            kwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+        return args, kwargs
+
+    def _inputs_bad(self, func, args, kwargs) -> bool:
+        inputs = self._read_inputs(func, args, kwargs)
+        return first_problem(floats(inputs), self.range_max) is not None or nonfinite_scalars(inputs)
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         if len(self.events) >= self.max_events or self._skips(func):
@@ -99,13 +111,15 @@ class OverflowCheck(Tool):
         inputs_bad = False
         if early:
             with self.quiet():
-                inputs_bad = self._inputs_bad(args, kwargs)
+                inputs_bad = self._inputs_bad(func, args, kwargs)
         out = func(*args, **kwargs)
+        if is_collective(rec.op):  # its outputs hold the result only once it completed
+            wait_collective(out, rec.op)
         if inputs_bad:
             return out
         with self.quiet():
             problem = first_problem(floats(out), self.range_max)
-            if problem is not None and not early and self._inputs_bad(args, kwargs):
+            if problem is not None and not early and self._inputs_bad(func, args, kwargs):
                 problem = None
         if problem is not None:
             self._event(rec, problem, format_frames(user_frames(12, skip=1)))
@@ -128,12 +142,12 @@ class OverflowCheck(Tool):
         early = op_info(func).mutates
         with self.quiet():
             scalars_bad = nonfinite_scalars((args, kwargs))
-            inputs = self._stats(floats((args, kwargs))) if early else None
+            inputs = self._stats(floats(self._read_inputs(func, args, kwargs))) if early else None
         out = func(*args, **kwargs)
         with self.quiet():
             outputs = floats(out)
             if inputs is None:
-                inputs = self._stats(floats((args, kwargs)))
+                inputs = self._stats(floats(self._read_inputs(func, args, kwargs)))
             self._queue.append((rec, scalars_bad, len(inputs), [t.numel() for t in outputs],
                                 inputs + self._stats(outputs), user_frames(12, skip=2)))
         if len(self._queue) >= _QUEUE_LIMIT:

@@ -34,6 +34,7 @@ class OpRecord:
     step: int
     rank: int
     callsite: str | None = None
+    api: str | None = None  # the torch-level call the op came from, e.g. "torch.nn.functional.linear"
 
     def to_dict(self) -> dict:
         # Every field is a plain value: a shallow copy is what asdict would give, without its deep copy.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 # Ops whose outputs are not a function of their inputs: random, or uninitialised memory.
-_UNINITIALISED = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+UNINITIALISED = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                   "aten::new_empty_strided", "aten::empty_permuted", "aten::resize_", "aten::set_")
 
 
@@ -12,7 +12,7 @@ def skip_reason(func) -> str | None:
     """Why an op cannot be checked by re-running it, or None."""
     if torch.Tag.nondeterministic_seeded in func.tags:
         return "random op"
-    if func._schema.name in _UNINITIALISED:
+    if func._schema.name in UNINITIALISED:
         return "uninitialised output"
     return None
 

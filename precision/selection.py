@@ -1,9 +1,24 @@
 """Which ops a tool acts on: op names, module paths, steps, ranks, phases (all optional)."""
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+PHASES = ("forward", "backward", "recompute", "optimizer")
+
+
+class SelectionError(ValueError):
+    """A selector pattern that matches nothing; the message names the closest existing names."""
+
+
+def closest(pattern: str, names, n: int = 3) -> str:
+    """'closest: a, b, c' (or a note that there is nothing to suggest)."""
+    names = sorted(set(names))
+    stem = pattern.replace("*", "").replace("?", "")
+    hits = difflib.get_close_matches(stem, names, n=n, cutoff=0.5) or [x for x in names if stem and stem in x][:n]
+    return f"closest: {', '.join(hits)}" if hits else f"{len(names)} names seen, none close"
 
 
 def parse_int_set(text: str | None) -> frozenset[int] | None:
@@ -40,6 +55,18 @@ def op_aliases(op: str, overload: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=4096)
+def api_aliases(api: str) -> tuple[str, ...]:
+    """'torch.nn.functional.linear', 'F.linear', 'linear' (and 'Tensor.view' for methods)."""
+    short = api.rsplit(".", 1)[-1]
+    out = [api, short]
+    if api.startswith("torch.nn.functional."):
+        out.append("F." + short)
+    if api.startswith("torch.Tensor."):
+        out.append("Tensor." + short)
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
 def module_aliases(path: str) -> tuple[str, ...]:
     """A module path and all its ancestors, with and without the root's class name."""
     parts = path.split(".")
@@ -56,15 +83,49 @@ class Selector:
     steps: frozenset[int] | None = None
     ranks: frozenset[int] | None = None
     phases: frozenset[str] | None = None  # forward, backward, recompute, optimizer
+    apis: tuple[str, ...] | None = None  # torch-level calls ("torch.nn.functional.linear", "linear")
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @classmethod
-    def build(cls, ops=None, exclude_ops=None, modules=None, steps=None, ranks=None, phases=None) -> "Selector":
+    def build(cls, ops=None, exclude_ops=None, modules=None, steps=None, ranks=None, phases=None,
+              apis=None) -> "Selector":
         def ints(v):
             return parse_int_set(v) if isinstance(v, str) or v is None else frozenset(int(i) for i in v)
 
+        phase_set = frozenset(parse_patterns(phases) or ()) or None
+        for phase in phase_set or ():
+            if phase not in PHASES:
+                raise SelectionError(f"phase {phase!r} does not exist; expected one of {', '.join(PHASES)} "
+                                     f"({closest(phase, PHASES)})")
         return cls(parse_patterns(ops), parse_patterns(exclude_ops), parse_patterns(modules), ints(steps), ints(ranks),
-                   frozenset(parse_patterns(phases)) if phases else None)
+                   phase_set, parse_patterns(apis))
+
+    def api_ok(self, api: str | None) -> bool:
+        if self.apis is None:
+            return True
+        return api is not None and any(fnmatch.fnmatchcase(n, p) for p in self.apis for n in api_aliases(api))
+
+    def unmatched(self, ops_seen, modules_seen, last_step: int, apis_seen=()) -> list[str]:
+        """What in this selector matched nothing the run did: one message per op or module pattern
+        (with the closest names seen) and for a step set the run never reached."""
+        problems = []
+        for pattern in self.ops or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for op in ops_seen for n in op_aliases(*op)):
+                problems.append(f"op pattern {pattern!r} matched none of the {len(ops_seen)} ops the run executed "
+                                f"({closest(pattern, [o for o, _ in ops_seen] + [o.partition('::')[2] for o, _ in ops_seen])})")
+        for pattern in self.modules or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for m in modules_seen for n in module_aliases(m)):
+                names = {a for m in modules_seen for a in module_aliases(m)}
+                problems.append(f"module pattern {pattern!r} matched none of the {len(modules_seen)} module paths of "
+                                f"the run ({closest(pattern, names)})")
+        for pattern in self.apis or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for a in apis_seen for n in api_aliases(a)):
+                names = {n for a in apis_seen for n in api_aliases(a)}
+                problems.append(f"api pattern {pattern!r} matched none of the {len(apis_seen)} torch calls of the run "
+                                f"({closest(pattern, names)})")
+        if self.steps is not None and min(self.steps) > last_step:
+            problems.append(f"steps {sorted(self.steps)} were never reached (the run ended at step {last_step})")
+        return problems
 
     def op_ok(self, op: str, overload: str) -> bool:
         key = (op, overload)
@@ -106,4 +167,5 @@ class Selector:
             "steps": sorted(self.steps) if self.steps is not None else None,
             "ranks": sorted(self.ranks) if self.ranks is not None else None,
             "phases": sorted(self.phases) if self.phases is not None else None,
+            "apis": list(self.apis) if self.apis else None,
         }

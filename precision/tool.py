@@ -2,16 +2,18 @@
 tracking, selection. Entering a tool installs all of it; leaving removes all of it."""
 from __future__ import annotations
 
+import fnmatch
 import logging
 import threading
 from contextlib import ExitStack, nullcontext
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .opinfo import op_info
 from .records import OpRecord, callsite
-from .selection import Selector
+from .selection import Selector, SelectionError, closest, op_aliases
 from .tracking import ModuleTracker, RankInfo, StepTracker
 
 log = logging.getLogger("precision")
@@ -27,33 +29,67 @@ class _Mode(TorchDispatchMode):
         return self.tool._dispatch(func, args, kwargs or {})
 
 
+class _ApiMode(TorchFunctionMode):
+    """Keeps the torch-level call being run (torch functions and Tensor methods): calls made inside
+    it are not seen (the mode is off while it handles one), so it is the call the program made."""
+
+    def __init__(self, stack: list) -> None:
+        super().__init__()
+        self.stack = stack
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = _API_NAMES.get(func)
+        if name is None:
+            try:
+                name = _API_NAMES[func] = torch.overrides.resolve_name(func) or getattr(func, "__name__", str(func))
+            except TypeError:  # an unhashable callable: name it, do not cache
+                name = getattr(func, "__name__", str(func))
+        self.stack.append(name)
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.stack.pop()
+
+
+_API_NAMES: dict = {}
+
+
 class Tool:
     """Subclasses implement ``handle`` (run the op, do their work, return the outputs) and
     ``finish`` (write results). Use as a context manager; ``step()`` advances the step by hand."""
 
     name = "tool"
+    wants_module_outputs = False  # True: ``on_module_output`` is called whenever a module returns
 
-    def __init__(self, selector: Selector | None = None, *, with_callsite: bool = False, step: int = 0) -> None:
+    def __init__(self, selector: Selector | None = None, *, with_callsite: bool = False, with_api: bool = False,
+                 step: int = 0) -> None:
         self.selector = selector or Selector()
         self.with_callsite = with_callsite
-        self.modules = ModuleTracker()
+        self.with_api = with_api or self.selector.apis is not None  # record the torch-level call of each op
+        self._api_stack: list[str] = []
+        self._apis_seen: set[str] = set()
+        self.modules = ModuleTracker(self.on_module_output if self.wants_module_outputs else None)
         self.steps = StepTracker(step, self.on_step)
         self.rank = RankInfo()
         self.n_ops = 0
         self._stack: ExitStack | None = None
         self._lock = threading.Lock()
         self._op_hits: dict = {}  # op overload -> selected by name
+        self.check_selection = True  # on exit: a pattern that matched nothing raises SelectionError
 
     # lifecycle -------------------------------------------------------------------------------
     def __enter__(self):
         if self._stack is not None:
             raise RuntimeError(f"{self.name} is already active; a tool can be entered only once at a time")
+        self._check_op_patterns()
         stack = ExitStack()
         try:
             stack.enter_context(self.modules)
             stack.enter_context(self.steps)
             self.start()
             stack.callback(self.finish)
+            if self.with_api:
+                stack.enter_context(_ApiMode(self._api_stack))
             stack.enter_context(_Mode(self))
         except BaseException:
             stack.close()
@@ -61,10 +97,31 @@ class Tool:
         self._stack = stack
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+        if exc_type is None and self.check_selection:  # never mask the block's own error
+            problems = self.unmatched_selection()
+            if problems:
+                raise SelectionError(f"{self.name}: " + "; ".join(problems))
+
+    def _check_op_patterns(self) -> None:
+        """An op pattern that names no operator torch has is a typo: say so before the run."""
+        known = []
+        for name in torch._C._dispatch_get_all_op_names():
+            op, _, overload = name.partition(".")
+            known.append((op, overload or "default"))
+        for pattern in self.selector.ops or ():
+            if not any(fnmatch.fnmatchcase(n, pattern) for o in known for n in op_aliases(*o)):
+                names = {o for o, _ in known} | {o.partition("::")[2] for o, _ in known}
+                raise SelectionError(f"{self.name}: op pattern {pattern!r} matches no operator of torch "
+                                     f"{torch.__version__} ({closest(pattern, names)})")
+
+    def unmatched_selection(self) -> list[str]:
+        """Patterns of the selector that matched nothing the run did (see ``Selector.unmatched``)."""
+        ops_seen = [(info.op, info.overload) for info in map(op_info, self._op_hits)]
+        return self.selector.unmatched(ops_seen, self.modules.paths_seen(), self.steps.step, sorted(self._apis_seen))
 
     def step(self, n: int | None = None) -> None:
         """Advance the step (or set it): for loops without an optimizer."""
@@ -73,6 +130,9 @@ class Tool:
 
     def on_step(self) -> None:
         """Called after every optimizer step (the step counter already advanced)."""
+
+    def on_module_output(self, path: str, output) -> None:
+        """Called when a module returns (with ``wants_module_outputs``), after its path is popped."""
 
     def start(self) -> None:
         """Called on entry, before the mode is installed."""
@@ -113,8 +173,14 @@ class Tool:
         phase = self._phase(in_backward)
         if not (sel.module_ok(module) and (sel.phases is None or phase in sel.phases)):
             return func(*args, **kwargs)
+        api = None
+        if self.with_api and self._api_stack:
+            api = self._api_stack[0]
+            self._apis_seen.add(api)
+        if not sel.api_ok(api):
+            return func(*args, **kwargs)
         info = op_info(func)
-        rec = OpRecord(index, info.op, info.overload, phase, module, step, rank)
+        rec = OpRecord(index, info.op, info.overload, phase, module, step, rank, api=api)
         if self.with_callsite:
             rec.callsite = callsite()
         return self.handle(rec, func, args, kwargs)

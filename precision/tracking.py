@@ -18,11 +18,13 @@ class ModuleTracker:
     """Keeps the stack of running modules and tags the autograd nodes each module creates, so
     backward ops can be attributed to the module whose forward created them."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_output=None) -> None:
+        self.on_output = on_output  # called as on_output(path, output) when a module returns
         self.stack: list[tuple[str, int]] = []  # (path, sequence number at the module's entry)
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._roots: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self._handles: list = []
+        self._seen: set[str] = set()  # every path named (kept after the modules are gone)
 
     def __enter__(self) -> "ModuleTracker":
         self._handles = [
@@ -44,11 +46,13 @@ class ModuleTracker:
             root = type(module).__name__
             for name, sub in module.named_modules(remove_duplicate=False):
                 self._names[sub] = f"{root}.{name}" if name else root
+            self._seen.update(self._names[sub] for _, sub in module.named_modules(remove_duplicate=False))
         path = self._names.get(module)
         if path is None:
             parent = self.stack[-1][0] if self.stack else ""
             path = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
             self._names[module] = path
+            self._seen.add(path)
         return path
 
     def _pre(self, module: torch.nn.Module, args) -> None:
@@ -60,6 +64,8 @@ class ModuleTracker:
         path, seq_start = self.stack.pop()
         if torch.is_grad_enabled():
             self._tag(output, path, seq_start)
+        if self.on_output is not None:
+            self.on_output(path, output)
 
     @staticmethod
     def _tag(output, path: str, seq_start: int) -> None:
@@ -75,6 +81,10 @@ class ModuleTracker:
                 continue
             node.metadata.setdefault(NODE_KEY, path)
             todo.extend(fn for fn, _ in node.next_functions)
+
+    def paths_seen(self) -> list[str]:
+        """Every module path named so far (all submodules of each model that ran)."""
+        return sorted(self._seen)
 
     def current(self) -> tuple[str | None, bool]:
         """(module path, inside a backward pass)."""

@@ -1,5 +1,5 @@
 """Deliberately wrong kernels, to show that the tools find them: an ATen CPU kernel overridden
-through torch.library for one dtype, restored on exit."""
+through torch.library for one dtype, restored on exit; optionally only while one module runs."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -12,20 +12,29 @@ import torch
 _FORMULAS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": lambda x: x * torch.sigmoid(x),
     "rsqrt": lambda x: torch.reciprocal(torch.sqrt(x)),
+    "mm": lambda a, b: torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0),
+    "bmm": lambda a, b: (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2),
 }
 
 
 @contextmanager
-def wrong_kernel(op: str = "silu", scale: float = 1.0 + 1e-3, dtype: torch.dtype = torch.float32) -> Iterator[None]:
+def wrong_kernel(op: str = "silu", scale: float = 1.0 + 1e-3, dtype: torch.dtype = torch.float32,
+                 inside: torch.nn.Module | None = None) -> Iterator[None]:
     """Within the block, ``aten::<op>`` on CPU returns ``scale`` x the right value for ``dtype``
-    inputs (other dtypes, such as a float64 reference, stay right)."""
+    inputs (other dtypes, such as a float64 reference, stay right). With ``inside``: only while that
+    module's forward runs (its calls elsewhere, and replays outside the model, stay right)."""
     if op not in _FORMULAS:
         raise ValueError(f"no honest formula for aten::{op}; known: {', '.join(_FORMULAS)}")
     formula = _FORMULAS[op]
+    active = [inside is None]
+    hooks = []
+    if inside is not None:
+        hooks = [inside.register_forward_pre_hook(lambda *_: active.__setitem__(0, True)),
+                 inside.register_forward_hook(lambda *_: active.__setitem__(0, False))]
 
-    def kernel(x: torch.Tensor) -> torch.Tensor:
-        y = formula(x)
-        return y * scale if x.dtype == dtype else y
+    def kernel(x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        y = formula(x, *rest)
+        return y * scale if x.dtype == dtype and active[0] else y
 
     lib = torch.library.Library("aten", "IMPL")
     try:
@@ -37,3 +46,5 @@ def wrong_kernel(op: str = "silu", scale: float = 1.0 + 1e-3, dtype: torch.dtype
         yield
     finally:
         lib._destroy()
+        for h in hooks:
+            h.remove()

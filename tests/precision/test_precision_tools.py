@@ -16,13 +16,7 @@ from precision.examples.tiny_llama import LlamaConfig, make_model, train
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Python dispatch modes and intra-op threads contend on a small shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class OpLog(TorchDispatchMode):
@@ -70,7 +64,7 @@ def test_capture_selection_module_paths_phases_and_steps(tmp_path):
     silu_bwd = [r for r in recs if r["op"] == "aten::silu_backward"]
     assert silu_bwd[0]["module"] == "TinyLlama.layers.1.mlp"
     assert all(r["file"] for r in recs)
-    data = torch.load(tmp_path / "c" / silu_bwd[0]["file"], weights_only=False)
+    data = torch.load(tmp_path / "c" / silu_bwd[0]["file"], weights_only=True)
     grad_out, x = data["args"]
     # the captured gradient is the real one: silu'(x) * grad_out
     sig = torch.sigmoid(x)

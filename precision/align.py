@@ -1,0 +1,144 @@
+"""Aligning two captures by structure, not by call index: an op is identified by its step, phase
+and module path, then by its place among that module's own ops (op name and output shapes, in
+order). Known variants of one op (the attention kernels each device picks) count as the same op
+through an equivalence table the user can extend. Where a module's op sequences differ between the
+runs (another attention implementation, an inserted op), the ops that cannot be paired are
+reported as unmatched, and the module becomes a region judged by its module records (outputs in
+forward, output gradients in backward, of the module and its direct children)."""
+from __future__ import annotations
+
+import difflib
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+# Ops that compute the same thing by different kernels; the first of each group names it.
+DEFAULT_EQUIVALENT: tuple[tuple[str, ...], ...] = (
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
+     "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+     "aten::_scaled_dot_product_fused_attention_overrideable"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+     "aten::_scaled_dot_product_flash_attention_backward", "aten::_scaled_dot_product_efficient_attention_backward",
+     "aten::_scaled_dot_product_cudnn_attention_backward",
+     "aten::_scaled_dot_product_fused_attention_overrideable_backward"),
+    ("aten::_fused_adamw_", "aten::_fused_adam_"),
+)
+
+
+class Equivalences:
+    """op name -> the name of its equivalence group (itself when it has none)."""
+
+    def __init__(self, groups=DEFAULT_EQUIVALENT) -> None:
+        self.groups: list[tuple[str, ...]] = []
+        self._canon: dict[str, str] = {}
+        for g in groups:
+            self.add(g)
+
+    def add(self, group) -> None:
+        group = tuple(group)
+        if len(group) < 2 or not all(isinstance(op, str) and "::" in op for op in group):
+            raise ValueError(f"equivalence group {list(group)!r}: expected two or more op names like 'aten::mm'")
+        name = self._canon.get(group[0], group[0])
+        for op in group:
+            self._canon[op] = name
+        self.groups.append(group)
+
+    @classmethod
+    def load(cls, path: str | None) -> "Equivalences":
+        """The defaults, extended by a JSON file ``{"equivalent": [["aten::a", "aten::b"], ...]}``."""
+        eq = cls()
+        if path is None:
+            return eq
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: unreadable equivalence table ({exc})") from None
+        groups = data.get("equivalent") if isinstance(data, dict) else None
+        if not isinstance(groups, list):
+            raise ValueError(f"{path}: expected {{\"equivalent\": [[\"aten::a\", \"aten::b\"], ...]}}")
+        for g in groups:
+            if not isinstance(g, list):
+                raise ValueError(f"{path}: equivalence group {g!r} is not a list")
+            try:
+                eq.add(g)
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        return eq
+
+    def canon(self, op: str) -> str:
+        return self._canon.get(op, op)
+
+    def has_variants(self, op: str) -> bool:
+        return op in self._canon
+
+
+def _group_key(rec: dict) -> tuple:
+    phase = "forward" if rec.get("phase") == "recompute" else rec.get("phase")
+    return rec.get("step"), phase, rec.get("module")
+
+
+def _shapes(rec: dict, first_only: bool) -> tuple:
+    outs = [tuple(o["shape"]) for o in rec.get("outputs") or [] if isinstance(o, dict) and "shape" in o]
+    return tuple(outs[:1]) if first_only else tuple(outs)
+
+
+@dataclass
+class Alignment:
+    pairs: list[tuple[dict, dict]] = field(default_factory=list)  # ops paired one to one
+    unmatched_a: list[dict] = field(default_factory=list)
+    unmatched_b: list[dict] = field(default_factory=list)
+    regions: list[tuple] = field(default_factory=list)  # (step, phase, module) whose op sequences differ
+    module_pairs: list[tuple[dict, dict]] = field(default_factory=list)  # module records, paired
+
+
+def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None = None) -> Alignment:
+    eq = eq or Equivalences()
+    out = Alignment()
+    ops_a: dict = defaultdict(list)
+    ops_b: dict = defaultdict(list)
+    mods_a: dict = defaultdict(list)
+    mods_b: dict = defaultdict(list)
+    for recs, ops, mods in ((records_a, ops_a, mods_a), (records_b, ops_b, mods_b)):
+        for r in sorted(recs, key=lambda r: r["index"]):
+            if r.get("kind", "op") == "module":
+                mods[(*_group_key(r), r["op"])].append(r)
+            else:
+                ops[_group_key(r)].append(r)
+    for key in list(ops_a) + [k for k in ops_b if k not in ops_a]:
+        sa, sb = ops_a.get(key, []), ops_b.get(key, [])
+
+        def token(r):  # equivalent kernels agree on their first output (the result) only
+            return eq.canon(r["op"]), _shapes(r, first_only=eq.has_variants(r["op"]))
+
+        ta, tb = [token(r) for r in sa], [token(r) for r in sb]
+        differs = False
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes():
+            if tag == "equal":
+                out.pairs.extend(zip(sa[i1:i2], sb[j1:j2]))
+            else:
+                differs = True
+                out.unmatched_a.extend(sa[i1:i2])
+                out.unmatched_b.extend(sb[j1:j2])
+        if differs:
+            out.regions.append(key)
+    for key, ma in mods_a.items():
+        out.module_pairs.extend(zip(ma, mods_b.get(key, [])))
+    return out
+
+
+def region_module_records(alignment: Alignment, region: tuple) -> list[tuple[dict, dict]]:
+    """The module record pairs that judge a region: outputs (forward) or output gradients
+    (backward) of the region's module and of its direct children, in the region's step."""
+    step, phase, module = region
+    if module is None or phase not in ("forward", "backward"):
+        return []
+    op = "module::output" if phase == "forward" else "module::grad"
+    depth = module.count(".") + 1
+    picked = []
+    for ra, rb in alignment.module_pairs:
+        m = ra.get("module") or ""
+        if ra["op"] == op and ra.get("step") == step and (
+                m == module or (m.startswith(module + ".") and m.count(".") == depth)):
+            picked.append((ra, rb))
+    return picked

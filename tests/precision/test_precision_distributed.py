@@ -1,0 +1,112 @@
+"""The tools under a real 2-process gloo job (loopback only): data-parallel training of a small
+HuggingFace Llama with hand-written gradient all-reduces, captured and autocompared on every rank.
+References: the collective's result computed by hand from both ranks' captured inputs, and a
+fault planted on one rank only."""
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from precision.cli import main
+from precision.collectives import check_across_ranks
+from precision.dump import Dump
+
+pytest.importorskip("transformers")
+
+ROOT = "LlamaForCausalLM.model.layers"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _job(out, *extra):
+    p = subprocess.run([sys.executable, "-m", "precision.examples.dist_llama", str(out), "2", str(_free_port()),
+                        *extra], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    _job(root / "fault", "--fault-rank", "1", "--honest", str(root / "ref"))  # one launch, two runs
+    return {"ref": root / "ref", "fault": root / "fault"}
+
+
+def _collectives(run, rank):
+    d = Dump.open(str(run / "capture" / f"rank{rank}"))
+    return [(r, d.load(r)) for r in d.op_records if r["op"] == "c10d::allreduce_"]
+
+
+def test_a_captured_all_reduce_holds_the_reduced_result(jobs):
+    ranks = [_collectives(jobs["ref"], r) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 21  # one per parameter
+    for (r0, d0), (r1, d1) in zip(*ranks):
+        assert r0["reduce_op"] == "SUM"
+        expected = d0["args"][0][0] + d1["args"][0][0]  # by hand, from the inputs as they were
+        assert not torch.equal(d0["args"][0][0], d1["args"][0][0])  # the ranks had different data
+        torch.testing.assert_close(d0["outputs"][0][0], expected, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(d1["outputs"][0][0], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_autocompare_checks_collectives_across_ranks_without_running_them_again(jobs):
+    for rank in (0, 1):
+        d = json.loads((jobs["ref"] / f"autocompare_rank{rank}.json").read_text())
+        assert d["failures"] == []
+        rows = d["collectives"]
+        assert len(rows) == d["n_params"] + 1 == 22  # the gradients' c10d all-reduces, the loss's functional one
+        assert all(r["status"] == "pass" and "SUM of the inputs" in r["detail"] for r in rows[:-1])
+        assert rows[-1]["op"] == "_c10d_functional::all_reduce" and "AVG of the inputs" in rows[-1]["detail"]
+    losses = [json.loads((jobs["ref"] / f"autocompare_rank{r}.json").read_text()) for r in (0, 1)]
+    mean = (losses[0]["loss"] + losses[1]["loss"]) / 2  # by hand
+    assert losses[0]["mean_loss"] == pytest.approx(mean, rel=1e-6) == losses[1]["mean_loss"]
+
+
+def test_autocompare_on_the_faulty_rank_names_the_planted_op(jobs):
+    bad = json.loads((jobs["fault"] / "autocompare_rank1.json").read_text())
+    good = json.loads((jobs["fault"] / "autocompare_rank0.json").read_text())
+    assert [(f["op"], f["module"]) for f in bad["failures"]] == [("aten::mm", f"{ROOT}.1.mlp.down_proj")]
+    assert good["failures"] == []
+
+
+def test_cross_rank_compare_gives_one_summary_naming_the_faulty_rank(jobs, capsys):
+    assert main(["compare", str(jobs["ref"]), str(jobs["ref"])]) == 0
+    assert "2 ranks: no divergence" in capsys.readouterr().out
+    assert main(["compare", str(jobs["fault"]), str(jobs["ref"]), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    fd = d["first_divergence"]
+    assert (fd["rank"], fd["op"], fd["module"]) == (1, "aten::mm", f"{ROOT}.1.mlp.down_proj")
+    assert d["per_rank"]["0"]["n_failed"] == 0 and d["per_rank"]["1"]["n_failed"] == 1
+    assert len(d["collectives"]) == 22 and all(c["status"] == "pass" for c in d["collectives"])
+
+
+def test_cross_rank_compare_rejects_different_rank_sets(jobs, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(jobs["ref"] / "capture" / "rank0", tmp_path / "capture" / "rank0")
+    assert main(["compare", str(tmp_path), str(jobs["ref"])]) == 2
+    assert "different ranks" in capsys.readouterr().err
+
+
+def _call(rank_in, rank_out, op="c10d::allreduce_", reduce_op="SUM", check=None):
+    return {"index": 5, "op": op, "in_sum": rank_in, "in_abs": abs(rank_in), "out_sum": rank_out,
+            "out_abs": abs(rank_out), "out_check": rank_out * 1.5 if check is None else check, "reduce_op": reduce_op}
+
+
+def test_cross_rank_invariants_catch_a_wrong_reduction_and_disagreeing_ranks():
+    ok = check_across_ranks({0: [_call(1.0, 3.0)], 1: [_call(2.0, 3.0)]})
+    assert [r["status"] for r in ok] == ["pass"]
+    wrong_sum = check_across_ranks({0: [_call(1.0, 4.0)], 1: [_call(2.0, 4.0)]})
+    assert wrong_sum[0]["status"] == "fail" and "SUM" in wrong_sum[0]["detail"]
+    disagree = check_across_ranks({0: [_call(1.0, 3.0)], 1: [_call(2.0, 3.0, check=9.0)]})
+    assert disagree[0]["status"] == "fail" and "differ across ranks" in disagree[0]["detail"]
+    avg = check_across_ranks({0: [_call(1.0, 1.5, reduce_op="AVG")], 1: [_call(2.0, 1.5, reduce_op="AVG")]})
+    assert avg[0]["status"] == "pass"
+    uneven = check_across_ranks({0: [_call(1.0, 3.0), _call(1.0, 3.0)], 1: [_call(2.0, 3.0)]})
+    assert uneven[0]["status"] == "fail" and "different numbers" in uneven[0]["detail"]

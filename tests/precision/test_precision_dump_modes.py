@@ -1,0 +1,113 @@
+"""Statistics-only and checksum captures of a HuggingFace Llama training run (CPU float32 standing in
+for the device), autocompare's saved inputs of failing ops, and replay forward + backward with
+timing. References: plain torch on the full capture's tensors, and a planted 1e-4 fault."""
+import json
+import os
+
+import pytest
+import torch
+
+from precision import AutoCompare, Capture, Selector, compare_dumps
+from precision.selection import SelectionError
+from precision.cli import main
+from precision.dump import Dump
+from precision.examples.faults import wrong_kernel
+from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SIZE = HFLlamaSize()
+FAULTY = "LlamaForCausalLM.model.layers.0.mlp.down_proj"
+STEPS = 3
+
+
+def _run(path, mode, fault=False):
+    torch.set_num_threads(1)
+    model = make_hf_llama(SIZE)
+    plant = wrong_kernel("mm", 1 + 1e-4 if fault else 1.0, inside=model.model.layers[0].mlp.down_proj)
+    with plant, Capture(str(path), mode=mode):
+        hf_train(model, hf_batches(SIZE, STEPS))
+    return str(path)
+
+
+def _dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("modes")
+    return {name: _run(root / name, mode, fault) for name, mode, fault in (
+        ("full", "full", False), ("stats", "stats", False), ("stats2", "stats", False),
+        ("stats_bad", "stats", True), ("sum", "checksum", False), ("sum2", "checksum", False),
+        ("sum_bad", "checksum", True))}
+
+
+def test_stats_capture_is_small_and_holds_the_right_numbers(dumps):
+    full, stats = Dump.open(dumps["full"]), Dump.open(dumps["stats"])
+    assert not os.listdir(os.path.join(dumps["stats"], "tensors"))
+    assert _dir_bytes(dumps["stats"]) * 10 < _dir_bytes(dumps["full"])  # grows with tensor sizes
+    assert len(stats.records) == len(full.records) and {r["step"] for r in stats.records} >= set(range(STEPS))
+    for rf, rs in list(zip(full.op_records, stats.op_records))[::37]:
+        outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]
+        for t, s in zip(outs, rs["stats"]):
+            if t.is_floating_point() and t.numel():
+                x = t.double()
+                assert s["max"] == pytest.approx(float(x.max())) and s["min"] == pytest.approx(float(x.min()))
+                assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-9, abs=1e-12)
+                assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-9)
+
+
+def test_stats_compare_names_the_planted_mm_first(dumps):
+    assert compare_dumps(dumps["stats2"], dumps["stats"]).passed
+    report = compare_dumps(dumps["stats_bad"], dumps["stats"])
+    fd = report.first_divergence
+    assert (fd["op"], fd["module"], fd["rule"]) == ("aten::mm", FAULTY, "stats")
+
+
+def test_checksum_compare_is_bitwise(dumps, capsys):
+    assert main(["compare", dumps["sum2"], dumps["sum"]]) == 0
+    capsys.readouterr()
+    assert main(["compare", dumps["sum_bad"], dumps["sum"], "--json"]) == 1
+    fd = json.loads(capsys.readouterr().out)["first_divergence"]
+    assert (fd["op"], fd["module"], fd["rule"]) == ("aten::mm", FAULTY, "checksum")
+
+
+def test_autocompare_saves_failing_inputs_and_replay_runs_forward_backward(tmp_path, capsys):
+    model = make_hf_llama(SIZE)
+    with wrong_kernel("mm", 1 + 1e-4, inside=model.model.layers[0].mlp.down_proj):
+        with AutoCompare(save_failures=str(tmp_path / "fail")) as ac:
+            hf_train(model, hf_batches(SIZE, 1))
+    assert [f["op"] for f in ac.failures] == ["aten::mm"]
+    dump = Dump.open(str(tmp_path / "fail"))
+    assert [r["op"] for r in dump.records] == ["aten::mm"]
+    data = dump.load(dump.records[0])
+    a, b = data["args"]
+    honest = a.double() @ b.double()  # plain torch on the saved inputs: the fault is what is left
+    rel = ((data["outputs"].double() - honest).abs().max() / honest.abs().max()).item()
+    assert 0.3e-4 < rel < 3e-4
+    index = dump.records[0]["index"]
+    assert main(["replay", str(tmp_path / "fail"), str(index), "--dtype", "float64", "--backward", "--repeat", "3",
+                 "--json"]) == 1  # the saved (faulty) output against an honest float64 replay
+    d = json.loads(capsys.readouterr().out)
+    assert d["passed"] is False and d["backward"]["passed"] is True  # backward of mm on the CPU is honest
+    assert d["timing"]["repeat"] == 3 and d["timing"]["forward_ms"] > 0 and d["timing"]["forward_backward_ms"] > 0
+
+
+def test_ops_carry_their_torch_level_call_and_can_be_selected_by_it(tmp_path):
+    model = make_hf_llama(SIZE)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    with Capture(str(tmp_path / "c"), Selector.build(apis="F.linear", phases="forward")):
+        hf_train(model, hf_batches(SIZE, 1))
+    records = Dump.open(str(tmp_path / "c")).op_records
+    assert records and all(r["api"] == "torch.nn.functional.linear" for r in records)
+    assert sum(r["op"] == "aten::mm" for r in records) == n_linear  # one matmul per nn.Linear call
+    model = make_hf_llama(SIZE)
+    with wrong_kernel("mm", 1 + 1e-4, inside=model.model.layers[0].mlp.down_proj):
+        with AutoCompare(with_api=True) as ac:
+            hf_train(model, hf_batches(SIZE, 1))
+    assert [(f["op"], f["api"]) for f in ac.failures] == [("aten::mm", "torch.nn.functional.linear")]
+    with pytest.raises(SelectionError, match="closest: .*linear"):
+        with Capture(str(tmp_path / "d"), Selector.build(apis="F.linearr")):
+            hf_train(make_hf_llama(SIZE), hf_batches(SIZE, 1))
