@@ -52,6 +52,14 @@ transport::SendConn* Engine::connection_to(int peer) {
   p.card = card;
   p.card_known = true;
   if (card.same_kernel(card_)) note_local_locked(p);
+  // Connections accepted before the card was known are checked now.
+  for (auto it = p.recv.begin(); it != p.recv.end();) {
+    std::string why = impostor_locked(p, **it);
+    if (why.empty()) { ++it; continue; }
+    graveyard_.push_back(std::move(*it));
+    it = p.recv.erase(it);
+    on_rejected(why);
+  }
   if (p.dead || closed_) {
     graveyard_.push_back(std::move(conn));
     graveyard_.clear();
@@ -66,6 +74,19 @@ transport::SendConn* Engine::connection_to(int peer) {
 
 void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
   Peer& p = peers_[conn->peer()];
+  // One live connection per rank: a second one claiming the same rank is an impostor (or a bug)
+  // and must not reach the real one's messages; the first connection stays untouched.
+  if (!p.recv.empty()) {
+    graveyard_.push_back(std::move(conn));
+    on_rejected("a second connection claiming rank " + std::to_string(graveyard_.back()->peer()) +
+                ", which already has a live one");
+    return;
+  }
+  if (std::string why = impostor_locked(p, *conn); !why.empty()) {
+    graveyard_.push_back(std::move(conn));
+    on_rejected(why);
+    return;
+  }
   ++counters_["connections_accepted"];
   if (p.transport.empty()) set_transport_locked(p, conn->transport_name());
   if (conn->transport_name() == "shm") note_local_locked(p);  // shared memory: the same host
@@ -74,6 +95,14 @@ void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
     return;
   }
   p.recv.push_back(std::move(conn));
+}
+
+// The connecting process of a same-host connection must be the one the rank's card names.
+std::string Engine::impostor_locked(const Peer& p, const transport::RecvConn& conn) const {
+  int64_t pid = conn.peer_pid();
+  if (!pid || !p.card_known || !p.card.same_kernel(card_) || p.card.pid_ns != card_.pid_ns || pid == p.card.pid) return "";
+  return "a connection claiming rank " + std::to_string(conn.peer()) + " from pid " + std::to_string(pid) +
+         ", but rank " + std::to_string(conn.peer()) + " is pid " + std::to_string(p.card.pid);
 }
 
 void Engine::on_rejected(const std::string& why) {

@@ -46,7 +46,7 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   transport::Context ctx;
   ctx.rank = rank;
   ctx.size = size;
-  ctx.token = bootstrap_.agree_on_token();
+  ctx.key = handshake_key(bootstrap_.agree_on_token(), job_secret());
   ctx.sink = this;
   ctx.poller = poller_.get();
   ctx.handshake_timeout = handshake_timeout();

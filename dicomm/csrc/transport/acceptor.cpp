@@ -30,9 +30,17 @@ bool Acceptor::progress(std::vector<Accepted>* out) {
   while (poll(&ready, 1, 0) > 0 && (ready.revents & POLLIN)) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;  // taken meanwhile, or a transient error (EMFILE...): try again on the next event
-    ctx_.poller->add(fd);
-    pending_.push_back(std::make_unique<HelloReader>(fd, Clock::now() + ctx_.handshake_timeout));
     did = true;
+    Challenge c;
+    c.nonce = random_nonce();
+    // A fresh socket's buffer takes 24 bytes at once; one that does not is not worth waiting for.
+    if (send(fd, &c, sizeof(c), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(c))) {
+      close(fd);
+      ctx_.sink->on_rejected("could not send the handshake challenge: " + errno_text(errno));
+      continue;
+    }
+    ctx_.poller->add(fd);
+    pending_.push_back(std::make_unique<HelloReader>(fd, Clock::now() + ctx_.handshake_timeout, c.nonce));
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
     HelloReader& r = **it;
@@ -42,7 +50,12 @@ bool Acceptor::progress(std::vector<Accepted>* out) {
     ctx_.poller->remove(r.fd());
     std::string why = state == HelloReader::State::kFailed
                           ? r.error()
-                          : check_hello(r.hello(), ctx_.token, ctx_.rank, ctx_.size, id_);
+                          : check_hello(r.hello(), ctx_.key, r.challenge(), ctx_.rank, ctx_.size, id_);
+    if (why.empty()) {
+      Digest proof = accept_proof(r.hello(), ctx_.key);
+      if (send(r.fd(), proof.data(), proof.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size()))
+        why = "could not send the handshake proof: " + errno_text(errno);
+    }
     if (why.empty()) {
       Accepted a;
       a.hello = r.hello();

@@ -102,6 +102,8 @@ class SendConn : public Conn {
 
 class RecvConn : public Conn {
  public:
+  // The connecting process as the kernel saw it (shared memory: SO_PEERCRED), 0 when unknown.
+  virtual int64_t peer_pid() const { return 0; }
   virtual void pull(uint64_t msg_id, RecvOp* op) = 0;
   virtual void refuse(uint64_t msg_id, const Refusal& why) = 0;
 };
@@ -110,7 +112,7 @@ class RecvConn : public Conn {
 struct Context {
   int rank = 0;
   int size = 0;
-  Token token{};
+  std::string key;  // the handshake key: job token + DICOMM_JOB_SECRET (core/handshake.h)
   Sink* sink = nullptr;
   class Poller* poller = nullptr;
   std::chrono::milliseconds handshake_timeout{5000};
