@@ -148,6 +148,6 @@ def _timeout(rank, world, store):
 
 def test_wait_timeout_names_op_peer_tag_and_bytes():
     text, elapsed, n, first = run_ranks(_timeout, 2)[0]
-    assert "timed out after 500 ms" in text and "recv from rank 1 tag 21 (4096 B)" in text
+    assert "Timed out after 500 ms" in text and "recv from rank 1 tag 21 (4096 B)" in text
     assert 0.4 < elapsed < 5
     assert (n, first) == (100, 42)

@@ -35,7 +35,8 @@ def _choice(rank, world, store, ctor_transport):
     ("tcp", {"DICOMM_TRANSPORT": "shm"}, "shm"),  # the environment overrides the argument
 ])
 def test_transport_choice_per_peer_and_forcing(ctor, env, expected):
-    res = run_ranks(_choice, 3, ctor, env=env)
+    # Connections on first use (DICOMM_CONNECT=lazy), so that an uncontacted peer stays uncontacted.
+    res = run_ranks(_choice, 3, ctor, env={**env, "DICOMM_CONNECT": "lazy"})
     (b0, a0, s0), (b1, a1, s1), (b2, a2, s2) = res
     assert b0 == ["self", "", ""] and a0 == ["self", expected, ""]
     assert a1 == [expected, "self", ""] and a2 == ["", "", "self"]
@@ -124,7 +125,7 @@ def _spin_yield(rank, world, store, transport, pin, drop):
 ])
 def test_spinning_callers_yield_only_when_this_hosts_ranks_outnumber_its_cpus(transport, pin, env):
     drop = [k for k in ("LOCAL_WORLD_SIZE", "DICOMM_SPIN_YIELD_EVERY") if k not in env]
-    res = run_ranks(_spin_yield, 3, transport, pin, drop, env=env)
+    res = run_ranks(_spin_yield, 3, transport, pin, drop, env={**env, "DICOMM_CONNECT": "lazy"})
     for rank, (cpus, known, every) in enumerate(res):
         assert known == (2 if rank < 2 else 1), (rank, known)
         ranks = max(known, int(env.get("LOCAL_WORLD_SIZE", 0)))

@@ -53,8 +53,11 @@ class Communicator {
   // Counters: "rejected_connections", "connections", bytes sent/received, ...
   std::map<std::string, int64_t> stats() const;
 
-  // Fails every pending request with PeerError(reason); later calls fail immediately.
+  // Fails every pending request with PeerError(reason); later calls fail immediately. The peers are
+  // told (an abort notice on each connection), so their pending requests fail too, naming this
+  // rank and the reason, with the error class of `kind` (a mismatch stays a MismatchError).
   void abort(const std::string& reason);
+  void abort_with(const std::string& reason, ErrorKind kind);
   // Orderly shutdown (idempotent); pending requests fail with PeerError("communicator closed").
   void close();
 

@@ -1,6 +1,7 @@
 // Connections: the transport chosen per peer, lazy connects, and incoming connections.
 #include "core/engine.h"
 #include "core/log.h"
+#include "transport/socket.h"
 #include "transport/verbs/verbs_conn.h"
 
 namespace dicomm {
@@ -33,7 +34,9 @@ transport::Transport& Engine::choose_transport(int peer, const Card& card) {
   return *transports_.at(name);
 }
 
-transport::SendConn* Engine::connection_to(int peer) {
+transport::SendConn* Engine::connection_to(int peer) { return connection_to(peer, transport::Clock::now() + timeout_); }
+
+transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_point deadline) {
   std::unique_lock<std::mutex> connecting(*peers_[peer].connecting);
   Card card;
   {
@@ -44,22 +47,27 @@ transport::SendConn* Engine::connection_to(int peer) {
     if (p.card_known) card = p.card;
   }
   // Store and connect calls block: they run without the engine lock, under the peer's own.
-  if (card.boot_id.empty()) card = bootstrap_.fetch(peer);
+  if (card.boot_id.empty()) card = bootstrap_.fetch(peer, &stopping_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& p = peers_[peer];
+    p.card = card;
+    p.card_known = true;
+    if (card.same_kernel(card_)) note_local_locked(p);
+    // Connections accepted before the card was known are checked now.
+    for (auto it = p.recv.begin(); it != p.recv.end();) {
+      std::string why = impostor_locked(p, **it);
+      if (why.empty()) { ++it; continue; }
+      graveyard_.push_back(std::move(*it));
+      it = p.recv.erase(it);
+      on_rejected(why);
+    }
+    watch_process_locked(peer, p);  // from now on its exit is noticed, connected or not
+  }
   transport::Transport& t = choose_transport(peer, card);
-  auto conn = t.connect(peer, card, transport::Clock::now() + timeout_);
+  auto conn = t.connect(peer, card, deadline);
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
-  p.card = card;
-  p.card_known = true;
-  if (card.same_kernel(card_)) note_local_locked(p);
-  // Connections accepted before the card was known are checked now.
-  for (auto it = p.recv.begin(); it != p.recv.end();) {
-    std::string why = impostor_locked(p, **it);
-    if (why.empty()) { ++it; continue; }
-    graveyard_.push_back(std::move(*it));
-    it = p.recv.erase(it);
-    on_rejected(why);
-  }
   if (p.dead || closed_) {
     graveyard_.push_back(std::move(conn));
     graveyard_.clear();
@@ -70,6 +78,27 @@ transport::SendConn* Engine::connection_to(int peer) {
   ++counters_["connections_opened"];
   poller_->wake();  // the progress thread now has one more connection to watch
   return p.send.get();
+}
+
+// Connecting to every peer at once (not on first use) is what lets a rank notice a peer that dies
+// before it ever talked to it: the connection's EOF, or the refused connect, says so in well under
+// a second instead of at the timeout. DICOMM_CONNECT=lazy keeps connections on first use.
+void Engine::connect_all() {
+  const auto limit = std::chrono::seconds(10);  // slow is not dead: a setup timeout only defers to first use
+  for (int k = 1; k < size_ && !stopping_; ++k) {
+    int q = (rank_ + k) % size_;  // each rank starts with a different peer
+    try {
+      connection_to(q, transport::Clock::now() + limit);
+    } catch (const transport::SetupTimedOut&) {
+      // Slow, not necessarily gone: the first isend to that peer tries again.
+    } catch (const PeerError& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!closed_) peer_lost(q, e.what());
+      graveyard_.clear();
+    } catch (const std::exception&) {
+      // A store timeout or a configuration error: the first isend to that peer reports it.
+    }
+  }
 }
 
 void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {

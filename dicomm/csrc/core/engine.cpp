@@ -84,6 +84,10 @@ void Engine::open_verbs(const transport::Context& ctx) {
 
 void Engine::start() {
   progress_thread_ = std::thread([this] { progress_loop(); });
+  const char* mode = std::getenv("DICOMM_CONNECT");
+  std::string m = mode && *mode ? mode : "eager";
+  if (m != "eager" && m != "lazy") throw ValueError("DICOMM_CONNECT='" + m + "' is not known; expected eager or lazy");
+  if (m == "eager" && size_ > 1) connector_thread_ = std::thread([this] { connect_all(); });
 }
 
 // ---------------------------------------------------------------- requests

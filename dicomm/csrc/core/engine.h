@@ -39,7 +39,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   std::string transport_of(int peer) const;
   std::map<std::string, int64_t> stats() const;
-  void abort(const std::string& reason);
+  // Fails everything pending; with `tell_peers`, first sends each connected peer an abort notice
+  // (they fail their pending requests with `kind`, naming this rank and `reason`).
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kPeer, bool tell_peers = false);
   void close();
 
  private:
@@ -56,6 +58,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     bool local = false;        // known to run on this host (its card, or a shared-memory connection)
     std::string dead_reason;
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
+    int pidfd = -1;  // same-host peer: readable once its process exits (liveness.cpp)
   };
 
   // Sink (engine lock held).
@@ -69,6 +72,18 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   // engine.cpp
   transport::SendConn* connection_to(int peer);  // connects on first use; lock NOT held
+  transport::SendConn* connection_to(int peer, transport::Clock::time_point deadline);
+  void connect_all();  // the connector thread: every peer at once, so that a dead one is noticed
+
+  // liveness.cpp (lock held)
+  void watch_process_locked(int peer, Peer& p);  // same-host peer: a pidfd on its process
+  bool check_processes_locked();                 // peers whose process exited are lost
+  void unwatch_process_locked(Peer& p);
+  // Abort notices: a reserved tag on the ordinary connections (liveness.cpp).
+  void send_abort_notices_locked(const std::string& reason, ErrorKind kind);
+  static bool is_abort_notice(const transport::Header& hdr);
+  bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one
+  void apply_abort_notice_locked();  // after a progress pass (connections may not be freed mid-pass)
   transport::Transport& choose_transport(int peer, const Card& card);
   void open_verbs(const transport::Context& ctx);     // engine.cpp
   std::string path_of_locked(const Peer& p) const;   // connections.cpp: "verbs/cpu-mediated"...
@@ -79,7 +94,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
   void send_side_closed(int peer, const std::string& why);
-  void fail_everything(const std::string& why);
+  void fail_everything(const std::string& why, ErrorKind kind = ErrorKind::kPeer, bool free_now = true);
   void finish(P2PRequest& r, int source, size_t nbytes);
   void release_memory(P2PRequest& r);  // deregisters what isend/match registered
   void fail(P2PRequest& r, ErrorKind kind, const std::string& text);
@@ -143,6 +158,17 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   const RequestSP* posting_ = nullptr;
   RequestSP take_in_flight(const void* op);  // the request of `op`, removed from in_flight_ (or null)
   std::thread progress_thread_;
+  std::thread connector_thread_;
+  std::atomic<bool> stopping_{false};  // close() began: the connector gives up
+  // An abort notice received during a progress pass, applied after it.
+  bool notice_pending_ = false;
+  ErrorKind notice_kind_ = ErrorKind::kPeer;
+  std::string notice_text_;
+  struct Notice {
+    transport::SendOp op;
+    std::string text;
+  };
+  std::vector<std::unique_ptr<Notice>> notices_;  // outgoing: alive until the engine goes
   std::map<std::string, int64_t> counters_;
   // The counters every message touches, by pointer (map nodes never move): a string-keyed lookup
   // per message costs more than the rest of an 8 B eager receive's bookkeeping.

@@ -55,6 +55,19 @@ std::vector<MatchQueues::RequestSP> MatchQueues::take_all_posted() {
   return out;
 }
 
+std::vector<MatchQueues::RequestSP> MatchQueues::take_posted_tagged(Tag tag, Tag mask) {
+  std::vector<RequestSP> out;
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if (((*it)->tag & mask) == (tag & mask)) {
+      out.push_back(std::move(*it));
+      it = posted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
 void MatchQueues::drop_rendezvous_from(int src) {
   unexpected_.remove_if([&](const Unexpected& u) { return u.src == src && u.rendezvous(); });
 }

@@ -38,6 +38,8 @@ class MatchQueues {
   // Removes and returns posted receives that wait on `src` (and any-source ones if asked).
   std::vector<RequestSP> take_posted_waiting_on(int src, bool any_source_too);
   std::vector<RequestSP> take_all_posted();
+  // Removes and returns posted receives whose tag equals `tag` on the bits of `mask`.
+  std::vector<RequestSP> take_posted_tagged(Tag tag, Tag mask);
   // Forgets rendezvous announcements from `src` (its data can no longer be pulled).
   void drop_rendezvous_from(int src);
   std::vector<RequestSP> take_self_sends();

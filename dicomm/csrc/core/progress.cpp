@@ -96,8 +96,10 @@ constexpr auto kTakeOver = std::chrono::milliseconds(5);
 
 bool Engine::progress_locked(bool thorough) {
   bool did = false;
-  if (thorough)
+  if (thorough) {
     for (auto& [name, t] : transports_) did |= t->progress();
+    did |= check_processes_locked();
+  }
   for (int peer = 0; peer < size_; ++peer) {
     Peer& p = peers_[peer];
     if (p.dead) continue;
@@ -125,6 +127,7 @@ bool Engine::progress_locked(bool thorough) {
       did = true;
     }
   }
+  apply_abort_notice_locked();
   graveyard_.clear();
   return did;
 }
@@ -263,7 +266,7 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   } else {
     state = "the receiver has not taken the message yet";
   }
-  throw TimeoutError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + r.describe() + ": " +
+  throw TimeoutError("Timed out after " + std::to_string(timeout.count()) + " ms waiting for " + r.describe() + ": " +
                      state);
 }
 

@@ -53,7 +53,7 @@ void write_all(int fd, const void* buf, size_t n, Clock::time_point deadline, co
     n -= w;
     if (n == 0) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) throw PeerError(what + ": timed out writing");
+    if (left <= 0) throw SetupTimedOut(what + ": timed out writing");
     pollfd pfd{fd, POLLOUT, 0};
     poll(&pfd, 1, static_cast<int>(left));
   }
@@ -123,7 +123,7 @@ void read_exact(int fd, void* buf, size_t n, Clock::time_point deadline, const s
     if (r == 0) throw ConnectionClosed(what + ": the peer closed the connection during connection setup");
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) throw PeerError(what + ": " + errno_text(errno));
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) throw PeerError(what + ": no connection data from the peer in time");
+    if (left <= 0) throw SetupTimedOut(what + ": no connection data from the peer in time");
     pollfd p{fd, POLLIN, 0};
     poll(&p, 1, static_cast<int>(left));
   }
@@ -158,7 +158,7 @@ void connector_handshake(int fd, Hello h, const std::string& key, Clock::time_po
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd p{fd, POLLOUT, 0};
       poll(&p, 1, 100);
-      if (Clock::now() >= deadline) throw PeerError(what + ": timed out sending the hello");
+      if (Clock::now() >= deadline) throw SetupTimedOut(what + ": timed out sending the hello");
     }
   } while (w < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK));
   if (w < 0) throw PeerError(what + ": sending hello: " + errno_text(errno));

@@ -22,6 +22,8 @@ bool single_host_job();
 
 // The peer closed the connection in order (EOF), as opposed to an error such as a reset.
 struct ConnectionClosed : PeerError { using PeerError::PeerError; };
+// A connection's setup ran out of time: the peer may be slow rather than gone.
+struct SetupTimedOut : PeerError { using PeerError::PeerError; };
 void set_nonblocking(int fd);
 // > 0 bytes moved; 0 would block; throws PeerError(`what` + reason) on EOF or error.
 size_t read_some(int fd, void* buf, size_t n, const std::string& what);

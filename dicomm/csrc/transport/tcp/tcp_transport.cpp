@@ -62,8 +62,11 @@ int connect_one(const sockaddr_in& sa, Clock::time_point deadline, const std::st
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   int err = 0;
   socklen_t len = sizeof(err);
-  if (poll(&pfd, 1, static_cast<int>(std::max<long>(left, 0))) != 1) err = ETIMEDOUT;
-  else getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (poll(&pfd, 1, static_cast<int>(std::max<long>(left, 0))) != 1) {
+    close(fd);
+    throw SetupTimedOut(what + ": connect: no answer in time");
+  }
+  getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
   if (err) {
     close(fd);
     throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
