@@ -109,7 +109,7 @@ void Session::fail(std::exception_ptr error) {
     kind = ErrorKind::kTimeout;
   } catch (...) {
   }
-  comm_.abort_with(reason, kind);  // the peers' pending requests fail with the same class of error
+  comm_.abort_with(reason, kind, seq_);  // the peers' pending requests fail with the same class of error
   try {
     std::rethrow_exception(error);
   } catch (const MismatchError&) {

@@ -59,8 +59,8 @@ std::string Communicator::transport_of(int peer) const { return engine_->transpo
 std::map<std::string, int64_t> Communicator::stats() const { return engine_->stats(); }
 
 void Communicator::abort(const std::string& reason) { abort_with(reason, ErrorKind::kPeer); }
-void Communicator::abort_with(const std::string& reason, ErrorKind kind) {
-  engine_->abort("communicator aborted: " + reason, kind, /*tell_peers=*/true);
+void Communicator::abort_with(const std::string& reason, ErrorKind kind, uint64_t collective_seq) {
+  engine_->abort("communicator aborted: " + reason, kind, /*tell_peers=*/true, collective_seq);
 }
 
 void Communicator::close() {

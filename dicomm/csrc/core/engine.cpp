@@ -110,7 +110,7 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
   r->send_op.buf = buf;
   if (peer == rank_) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+    if (closed_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
     else send_to_self(r);
     return r;
   }
@@ -132,7 +132,7 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
   }
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
-  if (closed_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+  if (closed_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
   else if (p.dead || !conn || p.send.get() != conn)
     fail(*r, ErrorKind::kPeer, r->describe() + " failed: rank " + std::to_string(peer) + " is gone: " + p.dead_reason);
   else post_locked(r, *conn, peer);
@@ -164,7 +164,7 @@ RequestPtr Engine::irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t me
   auto r = std::make_shared<P2PRequest>(shared_from_this(), P2PRequest::Op::kRecv, peer, tag, meta, buf, bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) {
-    fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+    fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
     return r;
   }
   if (auto msg = queues_.take_unexpected(peer, tag)) {

@@ -41,7 +41,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   std::map<std::string, int64_t> stats() const;
   // Fails everything pending; with `tell_peers`, first sends each connected peer an abort notice
   // (they fail their pending requests with `kind`, naming this rank and `reason`).
-  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kPeer, bool tell_peers = false);
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kPeer, bool tell_peers = false,
+             uint64_t collective_seq = ~uint64_t{0});
   void close();
 
  private:
@@ -80,7 +81,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool check_processes_locked();                 // peers whose process exited are lost
   void unwatch_process_locked(Peer& p);
   // Abort notices: a reserved tag on the ordinary connections (liveness.cpp).
-  void send_abort_notices_locked(const std::string& reason, ErrorKind kind);
+  void send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq);
   static bool is_abort_notice(const transport::Header& hdr);
   bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one
   void apply_abort_notice_locked();  // after a progress pass (connections may not be freed mid-pass)
@@ -94,7 +95,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
   void send_side_closed(int peer, const std::string& why);
-  void fail_everything(const std::string& why, ErrorKind kind = ErrorKind::kPeer, bool free_now = true);
+  void fail_everything(const std::string& why, bool free_now = true);  // each with kind_for_locked
   void finish(P2PRequest& r, int source, size_t nbytes);
   void release_memory(P2PRequest& r);  // deregisters what isend/match registered
   void fail(P2PRequest& r, ErrorKind kind, const std::string& text);
@@ -146,6 +147,11 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool stop_ = false;
   bool closed_ = false;
   std::string abort_reason_;
+  // The failed collective's requests fail with abort_kind_ (a mismatch stays a MismatchError on
+  // every rank); every other request with PeerError.
+  ErrorKind abort_kind_ = ErrorKind::kPeer;
+  uint64_t abort_seq_ = ~uint64_t{0};
+  ErrorKind kind_for_locked(const P2PRequest& r) const;
 
   std::unique_ptr<transport::Poller> poller_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;
@@ -163,6 +169,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // An abort notice received during a progress pass, applied after it.
   bool notice_pending_ = false;
   ErrorKind notice_kind_ = ErrorKind::kPeer;
+  uint64_t notice_seq_ = ~uint64_t{0};
   std::string notice_text_;
   struct Notice {
     transport::SendOp op;

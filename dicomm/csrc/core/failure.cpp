@@ -64,7 +64,13 @@ void Engine::send_side_closed(int peer, const std::string& why) {
   }
 }
 
-void Engine::fail_everything(const std::string& why, ErrorKind kind, bool free_now) {
+ErrorKind Engine::kind_for_locked(const P2PRequest& r) const {
+  if (!(r.tag & kCollectiveTagBit) || r.tag == ~Tag{0}) return ErrorKind::kPeer;
+  uint64_t seq = (r.tag >> 20) & ((uint64_t{1} << 43) - 1);  // collective_tag()'s layout
+  return seq == (abort_seq_ & ((uint64_t{1} << 43) - 1)) ? abort_kind_ : ErrorKind::kPeer;
+}
+
+void Engine::fail_everything(const std::string& why, bool free_now) {
   for (auto& p : peers_) {
     if (p.send) graveyard_.push_back(std::move(p.send));
     for (auto& c : p.recv) graveyard_.push_back(std::move(c));
@@ -73,19 +79,21 @@ void Engine::fail_everything(const std::string& why, ErrorKind kind, bool free_n
   // No transport may touch a failed request's buffer any more; inside a progress pass the
   // connections go at its end (one of them may be on the stack).
   if (free_now) graveyard_.clear();
-  for (auto& [op, r] : in_flight_) fail(*r, kind, r->describe() + " failed: " + why);
+  for (auto& [op, r] : in_flight_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + why);
   in_flight_.clear();
-  for (auto& r : queues_.take_all_posted()) fail(*r, kind, r->describe() + " failed: " + why);
-  for (auto& r : queues_.take_self_sends()) fail(*r, kind, r->describe() + " failed: " + why);
+  for (auto& r : queues_.take_all_posted()) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + why);
+  for (auto& r : queues_.take_self_sends()) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + why);
 }
 
-void Engine::abort(const std::string& reason, ErrorKind kind, bool tell_peers) {
+void Engine::abort(const std::string& reason, ErrorKind kind, bool tell_peers, uint64_t collective_seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
-  if (tell_peers) send_abort_notices_locked(reason, kind);
+  if (tell_peers) send_abort_notices_locked(reason, kind, collective_seq);
   closed_ = true;
   abort_reason_ = reason;
-  fail_everything(abort_reason_, kind);
+  abort_kind_ = kind;
+  abort_seq_ = collective_seq;
+  fail_everything(abort_reason_);
   done_cv_.notify_all();
 }
 

@@ -76,7 +76,7 @@ bool Engine::check_processes_locked() {
   return did;
 }
 
-void Engine::send_abort_notices_locked(const std::string& reason, ErrorKind kind) {
+void Engine::send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq) {
   std::vector<transport::SendConn*> told;
   for (int q = 0; q < size_; ++q) {
     Peer& p = peers_[q];
@@ -84,6 +84,7 @@ void Engine::send_abort_notices_locked(const std::string& reason, ErrorKind kind
     auto n = std::make_unique<Notice>();
     uint32_t k = static_cast<uint32_t>(kind);
     n->text.assign(reinterpret_cast<const char*>(&k), sizeof(k));
+    n->text.append(reinterpret_cast<const char*>(&collective_seq), sizeof(collective_seq));
     n->text += reason.substr(0, kNoticeTextMax);
     n->op.hdr = transport::Header{kAbortNoticeTag, kAbortNoticeMeta, n->text.size(), 0};
     n->op.buf = n->text.data();
@@ -111,14 +112,19 @@ void Engine::send_abort_notices_locked(const std::string& reason, ErrorKind kind
 }
 
 bool Engine::on_abort_notice(int src, const void* payload, size_t bytes) {
-  if (!payload || bytes < sizeof(uint32_t)) return false;
+  // kind (4 B), the failed collective's sequence number (8 B), the reason
+  constexpr size_t kHead = sizeof(uint32_t) + sizeof(uint64_t);
+  if (!payload || bytes < kHead) return false;
   uint32_t k;
+  uint64_t seq;
   std::memcpy(&k, payload, sizeof(k));
+  std::memcpy(&seq, static_cast<const char*>(payload) + sizeof(k), sizeof(seq));
   if (closed_ || notice_pending_) return true;
   notice_pending_ = true;
   notice_kind_ = k <= static_cast<uint32_t>(ErrorKind::kValue) ? static_cast<ErrorKind>(k) : ErrorKind::kPeer;
+  notice_seq_ = seq;
   notice_text_ = "rank " + std::to_string(src) + " aborted the communicator (" +
-                 std::string(static_cast<const char*>(payload) + sizeof(k), bytes - sizeof(k)) + ")";
+                 std::string(static_cast<const char*>(payload) + kHead, bytes - kHead) + ")";
   return true;
 }
 
@@ -127,7 +133,9 @@ void Engine::apply_abort_notice_locked() {
   log(LogLevel::kWarn, "rank " + std::to_string(rank_) + ": " + notice_text_);
   closed_ = true;
   abort_reason_ = notice_text_;
-  fail_everything(abort_reason_, notice_kind_, /*free_now=*/false);  // the pass frees them
+  abort_kind_ = notice_kind_;
+  abort_seq_ = notice_seq_;
+  fail_everything(abort_reason_, /*free_now=*/false);  // the pass frees them
   done_cv_.notify_all();
 }
 
