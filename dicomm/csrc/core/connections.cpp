@@ -65,7 +65,18 @@ transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_poin
     watch_process_locked(peer, p);  // from now on its exit is noticed, connected or not
   }
   transport::Transport& t = choose_transport(peer, card);
-  auto conn = t.connect(peer, card, deadline);
+  std::unique_ptr<transport::SendConn> conn;
+  // A listener flooded with silent connections closes the oldest pending handshakes to make room
+  // (transport/acceptor.cpp); ours may be among them: try again a few times before giving up.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      conn = t.connect(peer, card, deadline);
+      break;
+    } catch (const transport::ConnectionClosed&) {
+      if (attempt == 3 || transport::Clock::now() >= deadline || stopping_) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 * attempt));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
   if (p.dead || closed_) {
@@ -134,9 +145,26 @@ std::string Engine::impostor_locked(const Peer& p, const transport::RecvConn& co
          ", but rank " + std::to_string(conn.peer()) + " is pid " + std::to_string(p.card.pid);
 }
 
+// A flood of bad connections must not flood the log: the first few are logged in full, then one
+// line per interval says how many more there were (the counter has them all).
 void Engine::on_rejected(const std::string& why) {
-  ++counters_["rejected_connections"];
-  log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " rejected an incoming connection: " + why);
+  constexpr int kLoggedInFull = 5;
+  constexpr auto kInterval = std::chrono::seconds(10);
+  const int64_t n = ++counters_["rejected_connections"];
+  const std::string who = "rank " + std::to_string(rank_);
+  if (n <= kLoggedInFull) {
+    log(LogLevel::kWarn, who + " rejected an incoming connection: " + why +
+                             (n == kLoggedInFull ? " (further rejections are summarised every 10 s)" : ""));
+    rejections_logged_at_ = std::chrono::steady_clock::now();
+    return;
+  }
+  ++rejections_unlogged_;
+  auto now = std::chrono::steady_clock::now();
+  if (now - rejections_logged_at_ < kInterval) return;
+  log(LogLevel::kWarn, who + " rejected " + std::to_string(rejections_unlogged_) + " more incoming connections (" +
+                           std::to_string(n) + " in all); the latest: " + why);
+  rejections_unlogged_ = 0;
+  rejections_logged_at_ = now;
 }
 
 std::string Engine::path_of_locked(const Peer& p) const {

@@ -66,6 +66,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void on_accept(std::shared_ptr<transport::RecvConn> conn) override;
   void on_rejected(const std::string& why) override;
   std::string impostor_locked(const Peer& p, const transport::RecvConn& conn) const;  // "" if not
+  std::chrono::steady_clock::time_point rejections_logged_at_{};
+  int64_t rejections_unlogged_ = 0;
   void on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) override;
   void on_send_done(transport::SendOp* op) override;
   void on_send_refused(transport::SendOp* op, const transport::Refusal& why) override;

@@ -168,7 +168,7 @@ void connector_handshake(int fd, Hello h, const std::string& key, Clock::time_po
   try {
     read_exact(fd, proof.data(), proof.size(), deadline, what);
   } catch (const ConnectionClosed&) {
-    throw PeerError(what + ": the peer refused the handshake (a different or missing DICOMM_JOB_SECRET, a "
+    throw ConnectionClosed(what + ": the peer refused the handshake (a different or missing DICOMM_JOB_SECRET, a "
                            "connection of this rank it already has, or another job at that address)");
   }
   Digest want = accept_proof(h, key);
