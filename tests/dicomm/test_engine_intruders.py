@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.dicomm.engine_util import comm, ptr
+from tests.dicomm.engine_util import comm, exchange, ptr
 from tests.dicomm.multiproc import run_ranks
 
 INTRUDER = Path(__file__).with_name("intruder.py")
@@ -42,20 +42,11 @@ def _run_intruder(store, transport: str, secret: str, user: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _exchange(c, rank: int) -> bool:
-    """One message each way; True if both arrived intact."""
-    mine, theirs = np.array([rank + 40], np.int64), np.zeros(1, np.int64)
-    r = c.irecv(ptr(theirs), 8, 1 - rank, tag=1)
-    c.isend(ptr(mine), 8, 1 - rank, tag=1).wait()
-    r.wait()
-    return int(theirs[0]) == 1 - rank + 40
-
-
 def _attacked_job(rank, world, store, transport, warm, user, secret):
     if secret:
         os.environ["DICOMM_JOB_SECRET"] = secret
     c = comm(store, rank, world, timeout_s=20, transport=transport)
-    out = {"warm": _exchange(c, rank)} if warm else {}
+    out = {"warm": exchange(c, rank)} if warm else {}
     if rank == 1:
         got = np.zeros(1, np.int64)
         r = c.irecv(ptr(got), 8, 0, tag=TAG)
@@ -69,7 +60,7 @@ def _attacked_job(rank, world, store, transport, warm, user, secret):
         time.sleep(0.3)  # the forged connection is closed by now: the job must not mind
         store.set("attacked", "1")
         c.isend(ptr(np.array([REAL], np.int64)), 8, 1, tag=TAG).wait()
-    out["after"] = _exchange(c, rank)
+    out["after"] = exchange(c, rank)
     out["rejected"] = c.stats()["rejected_connections"]
     if secret:
         out["secret_in_store"] = any(secret.encode() in store.get(k) for k in ("dicomm/token", "dicomm/card/0", "dicomm/card/1"))
@@ -213,7 +204,7 @@ def _outsider_reads_job(rank, world, store, out_dir):
     between exits, so it is re-parented) and lets it read a word of rank 1's memory."""
     c = comm(store, rank, world, transport="shm")
     word = np.array([0x5EC2E7], np.int64)
-    assert _exchange(c, rank)  # both directions connected: each rank named its ptracer
+    assert exchange(c, rank)  # both directions connected: each rank named its ptracer
     store.set(f"word{rank}", f"{os.getpid()} {word.ctypes.data}")
     result = None
     if rank == 0:

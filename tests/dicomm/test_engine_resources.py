@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from tests.dicomm.engine_util import comm, ptr
+from tests.dicomm.engine_util import comm, exchange, ptr
 from tests.dicomm.multiproc import run_ranks
 
 
@@ -23,14 +23,6 @@ def _tcp_address(store, rank: int, prefix: str = "") -> tuple[str, int]:
     return host, int(port)
 
 
-def _exchange(c, rank: int) -> bool:
-    mine, theirs = np.array([rank + 40], np.int64), np.zeros(1, np.int64)
-    r = c.irecv(ptr(theirs), 8, 1 - rank, tag=1)
-    c.isend(ptr(mine), 8, 1 - rank, tag=1).wait()
-    r.wait()
-    return int(theirs[0]) == 1 - rank + 40
-
-
 def _flooded(rank, world, store, silent):
     import torch.distributed as dist
 
@@ -38,7 +30,7 @@ def _flooded(rank, world, store, silent):
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
     first = comm(store, rank, world, timeout_s=20)
-    assert _exchange(first, rank)
+    assert exchange(first, rank)
     socks = []
     if rank == 0:
         host, port = _tcp_address(store, 1)
@@ -50,7 +42,7 @@ def _flooded(rank, world, store, silent):
         store.wait(["flooded"])
     # A second communicator (what new_group does) while the silent connections are still open.
     second = comm(dist.PrefixStore("second", store), rank, world, timeout_s=20, transport="tcp")
-    ok = _exchange(second, rank) and _exchange(first, rank)
+    ok = exchange(second, rank) and exchange(first, rank)
     store.set(f"done{rank}", "1")
     store.wait([f"done{1 - rank}"])
     for s in socks:
