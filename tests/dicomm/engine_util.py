@@ -28,3 +28,10 @@ def exchange(c, rank: int) -> bool:
     c.isend(ptr(mine), 8, 1 - rank, tag=1).wait()
     r.wait()
     return int(theirs[0]) == 1 - rank + 40
+
+
+def close_pair(c, store, rank: int, key: str = "done") -> None:
+    """Closes a two-rank test's communicator once the other rank is done with it too."""
+    store.set(f"{key}{rank}", "1")
+    store.wait([f"{key}{1 - rank}"])
+    c.close()

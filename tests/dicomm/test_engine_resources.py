@@ -11,8 +11,9 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 
-from tests.dicomm.engine_util import comm, exchange, ptr
+from tests.dicomm.engine_util import close_pair, comm, exchange, ptr
 from tests.dicomm.multiproc import run_ranks
 
 
@@ -76,9 +77,7 @@ def _garbage_flood(rank, world, store, n):
         while c.stats()["rejected_connections"] < n and time.monotonic() < deadline:
             time.sleep(0.05)
     rejected = c.stats()["rejected_connections"]
-    store.set(f"done{rank}", "1")
-    store.wait([f"done{1 - rank}"])
-    c.close()
+    close_pair(c, store, rank)
     os.dup2(saved, 2)
     log.seek(0)
     lines = [line for line in log.read().decode().splitlines() if "rejected" in line]
@@ -90,3 +89,46 @@ def test_rejected_connections_are_logged_at_a_bounded_rate():
     _, (rejected, lines) = run_ranks(_garbage_flood, 2, n, timeout=90)
     assert rejected == n
     assert 1 <= lines <= 10, f"{lines} log lines for {n} rejected connections"
+
+
+MSG = 16 * 1024
+COUNT = 20_000  # 312.5 MiB of eager messages nobody has asked for yet
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _unmatched_flood(rank, world, store):
+    c = comm(store, rank, world, timeout_s=60)
+    assert exchange(c, rank)
+    if rank == 0:
+        bufs = [np.full(MSG, i, np.uint8) for i in range(16)]
+        reqs = [c.isend(ptr(bufs[i % 16]), MSG, 1, tag=9) for i in range(COUNT)]
+        store.set("sent", "1")
+        for r in reqs:
+            r.wait()
+        out = None
+    else:
+        before = _rss_bytes()
+        store.wait(["sent"])
+        time.sleep(2.0)  # whatever the receiver would buffer, it has buffered by now
+        grown = _rss_bytes() - before
+        b = np.zeros(MSG, np.uint8)
+        in_order = True
+        for i in range(COUNT):  # every message still arrives, in order
+            c.irecv(ptr(b), MSG, 0, tag=9).wait()
+            in_order &= bool(b[0] == i % 16 and b[-1] == i % 16)
+        out = (grown, in_order, c.stats().get("flow_control_holds", 0))
+    close_pair(c, store, rank)
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_unmatched_eager_messages_are_bounded_by_flow_control(transport):
+    """20,000 unmatched 16 KiB sends: the receiver grows by its flow-control limit (32 MiB), not by
+    the 312 MiB sent (today: ~316 MB), and then receives every message in order."""
+    _, (grown, in_order, holds) = run_ranks(_unmatched_flood, 2, env={"DICOMM_TRANSPORT": transport}, timeout=180)
+    assert in_order
+    assert grown < 96 << 20, f"the receiver grew by {grown / 2**20:.0f} MiB"

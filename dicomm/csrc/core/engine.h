@@ -60,6 +60,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::string dead_reason;
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
     int pidfd = -1;  // same-host peer: readable once its process exits (liveness.cpp)
+    bool held = false;  // flow control: its unmatched messages reached the limit (progress.cpp)
   };
 
   // Sink (engine lock held).
@@ -106,6 +107,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   // progress.cpp (lock held unless noted)
   bool progress_locked(bool thorough);
+  bool hold_back_locked(int peer, Peer& p);  // flow control: whether to leave p's messages unread
   bool arm_locked();
   std::chrono::microseconds spin_budget_locked(const P2PRequest& r) const;
   void note_local_locked(Peer& p);  // counts `p` among the ranks on this host (once)

@@ -114,6 +114,7 @@ bool Engine::progress_locked(bool thorough) {
       peer_lost(peer, e.what());
       did = true;
     }
+    if (hold_back_locked(peer, p)) continue;
     try {
       for (size_t i = 0; i < p.recv.size(); ++i) did |= p.recv[i]->progress(thorough);
     } catch (const PeerError& e) {
@@ -132,11 +133,31 @@ bool Engine::progress_locked(bool thorough) {
   return did;
 }
 
+// Flow control for eager messages nobody has asked for: once a peer's unmatched bytes reach
+// DICOMM_UNEXPECTED_MB (32 MiB), its connection is left unread (and out of epoll) until a receive
+// could take one of its messages. Its further messages then wait where they are: in the kernel's
+// socket buffers and the shared-memory ring (bounded), then in the sender's queue, which holds the
+// sender's own buffers, not copies. Verbs has receive credits of its own and is not held.
+bool Engine::hold_back_locked(int peer, Peer& p) {
+  static const size_t limit = static_cast<size_t>(env_nonnegative("DICOMM_UNEXPECTED_MB", 32)) << 20;
+  bool hold = queues_.unexpected_bytes_from(peer) >= limit && p.transport != "verbs" && !queues_.has_posted_for(peer) &&
+              std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& kv) {
+                return kv.second->op == P2PRequest::Op::kRecv && kv.second->matched_from == peer;
+              });
+  if (hold != p.held) {
+    p.held = hold;
+    for (auto& c : p.recv) c->hold(hold);
+    if (hold) ++counters_["flow_control_holds"];
+  }
+  return hold;
+}
+
 bool Engine::arm_locked() {
   bool ok = true;
   for (auto& p : peers_) {
     if (p.dead) continue;
     if (p.send) ok &= p.send->arm();
+    if (p.held) continue;  // unread on purpose: no wake-ups from it
     for (auto& c : p.recv) ok &= c->arm();
   }
   if (!ok) disarm_locked();

@@ -104,6 +104,9 @@ class RecvConn : public Conn {
  public:
   // The connecting process as the kernel saw it (shared memory: SO_PEERCRED), 0 when unknown.
   virtual int64_t peer_pid() const { return 0; }
+  // Flow control: while held, the engine does not read this connection and it must not wake the
+  // poller for new messages (the sender's messages wait in its own queue and the kernel's buffers).
+  virtual void hold(bool /*on*/) {}
   virtual void pull(uint64_t msg_id, RecvOp* op) = 0;
   virtual void refuse(uint64_t msg_id, const Refusal& why) = 0;
 };

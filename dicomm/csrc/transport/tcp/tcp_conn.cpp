@@ -91,6 +91,11 @@ void TcpSendConn::on_written(const Frame& f, void* cookie) {
 TcpRecvConn::TcpRecvConn(int peer, int nstreams, Sink* sink)
     : peer_(peer), streams_(static_cast<size_t>(nstreams)), sink_(sink) {}
 
+void TcpRecvConn::hold(bool on) {
+  for (auto& s : streams_)
+    if (s) s->watch(!on);
+}
+
 bool TcpRecvConn::attach(int index, std::unique_ptr<TcpStream> stream) {
   if (index < 0 || index >= nstreams() || streams_[index]) return false;
   streams_[index] = std::move(stream);

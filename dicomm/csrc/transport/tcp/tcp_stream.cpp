@@ -22,6 +22,11 @@ TcpStream::TcpStream(int fd, Poller* poller, std::string what)
   poller_->add(fd_);
 }
 
+void TcpStream::watch(bool on) {
+  if (on) poller_->add(fd_);
+  else poller_->remove(fd_);
+}
+
 TcpStream::~TcpStream() {
   poller_->remove(fd_);
   close(fd_);

@@ -22,6 +22,7 @@ class TcpStream {
   };
 
   TcpStream(int fd, Poller* poller, std::string what);
+  void watch(bool on);  // whether readability wakes the poller (flow control)
   ~TcpStream();
   TcpStream(const TcpStream&) = delete;
   TcpStream& operator=(const TcpStream&) = delete;
