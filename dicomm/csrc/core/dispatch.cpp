@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/engine.h"
+#include "core/log.h"
 
 namespace dicomm {
 
@@ -10,6 +11,7 @@ namespace dicomm {
 void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
   ++*hot_.messages_received;
   if (is_abort_notice(hdr) && on_abort_notice(conn.peer(), payload, hdr.bytes)) return;
+  if (!late_.empty() && discard_if_late(conn, hdr, payload)) return;
   Unexpected msg;
   msg.src = conn.peer();
   msg.hdr = hdr;
@@ -21,6 +23,22 @@ void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr,
   ++*hot_.unexpected_messages;
   if (payload) msg.data.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + hdr.bytes);
   queues_.add_unexpected(std::move(msg));
+}
+
+// A receive from a given source that timed out unmatched leaves a tombstone: the next message
+// from that source with that tag is the one it waited for (messages of one source and tag never
+// overtake), so it is discarded (a rendezvous sender's send fails) instead of landing in the next
+// receive, which waits for the message after it.
+bool Engine::discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
+  auto it = late_.find({conn.peer(), hdr.tag});
+  if (it == late_.end()) return false;
+  if (--it->second == 0) late_.erase(it);
+  ++counters_["late_messages_discarded"];
+  log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " discarded a message from rank " + std::to_string(conn.peer()) +
+                           " " + describe_tag(hdr.tag) + " (" + std::to_string(hdr.bytes) +
+                           " B): it arrived after the receive waiting for it timed out");
+  if (!payload) conn.refuse(hdr.msg_id, transport::Refusal{transport::Refusal::kLate, 0, 0});  // rendezvous
+  return true;
 }
 
 bool Engine::fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal) {
@@ -137,6 +155,11 @@ void Engine::on_send_refused(transport::SendOp* op, const transport::Refusal& wh
                           ? "; it sent " + Communicator::describe_meta(op->hdr.meta) + " but the receive expects " +
                                 Communicator::describe_meta(why.recv_meta)
                           : "";
+  if (why.code == transport::Refusal::kLate) {
+    fail(*req, ErrorKind::kTimeout, req->describe() + ": Timed out: the receive waiting for it timed out and was "
+                                                      "cancelled before it arrived; the receiver discarded it");
+    return;
+  }
   std::string text = why.code == transport::Refusal::kTooSmall
                          ? req->describe() + " refused by the receiver: its buffer holds only " +
                                std::to_string(why.recv_bytes) + " B (nothing was truncated)" + calls

@@ -95,6 +95,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // Lock held. `payload`: an eager payload still in the transport (else msg.data holds it).
   void match(const RequestSP& r, Unexpected&& msg, const void* payload = nullptr);
   bool fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal);
+  bool discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload);
+  std::map<std::pair<int, Tag>, int> late_;  // (source, tag) -> receives that timed out unmatched
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
   void send_side_closed(int peer, const std::string& why);

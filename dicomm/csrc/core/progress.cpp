@@ -280,6 +280,7 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   if (r.op == P2PRequest::Op::kRecv) {
     if (queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
+      if (r.peer != kAnySource) ++late_[{r.peer, r.tag}];  // its message, if it comes, is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else {
       state = "matched a message from rank " + std::to_string(r.matched_from) + " but its data did not arrive in time";

@@ -54,7 +54,7 @@ struct RecvOp {
 
 // Why a receiver refused a rendezvous message; the sender turns it into a MismatchError.
 struct Refusal {
-  enum Code : uint32_t { kTooSmall = 1, kMetaDiffers = 2 };
+  enum Code : uint32_t { kTooSmall = 1, kMetaDiffers = 2, kLate = 3 };  // kLate: its receive timed out
   uint32_t code = 0;
   uint64_t recv_bytes = 0;
   uint64_t recv_meta = 0;
