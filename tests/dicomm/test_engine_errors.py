@@ -161,3 +161,56 @@ def test_wait_timeout_names_op_peer_tag_and_bytes(late_bytes):
     assert (n, first, discarded) == (late_bytes, 43, 1), "the late message was delivered to the next receive"
     if late_bytes > 16384:
         assert "Timed out" in sender and "discarded" in sender, sender
+
+
+def _frozen_sender(rank, world, store):
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=30, transport="tcp")
+    n = 64 << 20
+    out = None
+    if rank == 0:
+        b = np.zeros(n, np.uint8)
+        r = c.irecv(ptr(b), n, 1, tag=3)
+        store.set("posted", "1")
+        sender = int(store.get("pid1"))
+        deadline = time.monotonic() + 20
+        while b[0] == 0 and time.monotonic() < deadline:  # the first bytes have landed:
+            time.sleep(0.0005)
+        os.kill(sender, signal.SIGSTOP)  # freeze the sender mid-transfer
+        try:
+            r.wait(1.5)
+            out = ("completed before the timeout", n, n)
+        except C.TimeoutError as e:
+            at_timeout = int(np.count_nonzero(b))
+            os.kill(sender, signal.SIGCONT)  # the sender goes on
+            store.wait(["sent1"])
+            time.sleep(0.5)
+            out = (str(e), at_timeout, int(np.count_nonzero(b)))
+        os.kill(sender, signal.SIGCONT)
+    else:
+        store.set("pid1", str(os.getpid()))
+        a = np.full(n, 7, np.uint8)
+        store.wait(["posted"])
+        c.isend(ptr(a), n, 0, tag=3).wait()
+        store.set("sent1", "1")
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+def test_timed_out_receive_is_never_written_after_its_timeout_over_tcp():
+    """A 64 MiB receive over tcp whose sender freezes mid-transfer (SIGSTOP) times out; when the
+    sender resumes, the rest of the message is read and dropped: the buffer is the caller's again
+    (today the remaining bytes land in it after the TimeoutError)."""
+    out, _ = run_ranks(_frozen_sender, 2, timeout=90)
+    text, at_timeout, later = out
+    assert "matched a message from rank 1" in text, f"the transfer had not started: {text}"
+    assert later == at_timeout, f"{later - at_timeout} bytes landed after the TimeoutError"

@@ -121,6 +121,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void progress_loop();  // the progress thread; lock not held
   void progress_loop_locked(std::unique_lock<std::mutex>& lock);
   [[noreturn]] void time_out(P2PRequest& r, std::chrono::milliseconds timeout);
+  bool cancel_matched_locked(P2PRequest& r);  // a receive whose data is on its way: stop it landing
 
   const int rank_;
   const int size_;

@@ -275,6 +275,17 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
   r.rethrow_if_failed();
 }
 
+bool Engine::cancel_matched_locked(P2PRequest& r) {
+  if (r.matched_from < 0 || r.matched_from == rank_) return false;
+  for (auto& c : peers_[r.matched_from].recv) {
+    if (!c->cancel(&r.recv_op)) continue;
+    take_in_flight(&r.recv_op);
+    release_memory(r);
+    return true;
+  }
+  return false;
+}
+
 void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   std::string state;
   if (r.op == P2PRequest::Op::kRecv) {
@@ -282,8 +293,13 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
       state = "no matching message arrived; the receive is cancelled";
       if (r.peer != kAnySource) ++late_[{r.peer, r.tag}];  // its message, if it comes, is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
+    } else if (cancel_matched_locked(r)) {
+      state = "matched a message from rank " + std::to_string(r.matched_from) +
+              " but its data did not arrive in time; the receive is cancelled and the buffer is never written again";
+      r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else {
-      state = "matched a message from rank " + std::to_string(r.matched_from) + " but its data did not arrive in time";
+      state = "matched a message from rank " + std::to_string(r.matched_from) +
+              " but its data did not arrive in time (it may still land: this transport cannot cancel it)";
     }
   } else {
     state = "the receiver has not taken the message yet";
