@@ -58,10 +58,10 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   bootstrap_.publish(card_);
   for (const char* c : {"rejected_connections", "connections_accepted", "connections_opened", "messages_sent",
                         "messages_received", "bytes_sent", "bytes_received", "unexpected_messages", "peers_lost",
-                        "shm_bytes_written_by_sender", "shm_cma_unavailable"})
+                        "shm_bytes_written_by_sender", "shm_cma_unavailable", "waits_unspun"})
     counters_[c] = 0;
   hot_ = {&counters_["messages_sent"], &counters_["messages_received"], &counters_["bytes_sent"],
-          &counters_["bytes_received"], &counters_["unexpected_messages"]};
+          &counters_["bytes_received"], &counters_["unexpected_messages"], &counters_["waits_unspun"]};
 }
 
 Engine::~Engine() { close(); }

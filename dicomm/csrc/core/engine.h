@@ -192,6 +192,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     int64_t* bytes_sent;
     int64_t* bytes_received;
     int64_t* unexpected_messages;
+    int64_t* waits_unspun;  // waits that blocked at once: the host had more runnable tasks than CPUs
   } hot_{};
 };
 
