@@ -5,6 +5,8 @@
   dicomm-bench targets  the issue's four targets (p2p 8 B and 64 MiB, all_reduce 64 MiB)
   dicomm-bench show FILE.json...  tables (and targets) of earlier runs
 
+--contention N runs N busy processes per CPU during any measurement (a loaded host).
+
 Each run prints a table; --json writes one record per (backend, op, bytes), --plot the curves.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import os
 import sys
 
+from bench.dicomm_bench_contention import cpu_hogs
 from bench.dicomm_bench_stats import MIB, IterPlan, RunConfig, parse_size, size_range
 
 _DEFAULTS = {  # kind: (min, max, iters, warmup, budget, min_iters, apis)
@@ -21,7 +24,14 @@ _DEFAULTS = {  # kind: (min, max, iters, warmup, budget, min_iters, apis)
 }
 
 
+def _contention(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--contention", type=int, default=0, metavar="N",
+                   help="N busy processes per CPU run during the measurement, started and stopped by the "
+                        "benchmark (default 0: a quiet host)")
+
+
 def _common(p: argparse.ArgumentParser, kind: str) -> None:
+    _contention(p)
     lo, hi, iters, warm, budget, min_iters, apis = _DEFAULTS[kind]
     p.add_argument("--backends", default=None,
                    help="comma list of dicomm,gloo (default: both; dicomm skipped with a warning "
@@ -79,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=float, default=1800.0, help="deadline of each run (s)")
     t.add_argument("--op-timeout", type=float, default=300.0, help="timeout of every wait (s)")
     t.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    _contention(t)
     s = sub.add_parser("show", help="print the tables of saved JSON files")
     s.add_argument("files", nargs="+")
     s.add_argument("--sizes", default=None, help="comma list of sizes to show, e.g. 8,4K,1M,64M")
@@ -95,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "dicomm-bench " + " ".join(argv)
     if args.cmd == "show":
         return show(args)
-    if args.cmd == "targets":
-        return run_targets(args, command)
-    return run_command(args, command)
+    if args.contention < 0:
+        parser().error(f"--contention must be a non-negative number of busy processes per CPU, got {args.contention}")
+    with cpu_hogs(args.contention):
+        if args.cmd == "targets":
+            return run_targets(args, command)
+        return run_command(args, command)
 
 
 def make_config(args, specs: list, kind: str, sizes: list[int] | None = None,

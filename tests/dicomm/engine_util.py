@@ -19,3 +19,19 @@ def payload(n: int, seed: int) -> np.ndarray:
 
 def ptr(a: np.ndarray) -> int:
     return a.ctypes.data
+
+
+def exchange(c, rank: int) -> bool:
+    """One 8-byte message each way between ranks 0 and 1; True if both arrived intact."""
+    mine, theirs = np.array([rank + 40], np.int64), np.zeros(1, np.int64)
+    r = c.irecv(ptr(theirs), 8, 1 - rank, tag=1)
+    c.isend(ptr(mine), 8, 1 - rank, tag=1).wait()
+    r.wait()
+    return int(theirs[0]) == 1 - rank + 40
+
+
+def close_pair(c, store, rank: int, key: str = "done") -> None:
+    """Closes a two-rank test's communicator once the other rank is done with it too."""
+    store.set(f"{key}{rank}", "1")
+    store.wait([f"{key}{1 - rank}"])
+    c.close()

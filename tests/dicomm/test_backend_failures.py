@@ -40,8 +40,9 @@ def _timeouts(rank: int, store) -> None:
         w = dist.irecv(t, 1, tag=10)
         took = _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait, datetime.timedelta(seconds=0.3))
         assert took < TIMEOUT_S - 0.5, f"wait(timeout) ignored its timeout: {took:.1f}s"
-        # The unmatched receive was cancelled: waiting again fails at once, and the message that
-        # comes later goes to the next receive instead of into the abandoned tensor.
+        # The unmatched receive was cancelled: waiting again fails at once; the message it waited
+        # for, arriving late, is discarded (neither the abandoned tensor nor the next receive gets
+        # it), and the next receive gets the message after it.
         _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait)
         assert w.is_completed() and isinstance(w.exception(), dicomm.TimeoutError)
         store.set("send-now", "1")
@@ -50,6 +51,7 @@ def _timeouts(rank: int, store) -> None:
         assert torch.equal(fresh, torch.full((4,), 7.0)) and not torch.equal(t, fresh)
     else:
         store.wait(["send-now"])
+        dist.send(torch.full((4,), 6.0), 0, tag=10)  # the late one
         dist.send(torch.full((4,), 7.0), 0, tag=10)
 
 

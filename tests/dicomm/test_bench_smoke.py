@@ -85,3 +85,23 @@ def test_cli_has_help_and_json_for_every_run():
     for kind in ("p2p", "coll", "targets"):
         assert ap.parse_args([kind, "--json", "x.json"]).json == "x.json"
     assert ap.parse_args(["coll", "--world-size", "4"]).world_size == 4
+
+
+def test_contention_hogs_run_during_the_measurement_and_are_gone_after():
+    import os
+
+    from bench.dicomm_bench_contention import cpu_hogs
+
+    cores = len(os.sched_getaffinity(0))
+    with cpu_hogs(1) as pids:
+        assert len(pids) == cores
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+        stat = Path(f"/proc/{pids[0]}/stat").read_text()
+        assert stat.rsplit(")", 1)[1].split()[0] in "RS"  # a live process (running or about to)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids), "a hog outlived the run"
+
+
+def test_contention_must_be_non_negative():
+    done = subprocess.run([sys.executable, "-m", "bench.dicomm_bench", "p2p", "--contention", "-1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--contention must be a non-negative" in done.stderr

@@ -113,7 +113,7 @@ def test_invalid_ranks_and_tags_raise_value_errors():
     assert "rank 5 is outside 0..1" in got[4]
 
 
-def _timeout(rank, world, store):
+def _timeout(rank, world, store, late_bytes):
     import time
 
     import numpy as np
@@ -122,8 +122,9 @@ def _timeout(rank, world, store):
 
     c = comm(store, rank, world, timeout_s=0.5)
     out = None
+    n = max(late_bytes, 4096)
     if rank == 0:
-        b = np.zeros(4096, np.uint8)
+        b = np.zeros(n, np.uint8)
         r = c.irecv(ptr(b), 4096, 1, tag=21)
         t0 = time.monotonic()
         try:
@@ -131,23 +132,85 @@ def _timeout(rank, world, store):
             out = "completed"
         except C.TimeoutError as e:
             out = (str(e), time.monotonic() - t0)
-        # The timed-out receive was withdrawn: a later message goes to a later receive.
+        # The timed-out receive was withdrawn: its message, arriving late, reaches nobody; the next
+        # receive gets the message after it.
         store.set("late", "1")
-        r2 = c.irecv(ptr(b), 4096, 1, tag=21)
+        r2 = c.irecv(ptr(b), n, 1, tag=21)
         r2.wait(10)
-        out = out + (r2.nbytes, int(b[0]))
+        out = out + (r2.nbytes, int(b[0]), c.stats()["late_messages_discarded"])
     else:
         store.wait(["late"])
-        a = np.full(100, 42, np.uint8)
-        c.isend(ptr(a), 100, 0, tag=21).wait()
+        late, next_one = np.full(late_bytes, 42, np.uint8), np.full(late_bytes, 43, np.uint8)
+        try:
+            c.isend(ptr(late), late_bytes, 0, tag=21).wait(10)
+            out = "late send completed"
+        except C.TimeoutError as e:  # a rendezvous send learns that its receive was given up
+            out = str(e)
+        c.isend(ptr(next_one), late_bytes, 0, tag=21).wait(10)
     store.set(f"done{rank}", "1")
     store.wait([f"done{1 - rank}"])
     c.close()
     return out
 
 
-def test_wait_timeout_names_op_peer_tag_and_bytes():
-    text, elapsed, n, first = run_ranks(_timeout, 2)[0]
-    assert "timed out after 500 ms" in text and "recv from rank 1 tag 21 (4096 B)" in text
+@pytest.mark.parametrize("late_bytes", [100, 1 << 20])
+def test_wait_timeout_names_op_peer_tag_and_bytes(late_bytes):
+    (text, elapsed, n, first, discarded), sender = run_ranks(_timeout, 2, late_bytes)
+    assert "Timed out after 500 ms" in text and "recv from rank 1 tag 21 (4096 B)" in text
     assert 0.4 < elapsed < 5
-    assert (n, first) == (100, 42)
+    assert (n, first, discarded) == (late_bytes, 43, 1), "the late message was delivered to the next receive"
+    if late_bytes > 16384:
+        assert "Timed out" in sender and "discarded" in sender, sender
+
+
+def _frozen_sender(rank, world, store):
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=30, transport="tcp")
+    n = 64 << 20
+    out = None
+    if rank == 0:
+        b = np.zeros(n, np.uint8)
+        r = c.irecv(ptr(b), n, 1, tag=3)
+        store.set("posted", "1")
+        sender = int(store.get("pid1"))
+        deadline = time.monotonic() + 20
+        while b[0] == 0 and time.monotonic() < deadline:  # the first bytes have landed:
+            time.sleep(0.0005)
+        os.kill(sender, signal.SIGSTOP)  # freeze the sender mid-transfer
+        try:
+            r.wait(1.5)
+            out = ("completed before the timeout", n, n)
+        except C.TimeoutError as e:
+            at_timeout = int(np.count_nonzero(b))
+            os.kill(sender, signal.SIGCONT)  # the sender goes on
+            store.wait(["sent1"])
+            time.sleep(0.5)
+            out = (str(e), at_timeout, int(np.count_nonzero(b)))
+        os.kill(sender, signal.SIGCONT)
+    else:
+        store.set("pid1", str(os.getpid()))
+        a = np.full(n, 7, np.uint8)
+        store.wait(["posted"])
+        c.isend(ptr(a), n, 0, tag=3).wait()
+        store.set("sent1", "1")
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+def test_timed_out_receive_is_never_written_after_its_timeout_over_tcp():
+    """A 64 MiB receive over tcp whose sender freezes mid-transfer (SIGSTOP) times out; when the
+    sender resumes, the rest of the message is read and dropped: the buffer is the caller's again
+    (today the remaining bytes land in it after the TimeoutError)."""
+    out, _ = run_ranks(_frozen_sender, 2, timeout=90)
+    text, at_timeout, later = out
+    assert "matched a message from rank 1" in text, f"the transfer had not started: {text}"
+    assert later == at_timeout, f"{later - at_timeout} bytes landed after the TimeoutError"

@@ -35,7 +35,8 @@ def _choice(rank, world, store, ctor_transport):
     ("tcp", {"DICOMM_TRANSPORT": "shm"}, "shm"),  # the environment overrides the argument
 ])
 def test_transport_choice_per_peer_and_forcing(ctor, env, expected):
-    res = run_ranks(_choice, 3, ctor, env=env)
+    # Connections on first use (DICOMM_CONNECT=lazy), so that an uncontacted peer stays uncontacted.
+    res = run_ranks(_choice, 3, ctor, env={**env, "DICOMM_CONNECT": "lazy"})
     (b0, a0, s0), (b1, a1, s1), (b2, a2, s2) = res
     assert b0 == ["self", "", ""] and a0 == ["self", expected, ""]
     assert a1 == [expected, "self", ""] and a2 == ["", "", "self"]
@@ -124,7 +125,7 @@ def _spin_yield(rank, world, store, transport, pin, drop):
 ])
 def test_spinning_callers_yield_only_when_this_hosts_ranks_outnumber_its_cpus(transport, pin, env):
     drop = [k for k in ("LOCAL_WORLD_SIZE", "DICOMM_SPIN_YIELD_EVERY") if k not in env]
-    res = run_ranks(_spin_yield, 3, transport, pin, drop, env=env)
+    res = run_ranks(_spin_yield, 3, transport, pin, drop, env={**env, "DICOMM_CONNECT": "lazy"})
     for rank, (cpus, known, every) in enumerate(res):
         assert known == (2 if rank < 2 else 1), (rank, known)
         ranks = max(known, int(env.get("LOCAL_WORLD_SIZE", 0)))
@@ -132,3 +133,34 @@ def test_spinning_callers_yield_only_when_this_hosts_ranks_outnumber_its_cpus(tr
         assert every == expected, (rank, cpus, known, every)
     if pin:
         assert all(cpus == 1 for cpus, _, _ in res)
+
+
+def _ping_pong_counting_unspun(rank, world, store):
+    import numpy as np
+
+    c = comm(store, rank, world, transport="shm")
+    a = np.zeros(8, np.uint8)
+    for _ in range(20):
+        if rank == 0:
+            c.isend(ptr(a), 8, 1, tag=1).wait()
+            c.irecv(ptr(a), 8, 1, tag=1).wait()
+        else:
+            c.irecv(ptr(a), 8, 0, tag=1).wait()
+            c.isend(ptr(a), 8, 0, tag=1).wait()
+    unspun = c.stats()["waits_unspun"]
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return unspun
+
+
+@pytest.mark.parametrize("env,blocks", [({}, True), ({"DICOMM_SPIN_CONTENTION": "0"}, False)])
+def test_waiters_block_at_once_while_the_host_has_more_runnable_tasks_than_cpus(env, blocks):
+    """Busy processes on every CPU (the benchmark's contention helper): a spinning waiter would only
+    take the CPU from the peer it waits for, so waits block in epoll at once (counted);
+    DICOMM_SPIN_CONTENTION=0 keeps spinning."""
+    from bench.dicomm_bench_contention import cpu_hogs
+
+    with cpu_hogs(1):
+        unspun = run_ranks(_ping_pong_counting_unspun, 2, env=env, timeout=120)
+    assert all((n > 0) == blocks for n in unspun), unspun

@@ -20,7 +20,7 @@ class CollectiveRequest : public Request {
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
-      throw TimeoutError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
+      throw TimeoutError("Timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
                          what_);
     if (error_) std::rethrow_exception(error_);
   }

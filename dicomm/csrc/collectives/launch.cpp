@@ -2,6 +2,8 @@
 
 #include <exception>
 
+#include "collectives/agreement.h"
+
 namespace dicomm {
 
 RequestPtr launch(Communicator& comm, const Signature& sig, Algorithm algorithm,
@@ -9,10 +11,12 @@ RequestPtr launch(Communicator& comm, const Signature& sig, Algorithm algorithm,
   if (what.empty()) what = sig.describe();
   const uint64_t meta = sig.encode();
   // The communicator outlives its collective thread, so the body may hold it by reference.
-  return comm.submit_collective(what, [&comm, what, meta, algorithm = std::move(algorithm)](
+  const CollectiveKind kind = sig.kind;
+  return comm.submit_collective(what, [&comm, what, meta, kind, algorithm = std::move(algorithm)](
                                           uint64_t seq) {
     Session session(comm, seq, what, meta);
     try {
+      if (comm.size() > 1 && needs_agreement(kind)) agree_on_signature(session, meta);
       algorithm(session);
       session.wait_all();
     } catch (...) {

@@ -34,6 +34,7 @@ Transfer Session::post(bool is_recv, int peer, void* buf, size_t bytes, uint32_t
   t.peer = peer;
   t.bytes = bytes;
   t.is_recv = is_recv;
+  t.step = step;
   posted_.push_back(t.request);
   return t;
 }
@@ -53,9 +54,15 @@ Transfer Session::recv(int peer, void* buf, size_t bytes, uint32_t step, uint64_
 
 void Session::wait(Transfer& t) {
   if (t.done) return;
+  check_posted();
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline_ - std::chrono::steady_clock::now());
-  t.request->wait(std::max(left, std::chrono::milliseconds(0)));
+  try {
+    t.request->wait(std::max(left, std::chrono::milliseconds(0)));
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("Timed out: rank " + std::to_string(t.peer) + " never answered step " + std::to_string(t.step) +
+                       " (" + e.what() + ")");
+  }
   if (t.is_recv && t.request->nbytes() != t.bytes)
     throw MismatchError("expected " + std::to_string(t.bytes) + " B from rank " +
                         std::to_string(t.peer) + ", received " +
@@ -70,7 +77,12 @@ void Session::wait_all() {
                         deadline_ - std::chrono::steady_clock::now()),
                     std::chrono::milliseconds(0));
   };
+  check_posted();
   for (const auto& r : posted_) r->wait(left());
+}
+
+void Session::check_posted() {
+  for (; checked_ < posted_.size(); ++checked_) posted_[checked_]->test();
 }
 
 uint8_t* Session::scratch(size_t bytes) {
@@ -88,7 +100,16 @@ void Session::fail(std::exception_ptr error) {
   } catch (...) {
     reason += "unknown error";
   }
-  comm_.abort(reason);
+  ErrorKind kind = ErrorKind::kPeer;
+  try {
+    std::rethrow_exception(error);
+  } catch (const MismatchError&) {
+    kind = ErrorKind::kMismatch;
+  } catch (const TimeoutError&) {
+    kind = ErrorKind::kTimeout;
+  } catch (...) {
+  }
+  comm_.abort_with(reason, kind, seq_);  // the peers' pending requests fail with the same class of error
   try {
     std::rethrow_exception(error);
   } catch (const MismatchError&) {

@@ -22,6 +22,7 @@ struct Transfer {
   size_t bytes = 0;
   bool is_recv = false;
   bool done = false;
+  uint32_t step = 0;
 };
 
 class Session {
@@ -57,6 +58,11 @@ class Session {
 
  private:
   Transfer post(bool is_recv, int peer, void* buf, size_t bytes, uint32_t step, uint64_t meta);
+  // A transfer that failed when it was posted (a send to a rank that is gone) ends the collective
+  // before it waits on another rank; later failures of sends fail the collective's posted
+  // receives in the engine. Each transfer is looked at once.
+  void check_posted();
+  size_t checked_ = 0;
 
   Communicator& comm_;
   const int rank_;

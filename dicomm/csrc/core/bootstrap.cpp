@@ -27,14 +27,24 @@ Token Bootstrap::agree_on_token() {
 
 void Bootstrap::publish(const Card& card) { store_->set(card_key(rank_), card.encode()); }
 
-Card Bootstrap::fetch(int peer) {
-  if (!store_) throw PeerError("communicator closed");
+Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
+  std::shared_ptr<Store> store = store_;
+  if (!store) throw PeerError("communicator closed");
   std::string text;
-  try {
-    text = store_->get(card_key(peer), timeout_);
-  } catch (const TimeoutError& e) {
-    throw TimeoutError("rank " + std::to_string(peer) + " never published its address card: " + e.what() +
-                       " (did it create its communicator?)");
+  // In slices, so that a closing communicator's connector does not wait out the whole timeout.
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto slice = stop ? std::min(left, std::chrono::milliseconds(1000)) : left;
+    try {
+      text = store->get(card_key(peer), std::max(slice, std::chrono::milliseconds(1)));
+      break;
+    } catch (const TimeoutError& e) {
+      if (stop && *stop) throw PeerError("communicator closed");
+      if (slice < left) continue;
+      throw TimeoutError("rank " + std::to_string(peer) + " never published its address card: " + e.what() +
+                         " (did it create its communicator?)");
+    }
   }
   try {
     return Card::decode(text);

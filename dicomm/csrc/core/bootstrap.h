@@ -2,6 +2,7 @@
 // (published in the constructor, read lazily by a peer on first contact).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 
@@ -17,7 +18,8 @@ class Bootstrap {
   // Rank 0 draws and publishes the token; the others wait for it.
   Token agree_on_token();
   void publish(const Card& card);
-  Card fetch(int peer);  // throws TimeoutError / ValueError naming the peer
+  // Throws TimeoutError / ValueError naming the peer; gives up (PeerError) once `*stop` is set.
+  Card fetch(int peer, const std::atomic<bool>* stop = nullptr);
   void release_store() { store_.reset(); }
 
  private:

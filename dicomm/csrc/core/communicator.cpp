@@ -16,7 +16,9 @@ class CollectiveHandle : public Request, public HasDefaultTimeout {
   int source() const override { return inner_->source(); }
   size_t nbytes() const override { return inner_->nbytes(); }
   std::string describe() const override { return inner_->describe(); }
-  std::chrono::milliseconds default_timeout() const override { return timeout_; }
+  // A little past the collective's own deadline, so that its error (which names the peer and the
+  // step that never answered) is what the caller sees rather than a bare timeout of the wait.
+  std::chrono::milliseconds default_timeout() const override { return timeout_ + timeout_ / 10 + std::chrono::milliseconds(500); }
 
  private:
   RequestPtr inner_;
@@ -56,12 +58,15 @@ RequestPtr Communicator::irecv(void* buf, size_t bytes, int peer, Tag tag, uint6
 std::string Communicator::transport_of(int peer) const { return engine_->transport_of(peer); }
 std::map<std::string, int64_t> Communicator::stats() const { return engine_->stats(); }
 
-void Communicator::abort(const std::string& reason) { engine_->abort("communicator aborted: " + reason); }
+void Communicator::abort(const std::string& reason) { abort_with(reason, ErrorKind::kPeer); }
+void Communicator::abort_with(const std::string& reason, ErrorKind kind, uint64_t collective_seq) {
+  engine_->abort("communicator aborted: " + reason, kind, /*tell_peers=*/true, collective_seq);
+}
 
 void Communicator::close() {
   if (closed_.exchange(true)) return;
   // Point-to-point first so a running collective's waits end, then the collective thread.
-  engine_->abort("communicator closed");
+  engine_->abort("communicator closed", ErrorKind::kPeer, /*tell_peers=*/false);
   if (collectives_) collectives_->shutdown("communicator closed");
   engine_->close();
 }

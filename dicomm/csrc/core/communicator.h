@@ -53,8 +53,14 @@ class Communicator {
   // Counters: "rejected_connections", "connections", bytes sent/received, ...
   std::map<std::string, int64_t> stats() const;
 
-  // Fails every pending request with PeerError(reason); later calls fail immediately.
+  // Fails every pending request with PeerError(reason); later calls fail immediately. The peers are
+  // told (an abort notice on each connection), so their pending requests fail too, naming this
+  // rank and the reason, with the error class of `kind` (a mismatch stays a MismatchError).
   void abort(const std::string& reason);
+  // `collective_seq`: the collective that failed (its requests on every rank fail with `kind`;
+  // other requests with PeerError), or kNoCollective.
+  static constexpr uint64_t kNoCollective = ~uint64_t{0};
+  void abort_with(const std::string& reason, ErrorKind kind, uint64_t collective_seq = kNoCollective);
   // Orderly shutdown (idempotent); pending requests fail with PeerError("communicator closed").
   void close();
 

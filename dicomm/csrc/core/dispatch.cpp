@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/engine.h"
+#include "core/log.h"
 
 namespace dicomm {
 
@@ -9,6 +10,8 @@ namespace dicomm {
 
 void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
   ++*hot_.messages_received;
+  if (is_abort_notice(hdr) && on_abort_notice(conn.peer(), payload, hdr.bytes)) return;
+  if (!late_.empty() && discard_if_late(conn, hdr, payload)) return;
   Unexpected msg;
   msg.src = conn.peer();
   msg.hdr = hdr;
@@ -22,12 +25,32 @@ void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr,
   queues_.add_unexpected(std::move(msg));
 }
 
+// A receive from a given source that timed out unmatched leaves a tombstone: the next message
+// from that source with that tag is the one it waited for (messages of one source and tag never
+// overtake), so it is discarded (a rendezvous sender's send fails) instead of landing in the next
+// receive, which waits for the message after it.
+bool Engine::discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
+  auto it = late_.find({conn.peer(), hdr.tag});
+  if (it == late_.end()) return false;
+  if (--it->second == 0) late_.erase(it);
+  ++counters_["late_messages_discarded"];
+  log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " discarded a message from rank " + std::to_string(conn.peer()) +
+                           " " + describe_tag(hdr.tag) + " (" + std::to_string(hdr.bytes) +
+                           " B): it arrived after the receive waiting for it timed out");
+  if (!payload) conn.refuse(hdr.msg_id, transport::Refusal{transport::Refusal::kLate, 0, 0});  // rendezvous
+  return true;
+}
+
 bool Engine::fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal) {
   auto who = [src] { return "rank " + std::to_string(src); };  // only for errors: not on the hot path
   if (hdr.bytes > r.capacity) {
+    std::string calls = r.meta != 0 && hdr.meta != 0 && r.meta != hdr.meta
+                            ? "; " + who() + " sent " + Communicator::describe_meta(hdr.meta) + " but this receive expects " +
+                                  Communicator::describe_meta(r.meta)
+                            : "";
     fail(r, ErrorKind::kMismatch,
          r.describe() + ": the message from " + who() + " has " + std::to_string(hdr.bytes) +
-             " B but the buffer holds only " + std::to_string(r.capacity) + " B (nothing was truncated)");
+             " B but the buffer holds only " + std::to_string(r.capacity) + " B (nothing was truncated)" + calls);
     *refusal = transport::Refusal{transport::Refusal::kTooSmall, r.capacity, r.meta};
     return false;
   }
@@ -96,6 +119,13 @@ void Engine::finish(P2PRequest& r, int source, size_t nbytes) {
 void Engine::fail(P2PRequest& r, ErrorKind kind, const std::string& text) {
   release_memory(r);
   r.fail(kind, text);
+  // A collective whose send failed cannot complete: its receives, which may wait on other ranks
+  // that are fine, fail now instead of at the timeout.
+  if (r.op == P2PRequest::Op::kSend && (r.tag & kCollectiveTagBit) && r.tag != ~Tag{0}) {
+    const Tag same_collective = ~Tag{0xFFFFF};  // collective_tag(): the low 20 bits are the step
+    for (auto& other : queues_.take_posted_tagged(r.tag, same_collective))
+      if (!other->done()) fail(*other, kind, other->describe() + " failed: a send of the same collective failed (" + text + ")");
+  }
   if (blocked_) done_cv_.notify_all();
   if (caller_polling_) poller_->wake();
 }
@@ -121,9 +151,18 @@ void Engine::on_send_refused(transport::SendOp* op, const transport::Refusal& wh
   RequestSP r = take_in_flight(op);
   P2PRequest* req = r.get();
   if (!req) return;
+  std::string calls = op->hdr.meta != 0 && why.recv_meta != 0 && op->hdr.meta != why.recv_meta
+                          ? "; it sent " + Communicator::describe_meta(op->hdr.meta) + " but the receive expects " +
+                                Communicator::describe_meta(why.recv_meta)
+                          : "";
+  if (why.code == transport::Refusal::kLate) {
+    fail(*req, ErrorKind::kTimeout, req->describe() + ": Timed out: the receive waiting for it timed out and was "
+                                                      "cancelled before it arrived; the receiver discarded it");
+    return;
+  }
   std::string text = why.code == transport::Refusal::kTooSmall
                          ? req->describe() + " refused by the receiver: its buffer holds only " +
-                               std::to_string(why.recv_bytes) + " B (nothing was truncated)"
+                               std::to_string(why.recv_bytes) + " B (nothing was truncated)" + calls
                          : req->describe() + " refused by the receiver: it sent " +
                                Communicator::describe_meta(op->hdr.meta) + " but the receive expects " +
                                Communicator::describe_meta(why.recv_meta);

@@ -46,7 +46,7 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   transport::Context ctx;
   ctx.rank = rank;
   ctx.size = size;
-  ctx.token = bootstrap_.agree_on_token();
+  ctx.key = handshake_key(bootstrap_.agree_on_token(), job_secret());
   ctx.sink = this;
   ctx.poller = poller_.get();
   ctx.handshake_timeout = handshake_timeout();
@@ -58,10 +58,10 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   bootstrap_.publish(card_);
   for (const char* c : {"rejected_connections", "connections_accepted", "connections_opened", "messages_sent",
                         "messages_received", "bytes_sent", "bytes_received", "unexpected_messages", "peers_lost",
-                        "shm_bytes_written_by_sender", "shm_cma_unavailable"})
+                        "shm_bytes_written_by_sender", "shm_cma_unavailable", "waits_unspun"})
     counters_[c] = 0;
   hot_ = {&counters_["messages_sent"], &counters_["messages_received"], &counters_["bytes_sent"],
-          &counters_["bytes_received"], &counters_["unexpected_messages"]};
+          &counters_["bytes_received"], &counters_["unexpected_messages"], &counters_["waits_unspun"]};
 }
 
 Engine::~Engine() { close(); }
@@ -84,6 +84,10 @@ void Engine::open_verbs(const transport::Context& ctx) {
 
 void Engine::start() {
   progress_thread_ = std::thread([this] { progress_loop(); });
+  const char* mode = std::getenv("DICOMM_CONNECT");
+  std::string m = mode && *mode ? mode : "eager";
+  if (m != "eager" && m != "lazy") throw ValueError("DICOMM_CONNECT='" + m + "' is not known; expected eager or lazy");
+  if (m == "eager" && size_ > 1) connector_thread_ = std::thread([this] { connect_all(); });
 }
 
 // ---------------------------------------------------------------- requests
@@ -106,7 +110,7 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
   r->send_op.buf = buf;
   if (peer == rank_) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+    if (closed_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
     else send_to_self(r);
     return r;
   }
@@ -128,7 +132,7 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
   }
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
-  if (closed_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+  if (closed_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
   else if (p.dead || !conn || p.send.get() != conn)
     fail(*r, ErrorKind::kPeer, r->describe() + " failed: rank " + std::to_string(peer) + " is gone: " + p.dead_reason);
   else post_locked(r, *conn, peer);
@@ -160,7 +164,7 @@ RequestPtr Engine::irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t me
   auto r = std::make_shared<P2PRequest>(shared_from_this(), P2PRequest::Op::kRecv, peer, tag, meta, buf, bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) {
-    fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + abort_reason_);
+    fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
     return r;
   }
   if (auto msg = queues_.take_unexpected(peer, tag)) {

@@ -39,7 +39,10 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   std::string transport_of(int peer) const;
   std::map<std::string, int64_t> stats() const;
-  void abort(const std::string& reason);
+  // Fails everything pending; with `tell_peers`, first sends each connected peer an abort notice
+  // (they fail their pending requests with `kind`, naming this rank and `reason`).
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kPeer, bool tell_peers = false,
+             uint64_t collective_seq = ~uint64_t{0});
   void close();
 
  private:
@@ -56,11 +59,16 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     bool local = false;        // known to run on this host (its card, or a shared-memory connection)
     std::string dead_reason;
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
+    int pidfd = -1;  // same-host peer: readable once its process exits (liveness.cpp)
+    bool held = false;  // flow control: its unmatched messages reached the limit (progress.cpp)
   };
 
   // Sink (engine lock held).
   void on_accept(std::shared_ptr<transport::RecvConn> conn) override;
   void on_rejected(const std::string& why) override;
+  std::string impostor_locked(const Peer& p, const transport::RecvConn& conn) const;  // "" if not
+  std::chrono::steady_clock::time_point rejections_logged_at_{};
+  int64_t rejections_unlogged_ = 0;
   void on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) override;
   void on_send_done(transport::SendOp* op) override;
   void on_send_refused(transport::SendOp* op, const transport::Refusal& why) override;
@@ -68,6 +76,18 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   // engine.cpp
   transport::SendConn* connection_to(int peer);  // connects on first use; lock NOT held
+  transport::SendConn* connection_to(int peer, transport::Clock::time_point deadline);
+  void connect_all();  // the connector thread: every peer at once, so that a dead one is noticed
+
+  // liveness.cpp (lock held)
+  void watch_process_locked(int peer, Peer& p);  // same-host peer: a pidfd on its process
+  bool check_processes_locked();                 // peers whose process exited are lost
+  void unwatch_process_locked(Peer& p);
+  // Abort notices: a reserved tag on the ordinary connections (liveness.cpp).
+  void send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq);
+  static bool is_abort_notice(const transport::Header& hdr);
+  bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one
+  void apply_abort_notice_locked();  // after a progress pass (connections may not be freed mid-pass)
   transport::Transport& choose_transport(int peer, const Card& card);
   void open_verbs(const transport::Context& ctx);     // engine.cpp
   std::string path_of_locked(const Peer& p) const;   // connections.cpp: "verbs/cpu-mediated"...
@@ -75,10 +95,12 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // Lock held. `payload`: an eager payload still in the transport (else msg.data holds it).
   void match(const RequestSP& r, Unexpected&& msg, const void* payload = nullptr);
   bool fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal);
+  bool discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload);
+  std::map<std::pair<int, Tag>, int> late_;  // (source, tag) -> receives that timed out unmatched
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
   void send_side_closed(int peer, const std::string& why);
-  void fail_everything(const std::string& why);
+  void fail_everything(const std::string& why, bool free_now = true);  // each with kind_for_locked
   void finish(P2PRequest& r, int source, size_t nbytes);
   void release_memory(P2PRequest& r);  // deregisters what isend/match registered
   void fail(P2PRequest& r, ErrorKind kind, const std::string& text);
@@ -87,6 +109,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   // progress.cpp (lock held unless noted)
   bool progress_locked(bool thorough);
+  bool hold_back_locked(int peer, Peer& p);  // flow control: whether to leave p's messages unread
   bool arm_locked();
   std::chrono::microseconds spin_budget_locked(const P2PRequest& r) const;
   void note_local_locked(Peer& p);  // counts `p` among the ranks on this host (once)
@@ -98,6 +121,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void progress_loop();  // the progress thread; lock not held
   void progress_loop_locked(std::unique_lock<std::mutex>& lock);
   [[noreturn]] void time_out(P2PRequest& r, std::chrono::milliseconds timeout);
+  bool cancel_matched_locked(P2PRequest& r);  // a receive whose data is on its way: stop it landing
 
   const int rank_;
   const int size_;
@@ -130,6 +154,11 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool stop_ = false;
   bool closed_ = false;
   std::string abort_reason_;
+  // The failed collective's requests fail with abort_kind_ (a mismatch stays a MismatchError on
+  // every rank); every other request with PeerError.
+  ErrorKind abort_kind_ = ErrorKind::kPeer;
+  uint64_t abort_seq_ = ~uint64_t{0};
+  ErrorKind kind_for_locked(const P2PRequest& r) const;
 
   std::unique_ptr<transport::Poller> poller_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;
@@ -142,6 +171,18 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   const RequestSP* posting_ = nullptr;
   RequestSP take_in_flight(const void* op);  // the request of `op`, removed from in_flight_ (or null)
   std::thread progress_thread_;
+  std::thread connector_thread_;
+  std::atomic<bool> stopping_{false};  // close() began: the connector gives up
+  // An abort notice received during a progress pass, applied after it.
+  bool notice_pending_ = false;
+  ErrorKind notice_kind_ = ErrorKind::kPeer;
+  uint64_t notice_seq_ = ~uint64_t{0};
+  std::string notice_text_;
+  struct Notice {
+    transport::SendOp op;
+    std::string text;
+  };
+  std::vector<std::unique_ptr<Notice>> notices_;  // outgoing: alive until the engine goes
   std::map<std::string, int64_t> counters_;
   // The counters every message touches, by pointer (map nodes never move): a string-keyed lookup
   // per message costs more than the rest of an 8 B eager receive's bookkeeping.
@@ -151,6 +192,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     int64_t* bytes_sent;
     int64_t* bytes_received;
     int64_t* unexpected_messages;
+    int64_t* waits_unspun;  // waits that blocked at once: the host had more runnable tasks than CPUs
   } hot_{};
 };
 

@@ -9,9 +9,16 @@ namespace dicomm {
 void Engine::peer_lost(int peer, const std::string& why) {
   Peer& p = peers_[peer];
   if (p.dead) return;
+  // A peer that told us it aborted, then closed: its reason is the news, not its EOF (which would
+  // blame it, a live rank, for what it only passed on).
+  if (notice_pending_ && !closed_) {
+    apply_abort_notice_locked();
+    return;
+  }
   p.dead = true;
   p.dead_reason = why;
   ++counters_["peers_lost"];
+  unwatch_process_locked(p);
   size_t pending = 0;
   for (auto& [op, r] : in_flight_) pending += r->op == P2PRequest::Op::kSend ? r->peer == peer : r->matched_from == peer;
   // A peer that closes after its last message is routine; one that leaves work behind is not.
@@ -57,29 +64,45 @@ void Engine::send_side_closed(int peer, const std::string& why) {
   }
 }
 
-void Engine::fail_everything(const std::string& why) {
+ErrorKind Engine::kind_for_locked(const P2PRequest& r) const {
+  if (!(r.tag & kCollectiveTagBit) || r.tag == ~Tag{0}) return ErrorKind::kPeer;
+  uint64_t seq = (r.tag >> 20) & ((uint64_t{1} << 43) - 1);  // collective_tag()'s layout
+  return seq == (abort_seq_ & ((uint64_t{1} << 43) - 1)) ? abort_kind_ : ErrorKind::kPeer;
+}
+
+void Engine::fail_everything(const std::string& why, bool free_now) {
   for (auto& p : peers_) {
     if (p.send) graveyard_.push_back(std::move(p.send));
     for (auto& c : p.recv) graveyard_.push_back(std::move(c));
     p.recv.clear();
   }
-  graveyard_.clear();  // no transport may touch a failed request's buffer any more
-  for (auto& [op, r] : in_flight_) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + why);
+  // No transport may touch a failed request's buffer any more; inside a progress pass the
+  // connections go at its end (one of them may be on the stack).
+  if (free_now) graveyard_.clear();
+  for (auto& [op, r] : in_flight_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + why);
   in_flight_.clear();
-  for (auto& r : queues_.take_all_posted()) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + why);
-  for (auto& r : queues_.take_self_sends()) fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + why);
+  for (auto& r : queues_.take_all_posted()) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + why);
+  for (auto& r : queues_.take_self_sends()) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + why);
 }
 
-void Engine::abort(const std::string& reason) {
+void Engine::abort(const std::string& reason, ErrorKind kind, bool tell_peers, uint64_t collective_seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
+  if (tell_peers) send_abort_notices_locked(reason, kind, collective_seq);
   closed_ = true;
   abort_reason_ = reason;
+  abort_kind_ = kind;
+  abort_seq_ = collective_seq;
   fail_everything(abort_reason_);
   done_cv_.notify_all();
 }
 
 void Engine::close() {
+  stopping_ = true;
+  if (connector_thread_.joinable()) {
+    if (connector_thread_.get_id() == std::this_thread::get_id()) connector_thread_.detach();
+    else connector_thread_.join();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!closed_) {
@@ -97,6 +120,7 @@ void Engine::close() {
     else progress_thread_.join();
   }
   std::lock_guard<std::mutex> lock(mu_);
+  for (auto& p : peers_) unwatch_process_locked(p);
   transports_.clear();  // listening sockets
   bootstrap_.release_store();
 }

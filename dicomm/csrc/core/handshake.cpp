@@ -1,24 +1,66 @@
 #include "core/handshake.h"
 
+#include <cstdlib>
 #include <cstring>
-#include <fcntl.h>
 #include <random>
 #include <sys/random.h>
-#include <unistd.h>
 
 #include "core/types.h"
 
 namespace dicomm {
+namespace {
 
-std::string check_hello(const Hello& h, const Token& token, int self, int size, TransportId transport) {
+void fill_random(uint8_t* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(p + got, n - got, 0);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  if (got < n) {  // no getrandom: fall back to the OS seed of random_device
+    std::random_device rd;
+    for (size_t i = got; i < n; ++i) p[i] = static_cast<uint8_t>(rd());
+  }
+}
+
+Digest labelled_mac(const std::string& key, const char* label, const void* a, size_t an, const void* b, size_t bn) {
+  std::string msg(label);
+  msg.append(static_cast<const char*>(a), an);
+  msg.append(static_cast<const char*>(b), bn);
+  return hmac_sha256(key, msg.data(), msg.size());
+}
+
+}  // namespace
+
+std::string handshake_key(const Token& token, const std::string& secret) {
+  return std::string(reinterpret_cast<const char*>(token.data()), token.size()) + secret;
+}
+
+std::string job_secret() {
+  const char* s = std::getenv("DICOMM_JOB_SECRET");
+  return s ? s : "";
+}
+
+void sign_hello(Hello& h, const std::string& key, const Nonce& challenge) {
+  std::memset(h.mac, 0, sizeof(h.mac));
+  Digest d = labelled_mac(key, "dicomm hello", challenge.data(), challenge.size(), &h, sizeof(h));
+  std::memcpy(h.mac, d.data(), d.size());
+}
+
+Digest accept_proof(const Hello& h, const std::string& key) {
+  return labelled_mac(key, "dicomm accept", &h, sizeof(h), nullptr, 0);
+}
+
+std::string check_hello(const Hello& h, const std::string& key, const Nonce& challenge, int self, int size,
+                        TransportId transport) {
   if (h.magic != kHelloMagic) return "not a dicomm hello (bad magic: garbage bytes or a foreign client)";
   if (h.version != kHelloVersion)
     return "hello version " + std::to_string(h.version) + ", expected " + std::to_string(kHelloVersion);
   if (h.transport != static_cast<uint16_t>(transport)) return "hello for another transport";
-  // Constant-time compare: the token is a secret of the job.
-  uint8_t diff = 0;
-  for (size_t i = 0; i < token.size(); ++i) diff |= h.token[i] ^ token[i];
-  if (diff) return "wrong job token (a connection from another job?)";
+  Hello unsigned_copy = h;
+  sign_hello(unsigned_copy, key, challenge);
+  if (!digests_equal(unsigned_copy.mac, h.mac, sizeof(h.mac)))
+    return "hello not signed with this job's key (another job, or a different or missing DICOMM_JOB_SECRET)";
   if (h.dst != self) return "hello addressed to rank " + std::to_string(h.dst) + ", this is rank " + std::to_string(self);
   if (h.src < 0 || h.src >= size || h.src == self)
     return "hello from invalid rank " + std::to_string(h.src);
@@ -28,17 +70,14 @@ std::string check_hello(const Hello& h, const Token& token, int self, int size, 
 
 Token random_token() {
   Token t{};
-  size_t got = 0;
-  while (got < t.size()) {
-    ssize_t n = getrandom(t.data() + got, t.size() - got, 0);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  if (got < t.size()) {  // no getrandom: fall back to the OS seed of random_device
-    std::random_device rd;
-    for (auto& b : t) b = static_cast<uint8_t>(rd());
-  }
+  fill_random(t.data(), t.size());
   return t;
+}
+
+Nonce random_nonce() {
+  Nonce n{};
+  fill_random(n.data(), n.size());
+  return n;
 }
 
 std::string token_hex(const Token& t) {

@@ -15,11 +15,26 @@ MatchQueues::RequestSP MatchQueues::take_posted(int src, Tag tag) {
   return nullptr;
 }
 
+void MatchQueues::add_unexpected(Unexpected u) {
+  if (u.src >= 0) {
+    if (bytes_from_.size() <= size_t(u.src)) bytes_from_.resize(size_t(u.src) + 1, 0);
+    bytes_from_[u.src] += u.data.size();
+  }
+  unexpected_.push_back(std::move(u));
+}
+
+bool MatchQueues::has_posted_for(int src) const {
+  for (const auto& r : posted_)
+    if (r->peer == src || r->peer == kAnySource) return true;
+  return false;
+}
+
 std::optional<Unexpected> MatchQueues::take_unexpected(int peer, Tag tag) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     if (it->hdr.tag == tag && (peer == kAnySource || it->src == peer)) {
       Unexpected found = std::move(*it);
       unexpected_.erase(it);
+      if (found.src >= 0 && size_t(found.src) < bytes_from_.size()) bytes_from_[found.src] -= found.data.size();
       return found;
     }
   }
@@ -52,6 +67,19 @@ std::vector<MatchQueues::RequestSP> MatchQueues::take_posted_waiting_on(int src,
 std::vector<MatchQueues::RequestSP> MatchQueues::take_all_posted() {
   std::vector<RequestSP> out(posted_.begin(), posted_.end());
   posted_.clear();
+  return out;
+}
+
+std::vector<MatchQueues::RequestSP> MatchQueues::take_posted_tagged(Tag tag, Tag mask) {
+  std::vector<RequestSP> out;
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if (((*it)->tag & mask) == (tag & mask)) {
+      out.push_back(std::move(*it));
+      it = posted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   return out;
 }
 

@@ -33,11 +33,17 @@ class MatchQueues {
   RequestSP take_posted(int src, Tag tag);
   // The earliest arrived message that receive (`peer`, `tag`) accepts.
   std::optional<Unexpected> take_unexpected(int peer, Tag tag);
-  void add_unexpected(Unexpected u) { unexpected_.push_back(std::move(u)); }
+  void add_unexpected(Unexpected u);
+  // Eager bytes buffered from `src` that no receive has taken yet.
+  size_t unexpected_bytes_from(int src) const { return src >= 0 && size_t(src) < bytes_from_.size() ? bytes_from_[src] : 0; }
+  // Whether a posted receive could take a message from `src` (its own or any-source).
+  bool has_posted_for(int src) const;
   bool remove_posted(const P2PRequest* r);
   // Removes and returns posted receives that wait on `src` (and any-source ones if asked).
   std::vector<RequestSP> take_posted_waiting_on(int src, bool any_source_too);
   std::vector<RequestSP> take_all_posted();
+  // Removes and returns posted receives whose tag equals `tag` on the bits of `mask`.
+  std::vector<RequestSP> take_posted_tagged(Tag tag, Tag mask);
   // Forgets rendezvous announcements from `src` (its data can no longer be pulled).
   void drop_rendezvous_from(int src);
   std::vector<RequestSP> take_self_sends();
@@ -46,6 +52,7 @@ class MatchQueues {
  private:
   std::deque<RequestSP> posted_;  // usually matched at the front: no node allocated per receive
   std::list<Unexpected> unexpected_;
+  std::vector<size_t> bytes_from_;
 };
 
 }  // namespace dicomm

@@ -22,7 +22,6 @@ class HasDefaultTimeout {
   virtual std::chrono::milliseconds default_timeout() const = 0;
 };
 
-enum class ErrorKind { kPeer, kTimeout, kMismatch, kValue };
 [[noreturn]] void throw_error(ErrorKind kind, const std::string& text);
 std::string describe_tag(Tag tag);
 

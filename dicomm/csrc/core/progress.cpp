@@ -3,8 +3,11 @@
 // progress thread, which sleeps in epoll whenever nothing moves. The engine lock makes sure one
 // thread at a time progresses the connections.
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <sched.h>
+#include <sys/sysinfo.h>
 
 #include "core/engine.h"
 #include "core/log.h"
@@ -92,12 +95,39 @@ constexpr int kSleepMs = 100;       // the progress thread's longest sleep (hand
 // (under QEMU TCG, 8 B over verbs: ~3 involuntary context switches of the caller per round trip).
 constexpr auto kTakeOver = std::chrono::milliseconds(5);
 
+// Whether this host has more runnable tasks than CPUs (/proc/loadavg's running count, read at most
+// every 20 ms; DICOMM_SPIN_CONTENTION=0 never looks). Then a spinning waiter only takes the CPU
+// from the peer it waits for, and blocking in epoll at once wins: 8 B over shm with a busy process
+// per CPU (dicomm-bench p2p --contention 1, 2-core VM) took 129.6 us (median) spinning, 14.7 us
+// blocking, gloo 31-37 us. Yielding instead was worse still (3.3 ms): the hogs take the slices.
+bool host_contended() {
+  static const bool enabled = env_nonnegative("DICOMM_SPIN_CONTENTION", 1) != 0;
+  static const int cpus = std::max(1, get_nprocs());
+  static std::atomic<Clock::rep> checked_at{0};
+  static std::atomic<bool> contended{false};
+  if (!enabled) return false;
+  const Clock::rep now = Clock::now().time_since_epoch().count();
+  if (now - checked_at.load(std::memory_order_relaxed) <
+      std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(20)).count())
+    return contended.load(std::memory_order_relaxed);
+  checked_at.store(now, std::memory_order_relaxed);
+  int running = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%*f %*f %*f %d/", &running) != 1) running = 0;
+    std::fclose(f);
+  }
+  contended.store(running > cpus, std::memory_order_relaxed);
+  return running > cpus;
+}
+
 }  // namespace
 
 bool Engine::progress_locked(bool thorough) {
   bool did = false;
-  if (thorough)
+  if (thorough) {
     for (auto& [name, t] : transports_) did |= t->progress();
+    did |= check_processes_locked();
+  }
   for (int peer = 0; peer < size_; ++peer) {
     Peer& p = peers_[peer];
     if (p.dead) continue;
@@ -112,6 +142,7 @@ bool Engine::progress_locked(bool thorough) {
       peer_lost(peer, e.what());
       did = true;
     }
+    if (hold_back_locked(peer, p)) continue;
     try {
       for (size_t i = 0; i < p.recv.size(); ++i) did |= p.recv[i]->progress(thorough);
     } catch (const PeerError& e) {
@@ -125,8 +156,28 @@ bool Engine::progress_locked(bool thorough) {
       did = true;
     }
   }
+  apply_abort_notice_locked();
   graveyard_.clear();
   return did;
+}
+
+// Flow control for eager messages nobody has asked for: once a peer's unmatched bytes reach
+// DICOMM_UNEXPECTED_MB (32 MiB), its connection is left unread (and out of epoll) until a receive
+// could take one of its messages. Its further messages then wait where they are: in the kernel's
+// socket buffers and the shared-memory ring (bounded), then in the sender's queue, which holds the
+// sender's own buffers, not copies. Verbs has receive credits of its own and is not held.
+bool Engine::hold_back_locked(int peer, Peer& p) {
+  static const size_t limit = static_cast<size_t>(env_nonnegative("DICOMM_UNEXPECTED_MB", 32)) << 20;
+  bool hold = queues_.unexpected_bytes_from(peer) >= limit && p.transport != "verbs" && !queues_.has_posted_for(peer) &&
+              std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& kv) {
+                return kv.second->op == P2PRequest::Op::kRecv && kv.second->matched_from == peer;
+              });
+  if (hold != p.held) {
+    p.held = hold;
+    for (auto& c : p.recv) c->hold(hold);
+    if (hold) ++counters_["flow_control_holds"];
+  }
+  return hold;
 }
 
 bool Engine::arm_locked() {
@@ -134,6 +185,7 @@ bool Engine::arm_locked() {
   for (auto& p : peers_) {
     if (p.dead) continue;
     if (p.send) ok &= p.send->arm();
+    if (p.held) continue;  // unread on purpose: no wake-ups from it
     for (auto& c : p.recv) ok &= c->arm();
   }
   if (!ok) disarm_locked();
@@ -196,7 +248,8 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (i == 1) {
-        spin_end += spin_budget_locked(r);
+        if (host_contended()) ++*hot_.waits_unspun;
+        else spin_end += spin_budget_locked(r);
         yield_every = spin_yield_every_locked();
         ++driving_;
         disarm_locked();
@@ -251,19 +304,36 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
   r.rethrow_if_failed();
 }
 
+bool Engine::cancel_matched_locked(P2PRequest& r) {
+  if (r.matched_from < 0 || r.matched_from == rank_) return false;
+  for (auto& c : peers_[r.matched_from].recv) {
+    if (!c->cancel(&r.recv_op)) continue;
+    take_in_flight(&r.recv_op);
+    release_memory(r);
+    return true;
+  }
+  return false;
+}
+
 void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   std::string state;
   if (r.op == P2PRequest::Op::kRecv) {
     if (queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
+      if (r.peer != kAnySource) ++late_[{r.peer, r.tag}];  // its message, if it comes, is discarded
+      r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
+    } else if (cancel_matched_locked(r)) {
+      state = "matched a message from rank " + std::to_string(r.matched_from) +
+              " but its data did not arrive in time; the receive is cancelled and the buffer is never written again";
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else {
-      state = "matched a message from rank " + std::to_string(r.matched_from) + " but its data did not arrive in time";
+      state = "matched a message from rank " + std::to_string(r.matched_from) +
+              " but its data did not arrive in time (it may still land: this transport cannot cancel it)";
     }
   } else {
     state = "the receiver has not taken the message yet";
   }
-  throw TimeoutError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + r.describe() + ": " +
+  throw TimeoutError("Timed out after " + std::to_string(timeout.count()) + " ms waiting for " + r.describe() + ": " +
                      state);
 }
 

@@ -34,6 +34,9 @@ inline Tag collective_tag(uint64_t seq, uint32_t step) {
 // Collectives put a signature of (operation, dtype, op, count) there so that ranks calling
 // different collectives get a MismatchError instead of garbage.
 
+// Which error class a failure raises (PeerError, TimeoutError, MismatchError, ValueError).
+enum class ErrorKind { kPeer, kTimeout, kMismatch, kValue };
+
 // Errors. Python sees them as dicomm.DicommError and its subclasses.
 struct Error : std::runtime_error { using std::runtime_error::runtime_error; };
 struct ValueError : Error { using Error::Error; };       // bad argument (rank, dtype, size...)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "core/hmac.h"
 #include "core/p2p_request.h"
 #include "core/types.h"
 #include "python/bindings.h"
@@ -201,6 +202,12 @@ PYBIND11_MODULE(_C, m) {
 
   bind_collectives(m, comm);
   bind_bench(m);
+
+  m.def("_hmac_sha256", [](const py::bytes& key, const py::bytes& message) {
+    std::string k = key, msg = message;
+    Digest d = hmac_sha256(k, msg.data(), msg.size());
+    return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+  }, py::arg("key"), py::arg("message"), "Test hook: the handshake's HMAC-SHA-256 of `message` under `key`.");
 
   m.def("_verbs_probe", [] {
     namespace verbs = transport::verbs;

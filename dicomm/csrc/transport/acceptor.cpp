@@ -1,7 +1,10 @@
 #include "transport/acceptor.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +23,23 @@ Acceptor::~Acceptor() {
   close(listen_fd_);
 }
 
+namespace {
+
+// At most this many handshakes wait at once: each holds a descriptor, and a flood of silent
+// connections must not use up the process's open-file limit (new communicators need descriptors
+// too). A quarter of the soft limit, within [16, 1024]; DICOMM_MAX_PENDING_HANDSHAKES overrides.
+size_t max_pending() {
+  static const size_t n = [] {
+    if (const char* v = std::getenv("DICOMM_MAX_PENDING_HANDSHAKES"); v && *v) return std::max<size_t>(1, std::strtoul(v, nullptr, 10));
+    rlimit rl{};
+    size_t soft = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 4096;
+    return std::clamp<size_t>(soft / 4, 16, 1024);
+  }();
+  return n;
+}
+
+}  // namespace
+
 bool Acceptor::progress(std::vector<Accepted>* out) {
   bool did = false;
   // Ask before accepting: Linux's accept4 allocates a socket, its inode and a file before it looks at
@@ -28,12 +48,34 @@ bool Acceptor::progress(std::vector<Accepted>* out) {
   // instead of 15-18 (docs/rdma.md, fix 5).
   pollfd ready{listen_fd_, POLLIN, 0};
   while (poll(&ready, 1, 0) > 0 && (ready.revents & POLLIN)) {
+    if (pending_.size() >= max_pending()) {
+      did |= step_pending(out);  // those whose hello is in leave first
+      if (pending_.size() >= max_pending()) {  // then the one that waited longest makes room
+        ctx_.poller->remove(pending_.front()->fd());
+        pending_.pop_front();
+        ctx_.sink->on_rejected("too many handshakes pending at once (" + std::to_string(max_pending()) +
+                               "): the oldest, still silent, was closed");
+      }
+    }
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;  // taken meanwhile, or a transient error (EMFILE...): try again on the next event
-    ctx_.poller->add(fd);
-    pending_.push_back(std::make_unique<HelloReader>(fd, Clock::now() + ctx_.handshake_timeout));
     did = true;
+    Challenge c;
+    c.nonce = random_nonce();
+    // A fresh socket's buffer takes 24 bytes at once; one that does not is not worth waiting for.
+    if (send(fd, &c, sizeof(c), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(c))) {
+      close(fd);
+      ctx_.sink->on_rejected("could not send the handshake challenge: " + errno_text(errno));
+      continue;
+    }
+    ctx_.poller->add(fd);
+    pending_.push_back(std::make_unique<HelloReader>(fd, Clock::now() + ctx_.handshake_timeout, c.nonce));
   }
+  return step_pending(out) || did;
+}
+
+bool Acceptor::step_pending(std::vector<Accepted>* out) {
+  bool did = false;
   for (auto it = pending_.begin(); it != pending_.end();) {
     HelloReader& r = **it;
     auto state = r.step();
@@ -42,7 +84,12 @@ bool Acceptor::progress(std::vector<Accepted>* out) {
     ctx_.poller->remove(r.fd());
     std::string why = state == HelloReader::State::kFailed
                           ? r.error()
-                          : check_hello(r.hello(), ctx_.token, ctx_.rank, ctx_.size, id_);
+                          : check_hello(r.hello(), ctx_.key, r.challenge(), ctx_.rank, ctx_.size, id_);
+    if (why.empty()) {
+      Digest proof = accept_proof(r.hello(), ctx_.key);
+      if (send(r.fd(), proof.data(), proof.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size()))
+        why = "could not send the handshake proof: " + errno_text(errno);
+    }
     if (why.empty()) {
       Accepted a;
       a.hello = r.hello();

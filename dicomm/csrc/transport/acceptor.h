@@ -27,6 +27,7 @@ class Acceptor {
   bool progress(std::vector<Accepted>* out);
 
  private:
+  bool step_pending(std::vector<Accepted>* out);  // advances every pending handshake once
   int listen_fd_;
   Context ctx_;
   TransportId id_;

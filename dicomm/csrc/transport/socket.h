@@ -14,32 +14,51 @@ namespace dicomm::transport {
 
 std::string errno_text(int err);
 
+// Where listeners bind: DICOMM_SOCKET_IFNAME's IPv4 address; loopback for a job known to run on one
+// host (torchrun's WORLD_SIZE == LOCAL_WORLD_SIZE); else the first non-loopback interface that is up,
+// else loopback. Never the wildcard address: nothing listens where the job does not talk.
+std::string listen_ip();
+bool single_host_job();
+
 // The peer closed the connection in order (EOF), as opposed to an error such as a reset.
 struct ConnectionClosed : PeerError { using PeerError::PeerError; };
+// A connection's setup ran out of time: the peer may be slow rather than gone.
+struct SetupTimedOut : PeerError { using PeerError::PeerError; };
 void set_nonblocking(int fd);
 // > 0 bytes moved; 0 would block; throws PeerError(`what` + reason) on EOF or error.
 size_t read_some(int fd, void* buf, size_t n, const std::string& what);
 size_t writev_some(int fd, const iovec* iov, int iovcnt, const std::string& what);
 // Writes all of buf on a blocking (or nearly idle) socket before the deadline; throws PeerError.
 void write_all(int fd, const void* buf, size_t n, Clock::time_point deadline, const std::string& what);
+// Reads exactly n bytes before the deadline (blocking or not, the socket is polled); throws PeerError.
+void read_exact(int fd, void* buf, size_t n, Clock::time_point deadline, const std::string& what);
+
+// The connector's half of the handshake (core/handshake.h): reads the listener's challenge, sends
+// `h` signed with `key` (with `pass_fd` attached on Unix sockets when >= 0), and checks the
+// listener's proof. Throws PeerError naming `what` when the listener refuses or cannot prove itself.
+void connector_handshake(int fd, Hello h, const std::string& key, Clock::time_point deadline,
+                         const std::string& what, int pass_fd = -1);
 
 // Reads a Hello arriving in pieces on a freshly accepted non-blocking socket (and, on Unix
 // sockets, a file descriptor passed with it), honouring a deadline.
 class HelloReader {
  public:
-  HelloReader(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
+  HelloReader(int fd, Clock::time_point deadline, const Nonce& challenge)
+      : fd_(fd), deadline_(deadline), challenge_(challenge) {}
   ~HelloReader();
   enum class State { kPending, kDone, kFailed };
   State step();  // reads what is available
   const Hello& hello() const { return hello_; }
   const std::string& error() const { return error_; }
   int fd() const { return fd_; }
+  const Nonce& challenge() const { return challenge_; }
   int release_fd() { int f = fd_; fd_ = -1; return f; }
   int release_passed_fd() { int f = passed_fd_; passed_fd_ = -1; return f; }
 
  private:
   int fd_;
   Clock::time_point deadline_;
+  Nonce challenge_;
   Hello hello_;
   size_t got_ = 0;
   int passed_fd_ = -1;

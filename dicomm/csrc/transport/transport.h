@@ -54,7 +54,7 @@ struct RecvOp {
 
 // Why a receiver refused a rendezvous message; the sender turns it into a MismatchError.
 struct Refusal {
-  enum Code : uint32_t { kTooSmall = 1, kMetaDiffers = 2 };
+  enum Code : uint32_t { kTooSmall = 1, kMetaDiffers = 2, kLate = 3 };  // kLate: its receive timed out
   uint32_t code = 0;
   uint64_t recv_bytes = 0;
   uint64_t recv_meta = 0;
@@ -102,6 +102,15 @@ class SendConn : public Conn {
 
 class RecvConn : public Conn {
  public:
+  // The connecting process as the kernel saw it (shared memory: SO_PEERCRED), 0 when unknown.
+  virtual int64_t peer_pid() const { return 0; }
+  // Flow control: while held, the engine does not read this connection and it must not wake the
+  // poller for new messages (the sender's messages wait in its own queue and the kernel's buffers).
+  virtual void hold(bool /*on*/) {}
+  // Gives a matched receive's buffer back to its owner: the rest of the message is read and
+  // dropped, `op` is never completed. False where the transport cannot (shm's sender may be
+  // writing into it, verbs' reads are posted): its data may still land.
+  virtual bool cancel(RecvOp* /*op*/) { return false; }
   virtual void pull(uint64_t msg_id, RecvOp* op) = 0;
   virtual void refuse(uint64_t msg_id, const Refusal& why) = 0;
 };
@@ -110,7 +119,7 @@ class RecvConn : public Conn {
 struct Context {
   int rank = 0;
   int size = 0;
-  Token token{};
+  std::string key;  // the handshake key: job token + DICOMM_JOB_SECRET (core/handshake.h)
   Sink* sink = nullptr;
   class Poller* poller = nullptr;
   std::chrono::milliseconds handshake_timeout{5000};

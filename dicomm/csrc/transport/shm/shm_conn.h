@@ -70,6 +70,7 @@ class ShmRecvConn : public RecvConn {
   ~ShmRecvConn() override;
   int peer() const override { return peer_; }
   const char* transport_name() const override { return "shm"; }
+  int64_t peer_pid() const override { return peer_pid_; }
   bool progress(bool thorough) override;
   bool busy() const override { return !pulls_.empty() || !unsent_acks_.empty(); }
   bool arm() override;

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -14,6 +13,7 @@
 
 #include "core/log.h"
 #include "core/types.h"
+#include "transport/shm/ptracer.h"
 
 namespace dicomm::transport::shm {
 namespace {
@@ -47,8 +47,6 @@ std::string probe_cma(int pid, uint64_t addr) {
 ShmTransport::ShmTransport(const Context& ctx) : ctx_(ctx) {
   const char* cma = std::getenv("DICOMM_SHM_CMA");
   cma_allowed_ = !(cma && std::strcmp(cma, "0") == 0);
-  // With Yama ptrace_scope=1 only descendants may be read; let any same-user process read us.
-  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   static std::atomic<int> counter{0};
   address_ = "dicomm-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
              token_hex(random_token()).substr(0, 8);
@@ -94,27 +92,11 @@ std::unique_ptr<SendConn> ShmTransport::connect(int peer, const Card& card, Cloc
     map = std::make_unique<Mapping>(memfd);
     Hello h;
     h.transport = static_cast<uint16_t>(TransportId::kShm);
-    h.token = ctx_.token;
     h.src = ctx_.rank;
     h.dst = peer;
     h.extra[0] = reinterpret_cast<uint64_t>(&probe_word);
-    iovec iov{&h, sizeof(h)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-    // The first sendmsg carries the descriptor; a short write is finished by write_all.
-    ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (w < 0) throw PeerError(what + ": sending hello: " + errno_text(errno));
-    if (static_cast<size_t>(w) < sizeof(h))
-      write_all(fd, reinterpret_cast<char*>(&h) + w, sizeof(h) - static_cast<size_t>(w), deadline, what);
+    if (cma_allowed_) allow_cross_memory_attach_from(static_cast<pid_t>(card.pid));  // it probes us on accept
+    connector_handshake(fd, h, ctx_.key, deadline, what, memfd);
   } catch (...) {
     close(fd);
     close(memfd);
@@ -144,6 +126,9 @@ bool ShmTransport::progress() {
       why = "shm segment of the wrong size (another dicomm version?)";
     else if (getsockopt(a.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0)
       why = "shm peer credentials unavailable";
+    else if (cred.uid != geteuid())  // abstract Unix sockets have no permissions: any local user can connect
+      why = "shm connection from uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) +
+            "), but this job runs as uid " + std::to_string(geteuid());
     if (!why.empty()) {
       close(a.fd);
       if (a.passed_fd >= 0) close(a.passed_fd);
@@ -160,6 +145,7 @@ bool ShmTransport::progress() {
       continue;
     }
     close(a.passed_fd);
+    if (cma_allowed_) allow_cross_memory_attach_from(cred.pid);  // its sender writes into us
     std::string cma_problem = cma_allowed_ ? probe_cma(cred.pid, a.hello.extra[0]) : "disabled by DICOMM_SHM_CMA=0";
     if (!cma_problem.empty()) {
       ++(*ctx_.counters)["shm_cma_unavailable"];

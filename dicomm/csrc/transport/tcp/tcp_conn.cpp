@@ -91,6 +91,22 @@ void TcpSendConn::on_written(const Frame& f, void* cookie) {
 TcpRecvConn::TcpRecvConn(int peer, int nstreams, Sink* sink)
     : peer_(peer), streams_(static_cast<size_t>(nstreams)), sink_(sink) {}
 
+bool TcpRecvConn::cancel(RecvOp* op) {
+  for (auto& [id, l] : landing_) {
+    if (l.op != op || l.discard) continue;
+    l.discard = true;  // frames still to come are read into scratch memory
+    for (auto& s : streams_)
+      if (s) s->drop_data_into(static_cast<const char*>(op->buf), static_cast<const char*>(op->buf) + op->bytes);
+    return true;
+  }
+  return false;
+}
+
+void TcpRecvConn::hold(bool on) {
+  for (auto& s : streams_)
+    if (s) s->watch(!on);
+}
+
 bool TcpRecvConn::attach(int index, std::unique_ptr<TcpStream> stream) {
   if (index < 0 || index >= nstreams() || streams_[index]) return false;
   streams_[index] = std::move(stream);
@@ -128,8 +144,9 @@ void TcpRecvConn::on_frame(const Frame& f, const char* payload) {
 
 char* TcpRecvConn::data_target(const Frame& f) {
   auto it = landing_.find(f.msg_id);
-  if (it == landing_.end() || f.offset + f.bytes > it->second.op->bytes)
+  if (it == landing_.end() || f.offset + f.bytes > it->second.bytes)
     throw PeerError("tcp connection from rank " + std::to_string(peer_) + ": data for unknown message or out of bounds (corrupt stream)");
+  if (it->second.discard) return nullptr;
   return static_cast<char*>(it->second.op->buf) + f.offset;
 }
 
@@ -138,13 +155,14 @@ void TcpRecvConn::on_data(const Frame& f) {
   it->second.left -= f.bytes;
   if (it->second.left == 0) {
     RecvOp* op = it->second.op;
+    bool discard = it->second.discard;
     landing_.erase(it);
-    sink_->on_recv_done(op);
+    if (!discard) sink_->on_recv_done(op);
   }
 }
 
 void TcpRecvConn::pull(uint64_t msg_id, RecvOp* op) {
-  landing_[msg_id] = Landing{op, op->bytes};
+  landing_[msg_id] = Landing{op, op->bytes, op->bytes, false};
   Frame f;
   f.kind = kCts;
   f.msg_id = msg_id;

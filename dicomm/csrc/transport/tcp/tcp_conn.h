@@ -46,6 +46,8 @@ class TcpRecvConn : public RecvConn, private TcpStream::Handler {
   const char* transport_name() const override { return "tcp"; }
   bool progress(bool thorough) override;
   bool busy() const override { return false; }
+  void hold(bool on) override;
+  bool cancel(RecvOp* op) override;
   void pull(uint64_t msg_id, RecvOp* op) override;
   void refuse(uint64_t msg_id, const Refusal& why) override;
 
@@ -59,7 +61,7 @@ class TcpRecvConn : public RecvConn, private TcpStream::Handler {
   void on_data(const Frame& f) override;
   void on_written(const Frame&, void*) override {}
 
-  struct Landing { RecvOp* op; size_t left; };
+  struct Landing { RecvOp* op; size_t left; size_t bytes; bool discard; };
   int peer_;
   std::vector<std::unique_ptr<TcpStream>> streams_;
   Sink* sink_;

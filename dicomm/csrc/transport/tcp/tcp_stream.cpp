@@ -22,6 +22,17 @@ TcpStream::TcpStream(int fd, Poller* poller, std::string what)
   poller_->add(fd_);
 }
 
+void TcpStream::drop_data_into(const char* begin, const char* end) {
+  if (state_ != State::kData || target_ < begin || target_ >= end) return;
+  scratch_.resize(left_);
+  target_ = scratch_.data();
+}
+
+void TcpStream::watch(bool on) {
+  if (on) poller_->add(fd_);
+  else poller_->remove(fd_);
+}
+
 TcpStream::~TcpStream() {
   poller_->remove(fd_);
   close(fd_);
@@ -97,6 +108,10 @@ bool TcpStream::parse(Handler& h) {
         } else if (cur_.kind == kData) {
           target_ = h.data_target(cur_);
           left_ = cur_.bytes;
+          if (!target_) {  // a cancelled receive's data: read and dropped
+            scratch_.resize(left_);
+            target_ = scratch_.data();
+          }
           state_ = State::kData;
           if (left_ == 0) { state_ = State::kHeader; h.on_data(cur_); }
         } else {

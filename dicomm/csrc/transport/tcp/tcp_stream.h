@@ -22,6 +22,9 @@ class TcpStream {
   };
 
   TcpStream(int fd, Poller* poller, std::string what);
+  void watch(bool on);  // whether readability wakes the poller (flow control)
+  // A data frame being read into [begin, end) goes on into scratch memory (a cancelled receive).
+  void drop_data_into(const char* begin, const char* end);
   ~TcpStream();
   TcpStream(const TcpStream&) = delete;
   TcpStream& operator=(const TcpStream&) = delete;
@@ -60,6 +63,7 @@ class TcpStream {
   Frame cur_;
   char* target_ = nullptr;
   size_t left_ = 0;
+  std::vector<char> scratch_;  // where a cancelled receive's data goes
 };
 
 }  // namespace dicomm::transport::tcp

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ifaddrs.h>
@@ -29,28 +30,6 @@ int env_int(const char* name, int fallback, int lo, int hi) {
     throw ValueError(std::string(name) + "='" + v + "' is invalid; expected an integer in [" +
                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return static_cast<int>(x);
-}
-
-// DICOMM_SOCKET_IFNAME's IPv4 address, else the first non-loopback interface that is up, else
-// loopback (a single-host job still works).
-std::string pick_address() {
-  const char* want = std::getenv("DICOMM_SOCKET_IFNAME");
-  ifaddrs* list = nullptr;
-  std::string found, names;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* i = list; i; i = i->ifa_next) {
-      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
-      names += (names.empty() ? "" : ", ") + std::string(i->ifa_name);
-      char text[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof(text));
-      bool match = want && *want ? std::strcmp(i->ifa_name, want) == 0 : !(i->ifa_flags & IFF_LOOPBACK);
-      if (match && found.empty()) found = text;
-    }
-    freeifaddrs(list);
-  }
-  if (want && *want && found.empty())
-    throw ValueError(std::string("DICOMM_SOCKET_IFNAME=") + want + " names no IPv4 interface that is up; available: " + names);
-  return found.empty() ? "127.0.0.1" : found;
 }
 
 void tune(int fd) {
@@ -83,13 +62,42 @@ int connect_one(const sockaddr_in& sa, Clock::time_point deadline, const std::st
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   int err = 0;
   socklen_t len = sizeof(err);
-  if (poll(&pfd, 1, static_cast<int>(std::max<long>(left, 0))) != 1) err = ETIMEDOUT;
-  else getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (poll(&pfd, 1, static_cast<int>(std::max<long>(left, 0))) != 1) {
+    close(fd);
+    throw SetupTimedOut(what + ": connect: no answer in time");
+  }
+  getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
   if (err) {
     close(fd);
     throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
   }
   return fd;
+}
+
+// The uid owning the other end of a TCP connection made from this host (and network namespace),
+// as /proc/net/tcp lists it; -1 when that end is not on this host. TCP has no SO_PEERCRED.
+long local_peer_uid(int fd) {
+  sockaddr_in mine{}, theirs{};
+  socklen_t a = sizeof(mine), b = sizeof(theirs);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &b) != 0)
+    return -1;
+  char want_local[32], want_remote[32];  // the connector's socket: its local end is our remote one
+  std::snprintf(want_local, sizeof(want_local), "%08X:%04X", theirs.sin_addr.s_addr, ntohs(theirs.sin_port));
+  std::snprintf(want_remote, sizeof(want_remote), "%08X:%04X", mine.sin_addr.s_addr, ntohs(mine.sin_port));
+  FILE* f = std::fopen("/proc/net/tcp", "r");
+  if (!f) return -1;
+  char line[512];
+  long uid = -1;
+  while (uid < 0 && std::fgets(line, sizeof(line), f)) {
+    char local[64], remote[64];
+    long owner;
+    if (std::sscanf(line, " %*d: %63s %63s %*x %*s %*s %*s %ld", local, remote, &owner) == 3 &&
+        std::strcmp(local, want_local) == 0 && std::strcmp(remote, want_remote) == 0)
+      uid = owner;
+  }
+  std::fclose(f);
+  return uid;
 }
 
 }  // namespace
@@ -98,7 +106,7 @@ TcpTransport::TcpTransport(const Context& ctx)
     : ctx_(ctx),
       nstreams_(env_int("DICOMM_TCP_STREAMS", 4, 1, 64)),
       chunk_bytes_(static_cast<size_t>(env_int("DICOMM_TCP_CHUNK_KB", 1024, 64, 1 << 20)) * 1024) {
-  std::string ip = pick_address();
+  std::string ip = listen_ip();
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -130,13 +138,12 @@ std::unique_ptr<SendConn> TcpTransport::connect(int peer, const Card& card, Cloc
     int fd = connect_one(sa, deadline, what);
     Hello h;
     h.transport = static_cast<uint16_t>(TransportId::kTcp);
-    h.token = ctx_.token;
     h.src = ctx_.rank;
     h.dst = peer;
     h.stream = static_cast<uint16_t>(s);
     h.nstreams = static_cast<uint16_t>(nstreams_);
     try {
-      write_all(fd, &h, sizeof(h), deadline, what);
+      connector_handshake(fd, h, ctx_.key, deadline, what);
     } catch (...) {
       close(fd);
       throw;
@@ -152,13 +159,25 @@ bool TcpTransport::progress() {
   for (auto& a : accepted) {
     int src = a.hello.src;
     if (a.passed_fd >= 0) close(a.passed_fd);
+    // From this host, only the job's own user may connect (another user may have read the store).
+    long uid = local_peer_uid(a.fd);
+    if (uid >= 0 && uid != static_cast<long>(geteuid())) {
+      close(a.fd);
+      ctx_.sink->on_rejected("tcp connection claiming rank " + std::to_string(src) + " from a process of uid " +
+                             std::to_string(uid) + " on this host, but this job runs as uid " + std::to_string(geteuid()));
+      continue;
+    }
     std::string what = "tcp connection from rank " + std::to_string(src);
     auto stream = std::make_unique<TcpStream>(a.fd, ctx_.poller, what);
+    // A rank's first connection is the only one: a second that claims the same rank (another
+    // stream count, a stream index already taken) is refused and never touches the first.
     auto conn = recv_conns_[src].lock();
-    bool fresh = !conn || conn->nstreams() != a.hello.nstreams;
+    bool fresh = !conn;
     if (fresh) conn = std::make_shared<TcpRecvConn>(src, a.hello.nstreams, ctx_.sink);
-    if (!conn->attach(a.hello.stream, std::move(stream))) {
-      ctx_.sink->on_rejected("duplicate tcp stream " + std::to_string(a.hello.stream) + " from rank " + std::to_string(src));
+    if (conn->nstreams() != a.hello.nstreams || !conn->attach(a.hello.stream, std::move(stream))) {
+      ctx_.sink->on_rejected("a second tcp connection claiming rank " + std::to_string(src) + " (stream " +
+                             std::to_string(a.hello.stream) + " of " + std::to_string(a.hello.nstreams) +
+                             "), which already has a live one");
       continue;
     }
     if (fresh) {

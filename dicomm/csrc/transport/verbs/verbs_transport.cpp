@@ -28,21 +28,6 @@ std::string local_ip_of(int fd) {
   return text;
 }
 
-// Reads exactly n bytes from a non-blocking socket before the deadline; throws PeerError.
-void read_exact(int fd, void* buf, size_t n, Clock::time_point deadline, const std::string& what) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = recv(fd, static_cast<char*>(buf) + got, n - got, MSG_DONTWAIT);
-    if (r > 0) { got += static_cast<size_t>(r); continue; }
-    if (r == 0) throw PeerError(what + ": the peer closed the side channel during connection setup");
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) throw PeerError(what + ": " + errno_text(errno));
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) throw PeerError(what + ": no connection data from the peer in time");
-    pollfd p{fd, POLLIN, 0};
-    poll(&p, 1, static_cast<int>(left));
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::string* why) {
@@ -68,7 +53,7 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::
   } catch (const ValueError&) {
     if (std::getenv("DICOMM_IB_GID_INDEX")) throw;
   }
-  if (ip.empty()) ip = "0.0.0.0";
+  if (ip.empty()) ip = listen_ip();  // no GID address: where the tcp transport listens, never the wildcard
   auto nic = std::make_shared<Nic>(*api, port, max_wr, max_rd);
   return std::unique_ptr<VerbsTransport>(new VerbsTransport(ctx, std::move(nic), ip));
 }
@@ -141,11 +126,10 @@ std::unique_ptr<SendConn> VerbsTransport::connect(int peer, const Card& card, Cl
     ch = open_channel(peer, fd, true);
     Hello h;
     h.transport = kVerbsTransportId;
-    h.token = ctx_.token;
     h.src = ctx_.rank;
     h.dst = peer;
     WireInfo mine = ch->local_info();
-    write_all(fd, &h, sizeof(h), deadline, what);
+    connector_handshake(fd, h, ctx_.key, deadline, what);
     write_all(fd, &mine, sizeof(mine), deadline, what);
     WireInfo theirs;
     read_exact(fd, &theirs, sizeof(theirs), deadline, what);

@@ -1,6 +1,6 @@
 // RDMA verbs transport: RC queue pairs on one RDMA port (the first active one DICOMM_IB_HCA
-// allows). Each connection starts on a TCP side channel to the peer's published address: the job
-// token's hello, then both sides' connection data (QPN, PSN, GID, MTU, credit word and rkey);
+// allows). Each connection starts on a TCP side channel to the peer's published address: the
+// handshake (core/handshake.h), then both sides' connection data (QPN, PSN, GID, MTU, credit word and rkey);
 // the side channel then stays open to notice the peer's death at once.
 #pragma once
 

@@ -1,0 +1,127 @@
+"""A hostile client of a dicomm rank, stdlib only (it runs as another user, outside the venv).
+
+It knows what anyone who can read the job's c10d store knows (the job token and the address cards)
+and speaks the connection protocol: the v2 challenge-response (the listener speaks first) or the
+v1 plain hello (the listener waits). It claims to be rank `src`, and once let in injects one eager
+message: over tcp a frame, over shm a slot in a segment it made itself. It prints one JSON line:
+{"accepted": the listener sent its handshake proof (v2) or did not hang up at once (v1),
+ "closed": the listener hung up on it afterwards}.
+
+    python intruder.py <tcp|shm> <address> <token hex> <secret or ''> <src> <dst> <tag> <value>
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import mmap
+import os
+import socket
+import struct
+import sys
+import time
+
+MAGIC = 0x4D434944
+TRANSPORT_ID = {"tcp": 1, "shm": 2}
+# Layout of transport/shm/segment.h (every struct aligned to 64 bytes): five 64-byte counter words,
+# 64 slots of a 64-byte header + 16 KiB, 256 acks, 16 shares, 8 chunks of a 64-byte header + 512 KiB.
+SLOTS_AT, SLOT_BYTES = 5 * 64, 64 + 16 * 1024
+SEGMENT_BYTES = SLOTS_AT + 64 * SLOT_BYTES + 256 * 64 + 16 * 64 + 8 * (64 + 512 * 1024)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        part = sock.recv(n - len(data))
+        if not part:
+            raise ConnectionError("closed")
+        data += part
+    return data
+
+
+def handshake(sock: socket.socket, key_token: bytes, secret: bytes, transport: str, src: int, dst: int,
+              nstreams: int = 1, fds: tuple[int, ...] = ()) -> bool:
+    """Performs whichever handshake the listener speaks; True if it let us in."""
+    tid = TRANSPORT_ID[transport]
+    sock.settimeout(0.5)
+    try:
+        challenge = _recv_exact(sock, 24)
+    except (socket.timeout, ConnectionError):
+        challenge = None
+    if challenge is None:  # v1: the token in the clear, no answer
+        hello = struct.pack("<IHH16siiHHI2Q", MAGIC, 1, tid, key_token, src, dst, 0, nstreams, 0, 0, 0)
+        socket.send_fds(sock, [hello], list(fds)) if fds else sock.sendall(hello)
+        return True
+    key = key_token + secret
+    nonce = os.urandom(16)
+    head = struct.pack("<IHHiiHHI2Q16s", MAGIC, 2, tid, src, dst, 0, nstreams, 0, 0, 0, nonce)
+    mac = hmac.new(key, b"dicomm hello" + challenge[8:24] + head + bytes(32), hashlib.sha256).digest()
+    hello = head + mac
+    if fds:
+        socket.send_fds(sock, [hello], list(fds))
+    else:
+        sock.sendall(hello)
+    try:
+        proof = _recv_exact(sock, 32)
+    except (socket.timeout, ConnectionError, OSError):
+        return False
+    return proof == hmac.new(key, b"dicomm accept" + hello, hashlib.sha256).digest()
+
+
+def _closed(sock: socket.socket, within_s: float = 3.0) -> bool:
+    sock.settimeout(within_s)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def attack_tcp(address: str, token: bytes, secret: bytes, src: int, dst: int, tag: int, value: int) -> dict:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    accepted = handshake(sock, token, secret, "tcp", src, dst)
+    payload = struct.pack("<q", value)
+    frame = struct.pack("<IIQQQQQ", 1, 0, 0, tag, 0, len(payload), 0)  # kEager
+    try:
+        sock.sendall(frame + payload)
+    except OSError:
+        pass
+    out = {"accepted": accepted, "closed": _closed(sock)}
+    sock.close()
+    return out
+
+
+def attack_shm(address: str, token: bytes, secret: bytes, src: int, dst: int, tag: int, value: int) -> dict:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect("\0" + address)
+    memfd = os.memfd_create("x")
+    os.ftruncate(memfd, SEGMENT_BYTES)
+    seg = mmap.mmap(memfd, SEGMENT_BYTES)
+    accepted = handshake(sock, token, secret, "shm", src, dst, fds=(memfd,))
+    payload = struct.pack("<q", value)
+    # Slot 0: kind, pad, tag, meta, bytes, msg_id, addr, pad2, then the payload; seq = 1 publishes it.
+    struct.pack_into("<IIQQQQQQ", seg, SLOTS_AT + 8, 1, 0, tag, 0, len(payload), 0, 0, 0)
+    seg[SLOTS_AT + 64:SLOTS_AT + 64 + len(payload)] = payload
+    struct.pack_into("<Q", seg, SLOTS_AT, 1)
+    try:
+        sock.sendall(b"\1")  # the doorbell, in case the receiver sleeps
+    except OSError:
+        pass
+    time.sleep(0.5)
+    out = {"accepted": accepted, "closed": _closed(sock)}
+    sock.close()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    transport, address, token_hex, secret, src, dst, tag, value = argv
+    attack = attack_tcp if transport == "tcp" else attack_shm
+    out = attack(address, bytes.fromhex(token_hex), secret.encode(), int(src), int(dst), int(tag), int(value))
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""Ranks that disagree on a rooted collective's root or size all fail with MismatchError, the root
+included, instead of "succeeding" with different data and leaving a stray message queued. Real
+processes on one host (shared memory), each rank on a fresh communicator per case."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.dicomm.collectives_util import open_comm
+from tests.dicomm.engine_util import ptr
+from tests.dicomm.multiproc import run_ranks
+
+N = 256
+
+
+def _call(c, kind: str, root: int, nbytes: int, rank: int, world: int):
+    buf = np.full(nbytes, rank + 1, np.uint8)
+    if kind == "broadcast":
+        return c.broadcast(ptr(buf), nbytes, root), buf
+    if kind == "reduce":
+        return c.reduce(ptr(buf), nbytes, "uint8", "sum", root), buf
+    if kind == "gather":
+        out = np.zeros((world, nbytes), np.uint8)
+        recv = [ptr(out) + r * nbytes for r in range(world)] if rank == root else []
+        return c.gather(ptr(buf), nbytes, recv, root), (buf, out)
+    if kind == "scatter":
+        src = np.full((world, nbytes), 9, np.uint8)
+        send = [ptr(src) + r * nbytes for r in range(world)] if rank == root else []
+        return c.scatter(send, ptr(buf), nbytes, root), (buf, src)
+    raise AssertionError(kind)
+
+
+def _disagree(rank, world, store, kind, roots, sizes):
+    import dicomm._C as C
+
+    c = open_comm(rank, world, store, timeout_s=5.0, name=f"{kind}-{roots}-{sizes}")
+    c.barrier().wait()
+    req, keep = _call(c, kind, roots[rank], sizes[rank], rank, world)
+    try:
+        req.wait()
+        out = ("ok", "")
+    except C.DicommError as e:
+        out = (type(e).__name__, str(e))
+    queued = c.stats()["unexpected_queued"]
+    c.close()
+    return out + (queued,)
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "scatter", "reduce", "gather"])
+def test_ranks_that_disagree_on_the_root_all_get_mismatch_error(kind):
+    roots = [0, 0, 2]  # rank 2 believes it is the root
+    results = run_ranks(_disagree, 3, kind, roots, [N] * 3)
+    for rank, (name, text, queued) in enumerate(results):
+        assert name == "MismatchError", (rank, name, text)
+        assert "root 0" in text and "root 2" in text, (rank, text)
+
+
+def test_broadcast_size_mismatch_fails_the_root_too():
+    results = run_ranks(_disagree, 2, "broadcast", [0, 0], [N, 2 * N])
+    for rank, (name, text, queued) in enumerate(results):
+        assert name == "MismatchError", (rank, name, text)
+        assert f"broadcast({N} B, root 0)" in text and f"broadcast({2 * N} B, root 0)" in text, (rank, text)

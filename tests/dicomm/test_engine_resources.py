@@ -1,0 +1,134 @@
+"""Bounded resources: a flood of silent connections does not use up a rank's descriptors (a new
+communicator still comes up under a 256-file limit), rejections are logged at a bounded rate, and
+unmatched eager messages are held back by flow control instead of growing the receiver without
+bound. Real processes on one host, real TCP and Unix sockets."""
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from tests.dicomm.engine_util import close_pair, comm, exchange, ptr
+from tests.dicomm.multiproc import run_ranks
+
+
+def _tcp_address(store, rank: int, prefix: str = "") -> tuple[str, int]:
+    text = store.get(f"{prefix}dicomm/card/{rank}").decode()
+    card = dict(line.split("=", 1) for line in text.splitlines() if line)
+    host, port = card["addr.tcp"].rsplit(":", 1)
+    return host, int(port)
+
+
+def _flooded(rank, world, store, silent):
+    import torch.distributed as dist
+
+    if rank == 1:  # the victim runs with a small open-file limit
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    first = comm(store, rank, world, timeout_s=20)
+    assert exchange(first, rank)
+    socks = []
+    if rank == 0:
+        host, port = _tcp_address(store, 1)
+        for _ in range(silent):  # connect and say nothing
+            socks.append(socket.create_connection((host, port), timeout=5))
+        time.sleep(1.0)  # the victim's acceptor sees them all
+        store.set("flooded", "1")
+    else:
+        store.wait(["flooded"])
+    # A second communicator (what new_group does) while the silent connections are still open.
+    second = comm(dist.PrefixStore("second", store), rank, world, timeout_s=20, transport="tcp")
+    ok = exchange(second, rank) and exchange(first, rank)
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    for s in socks:
+        s.close()
+    second.close()
+    first.close()
+    return ok
+
+
+def test_flood_of_silent_connections_does_not_starve_a_new_communicator():
+    """400 silent connections to a rank whose open-file limit is 256: it still creates a new
+    communicator and talks on both (today the accepted sockets use up its descriptors: EMFILE)."""
+    assert run_ranks(_flooded, 2, 400, env={"DICOMM_TRANSPORT": "tcp"}, timeout=90) == [True, True]
+
+
+def _garbage_flood(rank, world, store, n):
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    c = comm(store, rank, world, timeout_s=20, transport="tcp")
+    if rank == 0:
+        host, port = _tcp_address(store, 1)
+        for _ in range(n):
+            s = socket.create_connection((host, port), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(64))
+            s.close()
+        store.set("sent", "1")
+    else:
+        store.wait(["sent"])
+        deadline = time.monotonic() + 20
+        while c.stats()["rejected_connections"] < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+    rejected = c.stats()["rejected_connections"]
+    close_pair(c, store, rank)
+    os.dup2(saved, 2)
+    log.seek(0)
+    lines = [line for line in log.read().decode().splitlines() if "rejected" in line]
+    return rejected, len(lines)
+
+
+def test_rejected_connections_are_logged_at_a_bounded_rate():
+    n = 200
+    _, (rejected, lines) = run_ranks(_garbage_flood, 2, n, timeout=90)
+    assert rejected == n
+    assert 1 <= lines <= 10, f"{lines} log lines for {n} rejected connections"
+
+
+MSG = 16 * 1024
+COUNT = 20_000  # 312.5 MiB of eager messages nobody has asked for yet
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _unmatched_flood(rank, world, store):
+    c = comm(store, rank, world, timeout_s=60)
+    assert exchange(c, rank)
+    if rank == 0:
+        bufs = [np.full(MSG, i, np.uint8) for i in range(16)]
+        reqs = [c.isend(ptr(bufs[i % 16]), MSG, 1, tag=9) for i in range(COUNT)]
+        store.set("sent", "1")
+        for r in reqs:
+            r.wait()
+        out = None
+    else:
+        before = _rss_bytes()
+        store.wait(["sent"])
+        time.sleep(2.0)  # whatever the receiver would buffer, it has buffered by now
+        grown = _rss_bytes() - before
+        b = np.zeros(MSG, np.uint8)
+        in_order = True
+        for i in range(COUNT):  # every message still arrives, in order
+            c.irecv(ptr(b), MSG, 0, tag=9).wait()
+            in_order &= bool(b[0] == i % 16 and b[-1] == i % 16)
+        out = (grown, in_order, c.stats().get("flow_control_holds", 0))
+    close_pair(c, store, rank)
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_unmatched_eager_messages_are_bounded_by_flow_control(transport):
+    """20,000 unmatched 16 KiB sends: the receiver grows by its flow-control limit (32 MiB), not by
+    the 312 MiB sent (today: ~316 MB), and then receives every message in order."""
+    _, (grown, in_order, holds) = run_ranks(_unmatched_flood, 2, env={"DICOMM_TRANSPORT": transport}, timeout=180)
+    assert in_order
+    assert grown < 96 << 20, f"the receiver grew by {grown / 2**20:.0f} MiB"
