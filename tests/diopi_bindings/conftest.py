@@ -1,0 +1,57 @@
+"""Libraries the DIOPI tests load: the reference build of the package, a variant built here with
+operators left out and one kernel planted wrong, and tiny malformed C libraries."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from diopi_bindings.abi import INCLUDE_DIR
+from diopi_bindings.build import build_reference
+from diopi_bindings.library import reference_library_path
+
+# The variant: two operators not exported, one computed 1% wrong; everything else exact.
+OMITTED = ("aten::gelu", "aten::gelu_backward")
+PLANTED_WRONG = "aten::silu"
+
+
+def symbol(op: str) -> str:
+    from diopi_bindings.schema import BY_NAME
+
+    return BY_NAME[op].symbol
+
+
+@pytest.fixture(scope="session")
+def reference_path() -> Path:
+    return reference_library_path()
+
+
+@pytest.fixture(scope="session")
+def variant_path(tmp_path_factory) -> Path:
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    return build_reference(tmp_path_factory.mktemp("variant"), name="diopi_variant",
+                           omit=tuple(symbol(op) for op in OMITTED), plant_wrong=symbol(PLANTED_WRONG))
+
+
+def compile_c_library(directory: Path, name: str, source: str) -> Path:
+    """A shared library from C source, against the DIOPI headers."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    src = directory / f"{name}.c"
+    src.write_text(source)
+    out = directory / f"lib{name}.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", f"-I{INCLUDE_DIR}", str(src), "-o", str(out)], check=True)
+    return out
+
+
+METADATA_C = """
+#include "diopi/functions.h"
+uint32_t diopi_abi_version(void) { return %(abi)s; }
+const char* diopi_vendor_name(void) { return "test"; }
+const char* diopi_impl_version(void) { return "9.9"; }
+const char* diopi_last_error(void) { return ""; }
+"""
