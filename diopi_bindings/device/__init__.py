@@ -21,6 +21,7 @@ __all__ = ["DEVICE_TYPE", "DiopiDeviceError", "DiopiTensor", "enable", "is_enabl
 
 _lock = threading.Lock()
 _registration: torch.library.Library | None = None
+_registrations: list[torch.library.Library] = []
 
 
 class DiopiDeviceError(RuntimeError):
@@ -29,6 +30,10 @@ class DiopiDeviceError(RuntimeError):
 
 class _DeviceModule:
     """``torch.diopi``: the runtime calls torch and ditorch look up for a device type."""
+
+    # Device tensors keep their memory in host tensors, not in torch storages of this device type:
+    # whatever restores storages (torch.load) must load on the CPU and move the tensors.
+    tensors_without_storage = True
 
     class Stream:  # streams are no-ops: every operator completes before it returns
         def __init__(self, device: object = None, priority: int = 0) -> None:
@@ -177,6 +182,26 @@ def _factory_kernel(name: str):
     return kernel
 
 
+# Operators autocast runs in the lower precision (CUDA's lower_precision_fp list, the matrix products).
+_AUTOCAST_LOWER_PRECISION = ("mm", "bmm", "addmm", "baddbmm", "linear", "matmul")
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+
+
+def _autocast_kernel(name: str):
+    op = getattr(torch.ops.aten, name).default
+
+    def kernel(*args, **kwargs):
+        dtype = torch.get_autocast_dtype(DEVICE_TYPE)
+
+        def cast(x):
+            return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            return op(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+
+    return kernel
+
+
 def _register_backend() -> None:
     """Once per process: rename PrivateUse1 and teach torch how to allocate device tensors."""
     global _registration
@@ -197,11 +222,22 @@ def _register_backend() -> None:
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
             return _wrap(torch.empty_strided(size, stride, dtype=dtype))
 
+        def copy_from(self, dst, non_blocking=False):  # copies that bypass Python dispatch (torch.tensor)
+            getattr(dst, "host", dst).copy_(getattr(self, "host", self))
+            return dst
+
+        lib.impl("_copy_from", copy_from, "PrivateUse1")
         lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
         lib.impl("empty_strided", empty_strided, "PrivateUse1")
         for name in _factory_ops():
             lib.impl(name, _factory_kernel(name), "PrivateUse1")
+        for name in _AUTOCAST_LOWER_PRECISION:
+            lib.impl(name, _autocast_kernel(name), "AutocastPrivateUse1")
         _registration = lib
+        # Autocast on this device: every other operator passes through unchanged.
+        everything = torch.library.Library("_", "IMPL")
+        everything.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+        _registrations.append(everything)
 
 
 def enable(library: str | DiopiLibrary | None = None) -> DiopiLibrary:
