@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,47 @@ class TensorHandle:
         self.shape = (ctypes.c_int64 * ndim)(*tensor.shape)
         self.strides = (ctypes.c_int64 * ndim)(*tensor.stride())
         self.struct = Tensor(tensor.data_ptr(), ndim, self.shape, self.strides, code, device)
+
+
+MAX_NDIM = 16
+
+
+class HandleSlots(threading.local):
+    """Preallocated ``diopiTensor`` structs, refilled on every call: building ctypes objects per call
+    costs more than the operator on small tensors (bench/diopi_overhead.py). A slot remembers the
+    sizes, strides and dtype it holds and rewrites only what changed."""
+
+    def __init__(self) -> None:
+        self.slots: list[list[Any]] = []
+
+    def _grow(self) -> None:
+        shape, strides = (ctypes.c_int64 * MAX_NDIM)(), (ctypes.c_int64 * MAX_NDIM)()
+        struct = Tensor(None, 0, shape, strides, -1, DEVICE_HOST)
+        self.slots.append([struct, shape, strides, ctypes.addressof(struct), None, None, None])
+
+    def fill(self, i: int, tensor: torch.Tensor) -> int:
+        slots = self.slots
+        while i >= len(slots):
+            self._grow()
+        slot = slots[i]
+        struct = slot[0]
+        struct.data = tensor.data_ptr()
+        size, stride, dtype = tensor.shape, tensor.stride(), tensor.dtype
+        if size != slot[4] or stride != slot[5]:
+            ndim = len(size)
+            if ndim > MAX_NDIM:
+                raise TypeError(f"a tensor with {ndim} dims has no DIOPI handle (at most {MAX_NDIM})")
+            struct.ndim = ndim
+            slot[1][:ndim] = size
+            slot[2][:ndim] = stride
+            slot[4], slot[5] = size, stride
+        if dtype is not slot[6]:
+            code = DTYPE_CODES.get(dtype)
+            if code is None:
+                raise TypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
+            struct.dtype = code
+            slot[6] = dtype
+        return slot[3]
 
 
 def size_arg(values: Any) -> Size:

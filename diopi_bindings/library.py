@@ -22,6 +22,10 @@ _ARG_TYPES = {
 }
 
 
+# How call() passes each argument (identity-compared markers).
+_TENSOR, _OPTIONAL_TENSOR, _INTS, _SCALAR = "tensor", "optional tensor", "ints", "scalar"
+
+
 class LibraryError(RuntimeError):
     """A library that cannot be used: missing, not a DIOPI library, or built for another ABI."""
 
@@ -82,6 +86,8 @@ class DiopiLibrary:
             self.functions[op.aten] = fn
         self.allocator = abi.HostAllocator()
         self._context = ctypes.addressof(self.allocator.context)
+        self._slots = abi.HandleSlots()
+        self._plans: dict[Any, tuple[Any, OpSchema, tuple[str, ...]]] = {}
 
     def info(self) -> LibraryInfo:
         return LibraryInfo(
@@ -98,31 +104,44 @@ class DiopiLibrary:
 
     def call(self, op: str | OpSchema, *args: Any) -> None:
         """Run ``op`` with arguments in ABI order: tensors (or None for optional ones), then scalars."""
-        schema = op if isinstance(op, OpSchema) else _schema(op)
-        fn = self.functions.get(schema.aten)
-        if fn is None:
-            raise NotImplementedError(f"{self.vendor} does not implement {schema.aten}")
-        if len(args) != len(schema.args):
-            raise TypeError(f"{schema.aten} takes {len(schema.args)} arguments ({_signature(schema)}), got {len(args)}")
-        handles = []
+        plan = self._plans.get(op)
+        if plan is None:
+            plan = self._plan(op)
+        fn, schema, kinds = plan
+        if len(args) != len(kinds):
+            raise TypeError(f"{schema.aten} takes {len(kinds)} arguments ({_signature(schema)}), got {len(args)}")
+        slots = self._slots
         c_args: list[Any] = [self._context]
-        for arg, value in zip(schema.args, args):
-            if arg.is_tensor:
+        n = 0
+        for kind, value in zip(kinds, args):
+            if kind is _TENSOR:
                 if value is None:
-                    if not arg.kind.endswith("?"):
-                        raise TypeError(f"{schema.aten}: {arg.name} is required")
+                    raise TypeError(f"{schema.aten}: a required tensor is None ({_signature(schema)})")
+                c_args.append(slots.fill(n, value))
+                n += 1
+            elif kind is _OPTIONAL_TENSOR:
+                if value is None:
                     c_args.append(None)
-                    continue
-                handle = abi.TensorHandle(value)
-                handles.append(handle)
-                c_args.append(ctypes.addressof(handle.struct))
-            elif arg.kind == "ints":
+                else:
+                    c_args.append(slots.fill(n, value))
+                    n += 1
+            elif kind is _INTS:
                 c_args.append(abi.size_arg(value))
             else:
                 c_args.append(value)
         code = fn(*c_args)
-        if code != abi.SUCCESS:
+        if code:
             raise OperatorError(schema.aten, code, self.last_error())
+
+    def _plan(self, op: str | OpSchema) -> tuple[Any, OpSchema, tuple[str, ...]]:
+        schema = op if isinstance(op, OpSchema) else _schema(op)
+        fn = self.functions.get(schema.aten)
+        if fn is None:
+            raise NotImplementedError(f"{self.vendor} does not implement {schema.aten}")
+        kinds = tuple(_TENSOR if a.kind in ("out", "inout", "in") else _OPTIONAL_TENSOR if a.is_tensor
+                      else _INTS if a.kind == "ints" else _SCALAR for a in schema.args)
+        plan = self._plans[op] = (fn, schema, kinds)
+        return plan
 
 
 def _schema(name: str) -> OpSchema:

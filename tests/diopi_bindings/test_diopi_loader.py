@@ -58,3 +58,13 @@ def test_calls_match_torch_through_strides_and_broadcast(reference_path):
     out = torch.empty(6, 5).t()  # written through transposed strides
     lib.call("aten::add.Tensor", out, a, b, 0.5)
     torch.testing.assert_close(out, a + 0.5 * b)
+
+
+def test_reused_handles_follow_shape_stride_and_dtype_changes(reference_path):
+    """Handles are refilled only where the tensor differs from the previous call's: check each change."""
+    lib = DiopiLibrary(reference_path)
+    base = torch.randn(4, 4, dtype=torch.float64)
+    for x in (base, base.t(), base[:2], base.float(), base.t().float(), base.reshape(2, 8), base[0, 0]):
+        out = torch.empty_like(x)
+        lib.call("aten::neg", out, x)
+        assert torch.equal(out, -x), (x.shape, x.stride(), x.dtype)
