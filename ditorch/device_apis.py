@@ -3,8 +3,9 @@
 ``torch.get_device_module``, ``torch.autocast`` / ``torch.amp.autocast``.
 
 None of them is a torch function (no torch-function mode sees them), so both strategies patch them.
-``torch.Generator`` and ``torch.autocast`` are classes: they are replaced by subclasses that translate
-the device and answer ``isinstance`` for the originals' instances too.
+``torch.Generator`` is a class of C++: it is replaced by a subclass that translates the device and
+answers ``isinstance`` for the original's instances too. ``torch.autocast`` keeps its class (torch.compile
+recognises it by identity): its ``__init__`` translates.
 """
 from __future__ import annotations
 
@@ -101,17 +102,17 @@ def _generator_class(original: type, tr: DeviceTranslator) -> type:
     return GeneratorMeta("Generator", (original,), {"__module__": "torch", "__doc__": original.__doc__})
 
 
-def _autocast_class(original: type, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> type:
-    """``device_type="device"`` means the vendor's autocast device type (``Adapter.autocast_device_type``)."""
+def _autocast_init(init: Callable, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> Callable:
+    """``device_type="device"`` means the vendor's autocast device type (``Adapter.autocast_device_type``).
+    The class stays torch's own (torch.compile recognises it by identity); only its ``__init__`` changes."""
 
-    class autocast(original):  # noqa: N801 - the name torch uses
-        def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
-            if _translated(tr, device_type) is not device_type:
-                device_type = autocast_type()
-            super().__init__(device_type, *args, **kwargs)
+    @functools.wraps(init)
+    def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        if _translated(tr, device_type) is not device_type:
+            device_type = autocast_type()
+        init(self, device_type, *args, **kwargs)
 
-    autocast.__module__, autocast.__qualname__, autocast.__doc__ = original.__module__, original.__qualname__, original.__doc__
-    return autocast
+    return __init__
 
 
 def install_api_patches(patches: PatchSet, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> None:
@@ -119,7 +120,6 @@ def install_api_patches(patches: PatchSet, tr: DeviceTranslator, autocast_type: 
     patches.set(torch, "set_default_device", _first_arg(torch.set_default_device, tr, "device"))
     patches.set(torch, "get_device_module", _first_arg(torch.get_device_module, tr, "device"))
     patches.set(torch, "Generator", _generator_class(torch.Generator, tr))
-    autocast = _autocast_class(torch.autocast, tr, autocast_type)
-    patches.set(torch, "autocast", autocast)
-    patches.set(torch.amp, "autocast", autocast)
+    autocast = torch.amp.autocast_mode.autocast
+    patches.set(autocast, "__init__", _autocast_init(autocast.__init__, tr, autocast_type))
     install_hf_patches(patches, lambda dev: _translated(tr, dev))

@@ -82,6 +82,19 @@ def test_device_apis_restored_exactly_by_disable(shim):
         assert getattr(torch, name).__module__.startswith("torch"), name
     assert torch.Generator is torch._C.Generator
     assert torch.autocast is torch.amp.autocast_mode.autocast is torch.amp.autocast
+    assert "__init__" in vars(torch.autocast) and torch.autocast.__init__.__module__ == "torch.amp.autocast_mode"
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "device"])
+def test_autocast_inside_torch_compile(shim, device_type):
+    """torch.compile recognises torch.autocast by identity: the class must stay torch's own."""
+    def fn(a, b):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return a @ b
+
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    got = torch.compile(fn, backend="eager", fullgraph=True)(a, b)
+    assert got.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("spelling", ["device:1", "device:7"])
@@ -143,3 +156,12 @@ def test_default_device_context_still_sees_the_factories(shim):
     with torch.device("meta"):
         made = [torch.arange(3), torch.zeros(2), torch.randn(2), torch.full((1,), 2.0), torch.tensor([1.0])]
     assert {t.device.type for t in made} == {"meta"}
+
+
+def test_generator_inside_torch_compile(shim):
+    def fn(x, g):
+        noise = torch.randn(3, generator=torch.Generator().manual_seed(0))
+        return x + noise if isinstance(g, torch.Generator) else x
+
+    want = reference(lambda: torch.ones(3) + torch.randn(3, generator=torch.Generator().manual_seed(0)))
+    assert torch.equal(torch.compile(fn, backend="eager")(torch.ones(3), torch.Generator()), want)
