@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from diopi_bindings import abi
 from diopi_bindings.schema import OPS, OpSchema
 
@@ -178,6 +176,3 @@ def load(path: str | os.PathLike | None = None) -> DiopiLibrary:
     chosen = path or os.environ.get(LIBRARY_ENV) or reference_library_path()
     return DiopiLibrary(chosen)
 
-
-def empty_like_output(like: torch.Tensor, shape: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)

@@ -100,8 +100,8 @@ diopiError_t diopi_aten_silu(diopiContextHandle_t, diopiTensorHandle_t out, diop
 
 diopiError_t diopi_aten_gelu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                              int64_t approximate) {
-  return guarded(__func__, [&] { check_approximate(approximate); }) ?: 
-         unary(__func__, out, self, [approximate](double x) { return gelu(x, approximate); });
+  if (diopiError_t err = guarded(__func__, [&] { check_approximate(approximate); })) return err;
+  return unary(__func__, out, self, [approximate](double x) { return gelu(x, approximate); });
 }
 
 diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandle_t out,
@@ -120,8 +120,8 @@ diopiError_t diopi_aten_silu_backward(diopiContextHandle_t, diopiTensorHandle_t 
 diopiError_t diopi_aten_gelu_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
                                       diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self,
                                       int64_t approximate) {
-  return guarded(__func__, [&] { check_approximate(approximate); }) ?:
-         binary(__func__, grad_input, grad_output, self,
+  if (diopiError_t err = guarded(__func__, [&] { check_approximate(approximate); })) return err;
+  return binary(__func__, grad_input, grad_output, self,
                 [approximate](double g, double x) { return g * gelu_grad(x, approximate); });
 }
 

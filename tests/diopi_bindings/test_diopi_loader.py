@@ -68,3 +68,34 @@ def test_reused_handles_follow_shape_stride_and_dtype_changes(reference_path):
         out = torch.empty_like(x)
         lib.call("aten::neg", out, x)
         assert torch.equal(out, -x), (x.shape, x.stride(), x.dtype)
+
+
+def test_kernels_allocate_through_the_context(tmp_path):
+    """A kernel takes scratch memory and a data-dependent output from the framework's allocator (the
+    context's callbacks), and gives the scratch back."""
+    src = METADATA_C % {"abi": "DIOPI_ABI_VERSION"} + """
+#include <string.h>
+diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  double* scratch = (double*)ctx->allocate(ctx->allocator_state, 4 * sizeof(double));
+  if (!scratch) return DIOPI_ERR_ALLOCATION;
+  diopiTensorHandle_t extra = NULL;
+  int64_t shape[2] = {2, 3};
+  if (ctx->require_tensor(ctx->allocator_state, &extra, 2, shape, DIOPI_DTYPE_FLOAT64) != DIOPI_SUCCESS) return DIOPI_ERR_ALLOCATION;
+  if (extra->ndim != 2 || extra->shape[1] != 3 || extra->dtype != DIOPI_DTYPE_FLOAT64) return DIOPI_ERR_INTERNAL;
+  memset(extra->data, 0, 6 * sizeof(double));
+  for (int64_t i = 0; i < self->shape[0]; ++i) {
+    scratch[i % 4] = -((const double*)self->data)[i * self->strides[0]];
+    ((double*)out->data)[i * out->strides[0]] = scratch[i % 4];
+  }
+  ctx->release(ctx->allocator_state, scratch);
+  return DIOPI_SUCCESS;
+}
+"""
+    lib = DiopiLibrary(compile_c_library(tmp_path, "allocating", src))
+    x = torch.arange(5, dtype=torch.float64)
+    out = torch.empty(5, dtype=torch.float64)
+    lib.call("aten::neg", out, x)
+    assert torch.equal(out, -x)
+    assert lib.allocator.blocks == {}  # the scratch block went back
+    (extra, _), = lib.allocator.required
+    assert extra.shape == (2, 3) and torch.equal(extra, torch.zeros(2, 3, dtype=torch.float64))
