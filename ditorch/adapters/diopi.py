@@ -2,11 +2,13 @@
 
 For a chip whose vendor ships an operator library but no torch plug-in: ``DIOPI_LIBRARY=path/to/lib.so``
 makes the device available (chosen after every native accelerator, before the CPU);
-``DITORCH_VENDOR=diopi`` without ``DIOPI_LIBRARY`` uses the CPU reference library.
+``DITORCH_VENDOR=diopi`` without ``DIOPI_LIBRARY`` uses the CPU reference library; so does a process that
+called ``diopi_bindings.device.enable(...)`` itself.
 """
 from __future__ import annotations
 
 import os
+import sys
 
 from ditorch.adapter import Adapter
 
@@ -15,9 +17,12 @@ LIBRARY_ENV = "DIOPI_LIBRARY"
 
 def _detect() -> str | None:
     path = os.environ.get(LIBRARY_ENV)
-    requested = os.environ.get("DITORCH_VENDOR", "").strip().lower() == "diopi"
+    requested = os.environ.get("DITORCH_VENDOR", "").strip().lower() in ("diopi", "dipu")
+    loaded = sys.modules.get("diopi_bindings.device")
+    if loaded is not None and loaded.is_enabled():  # enabled in code: diopi_bindings.device.enable(lib)
+        return None
     if not path and not requested:
-        return f"{LIBRARY_ENV} is not set"
+        return f"{LIBRARY_ENV} is not set (nor diopi_bindings.device.enable() called)"
     try:
         from diopi_bindings import device
     except ImportError as exc:

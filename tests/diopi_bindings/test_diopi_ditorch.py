@@ -90,3 +90,15 @@ def test_malformed_library_is_refused_by_import_ditorch(tmp_path):
                           env={"PATH": "/usr/bin:/bin", "DITORCH_VENDOR": "diopi", "DIOPI_LIBRARY": str(bogus)})
     assert done.returncode != 0
     assert "DITORCH_VENDOR='diopi'" in done.stderr and "cannot load DIOPI library" in done.stderr
+
+
+def test_use_vendor_after_enabling_the_device_in_code(reference_path):
+    got = run_python(f"""
+        import json, torch, ditorch
+        from diopi_bindings import device
+        before = ditorch.device.type
+        device.enable({str(reference_path)!r})
+        ditorch.use_vendor("dipu")
+        print(json.dumps({{"before": before, "after": str(torch.ones(1, device="device").device)}}))
+    """)
+    assert got == {"before": "cpu", "after": "diopi:0", "_stderr": got["_stderr"]}
