@@ -90,9 +90,13 @@ def _elementwise_shapes(binary: bool) -> list[tuple[str, tuple, tuple, str]]:
     ]
 
 
-def _unary_cases(op: OpSchema, g: _Gen, fn: Callable, lo: float, hi: float, scalars: dict | None = None) -> list[Case]:
+def _unary_cases(op: OpSchema, g: _Gen, fn: Callable, lo: float, hi: float, scalars: dict | None = None,
+                 large: bool = True) -> list[Case]:
+    """``large=False``: an operator variant whose large case would only repeat the first variant's."""
     cases = []
     for label, shape, _, layout in _elementwise_shapes(False):
+        if label == "large" and not large:
+            continue
         x = g.rand(*shape, lo=lo, hi=hi, layout=layout)
         cases.append(Case(op, label, g.dtype, {"self": x, **(scalars or {})}, lambda a, fn=fn: (fn(a),)))
     x = g.rand(4, 6, lo=lo, hi=hi)
@@ -102,9 +106,11 @@ def _unary_cases(op: OpSchema, g: _Gen, fn: Callable, lo: float, hi: float, scal
 
 
 def _binary_cases(op: OpSchema, g: _Gen, fn: Callable, names: tuple[str, str], divisor: bool = False,
-                  scalars: dict | None = None) -> list[Case]:
+                  scalars: dict | None = None, large: bool = True) -> list[Case]:
     cases = []
     for label, sa, sb, layout in _elementwise_shapes(True):
+        if label == "large" and not large:
+            continue
         a = g.rand(*sa, layout=layout)
         b = g.nonzero(*sb) if divisor else g.rand(*sb)
         cases.append(Case(op, label, g.dtype, {names[0]: a, names[1]: b, **(scalars or {})}, lambda d, fn=fn: (fn(d),)))
@@ -134,11 +140,11 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
     if name == "aten::gelu":
         return [c for approx, code in GELU_APPROXIMATE.items()
                 for c in _relabel(_unary_cases(op, g, lambda a, ap=approx: F.gelu(a["self"], approximate=ap), -4, 4,
-                                               {"approximate": code}), f"approximate={approx}")]
+                                               {"approximate": code}, large=code == 0), f"approximate={approx}")]
     if name == "aten::pow.Tensor_Scalar":
         return [c for e in (2.0, 0.5, -1.5, 3.0)
                 for c in _relabel(_unary_cases(op, g, lambda a: a["self"].pow(a["exponent"]), 0.2, 3,
-                                               {"exponent": e}), f"exponent={e:g}")]
+                                               {"exponent": e}, large=e == 2.0), f"exponent={e:g}")]
     backward = {
         "aten::silu_backward": lambda a: torch.ops.aten.silu_backward(a["grad_output"], a["self"]),
         "aten::sigmoid_backward": lambda a: torch.ops.aten.sigmoid_backward(a["grad_output"], a["output"]),
@@ -150,7 +156,7 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
         return [c for approx, code in GELU_APPROXIMATE.items()
                 for c in _relabel(_binary_cases(
                     op, g, lambda a, ap=approx: torch.ops.aten.gelu_backward(a["grad_output"], a["self"], approximate=ap),
-                    ("grad_output", "self"), scalars={"approximate": code}), f"approximate={approx}")]
+                    ("grad_output", "self"), scalars={"approximate": code}, large=code == 0), f"approximate={approx}")]
     raise KeyError(name)
 
 
@@ -248,7 +254,8 @@ def _rotary(op: OpSchema, g: _Gen) -> list[Case]:
 
     cases = []
     for label, shape, lay, conj in [("forward", (2, 3, 5, 8), "contiguous", False), ("backward", (2, 3, 5, 8), "contiguous", True),
-                                    ("non-contiguous", (2, 4, 6), "transposed", False)]:
+                                    ("non-contiguous", (2, 4, 6), "transposed", False),
+                                    ("large", (2, 8, 128, 64), "contiguous", False)]:
         x = g.rand(*shape, layout=lay)
         c, s = rope(x.shape[-2], x.shape[-1])
         cases.append(Case(op, label, g.dtype, {"x": x, "cos": c, "sin": s, "conj": conj}, reference))
@@ -277,7 +284,8 @@ def _attention(op: OpSchema, g: _Gen) -> list[Case]:
 
     cases = []
     for label, (B, H, S, L, D), causal in [("causal", (2, 2, 5, 5, 8), True), ("full", (1, 3, 4, 6, 8), False),
-                                           ("causal rectangular", (1, 2, 6, 4, 4), True)]:
+                                           ("causal rectangular", (1, 2, 6, 4, 4), True),
+                                           ("large", (1, 4, 128, 128, 32), True)]:
         q, k, v = g.rand(B, H, S, D), g.rand(B, H, L, D), g.rand(B, H, L, D)
         scale = 1.0 / math.sqrt(D)
         if op.aten.endswith("_backward"):
@@ -298,7 +306,8 @@ def _embedding(op: OpSchema, g: _Gen) -> list[Case]:
     for label, (V, E), idx_shape, idx_dtype, pad in [("int64", (10, 4), (3, 5), torch.int64, -1),
                                                      ("int32", (7, 3), (6,), torch.int32, -1),
                                                      ("padding", (6, 4), (2, 8), torch.int64, 2),
-                                                     ("empty", (5, 3), (0,), torch.int64, -1)]:
+                                                     ("empty", (5, 3), (0,), torch.int64, -1),
+                                                     ("large", (1000, 64), (8, 128), torch.int64, -1)]:
         idx = g.index(V, *idx_shape, dtype=idx_dtype)
         if op.aten == "aten::embedding":
             args = {"weight": g.rand(V, E), "indices": idx, "padding_idx": pad}
@@ -317,7 +326,7 @@ def _nll(op: OpSchema, g: _Gen) -> list[Case]:
     cases = []
     for reduction, rname in ((0, "none"), (1, "mean"), (2, "sum")):
         for label, N, C, weighted, ignore in [("basic", 6, 5, False, -100), ("weighted", 4, 7, True, -100),
-                                              ("ignore_index", 8, 4, False, 1)]:
+                                              ("ignore_index", 8, 4, False, 1), ("large", 256, 512, True, -100)]:
             x = torch.log_softmax(g.rand(N, C).double(), -1).to(g.dtype)
             t = g.index(C, N)
             w = g.rand(C, lo=0.5, hi=2.0) if weighted else None
@@ -413,7 +422,8 @@ def _adamw(op: OpSchema, g: _Gen) -> list[Case]:
 
     cases = []
     for label, shape, step, maximize in [("first step", (4, 5), 1, False), ("step 10", (7,), 10, False),
-                                         ("maximize", (3, 3), 3, True)]:
+                                         ("maximize", (3, 3), 3, True), ("empty", (0, 4), 2, False),
+                                         ("large", (64, 1024), 5, False)]:
         args = {"param": g.rand(*shape), "exp_avg": g.rand(*shape, lo=-0.1, hi=0.1),
                 "exp_avg_sq": g.rand(*shape, lo=0.0, hi=0.01), "grad": g.rand(*shape), "lr": 1e-2, "beta1": 0.9,
                 "beta2": 0.999, "weight_decay": 0.1, "eps": 1e-8, "step": step, "maximize": maximize}
