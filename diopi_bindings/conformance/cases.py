@@ -451,13 +451,13 @@ _FAMILIES.update({n: _data_movement for n in ("aten::_to_copy", "aten::copy_", "
 _FAMILIES["ext::adamw"] = _adamw
 
 
-def cases_for(op_name: str, seed: int = 0) -> list[Case]:
-    """Every case of one operator, for every dtype it declares."""
+def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:
+    """Every case of one operator, for every dtype it declares (``quick``: without the large ones)."""
     op = BY_NAME[op_name]
     cases = []
     for i, dtype_name in enumerate(op.dtypes):
         cases += _FAMILIES[op_name](op, _Gen(DTYPE_NAMES[dtype_name], seed * 1000 + i))
-    return cases
+    return [c for c in cases if not (quick and "large" in c.label)]
 
 
 def missing_generators() -> list[str]:

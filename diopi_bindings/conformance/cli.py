@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vendor-file", help="YAML/JSON with per-operator skips and tolerances")
     p.add_argument("--json", metavar="FILE", help="write every case and verdict as JSON")
     p.add_argument("--html", metavar="FILE", help="write the per-operator table as HTML")
+    p.add_argument("--quick", action="store_true", help="leave out the large cases (while iterating on kernels)")
     p.add_argument("--list", action="store_true", help="list the operators of the schema and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             bad = sum(r.status in (FAIL, ERROR) for r in results)
             print(f"  {op}: {len(results)} case(s){f', {bad} failing' if bad else ''}", file=sys.stderr)
 
-    results = run(lib, args.ops, vendor, progress)
+    results = run(lib, args.ops, vendor, progress, quick=args.quick)
     info = lib.info()
     print(table(results, info))
     if args.json:

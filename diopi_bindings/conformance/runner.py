@@ -112,8 +112,9 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile) -> CaseResult:
 
 
 def run(lib: DiopiLibrary, ops: list[str] | None = None, vendor: VendorFile | None = None,
-        progress: Any = None) -> list[CaseResult]:
-    """Every case of ``ops`` (default: the whole schema). A missing function is "not implemented"."""
+        progress: Any = None, quick: bool = False) -> list[CaseResult]:
+    """Every case of ``ops`` (default: the whole schema; ``quick``: no large cases). A missing function
+    is "not implemented"."""
     vendor = vendor or VendorFile()
     results = []
     for name in ops or list(BY_NAME):
@@ -122,7 +123,7 @@ def run(lib: DiopiLibrary, ops: list[str] | None = None, vendor: VendorFile | No
             results.append(CaseResult(name, "*", ",".join(op.dtypes), NOT_IMPLEMENTED,
                                       f"{lib.vendor} does not export {op.symbol}"))
             continue
-        for case in cases_for(name):
+        for case in cases_for(name, quick=quick):
             dtype = _dtype_name(case.dtype)
             reason = vendor.skip_reason(name, dtype)
             if reason is not None:
