@@ -133,10 +133,25 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
         "aten::rsqrt": (lambda a: a["self"].rsqrt(), 0.1, 4),
         "aten::sigmoid": (lambda a: a["self"].sigmoid(), -6, 6),
         "aten::silu": (lambda a: F.silu(a["self"]), -6, 6),
+        "aten::sqrt": (lambda a: a["self"].sqrt(), 0.0, 4),
+        "aten::log": (lambda a: a["self"].log(), 0.05, 8),
+        "aten::cos": (lambda a: a["self"].cos(), -7, 7),
+        "aten::sin": (lambda a: a["self"].sin(), -7, 7),
     }
     if name in unary:
         fn, lo, hi = unary[name]
         return _unary_cases(op, g, fn, lo, hi)
+    if name == "aten::reciprocal":  # away from zero, each sign
+        return [c for lo, hi in ((0.25, 4.0), (-4.0, -0.25))
+                for c in _relabel(_unary_cases(op, g, lambda a: a["self"].reciprocal(), lo, hi, large=lo > 0),
+                                  "positive" if lo > 0 else "negative")]
+    if name == "aten::addcmul":
+        cases = []
+        for label, sa, sb, layout in _elementwise_shapes(True):
+            args = {"self": g.rand(*sa, layout=layout), "tensor1": g.rand(*sb), "tensor2": g.rand(*sb), "value": 0.25}
+            cases.append(Case(op, label, g.dtype, args,
+                              lambda d: (torch.addcmul(d["self"], d["tensor1"], d["tensor2"], value=d["value"]),)))
+        return cases
     if name == "aten::gelu":
         return [c for approx, code in GELU_APPROXIMATE.items()
                 for c in _relabel(_unary_cases(op, g, lambda a, ap=approx: F.gelu(a["self"], approximate=ap), -4, 4,
@@ -433,7 +448,8 @@ def _adamw(op: OpSchema, g: _Gen) -> list[Case]:
 
 _FAMILIES: dict[str, Callable[[OpSchema, _Gen], list[Case]]] = {}
 for _name in ("aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::exp",
-              "aten::rsqrt", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::pow.Tensor_Scalar",
+              "aten::rsqrt", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::pow.Tensor_Scalar", "aten::reciprocal",
+              "aten::sqrt", "aten::log", "aten::cos", "aten::sin", "aten::addcmul",
               "aten::silu_backward", "aten::gelu_backward", "aten::sigmoid_backward"):
     _FAMILIES[_name] = _elementwise
 _FAMILIES.update({n: _matmul for n in ("aten::mm", "aten::bmm", "aten::linear")})

@@ -3,8 +3,11 @@
 For an operator the library implements, the ATen arguments are bound by name to the schema's ABI
 arguments, the outputs are allocated from the operator's meta kernel (shapes, strides, dtypes), and
 the library writes them. In-place variants (``add_``) run the functional operator and copy back.
-View operators only change metadata: they run on the host tensors behind the device tensors.
-Everything else falls back to the CPU, logged once per operator.
+An overload the schema does not list reaches its schema form when the arguments bind by name: a
+``.Scalar`` overload the ``.Tensor`` operator (the number as a 0-dim tensor), an ``.out`` overload the
+functional operator (the result copied into ``out``). View operators only change metadata: they run
+on the host tensors behind the device tensors. Everything else falls back to the CPU, logged once
+per operator.
 """
 from __future__ import annotations
 
@@ -37,6 +40,44 @@ _DEFAULTS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
     ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "scale"):
         lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
 }
+
+
+# How an ATen overload reaches a schema operator.
+FUNCTIONAL, INPLACE, OUT = "functional", "inplace", "out"
+
+# Operators that return a view but whose schema does not say so (reshape's helper): metadata only.
+_METADATA_OPS = frozenset({"aten::_unsafe_view"})
+
+
+class _Unservable(Exception):
+    """These arguments need something the schema operator does not do (a resize of ``out``)."""
+
+
+def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
+    """The schema operator serving ``func`` and how: the same name, a ``.Scalar`` overload served by
+    ``.Tensor``, an ``.out`` overload by the functional form, an in-place ``op_`` by ``op``."""
+    name = aten_name(func)
+    if name in BY_NAME:
+        return BY_NAME[name], FUNCTIONAL
+    base, _, overload = name.partition(".")
+    mode = FUNCTIONAL
+    if func._schema.name.endswith("_") and _writes_self(func):
+        base, mode = base[:-1], INPLACE
+    elif overload == "out" or overload.endswith("_out"):
+        overload, mode = overload.removesuffix("out").removesuffix("_"), OUT
+    names = [f"{base}.{overload}" if overload else base]
+    if overload in ("Scalar", ""):
+        names.append(f"{base}.Tensor")
+    aten_args = {a.name for a in func._schema.arguments}
+    for candidate in dict.fromkeys(names):
+        op = BY_NAME.get(candidate)
+        if op is None:
+            continue
+        if mode != FUNCTIONAL and not (len(op.outputs) == 1 and op.outputs[0].kind == "out"):
+            continue
+        if all(a.name in aten_args for a in op.args if not a.is_output):  # binds by name
+            return op, mode
+    return None, mode
 
 
 def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
@@ -76,47 +117,45 @@ class Router:
         self._resolved: dict[Any, tuple[OpSchema | None, bool]] = {}
 
     # --- resolution -------------------------------------------------------------------------
-    def resolve(self, func: torch._ops.OpOverload) -> tuple[OpSchema | None, bool]:
-        """The schema operator serving ``func`` (or None), and whether ``func`` is its in-place form."""
+    def resolve(self, func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
+        """The schema operator serving ``func`` (or None), and how (FUNCTIONAL, INPLACE, OUT)."""
         hit = self._resolved.get(func)
         if hit is None:
-            name = aten_name(func)
-            op, inplace = BY_NAME.get(name), False
-            if op is None and func._schema.name.endswith("_") and _writes_self(func):
-                base, _, overload = name.partition(".")
-                op = BY_NAME.get(base[:-1] + (f".{overload}" if overload else ""))
-                inplace = op is not None and len(op.outputs) == 1 and op.outputs[0].kind == "out"
-                op = op if inplace else None
+            op, mode = _schema_form(func)
             if op is not None and not self.library.implements(op.aten):
                 op = None
-            hit = self._resolved[func] = (op, inplace)
+            hit = self._resolved[func] = (op, mode)
         return hit
 
     # --- dispatch ---------------------------------------------------------------------------
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        if _is_view(func):
+        if _is_view(func) or func._schema.name in _METADATA_OPS:
             return self._on_host(func, args, kwargs)
         if _crosses_devices(func, args, kwargs):  # the framework's copies to and from the CPU
             self.copies[aten_name(func)] += 1
             return self._on_host(func, args, kwargs)
-        op, inplace = self.resolve(func)
+        op, mode = self.resolve(func)
         if op is not None:
             bound = _bind(func, args, kwargs)
             reason = _servable(op, bound)
             if reason is None:
                 try:
-                    return self._call(func, op, inplace, args, kwargs, bound)
-                except OperatorError as exc:
+                    return self._call(func, op, mode, args, kwargs, bound)
+                except (OperatorError, _Unservable) as exc:
                     reason = str(exc)
             self._log_fallback(func, reason)
         else:
             self._log_fallback(func, None)
         return self._on_host(func, args, kwargs)
 
-    def _call(self, func: torch._ops.OpOverload, op: OpSchema, inplace: bool, args: tuple, kwargs: dict,
+    def _call(self, func: torch._ops.OpOverload, op: OpSchema, mode: str, args: tuple, kwargs: dict,
               bound: dict[str, Any]) -> Any:
         meta_out = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
         metas = list(meta_out) if isinstance(meta_out, (tuple, list)) else [meta_out]
+        target = bound["out"] if mode == OUT else bound["self"] if mode == INPLACE else None
+        if target is not None and tuple(target.shape) != tuple(metas[0].shape):
+            raise _Unservable(f"the result's shape {tuple(metas[0].shape)} is not the shape of "
+                              f"{'out' if mode == OUT else 'self'} {tuple(target.shape)}")
         host = {name: _host(value) for name, value in bound.items()}
         outputs: dict[str, torch.Tensor | None] = {}
         results = []
@@ -144,8 +183,7 @@ class Router:
                 abi_args.append(_scalar(op, arg.kind, arg.name, bound))
         self.library.call(op, *abi_args)
         self.routed[aten_name(func)] += 1
-        if inplace:  # the functional result goes back into self
-            target = bound["self"]
+        if target is not None:  # the functional result goes into self (in place) or out (out=)
             _host(target).copy_(outputs[op.outputs[0].name])
             return target
         wrapped = [r if not isinstance(r, torch.Tensor) or self.is_device(r) else self.wrap(r) for r in results]

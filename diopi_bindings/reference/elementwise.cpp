@@ -109,6 +109,41 @@ diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandl
   return unary(__func__, out, self, [exponent](double x) { return std::pow(x, exponent); });
 }
 
+diopiError_t diopi_aten_reciprocal(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return 1.0 / x; });
+}
+
+diopiError_t diopi_aten_sqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::sqrt(x); });
+}
+
+diopiError_t diopi_aten_log(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::log(x); });
+}
+
+diopiError_t diopi_aten_cos(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::cos(x); });
+}
+
+diopiError_t diopi_aten_sin(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::sin(x); });
+}
+
+diopiError_t diopi_aten_addcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value) {
+  const char* symbol = __func__;  // the kernel's name (inside the lambda __func__ is the lambda's)
+  return guarded(symbol, [&] {
+    need(out, "out"), need(self, "self"), need(tensor1, "tensor1"), need(tensor2, "tensor2");
+    require_float({out, self, tensor1, tensor2});
+    const Shape shape = broadcast_shapes(broadcast_shapes(shape_of(self), shape_of(tensor1)), shape_of(tensor2));
+    require_shape(out, shape, "out");
+    Buffer x = read(self, shape);
+    const Buffer a = read(tensor1, shape), b = read(tensor2, shape);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += value * a[i] * b[i];
+    write_output(out, x, symbol);
+  });
+}
+
 diopiError_t diopi_aten_silu_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
                                       diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self) {
   return binary(__func__, grad_input, grad_output, self, [](double g, double x) {

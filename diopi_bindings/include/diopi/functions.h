@@ -52,6 +52,25 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_gelu(diopiContextHandle_t ctx, diop
 /* aten::pow.Tensor_Scalar [float32, float64, float16, bfloat16] out:out self:in exponent:double */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double exponent);
 
+/* aten::reciprocal [float32, float64, float16, bfloat16] out:out self:in */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_reciprocal(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
+
+/* aten::sqrt [float32, float64, float16, bfloat16] out:out self:in */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_sqrt(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
+
+/* aten::log [float32, float64, float16, bfloat16] out:out self:in */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_log(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
+
+/* aten::cos [float32, float64, float16, bfloat16] out:out self:in */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_cos(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
+
+/* aten::sin [float32, float64, float16, bfloat16] out:out self:in */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_sin(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
+
+/* aten::addcmul [float32, float64, float16, bfloat16] out:out self:in tensor1:in tensor2:in value:double
+ * out = self + value * tensor1 * tensor2 (the optimizer's second moment) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_addcmul(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value);
+
 /* aten::silu_backward [float32, float64, float16, bfloat16] grad_input:out grad_output:in self:in */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_silu_backward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input, diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self);
 
