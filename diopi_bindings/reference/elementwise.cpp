@@ -131,8 +131,7 @@ diopiError_t diopi_aten_sin(diopiContextHandle_t, diopiTensorHandle_t out, diopi
 
 diopiError_t diopi_aten_addcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                 diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value) {
-  const char* symbol = __func__;  // the kernel's name (inside the lambda __func__ is the lambda's)
-  return guarded(symbol, [&] {
+  return guarded(__func__, [&] {
     need(out, "out"), need(self, "self"), need(tensor1, "tensor1"), need(tensor2, "tensor2");
     require_float({out, self, tensor1, tensor2});
     const Shape shape = broadcast_shapes(broadcast_shapes(shape_of(self), shape_of(tensor1)), shape_of(tensor2));
@@ -140,7 +139,7 @@ diopiError_t diopi_aten_addcmul(diopiContextHandle_t, diopiTensorHandle_t out, d
     Buffer x = read(self, shape);
     const Buffer a = read(tensor1, shape), b = read(tensor2, shape);
     for (size_t i = 0; i < x.size(); ++i) x[i] += value * a[i] * b[i];
-    write_output(out, x, symbol);
+    WRITE(out, x);
   });
 }
 

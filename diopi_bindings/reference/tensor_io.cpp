@@ -122,6 +122,12 @@ Shape strides_of(diopiConstTensorHandle_t t) { return Shape(t->strides, t->strid
 
 void fail(diopiError_t code, const std::string& message) { throw Failure{code, message}; }
 void set_last_error(const std::string& message) { last_error = message; }
+
+const char*& current_kernel() {
+  thread_local const char* symbol = nullptr;
+  return symbol;
+}
+
 const char* last_error_message() { return last_error.c_str(); }
 
 Shape shape_of(diopiConstTensorHandle_t t) { return Shape(t->shape, t->shape + t->ndim); }

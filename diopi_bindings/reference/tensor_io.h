@@ -25,9 +25,19 @@ struct Failure {
 [[noreturn]] void fail(diopiError_t code, const std::string& message);
 void set_last_error(const std::string& message);
 
+// The symbol of the kernel running on this thread (set by guarded), or nullptr. WRITE names the kernel
+// by it: inside a kernel's lambda __func__ is the lambda's operator(), not the kernel.
+const char*& current_kernel();
+inline const char* kernel_name(const char* fallback) { return current_kernel() ? current_kernel() : fallback; }
+
 // Runs a kernel body; a Failure or any exception becomes an error code plus diopi_last_error().
 template <class Body>
 diopiError_t guarded(const char* symbol, Body&& body) {
+  struct Scope {
+    const char* previous;
+    explicit Scope(const char* s) : previous(current_kernel()) { current_kernel() = s; }
+    ~Scope() { current_kernel() = previous; }
+  } scope(symbol);
   try {
     body();
     return DIOPI_SUCCESS;
@@ -76,4 +86,4 @@ Split split_at(const Shape& shape, int64_t dim);
 
 // Every kernel writes its results through WRITE so that a test build can plant one wrong kernel
 // (DIOPI_REF_PLANT_WRONG=<symbol>) without touching the kernel's code.
-#define WRITE(tensor, values) ::diopi_ref::write_output((tensor), (values), __func__)
+#define WRITE(tensor, values) ::diopi_ref::write_output((tensor), (values), ::diopi_ref::kernel_name(__func__))
