@@ -112,6 +112,8 @@ OPS: tuple[OpSchema, ...] = (
     # normalisations
     _op("aten::_softmax", "out:out in:self int:dim bool:half_to_float"),
     _op("aten::_softmax_backward_data", "out:grad_input in:grad_output in:output int:dim"),
+    _op("aten::_safe_softmax", "out:out in:self int:dim",
+        doc="softmax; a slice that is -inf throughout (a fully masked attention row) gives zeros"),
     _op("aten::_log_softmax", "out:out in:self int:dim bool:half_to_float"),
     _op("aten::_log_softmax_backward_data", "out:grad_input in:grad_output in:output int:dim"),
     _op("aten::_fused_rms_norm", "out:out out:rstd in:input in?:weight ints:normalized_shape double:eps",
@@ -140,6 +142,8 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::max.dim", "out:values out:indices in:self int:dim bool:keepdim"),
     _op("aten::linalg_vector_norm", "out:out in:self double:ord ints:dim bool:keepdim"),
     # data movement
+    _op("aten::slice_backward", "out:out in:grad_output ints:input_sizes int:dim int:start int:end int:step",
+        doc="zeros of input_sizes with grad_output at start:end:step along dim (start, end clamped as slicing)"),
     _op("aten::_to_copy", _UNARY, dtypes=FLOATS + INDEX, doc="cast into out's dtype"),
     _op("aten::copy_", "inout:self in:src", dtypes=FLOATS + INDEX, doc="self = src (broadcast, cast)"),
     _op("aten::fill_.Scalar", "inout:self double:value", dtypes=FLOATS + INDEX),

@@ -220,6 +220,35 @@ def _softmax(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _safe_softmax(op: OpSchema, g: _Gen) -> list[Case]:
+    cases = _softmax(BY_NAME["aten::_softmax"], g)
+    for c in cases:
+        c.op, c.inputs = op, {"self": c.inputs["self"], "dim": c.inputs["dim"]}
+    masked = g.rand(4, 6, lo=-8, hi=8)
+    masked[1] = float("-inf")  # a fully masked row: zeros, not NaN
+    masked[2, :3] = float("-inf")
+    cases.append(Case(op, "masked rows", g.dtype, {"self": masked, "dim": -1}, lambda d: ()))
+    for c in cases:
+        c.reference = lambda d: (torch.ops.aten._safe_softmax(d["self"], d["dim"]),)
+    return cases
+
+
+def _slice_backward(op: OpSchema, g: _Gen) -> list[Case]:
+    cases = []
+    for label, sizes, dim, start, end, step, lay in [
+            ("last dim", (4, 8), 1, 2, 8, 2, "contiguous"), ("dim 0", (6, 3), 0, 1, 5, 1, "contiguous"),
+            ("negative dim, end past the size", (2, 5, 4), -2, 0, 100, 3, "contiguous"),
+            ("non-contiguous", (5, 6), 1, 1, 4, 1, "transposed"), ("empty slice", (3, 4), 1, 2, 2, 1, "contiguous"),
+            ("large", (64, 2048), 1, 0, 2048, 2, "contiguous")]:
+        grad_shape = list(sizes)
+        grad_shape[dim] = len(range(*slice(start, end, step).indices(sizes[dim])))
+        args = {"grad_output": g.rand(*grad_shape, layout=lay), "input_sizes": list(sizes), "dim": dim,
+                "start": start, "end": end, "step": step}
+        cases.append(Case(op, label, g.dtype, args, lambda d: (torch.ops.aten.slice_backward(
+            d["grad_output"], d["input_sizes"], d["dim"], d["start"], d["end"], d["step"]),)))
+    return cases
+
+
 _RMS_EPS = 1e-5
 
 
@@ -465,6 +494,8 @@ _FAMILIES.update({n: _reductions for n in ("aten::sum.dim_IntList", "aten::mean.
                                            "aten::linalg_vector_norm")})
 _FAMILIES.update({n: _data_movement for n in ("aten::_to_copy", "aten::copy_", "aten::fill_.Scalar", "aten::clone")})
 _FAMILIES["ext::adamw"] = _adamw
+_FAMILIES["aten::_safe_softmax"] = _safe_softmax
+_FAMILIES["aten::slice_backward"] = _slice_backward
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:

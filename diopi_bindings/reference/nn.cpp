@@ -11,8 +11,9 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Softmax (log=false) or log-softmax along `dim` of a dense buffer.
-Buffer softmax(const Buffer& x, const Shape& shape, int64_t dim, bool log) {
+// Softmax (log=false) or log-softmax along `dim` of a dense buffer; `safe`: a slice that is -inf
+// throughout gives zeros instead of NaN (_safe_softmax, for fully masked attention rows).
+Buffer softmax(const Buffer& x, const Shape& shape, int64_t dim, bool log, bool safe = false) {
   const Split s = split_at(shape, dim);
   Buffer y(x.size());
   for (int64_t o = 0; o < s.outer; ++o)
@@ -20,6 +21,10 @@ Buffer softmax(const Buffer& x, const Shape& shape, int64_t dim, bool log) {
       auto at = [&](int64_t i) { return size_t((o * s.length + i) * s.inner + in); };
       double m = kNegInf, z = 0.0;
       for (int64_t i = 0; i < s.length; ++i) m = std::max(m, x[at(i)]);
+      if (safe && m == kNegInf) {
+        for (int64_t i = 0; i < s.length; ++i) y[at(i)] = 0.0;
+        continue;
+      }
       for (int64_t i = 0; i < s.length; ++i) z += std::exp(x[at(i)] - m);
       for (int64_t i = 0; i < s.length; ++i) y[at(i)] = log ? x[at(i)] - m - std::log(z) : std::exp(x[at(i)] - m) / z;
     }
@@ -114,6 +119,16 @@ diopiError_t diopi_aten__softmax_backward_data(diopiContextHandle_t, diopiTensor
                                                diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
                                                int64_t dim) {
   return softmax_backward_kernel(__func__, grad_input, grad_output, output, dim, false);
+}
+
+diopiError_t diopi_aten__safe_softmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                      int64_t dim) {
+  return guarded(__func__, [&] {
+    need(out, "out"), need(self, "self");
+    require_float({out, self});
+    require_shape(out, shape_of(self), "out");
+    WRITE(out, softmax(read(self), shape_of(self), normalize_dim(dim, self->ndim), false, true));
+  });
 }
 
 diopiError_t diopi_aten__log_softmax_backward_data(diopiContextHandle_t, diopiTensorHandle_t grad_input,

@@ -96,6 +96,10 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten__softmax(diopiContextHandle_t ctx, 
 /* aten::_softmax_backward_data [float32, float64, float16, bfloat16] grad_input:out grad_output:in output:in dim:int */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten__softmax_backward_data(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input, diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output, int64_t dim);
 
+/* aten::_safe_softmax [float32, float64, float16, bfloat16] out:out self:in dim:int
+ * softmax; a slice that is -inf throughout (a fully masked attention row) gives zeros */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten__safe_softmax(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t dim);
+
 /* aten::_log_softmax [float32, float64, float16, bfloat16] out:out self:in dim:int half_to_float:bool */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten__log_softmax(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t dim, bool half_to_float);
 
@@ -143,6 +147,10 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_max_dim(diopiContextHandle_t ctx, d
 
 /* aten::linalg_vector_norm [float32, float64, float16, bfloat16] out:out self:in ord:double dim:ints keepdim:bool */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_linalg_vector_norm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double ord, diopiSize_t dim, bool keepdim);
+
+/* aten::slice_backward [float32, float64, float16, bfloat16] out:out grad_output:in input_sizes:ints dim:int start:int end:int step:int
+ * zeros of input_sizes with grad_output at start:end:step along dim (start, end clamped as slicing) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_slice_backward(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t grad_output, diopiSize_t input_sizes, int64_t dim, int64_t start, int64_t end, int64_t step);
 
 /* aten::_to_copy [float32, float64, float16, bfloat16, int64, int32] out:out self:in
  * cast into out's dtype */
