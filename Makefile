@@ -6,6 +6,7 @@ PY     := $(VENV)/bin/python
 # A CPU build, pinned: an unpinned torch would pull gigabytes of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 CSRC   := $(shell find dicomm/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+DIOPI_SRC := $(shell find diopi_bindings/reference diopi_bindings/include -name '*.cpp' -o -name '*.h' -o -name CMakeLists.txt 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup test test-rdma demo bench clean
@@ -17,7 +18,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # flock: several `make` runs at once (parallel shells, CI retries) must not install concurrently.
-$(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC)
+$(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC) $(DIOPI_SRC)
 	flock $(VENV)/.install.lock sh -c '\
 	  $(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"; \
 	  $(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" && \

@@ -2,16 +2,15 @@
 
 ``import ditorch`` chooses the vendor (``DITORCH_VENDOR`` or the first available, CPU last) and
 makes ``device="device"`` work; ``DITORCH_CUDA_COMPAT=1`` also routes
-CUDA spellings. ``DITORCH_STRATEGY=mode`` intercepts with a torch-function mode (per thread)
-instead of patching the device-taking entry points; ``DITORCH_ENABLE=0`` imports without turning
+CUDA spellings (booleans: 1/true/yes/on, 0/false/no/off). ``DITORCH_STRATEGY=mode`` intercepts with a torch-function mode (per thread)
+instead of patching the device-taking entry points; ``DITORCH_ENABLE=0`` (or false/no/off) imports without turning
 anything on.
 """
 from __future__ import annotations
 
-import os
-
 from ditorch.adapter import Adapter
 from ditorch.cuda_compat import COMPAT_ENV, cuda_compat_enabled, disable_cuda_compat, enable_cuda_compat
+from ditorch.env import env_flag
 from ditorch.namespace import DeviceNamespace, device
 from ditorch.registry import ENTRY_POINT_GROUP, VENDOR_ENV, VendorError, adapter_for, all_adapters
 from ditorch.shim import (
@@ -29,10 +28,11 @@ __all__ = [
 
 
 def _enable_from_environment() -> None:
-    if os.environ.get(ENABLE_ENV, "1") == "0":
+    if not env_flag(ENABLE_ENV, True):
         return
+    compat = env_flag(COMPAT_ENV, False)  # a bad value fails before anything is switched on
     enable()
-    if os.environ.get(COMPAT_ENV, "0") not in ("", "0"):
+    if compat:
         enable_cuda_compat()
 
 

@@ -99,3 +99,8 @@ class CpuRuntime:
 
     def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
         torch.default_generator.set_state(state)
+
+    def is_bf16_supported(self) -> bool:
+        from ditorch.runtime import runs_bfloat16
+
+        return runs_bfloat16("cpu")

@@ -40,6 +40,7 @@ _ROUTES: dict[str, Callable[[], Any]] = {
     "set_rng_state": lambda: lambda state, device="cuda": shim.runtime().set_rng_state(state, _opt_index(device)),
     "get_rng_state_all": lambda: lambda: [shim.runtime().get_rng_state(i) for i in range(shim.runtime().count())],
     "set_rng_state_all": lambda: lambda states: [shim.runtime().set_rng_state(s, i) for i, s in enumerate(states)] and None,
+    "is_bf16_supported": lambda: lambda including_emulation=True: shim.runtime().is_bf16_supported(),
     "Stream": lambda: shim.runtime().Stream,
     "Event": lambda: shim.runtime().Event,
 }

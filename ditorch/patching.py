@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from ditorch.patchset import PatchSet
+from ditorch.patchset import PatchSet, remember_device_constructors
 from ditorch.translate import DEVICE_CLASSES, SAME, DeviceTranslator
 
 _EXTRA_TORCH = ("asarray", "as_tensor", "tensor")
@@ -73,6 +73,7 @@ def _cuda(to: Callable, tr: DeviceTranslator) -> Callable:
 
 
 def install_device_patches(patches: PatchSet, tr: DeviceTranslator) -> None:
+    remember_device_constructors()
     for name in device_taking_torch_functions():
         patches.set(torch, name, _keyword(getattr(torch, name), tr))
     for name in _TENSOR_KW:

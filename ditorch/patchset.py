@@ -16,11 +16,20 @@ _ENUMERATING_CACHES = (
     ("torch.overrides", "get_testing_overrides"),
     ("torch.overrides", "_get_overridable_functions"),
     ("torch.overrides", "_get_tensor_methods"),
-    ("torch.utils._device", "_device_constructors"),
     ("torch._dynamo.variables.torch", "get_overridable_functions"),
     ("torch._dynamo.trace_rules", "get_torch_obj_rule_map"),
     ("torch._dynamo.trace_rules", "get_tensor_method"),
 )
+
+
+def remember_device_constructors() -> None:
+    """torch's default-device mode (``torch.set_default_device``, ``with torch.device("meta")``) knows the
+    factories by identity and sees the originals our wrappers call: its set must be built from the
+    originals, before any patch (rebuilt from wrappers, meta-device model construction in HuggingFace
+    silently allocated on the CPU and left buffers uninitialised)."""
+    import torch.utils._device
+
+    torch.utils._device._device_constructors()
 
 
 def _forget_enumerations() -> None:

@@ -33,6 +33,7 @@ class Runtime(Protocol):
     def manual_seed_all(self, seed: int) -> None: ...
     def get_rng_state(self, index: int | None = None) -> torch.Tensor: ...
     def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None: ...
+    def is_bf16_supported(self) -> bool: ...
 
 
 class AcceleratorRuntime:
@@ -135,3 +136,17 @@ class AcceleratorRuntime:
 
     def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
         self.module.set_rng_state(state, self.device_type if index is None else index)
+
+    def is_bf16_supported(self) -> bool:
+        """The vendor module's answer, else whether a bfloat16 operation runs on the device."""
+        check = getattr(self.module, "is_bf16_supported", None)
+        if check is not None:
+            return bool(check())
+        return runs_bfloat16(self.device_type)
+
+
+def runs_bfloat16(device_type: str) -> bool:
+    try:
+        return float((torch.ones(2, dtype=torch.bfloat16, device=device_type) * 2).sum()) == 4.0
+    except RuntimeError:
+        return False

@@ -15,6 +15,8 @@ import threading
 import torch
 
 from ditorch.adapter import Adapter
+from ditorch.device_apis import install_api_patches
+from ditorch.hf_device_map import forget_hf_patches
 from ditorch.mode import DeviceMode
 from ditorch.patching import install_device_patches
 from ditorch.patchset import PatchSet
@@ -34,6 +36,7 @@ class _State:
     translator = DeviceTranslator("cpu", True)
     mode: DeviceMode | None = None
     device_patches = PatchSet()
+    api_patches = PatchSet()  # non-factory device APIs, patched under both strategies
 
 
 _state = _State()
@@ -73,6 +76,7 @@ def use_adapter(adapter: Adapter, reason: str = "set by use_adapter()") -> Adapt
         _state.runtime = adapter.runtime()
         tr = _state.translator
         tr.configure(adapter.device_type, adapter.device_type == "cpu", tr.cuda_compat)
+        tr.device_count = _state.runtime.count
     logger.info(
         "vendor %s (device type %s, backend %s) chosen: %s",
         adapter.name, adapter.device_type, adapter.backend, reason,
@@ -126,10 +130,14 @@ def enable(vendor: str | None = None, strategy: str | None = None) -> Adapter:
             install_device_patches(_state.device_patches, _state.translator)
         elif wanted == "mode" and not _mode_on_this_thread():
             torch._C._push_on_torch_function_stack(_state.mode)
+        if not _state.api_patches:
+            install_api_patches(_state.api_patches, _state.translator, lambda: current_adapter().autocast_device_type)
     return adapter
 
 
 def _disable_device_name() -> None:
+    forget_hf_patches()
+    _state.api_patches.undo()
     _state.device_patches.undo()
     while _remove_from_stack(_state.mode):  # pushed twice by hand would leave one behind
         pass

@@ -2,7 +2,7 @@
 chosen vendor's real device. Shared by both ways of intercepting torch calls (patches, mode)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,6 +20,7 @@ class DeviceTranslator:
         self.device_type = device_type
         self.single_device = single_device  # the CPU: every index means the one device
         self.cuda_compat = False
+        self.device_count: Callable[[], int] = lambda: 1
         self.cache: dict[Any, Any] = {}
 
     def configure(self, device_type: str, single_device: bool, cuda_compat: bool) -> None:
@@ -29,9 +30,13 @@ class DeviceTranslator:
         self.cache.clear()
 
     def target(self, index: int | None) -> str:
-        if index is None or self.single_device:
+        if index is None:
             return self.device_type
-        return f"{self.device_type}:{index}"
+        count = self.device_count()
+        if not 0 <= index < count:
+            raise ValueError(f"device index {index} is out of range: this host has {count} {self.device_type} "
+                             f"device{'s' if count != 1 else ''} (indices 0 to {count - 1})")
+        return self.device_type if self.single_device else f"{self.device_type}:{index}"
 
     def translate(self, dev: Any) -> Any:
         """The real device for a device argument, or ``dev`` itself when it is not ours."""

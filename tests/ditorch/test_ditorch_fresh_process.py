@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ditorch_testutil import run_python
 
 PAPER_SNIPPET = """
@@ -62,3 +64,24 @@ def test_disable_leaves_no_patch_behind_compared_with_torch_before_import():
     assert all(changed == [] for changed in result["diff"].values()), result["diff"]
     assert len(result["diff"]) == 7
     assert result["stack"] == [0, 0]
+
+
+@pytest.mark.parametrize("value, enabled", [("false", False), ("Off", False), ("yes", True)])
+def test_enable_variable_parsed_as_a_boolean(value, enabled):
+    done = run_python("import ditorch; print(ditorch.is_enabled())", env={"DITORCH_ENABLE": value})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(enabled)
+
+
+@pytest.mark.parametrize("value, on", [("no", False), ("", False), ("on", True)])
+def test_cuda_compat_variable_parsed_as_a_boolean(value, on):
+    done = run_python("import ditorch; print(ditorch.cuda_compat_enabled())", env={"DITORCH_CUDA_COMPAT": value})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(on)
+
+
+@pytest.mark.parametrize("name", ["DITORCH_ENABLE", "DITORCH_CUDA_COMPAT"])
+def test_unrecognised_boolean_is_a_clear_error(name):
+    done = run_python("import ditorch", env={name: "maybe"})
+    assert done.returncode != 0
+    assert f"{name}='maybe' is not a boolean: use one of 1/true/yes/on or 0/false/no/off" in done.stderr

@@ -21,9 +21,10 @@ EXPECTED = {
     "musa": ("musa", "mccl"),
     "xpu": ("xpu", "xccl"),
     "mps": ("mps", "gloo"),
+    "diopi": ("diopi", "gloo"),  # an operator library behind a generic device; collectives over host memory
     "cpu": ("cpu", "gloo"),
 }
-ALIASES = {"nvidia": "cuda", "ascend": "npu", "Cambricon": "mlu", "mthreads": "musa", "intel": "xpu", "amd": "rocm"}
+ALIASES = {"dipu": "diopi", "nvidia": "cuda", "ascend": "npu", "Cambricon": "mlu", "mthreads": "musa", "intel": "xpu", "amd": "rocm"}
 
 
 def test_builtin_adapters_declare_device_type_and_backend():
@@ -80,7 +81,7 @@ def test_unknown_vendor_is_a_clear_error(plain):
         ditorch.use_vendor("tpu-v9")
     message = str(err.value)
     assert "DITORCH_VENDOR='tpu-v9' names no known vendor" in message
-    assert "known vendors: cuda, rocm, npu, mlu, musa, xpu, mps, cpu" in message
+    assert "known vendors: cuda, rocm, npu, mlu, musa, xpu, mps, diopi, cpu" in message
     assert "available here: cpu" in message
 
 

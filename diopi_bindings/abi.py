@@ -1,0 +1,164 @@
+"""The C structs of ``diopi/diopirt.h`` as ctypes types, and torch tensors as DIOPI tensor handles."""
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+
+
+def _header_macro(name: str) -> int:
+    text = (INCLUDE_DIR / "diopi" / "diopirt.h").read_text()
+    match = re.search(rf"#define {name} (\d+)", text)
+    if match is None:
+        raise RuntimeError(f"diopirt.h defines no {name}")
+    return int(match.group(1))
+
+
+# One source of truth: the header the libraries are compiled against.
+ABI_VERSION = _header_macro("DIOPI_ABI_VERSION")
+VERSION = ".".join(str(_header_macro(f"DIOPI_VERSION_{p}")) for p in ("MAJOR", "MINOR", "PATCH"))
+
+SUCCESS = 0
+ERROR_NAMES = {0: "success", 1: "not implemented", 2: "invalid argument", 3: "unsupported dtype",
+               4: "allocation failed", 5: "internal error"}
+
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.bool: 0, torch.int32: 1, torch.int64: 2, torch.float16: 3, torch.bfloat16: 4,
+    torch.float32: 5, torch.float64: 6,
+}
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "bool": torch.bool, "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+}
+DEVICE_HOST, DEVICE_DEVICE = 0, 1
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("ndim", ctypes.c_int64),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("dtype", ctypes.c_int),
+        ("device", ctypes.c_int),
+    ]
+
+
+class Size(ctypes.Structure):
+    _fields_ = [("data", ctypes.POINTER(ctypes.c_int64)), ("len", ctypes.c_int64)]
+
+
+ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+RELEASE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+REQUIRE_TENSOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.POINTER(Tensor)),
+                                  ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_int)
+
+
+class Context(ctypes.Structure):
+    _fields_ = [
+        ("stream", ctypes.c_void_p),
+        ("allocator_state", ctypes.c_void_p),
+        ("allocate", ALLOCATE),
+        ("release", RELEASE),
+        ("require_tensor", REQUIRE_TENSOR),
+    ]
+
+
+class HostAllocator:
+    """The framework side of a context: memory for kernels comes from torch and stays alive until
+    released (or, for required tensors, until the allocator is dropped)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, torch.Tensor] = {}
+        self.required: list[tuple[torch.Tensor, Any]] = []
+        self._callbacks = (ALLOCATE(self._allocate), RELEASE(self._release), REQUIRE_TENSOR(self._require))
+        self.context = Context(None, None, *self._callbacks)
+
+    def _allocate(self, _state: Any, nbytes: int) -> int:
+        block = torch.empty(max(int(nbytes), 1), dtype=torch.uint8)
+        self.blocks[block.data_ptr()] = block
+        return block.data_ptr()
+
+    def _release(self, _state: Any, ptr: int) -> None:
+        self.blocks.pop(ptr or 0, None)
+
+    def _require(self, _state: Any, out: Any, ndim: int, shape: Any, dtype: int) -> int:
+        torch_dtype = next((d for d, c in DTYPE_CODES.items() if c == dtype), None)
+        if torch_dtype is None:
+            return 3
+        tensor = torch.empty([shape[i] for i in range(ndim)], dtype=torch_dtype)
+        handle = TensorHandle(tensor)
+        self.required.append((tensor, handle))
+        out[0] = ctypes.pointer(handle.struct)
+        return SUCCESS
+
+
+class TensorHandle:
+    """A ``diopiTensor`` viewing a torch tensor's memory (kept alive as long as the handle)."""
+
+    __slots__ = ("tensor", "shape", "strides", "struct")
+
+    def __init__(self, tensor: torch.Tensor, device: int = DEVICE_HOST) -> None:
+        code = DTYPE_CODES.get(tensor.dtype)
+        if code is None:
+            raise TypeError(f"dtype {tensor.dtype} has no DIOPI code; expected one of {sorted(map(str, DTYPE_CODES))}")
+        ndim = tensor.dim()
+        self.tensor = tensor
+        self.shape = (ctypes.c_int64 * ndim)(*tensor.shape)
+        self.strides = (ctypes.c_int64 * ndim)(*tensor.stride())
+        self.struct = Tensor(tensor.data_ptr(), ndim, self.shape, self.strides, code, device)
+
+
+MAX_NDIM = 16
+
+
+class HandleSlots(threading.local):
+    """Preallocated ``diopiTensor`` structs, refilled on every call: building ctypes objects per call
+    costs more than the operator on small tensors (bench/diopi_overhead.py). A slot remembers the
+    sizes, strides and dtype it holds and rewrites only what changed."""
+
+    def __init__(self) -> None:
+        self.slots: list[list[Any]] = []
+
+    def _grow(self) -> None:
+        shape, strides = (ctypes.c_int64 * MAX_NDIM)(), (ctypes.c_int64 * MAX_NDIM)()
+        struct = Tensor(None, 0, shape, strides, -1, DEVICE_HOST)
+        self.slots.append([struct, shape, strides, ctypes.addressof(struct), None, None, None])
+
+    def fill(self, i: int, tensor: torch.Tensor) -> int:
+        slots = self.slots
+        while i >= len(slots):
+            self._grow()
+        slot = slots[i]
+        struct = slot[0]
+        struct.data = tensor.data_ptr()
+        size, stride, dtype = tensor.shape, tensor.stride(), tensor.dtype
+        if size != slot[4] or stride != slot[5]:
+            ndim = len(size)
+            if ndim > MAX_NDIM:
+                raise TypeError(f"a tensor with {ndim} dims has no DIOPI handle (at most {MAX_NDIM})")
+            struct.ndim = ndim
+            slot[1][:ndim] = size
+            slot[2][:ndim] = stride
+            slot[4], slot[5] = size, stride
+        if dtype is not slot[6]:
+            code = DTYPE_CODES.get(dtype)
+            if code is None:
+                raise TypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
+            struct.dtype = code
+            slot[6] = dtype
+        return slot[3]
+
+
+def size_arg(values: Any) -> Size:
+    values = [int(v) for v in values]
+    array = (ctypes.c_int64 * len(values))(*values)
+    size = Size(array, len(values))
+    size._keep = array  # the array must outlive the call
+    return size

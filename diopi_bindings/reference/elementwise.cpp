@@ -1,0 +1,167 @@
+// Elementwise arithmetic and activations with their backward kernels (torch broadcasting).
+#include <cmath>
+#include <functional>
+
+#include "tensor_io.h"
+
+using namespace diopi_ref;
+
+namespace {
+
+constexpr double kSqrt2 = 1.4142135623730951, kSqrt2OverPi = 0.7978845608028654, kGeluC = 0.044715;
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+diopiError_t unary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                   const std::function<double(double)>& f) {
+  return guarded(symbol, [&] {
+    need(out, "out"), need(self, "self");
+    require_float({out, self});
+    require_shape(out, shape_of(self), "out");
+    Buffer x = read(self);
+    for (double& v : x) v = f(v);
+    write_output(out, x, symbol);
+  });
+}
+
+diopiError_t binary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t a,
+                    diopiConstTensorHandle_t b, const std::function<double(double, double)>& f) {
+  return guarded(symbol, [&] {
+    need(out, "out"), need(a, "first input"), need(b, "second input");
+    require_float({out, a, b});
+    const Shape shape = broadcast_shapes(shape_of(a), shape_of(b));
+    require_shape(out, shape, "out");
+    Buffer x = read(a, shape);
+    const Buffer y = read(b, shape);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = f(x[i], y[i]);
+    write_output(out, x, symbol);
+  });
+}
+
+double gelu(double x, int64_t approximate) {
+  if (approximate == 0) return 0.5 * x * (1.0 + std::erf(x / kSqrt2));
+  return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
+}
+
+double gelu_grad(double x, int64_t approximate) {
+  if (approximate == 0) return 0.5 * (1.0 + std::erf(x / kSqrt2)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+  const double t = std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kGeluC * x * x);
+}
+
+void check_approximate(int64_t approximate) {
+  if (approximate != 0 && approximate != 1)
+    fail(DIOPI_ERR_INVALID_ARGUMENT, "approximate must be 0 (none) or 1 (tanh), got " + std::to_string(approximate));
+}
+
+}  // namespace
+
+extern "C" {
+
+diopiError_t diopi_aten_add_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                   diopiConstTensorHandle_t other, double alpha) {
+  return binary(__func__, out, self, other, [alpha](double a, double b) { return a + alpha * b; });
+}
+
+diopiError_t diopi_aten_sub_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                   diopiConstTensorHandle_t other, double alpha) {
+  return binary(__func__, out, self, other, [alpha](double a, double b) { return a - alpha * b; });
+}
+
+diopiError_t diopi_aten_mul_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                   diopiConstTensorHandle_t other) {
+  return binary(__func__, out, self, other, [](double a, double b) { return a * b; });
+}
+
+diopiError_t diopi_aten_div_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                   diopiConstTensorHandle_t other) {
+  return binary(__func__, out, self, other, [](double a, double b) { return a / b; });
+}
+
+diopiError_t diopi_aten_neg(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return -x; });
+}
+
+diopiError_t diopi_aten_exp(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::exp(x); });
+}
+
+diopiError_t diopi_aten_rsqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return 1.0 / std::sqrt(x); });
+}
+
+diopiError_t diopi_aten_sigmoid(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, sigmoid);
+}
+
+diopiError_t diopi_aten_silu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return x * sigmoid(x); });
+}
+
+diopiError_t diopi_aten_gelu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                             int64_t approximate) {
+  if (diopiError_t err = guarded(__func__, [&] { check_approximate(approximate); })) return err;
+  return unary(__func__, out, self, [approximate](double x) { return gelu(x, approximate); });
+}
+
+diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandle_t out,
+                                          diopiConstTensorHandle_t self, double exponent) {
+  return unary(__func__, out, self, [exponent](double x) { return std::pow(x, exponent); });
+}
+
+diopiError_t diopi_aten_reciprocal(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return 1.0 / x; });
+}
+
+diopiError_t diopi_aten_sqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::sqrt(x); });
+}
+
+diopiError_t diopi_aten_log(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::log(x); });
+}
+
+diopiError_t diopi_aten_cos(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::cos(x); });
+}
+
+diopiError_t diopi_aten_sin(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::sin(x); });
+}
+
+diopiError_t diopi_aten_addcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value) {
+  return guarded(__func__, [&] {
+    need(out, "out"), need(self, "self"), need(tensor1, "tensor1"), need(tensor2, "tensor2");
+    require_float({out, self, tensor1, tensor2});
+    const Shape shape = broadcast_shapes(broadcast_shapes(shape_of(self), shape_of(tensor1)), shape_of(tensor2));
+    require_shape(out, shape, "out");
+    Buffer x = read(self, shape);
+    const Buffer a = read(tensor1, shape), b = read(tensor2, shape);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += value * a[i] * b[i];
+    WRITE(out, x);
+  });
+}
+
+diopiError_t diopi_aten_silu_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                      diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self) {
+  return binary(__func__, grad_input, grad_output, self, [](double g, double x) {
+    const double s = sigmoid(x);
+    return g * s * (1.0 + x * (1.0 - s));
+  });
+}
+
+diopiError_t diopi_aten_gelu_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                      diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self,
+                                      int64_t approximate) {
+  if (diopiError_t err = guarded(__func__, [&] { check_approximate(approximate); })) return err;
+  return binary(__func__, grad_input, grad_output, self,
+                [approximate](double g, double x) { return g * gelu_grad(x, approximate); });
+}
+
+diopiError_t diopi_aten_sigmoid_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                         diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output) {
+  return binary(__func__, grad_input, grad_output, output, [](double g, double y) { return g * y * (1.0 - y); });
+}
+
+}  // extern "C"

@@ -1,0 +1,125 @@
+"""The unified device name in torch APIs that take a device but are not tensor factories:
+``torch.load(map_location=...)``, ``torch.set_default_device``, ``torch.Generator(device=...)``,
+``torch.get_device_module``, ``torch.autocast`` / ``torch.amp.autocast``.
+
+None of them is a torch function (no torch-function mode sees them), so both strategies patch them.
+``torch.Generator`` is a class of C++: it is replaced by a subclass that translates the device and
+answers ``isinstance`` for the original's instances too. ``torch.autocast`` keeps its class (torch.compile
+recognises it by identity): its ``__init__`` translates.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ditorch.hf_device_map import install_hf_patches
+from ditorch.patchset import PatchSet
+from ditorch.translate import DEVICE_CLASSES, SAME, DeviceTranslator
+
+
+def _translated(tr: DeviceTranslator, dev: Any) -> Any:
+    if dev is not None and dev.__class__ in DEVICE_CLASSES:
+        new = tr.lookup(dev)
+        if new is not SAME:
+            return new
+    return dev
+
+
+def _map_location(tr: DeviceTranslator, location: Any) -> Any:
+    """``map_location`` may be a device, a {source: target} dict or a callable (left alone)."""
+    if isinstance(location, dict):
+        return {k: _translated(tr, v) for k, v in location.items()}
+    return _translated(tr, location)
+
+
+def _storage_less(location: Any) -> torch.device | None:
+    """The target device, if its tensors have no torch storage of their own (the diopi device's tensors
+    live in host tensors): torch.load cannot restore storages there, so tensors are loaded on the CPU
+    and moved."""
+    if not isinstance(location, (str, torch.device)):
+        return None
+    device = torch.device(location)
+    module = getattr(torch, device.type, None)
+    return device if getattr(module, "tensors_without_storage", False) else None
+
+
+def _load(load: Callable, tr: DeviceTranslator) -> Callable:
+    @functools.wraps(load)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 1:
+            args = (args[0], _map_location(tr, args[1]), *args[2:])
+        if "map_location" in kwargs:
+            kwargs["map_location"] = _map_location(tr, kwargs["map_location"])
+        location = args[1] if len(args) > 1 else kwargs.get("map_location")
+        target = _storage_less(location)
+        if target is None:
+            return load(*args, **kwargs)
+        if len(args) > 1:
+            args = (args[0], "cpu", *args[2:])
+        else:
+            kwargs["map_location"] = "cpu"
+        return tree_map(lambda t: t.to(target) if isinstance(t, torch.Tensor) else t, load(*args, **kwargs))
+
+    return wrapper
+
+
+def _first_arg(fn: Callable, tr: DeviceTranslator, name: str) -> Callable:
+    """``fn(device, ...)`` with the device positional or as keyword ``name``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (_translated(tr, args[0]), *args[1:])
+        if name in kwargs:
+            kwargs[name] = _translated(tr, kwargs[name])
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _generator_class(original: type, tr: DeviceTranslator) -> type:
+    class GeneratorMeta(type(original)):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, original)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, original)
+
+        def __call__(cls, device: Any = "cpu") -> Any:
+            target = _translated(tr, device)
+            try:
+                return original(target)
+            except RuntimeError as exc:
+                if target is device:
+                    raise
+                raise RuntimeError(f"torch.Generator(device={device!r}): the {torch.device(target).type!r} device "
+                                   f"has no generator of its own ({exc}); create a CPU torch.Generator() and pass "
+                                   f"it to the factory") from None
+
+    return GeneratorMeta("Generator", (original,), {"__module__": "torch", "__doc__": original.__doc__})
+
+
+def _autocast_init(init: Callable, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> Callable:
+    """``device_type="device"`` means the vendor's autocast device type (``Adapter.autocast_device_type``).
+    The class stays torch's own (torch.compile recognises it by identity); only its ``__init__`` changes."""
+
+    @functools.wraps(init)
+    def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        if _translated(tr, device_type) is not device_type:
+            device_type = autocast_type()
+        init(self, device_type, *args, **kwargs)
+
+    return __init__
+
+
+def install_api_patches(patches: PatchSet, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> None:
+    patches.set(torch, "load", _load(torch.load, tr))
+    patches.set(torch, "set_default_device", _first_arg(torch.set_default_device, tr, "device"))
+    patches.set(torch, "get_device_module", _first_arg(torch.get_device_module, tr, "device"))
+    patches.set(torch, "Generator", _generator_class(torch.Generator, tr))
+    autocast = torch.amp.autocast_mode.autocast
+    patches.set(autocast, "__init__", _autocast_init(autocast.__init__, tr, autocast_type))
+    install_hf_patches(patches, lambda dev: _translated(tr, dev))

@@ -1,0 +1,121 @@
+"""diopi-conformance: the reference library passes every case; a build with one planted wrong
+kernel fails exactly that operator; missing functions are "not implemented"; inputs written by a
+kernel are caught; vendor skip/tolerance files; exit codes. References are float64 torch on the CPU."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import METADATA_C, OMITTED, PLANTED_WRONG, compile_c_library
+
+from diopi_bindings.conformance.cli import main
+from diopi_bindings.conformance.runner import OUTLIER_SHARE, _judge
+from diopi_bindings.schema import BY_NAME
+
+
+def test_reference_library_passes_every_case(reference_path, tmp_path, capsys):
+    report = tmp_path / "ref.json"
+    assert main(["--impl", str(reference_path), "--json", str(report), "-q"]) == 0
+    data = json.loads(report.read_text())
+    assert {op: v["verdict"] for op, v in data["operators"].items()} == {op: "pass" for op in BY_NAME}
+    assert len(data["cases"]) > 1000
+    labels = " ".join(c["case"] for c in data["cases"])
+    for edge in ("empty", "scalar", "broadcast", "non-contiguous", "large"):
+        assert edge in labels
+    for op in BY_NAME.values():  # every declared dtype was exercised
+        assert {c["dtype"] for c in data["cases"] if c["op"] == op.aten} == set(op.dtypes)
+    assert f"operators: {len(BY_NAME)} pass, 0 fail" in capsys.readouterr().out
+
+
+def test_planted_wrong_kernel_fails_exactly_that_operator(variant_path, tmp_path):
+    report, page = tmp_path / "variant.json", tmp_path / "variant.html"
+    assert main(["--impl", str(variant_path), "--json", str(report), "--html", str(page), "--quick", "-q"]) == 1
+    data = json.loads(report.read_text())
+    assert not any("large" in c["case"] for c in data["cases"])  # --quick
+    verdicts = {op: v["verdict"] for op, v in data["operators"].items()}
+    expected = {op: "pass" for op in BY_NAME}
+    expected[PLANTED_WRONG] = "fail"
+    expected.update({op: "not implemented" for op in OMITTED})
+    assert verdicts == expected
+    assert PLANTED_WRONG in page.read_text() and "not implemented" in page.read_text()
+
+
+def test_missing_functions_alone_do_not_fail_the_run(variant_path):
+    assert main(["--impl", str(variant_path), "--ops", *OMITTED, "aten::mul.Tensor", "-q"]) == 0
+
+
+def test_a_kernel_that_writes_its_input_fails(tmp_path):
+    src = METADATA_C % {"abi": "DIOPI_ABI_VERSION"} + """
+diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  (void)ctx;
+  if (out->dtype != DIOPI_DTYPE_FLOAT64 || out->ndim != 2) return DIOPI_ERR_DTYPE;
+  for (int64_t i = 0; i < out->shape[0]; ++i)
+    for (int64_t j = 0; j < out->shape[1]; ++j) {
+      double* x = (double*)self->data + i * self->strides[0] + j * self->strides[1];
+      ((double*)out->data)[i * out->strides[0] + j * out->strides[1]] = -*x;
+      *x = 0.0; /* the bug: scribbles on its input */
+    }
+  return DIOPI_SUCCESS;
+}
+"""
+    lib = compile_c_library(tmp_path, "scribbler", src)
+    report = tmp_path / "s.json"
+    assert main(["--impl", str(lib), "--ops", "aten::neg", "--json", str(report), "-q"]) == 1
+    cases = json.loads(report.read_text())["cases"]
+    basic64 = next(c for c in cases if c["dtype"] == "float64" and c["case"] == "basic")
+    assert basic64["status"] == "fail" and "modified its input(s) self" in basic64["detail"]
+    assert {c["status"] for c in cases if c["dtype"] == "float32"} == {"error"}  # refused dtypes are errors
+
+
+@pytest.mark.parametrize("outside, passed", [(2, True), (3, False)])
+def test_outlier_share_rule(outside, passed):
+    expected = torch.linspace(1, 2, 2000, dtype=torch.float64)
+    actual = expected.float().clone()
+    actual[:outside] += 0.5  # far outside float32's tolerance
+    assert int(OUTLIER_SHARE * 2000) == 2
+    verdict = _judge(actual, expected, {})
+    assert verdict.passed is passed
+    if passed:
+        assert "within the 0.1% rule" in verdict.detail
+
+
+def test_vendor_file_skips_and_loosens(variant_path, tmp_path):
+    skip = tmp_path / "skip.yaml"
+    skip.write_text(f'skip:\n  "{PLANTED_WRONG}[float32]": "known"\n  "{PLANTED_WRONG}": "firmware bug 123"\n')
+    report = tmp_path / "r.json"
+    assert main(["--impl", str(variant_path), "--ops", PLANTED_WRONG, "--vendor-file", str(skip), "--json", str(report), "-q"]) == 0
+    cases = json.loads(report.read_text())["cases"]
+    assert {c["status"] for c in cases} == {"skipped"}
+    assert {c["detail"] for c in cases if c["dtype"] == "float32"} == {"known"}
+
+    loose = tmp_path / "loose.json"  # the planted error is 1% + 1e-3
+    loose.write_text(json.dumps({"tolerance": {PLANTED_WRONG: {"rtol": 0.02, "atol": 0.01}}}))
+    assert main(["--impl", str(variant_path), "--ops", PLANTED_WRONG, "--vendor-file", str(loose), "-q"]) == 0
+    loose.write_text(json.dumps({"tolerance": {f"{PLANTED_WRONG}[float32]": {"rtol": 0.02, "atol": 0.01}}}))
+    assert main(["--impl", str(variant_path), "--ops", PLANTED_WRONG, "--vendor-file", str(loose), "-q"]) == 1
+
+
+@pytest.mark.parametrize("content, message", [
+    ("skip:\n  aten::nope: x\n", "'aten::nope', which is not a DIOPI operator"),
+    ("skip:\n  aten::mm[int64]: x\n", "dtype 'int64', which aten::mm does not declare"),
+    ("tolerance:\n  aten::mm: {rtol: fast}\n", "must be numbers"),
+    ("tolerance:\n  aten::mm: {rtl: 1}\n", "mapping with rtol and/or atol"),
+    ("skips: {}\n", "expected a mapping with the keys 'skip' and/or 'tolerance'"),
+    ("skip: [unterminated\n", "is not valid YAML"),
+])
+def test_bad_vendor_file_is_a_usage_error(tmp_path, capsys, content, message):
+    bad = tmp_path / "vendor.yaml"
+    bad.write_text(content)
+    assert main(["--vendor-file", str(bad), "--ops", "aten::mm", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_arguments_are_usage_errors(tmp_path, capsys):
+    assert main(["--impl", str(tmp_path / "absent.so")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["--ops", "aten::matmul"]) == 2
+    assert "unknown operator(s) aten::matmul" in capsys.readouterr().err
+    assert main(["--vendor-file", str(tmp_path / "none.yaml")]) == 2
+    assert "cannot read vendor file" in capsys.readouterr().err

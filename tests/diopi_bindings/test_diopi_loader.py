@@ -1,0 +1,101 @@
+"""Loading libraries (dlopen): what they implement, their version, clear refusals of malformed ones,
+and operator errors surfacing with the library's message."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import METADATA_C, compile_c_library
+
+from diopi_bindings.library import DiopiLibrary, LibraryError, OperatorError, load
+
+
+def test_reference_reports_vendor_and_version(reference_path):
+    lib = DiopiLibrary(reference_path)
+    assert (lib.vendor, lib.version) == ("reference-cpu", "0.1.0")
+
+
+def test_diopi_library_environment_variable_selects_the_library(monkeypatch, variant_path):
+    monkeypatch.setenv("DIOPI_LIBRARY", str(variant_path))
+    assert load().path == str(variant_path)
+
+
+def test_missing_version_symbol_is_refused(tmp_path):
+    src = '#include "diopi/functions.h"\nconst char* diopi_vendor_name(void) { return "x"; }\n'
+    path = compile_c_library(tmp_path, "noversion", src)
+    with pytest.raises(LibraryError, match=r"not a DIOPI library: it does not export diopi_abi_version.*diopirt\.h"):
+        DiopiLibrary(path)
+
+
+def test_wrong_abi_version_is_refused(tmp_path):
+    path = compile_c_library(tmp_path, "future", METADATA_C % {"abi": "999"})
+    with pytest.raises(LibraryError, match=r"built for DIOPI ABI 999, this framework speaks ABI 1: rebuild"):
+        DiopiLibrary(path)
+
+
+def test_not_a_shared_library_is_refused(tmp_path):
+    bogus = tmp_path / "libbogus.so"
+    bogus.write_text("not an ELF file")
+    with pytest.raises(LibraryError, match="cannot load DIOPI library"):
+        DiopiLibrary(bogus)
+    with pytest.raises(LibraryError, match="does not exist"):
+        DiopiLibrary(tmp_path / "absent.so")
+
+
+def test_operator_error_carries_the_library_message(reference_path):
+    lib = DiopiLibrary(reference_path)
+    x = torch.randn(5, 6)
+    with pytest.raises(OperatorError, match=r"invalid argument.*out has shape \[3, 5\], expected \[5, 6\]"):
+        lib.call("aten::silu", torch.empty(3, 5), x)
+    with pytest.raises(OperatorError, match="unsupported dtype"):
+        lib.call("aten::silu", torch.empty(5, 6, dtype=torch.int64), x)
+    with pytest.raises(OperatorError, match=r"index 10 out of range \[0, 4\)"):
+        lib.call("aten::embedding", torch.empty(1, 3), torch.randn(4, 3), torch.tensor([10]), -1)
+
+
+def test_calls_match_torch_through_strides_and_broadcast(reference_path):
+    lib = DiopiLibrary(reference_path)
+    a, b = torch.randn(6, 5).t(), torch.randn(6)
+    out = torch.empty(6, 5).t()  # written through transposed strides
+    lib.call("aten::add.Tensor", out, a, b, 0.5)
+    torch.testing.assert_close(out, a + 0.5 * b)
+
+
+def test_reused_handles_follow_shape_stride_and_dtype_changes(reference_path):
+    """Handles are refilled only where the tensor differs from the previous call's: check each change."""
+    lib = DiopiLibrary(reference_path)
+    base = torch.randn(4, 4, dtype=torch.float64)
+    for x in (base, base.t(), base[:2], base.float(), base.t().float(), base.reshape(2, 8), base[0, 0]):
+        out = torch.empty_like(x)
+        lib.call("aten::neg", out, x)
+        assert torch.equal(out, -x), (x.shape, x.stride(), x.dtype)
+
+
+def test_kernels_allocate_through_the_context(tmp_path):
+    """A kernel takes scratch memory and a data-dependent output from the framework's allocator (the
+    context's callbacks), and gives the scratch back."""
+    src = METADATA_C % {"abi": "DIOPI_ABI_VERSION"} + """
+#include <string.h>
+diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  double* scratch = (double*)ctx->allocate(ctx->allocator_state, 4 * sizeof(double));
+  if (!scratch) return DIOPI_ERR_ALLOCATION;
+  diopiTensorHandle_t extra = NULL;
+  int64_t shape[2] = {2, 3};
+  if (ctx->require_tensor(ctx->allocator_state, &extra, 2, shape, DIOPI_DTYPE_FLOAT64) != DIOPI_SUCCESS) return DIOPI_ERR_ALLOCATION;
+  if (extra->ndim != 2 || extra->shape[1] != 3 || extra->dtype != DIOPI_DTYPE_FLOAT64) return DIOPI_ERR_INTERNAL;
+  memset(extra->data, 0, 6 * sizeof(double));
+  for (int64_t i = 0; i < self->shape[0]; ++i) {
+    scratch[i % 4] = -((const double*)self->data)[i * self->strides[0]];
+    ((double*)out->data)[i * out->strides[0]] = scratch[i % 4];
+  }
+  ctx->release(ctx->allocator_state, scratch);
+  return DIOPI_SUCCESS;
+}
+"""
+    lib = DiopiLibrary(compile_c_library(tmp_path, "allocating", src))
+    x = torch.arange(5, dtype=torch.float64)
+    out = torch.empty(5, dtype=torch.float64)
+    lib.call("aten::neg", out, x)
+    assert torch.equal(out, -x)
+    assert lib.allocator.blocks == {}  # the scratch block went back
+    (extra, _), = lib.allocator.required
+    assert extra.shape == (2, 3) and torch.equal(extra, torch.zeros(2, 3, dtype=torch.float64))
