@@ -33,7 +33,7 @@ bool ShmRecvConn::read_slots() {
   for (size_t i = 0; i < kSlots; ++i) {
     Slot& s = seg_->slots[consumed_ % kSlots];
     if (s.seq.load(std::memory_order_acquire) != consumed_ + 1) break;
-    Header h{s.tag, s.meta, s.bytes, s.msg_id};
+    Header h{s.tag, s.meta, s.bytes, s.msg_id, static_cast<uint32_t>(s.tag_seq)};
     if (s.kind == kEager) {
       if (h.bytes > kSlotPayload) throw PeerError(control_->what() + ": eager slot larger than a slot (corrupt segment)");
       sink_->on_message(*this, h, h.bytes ? s.payload : kEmpty);  // the engine copies it out
