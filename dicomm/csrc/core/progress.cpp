@@ -329,7 +329,7 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else {
       state = "matched a message from rank " + std::to_string(r.matched_from) +
-              " but its data did not arrive in time (it may still land: this transport cannot cancel it)";
+              " but its data did not arrive in time (it may still land: the transport could not stop it)";
     }
   } else {
     state = "the receiver has not taken the message yet";
