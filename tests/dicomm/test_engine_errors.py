@@ -163,7 +163,7 @@ def test_wait_timeout_names_op_peer_tag_and_bytes(late_bytes):
         assert "Timed out" in sender and "discarded" in sender, sender
 
 
-def _frozen_sender(rank, world, store):
+def _frozen_sender(rank, world, store, transport):
     import os
     import signal
     import time
@@ -172,7 +172,7 @@ def _frozen_sender(rank, world, store):
 
     import dicomm._C as C
 
-    c = comm(store, rank, world, timeout_s=30, transport="tcp")
+    c = comm(store, rank, world, timeout_s=30, transport=transport)
     n = 64 << 20
     out = None
     if rank == 0:
@@ -210,7 +210,63 @@ def test_timed_out_receive_is_never_written_after_its_timeout_over_tcp():
     """A 64 MiB receive over tcp whose sender freezes mid-transfer (SIGSTOP) times out; when the
     sender resumes, the rest of the message is read and dropped: the buffer is the caller's again
     (today the remaining bytes land in it after the TimeoutError)."""
-    out, _ = run_ranks(_frozen_sender, 2, timeout=90)
+    out, _ = run_ranks(_frozen_sender, 2, "tcp", timeout=90)
     text, at_timeout, later = out
     assert "matched a message from rank 1" in text, f"the transfer had not started: {text}"
     assert later == at_timeout, f"{later - at_timeout} bytes landed after the TimeoutError"
+
+
+def _overtaken_timeout(rank, world, store, transport, n):
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=20, transport=transport)
+    out = None
+    if rank == 0:
+        first, second, third = (np.zeros(n, np.uint8) for _ in range(3))
+        r1 = c.irecv(ptr(first), n, 1, tag=22)
+        r2 = c.irecv(ptr(second), n, 1, tag=22)
+        try:  # the second receive gives up while the first still waits: it gave up on message 2
+            r2.wait(0.3)
+            timed_out = False
+        except C.TimeoutError:
+            timed_out = True
+        store.set("go", "1")
+        r1.wait(10)
+        r3 = c.irecv(ptr(third), n, 1, tag=22)
+        r3.wait(10)
+        out = (timed_out, int(first[0]), int(third[0]), c.stats()["late_messages_discarded"])
+    else:
+        store.wait(["go"])
+        for value in (1, 2, 3):
+            data = np.full(n, value, np.uint8)  # alive until the receiver has read it
+            try:
+                c.isend(ptr(data), n, 0, tag=22).wait(10)
+            except C.TimeoutError:  # a rendezvous send learns that its receive was given up
+                pass
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("n", [100, 1 << 20])
+def test_timed_out_receive_discards_its_own_message_not_an_earlier_receives(transport, n):
+    """Two receives from one (source, tag); the later one times out while the earlier one waits.
+    The earlier receive gets message 1, message 2 (the timed-out receive's) is discarded and the
+    next receive gets message 3 (a plain "discard the next one" marker ate message 1 instead)."""
+    out, _ = run_ranks(_overtaken_timeout, 2, transport, n)
+    assert out == (True, 1, 3, 1), f"(timed out, first receive, next receive, discarded) = {out}"
+
+
+def test_timed_out_receive_is_never_written_after_its_timeout_over_shm():
+    """The same over shared memory streamed through the chunk ring (no cross-memory attach): the
+    frozen sender's remaining chunks are consumed and dropped once it resumes (before, they were
+    copied into the buffer after the TimeoutError)."""
+    out, _ = run_ranks(_frozen_sender, 2, "shm", timeout=90, env={"DICOMM_SHM_CMA": "0"})
+    text, at_timeout, later = out
+    assert "matched a message from rank 1" in text, f"the transfer had not started: {text}"
+    assert later == at_timeout, f"{later - at_timeout} bytes landed after the TimeoutError"
+    assert "never written again" in text, text

@@ -11,6 +11,7 @@ namespace dicomm {
 void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
   ++*hot_.messages_received;
   if (is_abort_notice(hdr) && on_abort_notice(conn.peer(), payload, hdr.bytes)) return;
+  if (numbered(hdr.tag)) received_seq_[{conn.peer(), hdr.tag}] = hdr.tag_seq + 1;
   if (!late_.empty() && discard_if_late(conn, hdr, payload)) return;
   Unexpected msg;
   msg.src = conn.peer();
@@ -25,20 +26,44 @@ void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr,
   queues_.add_unexpected(std::move(msg));
 }
 
-// A receive from a given source that timed out unmatched leaves a tombstone: the next message
-// from that source with that tag is the one it waited for (messages of one source and tag never
-// overtake), so it is discarded (a rendezvous sender's send fails) instead of landing in the next
-// receive, which waits for the message after it.
+// A receive from a given source that timed out unmatched gave up on one numbered message of its
+// (source, tag) stream: that message is discarded when it comes (a rendezvous sender's send fails)
+// instead of landing in a later receive; every other message is delivered. Messages of one stream
+// never overtake, so numbers below an arriving one will never come and are forgotten.
 bool Engine::discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
   auto it = late_.find({conn.peer(), hdr.tag});
   if (it == late_.end()) return false;
-  if (--it->second == 0) late_.erase(it);
+  std::set<uint32_t>& given_up = it->second;
+  bool late = false;
+  for (auto s = given_up.begin(); s != given_up.end();) {
+    const auto behind = static_cast<int32_t>(*s - hdr.tag_seq);  // serial arithmetic: numbers wrap
+    if (behind > 0) { ++s; continue; }
+    late |= behind == 0;
+    s = given_up.erase(s);
+  }
+  if (given_up.empty()) late_.erase(it);
+  if (!late) return false;
   ++counters_["late_messages_discarded"];
   log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " discarded a message from rank " + std::to_string(conn.peer()) +
                            " " + describe_tag(hdr.tag) + " (" + std::to_string(hdr.bytes) +
                            " B): it arrived after the receive waiting for it timed out");
   if (!payload) conn.refuse(hdr.msg_id, transport::Refusal{transport::Refusal::kLate, 0, 0});  // rendezvous
   return true;
+}
+
+// The number r would have taken: receives before it take the first numbers of the stream not yet
+// arrived and not already given up; r takes the next one.
+void Engine::give_up_locked(const P2PRequest& r, size_t ahead) {
+  const std::pair<int, Tag> stream{r.peer, r.tag};
+  auto next = received_seq_.find(stream);
+  uint32_t s = next == received_seq_.end() ? 0 : next->second;
+  std::set<uint32_t>& given_up = late_[stream];
+  for (;; ++s) {
+    if (given_up.count(s)) continue;
+    if (ahead == 0) break;
+    --ahead;
+  }
+  given_up.insert(s);
 }
 
 bool Engine::fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal) {

@@ -141,6 +141,7 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
 
 void Engine::post_locked(const RequestSP& r, transport::SendConn& conn, int peer) {
   const size_t bytes = r->capacity;
+  if (numbered(r->tag)) r->send_op.hdr.tag_seq = sent_seq_[{peer, r->tag}]++;
   if (bytes > kRegisterAbove) r->send_op.mem = transports_[peers_[peer].transport]->register_memory(r->buf, bytes);
   posting_ = &r;
   struct Clear { const RequestSP*& p; ~Clear() { p = nullptr; } } clear{posting_};  // however post() ends

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -96,7 +97,14 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void match(const RequestSP& r, Unexpected&& msg, const void* payload = nullptr);
   bool fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal);
   bool discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload);
-  std::map<std::pair<int, Tag>, int> late_;  // (source, tag) -> receives that timed out unmatched
+  // Late messages by number: each (peer, tag) stream of point-to-point messages is numbered by its
+  // sender (Header::tag_seq); a receive that times out unmatched records the number it would have
+  // taken, and exactly that message is discarded. Collective tags are used once: never numbered.
+  static bool numbered(Tag tag) { return !(tag & kCollectiveTagBit); }
+  std::map<std::pair<int, Tag>, uint32_t> sent_seq_;      // (destination, tag) -> next number
+  std::map<std::pair<int, Tag>, uint32_t> received_seq_;  // (source, tag) -> next number to arrive
+  std::map<std::pair<int, Tag>, std::set<uint32_t>> late_;  // (source, tag) -> numbers given up on
+  void give_up_locked(const P2PRequest& r, size_t ahead);  // r timed out with `ahead` receives before it
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
   void send_side_closed(int peer, const std::string& why);

@@ -41,6 +41,15 @@ std::optional<Unexpected> MatchQueues::take_unexpected(int peer, Tag tag) {
   return std::nullopt;
 }
 
+size_t MatchQueues::posted_ahead(const P2PRequest* r) const {
+  size_t n = 0;
+  for (const auto& p : posted_) {
+    if (p.get() == r) break;
+    if (p->peer == r->peer && p->tag == r->tag) ++n;
+  }
+  return n;
+}
+
 bool MatchQueues::remove_posted(const P2PRequest* r) {
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     if (it->get() == r) {

@@ -39,6 +39,8 @@ class MatchQueues {
   // Whether a posted receive could take a message from `src` (its own or any-source).
   bool has_posted_for(int src) const;
   bool remove_posted(const P2PRequest* r);
+  // Posted receives before `r` that name r's source and tag (they take its stream's messages first).
+  size_t posted_ahead(const P2PRequest* r) const;
   // Removes and returns posted receives that wait on `src` (and any-source ones if asked).
   std::vector<RequestSP> take_posted_waiting_on(int src, bool any_source_too);
   std::vector<RequestSP> take_all_posted();

@@ -318,9 +318,10 @@ bool Engine::cancel_matched_locked(P2PRequest& r) {
 void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   std::string state;
   if (r.op == P2PRequest::Op::kRecv) {
+    const size_t ahead = r.peer != kAnySource ? queues_.posted_ahead(&r) : 0;
     if (queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
-      if (r.peer != kAnySource) ++late_[{r.peer, r.tag}];  // its message, if it comes, is discarded
+      if (r.peer != kAnySource) give_up_locked(r, ahead);  // its message, if it comes, is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else if (cancel_matched_locked(r)) {
       state = "matched a message from rank " + std::to_string(r.matched_from) +
@@ -328,7 +329,7 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else {
       state = "matched a message from rank " + std::to_string(r.matched_from) +
-              " but its data did not arrive in time (it may still land: this transport cannot cancel it)";
+              " but its data did not arrive in time (it may still land: the transport could not stop it)";
     }
   } else {
     state = "the receiver has not taken the message yet";

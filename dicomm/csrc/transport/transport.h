@@ -31,6 +31,9 @@ struct Header {
   uint64_t meta = 0;
   uint64_t bytes = 0;
   uint64_t msg_id = 0;  // assigned by the sending connection, echoed by pull()/refuse()
+  // The message's number among the sender's messages to this peer with this tag (the engine's:
+  // a receive that timed out names exactly the message it gave up on, core/dispatch.cpp).
+  uint32_t tag_seq = 0;
 };
 
 // Registered memory (a no-op for shm and tcp; an MR for verbs).

@@ -30,7 +30,7 @@ struct alignas(64) Slot {
   uint32_t pad;
   uint64_t tag, meta, bytes, msg_id;
   uint64_t addr;  // rendezvous: where the data lives in the sender
-  uint64_t pad2;
+  uint64_t tag_seq;  // Header::tag_seq
   char payload[kSlotPayload];
 };
 

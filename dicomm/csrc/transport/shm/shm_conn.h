@@ -77,6 +77,9 @@ class ShmRecvConn : public RecvConn {
   void disarm() override;
   void pull(uint64_t msg_id, RecvOp* op) override;
   void refuse(uint64_t msg_id, const Refusal& why) override;
+  // A matched receive given back: the sender's help is withdrawn (its write in progress awaited,
+  // bounded) and its send refused as late; a piped message's chunks are read and dropped.
+  bool cancel(RecvOp* op) override;
 
  private:
   bool read_slots();
@@ -85,7 +88,18 @@ class ShmRecvConn : public RecvConn {
   void ack(uint32_t kind, uint64_t msg_id, uint32_t code = 0, uint64_t bytes = 0, uint64_t meta = 0);
   bool flush_acks();
 
-  struct Pull { RecvOp* op; uint64_t msg_id; uint64_t src; size_t done; int share; uint64_t generation; };
+  struct Pull {
+    RecvOp* op;
+    uint64_t msg_id;
+    uint64_t src;
+    size_t done;
+    int share;
+    uint64_t generation;
+    size_t bytes = 0;
+    bool dropped = false;  // cancelled: its chunks are consumed, not copied, and op is never completed
+  };
+  // Stops the sender's help with a share; true once no write of the sender's can land any more.
+  bool withdraw_share(int share);
   struct PendingAck { uint32_t kind, code; uint64_t msg_id, bytes, meta; };
   bool copy_shared(Pull& p);
   void read_exact(char* dst, uint64_t src, size_t n);

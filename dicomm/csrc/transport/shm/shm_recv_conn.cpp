@@ -33,7 +33,7 @@ bool ShmRecvConn::read_slots() {
   for (size_t i = 0; i < kSlots; ++i) {
     Slot& s = seg_->slots[consumed_ % kSlots];
     if (s.seq.load(std::memory_order_acquire) != consumed_ + 1) break;
-    Header h{s.tag, s.meta, s.bytes, s.msg_id};
+    Header h{s.tag, s.meta, s.bytes, s.msg_id, static_cast<uint32_t>(s.tag_seq)};
     if (s.kind == kEager) {
       if (h.bytes > kSlotPayload) throw PeerError(control_->what() + ": eager slot larger than a slot (corrupt segment)");
       sink_->on_message(*this, h, h.bytes ? s.payload : kEmpty);  // the engine copies it out
@@ -51,7 +51,7 @@ bool ShmRecvConn::read_slots() {
 void ShmRecvConn::pull(uint64_t msg_id, RecvOp* op) {
   auto it = announced_.find(msg_id);
   if (it == announced_.end()) throw Error("shm: pull of an unannounced message");
-  Pull p{op, msg_id, it->second, 0, -1, 0};
+  Pull p{op, msg_id, it->second, 0, -1, 0, op->bytes};
   announced_.erase(it);
   if (cma_) {
     // Big enough to split: offer the sender a share of the copy.
@@ -83,15 +83,42 @@ void ShmRecvConn::refuse(uint64_t msg_id, const Refusal& why) {
   ack(kRefuse, msg_id, why.code, why.recv_bytes, why.recv_meta);
 }
 
-ShmRecvConn::~ShmRecvConn() {
-  // Withdraw every share, then let a sender's write in progress finish before the buffers go.
-  for (size_t i = 0; i < kShares; ++i) {
-    if (!share_used_[i]) continue;
-    Share& s = seg_->shares[i];
-    s.claim.store(0, std::memory_order_seq_cst);
-    auto until = Clock::now() + std::chrono::milliseconds(200);
-    while (s.writing.load(std::memory_order_seq_cst) && Clock::now() < until) sched_yield();
+bool ShmRecvConn::withdraw_share(int share) {
+  // The sender raises `writing` before it claims a chunk: once the claim is gone and `writing` is
+  // down, no write of its can land (a later claim fails on the cleared generation).
+  Share& s = seg_->shares[share];
+  s.claim.store(0, std::memory_order_seq_cst);
+  auto until = Clock::now() + std::chrono::milliseconds(200);
+  while (s.writing.load(std::memory_order_seq_cst)) {
+    if (Clock::now() >= until) return false;  // a stopped sender: the share stays out of use
+    sched_yield();
   }
+  share_used_[share] = false;
+  return true;
+}
+
+bool ShmRecvConn::cancel(RecvOp* op) {
+  for (auto it = pulls_.begin(); it != pulls_.end(); ++it) {
+    if (it->op != op) continue;
+    const bool stopped = it->share < 0 || withdraw_share(it->share);
+    const uint64_t id = it->msg_id;
+    pulls_.erase(it);  // this side reads no more of it either way
+    ack(kRefuse, id, Refusal::kLate);
+    return stopped;
+  }
+  for (Pull& p : piped_) {
+    if (p.op != op || p.dropped) continue;
+    p.dropped = true;  // the sender streams on; its chunks go nowhere
+    p.op = nullptr;
+    return true;
+  }
+  return false;
+}
+
+ShmRecvConn::~ShmRecvConn() {
+  // Withdraw every share: a sender's write in progress ends before the buffers go.
+  for (size_t i = 0; i < kShares; ++i)
+    if (share_used_[i]) withdraw_share(static_cast<int>(i));
 }
 
 void ShmRecvConn::read_exact(char* dst, uint64_t src, size_t n) {
@@ -173,17 +200,17 @@ bool ShmRecvConn::read_chunks() {
   for (int i = 0; i < kChunksPerStep; ++i) {
     Chunk& c = seg_->chunks[chunks_consumed_ % kChunks];
     if (c.seq.load(std::memory_order_acquire) != chunks_consumed_ + 1) break;
-    if (piped_.empty() || piped_.front().msg_id != c.msg_id || c.offset + c.len > piped_.front().op->bytes)
+    if (piped_.empty() || piped_.front().msg_id != c.msg_id || c.offset + c.len > piped_.front().bytes)
       throw PeerError(control_->what() + ": chunk for an unexpected message (corrupt segment)");
     Pull& p = piped_.front();
-    std::memcpy(static_cast<char*>(p.op->buf) + c.offset, c.data, c.len);
+    if (!p.dropped) std::memcpy(static_cast<char*>(p.op->buf) + c.offset, c.data, c.len);
     p.done += c.len;
     seg_->chunks_consumed.store(++chunks_consumed_, std::memory_order_release);
     did = true;
-    if (p.done == p.op->bytes) {
+    if (p.done == p.bytes) {
       RecvOp* op = p.op;
       piped_.pop_front();
-      sink_->on_recv_done(op);
+      if (op) sink_->on_recv_done(op);
     }
   }
   if (did) control_->ring_if_sleeping(seg_->sender_sleeping);

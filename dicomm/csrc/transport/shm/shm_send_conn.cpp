@@ -36,6 +36,7 @@ bool ShmSendConn::publish(SendOp* op) {
   s.meta = h.meta;
   s.bytes = h.bytes;
   s.msg_id = h.msg_id;
+  s.tag_seq = h.tag_seq;
   bool eager = h.bytes <= kSlotPayload;
   s.kind = eager ? kEager : kRts;
   s.addr = reinterpret_cast<uint64_t>(op->buf);

@@ -1,4 +1,4 @@
-// Framing on a TCP stream: a fixed 48-byte header, then the payload for eager and data frames.
+// Framing on a TCP stream: a fixed 56-byte header, then the payload for eager and data frames.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,9 @@ struct Frame {
   uint64_t meta = 0;
   uint64_t bytes = 0;
   uint64_t offset = 0;
+  uint32_t tag_seq = 0;  // kEager/kRts: Header::tag_seq
+  uint32_t reserved = 0;
 };
-static_assert(sizeof(Frame) == 48, "Frame is a wire format");
+static_assert(sizeof(Frame) == 56, "Frame is a wire format");
 
 }  // namespace dicomm::transport::tcp

@@ -20,6 +20,7 @@ void TcpSendConn::post(SendOp* op) {
   f.msg_id = op->hdr.msg_id;
   f.tag = op->hdr.tag;
   f.meta = op->hdr.meta;
+  f.tag_seq = op->hdr.tag_seq;
   f.bytes = op->hdr.bytes;
   if (op->hdr.bytes <= kEagerLimit) {
     f.kind = kEager;
@@ -136,7 +137,7 @@ bool TcpRecvConn::progress(bool thorough) {
 }
 
 void TcpRecvConn::on_frame(const Frame& f, const char* payload) {
-  Header h{f.tag, f.meta, f.bytes, f.msg_id};
+  Header h{f.tag, f.meta, f.bytes, f.msg_id, f.tag_seq};
   if (f.kind == kEager) sink_->on_message(*this, h, payload ? payload : kEmpty);
   else if (f.kind == kRts) sink_->on_message(*this, h, nullptr);
   else throw PeerError("tcp connection from rank " + std::to_string(peer_) + ": unexpected frame kind " + std::to_string(f.kind) + " (corrupt stream)");

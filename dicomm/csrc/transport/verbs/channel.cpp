@@ -231,6 +231,7 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
     EagerHeader e;
     e.tag = c.tag;
     e.meta = c.meta;
+    e.tag_seq = c.tag_seq;
     std::memcpy(src, &e, sizeof(e));
   } else {
     std::memcpy(src, &c, sizeof(Ctrl));
@@ -353,6 +354,7 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
       c.kind = kEager;
       c.tag = e.tag;
       c.meta = e.meta;
+      c.tag_seq = e.tag_seq;
       c.bytes = wc.byte_len - head;
     } else if (msg_kind != kEager && wc.byte_len >= sizeof(Ctrl)) {
       std::memcpy(&c, p, sizeof(Ctrl));

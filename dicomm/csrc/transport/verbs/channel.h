@@ -40,7 +40,7 @@ struct Ctrl {
   uint64_t msg_id = 0, tag = 0, meta = 0, bytes = 0;
   uint64_t addr = 0;  // rendezvous: the sender's buffer, read by the receiver
   uint32_t rkey = 0;
-  uint32_t reserved = 0;
+  uint32_t tag_seq = 0;  // Header::tag_seq
   uint64_t ready = 0;  // rendezvous: bytes the receiver may read so far (a staged copy grows)
 };
 static_assert(sizeof(Ctrl) == 64, "Ctrl is a wire format");
@@ -51,7 +51,7 @@ enum CtrlKind : uint32_t { kEager = 1, kRts = 2, kFin = 3, kRefuse = 4, kReady =
 // data that is already here. Fewer bytes to build, checksum and copy on every small message.
 struct EagerHeader {
   uint32_t kind = kEager;
-  uint32_t reserved = 0;
+  uint32_t tag_seq = 0;  // Header::tag_seq
   uint64_t tag = 0, meta = 0;
 };
 static_assert(sizeof(EagerHeader) == 24 && offsetof(EagerHeader, kind) == offsetof(Ctrl, kind),

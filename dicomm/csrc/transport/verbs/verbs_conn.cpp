@@ -32,6 +32,7 @@ void VerbsSendConn::post(SendOp* op) {
   c.msg_id = op->hdr.msg_id;
   c.tag = op->hdr.tag;
   c.meta = op->hdr.meta;
+  c.tag_seq = op->hdr.tag_seq;
   c.bytes = op->hdr.bytes;
   if (op->hdr.bytes <= ch_->eager_limit() && !Accel::get().is_device(op->buf)) {
     c.kind = kEager;
@@ -116,7 +117,7 @@ bool VerbsRecvConn::progress(bool thorough) {
 }
 
 void VerbsRecvConn::on_ctrl(const Ctrl& c, const char* payload) {
-  Header h{c.tag, c.meta, c.bytes, c.msg_id};
+  Header h{c.tag, c.meta, c.bytes, c.msg_id, c.tag_seq};
   if (c.kind == kEager) {
     sink_->on_message(*this, h, c.bytes ? payload : kEmpty);
   } else if (c.kind == kRts) {
