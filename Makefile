@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # A CPU build, pinned: an unpinned torch would pull gigabytes of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
-CSRC   := $(shell find dicomm/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch -name '*.cpp' -o -name '*.h' 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup test test-rdma demo bench clean

@@ -5,8 +5,8 @@ entry point does the same at `import torch`, so `dist.init_process_group(backend
 without importing dicomm first.
 """
 from dicomm import _C  # noqa: F401
-from dicomm.backend import BACKEND_NAME, DicommProcessGroup, register
+from dicomm.backend import BACKEND_NAME, DicommBackend, register
 from dicomm.errors import DicommError, MismatchError, PeerError, TimeoutError
 
-__all__ = ["BACKEND_NAME", "DicommProcessGroup", "register", "DicommError", "MismatchError",
+__all__ = ["BACKEND_NAME", "DicommBackend", "register", "DicommError", "MismatchError",
            "PeerError", "TimeoutError"]

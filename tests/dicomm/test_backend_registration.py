@@ -25,7 +25,7 @@ _SCRIPT = textwrap.dedent("""
     for w in works:
         w.wait()
     assert torch.equal(back, t), back
-    print(dist.get_backend(), type(dist.group.WORLD).__name__)
+    print(dist.get_backend(), type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__)
     dist.destroy_process_group()
 """)
 
@@ -40,7 +40,7 @@ def _run(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
 def test_plain_import_torch_finds_the_backend_through_autoload():
     proc = _run({})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["dicomm", "DicommProcessGroup"]
+    assert proc.stdout.split() == ["dicomm", "DicommBackend"]
 
 
 def test_without_autoload_the_backend_is_unknown():
