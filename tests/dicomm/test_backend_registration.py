@@ -60,3 +60,16 @@ def test_import_dicomm_registers_and_the_entry_point_never_raises(monkeypatch):
     with pytest.raises(ImportError):
         import dicomm.backend  # noqa: F401
     _autoload.register()  # swallows it
+
+
+def test_without_the_torch_extension_import_torch_still_works_and_says_why():
+    script = ("import sys, warnings\n"
+              "sys.modules['dicomm._C_torch'] = None  # as if built against another torch\n"
+              "with warnings.catch_warnings(record=True) as w:\n"
+              "    warnings.simplefilter('always')\n"
+              "    import torch, torch.distributed as dist\n"
+              "print('DICOMM' in dist.Backend._plugins, any('backend is unavailable' in str(x.message)"
+              " for x in w))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"], proc.stdout + proc.stderr
