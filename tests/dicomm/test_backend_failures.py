@@ -37,6 +37,10 @@ def _timeouts(rank: int, store) -> None:
         took = _raises(dicomm.TimeoutError, [r"recv", r"rank 1\b", r"tag 9\b", r"\b16\b"],
                        dist.recv, t, 1, tag=9)
         assert TIMEOUT_S * 0.9 <= took < TIMEOUT_S + 10, f"group timeout honoured? took {took:.1f}s"
+        # A future has the group's timeout as its deadline too, and fails with the same error.
+        fut = dist.irecv(torch.zeros(4), 1, tag=11).get_future()
+        took = _raises(dicomm.TimeoutError, [r"Timed out", r"tag 11\b"], fut.wait)
+        assert took < TIMEOUT_S + 10, f"the future outlived the group timeout: {took:.1f}s"
         w = dist.irecv(t, 1, tag=10)
         took = _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait, datetime.timedelta(seconds=0.3))
         assert took < TIMEOUT_S - 0.5, f"wait(timeout) ignored its timeout: {took:.1f}s"
