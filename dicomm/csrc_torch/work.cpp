@@ -74,7 +74,7 @@ void DicommWork::settle(std::chrono::milliseconds timeout) {
   if (!driving.try_lock_until(deadline)) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return;
-    fail(Kind::kTimeout, "Timed out after " + std::to_string(timeout.count()) +
+    fail(Kind::kTimeout, "dicomm: Timed out after " + std::to_string(timeout.count()) +
                              " ms waiting for a dicomm operation that another thread is waiting for");
   }
   {

@@ -247,7 +247,7 @@ def subgroups_and_reinit(rank: int, ws: int, backend: str, store: Any) -> Any:
     dist.all_reduce(t, group=sub)
     dist.destroy_process_group()
     dist.init_process_group(backend=backend, store=dist.PrefixStore("again", store), rank=rank,
-                            world_size=ws, timeout=datetime.timedelta(seconds=60))
+                            world_size=ws, timeout=datetime.timedelta(seconds=120))
     u = torch.tensor([float(rank)])
     dist.all_reduce(u)
     return [t, u]

@@ -2,8 +2,8 @@
 dicomm passes.
 
 The default run takes a quick selection (collectives this backend once got wrong, any-source
-receives, a DDP comm hook chaining futures); `make test-torch-suite` (DICOMM_TORCH_SUITE=full)
-runs every test of _DistTestBase.
+receives, a DDP comm hook chaining futures, the words of a timeout); `make test-torch-suite`
+(DICOMM_TORCH_SUITE=full) runs every test of _DistTestBase.
 Each backend runs in its own pytest process (torch's module reads BACKEND when imported); see
 dist_suite.py for how dicomm runs gloo's selection of tests.
 """
@@ -23,7 +23,7 @@ pytest.importorskip("expecttest", reason="torch's suite imports expecttest (the 
 SUITE = Path(__file__).with_name("dist_suite.py")
 CLASS = "TestDistBackendWithSpawn"
 QUICK = ["test_all_gather_coalesced_simple", "test_sparse_all_reduce_sum", "test_send_recv_any_source",
-         "test_accumulate_gradients_no_sync_allreduce_with_then_hook"]
+         "test_accumulate_gradients_no_sync_allreduce_with_then_hook", "test_barrier_timeout_full_group"]
 FULL = os.environ.get("DICOMM_TORCH_SUITE") == "full"
 
 
