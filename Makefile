@@ -5,11 +5,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # A CPU build, pinned: an unpinned torch would pull gigabytes of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
-CSRC   := $(shell find dicomm/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch -name '*.cpp' -o -name '*.h' 2>/dev/null)
 DIOPI_SRC := $(shell find diopi_bindings/reference diopi_bindings/include -name '*.cpp' -o -name '*.h' -o -name CMakeLists.txt 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-rdma demo bench clean
+.PHONY: setup test test-rdma test-torch-suite demo bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ test: setup
 # The RDMA tests alone: a Soft-RoCE guest under QEMU (see docs/rdma.md; a few minutes).
 test-rdma: setup
 	$(PY) -m pytest -q tests/rdma
+
+# PyTorch's own distributed suite, every test, on gloo and on dicomm (long; `make test` runs a
+# quick selection of it).
+test-torch-suite: setup
+	DICOMM_TORCH_SUITE=full $(PY) -m pytest -q tests/torch_suite
 
 demo: setup
 	$(PY) -m heteropp.demo

@@ -15,6 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from dicomm.backend import communicator_of
+
 
 def _ping_pong(t: torch.Tensor, peer: int, rank: int, iters: int) -> list[float]:
     """Half round-trip times in seconds."""
@@ -44,7 +46,7 @@ def _worker(iters: int) -> dict:
         big = torch.zeros(16 << 20)  # 64 MiB
         _ping_pong(big, peer, rank, 1)
         bw = _ping_pong(big, peer, rank, 5)
-        result.update(peer=peer, transport=dist.group.WORLD.communicator.transport_of(peer),
+        result.update(peer=peer, transport=communicator_of(dist.group.WORLD).transport_of(peer),
                       lat_us_median=statistics.median(small) * 1e6,
                       lat_us_min=min(small) * 1e6,
                       gbps_64mib=big.nbytes / statistics.median(bw) / 1e9)

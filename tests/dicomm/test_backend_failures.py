@@ -37,22 +37,28 @@ def _timeouts(rank: int, store) -> None:
         took = _raises(dicomm.TimeoutError, [r"recv", r"rank 1\b", r"tag 9\b", r"\b16\b"],
                        dist.recv, t, 1, tag=9)
         assert TIMEOUT_S * 0.9 <= took < TIMEOUT_S + 10, f"group timeout honoured? took {took:.1f}s"
+        # A future has the group's timeout as its deadline too, and fails with the same error.
+        fut = dist.irecv(torch.zeros(4), 1, tag=11).get_future()
+        took = _raises(dicomm.TimeoutError, [r"Timed out", r"tag 11\b"], fut.wait)
+        assert took < TIMEOUT_S + 10, f"the future outlived the group timeout: {took:.1f}s"
         w = dist.irecv(t, 1, tag=10)
         took = _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait, datetime.timedelta(seconds=0.3))
         assert took < TIMEOUT_S - 0.5, f"wait(timeout) ignored its timeout: {took:.1f}s"
-        # The unmatched receive was cancelled: waiting again fails at once; the message it waited
-        # for, arriving late, is discarded (neither the abandoned tensor nor the next receive gets
-        # it), and the next receive gets the message after it.
+        # The unmatched receive was withdrawn: waiting again fails at once.
         _raises(dicomm.TimeoutError, [r"tag 10\b"], w.wait)
-        assert w.is_completed() and isinstance(w.exception(), dicomm.TimeoutError)
+        assert w.is_completed() and isinstance(w.exception(), dist.DistBackendError)
+        assert "Timed out" in str(w.exception())
+        # Its message comes late (111), then the next one (222): the next receive gets 222, and
+        # 111 lands nowhere (neither in the abandoned tensor nor in the next receive).
         store.set("send-now", "1")
         fresh = torch.empty(4)
         dist.recv(fresh, 1, tag=10)
-        assert torch.equal(fresh, torch.full((4,), 7.0)) and not torch.equal(t, fresh)
+        assert torch.equal(fresh, torch.full((4,), 222.0)), fresh
+        assert torch.equal(t, torch.zeros(4)), t
     else:
         store.wait(["send-now"])
-        dist.send(torch.full((4,), 6.0), 0, tag=10)  # the late one
-        dist.send(torch.full((4,), 7.0), 0, tag=10)
+        dist.send(torch.full((4,), 111.0), 0, tag=10)
+        dist.send(torch.full((4,), 222.0), 0, tag=10)
 
 
 def _p2p_mismatches(rank: int) -> None:
@@ -164,3 +170,36 @@ def test_a_dead_peer_fails_pending_operations_on_every_other_rank():
     assert out[2] is None
     for rank in (0, 1):  # the engine notices the closed connection: no waiting out the timeout
         assert out[rank].startswith("PeerError") and "is gone" in out[rank], out[rank]
+
+
+def _ddp_peer_killed(rank: int, ws: int, store) -> str:
+    import signal
+
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    init_process_group("dicomm", rank, ws, store, timeout_s=PEER_TIMEOUT_S)
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)), bucket_cap_mb=1e-3)
+    x = torch.randn(8, 64)
+    model(x).sum().backward()  # a good step first: every connection is up
+    dist.barrier()
+    loss = model(x).sum()  # every rank is through the forward's collectives
+    if rank == 2:  # dies before its gradients' all_reduce: the survivors' reducer futures fail
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        loss.backward()
+        return "no error"
+    except Exception as e:  # the test process judges it
+        return f"{type(e).__name__} after {time.monotonic() - start:.1f}s: {e}"
+
+
+def test_ddp_survivors_of_a_killed_peer_get_an_exception_naming_it():
+    """Before: DDP's reducer read the failed future's value and the survivors segfaulted."""
+    out = run_ranks(_ddp_peer_killed, 3, timeout=90, expect_dead=[2])
+    for rank in (0, 1):
+        assert out[rank] is not None, f"rank {rank} died instead of raising"
+        assert re.match(r"(DistBackendError|PeerError) after", out[rank]), out[rank]
+    # A survivor that waits on rank 2 names it. (The other may first hear of that rank's abort;
+    # which rank a cascaded abort blames is the engine's concern.)
+    assert any(re.search(r"rank 2\b", out[r]) for r in (0, 1)), out

@@ -25,7 +25,7 @@ _SCRIPT = textwrap.dedent("""
     for w in works:
         w.wait()
     assert torch.equal(back, t), back
-    print(dist.get_backend(), type(dist.group.WORLD).__name__)
+    print(dist.get_backend(), type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__)
     dist.destroy_process_group()
 """)
 
@@ -40,7 +40,7 @@ def _run(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
 def test_plain_import_torch_finds_the_backend_through_autoload():
     proc = _run({})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["dicomm", "DicommProcessGroup"]
+    assert proc.stdout.split() == ["dicomm", "DicommBackend"]
 
 
 def test_without_autoload_the_backend_is_unknown():
@@ -60,3 +60,16 @@ def test_import_dicomm_registers_and_the_entry_point_never_raises(monkeypatch):
     with pytest.raises(ImportError):
         import dicomm.backend  # noqa: F401
     _autoload.register()  # swallows it
+
+
+def test_without_the_torch_extension_import_torch_still_works_and_says_why():
+    script = ("import sys, warnings\n"
+              "sys.modules['dicomm._C_torch'] = None  # as if built against another torch\n"
+              "with warnings.catch_warnings(record=True) as w:\n"
+              "    warnings.simplefilter('always')\n"
+              "    import torch, torch.distributed as dist\n"
+              "print('DICOMM' in dist.Backend._plugins, any('backend is unavailable' in str(x.message)"
+              " for x in w))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"], proc.stdout + proc.stderr

@@ -1,0 +1,82 @@
+// The `dicomm._C_torch` module: the torch backend's creator and its error translation. Built
+// against torch's own pybind11, so its classes and torch's share one type registry.
+#include <torch/csrc/utils/pybind.h>
+
+#include <mutex>
+#include <vector>
+
+#include "backend.h"
+#include "errors.h"
+
+namespace py = pybind11;
+using dicomm::torch_backend::BackendError;
+using dicomm::torch_backend::DicommBackend;
+using dicomm::torch_backend::Kind;
+
+namespace {
+
+// Python classes per error kind (dicomm.errors.BACKEND_ERRORS), looked up once.
+PyObject* g_classes[5] = {};
+
+PyObject* class_for(Kind kind) { return g_classes[static_cast<int>(kind)]; }
+
+// Backends still open at interpreter exit are closed first, so no engine thread outlives Python.
+std::mutex g_live_mu;
+std::vector<c10::weak_intrusive_ptr<DicommBackend>> g_live;
+
+void close_all_at_exit() {
+  std::vector<c10::intrusive_ptr<DicommBackend>> live;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    for (auto& w : g_live)
+      if (auto b = w.lock()) live.push_back(b);
+    g_live.clear();
+  }
+  py::gil_scoped_release release;
+  for (auto& b : live) b->shutdown();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C_torch, m) {
+  m.doc() = "dicomm's torch.distributed backend (a c10d::Backend over the dicomm engine)";
+  py::module_::import("torch.distributed");  // registers c10d's classes before ours derive from them
+  py::object classes = py::module_::import("dicomm.errors").attr("BACKEND_ERRORS");
+  const char* names[] = {"generic", "timeout", "peer", "mismatch", "value"};
+  for (int i = 0; i < 5; ++i) g_classes[i] = classes[names[i]].ptr();  // held by dicomm.errors
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const BackendError& e) {
+      PyErr_SetString(class_for(e.kind), e.what_without_backtrace());
+    }
+  });
+
+  py::class_<DicommBackend, c10d::Backend, c10::intrusive_ptr<DicommBackend>>(m, "DicommBackend")
+      .def_property_readonly("timeout_s", [](const DicommBackend& b) { return b.timeout().count() / 1000.0; })
+      .def("transport_of", [](DicommBackend& b, int peer) { return b.communicator().transport_of(peer); },
+           py::arg("peer"), py::call_guard<py::gil_scoped_release>(),
+           "Transport serving `peer`: self, shm, tcp or verbs; empty before first contact.")
+      .def("stats", [](DicommBackend& b) { return b.communicator().stats(); },
+           py::call_guard<py::gil_scoped_release>(), "The engine's counters for this group.");
+
+  m.def(
+      "create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+        if (!(timeout_s > 0)) throw BackendError(Kind::kValue, "dicomm: the group timeout must be positive");
+        c10::intrusive_ptr<DicommBackend> b;
+        {
+          py::gil_scoped_release release;
+          b = c10::make_intrusive<DicommBackend>(
+              store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5)));
+        }
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live.emplace_back(b);
+        return b;
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
+      "A dicomm backend for rank `rank` of `size`, bootstrapped through `store`.");
+
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { close_all_at_exit(); }));
+}

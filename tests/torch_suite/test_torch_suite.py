@@ -1,0 +1,67 @@
+"""PyTorch's own distributed suite on dicomm and on gloo, same selection: every test gloo passes,
+dicomm passes.
+
+The default run takes a quick selection (collectives this backend once got wrong, any-source
+receives, a DDP comm hook chaining futures, the words of a timeout); `make test-torch-suite`
+(DICOMM_TORCH_SUITE=full) runs every test of _DistTestBase.
+Each backend runs in its own pytest process (torch's module reads BACKEND when imported); see
+dist_suite.py for how dicomm runs gloo's selection of tests.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("expecttest", reason="torch's suite imports expecttest (the test extras)")
+
+SUITE = Path(__file__).with_name("dist_suite.py")
+CLASS = "TestDistBackendWithSpawn"
+QUICK = ["test_all_gather_coalesced_simple", "test_sparse_all_reduce_sum", "test_send_recv_any_source",
+         "test_accumulate_gradients_no_sync_allreduce_with_then_hook", "test_barrier_timeout_full_group"]
+FULL = os.environ.get("DICOMM_TORCH_SUITE") == "full"
+
+
+def run_suite(backend: str, tests: list[str] | None, timeout_s: float) -> dict[str, str]:
+    """Outcome per test name ('passed', 'failed', 'skipped') of the suite on `backend`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = os.path.join(tmp, "junit.xml")
+        temp_dir = os.path.join(tmp, "suite")
+        os.mkdir(temp_dir)
+        env = dict(os.environ, BACKEND=backend, WORLD_SIZE="2", TEMP_DIR=temp_dir)
+        targets = [f"{SUITE}::{CLASS}::{t}" for t in tests] if tests else [str(SUITE)]
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "--timeout=180", f"--junitxml={xml}", *targets], env=env,
+                       cwd=Path(__file__).parents[2], capture_output=True, timeout=timeout_s)
+        if not os.path.exists(xml):
+            raise AssertionError(f"the suite on {backend} reported nothing:\n"
+                                 f"{proc.stdout.decode()[-3000:]}{proc.stderr.decode()[-3000:]}")
+        outcomes = {}
+        for case in ET.parse(xml).iter("testcase"):
+            kinds = {child.tag for child in case}
+            outcomes[case.get("name")] = ("failed" if kinds & {"failure", "error"} else
+                                          "skipped" if "skipped" in kinds else "passed")
+        if not outcomes:
+            raise AssertionError(f"the suite on {backend} ran nothing:\n"
+                                 f"{proc.stdout.decode()[-3000:]}{proc.stderr.decode()[-3000:]}")
+        return outcomes
+
+
+@pytest.mark.timeout(7200 if FULL else 600)
+def test_every_test_gloo_passes_dicomm_passes():
+    selection = None if FULL else QUICK
+    budget = 6000 if FULL else 270
+    gloo = run_suite("gloo", selection, budget)
+    dicomm = run_suite("dicomm", selection, budget)
+    passed_on_gloo = sorted(t for t, o in gloo.items() if o == "passed")
+    assert passed_on_gloo, f"the gloo reference passed nothing: {gloo}"
+    missing = [f"{t}: {dicomm.get(t, 'not run')}" for t in passed_on_gloo
+               if dicomm.get(t) != "passed"]
+    assert not missing, "passed on gloo, not on dicomm:\n" + "\n".join(missing)
+    if not FULL:  # the quick selection is chosen to run on both: none may be skipped
+        assert sorted(passed_on_gloo) == sorted(QUICK), gloo
