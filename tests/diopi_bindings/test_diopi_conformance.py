@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import METADATA_C, OMITTED, PLANTED_WRONG, compile_c_library
+from diopi_testlib import METADATA_C, OMITTED, PLANTED_WRONG, compile_c_library
 
 from diopi_bindings.conformance.cli import main
 from diopi_bindings.conformance.runner import OUTLIER_SHARE, _judge

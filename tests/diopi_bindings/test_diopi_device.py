@@ -3,7 +3,7 @@ device memory), the rest on the CPU, logged once per operator; heteropp's tiny L
 like plain CPU torch. Each test runs in a fresh interpreter: the device registers once per process."""
 from __future__ import annotations
 
-from conftest import PARTIAL_OMITTED, run_python
+from diopi_testlib import PARTIAL_OMITTED, run_python
 
 
 def test_operators_match_the_cpu_and_run_in_the_library(reference_path):

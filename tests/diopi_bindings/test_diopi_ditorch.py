@@ -4,7 +4,7 @@ torch. One fresh interpreter per test (the device registers once per process).""
 from __future__ import annotations
 
 import pytest
-from conftest import run_python
+from diopi_testlib import run_python
 
 APIS = """
     import io, json, torch, ditorch
@@ -84,7 +84,7 @@ def test_malformed_library_is_refused_by_import_ditorch(tmp_path):
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
+    from diopi_testlib import REPO_ROOT
 
     done = subprocess.run([sys.executable, "-c", "import ditorch"], cwd=REPO_ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "DITORCH_VENDOR": "diopi", "DIOPI_LIBRARY": str(bogus)})

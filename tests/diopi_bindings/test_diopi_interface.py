@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import METADATA_C, compile_c_library
+from diopi_testlib import METADATA_C, compile_c_library
 
 from diopi_bindings import gen_header
 from diopi_bindings.abi import ABI_VERSION, INCLUDE_DIR

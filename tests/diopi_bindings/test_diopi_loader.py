@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import METADATA_C, compile_c_library
+from diopi_testlib import METADATA_C, compile_c_library
 
 from diopi_bindings.library import DiopiLibrary, LibraryError, OperatorError, load
 

@@ -128,7 +128,7 @@ int run_rank(int rank, int sock, int iters) {
   Context ctx;
   ctx.rank = rank;
   ctx.size = 2;
-  ctx.token.fill(7);
+  ctx.key = std::string(32, '\x07');  // both ranks agree on the handshake key
   ctx.sink = &r.sink;
   ctx.poller = &r.poller;
   std::string why;

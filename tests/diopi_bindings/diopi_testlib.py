@@ -1,0 +1,88 @@
+"""Helpers and fixtures of the DIOPI tests (conftest.py registers the fixtures). Libraries they load:
+the reference build of the package, a variant built here with operators left out and one kernel
+planted wrong, and tiny malformed C libraries."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from diopi_bindings.abi import INCLUDE_DIR
+from diopi_bindings.build import build_reference
+from diopi_bindings.library import reference_library_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# The variant: two operators not exported, one computed 1% wrong; everything else exact.
+OMITTED = ("aten::gelu", "aten::gelu_backward")
+PLANTED_WRONG = "aten::mm"  # its kernel writes from inside a lambda, through WRITE
+
+
+def symbol(op: str) -> str:
+    from diopi_bindings.schema import BY_NAME
+
+    return BY_NAME[op].symbol
+
+
+@pytest.fixture(scope="session")
+def reference_path() -> Path:
+    return reference_library_path()
+
+
+@pytest.fixture(scope="session")
+def variant_path(tmp_path_factory) -> Path:
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    return build_reference(tmp_path_factory.mktemp("variant"), name="diopi_variant",
+                           omit=tuple(symbol(op) for op in OMITTED), plant_wrong=symbol(PLANTED_WRONG))
+
+
+def compile_c_library(directory: Path, name: str, source: str) -> Path:
+    """A shared library from C source, against the DIOPI headers."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    src = directory / f"{name}.c"
+    src.write_text(source)
+    out = directory / f"lib{name}.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", f"-I{INCLUDE_DIR}", str(src), "-o", str(out)], check=True)
+    return out
+
+
+METADATA_C = """
+#include "diopi/functions.h"
+uint32_t diopi_abi_version(void) { return %(abi)s; }
+const char* diopi_vendor_name(void) { return "test"; }
+const char* diopi_impl_version(void) { return "9.9"; }
+const char* diopi_last_error(void) { return ""; }
+"""
+
+# A library that lacks operators a training step uses: they must fall back to the CPU.
+PARTIAL_OMITTED = ("aten::mm", "aten::bmm", "aten::silu", "aten::embedding", "aten::_softmax_backward_data")
+
+
+@pytest.fixture(scope="session")
+def partial_path(tmp_path_factory) -> Path:
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    return build_reference(tmp_path_factory.mktemp("partial"), name="diopi_partial",
+                           omit=tuple(symbol(op) for op in PARTIAL_OMITTED))
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 240) -> dict:
+    """Run ``code`` in a fresh interpreter (the device registers itself once per process, before the
+    first backward pass); its last stdout line is JSON."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("DITORCH_", "DIOPI_"))}
+    full_env.update(env or {})
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["_stderr"] = done.stderr
+    return result
