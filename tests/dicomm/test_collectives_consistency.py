@@ -33,8 +33,13 @@ def _call(c, kind: str, root: int, nbytes: int, rank: int, world: int):
 def _disagree(rank, world, store, kind, roots, sizes):
     import dicomm._C as C
 
-    c = open_comm(rank, world, store, timeout_s=5.0, name=f"{kind}-{roots}-{sizes}")
-    c.barrier().wait()
+    name = f"{kind}-{roots}-{sizes}"
+    c = open_comm(rank, world, store, timeout_s=5.0, name=name)
+    c.barrier().wait()  # every connection up
+    # Then start together through the store: a mismatch aborts the communicator, and the abort
+    # fails whatever is still pending, a slow rank's barrier included.
+    store.set(f"{name}-ready{rank}", "1")
+    store.wait([f"{name}-ready{r}" for r in range(world)])
     req, keep = _call(c, kind, roots[rank], sizes[rank], rank, world)
     try:
         req.wait()
@@ -42,6 +47,9 @@ def _disagree(rank, world, store, kind, roots, sizes):
     except C.DicommError as e:
         out = (type(e).__name__, str(e))
     queued = c.stats()["unexpected_queued"]
+    # Close only once every rank has its answer: a closed peer is a different failure (PeerError).
+    store.set(f"{name}-done{rank}", "1")
+    store.wait([f"{name}-done{r}" for r in range(world)])
     c.close()
     return out + (queued,)
 
