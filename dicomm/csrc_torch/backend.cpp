@@ -154,22 +154,9 @@ Issued each(size_t n, F&& issue_one) {
 
 }  // namespace
 
-// Per (peer, tag) message numbers. A message carries its number as the engine's meta word, which
-// the engine checks at match time: a late message of a receive that timed out and was withdrawn
-// never lands silently in the next receive. It fails the match (and is dropped); the next receive
-// is posted again and gets the message meant for it.
-struct DicommBackend::MessageNumbers {
-  std::mutex mu;
-  std::map<std::pair<int, int>, uint64_t> sent, received, withdrawn;
-
-  static uint64_t next(std::map<std::pair<int, int>, uint64_t>& m, int peer, int tag) {
-    return ++m[{peer, tag}];
-  }
-};
-
 DicommBackend::DicommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                              std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), timeout_(timeout), numbers_(std::make_shared<MessageNumbers>()) {
+    : c10d::Backend(rank, size), timeout_(timeout) {
   dicomm::Options options;
   options.timeout = timeout;
   auto adapter = std::make_shared<StoreAdapter>(store);
@@ -221,12 +208,9 @@ WorkPtr DicommBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) 
   Staging st;
   at::Tensor host = st.add().input(t);
   st.stagers[0]->ready();
-  uint64_t meta;
-  {
-    std::lock_guard<std::mutex> lock(numbers_->mu);
-    meta = MessageNumbers::next(numbers_->sent, dst, tag);
-  }
-  auto req = translated([&] { return comm_->isend(ptr(host), host.nbytes(), dst, Tag(tag), meta); });
+  // The engine numbers messages per (peer, tag): a late message of a receive that timed out is
+  // dropped there, never handed to the next receive.
+  auto req = translated([&] { return comm_->isend(ptr(host), host.nbytes(), dst, Tag(tag)); });
   auto w = make_work(OpType::SEND, {req}, tensors, c10d::kUnsetTimeout);
   w->keep = {host};
   return w;
@@ -249,57 +233,12 @@ WorkPtr DicommBackend::post_recv(std::vector<at::Tensor>& tensors, int src, int 
   check_dense(t, op);
   Staging st;
   at::Tensor host = st.add().output(t);
-  // A receive from any source cannot know the sender's number: it matches without one.
-  uint64_t meta = 0;
-  if (src != kAnySource) {
-    std::lock_guard<std::mutex> lock(numbers_->mu);
-    meta = MessageNumbers::next(numbers_->received, src, tag);
-  }
-  auto comm = comm_;
-  void* buf = ptr(host);
-  const size_t nbytes = host.nbytes();
-  auto req = translated([&] { return comm->irecv(buf, nbytes, src, Tag(tag), meta); });
+  auto req = translated([&] { return comm_->irecv(ptr(host), host.nbytes(), src, Tag(tag)); });
   auto w = make_work(src == kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, {req}, tensors,
                      c10d::kUnsetTimeout);
   w->keep = {host};
-  w->expect_nbytes = static_cast<int64_t>(nbytes);
+  w->expect_nbytes = static_cast<int64_t>(host.nbytes());
   st.attach(*w);
-  auto numbers = numbers_;
-  if (src != kAnySource) {
-    w->on_cancelled = [numbers, src, tag] {
-      std::lock_guard<std::mutex> lock(numbers->mu);
-      ++numbers->withdrawn[{src, tag}];
-    };
-    // A mismatch while a withdrawn receive's message may still come is that late message (it is
-    // dropped, with a warning); post the receive again for the message meant for it.
-    w->recover = [numbers, comm, buf, nbytes, src, tag, meta](std::exception_ptr e) -> RequestPtr {
-      try {
-        std::rethrow_exception(e);
-      } catch (const dicomm::MismatchError& x) {
-        {
-          std::lock_guard<std::mutex> lock(numbers->mu);
-          auto it = numbers->withdrawn.find({src, tag});
-          if (it == numbers->withdrawn.end() || it->second == 0) return nullptr;
-          --it->second;
-        }
-        LOG(WARNING) << "dicomm: dropped a late message from rank " << src << " tag " << tag
-                     << " meant for a receive that timed out (" << x.what() << ")";
-        return comm->irecv(buf, nbytes, src, Tag(tag), meta);
-      } catch (...) {
-        return nullptr;
-      }
-    };
-  } else {
-    // The sender numbered it: count it for that sender so later numbered receives stay in step.
-    auto copy_back = std::move(w->finish);
-    w->finish = [copy_back, req, numbers, tag] {
-      if (int from = req->source(); from >= 0) {
-        std::lock_guard<std::mutex> lock(numbers->mu);
-        ++numbers->received[{from, tag}];
-      }
-      if (copy_back) copy_back();
-    };
-  }
   return w;
 }
 

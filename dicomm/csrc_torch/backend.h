@@ -99,8 +99,6 @@ class DicommBackend : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   uint64_t collective_seq_ = 0;
   uint64_t monitored_barriers_ = 0;
-  struct MessageNumbers;  // see backend.cpp
-  std::shared_ptr<MessageNumbers> numbers_;
 };
 
 }  // namespace dicomm::torch_backend

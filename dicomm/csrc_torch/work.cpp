@@ -86,17 +86,7 @@ void DicommWork::settle(std::chrono::milliseconds timeout) {
     for (size_t i = 0; i < requests_.size(); ++i) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-      try {
-        requests_[i]->wait(std::max(left, std::chrono::milliseconds(0)));
-      } catch (const dicomm::TimeoutError&) {
-        throw;
-      } catch (...) {
-        RequestPtr again = recover ? recover(std::current_exception()) : nullptr;
-        if (!again) throw;
-        std::lock_guard<std::mutex> lock(mutex_);
-        requests_[i] = std::move(again);
-        --i;
-      }
+      requests_[i]->wait(std::max(left, std::chrono::milliseconds(0)));
     }
     keep.clear();  // every request succeeded: the engine is done with the buffers
     if (expect_nbytes >= 0 && !requests_.empty()) {
@@ -110,7 +100,6 @@ void DicommWork::settle(std::chrono::milliseconds timeout) {
   } catch (const dicomm::TimeoutError&) {
     error = as_backend_error(std::current_exception());
     if (!requests_done()) std::rethrow_exception(error);  // still in flight: may be waited again
-    if (on_cancelled) on_cancelled();
   } catch (...) {
     error = as_backend_error(std::current_exception());
   }
@@ -124,8 +113,6 @@ void DicommWork::complete(std::exception_ptr error) {
     exception_ = error;
     completed_ = true;
     finish = nullptr;
-    recover = nullptr;
-    on_cancelled = nullptr;
   }
   cv_.notify_all();
   mark_future();

@@ -34,8 +34,6 @@ class DicommWork : public c10d::Work {
   std::optional<c10::Stream> stream;  // device stream of staged results, for the future
   // Called when a request fails; may return a request to wait for instead (a receive posted
   // again after the late message of an earlier, cancelled receive was discarded).
-  std::function<RequestPtr(std::exception_ptr)> recover;
-  std::function<void()> on_cancelled;  // a timed-out receive that the engine withdrew
 
   bool isCompleted() override;
   bool isSuccess() const override;
