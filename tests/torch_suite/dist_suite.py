@@ -14,6 +14,7 @@ same, through DICOMM_SUITE_BACKEND.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from typing import Any, Callable
 
@@ -26,11 +27,15 @@ if REAL_BACKEND == "dicomm":
     os.environ["BACKEND"] = "gloo"  # gloo's selection and code paths
 
     def _on_dicomm(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("backend") == "gloo":
-                kwargs["backend"] = "dicomm"
-            return fn(*args, **kwargs)
+            # The backend may come by keyword or by position: either way gloo becomes dicomm.
+            bound = signature.bind(*args, **kwargs)
+            if bound.arguments.get("backend") == "gloo":
+                bound.arguments["backend"] = "dicomm"
+            return fn(*bound.args, **bound.kwargs)
         return wrapper
 
     for _name in ("init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration"):
