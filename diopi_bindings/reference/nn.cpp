@@ -147,9 +147,10 @@ diopiError_t diopi_aten__fused_rms_norm(diopiContextHandle_t, diopiTensorHandle_
     const auto [rows, len] = norm_rows(shape, normalized_shape);
     require_shape(out, shape, "out");
     if (numel(shape_of(rstd)) != rows) fail(DIOPI_ERR_INVALID_ARGUMENT, "rstd must hold one value per row");
+    const Shape wshape(normalized_shape.data, normalized_shape.data + normalized_shape.len);
+    if (weight) require_shape(weight, wshape, "weight");  // as torch: a broadcastable weight is refused too
     const Buffer x = read(input);
-    const Buffer w = weight ? read(weight, Shape(normalized_shape.data, normalized_shape.data + normalized_shape.len))
-                            : Buffer(size_t(len), 1.0);
+    const Buffer w = weight ? read(weight) : Buffer(size_t(len), 1.0);
     Buffer y(x.size()), r(static_cast<size_t>(rows));
     for (int64_t i = 0; i < rows; ++i) {
       double ms = 0.0;
@@ -174,9 +175,10 @@ diopiError_t diopi_aten__fused_rms_norm_backward(diopiContextHandle_t, diopiTens
     require_shape(grad_out, shape, "grad_out");
     require_shape(grad_input, shape, "grad_input");
     const Shape wshape(normalized_shape.data, normalized_shape.data + normalized_shape.len);
+    if (weight) require_shape(weight, wshape, "weight");
     const Buffer x = read(input), g = read(grad_out), r = read(rstd);
     if (int64_t(r.size()) != rows) fail(DIOPI_ERR_INVALID_ARGUMENT, "rstd must hold one value per row");
-    const Buffer w = weight ? read(weight, wshape) : Buffer(size_t(len), 1.0);
+    const Buffer w = weight ? read(weight) : Buffer(size_t(len), 1.0);
     Buffer gx(x.size()), gw(size_t(len), 0.0);
     for (int64_t i = 0; i < rows; ++i) {
       double dot = 0.0;  // mean over the row of (g*w) * xhat
