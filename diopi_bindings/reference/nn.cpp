@@ -362,7 +362,8 @@ diopiError_t diopi_aten_nll_loss_forward(diopiContextHandle_t, diopiTensorHandle
     require_shape(target, self->ndim == 2 ? Shape{N} : Shape{}, "target");
     require_shape(output, reduction == 0 && self->ndim == 2 ? Shape{N} : Shape{}, "output");
     const Buffer x = read(self);
-    const Buffer w = weight ? read(weight, {C}) : Buffer(size_t(C), 1.0);
+    if (weight) require_shape(weight, {C}, "weight");  // as torch: one weight per class, never broadcast
+    const Buffer w = weight ? read(weight) : Buffer(size_t(C), 1.0);
     const std::vector<int64_t> t = read_index(target);
     Buffer losses(size_t(N), 0.0);
     double total = 0.0, sum = 0.0;
@@ -392,7 +393,8 @@ diopiError_t diopi_aten_nll_loss_backward(diopiContextHandle_t, diopiTensorHandl
     const int64_t N = self->ndim == 2 ? self->shape[0] : 1, C = self->shape[self->ndim - 1];
     require_shape(grad_input, shape_of(self), "grad_input");
     const Buffer g = read(grad_output);
-    const Buffer w = weight ? read(weight, {C}) : Buffer(size_t(C), 1.0);
+    if (weight) require_shape(weight, {C}, "weight");  // as torch: one weight per class, never broadcast
+    const Buffer w = weight ? read(weight) : Buffer(size_t(C), 1.0);
     const double total = read(total_weight)[0];
     const std::vector<int64_t> t = read_index(target);
     Buffer gi(size_t(N * C), 0.0);

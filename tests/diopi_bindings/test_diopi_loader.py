@@ -67,6 +67,18 @@ def test_rms_norm_refuses_a_weight_not_shaped_like_normalized_shape(reference_pa
                  torch.ones(5, 1), w, [6])
 
 
+def test_nll_loss_refuses_a_weight_not_one_per_class(reference_path):
+    """torch refuses it; broadcasting a (1,) weight to every class would pass silently."""
+    lib = DiopiLibrary(reference_path)
+    x, t, w = torch.randn(4, 3).log_softmax(1), torch.tensor([0, 1, 2, 0]), torch.ones(1)
+    with pytest.raises(RuntimeError, match="weight tensor should be defined either for all 3 classes"):
+        torch.nn.functional.nll_loss(x, t, weight=w)
+    with pytest.raises(OperatorError, match=r"weight has shape \[1\], expected \[3\]"):
+        lib.call("aten::nll_loss_forward", torch.empty(()), torch.empty(()), x, t, w, 1, -100)
+    with pytest.raises(OperatorError, match=r"weight has shape \[1\], expected \[3\]"):
+        lib.call("aten::nll_loss_backward", torch.empty(4, 3), torch.ones(()), x, t, w, torch.tensor(4.0), 1, -100)
+
+
 def test_calls_match_torch_through_strides_and_broadcast(reference_path):
     lib = DiopiLibrary(reference_path)
     a, b = torch.randn(6, 5).t(), torch.randn(6)
