@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--library", help="DIOPI library (default: $DIOPI_LIBRARY, else the reference)")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.calls < 5:  # the warm-up runs calls // 5 times and divides by it
+        ap.error(f"--rounds must be >= 1 and --calls >= 5, got --rounds {args.rounds} --calls {args.calls}")
     from diopi_bindings.library import load
 
     torch.set_num_threads(1)

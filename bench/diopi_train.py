@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--library", help="DIOPI library (default: $DIOPI_LIBRARY, else the reference)")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
+    if args.layers < 1 or args.steps < 1:
+        ap.error(f"--layers and --steps must be >= 1, got --layers {args.layers} --steps {args.steps}")
     from diopi_bindings import device
     from precision.loss import loss_check
 

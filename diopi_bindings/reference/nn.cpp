@@ -147,9 +147,10 @@ diopiError_t diopi_aten__fused_rms_norm(diopiContextHandle_t, diopiTensorHandle_
     const auto [rows, len] = norm_rows(shape, normalized_shape);
     require_shape(out, shape, "out");
     if (numel(shape_of(rstd)) != rows) fail(DIOPI_ERR_INVALID_ARGUMENT, "rstd must hold one value per row");
+    const Shape wshape(normalized_shape.data, normalized_shape.data + normalized_shape.len);
+    if (weight) require_shape(weight, wshape, "weight");  // as torch: a broadcastable weight is refused too
     const Buffer x = read(input);
-    const Buffer w = weight ? read(weight, Shape(normalized_shape.data, normalized_shape.data + normalized_shape.len))
-                            : Buffer(size_t(len), 1.0);
+    const Buffer w = weight ? read(weight) : Buffer(size_t(len), 1.0);
     Buffer y(x.size()), r(static_cast<size_t>(rows));
     for (int64_t i = 0; i < rows; ++i) {
       double ms = 0.0;
@@ -174,9 +175,10 @@ diopiError_t diopi_aten__fused_rms_norm_backward(diopiContextHandle_t, diopiTens
     require_shape(grad_out, shape, "grad_out");
     require_shape(grad_input, shape, "grad_input");
     const Shape wshape(normalized_shape.data, normalized_shape.data + normalized_shape.len);
+    if (weight) require_shape(weight, wshape, "weight");
     const Buffer x = read(input), g = read(grad_out), r = read(rstd);
     if (int64_t(r.size()) != rows) fail(DIOPI_ERR_INVALID_ARGUMENT, "rstd must hold one value per row");
-    const Buffer w = weight ? read(weight, wshape) : Buffer(size_t(len), 1.0);
+    const Buffer w = weight ? read(weight) : Buffer(size_t(len), 1.0);
     Buffer gx(x.size()), gw(size_t(len), 0.0);
     for (int64_t i = 0; i < rows; ++i) {
       double dot = 0.0;  // mean over the row of (g*w) * xhat
@@ -360,7 +362,8 @@ diopiError_t diopi_aten_nll_loss_forward(diopiContextHandle_t, diopiTensorHandle
     require_shape(target, self->ndim == 2 ? Shape{N} : Shape{}, "target");
     require_shape(output, reduction == 0 && self->ndim == 2 ? Shape{N} : Shape{}, "output");
     const Buffer x = read(self);
-    const Buffer w = weight ? read(weight, {C}) : Buffer(size_t(C), 1.0);
+    if (weight) require_shape(weight, {C}, "weight");  // as torch: one weight per class, never broadcast
+    const Buffer w = weight ? read(weight) : Buffer(size_t(C), 1.0);
     const std::vector<int64_t> t = read_index(target);
     Buffer losses(size_t(N), 0.0);
     double total = 0.0, sum = 0.0;
@@ -390,7 +393,8 @@ diopiError_t diopi_aten_nll_loss_backward(diopiContextHandle_t, diopiTensorHandl
     const int64_t N = self->ndim == 2 ? self->shape[0] : 1, C = self->shape[self->ndim - 1];
     require_shape(grad_input, shape_of(self), "grad_input");
     const Buffer g = read(grad_output);
-    const Buffer w = weight ? read(weight, {C}) : Buffer(size_t(C), 1.0);
+    if (weight) require_shape(weight, {C}, "weight");  // as torch: one weight per class, never broadcast
+    const Buffer w = weight ? read(weight) : Buffer(size_t(C), 1.0);
     const double total = read(total_weight)[0];
     const std::vector<int64_t> t = read_index(target);
     Buffer gi(size_t(N * C), 0.0);

@@ -11,13 +11,14 @@ import os
 import sys
 
 from ditorch.adapter import Adapter
+from ditorch.registry import VENDOR_ENV
 
 LIBRARY_ENV = "DIOPI_LIBRARY"
 
 
 def _detect() -> str | None:
     path = os.environ.get(LIBRARY_ENV)
-    requested = os.environ.get("DITORCH_VENDOR", "").strip().lower() in ("diopi", "dipu")
+    requested = os.environ.get(VENDOR_ENV, "").strip().lower() in ADAPTER.names()
     loaded = sys.modules.get("diopi_bindings.device")
     if loaded is not None and loaded.is_enabled():  # enabled in code: diopi_bindings.device.enable(lib)
         return None
@@ -27,11 +28,10 @@ def _detect() -> str | None:
         from diopi_bindings import device
     except ImportError as exc:
         return f"diopi_bindings is not importable: {exc}"
-    if not device.is_enabled():
-        try:
-            device.enable(path or None)  # registers the "diopi" device type with torch
-        except Exception as exc:  # a malformed library: say why, never raise from detection
-            return f"{type(exc).__name__}: {exc}"
+    try:  # not enabled yet: checked above, and importing the module enables nothing
+        device.enable(path or None)  # registers the "diopi" device type with torch
+    except Exception as exc:  # a malformed library: say why, never raise from detection
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 

@@ -52,6 +52,33 @@ def test_operator_error_carries_the_library_message(reference_path):
         lib.call("aten::embedding", torch.empty(1, 3), torch.randn(4, 3), torch.tensor([10]), -1)
 
 
+@pytest.mark.parametrize("weight_shape", [(1,), (2, 3)])
+def test_rms_norm_refuses_a_weight_not_shaped_like_normalized_shape(reference_path, weight_shape):
+    """torch refuses it; broadcasting it (one scale for every column) would pass silently."""
+    lib = DiopiLibrary(reference_path)
+    x, w = torch.randn(5, 6), torch.ones(weight_shape)
+    with pytest.raises(RuntimeError, match="same shape as normalized_shape"):
+        torch.nn.functional.rms_norm(x, [6], weight=w)
+    expected = rf"weight has shape \[{', '.join(map(str, weight_shape))}\], expected \[6\]"
+    with pytest.raises(OperatorError, match=expected):
+        lib.call("aten::_fused_rms_norm", torch.empty(5, 6), torch.empty(5, 1), x, w, [6], 1e-6)
+    with pytest.raises(OperatorError, match=expected):
+        lib.call("aten::_fused_rms_norm_backward", torch.empty(5, 6), torch.empty(6), torch.randn(5, 6), x,
+                 torch.ones(5, 1), w, [6])
+
+
+def test_nll_loss_refuses_a_weight_not_one_per_class(reference_path):
+    """torch refuses it; broadcasting a (1,) weight to every class would pass silently."""
+    lib = DiopiLibrary(reference_path)
+    x, t, w = torch.randn(4, 3).log_softmax(1), torch.tensor([0, 1, 2, 0]), torch.ones(1)
+    with pytest.raises(RuntimeError, match="weight tensor should be defined either for all 3 classes"):
+        torch.nn.functional.nll_loss(x, t, weight=w)
+    with pytest.raises(OperatorError, match=r"weight has shape \[1\], expected \[3\]"):
+        lib.call("aten::nll_loss_forward", torch.empty(()), torch.empty(()), x, t, w, 1, -100)
+    with pytest.raises(OperatorError, match=r"weight has shape \[1\], expected \[3\]"):
+        lib.call("aten::nll_loss_backward", torch.empty(4, 3), torch.ones(()), x, t, w, torch.tensor(4.0), 1, -100)
+
+
 def test_calls_match_torch_through_strides_and_broadcast(reference_path):
     lib = DiopiLibrary(reference_path)
     a, b = torch.randn(6, 5).t(), torch.randn(6)
