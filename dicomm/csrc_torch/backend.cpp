@@ -100,6 +100,14 @@ void same_shape(const at::Tensor& t, const at::Tensor& ref, const char* op, cons
                          " like the input");
 }
 
+// Coalesced operations pair the i-th output with the i-th input.
+void one_output_per_input(const std::vector<at::Tensor>& outputs,
+                          const std::vector<at::Tensor>& inputs, const char* op) {
+  if (outputs.size() != inputs.size())
+    bad_argument(op, "got " + std::to_string(outputs.size()) + " outputs for " +
+                         std::to_string(inputs.size()) + " inputs");
+}
+
 void* ptr(const at::Tensor& t) { return t.data_ptr(); }
 uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
 
@@ -461,9 +469,7 @@ WorkPtr DicommBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
                                                        const c10d::AllgatherOptions& opts) {
   sweep_orphans();
   const char* op = "all_gather_into_tensor_coalesced";
-  if (outputs.size() != inputs.size())
-    bad_argument(op, "got " + std::to_string(outputs.size()) + " outputs for " +
-                         std::to_string(inputs.size()) + " inputs");
+  one_output_per_input(outputs, inputs, op);
   Staging st;
   Issued all = each(inputs.size(), [&](size_t i) {
     return gather_into_tensor(*comm_, outputs[i], inputs[i], size_, op, st);
@@ -613,9 +619,7 @@ WorkPtr DicommBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                                                        const c10d::ReduceScatterOptions& opts) {
   sweep_orphans();
   const char* op = "reduce_scatter_tensor_coalesced";
-  if (outputs.size() != inputs.size())
-    bad_argument(op, "got " + std::to_string(outputs.size()) + " outputs for " +
-                         std::to_string(inputs.size()) + " inputs");
+  one_output_per_input(outputs, inputs, op);
   Staging st;
   Issued all = each(inputs.size(), [&](size_t i) {
     return reduce_scatter_flat(*comm_, outputs[i], inputs[i], opts.reduceOp, size_, op, st);

@@ -2,10 +2,10 @@
 // against torch's own pybind11, so its classes and torch's share one type registry.
 #include <torch/csrc/utils/pybind.h>
 
-#include <mutex>
 #include <vector>
 
 #include "backend.h"
+#include "core/live_set.h"
 #include "errors.h"
 
 namespace py = pybind11;
@@ -21,17 +21,10 @@ PyObject* g_classes[5] = {};
 PyObject* class_for(Kind kind) { return g_classes[static_cast<int>(kind)]; }
 
 // Backends still open at interpreter exit are closed first, so no engine thread outlives Python.
-std::mutex g_live_mu;
-std::vector<c10::weak_intrusive_ptr<DicommBackend>> g_live;
+dicomm::LiveSet<c10::weak_intrusive_ptr<DicommBackend>> g_live;
 
 void close_all_at_exit() {
-  std::vector<c10::intrusive_ptr<DicommBackend>> live;
-  {
-    std::lock_guard<std::mutex> lock(g_live_mu);
-    for (auto& w : g_live)
-      if (auto b = w.lock()) live.push_back(b);
-    g_live.clear();
-  }
+  auto live = g_live.take();
   py::gil_scoped_release release;
   for (auto& b : live) b->shutdown();
 }
@@ -71,8 +64,7 @@ PYBIND11_MODULE(_C_torch, m) {
           b = c10::make_intrusive<DicommBackend>(
               store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5)));
         }
-        std::lock_guard<std::mutex> lock(g_live_mu);
-        g_live.emplace_back(b);
+        g_live.add(b);
         return b;
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),

@@ -87,6 +87,12 @@ def _invalid_ranks() -> None:
     _raises(ValueError, [r"send", r"invalid.*rank 5"], dist.send, torch.ones(2), 5)
     _raises(ValueError, [r"broadcast", r"invalid.*rank 9"], dist.broadcast, torch.ones(2), 9)
     _raises(ValueError, [r"tag -4"], dist.isend, torch.ones(2), 1, tag=-4)
+    # Coalesced operations pair outputs with inputs one to one; a count mismatch names both counts.
+    pg = dist.distributed_c10d._get_default_group()
+    _raises(ValueError, [r"all_gather_into_tensor_coalesced", r"got 1 outputs for 2 inputs"],
+            pg.allgather_into_tensor_coalesced, [torch.empty(4)], [torch.ones(2), torch.ones(2)])
+    _raises(ValueError, [r"reduce_scatter_tensor_coalesced", r"got 2 outputs for 1 inputs"],
+            pg.reduce_scatter_tensor_coalesced, [torch.empty(1), torch.empty(1)], [torch.ones(2)])
 
 
 def _failures(rank: int, ws: int, store) -> str:

@@ -6,12 +6,12 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/communicator.h"
+#include "core/live_set.h"
 #include "core/hmac.h"
 #include "core/p2p_request.h"
 #include "core/types.h"
@@ -95,17 +95,10 @@ class PyStore : public Store {
 };
 
 // Communicators still open at interpreter exit are closed by an atexit hook.
-std::mutex g_live_mu;
-std::vector<std::weak_ptr<Communicator>> g_live;
+LiveSet<std::weak_ptr<Communicator>> g_live;
 
 void close_all_at_exit() {
-  std::vector<std::shared_ptr<Communicator>> live;
-  {
-    std::lock_guard<std::mutex> lock(g_live_mu);
-    for (auto& w : g_live)
-      if (auto c = w.lock()) live.push_back(c);
-    g_live.clear();
-  }
+  auto live = g_live.take();
   py::gil_scoped_release release;
   for (auto& c : live) c->close();
 }
@@ -170,8 +163,7 @@ PYBIND11_MODULE(_C, m) {
                  }
                });
              }
-             std::lock_guard<std::mutex> lock(g_live_mu);
-             g_live.push_back(c);
+             g_live.add(c);
              return c;
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s") = 1800.0,
