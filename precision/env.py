@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from .arguments import device, floating_dtype, non_negative_int, positive_int
+from .arguments import device, floating_dtype, non_negative_int, on_off, positive_int
 from .autocompare import AutoCompare
 from .metrics import ToleranceTable
 from .capture import Capture
@@ -55,7 +55,7 @@ def capture_mode(text: str) -> str:
 # How each setting is checked (the same checks as the command line's).
 CHECKS = {"max_bytes": non_negative_int, "top": positive_int, "dtype": floating_dtype, "range_dtype": floating_dtype,
           "device": device, "steps": parse_int_set, "ranks": parse_int_set, "tol": ToleranceTable.parse,
-          "mode": capture_mode}
+          "mode": capture_mode, "bulk": on_off, "callsite": on_off, "sync": on_off, "api": on_off}
 
 
 def _checked(cfg: dict, key: str, default=None):
@@ -69,10 +69,6 @@ def _checked(cfg: dict, key: str, default=None):
         raise ValueError(f"PRECISION_{key.upper()} / --{key.replace('_', '-')}: {exc}") from None
 
 
-def _flag(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
 def make_tool(name: str, cfg: dict) -> Tool:
     """One tool from string settings (the environment's or the command line's)."""
     if name not in TOOLS:
@@ -80,18 +76,18 @@ def make_tool(name: str, cfg: dict) -> Tool:
     out = cfg.get("out") or "precision_out"
     selector = Selector.build(cfg.get("ops"), cfg.get("exclude_ops"), cfg.get("modules"), _checked(cfg, "steps"),
                               _checked(cfg, "ranks"), cfg.get("phases"), cfg.get("apis"))
-    common = {"with_callsite": _flag(cfg.get("callsite", "0")), "with_api": _flag(cfg.get("api", "0"))}
+    common = {"with_callsite": _checked(cfg, "callsite", False), "with_api": _checked(cfg, "api", False)}
     if name == "capture":
         max_bytes = _checked(cfg, "max_bytes", 1 << 30)
         return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,
-                       bulk=_flag(cfg.get("bulk", "0")), mode=_checked(cfg, "mode", "full"), **common)
+                       bulk=_checked(cfg, "bulk", False), mode=_checked(cfg, "mode", "full"), **common)
     if name == "autocompare":
-        return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_flag(cfg.get("sync", "1")),
+        return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_checked(cfg, "sync", True),
                            tolerances=_checked(cfg, "tol"),
                            save_failures=os.path.join(out, "autocompare_failures", "rank{rank}"),
                            out=os.path.join(out, "autocompare_rank{rank}.jsonl"), **common)
     if name == "overflow_check":
-        return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_flag(cfg.get("sync", "1")),
+        return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_checked(cfg, "sync", True),
                              out=os.path.join(out, "overflow_rank{rank}.json"), **common)
     if name == "op_timer":
         return OpTimer(selector, top=_checked(cfg, "top", 20), out=os.path.join(out, "op_timer_rank{rank}.json"),

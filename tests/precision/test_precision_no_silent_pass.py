@@ -221,3 +221,13 @@ def test_dtype_cast_and_fallback_keep_view_semantics(tool, dtype):
     with tool():
         got = _views(dtype)
     assert got.dtype == dtype and got.tolist() == expected.tolist() == [10.0, 2.0, 2.0, 7.0]
+
+
+@pytest.mark.parametrize("key,value", [("bulk", "y"), ("sync", "of"), ("callsite", "2"), ("api", "ture")])
+def test_an_on_off_setting_that_is_neither_is_refused(key, value):
+    # 'y' or 'ture' used to read as "off" without a word: the tool ran, but not as asked.
+    from precision.env import make_tool
+
+    tool = {"bulk": "capture", "sync": "autocompare"}.get(key, "op_timer")
+    with pytest.raises(ValueError, match=f"PRECISION_{key.upper()}.*{value!r}.*expected"):
+        make_tool(tool, {key: value})
