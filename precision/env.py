@@ -28,7 +28,7 @@ from .cast import DtypeCast, Fallback
 from .op_timer import OpTimer
 from .overflow import OverflowCheck
 from .summaries import MODES
-from .selection import SelectionError, Selector, parse_int_set
+from .selection import SelectionError, Selector, closest, parse_int_set
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -41,6 +41,13 @@ _active: list[Tool] = []
 
 
 def config_from_env(environ=os.environ) -> tuple[list[str], dict]:
+    """The tools PRECISION_TOOL names and the other PRECISION_* settings; a PRECISION_* variable that is
+    none of them is refused (a misspelt one would otherwise be dropped and the tool run unlike asked)."""
+    known = {"PRECISION_TOOL"} | {f"PRECISION_{k.upper()}" for k in _KEYS}
+    unknown = sorted(k for k in environ if k.startswith("PRECISION_") and k not in known)
+    if unknown:
+        raise ValueError(f"unknown variable {', '.join(unknown)} ({closest(unknown[0], known)}); "
+                         f"expected {', '.join(sorted(known))}")
     names = [n.strip() for n in environ.get("PRECISION_TOOL", "").split(",") if n.strip()]
     cfg = {k: environ[f"PRECISION_{k.upper()}"] for k in _KEYS if environ.get(f"PRECISION_{k.upper()}")}
     return names, cfg
@@ -156,11 +163,11 @@ def _stop_at_exit() -> None:
 def activate_from_env() -> list[Tool]:
     """Start the tools PRECISION_TOOL names; a bad setting ends the process with exit status 2 and
     a message naming the variable (running the script without the asked-for tools would mislead)."""
-    names, cfg = config_from_env()
-    if not names or _active:
+    if not os.environ.get("PRECISION_TOOL") or _active:
         return []
     try:
-        return start(names, cfg)
+        names, cfg = config_from_env()
+        return start(names, cfg) if names else []
     except ValueError as exc:
         print(f"precision: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

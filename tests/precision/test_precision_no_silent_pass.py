@@ -231,3 +231,12 @@ def test_an_on_off_setting_that_is_neither_is_refused(key, value):
     tool = {"bulk": "capture", "sync": "autocompare"}.get(key, "op_timer")
     with pytest.raises(ValueError, match=f"PRECISION_{key.upper()}.*{value!r}.*expected"):
         make_tool(tool, {key: value})
+
+
+def test_a_misspelt_precision_variable_is_refused_naming_the_closest():
+    # PRECISION_OP (for PRECISION_OPS) used to be dropped: every op was selected instead of the one asked for.
+    from precision.env import config_from_env
+
+    with pytest.raises(ValueError, match="PRECISION_OP\\b.*PRECISION_OPS"):
+        config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OP": "mm"})
+    assert config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OPS": "mm"}) == (["capture"], {"ops": "mm"})
