@@ -20,18 +20,12 @@ import time
 import torch
 
 from precision import AutoCompare, Capture, OpTimer, OverflowCheck, Selector
-from precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
+from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step, make_hf_llama
 
 CFG = HFLlamaSize(vocab=512, hidden=256, intermediate=688, layers=2, heads=8, kv_heads=8, seq=128, batch=4)
 MLP = "model.layers.1.mlp"
 TARGETS = {f"capture({MLP})": 1.5, f"capture({MLP}, bulk)": 1.5, "overflow_check": 1.5,
            "autocompare(all ops)": 5.0}
-
-
-def train_step(model, opt, ids) -> None:
-    opt.zero_grad(set_to_none=True)
-    model(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
 
 
 def tools(tmp: str) -> dict:
@@ -73,7 +67,7 @@ def measure(names: list[str], rounds: int, steps: int) -> dict[str, list[tuple[f
         model = make_hf_llama(CFG)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         data = hf_batches(CFG, steps)
-        train_step(model, opt, data[0])  # warm-up, outside any tool
+        hf_train_step(model, opt, data[0])  # warm-up, outside any tool
         times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]
@@ -83,7 +77,7 @@ def measure(names: list[str], rounds: int, steps: int) -> dict[str, list[tuple[f
                 t0, c0 = time.perf_counter(), time.process_time()
                 with tool:
                     for ids in data:
-                        train_step(model, opt, ids)
+                        hf_train_step(model, opt, ids)
                 times[name].append(((time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps))
                 # Captures are removed once timed: gigabytes of them left behind would load the
                 # disk (write-back) under whichever tool runs next.

@@ -39,6 +39,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def on_off(text: str) -> bool:
+    """An on/off setting: 1/true/yes/on or 0/false/no/off (any other word is a typo, not "off")."""
+    word = str(text).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r}: expected 1/true/yes/on or 0/false/no/off")
+
+
 def floating_dtype(text: str):
     """A floating torch dtype by name ('float64', 'torch.bfloat16')."""
     import torch

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from .arguments import device, floating_dtype, non_negative_int, positive_int
+from .arguments import device, floating_dtype, non_negative_int, on_off, positive_int
 from .autocompare import AutoCompare
 from .metrics import ToleranceTable
 from .capture import Capture
@@ -28,7 +28,7 @@ from .cast import DtypeCast, Fallback
 from .op_timer import OpTimer
 from .overflow import OverflowCheck
 from .summaries import MODES
-from .selection import SelectionError, Selector, parse_int_set
+from .selection import SelectionError, Selector, closest, parse_int_set
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -41,6 +41,13 @@ _active: list[Tool] = []
 
 
 def config_from_env(environ=os.environ) -> tuple[list[str], dict]:
+    """The tools PRECISION_TOOL names and the other PRECISION_* settings; a PRECISION_* variable that is
+    none of them is refused (a misspelt one would otherwise be dropped and the tool run unlike asked)."""
+    known = {"PRECISION_TOOL"} | {f"PRECISION_{k.upper()}" for k in _KEYS}
+    unknown = sorted(k for k in environ if k.startswith("PRECISION_") and k not in known)
+    if unknown:
+        raise ValueError(f"unknown variable {', '.join(unknown)} ({closest(unknown[0], known)}); "
+                         f"expected {', '.join(sorted(known))}")
     names = [n.strip() for n in environ.get("PRECISION_TOOL", "").split(",") if n.strip()]
     cfg = {k: environ[f"PRECISION_{k.upper()}"] for k in _KEYS if environ.get(f"PRECISION_{k.upper()}")}
     return names, cfg
@@ -55,7 +62,7 @@ def capture_mode(text: str) -> str:
 # How each setting is checked (the same checks as the command line's).
 CHECKS = {"max_bytes": non_negative_int, "top": positive_int, "dtype": floating_dtype, "range_dtype": floating_dtype,
           "device": device, "steps": parse_int_set, "ranks": parse_int_set, "tol": ToleranceTable.parse,
-          "mode": capture_mode}
+          "mode": capture_mode, "bulk": on_off, "callsite": on_off, "sync": on_off, "api": on_off}
 
 
 def _checked(cfg: dict, key: str, default=None):
@@ -69,10 +76,6 @@ def _checked(cfg: dict, key: str, default=None):
         raise ValueError(f"PRECISION_{key.upper()} / --{key.replace('_', '-')}: {exc}") from None
 
 
-def _flag(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
 def make_tool(name: str, cfg: dict) -> Tool:
     """One tool from string settings (the environment's or the command line's)."""
     if name not in TOOLS:
@@ -80,18 +83,18 @@ def make_tool(name: str, cfg: dict) -> Tool:
     out = cfg.get("out") or "precision_out"
     selector = Selector.build(cfg.get("ops"), cfg.get("exclude_ops"), cfg.get("modules"), _checked(cfg, "steps"),
                               _checked(cfg, "ranks"), cfg.get("phases"), cfg.get("apis"))
-    common = {"with_callsite": _flag(cfg.get("callsite", "0")), "with_api": _flag(cfg.get("api", "0"))}
+    common = {"with_callsite": _checked(cfg, "callsite", False), "with_api": _checked(cfg, "api", False)}
     if name == "capture":
         max_bytes = _checked(cfg, "max_bytes", 1 << 30)
         return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,
-                       bulk=_flag(cfg.get("bulk", "0")), mode=_checked(cfg, "mode", "full"), **common)
+                       bulk=_checked(cfg, "bulk", False), mode=_checked(cfg, "mode", "full"), **common)
     if name == "autocompare":
-        return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_flag(cfg.get("sync", "1")),
+        return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_checked(cfg, "sync", True),
                            tolerances=_checked(cfg, "tol"),
                            save_failures=os.path.join(out, "autocompare_failures", "rank{rank}"),
                            out=os.path.join(out, "autocompare_rank{rank}.jsonl"), **common)
     if name == "overflow_check":
-        return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_flag(cfg.get("sync", "1")),
+        return OverflowCheck(selector, range_dtype=_checked(cfg, "range_dtype"), sync=_checked(cfg, "sync", True),
                              out=os.path.join(out, "overflow_rank{rank}.json"), **common)
     if name == "op_timer":
         return OpTimer(selector, top=_checked(cfg, "top", 20), out=os.path.join(out, "op_timer_rank{rank}.json"),
@@ -160,11 +163,11 @@ def _stop_at_exit() -> None:
 def activate_from_env() -> list[Tool]:
     """Start the tools PRECISION_TOOL names; a bad setting ends the process with exit status 2 and
     a message naming the variable (running the script without the asked-for tools would mislead)."""
-    names, cfg = config_from_env()
-    if not names or _active:
+    if not os.environ.get("PRECISION_TOOL") or _active:
         return []
     try:
-        return start(names, cfg)
+        names, cfg = config_from_env()
+        return start(names, cfg) if names else []
     except ValueError as exc:
         print(f"precision: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

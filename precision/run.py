@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(a.script):
         p.error(f"script {a.script!r} not found")
     given = {k: v for k, v in vars(a).items() if k not in ("tool", "script", "args") and v is not None}
-    env_names, env_cfg = env.config_from_env()
+    try:
+        env_names, env_cfg = env.config_from_env()
+    except ValueError as exc:
+        p.error(str(exc))
     conflicts = [f"--{k.replace('_', '-')} {v!r} vs PRECISION_{k.upper()}={env_cfg[k]!r}"
                  for k, v in given.items() if k in env_cfg and str(env_cfg[k]) != str(v)]
     if a.tool and env_names and [n.strip() for n in a.tool.split(",")] != env_names:

@@ -38,17 +38,19 @@ def hf_batches(size: HFLlamaSize, steps: int, seed: int = 0) -> list[torch.Tenso
     return [torch.randint(0, size.vocab, (size.batch, size.seq), generator=g) for _ in range(steps)]
 
 
+def hf_train_step(model, opt: torch.optim.Optimizer, ids: torch.Tensor) -> torch.Tensor:
+    """One optimizer step of causal-LM loss (labels = inputs); returns the loss, not synchronised."""
+    opt.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def hf_train(model, batches: list[torch.Tensor], lr: float = 1e-3) -> list[float]:
     """AdamW steps of causal-LM loss (labels = inputs); returns the losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for ids in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return [hf_train_step(model, opt, ids).item() for ids in batches]
 
 
 def train_hf_llama(steps: int = 1, size: HFLlamaSize = HFLlamaSize(), attn: str = "eager", seed: int = 0,

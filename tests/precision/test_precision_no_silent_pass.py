@@ -221,3 +221,22 @@ def test_dtype_cast_and_fallback_keep_view_semantics(tool, dtype):
     with tool():
         got = _views(dtype)
     assert got.dtype == dtype and got.tolist() == expected.tolist() == [10.0, 2.0, 2.0, 7.0]
+
+
+@pytest.mark.parametrize("key,value", [("bulk", "y"), ("sync", "of"), ("callsite", "2"), ("api", "ture")])
+def test_an_on_off_setting_that_is_neither_is_refused(key, value):
+    # 'y' or 'ture' used to read as "off" without a word: the tool ran, but not as asked.
+    from precision.env import make_tool
+
+    tool = {"bulk": "capture", "sync": "autocompare"}.get(key, "op_timer")
+    with pytest.raises(ValueError, match=f"PRECISION_{key.upper()}.*{value!r}.*expected"):
+        make_tool(tool, {key: value})
+
+
+def test_a_misspelt_precision_variable_is_refused_naming_the_closest():
+    # PRECISION_OP (for PRECISION_OPS) used to be dropped: every op was selected instead of the one asked for.
+    from precision.env import config_from_env
+
+    with pytest.raises(ValueError, match="PRECISION_OP\\b.*PRECISION_OPS"):
+        config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OP": "mm"})
+    assert config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OPS": "mm"}) == (["capture"], {"ops": "mm"})
