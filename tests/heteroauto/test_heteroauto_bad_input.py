@@ -51,6 +51,20 @@ def test_infinite_link_bandwidth(tmp_path, capsys):
            "'links[0].bandwidth'", "finite")
 
 
+@pytest.mark.parametrize("text", ["1.2.3GB/s", "--", "e Gbps"])
+def test_a_bandwidth_string_that_is_no_number(tmp_path, capsys, text):
+    path = _cluster(tmp_path, [CHIP % ("A", 2, 1), CHIP % ("B", 2, 1)], [f"{{between: [A, B], bandwidth: '{text}'}}"])
+    _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+           "'links[0].bandwidth'", "'200Gbps'")
+
+
+def test_a_latency_string_that_is_no_number(tmp_path, capsys):
+    path = _cluster(tmp_path, [CHIP % ("A", 2, 1), CHIP % ("B", 2, 1)],
+                    ["{between: [A, B], bandwidth: 1, latency: '1.2.3ms'}"])
+    _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+           "'links[0].latency'", "'1ms'")
+
+
 def test_a_link_from_a_type_to_itself(tmp_path, capsys):
     path = _cluster(tmp_path, [CHIP % ("A", 2, 1), CHIP % ("B", 2, 1)], ["{between: [A, A], bandwidth: 1}"])
     _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
