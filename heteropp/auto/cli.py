@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from ..argtypes import positive
 from ..plan import SCHEDULES, Plan
 from ..spec import InfeasibleError, SpecError
 
@@ -112,16 +113,6 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="heteroauto", description="Plan heterogeneous pipeline-parallel training.")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -132,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the plan here")
     p.add_argument("--explain", action="store_true", help="bottleneck, memory headroom, runners-up")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--time-budget", type=_positive_seconds, default=3.0,
+    p.add_argument("--time-budget", type=positive, default=3.0,
                    help="seconds the best-first search may take before it returns its best plan and a bound")
     p.add_argument("--idle", choices=("auto", "never", "always"), default="auto",
                    help="plans that leave chips idle: when no plan uses every chip or the search was bounded (auto), never, or also")

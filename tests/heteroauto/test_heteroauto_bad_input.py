@@ -123,3 +123,12 @@ def test_simulate_counts_the_chips_of_inner_replicas(tmp_path, capsys):
     p.write_text(json.dumps({"stages": stages, "dp": 1, "micro_batches": 8, "micro_batch_size": 2}))
     args = ["--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", TRAIN]
     _fails(["simulate", str(p), *args], capsys, "plan uses 4 chips of type 'big'")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_time_budget_that_is_not_a_positive_number(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--cluster", str(EX / "clusters" / "harp.yaml"), "--model", "tiny", "--train", TRAIN,
+              "--time-budget", value])
+    assert e.value.code == 2
+    assert f"--time-budget: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
