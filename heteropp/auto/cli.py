@@ -49,7 +49,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from ..schedules import kind
+    from ..schedules import kind, missing_params
     from .plan_sim import plan_stages, schedule_params, simulate_plan
     from .planning import load_problem
     plan = Plan.load(a.plan)
@@ -62,6 +62,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         plan.schedule, plan.schedule_params = name, schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
     elif kind(name).params and not plan.schedule_params:
         plan.schedule_params = schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
+    if missing := missing_params(name, plan.schedule_params):
+        raise SpecError(a.plan, "schedule_params", f"schedule {name!r} needs {missing[0]}, which the plan lacks "
+                        "and no cost derives", f"a plan written for {name!r}")
     r = simulate_plan(pb.cm, plan, keep_timeline=bool(a.png))
     out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
            "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": name,

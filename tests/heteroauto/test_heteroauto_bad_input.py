@@ -132,3 +132,10 @@ def test_a_time_budget_that_is_not_a_positive_number(capsys, value):
               "--time-budget", value])
     assert e.value.code == 2
     assert f"--time-budget: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
+
+
+def test_simulating_a_plan_of_whole_stages_as_interleaved(capsys):
+    """Interleaved 1F1B needs the plan's virtual stages (schedule_params.chunks), which no cost derives."""
+    _fails(["simulate", str(EX / "plans" / "harp-setting-1.json"), "--cluster", str(EX / "clusters" / "harp.yaml"),
+            "--model", str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
+            "--schedule", "interleaved"], capsys, "'schedule_params'", "chunks")
