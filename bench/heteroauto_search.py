@@ -68,7 +68,7 @@ dt = time.perf_counter() - t0
 print(json.dumps({"search_s": dt, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "iteration_s": res.best.time_s, "lower_bound_s": res.lower_bound_s, "bounded": res.bounded,
                   "dp": res.best.dp, "stages": len(res.best.stages),
-                  "chips_used": sum(s.tp for s in res.best.stages) * res.best.dp}))
+                  "chips_used": sum(s.tp * s.inner_dp for s in res.best.stages) * res.best.dp}))
 """
 
 

@@ -275,7 +275,7 @@ def predict_shared(m: ModelSpec, plan: Plan, prof: Profile, comm: dict, cores: f
     the measured `slowdown`); `prof`'s TP t entries timed with t ranks running (stage_alone_profile)."""
     cm = _cost_model(m, plan, prof, comm)
     st, es = stage_times(cm, plan_stages(plan), plan.dp)
-    ranks = [s.tp * plan.dp for s in plan.stages]
+    ranks = [plan.stage_ranks(k) for k in range(len(plan.stages))]
     return simulate_shared_cores(st, es, micro_batches(cm.train, plan.dp), plan.schedule, ranks, cores, slowdown,
                                  [s.tp for s in plan.stages])
 

@@ -7,6 +7,7 @@ import statistics
 import sys
 import time
 
+from .argtypes import at_least, positive
 from .plan import SCHEDULES, Plan
 from .schedules import ScheduleError
 from .spec import Cluster, ModelSpec, SpecError, load_cluster, load_model
@@ -116,29 +117,16 @@ def cmd_reference(a: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least(least: int):
-    """An argparse type for integers >= `least` (argparse turns its error into a usage message, exit 2)."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") from None
-        if v < least:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {v}")
-        return v
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="heteropp", description="Heterogeneous pipeline-parallel training.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", required=True, help="model preset (tiny) or spec file")
-        p.add_argument("--steps", type=_at_least(1), default=10)
+        p.add_argument("--steps", type=at_least(1), default=10)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--lr", type=float, default=3e-3)
-        p.add_argument("--clip-grad", type=float, help="clip gradients to this global L2 norm (default: no clipping)")
+        p.add_argument("--clip-grad", type=positive, help="clip gradients to this global L2 norm (default: no clipping)")
         p.add_argument("--loss-log", help="JSON lines {\"step\": n, \"loss\": x} (what `precision-diff loss` reads)")
 
     r = sub.add_parser("run", help="launch the plan's processes on this host and train")
@@ -150,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--chip-map", help="plan chip type -> ditorch vendor, e.g. big=cpu,small=cuda")
     r.add_argument("--cluster", help="cluster spec whose chips' `device` fields give the chip map")
     r.add_argument("--world-size", type=int, help="reject the plan unless it uses exactly this many ranks")
-    r.add_argument("--timeout", type=float, default=60.0, help="seconds any send, receive or collective may take")
-    r.add_argument("--recv-window", type=_at_least(0),
+    r.add_argument("--timeout", type=positive, default=60.0, help="seconds any send, receive or collective may take")
+    r.add_argument("--recv-window", type=at_least(0),
                    help="receives each stage posts ahead of the one it waits for; bounds its receive buffers "
                    "(default: RunConfig.recv_window, 4)")
     r.add_argument("--write-config", help="write the run config for `torchrun -m heteropp.engine.worker` and exit")

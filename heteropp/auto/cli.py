@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from ..argtypes import positive
 from ..plan import SCHEDULES, Plan
 from ..spec import InfeasibleError, SpecError
 
@@ -48,7 +49,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from ..schedules import kind
+    from ..schedules import kind, missing_params
     from .plan_sim import plan_stages, schedule_params, simulate_plan
     from .planning import load_problem
     plan = Plan.load(a.plan)
@@ -61,6 +62,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         plan.schedule, plan.schedule_params = name, schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
     elif kind(name).params and not plan.schedule_params:
         plan.schedule_params = schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
+    if missing := missing_params(name, plan.schedule_params):
+        raise SpecError(a.plan, "schedule_params", f"schedule {name!r} needs {missing[0]}, which the plan lacks "
+                        "and no cost derives", f"a plan written for {name!r}")
     r = simulate_plan(pb.cm, plan, keep_timeline=bool(a.png))
     out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
            "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": name,
@@ -112,16 +116,6 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="heteroauto", description="Plan heterogeneous pipeline-parallel training.")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -132,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the plan here")
     p.add_argument("--explain", action="store_true", help="bottleneck, memory headroom, runners-up")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--time-budget", type=_positive_seconds, default=3.0,
+    p.add_argument("--time-budget", type=positive, default=3.0,
                    help="seconds the best-first search may take before it returns its best plan and a bound")
     p.add_argument("--idle", choices=("auto", "never", "always"), default="auto",
                    help="plans that leave chips idle: when no plan uses every chip or the search was bounded (auto), never, or also")

@@ -75,13 +75,12 @@ def warmup_within_memory(pb: Problem, cand: Candidate) -> tuple[dict, list[float
     boundary's extra cut back, largest first, until every stage holds its in-flight activations within its
     usable memory; and the stages' memory then."""
     from .plan_sim import schedule_params
-    cm, sched, p = pb.cm, kind(pb.train.schedule), len(cand.stages)
+    cm, p = pb.cm, len(cand.stages)
     b = micro_batches(pb.train, cand.dp)
     extra = schedule_params(cm, cand.stages, cand.dp, pb.train.schedule)["extra_warmup"]
 
-    def memory() -> list[float]:
-        return [cm.memory(s.chip, s.tp, s.recompute, cand.dp, s.layers, sched.in_flight(k, p, b, {"extra_warmup": extra}),
-                          k == 0, k == p - 1) for k, s in enumerate(cand.stages)]
+    def memory() -> list[float]:  # the cost model's, inner replicas' shares and shards included
+        return cm.evaluate(cand.stages, cand.dp, b, pb.train.schedule, params={"extra_warmup": extra}).stage_memory_bytes
 
     mem = memory()
     while any(m > cm.cluster.chip(s.chip).usable_bytes for m, s in zip(mem, cand.stages)):

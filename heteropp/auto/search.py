@@ -60,6 +60,7 @@ RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the 
 RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
 RERANK_KEEP = 8
 RERANK_SIMS = 5  # simulations at most: the best, h2's sharding of it, the next few by the model
+IDLE_MODES = ("auto", "never", "always")  # when plans that leave chips idle are searched (search_auto)
 RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
 
 
@@ -74,6 +75,8 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
     re-rank margin is kept on the heap, and a second phase collects it only when the optimum is cheap
     enough to simulate (otherwise the margin would cost search time for a re-rank that never runs)."""
+    if idle not in IDLE_MODES:
+        raise ValueError(f"search_auto: idle={idle!r}; expected one of {', '.join(IDLE_MODES)}")
     t0 = time.perf_counter()
     L = cm.model.layers
     names = [c.name for c in sorted(cm.cluster.chips, key=lambda c: -c.memory_gb)]

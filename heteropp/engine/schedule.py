@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..plan import Plan
-from ..schedules import Action, Schedule, ScheduleError, build, kind, params_error, validate, with_comms
+from ..schedules import Action, Schedule, ScheduleError, build, missing_params, params_error, validate, with_comms
 
 
 def compile_schedule(plan: Plan, schedule: str | list[list[str]]) -> Schedule:
@@ -11,7 +11,7 @@ def compile_schedule(plan: Plan, schedule: str | list[list[str]]) -> Schedule:
     p, m = plan.devices, plan.micro_batches
     if isinstance(schedule, str):
         params = plan.schedule_params if schedule == plan.schedule else {}
-        missing = [n for n in kind(schedule).params if n not in params]
+        missing = missing_params(schedule, params)
         if missing:
             raise ScheduleError(f"schedule {schedule!r} needs schedule_params.{missing[0]} in the plan "
                                 f"(`heteroauto simulate --schedule {schedule}` derives it)")

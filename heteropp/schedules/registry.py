@@ -61,6 +61,11 @@ def kind(name: str) -> ScheduleKind:
     return REGISTRY[name]
 
 
+def missing_params(name: str, params: Params) -> list[str]:
+    """The parameters schedule `name` takes that `params` lacks (a run or a simulation needs them all)."""
+    return [n for n in kind(name).params if n not in params]
+
+
 def params_error(name: str, params: Any, stages: int) -> str | None:
     """Why `params` do not fit schedule `name` on `stages` stages, or None."""
     if not isinstance(params, dict):

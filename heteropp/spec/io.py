@@ -97,9 +97,13 @@ class Fields:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
         m = pattern.match(str(v))
-        if not m:
+        try:  # the pattern's number class also admits '1.2.3' or '--'
+            number = float(m.group(1)) if m else None
+        except ValueError:
+            number = None
+        if number is None:
             raise self.err(key, f"got {v!r}", expected)
-        return float(m.group(1)) * scale[m.group(2)]
+        return number * scale[m.group(2)]
 
     def bandwidth(self, key: str, default: float | None = None, *, required: bool = True,
                   lo: float | None = None, hi: float | None = None) -> float:

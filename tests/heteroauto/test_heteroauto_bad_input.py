@@ -51,6 +51,20 @@ def test_infinite_link_bandwidth(tmp_path, capsys):
            "'links[0].bandwidth'", "finite")
 
 
+@pytest.mark.parametrize("text", ["1.2.3GB/s", "--", "e Gbps"])
+def test_a_bandwidth_string_that_is_no_number(tmp_path, capsys, text):
+    path = _cluster(tmp_path, [CHIP % ("A", 2, 1), CHIP % ("B", 2, 1)], [f"{{between: [A, B], bandwidth: '{text}'}}"])
+    _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+           "'links[0].bandwidth'", "'200Gbps'")
+
+
+def test_a_latency_string_that_is_no_number(tmp_path, capsys):
+    path = _cluster(tmp_path, [CHIP % ("A", 2, 1), CHIP % ("B", 2, 1)],
+                    ["{between: [A, B], bandwidth: 1, latency: '1.2.3ms'}"])
+    _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+           "'links[0].latency'", "'1ms'")
+
+
 def test_a_link_from_a_type_to_itself(tmp_path, capsys):
     path = _cluster(tmp_path, [CHIP % ("A", 2, 1), CHIP % ("B", 2, 1)], ["{between: [A, A], bandwidth: 1}"])
     _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
@@ -109,3 +123,19 @@ def test_simulate_counts_the_chips_of_inner_replicas(tmp_path, capsys):
     p.write_text(json.dumps({"stages": stages, "dp": 1, "micro_batches": 8, "micro_batch_size": 2}))
     args = ["--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", TRAIN]
     _fails(["simulate", str(p), *args], capsys, "plan uses 4 chips of type 'big'")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_time_budget_that_is_not_a_positive_number(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--cluster", str(EX / "clusters" / "harp.yaml"), "--model", "tiny", "--train", TRAIN,
+              "--time-budget", value])
+    assert e.value.code == 2
+    assert f"--time-budget: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
+
+
+def test_simulating_a_plan_of_whole_stages_as_interleaved(capsys):
+    """Interleaved 1F1B needs the plan's virtual stages (schedule_params.chunks), which no cost derives."""
+    _fails(["simulate", str(EX / "plans" / "harp-setting-1.json"), "--cluster", str(EX / "clusters" / "harp.yaml"),
+            "--model", str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
+            "--schedule", "interleaved"], capsys, "'schedule_params'", "chunks")

@@ -98,3 +98,24 @@ def test_h1f1b_warmup_is_cut_back_to_fit_memory():
         n = kind("h1f1b").in_flight(k, 4, 16, params)
         assert cm.memory(s.chip, 1, False, 1, 1, n, k == 0, k == 3) == pytest.approx(mem[k])
         assert mem[k] <= cm.cluster.chip(s.chip).usable_bytes
+
+
+def test_h1f1b_warmup_memory_of_stages_with_inner_replicas():
+    """Stages of inner_dp 2 hold half of each micro-batch's activations and shard their optimizer state over
+    dp x 2 replicas: the memory the warm-up is fitted to is theirs, as the memory model gives it for that
+    stage (and as the plan's estimate states it)."""
+    from heteroauto_helpers import chip, make_problem
+    from heteropp.auto.candidates import Candidate
+    from heteropp.auto.costs import StageSpec
+    from heteropp.auto.planning import Problem, warmup_within_memory
+    from heteropp.schedules import kind
+    cm = make_problem([chip("X", 4, 7.0, tp_max=1), chip("Y", 4, 7.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=4,
+                      gb=16, links=[{"between": ["X", "Y"], "bandwidth": 0.0005}], schedule="h1f1b")
+    pb = Problem(cm.cluster, cm.model, cm.train, cm)
+    stages = [StageSpec("X", 1, 1, False, inner_dp=2), StageSpec("X", 1, 1, False, inner_dp=2),
+              StageSpec("Y", 1, 1, False, inner_dp=2), StageSpec("Y", 1, 1, False, inner_dp=2)]
+    params, mem = warmup_within_memory(pb, Candidate(0.0, 1, stages))
+    for k, s in enumerate(stages):
+        n = kind("h1f1b").in_flight(k, 4, 16, params)
+        assert cm.memory(s.chip, 1, False, 2, 1, n, k == 0, k == 3, share=0.5) == pytest.approx(mem[k])
+        assert mem[k] <= cm.cluster.chip(s.chip).usable_bytes

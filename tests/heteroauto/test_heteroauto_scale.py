@@ -99,7 +99,7 @@ def test_idle_plans_never_beat_the_relaxed_bound_and_use_at_most_the_chips():
         e = cm.evaluate(r.best.stages, r.best.dp, micro_batches(cm.train, r.best.dp))
         assert e.feasible and e.iteration_time_s == pytest.approx(r.best.time_s, rel=1e-9)
         for c in cm.cluster.chips:
-            assert sum(s.tp * r.best.dp for s in r.best.stages if s.chip == c.name) <= c.count
+            assert sum(s.tp * s.inner_dp * r.best.dp for s in r.best.stages if s.chip == c.name) <= c.count
         assert r.lower_bound_s <= r.best.time_s * (1 + 1e-9)
         want = reference_search(cm, group_size=2)
         assert r.lower_bound_s <= want * (1 + 1e-9)

@@ -83,6 +83,13 @@ def test_impossible_inputs_say_why():
         search_auto(cm, idle="never")
 
 
+def test_an_unknown_idle_mode_is_an_error():
+    """A misspelt `idle` would otherwise run the search as none of the three modes without a word."""
+    cm = make_problem(**CASES["two types, memory binds"])
+    with pytest.raises(ValueError, match="idle='sometimes'.*auto, never, always"):
+        search_auto(cm, idle="sometimes")
+
+
 def test_integral_level_is_least_level_where_whole_layers_fit():
     """Against a scan over every candidate level (multiples of each run's per-layer cost)."""
     import numpy as np

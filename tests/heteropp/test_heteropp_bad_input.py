@@ -43,3 +43,14 @@ def test_negative_steps(tmp_path, capsys, cmd):
         main([cmd, "--plan", _plan(tmp_path, GOOD), "--model", "tiny", "--steps", "-5"])
     assert e.value.code == 2
     assert "--steps: expected an integer >= 1, got -5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--timeout", "0"), ("--timeout", "-1"), ("--timeout", "nan"),
+                                        ("--clip-grad", "-1"), ("--clip-grad", "inf")])
+def test_a_timeout_or_clip_norm_that_is_not_a_positive_number(tmp_path, capsys, flag, value):
+    """A zero or negative timeout fails every collective at once (or never), a negative clip norm flips
+    the gradients: both are usage errors, not runs."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--plan", _plan(tmp_path, GOOD), "--model", "tiny", flag, value])
+    assert e.value.code == 2
+    assert f"{flag}: expected a finite number > 0, got {value!r}" in capsys.readouterr().err

@@ -4,10 +4,13 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from bench.heteropp_bench_common import MODEL, SMOKE_MODEL
 from bench.heteropp_vs_sim import plans, predict, predict_shared
 from bench.heteropp_vs_torch import main as vs_torch
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
+from heteropp.plan import Plan, StagePlan
 
 
 def test_vs_torch_smoke(tmp_path):
@@ -45,3 +48,20 @@ def test_vs_sim_plans_and_prediction():
             # a host that loses nothing to sharing, measured: as if no core were shared
             lossless = predict_shared(m, plan, prof, comm, 1.0, slowdown=[1.0] * plan.world_size)
             assert lossless == free or abs(lossless / free - 1) < 1e-9
+
+
+def test_vs_sim_shared_cores_count_a_stages_inner_replicas():
+    """Two inner replicas of one stage sharing one core do the work of one process that takes the whole
+    micro-batch alone on that core (no communication priced)."""
+    m = SMOKE_MODEL
+    tp = {1: TPProfile(fwd_s=1e-3, bwd_s=2e-3, recompute_s=1e-3, wgrad_s=1e-3, act_bytes=1e6, ckpt_bytes=1e5,
+                       optim_s=1e-4)}
+    prof = Profile(m.name, 1, m.seq_len, m.layer_params, m.embed_params, m.head_params, {"cpu": ChipProfile(tp)})
+    comm = {"tp_allreduce_s": 0.0, "p2p_s": 0.0, "zero_step_s": 0.0}
+
+    def plan(inner: int) -> Plan:
+        return Plan([StagePlan("cpu", 1, m.layers, inner_dp=inner)], dp=1, micro_batch_size=2, micro_batches=2,
+                    num_layers=m.layers)
+    whole = predict(m, plan(1), prof, comm)
+    assert predict(m, plan(2), prof, comm) < whole  # two cores: the halves run side by side
+    assert predict_shared(m, plan(2), prof, comm, 1.0) == pytest.approx(whole, rel=1e-9)
