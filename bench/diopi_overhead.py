@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.calls < 5:  # the warm-up runs calls // 5 times and divides by it
         ap.error(f"--rounds must be >= 1 and --calls >= 5, got --rounds {args.rounds} --calls {args.calls}")
-    from diopi_bindings.library import load
+    from ditorch_diopi.library import load
 
     torch.set_num_threads(1)
     lib = load(args.library)

@@ -1,7 +1,7 @@
 """The tiny LLaMA of heteropp (``make demo``'s model) trained on the diopi device against plain CPU torch.
 
 ``python -m bench.diopi_train [--layers 8] [--steps 3] [--library LIB] [--json FILE]`` prints the time
-per step on each device, their ratio and the loss check (precision.loss) of the two curves.
+per step on each device, their ratio and the loss check (ditorch_precision.loss) of the two curves.
 The diopi device is enabled first: it must exist before the process's first backward pass.
 """
 from __future__ import annotations
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.layers < 1 or args.steps < 1:
         ap.error(f"--layers and --steps must be >= 1, got --layers {args.layers} --steps {args.steps}")
-    from diopi_bindings import device
-    from precision.loss import loss_check
+    from ditorch_diopi import device
+    from ditorch_precision.loss import loss_check
 
     lib = device.enable(args.library)
     torch.set_num_threads(1)

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from precision import AutoCompare, Capture, OpTimer, OverflowCheck, Selector
-from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step, make_hf_llama
+from ditorch_precision import AutoCompare, Capture, OpTimer, OverflowCheck, Selector
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step, make_hf_llama
 
 CFG = HFLlamaSize(vocab=512, hidden=256, intermediate=688, layers=2, heads=8, kv_heads=8, seq=128, batch=4)
 MLP = "model.layers.1.mlp"

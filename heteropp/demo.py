@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ref = train_reference(m, a.steps, plan.global_batch, loss_log=ref_log, verbose=False)
     t_ref = time.perf_counter() - t0
-    import precision
-    report = precision.loss_check(run_log, ref_log)
+    import ditorch_precision
+    report = ditorch_precision.loss_check(run_log, ref_log)
 
     steady = sorted(run["tokens_per_s"][1:] or run["tokens_per_s"])
     print()

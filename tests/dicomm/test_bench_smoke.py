@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.dicomm_bench import parser
-from bench.dicomm_bench_endpoints import dicomm_status
-from bench.dicomm_bench_report import targets
-from bench.dicomm_bench_stats import MIB, RECORD_FIELDS
+from dicomm.bench.cli import parser
+from dicomm.bench.endpoints import dicomm_status
+from dicomm.bench.report import targets
+from dicomm.bench.stats import MIB, RECORD_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPES = {"backend": str, "op": str, "bytes": int, "lat_us_min": float, "lat_us_median": float,
@@ -47,7 +47,7 @@ def test_p2p_and_coll_quick_runs_write_valid_json(tmp_path):
     runs = {}
     for kind in ("p2p", "coll"):  # both at once: most of each run is process start-up
         out = tmp_path / f"{kind}.json"
-        cmd = [sys.executable, "-m", "bench.dicomm_bench", kind, "--quick", "--quiet",
+        cmd = [sys.executable, "-m", "dicomm.bench.cli", kind, "--quick", "--quiet",
                "--timeout", "100", "--op-timeout", "60", "--json", str(out)]
         runs[kind] = (out, subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True))
@@ -90,7 +90,7 @@ def test_cli_has_help_and_json_for_every_run():
 def test_contention_hogs_run_during_the_measurement_and_are_gone_after():
     import os
 
-    from bench.dicomm_bench_contention import cpu_hogs
+    from dicomm.bench.contention import cpu_hogs
 
     cores = len(os.sched_getaffinity(0))
     with cpu_hogs(1) as pids:
@@ -102,6 +102,6 @@ def test_contention_hogs_run_during_the_measurement_and_are_gone_after():
 
 
 def test_contention_must_be_non_negative():
-    done = subprocess.run([sys.executable, "-m", "bench.dicomm_bench", "p2p", "--contention", "-1"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "dicomm.bench.cli", "p2p", "--contention", "-1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--contention must be a non-negative" in done.stderr

@@ -159,7 +159,7 @@ def test_waiters_block_at_once_while_the_host_has_more_runnable_tasks_than_cpus(
     """Busy processes on every CPU (the benchmark's contention helper): a spinning waiter would only
     take the CPU from the peer it waits for, so waits block in epoll at once (counted);
     DICOMM_SPIN_CONTENTION=0 keeps spinning."""
-    from bench.dicomm_bench_contention import cpu_hogs
+    from dicomm.bench.contention import cpu_hogs
 
     with cpu_hogs(1):
         unspun = run_ranks(_ping_pong_counting_unspun, 2, env=env, timeout=120)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from diopi_bindings.abi import INCLUDE_DIR
-from diopi_bindings.build import build_reference
-from diopi_bindings.library import reference_library_path
+from ditorch_diopi.abi import INCLUDE_DIR
+from ditorch_diopi.build import build_reference
+from ditorch_diopi.library import reference_library_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ PLANTED_WRONG = "aten::mm"  # its kernel writes from inside a lambda, through WR
 
 
 def symbol(op: str) -> str:
-    from diopi_bindings.schema import BY_NAME
+    from ditorch_diopi.schema import BY_NAME
 
     return BY_NAME[op].symbol
 

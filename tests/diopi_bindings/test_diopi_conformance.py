@@ -9,9 +9,9 @@ import pytest
 import torch
 from diopi_testlib import METADATA_C, OMITTED, PLANTED_WRONG, compile_c_library
 
-from diopi_bindings.conformance.cli import main
-from diopi_bindings.conformance.runner import OUTLIER_SHARE, _judge
-from diopi_bindings.schema import BY_NAME
+from ditorch_diopi.conformance.cli import main
+from ditorch_diopi.conformance.runner import OUTLIER_SHARE, _judge
+from ditorch_diopi.schema import BY_NAME
 
 
 def test_reference_library_passes_every_case(reference_path, tmp_path, capsys):

@@ -9,7 +9,7 @@ from diopi_testlib import PARTIAL_OMITTED, run_python
 def test_operators_match_the_cpu_and_run_in_the_library(reference_path):
     got = run_python(f"""
         import json, torch
-        from diopi_bindings import device
+        from ditorch_diopi import device
         device.enable({str(reference_path)!r})
         torch.manual_seed(0)
         a, b = torch.randn(6, 5), torch.randn(5)
@@ -39,7 +39,7 @@ def test_operators_match_the_cpu_and_run_in_the_library(reference_path):
 def test_scalar_out_and_inplace_overloads_reach_the_schema_operator(reference_path):
     got = run_python(f"""
         import json, torch
-        from diopi_bindings import device
+        from ditorch_diopi import device
         device.enable({str(reference_path)!r})
         torch.manual_seed(0)
         a, b, v = torch.randn(6, 5), torch.randn(5), torch.rand(6, 5)
@@ -75,7 +75,7 @@ def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_pat
     got = run_python(f"""
         import json, logging, torch
         logging.basicConfig(level=logging.INFO)
-        from diopi_bindings import device
+        from ditorch_diopi import device
         device.enable({str(reference_path)!r})
         x = torch.linspace(0, 3, 7)
         outs = [torch.tan(x.to("diopi")).cpu() for _ in range(3)]
@@ -89,17 +89,17 @@ def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_pat
 
 TRAIN = """
     import json, torch
-    from diopi_bindings import device
+    from ditorch_diopi import device
     device.enable({library!r})
     from bench.diopi_train import train_tiny
-    from precision.loss import loss_check
+    from ditorch_precision.loss import loss_check
     torch.set_num_threads(1)
     ref, _ = train_tiny("cpu", steps=3, layers=2)
     got, _ = train_tiny("diopi", steps=3, layers=2)
     report = loss_check(got, ref)
     failures = None
     if {autocompare}:
-        from precision.autocompare import AutoCompare
+        from ditorch_precision.autocompare import AutoCompare
         with AutoCompare() as ac:
             train_tiny("diopi", steps=1, layers=2)
         failures = [f["op"] for f in ac.failures]
@@ -139,7 +139,7 @@ def test_privateuse1_claimed_by_another_backend_is_refused(reference_path):
     got = run_python(f"""
         import json, torch
         torch.utils.rename_privateuse1_backend("npu")
-        from diopi_bindings import device
+        from ditorch_diopi import device
         try:
             device.enable({str(reference_path)!r})
             print(json.dumps({{"error": None}}))

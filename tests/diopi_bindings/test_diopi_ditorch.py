@@ -44,7 +44,7 @@ def test_tiny_llama_through_the_unified_name(reference_path):
     got = run_python("""
         import json, torch, ditorch
         from bench.diopi_train import train_tiny
-        from precision.loss import loss_check
+        from ditorch_precision.loss import loss_check
         torch.set_num_threads(1)
         ref, _ = train_tiny("cpu", steps=2, layers=1)
         got, _ = train_tiny("device", steps=2, layers=1)
@@ -95,7 +95,7 @@ def test_malformed_library_is_refused_by_import_ditorch(tmp_path):
 def test_use_vendor_after_enabling_the_device_in_code(reference_path):
     got = run_python(f"""
         import json, torch, ditorch
-        from diopi_bindings import device
+        from ditorch_diopi import device
         before = ditorch.device.type
         device.enable({str(reference_path)!r})
         ditorch.use_vendor("dipu")

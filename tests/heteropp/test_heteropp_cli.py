@@ -12,7 +12,7 @@ import time
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-import precision
+import ditorch_precision
 from heteropp.cli import main
 from heteropp.engine import launch
 from tests.heteropp.heteropp_helpers import config, plan
@@ -39,7 +39,7 @@ def test_run_and_reference_agree_through_the_loss_check(tmp_path, capfd) -> None
     assert "heteropp run: 3 steps, final loss" in out and "tokens/s" in out
     lines = [json.loads(x) for x in open(run_log)]
     assert [x["step"] for x in lines] == [1, 2, 3]
-    report = precision.loss_check(run_log, ref_log)
+    report = ditorch_precision.loss_check(run_log, ref_log)
     assert report.passed and report.mre < 1e-5, report
 
 

@@ -9,13 +9,13 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from precision import Capture, compare_dumps
-from precision.align import Equivalences, align
-from precision.cli import main
-from precision.diff import CompareOptions
-from precision.dump import Dump
-from precision.examples.faults import wrong_kernel
-from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from ditorch_precision import Capture, compare_dumps
+from ditorch_precision.align import Equivalences, align
+from ditorch_precision.cli import main
+from ditorch_precision.diff import CompareOptions
+from ditorch_precision.dump import Dump
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

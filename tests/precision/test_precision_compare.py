@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from precision import Capture, compare_dumps
-from precision.cli import main
-from precision.examples.faults import wrong_kernel
-from precision.examples.tiny_llama import LlamaConfig, train
+from ditorch_precision import Capture, compare_dumps
+from ditorch_precision.cli import main
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.tiny_llama import LlamaConfig, train
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 
@@ -50,7 +50,7 @@ def runs(tmp_path_factory):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "precision.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ditorch_precision.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=300)
 
 

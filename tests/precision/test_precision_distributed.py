@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from precision.cli import main
-from precision.collectives import check_across_ranks
-from precision.dump import Dump
+from ditorch_precision.cli import main
+from ditorch_precision.collectives import check_across_ranks
+from ditorch_precision.dump import Dump
 
 pytest.importorskip("transformers")
 
@@ -26,7 +26,7 @@ def _free_port() -> int:
 
 
 def _job(out, *extra):
-    p = subprocess.run([sys.executable, "-m", "precision.examples.dist_llama", str(out), "2", str(_free_port()),
+    p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_llama", str(out), "2", str(_free_port()),
                         *extra], capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     return out

@@ -7,12 +7,12 @@ import os
 import pytest
 import torch
 
-from precision import AutoCompare, Capture, Selector, compare_dumps
-from precision.selection import SelectionError
-from precision.cli import main
-from precision.dump import Dump
-from precision.examples.faults import wrong_kernel
-from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from ditorch_precision import AutoCompare, Capture, Selector, compare_dumps
+from ditorch_precision.selection import SelectionError
+from ditorch_precision.cli import main
+from ditorch_precision.dump import Dump
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

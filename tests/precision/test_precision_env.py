@@ -1,5 +1,5 @@
-"""Tools switched on for an unmodified script: PRECISION_TOOL read at `import precision` with
-`python -m precision.run` in a real process, and the `--tool` flag (the CPU stands in for the device)."""
+"""Tools switched on for an unmodified script: PRECISION_TOOL read at `import ditorch_precision` with
+`python -m ditorch_precision.run` in a real process, and the `--tool` flag (the CPU stands in for the device)."""
 import json
 import os
 import subprocess
@@ -8,7 +8,7 @@ import textwrap
 
 import torch
 
-from precision import env, run
+from ditorch_precision import env, run
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -26,7 +26,7 @@ def test_environment_variables_drive_the_run_wrapper(tmp_path):
     script.write_text(SCRIPT)
     environ = {**os.environ, "PYTHONPATH": os.getcwd(), "PRECISION_TOOL": "op_timer,overflow_check",
                "PRECISION_OUT": str(tmp_path / "out"), "PRECISION_EXCLUDE_OPS": "full"}
-    p = subprocess.run([sys.executable, "-m", "precision.run", str(script), "2.0"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "ditorch_precision.run", str(script), "2.0"], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path, env=environ)
     assert p.returncode == 0, p.stderr
     assert "done ['2.0']" in p.stdout

@@ -10,10 +10,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from precision import AutoCompare, Capture, Dump, OpTimer, OverflowCheck, Selector, compare_dumps
-from precision.examples.faults import wrong_kernel
-from precision.examples.tiny_llama import LlamaConfig, make_model, train
-from precision.metrics import compare_trees, quick_pass
+from ditorch_precision import AutoCompare, Capture, Dump, OpTimer, OverflowCheck, Selector, compare_dumps
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.tiny_llama import LlamaConfig, make_model, train
+from ditorch_precision.metrics import compare_trees, quick_pass
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 INF, NAN = math.inf, math.nan

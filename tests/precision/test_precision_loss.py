@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from precision.loss import LossInputError, loss_check
+from ditorch_precision.loss import LossInputError, loss_check
 
 REF = [2.0, 4.0, 5.0, 8.0]
 RUN = [2.02, 3.9, 5.0, 8.0]
@@ -25,7 +25,7 @@ def _csv(path, values, start=1):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "precision.cli", "loss", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ditorch_precision.cli", "loss", *map(str, args)], capture_output=True,
                           text=True, timeout=120)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from precision.metrics import (
+from ditorch_precision.metrics import (
     compare_error_ratio,
     compare_tensors,
     default_tolerance,

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from precision import AutoCompare, Capture, DtypeCast, Fallback, OverflowCheck, Selector
-from precision.cli import main
-from precision.examples.faults import wrong_kernel
-from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
-from precision.metrics import ToleranceTable
-from precision.selection import SelectionError
+from ditorch_precision import AutoCompare, Capture, DtypeCast, Fallback, OverflowCheck, Selector
+from ditorch_precision.cli import main
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from ditorch_precision.metrics import ToleranceTable
+from ditorch_precision.selection import SelectionError
 
 pytest.importorskip("transformers")
 
@@ -148,7 +148,7 @@ def test_an_unknown_phase_is_refused():
 
 SCRIPT = """
 import torch
-from precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 hf_train(make_hf_llama(HFLlamaSize()), hf_batches(HFLlamaSize(), 1))
 print("trained")
 """
@@ -159,7 +159,7 @@ def _run(tmp_path, *argv, **env):
     script.write_text(SCRIPT)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_")}
     environ.update(PYTHONPATH=os.getcwd(), OMP_NUM_THREADS="1", **env)
-    return subprocess.run([sys.executable, "-m", "precision.run", *argv, str(script)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ditorch_precision.run", *argv, str(script)], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path, env=environ)
 
 
@@ -226,7 +226,7 @@ def test_dtype_cast_and_fallback_keep_view_semantics(tool, dtype):
 @pytest.mark.parametrize("key,value", [("bulk", "y"), ("sync", "of"), ("callsite", "2"), ("api", "ture")])
 def test_an_on_off_setting_that_is_neither_is_refused(key, value):
     # 'y' or 'ture' used to read as "off" without a word: the tool ran, but not as asked.
-    from precision.env import make_tool
+    from ditorch_precision.env import make_tool
 
     tool = {"bulk": "capture", "sync": "autocompare"}.get(key, "op_timer")
     with pytest.raises(ValueError, match=f"PRECISION_{key.upper()}.*{value!r}.*expected"):
@@ -235,7 +235,7 @@ def test_an_on_off_setting_that_is_neither_is_refused(key, value):
 
 def test_a_misspelt_precision_variable_is_refused_naming_the_closest():
     # PRECISION_OP (for PRECISION_OPS) used to be dropped: every op was selected instead of the one asked for.
-    from precision.env import config_from_env
+    from ditorch_precision.env import config_from_env
 
     with pytest.raises(ValueError, match="PRECISION_OP\\b.*PRECISION_OPS"):
         config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OP": "mm"})

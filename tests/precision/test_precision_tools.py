@@ -9,9 +9,9 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from precision import AutoCompare, Capture, DtypeCast, Fallback, OpTimer, OverflowCheck, Selector
-from precision.examples.faults import wrong_kernel
-from precision.examples.tiny_llama import LlamaConfig, make_model, train
+from ditorch_precision import AutoCompare, Capture, DtypeCast, Fallback, OpTimer, OverflowCheck, Selector
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.tiny_llama import LlamaConfig, make_model, train
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 

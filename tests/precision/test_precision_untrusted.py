@@ -1,6 +1,6 @@
 """Capture directories and command lines are untrusted input: captures are never unpickled, files
 outside the capture directory are refused, and every bad argument of `precision-diff` and
-`python -m precision.run` ends with a clear message and exit status 2 (run as real processes)."""
+`python -m ditorch_precision.run` ends with a clear message and exit status 2 (run as real processes)."""
 import json
 import os
 import subprocess
@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from precision import Capture
-from precision.cli import main
+from ditorch_precision import Capture
+from ditorch_precision.cli import main
 
 LOSS = '{"step": 0, "loss": 2.0}\n{"step": 1, "loss": 1.5}\n'
 
@@ -32,7 +32,7 @@ def run(*args, cwd=None):
 
 
 def diff(*args):
-    return run("-m", "precision.cli", *args)
+    return run("-m", "ditorch_precision.cli", *args)
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +131,14 @@ def test_every_bad_cli_argument_is_exit_2_with_a_message(capture, case, capsys):
 def test_every_bad_run_argument_is_exit_2_with_a_message(tmp_path, argv, names):
     script = tmp_path / "train.py"
     script.write_text("print('the script ran')\n")
-    p = run("-m", "precision.run", *argv, script, cwd=tmp_path)
+    p = run("-m", "ditorch_precision.run", *argv, script, cwd=tmp_path)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert names in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert "the script ran" not in p.stdout
 
 
 def test_a_bad_variable_at_import_is_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, "-c", "import precision; print('the script ran')"], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", "import ditorch_precision; print('the script ran')"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd(),
                                                                   "PRECISION_TOOL": "capture", "PRECISION_STEPS": "x"})
     assert p.returncode == 2 and "PRECISION_STEPS" in p.stderr and "Traceback" not in p.stderr, p.stderr
@@ -146,5 +146,5 @@ def test_a_bad_variable_at_import_is_exit_2(tmp_path):
 
 
 def test_a_missing_script_is_exit_2(tmp_path):
-    p = run("-m", "precision.run", "--tool", "op_timer", tmp_path / "missing.py", cwd=tmp_path)
+    p = run("-m", "ditorch_precision.run", "--tool", "op_timer", tmp_path / "missing.py", cwd=tmp_path)
     assert p.returncode == 2 and "missing.py" in p.stderr and "Traceback" not in p.stderr, p.stderr

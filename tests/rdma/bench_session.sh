@@ -9,14 +9,14 @@ PY=.venv/bin/python
 for r in $(seq ${ROUNDS:-3}); do
   for k in $(seq ${PAIRS:-3}); do
     perftest write_lat_${r}_$k ib_write_lat 8 ${LAT_ITERS:-1000}
-    step dicomm_lat_${r}_$k 120 "$PY" -m bench.dicomm_bench p2p --transport verbs --backends dicomm --api native \
+    step dicomm_lat_${r}_$k 120 "$PY" -m dicomm.bench.cli p2p --transport verbs --backends dicomm --api native \
       --no-memcpy --min-bytes 8 --max-bytes 8 --iters ${LAT_ITERS:-1000} --warmup 20 --rounds 5 \
       --op-timeout 60 --timeout 100 --quiet --json "$RESULTS/dicomm_lat_${r}_$k.json"
   done
   perftest write_bw_1m_$r ib_write_bw 1048576 100
   # Streaming, as ib_write_bw does (16 messages in flight): the Communicator's 1 MiB bandwidth like for like.
   step dicomm_stream_$r 150 "$PY" -m tests.rdma.guest_stream "$RESULTS/dicomm_stream_$r.json" --bytes 1048576 --window 16
-  step dicomm_$r 280 "$PY" -m bench.dicomm_bench p2p --transport verbs --backends dicomm --api native,raw,torch --no-memcpy \
+  step dicomm_$r 280 "$PY" -m dicomm.bench.cli p2p --transport verbs --backends dicomm --api native,raw,torch --no-memcpy \
     --min-bytes 8 --max-bytes 1M --step 131072 --iters ${LAT_ITERS:-1000} --budget 64M --warmup 20 --rounds 5 \
     --op-timeout 60 --timeout 240 --json "$RESULTS/dicomm_$r.json"
 done

@@ -1,1 +1,0 @@
-"""diopi_bindings package."""

@@ -1,0 +1,1 @@
+"""ditorch_diopi package."""

@@ -1,0 +1,66 @@
+"""``diopi-conformance``: run the operator conformance suite against a DIOPI library.
+
+Exit status: 0 every implemented operator passes (missing ones are "not implemented"), 1 some case
+failed or returned an error, 2 bad usage (unknown operator, unusable library or vendor file).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ditorch_diopi.conformance.report import table, write_html, write_json
+from ditorch_diopi.conformance.runner import ERROR, FAIL, run
+from ditorch_diopi.conformance.vendor import VendorFile, VendorFileError, load_vendor_file
+from ditorch_diopi.library import DiopiLibrary, LibraryError, reference_library_path
+from ditorch_diopi.schema import BY_NAME
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="diopi-conformance", description=__doc__.splitlines()[0])
+    p.add_argument("--impl", help="the library to test (.so); default: the reference library")
+    p.add_argument("--ops", nargs="+", metavar="OP", help="ATen names of the operators to test (default: all)")
+    p.add_argument("--vendor-file", help="YAML/JSON with per-operator skips and tolerances")
+    p.add_argument("--json", metavar="FILE", help="write every case and verdict as JSON")
+    p.add_argument("--html", metavar="FILE", help="write the per-operator table as HTML")
+    p.add_argument("--quick", action="store_true", help="leave out the large cases (while iterating on kernels)")
+    p.add_argument("--list", action="store_true", help="list the operators of the schema and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def _usage_error(message: str) -> int:
+    print(f"diopi-conformance: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        print("\n".join(f"{name}  [{', '.join(op.dtypes)}]" for name, op in BY_NAME.items()))
+        return 0
+    unknown = [op for op in args.ops or [] if op not in BY_NAME]
+    if unknown:
+        return _usage_error(f"unknown operator(s) {', '.join(unknown)}; see --list for the schema's ATen names")
+    try:
+        vendor = load_vendor_file(args.vendor_file) if args.vendor_file else VendorFile()
+        lib = DiopiLibrary(args.impl or reference_library_path())
+    except (VendorFileError, LibraryError) as exc:
+        return _usage_error(str(exc))
+
+    def progress(op: str, results: list) -> None:
+        if not args.quiet:
+            bad = sum(r.status in (FAIL, ERROR) for r in results)
+            print(f"  {op}: {len(results)} case(s){f', {bad} failing' if bad else ''}", file=sys.stderr)
+
+    results = run(lib, args.ops, vendor, progress, quick=args.quick)
+    info = lib.info()
+    print(table(results, info))
+    if args.json:
+        write_json(args.json, results, info)
+    if args.html:
+        write_html(args.html, results, info)
+    return 1 if any(r.status in (FAIL, ERROR) for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Conformance results as a text table (one row per operator), JSON and a standalone HTML page."""
+from __future__ import annotations
+
+import html
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ditorch_diopi.conformance.runner import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, CaseResult
+from ditorch_diopi.library import LibraryInfo
+
+_COLUMNS = (PASS, FAIL, ERROR, SKIPPED)
+
+
+def per_op(results: list[CaseResult]) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for r in results:
+        row = rows.setdefault(r.op, {"counts": Counter(), "first_problem": ""})
+        row["counts"][r.status] += 1
+        if r.status in (FAIL, ERROR) and not row["first_problem"]:
+            row["first_problem"] = f"{r.case} [{r.dtype}]: {r.detail}"
+    return rows
+
+
+def verdict_of(counts: Counter) -> str:
+    if counts[NOT_IMPLEMENTED]:
+        return NOT_IMPLEMENTED
+    if counts[FAIL] or counts[ERROR]:
+        return FAIL
+    return PASS if counts[PASS] else SKIPPED
+
+
+def table(results: list[CaseResult], info: LibraryInfo) -> str:
+    rows = per_op(results)
+    width = max((len(op) for op in rows), default=10)
+    lines = [f"{info.vendor} {info.version} (DIOPI ABI {info.abi_version}): {info.path}",
+             f"{'operator':<{width}}  {'verdict':<15} " + " ".join(f"{c:>7}" for c in _COLUMNS) + "  first problem"]
+    for op, row in rows.items():
+        counts = row["counts"]
+        lines.append(f"{op:<{width}}  {verdict_of(counts):<15} " + " ".join(f"{counts[c]:>7}" for c in _COLUMNS)
+                     + (f"  {row['first_problem'][:160]}" if row["first_problem"] else ""))
+    lines.append(summary(results))
+    return "\n".join(lines)
+
+
+def summary(results: list[CaseResult]) -> str:
+    verdicts = Counter(verdict_of(row["counts"]) for row in per_op(results).values())
+    cases = Counter(r.status for r in results)
+    return (f"operators: {verdicts[PASS]} pass, {verdicts[FAIL]} fail, {verdicts[NOT_IMPLEMENTED]} not implemented, "
+            f"{verdicts[SKIPPED]} skipped; cases: {cases[PASS]} pass, {cases[FAIL]} fail, {cases[ERROR]} error, "
+            f"{cases[SKIPPED]} skipped")
+
+
+def to_json(results: list[CaseResult], info: LibraryInfo) -> dict[str, Any]:
+    return {
+        "library": {"path": info.path, "vendor": info.vendor, "version": info.version, "abi_version": info.abi_version,
+                    "implemented": list(info.implemented), "missing": list(info.missing)},
+        "operators": {op: {"verdict": verdict_of(row["counts"]), "counts": dict(row["counts"]),
+                           "first_problem": row["first_problem"]} for op, row in per_op(results).items()},
+        "cases": [r.to_dict() for r in results],
+        "summary": summary(results),
+    }
+
+
+def write_json(path: str, results: list[CaseResult], info: LibraryInfo) -> None:
+    Path(path).write_text(json.dumps(to_json(results, info), indent=1))
+
+
+def write_html(path: str, results: list[CaseResult], info: LibraryInfo) -> None:
+    colour = {PASS: "#d4f4d4", FAIL: "#f8d0d0", NOT_IMPLEMENTED: "#eeeeee", SKIPPED: "#fff3c4"}
+    rows = []
+    for op, row in per_op(results).items():
+        verdict = verdict_of(row["counts"])
+        cells = "".join(f"<td>{row['counts'][c]}</td>" for c in _COLUMNS)
+        rows.append(f'<tr style="background:{colour[verdict]}"><td><code>{html.escape(op)}</code></td>'
+                    f"<td>{verdict}</td>{cells}<td>{html.escape(row['first_problem'])}</td></tr>")
+    head = "".join(f"<th>{c}</th>" for c in ("operator", "verdict", *_COLUMNS, "first problem"))
+    title = html.escape(f"DIOPI conformance: {info.vendor} {info.version}")
+    Path(path).write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+        f"<h1>{title}</h1><p>{html.escape(info.path)} (ABI {info.abi_version})</p>"
+        f"<p>{html.escape(summary(results))}</p><table border='1' cellspacing='0' cellpadding='3'>"
+        f"<tr>{head}</tr>{''.join(rows)}</table></body></html>\n")

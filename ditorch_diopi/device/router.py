@@ -1,0 +1,267 @@
+"""Routing ATen operators on the ``diopi`` device to a DIOPI library, generically from the schema.
+
+For an operator the library implements, the ATen arguments are bound by name to the schema's ABI
+arguments, the outputs are allocated from the operator's meta kernel (shapes, strides, dtypes), and
+the library writes them. In-place variants (``add_``) run the functional operator and copy back.
+An overload the schema does not list reaches its schema form when the arguments bind by name: a
+``.Scalar`` overload the ``.Tensor`` operator (the number as a 0-dim tensor), an ``.out`` overload the
+functional operator (the result copied into ``out``). View operators only change metadata: they run
+on the host tensors behind the device tensors. Everything else falls back to the CPU, logged once
+per operator.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ditorch_diopi.library import DiopiLibrary, OperatorError
+from ditorch_diopi.schema import BY_NAME, GELU_APPROXIMATE, OpSchema
+
+logger = logging.getLogger("ditorch_diopi")
+
+DEVICE_TYPE = "diopi"
+_CPU = torch.device("cpu")
+
+
+def aten_name(func: torch._ops.OpOverload) -> str:
+    overload = func._overloadname
+    return func._schema.name + ("" if overload == "default" else f".{overload}")
+
+
+# Scalars ATen may leave as None: the value its CPU kernel would use.
+_DEFAULTS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
+    ("aten::_fused_rms_norm", "eps"): lambda b: torch.finfo(b["input"].dtype).eps,
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "scale"): lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "scale"):
+        lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
+}
+
+
+# How an ATen overload reaches a schema operator.
+FUNCTIONAL, INPLACE, OUT = "functional", "inplace", "out"
+
+# Operators that return a view but whose schema does not say so (reshape's helper): metadata only.
+_METADATA_OPS = frozenset({"aten::_unsafe_view"})
+
+
+class _Unservable(Exception):
+    """These arguments need something the schema operator does not do (a resize of ``out``)."""
+
+
+def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
+    """The schema operator serving ``func`` and how: the same name, a ``.Scalar`` overload served by
+    ``.Tensor``, an ``.out`` overload by the functional form, an in-place ``op_`` by ``op``."""
+    name = aten_name(func)
+    if name in BY_NAME:
+        return BY_NAME[name], FUNCTIONAL
+    base, _, overload = name.partition(".")
+    mode = FUNCTIONAL
+    if func._schema.name.endswith("_") and _writes_self(func):
+        base, mode = base[:-1], INPLACE
+    elif overload == "out" or overload.endswith("_out"):
+        overload, mode = overload.removesuffix("out").removesuffix("_"), OUT
+    names = [f"{base}.{overload}" if overload else base]
+    if overload in ("Scalar", ""):
+        names.append(f"{base}.Tensor")
+    aten_args = {a.name for a in func._schema.arguments}
+    for candidate in dict.fromkeys(names):
+        op = BY_NAME.get(candidate)
+        if op is None:
+            continue
+        if mode != FUNCTIONAL and not (len(op.outputs) == 1 and op.outputs[0].kind == "out"):
+            continue
+        if all(a.name in aten_args for a in op.args if not a.is_output):  # binds by name
+            return op, mode
+    return None, mode
+
+
+def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
+    """Why the library cannot serve these ATen arguments (arguments the ABI does not carry), or None."""
+    if op.aten.startswith("aten::_scaled_dot_product_flash_attention_for_cpu"):
+        if bound.get("dropout_p", 0.0) != 0.0 or bound.get("attn_mask") is not None:
+            return "dropout or an attention mask"
+    return None
+
+
+def _scalar(op: OpSchema, kind: str, name: str, bound: dict[str, Any]) -> Any:
+    value = bound.get(name)
+    if value is None and (op.aten, name) in _DEFAULTS:
+        value = _DEFAULTS[(op.aten, name)](bound)
+    if kind == "ints":
+        return [] if value is None else [int(value)] if isinstance(value, int) else list(value)
+    if kind == "int" and name == "approximate" and isinstance(value, str):
+        return GELU_APPROXIMATE[value]
+    if kind == "double":
+        return float(value)
+    if kind == "int":
+        return int(value)
+    return bool(value)
+
+
+class Router:
+    """Serves ``__torch_dispatch__`` of device tensors; counts routed and fallen-back operators."""
+
+    def __init__(self, library: DiopiLibrary, wrap: Callable[[torch.Tensor], torch.Tensor],
+                 is_device: Callable[[Any], bool]) -> None:
+        self.library = library
+        self.wrap = wrap
+        self.is_device = is_device
+        self.routed: Counter[str] = Counter()
+        self.fallbacks: Counter[str] = Counter()
+        self.copies: Counter[str] = Counter()
+        self._resolved: dict[Any, tuple[OpSchema | None, bool]] = {}
+
+    # --- resolution -------------------------------------------------------------------------
+    def resolve(self, func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
+        """The schema operator serving ``func`` (or None), and how (FUNCTIONAL, INPLACE, OUT)."""
+        hit = self._resolved.get(func)
+        if hit is None:
+            op, mode = _schema_form(func)
+            if op is not None and not self.library.implements(op.aten):
+                op = None
+            hit = self._resolved[func] = (op, mode)
+        return hit
+
+    # --- dispatch ---------------------------------------------------------------------------
+    def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        if _is_view(func) or func._schema.name in _METADATA_OPS:
+            return self._on_host(func, args, kwargs)
+        if _crosses_devices(func, args, kwargs):  # the framework's copies to and from the CPU
+            self.copies[aten_name(func)] += 1
+            return self._on_host(func, args, kwargs)
+        op, mode = self.resolve(func)
+        if op is not None:
+            bound = _bind(func, args, kwargs)
+            reason = _servable(op, bound)
+            if reason is None:
+                try:
+                    return self._call(func, op, mode, args, kwargs, bound)
+                except (OperatorError, _Unservable) as exc:
+                    reason = str(exc)
+            self._log_fallback(func, reason)
+        else:
+            self._log_fallback(func, None)
+        return self._on_host(func, args, kwargs)
+
+    def _call(self, func: torch._ops.OpOverload, op: OpSchema, mode: str, args: tuple, kwargs: dict,
+              bound: dict[str, Any]) -> Any:
+        meta_out = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        metas = list(meta_out) if isinstance(meta_out, (tuple, list)) else [meta_out]
+        target = bound["out"] if mode == OUT else bound["self"] if mode == INPLACE else None
+        if target is not None and tuple(target.shape) != tuple(metas[0].shape):
+            raise _Unservable(f"the result's shape {tuple(metas[0].shape)} is not the shape of "
+                              f"{'out' if mode == OUT else 'self'} {tuple(target.shape)}")
+        host = {name: _host(value) for name, value in bound.items()}
+        outputs: dict[str, torch.Tensor | None] = {}
+        results = []
+        for arg, meta in zip(op.outputs, metas):
+            if arg.kind == "inout":
+                outputs[arg.name] = host[arg.name]
+                results.append(bound[arg.name])
+            elif meta is None or not isinstance(meta, torch.Tensor):
+                outputs[arg.name] = None
+                results.append(meta)
+            else:
+                out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+                outputs[arg.name] = out
+                results.append(out)
+        abi_args = []
+        for arg in op.args:
+            if arg.is_output:
+                abi_args.append(outputs[arg.name])
+            elif arg.is_tensor:
+                value = host.get(arg.name)
+                if isinstance(value, (int, float, bool)):  # a Python number where ATen takes a tensor
+                    value = torch.tensor(value, dtype=metas[0].dtype)
+                abi_args.append(value)
+            else:
+                abi_args.append(_scalar(op, arg.kind, arg.name, bound))
+        self.library.call(op, *abi_args)
+        self.routed[aten_name(func)] += 1
+        if target is not None:  # the functional result goes into self (in place) or out (out=)
+            _host(target).copy_(outputs[op.outputs[0].name])
+            return target
+        wrapped = [r if not isinstance(r, torch.Tensor) or self.is_device(r) else self.wrap(r) for r in results]
+        return tuple(wrapped) if isinstance(meta_out, (tuple, list)) else wrapped[0]
+
+    def _on_host(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        """Run ``func`` on the host tensors behind the device tensors; device results stay device tensors."""
+        inputs: dict[int, torch.Tensor] = {}
+
+        def unwrap(x: Any) -> Any:
+            if self.is_device(x):
+                inner = x.host
+                inputs[id(inner)] = x
+                return inner
+            if isinstance(x, torch.device) and x.type == DEVICE_TYPE:
+                return _CPU
+            return x
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        leaves_host = _targets_host(func, kwargs)
+
+        def wrap(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor) or leaves_host:
+                return x
+            same = inputs.get(id(x))  # an in-place or out= result: the caller's own device tensor
+            return same if same is not None else self.wrap(x)
+
+        return tree_map(wrap, out)
+
+    def _log_fallback(self, func: torch._ops.OpOverload, reason: str | None) -> None:
+        name = aten_name(func)
+        if name not in self.fallbacks:
+            why = f" ({reason})" if reason else f" ({self.library.vendor} does not implement it)"
+            logger.info("diopi: %s runs on the CPU%s", name, why)
+        self.fallbacks[name] += 1
+
+
+def _writes_self(func: torch._ops.OpOverload) -> bool:
+    returns = func._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write
+
+
+def _is_view(func: torch._ops.OpOverload) -> bool:
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def _crosses_devices(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    if func is torch.ops.aten.copy_.default:
+        return args[0].device != args[1].device
+    return func is torch.ops.aten._to_copy.default and _targets_host(func, kwargs)
+
+
+def _targets_host(func: torch._ops.OpOverload, kwargs: dict) -> bool:
+    """Whether ``func`` moves its result off the device (``.to("cpu")``, ``.cpu()``)."""
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type != DEVICE_TYPE
+
+
+def _bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _host(value: Any) -> Any:
+    return getattr(value, "host", value) if isinstance(value, torch.Tensor) else value
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    return x

@@ -1,0 +1,262 @@
+"""Align two captures op by op (a device run against a reference run) and find the first op
+whose outputs differ beyond tolerance."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from .align import Equivalences, align, region_module_records
+from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
+from .dump import Dump, DumpError, check_replayable
+from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
+from .records import resolve_op
+from .summaries import compare_summaries
+from .reference import run_reference, skip_reason
+
+_ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
+
+
+@dataclass
+class DiffReport:
+    dump_a: str
+    dump_b: str
+    ops: list[dict] = field(default_factory=list)  # one record per op, in call order
+    unmatched: list[dict] = field(default_factory=list)  # ops of one run that the other has no match for
+    regions: list[dict] = field(default_factory=list)  # modules whose op sequences differ, judged as modules
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.ops if r["status"] == "fail"]
+
+    @property
+    def first_divergence(self) -> dict | None:
+        return self.failed[0] if self.failed else None
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict:
+        count = lambda s: sum(r["status"] == s for r in self.ops)  # noqa: E731
+        return {"dump_a": self.dump_a, "dump_b": self.dump_b, "passed": self.passed, "n_ops": len(self.ops),
+                "n_passed": count("pass"), "n_failed": count("fail"), "n_skipped": count("skipped"),
+                "n_unmatched": len(self.unmatched), "first_divergence": self.first_divergence, "ops": self.ops,
+                "unmatched": self.unmatched, "regions": self.regions}
+
+
+def _row(rec: dict, status: str, rule: str, detail: str, verdict: TreeVerdict | None = None) -> dict:
+    row = {k: rec.get(k) for k in _ID_FIELDS}
+    row.update(status=status, rule=rule, detail=detail)
+    if verdict is not None:
+        summary = verdict.summary()
+        summary.pop("passed"), summary.pop("rule"), summary.pop("detail")
+        row.update(summary)
+    return row
+
+
+RULES = ("auto", "allclose", "error_ratio")
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """How ops are judged. ``rule``: "error_ratio" replays each op in float64 on the CPU from both
+    runs' own inputs (so drift inherited from earlier ops is not blamed on later ones); "allclose"
+    compares the runs' outputs directly; "auto" (default) uses the error ratio wherever an op can
+    be replayed (known op, not random, inputs saved) and allclose elsewhere."""
+
+    rule: str = "auto"
+    ratio_k: float = DEFAULT_RATIO_K
+    tolerances: ToleranceTable = ToleranceTable()
+    align: str = "structure"  # or "index"
+    equivalences: Equivalences = field(default_factory=Equivalences)
+
+
+def _replay_func(ra: dict, da: dict, db: dict):
+    """The op to replay in float64, or the reason it cannot be."""
+    try:
+        func = resolve_op(ra["op"], ra.get("overload") or "default")
+    except LookupError:
+        return None, f"op {ra['op']} unknown to this torch: no float64 replay"
+    reason = skip_reason(func)
+    if reason:
+        return None, reason
+    try:
+        check_replayable((da["args"], da["kwargs"], db["args"], db["kwargs"]), f"op {ra['op']} #{ra['index']}")
+    except ValueError as exc:
+        return None, str(exc)
+    return func, None
+
+
+def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) -> dict:
+    """One op of run A (the device) against the same op of run B (the reference)."""
+    if is_collective(ra["op"]):
+        return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
+    da, db = a.load(ra), b.load(rb)
+    if da is None or db is None:
+        summary = compare_summaries(ra, rb)
+        if summary is not None:  # stats or checksum captures
+            return _row(ra, *summary)
+        return _row(ra, "skipped", "skipped", "tensors not saved in " + ("A" if da is None else "B"))
+    out_a, out_b = da["outputs"], db["outputs"]
+    if ra.get("kind") == "module":
+        # A module may return extra outputs in one run (attention weights in eager attention, None
+        # with a fused kernel): its outputs are compared as far as both have them, shape for shape.
+        func, why_not = None, "module record"
+        la, lb = tensor_leaves(out_a), tensor_leaves(out_b)
+        n = next((i for i, (x, y) in enumerate(zip(la, lb)) if x.shape != y.shape), min(len(la), len(lb)))
+        out_a, out_b = la[: max(n, 1)], lb[: max(n, 1)]
+    elif ra["op"] != rb["op"]:
+        # equivalent kernels (ditorch_precision.align): their results (first outputs) are compared directly
+        func, why_not = None, f"{ra['op']} and {rb['op']} are equivalent ops"
+        out_a, out_b = tensor_leaves(out_a)[:1], tensor_leaves(out_b)[:1]
+    elif opts.rule == "allclose":
+        func, why_not = None, ""
+    else:
+        func, why_not = _replay_func(ra, da, db)
+    if func is None and why_not == "uninitialised output" or (opts.rule == "error_ratio" and func is None
+                                                              and ra.get("kind", "op") == "op" and ra["op"] == rb["op"]):
+        return _row(ra, "skipped", "skipped", why_not)
+    if func is not None:
+        fa = run_reference(func, da["args"], da["kwargs"])
+        fb = run_reference(func, db["args"], db["kwargs"])
+        verdict = compare_trees_ratio(out_a, out_b, fa, k=opts.ratio_k, reference_fp64=fb)
+    else:
+        rtol, atol = op_tolerances(opts.tolerances, ra["op"], out_a, out_b)
+        verdict = compare_trees(out_a, out_b, rtol=rtol, atol=atol)
+    if not verdict.verdicts:
+        return _row(ra, "skipped", "skipped", verdict.detail or "no tensor outputs")
+    deciding = verdict.deciding
+    return _row(ra, "pass" if verdict.passed else "fail", verdict.rule, deciding.detail if deciding else "", verdict)
+
+
+def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: float | None = None,
+                  ratio_k: float | None = None, options: CompareOptions | None = None) -> DiffReport:
+    """Compare capture A (device) against capture B (reference), aligned by structure (see
+    ditorch_precision.align; ``options.align="index"``: by call index, as both runs must then run the same ops).
+
+    ``options`` (default: the auto rule); the older keywords still work: ``ratio_k`` asks for the
+    error-ratio rule with that k, ``rtol``/``atol`` for allclose with those tolerances."""
+    if options is None:
+        if ratio_k is not None:
+            options = CompareOptions("error_ratio", ratio_k, ToleranceTable(rtol=rtol, atol=atol))
+        elif rtol is not None or atol is not None:
+            options = CompareOptions("allclose", tolerances=ToleranceTable(rtol=rtol, atol=atol))
+        else:
+            options = CompareOptions()
+    a, b = Dump.open(dump_a), Dump.open(dump_b)
+    report = DiffReport(dump_a, dump_b)
+    with torch.no_grad():
+        if options.align == "index":
+            _compare_by_index(a, b, options, report)
+        else:
+            _compare_by_structure(a, b, options, report)
+    return report
+
+
+def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
+    ia, ib = a.by_index(), b.by_index()
+    for index in sorted(set(ia) | set(ib)):
+        ra, rb = ia.get(index), ib.get(index)
+        if ra is None or rb is None:
+            present = ra or rb
+            where = "A" if ra is None else "B"
+            report.ops.append(_row(present, "fail", "alignment", f"op #{index} {present['op']} missing in {where}"))
+            continue
+        if ra["op"] != rb["op"] or ra.get("overload") != rb.get("overload"):
+            report.ops.append(_row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index "
+                                   f"{ra['index']}: the runs took different paths"))
+            continue
+        report.ops.append(compare_records(a, b, ra, rb, options))
+
+
+def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
+    al = align(a.records, b.records, options.equivalences)
+    report.ops.extend(compare_records(a, b, ra, rb, options) for ra, rb in al.pairs)
+    report.ops.sort(key=lambda r: r["index"])
+    first_fail = min((r["index"] for r in report.ops if r["status"] == "fail"), default=None)
+    for ra in al.unmatched_a:
+        report.unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
+    for rb in al.unmatched_b:
+        report.unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
+    judged = []
+    for region in al.regions:
+        step, phase, module = region
+        pairs = region_module_records(al, region)
+        report.regions.append({"step": step, "phase": phase, "module": module, "n_module_records": len(pairs)})
+        judged.extend((ra, rb, f"{module} ({phase})") for ra, rb in pairs)
+    # In call order: a region after the first failure (an op's or an earlier region's) is not judged.
+    for ra, rb, region in sorted(judged, key=lambda j: j[0]["index"]):
+        if first_fail is not None and ra["index"] > first_fail:
+            report.ops.append(_row(ra, "skipped", "skipped", f"region {region} comes after the first divergence: "
+                                   "its module compare cannot tell inherited drift apart"))
+            continue
+        row = compare_records(a, b, ra, rb, options) | {"region": region}
+        report.ops.append(row)
+        if row["status"] == "fail":
+            first_fail = ra["index"] if first_fail is None else min(first_fail, ra["index"])
+    # at one index: ops, then module records, outer modules first (a module and its last child
+    # return together; the region is the module)
+    report.ops.sort(key=lambda r: (r["index"], r["op"].startswith("module::"), (r["module"] or "").count(".")))
+
+
+def rank_dirs(path: str) -> dict[int, str] | None:
+    """{rank: capture directory} for a directory of rank{r} captures (directly or under capture/,
+    as ditorch_precision.run writes them); None for a single capture."""
+    if os.path.isfile(os.path.join(path, "index.jsonl")):
+        return None
+    for base in (path, os.path.join(path, "capture")):
+        if os.path.isdir(base):
+            found = {int(m.group(1)): os.path.join(base, name) for name in sorted(os.listdir(base))
+                     if (m := re.fullmatch(r"rank(\d+)", name)) and os.path.isdir(os.path.join(base, name))}
+            if found:
+                return found
+    return None
+
+
+@dataclass
+class RankReport:
+    """A cross-rank compare: one DiffReport per rank, and the collectives of run A checked across ranks."""
+
+    reports: dict[int, DiffReport]
+    collectives: list[dict]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.reports.values()) and all(c["status"] != "fail" for c in self.collectives)
+
+    @property
+    def first_divergence(self) -> dict | None:
+        firsts = [{**r.first_divergence, "rank": rank} for rank, r in self.reports.items() if r.first_divergence]
+        firsts += [c for c in self.collectives if c["status"] == "fail"]
+        return min(firsts, key=lambda f: (f.get("step") or 0, f.get("index") or 0, f.get("rank") or 0), default=None)
+
+    def to_dict(self) -> dict:
+        per_rank = {rank: r.to_dict() for rank, r in self.reports.items()}
+        total = lambda key: sum(d[key] for d in per_rank.values())  # noqa: E731
+        return {"passed": self.passed, "ranks": sorted(self.reports), "first_divergence": self.first_divergence,
+                "n_ops": total("n_ops"), "n_passed": total("n_passed"), "n_failed": total("n_failed"),
+                "n_skipped": total("n_skipped"), "n_unmatched": total("n_unmatched"),
+                "collectives": self.collectives, "per_rank": per_rank}
+
+
+def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None) -> RankReport:
+    """Compare two runs rank by rank (their rank{r} capture directories); the collectives of run A
+    are judged by their cross-rank invariants on A's own captured inputs, so drift from another
+    rank's fault is not blamed on them."""
+    ra, rb = rank_dirs(dir_a), rank_dirs(dir_b)
+    if ra is None or rb is None:
+        raise DumpError(f"{dir_a if ra is None else dir_b}: no rank{{r}} capture directories")
+    if set(ra) != set(rb):
+        raise DumpError(f"the runs have different ranks: {sorted(ra)} in {dir_a}, {sorted(rb)} in {dir_b}")
+    reports = {rank: compare_dumps(ra[rank], rb[rank], options=options) for rank in sorted(ra)}
+    per_rank = {}
+    for rank in sorted(ra):
+        dump = Dump.open(ra[rank])
+        with torch.no_grad():
+            stats = [stats_from_capture(r, dump.load(r)) for r in dump.op_records
+                     if is_collective(r["op"]) and r["op"] not in PLUMBING]
+        per_rank[rank] = [s for s in stats if s is not None]
+    return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])

@@ -1,0 +1,272 @@
+"""The capture format: DIR/meta.json, DIR/index.jsonl (one record per op), DIR/tensors/NNNNNN.pt
+(inputs and outputs of one op, saved with torch.save). With ``bulk``: DIR/tensors/partNNNNN.pt
+holds many ops (a step's, usually), each under its record's ``key``; a tensor several of them read
+is stored once.
+
+A capture directory is data from elsewhere: it is read with ``torch.load(weights_only=True)`` (no
+unpickling of arbitrary objects), so the files hold only tensors, containers and plain values;
+arguments torch's safe loader does not know (slices, memory formats, ...) are written as tagged
+dicts. Files named by the index must lie inside the directory."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+FORMAT = "precision-capture"
+VERSION = 3  # 1 and 2 held pickled Python objects, which are no longer loaded
+INDEX = "index.jsonl"
+META = "meta.json"
+
+
+class DumpError(ValueError):
+    """A capture directory that cannot be read; the message names the file."""
+
+
+def tensor_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return {"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "device": str(x.device)}
+    return None
+
+
+def tensors_meta(tree) -> list:
+    return [tensor_meta(t) for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+# Tag of an argument stored as a dict {TAG: kind, ...}: ATen arguments are never dicts.
+TAG = "__precision__"
+
+
+@dataclass(frozen=True)
+class Unsaved:
+    """An argument that could not be saved (e.g. a script object); replaying such an op fails clearly."""
+
+    text: str
+
+
+_PLAIN = (int, float, bool, str, complex, type(None), torch.dtype, torch.device)
+
+
+def _encode(x):
+    """A non-tensor argument as something ``torch.load(weights_only=True)`` reads back."""
+    if isinstance(x, _PLAIN):
+        return x
+    if isinstance(x, (torch.memory_format, torch.layout)):
+        return {TAG: "torch", "name": str(x).removeprefix("torch.")}
+    if isinstance(x, slice):
+        return {TAG: "slice", "args": [x.start, x.stop, x.step]}
+    if x is Ellipsis:
+        return {TAG: "ellipsis"}
+    return {TAG: "unsaved", "text": repr(x)[:200]}
+
+
+def _decode_tag(d: dict):
+    kind = d.get(TAG)
+    if kind == "torch" and isinstance(getattr(torch, str(d.get("name")), None), (torch.memory_format, torch.layout)):
+        return getattr(torch, d["name"])
+    if kind == "slice" and isinstance(d.get("args"), (list, tuple)) and len(d["args"]) == 3:
+        return slice(*d["args"])
+    if kind == "ellipsis":
+        return Ellipsis
+    return Unsaved(str(d.get("text", d))[:200])
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A tensor subclass (an async collective's result, a wrapper) as the plain tensor it wraps, so
+    a capture holds only what ``torch.load(weights_only=True)`` reads."""
+    while type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        inner, _ = t.__tensor_flatten__()
+        if len(inner) != 1:
+            break
+        t = getattr(t, inner[0])
+    return t if type(t) in (torch.Tensor, torch.nn.Parameter) else t.as_subclass(torch.Tensor)
+
+
+def _saveable(x):
+    if isinstance(x, torch.Tensor):
+        return _plain(x).detach().to("cpu", copy=True).contiguous()  # compact: a view would save its whole storage
+    return _encode(x)
+
+
+def snapshot(tree):
+    """Compact CPU copies of every tensor; other arguments in a form torch.save can write."""
+    return tree_map(_saveable, tree)
+
+
+def _compact(t: torch.Tensor) -> bool:
+    # Saving a tensor writes its whole storage: fine when the tensor covers exactly that storage.
+    return (t.device.type == "cpu" and t.storage_offset() == 0 and t.layout == torch.strided
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size() and not t.is_conj() and not t.is_neg())
+
+
+def saveable_now(tree):
+    """Like ``snapshot``, but compact CPU tensors are not copied: only for a ``torch.save`` done
+    before anything can change them (or with writes to them guarded, see ditorch_precision.bulk)."""
+    return tree_map(lambda x: _plain(x).detach() if isinstance(x, torch.Tensor) and _compact(x) else _saveable(x), tree)
+
+
+def restore(tree):
+    """Arguments as the op takes them (``Unsaved`` markers stay: see ``check_replayable``)."""
+    if isinstance(tree, dict):
+        return _decode_tag(tree) if TAG in tree else {k: restore(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(restore(v) for v in tree)
+    return tree
+
+
+def check_replayable(tree, what: str) -> None:
+    for x in tree_leaves(tree):
+        if isinstance(x, Unsaved):
+            raise ValueError(f"{what}: argument {x.text} could not be saved, so this op cannot be replayed")
+
+
+def tree_nbytes(tree) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+
+@dataclass
+class Dump:
+    """A capture directory opened for reading."""
+
+    path: str
+    meta: dict
+    records: list[dict]
+
+    @classmethod
+    def open(cls, path: str) -> "Dump":
+        index = os.path.join(path, INDEX)
+        if not os.path.isdir(path):
+            raise DumpError(f"{path}: not a directory; expected a capture directory with {INDEX}")
+        if not os.path.isfile(index):
+            raise DumpError(f"{path}: no {INDEX}; expected a directory written by ditorch_precision.capture")
+        meta_path = os.path.join(path, META)
+        meta: dict = {}
+        if os.path.isfile(meta_path):
+            try:
+                with open(meta_path) as f:
+                    meta = json.load(f)
+            except (OSError, json.JSONDecodeError) as exc:
+                raise DumpError(f"{meta_path}: unreadable ({exc})") from exc
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                got = meta.get("format") if isinstance(meta, dict) else meta
+                raise DumpError(f"{meta_path}: format {got!r}, expected {FORMAT!r}")
+        records = []
+        with open(index) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DumpError(f"{index}:{lineno}: not JSON ({exc.msg})") from exc
+                problem = _record_problem(rec)
+                if problem:
+                    raise DumpError(f"{index}:{lineno}: {problem}")
+                records.append(rec)
+        return cls(path, meta, records)
+
+    @property
+    def op_records(self) -> list[dict]:
+        """The op records (not the module records: kind "module")."""
+        return [r for r in self.records if r.get("kind", "op") == "op"]
+
+    def by_index(self) -> dict[int, dict]:
+        return {int(r["index"]): r for r in self.op_records}
+
+    def record(self, index: int) -> dict:
+        rec = self.by_index().get(int(index))
+        if rec is None:
+            raise DumpError(f"{self.path}: no op with index {index} (indices {self._range()})")
+        return rec
+
+    def _range(self) -> str:
+        idx = sorted(int(r["index"]) for r in self.op_records)
+        return f"{idx[0]}..{idx[-1]}, {len(idx)} records" if idx else "none"
+
+    def file_path(self, rec: dict) -> str:
+        """The record's tensor file, which must lie inside the capture directory."""
+        root = os.path.realpath(self.path)
+        path = os.path.realpath(os.path.join(root, rec["file"]))
+        if os.path.commonpath([root, path]) != root:
+            raise DumpError(f"{self.path}: op {rec['op']} #{rec['index']} names file {rec['file']!r} outside the "
+                            "capture directory; refusing to read it")
+        return path
+
+    def load(self, rec: dict) -> dict | None:
+        """{'args', 'kwargs', 'outputs'} of a record, or None when its tensors were not saved."""
+        if not rec.get("file"):
+            return None
+        path = self.file_path(rec)
+        key = rec.get("key")
+        try:
+            data = _safe_load(path) if key is None else self._part(path)[key]
+        except (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as exc:
+            raise DumpError(f"{path}: cannot load tensors of op {rec['op']} #{rec['index']} ({_first_line(exc)}); "
+                            "captures are read with torch.load(weights_only=True) and must hold only tensors and "
+                            "plain values (captures of precision before format version 3 must be taken again)") from exc
+        if not (isinstance(data, dict) and {"args", "kwargs", "outputs"} <= data.keys()):
+            raise DumpError(f"{path}: op {rec['op']} #{rec['index']}: expected a dict with args, kwargs and outputs")
+        data["args"], data["kwargs"] = restore(data["args"]), restore(data["kwargs"])
+        return data
+
+    def _part(self, path: str) -> dict:
+        # A part file holds many ops: mapped, not read, and kept while ops are read from it in order.
+        cached = self.__dict__.get("_open_part")
+        if cached is None or cached[0] != path:
+            cached = self.__dict__["_open_part"] = (path, _safe_load(path, mmap=True))
+        return cached[1]
+
+
+def _safe_load(path: str, mmap: bool = False):
+    return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    unsupported = next((line.strip() for line in text.splitlines() if "Unsupported" in line), None)
+    return f"{type(exc).__name__}: {unsupported or text.splitlines()[0] if text else ''}"
+
+
+def _record_problem(rec) -> str | None:
+    """What is wrong with one index.jsonl record, or None."""
+    if not isinstance(rec, dict):
+        return "expected a JSON object"
+    for key, types in (("index", int), ("op", str)):
+        if key not in rec:
+            return f"missing field {key!r} (every record needs 'index' and 'op')"
+        if not isinstance(rec[key], types) or isinstance(rec[key], bool):
+            return f"field {key!r} is {rec[key]!r}, expected {'an integer' if types is int else 'a string'}"
+    for key in ("file", "key", "overload", "module", "phase", "kind"):
+        if rec.get(key) is not None and not isinstance(rec[key], str):
+            return f"field {key!r} is {rec[key]!r}, expected a string or null"
+    if "step" in rec and rec["step"] is not None and (not isinstance(rec["step"], int) or isinstance(rec["step"], bool)):
+        return f"field 'step' is {rec['step']!r}, expected an integer"
+    return None
+
+
+class DumpWriter:
+    """Writes a capture directory op by op (what ``Dump`` reads): used for the inputs of failing ops."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(os.path.join(path, "tensors"), exist_ok=True)
+        self._index = open(os.path.join(path, INDEX), "w")
+        self.n_records = 0
+
+    def write(self, entry: dict, args, kwargs, outputs) -> None:
+        rel = os.path.join("tensors", f"{int(entry['index']):07d}.pt")
+        torch.save({"args": snapshot(args), "kwargs": snapshot(kwargs), "outputs": snapshot(outputs)},
+                   os.path.join(self.path, rel))
+        self._index.write(json.dumps({**entry, "file": rel}) + "\n")
+        self._index.flush()
+        self.n_records += 1
+
+    def close(self, **meta) -> None:
+        self._index.close()
+        with open(os.path.join(self.path, META), "w") as f:
+            json.dump({"format": FORMAT, "version": VERSION, "n_records": self.n_records, **meta}, f, indent=1)
