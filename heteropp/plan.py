@@ -140,7 +140,11 @@ class Plan:
         (chips per type of the cluster the plan is for) against the chips the plan uses."""
         if not self.stages:
             raise SpecError(source, "stages", "empty", "at least one stage")
-        for name, v in (("dp", self.dp), ("micro_batch_size", self.micro_batch_size), ("micro_batches", self.micro_batches)):
+        for name, v in (
+            ("dp", self.dp),
+            ("micro_batch_size", self.micro_batch_size),
+            ("micro_batches", self.micro_batches),
+        ):
             if not _is_int(v) or v < 1:
                 raise SpecError(source, name, f"got {v!r}", "an integer >= 1")
         if self.version != PLAN_VERSION:
@@ -178,8 +182,8 @@ class Plan:
             if not _is_int(s.first_layer) or s.first_layer != expect:
                 raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
             expect += s.layers
-            if (why := tp_split_error(s.tp, heads, kv_heads, ffn, vocab)) is not None:
-                raise SpecError(source, f"{p}.tp", *why)
+            if (split_why := tp_split_error(s.tp, heads, kv_heads, ffn, vocab)) is not None:
+                raise SpecError(source, f"{p}.tp", *split_why)
         total = num_layers if num_layers is not None else self.num_layers
         if total is not None and expect != total:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")
@@ -224,7 +228,9 @@ class Plan:
                     raise SpecError(source, f"stages[{i}].{k}", "missing", "a value")
             extra = set(s) - allowed
             if extra:
-                raise SpecError(source, f"stages[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed)))
+                raise SpecError(
+                    source, f"stages[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed))
+                )
             stages.append(StagePlan(**s))
         top = {f for f in cls.__dataclass_fields__} | {"chips_used"}
         extra = set(data) - top

@@ -3,7 +3,9 @@ inner_dp replicas of g / inner_dp-way TP instead (HetAuto's d_k = d_outer x d_in
 micro_batch_size / inner_dp of every micro-batch. Splitting rows saves TP's collectives and costs a
 gradient reduction over more replicas and a whole layer's weights on fewer chips; the cost model prices
 both (CostModel.evaluate); a local search moves one stage, or all stages of one chip type, to another
-inner_dp while that lowers the plan's time. With one sequence per micro-batch there is nothing to split and plans stay as searched."""
+inner_dp while that lowers the plan's time. With one sequence per micro-batch there is nothing to split and
+plans stay as searched."""
+
 from __future__ import annotations
 
 from dataclasses import replace

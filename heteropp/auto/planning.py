@@ -8,7 +8,7 @@ from ..spec import Cluster, ModelSpec, TrainSpec, load_cluster, load_model, load
 from ..schedules import kind
 from .analytic import analytic_profile
 from .costs import CostModel, micro_batches
-from .limits import Limits
+from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
 from .candidates import Candidate, Progress, SearchResult
 from .search import search_auto
@@ -31,7 +31,7 @@ def load_problem(cluster: str, model: str, train: str, profile: str | None = Non
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
-               limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
+               limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         return search_h2(pb.cm, group_size, progress=progress)
@@ -80,7 +80,9 @@ def warmup_within_memory(pb: Problem, cand: Candidate) -> tuple[dict, list[float
     extra = schedule_params(cm, cand.stages, cand.dp, pb.train.schedule)["extra_warmup"]
 
     def memory() -> list[float]:  # the cost model's, inner replicas' shares and shards included
-        return cm.evaluate(cand.stages, cand.dp, b, pb.train.schedule, params={"extra_warmup": extra}).stage_memory_bytes
+        return cm.evaluate(
+            cand.stages, cand.dp, b, pb.train.schedule, params={"extra_warmup": extra}
+        ).stage_memory_bytes
 
     mem = memory()
     while any(m > cm.cluster.chip(s.chip).usable_bytes for m, s in zip(mem, cand.stages)):

@@ -32,7 +32,7 @@ def reference_search(cm: CostModel, group_size: int) -> float:
                     continue
                 for ls in compositions(L, len(seq)):
                     for rs in itertools.product((False, True), repeat=len(seq)):
-                        st = [StageSpec(c, t, l, r) for (c, t), l, r in zip(seq, ls, rs)]
+                        st = [StageSpec(c, t, nl, r) for (c, t), nl, r in zip(seq, ls, rs)]
                         e = cm.evaluate(st, dp, b)
                         if e.feasible:
                             best = min(best, e.iteration_time_s)

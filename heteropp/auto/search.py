@@ -32,7 +32,7 @@ from .infeasible import explain_infeasible
 from .inner_dp import with_inner_dp
 from .levels import bound_parts, lower_bound
 from .idle import search_idle
-from .limits import Limits, relaxed_bound, trim_choices, type_orders
+from .limits import DEFAULT_LIMITS, Limits, relaxed_bound, trim_choices, type_orders
 from .space import dp_candidates, tp_counts, tp_sizes
 from .split import best_split
 from .stageopts import stage_opts
@@ -65,7 +65,7 @@ RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
-                progress: Progress | None = None, limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
+                progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
     `idle`: "auto" searches plans that leave chips idle (idle.py) when no plan uses every chip or the
@@ -140,7 +140,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
                 push(Entry(bound, Level.ORDER, space, combo, order))
             return
         done.add(sig)
-        stages = [StageSpec(ch, t, l, r) for (ch, t), l, r in zip(seq, res.layers, res.recompute)]
+        stages = [StageSpec(ch, t, nl, r) for (ch, t), nl, r in zip(seq, res.layers, res.recompute)]
         label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
         top.add(Candidate(res.total, space.dp, stages, label))
         if progress and stats["evaluated"] % 200 == 0:

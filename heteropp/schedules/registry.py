@@ -35,14 +35,20 @@ class ScheduleKind:
     # after its warm-up a stage alternates one forward and one whole backward, so its next forward waits for a
     # backward to come back (the cost model's round-trip cycles)
     alternates: bool = False
+    # micro-batches that stage k sends before its first forward must wait for a backward (warm-up plus one);
+    # None: the in-flight count (they differ where deferred weight passes hold activations longer)
+    round_trip_span: Callable[[int, int, int, Params], int] | None = None
+    # every stage runs all its forwards before any backward: fill and drain are two whole passes
+    whole_passes: bool = False
 
 
 REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
     ScheduleKind("1f1b", lambda p, m, _: h_1f1b(p, m, [0] * max(p - 1, 0)), lambda k, p, b, _: min(p - k, b), False,
                  alternates=True),
-    ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False),
+    ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False, whole_passes=True),
     # up to p - k awaiting B/I plus up to k awaiting their deferred W
-    ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True),
+    ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True, alternates=True,
+                 round_trip_span=lambda k, p, b, _: min(p - k, b)),
     ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
                  lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b", alternates=True),
     # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up
@@ -59,6 +65,11 @@ def kind(name: str) -> ScheduleKind:
     if name not in REGISTRY:
         raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(NAMES)}")
     return REGISTRY[name]
+
+
+def build(name: str, p: int, m: int, params: Params | None = None) -> Schedule:
+    """The compute actions of the registered schedule `name` with its parameters."""
+    return kind(name).build(p, m, params or {})
 
 
 def missing_params(name: str, params: Params) -> list[str]:

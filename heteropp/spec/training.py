@@ -37,9 +37,13 @@ class TrainSpec:
 def train_from_dict(data: dict[str, Any], source: str = "<training>", seq_len: int | None = None) -> TrainSpec:
     """`global_batch` in sequences, or `global_batch_tokens` (needs the model's sequence length)."""
     f = Fields(data, source)
-    f.unknown({"global_batch", "global_batch_tokens", "micro_batch_size", "dtype", "zero1", "schedule", "sequence_parallel"})
+    f.unknown(
+        {"global_batch", "global_batch_tokens", "micro_batch_size", "dtype", "zero1", "schedule", "sequence_parallel"}
+    )
     if ("global_batch" in data) == ("global_batch_tokens" in data):
-        raise f.err("global_batch", "give exactly one of global_batch (sequences) and global_batch_tokens", "one of them")
+        raise f.err(
+            "global_batch", "give exactly one of global_batch (sequences) and global_batch_tokens", "one of them"
+        )
     if "global_batch" in data:
         gb = f.int("global_batch")
     else:

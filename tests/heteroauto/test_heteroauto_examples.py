@@ -18,7 +18,9 @@ def shape(d: dict) -> tuple:
         (s["chip"], s["tp"], s["layers"], s["recompute"], s.get("inner_dp", 1)) for s in d["stages"]]
 
 
-@pytest.mark.parametrize("plan,train", [("harp-setting-1.json", "harp.yaml"), ("harp-setting-1-h1f1b.json", "harp-h1f1b.yaml")])
+@pytest.mark.parametrize(
+    "plan,train", [("harp-setting-1.json", "harp.yaml"), ("harp-setting-1-h1f1b.json", "harp-h1f1b.yaml")]
+)
 def test_harp_example_plan_is_the_planners(tmp_path, plan, train):
     committed = json.loads((EX / "plans" / plan).read_text())
     out = tmp_path / "plan.json"

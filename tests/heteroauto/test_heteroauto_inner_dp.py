@@ -21,9 +21,15 @@ def problem(mbs: int = 2, counts: tuple[int, int] = (4, 4)) -> CostModel:
     cl = cluster_from_dict({"name": "t", "chips": [chip("X", counts[0], 40.0), chip("Y", counts[1], 40.0)]}, "test")
     model = ModelSpec("m", layers=8, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
     train = TrainSpec(global_batch=16, micro_batch_size=mbs, dtype="bf16", zero1=True, schedule="1f1b")
-    prof = Profile(model="m", micro_batch_size=mbs, seq_len=128, layer_params=10_000_000, embed_params=1_000_000,
-                   head_params=1_000_000,
-                   chips={n: ChipProfile({t: tp_entry(f, 0.5, t) for t in (1, 2)}) for n, f in (("X", 1.0), ("Y", 0.5))})
+    prof = Profile(
+        model="m",
+        micro_batch_size=mbs,
+        seq_len=128,
+        layer_params=10_000_000,
+        embed_params=1_000_000,
+        head_params=1_000_000,
+        chips={n: ChipProfile({t: tp_entry(f, 0.5, t) for t in (1, 2)}) for n, f in (("X", 1.0), ("Y", 0.5))},
+    )
     return CostModel(cl, model, train, prof)
 
 
@@ -51,7 +57,9 @@ def test_search_proposes_inner_dp_where_it_beats_every_inner_dp_1_plan():
     assert res.best.time_s < reference_search(cm, group_size=2) * (1 - 1e-6)
     b = micro_batches(cm.train, res.best.dp)
     sim = simulate_stages(cm, res.best.stages, res.best.dp).iteration_time_s
-    assert cm.evaluate(res.best.stages, res.best.dp, b, round_trips=True).iteration_time_s == pytest.approx(sim, rel=0.05)
+    assert cm.evaluate(res.best.stages, res.best.dp, b, round_trips=True).iteration_time_s == pytest.approx(
+        sim, rel=0.05
+    )
     plan = to_plan(Problem(cm.cluster, cm.model, cm.train, cm), res.best, None, "auto", res)
     assert [s.inner_dp for s in plan.stages] == [s.inner_dp for s in res.best.stages]
     plan.validate(num_layers=8, heads=8, kv_heads=8, ffn=4096, vocab=1000, world_size=8)

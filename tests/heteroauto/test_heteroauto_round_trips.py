@@ -18,7 +18,9 @@ EX = Path(__file__).resolve().parents[2] / "examples"
 
 
 def harp():
-    return load_problem(str(EX / "clusters/harp.yaml"), str(EX / "models/gpt-harp.yaml"), str(EX / "training/harp.yaml"))
+    return load_problem(
+        str(EX / "clusters/harp.yaml"), str(EX / "models/gpt-harp.yaml"), str(EX / "training/harp.yaml")
+    )
 
 
 def test_harp_plan_estimate_within_5_percent_of_the_simulator():
@@ -43,7 +45,7 @@ def test_random_harp_plans_estimate_within_5_percent(seed):
     na = rng.randint(1, p - 1)
     seq = ["A100"] * na + ["V100e"] * (p - na)
     tps = {c: min(8, 1 << ((32 // n).bit_length() - 1)) for c, n in (("A100", na), ("V100e", p - na))}
-    stages = [StageSpec(c, tps[c], l, False) for c, l in zip(seq, random_split(rng, 24, p))]
+    stages = [StageSpec(c, tps[c], nl, False) for c, nl in zip(seq, random_split(rng, 24, p))]
     b = micro_batches(pb.train, 1)
     est = pb.cm.evaluate(stages, 1, b, round_trips=True).iteration_time_s
     sim = simulate_stages(pb.cm, stages, 1).iteration_time_s
@@ -58,3 +60,42 @@ def test_paper_experiment_plans_estimate_within_5_percent(exp, gbs):
     res = run_search(pb, progress=None)
     plan = to_plan(pb, res.best, None, "auto", res)
     assert plan.extra["model_estimate_s"] == pytest.approx(plan.iteration_time_s, rel=0.05)
+
+
+# Estimate / simulated time over random HARP plans (slow 5 Gbps cross link), per schedule: the estimate is
+# never more than UNDER below the simulator (its fill/drain terms cover the whole passes at few micro-batches)
+# and at most OVER above it. GPipe's passes are flow shops of identical jobs, so its estimate is exact up to
+# the update term.
+BOUNDS = {  # schedule: (UNDER, OVER) at 2-8 micro-batches, then at 16-64
+    "gpipe": ((0.01, 0.01), (0.01, 0.01)),
+    "1f1b": ((0.05, 0.20), (0.05, 0.12)),
+    "h1f1b": ((0.05, 0.12), (0.05, 0.05)),
+    "zbh1": ((0.05, 0.30), (0.05, 0.10)),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(BOUNDS))
+@pytest.mark.parametrize("few", [True, False], ids=["2-8 micro-batches", "16-64 micro-batches"])
+def test_estimate_brackets_the_simulator_across_schedules_and_micro_batch_counts(schedule, few):
+    import dataclasses
+
+    from heteropp.auto.plan_sim import schedule_params
+    pb = harp()
+    under, over = BOUNDS[schedule][0 if few else 1]
+    rng = random.Random(1)
+    worst = [0.0, 0.0]
+    for _ in range(12):
+        p = rng.choice([2, 3, 4, 6])
+        na = rng.randint(1, p - 1)
+        seq = ["A100"] * na + ["V100e"] * (p - na)
+        tps = {c: min(8, 1 << ((32 // n).bit_length() - 1)) for c, n in (("A100", na), ("V100e", p - na))}
+        stages = [StageSpec(c, tps[c], nl, False) for c, nl in zip(seq, random_split(rng, 24, p))]
+        for b in ([2, 3, 4, 6, 8] if few else [16, 32, 64]):
+            pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size,
+                                              schedule=schedule)
+            params = schedule_params(pb.cm, stages, 1, schedule)
+            est = pb.cm.evaluate(stages, 1, b, schedule, round_trips=True, params=params).iteration_time_s
+            sim = simulate_stages(pb.cm, stages, 1, schedule, params=params).iteration_time_s
+            worst = [min(worst[0], est / sim - 1), max(worst[1], est / sim - 1)]
+            assert -under <= est / sim - 1 <= over, (schedule, b, stages, est, sim)
+    assert worst[0] < 0 or worst[1] > 0  # the plans are not all trivially exact
