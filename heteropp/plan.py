@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .schedules.registry import NAMES, params_error
+from .schedules.registry import NAMES, kind, params_error
 from .spec.errors import SpecError
 
 SCHEDULES = NAMES  # every registered schedule (heteropp/schedules/registry.py)
@@ -96,8 +96,9 @@ class Plan:
         """Model chunks per group of chips: `schedule_params.chunks` under the interleaved schedule, else 1.
         Then `stages` lists the p * chunks virtual stages in pipeline order and virtual stage i runs on the
         chips of stage i % p (the first p entries name them)."""
-        c = self.schedule_params.get("chunks", 1) if isinstance(self.schedule_params, dict) else 1
-        return c if _is_int(c) and c >= 1 and self.schedule == "interleaved" else 1
+        if self.schedule not in SCHEDULES or not isinstance(self.schedule_params, dict):
+            return 1  # malformed: validate() says so
+        return kind(self.schedule).chunks(self.schedule_params)
 
     @property
     def devices(self) -> int:

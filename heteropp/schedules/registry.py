@@ -10,7 +10,7 @@ so holds that many plus one micro-batches' activations at its peak.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .actions import Schedule, ScheduleError
@@ -22,6 +22,10 @@ Params = Mapping[str, Any]
 def _warmups(p: int, params: Params) -> list[int]:
     extra = list(params.get("extra_warmup") or [0] * max(p - 1, 0))
     return [sum(1 + x for x in extra[s:]) for s in range(p)]
+
+
+def _interleaved_in_flight(k: int, p: int, b: int, v: int) -> int:
+    return math.ceil(min((p - k - 1) * 2 + (v - 1) * p + 1, b * v) / v)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,17 @@ class ScheduleKind:
     round_trip_span: Callable[[int, int, int, Params], int] | None = None
     # every stage runs all its forwards before any backward: fill and drain are two whole passes
     whole_passes: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # a parameter's value where a plan omits it
+
+    def param(self, params: Params, name: str) -> Any:
+        """`name` from `params`, else this schedule's default for it."""
+        return params[name] if name in params else self.defaults[name]
+
+    def chunks(self, params: Params) -> int:
+        """Model chunks per group of chips (virtual stages per stage): 1 unless the schedule interleaves (or
+        its value is malformed, which params_error reports)."""
+        c = self.param(params, "chunks") if "chunks" in self.params else 1
+        return c if isinstance(c, int) and not isinstance(c, bool) and c >= 1 else 1
 
 
 REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
@@ -53,10 +68,9 @@ REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
                  lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b", alternates=True),
     # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up
     # micro-steps plus one over v
-    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", 2)),
-                 lambda k, p, b, q: math.ceil(min((p - k - 1) * 2 + (q.get("chunks", 2) - 1) * p + 1,
-                                                  b * q.get("chunks", 2)) / q.get("chunks", 2)),
-                 False, ("chunks",)),
+    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", 1)),
+                 lambda k, p, b, q: _interleaved_in_flight(k, p, b, q.get("chunks", 1)),
+                 False, ("chunks",), "1f1b", defaults={"chunks": 1}),
 )}
 NAMES = tuple(REGISTRY)
 

@@ -9,8 +9,7 @@ from ..schedules.registry import REGISTRY
 from .io import Fields, load_mapping
 
 # The registered schedules the planner can plan for: parameter-free ones, and those it searches as another
-# (H-1F1B, whose parameters the plan then derives: heteropp/auto/planning.py). Interleaved 1F1B needs a
-# plan of virtual stages, which the planner does not write.
+# (H-1F1B and interleaved 1F1B, whose parameters the plan then derives: heteropp/auto/planning.py).
 SCHEDULES = tuple(n for n, k in REGISTRY.items() if not k.params or k.searched_as)
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
