@@ -239,7 +239,12 @@ class Plan:
             raise SpecError(source, sorted(extra)[0], "unknown field", "one of " + ", ".join(sorted(top)))
         kw = {k: v for k, v in data.items() if k not in ("stages", "chips_used")}
         kw.setdefault("micro_batch_size", 1)
-        return cls(stages=stages, **kw).validate(source)
+        plan = cls(stages=stages, **kw).validate(source)
+        if "chips_used" in data and data["chips_used"] != plan.chips_used():
+            # written by to_dict from the stages: a different value means one of them was edited
+            raise SpecError(source, "chips_used", f"got {data['chips_used']!r}",
+                            f"the chips the stages use, {plan.chips_used()!r} (or leave the field out)")
+        return plan
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

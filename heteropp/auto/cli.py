@@ -10,6 +10,7 @@ import time
 from ..argtypes import positive
 from ..plan import SCHEDULES, Plan
 from ..spec import InfeasibleError, SpecError
+from .limits import IDLE_MODES
 
 log = logging.getLogger("heteroauto")
 
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the best-first search may take before it returns its best plan and a bound")
     p.add_argument(
         "--idle",
-        choices=("auto", "never", "always"),
+        choices=IDLE_MODES,
         default="auto",
         help="plans that leave chips idle: when no plan uses every chip or the search was bounded (auto), never, "
         "or also",

@@ -24,6 +24,7 @@ class Limits:
     max_groups: int = 16  # groups per chip type in the two-stage refinement
 
 
+IDLE_MODES = ("auto", "never", "always")  # when plans that leave chips idle are searched (search_auto)
 DEFAULT_LIMITS = Limits()  # one shared instance as the default argument (Limits is frozen)
 
 

@@ -32,7 +32,7 @@ from .infeasible import explain_infeasible
 from .inner_dp import with_inner_dp
 from .levels import bound_parts, lower_bound
 from .idle import search_idle
-from .limits import DEFAULT_LIMITS, Limits, relaxed_bound, trim_choices, type_orders
+from .limits import DEFAULT_LIMITS, IDLE_MODES, Limits, relaxed_bound, trim_choices, type_orders
 from .space import dp_candidates, tp_counts, tp_sizes
 from .split import best_split
 from .stageopts import stage_opts
@@ -60,7 +60,6 @@ RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the 
 RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
 RERANK_KEEP = 8
 RERANK_SIMS = 5  # simulations at most: the best, h2's sharding of it, the next few by the model
-IDLE_MODES = ("auto", "never", "always")  # when plans that leave chips idle are searched (search_auto)
 RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
 
 

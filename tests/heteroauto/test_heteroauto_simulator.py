@@ -93,3 +93,12 @@ def test_memory_hand_calculation():
     assert cm.evaluate([StageSpec("X", 1, 2, False)] * 4, 2, 4).stage_memory_bytes[1] == pytest.approx(
         2 * (1.0e9 + 3e9)
     )
+
+
+@pytest.mark.parametrize("which", ["boundary_s", "latency_s"])
+def test_a_per_boundary_list_of_the_wrong_length_is_a_clear_error(which):
+    st = [StageTimes(1.0, 2.0, 0.0, 0.0)] * 3
+    lists = {"boundary_s": [0.0, 0.0], "latency_s": [0.0, 0.0]}
+    lists[which] = [0.0]  # three stages have two boundaries
+    with pytest.raises(ValueError, match=rf"{which}: 1 values for the 2 boundaries between 3 stages"):
+        simulate(st, lists["boundary_s"], 4, "1f1b", latency_s=lists["latency_s"])
