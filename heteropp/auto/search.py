@@ -212,7 +212,10 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
-    items = [with_inner_dp(cm, c) for c in items]  # per-stage data parallelism on the kept plans
+    # per-stage data parallelism on the kept plans; a plan it improves may overtake the ones before it
+    split_rows = [with_inner_dp(cm, c) for c in items]
+    if any(a is not c for a, c in zip(split_rows, items)):
+        items = sorted(split_rows, key=lambda c: c.time_s)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
         try:
