@@ -99,3 +99,15 @@ def test_estimate_brackets_the_simulator_across_schedules_and_micro_batch_counts
             worst = [min(worst[0], est / sim - 1), max(worst[1], est / sim - 1)]
             assert -under <= est / sim - 1 <= over, (schedule, b, stages, est, sim)
     assert worst[0] < 0 or worst[1] > 0  # the plans are not all trivially exact
+
+
+def test_estimate_benchmark_reports_every_schedule_and_range():
+    """Smoke run of bench/heteroauto_estimate.py (docs/benchmarks.md's table): every schedule and range,
+    worst errors on either side of zero and inside this file's BOUNDS."""
+    from bench.heteroauto_estimate import RANGES, SCHEDULES, measure
+    got = measure(plans=3, seed=0)
+    assert set(got) == {f"{s} {r}" for s in SCHEDULES for r in RANGES}
+    for key, v in got.items():
+        sched, label = key.split()
+        under, over = BOUNDS[sched][0 if label == "2-8" else 1]
+        assert -under <= v["under"] <= 0 <= v["over"] <= over, (key, v)
