@@ -221,14 +221,26 @@ class CostModel:
 
     @staticmethod
     def pass_term(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
-                  spans: list[int]) -> tuple[float, str]:
+                  spans: list[int], wrap: tuple[int, float, float] | None = None) -> tuple[float, str]:
         """Fill and drain as flow shops of whole passes, a bound the steady-state terms miss at few
         micro-batches. b forwards cross stages and links like identical jobs through a flow shop: one job's
         stage and link times (latency included) plus (b - 1) times the slowest of them. After its last
         forward, stage j still runs spans[j] backwards (its warm-up plus one; all b under GPipe), and each
         must cross every stage and link down to stage 0: a second flow shop. Likewise the first forward's
         chain before a flow shop of all b backwards. `bs`: the backward on the critical chain (the input
-        gradient where weight gradients are deferred)."""
+        gradient where weight gradients are deferred). `wrap` = (v, e, latency): an interleaved pass, whose
+        job crosses every boundary v times and the link from the last stage back to the first v - 1 times
+        (the stages' times are per pass, all chunks together): one whole-pipeline flow shop each way."""
+        if wrap is not None:
+            v, e_w, lat_w = wrap
+            path = v * sum(e + x for e, x in zip(es, lats)) + (v - 1) * (e_w + lat_w)
+            slowest_link = max([v * e for e in es] + [(v - 1) * e_w])
+            all_f = sum(fs) + path + (b - 1) * max(max(fs), slowest_link)
+            all_b = sum(bs) + path + (b - 1) * max(max(bs), slowest_link)
+            one_f, one_b = sum(fs) + path, sum(bs) + path
+            if all_f + one_b >= one_f + all_b:
+                return all_f + one_b, "interleaved forward passes"
+            return one_f + all_b, "interleaved backward passes"
         hop = [e + x for e, x in zip(es, lats)]
         best, where = -math.inf, ""
         for j in range(len(fs)):
@@ -275,16 +287,23 @@ class CostModel:
         ]
         gaps = self.drain_gaps([(s.chip, s.tp) for s in stages], dp, schedule)
         lats = [self.latency(a.chip, c.chip) for a, c in zip(stages, stages[1:])]
-        link_own = [b * e - 2 * e for e in es]
-        fill = sum(beta) + 2 * sum(es) + 2 * sum(lats)  # latency is pipelined: it only adds to fill and drain
+        sk = kind(schedule)
+        v = sk.chunks(params or {})
+        wrap = None
+        if v > 1:  # interleaved: a micro-batch crosses each boundary v times, the last stage -> first v - 1 times
+            a, c = stages[-1], stages[0]
+            wrap = (v, self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp),
+                    self.latency(a.chip, c.chip))
+        link_own = [b * v * e - 2 * e for e in es] + ([b * (v - 1) * wrap[1] - 2 * wrap[1]] if wrap else [])
+        # latency is pipelined: it only adds to fill and drain
+        fill = sum(beta) + 2 * v * (sum(es) + sum(lats)) + (2 * (v - 1) * (wrap[1] + wrap[2]) if wrap else 0.0)
         upd_term = max(u - d for u, d in zip(us, gaps))
         ks = max(range(p), key=lambda k: own[k])
         if link_own and max(link_own) > own[ks]:
-            j = max(range(p - 1), key=lambda j: link_own[j])
-            top, where = link_own[j], f"link {j}->{j + 1}"
+            j = max(range(len(link_own)), key=lambda j: link_own[j])
+            top, where = link_own[j], f"link {j}->{(j + 1) % p}"
         else:
             top, where = own[ks], f"stage {ks}"
-        sk = kind(schedule)
         span = sk.round_trip_span
         spans = [span(k, p, b, params or {}) for k in range(p)] if span is not None else ns
         if round_trips and sk.alternates:
@@ -292,7 +311,7 @@ class CostModel:
             if rt > top:
                 top, where = rt, rt_where
         if round_trips:
-            pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans)
+            pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans, wrap)
             if pt > top + fill:
                 top, where = pt - fill, pt_where
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,
