@@ -24,6 +24,9 @@ def _warmups(p: int, params: Params) -> list[int]:
     return [sum(1 + x for x in extra[s:]) for s in range(p)]
 
 
+INTERLEAVED_CHUNKS = 1  # interleaved 1F1B's chunks where a plan omits them (Plan.chunks reads it through defaults)
+
+
 def _interleaved_in_flight(k: int, p: int, b: int, v: int) -> int:
     return math.ceil(min((p - k - 1) * 2 + (v - 1) * p + 1, b * v) / v)
 
@@ -39,8 +42,8 @@ class ScheduleKind:
     # after its warm-up a stage alternates one forward and one whole backward, so its next forward waits for a
     # backward to come back (the cost model's round-trip cycles)
     alternates: bool = False
-    # micro-batches that stage k sends before its first forward must wait for a backward (warm-up plus one);
-    # None: the in-flight count (they differ where deferred weight passes hold activations longer)
+    # how many forwards stage k runs before one of them must wait for a backward (warm-up plus one); None:
+    # the in-flight count (they differ where deferred weight passes hold activations longer)
     round_trip_span: Callable[[int, int, int, Params], int] | None = None
     # every stage runs all its forwards before any backward: fill and drain are two whole passes
     whole_passes: bool = False
@@ -68,9 +71,9 @@ REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
                  lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b", alternates=True),
     # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up
     # micro-steps plus one over v
-    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", 1)),
-                 lambda k, p, b, q: _interleaved_in_flight(k, p, b, q.get("chunks", 1)),
-                 False, ("chunks",), "1f1b", defaults={"chunks": 1}),
+    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", INTERLEAVED_CHUNKS)),
+                 lambda k, p, b, q: _interleaved_in_flight(k, p, b, q.get("chunks", INTERLEAVED_CHUNKS)),
+                 False, ("chunks",), "1f1b", defaults={"chunks": INTERLEAVED_CHUNKS}),
 )}
 NAMES = tuple(REGISTRY)
 
@@ -87,8 +90,10 @@ def build(name: str, p: int, m: int, params: Params | None = None) -> Schedule:
 
 
 def missing_params(name: str, params: Params) -> list[str]:
-    """The parameters schedule `name` takes that `params` lacks (a run or a simulation needs them all)."""
-    return [n for n in kind(name).params if n not in params]
+    """The parameters schedule `name` takes, has no default for, and `params` lacks (a run or a simulation
+    needs them all)."""
+    k = kind(name)
+    return [n for n in k.params if n not in params and n not in k.defaults]
 
 
 def params_error(name: str, params: Any, stages: int) -> str | None:

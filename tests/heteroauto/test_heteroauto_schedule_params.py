@@ -101,3 +101,17 @@ def test_engine_trains_the_planned_interleaved_plan_to_the_reference():
     assert plan.chunks == 2
     res = launch(config(plan, ("interleaved",)))
     check_losses(losses(res, "interleaved"), reference(plan.global_batch)["losses"], "interleaved")
+
+
+def test_interleaved_chunks_have_one_default_for_plan_simulator_and_run():
+    """A plan that names interleaved 1F1B without chunks: the plan, the generator, the in-flight counts and
+    the simulator all take the registry's one default (the plan and the registry once disagreed: 1 and 2)."""
+    from heteropp.plan import StagePlan
+    from heteropp.schedules import missing_params
+    pb = _interleaving_problem()
+    stages = [StagePlan("A", 1, 2), StagePlan("B", 1, 2)]
+    bare = Plan(stages, dp=1, micro_batch_size=1, micro_batches=4, schedule="interleaved")
+    explicit = Plan(stages, dp=1, micro_batch_size=1, micro_batches=4, schedule="interleaved",
+                    schedule_params={"chunks": kind("interleaved").defaults["chunks"]})
+    assert bare.chunks == explicit.chunks == 1 and not missing_params("interleaved", {})
+    assert simulate_plan(pb.cm, bare).iteration_time_s == simulate_plan(pb.cm, explicit).iteration_time_s
