@@ -87,12 +87,20 @@ def run_scale(repeats: int) -> list[dict]:
         runs = [json.loads(subprocess.run([sys.executable, "-c", _SCALE_CHILD, f.name, train], check=True,
                                           capture_output=True, text=True).stdout) for _ in range(repeats)]
         Path(f.name).unlink()
-        r = {**runs[-1], "cluster": label, "chips": sum(counts), "search_s": statistics.median(x["search_s"] for x in runs),
-             "peak_rss_mib": max(x["peak_rss_mib"] for x in runs)}
+        r = {
+            **runs[-1],
+            "cluster": label,
+            "chips": sum(counts),
+            "search_s": statistics.median(x["search_s"] for x in runs),
+            "peak_rss_mib": max(x["peak_rss_mib"] for x in runs),
+        }
         rows.append(r)
         bound = "-" if r["lower_bound_s"] is None else f"{r['lower_bound_s']:.3f}"
-        print(f"{label:>12} | {r['search_s']:>8.3f} {r['peak_rss_mib']:>8.0f} | {r['iteration_s']:>8.3f} {bound:>8} | "
-              f"{r['dp']:>4} {r['stages']:>6} {r['chips_used']:>14,} | {'; '.join(r['bounded']) or 'exact'}", flush=True)
+        print(
+            f"{label:>12} | {r['search_s']:>8.3f} {r['peak_rss_mib']:>8.0f} | {r['iteration_s']:>8.3f} {bound:>8} | "
+            f"{r['dp']:>4} {r['stages']:>6} {r['chips_used']:>14,} | {'; '.join(r['bounded']) or 'exact'}",
+            flush=True,
+        )
     return rows
 
 
@@ -144,7 +152,9 @@ def run(exp: str, repeats: int, eff: dict[str, float] | None) -> dict:
         r = {"search_s": statistics.median(times), "iteration_s": best.time_s, "simulated_s": sim, "dp": best.dp,
              "stages": [[s.chip, s.tp, s.layers, s.recompute] for s in best.stages], "tgs": tgs(cm, sim)}
         if all(c.name in TABLE6_TGS for c in cm.cluster.chips):
-            r["hetero_speedup_ratio"] = cm.cluster.total_chips * r["tgs"] / sum(c.count * TABLE6_TGS[c.name] for c in cm.cluster.chips)
+            r["hetero_speedup_ratio"] = (
+                cm.cluster.total_chips * r["tgs"] / sum(c.count * TABLE6_TGS[c.name] for c in cm.cluster.chips)
+            )
         row[algo] = r
     u = uniform_1f1b(cm)  # the ablation baseline, best over dp, TP size and type order by simulation
     if u is not None:
@@ -178,11 +188,15 @@ def main(argv: list[str] | None = None) -> int:
         r = run(exp, a.repeats, eff)
         rows.append(r)
         f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
-        print(f"{exp:>8} | {r['h2']['search_s']:>9.3f} {r['auto']['search_s']:>11.3f} {f(r['paper_search_s'], '>6.2f')} | "
-              f"{r['h2']['simulated_s']:>9.3f} {r['auto']['simulated_s']:>10.3f} | "
-              f"{f(r['h2'].get('hetero_speedup_ratio'), '>8.3f')} {f(r['auto'].get('hetero_speedup_ratio'), '>10.3f')} "
-              f"{f(r['paper_ratio'], '>6.3f')} | {f(r.get('uniform_1f1b', {}).get('relative_to_auto'), '>12.3f')} "
-              f"{f(r['paper_uniform_relative'], '>6.3f')}", flush=True)
+        print(
+            f"{exp:>8} | {r['h2']['search_s']:>9.3f} {r['auto']['search_s']:>11.3f} "
+            f"{f(r['paper_search_s'], '>6.2f')} | "
+            f"{r['h2']['simulated_s']:>9.3f} {r['auto']['simulated_s']:>10.3f} | "
+            f"{f(r['h2'].get('hetero_speedup_ratio'), '>8.3f')} {f(r['auto'].get('hetero_speedup_ratio'), '>10.3f')} "
+            f"{f(r['paper_ratio'], '>6.3f')} | {f(r.get('uniform_1f1b', {}).get('relative_to_auto'), '>12.3f')} "
+            f"{f(r['paper_uniform_relative'], '>6.3f')}",
+            flush=True,
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"efficiency": eff, "rows": rows}, indent=2) + "\n")
     return 0

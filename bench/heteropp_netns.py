@@ -1,5 +1,5 @@
-"""Two emulated clusters on this machine (tests and benchmarks): one network namespace per cluster, joined by a veth pair whose
-both ends are shaped with `tc` (token bucket: the cross-cluster link's rate). Ranks run inside their
+"""Two emulated clusters on this machine (tests and benchmarks): one network namespace per cluster, joined by a
+veth pair whose both ends are shaped with `tc` (token bucket: the cross-cluster link's rate). Ranks run inside their
 cluster's namespace (`ip netns exec`), so the only traffic between clusters crosses that link, on
 addresses of namespaces created here. Needs root, `ip` and `tc`; `two_clusters` raises Unavailable with
 the reason otherwise. Delay shaping (netem) is used when the kernel has it."""

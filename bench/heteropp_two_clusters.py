@@ -85,15 +85,28 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
         plan = to_plan(pb, run_search(pb, idle="always").best, None, "auto")  # B may stay idle
         stages = plan_stages(plan)
         params = schedule_params(priced_cm, stages, plan.dp, "h1f1b")
-        sim = {s: simulate_stages(priced_cm, stages, plan.dp, s, params=params if s == "h1f1b" else None).iteration_time_s
-               for s in ("1f1b", "h1f1b")}
+        sim = {
+            s: simulate_stages(priced_cm, stages, plan.dp, s, params=params if s == "h1f1b" else None).iteration_time_s
+            for s in ("1f1b", "h1f1b")
+        }
         plan.schedule, plan.schedule_params = "h1f1b", params
-        cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(MODEL), steps=a.steps, schedules=["1f1b", "h1f1b"],
-                        backend="gloo", chip_map={"A": "cpu", "B": "cpu"}, timeout_s=300)
+        cfg = RunConfig(
+            plan=plan.to_dict(),
+            model=RunConfig.model_dict(MODEL),
+            steps=a.steps,
+            schedules=["1f1b", "h1f1b"],
+            backend="gloo",
+            chip_map={"A": "cpu", "B": "cpu"},
+            timeout_s=300,
+        )
         tokens = plan.global_batch * MODEL.seq_len
         steps = run_across(tmp, cfg, clusters)
-        out[label] = {"plan": [asdict(s) for s in plan.stages], "dp": plan.dp, "simulated_s": sim,
-                      "measured_s": {n: statistics.median(tokens / x["tokens_per_s"] for x in v[1:]) for n, v in steps.items()}}
+        out[label] = {
+            "plan": [asdict(s) for s in plan.stages],
+            "dp": plan.dp,
+            "simulated_s": sim,
+            "measured_s": {n: statistics.median(tokens / x["tokens_per_s"] for x in v[1:]) for n, v in steps.items()},
+        }
         desc = " | ".join(f"{s.chip} tp{s.tp} x{s.layers}" for s in plan.stages)
         print(f"links {label:>7}: {desc}, dp {plan.dp}; " + ", ".join(
             f"{n} simulated {sim[n]:.3f} s measured {out[label]['measured_s'][n]:.3f} s" for n in sim), flush=True)

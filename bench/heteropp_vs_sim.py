@@ -132,12 +132,12 @@ def _get(q: mp.Queue, ps: list, timeout_s: float = 300.0) -> Any:
     while True:
         try:
             return q.get(timeout=1.0)
-        except queue.Empty:
+        except queue.Empty as empty:
             dead = [p.exitcode for p in ps if p.exitcode not in (None, 0)]
             if dead:
-                raise RuntimeError(f"a profiler process exited with code {dead[0]} before reporting")
+                raise RuntimeError(f"a profiler process exited with code {dead[0]} before reporting") from empty
             if time.monotonic() > deadline:
-                raise TimeoutError(f"profiler processes reported nothing within {timeout_s:.0f} s")
+                raise TimeoutError(f"profiler processes reported nothing within {timeout_s:.0f} s") from empty
 
 
 def _run_ranks(target, m: ModelSpec, procs: int, *args) -> list:

@@ -2,9 +2,10 @@
 
 Both pipelines live in the same two processes (2 stages, TP 1, dp 1, CPU) and start from the same weights
 (the engine's deterministic init builds both models). Iterations alternate ours/theirs, the order flipping
-every round, after warm-up (the table also gives the median of the per-round ratios); an iteration is one optimizer step (all micro-batches + AdamW), timed on every
-rank after a barrier on a separate gloo group, and its time is the slowest rank's. Phase `gloo`: ours over
-gloo against theirs over gloo; phase `dicomm`: ours over dicomm against theirs over gloo, in fresh processes.
+every round, after warm-up (the table also gives the median of the per-round ratios); an iteration is one
+optimizer step (all micro-batches + AdamW), timed on every rank after a barrier on a separate gloo group, and
+its time is the slowest rank's. Phase `gloo`: ours over gloo against theirs over gloo; phase
+`dicomm`: ours over dicomm against theirs over gloo, in fresh processes.
 
     python -m bench.heteropp_vs_torch [--iters 20] [--warmup 3] [--micro-batches 8] [--json FILE]
 """

@@ -126,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=at_least(1), default=10)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--lr", type=float, default=3e-3)
-        p.add_argument("--clip-grad", type=positive, help="clip gradients to this global L2 norm (default: no clipping)")
+        p.add_argument(
+            "--clip-grad", type=positive, help="clip gradients to this global L2 norm (default: no clipping)"
+        )
         p.add_argument("--loss-log", help="JSON lines {\"step\": n, \"loss\": x} (what `precision-diff loss` reads)")
 
     r = sub.add_parser("run", help="launch the plan's processes on this host and train")

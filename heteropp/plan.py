@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .schedules.registry import NAMES, params_error
+from .schedules.registry import NAMES, kind, params_error
 from .spec.errors import SpecError
 
 SCHEDULES = NAMES  # every registered schedule (heteropp/schedules/registry.py)
@@ -96,8 +96,9 @@ class Plan:
         """Model chunks per group of chips: `schedule_params.chunks` under the interleaved schedule, else 1.
         Then `stages` lists the p * chunks virtual stages in pipeline order and virtual stage i runs on the
         chips of stage i % p (the first p entries name them)."""
-        c = self.schedule_params.get("chunks", 1) if isinstance(self.schedule_params, dict) else 1
-        return c if _is_int(c) and c >= 1 and self.schedule == "interleaved" else 1
+        if self.schedule not in SCHEDULES or not isinstance(self.schedule_params, dict):
+            return 1  # malformed: validate() says so
+        return kind(self.schedule).chunks(self.schedule_params)
 
     @property
     def devices(self) -> int:
@@ -140,7 +141,11 @@ class Plan:
         (chips per type of the cluster the plan is for) against the chips the plan uses."""
         if not self.stages:
             raise SpecError(source, "stages", "empty", "at least one stage")
-        for name, v in (("dp", self.dp), ("micro_batch_size", self.micro_batch_size), ("micro_batches", self.micro_batches)):
+        for name, v in (
+            ("dp", self.dp),
+            ("micro_batch_size", self.micro_batch_size),
+            ("micro_batches", self.micro_batches),
+        ):
             if not _is_int(v) or v < 1:
                 raise SpecError(source, name, f"got {v!r}", "an integer >= 1")
         if self.version != PLAN_VERSION:
@@ -178,8 +183,8 @@ class Plan:
             if not _is_int(s.first_layer) or s.first_layer != expect:
                 raise SpecError(source, f"{p}.first_layer", f"got {s.first_layer}", f"{expect} (layers are contiguous)")
             expect += s.layers
-            if (why := tp_split_error(s.tp, heads, kv_heads, ffn, vocab)) is not None:
-                raise SpecError(source, f"{p}.tp", *why)
+            if (split_why := tp_split_error(s.tp, heads, kv_heads, ffn, vocab)) is not None:
+                raise SpecError(source, f"{p}.tp", *split_why)
         total = num_layers if num_layers is not None else self.num_layers
         if total is not None and expect != total:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")
@@ -224,7 +229,9 @@ class Plan:
                     raise SpecError(source, f"stages[{i}].{k}", "missing", "a value")
             extra = set(s) - allowed
             if extra:
-                raise SpecError(source, f"stages[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed)))
+                raise SpecError(
+                    source, f"stages[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed))
+                )
             stages.append(StagePlan(**s))
         top = {f for f in cls.__dataclass_fields__} | {"chips_used"}
         extra = set(data) - top
@@ -232,7 +239,12 @@ class Plan:
             raise SpecError(source, sorted(extra)[0], "unknown field", "one of " + ", ".join(sorted(top)))
         kw = {k: v for k, v in data.items() if k not in ("stages", "chips_used")}
         kw.setdefault("micro_batch_size", 1)
-        return cls(stages=stages, **kw).validate(source)
+        plan = cls(stages=stages, **kw).validate(source)
+        if "chips_used" in data and data["chips_used"] != plan.chips_used():
+            # written by to_dict from the stages: a different value means one of them was edited
+            raise SpecError(source, "chips_used", f"got {data['chips_used']!r}",
+                            f"the chips the stages use, {plan.chips_used()!r} (or leave the field out)")
+        return plan
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -41,6 +41,14 @@ def analytic_profile(cluster: Cluster, model: ModelSpec, train: TrainSpec,
             tps[t] = tp_profile(model, train, c.peak_tflops, eff, c.intra_node_bw, c.hbm_bw, t)
             t *= 2
         chips[c.name] = ChipProfile(tps)
-    return Profile(model=model.name, micro_batch_size=train.micro_batch_size, seq_len=model.seq_len,
-                   layer_params=model.layer_params, embed_params=model.embed_params, head_params=model.head_params,
-                   chips=chips, source="analytic", meta={"efficiency": {c.name: (efficiency or {}).get(c.name, c.efficiency) for c in cluster.chips}})
+    return Profile(
+        model=model.name,
+        micro_batch_size=train.micro_batch_size,
+        seq_len=model.seq_len,
+        layer_params=model.layer_params,
+        embed_params=model.embed_params,
+        head_params=model.head_params,
+        chips=chips,
+        source="analytic",
+        meta={"efficiency": {c.name: (efficiency or {}).get(c.name, c.efficiency) for c in cluster.chips}},
+    )

@@ -10,6 +10,7 @@ import time
 from ..argtypes import positive
 from ..plan import SCHEDULES, Plan
 from ..spec import InfeasibleError, SpecError
+from .limits import IDLE_MODES
 
 log = logging.getLogger("heteroauto")
 
@@ -128,8 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--time-budget", type=positive, default=3.0,
                    help="seconds the best-first search may take before it returns its best plan and a bound")
-    p.add_argument("--idle", choices=("auto", "never", "always"), default="auto",
-                   help="plans that leave chips idle: when no plan uses every chip or the search was bounded (auto), never, or also")
+    p.add_argument(
+        "--idle",
+        choices=IDLE_MODES,
+        default="auto",
+        help="plans that leave chips idle: when no plan uses every chip or the search was bounded (auto), never, "
+        "or also",
+    )
     p.set_defaults(fn=cmd_plan)
     s = sub.add_parser("simulate", help="discrete-event simulation of a plan")
     s.add_argument("plan")

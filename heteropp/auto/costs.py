@@ -13,6 +13,11 @@ least D_k = sum_{j<k} (one layer's backward of stage j + e_j) (every stage holds
 ZB-H1 D_k = 0. The paper adds u_k to stage k's own term only, max_k(b c_k + u_k + sum_{j != k} c_j), which
 under-counts a large update on a non-bottleneck stage. A boundary is a pipeline resource too: per
 direction it carries one activation (or gradient) per micro-batch and adds its latency to fill and drain.
+
+With `round_trips` (the estimate a plan reports; the search's objective leaves them out and so bounds it
+from below) two more lower bounds on F join the max: the round-trip cycles of schedules that alternate
+forwards and backwards (round_trip_term), and the whole passes through the pipeline as flow shops
+(pass_term), which is what fill and drain cost at few micro-batches (exact for GPipe).
 """
 from __future__ import annotations
 
@@ -136,7 +141,9 @@ class CostModel:
             params, t, tr = self.profile.embed_params / tp, pr.embed_s, 0.0
         else:
             params, t, tr = self.profile.head_params / tp, pr.head_s, pr.head_act_bytes
-        upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s * params / self._layer_params(tp) / (dp if zero1 else 1)
+        upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s * params / self._layer_params(tp) / (
+            dp if zero1 else 1
+        )
         return EndCoef(time=t, beta=t, upd=upd, static=params * self._static_per_param(dp, zero1), transient=tr)
 
     def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:
@@ -191,33 +198,73 @@ class CostModel:
             out.append(out[-1] + d)
         return out
 
-    def round_trip_term(self, cs: list[float], es: list[float], lats: list[float], ns: list[int], b: int) -> tuple[float, str]:
-        """1F1B's round trips: stage k sends forward n_k + x only after backward x returned, so stages
-        k..k' (k < k') repeat a cycle of their compute c_k + ... + c_k' and every boundary's transfer and
-        latency both ways per n_k - n_k' + 1 micro-batches; over the b - 1 after the first that is
-        (b - 1) x cycle / count. Where a boundary is slow next to fast stages this, not the link's bandwidth,
-        sets the pace. Only runs where stage k has a forward after a backward (b > n_k) have the cycle."""
+    def round_trip_term(self, cs: list[float], chain: list[float], es: list[float], lats: list[float],
+                        ns: list[int], b: int) -> tuple[float, str]:
+        """Round trips of schedules that alternate forwards and backwards: stage k sends forward n_k + x only
+        after backward x returned, so stages k..k' (k < k') repeat a cycle of stage k's compute c_k, the
+        chain's compute of k+1..k' (their fill/drain share: without deferred weight passes, which stay off
+        the cycle) and every boundary's transfer and latency both ways per n_k - n_k' + 1 micro-batches;
+        over the b - 1 after the first that is (b - 1) x cycle / count. Where a boundary is slow next to
+        fast stages this, not the link's bandwidth, sets the pace. Only runs where stage k has a forward
+        after a backward (b > n_k) have the cycle."""
         best, where = -math.inf, ""
         for k in range(len(cs) - 1):
             if b <= ns[k]:
                 continue
             cycle = cs[k]
             for j in range(k + 1, len(cs)):
-                cycle += cs[j] + 2 * (es[j - 1] + lats[j - 1])
+                cycle += chain[j] + 2 * (es[j - 1] + lats[j - 1])
                 t = (b - 1) * cycle / (ns[k] - ns[j] + 1)
                 if t > best:
                     best, where = t, f"round trip {k}->{j}"
         return best, where
 
+    @staticmethod
+    def pass_term(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
+                  spans: list[int], wrap: tuple[int, float, float] | None = None) -> tuple[float, str]:
+        """Fill and drain as flow shops of whole passes, a bound the steady-state terms miss at few
+        micro-batches. b forwards cross stages and links like identical jobs through a flow shop: one job's
+        stage and link times (latency included) plus (b - 1) times the slowest of them. After its last
+        forward, stage j still runs spans[j] backwards (its warm-up plus one; all b under GPipe), and each
+        must cross every stage and link down to stage 0: a second flow shop. Likewise the first forward's
+        chain before a flow shop of all b backwards. `bs`: the backward on the critical chain (the input
+        gradient where weight gradients are deferred). `wrap` = (v, e, latency): an interleaved pass, whose
+        job crosses every boundary v times and the link from the last stage back to the first v - 1 times
+        (the stages' times are per pass, all chunks together): one whole-pipeline flow shop each way."""
+        if wrap is not None:
+            v, e_w, lat_w = wrap
+            path = v * sum(e + x for e, x in zip(es, lats)) + (v - 1) * (e_w + lat_w)
+            slowest_link = max([v * e for e in es] + [(v - 1) * e_w])
+            all_f = sum(fs) + path + (b - 1) * max(max(fs), slowest_link)
+            all_b = sum(bs) + path + (b - 1) * max(max(bs), slowest_link)
+            one_f, one_b = sum(fs) + path, sum(bs) + path
+            if all_f + one_b >= one_f + all_b:
+                return all_f + one_b, "interleaved forward passes"
+            return one_f + all_b, "interleaved backward passes"
+        hop = [e + x for e, x in zip(es, lats)]
+        best, where = -math.inf, ""
+        for j in range(len(fs)):
+            all_f = sum(fs[:j + 1]) + sum(hop[:j]) + (b - 1) * max(fs[:j + 1] + es[:j])
+            n = min(spans[j], b)
+            back = sum(bs[:j + 1]) + sum(hop[:j]) + (n - 1) * max(bs[:j + 1] + es[:j])
+            if all_f + back > best:
+                best, where = all_f + back, f"passes through stage {j}"
+        all_b = sum(bs) + sum(hop) + (b - 1) * max(bs + es)
+        if sum(fs) + sum(hop) + all_b > best:
+            best, where = sum(fs) + sum(hop) + all_b, "backward pass"
+        return best, where
+
     def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
                  round_trips: bool = False, params: dict | None = None) -> Estimate:
-        """`round_trips`: also price the round-trip cycles of 1F1B and H-1F1B (round_trip_term), a max over
-        runs of stages that the search's layer split cannot take apart; without it the estimate bounds this
-        from below and is the search's objective. `params`: the schedule's (H-1F1B's extra warm-up), which
-        set the in-flight counts."""
+        """`round_trips`: also price the round-trip cycles of the schedules that alternate (round_trip_term)
+        and the whole passes (pass_term), maxima over runs of stages that the search's layer split cannot
+        take apart; without them the estimate bounds this from below and is the search's objective.
+        `params`: the schedule's (H-1F1B's extra warm-up), which set the in-flight counts."""
         schedule = schedule or self.train.schedule
         p = len(stages)
         own, beta, cs, us, mems, caps, ns = [], [], [], [], [], [], []
+        fs: list[float] = []  # per micro-batch: forward, and the backward on the critical chain (beta - forward)
+        bs: list[float] = []
         for k, s in enumerate(stages):
             # inner_dp replicas each compute 1 / inner_dp of every micro-batch and reduce over dp x inner_dp
             sdp, share = dp * s.inner_dp, 1.0 / s.inner_dp
@@ -228,26 +275,45 @@ class CostModel:
                     e = self.end(s.chip, s.tp, sdp, which)
                     t, bt, u = t + e.time * share, bt + e.beta * share, u + e.upd
             n = kind(schedule).in_flight(k, p, b, params or {})
+            f = (self.profile.get(s.chip, s.tp).fwd_s * s.layers + (self.end(s.chip, s.tp, sdp, "first").time / 3
+                 if k == 0 else 0.0) + (self.end(s.chip, s.tp, sdp, "last").time / 3 if k == p - 1 else 0.0)) * share
+            fs.append(f), bs.append(bt - f)
             cs.append(t), us.append(u), beta.append(bt), own.append(b * t - bt), ns.append(n)
             mems.append(self.memory(s.chip, s.tp, s.recompute, sdp, s.layers, n, k == 0, k == p - 1, share=share))
             caps.append(self._chip[s.chip].usable_bytes)
         # a boundary of inner_dp replicas spreads over inner_dp x tp NICs (as plan_sim.stage_times prices it)
-        es = [self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp) for a, c in zip(stages, stages[1:])]
+        es = [
+            self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp) for a, c in zip(stages, stages[1:])
+        ]
         gaps = self.drain_gaps([(s.chip, s.tp) for s in stages], dp, schedule)
         lats = [self.latency(a.chip, c.chip) for a, c in zip(stages, stages[1:])]
-        link_own = [b * e - 2 * e for e in es]
-        fill = sum(beta) + 2 * sum(es) + 2 * sum(lats)  # latency is pipelined: it only adds to fill and drain
+        sk = kind(schedule)
+        v = sk.chunks(params or {})
+        wrap = None
+        if v > 1:  # interleaved: a micro-batch crosses each boundary v times, the last stage -> first v - 1 times
+            a, c = stages[-1], stages[0]
+            wrap = (v, self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp),
+                    self.latency(a.chip, c.chip))
+        link_own = [b * v * e - 2 * e for e in es] + ([b * (v - 1) * wrap[1] - 2 * wrap[1]] if wrap else [])
+        # latency is pipelined: it only adds to fill and drain
+        fill = sum(beta) + 2 * v * (sum(es) + sum(lats)) + (2 * (v - 1) * (wrap[1] + wrap[2]) if wrap else 0.0)
         upd_term = max(u - d for u, d in zip(us, gaps))
         ks = max(range(p), key=lambda k: own[k])
         if link_own and max(link_own) > own[ks]:
-            j = max(range(p - 1), key=lambda j: link_own[j])
-            top, where = link_own[j], f"link {j}->{j + 1}"
+            j = max(range(len(link_own)), key=lambda j: link_own[j])
+            top, where = link_own[j], f"link {j}->{(j + 1) % p}"
         else:
             top, where = own[ks], f"stage {ks}"
-        if round_trips and kind(schedule).alternates:
-            rt, rt_where = self.round_trip_term(cs, es, lats, ns, b)
+        span = sk.round_trip_span
+        spans = [span(k, p, b, params or {}) for k in range(p)] if span is not None else ns
+        if round_trips and sk.alternates:
+            rt, rt_where = self.round_trip_term(cs, beta, es, lats, spans, b)
             if rt > top:
                 top, where = rt, rt_where
+        if round_trips:
+            pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans, wrap)
+            if pt > top + fill:
+                top, where = pt - fill, pt_where
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,
                         stage_memory_bytes=mems, stage_capacity_bytes=caps, in_flight=ns, boundary_s=es,
                         bottleneck=where, fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),

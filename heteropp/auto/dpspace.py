@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bounds import integral_level, water_level_many
+from ..schedules.registry import kind
 from .costs import CostModel, in_flight
 from .levels import Rows
 from .space import stage_tp_runs, tp_counts
@@ -55,6 +56,8 @@ class DpSpace:
         self._ends: dict = {}
         self._embv: np.ndarray | None = None
         self._nflight: dict = {}
+        self._runs: dict[int, np.ndarray] = {}
+        self.defers = kind(self.sched).defers_weight_grads  # weight passes off the drain chain (no drain gaps)
 
     def _tables(self) -> None:
         """Per-kind columns with a padding kind last (index len(kinds))."""
@@ -83,13 +86,16 @@ class DpSpace:
             self.seqs.append([kid[i, :n] for i, n in enumerate(lens)])
 
     # --- the cheap bound over all combinations --------------------------------------------------------
-    def _upto(self, kd: StageKind, x: int) -> float:
-        return float(kd.cum[min(x, self.b)]) + max(x - self.b, 0) * float(kd.mmax[self.b])
+    def _run_flight(self, s: int) -> np.ndarray:
+        """In-flight counts of a run of s stages at the end of an s-stage pipeline: the fewest any longer
+        pipeline gives them (the registry's counts do not fall as the pipeline grows or the run moves up)."""
+        got = self._runs.get(s)
+        if got is None:
+            got = self._runs[s] = np.array([in_flight(self.sched, s - r, s, self.b) for r in range(1, s + 1)])
+        return got
 
     def _cap_free(self, kd: StageKind, s: int) -> float:
-        if self.sched == "1f1b":
-            return self._upto(kd, s)
-        return s * float(kd.mmax[self.b if self.sched == "gpipe" else min(s, self.b)])
+        return float(kd.mmax[self._run_flight(s)].sum())
 
     def run_width(self) -> int:
         """The most runs of one TP size in any choice."""
@@ -157,17 +163,21 @@ class DpSpace:
         cols = real.any(axis=0)  # padding columns of every row carry nothing
         kid, rel, real = kid[:, cols], rel[:, cols], real[:, cols]
         p = real.sum(axis=1)
-        if self.sched == "1f1b":
-            n = np.minimum(rel, self.b)
-        else:  # GPipe: b everywhere; ZB-H1: min(p, b)
-            n = np.broadcast_to(np.minimum(p if self.sched == "zbh1" else self.b, self.b).reshape(-1, 1), kid.shape)
+        n = self._flight_grid(np.broadcast_to(p.reshape(-1, 1), kid.shape), rel)
         g = self._gather(kid, np.where(real, n, 0))
         # the largest drain gap any order could give (every other stage's one-layer backward and a boundary)
-        dmax = 0.0 if self.sched == "zbh1" else (np.where(real, self.BWD[kid], 0.0).sum(axis=1)
+        dmax = 0.0 if self.defers else (np.where(real, self.BWD[kid], 0.0).sum(axis=1)
                                                  + (p - 1) * float((self.emat() + self.lmat()).max()))
         zero = np.zeros(kid.shape)
         y0 = np.where(real, -np.broadcast_to(np.asarray(dmax, dtype=np.float64).reshape(-1, 1), kid.shape), 0.0)
         return Rows(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
+
+    def _flight_grid(self, p: np.ndarray, rel: np.ndarray) -> np.ndarray:
+        """The registry's in-flight count of the stage `rel` from the end of a `p`-stage pipeline, per cell
+        (evaluated once per distinct pair: a few dozen)."""
+        pairs, inverse = np.unique(np.stack([p.ravel(), np.maximum(rel, 1).ravel()]), axis=1, return_inverse=True)
+        vals = np.array([in_flight(self.sched, int(q - r), int(q), self.b) for q, r in pairs.T.tolist()])
+        return vals[inverse.ravel()].reshape(rel.shape)
 
     def _emb(self) -> np.ndarray:
         """The embedding's backward share of every kind (on the first stage's drain gap)."""
@@ -205,7 +215,7 @@ class DpSpace:
         for j, first, last in ((0, True, True),) if p == 1 else ((0, True, False), (p - 1, False, True)):
             a0[:, j], y0[:, j], g["m0"][:, j], g["m1"][:, j], b0 = self._end_cols(kid[:, j], int(n[j]), first, last)
             const += b0
-        if self.sched == "zbh1":
+        if self.defers:
             gaps = np.zeros((R, p))
         else:
             step = self.BWD[kid[:, :-1]] + e + self.lmat()[kid[:, :-1], kid[:, 1:]]

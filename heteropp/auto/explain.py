@@ -9,8 +9,10 @@ def table(plan: Plan) -> str:
     rows = [f"{'stage':>5} {'chip':>6} {'TP':>3} {'DP':>4} {'layers':>9} {'recomp':>6} {'time/mb s':>10} {'mem GB':>8}"]
     for i, s in enumerate(plan.stages):
         rng = f"{s.first_layer}-{s.first_layer + s.layers - 1}"
-        rows.append(f"{i:>5} {s.chip:>6} {s.tp:>3} {plan.dp:>4} {s.layers:>3} {rng:>5} {'yes' if s.recompute else 'no':>6} "
-                    f"{(s.est_time_s or 0):>10.4f} {(s.est_memory_gb or 0):>8.2f}")
+        rows.append(
+            f"{i:>5} {s.chip:>6} {s.tp:>3} {plan.dp:>4} {s.layers:>3} {rng:>5} {'yes' if s.recompute else 'no':>6} "
+            f"{(s.est_time_s or 0):>10.4f} {(s.est_memory_gb or 0):>8.2f}"
+        )
     rows.append(f"dp={plan.dp} micro-batches={plan.micro_batches} x {plan.micro_batch_size} schedule={plan.schedule} "
                 f"chips={plan.chips_used()}")
     model = plan.extra.get("model_estimate_s")
@@ -25,8 +27,10 @@ def explain(plan: Plan, result: SearchResult) -> str:
     lines = [f"bottleneck: {ex.get('bottleneck')} (fill and drain add {ex.get('fill_drain_s', 0):.4f} s)"]
     caps = ex.get("memory_capacity_gb", [])
     for i, (s, cap) in enumerate(zip(plan.stages, caps)):
-        lines.append(f"  stage {i}: {s.est_memory_gb:.2f} of {cap:.2f} GB usable, headroom {cap - s.est_memory_gb:.2f} GB, "
-                     f"holds {ex['in_flight'][i]} micro-batches")
+        lines.append(
+            f"  stage {i}: {s.est_memory_gb:.2f} of {cap:.2f} GB usable, headroom {cap - s.est_memory_gb:.2f} GB, "
+            f"holds {ex['in_flight'][i]} micro-batches"
+        )
     for i, e in enumerate(ex.get("boundary_s", [])):
         lines.append(f"  boundary {i}->{i + 1}: {e * 1e3:.2f} ms per activation")
     if result.runners_up:

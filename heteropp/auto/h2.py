@@ -43,7 +43,7 @@ def _shard_layers(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bo
         return None
     w = [s / tau for s, tau in zip(spps, taus)]
     ls = [min(c, max(s, round(L * x / sum(w)))) for c, s, x in zip(caps, spps, w)]
-    stage_t = lambda i, l: math.ceil(l / spps[i]) * taus[i]  # noqa: E731
+    stage_t = lambda i, nl: math.ceil(nl / spps[i]) * taus[i]  # noqa: E731
     while sum(ls) > L:
         i = max((i for i in range(len(ls)) if ls[i] > spps[i]), key=lambda i: stage_t(i, ls[i]))
         ls[i] -= 1
@@ -59,9 +59,9 @@ def _shard_layers(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bo
 def _h2_cost(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bool], spps: list[int],
              ls: list[int], dp: int, b: int) -> float:
     comp, upd = [], []
-    for e, t, r, s, l in zip(ents, tps, rs, spps, ls):
+    for e, t, r, s, nl in zip(ents, tps, rs, spps, ls):
         c = cm.coef(e.chip, t, r, dp)
-        per = math.ceil(l / s)
+        per = math.ceil(nl / s)
         comp.append(per * c.tau)
         upd.append(per * c.upd)
     total = sum(s * c for s, c in zip(spps, comp))
@@ -80,10 +80,9 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
             progress(f"h2: dp={dp} ({di + 1}/{len(dps)})")
         if any(e.chips % dp for e in ents):
             continue
-        tps: list[int] = []
-        rs: list[bool] = []
-
-        def rec(i: int) -> None:
+        # the closure is called only within this iteration, so binding dp, b, tps, rs as arguments is for
+        # clarity, not correctness
+        def rec(i: int, dp: int, b: int, tps: list[int], rs: list[bool]) -> None:
             nonlocal evaluated
             if i == len(ents):
                 evaluated += 1
@@ -100,10 +99,10 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                 same = [rs[j] for j in range(i) if ents[j].chip == e.chip] if tie_recompute is not None else []
                 for r in ([same[0]] if same else [False, True]):
                     tps.append(t), rs.append(r)
-                    rec(i + 1)
+                    rec(i + 1, dp, b, tps, rs)
                     tps.pop(), rs.pop()
 
-        rec(0)
+        rec(0, dp, b, [], [])
     found.sort(key=lambda x: x[0])
     return found, evaluated
 
@@ -111,8 +110,8 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
 def _to_stages(ents: list[Entity], cfg: list) -> list[StageSpec]:
     tps, rs, spps, ls = cfg
     out = []
-    for e, t, r, s, l in zip(ents, tps, rs, spps, ls):
-        base, extra = divmod(l, s)
+    for e, t, r, s, nl in zip(ents, tps, rs, spps, ls):
+        base, extra = divmod(nl, s)
         # the extra layers go to the later stages, which hold fewer micro-batches under 1F1B
         out += [StageSpec(e.chip, t, base + (1 if k >= s - extra else 0), r) for k in range(s)]
     return out

@@ -18,7 +18,7 @@ import time
 from ..spec import InfeasibleError
 from .costs import CostModel, StageSpec, micro_batches
 from .inner_dp import with_inner_dp
-from .limits import Limits, relaxed_bound
+from .limits import DEFAULT_LIMITS, Limits, relaxed_bound
 from .candidates import Candidate, Progress, SearchResult
 from .stageopts import stage_opts
 from .space import divisors, tp_counts, tp_sizes
@@ -44,7 +44,7 @@ def _share(caps: list[int], rates: list[float], depth: int, fastest_first: bool)
     return out
 
 
-def search_idle(cm: CostModel, limits: Limits = Limits(), progress: Progress | None = None,
+def search_idle(cm: CostModel, limits: Limits = DEFAULT_LIMITS, progress: Progress | None = None,
                 runners_up: int = 3) -> SearchResult:
     t0 = time.perf_counter()
     L, counts = cm.model.layers, tp_counts(cm.model)

@@ -229,8 +229,8 @@ def _segments(r: Rows, ps: Pass, z0: np.ndarray, f_inf: np.ndarray, best: float,
             rows, seg, sb, lam, tail, pa = rows[keep], seg[:, keep], sb[keep], lam[keep], tail[keep], pa.take(keep)
         at = np.arange(len(rows))
         j = sb.argmin(axis=1)
-        l, h, fhj = seg[:, at, j]
-        m = (l + h) / 2
+        lo, h, fhj = seg[:, at, j]
+        m = (lo + h) / 2
         # F(m) is F(h) wherever no stage's cap changes in between (nearly half the halvings): the same
         # caps give the same value
         mh = np.empty((len(m), 2))  # not np.stack: its Python overhead counts in this loop
@@ -241,7 +241,7 @@ def _segments(r: Rows, ps: Pass, z0: np.ndarray, f_inf: np.ndarray, best: float,
             fm = fhj
         else:
             fm = np.where(same, fhj, pa.rest(caps[:, :1], same[:, None])[:, 0])
-        # [l, m) is bounded by F(m); [m, h) keeps F(h)
+        # [lo, m) is bounded by F(m); [m, h) keeps F(h)
         seg[:, :, w] = m, h, fhj
         seg[1:, at, j] = m, fm
     else:
@@ -260,7 +260,9 @@ def bound_parts(parts: list[Rows], L: int, best: float, refine: int = REFINE) ->
     by_w = sorted(range(len(parts)), key=lambda i: -parts[i].a.shape[1])
     groups: list[list[int]] = []
     for i in by_w:
-        if groups and (parts[groups[-1][0]].a.shape[1] - parts[i].a.shape[1]) * len(parts[i].lam) <= WASTE * (1 + refine):
+        if groups and (parts[groups[-1][0]].a.shape[1] - parts[i].a.shape[1]) * len(parts[i].lam) <= WASTE * (
+            1 + refine
+        ):
             groups[-1].append(i)
         else:
             groups.append([i])

@@ -24,6 +24,10 @@ class Limits:
     max_groups: int = 16  # groups per chip type in the two-stage refinement
 
 
+IDLE_MODES = ("auto", "never", "always")  # when plans that leave chips idle are searched (search_auto)
+DEFAULT_LIMITS = Limits()  # one shared instance as the default argument (Limits is frozen)
+
+
 def type_orders(memory: list[float], limit: int) -> tuple[list[tuple[int, ...]], bool]:
     """Every order of the chip types when there are at most `limit`, else (bounded) the memory-descending
     order of `memory` first, then the orders one adjacent swap, then two, away from it."""

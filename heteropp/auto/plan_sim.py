@@ -55,7 +55,7 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
     sched: str | list = name
     if kind(name).params:
         params = params or schedule_params(cm, stages, dp, name)
-        sched = build(name, len(stages) // params.get("chunks", 1), b, params)
+        sched = build(name, len(stages) // kind(name).chunks(params), b, params)
     return simulate(st, es, b, sched, keep_timeline, limit, latencies(cm, stages))
 
 

@@ -1,14 +1,15 @@
 """Load inputs, run a search, and turn its result into the shared Plan schema."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..plan import Plan, StagePlan
-from ..spec import Cluster, ModelSpec, TrainSpec, load_cluster, load_model, load_train
+from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec, load_cluster, load_model, load_train
 from ..schedules import kind
 from .analytic import analytic_profile
-from .costs import CostModel, micro_batches
-from .limits import Limits
+from .costs import CostModel, StageSpec, micro_batches
+from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
 from .candidates import Candidate, Progress, SearchResult
 from .search import search_auto
@@ -31,7 +32,7 @@ def load_problem(cluster: str, model: str, train: str, profile: str | None = Non
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
-               limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
+               limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         return search_h2(pb.cm, group_size, progress=progress)
@@ -43,26 +44,28 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
 def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str,
             result: SearchResult | None = None) -> Plan:
     """The plan of `cand`; with the search's `result`, extra["search"] says whether it was exact or which
-    limits bounded it, and the lower bound on every plan then."""
+    limits bounded it, and the lower bound on every plan then. A schedule that takes parameters gets them
+    chosen here, by simulating each option (choose_params)."""
     from .plan_sim import simulate_stages
     b = micro_batches(pb.train, cand.dp)
-    params = warmup_within_memory(pb, cand)[0] if kind(pb.train.schedule).params else {}
+    params, written = choose_params(pb, cand)
     est = pb.cm.evaluate(cand.stages, cand.dp, b, pb.train.schedule, round_trips=True, params=params)
-    memory = est.stage_memory_bytes
     # the plan states the simulator's time; the cost model's, with 1F1B's round trips priced (the search
     # ranks without them), stays in extra["model_estimate_s"]
-    sim = simulate_stages(pb.cm, cand.stages, cand.dp, pb.train.schedule, params=params).iteration_time_s
+    sim = simulate_stages(pb.cm, written, cand.dp, pb.train.schedule, params=params).iteration_time_s
+    p = len(cand.stages)
+    # a virtual stage (interleaved) reports its share of its group's time and the group's memory
     stages = [StagePlan(chip=s.chip, tp=s.tp, layers=s.layers, recompute=s.recompute, inner_dp=s.inner_dp,
-                        est_time_s=round(t, 6), est_memory_gb=round(mem / 1e9, 3))
-              for s, t, mem in zip(cand.stages, est.stage_time_s, memory)]
+                        est_time_s=round(est.stage_time_s[i % p] * s.layers / cand.stages[i % p].layers, 6),
+                        est_memory_gb=round(est.stage_memory_bytes[i % p] / 1e9, 3))
+              for i, s in enumerate(written)]
     return Plan(stages=stages, dp=cand.dp, micro_batch_size=pb.train.micro_batch_size, micro_batches=b,
                 schedule=pb.train.schedule, schedule_params=params, model=pb.model.name, num_layers=pb.model.layers,
                 iteration_time_s=sim, search_time_s=search_time_s, algo=algo,
                 extra={"model_estimate_s": est.iteration_time_s, "bottleneck": est.bottleneck,
                        "fill_drain_s": est.fill_drain_s,
                        "boundary_s": est.boundary_s,
-                       "in_flight": [kind(pb.train.schedule).in_flight(k, len(cand.stages), b, params)
-                                     for k in range(len(cand.stages))],
+                       "in_flight": [kind(pb.train.schedule).in_flight(k, p, b, params) for k in range(p)],
                        "memory_capacity_gb": [c / 1e9 for c in est.stage_capacity_bytes],
                        "tokens_per_chip_s": pb.train.global_batch * pb.model.seq_len
                        / (sim * pb.cluster.total_chips),
@@ -70,17 +73,73 @@ def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str
                                       "lower_bound_s": result.lower_bound_s}} if result else {})})
 
 
-def warmup_within_memory(pb: Problem, cand: Candidate) -> tuple[dict, list[float]]:
-    """H-1F1B's parameters for the searched plan (HARP's extra warm-up per boundary from the costs), each
-    boundary's extra cut back, largest first, until every stage holds its in-flight activations within its
-    usable memory; and the stages' memory then."""
+WARMUP_SCALES = (0.0, 0.5, 1.0, 1.5, 2.0)  # H-1F1B options: HARP's extra warm-up per boundary times these
+MAX_CHUNKS = 4  # interleaved 1F1B options: 1 .. this many model chunks per stage
+
+
+def choose_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec]]:
+    """The parameters of the plan's schedule and the stages the plan lists (virtual stages when it
+    interleaves), the option the simulator finds fastest among those that fit in memory:
+    H-1F1B's extra warm-up as HARP's rule scaled by WARMUP_SCALES (0: plain 1F1B), each cut back to fit
+    (warmup_within_memory); interleaved 1F1B's chunks from 1 to MAX_CHUNKS, where every stage holds a layer
+    per chunk and the micro-batches come in groups of the stages. Ties go to the smaller option."""
+    from .plan_sim import schedule_params, simulate_stages
+    sk, cm, dp = kind(pb.train.schedule), pb.cm, cand.dp
+    b, p = micro_batches(pb.train, dp), len(cand.stages)
+    options: list[tuple[dict, list[StageSpec]]] = []
+    if "extra_warmup" in sk.params:
+        rule = schedule_params(cm, cand.stages, dp, pb.train.schedule)["extra_warmup"]
+        seen: list[list[int]] = []
+        for f in WARMUP_SCALES:
+            extra = warmup_within_memory(pb, cand, [math.floor(x * f + 0.5) for x in rule])[0]["extra_warmup"]
+            if extra not in seen:
+                seen.append(extra)
+                options.append(({"extra_warmup": extra}, cand.stages))
+    elif "chunks" in sk.params:
+        if b % p:
+            raise InfeasibleError(f"interleaved 1F1B runs micro-batches in groups of the {p} stages of the best "
+                                  f"plan, and {b} micro-batches per replica is not a multiple of {p}; choose a "
+                                  "global batch that is, or another schedule")
+        caps = [cm.cluster.chip(s.chip).usable_bytes for s in cand.stages]
+        for v in range(1, MAX_CHUNKS + 1):
+            if any(s.layers < v for s in cand.stages):
+                break
+            mem = cm.evaluate(cand.stages, dp, b, pb.train.schedule, params={"chunks": v}).stage_memory_bytes
+            if v > 1 and any(m > c for m, c in zip(mem, caps)):
+                continue
+            options.append(({"chunks": v}, virtual_stages(cand.stages, v)))
+    else:
+        return {}, cand.stages
+    times = [simulate_stages(cm, st, dp, pb.train.schedule, params=q).iteration_time_s for q, st in options]
+    return options[min(range(len(options)), key=lambda i: (times[i], i))]
+
+
+def virtual_stages(stages: list[StageSpec], chunks: int) -> list[StageSpec]:
+    """Each stage's layers cut into `chunks` contiguous chunks (the later chunks take the remainder, as
+    the later stages do), listed in pipeline order: chunk c of stage s is virtual stage c * p + s."""
+    out = []
+    for c in range(chunks):
+        for s in stages:
+            base, extra = divmod(s.layers, chunks)
+            out.append(replace(s, layers=base + (1 if c >= chunks - extra else 0)))
+    return out
+
+
+def warmup_within_memory(pb: Problem, cand: Candidate, extra: list[int] | None = None) -> tuple[dict, list[float]]:
+    """H-1F1B's parameters for the searched plan (`extra`, by default HARP's extra warm-up per boundary
+    from the costs), each boundary's extra cut back, largest first, until every stage holds its in-flight
+    activations within its usable memory; and the stages' memory then."""
     from .plan_sim import schedule_params
     cm, p = pb.cm, len(cand.stages)
     b = micro_batches(pb.train, cand.dp)
-    extra = schedule_params(cm, cand.stages, cand.dp, pb.train.schedule)["extra_warmup"]
+    if extra is None:
+        extra = schedule_params(cm, cand.stages, cand.dp, pb.train.schedule)["extra_warmup"]
+    extra = list(extra)
 
     def memory() -> list[float]:  # the cost model's, inner replicas' shares and shards included
-        return cm.evaluate(cand.stages, cand.dp, b, pb.train.schedule, params={"extra_warmup": extra}).stage_memory_bytes
+        return cm.evaluate(
+            cand.stages, cand.dp, b, pb.train.schedule, params={"extra_warmup": extra}
+        ).stage_memory_bytes
 
     mem = memory()
     while any(m > cm.cluster.chip(s.chip).usable_bytes for m, s in zip(mem, cand.stages)):

@@ -71,7 +71,10 @@ def _more(short: bool, tp: TPGroup) -> bool:
     return bool(tp.all_reduce(flag, op=torch.distributed.ReduceOp.MAX).item())
 
 
-def _repeat(run: Callable[[], tuple[float, ...]], min_time_s: float, tp: TPGroup = TPGroup()) -> tuple[float, ...]:
+_NO_TP = TPGroup()  # size 1: no collectives
+
+
+def _repeat(run: Callable[[], tuple[float, ...]], min_time_s: float, tp: TPGroup = _NO_TP) -> tuple[float, ...]:
     """Mean of `run`'s timings over as many calls as it takes for their sum to reach `min_time_s`, so that a
     tiny layer is never timed below the clock's resolution."""
     total, n = None, 0
@@ -215,7 +218,10 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
                 progress(f"profiling tp={tp} depths {d1},{d2} recompute={'on' if rc else 'off'} on {dev}")
             got = _time_depths(nets[rc], tokens, repeats, min_time_s, dev, stat)
             res.update({(rc, d): v for d, v in got.items()})
-        per = lambda rc, i: max((res[(rc, d2)][i] - res[(rc, d1)][i]) / (d2 - d1), 0.0)  # noqa: E731
+
+        def per(rc: bool, i: int, res: dict = res) -> float:  # `res` bound now, though used only in this iteration
+            return max((res[(rc, d2)][i] - res[(rc, d1)][i]) / (d2 - d1), 0.0)
+
         fwd, bwd, act = per(False, 0), per(False, 1), per(False, 2)
         bwd_rc, ckpt = per(True, 1), per(True, 2)
         ends = max(sum(res[(False, d1)][:2]) - d1 * (fwd + bwd), 0.0)

@@ -63,11 +63,15 @@ class Profile:
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "<profile>") -> "Profile":
         try:
-            chips = {c: ChipProfile({int(t): TPProfile(**p) for t, p in v["tp"].items()}) for c, v in d["chips"].items()}
+            chips = {
+                c: ChipProfile({int(t): TPProfile(**p) for t, p in v["tp"].items()}) for c, v in d["chips"].items()
+            }
             rest = {k: v for k, v in d.items() if k != "chips"}
             return cls(chips=chips, **rest)
         except (KeyError, TypeError, ValueError) as e:
-            raise SpecError(source, "chips", f"malformed profile: {e}", "the format written by `heteroauto profile`") from e
+            raise SpecError(
+                source, "chips", f"malformed profile: {e}", "the format written by `heteroauto profile`"
+            ) from e
 
     @classmethod
     def load(cls, path: str | Path) -> "Profile":

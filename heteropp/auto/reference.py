@@ -1,6 +1,7 @@
-"""The exact reference search: every dp, order of chip types, per-group TP choice, layer split and
-per-stage recompute flag, each scored by the cost model. Exponential, for small clusters only; the fast
-search (search.py) is tested against it."""
+"""The exact reference search: every dp, order of chip types, per-group TP choice, layer split, per-stage
+recompute flag and (with `inner_dp`) per-stage split of a stage's chips into inner replicas, each scored by
+the cost model. Exponential, for small clusters only; the fast search (search.py, with inner_dp.py's local
+search on top) is tested against it."""
 from __future__ import annotations
 
 import itertools
@@ -8,6 +9,7 @@ import math
 from typing import Iterator
 
 from .costs import CostModel, StageSpec, micro_batches
+from .inner_dp import inner_dp_choices
 from .space import dp_candidates, stage_tp_choices
 
 
@@ -18,8 +20,9 @@ def compositions(n: int, k: int) -> Iterator[list[int]]:
         yield [b[i + 1] - b[i] for i in range(k)]
 
 
-def reference_search(cm: CostModel, group_size: int) -> float:
-    """The least iteration time of any feasible plan (inf when none fits)."""
+def reference_search(cm: CostModel, group_size: int, inner_dp: bool = False) -> float:
+    """The least iteration time of any feasible plan (inf when none fits). `inner_dp`: also every way of
+    running each stage's tp chips as inner_dp replicas of tp / inner_dp (inner_dp.inner_dp_choices)."""
     best = math.inf
     L = cm.model.layers
     for dp in dp_candidates(cm.cluster, cm.train):
@@ -32,8 +35,10 @@ def reference_search(cm: CostModel, group_size: int) -> float:
                     continue
                 for ls in compositions(L, len(seq)):
                     for rs in itertools.product((False, True), repeat=len(seq)):
-                        st = [StageSpec(c, t, l, r) for (c, t), l, r in zip(seq, ls, rs)]
-                        e = cm.evaluate(st, dp, b)
-                        if e.feasible:
-                            best = min(best, e.iteration_time_s)
+                        base = [StageSpec(c, t, nl, r) for (c, t), nl, r in zip(seq, ls, rs)]
+                        splits = ([[s, *inner_dp_choices(cm, s)] for s in base] if inner_dp else [[s] for s in base])
+                        for st in itertools.product(*splits):
+                            e = cm.evaluate(list(st), dp, b)
+                            if e.feasible:
+                                best = min(best, e.iteration_time_s)
     return best

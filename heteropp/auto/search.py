@@ -32,7 +32,7 @@ from .infeasible import explain_infeasible
 from .inner_dp import with_inner_dp
 from .levels import bound_parts, lower_bound
 from .idle import search_idle
-from .limits import Limits, relaxed_bound, trim_choices, type_orders
+from .limits import DEFAULT_LIMITS, IDLE_MODES, Limits, relaxed_bound, trim_choices, type_orders
 from .space import dp_candidates, tp_counts, tp_sizes
 from .split import best_split
 from .stageopts import stage_opts
@@ -60,12 +60,11 @@ RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the 
 RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
 RERANK_KEEP = 8
 RERANK_SIMS = 5  # simulations at most: the best, h2's sharding of it, the next few by the model
-IDLE_MODES = ("auto", "never", "always")  # when plans that leave chips idle are searched (search_auto)
 RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
-                progress: Progress | None = None, limits: Limits = Limits(), idle: str = "auto") -> SearchResult:
+                progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
     `idle`: "auto" searches plans that leave chips idle (idle.py) when no plan uses every chip or the
@@ -140,7 +139,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
                 push(Entry(bound, Level.ORDER, space, combo, order))
             return
         done.add(sig)
-        stages = [StageSpec(ch, t, l, r) for (ch, t), l, r in zip(seq, res.layers, res.recompute)]
+        stages = [StageSpec(ch, t, nl, r) for (ch, t), nl, r in zip(seq, res.layers, res.recompute)]
         label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
         top.add(Candidate(res.total, space.dp, stages, label))
         if progress and stats["evaluated"] % 200 == 0:
@@ -213,7 +212,10 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
-    items = [with_inner_dp(cm, c) for c in items]  # per-stage data parallelism on the kept plans
+    # per-stage data parallelism on the kept plans; a plan it improves may overtake the ones before it
+    split_rows = [with_inner_dp(cm, c) for c in items]
+    if any(a is not c for a, c in zip(split_rows, items)):
+        items = sorted(split_rows, key=lambda c: c.time_s)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
         try:

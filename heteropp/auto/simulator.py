@@ -72,6 +72,10 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
     if len(stages) != p * v:
         raise ValueError(f"{len(stages)} stage times for {p} stages of {v} chunks each")
     vstages = stages
+    for what, got in (("boundary_s", boundary_s), ("latency_s", latency_s)):
+        if got is not None and len(got) != max(p * v - 1, 0):
+            raise ValueError(f"{what}: {len(got)} values for the {max(p * v - 1, 0)} boundaries between "
+                             f"{p * v} stages (one per boundary, in pipeline order)")
     lat = latency_s or [0.0] * max(p * v - 1, 0)
     stages = [StageTimes(fwd=0.0, bwd=0.0, wgrad=0.0, update=sum(vstages[c * p + s].update for c in range(v)),
                          static_bytes=sum(vstages[c * p + s].static_bytes for c in range(v)),

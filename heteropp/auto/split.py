@@ -28,20 +28,20 @@ class StageOpt:
     y0: float = 0.0
     ups: float = 0.0
 
-    def mode(self, l: int) -> int:
-        return 0 if l <= self.m[0] else 1
+    def mode(self, nl: int) -> int:
+        return 0 if nl <= self.m[0] else 1
 
-    def ok(self, l: int) -> bool:
-        return l <= self.m[0] or l <= self.m[1]
+    def ok(self, nl: int) -> bool:
+        return nl <= self.m[0] or nl <= self.m[1]
 
-    def own(self, l: int) -> float:
-        return self.a0 + self.a[self.mode(l)] * l
+    def own(self, nl: int) -> float:
+        return self.a0 + self.a[self.mode(nl)] * nl
 
-    def phi(self, l: int) -> float:
-        return self.b0 + self.bt[self.mode(l)] * l
+    def phi(self, nl: int) -> float:
+        return self.b0 + self.bt[self.mode(nl)] * nl
 
-    def y(self, l: int) -> float:
-        return self.y0 + self.ups * l
+    def y(self, nl: int) -> float:
+        return self.y0 + self.ups * nl
 
     @property
     def lmax(self) -> int:
@@ -83,7 +83,7 @@ def _min_fill(opts: list[StageOpt], caps: list[int], L: int) -> tuple[float, lis
             rest -= add
             if not rest:
                 break
-        return sum(o.phi(l) for o, l in zip(opts, ls)), ls
+        return sum(o.phi(nl) for o, nl in zip(opts, ls)), ls
     inf = float("inf")
     f = np.full(L + 1, inf)
     f[0] = 0.0
@@ -91,11 +91,11 @@ def _min_fill(opts: list[StageOpt], caps: list[int], L: int) -> tuple[float, lis
     for o, c in zip(opts, caps):
         g = np.full(L + 1, inf)
         ch = np.zeros(L + 1, dtype=np.int64)
-        for l in range(1, min(c, L) + 1):
-            cand = f[:L + 1 - l] + o.phi(l)
-            better = cand < g[l:]
-            g[l:][better] = cand[better]
-            ch[l:][better] = l
+        for nl in range(1, min(c, L) + 1):
+            cand = f[:L + 1 - nl] + o.phi(nl)
+            better = cand < g[nl:]
+            g[nl:][better] = cand[better]
+            ch[nl:][better] = nl
         f = g
         choices.append(ch)
     if not math.isfinite(f[L]):
@@ -214,11 +214,11 @@ def best_split(opts: list[StageOpt], L: int, lam: float = -math.inf, const: floa
             got = _min_fill(opts, caps, L)
             if got is not None:
                 ls = got[1]
-                t = max(max(o.own(l) for o, l in zip(opts, ls)), lam) + max(o.y(l) for o, l in zip(opts, ls)) \
+                t = max(max(o.own(nl) for o, nl in zip(opts, ls)), lam) + max(o.y(nl) for o, nl in zip(opts, ls)) \
                     + got[0] + const
                 if t < best_t:
                     best_t = t
-                    best = SplitResult(t, ls, [o.mode(l) == 1 for o, l in zip(opts, ls)])
+                    best = SplitResult(t, ls, [o.mode(nl) == 1 for o, nl in zip(opts, ls)])
             nxt = [o.y(c + 1) for o, c, zc in zip(opts, caps, zcaps) if c < zc]
             if not nxt:
                 break

@@ -16,7 +16,7 @@ def write_png(r: SimResult, path: str) -> str | None:
         return "matplotlib not installed: no timeline PNG written (pip install matplotlib)"
     p = len(r.peak_memory_bytes)
     fig, ax = plt.subplots(figsize=(12, 0.5 * p + 1))
-    for s, op, mb, t0, t1 in r.timeline:
+    for s, op, _mb, t0, t1 in r.timeline:
         ax.barh(s, t1 - t0, left=t0, color=COLORS[op], edgecolor="black", linewidth=0.2)
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"stage {i}" for i in range(p)])

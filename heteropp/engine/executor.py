@@ -163,8 +163,10 @@ class StageExecutor:
             if spans is not None:
                 spans.append((a.op, m, t0, time.perf_counter()))
         if stores and any(s.queue for s in stores.values()):
-            raise RuntimeError(f"stage {self.k}: weight gradients of micro-batches "
-                               f"{sorted(m for (_, m), s in stores.items() if s.queue)} were never computed (missing W)")
+            raise RuntimeError(
+                f"stage {self.k}: weight gradients of micro-batches "
+                f"{sorted(m for (_, m), s in stores.items() if s.queue)} were never computed (missing W)"
+            )
         self.p2p.drain()
         sync_replicated_grads([q for mdl in self.models for q in mdl.parameters()], self.model.tp)
         if spans is not None:

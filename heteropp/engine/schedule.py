@@ -6,7 +6,8 @@ from ..schedules import Action, Schedule, ScheduleError, build, missing_params, 
 
 
 def compile_schedule(plan: Plan, schedule: str | list[list[str]]) -> Schedule:
-    """`schedule`: a registered name (its parameters from the plan), or compute actions per stage (e.g. [["F0", "F1", "B0", "B1"], ...]).
+    """`schedule`: a registered name (its parameters from the plan), or compute actions per stage
+    (e.g. [["F0", "F1", "B0", "B1"], ...]).
     Raises ScheduleError for a malformed or deadlocking list, before any process runs it."""
     p, m = plan.devices, plan.micro_batches
     if isinstance(schedule, str):

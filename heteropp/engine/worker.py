@@ -76,8 +76,12 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             raise RuntimeError(f"rank {rank}: injected failure at step {step}")
         t0 = time.perf_counter()
         batch = global_batch(m, cfg.seed, step, plan.global_batch)
-        mbs = [micro_batch(batch, g.coord.outer, plan.micro_batches, plan.micro_batch_size, i)[first_row:first_row + rows]
-               for i in range(plan.micro_batches)]
+        mbs = [
+            micro_batch(batch, g.coord.outer, plan.micro_batches, plan.micro_batch_size, i)[
+                first_row : first_row + rows
+            ]
+            for i in range(plan.micro_batches)
+        ]
         opt.zero_grad()
         # the loss is a mean over this replica's rows: scaled so that the stage's replicas sum to the global mean
         loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs],

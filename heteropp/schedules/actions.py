@@ -96,7 +96,7 @@ def _check_micro_batch(s: int, m: int, seen: dict[tuple[str, int], int]) -> None
     has_b, has_i, has_w = ("B", m) in seen, ("I", m) in seen, ("W", m) in seen
     if has_b == (has_i or has_w) or has_i != has_w:
         raise ScheduleError(f"stage {s}: micro-batch {m} needs either B{m} or both I{m} and W{m}")
-    bk = seen.get(("B", m), seen.get(("I", m)))
+    bk = seen[("B", m)] if has_b else seen[("I", m)]
     if bk < seen[("F", m)]:
         raise ScheduleError(f"stage {s}: backward of micro-batch {m} before its forward F{m}")
     if has_w and seen[("W", m)] < seen[("I", m)]:

@@ -81,8 +81,3 @@ def interleaved_1f1b(p: int, m: int, chunks: int) -> Schedule:
         out.append(acts)
     return out
 
-
-def build(name: str, p: int, m: int, params: dict | None = None) -> Schedule:
-    """The compute actions of the registered schedule `name` (registry.py) with its parameters."""
-    from .registry import kind
-    return kind(name).build(p, m, params or {})

@@ -10,7 +10,7 @@ so holds that many plus one micro-batches' activations at its peak.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .actions import Schedule, ScheduleError
@@ -24,6 +24,13 @@ def _warmups(p: int, params: Params) -> list[int]:
     return [sum(1 + x for x in extra[s:]) for s in range(p)]
 
 
+INTERLEAVED_CHUNKS = 1  # interleaved 1F1B's chunks where a plan omits them (Plan.chunks reads it through defaults)
+
+
+def _interleaved_in_flight(k: int, p: int, b: int, v: int) -> int:
+    return math.ceil(min((p - k - 1) * 2 + (v - 1) * p + 1, b * v) / v)
+
+
 @dataclass(frozen=True)
 class ScheduleKind:
     name: str
@@ -35,22 +42,38 @@ class ScheduleKind:
     # after its warm-up a stage alternates one forward and one whole backward, so its next forward waits for a
     # backward to come back (the cost model's round-trip cycles)
     alternates: bool = False
+    # how many forwards stage k runs before one of them must wait for a backward (warm-up plus one); None:
+    # the in-flight count (they differ where deferred weight passes hold activations longer)
+    round_trip_span: Callable[[int, int, int, Params], int] | None = None
+    # every stage runs all its forwards before any backward: fill and drain are two whole passes
+    whole_passes: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # a parameter's value where a plan omits it
+
+    def param(self, params: Params, name: str) -> Any:
+        """`name` from `params`, else this schedule's default for it."""
+        return params[name] if name in params else self.defaults[name]
+
+    def chunks(self, params: Params) -> int:
+        """Model chunks per group of chips (virtual stages per stage): 1 unless the schedule interleaves (or
+        its value is malformed, which params_error reports)."""
+        c = self.param(params, "chunks") if "chunks" in self.params else 1
+        return c if isinstance(c, int) and not isinstance(c, bool) and c >= 1 else 1
 
 
 REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
     ScheduleKind("1f1b", lambda p, m, _: h_1f1b(p, m, [0] * max(p - 1, 0)), lambda k, p, b, _: min(p - k, b), False,
                  alternates=True),
-    ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False),
+    ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False, whole_passes=True),
     # up to p - k awaiting B/I plus up to k awaiting their deferred W
-    ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True),
+    ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True, alternates=True,
+                 round_trip_span=lambda k, p, b, _: min(p - k, b)),
     ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
                  lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b", alternates=True),
     # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up
     # micro-steps plus one over v
-    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", 2)),
-                 lambda k, p, b, q: math.ceil(min((p - k - 1) * 2 + (q.get("chunks", 2) - 1) * p + 1,
-                                                  b * q.get("chunks", 2)) / q.get("chunks", 2)),
-                 False, ("chunks",)),
+    ScheduleKind("interleaved", lambda p, m, q: interleaved_1f1b(p, m, q.get("chunks", INTERLEAVED_CHUNKS)),
+                 lambda k, p, b, q: _interleaved_in_flight(k, p, b, q.get("chunks", INTERLEAVED_CHUNKS)),
+                 False, ("chunks",), "1f1b", defaults={"chunks": INTERLEAVED_CHUNKS}),
 )}
 NAMES = tuple(REGISTRY)
 
@@ -61,9 +84,16 @@ def kind(name: str) -> ScheduleKind:
     return REGISTRY[name]
 
 
+def build(name: str, p: int, m: int, params: Params | None = None) -> Schedule:
+    """The compute actions of the registered schedule `name` with its parameters."""
+    return kind(name).build(p, m, params or {})
+
+
 def missing_params(name: str, params: Params) -> list[str]:
-    """The parameters schedule `name` takes that `params` lacks (a run or a simulation needs them all)."""
-    return [n for n in kind(name).params if n not in params]
+    """The parameters schedule `name` takes, has no default for, and `params` lacks (a run or a simulation
+    needs them all)."""
+    k = kind(name)
+    return [n for n in k.params if n not in params and n not in k.defaults]
 
 
 def params_error(name: str, params: Any, stages: int) -> str | None:

@@ -93,15 +93,23 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
             raise c.err("tp_max", f"got {tp_max}", "a power of two")
         if tp_max > cpn:
             raise c.err("tp_max", f"{tp_max} exceeds chips_per_node={cpn}", "tensor parallelism inside one node")
-        chips.append(ChipType(
-            name=c.str("name"), count=c.int("count", max=MAX_COUNT), memory_gb=c.float("memory_gb", lo=MEMORY_GB[0], hi=MEMORY_GB[1]),
-            peak_tflops=c.float("peak_tflops", lo=TFLOPS[0], hi=TFLOPS[1]), chips_per_node=cpn, tp_max=tp_max,
-            intra_node_bw=c.bandwidth("intra_node_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
-            network_bw=c.bandwidth("network_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
-            efficiency=c.float("efficiency", 0.5, lo=FRACTION[0], hi=FRACTION[1]),
-            memory_fraction=c.float("memory_fraction", 0.9, lo=FRACTION[0], hi=FRACTION[1]),
-            hbm_bw=c.bandwidth("hbm_bw", 1500.0, lo=BANDWIDTH[0], hi=BANDWIDTH[1]), device=c.str("device", "cpu"),
-            network_latency_s=c.duration("network_latency")))
+        chips.append(
+            ChipType(
+                name=c.str("name"),
+                count=c.int("count", max=MAX_COUNT),
+                memory_gb=c.float("memory_gb", lo=MEMORY_GB[0], hi=MEMORY_GB[1]),
+                peak_tflops=c.float("peak_tflops", lo=TFLOPS[0], hi=TFLOPS[1]),
+                chips_per_node=cpn,
+                tp_max=tp_max,
+                intra_node_bw=c.bandwidth("intra_node_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
+                network_bw=c.bandwidth("network_bw", lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
+                efficiency=c.float("efficiency", 0.5, lo=FRACTION[0], hi=FRACTION[1]),
+                memory_fraction=c.float("memory_fraction", 0.9, lo=FRACTION[0], hi=FRACTION[1]),
+                hbm_bw=c.bandwidth("hbm_bw", 1500.0, lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
+                device=c.str("device", "cpu"),
+                network_latency_s=c.duration("network_latency"),
+            )
+        )
     if not chips:
         raise f.err("chips", "empty list", "at least one chip type")
     names = [c.name for c in chips]

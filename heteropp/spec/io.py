@@ -1,6 +1,7 @@
 """Reading YAML/JSON spec files and typed field access with errors that name file and field."""
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import re
@@ -21,7 +22,9 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
             try:
                 import yaml
             except ImportError as e:  # PyYAML is optional; JSON always works
-                raise SpecError(str(path), "<file>", "PyYAML is not installed", "a .json file or `pip install pyyaml`") from e
+                raise SpecError(
+                    str(path), "<file>", "PyYAML is not installed", "a .json file or `pip install pyyaml`"
+                ) from e
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
@@ -35,9 +38,17 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 _DURATION = re.compile(r"^\s*([0-9.eE+-]+)\s*(s|ms|us)?\s*$")
-_DURATION_SCALE = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+_DURATION_SCALE: dict[str | None, float] = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 _BW = re.compile(r"^\s*([0-9.eE+-]+)\s*(GB/s|GBps|Gbps|Gb/s|MB/s|Mbps)?\s*$")
-_BW_SCALE = {None: 1.0, "GB/s": 1.0, "GBps": 1.0, "Gbps": 1 / 8, "Gb/s": 1 / 8, "MB/s": 1e-3, "Mbps": 1e-3 / 8}
+_BW_SCALE: dict[str | None, float] = {
+    None: 1.0,
+    "GB/s": 1.0,
+    "GBps": 1.0,
+    "Gbps": 1 / 8,
+    "Gb/s": 1 / 8,
+    "MB/s": 1e-3,
+    "Mbps": 1e-3 / 8,
+}
 
 
 class Fields:
@@ -92,7 +103,8 @@ class Fields:
             raise self.err(key, f"got {v}", "a positive number")
         return self._range(key, float(v), v, lo, hi, "number")
 
-    def _with_unit(self, key: str, v: Any, pattern: re.Pattern, scale: dict, expected: str) -> float:
+    def _with_unit(self, key: builtins.str, v: Any, pattern: re.Pattern[builtins.str],
+                   scale: dict[builtins.str | None, builtins.float], expected: builtins.str) -> builtins.float:
         """A number, or a string of a number and one of `scale`'s units."""
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
@@ -101,12 +113,12 @@ class Fields:
             number = float(m.group(1)) if m else None
         except ValueError:
             number = None
-        if number is None:
+        if m is None or number is None:
             raise self.err(key, f"got {v!r}", expected)
         return number * scale[m.group(2)]
 
-    def bandwidth(self, key: str, default: float | None = None, *, required: bool = True,
-                  lo: float | None = None, hi: float | None = None) -> float:
+    def bandwidth(self, key: builtins.str, default: builtins.float | None = None, *, required: builtins.bool = True,
+                  lo: builtins.float | None = None, hi: builtins.float | None = None) -> builtins.float:
         """A bandwidth in GB/s; strings may carry a unit: '200Gbps', '9.56 GB/s'."""
         v = self._get(key, default, required and default is None)
         val = self._with_unit(key, v, _BW, _BW_SCALE, "a number in GB/s or a string like '200Gbps' or '25 GB/s'")
@@ -114,7 +126,7 @@ class Fields:
             raise self.err(key, f"got {v!r}", "a positive bandwidth")
         return self._range(key, val, v, lo, hi, "bandwidth in GB/s")
 
-    def duration(self, key: str, default: float = 0.0, hi: float = 3600.0) -> float:
+    def duration(self, key: builtins.str, default: builtins.float = 0.0, hi: builtins.float = 3600.0) -> builtins.float:
         """A time in seconds, >= 0; strings may carry a unit: '1ms', '50 us', '0.2 s'."""
         v = self._get(key, default, False)
         val = self._with_unit(key, v, _DURATION, _DURATION_SCALE, "seconds, or a string like '1ms' or '50us'")
@@ -122,7 +134,8 @@ class Fields:
             raise self.err(key, f"got {v!r}", "a duration >= 0")
         return self._range(key, val, v, 0.0, hi, "duration in seconds")
 
-    def str(self, key: str, default: str | None = None, *, required: bool = True, choices: tuple[str, ...] | None = None) -> str:
+    def str(self, key: builtins.str, default: builtins.str | None = None, *, required: builtins.bool = True,
+            choices: tuple[builtins.str, ...] | None = None) -> builtins.str:
         v = self._get(key, default, required and default is None)
         if not isinstance(v, str):
             raise self.err(key, f"got {v!r}", "a string")
@@ -130,25 +143,25 @@ class Fields:
             raise self.err(key, f"got {v!r}", "one of " + ", ".join(choices))
         return v
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: builtins.str, default: builtins.bool) -> builtins.bool:
         v = self._get(key, default, False)
         if not isinstance(v, bool):
             raise self.err(key, f"got {v!r}", "true or false")
         return v
 
-    def sub(self, key: str, *, required: bool = True) -> "Fields":
+    def sub(self, key: builtins.str, *, required: builtins.bool = True) -> "Fields":
         v = self._get(key, {}, required)
         if not isinstance(v, dict):
             raise self.err(key, f"got {type(v).__name__}", "a mapping")
         return Fields(v, self.source, f"{self.path(key)}.")
 
-    def list(self, key: str, *, required: bool = True) -> list[Any]:
+    def list(self, key: builtins.str, *, required: builtins.bool = True) -> builtins.list[Any]:
         v = self._get(key, [], required)
         if not isinstance(v, list):
             raise self.err(key, f"got {type(v).__name__}", "a list")
         return v
 
-    def unknown(self, allowed: set[str]) -> None:
+    def unknown(self, allowed: set[builtins.str]) -> None:
         """Reject misspelt keys instead of silently ignoring them."""
         extra = sorted(set(self.data) - allowed)
         if extra:

@@ -113,7 +113,9 @@ def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
     if m.hidden % m.heads:
         raise SpecError(source, "hidden", f"{m.hidden} not divisible by heads={m.heads}", "hidden % heads == 0")
     if m.heads % m.kv_heads:
-        raise SpecError(source, "kv_heads", f"heads={m.heads} not divisible by kv_heads={m.kv_heads}", "heads % kv_heads == 0")
+        raise SpecError(
+            source, "kv_heads", f"heads={m.heads} not divisible by kv_heads={m.kv_heads}", "heads % kv_heads == 0"
+        )
     return m
 
 
@@ -123,5 +125,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
         return PRESETS[str(name_or_path)]
     p = Path(name_or_path)
     if not p.exists():
-        raise SpecError(str(name_or_path), "<model>", "neither a preset nor a file", "one of " + ", ".join(PRESETS) + " or a path")
+        raise SpecError(
+            str(name_or_path), "<model>", "neither a preset nor a file", "one of " + ", ".join(PRESETS) + " or a path"
+        )
     return model_from_dict(load_mapping(p), str(p))

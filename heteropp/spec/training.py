@@ -9,8 +9,7 @@ from ..schedules.registry import REGISTRY
 from .io import Fields, load_mapping
 
 # The registered schedules the planner can plan for: parameter-free ones, and those it searches as another
-# (H-1F1B, whose parameters the plan then derives: heteropp/auto/planning.py). Interleaved 1F1B needs a
-# plan of virtual stages, which the planner does not write.
+# (H-1F1B and interleaved 1F1B, whose parameters the plan then derives: heteropp/auto/planning.py).
 SCHEDULES = tuple(n for n, k in REGISTRY.items() if not k.params or k.searched_as)
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -37,9 +36,13 @@ class TrainSpec:
 def train_from_dict(data: dict[str, Any], source: str = "<training>", seq_len: int | None = None) -> TrainSpec:
     """`global_batch` in sequences, or `global_batch_tokens` (needs the model's sequence length)."""
     f = Fields(data, source)
-    f.unknown({"global_batch", "global_batch_tokens", "micro_batch_size", "dtype", "zero1", "schedule", "sequence_parallel"})
+    f.unknown(
+        {"global_batch", "global_batch_tokens", "micro_batch_size", "dtype", "zero1", "schedule", "sequence_parallel"}
+    )
     if ("global_batch" in data) == ("global_batch_tokens" in data):
-        raise f.err("global_batch", "give exactly one of global_batch (sequences) and global_batch_tokens", "one of them")
+        raise f.err(
+            "global_batch", "give exactly one of global_batch (sequences) and global_batch_tokens", "one of them"
+        )
     if "global_batch" in data:
         gb = f.int("global_batch")
     else:

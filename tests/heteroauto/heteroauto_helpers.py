@@ -46,10 +46,18 @@ def make_problem(chips: list[dict], speeds: dict[str, float], layers: int, gb: i
     model = ModelSpec("m", layers=layers, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
     train = TrainSpec(global_batch=gb, micro_batch_size=1, dtype="bf16", zero1=zero1, schedule=schedule)
     # layer_params chosen so one layer's weights+grads+optimizer state is 1.6 GB at tp=1, dp=1
-    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=100_000_000, embed_params=10_000_000,
-                   head_params=10_000_000,
-                   chips={c["name"]: ChipProfile({t: tp_entry(speeds[c["name"]], act_gb, t) for t in (1, 2, 4) if t <= c["tp_max"]})
-                          for c in chips})
+    prof = Profile(
+        model="m",
+        micro_batch_size=1,
+        seq_len=128,
+        layer_params=100_000_000,
+        embed_params=10_000_000,
+        head_params=10_000_000,
+        chips={
+            c["name"]: ChipProfile({t: tp_entry(speeds[c["name"]], act_gb, t) for t in (1, 2, 4) if t <= c["tp_max"]})
+            for c in chips
+        },
+    )
     return CostModel(cl, model, train, prof)
 
 

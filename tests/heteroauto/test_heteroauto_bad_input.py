@@ -105,8 +105,12 @@ def test_infeasible_names_too_many_stages_not_memory(tmp_path, capsys):
     path = _cluster(tmp_path, [CHIP.replace("chips_per_node: 2", "chips_per_node: 1") % ("A", 16, 1)])
     train = tmp_path / "t.yaml"
     train.write_text("global_batch: 1\nmicro_batch_size: 1\ndtype: fp32\n")
-    err = _fails(["plan", "--cluster", path, "--model", "tiny", "--train", str(train), "--no-progress", "--idle", "never"], capsys,
-                 "fewest stages any data-parallel size allows is 16", "more than the 8 layers")
+    err = _fails(
+        ["plan", "--cluster", path, "--model", "tiny", "--train", str(train), "--no-progress", "--idle", "never"],
+        capsys,
+        "fewest stages any data-parallel size allows is 16",
+        "more than the 8 layers",
+    )
     assert "memory" not in err
 
 

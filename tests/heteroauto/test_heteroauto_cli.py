@@ -9,7 +9,14 @@ import pytest
 from heteropp.auto.cli import main
 
 EX = Path(__file__).resolve().parents[2] / "examples"
-ARGS = ["--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", str(EX / "training" / "tiny.yaml")]
+ARGS = [
+    "--cluster",
+    str(EX / "clusters" / "two-cpu.yaml"),
+    "--model",
+    "tiny",
+    "--train",
+    str(EX / "training" / "tiny.yaml"),
+]
 
 
 def test_plan_json_and_simulate(tmp_path, capsys):
@@ -43,7 +50,9 @@ def test_simulate_under_h1f1b_derives_and_writes_its_warmup(tmp_path, capsys):
     times = {}
     for sched in ("1f1b", "h1f1b"):
         sim = tmp_path / f"{sched}.json"
-        assert main(["simulate", str(plan), *harp, "--schedule", sched, "--json", str(sim), "--write-plan", str(out)]) == 0
+        assert (
+            main(["simulate", str(plan), *harp, "--schedule", sched, "--json", str(sim), "--write-plan", str(out)]) == 0
+        )
         times[sched] = json.loads(sim.read_text())["iteration_time_s"]
     d = json.loads(out.read_text())
     assert d["schedule"] == "h1f1b" and len(d["schedule_params"]["extra_warmup"]) == len(d["stages"]) - 1

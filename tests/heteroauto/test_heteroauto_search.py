@@ -14,15 +14,35 @@ from heteroauto_helpers import chip, make_problem
 
 
 CASES = {
-    "two types, memory binds": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8),
-    "three types": dict(chips=[chip("X", 2, 14.0), chip("Y", 2, 9.0), chip("Z", 2, 20.0, tp_max=1)],
-                        speeds={"X": 1.0, "Y": 0.6, "Z": 1.5}, layers=7, gb=4),
-    "slow cross link": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)], speeds={"X": 1.0, "Y": 0.7}, layers=8, gb=8,
-                            links=[{"between": ["X", "Y"], "bandwidth": 0.0005}]),
-    "link latency": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)], speeds={"X": 1.0, "Y": 0.7}, layers=8, gb=8,
-                         links=[{"between": ["X", "Y"], "bandwidth": 0.05, "latency": "0.4s"}]),
-    "zbh1": dict(chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8, schedule="zbh1"),
-    "gpipe": dict(chips=[chip("X", 2, 30.0), chip("Y", 2, 20.0)], speeds={"X": 1.0, "Y": 0.5}, layers=6, gb=4, schedule="gpipe"),
+    "two types, memory binds": dict(
+        chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8
+    ),
+    "three types": dict(
+        chips=[chip("X", 2, 14.0), chip("Y", 2, 9.0), chip("Z", 2, 20.0, tp_max=1)],
+        speeds={"X": 1.0, "Y": 0.6, "Z": 1.5},
+        layers=7,
+        gb=4,
+    ),
+    "slow cross link": dict(
+        chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)],
+        speeds={"X": 1.0, "Y": 0.7},
+        layers=8,
+        gb=8,
+        links=[{"between": ["X", "Y"], "bandwidth": 0.0005}],
+    ),
+    "link latency": dict(
+        chips=[chip("X", 4, 14.0), chip("Y", 4, 9.0)],
+        speeds={"X": 1.0, "Y": 0.7},
+        layers=8,
+        gb=8,
+        links=[{"between": ["X", "Y"], "bandwidth": 0.05, "latency": "0.4s"}],
+    ),
+    "zbh1": dict(
+        chips=[chip("X", 4, 14.0), chip("Y", 4, 7.0)], speeds={"X": 1.0, "Y": 0.5}, layers=8, gb=8, schedule="zbh1"
+    ),
+    "gpipe": dict(
+        chips=[chip("X", 2, 30.0), chip("Y", 2, 20.0)], speeds={"X": 1.0, "Y": 0.5}, layers=6, gb=4, schedule="gpipe"
+    ),
 }
 
 
@@ -78,7 +98,9 @@ def test_impossible_inputs_say_why():
         search_auto(cm)
     with pytest.raises(InfeasibleError, match="no plan fits"):
         search_h2(cm)
-    cm = make_problem([chip("X", 8, 40.0, tp_max=1), chip("Y", 8, 40.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=3, gb=1)
+    cm = make_problem(
+        [chip("X", 8, 40.0, tp_max=1), chip("Y", 8, 40.0, tp_max=1)], {"X": 1.0, "Y": 1.0}, layers=3, gb=1
+    )
     with pytest.raises(InfeasibleError, match="no plan fits"):  # dp=1, tp=1: 16 stages for 3 layers
         search_auto(cm, idle="never")
 
@@ -101,8 +123,9 @@ def test_integral_level_is_least_level_where_whole_layers_fit():
     L = 12
     got = integral_level(a, s, cap, np.zeros(50), L, steps=1000)
     for r in range(50):
-        held = lambda z: sum(min(s[r, k] * np.floor(z / a[r, k] + 1e-9), cap[r, k]) for k in range(3))  # noqa: E731
-        levels = sorted(a[r, k] * l for k in range(3) for l in range(1, 40))
+        def held(z: float, r: int = r) -> float:
+            return sum(min(s[r, k] * np.floor(z / a[r, k] + 1e-9), cap[r, k]) for k in range(3))
+        levels = sorted(a[r, k] * n for k in range(3) for n in range(1, 40))
         want = next((z for z in levels if held(z) >= L), np.inf)
         assert got[r] == pytest.approx(want)
 

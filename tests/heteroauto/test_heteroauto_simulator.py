@@ -31,7 +31,9 @@ def test_cost_formula_matches_simulator_homogeneous():
     cm = make_problem([chip("X", 4, 100.0, tp_max=1, net=1e12)], {"X": 1.0}, layers=8, gb=6)
     stages = [StageSpec("X", 1, 2, False)] * 4
     # the embedding/head constants make ends unequal; compare interior-equal pipelines without them
-    cm.profile.chips["X"].tp[1] = cm.profile.chips["X"].tp[1].__class__(**{**cm.profile.chips["X"].tp[1].__dict__, "head_s": 0.0})
+    cm.profile.chips["X"].tp[1] = (
+        cm.profile.chips["X"].tp[1].__class__(**{**cm.profile.chips["X"].tp[1].__dict__, "head_s": 0.0})
+    )
     cm.end.cache_clear(), cm.coef.cache_clear()
     est = cm.evaluate(stages, 1, 6)
     sim = simulate_stages(cm, stages, 1)
@@ -69,7 +71,7 @@ def test_memory_model_never_undercounts(schedule):
         ls = [1] * n
         for _ in range(8 - n):
             ls[rng.randrange(n)] += 1
-        plans.append(([StageSpec(rng.choice("XY"), 1, l, rng.random() < 0.5) for l in ls], 1))
+        plans.append(([StageSpec(rng.choice("XY"), 1, nl, rng.random() < 0.5) for nl in ls], 1))
     for stages, dp in plans:
         est = cm.evaluate(stages, dp, micro_batches(cm.train, dp))
         sim = simulate_stages(cm, stages, dp)
@@ -88,4 +90,15 @@ def test_memory_hand_calculation():
     stages[1] = StageSpec("X", 1, 2, True)
     assert cm.evaluate(stages, 1, 8).stage_memory_bytes[1] == pytest.approx(4.8e9)
     # dp=2 shards the 12 B of optimizer state: 2*(1.0 + 4*1.0)... stage 1 of 4 with b=4 holds 3
-    assert cm.evaluate([StageSpec("X", 1, 2, False)] * 4, 2, 4).stage_memory_bytes[1] == pytest.approx(2 * (1.0e9 + 3e9))
+    assert cm.evaluate([StageSpec("X", 1, 2, False)] * 4, 2, 4).stage_memory_bytes[1] == pytest.approx(
+        2 * (1.0e9 + 3e9)
+    )
+
+
+@pytest.mark.parametrize("which", ["boundary_s", "latency_s"])
+def test_a_per_boundary_list_of_the_wrong_length_is_a_clear_error(which):
+    st = [StageTimes(1.0, 2.0, 0.0, 0.0)] * 3
+    lists = {"boundary_s": [0.0, 0.0], "latency_s": [0.0, 0.0]}
+    lists[which] = [0.0]  # three stages have two boundaries
+    with pytest.raises(ValueError, match=rf"{which}: 1 values for the 2 boundaries between 3 stages"):
+        simulate(st, lists["boundary_s"], 4, "1f1b", latency_s=lists["latency_s"])

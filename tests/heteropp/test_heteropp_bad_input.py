@@ -54,3 +54,14 @@ def test_a_timeout_or_clip_norm_that_is_not_a_positive_number(tmp_path, capsys, 
         main(["run", "--plan", _plan(tmp_path, GOOD), "--model", "tiny", flag, value])
     assert e.value.code == 2
     assert f"{flag}: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
+
+
+def test_a_plan_whose_chips_used_disagrees_with_its_stages(tmp_path, capsys):
+    """`chips_used` is written from the stages; a plan edited in one place and not the other is rejected."""
+    from heteropp.plan import PLAN_VERSION
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"stages": GOOD, "dp": 1, "micro_batches": 4, "micro_batch_size": 1,
+                             "version": PLAN_VERSION, "chips_used": {"big": 2, "small": 1}}))
+    assert main(["run", "--plan", str(p), "--model", "tiny", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "chips_used" in err and "{'big': 1, 'small': 1}" in err, err
