@@ -203,6 +203,8 @@ class Router:
             return x
 
         out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        if _writes_any(func):
+            self._refresh_metadata(inputs.values())
         leaves_host = _targets_host(func, kwargs)
 
         def wrap(x: Any) -> Any:
@@ -212,6 +214,14 @@ class Router:
             return same if same is not None else self.wrap(x)
 
         return tree_map(wrap, out)
+
+    def _refresh_metadata(self, tensors: Any) -> None:
+        """A device tensor's sizes and strides are set when it is made; an operator that changed its host
+        tensor's (an ``out=`` it resized, ``resize_``, ``unsqueeze_``, ``t_``) gives it the new ones."""
+        for t in tensors:
+            h = t.host
+            if t.shape != h.shape or t.stride() != h.stride() or t.storage_offset() != h.storage_offset():
+                t.data = self.wrap(h)  # shallow-copies the fresh tensor's metadata, keeps the Python object
 
     def _log_fallback(self, func: torch._ops.OpOverload, reason: str | None) -> None:
         name = aten_name(func)
@@ -224,6 +234,10 @@ class Router:
 def _writes_self(func: torch._ops.OpOverload) -> bool:
     returns = func._schema.returns
     return len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write
+
+
+def _writes_any(func: torch._ops.OpOverload) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
 def _is_view(func: torch._ops.OpOverload) -> bool:

@@ -71,6 +71,35 @@ def test_scalar_out_and_inplace_overloads_reach_the_schema_operator(reference_pa
     assert got["fallbacks"] == {}
 
 
+def test_operators_that_resize_or_restride_a_device_tensor_update_its_sizes(reference_path):
+    """``out=`` tensors the operator resizes and in-place metadata operators: the device tensor shows
+    the sizes and strides plain CPU torch gives, not the ones it had before."""
+    got = run_python(f"""
+        import json, warnings, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        warnings.simplefilter("ignore")  # torch warns when out= of the wrong non-empty shape is resized
+        a, b = torch.randn(4, 3), torch.randn(3)
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            da, db = a.to(where), b.to(where)
+            add_out, cumsum_out, wrong = (torch.empty(0, device=where), torch.empty(0, device=where),
+                                          torch.empty(2, 2, device=where))
+            torch.add(da, db, out=add_out)
+            torch.cumsum(da, 0, out=cumsum_out)
+            torch.mul(da, 2.0, out=wrong)
+            squeezed = da.clone().unsqueeze_(0)
+            transposed = da.clone().t_()
+            resized = da.clone().resize_(2, 6)
+            results[where] = {{name: [list(t.shape), list(t.stride()), t.cpu().tolist()] for name, t in (
+                ("add out=", add_out), ("cumsum out=", cumsum_out), ("mul out= of another shape", wrong),
+                ("unsqueeze_", squeezed), ("t_", transposed), ("resize_", resized))}}
+        print(json.dumps(results))
+    """)
+    for name, want in got["cpu"].items():
+        assert got["diopi"][name] == want, name
+
+
 def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_path):
     got = run_python(f"""
         import json, logging, torch
