@@ -14,7 +14,8 @@ import time
 import torch
 
 
-def train_tiny(device: str, steps: int = 3, layers: int = 2, sequences: int = 4, seed: int = 0) -> tuple[list[float], list[float]]:
+def train_tiny(device: str, steps: int = 3, layers: int = 2, sequences: int = 4,
+               seed: int = 0) -> tuple[list[float], list[float]]:
     """Losses and seconds per step of heteropp's single-process training step (tiny preset) on ``device``."""
     from heteropp.engine.data import global_batch
     from heteropp.engine.optim import ZeroAdamW

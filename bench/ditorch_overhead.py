@@ -81,13 +81,14 @@ def training_step(width: int, depth: int, batch: int, device: str) -> Callable[[
 
 def run(rounds: int) -> list[Row]:
     real = str(ditorch.device_obj())
+    ones = torch.ones(64)
     rows = []
     for strategy in ("patch", "mode"):
         rows += [
             compare(f"[{strategy}] factory torch.empty(64, device=...)", lambda: torch.empty(64, device=real),
                     lambda: torch.empty(64, device="device"), 2000, rounds, strategy),
-            compare(f"[{strategy}] add x + x (no device argument)", (lambda a=torch.ones(64): a + a),
-                    (lambda a=torch.ones(64): a + a), 2000, rounds, strategy),
+            compare(f"[{strategy}] add x + x (no device argument)", lambda: ones + ones,
+                    lambda: ones + ones, 2000, rounds, strategy),
         ]
         for label, width, depth, batch in (("small MLP 512x4, b64", 512, 4, 64), ("tiny MLP 64x2, b16", 64, 2, 16)):
             plain_step = training_step(width, depth, batch, real)

@@ -2,9 +2,9 @@
 
 ``import ditorch`` chooses the vendor (``DITORCH_VENDOR`` or the first available, CPU last) and
 makes ``device="device"`` work; ``DITORCH_CUDA_COMPAT=1`` also routes
-CUDA spellings (booleans: 1/true/yes/on, 0/false/no/off). ``DITORCH_STRATEGY=mode`` intercepts with a torch-function mode (per thread)
-instead of patching the device-taking entry points; ``DITORCH_ENABLE=0`` (or false/no/off) imports without turning
-anything on.
+CUDA spellings (booleans: 1/true/yes/on, 0/false/no/off). ``DITORCH_STRATEGY=mode`` intercepts with a torch-function
+mode (per thread) instead of patching the device-taking entry points; ``DITORCH_ENABLE=0`` (or false/no/off)
+imports without turning anything on.
 """
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from ditorch.env import env_flag
 from ditorch.namespace import DeviceNamespace, device
 from ditorch.registry import ENTRY_POINT_GROUP, VENDOR_ENV, VendorError, adapter_for, all_adapters
 from ditorch.shim import (
-    STRATEGY_ENV, current_adapter, device_obj, disable, enable, is_enabled, active_strategy, use_adapter, use_vendor,
+    STRATEGY_ENV, current_adapter, device_obj, enable, is_enabled, active_strategy, use_adapter, use_vendor,
 )
+from ditorch.switch import disable
 
 ENABLE_ENV = "DITORCH_ENABLE"
 

@@ -39,7 +39,7 @@ _ROUTES: dict[str, Callable[[], Any]] = {
     "get_rng_state": lambda: lambda device="cuda": shim.runtime().get_rng_state(_opt_index(device)),
     "set_rng_state": lambda: lambda state, device="cuda": shim.runtime().set_rng_state(state, _opt_index(device)),
     "get_rng_state_all": lambda: lambda: [shim.runtime().get_rng_state(i) for i in range(shim.runtime().count())],
-    "set_rng_state_all": lambda: lambda states: [shim.runtime().set_rng_state(s, i) for i, s in enumerate(states)] and None,
+    "set_rng_state_all": lambda: _set_rng_state_all,
     "is_bf16_supported": lambda: lambda including_emulation=True: shim.runtime().is_bf16_supported(),
     "Stream": lambda: shim.runtime().Stream,
     "Event": lambda: shim.runtime().Event,
@@ -54,6 +54,11 @@ def _index(device: Any) -> int:
     if isinstance(device, str):
         return int(device.split(":")[1]) if ":" in device else 0
     return int(device)
+
+
+def _set_rng_state_all(states: list[torch.Tensor]) -> None:
+    for index, state in enumerate(states):
+        shim.runtime().set_rng_state(state, index)
 
 
 def _opt_index(device: Any) -> int | None:

@@ -37,13 +37,39 @@ def _map_location(tr: DeviceTranslator, location: Any) -> Any:
 
 def _storage_less(location: Any) -> torch.device | None:
     """The target device, if its tensors have no torch storage of their own (the diopi device's tensors
-    live in host tensors): torch.load cannot restore storages there, so tensors are loaded on the CPU
-    and moved."""
+    live in host tensors): torch.load cannot restore storages there, so they are restored on the CPU and
+    their tensors moved."""
     if not isinstance(location, (str, torch.device)):
         return None
     device = torch.device(location)
     module = getattr(torch, device.type, None)
     return device if getattr(module, "tensors_without_storage", False) else None
+
+
+def _via_host(location: Any) -> tuple[Callable, dict[int, torch.device]] | None:
+    """For a ``map_location`` (a device or a {source: target} dict) sending some storages to a storage-less
+    device: a ``map_location`` callable restoring those on the CPU, and the record it fills (the restored
+    storage's data pointer -> the device its tensors move to). None when no target is storage-less."""
+    if isinstance(location, dict):
+        targets = dict(location)
+    elif isinstance(location, (str, torch.device)):
+        targets = None
+    else:
+        return None  # None (the saved locations) or the caller's own callable
+    wanted = [location] if targets is None else list(targets.values())
+    if not any(_storage_less(t) is not None for t in wanted):
+        return None
+    moved: dict[int, torch.device] = {}
+
+    def restore(storage: Any, saved_at: str) -> Any:
+        target = location if targets is None else targets.get(saved_at, saved_at)
+        device = _storage_less(target)
+        if device is None:
+            return torch.serialization.default_restore_location(storage, str(target))
+        moved[storage.data_ptr()] = device
+        return storage  # stays on the CPU until its tensors move
+
+    return restore, moved
 
 
 def _load(load: Callable, tr: DeviceTranslator) -> Callable:
@@ -53,15 +79,23 @@ def _load(load: Callable, tr: DeviceTranslator) -> Callable:
             args = (args[0], _map_location(tr, args[1]), *args[2:])
         if "map_location" in kwargs:
             kwargs["map_location"] = _map_location(tr, kwargs["map_location"])
-        location = args[1] if len(args) > 1 else kwargs.get("map_location")
-        target = _storage_less(location)
-        if target is None:
+        plan = _via_host(args[1] if len(args) > 1 else kwargs.get("map_location"))
+        if plan is None:
             return load(*args, **kwargs)
+        restore, moved = plan
         if len(args) > 1:
-            args = (args[0], "cpu", *args[2:])
+            args = (args[0], restore, *args[2:])
         else:
-            kwargs["map_location"] = "cpu"
-        return tree_map(lambda t: t.to(target) if isinstance(t, torch.Tensor) else t, load(*args, **kwargs))
+            kwargs["map_location"] = restore
+        loaded = load(*args, **kwargs)
+
+        def move(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                return t
+            target = moved.get(t.untyped_storage().data_ptr())
+            return t if target is None else t.to(target)
+
+        return tree_map(move, loaded)
 
     return wrapper
 

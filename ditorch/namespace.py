@@ -86,7 +86,8 @@ class DeviceNamespace:
     def manual_seed_all(self, seed: int) -> None:
         shim.runtime().manual_seed_all(seed)
 
-    def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True, cache_enabled: bool | None = None) -> torch.autocast:
+    def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> torch.autocast:
         """``torch.autocast`` for this vendor's autocast device type."""
         return torch.autocast(self.autocast_device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 

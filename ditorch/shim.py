@@ -143,13 +143,16 @@ def _disable_device_name() -> None:
         pass
 
 
-def disable() -> None:
-    """Restore torch exactly: undo every patch and remove the mode from this thread's stack."""
-    from ditorch.cuda_compat import disable_cuda_compat
-
+def disable_device_name() -> None:
+    """Undo the device-name patches and remove the mode from this thread's stack (the CUDA
+    compatibility layer, built on top of this one, is undone by ``ditorch.disable``)."""
     with _lock:
-        disable_cuda_compat()
         _disable_device_name()
+
+
+def state_lock() -> threading.RLock:
+    """The lock that serialises switching the shim and the layers built on it."""
+    return _lock
 
 
 def device_obj(index: int | None = None) -> torch.device:

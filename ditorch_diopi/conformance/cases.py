@@ -170,7 +170,8 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
     if name == "aten::gelu_backward":
         return [c for approx, code in GELU_APPROXIMATE.items()
                 for c in _relabel(_binary_cases(
-                    op, g, lambda a, ap=approx: torch.ops.aten.gelu_backward(a["grad_output"], a["self"], approximate=ap),
+                    op, g,
+                    lambda a, ap=approx: torch.ops.aten.gelu_backward(a["grad_output"], a["self"], approximate=ap),
                     ("grad_output", "self"), scalars={"approximate": code}, large=code == 0), f"approximate={approx}")]
     raise KeyError(name)
 
@@ -193,9 +194,12 @@ def _matmul(op: OpSchema, g: _Gen) -> list[Case]:
         return [Case(op, label, g.dtype, {"self": g.rand(*a, layout=lay), "mat2": g.rand(*b, layout=lay)},
                      lambda d: (torch.bmm(d["self"], d["mat2"]),)) for label, a, b, lay in shapes]
     cases = []
-    for label, x, w, bias, lay in [("bias", (4, 6), (5, 6), True, "contiguous"), ("no bias", (2, 3, 6), (5, 6), False, "contiguous"),
-                                   ("non-contiguous", (7, 8), (3, 8), True, "transposed"), ("large", (256, 512), (384, 512), True, "contiguous")]:
-        args = {"input": g.rand(*x, layout=lay), "weight": g.rand(*w, layout=lay), "bias": g.rand(w[0]) if bias else None}
+    for label, x, w, bias, lay in [("bias", (4, 6), (5, 6), True, "contiguous"),
+                                   ("no bias", (2, 3, 6), (5, 6), False, "contiguous"),
+                                   ("non-contiguous", (7, 8), (3, 8), True, "transposed"),
+                                   ("large", (256, 512), (384, 512), True, "contiguous")]:
+        args = {"input": g.rand(*x, layout=lay), "weight": g.rand(*w, layout=lay),
+                "bias": g.rand(w[0]) if bias else None}
         cases.append(Case(op, label, g.dtype, args, lambda d: (F.linear(d["input"], d["weight"], d["bias"]),)))
     return cases
 
@@ -261,8 +265,10 @@ def _rms_norm(op: OpSchema, g: _Gen) -> list[Case]:
         x = g.rand(*shape, layout=lay)
         w = g.rand(*norm, lo=0.5, hi=1.5) if weight else None
         if op.aten == "aten::_fused_rms_norm":
-            cases.append(Case(op, label, g.dtype, {"input": x, "weight": w, "normalized_shape": list(norm), "eps": _RMS_EPS},
-                              lambda d: torch.ops.aten._fused_rms_norm(d["input"], d["normalized_shape"], d["weight"], d["eps"]),
+            args = {"input": x, "weight": w, "normalized_shape": list(norm), "eps": _RMS_EPS}
+            cases.append(Case(op, label, g.dtype, args,
+                              lambda d: torch.ops.aten._fused_rms_norm(
+                                  d["input"], d["normalized_shape"], d["weight"], d["eps"]),
                               out_dtypes={"rstd": _stat_dtype(g.dtype)}))
         else:
             _, rstd = torch.ops.aten._fused_rms_norm(x.double(), list(norm), None, _RMS_EPS)
@@ -297,7 +303,8 @@ def _rotary(op: OpSchema, g: _Gen) -> list[Case]:
         return (x * c - rot * s if d["conj"] else x * c + rot * s,)
 
     cases = []
-    for label, shape, lay, conj in [("forward", (2, 3, 5, 8), "contiguous", False), ("backward", (2, 3, 5, 8), "contiguous", True),
+    for label, shape, lay, conj in [("forward", (2, 3, 5, 8), "contiguous", False),
+                                    ("backward", (2, 3, 5, 8), "contiguous", True),
                                     ("non-contiguous", (2, 4, 6), "transposed", False),
                                     ("large", (2, 8, 128, 64), "contiguous", False)]:
         x = g.rand(*shape, layout=lay)
@@ -379,7 +386,8 @@ def _nll(op: OpSchema, g: _Gen) -> list[Case]:
                 cases.append(Case(op, f"{rname} {label}", g.dtype, args, lambda d: torch.ops.aten.nll_loss_forward(
                     d["self"], d["target"], d["weight"], d["reduction"], d["ignore_index"])))
             else:
-                _, total = torch.ops.aten.nll_loss_forward(x.double(), t, None if w is None else w.double(), reduction, ignore)
+                _, total = torch.ops.aten.nll_loss_forward(
+                    x.double(), t, None if w is None else w.double(), reduction, ignore)
                 grad = g.rand(N) if reduction == 0 else g.rand()
                 args = {"grad_output": grad, "self": x, "target": t, "weight": w, "total_weight": total.to(g.dtype),
                         "reduction": reduction, "ignore_index": ignore}
@@ -391,7 +399,8 @@ def _nll(op: OpSchema, g: _Gen) -> list[Case]:
 
 def _reductions(op: OpSchema, g: _Gen) -> list[Case]:
     shapes = [("all dims", (4, 5), [], False, "contiguous"), ("dim 1 keepdim", (3, 4, 5), [1], True, "contiguous"),
-              ("dims 0,2", (3, 4, 5), [0, -1], False, "contiguous"), ("non-contiguous", (6, 7), [0], False, "transposed"),
+              ("dims 0,2", (3, 4, 5), [0, -1], False, "contiguous"),
+              ("non-contiguous", (6, 7), [0], False, "transposed"),
               ("scalar", (), [], False, "contiguous"), ("empty", (0, 4), [0], False, "contiguous"),
               ("large", (256, 1024), [1], False, "contiguous")]
     cases = []
@@ -417,8 +426,10 @@ def _reductions(op: OpSchema, g: _Gen) -> list[Case]:
             for ord_ in (2.0, 1.0, float("inf"), 3.0):
                 if (label == "large" and ord_ != 2.0) or (label == "empty" and math.isinf(ord_)):
                     continue  # the inf norm of nothing has no value
-                cases.append(Case(op, f"ord={ord_:g} {label}", g.dtype, {"self": x, "ord": ord_, "dim": dims, "keepdim": keep},
-                                  lambda d: (torch.linalg.vector_norm(d["self"], d["ord"], d["dim"] or None, d["keepdim"]),)))
+                args = {"self": x, "ord": ord_, "dim": dims, "keepdim": keep}
+                cases.append(Case(op, f"ord={ord_:g} {label}", g.dtype, args,
+                                  lambda d: (torch.linalg.vector_norm(
+                                      d["self"], d["ord"], d["dim"] or None, d["keepdim"]),)))
     return cases
 
 
@@ -433,18 +444,21 @@ def _data_movement(op: OpSchema, g: _Gen) -> list[Case]:
         for label, shape, lay in [("basic", (4, 5), "contiguous"), ("non-contiguous", (5, 6), "transposed"),
                                   ("empty", (0,), "contiguous")]:
             target = _OTHER_DTYPE[g.dtype]
-            cases.append(Case(op, f"to {_dtype_name(target)} {label}", g.dtype, {"self": g.rand(*shape, lo=lo, hi=hi, layout=lay)},
+            args = {"self": g.rand(*shape, lo=lo, hi=hi, layout=lay)}
+            cases.append(Case(op, f"to {_dtype_name(target)} {label}", g.dtype, args,
                               lambda d: (d["self"],), out_dtypes={"out": target}))
         return cases
     if op.aten == "aten::clone":
-        return [Case(op, "transposed input", g.dtype, {"self": g.rand(4, 7, lo=lo, hi=hi, layout="transposed")}, lambda d: (d["self"],)),
+        return [Case(op, "transposed input", g.dtype, {"self": g.rand(4, 7, lo=lo, hi=hi, layout="transposed")},
+                     lambda d: (d["self"],)),
                 Case(op, "transposed output", g.dtype, {"self": g.rand(3, 5, lo=lo, hi=hi)}, lambda d: (d["self"],),
                      transposed_outputs=("out",)),
                 Case(op, "scalar", g.dtype, {"self": g.rand(lo=lo, hi=hi)}, lambda d: (d["self"],))]
     if op.aten == "aten::copy_":
         return [Case(op, "broadcast", g.dtype, {"self": g.rand(4, 5, lo=lo, hi=hi), "src": g.rand(5, lo=lo, hi=hi)},
                      lambda d: (d["src"].expand(4, 5),)),
-                Case(op, "into non-contiguous", g.dtype, {"self": g.rand(5, 4, lo=lo, hi=hi).t(), "src": g.rand(4, 5, lo=lo, hi=hi)},
+                Case(op, "into non-contiguous", g.dtype,
+                     {"self": g.rand(5, 4, lo=lo, hi=hi).t(), "src": g.rand(4, 5, lo=lo, hi=hi)},
                      lambda d: (d["src"],))]
     value = 1.5 if g.dtype.is_floating_point else 7.0
     return [Case(op, "basic", g.dtype, {"self": g.rand(3, 4, lo=lo, hi=hi), "value": value},

@@ -88,7 +88,8 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile) -> CaseResult:
         if want is None:  # an optional output the case does not ask for
             outputs[arg.name] = None
         else:
-            outputs[arg.name] = case.inputs[arg.name].clone() if arg.kind == "inout" else _allocate(case, arg.name, want)
+            outputs[arg.name] = (case.inputs[arg.name].clone() if arg.kind == "inout"
+                                 else _allocate(case, arg.name, want))
     snapshots = {a.name: case.inputs[a.name].clone() for a in op.inputs if case.inputs.get(a.name) is not None}
     args = [outputs[a.name] if a.is_output else case.inputs.get(a.name) for a in op.args]
     try:

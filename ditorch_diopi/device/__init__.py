@@ -17,7 +17,8 @@ from ditorch_diopi.device.router import DEVICE_TYPE, Router
 from ditorch_diopi.device.tensor import DiopiTensor, current_router, is_device_tensor, set_router
 from ditorch_diopi.library import DiopiLibrary, load
 
-__all__ = ["DEVICE_TYPE", "DiopiDeviceError", "DiopiTensor", "enable", "is_enabled", "library", "routed_ops", "fallback_ops", "copy_ops"]
+__all__ = ["DEVICE_TYPE", "DiopiDeviceError", "DiopiTensor", "enable", "is_enabled", "library", "routed_ops",
+           "fallback_ops", "copy_ops"]
 
 _lock = threading.Lock()
 _registration: torch.library.Library | None = None

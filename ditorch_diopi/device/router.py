@@ -115,6 +115,7 @@ class Router:
         self.fallbacks: Counter[str] = Counter()
         self.copies: Counter[str] = Counter()
         self._resolved: dict[Any, tuple[OpSchema | None, bool]] = {}
+        self._metas: dict[tuple, Any] = {}
 
     # --- resolution -------------------------------------------------------------------------
     def resolve(self, func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
@@ -150,7 +151,7 @@ class Router:
 
     def _call(self, func: torch._ops.OpOverload, op: OpSchema, mode: str, args: tuple, kwargs: dict,
               bound: dict[str, Any]) -> Any:
-        meta_out = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        meta_out = self._meta(func, args, kwargs)
         metas = list(meta_out) if isinstance(meta_out, (tuple, list)) else [meta_out]
         target = bound["out"] if mode == OUT else bound["self"] if mode == INPLACE else None
         if target is not None and tuple(target.shape) != tuple(metas[0].shape):
@@ -189,6 +190,20 @@ class Router:
         wrapped = [r if not isinstance(r, torch.Tensor) or self.is_device(r) else self.wrap(r) for r in results]
         return tuple(wrapped) if isinstance(meta_out, (tuple, list)) else wrapped[0]
 
+    def _meta(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        """The operator's meta result (output sizes, strides, dtypes), cached per argument signature: the
+        meta kernels are Python (torch._refs) and cost more than a small kernel; a training step repeats
+        the same signatures every step."""
+        key = _meta_key(func, args, kwargs)
+        hit = self._metas.get(key) if key is not None else None
+        if hit is None:
+            hit = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+            if key is not None:
+                if len(self._metas) >= _META_CACHE_SIZE:
+                    self._metas.clear()
+                self._metas[key] = hit
+        return hit
+
     def _on_host(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """Run ``func`` on the host tensors behind the device tensors; device results stay device tensors."""
         inputs: dict[int, torch.Tensor] = {}
@@ -203,6 +218,8 @@ class Router:
             return x
 
         out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        if _writes_any(func):
+            self._refresh_metadata(inputs.values())
         leaves_host = _targets_host(func, kwargs)
 
         def wrap(x: Any) -> Any:
@@ -212,6 +229,14 @@ class Router:
             return same if same is not None else self.wrap(x)
 
         return tree_map(wrap, out)
+
+    def _refresh_metadata(self, tensors: Any) -> None:
+        """A device tensor's sizes and strides are set when it is made; an operator that changed its host
+        tensor's (an ``out=`` it resized, ``resize_``, ``unsqueeze_``, ``t_``) gives it the new ones."""
+        for t in tensors:
+            h = t.host
+            if t.shape != h.shape or t.stride() != h.stride() or t.storage_offset() != h.storage_offset():
+                t.data = self.wrap(h)  # shallow-copies the fresh tensor's metadata, keeps the Python object
 
     def _log_fallback(self, func: torch._ops.OpOverload, reason: str | None) -> None:
         name = aten_name(func)
@@ -224,6 +249,10 @@ class Router:
 def _writes_self(func: torch._ops.OpOverload) -> bool:
     returns = func._schema.returns
     return len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write
+
+
+def _writes_any(func: torch._ops.OpOverload) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
 def _is_view(func: torch._ops.OpOverload) -> bool:
@@ -257,6 +286,35 @@ def _bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, A
 
 def _host(value: Any) -> Any:
     return getattr(value, "host", value) if isinstance(value, torch.Tensor) else value
+
+
+_META_CACHE_SIZE = 8192
+# Argument values kept as they are in a meta-cache key; floats count by type only (no meta kernel's
+# sizes depend on a float's value, and optimizer steps pass a new one every step).
+_KEY_VALUES = (int, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _NoKey(Exception):
+    pass
+
+
+def _signature(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype)
+    if isinstance(x, float):
+        return float
+    if isinstance(x, _KEY_VALUES):
+        return (type(x), x)  # True and 1 are equal keys otherwise
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(e) for e in x)
+    raise _NoKey
+
+
+def _meta_key(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | None:
+    try:
+        return (func, _signature(args), tuple((k, _signature(v)) for k, v in kwargs.items()))
+    except _NoKey:
+        return None
 
 
 def _to_meta(x: Any) -> Any:

@@ -12,10 +12,21 @@ Buffer matmul(const Buffer& a, const Buffer& w, int64_t batch, int64_t n, int64_
     const double* A = a.data() + b * n * k;
     const double* W = w.data() + b * k * m;
     double* O = out.data() + b * n * m;
+    // Both loop orders add the products of each output in increasing p: the same sums, bit for bit.
+    // The transposed weight (linear's) is read along its rows instead of across them.
+    if (w_transposed) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          double sum = 0.0;
+          for (int64_t p = 0; p < k; ++p) sum += A[i * k + p] * W[j * k + p];
+          O[i * m + j] = sum;
+        }
+      continue;
+    }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t p = 0; p < k; ++p) {
         const double x = A[i * k + p];
-        for (int64_t j = 0; j < m; ++j) O[i * m + j] += x * (w_transposed ? W[j * k + p] : W[p * m + j]);
+        for (int64_t j = 0; j < m; ++j) O[i * m + j] += x * W[p * m + j];
       }
   }
   return out;

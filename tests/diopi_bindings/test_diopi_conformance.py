@@ -84,7 +84,9 @@ def test_vendor_file_skips_and_loosens(variant_path, tmp_path):
     skip = tmp_path / "skip.yaml"
     skip.write_text(f'skip:\n  "{PLANTED_WRONG}[float32]": "known"\n  "{PLANTED_WRONG}": "firmware bug 123"\n')
     report = tmp_path / "r.json"
-    assert main(["--impl", str(variant_path), "--ops", PLANTED_WRONG, "--vendor-file", str(skip), "--json", str(report), "-q"]) == 0
+    argv = ["--impl", str(variant_path), "--ops", PLANTED_WRONG, "--vendor-file", str(skip),
+            "--json", str(report), "-q"]
+    assert main(argv) == 0
     cases = json.loads(report.read_text())["cases"]
     assert {c["status"] for c in cases} == {"skipped"}
     assert {c["detail"] for c in cases if c["dtype"] == "float32"} == {"known"}

@@ -3,6 +3,7 @@ device memory), the rest on the CPU, logged once per operator; heteropp's tiny L
 like plain CPU torch. Each test runs in a fresh interpreter: the device registers once per process."""
 from __future__ import annotations
 
+import torch
 from diopi_testlib import PARTIAL_OMITTED, run_python
 
 
@@ -69,6 +70,57 @@ def test_scalar_out_and_inplace_overloads_reach_the_schema_operator(reference_pa
                "aten::sqrt_", "aten::cos", "aten::sin", "aten::log", "aten::reciprocal"):
         assert op in got["routed"], op
     assert got["fallbacks"] == {}
+
+
+def test_operators_that_resize_or_restride_a_device_tensor_update_its_sizes(reference_path):
+    """``out=`` tensors the operator resizes and in-place metadata operators: the device tensor shows
+    the sizes and strides plain CPU torch gives, not the ones it had before."""
+    got = run_python(f"""
+        import json, warnings, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        warnings.simplefilter("ignore")  # torch warns when out= of the wrong non-empty shape is resized
+        a, b = torch.randn(4, 3), torch.randn(3)
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            da, db = a.to(where), b.to(where)
+            add_out, cumsum_out, wrong = (torch.empty(0, device=where), torch.empty(0, device=where),
+                                          torch.empty(2, 2, device=where))
+            torch.add(da, db, out=add_out)
+            torch.cumsum(da, 0, out=cumsum_out)
+            torch.mul(da, 2.0, out=wrong)
+            squeezed = da.clone().unsqueeze_(0)
+            transposed = da.clone().t_()
+            resized = da.clone().resize_(2, 6)
+            results[where] = {{name: [list(t.shape), list(t.stride()), t.cpu().tolist()] for name, t in (
+                ("add out=", add_out), ("cumsum out=", cumsum_out), ("mul out= of another shape", wrong),
+                ("unsqueeze_", squeezed), ("t_", transposed), ("resize_", resized))}}
+        print(json.dumps(results))
+    """)
+    for name, want in got["cpu"].items():
+        assert got["diopi"][name] == want, name
+
+
+def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(reference_path):
+    """The router caches meta results per argument signature: calls that differ only in an integer,
+    a flag or a number's type must still get the shapes and dtypes plain CPU torch gives."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        x, i = torch.randn(3, 4), torch.arange(12).reshape(3, 4)
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            dx, di = x.to(where), i.to(where)
+            outs = [dx.sum(0), dx.sum(1), dx.sum(1, keepdim=True), dx.sum([0, 1]), di + 2, di + 2.5, di + 3.5,
+                    di * True, dx.mean(0), dx.mean(1)]
+            results[where] = [[list(t.shape), str(t.dtype), t.cpu().tolist()] for t in outs]
+        print(json.dumps({{**results, "routed": dict(device.routed_ops())}}))
+    """)
+    for (shape, dtype, values), (want_shape, want_dtype, want) in zip(got["diopi"], got["cpu"]):
+        assert (shape, dtype) == (want_shape, want_dtype)
+        assert torch.allclose(torch.tensor(values), torch.tensor(want), rtol=1e-6, atol=1e-6)
+    assert got["routed"]["aten::sum.dim_IntList"] >= 4
 
 
 def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_path):

@@ -15,6 +15,12 @@ APIS = """
     buf = io.BytesIO(); torch.save({"w": torch.arange(4.0)}, buf); buf.seek(0)
     loaded = torch.load(buf, map_location="device", weights_only=True)["w"]
     out["load"] = [str(loaded.device), loaded.cpu().tolist()]
+    # a checkpoint saved on CUDA (its storages tagged "cuda:0" at save), remapped by a {source: target} dict
+    torch.serialization.register_package(0, lambda s: "cuda:0" if s.device.type == "cpu" else None, lambda o, l: None)
+    buf = io.BytesIO(); torch.save({"w": torch.arange(4.0)}, buf); buf.seek(0)
+    torch.serialization._package_registry.pop(0)
+    mapped = torch.load(buf, map_location={"cuda:0": "device"}, weights_only=True)["w"]
+    out["load dict"] = [str(mapped.device), mapped.cpu().tolist()]
     torch.set_default_device("device"); out["default"] = str(torch.zeros(1).device); torch.set_default_device(None)
     out["module"] = torch.get_device_module("device") is torch.get_device_module("diopi")
     with torch.autocast("device", dtype=torch.bfloat16):
@@ -33,7 +39,7 @@ def test_every_device_api_on_the_diopi_vendor(reference_path):
     got = run_python(APIS, env={"DITORCH_VENDOR": "diopi", "DIOPI_LIBRARY": str(reference_path)})
     assert (got["vendor"], got["type"], got["count"]) == ("diopi", "diopi", 1)
     assert got["factory"] == got["to"] == got["default"] == "diopi:0"
-    assert got["load"] == ["diopi:0", [0.0, 1.0, 2.0, 3.0]]
+    assert got["load"] == got["load dict"] == ["diopi:0", [0.0, 1.0, 2.0, 3.0]]
     assert got["module"] is True
     assert got["autocast"] == "torch.bfloat16"
     assert "the 'diopi' device has no generator of its own" in got["generator"]

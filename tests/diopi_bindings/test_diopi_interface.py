@@ -16,7 +16,8 @@ from ditorch_diopi.schema import OPS
 
 
 def test_committed_header_is_generated_from_the_schema():
-    assert gen_header.main(["--check"]) == 0, "functions.h differs from the schema: run python -m ditorch_diopi.gen_header"
+    assert gen_header.main(["--check"]) == 0, (
+        "functions.h differs from the schema: run python -m ditorch_diopi.gen_header")
 
 
 def test_every_schema_operator_has_a_prototype_with_outputs_first():

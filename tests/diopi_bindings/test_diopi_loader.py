@@ -107,7 +107,8 @@ diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
   if (!scratch) return DIOPI_ERR_ALLOCATION;
   diopiTensorHandle_t extra = NULL;
   int64_t shape[2] = {2, 3};
-  if (ctx->require_tensor(ctx->allocator_state, &extra, 2, shape, DIOPI_DTYPE_FLOAT64) != DIOPI_SUCCESS) return DIOPI_ERR_ALLOCATION;
+  if (ctx->require_tensor(ctx->allocator_state, &extra, 2, shape, DIOPI_DTYPE_FLOAT64) != DIOPI_SUCCESS)
+    return DIOPI_ERR_ALLOCATION;
   if (extra->ndim != 2 || extra->shape[1] != 3 || extra->dtype != DIOPI_DTYPE_FLOAT64) return DIOPI_ERR_INTERNAL;
   memset(extra->data, 0, 6 * sizeof(double));
   for (int64_t i = 0; i < self->shape[0]; ++i) {

@@ -1,4 +1,4 @@
-"""Shared fixtures for the ditorch tests: each test leaves the shim exactly as it found it."""
+"""Helpers for the ditorch tests: saving and restoring the shim's state, running a fresh interpreter."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 
 import ditorch
@@ -24,17 +23,17 @@ def ditorch_modes_on_stack() -> list:
 
 
 @dataclass
-class _Saved:
+class SavedState:
     adapter: ditorch.Adapter | None
     strategy: str | None
     compat: bool
 
 
-def _save() -> _Saved:
-    return _Saved(_shim._state.adapter, ditorch.active_strategy(), ditorch.cuda_compat_enabled())
+def save_state() -> SavedState:
+    return SavedState(_shim._state.adapter, ditorch.active_strategy(), ditorch.cuda_compat_enabled())
 
 
-def _restore(saved: _Saved) -> None:
+def restore_state(saved: SavedState) -> None:
     ditorch.disable()
     assert not ditorch_modes_on_stack(), "ditorch.disable() left its mode on the torch-function stack"
     assert not _shim._state.device_patches, "ditorch.disable() left patches behind"
@@ -44,31 +43,6 @@ def _restore(saved: _Saved) -> None:
         ditorch.enable(strategy=saved.strategy)
     if saved.compat:
         ditorch.enable_cuda_compat()
-
-
-@pytest.fixture
-def plain():
-    """Plain torch: ditorch off for the test, previous state back afterwards."""
-    saved = _save()
-    ditorch.disable()
-    yield ditorch
-    _restore(saved)
-
-
-@pytest.fixture(params=["patch", "mode"])
-def shim(plain, request):
-    """The unified device name on, with each interception strategy (the vendor chosen here: CPU
-    on a machine without accelerators)."""
-    ditorch.enable(strategy=request.param)
-    assert ditorch.active_strategy() == request.param
-    yield ditorch
-
-
-@pytest.fixture
-def compat(shim):
-    """CUDA compatibility on top of the shim."""
-    ditorch.enable_cuda_compat()
-    yield ditorch
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from ditorch_testutil import compat, plain, shim  # noqa: F401 - fixtures
 
 import ditorch
 
@@ -25,7 +24,8 @@ def snapshot() -> dict[str, dict[str, object]]:
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
@@ -41,7 +41,7 @@ def train_written_for_cuda(steps: int = 6) -> tuple[list[float], dict[str, torch
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     losses = []
-    for step in range(steps):
+    for _ in range(steps):
         x = torch.randn(16, 8, device="cuda")
         y = torch.randn(16, 1).cuda(non_blocking=True)
         start.record()
@@ -62,7 +62,7 @@ def train_written_for_cpu(steps: int = 6) -> tuple[list[float], dict[str, torch.
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
-    for step in range(steps):
+    for _ in range(steps):
         x = torch.randn(16, 8)
         y = torch.randn(16, 1)
         loss = F.mse_loss(model(x), y)

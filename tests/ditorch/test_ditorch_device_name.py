@@ -7,7 +7,6 @@ import threading
 
 import pytest
 import torch
-from ditorch_testutil import compat, plain, shim  # noqa: F401 - fixtures
 
 import ditorch
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ditorch_testutil import FIXTURES, compat, plain, run_python, shim  # noqa: F401 - fixtures
+from ditorch_testutil import FIXTURES, run_python
 
 import ditorch
 from ditorch.registry import VendorError, select

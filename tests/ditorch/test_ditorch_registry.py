@@ -6,7 +6,6 @@ import logging
 
 import pytest
 import torch
-from ditorch_testutil import compat, plain, shim  # noqa: F401 - fixtures
 
 import ditorch
 from ditorch.adapters import cuda as cuda_adapter
@@ -24,7 +23,8 @@ EXPECTED = {
     "diopi": ("diopi", "gloo"),  # an operator library behind a generic device; collectives over host memory
     "cpu": ("cpu", "gloo"),
 }
-ALIASES = {"dipu": "diopi", "nvidia": "cuda", "ascend": "npu", "Cambricon": "mlu", "mthreads": "musa", "intel": "xpu", "amd": "rocm"}
+ALIASES = {"dipu": "diopi", "nvidia": "cuda", "ascend": "npu", "Cambricon": "mlu", "mthreads": "musa", "intel": "xpu",
+           "amd": "rocm"}
 
 
 def test_builtin_adapters_declare_device_type_and_backend():

@@ -6,7 +6,6 @@ import time
 
 import pytest
 import torch
-from ditorch_testutil import compat, plain, shim  # noqa: F401 - fixtures
 
 import ditorch
 
