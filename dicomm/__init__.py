@@ -6,7 +6,7 @@ without importing dicomm first.
 """
 import warnings
 
-from dicomm import _C  # noqa: F401
+from dicomm import _C as _C  # noqa: F401  (the engine; loads before the backend)
 from dicomm.errors import DicommError, MismatchError, PeerError, TimeoutError
 
 try:

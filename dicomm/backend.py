@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dicomm import _C_torch, errors  # noqa: F401  (errors: the classes the backend raises)
+import dicomm._C_torch as _C_torch
+from dicomm import errors  # noqa: F401  (the classes the backend raises)
 
 log = logging.getLogger("dicomm")
 
@@ -67,4 +68,4 @@ def register() -> None:
 register()
 # `group.communicator`, as the benchmark and older callers read it: an added read-only property.
 if not hasattr(dist.ProcessGroup, "communicator"):
-    dist.ProcessGroup.communicator = property(communicator_of)
+    dist.ProcessGroup.communicator = property(communicator_of)  # type: ignore[attr-defined]  # added here

@@ -11,6 +11,7 @@ import json
 import logging
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,20 +34,22 @@ def _ping_pong(t: torch.Tensor, peer: int, rank: int, iters: int) -> list[float]
     return out
 
 
-def _worker(iters: int) -> dict:
+def _worker(iters: int) -> dict[str, Any]:
     import dicomm  # noqa: F401  (torch's autoload registers it too)
     dist.init_process_group(backend="dicomm")
     rank, size = dist.get_rank(), dist.get_world_size()
     x = torch.full((1000,), float(rank + 1))
     dist.all_reduce(x)
-    result = {"rank": rank, "all_reduce_ok": bool((x == size * (size + 1) / 2).all())}
+    result: dict[str, Any] = {"rank": rank, "all_reduce_ok": bool((x == size * (size + 1) / 2).all())}
     if rank < 2:
         peer = 1 - rank
         small = _ping_pong(torch.zeros(2), peer, rank, iters)[iters // 10:]
         big = torch.zeros(16 << 20)  # 64 MiB
         _ping_pong(big, peer, rank, 1)
         bw = _ping_pong(big, peer, rank, 5)
-        result.update(peer=peer, transport=communicator_of(dist.group.WORLD).transport_of(peer),
+        backend = communicator_of(dist.distributed_c10d._get_default_group())
+        assert backend is not None, "the default group runs on dicomm"
+        result.update(peer=peer, transport=backend.transport_of(peer),
                       lat_us_median=statistics.median(small) * 1e6,
                       lat_us_min=min(small) * 1e6,
                       gbps_64mib=big.nbytes / statistics.median(bw) / 1e9)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch.distributed import DistBackendError
 
-from dicomm import _C
+import dicomm._C as _C
 
 DicommError: type[RuntimeError] = _C.DicommError
 TimeoutError: type[RuntimeError] = _C.TimeoutError

@@ -730,8 +730,9 @@ WorkPtr DicommBackend::barrier(const c10d::BarrierOptions& opts) {
 
 // Like gloo's: every rank reports to rank 0, which names the ranks that did not arrive in time,
 // then releases them all.
+// A timeout of 0 is a real one (gloo's contract: only kUnsetTimeout means the group's timeout).
 void DicommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  const auto timeout = timeout_for(opts.timeout);
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -744,10 +745,14 @@ void DicommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait
   static const uint8_t token = 1;
   static uint8_t sink;
   if (rank_ != 0) {
-    translated([&] {
-      comm_->isend(&token, 1, 0, arrive)->wait(left());
-      comm_->irecv(&sink, 1, 0, release)->wait(left());
-    });
+    translated([&] { comm_->isend(&token, 1, 0, arrive)->wait(left()); });
+    try {
+      translated([&] { comm_->irecv(&sink, 1, 0, release)->wait(left()); });
+    } catch (const BackendError& e) {
+      fail(e.kind, "Rank " + std::to_string(rank_) +
+                         " successfully reached monitoredBarrier, but received errors while waiting for send/recv "
+                         "from rank 0 (" + e.what_without_backtrace() + ")");
+    }
     return;
   }
   std::vector<RequestPtr> arrivals(size_);
@@ -755,6 +760,13 @@ void DicommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait
   std::vector<int> missing;
   std::string first_error;
   for (int r = 1; r < size_; ++r) {
+    // Like gloo: out of time before asking the next rank is rank 0's own timeout, not that rank's.
+    if (!wait_all_ranks && left().count() == 0) {
+      std::ostringstream text;
+      text << "Rank 0 timed out in monitoredBarrier after " << timeout.count() << " ms; ranks " << r << ".."
+           << size_ - 1 << " not checked";
+      fail(Kind::kTimeout, text.str());
+    }
     try {
       arrivals[r]->wait(left());
     } catch (const std::exception& e) {

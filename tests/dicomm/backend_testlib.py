@@ -37,7 +37,7 @@ def assert_same_results(got: dict[str, Any], want: dict[str, Any], who: str) -> 
         a, b = got[key], want[key]
         if isinstance(b, torch.Tensor):
             if key.startswith("~"):
-                torch.testing.assert_close(a, b, msg=lambda m: f"{who} {key}: {m}")
+                torch.testing.assert_close(a, b, msg=lambda m, key=key: f"{who} {key}: {m}")
             else:
                 assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), \
                     f"{who} {key}: got {a}, expected {b}"

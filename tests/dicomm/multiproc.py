@@ -3,10 +3,13 @@
 Children come from a forkserver that has imported torch once, so each rank starts in milliseconds
 and never inherits a parent's OpenMP or progress threads. The function must be importable (defined
 at module level). Every run has a deadline: a rank that neither reports nor exits in time is killed
-and the run fails with what each rank said.
+and the run fails with what each rank said. A rank that reported must then exit cleanly: its exit
+hooks run (as at the end of a script), and a rank that hangs there or exits with an error code
+fails the run too.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import multiprocessing as mp
 import os
@@ -17,6 +20,9 @@ from typing import Any, Callable, Iterable
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed"])
+
+
+EXIT_GRACE_S = 10.0  # how long a rank that reported may take to exit
 
 
 class RankFailure(AssertionError):
@@ -33,6 +39,11 @@ def _child(fn, rank, world_size, port, args, env, results):
         results.put((rank, "ok", fn(rank, world_size, store, *args)))
     except BaseException:  # report everything, including SystemExit and KeyboardInterrupt
         results.put((rank, "error", traceback.format_exc()))
+    results.close()
+    results.join_thread()  # the report is delivered before anything at exit can go wrong
+    # A multiprocessing child ends in os._exit, which skips the exit hooks a script's end runs
+    # (dicomm closes open communicators there): run them, so a hang in them shows.
+    atexit._run_exitfuncs()
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
@@ -71,8 +82,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
                             break
                     break
     finally:
+        # A rank that reported gets until the deadline, and at least EXIT_GRACE_S, to exit.
+        exit_deadline = max(deadline, time.monotonic() + EXIT_GRACE_S)
         for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            p.join(timeout=max(0.0, exit_deadline - time.monotonic()))
+        hung = {r for r, p in enumerate(procs) if p.is_alive()}
         for p in procs:
             if p.is_alive():
                 p.kill()
@@ -81,6 +95,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     for r, p in enumerate(procs):
         if r in out and out[r][0] == "error":
             problems.append(f"--- rank {r} raised:\n{out[r][1]}")
+        elif r in out and r in hung:
+            problems.append(f"--- rank {r} reported, then did not exit within {EXIT_GRACE_S:.0f} s "
+                            f"(hung at exit; killed)")
+        elif r in out and p.exitcode != 0:
+            problems.append(f"--- rank {r} reported, then exited with code {p.exitcode}")
         elif r not in out and r not in expect_dead:
             why = "timed out" if p.exitcode in (None, -9) else f"exited with code {p.exitcode}"
             problems.append(f"--- rank {r} {why} without reporting (run timeout {timeout:.0f} s)")

@@ -25,7 +25,7 @@ def _pingpong(rank, world, store, sizes, iters):
         p = ptr(buf)
         reps = iters if n <= 65536 else max(5, min(iters, (256 << 20) // n))
         times = []
-        for i in range(reps + max(3, reps // 10)):  # the first rounds warm up
+        for _ in range(reps + max(3, reps // 10)):  # the first rounds warm up
             t0 = time.perf_counter()
             if rank == 0:
                 c.isend(p, n, peer, 0).wait()
@@ -58,7 +58,8 @@ def main() -> None:
         return
     print(f"{'bytes':>10} {'transport':>9} {'lat med us':>11} {'lat p99 us':>11} {'GB/s':>8}")
     for r in rows:
-        print(f"{r['bytes']:>10} {r['transport']:>9} {r['lat_us_median']:>11.2f} {r['lat_us_p99']:>11.2f} {r['gbps']:>8.3f}")
+        print(f"{r['bytes']:>10} {r['transport']:>9} {r['lat_us_median']:>11.2f} "
+              f"{r['lat_us_p99']:>11.2f} {r['gbps']:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -86,4 +86,4 @@ def test_ddp_and_pipeline_schedules_match_a_single_process():
     for schedule in ("gpipe", "1f1b"):
         got = ranks[0][schedule] + ranks[1][schedule]  # stage 0 holds layer 0, stage 1 layer 2
         for g, want in zip(got, grads, strict=True):
-            torch.testing.assert_close(g, want, msg=lambda m: f"{schedule}: {m}")
+            torch.testing.assert_close(g, want, msg=lambda m, schedule=schedule: f"{schedule}: {m}")

@@ -58,13 +58,46 @@ def _disagree(rank, world, store, kind, roots, sizes):
 def test_ranks_that_disagree_on_the_root_all_get_mismatch_error(kind):
     roots = [0, 0, 2]  # rank 2 believes it is the root
     results = run_ranks(_disagree, 3, kind, roots, [N] * 3)
-    for rank, (name, text, queued) in enumerate(results):
+    for rank, (name, text, _queued) in enumerate(results):
         assert name == "MismatchError", (rank, name, text)
         assert "root 0" in text and "root 2" in text, (rank, text)
 
 
 def test_broadcast_size_mismatch_fails_the_root_too():
     results = run_ranks(_disagree, 2, "broadcast", [0, 0], [N, 2 * N])
-    for rank, (name, text, queued) in enumerate(results):
+    for rank, (name, text, _queued) in enumerate(results):
         assert name == "MismatchError", (rank, name, text)
         assert f"broadcast({N} B, root 0)" in text and f"broadcast({2 * N} B, root 0)" in text, (rank, text)
+
+
+def _disagree_at_once(rank, world, store, rounds):
+    """Every kind of rooted collective, `rounds` times each, as the first operation of a fresh
+    communicator: no barrier first, so connections are still being set up when the aborting rank
+    tells the others."""
+    import dicomm._C as C
+
+    out = []
+    for i in range(rounds):
+        for kind in ("broadcast", "scatter", "reduce", "gather"):
+            name = f"fresh-{kind}-{i}"
+            c = open_comm(rank, world, store, timeout_s=10.0, name=name)
+            req, keep = _call(c, kind, [0, 0, 2][rank], N, rank, world)
+            try:
+                req.wait()
+                got = ("ok", "")
+            except C.DicommError as e:
+                got = (type(e).__name__, str(e))
+            out.append((kind, i) + got)
+            store.set(f"{name}-done{rank}", "1")
+            store.wait([f"{name}-done{r}" for r in range(world)])
+            c.close()
+    return out
+
+
+def test_a_root_mismatch_as_a_fresh_communicators_first_operation_is_a_mismatch_on_every_rank():
+    # The race: the aborting rank's connections closed before its notice was read (or before the
+    # peer had accepted them), and a peer reported "rank 0 is gone" instead of the mismatch.
+    results = run_ranks(_disagree_at_once, 3, 3, timeout=240)
+    wrong = [(rank, kind, i, name, text) for rank, rows in enumerate(results)
+             for kind, i, name, text in rows if name != "MismatchError"]
+    assert not wrong, "\n".join(map(str, wrong))

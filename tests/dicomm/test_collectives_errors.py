@@ -65,7 +65,7 @@ def _assert_detected(results, needles):
     # other's message may report the sizes instead (the engine checks sizes first).
     assert any(name == "MismatchError" and all(n in message for n in needles)
                for name, message, _, _ in results), results
-    for name, message, guard_ok, elapsed in results:
+    for _name, _message, guard_ok, elapsed in results:
         assert guard_ok, "a mismatched message was written past its buffer"
         assert elapsed < 3 * TIMEOUT_S, f"a rank waited {elapsed:.1f} s"
 

@@ -1,7 +1,8 @@
 """all_gather, reduce_scatter, all_to_all and barrier across real processes (processes on one
 host stand in for nodes): world sizes 2, 3 and 4, sizes on both sides of the direct/ring
 thresholds, uneven and empty all_to_all splits, in-place use (a send buffer that is also a
-receive buffer), and a barrier that must hold early ranks until a late one arrives. References are computed by each rank from every rank's seeded input.
+receive buffer), and a barrier that must hold early ranks until a late one arrives. References are
+computed by each rank from every rank's seeded input.
 """
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ def _exchange(rank, world, store, sizes, barrier_delay_s=None):
                   expected)
 
         # all_to_all with uneven (and some empty) splits: rank a sends size(a, b) to rank b
-        def size(a, b):
+        def size(a, b, seed=seed, n=n):
             return ((a * 3 + b * 5 + seed) % 4) * (n // 3 + 1)
 
-        def block(a, b):
+        def block(a, b, seed=seed, n=n, size=size):
             return inputs(seed * 7 + a * world + b, 0, size(a, b), "int32", "sum")
 
         sends = [block(rank, b) for b in range(world)]

@@ -109,21 +109,52 @@ def test_abort_fails_pending_and_later_requests_and_close_is_idempotent():
     assert "communicator" in got[2]
 
 
-def _leave_open(rank, world, store):
-    import numpy as np
-
-    c = comm(store, rank, world)
-    a = np.zeros(8, np.uint8)
-    if rank == 0:
-        c.isend(ptr(a), 8, 1, tag=1).wait()
-    else:
-        c.irecv(ptr(a), 8, 0, tag=1).wait()
-    globals()["_kept"] = c  # never closed: the atexit hook must cope
-    return True
+# A whole interpreter per rank (not a multiprocessing child, which ends in os._exit): the script
+# ends with its communicator open, mid-conversation with a peer that is still running, so the real
+# interpreter exit (exit hooks, then finalization) must close it.
+_LEAVE_OPEN = """
+import datetime, sys
+import numpy as np
+import torch.distributed as dist
+from tests.dicomm.engine_util import comm, ptr
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+c = comm(store, rank, 2, timeout_s=60)
+a = np.zeros(8, np.uint8)
+if rank == 0:
+    c.isend(ptr(a), 8, 1, tag=1).wait()
+    c.irecv(ptr(a), 8, 1, tag=2)  # pending at exit: rank 1 never answers
+else:
+    c.irecv(ptr(a), 8, 0, tag=1).wait()
+print("reported", flush=True)
+"""
 
 
 def test_an_unclosed_communicator_does_not_hang_interpreter_exit():
-    assert run_ranks(_leave_open, 2, timeout=30) == [True, True]
+    import datetime
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=30))
+    root = Path(__file__).parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", _LEAVE_OPEN, str(r), str(server.port)], cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    problems = []
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            problems.append(f"rank {r} did not exit within 30 s (reported: {'reported' in out})")
+            continue
+        if p.returncode != 0 or "reported" not in out:
+            problems.append(f"rank {r} exited with code {p.returncode}:\n{err[-2000:]}")
+    assert not problems, "\n".join(problems)
 
 
 def _any_source_survives(rank, world, store):

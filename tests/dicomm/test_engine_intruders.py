@@ -63,7 +63,8 @@ def _attacked_job(rank, world, store, transport, warm, user, secret):
     out["after"] = exchange(c, rank)
     out["rejected"] = c.stats()["rejected_connections"]
     if secret:
-        out["secret_in_store"] = any(secret.encode() in store.get(k) for k in ("dicomm/token", "dicomm/card/0", "dicomm/card/1"))
+        keys = ("dicomm/token", "dicomm/card/0", "dicomm/card/1")
+        out["secret_in_store"] = any(secret.encode() in store.get(k) for k in keys)
     store.set(f"done{rank}", "1")
     store.wait([f"done{1 - rank}"])
     c.close()
@@ -87,8 +88,8 @@ def intruder_user() -> str:
     try:
         pwd.getpwnam(INTRUDER_USER)
     except KeyError:
-        done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", INTRUDER_USER],
-                              capture_output=True, text=True)
+        done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                               INTRUDER_USER], capture_output=True, text=True)
         if done.returncode != 0:
             pytest.skip(f"useradd failed: {done.stderr.strip()}")
         created = True

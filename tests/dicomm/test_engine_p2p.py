@@ -70,7 +70,7 @@ def _ordering(rank, world, store):
         # Receive tag 1 first, then tag 0: tags select, order within a tag is kept.
         out = []
         for tag in (1, 0):
-            for i in range(tag, n_msgs, 2):
+            for _ in range(tag, n_msgs, 2):
                 b = np.zeros(100_000, np.uint8)
                 r = c.irecv(ptr(b), b.nbytes, 0, tag=tag)
                 r.wait()

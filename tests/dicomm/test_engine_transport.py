@@ -129,7 +129,8 @@ def test_spinning_callers_yield_only_when_this_hosts_ranks_outnumber_its_cpus(tr
     for rank, (cpus, known, every) in enumerate(res):
         assert known == (2 if rank < 2 else 1), (rank, known)
         ranks = max(known, int(env.get("LOCAL_WORLD_SIZE", 0)))
-        expected = int(env["DICOMM_SPIN_YIELD_EVERY"]) if "DICOMM_SPIN_YIELD_EVERY" in env else (8 if ranks > cpus else 0)
+        expected = (int(env["DICOMM_SPIN_YIELD_EVERY"]) if "DICOMM_SPIN_YIELD_EVERY" in env
+                    else (8 if ranks > cpus else 0))
         assert every == expected, (rank, cpus, known, every)
     if pin:
         assert all(cpus == 1 for cpus, _, _ in res)

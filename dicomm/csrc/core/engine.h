@@ -85,6 +85,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool check_processes_locked();                 // peers whose process exited are lost
   void unwatch_process_locked(Peer& p);
   // Abort notices: a reserved tag on the ordinary connections (liveness.cpp).
+  void connect_for_notice();  // before an abort that tells the peers (failure.cpp)
   void send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq);
   static bool is_abort_notice(const transport::Header& hdr);
   bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one

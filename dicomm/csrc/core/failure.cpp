@@ -49,6 +49,20 @@ void Engine::peer_lost(int peer, const std::string& why) {
 
 void Engine::send_side_closed(int peer, const std::string& why) {
   Peer& p = peers_[peer];
+  // A rank that aborts tells us why on its connection to us, then closes: read that first, so
+  // its reason fails our requests, not the close (which would blame a live rank).
+  try {
+    for (auto& c : p.recv)
+      while (c->progress(true)) {
+      }
+  } catch (const PeerError& e) {
+    peer_lost(peer, e.what());  // applies a notice it read meanwhile
+    return;
+  }
+  if (notice_pending_ && !closed_) {
+    apply_abort_notice_locked();
+    return;
+  }
   p.send_closed = true;
   p.dead_reason = why;
   if (p.send) graveyard_.push_back(std::move(p.send));
@@ -86,6 +100,7 @@ void Engine::fail_everything(const std::string& why, bool free_now) {
 }
 
 void Engine::abort(const std::string& reason, ErrorKind kind, bool tell_peers, uint64_t collective_seq) {
+  if (tell_peers) connect_for_notice();
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
   if (tell_peers) send_abort_notices_locked(reason, kind, collective_seq);
@@ -95,6 +110,30 @@ void Engine::abort(const std::string& reason, ErrorKind kind, bool tell_peers, u
   abort_seq_ = collective_seq;
   fail_everything(abort_reason_);
   done_cv_.notify_all();
+}
+
+// The notice travels on our connection to each peer. On a fresh communicator (a mismatch in its
+// first collective) some are not open yet, and a peer we never connected to would only see our
+// close, as if we had died: open them first, briefly (a peer not reachable by then learns it so).
+void Engine::connect_for_notice() {
+  std::vector<int> unconnected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    for (int q = 0; q < size_; ++q)
+      // Its card known, or it connected to us (it published the card first): no wait on the store.
+      if (q != rank_ && !peers_[q].send && !peers_[q].dead && !peers_[q].send_closed &&
+          (peers_[q].card_known || !peers_[q].recv.empty()))
+        unconnected.push_back(q);
+  }
+  const auto until = transport::Clock::now() + std::chrono::seconds(1);
+  for (int q : unconnected) {
+    try {
+      connection_to(q, until);
+    } catch (const std::exception&) {
+      // Unreachable now: it hears of the abort as our connection's close.
+    }
+  }
 }
 
 void Engine::close() {

@@ -135,6 +135,14 @@ bool Engine::progress_locked(bool thorough) {
       if (p.send) did |= p.send->progress(thorough);
     } catch (const transport::ConnectionClosed& e) {
       // The peer closed in order: its messages to us may still be draining on our receive side.
+      // A peer that aborts connects to us to say why just before it closes: if that connection
+      // is not accepted yet, give its handshake a moment (this path only runs once per peer).
+      for (auto until = transport::Clock::now() + std::chrono::milliseconds(200);
+           p.recv.empty() && transport::Clock::now() < until;) {
+        bool moved = false;
+        for (auto& [name, t] : transports_) moved |= t->progress();
+        if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       if (p.recv.empty()) peer_lost(peer, e.what());
       else send_side_closed(peer, e.what());
       did = true;
