@@ -138,8 +138,13 @@ def test_a_time_budget_that_is_not_a_positive_number(capsys, value):
     assert f"--time-budget: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
 
 
-def test_simulating_a_plan_of_whole_stages_as_interleaved(capsys):
-    """Interleaved 1F1B needs the plan's virtual stages (schedule_params.chunks), which no cost derives."""
-    _fails(["simulate", str(EX / "plans" / "harp-setting-1.json"), "--cluster", str(EX / "clusters" / "harp.yaml"),
-            "--model", str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
-            "--schedule", "interleaved"], capsys, "'schedule_params'", "chunks")
+def test_simulating_a_plan_of_whole_stages_as_interleaved_takes_the_default_chunks(tmp_path):
+    """Interleaved 1F1B's chunks default to the registry's one value (1: each stage one chunk, the plan's
+    stages as they are), so no error; more chunks need a plan of virtual stages, written by the planner."""
+    from heteropp.schedules import kind
+    out = tmp_path / "sim.json"
+    assert main(["simulate", str(EX / "plans" / "harp-setting-1.json"), "--cluster", str(EX / "clusters" / "harp.yaml"),
+                 "--model", str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
+                 "--schedule", "interleaved", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["schedule"] == "interleaved" and kind("interleaved").chunks(got["schedule_params"]) == 1
