@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ditorch_diopi.library import DiopiLibrary, OperatorError
-from ditorch_diopi.schema import BY_NAME, GELU_APPROXIMATE, OpSchema
+from ditorch_diopi.schema import BY_NAME, GELU_APPROXIMATE, Arg, OpSchema
 
 logger = logging.getLogger("ditorch_diopi")
 
@@ -68,16 +68,27 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
     names = [f"{base}.{overload}" if overload else base]
     if overload in ("Scalar", ""):
         names.append(f"{base}.Tensor")
-    aten_args = {a.name for a in func._schema.arguments}
+    if mode == INPLACE and overload:  # pow_.Scalar is the in-place pow.Tensor_Scalar
+        names.append(f"{base}.Tensor_{overload}")
+    aten_args = {a.name: a for a in func._schema.arguments}
     for candidate in dict.fromkeys(names):
         op = BY_NAME.get(candidate)
         if op is None:
             continue
         if mode != FUNCTIONAL and not (len(op.outputs) == 1 and op.outputs[0].kind == "out"):
             continue
-        if all(a.name in aten_args for a in op.args if not a.is_output):  # binds by name
+        if all(_binds(a, aten_args.get(a.name)) for a in op.args if not a.is_output):
             return op, mode
     return None, mode
+
+
+def _binds(arg: Arg, aten: Any) -> bool:
+    """Whether the ATen argument can carry the ABI argument: same name, and a number is never bound
+    from a tensor (``pow_.Scalar``'s tensor ``self`` must not reach ``pow.Scalar``'s number ``self``)."""
+    if aten is None:
+        return False
+    aten_is_tensor = isinstance(aten.type, torch.TensorType) or "Tensor" in str(aten.type)
+    return arg.is_tensor or arg.is_tensor_list or not aten_is_tensor
 
 
 def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
@@ -175,6 +186,8 @@ class Router:
         for arg in op.args:
             if arg.is_output:
                 abi_args.append(outputs[arg.name])
+            elif arg.is_tensor_list:
+                abi_args.append([_host(t) for t in bound[arg.name]])
             elif arg.is_tensor:
                 value = host.get(arg.name)
                 if isinstance(value, (int, float, bool)):  # a Python number where ATen takes a tensor

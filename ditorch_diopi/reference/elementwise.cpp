@@ -109,6 +109,18 @@ diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandl
   return unary(__func__, out, self, [exponent](double x) { return std::pow(x, exponent); });
 }
 
+diopiError_t diopi_aten_pow_Scalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t exponent,
+                                   double self) {
+  return guarded(__func__, [&] {
+    need(out, "out"), need(exponent, "exponent");
+    require_float({out, exponent});
+    require_shape(out, shape_of(exponent), "out");
+    Buffer x = read(exponent);
+    for (double& v : x) v = std::pow(self, v);
+    WRITE(out, x);
+  });
+}
+
 diopiError_t diopi_aten_reciprocal(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
   return unary(__func__, out, self, [](double x) { return 1.0 / x; });
 }

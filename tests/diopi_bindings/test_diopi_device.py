@@ -123,6 +123,37 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
     assert got["routed"]["aten::sum.dim_IntList"] >= 4
 
 
+def test_list_masking_and_number_power_operators_run_in_the_library(reference_path):
+    """The rotary code's cat and 10000 ** x, the attention's causal mask (tril, where): in the library,
+    equal to plain CPU torch; pow_ with a number exponent still reaches pow.Tensor_Scalar, not pow.Scalar."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        torch.manual_seed(0)
+        a, b, s = torch.randn(2, 3, 4), torch.randn(2, 3, 2), torch.randn(2, 6, 6)
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            da, db, ds = a.to(where), b.to(where), s.to(where)
+            mask = torch.ones(6, 6, dtype=torch.bool, device=where).tril()
+            outs = {{"cat": torch.cat([da, db], -1), "cat dim 0": torch.cat([da, da], 0),
+                     "pow.Scalar": torch.pow(10000.0, torch.arange(0, 8, 2, device=where).float() / 8),
+                     "tril": ds.tril(-1), "mask": mask,
+                     "where": torch.where(mask, ds, torch.full((), float("-inf"), device=where)),
+                     "pow_": da.clone().abs().pow_(1.5)}}
+            results[where] = {{k: [list(v.shape), str(v.dtype), v.cpu().double().tolist()] for k, v in outs.items()}}
+        print(json.dumps({{**results, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+    """)
+    for name, (shape, dtype, values) in got["cpu"].items():
+        got_shape, got_dtype, got_values = got["diopi"][name]
+        assert (got_shape, got_dtype) == (shape, dtype), name
+        assert torch.allclose(torch.tensor(got_values, dtype=torch.float64), torch.tensor(values, dtype=torch.float64),
+                              rtol=1e-6, atol=1e-6, equal_nan=True), name
+    for op in ("aten::cat", "aten::pow.Scalar", "aten::tril", "aten::where.self", "aten::pow_.Scalar"):
+        assert op in got["routed"], (op, got["fallbacks"])
+    assert not {"aten::cat", "aten::pow.Scalar", "aten::tril", "aten::where.self"} & set(got["fallbacks"])
+
+
 def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_path):
     got = run_python(f"""
         import json, logging, torch
