@@ -111,14 +111,7 @@ diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandl
 
 diopiError_t diopi_aten_pow_Scalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t exponent,
                                    double self) {
-  return guarded(__func__, [&] {
-    need(out, "out"), need(exponent, "exponent");
-    require_float({out, exponent});
-    require_shape(out, shape_of(exponent), "out");
-    Buffer x = read(exponent);
-    for (double& v : x) v = std::pow(self, v);
-    WRITE(out, x);
-  });
+  return unary(__func__, out, exponent, [self](double x) { return std::pow(self, x); });
 }
 
 diopiError_t diopi_aten_reciprocal(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
