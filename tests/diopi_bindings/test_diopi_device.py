@@ -154,6 +154,45 @@ def test_list_masking_and_number_power_operators_run_in_the_library(reference_pa
     assert not {"aten::cat", "aten::pow.Scalar", "aten::tril", "aten::where.self"} & set(got["fallbacks"])
 
 
+def test_allocations_fills_whole_reductions_and_item_are_not_cpu_fallbacks(reference_path):
+    """empty_like is device memory, ones/zeros/full_like a fill in the library, sum(x)/mean(x) the
+    library's reductions over every dim, .item() a copy to the host; max(x) (no ABI form) still falls
+    back. Values, shapes, strides and dtypes as plain CPU torch."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        torch.manual_seed(0)
+        x = torch.randn(3, 4).t()
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            d = x.to(where)
+            outs = {{"ones_like": torch.ones_like(d), "zeros_like int64": torch.zeros_like(d, dtype=torch.int64),
+                     "full_like": torch.full_like(d, 2.5), "sum": d.sum(), "sum float64": d.sum(dtype=torch.float64),
+                     "mean": d.mean(), "max": d.max()}}
+            results[where] = {{k: [list(v.shape), list(v.stride()), str(v.dtype), v.cpu().double().tolist()]
+                              for k, v in outs.items()}}
+            results[where]["empty_like"] = [list(torch.empty_like(d).shape), list(torch.empty_like(d).stride())]
+            results[where]["item"] = d.sum().item()
+        print(json.dumps({{**results, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops()),
+                          "copies": dict(device.copy_ops())}}))
+    """)
+    for name, want in got["cpu"].items():
+        have = got["diopi"][name]
+        if name == "item":
+            assert abs(have - want) <= 1e-5 * max(1.0, abs(want))
+        elif name == "empty_like":
+            assert have == want
+        else:
+            assert have[:3] == want[:3], name
+            have_values, want_values = (torch.tensor(v[3], dtype=torch.float64) for v in (have, want))
+            assert torch.allclose(have_values, want_values, rtol=1e-6, atol=1e-6), name
+    assert got["routed"]["aten::fill_.Scalar"] >= 3 and got["routed"]["aten::sum"] >= 2
+    assert got["routed"]["aten::mean"] == 1
+    assert set(got["fallbacks"]) == {"aten::max"}
+    assert got["copies"]["aten::_local_scalar_dense"] == 1
+
+
 def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_path):
     got = run_python(f"""
         import json, logging, torch
