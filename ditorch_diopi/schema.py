@@ -91,9 +91,9 @@ _BINARY = "out:out in:self in:other"
 
 OPS: tuple[OpSchema, ...] = (
     # elementwise, broadcasting like torch
-    _op("aten::add.Tensor", _BINARY + " double:alpha", doc="out = self + alpha * other"),
-    _op("aten::sub.Tensor", _BINARY + " double:alpha", doc="out = self - alpha * other"),
-    _op("aten::mul.Tensor", _BINARY),
+    _op("aten::add.Tensor", _BINARY + " double:alpha", dtypes=FLOATS + INDEX, doc="out = self + alpha * other"),
+    _op("aten::sub.Tensor", _BINARY + " double:alpha", dtypes=FLOATS + INDEX, doc="out = self - alpha * other"),
+    _op("aten::mul.Tensor", _BINARY, dtypes=FLOATS + INDEX),
     _op("aten::div.Tensor", _BINARY),
     _op("aten::neg", _UNARY),
     _op("aten::exp", _UNARY),

@@ -121,8 +121,9 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
     name = op.aten
     if name in ("aten::add.Tensor", "aten::sub.Tensor"):
         sign = 1.0 if name == "aten::add.Tensor" else -1.0
+        alpha = 0.5 if g.dtype.is_floating_point else 3.0  # an integer alpha for integer tensors, as torch
         return _binary_cases(op, g, lambda d, s=sign: d["self"] + s * d["alpha"] * d["other"], ("self", "other"),
-                             scalars={"alpha": 0.5})
+                             scalars={"alpha": alpha})
     if name == "aten::mul.Tensor":
         return _binary_cases(op, g, lambda d: d["self"] * d["other"], ("self", "other"))
     if name == "aten::div.Tensor":

@@ -113,7 +113,7 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
         for where in ("cpu", "diopi"):
             dx, di = x.to(where), i.to(where)
             outs = [dx.sum(0), dx.sum(1), dx.sum(1, keepdim=True), dx.sum([0, 1]), di + 2, di + 2.5, di + 3.5,
-                    di * True, dx.mean(0), dx.mean(1)]
+                    di * True, dx.mean(0), dx.mean(1), di - di * di]
             results[where] = [[list(t.shape), str(t.dtype), t.cpu().tolist()] for t in outs]
         print(json.dumps({{**results, "routed": dict(device.routed_ops())}}))
     """)
@@ -121,6 +121,7 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
         assert (shape, dtype) == (want_shape, want_dtype)
         assert torch.allclose(torch.tensor(values), torch.tensor(want), rtol=1e-6, atol=1e-6)
     assert got["routed"]["aten::sum.dim_IntList"] >= 4
+    assert got["routed"]["aten::sub.Tensor"] >= 1 and got["routed"]["aten::mul.Tensor"] >= 1  # int64 too
 
 
 def test_list_masking_and_number_power_operators_run_in_the_library(reference_path):

@@ -16,15 +16,15 @@
 extern "C" {
 #endif
 
-/* aten::add.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in alpha:double
+/* aten::add.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:in alpha:double
  * out = self + alpha * other */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_add_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other, double alpha);
 
-/* aten::sub.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in alpha:double
+/* aten::sub.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:in alpha:double
  * out = self - alpha * other */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_sub_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other, double alpha);
 
-/* aten::mul.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in */
+/* aten::mul.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:in */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_mul_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other);
 
 /* aten::div.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in */
