@@ -54,6 +54,10 @@ class Size(ctypes.Structure):
     _fields_ = [("data", ctypes.POINTER(ctypes.c_int64)), ("len", ctypes.c_int64)]
 
 
+class TensorList(ctypes.Structure):
+    _fields_ = [("data", ctypes.POINTER(ctypes.c_void_p)), ("len", ctypes.c_int64)]
+
+
 ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 RELEASE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 REQUIRE_TENSOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.POINTER(Tensor)),

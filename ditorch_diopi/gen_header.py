@@ -19,6 +19,7 @@ _C_TYPES = {
     "inout": "diopiTensorHandle_t",
     "in": "diopiConstTensorHandle_t",
     "in?": "diopiConstTensorHandle_t",
+    "in[]": "diopiTensorList_t",
     "double": "double",
     "int": "int64_t",
     "bool": "bool",

@@ -16,12 +16,12 @@ _REQUIRED = ("diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "di
 _ARG_TYPES = {
     "out": ctypes.c_void_p, "out?": ctypes.c_void_p, "inout": ctypes.c_void_p, "in": ctypes.c_void_p,
     "in?": ctypes.c_void_p, "double": ctypes.c_double, "int": ctypes.c_int64, "bool": ctypes.c_bool,
-    "ints": abi.Size,
+    "ints": abi.Size, "in[]": abi.TensorList,
 }
 
 
 # How call() passes each argument (identity-compared markers).
-_TENSOR, _OPTIONAL_TENSOR, _INTS, _SCALAR = "tensor", "optional tensor", "ints", "scalar"
+_TENSOR, _OPTIONAL_TENSOR, _TENSOR_LIST, _INTS, _SCALAR = "tensor", "optional tensor", "tensors", "ints", "scalar"
 
 
 class LibraryError(RuntimeError):
@@ -123,6 +123,13 @@ class DiopiLibrary:
                 else:
                     c_args.append(slots.fill(n, value))
                     n += 1
+            elif kind is _TENSOR_LIST:
+                handles = []
+                for tensor in value:
+                    handles.append(slots.fill(n, tensor))
+                    n += 1
+                array = (ctypes.c_void_p * len(handles))(*handles)
+                c_args.append(abi.TensorList(array, len(handles)))  # the array lives until the call returns
             elif kind is _INTS:
                 c_args.append(abi.size_arg(value))
             else:
@@ -137,7 +144,8 @@ class DiopiLibrary:
         if fn is None:
             raise NotImplementedError(f"{self.vendor} does not implement {schema.aten}")
         kinds = tuple(_TENSOR if a.kind in ("out", "inout", "in") else _OPTIONAL_TENSOR if a.is_tensor
-                      else _INTS if a.kind == "ints" else _SCALAR for a in schema.args)
+                      else _TENSOR_LIST if a.is_tensor_list else _INTS if a.kind == "ints" else _SCALAR
+                      for a in schema.args)
         plan = self._plans[op] = (fn, schema, kinds)
         return plan
 

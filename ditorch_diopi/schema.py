@@ -6,7 +6,8 @@ and the conformance suite and the torch device look operators up by the same ATe
 Operators without an ATen counterpart live in the ``ext`` namespace.
 
 Argument order in C: the context, then outputs (``out``: written; ``inout``: read and written), then
-tensor inputs (``in``, ``in?`` may be NULL), then scalars (``double``, ``int``, ``bool``, ``ints``).
+tensor inputs (``in``, ``in?`` may be NULL, ``in[]`` a list of tensors), then scalars (``double``, ``int``,
+``bool``, ``ints``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ FLOATS = ("float32", "float64", "float16", "bfloat16")
 INDEX = ("int64", "int32")
 
 TENSOR_KINDS = ("out", "out?", "inout", "in", "in?")
+INPUT_KINDS = ("in", "in?", "in[]")  # in[]: a list of const tensors (diopiTensorList_t)
 SCALAR_KINDS = ("double", "int", "bool", "ints")
 
 # ``approximate`` of gelu travels as an int: ATen spells it as a string.
@@ -29,7 +31,12 @@ class Arg:
 
     @property
     def is_tensor(self) -> bool:
+        """One tensor handle (not a list)."""
         return self.kind in TENSOR_KINDS
+
+    @property
+    def is_tensor_list(self) -> bool:
+        return self.kind == "in[]"
 
     @property
     def is_output(self) -> bool:
@@ -56,11 +63,11 @@ class OpSchema:
 
     @property
     def inputs(self) -> tuple[Arg, ...]:
-        return tuple(a for a in self.args if a.kind in ("in", "in?"))
+        return tuple(a for a in self.args if a.kind in INPUT_KINDS)
 
     @property
     def scalars(self) -> tuple[Arg, ...]:
-        return tuple(a for a in self.args if not a.is_tensor)
+        return tuple(a for a in self.args if not a.is_tensor and not a.is_tensor_list)
 
 
 def _op(aten: str, spec: str, dtypes: tuple[str, ...] = FLOATS, doc: str = "") -> OpSchema:
@@ -69,9 +76,9 @@ def _op(aten: str, spec: str, dtypes: tuple[str, ...] = FLOATS, doc: str = "") -
     last = 0
     for item in spec.split():
         kind, name = item.split(":")
-        if kind not in TENSOR_KINDS + SCALAR_KINDS:
+        if kind not in TENSOR_KINDS + INPUT_KINDS + SCALAR_KINDS:
             raise ValueError(f"{aten}: unknown argument kind {kind!r}")
-        rank = 0 if kind in ("out", "out?", "inout") else 1 if kind in ("in", "in?") else 2
+        rank = 0 if kind in ("out", "out?", "inout") else 1 if kind in INPUT_KINDS else 2
         if rank < last:
             raise ValueError(f"{aten}: {name} breaks the order outputs, inputs, scalars")
         last = rank
@@ -84,9 +91,9 @@ _BINARY = "out:out in:self in:other"
 
 OPS: tuple[OpSchema, ...] = (
     # elementwise, broadcasting like torch
-    _op("aten::add.Tensor", _BINARY + " double:alpha", doc="out = self + alpha * other"),
-    _op("aten::sub.Tensor", _BINARY + " double:alpha", doc="out = self - alpha * other"),
-    _op("aten::mul.Tensor", _BINARY),
+    _op("aten::add.Tensor", _BINARY + " double:alpha", dtypes=FLOATS + INDEX, doc="out = self + alpha * other"),
+    _op("aten::sub.Tensor", _BINARY + " double:alpha", dtypes=FLOATS + INDEX, doc="out = self - alpha * other"),
+    _op("aten::mul.Tensor", _BINARY, dtypes=FLOATS + INDEX),
     _op("aten::div.Tensor", _BINARY),
     _op("aten::neg", _UNARY),
     _op("aten::exp", _UNARY),
@@ -95,6 +102,8 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::silu", _UNARY),
     _op("aten::gelu", _UNARY + " int:approximate", doc="approximate: 0 none (erf), 1 tanh"),
     _op("aten::pow.Tensor_Scalar", _UNARY + " double:exponent"),
+    _op("aten::pow.Scalar", "out:out in:exponent double:self",
+        doc="out = self ** exponent (a number to tensor powers)"),
     _op("aten::reciprocal", _UNARY),
     _op("aten::sqrt", _UNARY),
     _op("aten::log", _UNARY),
@@ -147,6 +156,12 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::_to_copy", _UNARY, dtypes=FLOATS + INDEX, doc="cast into out's dtype"),
     _op("aten::copy_", "inout:self in:src", dtypes=FLOATS + INDEX, doc="self = src (broadcast, cast)"),
     _op("aten::fill_.Scalar", "inout:self double:value", dtypes=FLOATS + INDEX),
+    _op("aten::cat", "out:out in[]:tensors int:dim", dtypes=FLOATS + INDEX,
+        doc="the tensors joined along dim; 1-dim empty tensors (size 0) are skipped, as in torch"),
+    _op("aten::tril", _UNARY + " int:diagonal", dtypes=FLOATS + INDEX + ("bool",),
+        doc="the lower triangle of the last two dims: elements with col - row <= diagonal, zeros elsewhere"),
+    _op("aten::where.self", "out:out in:condition in:self in:other", dtypes=FLOATS + INDEX,
+        doc="condition (bool, broadcast) ? self : other"),
     _op("aten::clone", _UNARY, dtypes=FLOATS + INDEX, doc="any strides in, out's strides out (contiguous, transpose)"),
     # optimiser
     _op("ext::adamw", "inout:param inout:exp_avg inout:exp_avg_sq in:grad double:lr double:beta1 "

@@ -121,8 +121,9 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
     name = op.aten
     if name in ("aten::add.Tensor", "aten::sub.Tensor"):
         sign = 1.0 if name == "aten::add.Tensor" else -1.0
+        alpha = 0.5 if g.dtype.is_floating_point else 3.0  # an integer alpha for integer tensors, as torch
         return _binary_cases(op, g, lambda d, s=sign: d["self"] + s * d["alpha"] * d["other"], ("self", "other"),
-                             scalars={"alpha": 0.5})
+                             scalars={"alpha": alpha})
     if name == "aten::mul.Tensor":
         return _binary_cases(op, g, lambda d: d["self"] * d["other"], ("self", "other"))
     if name == "aten::div.Tensor":
@@ -467,6 +468,53 @@ def _data_movement(op: OpSchema, g: _Gen) -> list[Case]:
                  lambda d: (torch.full_like(d["self"], d["value"]),))]
 
 
+def _selection(op: OpSchema, g: _Gen) -> list[Case]:
+    """Joining, masking and choosing (what the rotary code and the attention's causal mask need), and a
+    number raised to tensor powers."""
+    lo, hi = (-100, 100) if not g.dtype.is_floating_point else (-2, 2)
+    if op.aten == "aten::pow.Scalar":
+        # 10000 ** [0, 1): the rotary frequencies; 0.5 ** [-3, 3]: both signs (finite in float16)
+        return [Case(op, f"{base:g} ** {label}", g.dtype,
+                     {"exponent": g.rand(*shape, lo=e_lo, hi=e_hi, layout=lay), "self": base},
+                     lambda d: (torch.pow(d["self"], d["exponent"]),))
+                for base, e_lo, e_hi in ((10000.0, 0.0, 1.0), (0.5, -3.0, 3.0)) for label, shape, lay in
+                [("basic", (4, 5), "contiguous"), ("scalar", (), "contiguous"), ("empty", (0, 3), "contiguous"),
+                 ("non-contiguous", (6, 5), "transposed")]]
+    if op.aten == "aten::cat":
+        layouts = [("two, last dim", [(4, 3), (4, 5)], -1, "contiguous"),
+                   ("three, dim 0", [(2, 3, 4), (1, 3, 4), (3, 3, 4)], 0, "contiguous"),
+                   ("non-contiguous, dim 1", [(5, 2), (5, 4)], 1, "transposed"),
+                   ("one tensor", [(3, 4)], 0, "contiguous"),
+                   ("an empty part", [(2, 4), (0, 4), (3, 4)], 0, "contiguous"),
+                   ("legacy empty (0,)", [(3, 4), (0,)], 1, "contiguous"),
+                   ("large", [(64, 512), (64, 512)], 1, "contiguous")]
+        return [Case(op, label, g.dtype,
+                     {"tensors": [g.rand(*s, lo=lo, hi=hi, layout=lay if len(s) > 1 else "contiguous")
+                                  for s in shapes], "dim": dim},
+                     lambda d: (torch.cat(d["tensors"], d["dim"]),))
+                for label, shapes, dim, lay in layouts]
+    if op.aten == "aten::tril":
+        def values(*shape: int, layout: str = "contiguous") -> torch.Tensor:
+            if g.dtype is torch.bool:
+                return g.index(2, *shape).bool() if layout == "contiguous" else g.index(2, *shape).bool().mT
+            return g.rand(*shape, lo=lo, hi=hi, layout=layout)
+        return [Case(op, f"{label} diagonal={k}", g.dtype, {"self": x, "diagonal": k},
+                     lambda d: (torch.tril(d["self"], d["diagonal"]),))
+                for label, x in [("square", values(5, 5)), ("wide batched", values(2, 3, 6)),
+                                 ("non-contiguous", values(4, 6, layout="transposed")), ("empty", values(0, 3))]
+                for k in (0, -1, 2)]
+    cases = []
+    for label, sc, sa, sb, lay in [("basic", (4, 5), (4, 5), (4, 5), "contiguous"),
+                                   ("broadcast (causal mask)", (1, 1, 5, 5), (2, 3, 5, 5), (), "contiguous"),
+                                   ("non-contiguous", (6, 5), (6, 5), (6, 5), "transposed"),
+                                   ("empty", (0, 3), (0, 3), (0, 3), "contiguous"),
+                                   ("large", (64, 1024), (64, 1024), (64, 1024), "contiguous")]:
+        cond = g.index(2, *sc).bool()
+        args = {"condition": cond, "self": g.rand(*sa, lo=lo, hi=hi, layout=lay), "other": g.rand(*sb, lo=lo, hi=hi)}
+        cases.append(Case(op, label, g.dtype, args, lambda d: (torch.where(d["condition"], d["self"], d["other"]),)))
+    return cases
+
+
 def _adamw(op: OpSchema, g: _Gen) -> list[Case]:
     def reference(d: dict) -> tuple:
         p = d["param"].clone().requires_grad_(True)
@@ -508,6 +556,7 @@ _FAMILIES.update({n: _reductions for n in ("aten::sum.dim_IntList", "aten::mean.
                                            "aten::linalg_vector_norm")})
 _FAMILIES.update({n: _data_movement for n in ("aten::_to_copy", "aten::copy_", "aten::fill_.Scalar", "aten::clone")})
 _FAMILIES["ext::adamw"] = _adamw
+_FAMILIES.update({n: _selection for n in ("aten::pow.Scalar", "aten::cat", "aten::tril", "aten::where.self")})
 _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
 

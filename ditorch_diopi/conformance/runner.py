@@ -41,6 +41,8 @@ class CaseResult:
 def _to64(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
         return value.double()
+    if isinstance(value, list):
+        return [_to64(v) for v in value]
     return value
 
 
@@ -72,7 +74,13 @@ def _judge(actual: torch.Tensor, expected: torch.Tensor, tolerance: dict[str, fl
     return verdict
 
 
-def _unmodified(before: torch.Tensor, after: torch.Tensor) -> bool:
+def _snapshot(value: Any) -> Any:
+    return [v.clone() for v in value] if isinstance(value, list) else value.clone()
+
+
+def _unmodified(before: Any, after: Any) -> bool:
+    if isinstance(before, list):
+        return all(_unmodified(b, a) for b, a in zip(before, after))
     if before.dtype.is_floating_point:
         return bool(torch.equal(before.isnan(), after.isnan()) and torch.equal(before.nan_to_num(), after.nan_to_num()))
     return bool(torch.equal(before, after))
@@ -90,7 +98,7 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile) -> CaseResult:
         else:
             outputs[arg.name] = (case.inputs[arg.name].clone() if arg.kind == "inout"
                                  else _allocate(case, arg.name, want))
-    snapshots = {a.name: case.inputs[a.name].clone() for a in op.inputs if case.inputs.get(a.name) is not None}
+    snapshots = {a.name: _snapshot(case.inputs[a.name]) for a in op.inputs if case.inputs.get(a.name) is not None}
     args = [outputs[a.name] if a.is_output else case.inputs.get(a.name) for a in op.args]
     try:
         lib.call(op, *args)

@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ditorch_diopi.library import DiopiLibrary, OperatorError
-from ditorch_diopi.schema import BY_NAME, GELU_APPROXIMATE, OpSchema
+from ditorch_diopi.schema import BY_NAME, GELU_APPROXIMATE, Arg, OpSchema
 
 logger = logging.getLogger("ditorch_diopi")
 
@@ -49,6 +49,20 @@ FUNCTIONAL, INPLACE, OUT = "functional", "inplace", "out"
 _METADATA_OPS = frozenset({"aten::_unsafe_view"})
 
 
+# Operators that only allocate device memory (host memory here): no computation to route.
+_ALLOCATIONS = frozenset({torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
+                          torch.ops.aten.new_empty_strided.default})
+# ABI arguments an ATen overload may lack, and what their absence means (an empty dim list reduces
+# every dim; _scalar reads the absent value as None: [] for ints, False for bools).
+_ABSENT_MEANS = frozenset({"dim", "keepdim"})
+# Tensors made like another and filled: an allocation, then the library's fill_.
+_FILLED_LIKE: dict[Any, Callable[[dict[str, Any]], Any]] = {
+    torch.ops.aten.ones_like.default: lambda b: 1,
+    torch.ops.aten.zeros_like.default: lambda b: 0,
+    torch.ops.aten.full_like.default: lambda b: b["fill_value"],
+}
+
+
 class _Unservable(Exception):
     """These arguments need something the schema operator does not do (a resize of ``out``)."""
 
@@ -68,16 +82,31 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
     names = [f"{base}.{overload}" if overload else base]
     if overload in ("Scalar", ""):
         names.append(f"{base}.Tensor")
-    aten_args = {a.name for a in func._schema.arguments}
+    if mode == INPLACE and overload:  # pow_.Scalar is the in-place pow.Tensor_Scalar
+        names.append(f"{base}.Tensor_{overload}")
+    if mode == FUNCTIONAL and not overload:  # sum(x), mean(x): the .dim forms over every dim
+        names += [f"{base}.dim_IntList", f"{base}.dim"]
+    aten_args = {a.name: a for a in func._schema.arguments}
     for candidate in dict.fromkeys(names):
         op = BY_NAME.get(candidate)
         if op is None:
             continue
         if mode != FUNCTIONAL and not (len(op.outputs) == 1 and op.outputs[0].kind == "out"):
             continue
-        if all(a.name in aten_args for a in op.args if not a.is_output):  # binds by name
+        if len(op.outputs) != len(func._schema.returns):  # max(x) is not max.dim's (values, indices)
+            continue
+        if all(_binds(a, aten_args.get(a.name)) for a in op.args if not a.is_output):
             return op, mode
     return None, mode
+
+
+def _binds(arg: Arg, aten: Any) -> bool:
+    """Whether the ATen argument can carry the ABI argument: same name, and a number is never bound
+    from a tensor (``pow_.Scalar``'s tensor ``self`` must not reach ``pow.Scalar``'s number ``self``)."""
+    if aten is None:
+        return arg.name in _ABSENT_MEANS  # the ATen overload has no such argument: its meaning is fixed
+    aten_is_tensor = isinstance(aten.type, torch.TensorType) or "Tensor" in str(aten.type)
+    return arg.is_tensor or arg.is_tensor_list or not aten_is_tensor
 
 
 def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
@@ -130,8 +159,13 @@ class Router:
 
     # --- dispatch ---------------------------------------------------------------------------
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        if _is_view(func) or func._schema.name in _METADATA_OPS:
+        if _is_view(func) or func._schema.name in _METADATA_OPS or func in _ALLOCATIONS:
+            return self._on_host(func, args, kwargs)  # metadata, or memory of the device (host memory)
+        if func is torch.ops.aten._local_scalar_dense.default:  # .item(): a copy to the host
+            self.copies[aten_name(func)] += 1
             return self._on_host(func, args, kwargs)
+        if func in _FILLED_LIKE and not _targets_host(func, kwargs):
+            return self._filled_like(func, args, kwargs)
         if _crosses_devices(func, args, kwargs):  # the framework's copies to and from the CPU
             self.copies[aten_name(func)] += 1
             return self._on_host(func, args, kwargs)
@@ -148,6 +182,14 @@ class Router:
         else:
             self._log_fallback(func, None)
         return self._on_host(func, args, kwargs)
+
+    def _filled_like(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        """``ones_like``, ``zeros_like``, ``full_like``: device memory, then the library's fill."""
+        bound = _bind(func, args, kwargs)
+        value = _FILLED_LIKE[func](bound)
+        options = {k: v for k, v in kwargs.items() if k != "fill_value"}
+        empty = self._on_host(torch.ops.aten.empty_like.default, (bound["self"],), options)
+        return self.dispatch(torch.ops.aten.fill_.Scalar, (empty, value), {})
 
     def _call(self, func: torch._ops.OpOverload, op: OpSchema, mode: str, args: tuple, kwargs: dict,
               bound: dict[str, Any]) -> Any:
@@ -175,6 +217,8 @@ class Router:
         for arg in op.args:
             if arg.is_output:
                 abi_args.append(outputs[arg.name])
+            elif arg.is_tensor_list:
+                abi_args.append([_host(t) for t in bound[arg.name]])
             elif arg.is_tensor:
                 value = host.get(arg.name)
                 if isinstance(value, (int, float, bool)):  # a Python number where ATen takes a tensor

@@ -1,5 +1,5 @@
 // Data movement: cast, copy (broadcast), fill, clone into any output strides (contiguous, transpose),
-// and the backward of slicing (the gradient placed into zeros).
+// concatenation, and the backward of slicing (the gradient placed into zeros).
 #include <algorithm>
 
 #include "tensor_io.h"
@@ -53,6 +53,40 @@ diopiError_t diopi_aten_fill__Scalar(diopiContextHandle_t, diopiTensorHandle_t s
   return guarded(__func__, [&] {
     need(self, "self");
     WRITE(self, Buffer(size_t(numel(shape_of(self))), value));
+  });
+}
+
+diopiError_t diopi_aten_cat(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorList_t tensors, int64_t dim) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    if (tensors.len < 1) fail(DIOPI_ERR_INVALID_ARGUMENT, "cat needs at least one tensor");
+    const Shape shape = shape_of(out);
+    const int64_t d = normalize_dim(dim, int64_t(shape.size()));
+    const Split so = split_at(shape, d);
+    Buffer y(size_t(numel(shape)));
+    int64_t offset = 0;  // along dim, in the output
+    for (int64_t t = 0; t < tensors.len; ++t) {
+      diopiConstTensorHandle_t part = need(tensors.data[t], "tensors[i]");
+      Shape part_shape = shape_of(part);
+      if (part_shape.size() == 1 && part_shape[0] == 0) continue;  // torch's legacy empty tensor
+      Shape expected = shape;
+      if (part_shape.size() != shape.size())
+        fail(DIOPI_ERR_INVALID_ARGUMENT, "tensors[" + std::to_string(t) + "] has shape " + to_string(part_shape) +
+                                             ", out has " + std::to_string(shape.size()) + " dims");
+      expected[size_t(d)] = part_shape[size_t(d)];
+      require_shape(part, expected, "tensors[i]");
+      const Buffer x = read(part);
+      const int64_t length = part_shape[size_t(d)];
+      for (int64_t o = 0; o < so.outer; ++o)
+        for (int64_t i = 0; i < length; ++i)
+          for (int64_t in = 0; in < so.inner; ++in)
+            y[size_t((o * so.length + offset + i) * so.inner + in)] = x[size_t((o * length + i) * so.inner + in)];
+      offset += length;
+    }
+    if (offset != so.length)
+      fail(DIOPI_ERR_INVALID_ARGUMENT, "the tensors add up to " + std::to_string(offset) + " along dim " +
+                                           std::to_string(d) + ", out has " + std::to_string(so.length));
+    WRITE(out, y);
   });
 }
 

@@ -24,11 +24,13 @@ diopiError_t unary(const char* symbol, diopiTensorHandle_t out, diopiConstTensor
   });
 }
 
+// integers: add, sub and mul also take int32/int64 (index arithmetic), exact below 2^53 in double.
 diopiError_t binary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t a,
-                    diopiConstTensorHandle_t b, const std::function<double(double, double)>& f) {
+                    diopiConstTensorHandle_t b, const std::function<double(double, double)>& f,
+                    bool integers = false) {
   return guarded(symbol, [&] {
     need(out, "out"), need(a, "first input"), need(b, "second input");
-    require_float({out, a, b});
+    if (!integers) require_float({out, a, b});
     const Shape shape = broadcast_shapes(shape_of(a), shape_of(b));
     require_shape(out, shape, "out");
     Buffer x = read(a, shape);
@@ -60,17 +62,17 @@ extern "C" {
 
 diopiError_t diopi_aten_add_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other, double alpha) {
-  return binary(__func__, out, self, other, [alpha](double a, double b) { return a + alpha * b; });
+  return binary(__func__, out, self, other, [alpha](double a, double b) { return a + alpha * b; }, true);
 }
 
 diopiError_t diopi_aten_sub_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other, double alpha) {
-  return binary(__func__, out, self, other, [alpha](double a, double b) { return a - alpha * b; });
+  return binary(__func__, out, self, other, [alpha](double a, double b) { return a - alpha * b; }, true);
 }
 
 diopiError_t diopi_aten_mul_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other) {
-  return binary(__func__, out, self, other, [](double a, double b) { return a * b; });
+  return binary(__func__, out, self, other, [](double a, double b) { return a * b; }, true);
 }
 
 diopiError_t diopi_aten_div_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
@@ -107,6 +109,11 @@ diopiError_t diopi_aten_gelu(diopiContextHandle_t, diopiTensorHandle_t out, diop
 diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandle_t out,
                                           diopiConstTensorHandle_t self, double exponent) {
   return unary(__func__, out, self, [exponent](double x) { return std::pow(x, exponent); });
+}
+
+diopiError_t diopi_aten_pow_Scalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t exponent,
+                                   double self) {
+  return unary(__func__, out, exponent, [self](double x) { return std::pow(self, x); });
 }
 
 diopiError_t diopi_aten_reciprocal(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {

@@ -118,6 +118,46 @@ void for_each(const Shape& shape, const Shape& strides, Fn&& fn) {
 
 Shape strides_of(diopiConstTensorHandle_t t) { return Shape(t->strides, t->strides + t->ndim); }
 
+// Whether elements lie in row-major order with no gaps: linear index == memory offset.
+bool row_major(const Shape& shape, const Shape& strides) {
+  int64_t expected = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] != 1 && strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+// The common case of a dense float32/float64 tensor: one dtype decision per tensor, not per element.
+// Returns false where the element-wise path must run.
+bool read_dense(diopiConstTensorHandle_t t, Buffer& out) {
+  const int64_t n = int64_t(out.size());
+  if (t->dtype == DIOPI_DTYPE_FLOAT32) {
+    const float* p = static_cast<const float*>(t->data);
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = p[i];
+    return true;
+  }
+  if (t->dtype == DIOPI_DTYPE_FLOAT64) {
+    if (n > 0) std::memcpy(out.data(), t->data, size_t(n) * sizeof(double));
+    return true;
+  }
+  return false;
+}
+
+bool write_dense(diopiTensorHandle_t t, const Buffer& values) {
+  const int64_t n = int64_t(values.size());
+  if (t->dtype == DIOPI_DTYPE_FLOAT32) {
+    float* p = static_cast<float*>(t->data);
+    for (int64_t i = 0; i < n; ++i) p[i] = float(values[size_t(i)]);
+    return true;
+  }
+  if (t->dtype == DIOPI_DTYPE_FLOAT64) {
+    if (n > 0) std::memcpy(t->data, values.data(), size_t(n) * sizeof(double));
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void fail(diopiError_t code, const std::string& message) { throw Failure{code, message}; }
@@ -201,6 +241,7 @@ Buffer read(diopiConstTensorHandle_t t, const Shape& as_shape) {
     }
   }
   Buffer out(size_t(numel(as_shape)));
+  if (row_major(as_shape, strides) && read_dense(t, out)) return out;
   for_each(as_shape, strides, [&](int64_t lin, int64_t off) { out[lin] = load(t->data, t->dtype, off); });
   return out;
 }
@@ -226,6 +267,7 @@ void write_output(diopiTensorHandle_t t, const Buffer& values, const char* symbo
   const bool wrong = false;
   (void)symbol;
 #endif
+  if (!wrong && row_major(shape, strides_of(t)) && write_dense(t, values)) return;
   for_each(shape, strides_of(t), [&](int64_t lin, int64_t off) {
     store(t->data, t->dtype, off, wrong ? values[lin] * 1.01 + 1e-3 : values[lin]);
   });

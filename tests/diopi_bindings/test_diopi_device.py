@@ -113,7 +113,7 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
         for where in ("cpu", "diopi"):
             dx, di = x.to(where), i.to(where)
             outs = [dx.sum(0), dx.sum(1), dx.sum(1, keepdim=True), dx.sum([0, 1]), di + 2, di + 2.5, di + 3.5,
-                    di * True, dx.mean(0), dx.mean(1)]
+                    di * True, dx.mean(0), dx.mean(1), di - di * di]
             results[where] = [[list(t.shape), str(t.dtype), t.cpu().tolist()] for t in outs]
         print(json.dumps({{**results, "routed": dict(device.routed_ops())}}))
     """)
@@ -121,6 +121,77 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
         assert (shape, dtype) == (want_shape, want_dtype)
         assert torch.allclose(torch.tensor(values), torch.tensor(want), rtol=1e-6, atol=1e-6)
     assert got["routed"]["aten::sum.dim_IntList"] >= 4
+    assert got["routed"]["aten::sub.Tensor"] >= 1 and got["routed"]["aten::mul.Tensor"] >= 1  # int64 too
+
+
+def test_list_masking_and_number_power_operators_run_in_the_library(reference_path):
+    """The rotary code's cat and 10000 ** x, the attention's causal mask (tril, where): in the library,
+    equal to plain CPU torch; pow_ with a number exponent still reaches pow.Tensor_Scalar, not pow.Scalar."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        torch.manual_seed(0)
+        a, b, s = torch.randn(2, 3, 4), torch.randn(2, 3, 2), torch.randn(2, 6, 6)
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            da, db, ds = a.to(where), b.to(where), s.to(where)
+            mask = torch.ones(6, 6, dtype=torch.bool, device=where).tril()
+            outs = {{"cat": torch.cat([da, db], -1), "cat dim 0": torch.cat([da, da], 0),
+                     "pow.Scalar": torch.pow(10000.0, torch.arange(0, 8, 2, device=where).float() / 8),
+                     "tril": ds.tril(-1), "mask": mask,
+                     "where": torch.where(mask, ds, torch.full((), float("-inf"), device=where)),
+                     "pow_": da.clone().abs().pow_(1.5)}}
+            results[where] = {{k: [list(v.shape), str(v.dtype), v.cpu().double().tolist()] for k, v in outs.items()}}
+        print(json.dumps({{**results, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+    """)
+    for name, (shape, dtype, values) in got["cpu"].items():
+        got_shape, got_dtype, got_values = got["diopi"][name]
+        assert (got_shape, got_dtype) == (shape, dtype), name
+        assert torch.allclose(torch.tensor(got_values, dtype=torch.float64), torch.tensor(values, dtype=torch.float64),
+                              rtol=1e-6, atol=1e-6, equal_nan=True), name
+    for op in ("aten::cat", "aten::pow.Scalar", "aten::tril", "aten::where.self", "aten::pow_.Scalar"):
+        assert op in got["routed"], (op, got["fallbacks"])
+    assert not {"aten::cat", "aten::pow.Scalar", "aten::tril", "aten::where.self"} & set(got["fallbacks"])
+
+
+def test_allocations_fills_whole_reductions_and_item_are_not_cpu_fallbacks(reference_path):
+    """empty_like is device memory, ones/zeros/full_like a fill in the library, sum(x)/mean(x) the
+    library's reductions over every dim, .item() a copy to the host; max(x) (no ABI form) still falls
+    back. Values, shapes, strides and dtypes as plain CPU torch."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r})
+        torch.manual_seed(0)
+        x = torch.randn(3, 4).t()
+        results = {{}}
+        for where in ("cpu", "diopi"):
+            d = x.to(where)
+            outs = {{"ones_like": torch.ones_like(d), "zeros_like int64": torch.zeros_like(d, dtype=torch.int64),
+                     "full_like": torch.full_like(d, 2.5), "sum": d.sum(), "sum float64": d.sum(dtype=torch.float64),
+                     "mean": d.mean(), "max": d.max()}}
+            results[where] = {{k: [list(v.shape), list(v.stride()), str(v.dtype), v.cpu().double().tolist()]
+                              for k, v in outs.items()}}
+            results[where]["empty_like"] = [list(torch.empty_like(d).shape), list(torch.empty_like(d).stride())]
+            results[where]["item"] = d.sum().item()
+        print(json.dumps({{**results, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops()),
+                          "copies": dict(device.copy_ops())}}))
+    """)
+    for name, want in got["cpu"].items():
+        have = got["diopi"][name]
+        if name == "item":
+            assert abs(have - want) <= 1e-5 * max(1.0, abs(want))
+        elif name == "empty_like":
+            assert have == want
+        else:
+            assert have[:3] == want[:3], name
+            have_values, want_values = (torch.tensor(v[3], dtype=torch.float64) for v in (have, want))
+            assert torch.allclose(have_values, want_values, rtol=1e-6, atol=1e-6), name
+    assert got["routed"]["aten::fill_.Scalar"] >= 3 and got["routed"]["aten::sum"] >= 2
+    assert got["routed"]["aten::mean"] == 1
+    assert set(got["fallbacks"]) == {"aten::max"}
+    assert got["copies"]["aten::_local_scalar_dense"] == 1
 
 
 def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_path):

@@ -97,6 +97,39 @@ def test_reused_handles_follow_shape_stride_and_dtype_changes(reference_path):
         assert torch.equal(out, -x), (x.shape, x.stride(), x.dtype)
 
 
+def test_a_tensor_list_reaches_the_kernel(tmp_path, reference_path):
+    """``in[]`` arguments travel as a diopiTensorList_t: a plain C kernel reads each handle of the list
+    (count, shapes, data), and the reference's cat joins non-contiguous parts like torch.cat."""
+    src = METADATA_C % {"abi": "DIOPI_ABI_VERSION"} + """
+diopiError_t diopi_aten_cat(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorList_t tensors,
+                            int64_t dim) {
+  /* 1-dim float64 parts only: enough to see the list's layout from C */
+  int64_t k = 0;
+  if (dim != 0) return DIOPI_ERR_NOT_IMPLEMENTED;
+  for (int64_t t = 0; t < tensors.len; ++t) {
+    diopiConstTensorHandle_t part = tensors.data[t];
+    for (int64_t i = 0; i < part->shape[0]; ++i)
+      ((double*)out->data)[k++] = ((const double*)part->data)[i * part->strides[0]];
+  }
+  return k == out->shape[0] ? DIOPI_SUCCESS : DIOPI_ERR_INVALID_ARGUMENT;
+}
+"""
+    lib = DiopiLibrary(compile_c_library(tmp_path, "listing", src))
+    parts = [torch.arange(3.0, dtype=torch.float64), torch.arange(10.0, dtype=torch.float64)[::3],
+             torch.empty(0, dtype=torch.float64), torch.tensor([-1.0], dtype=torch.float64)]
+    out = torch.empty(8, dtype=torch.float64)
+    lib.call("aten::cat", out, parts, 0)
+    assert torch.equal(out, torch.cat(parts))
+
+    ref = DiopiLibrary(reference_path)
+    a, b = torch.randn(5, 2), torch.randn(4, 5).t()  # b non-contiguous
+    out = torch.empty(5, 6)
+    ref.call("aten::cat", out, [a, b], 1)
+    assert torch.equal(out, torch.cat([a, b], 1))
+    with pytest.raises(OperatorError, match="add up to 6 along dim 1, out has 7"):
+        ref.call("aten::cat", torch.empty(5, 7), [a, b], 1)
+
+
 def test_kernels_allocate_through_the_context(tmp_path):
     """A kernel takes scratch memory and a data-dependent output from the framework's allocator (the
     context's callbacks), and gives the scratch back."""

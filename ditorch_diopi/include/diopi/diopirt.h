@@ -68,6 +68,13 @@ typedef struct diopiSize {
   int64_t len;
 } diopiSize_t;
 
+/* A list of const input tensors (cat's inputs), passed by value like diopiSize_t: `data` points at
+ * `len` handles, valid for the duration of the call. */
+typedef struct diopiTensorList {
+  const diopiConstTensorHandle_t* data;
+  int64_t len;
+} diopiTensorList_t;
+
 /* The context of one call: the stream to run on and the framework's allocator. A kernel that needs
  * scratch memory, or an output whose size depends on the data, asks the framework through these
  * callbacks so memory stays accounted to the framework's caching allocator. */

@@ -16,15 +16,15 @@
 extern "C" {
 #endif
 
-/* aten::add.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in alpha:double
+/* aten::add.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:in alpha:double
  * out = self + alpha * other */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_add_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other, double alpha);
 
-/* aten::sub.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in alpha:double
+/* aten::sub.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:in alpha:double
  * out = self - alpha * other */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_sub_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other, double alpha);
 
-/* aten::mul.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in */
+/* aten::mul.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:in */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_mul_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other);
 
 /* aten::div.Tensor [float32, float64, float16, bfloat16] out:out self:in other:in */
@@ -51,6 +51,10 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_gelu(diopiContextHandle_t ctx, diop
 
 /* aten::pow.Tensor_Scalar [float32, float64, float16, bfloat16] out:out self:in exponent:double */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double exponent);
+
+/* aten::pow.Scalar [float32, float64, float16, bfloat16] out:out exponent:in self:double
+ * out = self ** exponent (a number to tensor powers) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_pow_Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t exponent, double self);
 
 /* aten::reciprocal [float32, float64, float16, bfloat16] out:out self:in */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_reciprocal(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
@@ -162,6 +166,18 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_copy_(diopiContextHandle_t ctx, dio
 
 /* aten::fill_.Scalar [float32, float64, float16, bfloat16, int64, int32] self:inout value:double */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_fill__Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t self, double value);
+
+/* aten::cat [float32, float64, float16, bfloat16, int64, int32] out:out tensors:in[] dim:int
+ * the tensors joined along dim; 1-dim empty tensors (size 0) are skipped, as in torch */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_cat(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorList_t tensors, int64_t dim);
+
+/* aten::tril [float32, float64, float16, bfloat16, int64, int32, bool] out:out self:in diagonal:int
+ * the lower triangle of the last two dims: elements with col - row <= diagonal, zeros elsewhere */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_tril(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t diagonal);
+
+/* aten::where.self [float32, float64, float16, bfloat16, int64, int32] out:out condition:in self:in other:in
+ * condition (bool, broadcast) ? self : other */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_where_self(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t condition, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other);
 
 /* aten::clone [float32, float64, float16, bfloat16, int64, int32] out:out self:in
  * any strides in, out's strides out (contiguous, transpose) */
