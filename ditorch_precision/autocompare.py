@@ -13,8 +13,8 @@ import os
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from .collectives import (PLUMBING, POINT_TO_POINT, check_across_ranks, exchange, inputs_stats, is_collective, outputs_stats,
-                          wait_collective, written)
+from .collectives import (PLUMBING, POINT_TO_POINT, check_across_ranks, exchange, inputs_stats, is_collective,
+                          outputs_stats, wait_collective, written)
 from .dump import DumpWriter
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
@@ -28,7 +28,8 @@ log = logging.getLogger("precision")
 
 def _host_copy(tree):
     """Copies on the host, issued without waiting for the device (valid after a synchronise)."""
-    return tree_map(lambda t: t.detach().to("cpu", non_blocking=True, copy=True) if isinstance(t, torch.Tensor) else t, tree)
+    return tree_map(lambda t: t.detach().to("cpu", non_blocking=True, copy=True) if isinstance(t, torch.Tensor) else t,
+                    tree)
 
 
 def _leaf_types(tree) -> list:
@@ -56,7 +57,8 @@ class AutoCompare(Tool):
 
     name = "autocompare"
 
-    def __init__(self, selector: Selector | None = None, *, device: str = "cpu", dtype: torch.dtype | None = torch.float64,
+    def __init__(self, selector: Selector | None = None, *, device: str = "cpu",
+                 dtype: torch.dtype | None = torch.float64,
                  rtol: float | None = None, atol: float | None = None, sync: bool = True, skip_views: bool = True,
                  out: str | None = None, full_stats: bool = False, tolerances: ToleranceTable | None = None,
                  save_failures: str | None = None, **kwargs) -> None:
@@ -98,7 +100,8 @@ class AutoCompare(Tool):
             return self._collective(rec, func, args, kwargs)
         reason = self._skip.get(func, False)
         if reason is False:
-            reason = self._skip[func] = skip_reason(func) or ("view" if self.skip_views and op_info(func).is_view else None)
+            is_view = self.skip_views and op_info(func).is_view
+            reason = self._skip[func] = skip_reason(func) or ("view" if is_view else None)
         if reason or not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
             self.n_skipped += 1
             return func(*args, **kwargs)

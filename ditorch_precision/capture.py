@@ -120,7 +120,8 @@ class Capture(Tool):
         nothing (``_fused_adamw_``)."""
         sel, step, rank = self.selector, self.steps.step, self.rank.get()
         if (sel.ops is not None or sel.modules is not None or (sel.phases is not None and "optimizer" not in sel.phases)
-                or (sel.steps is not None and step not in sel.steps) or (sel.ranks is not None and rank not in sel.ranks)):
+                or (sel.steps is not None and step not in sel.steps)
+                or (sel.ranks is not None and rank not in sel.ranks)):
             return
         with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
             params = [p.detach() for group in optimizer.param_groups for p in group["params"]]

@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dump")
     r.add_argument("op_index", type=_count, help="the op's call index (the 'index' in the capture)")
     r.add_argument("--device", default="cpu", type=cli_type(device), help="device to replay on (default cpu)")
-    r.add_argument("--dtype", type=cli_type(floating_dtype), help="cast floating inputs to this dtype first, e.g. float64")
+    r.add_argument("--dtype", type=cli_type(floating_dtype),
+                   help="cast floating inputs to this dtype first, e.g. float64")
     r.add_argument("--rtol", type=_nonneg)
     r.add_argument("--atol", type=_nonneg)
     r.add_argument("--backward", action="store_true",

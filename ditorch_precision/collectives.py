@@ -173,7 +173,8 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
         expected = _reduced(first.get("reduce_op"), [c["in_sum"] for c in calls], world)
         if op in ALL_REDUCE and expected is not None:
             if not _close(first["out_sum"], expected, sum(c["in_abs"] for c in calls)):
-                return "fail", f"{first['reduce_op']} result sums to {first['out_sum']:.9g}, the ranks' inputs to {expected:.9g}"
+                return "fail", (f"{first['reduce_op']} result sums to {first['out_sum']:.9g}, "
+                                f"the ranks' inputs to {expected:.9g}")
             return "pass", f"same result on every rank, equal to the {first['reduce_op']} of the inputs"
         if op == "c10d::allgather_" and first.get("piece_sums"):
             want = [c["in_sum"] for c in calls]
@@ -210,7 +211,8 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
             if expected is None:
                 return "skipped", f"no sum invariant for a {first.get('reduce_op')} reduce"
             if not _close(at_root["out_sum"], expected, sum(c["in_abs"] for c in calls)):
-                return "fail", f"the root's result sums to {at_root['out_sum']:.9g}, the ranks' inputs to {expected:.9g}"
+                return "fail", (f"the root's result sums to {at_root['out_sum']:.9g}, "
+                                f"the ranks' inputs to {expected:.9g}")
             return "pass", f"the root's result is the {first['reduce_op']} of the inputs"
         if op == "c10d::gather_":
             pieces = at_root.get("out_pieces") or []

@@ -11,7 +11,8 @@ import torch
 from .align import Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import Dump, DumpError, check_replayable
-from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
+from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances,
+                      tensor_leaves)
 from .opinfo import op_info
 from .records import resolve_op
 from .summaries import compare_summaries
@@ -125,8 +126,8 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
         func, why_not = None, ""
     else:
         func, why_not = _replay_func(ra, da, db)
-    if func is None and why_not == "uninitialised output" or (opts.rule == "error_ratio" and func is None
-                                                              and ra.get("kind", "op") == "op" and ra["op"] == rb["op"]):
+    plain_op = ra.get("kind", "op") == "op" and ra["op"] == rb["op"]
+    if func is None and (why_not == "uninitialised output" or (opts.rule == "error_ratio" and plain_op)):
         return _row(ra, "skipped", "skipped", why_not)
     if func is not None:
         fa = run_reference(func, da["args"], da["kwargs"])

@@ -42,7 +42,8 @@ def ddp_step(rank: int, world: int, out: str) -> None:
     model.zero_grad(set_to_none=True)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     ddp(x).square().sum().backward()
-    torch.save({"own": own, "ddp": [p.grad.clone() for p in model.parameters()]}, os.path.join(out, f"ddp_rank{rank}.pt"))
+    torch.save({"own": own, "ddp": [p.grad.clone() for p in model.parameters()]},
+               os.path.join(out, f"ddp_rank{rank}.pt"))
 
 
 def worker(rank: int, world: int, port: int, out: str) -> None:

@@ -160,7 +160,8 @@ class ToleranceTable:
         problems = []
         for key in unused:
             stem = key.replace("*", "").replace("?", "").removeprefix("torch.")
-            hits = difflib.get_close_matches(stem, names, n=3, cutoff=0.5) or [n for n in names if stem and stem in n][:3]
+            hits = (difflib.get_close_matches(stem, names, n=3, cutoff=0.5)
+                    or [n for n in names if stem and stem in n][:3])
             problems.append(f"tolerance key {key!r} matches no op or dtype of {where} "
                             f"({'closest: ' + ', '.join(hits) if hits else f'{len(names)} names seen, none close'})")
         raise ValueError("; ".join(problems))

@@ -64,7 +64,8 @@ def _exact_verdict(actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
 
 def _nan_inf_verdict(stats: ErrorStats) -> Verdict | None:
     if stats.nan_mismatch or stats.inf_mismatch:
-        return Verdict(False, "nan_inf", f"NaN positions differ at {stats.nan_mismatch}, Inf at {stats.inf_mismatch}", stats)
+        return Verdict(False, "nan_inf", f"NaN positions differ at {stats.nan_mismatch}, Inf at {stats.inf_mismatch}",
+                       stats)
     return None
 
 

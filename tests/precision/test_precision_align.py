@@ -115,7 +115,8 @@ def test_every_region_gets_a_verdict(runs):
     report = compare_dumps(runs["sdpa_fault"], runs["eager"])
     by_place = {(r["module"], r["phase"]): r for r in report.regions}
     for layer in (0, 1):
-        forward, backward = by_place[(f"{ROOT}.{layer}.self_attn", "forward")], by_place[(f"{ROOT}.{layer}.self_attn", "backward")]
+        forward = by_place[(f"{ROOT}.{layer}.self_attn", "forward")]
+        backward = by_place[(f"{ROOT}.{layer}.self_attn", "backward")]
         assert forward["verdict"] == backward["verdict"] == "pass", (forward, backward)
         assert forward["n_module_records"] >= 1 and backward["n_ops_checked"] >= 1
     # after the fault, a region judged by module records only differs by inherited drift: "drift", not "fail"

@@ -75,7 +75,8 @@ def test_allclose_rule_agrees_with_assert_close():
     for trial in range(200):
         e = torch.randn(16, generator=g, dtype=torch.float64)
         # perturbations straddling the boundary atol + rtol*|e|
-        scale = (atol + rtol * e.abs()) * (0.5 + torch.rand(16, generator=g, dtype=torch.float64) * (0.55 if trial % 2 else 0.4))
+        spread = torch.rand(16, generator=g, dtype=torch.float64) * (0.55 if trial % 2 else 0.4)
+        scale = (atol + rtol * e.abs()) * (0.5 + spread)
         a = e + scale * torch.sign(torch.randn(16, generator=g, dtype=torch.float64))
         v = compare_tensors(a, e, rtol=rtol, atol=atol)
         assert v.passed == _assert_close_passes(a, e, rtol, atol)
