@@ -1,11 +1,14 @@
 """Overhead of each precision tool on one AdamW training step of a HuggingFace LlamaForCausalLM
-(random weights, 2 layers, hidden 256, sequence 128, batch 4), against the plain step. The plain step and the tools are measured side by side: every round runs each of
-them for --steps steps (a tool's entry and exit included), in a rotated order, on the same model,
-so a change in machine load hits all of them alike. Quoted: the median over rounds of each one's
+(random weights, 2 layers, hidden 256, sequence 128, batch 4), against the plain step. The plain
+step and the tools are measured side by side: every round runs each of them for --steps steps (a
+tool's entry and exit included), in a rotated order, on the same model, so a change in machine load
+hits all of them alike. Quoted: the median over rounds of each one's
 mean step time, and the median over rounds of its ratio to the plain step of the same round; the
-same for the process's CPU time, which a loaded machine disturbs less than wall time. --json FILE writes the numbers.
+same for the process's CPU time, which a loaded machine disturbs less than wall time. --json FILE
+writes the numbers.
 
-    python -m bench.precision_overhead [--rounds 5] [--steps 2] [--threads 1] [--only overflow_check] [--json out.json]"""
+    python -m bench.precision_overhead [--rounds 5] [--steps 2] [--threads 1] [--only overflow_check]
+                                       [--json out.json]"""
 from __future__ import annotations
 
 import argparse
@@ -123,12 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'tool':<34} {'step ms':>9} {'ratio':>7} {'range':>13} {'cpu ms':>8} {'cpu ratio':>9} {'target':>7}")
     for name, row in rows.items():
         target = f"{TARGETS[name]:.1f}x" if name in TARGETS else ""
-        print(f"{name:<34} {row['step_ms']:9.1f} {row['ratio']:6.2f}x {row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f}x "
+        print(f"{name:<34} {row['step_ms']:9.1f} {row['ratio']:6.2f}x "
+              f"{row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f}x "
               f"{row['cpu_ms']:8.1f} {row['cpu_ratio']:8.2f}x {target:>7}")
     print(f"load average {load_before} -> {load_after}; {a.rounds} rounds x {a.steps} steps, "
           f"{torch.get_num_threads()} thread(s)")
     result = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "config": vars(CFG), "model": "transformers LlamaForCausalLM", "rounds": a.rounds, "steps": a.steps,
+              "threads": torch.get_num_threads(), "config": vars(CFG), "model": "transformers LlamaForCausalLM",
+              "rounds": a.rounds, "steps": a.steps,
               "load_average": [load_before, load_after], "tools": rows, "targets": TARGETS}
     if a.json:
         with open(a.json, "w") as f:

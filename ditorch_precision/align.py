@@ -12,6 +12,8 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+PARAMS_OP = "optimizer::params"  # a module record: an optimizer's parameters after its step
+
 # Ops that compute the same thing by different kernels; the first of each group names it.
 DEFAULT_EQUIVALENT: tuple[tuple[str, ...], ...] = (
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
@@ -73,7 +75,7 @@ class Equivalences:
         return op in self._canon
 
 
-def _group_key(rec: dict) -> tuple:
+def group_key(rec: dict) -> tuple:
     phase = "forward" if rec.get("phase") == "recompute" else rec.get("phase")
     return rec.get("step"), phase, rec.get("module")
 
@@ -90,6 +92,8 @@ class Alignment:
     unmatched_b: list[dict] = field(default_factory=list)
     regions: list[tuple] = field(default_factory=list)  # (step, phase, module) whose op sequences differ
     module_pairs: list[tuple[dict, dict]] = field(default_factory=list)  # module records, paired
+    unmatched_modules_a: list[dict] = field(default_factory=list)  # module records the other run lacks
+    unmatched_modules_b: list[dict] = field(default_factory=list)
 
 
 def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None = None) -> Alignment:
@@ -102,14 +106,15 @@ def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None 
     for recs, ops, mods in ((records_a, ops_a, mods_a), (records_b, ops_b, mods_b)):
         for r in sorted(recs, key=lambda r: r["index"]):
             if r.get("kind", "op") == "module":
-                mods[(*_group_key(r), r["op"])].append(r)
+                mods[(*group_key(r), r["op"])].append(r)
             else:
-                ops[_group_key(r)].append(r)
+                ops[group_key(r)].append(r)
     for key in list(ops_a) + [k for k in ops_b if k not in ops_a]:
         sa, sb = ops_a.get(key, []), ops_b.get(key, [])
 
         def token(r):  # equivalent kernels agree on their first output (the result) only
-            return eq.canon(r["op"]), _shapes(r, first_only=eq.has_variants(r["op"]))
+            variants = eq.has_variants(r["op"])  # an op's overloads take different arguments: not one op
+            return eq.canon(r["op"]), None if variants else r.get("overload"), _shapes(r, first_only=variants)
 
         ta, tb = [token(r) for r in sa], [token(r) for r in sb]
         differs = False
@@ -122,15 +127,21 @@ def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None 
                 out.unmatched_b.extend(sb[j1:j2])
         if differs:
             out.regions.append(key)
-    for key, ma in mods_a.items():
-        out.module_pairs.extend(zip(ma, mods_b.get(key, [])))
+    for key in list(mods_a) + [k for k in mods_b if k not in mods_a]:
+        ma, mb = mods_a.get(key, []), mods_b.get(key, [])
+        out.module_pairs.extend(zip(ma, mb))
+        out.unmatched_modules_a.extend(ma[len(mb):])  # a module called more often in one run
+        out.unmatched_modules_b.extend(mb[len(ma):])
     return out
 
 
 def region_module_records(alignment: Alignment, region: tuple) -> list[tuple[dict, dict]]:
     """The module record pairs that judge a region: outputs (forward) or output gradients
-    (backward) of the region's module and of its direct children, in the region's step."""
+    (backward) of the region's module and of its direct children, in the region's step; for an
+    optimizer region, the parameters after that step."""
     step, phase, module = region
+    if phase == "optimizer":  # the parameters after the step (Capture's "optimizer::params" records)
+        return [(ra, rb) for ra, rb in alignment.module_pairs if ra["op"] == PARAMS_OP and ra.get("step") == step]
     if module is None or phase not in ("forward", "backward"):
         return []
     op = "module::output" if phase == "forward" else "module::grad"

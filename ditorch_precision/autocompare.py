@@ -13,7 +13,8 @@ import os
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from .collectives import PLUMBING, check_across_ranks, exchange, inputs_stats, is_collective, outputs_stats, wait_collective
+from .collectives import (PLUMBING, POINT_TO_POINT, check_across_ranks, exchange, inputs_stats, is_collective,
+                          outputs_stats, wait_collective, written)
 from .dump import DumpWriter
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
@@ -27,7 +28,8 @@ log = logging.getLogger("precision")
 
 def _host_copy(tree):
     """Copies on the host, issued without waiting for the device (valid after a synchronise)."""
-    return tree_map(lambda t: t.detach().to("cpu", non_blocking=True, copy=True) if isinstance(t, torch.Tensor) else t, tree)
+    return tree_map(lambda t: t.detach().to("cpu", non_blocking=True, copy=True) if isinstance(t, torch.Tensor) else t,
+                    tree)
 
 
 def _leaf_types(tree) -> list:
@@ -55,7 +57,8 @@ class AutoCompare(Tool):
 
     name = "autocompare"
 
-    def __init__(self, selector: Selector | None = None, *, device: str = "cpu", dtype: torch.dtype | None = torch.float64,
+    def __init__(self, selector: Selector | None = None, *, device: str = "cpu",
+                 dtype: torch.dtype | None = torch.float64,
                  rtol: float | None = None, atol: float | None = None, sync: bool = True, skip_views: bool = True,
                  out: str | None = None, full_stats: bool = False, tolerances: ToleranceTable | None = None,
                  save_failures: str | None = None, **kwargs) -> None:
@@ -75,6 +78,18 @@ class AutoCompare(Tool):
         self._collectives_checked = False
         self.n_skipped = 0
         self._queue: list = []
+        self._tol_seen: set = set()  # (op, dtype) of the judged ops, when there are tolerance rules
+
+    def unmatched_selection(self) -> list[str]:
+        """The selector's patterns that matched nothing, and tolerance keys that matched no judged op
+        or dtype (a misspelt key leaves the default tolerance in force)."""
+        problems = super().unmatched_selection()
+        try:
+            self.tolerances.check_keys({op for op, _ in self._tol_seen}, {d for _, d in self._tol_seen if d},
+                                       where="the ops autocompare judged")
+        except ValueError as exc:
+            problems.append(str(exc))
+        return problems
 
     @property
     def failures(self) -> list[dict]:
@@ -85,7 +100,8 @@ class AutoCompare(Tool):
             return self._collective(rec, func, args, kwargs)
         reason = self._skip.get(func, False)
         if reason is False:
-            reason = self._skip[func] = skip_reason(func) or ("view" if self.skip_views and op_info(func).is_view else None)
+            is_view = self.skip_views and op_info(func).is_view
+            reason = self._skip[func] = skip_reason(func) or ("view" if is_view else None)
         if reason or not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
             self.n_skipped += 1
             return func(*args, **kwargs)
@@ -106,14 +122,16 @@ class AutoCompare(Tool):
 
     def _collective(self, rec: OpRecord, func, args, kwargs):
         """Run once, never again on the reference: record what the cross-rank check needs."""
-        if rec.op in PLUMBING:
+        if rec.op in PLUMBING or rec.op in POINT_TO_POINT:  # no group invariant; never waited for
             return func(*args, **kwargs)
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
         with self.quiet():
-            stats = inputs_stats(rec.op, args)
+            stats = inputs_stats(rec.op, args, world)
         out = func(*args, **kwargs)
         with self.quiet():
             wait_collective(out, rec.op)
-            stats.update(outputs_stats(rec.op, args, out))
+            stats.update(outputs_stats(rec.op, args, written(rec.op, args, out), world))
         self.collectives.append({**rec.to_dict(), **stats})
         return out
 
@@ -149,6 +167,9 @@ class AutoCompare(Tool):
             row.update(status="skipped", rule="skipped", detail=f"reference failed: {type(exc).__name__}: {exc}")
             self.results.append(row)
             return
+        if self.tolerances.rules:  # for the check that every tolerance key matched something
+            self._tol_seen.add((rec.op, next((t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)
+                                               and t.dtype.is_floating_point), None)))
         rtol, atol = op_tolerances(self.tolerances, rec.op, out, ref_out)
         quick = None if self.full_stats else quick_pass(out, ref_out, rtol=rtol, atol=atol)
         if quick is not None:

@@ -11,8 +11,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
+from .align import PARAMS_OP
 from .bulk import PendingWrites
-from .collectives import is_collective, reduce_op_name, wait_collective
+from .collectives import POINT_TO_POINT, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
@@ -81,11 +82,16 @@ class Capture(Tool):
                 inputs = snapshot((args, kwargs))
         out = func(*args, **kwargs)
         with self.quiet():
+            saved = out
             if is_collective(rec.op):  # its outputs hold the result only once it completed
                 wait_collective(out, rec.op)
+                if rec.op in POINT_TO_POINT[1:]:
+                    saved = ([], out)  # a receive is not waited for (see collectives): its data is not known yet
+                elif rec.op.startswith("c10d::") and not isinstance(out, tuple):
+                    saved = (args[0], out)  # it returns only a Work: what it wrote comes first, as for allreduce_
             if self.save_tensors and inputs is None:
                 inputs = saveable_now((args, kwargs))
-            self._write(rec, args, kwargs, inputs, out)
+            self._write(rec, args, kwargs, inputs, saved)
         return out
 
     # module records -------------------------------------------------------------------------
@@ -106,6 +112,21 @@ class Capture(Tool):
             for t in tensors:
                 if t.requires_grad:
                     t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
+
+    def on_optimizer_step(self, optimizer) -> None:
+        """The parameters after the step, as a module record ("optimizer::params", phase optimizer),
+        under the same selection as module outputs: they judge an optimizer region, whose op
+        sequences differ between the runs (fused against foreach kernels) or whose kernels return
+        nothing (``_fused_adamw_``)."""
+        sel, step, rank = self.selector, self.steps.step, self.rank.get()
+        if (sel.ops is not None or sel.modules is not None or (sel.phases is not None and "optimizer" not in sel.phases)
+                or (sel.steps is not None and step not in sel.steps)
+                or (sel.ranks is not None and rank not in sel.ranks)):
+            return
+        with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
+            params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
+        if params:
+            self._module_record(PARAMS_OP, "optimizer", None, step, rank, params)
 
     def _module_grad(self, path: str, step: int, grad: torch.Tensor) -> None:
         if self._index is not None:  # the tool may have been left before backward ran

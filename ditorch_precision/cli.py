@@ -39,13 +39,21 @@ def _print_diff(report, rows: int, show_all: bool) -> None:
                         and r["phase"] == region["phase"]})
         ops_b = sorted({r["op"] for r in report.unmatched if r["run"] == "B" and r["module"] == region["module"]
                         and r["phase"] == region["phase"]})
-        print(f"region {region['module']} ({region['phase']}, step {region['step']}): op sequences differ "
-              f"(only in A: {', '.join(ops_a) or '-'}; only in B: {', '.join(ops_b) or '-'}); judged by "
-              f"{region['n_module_records']} module records")
+        print(f"region {region['module'] or '(no module)'} ({region['phase']}, step {region['step']}): op sequences "
+              f"differ (only in A: {', '.join(ops_a) or '-'}; only in B: {', '.join(ops_b) or '-'}); "
+              f"{region['verdict']}: {region['n_ops_checked']} of A's ops against their float64 replay, "
+              f"{region['n_module_records']} module records; {region['detail']}")
+    modules = [r for r in report.unmatched if r["op"].startswith(("module::", "optimizer::"))]
+    if modules:
+        print(f"{len(modules)} module records without a partner: "
+              + ", ".join(f"{r['op']} {r['module']} ({r['phase']}, step {r['step']}, only in {r['run']})"
+                          for r in modules[:5]) + (" ..." if len(modules) > 5 else ""))
     fd = d["first_divergence"]
     if fd:
         print(f"first divergence: {fd['op']} #{fd['index']} ({fd['phase']}, module {fd['module']}, step "
               f"{fd['step']}): {fd['rule']}: {fd['detail']}")
+    elif d["n_unjudged_regions"]:
+        print(f"no divergence found, but {d['n_unjudged_regions']} regions could not be judged: not a pass")
     else:
         print("no divergence")
 
@@ -238,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dump")
     r.add_argument("op_index", type=_count, help="the op's call index (the 'index' in the capture)")
     r.add_argument("--device", default="cpu", type=cli_type(device), help="device to replay on (default cpu)")
-    r.add_argument("--dtype", type=cli_type(floating_dtype), help="cast floating inputs to this dtype first, e.g. float64")
+    r.add_argument("--dtype", type=cli_type(floating_dtype),
+                   help="cast floating inputs to this dtype first, e.g. float64")
     r.add_argument("--rtol", type=_nonneg)
     r.add_argument("--atol", type=_nonneg)
     r.add_argument("--backward", action="store_true",

@@ -20,6 +20,9 @@ _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
 # Functional-collective plumbing: waiting and autograd wrapping, no communication of their own.
 PLUMBING = ("_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd",
             "c10d_functional::wait_tensor")
+# Point-to-point transfers are never waited for by a tool: gloo counts waits on a send/recv Work, so
+# a second wait (the caller's own, after the tool's) waits for a transfer that never comes.
+POINT_TO_POINT = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 
 
 def is_collective(op: str) -> bool:
@@ -29,6 +32,8 @@ def is_collective(op: str) -> bool:
 def wait_collective(out, op: str = "") -> None:
     """Wait for the collective to complete, so its outputs hold the result: the Work objects of a
     c10d op, ``wait_tensor`` on a functional collective's outputs (its own later wait is then a no-op)."""
+    if op in POINT_TO_POINT:
+        return
     if op.startswith(_FUNCTIONAL) and op not in PLUMBING:
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -40,7 +45,8 @@ def wait_collective(out, op: str = "") -> None:
                 work = torch._C._distributed_c10d.Work.unbox(leaf)
             except (RuntimeError, TypeError, AttributeError):
                 continue
-            work.wait()
+            if not work.is_completed():  # a second wait on gloo's send/recv waits for another transfer
+                work.wait()
 
 
 def reduce_op_name(args) -> str | None:
@@ -74,19 +80,70 @@ def _tensors(x) -> list[torch.Tensor]:
     return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
 
 
-def inputs_stats(op: str, args) -> dict:
+# Collectives whose pieces move between ranks: per call, each piece's (sum, sum of |x|, checksum).
+REDUCE_SCATTER = ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "_c10d_functional::reduce_scatter_tensor")
+ALL_TO_ALL = ("c10d::alltoall_", "c10d::alltoall_base_", "_c10d_functional::all_to_all_single")
+ROOTED = ("c10d::reduce_", "c10d::gather_", "c10d::scatter_")  # root rank at args[3]
+
+
+def _split(t: torch.Tensor, sizes, world: int) -> list[torch.Tensor]:
+    """A flat collective's pieces along dim 0: by ``sizes`` (the op's split sizes), else equal."""
+    if sizes:
+        return list(torch.split(t, list(sizes)))
+    return list(torch.chunk(t, world)) if world and t.shape and t.shape[0] % world == 0 else [t]
+
+
+def _pieces(op: str, tensors, sizes, world: int) -> list[tuple[float, float, float]]:
+    if isinstance(tensors, torch.Tensor):
+        return [_sums([p]) for p in _split(tensors, sizes, world)]
+    return [_sums(_tensors(p)) for p in tensors]
+
+
+def inputs_stats(op: str, args, world: int = 0) -> dict:
     """What a collective's inputs were, taken before it ran (in-place collectives overwrite them)."""
-    if op == "c10d::allgather_" or op == "c10d::_allgather_base_":
-        return dict(zip(("in_sum", "in_abs", "in_check"), _sums(_tensors(args[1]))))
-    return dict(zip(("in_sum", "in_abs", "in_check"), _sums(_tensors(args[0]))))
+    if op in ("c10d::allgather_", "c10d::_allgather_base_", "c10d::gather_", "c10d::scatter_"):
+        src = args[1]
+    elif op in REDUCE_SCATTER[:2] or op in ALL_TO_ALL[:2]:
+        src = args[1]
+    else:
+        src = args[0]
+    stats = dict(zip(("in_sum", "in_abs", "in_check"), _sums(_tensors(src))))
+    if op == "c10d::reduce_scatter_" or op == "c10d::scatter_":
+        stats["in_pieces"] = _pieces(op, args[1][0] if args[1] else [], None, world)
+    elif op in ("c10d::_reduce_scatter_base_", "_c10d_functional::reduce_scatter_tensor"):
+        stats["in_pieces"] = _pieces(op, src, None, world)
+    elif op == "c10d::alltoall_":
+        stats["in_pieces"] = _pieces(op, args[1], None, world)
+    elif op == "c10d::alltoall_base_":
+        stats["in_pieces"] = _pieces(op, args[1], args[4], world)
+    elif op == "_c10d_functional::all_to_all_single":
+        stats["in_pieces"] = _pieces(op, args[0], args[2], world)
+    if op in ROOTED:
+        stats["root"] = int(args[3])
+    return stats
 
 
-def outputs_stats(op: str, args, out) -> dict:
-    tensors = _tensors(out[0] if isinstance(out, (tuple, list)) and out and op.startswith("c10d::") else out)
-    stats = dict(zip(("out_sum", "out_abs", "out_check"), _sums(tensors)))
+def written(op: str, args, out):
+    """What a collective wrote, once it completed: the c10d ops write their first argument (most
+    return only a Work), the functional ones return their result."""
+    return out if op.startswith(_FUNCTIONAL) else args[0]
+
+
+def outputs_stats(op: str, args, out, world: int = 0) -> dict:
+    """``out``: what the collective wrote (``written``), after it completed."""
+    stats = dict(zip(("out_sum", "out_abs", "out_check"), _sums(_tensors(out))))
     if op == "c10d::allgather_":  # per gathered piece: piece j must be rank j's input
-        stats["piece_sums"] = [_sums(_tensors(p))[0] for p in (out[0][0] if out and out[0] else [])]
-    stats["reduce_op"] = reduce_op_name(args) if op in ALL_REDUCE or op.startswith("c10d::allreduce") else None
+        stats["piece_sums"] = [_sums(_tensors(p))[0] for p in (out[0] if out else [])]
+    elif op == "c10d::gather_":
+        stats["out_pieces"] = _pieces(op, out[0] if out else [], None, world)
+    elif op == "c10d::alltoall_":
+        stats["out_pieces"] = _pieces(op, out, None, world)
+    elif op == "c10d::alltoall_base_":
+        stats["out_pieces"] = _pieces(op, out, args[3], world)
+    elif op == "_c10d_functional::all_to_all_single":
+        stats["out_pieces"] = _pieces(op, out, args[1], world)
+    reducing = op in ALL_REDUCE or op.startswith("c10d::allreduce") or op in REDUCE_SCATTER or op == "c10d::reduce_"
+    stats["reduce_op"] = reduce_op_name(args) if reducing else None
     return stats
 
 
@@ -94,41 +151,97 @@ def _close(x: float, y: float, scale: float) -> bool:
     return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6 * max(scale, 1e-30))
 
 
+def _reduced(reduce_op: str | None, values: list[float], world: int) -> float | None:
+    """What a SUM/AVG reduction of ``values`` must sum to; None for other reductions."""
+    if reduce_op == "SUM":
+        return sum(values)
+    if reduce_op == "AVG":
+        return sum(values) / world
+    return None
+
+
+def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
+    """(status, detail) for the k-th collective of every rank (``calls`` in ``ranks`` order)."""
+    first, world = calls[0], len(calls)
+    op = first["op"]
+    if len({c["op"] for c in calls}) > 1:
+        return "fail", f"ranks ran different collectives here: {[c['op'] for c in calls]}"
+    if op in SAME_EVERYWHERE:
+        scale = max(c["out_abs"] for c in calls)
+        if not all(_close(c["out_check"], first["out_check"], scale) for c in calls):
+            return "fail", f"results differ across ranks (checksums {[c['out_check'] for c in calls]})"
+        expected = _reduced(first.get("reduce_op"), [c["in_sum"] for c in calls], world)
+        if op in ALL_REDUCE and expected is not None:
+            if not _close(first["out_sum"], expected, sum(c["in_abs"] for c in calls)):
+                return "fail", (f"{first['reduce_op']} result sums to {first['out_sum']:.9g}, "
+                                f"the ranks' inputs to {expected:.9g}")
+            return "pass", f"same result on every rank, equal to the {first['reduce_op']} of the inputs"
+        if op == "c10d::allgather_" and first.get("piece_sums"):
+            want = [c["in_sum"] for c in calls]
+            if not all(_close(x, y, max(c["in_abs"] for c in calls)) for x, y in zip(first["piece_sums"], want)):
+                return "fail", f"gathered pieces sum to {first['piece_sums']}, inputs to {want}"
+        return "pass", "same result on every rank"
+    if op in REDUCE_SCATTER:
+        if any(len(c.get("in_pieces") or ()) != world for c in calls):
+            return "skipped", "inputs not split into one piece per rank"
+        for r, c in enumerate(calls):  # rank r's result: the reduction of every rank's piece r
+            expected = _reduced(first.get("reduce_op"), [d["in_pieces"][r][0] for d in calls], world)
+            if expected is None:
+                return "skipped", f"no sum invariant for a {first.get('reduce_op')} reduce-scatter"
+            if not _close(c["out_sum"], expected, sum(d["in_pieces"][r][1] for d in calls)):
+                return "fail", (f"rank {ranks[r]}'s piece sums to {c['out_sum']:.9g}, the {first['reduce_op']} of the "
+                                f"ranks' pieces {r} to {expected:.9g}")
+        return "pass", f"each rank's piece equals the {first['reduce_op']} of the ranks' pieces for it"
+    if op in ALL_TO_ALL:
+        if any(len(c.get("in_pieces") or ()) != world or len(c.get("out_pieces") or ()) != world for c in calls):
+            return "skipped", "not one piece per rank"
+        for r, c in enumerate(calls):  # rank r's piece j is rank j's piece r
+            for j, d in enumerate(calls):
+                got, sent = c["out_pieces"][j], d["in_pieces"][r]
+                if not _close(got[2], sent[2], max(got[1], sent[1])):
+                    return "fail", f"rank {ranks[r]} received from rank {ranks[j]} a piece other than the one sent"
+        return "pass", "every piece arrived where it was sent, unchanged"
+    if op in ROOTED:
+        root = first.get("root")
+        if root not in ranks or len({c.get("root") for c in calls}) > 1:
+            return "fail", f"ranks named different roots: {[c.get('root') for c in calls]}"
+        at_root = calls[ranks.index(root)]
+        if op == "c10d::reduce_":
+            expected = _reduced(first.get("reduce_op"), [c["in_sum"] for c in calls], world)
+            if expected is None:
+                return "skipped", f"no sum invariant for a {first.get('reduce_op')} reduce"
+            if not _close(at_root["out_sum"], expected, sum(c["in_abs"] for c in calls)):
+                return "fail", (f"the root's result sums to {at_root['out_sum']:.9g}, "
+                                f"the ranks' inputs to {expected:.9g}")
+            return "pass", f"the root's result is the {first['reduce_op']} of the inputs"
+        if op == "c10d::gather_":
+            pieces = at_root.get("out_pieces") or []
+            if len(pieces) != world or not all(_close(p[2], c["in_check"], c["in_abs"]) for p, c in zip(pieces, calls)):
+                return "fail", "the root's gathered pieces are not the ranks' inputs"
+            return "pass", "the root holds every rank's input, in rank order"
+        pieces = at_root.get("in_pieces") or []  # scatter: rank j receives the root's piece j
+        if len(pieces) != world or not all(_close(c["out_check"], p[2], p[1]) for p, c in zip(pieces, calls)):
+            return "fail", "a rank received another piece than the root's piece for it"
+        return "pass", "every rank received the root's piece for it"
+    return "skipped", "no cross-rank invariant known for this collective"
+
+
 def check_across_ranks(per_rank: dict[int, list[dict]]) -> list[dict]:
-    """One row per collective call (the k-th collective of each rank): pass or fail, and why."""
+    """One row per collective call (the k-th collective of each rank): pass or fail, and why.
+    Point-to-point transfers involve two ranks, not the group, and are not in this sequence."""
     ranks = sorted(per_rank)
     rows = []
-    n = min(len(v) for v in per_rank.values()) if per_rank else 0
-    if per_rank and len({len(v) for v in per_rank.values()}) > 1:
+    group = {r: [c for c in per_rank[r] if c["op"] not in POINT_TO_POINT] for r in ranks}
+    n = min(len(v) for v in group.values()) if group else 0
+    if group and len({len(v) for v in group.values()}) > 1:
         rows.append({"op": "collectives", "status": "fail", "rule": "collective",
                      "detail": f"ranks ran different numbers of collectives: "
-                               f"{ {r: len(per_rank[r]) for r in ranks} }"})
+                               f"{ {r: len(group[r]) for r in ranks} }"})
     for k in range(n):
-        calls = [per_rank[r][k] for r in ranks]
-        first = calls[0]
-        row = {key: first.get(key) for key in ("index", "op", "phase", "module", "step")}
-        row.update(rank=None, rule="collective", status="pass", detail="same result on every rank")
-        if len({c["op"] for c in calls}) > 1:
-            row.update(status="fail", detail=f"ranks ran different collectives here: {[c['op'] for c in calls]}")
-        elif first["op"] in SAME_EVERYWHERE:
-            scale = max(c["out_abs"] for c in calls)
-            if not all(_close(c["out_check"], first["out_check"], scale) for c in calls):
-                row.update(status="fail", detail=f"results differ across ranks (checksums "
-                                                 f"{[c['out_check'] for c in calls]})")
-            elif first["op"] in ALL_REDUCE and first.get("reduce_op") in ("SUM", "AVG"):
-                expected = sum(c["in_sum"] for c in calls) / (len(calls) if first["reduce_op"] == "AVG" else 1)
-                in_scale = sum(c["in_abs"] for c in calls)
-                if not _close(first["out_sum"], expected, in_scale):
-                    row.update(status="fail", detail=f"{first['reduce_op']} result sums to {first['out_sum']:.9g}, "
-                                                     f"the ranks' inputs to {expected:.9g}")
-                else:
-                    row["detail"] = f"same result on every rank, equal to the {first['reduce_op']} of the inputs"
-            elif first["op"] == "c10d::allgather_" and first.get("piece_sums"):
-                want = [c["in_sum"] for c in calls]
-                if not all(_close(x, y, max(c["in_abs"] for c in calls)) for x, y in zip(first["piece_sums"], want)):
-                    row.update(status="fail", detail=f"gathered pieces sum to {first['piece_sums']}, inputs to {want}")
-        else:
-            row.update(status="skipped", rule="skipped", detail="no cross-rank invariant known for this collective")
+        calls = [group[r][k] for r in ranks]
+        row = {key: calls[0].get(key) for key in ("index", "op", "phase", "module", "step")}
+        status, detail = _check_call(calls, ranks)
+        row.update(rank=None, rule="skipped" if status == "skipped" else "collective", status=status, detail=detail)
         rows.append(row)
     return rows
 
@@ -152,13 +265,14 @@ def exchange(records: list[dict], rank: int, timeout_s: float = 60.0) -> dict[in
     return {r: json.loads(store.get(k)) for r, k in enumerate(keys)}
 
 
-def stats_from_capture(rec: dict, data: dict | None) -> dict | None:
+def stats_from_capture(rec: dict, data: dict | None, world: int = 0) -> dict | None:
     """The cross-rank check's record of one captured collective (inputs as saved before it ran,
     outputs after it completed), or None without saved tensors."""
     if data is None:
         return None
     stats = {k: rec.get(k) for k in ("index", "op", "phase", "module", "step")}
-    stats.update(inputs_stats(rec["op"], data["args"]))
-    stats.update(outputs_stats(rec["op"], data["args"], data["outputs"]))
+    stats.update(inputs_stats(rec["op"], data["args"], world))
+    out = data["outputs"]  # a c10d op's written tensors come first (Capture saves them with the Work)
+    stats.update(outputs_stats(rec["op"], data["args"], out if rec["op"].startswith(_FUNCTIONAL) else out[0], world))
     stats["reduce_op"] = rec.get("reduce_op")
     return stats

@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .align import Equivalences, align, region_module_records
+from .align import Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import Dump, DumpError, check_replayable
-from .metrics import DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances, tensor_leaves
+from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances,
+                      tensor_leaves)
+from .opinfo import op_info
 from .records import resolve_op
 from .summaries import compare_summaries
-from .reference import run_reference, skip_reason
+from .reference import run_reference, skip_reason, without_randomness
 
 _ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
 
@@ -36,15 +38,23 @@ class DiffReport:
         return self.failed[0] if self.failed else None
 
     @property
+    def unjudged(self) -> list[dict]:
+        """Regions nothing could judge: they must not pass."""
+        return [r for r in self.regions if r["verdict"] == "unjudged"]
+
+    @property
     def passed(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.unjudged
 
     def to_dict(self) -> dict:
-        count = lambda s: sum(r["status"] == s for r in self.ops)  # noqa: E731
+        def count(status: str) -> int:
+            return sum(r["status"] == status for r in self.ops)
+
         return {"dump_a": self.dump_a, "dump_b": self.dump_b, "passed": self.passed, "n_ops": len(self.ops),
                 "n_passed": count("pass"), "n_failed": count("fail"), "n_skipped": count("skipped"),
-                "n_unmatched": len(self.unmatched), "first_divergence": self.first_divergence, "ops": self.ops,
-                "unmatched": self.unmatched, "regions": self.regions}
+                "n_drift": count("drift"), "n_unmatched": len(self.unmatched),
+                "n_unjudged_regions": len(self.unjudged), "first_divergence": self.first_divergence,
+                "ops": self.ops, "unmatched": self.unmatched, "regions": self.regions}
 
 
 def _row(rec: dict, status: str, rule: str, detail: str, verdict: TreeVerdict | None = None) -> dict:
@@ -81,6 +91,8 @@ def _replay_func(ra: dict, da: dict, db: dict):
     except LookupError:
         return None, f"op {ra['op']} unknown to this torch: no float64 replay"
     reason = skip_reason(func)
+    if reason == "random op" and all(without_randomness(func, d["args"], d["kwargs"]) for d in (da, db)):
+        reason = None
     if reason:
         return None, reason
     try:
@@ -116,8 +128,8 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
         func, why_not = None, ""
     else:
         func, why_not = _replay_func(ra, da, db)
-    if func is None and why_not == "uninitialised output" or (opts.rule == "error_ratio" and func is None
-                                                              and ra.get("kind", "op") == "op" and ra["op"] == rb["op"]):
+    plain_op = ra.get("kind", "op") == "op" and ra["op"] == rb["op"]
+    if func is None and (why_not == "uninitialised output" or (opts.rule == "error_ratio" and plain_op)):
         return _row(ra, "skipped", "skipped", why_not)
     if func is not None:
         fa = run_reference(func, da["args"], da["kwargs"])
@@ -147,6 +159,7 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
         else:
             options = CompareOptions()
     a, b = Dump.open(dump_a), Dump.open(dump_b)
+    check_tolerance_keys(options.tolerances, a, b)
     report = DiffReport(dump_a, dump_b)
     with torch.no_grad():
         if options.align == "index":
@@ -154,6 +167,21 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
         else:
             _compare_by_structure(a, b, options, report)
     return report
+
+
+def check_tolerance_keys(table: ToleranceTable, *dumps: Dump) -> None:
+    """ValueError for a tolerance key that matches no op and no output dtype of the captures."""
+    if not table.rules:
+        return
+    ops, dtypes = set(), set()
+    for dump in dumps:
+        for r in dump.op_records:
+            ops.add(r["op"])
+            for o in r.get("outputs") or ():
+                dtype = getattr(torch, o.get("dtype", ""), None) if isinstance(o, dict) else None
+                if isinstance(dtype, torch.dtype):
+                    dtypes.add(dtype)
+    table.check_keys(ops, dtypes, where="the captures")
 
 
 def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
@@ -172,34 +200,91 @@ def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffRep
         report.ops.append(compare_records(a, b, ra, rb, options))
 
 
+def self_check(a: Dump, ra: dict, opts: CompareOptions) -> dict:
+    """An op of A that B has no match for, judged against its own float64 replay (autocompare's
+    rule): drift inherited from earlier ops cannot fail it, so it is judged wherever it runs."""
+    da = a.load(ra)
+    if da is None:
+        return _row(ra, "skipped", "skipped", "tensors not saved in A")
+    func, why_not = _replay_func(ra, da, da)
+    if func is None:
+        return _row(ra, "skipped", "skipped", why_not)
+    if op_info(func).is_view:
+        return _row(ra, "skipped", "skipped", "view: runs no kernel")
+    expected = run_reference(func, da["args"], da["kwargs"])
+    rtol, atol = op_tolerances(opts.tolerances, ra["op"], da["outputs"], expected)
+    verdict = compare_trees(da["outputs"], expected, rtol=rtol, atol=atol)
+    if not verdict.verdicts:
+        return _row(ra, "skipped", "skipped", verdict.detail or "no tensor outputs")
+    deciding = verdict.deciding
+    detail = "against its own float64 replay: " + (deciding.detail if deciding else "")
+    return _row(ra, "pass" if verdict.passed else "fail", verdict.rule, detail, verdict)
+
+
+def _region_verdict(rows: list[dict]) -> tuple[str, str]:
+    """A region's verdict from its rows: fail, drift (module records differ only after an earlier
+    divergence, so the difference may be inherited), pass, or unjudged (nothing could be compared)."""
+    statuses = [r["status"] for r in rows]
+    if "fail" in statuses:
+        return "fail", next(r["detail"] for r in rows if r["status"] == "fail")
+    if "drift" in statuses:
+        return "drift", next(r["detail"] for r in rows if r["status"] == "drift")
+    if "pass" in statuses:
+        return "pass", f"{statuses.count('pass')} checks pass"
+    return "unjudged", ("no module records to judge it by (capture with no op filter writes them) and none of its "
+                        "unmatched ops could be replayed")
+
+
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
     al = align(a.records, b.records, options.equivalences)
     report.ops.extend(compare_records(a, b, ra, rb, options) for ra, rb in al.pairs)
-    report.ops.sort(key=lambda r: r["index"])
-    first_fail = min((r["index"] for r in report.ops if r["status"] == "fail"), default=None)
     for ra in al.unmatched_a:
         report.unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
     for rb in al.unmatched_b:
         report.unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
-    judged = []
+    for ra in al.unmatched_modules_a:
+        report.unmatched.append(_row(ra, "unmatched", "alignment", "module record only in A") | {"run": "A"})
+    for rb in al.unmatched_modules_b:
+        report.unmatched.append(_row(rb, "unmatched", "alignment", "module record only in B") | {"run": "B"})
+    # A region's unmatched ops of A are judged against their own float64 replay (immune to inherited
+    # drift); its module records directly, which tells a fault apart only before the first divergence.
+    own_ops: dict = {}
+    for ra in al.unmatched_a:
+        own_ops.setdefault(group_key(ra), []).append(ra)
+    region_rows: dict = {}
     for region in al.regions:
-        step, phase, module = region
-        pairs = region_module_records(al, region)
-        report.regions.append({"step": step, "phase": phase, "module": module, "n_module_records": len(pairs)})
-        judged.extend((ra, rb, f"{module} ({phase})") for ra, rb in pairs)
-    # In call order: a region after the first failure (an op's or an earlier region's) is not judged.
-    for ra, rb, region in sorted(judged, key=lambda j: j[0]["index"]):
-        if first_fail is not None and ra["index"] > first_fail:
-            report.ops.append(_row(ra, "skipped", "skipped", f"region {region} comes after the first divergence: "
-                                   "its module compare cannot tell inherited drift apart"))
-            continue
-        row = compare_records(a, b, ra, rb, options) | {"region": region}
-        report.ops.append(row)
+        name = f"{region[2] or '(no module)'} ({region[1]}, step {region[0]})"
+        rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_ops.get(region, [])]
+        rows.extend(({"region": name}, ra, rb) for ra, rb in region_module_records(al, region))
+    first_fail = min([r["index"] for r in report.ops if r["status"] == "fail"]
+                     + [r["index"] for rows in region_rows.values() for r in rows
+                        if isinstance(r, dict) and r["status"] == "fail"], default=None)
+    # module records in call order: the first that fails before any divergence is one
+    pending = sorted(((region, item) for region, rows in region_rows.items() for item in rows
+                      if isinstance(item, tuple)), key=lambda x: x[1][1]["index"])
+    for region, (tag, ra, rb) in pending:
+        row = compare_records(a, b, ra, rb, options) | tag
         if row["status"] == "fail":
-            first_fail = ra["index"] if first_fail is None else min(first_fail, ra["index"])
+            if first_fail is not None and ra["index"] > first_fail:
+                row.update(status="drift", detail=f"differs after the first divergence (#{first_fail}), so the "
+                                                  f"difference may be inherited: {row['detail']}")
+            else:
+                first_fail = ra["index"]
+        region_rows[region].append(row)
+    for region, rows in region_rows.items():
+        rows = [r for r in rows if not isinstance(r, tuple)]
+        verdict, detail = _region_verdict(rows)
+        step, phase, module = region
+        report.regions.append({"step": step, "phase": phase, "module": module, "verdict": verdict, "detail": detail,
+                               "n_module_records": sum(r["op"].startswith(("module::", "optimizer::")) for r in rows),
+                               "n_ops_checked": sum(r["status"] in ("pass", "fail") and "::" in r["op"]
+                                                    and not r["op"].startswith(("module::", "optimizer::"))
+                                                    for r in rows)})
+        report.ops.extend(rows)
     # at one index: ops, then module records, outer modules first (a module and its last child
     # return together; the region is the module)
-    report.ops.sort(key=lambda r: (r["index"], r["op"].startswith("module::"), (r["module"] or "").count(".")))
+    report.ops.sort(key=lambda r: (r["index"], r["op"].startswith(("module::", "optimizer::")),
+                                   (r["module"] or "").count(".")))
 
 
 def rank_dirs(path: str) -> dict[int, str] | None:
@@ -256,7 +341,7 @@ def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None)
     for rank in sorted(ra):
         dump = Dump.open(ra[rank])
         with torch.no_grad():
-            stats = [stats_from_capture(r, dump.load(r)) for r in dump.op_records
+            stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in dump.op_records
                      if is_collective(r["op"]) and r["op"] not in PLUMBING]
         per_rank[rank] = [s for s in stats if s is not None]
     return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])

@@ -244,7 +244,8 @@ def _record_problem(rec) -> str | None:
     for key in ("file", "key", "overload", "module", "phase", "kind"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             return f"field {key!r} is {rec[key]!r}, expected a string or null"
-    if "step" in rec and rec["step"] is not None and (not isinstance(rec["step"], int) or isinstance(rec["step"], bool)):
+    step = rec.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         return f"field 'step' is {rec['step']!r}, expected an integer"
     return None
 

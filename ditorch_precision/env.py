@@ -4,12 +4,13 @@ imported, or with ``python -m ditorch_precision.run --tool NAME script.py``.
 Variables: PRECISION_TOOL (capture, autocompare, overflow_check, op_timer, dtype_cast, fallback;
 comma-separated to stack), PRECISION_OUT (output directory, default ./precision_out),
 PRECISION_OPS, PRECISION_EXCLUDE_OPS, PRECISION_MODULES (comma-separated fnmatch patterns),
-PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES, PRECISION_BULK=1 and PRECISION_MODE=full|stats|checksum (capture),
-PRECISION_CALLSITE=1, PRECISION_API=1 (record each op's torch-level call),
-PRECISION_APIS (select by torch-level call: 'torch.nn.functional.linear', 'F.linear', 'linear'), PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
+PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES, PRECISION_BULK=1 and
+PRECISION_MODE=full|stats|checksum (capture), PRECISION_CALLSITE=1, PRECISION_API=1 (record each op's
+torch-level call), PRECISION_APIS (select by torch-level call: 'torch.nn.functional.linear', 'F.linear',
+'linear'), PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
 PRECISION_DTYPE (dtype_cast target, default float32), PRECISION_DEVICE (fallback target /
-autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP, PRECISION_TOL (autocompare tolerances per dtype
-and op, see ditorch_precision.metrics.ToleranceTable)."""
+autocompare reference device, default cpu), PRECISION_RANGE_DTYPE (overflow_check), PRECISION_TOP,
+PRECISION_TOL (autocompare tolerances per dtype and op, see ditorch_precision.metrics.ToleranceTable)."""
 from __future__ import annotations
 
 import atexit

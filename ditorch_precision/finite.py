@@ -21,8 +21,8 @@ VALUE_PRESERVING = frozenset({
     "aten::zeros", "aten::ones", "aten::zeros_like", "aten::ones_like", "aten::new_zeros", "aten::new_ones",
 })
 
-# Dtypes the screen handles (others go straight to the exact check); 16-bit sums accumulate in float32 (a float16 sum of finite data
-# overflows too easily to be a useful screen).
+# Dtypes the screen handles (others go straight to the exact check); 16-bit sums accumulate in float32
+# (a float16 sum of finite data overflows too easily to be a useful screen).
 _SUM_DTYPES = {torch.float32: None, torch.float64: None, torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 

@@ -159,7 +159,7 @@ class OverflowCheck(Tool):
         queue, self._queue = self._queue, []
         with self.quiet():  # also called from an optimizer hook, where the mode is active
             values = iter(read_stats([r for *_, rows, _ in queue for r in rows]))
-        for rec, scalars_bad, n_in, numels, rows, frames in queue:
+        for rec, scalars_bad, n_in, numels, _rows, frames in queue:
             ins = [next(values) for _ in range(n_in)]
             outs = [next(values) for _ in numels]
             if scalars_bad or len(self.events) >= self.max_events:

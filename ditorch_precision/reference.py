@@ -17,6 +17,16 @@ def skip_reason(func) -> str | None:
     return None
 
 
+def without_randomness(func, args, kwargs) -> bool:
+    """A seeded-random op called with a zero ``dropout_p`` (the fused attention kernels without
+    dropout) is a deterministic function of its inputs and can be replayed."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "dropout_p":
+            value = kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
+            return value == 0
+    return False
+
+
 def _convert(t: torch.Tensor, device: str | torch.device, dtype: torch.dtype | None) -> torch.Tensor:
     if dtype is not None and t.dtype.is_floating_point:
         return t.detach().to(device=device, dtype=dtype, copy=True)

@@ -112,7 +112,7 @@ class Selector:
         for pattern in self.ops or ():
             if not any(fnmatch.fnmatchcase(n, pattern) for op in ops_seen for n in op_aliases(*op)):
                 problems.append(f"op pattern {pattern!r} matched none of the {len(ops_seen)} ops the run executed "
-                                f"({closest(pattern, [o for o, _ in ops_seen] + [o.partition('::')[2] for o, _ in ops_seen])})")
+                                f"({closest(pattern, [n for o, _ in ops_seen for n in (o, o.partition('::')[2])])})")
         for pattern in self.modules or ():
             if not any(fnmatch.fnmatchcase(n, pattern) for m in modules_seen for n in module_aliases(m)):
                 names = {a for m in modules_seen for a in module_aliases(m)}

@@ -73,7 +73,8 @@ def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:
             return "fail", "stats", f"{len(ra['stats'])} outputs != {len(rb['stats'])}"
         for i, (a, b) in enumerate(zip(ra["stats"], rb["stats"])):
             if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
-                return "fail", "stats", f"output {i}: NaN/Inf counts {a.get('nan')}/{a.get('inf')} vs {b.get('nan')}/{b.get('inf')}"
+                return "fail", "stats", (f"output {i}: NaN/Inf counts {a.get('nan')}/{a.get('inf')} "
+                                         f"vs {b.get('nan')}/{b.get('inf')}")
             dtype = getattr(torch, a.get("dtype", "float32"), torch.float32)
             rtol = default_tolerance(dtype).rtol if isinstance(dtype, torch.dtype) else 1e-5
             # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively

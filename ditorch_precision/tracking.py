@@ -101,10 +101,11 @@ class ModuleTracker:
 class StepTracker:
     """Counts optimizer steps (any optimizer) and marks the ops an optimizer step runs."""
 
-    def __init__(self, start: int = 0, on_step=None) -> None:
+    def __init__(self, start: int = 0, on_step=None, on_optimizer=None) -> None:
         self.step = start
         self.in_optimizer = False
         self.on_step = on_step  # called after each optimizer step
+        self.on_optimizer = on_optimizer  # called with the optimizer as its step ends, before the count advances
         self._handles: list = []
 
     def __enter__(self) -> "StepTracker":
@@ -124,6 +125,8 @@ class StepTracker:
 
     def _post(self, optimizer, args, kwargs) -> None:
         self.in_optimizer = False
+        if self.on_optimizer is not None:
+            self.on_optimizer(optimizer)
         self.step += 1
         if self.on_step is not None:
             self.on_step()

@@ -1,6 +1,7 @@
 """Data-parallel training of the small HuggingFace Llama with hand-written gradient all-reduces
 (c10d::allreduce_, through the dispatcher the tools see), one process per rank on gloo, under
-Capture and AutoCompare: ``python -m ditorch_precision.examples.dist_llama OUT WORLD PORT [--fault-rank R] [--honest OUT2]``.
+Capture and AutoCompare:
+``python -m ditorch_precision.examples.dist_llama OUT WORLD PORT [--fault-rank R] [--honest OUT2]``.
 Each rank writes OUT/capture/rank{r}/ and OUT/autocompare_rank{r}.json; with ``--honest OUT2`` the
 same processes first run once without the fault into OUT2 (one launch for a reference and a test run)."""
 from __future__ import annotations
@@ -46,7 +47,8 @@ def train_once(rank: int, world: int, out: str, fault_rank: int | None) -> None:
         opt.step()
         ac.check_collectives()  # while the process group is alive
     with open(os.path.join(out, f"autocompare_rank{rank}.json"), "w") as f:
-        json.dump({"failures": ac.failures, "mean_loss": float(mean_loss), "loss": float(loss), "collectives": [r for r in ac.results if r.get("rule") == "collective"],
+        json.dump({"failures": ac.failures, "mean_loss": float(mean_loss), "loss": float(loss),
+                   "collectives": [r for r in ac.results if r.get("rule") == "collective"],
                    "n_params": len(list(model.parameters()))}, f)
 
 

@@ -67,7 +67,8 @@ def error_stats(actual: torch.Tensor, expected: torch.Tensor) -> ErrorStats:
     n = int(af.size)
     floating = actual.dtype.is_floating_point or actual.dtype.is_complex
     if n == 0:
-        return ErrorStats(int(a.size), 0.0, 0.0, 0.0, 1.0, 0 if floating else None, 1.0, 1.0, nan_mismatch, inf_mismatch)
+        return ErrorStats(int(a.size), 0.0, 0.0, 0.0, 1.0, 0 if floating else None, 1.0, 1.0, nan_mismatch,
+                          inf_mismatch)
     diff = np.abs(af - ef)
     tiny = torch.finfo(actual.dtype).tiny if actual.dtype.is_floating_point else 1.0
     rel = diff / np.maximum(np.abs(ef), tiny)

@@ -1,8 +1,10 @@
 """Per-dtype tolerances: torch.testing.assert_close's defaults are the floor."""
 from __future__ import annotations
 
+import difflib
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -131,6 +133,38 @@ class ToleranceTable:
 
     def to_dict(self) -> dict:
         return {"rules": [asdict(r) for r in self.rules], "rtol": self.rtol, "atol": self.atol}
+
+    def unused_keys(self, ops: Iterable[str], dtypes: Iterable[torch.dtype]) -> list[str]:
+        """The keys of rules that match none of ``ops`` ('aten::mm') and none of ``dtypes``."""
+        import fnmatch
+
+        names = {n for op in ops for n in (op, op.partition("::")[2])}
+        dtypes = set(dtypes)
+        unused = []
+        for r in self.rules:
+            dtype_rule = _dtype_named(r.key)
+            hit = (dtype_rule in dtypes if dtype_rule is not None
+                   else any(fnmatch.fnmatchcase(n, r.key) for n in names))
+            if not hit:
+                unused.append(r.key)
+        return unused
+
+    def check_keys(self, ops: Iterable[str], dtypes: Iterable[torch.dtype], where: str = "the runs") -> None:
+        """ValueError naming each key that matches no op or dtype of ``where`` and the closest names:
+        a misspelt key ('mn=0:0') would otherwise leave the default in force and pass silently."""
+        ops, dtypes = set(ops), set(dtypes)
+        unused = self.unused_keys(ops, dtypes)
+        if not unused:
+            return
+        names = sorted({n for op in ops for n in (op, op.partition("::")[2])} | {str(d)[6:] for d in dtypes})
+        problems = []
+        for key in unused:
+            stem = key.replace("*", "").replace("?", "").removeprefix("torch.")
+            hits = (difflib.get_close_matches(stem, names, n=3, cutoff=0.5)
+                    or [n for n in names if stem and stem in n][:3])
+            problems.append(f"tolerance key {key!r} matches no op or dtype of {where} "
+                            f"({'closest: ' + ', '.join(hits) if hits else f'{len(names)} names seen, none close'})")
+        raise ValueError("; ".join(problems))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -24,13 +24,14 @@ SIZE = HFLlamaSize()
 ROOT = "LlamaForCausalLM.model.layers"
 
 
-def _capture(path, attn="eager", fault=None, insert=False):
+def _capture(path, attn="eager", fault=None, insert=False, second=None):
     torch.set_num_threads(1)
     model = make_hf_llama(SIZE, attn)
     if insert:  # one extra op inside layers.0.mlp: its input times 1.0
         model.model.layers[0].mlp.register_forward_pre_hook(lambda mod, args: (args[0] * 1.0,))
     plant = wrong_kernel(fault[0], fault[1], inside=fault[2](model)) if fault else nullcontext()
-    with plant, Capture(str(path)):
+    plant_second = wrong_kernel(second[0], second[1], inside=second[2](model)) if second else nullcontext()
+    with plant, plant_second, Capture(str(path)):
         hf_train(model, hf_batches(SIZE, 1))
     return str(path)
 
@@ -48,6 +49,9 @@ def runs(tmp_path_factory):
         "insert_fault": _capture(root / "insert_fault", "eager", MM_IN_LAYER_1, insert=True),
         "eager_bad_attention": _capture(root / "eager_bad_attn", "eager",
                                         ("bmm", 1 + 1e-3, lambda m: m.model.layers[0].self_attn)),
+        # a fault in layer 0's mlp, and a second one in a region after it (layer 1's eager attention)
+        "two_faults": _capture(root / "two_faults", "eager", ("silu", 1 + 1e-3, lambda m: m.model.layers[0].mlp.act_fn),
+                               second=("bmm", 1 + 1e-3, lambda m: m.model.layers[1].self_attn)),
     }
 
 
@@ -93,11 +97,39 @@ def test_an_inserted_op_is_unmatched_and_the_planted_mm_is_named(runs):
         ("aten::mul", f"{ROOT}.0.mlp", "forward", "A"), ("aten::mul", f"{ROOT}.0.mlp", "backward", "A")]
 
 
-def test_a_fault_inside_a_differing_region_is_named_by_its_module(runs):
+def test_a_fault_inside_a_differing_region_is_named(runs):
+    """The faulty bmm has no partner in the sdpa run: it is judged against its own float64 replay."""
     report = compare_dumps(runs["eager_bad_attention"], runs["sdpa"])
     fd = report.first_divergence
-    assert (fd["op"], fd["module"], fd["phase"]) == ("module::output", f"{ROOT}.0.self_attn", "forward")
-    assert {r["module"] for r in report.failed} <= {f"{ROOT}.0.self_attn", f"{ROOT}.0.self_attn.o_proj"}
+    assert (fd["op"], fd["module"], fd["phase"]) == ("aten::bmm", f"{ROOT}.0.self_attn", "forward")
+    assert {(r["op"], r["module"]) for r in report.failed} == {("aten::bmm", f"{ROOT}.0.self_attn")}
+    region = next(r for r in report.regions if r["module"] == f"{ROOT}.0.self_attn" and r["phase"] == "forward")
+    assert region["verdict"] == "fail"
+
+
+def test_every_region_gets_a_verdict(runs):
+    """Regions after the first divergence (both layers' attention backward) are judged too: their
+    unmatched ops of A against their own float64 replay (the fused forward kernel is tagged random,
+    for its dropout, and is replayed when its dropout_p is 0)."""
+    report = compare_dumps(runs["sdpa_fault"], runs["eager"])
+    by_place = {(r["module"], r["phase"]): r for r in report.regions}
+    for layer in (0, 1):
+        forward = by_place[(f"{ROOT}.{layer}.self_attn", "forward")]
+        backward = by_place[(f"{ROOT}.{layer}.self_attn", "backward")]
+        assert forward["verdict"] == backward["verdict"] == "pass", (forward, backward)
+        assert forward["n_ops_checked"] >= 1 and backward["n_ops_checked"] >= 1
+    # after the fault, a region judged by module records only differs by inherited drift: "drift", not "fail"
+    assert {r["verdict"] for r in report.regions} <= {"pass", "drift"}
+
+
+def test_a_second_fault_in_a_region_after_the_first_divergence_is_named(runs):
+    report = compare_dumps(runs["two_faults"], runs["sdpa"])
+    failed = _failed(report)  # the silu first; then both bmm of layer 1's attention (scores, weighted values)
+    assert failed[0] == ("aten::silu", f"{ROOT}.0.mlp.act_fn", "forward")
+    assert set(failed[1:]) == {("aten::bmm", f"{ROOT}.1.self_attn", "forward")}
+    verdicts = {(r["module"], r["phase"]): r["verdict"] for r in report.regions}
+    assert verdicts[(f"{ROOT}.1.self_attn", "forward")] == "fail"
+    assert verdicts[(f"{ROOT}.0.self_attn", "forward")] == "pass"
 
 
 def _addmm_capture(path, use_addmm):

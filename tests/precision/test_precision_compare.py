@@ -50,7 +50,8 @@ def runs(tmp_path_factory):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "ditorch_precision.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ditorch_precision.cli", *map(str, args)], capture_output=True,
+                          text=True,
                           timeout=300)
 
 

@@ -26,7 +26,8 @@ def test_environment_variables_drive_the_run_wrapper(tmp_path):
     script.write_text(SCRIPT)
     environ = {**os.environ, "PYTHONPATH": os.getcwd(), "PRECISION_TOOL": "op_timer,overflow_check",
                "PRECISION_OUT": str(tmp_path / "out"), "PRECISION_EXCLUDE_OPS": "full"}
-    p = subprocess.run([sys.executable, "-m", "ditorch_precision.run", str(script), "2.0"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "ditorch_precision.run", str(script), "2.0"], capture_output=True,
+                       text=True,
                        timeout=300, cwd=tmp_path, env=environ)
     assert p.returncode == 0, p.stderr
     assert "done ['2.0']" in p.stdout

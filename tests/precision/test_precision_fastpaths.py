@@ -109,7 +109,8 @@ class PlainOverflow(TorchDispatchMode):
         self.range_max, self.index, self.events = range_max, 0, []
 
     def _problem(self, tree, what):
-        tensors = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()]
+        tensors = [t for t in tree_leaves(tree)
+                   if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()]
         for i, t in enumerate(t.detach() for t in tensors):
             if not torch.isfinite(t).all():
                 n_nan, n_inf = int(t.isnan().sum()), int(t.isinf().sum())

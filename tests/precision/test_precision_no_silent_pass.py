@@ -240,3 +240,34 @@ def test_a_misspelt_precision_variable_is_refused_naming_the_closest():
     with pytest.raises(ValueError, match="PRECISION_OP\\b.*PRECISION_OPS"):
         config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OP": "mm"})
     assert config_from_env({"PRECISION_TOOL": "capture", "PRECISION_OPS": "mm"}) == (["capture"], {"ops": "mm"})
+
+
+@pytest.mark.parametrize("tol,named,closest", [("mn=0:0", "'mn'", "mm"), ("float16=0:0", "'float16'", "float32"),
+                                               ("aten::rsqrtt=1e-3", "'aten::rsqrtt'", "aten::rsqrt")])
+def test_a_tolerance_key_that_matches_nothing_is_exit_2(captures, capsys, monkeypatch, tol, named, closest):
+    """A misspelt op (or a dtype the runs never produce) would leave the default tolerance in force."""
+    bad, ref = str(captures / "bad"), str(captures / "ref")
+    assert main(["compare", bad, ref, "--tol", tol]) == 2
+    err = capsys.readouterr().err
+    assert named in err and closest in err
+    monkeypatch.setenv("PRECISION_TOL", tol)
+    assert main(["compare", bad, ref]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_autocompare_refuses_a_tolerance_key_that_matched_no_judged_op():
+    a, b = torch.randn(3, 4), torch.randn(4, 2)
+    with pytest.raises(SelectionError, match=r"'mn'.*closest: .*mm"):
+        with AutoCompare(tolerances=ToleranceTable.parse("mn=1e-3")):
+            torch.mm(a, b)
+    with AutoCompare(tolerances=ToleranceTable.parse("mm=1e-3,float32=1e-4")) as ac:  # both keys are used
+        torch.mm(a, b)
+    assert ac.summary()["n_compared"] == 1
+
+
+def test_a_tolerance_key_that_matches_nothing_under_run_is_exit_2(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import torch\ntorch.mm(torch.randn(3, 4), torch.randn(4, 2))\n")
+    p = subprocess.run([sys.executable, "-m", "ditorch_precision.run", "--tool", "autocompare", "--tol", "mn=1e-3",
+                        "--out", str(tmp_path / "out"), str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "'mn'" in p.stderr and "mm" in p.stderr, p.stderr

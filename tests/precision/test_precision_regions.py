@@ -1,0 +1,100 @@
+"""Regions (modules whose op sequences differ between the runs) are never passed unjudged: an
+optimizer region (fused AdamW against the foreach one) is judged by the parameters after the step,
+a region nothing can judge makes the compare fail, and module records without a partner are listed.
+References: plain torch (the parameters a second, unfused AdamW computes) and the planted change."""
+import json
+
+import pytest
+import torch
+
+from ditorch_precision import Capture, Selector, compare_dumps
+from ditorch_precision.cli import main
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step, make_hf_llama
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SIZE = HFLlamaSize()
+
+
+def _optimizer_run(path, fused: bool, lr: float = 1e-3):
+    pytest.importorskip("transformers")
+    model = make_hf_llama(SIZE)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused, foreach=None if fused else True)
+    with Capture(str(path)):
+        hf_train_step(model, opt, hf_batches(SIZE, 1)[0])
+    return str(path), [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.fixture(scope="module")
+def optimizer_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("optim")
+    return {"foreach": _optimizer_run(root / "foreach", False), "fused": _optimizer_run(root / "fused", True),
+            "fused_lr": _optimizer_run(root / "fused_lr", True, lr=1e-3 * (1 + 1e-2))}
+
+
+def _optimizer_regions(report):
+    return [r for r in report.regions if r["phase"] == "optimizer"]
+
+
+def test_fused_and_foreach_adamw_form_an_optimizer_region_judged_by_the_parameters(optimizer_runs):
+    (fused, params_fused), (foreach, params_foreach) = optimizer_runs["fused"], optimizer_runs["foreach"]
+    for a, b in zip(params_fused, params_foreach):  # the reference: plain torch agrees both are right
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    report = compare_dumps(fused, foreach)
+    regions = _optimizer_regions(report)
+    assert len(regions) == 1 and regions[0]["verdict"] == "pass" and regions[0]["n_module_records"] == 1
+    assert report.passed
+    params = [r for r in report.ops if r["op"] == "optimizer::params"]
+    assert len(params) == 1 and params[0]["status"] == "pass"
+
+
+def test_a_wrong_optimizer_step_fails_its_region(optimizer_runs, capsys):
+    """A 1% larger learning rate in the run under test: only the parameters after the step differ."""
+    (bad, params_bad), (ref, params_ref) = optimizer_runs["fused_lr"], optimizer_runs["foreach"]
+    assert not all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(params_bad, params_ref))
+    assert main(["compare", bad, ref, "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert [(r["op"], r["phase"]) for r in d["ops"] if r["status"] == "fail"] == [("optimizer::params", "optimizer")]
+    assert [r["verdict"] for r in d["regions"] if r["phase"] == "optimizer"] == ["fail"]
+
+
+class _Proj(torch.nn.Module):
+    def __init__(self, extra_op: bool, twice: bool = False):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.extra_op, self.twice = extra_op, twice
+
+    def forward(self, x):
+        x = x * 1.0 if self.extra_op else x
+        y = self.inner(x)
+        return self.inner(y) if self.twice else y
+
+
+def _small(path, selector=None, **kw):
+    torch.manual_seed(0)
+    model, x = _Proj(**kw), torch.randn(2, 4)
+    with Capture(str(path), selector):
+        model(x).sum().backward()
+    return str(path)
+
+
+def test_a_region_nothing_can_judge_does_not_pass(tmp_path, capsys):
+    """The reference runs one op more and the capture has an op filter (no module records): the
+    region is reported unjudged and the compare fails, instead of 'no divergence'."""
+    every_op = Selector.build(ops="*")
+    a = _small(tmp_path / "a", every_op, extra_op=False)
+    b = _small(tmp_path / "b", every_op, extra_op=True)
+    report = compare_dumps(a, b)
+    assert [(r["module"], r["phase"], r["verdict"]) for r in report.regions] == [("_Proj", "forward", "unjudged")]
+    assert not report.passed and report.first_divergence is None
+    assert main(["compare", a, b]) == 1
+    assert "could not be judged" in capsys.readouterr().out
+
+
+def test_module_records_without_a_partner_are_listed(tmp_path):
+    """The run under test calls a module twice, the reference once: the extra call's records are
+    reported, not dropped by pairing."""
+    a = _small(tmp_path / "a", extra_op=False, twice=True)
+    b = _small(tmp_path / "b", extra_op=False)
+    report = compare_dumps(a, b)
+    lone = [(r["op"], r["module"], r["run"]) for r in report.unmatched if r["op"].startswith("module::")]
+    assert ("module::output", "_Proj.inner", "A") in lone and ("module::grad", "_Proj.inner", "A") in lone
