@@ -220,6 +220,66 @@ class CostModel:
         return best, where
 
     @staticmethod
+    def interleaved_round_trip_term(cs: list[float], fs: list[float], es: list[float], lats: list[float],
+                                    wrap: tuple[int, float, float], b: int) -> tuple[float, str]:
+        """Round trips of interleaved 1F1B, over virtual stages u = c p + s (chunk c of stage s, 1/v of its
+        compute). Stage s warms up with w_s = 2 (p - s - 1) + (v - 1) p forward micro-steps (one chunk of one
+        micro-batch each), then runs forward micro-step w_s + i + 1 only after backward micro-step i. Micro-step
+        i maps to the same micro-batch and chunk on every stage, and a chunk's forward (backward) comes p
+        micro-steps after (before) the previous chunk's, so a forward at u reaches u' > u, which runs backward
+        micro-step j' - w_s' right after it, whose gradient returns to stage s w_s' - w_s + 2 p (wraps) micro-
+        steps later: 2 (u' - u) + 1 micro-steps per cycle of every virtual stage's compute in u..u' and each
+        virtual boundary's transfer and latency both ways. Whole cycles only, from the first micro-step of
+        u's chunk where u' is past its warm-up. Returned net of the fill and drain (one whole round trip),
+        less the forwards before the virtual stage where the last cycle ends, which its drain skips."""
+        v, e_w, lat_w = wrap
+        p = len(cs)
+        hop = [(es[x % p] + lats[x % p]) if x % p < p - 1 else e_w + lat_w for x in range(p * v - 1)]
+        ahead = [0.0]  # forward compute and hops before each virtual stage
+        for x in range(p * v - 1):
+            ahead.append(ahead[-1] + fs[x % p] / v + hop[x])
+
+        def warm(s: int) -> int:
+            return 2 * (p - s - 1) + (v - 1) * p
+
+        best, where = -math.inf, ""
+        for u in range(p * v):
+            s, c = u % p, u // p
+            if b * v <= warm(s):
+                continue
+            cycle = 0.0
+            for u2 in range(u, p * v):
+                cycle += cs[u2 % p] / v + (2 * hop[u2 - 1] if u2 > u else 0.0)
+                tokens = 2 * (u2 - u) + 1
+                first = max(c * p, warm(u2 % p) - (u2 // p - c) * p)
+                if (first // p) % v != c:  # next micro-step group's chunk c
+                    first = (first // (p * v) + (1 if (first // p) % v > c else 0)) * p * v + c * p
+                n = max(0, (b * v - 1 - first) // tokens)
+                end = ((first + n * tokens) // p % v) * p + s
+                t = n * cycle - ahead[end] + ahead[u]
+                if t > best:
+                    best, where = t, f"interleaved round trip {u}->{u2}"
+        return best, where
+
+    @staticmethod
+    def interleaved_link_term(fs: list[float], bs: list[float], es: list[float], lats: list[float], v: int,
+                              b: int) -> tuple[float, str]:
+        """The forward and backward channels of a boundary s -> s + 1 under interleaved 1F1B do not overlap
+        as much as two independent resources would: stage s + 1 runs its first backward only after its
+        warm-up's w + 1 forward micro-steps (w = 2 (p - s - 2) + (v - 1) p, capped at b v - 1), so those
+        crossings precede all b v backward crossings on the link. With the first micro-step's forwards up to
+        stage s before and the last one's backwards from stage s after (1/v of the stages' passes each)."""
+        p = len(fs)
+        hop = [e + x for e, x in zip(es, lats)]
+        best, where = -math.inf, ""
+        for s in range(p - 1):
+            ahead = min(2 * (p - s - 2) + (v - 1) * p + 1, b * v)
+            t = (sum(fs[:s + 1]) + sum(bs[:s + 1])) / v + 2 * sum(hop[:s]) + (ahead + b * v) * es[s] + 2 * lats[s]
+            if t > best:
+                best, where = t, f"link {s}->{s + 1} both ways"
+        return best, where
+
+    @staticmethod
     def pass_term(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
                   spans: list[int], wrap: tuple[int, float, float] | None = None) -> tuple[float, str]:
         """Fill and drain as flow shops of whole passes, a bound the steady-state terms miss at few
@@ -306,12 +366,17 @@ class CostModel:
             top, where = own[ks], f"stage {ks}"
         span = sk.round_trip_span
         spans = [span(k, p, b, params or {}) for k in range(p)] if span is not None else ns
-        if round_trips and sk.alternates:
-            rt, rt_where = self.round_trip_term(cs, beta, es, lats, spans, b)
+        if round_trips and (sk.alternates or wrap is not None):
+            rt, rt_where = (self.interleaved_round_trip_term(cs, fs, es, lats, wrap, b) if wrap is not None
+                            else self.round_trip_term(cs, beta, es, lats, spans, b))
             if rt > top:
                 top, where = rt, rt_where
         if round_trips:
             pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans, wrap)
+            if wrap is not None and p > 1:
+                lt, lt_where = self.interleaved_link_term(fs, bs, es, lats, v, b)
+                if lt > pt:
+                    pt, pt_where = lt, lt_where
             if pt > top + fill:
                 top, where = pt - fill, pt_where
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,

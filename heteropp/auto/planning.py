@@ -38,7 +38,27 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
         return search_h2(pb.cm, group_size, progress=progress)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
-    return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle)
+    return rank_with_params(pb, search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle))
+
+
+def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
+    """The search ranks plans under the parameter-free schedule it searches as (searched_as); a schedule
+    that takes parameters then re-ranks the best plan and the kept runners-up by their simulated time with
+    each one's own best parameters (choose_params), so that H-1F1B's warm-up or interleaved chunks can change
+    which plan wins. A candidate the schedule cannot run (interleaved: micro-batches not in groups of its
+    stages) drops out, unless none can run (to_plan then says why)."""
+    if not kind(pb.train.schedule).params:
+        return res
+    timed: list[tuple[float, int, Candidate]] = []
+    for i, cand in enumerate([res.best, *res.runners_up]):
+        try:
+            timed.append((best_params(pb, cand)[2], i, cand))
+        except InfeasibleError:
+            continue
+    if not timed:
+        return res
+    ranked = [c for _, _, c in sorted(timed, key=lambda x: x[:2])]
+    return replace(res, best=ranked[0], runners_up=ranked[1:])
 
 
 def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str,
@@ -78,11 +98,18 @@ MAX_CHUNKS = 4  # interleaved 1F1B options: 1 .. this many model chunks per stag
 
 
 def choose_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec]]:
+    """best_params without the simulated time."""
+    params, stages, _ = best_params(pb, cand)
+    return params, stages
+
+
+def best_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec], float]:
     """The parameters of the plan's schedule and the stages the plan lists (virtual stages when it
     interleaves), the option the simulator finds fastest among those that fit in memory:
     H-1F1B's extra warm-up as HARP's rule scaled by WARMUP_SCALES (0: plain 1F1B), each cut back to fit
     (warmup_within_memory); interleaved 1F1B's chunks from 1 to MAX_CHUNKS, where every stage holds a layer
-    per chunk and the micro-batches come in groups of the stages. Ties go to the smaller option."""
+    per chunk and the micro-batches come in groups of the stages. Ties go to the smaller option. Also
+    returns its simulated time."""
     from .plan_sim import schedule_params, simulate_stages
     sk, cm, dp = kind(pb.train.schedule), pb.cm, cand.dp
     b, p = micro_batches(pb.train, dp), len(cand.stages)
@@ -109,9 +136,10 @@ def choose_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec]]:
                 continue
             options.append(({"chunks": v}, virtual_stages(cand.stages, v)))
     else:
-        return {}, cand.stages
+        return {}, cand.stages, simulate_stages(cm, cand.stages, dp, pb.train.schedule).iteration_time_s
     times = [simulate_stages(cm, st, dp, pb.train.schedule, params=q).iteration_time_s for q, st in options]
-    return options[min(range(len(options)), key=lambda i: (times[i], i))]
+    i = min(range(len(options)), key=lambda i: (times[i], i))
+    return options[i][0], options[i][1], times[i]
 
 
 def virtual_stages(stages: list[StageSpec], chunks: int) -> list[StageSpec]:

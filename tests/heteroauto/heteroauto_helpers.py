@@ -1,12 +1,15 @@
 """Small synthetic problems for HeteroAuto tests (hand-set profiles stand in for measured chips)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest  # noqa: F401
 
 from heteropp.auto.analytic import analytic_profile
 from heteropp.auto.costs import CostModel
 from heteropp.auto.planning import Problem
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
+from heteropp.schedules import kind
 from heteropp.spec import ChipType, ModelSpec, TrainSpec, cluster_from_dict
 
 GB = 1e9
@@ -20,6 +23,13 @@ def chip(name: str, count: int, mem: float, tp_max: int = 2, net: float = 10.0) 
 def chip_type(tp_max: int) -> ChipType:
     """64 chips of type A with the given TP_MAX."""
     return cluster_from_dict({"name": "c", "chips": [chip("A", 64, 80.0, tp_max=tp_max)]}, "test").chips[0]
+
+
+def with_schedule(cm: CostModel, schedule: str) -> Problem:
+    """A Problem over `cm`'s inputs whose training asks for `schedule` (searched as its searched_as)."""
+    train = replace(cm.train, schedule=schedule)
+    searched = replace(train, schedule=kind(schedule).searched_as or schedule)
+    return Problem(cm.cluster, cm.model, train, CostModel(cm.cluster, cm.model, searched, cm.profile))
 
 
 def tp4_problem(m: ModelSpec) -> Problem:

@@ -50,7 +50,9 @@ def test_harp_plans_respect_the_link_floor_and_cross_the_link_once(tmp_path, sch
     for plan in (json.loads((EX / "plans" / plan_file).read_text()), plan_now(tmp_path, train)):
         assert plan["dp"] == 1 and plan["schedule"] == schedule
         chips = [s["chip"] for s in plan["stages"]]
-        assert chips == sorted(chips) and len(set(chips)) == 2  # one crossing of the slow link
+        # one crossing of the slow link: two runs of one chip type each (either may come first; under
+        # H-1F1B the warm-up chosen per plan can favour either order)
+        assert len(set(chips)) == 2 and sum(a != b for a, b in zip(chips, chips[1:])) == 1, chips
         assert plan["iteration_time_s"] >= floor
         if schedule == "h1f1b":
             assert plan["iteration_time_s"] <= floor * H1F1B_SLACK, (plan["iteration_time_s"], floor)

@@ -17,14 +17,7 @@ from heteropp.plan import Plan
 from heteropp.schedules import kind
 from heteropp.spec import TrainSpec, cluster_from_dict
 
-from heteroauto_helpers import chip, make_problem
-
-
-def _problem(cm: CostModel, schedule: str) -> Problem:
-    """A Problem over `cm`'s inputs whose training asks for `schedule` (searched as its searched_as)."""
-    train = replace(cm.train, schedule=schedule)
-    searched = replace(train, schedule=kind(schedule).searched_as or schedule)
-    return Problem(cm.cluster, cm.model, train, CostModel(cm.cluster, cm.model, searched, cm.profile))
+from heteroauto_helpers import chip, make_problem, with_schedule
 
 
 def test_h1f1b_warmup_is_the_best_of_a_brute_force_over_warmups():
@@ -33,7 +26,7 @@ def test_h1f1b_warmup_is_the_best_of_a_brute_force_over_warmups():
     is 2% slower than two), so no slower than HARP's rule or plain 1F1B."""
     cm = make_problem([chip("X", 2, 80.0, tp_max=1), chip("Y", 2, 80.0, tp_max=1)], {"X": 1.0, "Y": 0.8},
                       layers=8, gb=16, links=[{"between": ["X", "Y"], "bandwidth": 0.02}])
-    pb = _problem(cm, "h1f1b")
+    pb = with_schedule(cm, "h1f1b")
     res = run_search(pb, progress=None)
     plan = to_plan(pb, res.best, None, "auto", res)
     assert plan.schedule == "h1f1b"
