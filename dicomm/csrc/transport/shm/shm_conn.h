@@ -23,7 +23,7 @@ class Mapping {
   Segment* get() const { return seg_; }
 
  private:
-  Segment* seg_ = nullptr;
+  Segment* seg_ = nullptr;  // the mapping this object owns (munmap in the destructor)
 };
 
 // The transport's counters (stats()), shared with its send connections; touched under the engine lock.
@@ -54,8 +54,8 @@ class ShmSendConn : public SendConn {
   int peer_;
   std::unique_ptr<ControlSocket> control_;
   std::unique_ptr<Mapping> map_;
-  Segment* seg_;
-  Sink* sink_;
+  Segment* seg_;  // not owned: inside map_
+  Sink* sink_;    // not owned: the engine, which outlives its connections
   uint64_t next_id_ = 1;
   uint64_t published_ = 0;
   uint64_t acks_seen_ = 0;
@@ -112,8 +112,8 @@ class ShmRecvConn : public RecvConn {
   int peer_;
   std::unique_ptr<ControlSocket> control_;
   std::unique_ptr<Mapping> map_;
-  Segment* seg_;
-  Sink* sink_;
+  Segment* seg_;  // not owned: inside map_
+  Sink* sink_;    // not owned: the engine, which outlives its connections
   int peer_pid_;
   bool cma_;
   uint64_t consumed_ = 0;
