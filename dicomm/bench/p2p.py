@@ -36,8 +36,8 @@ def pingpong(ep, sbuf, rbuf, rank: int, iters: int) -> list[int]:
     if ep.spec.api == "native":  # the same isend/irecv + wait calls, looped in C++
         if rank > 1:
             return samples
-        from dicomm import _C
-        return list(_C._pingpong(ep.comm, 1 - rank, sbuf.data_ptr(), rbuf.data_ptr(), sbuf.numel(), iters,
+        from dicomm import _C_bench
+        return list(_C_bench._pingpong(ep.comm, 1 - rank, sbuf.data_ptr(), rbuf.data_ptr(), sbuf.numel(), iters,
                                  rank == 0, timeout_s=ep.comm.timeout_s))
     if rank == 0:
         for _ in range(iters):

@@ -1,5 +1,5 @@
-"""`_C._pingpong` and `_C._stream`, the benchmark's C++ loops over a Communicator: real processes, bytes checked
-against payloads each side regenerates on its own, counters against the loop's own arithmetic."""
+"""`_C_bench._pingpong` and `_C_bench._stream`, the benchmark's C++ loops over a Communicator: real processes,
+bytes checked against payloads each side regenerates on its own, counters against the loop's own arithmetic."""
 import pytest
 
 from tests.dicomm.engine_util import comm, payload, ptr
@@ -9,12 +9,12 @@ from tests.dicomm.multiproc import run_ranks
 def _pingpong(rank, world, store, nbytes, iters):
     import numpy as np
 
-    import dicomm._C as C
+    import dicomm._C_bench as B
 
     c = comm(store, rank, world)
     out = payload(nbytes, 7 + rank)
     got = np.zeros(nbytes, np.uint8)
-    samples = C._pingpong(c, 1 - rank, ptr(out), ptr(got), nbytes, iters, rank == 0, tag=3, timeout_s=30)
+    samples = B._pingpong(c, 1 - rank, ptr(out), ptr(got), nbytes, iters, rank == 0, tag=3, timeout_s=30)
     after = c.stats()
     ok = bool(np.array_equal(got, payload(nbytes, 7 + (1 - rank))))
     sent, received = after["messages_sent"], after["messages_received"]  # the communicator carried nothing else
@@ -37,12 +37,12 @@ def test_native_pingpong_moves_the_bytes_and_times_each_round_trip(transport, nb
 def _stream(rank, world, store, nbytes, window, iters):
     import numpy as np
 
-    import dicomm._C as C
+    import dicomm._C_bench as B
 
     c = comm(store, rank, world)
     out = payload(nbytes, 21)
     land = np.zeros(max(1, nbytes * window), np.uint8)
-    windows = C._stream(c, 1 - rank, ptr(out), ptr(land), nbytes, window, iters, rank == 0, tag=4, timeout_s=30)
+    windows = B._stream(c, 1 - rank, ptr(out), ptr(land), nbytes, window, iters, rank == 0, tag=4, timeout_s=30)
     after = c.stats()
     want = payload(nbytes, 21)
     ok = rank == 0 or all(np.array_equal(land[w * nbytes:(w + 1) * nbytes], want) for w in range(window))
@@ -80,6 +80,7 @@ def _bad_args(rank, world, store, loop):
     import numpy as np
 
     import dicomm._C as C
+    import dicomm._C_bench as B
 
     c = comm(store, rank, world)
     buf = np.zeros(8, np.uint8)
@@ -88,7 +89,7 @@ def _bad_args(rank, world, store, loop):
     for bad, _ in cases:
         kwargs = valid | {"peer": 1 - rank} | {k: rank if v == "self" else v for k, v in bad.items()}
         try:
-            getattr(C, loop)(c, send_ptr=ptr(buf), recv_ptr=ptr(buf), **kwargs)
+            getattr(B, loop)(c, send_ptr=ptr(buf), recv_ptr=ptr(buf), **kwargs)
             errors.append(None)
         except C.ValueError as e:
             errors.append(str(e))
@@ -101,3 +102,13 @@ def test_native_loops_refuse_bad_arguments_by_name(loop):
     errors = run_ranks(_bad_args, 2, loop)[0]
     for (bad, words), error in zip(BAD[loop][1], errors):
         assert error is not None and words in error, (bad, error)
+
+
+def test_benchmark_loops_live_outside_the_production_module():
+    """The production `_C` carries no benchmark code; `_C_bench` refuses anything but a Communicator."""
+    import dicomm._C as C
+    import dicomm._C_bench as B
+
+    assert not [name for name in ("_pingpong", "_stream") if hasattr(C, name)]
+    with pytest.raises(C.ValueError, match="expected a dicomm._C.Communicator, got object"):
+        B._pingpong(object(), 1, 0, 0, 8, 1, True)

@@ -24,6 +24,7 @@ from tests.dicomm.multiproc import run_ranks
 
 def _rank(rank: int, world: int, store, nbytes: int, window: int, iters: int) -> dict:
     import dicomm._C as C
+    import dicomm._C_bench as B
 
     c = C.Communicator(store, rank, world, 60.0, "verbs")
     out = np.random.default_rng(11).integers(0, 256, size=nbytes, dtype=np.uint8)
@@ -31,7 +32,7 @@ def _rank(rank: int, world: int, store, nbytes: int, window: int, iters: int) ->
     peer = 1 - rank
 
     def stream(n: int) -> list[int]:
-        return C._stream(c, peer, out.ctypes.data, land.ctypes.data, nbytes, window, n, rank == 0, 9, 60.0)
+        return B._stream(c, peer, out.ctypes.data, land.ctypes.data, nbytes, window, n, rank == 0, 9, 60.0)
 
     stream(2)  # connect, register, warm up
     land[:] = 0

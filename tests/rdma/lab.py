@@ -154,7 +154,8 @@ def build_initramfs(kv: str) -> Path:
 
 
 NATIVE_SOURCES = ["transport/verbs/*.cpp", "transport/acceptor.cpp", "transport/socket.cpp", "transport/poller.cpp",
-                  "core/handshake.cpp", "core/hmac.cpp", "core/log.cpp", "core/card.cpp", "core/types.cpp"]
+                  "core/handshake.cpp", "core/hmac.cpp", "core/log.cpp", "core/card.cpp", "core/types.cpp",
+                  "core/config.cpp", "transport/registry.cpp"]
 
 
 def build_native() -> Path:

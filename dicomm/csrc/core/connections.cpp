@@ -2,36 +2,38 @@
 #include "core/engine.h"
 #include "core/log.h"
 #include "transport/socket.h"
-#include "transport/verbs/verbs_conn.h"
 
 namespace dicomm {
 
 // ---------------------------------------------------------------- connections
 
-// auto: same host -> shm; another host -> verbs when both ranks publish it, else tcp. The choice
-// is made once per peer (on first contact) and logged with its reason.
+// auto: the reachable transport of highest preference (same host -> shm; another host -> verbs
+// when both ranks have RDMA, else tcp). The choice is made once per peer (on first contact) and
+// logged with its reason.
 transport::Transport& Engine::choose_transport(int peer, const Card& card) {
   const std::string who = "rank " + std::to_string(peer);
-  std::string why_shm, why_verbs;
-  bool shm_ok = transports_.at("shm")->can_reach(card_, card, &why_shm);
-  auto verbs = transports_.find("verbs");
-  bool verbs_ok = verbs != transports_.end() && verbs->second->can_reach(card_, card, &why_verbs);
-  if (verbs == transports_.end()) why_verbs = "this rank has no RDMA device: " + verbs_why_;
-  if (forced_ == "shm" && !shm_ok)
-    throw ValueError("DICOMM_TRANSPORT=shm, but " + who + " cannot be reached through shared memory: " + why_shm +
-                     "; use auto or tcp");
-  if (forced_ == "verbs" && !verbs_ok)
-    throw ValueError("DICOMM_TRANSPORT=verbs, but " + who + " cannot be reached through RDMA verbs: " + why_verbs +
-                     "; use auto or tcp");
-  std::string name = forced_ != "auto" ? forced_ : shm_ok ? "shm" : verbs_ok ? "verbs" : "tcp";
-  std::string reason = forced_ != "auto" ? "forced by DICOMM_TRANSPORT/transport=" + forced_
-                       : shm_ok          ? "same host"
-                       : verbs_ok        ? "another host, both ranks have RDMA"
-                                         : "another host (" + why_shm + "), no verbs: " + why_verbs;
-  // Cross-host choices are what an operator needs to see; same-host shm is the quiet default.
-  log(name == "shm" ? LogLevel::kDebug : LogLevel::kInfo,
-      "rank " + std::to_string(rank_) + " -> " + who + ": " + name + " (" + reason + ")");
-  return *transports_.at(name);
+  std::string skipped;  // why the preferred ones cannot serve this peer
+  for (const auto& [name, why] : unavailable_) skipped += "; no " + name + ": " + why;
+  for (const auto& t : transports_) {
+    if (forced_ != "auto" && forced_ != t->name()) continue;
+    std::string why;
+    if (!t->can_reach(card_, card, &why)) {
+      if (forced_ != "auto")
+        throw ValueError("DICOMM_TRANSPORT=" + forced_ + ", but " + who + " cannot be reached through " + forced_ +
+                         ": " + why + "; use auto");
+      skipped += "; no " + std::string(t->name()) + ": " + why;
+      continue;
+    }
+    const bool same_kernel = t->capabilities().reach == transport::Capabilities::Reach::kSameKernel;
+    std::string reason = forced_ != "auto" ? "forced by DICOMM_TRANSPORT/transport=" + forced_
+                         : same_kernel     ? "same host"
+                                           : "another host" + (skipped.empty() ? "" : " (" + skipped.substr(2) + ")");
+    // Cross-host choices are what an operator needs to see; same-host choices are the quiet default.
+    log(same_kernel ? LogLevel::kDebug : LogLevel::kInfo,
+        "rank " + std::to_string(rank_) + " -> " + who + ": " + t->name() + " (" + reason + ")");
+    return *t;
+  }
+  throw ValueError("no transport can reach " + who + (skipped.empty() ? "" : ": " + skipped.substr(2)));
 }
 
 transport::SendConn* Engine::connection_to(int peer) { return connection_to(peer, transport::Clock::now() + timeout_); }
@@ -85,8 +87,8 @@ transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_poin
     return nullptr;
   }
   p.send = std::move(conn);
-  set_transport_locked(p, t.name());
-  ++counters_["connections_opened"];
+  set_transport_locked(p, t);
+  ++counters_.connections_opened;
   poller_->wake();  // the progress thread now has one more connection to watch
   return p.send.get();
 }
@@ -127,9 +129,11 @@ void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
     on_rejected(why);
     return;
   }
-  ++counters_["connections_accepted"];
-  if (p.transport.empty()) set_transport_locked(p, conn->transport_name());
-  if (conn->transport_name() == "shm") note_local_locked(p);  // shared memory: the same host
+  ++counters_.connections_accepted;
+  transport::Transport* t = transport_named(conn->transport_name());
+  if (!p.transport && t) set_transport_locked(p, *t);
+  // A same-kernel transport (shared memory...): the peer runs on this host.
+  if (t && t->capabilities().reach == transport::Capabilities::Reach::kSameKernel) note_local_locked(p);
   if (p.dead) {  // a late connection from a peer we gave up on: do not resurrect it
     graveyard_.push_back(std::move(conn));
     return;
@@ -150,7 +154,7 @@ std::string Engine::impostor_locked(const Peer& p, const transport::RecvConn& co
 void Engine::on_rejected(const std::string& why) {
   constexpr int kLoggedInFull = 5;
   constexpr auto kInterval = std::chrono::seconds(10);
-  const int64_t n = ++counters_["rejected_connections"];
+  const int64_t n = ++counters_.rejected_connections;
   const std::string who = "rank " + std::to_string(rank_);
   if (n <= kLoggedInFull) {
     log(LogLevel::kWarn, who + " rejected an incoming connection: " + why +
@@ -168,16 +172,8 @@ void Engine::on_rejected(const std::string& why) {
 }
 
 std::string Engine::path_of_locked(const Peer& p) const {
-  if (p.transport != "verbs") return p.transport;
-  transport::verbs::PathStats all;  // what this peer's traffic used, either direction
-  auto add = [&](const transport::verbs::PathStats& s) {
-    all.device_direct |= s.device_direct;
-    all.cpu_mediated |= s.cpu_mediated;
-  };
-  if (auto* s = dynamic_cast<const transport::verbs::VerbsSendConn*>(p.send.get())) add(s->path());
-  for (const auto& c : p.recv)
-    if (auto* r = dynamic_cast<const transport::verbs::VerbsRecvConn*>(c.get())) add(r->path());
-  return all.describe();
+  if (!p.transport) return "";
+  return p.transport->describe_path(p.send.get(), p.recv);
 }
 
 }  // namespace dicomm

@@ -9,7 +9,7 @@ namespace dicomm {
 // ---------------------------------------------------------------- matching
 
 void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
-  ++*hot_.messages_received;
+  ++counters_.messages_received;
   if (is_abort_notice(hdr) && on_abort_notice(conn.peer(), payload, hdr.bytes)) return;
   if (numbered(hdr.tag)) received_seq_[{conn.peer(), hdr.tag}] = hdr.tag_seq + 1;
   if (!late_.empty() && discard_if_late(conn, hdr, payload)) return;
@@ -21,7 +21,7 @@ void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr,
     match(r, std::move(msg), payload);  // an eager payload goes straight into the receive buffer
     return;
   }
-  ++*hot_.unexpected_messages;
+  ++counters_.unexpected_messages;
   if (payload) msg.data.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + hdr.bytes);
   queues_.add_unexpected(std::move(msg));
 }
@@ -43,7 +43,7 @@ bool Engine::discard_if_late(transport::RecvConn& conn, const transport::Header&
   }
   if (given_up.empty()) late_.erase(it);
   if (!late) return false;
-  ++counters_["late_messages_discarded"];
+  ++counters_.late_messages_discarded;
   log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " discarded a message from rank " + std::to_string(conn.peer()) +
                            " " + describe_tag(hdr.tag) + " (" + std::to_string(hdr.bytes) +
                            " B): it arrived after the receive waiting for it timed out");
@@ -109,7 +109,7 @@ void Engine::match(const RequestSP& r, Unexpected&& msg, const void* payload) {
     r->recv_op.buf = r->buf;
     r->recv_op.bytes = n;
     Peer& p = peers_[msg.src];
-    r->recv_op.mem = transports_[p.transport.empty() ? "tcp" : p.transport]->register_memory(r->buf, n);
+    if (p.transport && n > p.register_above) r->recv_op.mem = p.transport->register_memory(r->buf, n);
     in_flight_[&r->recv_op] = r;
     msg.conn->pull(msg.hdr.msg_id, &r->recv_op);
   }
@@ -122,8 +122,7 @@ void Engine::release_memory(P2PRequest& r) {
   for (transport::MemHandle* m : {&r.send_op.mem, &r.recv_op.mem}) {
     if (!m->opaque) continue;
     int peer = r.op == P2PRequest::Op::kSend ? r.peer : r.matched_from;
-    auto t = peer >= 0 ? transports_.find(peers_[peer].transport) : transports_.end();
-    if (t != transports_.end()) t->second->deregister_memory(*m);
+    if (peer >= 0 && peers_[peer].transport) peers_[peer].transport->deregister_memory(*m);
     m->opaque = nullptr;
   }
 }
@@ -132,10 +131,10 @@ void Engine::finish(P2PRequest& r, int source, size_t nbytes) {
   release_memory(r);
   r.complete(source, nbytes);
   if (r.op == P2PRequest::Op::kSend) {
-    ++*hot_.messages_sent;
-    *hot_.bytes_sent += static_cast<int64_t>(nbytes);
+    ++counters_.messages_sent;
+    counters_.bytes_sent += static_cast<int64_t>(nbytes);
   } else {
-    *hot_.bytes_received += static_cast<int64_t>(nbytes);
+    counters_.bytes_received += static_cast<int64_t>(nbytes);
   }
   if (blocked_) done_cv_.notify_all();
   if (caller_polling_) poller_->wake();

@@ -3,25 +3,33 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <sched.h>
 
 #include "core/log.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
-#include "transport/verbs/verbs_transport.h"
+#include "transport/registry.h"
 
 namespace dicomm {
 namespace {
 
 constexpr size_t kSelfEagerLimit = 64 * 1024;
-constexpr size_t kRegisterAbove = 16 * 1024;  // smaller messages travel eagerly on every transport
 
-std::string transport_setting(const std::string& option) {
-  const char* env = std::getenv("DICOMM_TRANSPORT");
-  std::string v = env && *env ? env : option;
-  if (v != "auto" && v != "shm" && v != "tcp" && v != "verbs")
-    throw ValueError("transport '" + v + "' is not known; expected auto, shm or tcp, or verbs on RDMA hosts" +
-                     (env && *env ? " (from DICOMM_TRANSPORT)" : ""));
+std::string transport_setting(const EngineConfig& config) {
+  const std::string& v = config.transport;
+  std::vector<std::string> always{"auto"};
+  std::string optional;  // "expected auto, shm or tcp, or verbs where this host has it"
+  for (const auto& f : transport::registered_transports()) {
+    if (f.name == v) return v;
+    if (f.optional) optional += ", or " + f.name + " where this host has it";
+    else always.push_back(f.name);
+  }
+  std::string known;
+  for (size_t i = 0; i < always.size(); ++i)
+    known += (i == 0 ? "" : i + 1 == always.size() ? " or " : ", ") + always[i];
+  if (v != "auto")
+    throw ValueError("transport '" + v + "' is not known; expected " + known + optional +
+                     (config.transport_from_env ? " (from DICOMM_TRANSPORT)" : ""));
   return v;
 }
 
@@ -32,62 +40,72 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-std::chrono::milliseconds handshake_timeout() {
-  const char* v = std::getenv("DICOMM_HANDSHAKE_TIMEOUT_MS");
-  return std::chrono::milliseconds(v && *v ? std::max(1L, std::atol(v)) : 5000L);
-}
-
 }  // namespace
 
 Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& options)
-    : rank_(rank), size_(size), timeout_(options.timeout), forced_(transport_setting(options.transport)),
+    : rank_(rank), size_(size), timeout_(options.timeout), config_(EngineConfig::load(options)),
+      forced_(transport_setting(config_)),
       bootstrap_(std::move(store), rank, options.timeout), card_(Card::local()), cpus_(affinity_cpus()),
       poller_(std::make_unique<transport::Poller>()), peers_(static_cast<size_t>(size)) {
   transport::Context ctx;
   ctx.rank = rank;
   ctx.size = size;
-  ctx.key = handshake_key(bootstrap_.agree_on_token(), job_secret());
+  ctx.key = handshake_key(bootstrap_.agree_on_token(), config_.job_secret);
   ctx.sink = this;
   ctx.poller = poller_.get();
-  ctx.handshake_timeout = handshake_timeout();
-  ctx.counters = &counters_;
-  transports_["shm"] = std::make_unique<transport::shm::ShmTransport>(ctx);
-  transports_["tcp"] = std::make_unique<transport::tcp::TcpTransport>(ctx);
-  if (forced_ == "auto" || forced_ == "verbs") open_verbs(ctx);
-  for (auto& [name, t] : transports_) card_.addresses[name] = t->address();
+  ctx.handshake_timeout = config_.handshake_timeout;
+  ctx.config = &config_;
+  open_transports(ctx);
+  for (auto& t : transports_) card_.addresses[t->name()] = t->address();
   bootstrap_.publish(card_);
-  for (const char* c : {"rejected_connections", "connections_accepted", "connections_opened", "messages_sent",
-                        "messages_received", "bytes_sent", "bytes_received", "unexpected_messages", "peers_lost",
-                        "shm_bytes_written_by_sender", "shm_cma_unavailable", "waits_unspun"})
-    counters_[c] = 0;
-  hot_ = {&counters_["messages_sent"], &counters_["messages_received"], &counters_["bytes_sent"],
-          &counters_["bytes_received"], &counters_["unexpected_messages"], &counters_["waits_unspun"]};
 }
 
 Engine::~Engine() { close(); }
 
-// No silent fallback: a host without RDMA says so once per process (an error when verbs is forced).
-void Engine::open_verbs(const transport::Context& ctx) {
-  if (auto t = transport::verbs::VerbsTransport::create(ctx, &verbs_why_)) {
-    transports_["verbs"] = std::move(t);
-    return;
+void EngineCounters::add_to(std::map<std::string, int64_t>& out) const {
+#define DICOMM_COUNTER_OUT(name) out[#name] = name;
+  DICOMM_ENGINE_COUNTERS(DICOMM_COUNTER_OUT)
+#undef DICOMM_COUNTER_OUT
+}
+
+// Every registered transport, except optional ones not asked for. No silent fallback: a host
+// without an optional transport says so once per process (an error when that transport is forced).
+void Engine::open_transports(const transport::Context& ctx) {
+  for (const auto& f : transport::registered_transports()) {
+    if (f.optional && forced_ != "auto" && forced_ != f.name) continue;
+    std::string why;
+    if (auto t = f.open(ctx, &why)) {
+      if (t->capabilities().version != transport::Capabilities::kVersion)
+        throw Error("transport " + f.name + " describes itself with capabilities version " +
+                    std::to_string(t->capabilities().version) + "; this engine reads version " +
+                    std::to_string(transport::Capabilities::kVersion));
+      transports_.push_back(std::move(t));
+      continue;
+    }
+    if (forced_ == f.name)
+      throw Error("DICOMM_TRANSPORT/transport=" + f.name + ", but rank " + std::to_string(rank_) + " has " + why);
+    unavailable_[f.name] = why;
+    static std::mutex logged_mu;
+    static std::set<std::string> logged;  // once per process and transport
+    std::lock_guard<std::mutex> lock(logged_mu);
+    if (logged.insert(f.name).second)
+      log(LogLevel::kInfo, "rank " + std::to_string(rank_) + ": no " + f.description + " transport (" + why +
+                               "); peers it would serve use another transport");
   }
-  if (forced_ == "verbs")
-    throw Error("DICOMM_TRANSPORT/transport=verbs, but rank " + std::to_string(rank_) +
-                " has no usable RDMA device: " + verbs_why_);
-  static std::once_flag logged;
-  std::call_once(logged, [&] {
-    log(LogLevel::kInfo, "rank " + std::to_string(rank_) + ": no RDMA verbs transport (" + verbs_why_ +
-                             "); peers on other hosts use tcp");
+  std::stable_sort(transports_.begin(), transports_.end(), [](const auto& a, const auto& b) {
+    return a->capabilities().preference > b->capabilities().preference;
   });
+}
+
+transport::Transport* Engine::transport_named(const std::string& name) const {
+  for (const auto& t : transports_)
+    if (name == t->name()) return t.get();
+  return nullptr;
 }
 
 void Engine::start() {
   progress_thread_ = std::thread([this] { progress_loop(); });
-  const char* mode = std::getenv("DICOMM_CONNECT");
-  std::string m = mode && *mode ? mode : "eager";
-  if (m != "eager" && m != "lazy") throw ValueError("DICOMM_CONNECT='" + m + "' is not known; expected eager or lazy");
-  if (m == "eager" && size_ > 1) connector_thread_ = std::thread([this] { connect_all(); });
+  if (config_.connect_eager && size_ > 1) connector_thread_ = std::thread([this] { connect_all(); });
 }
 
 // ---------------------------------------------------------------- requests
@@ -142,7 +160,8 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
 void Engine::post_locked(const RequestSP& r, transport::SendConn& conn, int peer) {
   const size_t bytes = r->capacity;
   if (numbered(r->tag)) r->send_op.hdr.tag_seq = sent_seq_[{peer, r->tag}]++;
-  if (bytes > kRegisterAbove) r->send_op.mem = transports_[peers_[peer].transport]->register_memory(r->buf, bytes);
+  const Peer& p = peers_[peer];
+  if (bytes > p.register_above) r->send_op.mem = p.transport->register_memory(r->buf, bytes);
   posting_ = &r;
   struct Clear { const RequestSP*& p; ~Clear() { p = nullptr; } } clear{posting_};  // however post() ends
   try {
@@ -224,24 +243,17 @@ std::string Engine::transport_of(int peer) const {
 
 std::map<std::string, int64_t> Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto out = counters_;
+  std::map<std::string, int64_t> out;
+  counters_.add_to(out);
   out["unexpected_queued"] = static_cast<int64_t>(queues_.unexpected_count());
   out["in_flight"] = static_cast<int64_t>(in_flight_.size());
   out["local_ranks_known"] = local_ranks_;
   out["spin_yield_every"] = spin_yield_every_locked();
-  auto verbs = transports_.find("verbs");
-  if (verbs != transports_.end()) {  // the registration cache is touched under the engine lock too
-    auto& cache = static_cast<transport::verbs::VerbsTransport&>(*verbs->second).nic().cache();
-    out["verbs_reg_cache_hits"] = static_cast<int64_t>(cache.hits());
-    out["verbs_reg_cache_misses"] = static_cast<int64_t>(cache.misses());
-    out["verbs_reg_cache_stale"] = static_cast<int64_t>(cache.stale());
-    out["verbs_peers"] = out["verbs_device_direct_peers"] = out["verbs_cpu_mediated_peers"] = 0;
-    for (const auto& p : peers_) {
-      std::string path = path_of_locked(p);
-      if (path.rfind("verbs", 0) == 0) ++out["verbs_peers"];
-      if (path.find("device-direct") != std::string::npos) ++out["verbs_device_direct_peers"];
-      if (path.find("cpu-mediated") != std::string::npos) ++out["verbs_cpu_mediated_peers"];
-    }
+  for (const auto& t : transports_) {  // each with the paths of the peers it serves
+    std::vector<std::string> paths;
+    for (const auto& p : peers_)
+      if (p.transport == t.get()) paths.push_back(path_of_locked(p));
+    t->add_stats(out, paths);
   }
   return out;
 }

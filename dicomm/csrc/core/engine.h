@@ -1,5 +1,6 @@
 // The point-to-point engine behind a Communicator: peers and their connections, matching, the
-// progress thread, failure handling. One lock guards all of it; whoever holds it may progress.
+// progress thread, failure handling. One lock guards all of it; whoever holds it may progress
+// (threads, locks and ownership: docs/architecture.md, "Threads, locks and ownership").
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/bootstrap.h"
+#include "core/config.h"
 #include "core/communicator.h"
 #include "core/matching.h"
 #include "core/p2p_request.h"
@@ -22,6 +24,19 @@
 #include "transport/transport.h"
 
 namespace dicomm {
+
+// The engine's counters, reported by stats() under these names; touched only under the engine lock.
+// waits_unspun: waits that blocked at once (the host had more runnable tasks than CPUs).
+#define DICOMM_ENGINE_COUNTERS(X)                                                                   \
+  X(rejected_connections) X(connections_accepted) X(connections_opened) X(messages_sent)          \
+  X(messages_received) X(bytes_sent) X(bytes_received) X(unexpected_messages)                     \
+  X(late_messages_discarded) X(flow_control_holds) X(peers_lost) X(waits_unspun)
+struct EngineCounters {
+#define DICOMM_COUNTER_FIELD(name) int64_t name = 0;
+  DICOMM_ENGINE_COUNTERS(DICOMM_COUNTER_FIELD)
+#undef DICOMM_COUNTER_FIELD
+  void add_to(std::map<std::string, int64_t>& out) const;
+};
 
 class Engine : public transport::Sink, public std::enable_shared_from_this<Engine> {
  public:
@@ -53,8 +68,11 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     Card card;
     std::unique_ptr<transport::SendConn> send;
     std::vector<std::shared_ptr<transport::RecvConn>> recv;
-    std::string transport;  // "" until first contact (set_transport_locked)
+    // Not owned: one of transports_, which live as long as the engine. Null until first contact
+    // (set_transport_locked), which also copies the two capabilities read on every message.
+    transport::Transport* transport = nullptr;
     std::chrono::microseconds spin{0};  // a waiter's spin budget for this transport (progress.cpp)
+    size_t register_above = ~size_t{0};  // its registration threshold (Capabilities::register_above)
     bool dead = false;         // nothing more to or from this peer
     bool send_closed = false;  // it closed our send connection; its messages may still drain
     bool local = false;        // known to run on this host (its card, or a shared-memory connection)
@@ -91,7 +109,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one
   void apply_abort_notice_locked();  // after a progress pass (connections may not be freed mid-pass)
   transport::Transport& choose_transport(int peer, const Card& card);
-  void open_verbs(const transport::Context& ctx);     // engine.cpp
+  void open_transports(const transport::Context& ctx);  // engine.cpp: from the registry
+  transport::Transport* transport_named(const std::string& name) const;  // null when not open here
   std::string path_of_locked(const Peer& p) const;   // connections.cpp: "verbs/cpu-mediated"...
   void post_locked(const RequestSP& r, transport::SendConn& conn, int peer);
   // Lock held. `payload`: an eager payload still in the transport (else msg.data holds it).
@@ -124,7 +143,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void note_local_locked(Peer& p);  // counts `p` among the ranks on this host (once)
   // Names the transport of `p`'s traffic and looks up its spin budget once: a waiter reads it
   // at every wait, where comparing transport names cost more than the rest of the spin's setup.
-  void set_transport_locked(Peer& p, const std::string& name);
+  void set_transport_locked(Peer& p, transport::Transport& t);
   int spin_yield_every_locked() const;
   void disarm_locked();
   void progress_loop();  // the progress thread; lock not held
@@ -135,8 +154,10 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
-  std::string forced_;  // "auto", "shm", "tcp" or "verbs"
-  std::string verbs_why_;  // why this host has no verbs transport ("" when it has one)
+  const EngineConfig config_;  // parsed once, when the communicator is created
+  std::string forced_;  // "auto" or the name of a registered transport
+  // Optional transports this host cannot run, by name, with the reason (logged once per process).
+  std::map<std::string, std::string> unavailable_;
   Bootstrap bootstrap_;
   Card card_;
 
@@ -170,7 +191,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   ErrorKind kind_for_locked(const P2PRequest& r) const;
 
   std::unique_ptr<transport::Poller> poller_;
-  std::map<std::string, std::unique_ptr<transport::Transport>> transports_;
+  // The open transports, by descending preference (the order auto tries them in).
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
   std::vector<Peer> peers_;
   std::vector<std::shared_ptr<transport::Conn>> graveyard_;  // closed after the current pass
   MatchQueues queues_;
@@ -192,17 +214,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::string text;
   };
   std::vector<std::unique_ptr<Notice>> notices_;  // outgoing: alive until the engine goes
-  std::map<std::string, int64_t> counters_;
-  // The counters every message touches, by pointer (map nodes never move): a string-keyed lookup
-  // per message costs more than the rest of an 8 B eager receive's bookkeeping.
-  struct {
-    int64_t* messages_sent;
-    int64_t* messages_received;
-    int64_t* bytes_sent;
-    int64_t* bytes_received;
-    int64_t* unexpected_messages;
-    int64_t* waits_unspun;  // waits that blocked at once: the host had more runnable tasks than CPUs
-  } hot_{};
+  EngineCounters counters_;
 };
 
 }  // namespace dicomm

@@ -17,7 +17,7 @@ void Engine::peer_lost(int peer, const std::string& why) {
   }
   p.dead = true;
   p.dead_reason = why;
-  ++counters_["peers_lost"];
+  ++counters_.peers_lost;
   unwatch_process_locked(p);
   size_t pending = 0;
   for (auto& [op, r] : in_flight_) pending += r->op == P2PRequest::Op::kSend ? r->peer == peer : r->matched_from == peer;

@@ -36,11 +36,6 @@ std::string handshake_key(const Token& token, const std::string& secret) {
   return std::string(reinterpret_cast<const char*>(token.data()), token.size()) + secret;
 }
 
-std::string job_secret() {
-  const char* s = std::getenv("DICOMM_JOB_SECRET");
-  return s ? s : "";
-}
-
 void sign_hello(Hello& h, const std::string& key, const Nonce& challenge) {
   std::memset(h.mac, 0, sizeof(h.mac));
   Digest d = labelled_mac(key, "dicomm hello", challenge.data(), challenge.size(), &h, sizeof(h));

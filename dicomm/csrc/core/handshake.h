@@ -54,8 +54,6 @@ enum class TransportId : uint16_t { kTcp = 1, kShm = 2, kVerbs = 3 };
 
 // The handshake key: the job token, then the out-of-band secret (DICOMM_JOB_SECRET) if any.
 std::string handshake_key(const Token& token, const std::string& secret);
-// The environment's DICOMM_JOB_SECRET ("" when unset).
-std::string job_secret();
 
 void sign_hello(Hello& h, const std::string& key, const Nonce& challenge);
 Digest accept_proof(const Hello& h, const std::string& key);

@@ -5,15 +5,21 @@
 #include <cstring>
 #include <unistd.h>
 
+#include "core/config.h"
+
 namespace dicomm {
 namespace {
 
 LogLevel level_from_env() {
-  const char* v = std::getenv("DICOMM_LOG_LEVEL");
-  if (!v) return LogLevel::kWarn;
-  if (!strcasecmp(v, "error")) return LogLevel::kError;
-  if (!strcasecmp(v, "info")) return LogLevel::kInfo;
-  if (!strcasecmp(v, "debug")) return LogLevel::kDebug;
+  std::string v;
+  try {
+    v = config::choice("DICOMM_LOG_LEVEL");
+  } catch (const std::exception&) {
+    return LogLevel::kWarn;  // logging never fails; creating a communicator reports the bad value
+  }
+  if (v == "error") return LogLevel::kError;
+  if (v == "info") return LogLevel::kInfo;
+  if (v == "debug") return LogLevel::kDebug;
   return LogLevel::kWarn;
 }
 

@@ -18,36 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-long env_nonnegative(const char* name, long fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::max(0L, std::atol(v)) : fallback;
-}
-
-std::chrono::microseconds spin_budget() {
-  static const long us = env_nonnegative("DICOMM_SPIN_US", 100);
-  return std::chrono::microseconds(us);
-}
-
-std::chrono::microseconds tcp_spin_budget() {
-  static const long us = env_nonnegative("DICOMM_TCP_SPIN_US", 50);
-  return std::chrono::microseconds(us);
-}
-
-// Verbs completions are polled in user space, while a wake-up from the completion channel costs an
-// interrupt, a kernel event and a thread wake-up: under QEMU TCG (Soft-RoCE) on a busy host an 8 B
-// half round trip through the Communicator measured 356-409 us (median) with a 100 us spin and
-// 41 us with 1 ms (on a quiet host both about 40 us).
-std::chrono::microseconds verbs_spin_budget() {
-  static const long us = env_nonnegative("DICOMM_IB_SPIN_US", 1000);
-  return std::chrono::microseconds(us);
-}
-
-std::chrono::microseconds budget_for(const std::string& transport) {
-  if (transport == "tcp") return tcp_spin_budget();
-  if (transport == "verbs") return verbs_spin_budget();
-  return spin_budget();
-}
-
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -60,30 +30,19 @@ inline void cpu_relax() {
 // call) and pause DICOMM_SPIN_PAUSES times between polls: none by default, since under QEMU TCG each
 // pause leaves the emulated CPU's loop (8 B over Soft-RoCE: 16.5 us median half round trip without,
 // 17.7 us with 4; natively over shm no difference was measurable).
-int thorough_every() {
-  static const int n = static_cast<int>(std::max(1L, env_nonnegative("DICOMM_SPIN_THOROUGH_EVERY", 64)));
-  return n;
-}
-int pauses() {
-  static const int n = static_cast<int>(env_nonnegative("DICOMM_SPIN_PAUSES", 0));
-  return n;
-}
 // Giving the CPU away (sched_yield) is what lets a peer sharing our CPU run, and pure cost when every
 // rank has a CPU of its own: 8 B over Soft-RoCE, paired A/B, never yielding against yielding every 8th
 // poll: -0.25 to -1.69 us per half round trip (5 of 5 process pairs; a pair's own noise is ~0.3 us),
 // against every 64th: -0.08 to -0.54. So, as Open MPI does with yield_when_idle, a spinner yields only
 // when this host's ranks outnumber its CPUs; DICOMM_SPIN_YIELD_EVERY (polls; 0 never) overrides.
 constexpr int kYieldEveryOversubscribed = 8;
-int yield_every_setting() {  // -1: not set
-  static const int n = [] {
-    const char* v = std::getenv("DICOMM_SPIN_YIELD_EVERY");
-    return v && *v ? static_cast<int>(std::max(0L, std::atol(v))) : -1;
-  }();
-  return n;
-}
-// The ranks on this host by the launcher's word (torchrun's LOCAL_WORLD_SIZE), 0 when it says nothing.
+// The ranks on this host by the launcher's word (torchrun's LOCAL_WORLD_SIZE, not a dicomm setting),
+// 0 when it says nothing.
 int launcher_local_ranks() {
-  static const int n = static_cast<int>(env_nonnegative("LOCAL_WORLD_SIZE", 0));
+  static const int n = [] {
+    const char* v = std::getenv("LOCAL_WORLD_SIZE");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
   return n;
 }
 // A spinning caller reads the clock (spin budget, deadline) every 8th pass: under QEMU TCG a read
@@ -100,8 +59,7 @@ constexpr auto kTakeOver = std::chrono::milliseconds(5);
 // from the peer it waits for, and blocking in epoll at once wins: 8 B over shm with a busy process
 // per CPU (dicomm-bench p2p --contention 1, 2-core VM) took 129.6 us (median) spinning, 14.7 us
 // blocking, gloo 31-37 us. Yielding instead was worse still (3.3 ms): the hogs take the slices.
-bool host_contended() {
-  static const bool enabled = env_nonnegative("DICOMM_SPIN_CONTENTION", 1) != 0;
+bool host_contended(bool enabled) {
   static const int cpus = std::max(1, get_nprocs());
   static std::atomic<Clock::rep> checked_at{0};
   static std::atomic<bool> contended{false};
@@ -125,7 +83,7 @@ bool host_contended() {
 bool Engine::progress_locked(bool thorough) {
   bool did = false;
   if (thorough) {
-    for (auto& [name, t] : transports_) did |= t->progress();
+    for (auto& t : transports_) did |= t->progress();
     did |= check_processes_locked();
   }
   for (int peer = 0; peer < size_; ++peer) {
@@ -173,17 +131,18 @@ bool Engine::progress_locked(bool thorough) {
 // DICOMM_UNEXPECTED_MB (32 MiB), its connection is left unread (and out of epoll) until a receive
 // could take one of its messages. Its further messages then wait where they are: in the kernel's
 // socket buffers and the shared-memory ring (bounded), then in the sender's queue, which holds the
-// sender's own buffers, not copies. Verbs has receive credits of its own and is not held.
+// sender's own buffers, not copies. A transport with flow control of its own (verbs: receive
+// credits) is not held.
 bool Engine::hold_back_locked(int peer, Peer& p) {
-  static const size_t limit = static_cast<size_t>(env_nonnegative("DICOMM_UNEXPECTED_MB", 32)) << 20;
-  bool hold = queues_.unexpected_bytes_from(peer) >= limit && p.transport != "verbs" && !queues_.has_posted_for(peer) &&
+  bool hold = queues_.unexpected_bytes_from(peer) >= config_.unexpected_bytes &&
+              !(p.transport && p.transport->capabilities().own_flow_control) && !queues_.has_posted_for(peer) &&
               std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& kv) {
                 return kv.second->op == P2PRequest::Op::kRecv && kv.second->matched_from == peer;
               });
   if (hold != p.held) {
     p.held = hold;
     for (auto& c : p.recv) c->hold(hold);
-    if (hold) ++counters_["flow_control_holds"];
+    if (hold) ++counters_.flow_control_holds;
   }
   return hold;
 }
@@ -214,20 +173,21 @@ void Engine::note_local_locked(Peer& p) {
 }
 
 int Engine::spin_yield_every_locked() const {
-  if (yield_every_setting() >= 0) return yield_every_setting();
+  if (config_.spin_yield_every >= 0) return config_.spin_yield_every;
   return std::max(local_ranks_, launcher_local_ranks()) > cpus_ ? kYieldEveryOversubscribed : 0;
 }
 
-void Engine::set_transport_locked(Peer& p, const std::string& name) {
-  p.transport = name;
-  p.spin = budget_for(name);
+void Engine::set_transport_locked(Peer& p, transport::Transport& t) {
+  p.transport = &t;
+  p.spin = t.capabilities().spin;
+  p.register_above = t.capabilities().register_above;
 }
 
 std::chrono::microseconds Engine::spin_budget_locked(const P2PRequest& r) const {
-  auto of = [](const Peer& p) { return p.transport.empty() ? spin_budget() : p.spin; };
-  if (r.peer == rank_) return spin_budget();
+  auto of = [&](const Peer& p) { return p.transport ? p.spin : config_.spin; };
+  if (r.peer == rank_) return config_.spin;
   if (r.peer != kAnySource) return of(peers_[r.peer]);
-  auto most = tcp_spin_budget();
+  auto most = std::chrono::microseconds(0);
   for (const auto& p : peers_) most = std::max(most, of(p));
   return most;
 }
@@ -256,14 +216,14 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (i == 1) {
-        if (host_contended()) ++*hot_.waits_unspun;
+        if (host_contended(config_.spin_contention)) ++counters_.waits_unspun;
         else spin_end += spin_budget_locked(r);
         yield_every = spin_yield_every_locked();
         ++driving_;
         disarm_locked();
       }
       if (closed_) break;
-      progress_locked(i % thorough_every() == 0);
+      progress_locked(i % config_.spin_thorough_every == 0);
     }
     if (r.done()) break;
     if (i % kClockEvery == 0) {
@@ -271,7 +231,7 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
       if (last >= spin_end || last >= deadline) break;
     }
     if (yield_every > 0 && i % yield_every == 0) sched_yield();
-    else for (int k = 0; k < pauses(); ++k) cpu_relax();
+    else for (int k = 0; k < config_.spin_pauses; ++k) cpu_relax();
   }
   // No notify: the progress thread looks within kTakeOver, a scale on which `last` (at most
   // kClockEvery passes old) is now.

@@ -1,6 +1,7 @@
-// `dicomm._C._pingpong` and `_stream`: the benchmark's loops in C++, through the same Communicator calls
-// the Python API makes (isend/irecv + wait), so a latency figure can separate the engine from the
-// interpreter (perftest and OSU-style benchmarks are C loops too).
+// `dicomm._C_bench`: `_pingpong` and `_stream`, the benchmark's loops in C++, through the same
+// Communicator calls the Python API makes (isend/irecv + wait), so a latency figure can separate the
+// engine from the interpreter (perftest and OSU-style benchmarks are C loops too). A module apart from
+// the production `_C`: it borrows `_C`'s engine through the table `_C._native_p2p` (python/native_p2p.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,16 +11,27 @@
 #include <vector>
 
 #include "core/types.h"
-#include "python/bindings.h"
+#include "python/native_p2p.h"
 
 namespace py = pybind11;
 
 namespace dicomm::python {
 namespace {
 
+const NativeP2P* g_p2p = nullptr;  // `_C`'s table: static, alive as long as the process
+
+// A thin handle on `_C`'s Communicator, so that the loops below read as the Python API does.
+struct Comm {
+  Communicator* c;
+  explicit Comm(const py::object& obj) : c(g_p2p->unwrap(obj.ptr())) {}
+  int rank() const { return g_p2p->rank(*c); }
+  RequestPtr isend(const void* buf, size_t bytes, int peer, Tag tag) const { return g_p2p->isend(*c, buf, bytes, peer, tag); }
+  RequestPtr irecv(void* buf, size_t bytes, int peer, Tag tag) const { return g_p2p->irecv(*c, buf, bytes, peer, tag); }
+};
+
 // What both loops check before they start: another rank as the peer, and a positive timeout (returned
 // as the wait's timeout).
-std::chrono::milliseconds checked_loop(const Communicator& c, int peer, double timeout_s, const char* loop) {
+std::chrono::milliseconds checked_loop(const Comm& c, int peer, double timeout_s, const char* loop) {
   if (!(timeout_s > 0)) throw ValueError("timeout_s must be positive");
   if (peer == c.rank()) throw ValueError(std::string(loop) + " needs a peer other than this rank (" + std::to_string(peer) + ")");
   return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
@@ -28,10 +40,18 @@ std::chrono::milliseconds checked_loop(const Communicator& c, int peer, double t
 }  // namespace
 
 void bind_bench(py::module_& m) {
+  py::capsule table = py::module_::import("dicomm._C").attr("_native_p2p");
+  if (std::string(table.name() ? table.name() : "") != NativeP2P::kCapsuleName)
+    throw std::runtime_error("dicomm._C._native_p2p is not the capsule this module expects");
+  g_p2p = table.get_pointer<NativeP2P>();
+  if (g_p2p->version != NativeP2P::kVersion)
+    throw std::runtime_error("dicomm._C lends native calls of version " + std::to_string(g_p2p->version) +
+                             "; dicomm._C_bench was built for version " + std::to_string(NativeP2P::kVersion));
   m.def(
       "_pingpong",
-      [](Communicator& c, int peer, uintptr_t send_ptr, uintptr_t recv_ptr, size_t nbytes, int iters, bool initiator,
-         int64_t tag, double timeout_s) {
+      [](const py::object& comm, int peer, uintptr_t send_ptr, uintptr_t recv_ptr, size_t nbytes, int iters,
+         bool initiator, int64_t tag, double timeout_s) {
+        const Comm c(comm);
         if (iters < 0) throw ValueError("iters must be >= 0, got " + std::to_string(iters));
         if (tag < 0) throw ValueError("tag " + std::to_string(tag) + " is negative; tags are integers in [0, 2**63)");
         const auto timeout = checked_loop(c, peer, timeout_s, "ping-pong");
@@ -65,8 +85,9 @@ void bind_bench(py::module_& m) {
   // acknowledgement, so per-message handshakes overlap instead of adding up as in a ping-pong.
   m.def(
       "_stream",
-      [](Communicator& c, int peer, uintptr_t send_ptr, uintptr_t recv_ptr, size_t nbytes, int window, int iters,
-         bool sender, int64_t tag, double timeout_s) {
+      [](const py::object& comm, int peer, uintptr_t send_ptr, uintptr_t recv_ptr, size_t nbytes, int window,
+         int iters, bool sender, int64_t tag, double timeout_s) {
+        const Comm c(comm);
         if (window < 1 || iters < 0)
           throw ValueError("window must be >= 1 and iters >= 0, got window " + std::to_string(window) + ", iters " +
                            std::to_string(iters));
@@ -104,3 +125,8 @@ void bind_bench(py::module_& m) {
 }
 
 }  // namespace dicomm::python
+
+PYBIND11_MODULE(_C_bench, m) {
+  m.doc() = "dicomm's benchmark loops in C++ over a dicomm._C.Communicator (not part of the API)";
+  dicomm::python::bind_bench(m);
+}

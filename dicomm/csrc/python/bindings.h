@@ -13,7 +13,4 @@ using CommClass = pybind11::class_<Communicator, std::shared_ptr<Communicator>>;
 // collectives/ : adds broadcast, all_reduce, ... methods to the Communicator class.
 void bind_collectives(pybind11::module_& m, CommClass& comm);
 
-// bench_bindings.cpp: `_pingpong`, the benchmark's native ping-pong loop over a Communicator.
-void bind_bench(pybind11::module_& m);
-
 }  // namespace dicomm::python

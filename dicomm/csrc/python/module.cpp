@@ -11,11 +11,14 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "core/config.h"
 #include "core/live_set.h"
 #include "core/hmac.h"
 #include "core/p2p_request.h"
 #include "core/types.h"
 #include "python/bindings.h"
+#include "python/native_p2p.h"
+#include "transport/registry.h"
 #include "transport/verbs/accel.h"
 #include "transport/verbs/device.h"
 
@@ -193,7 +196,39 @@ PYBIND11_MODULE(_C, m) {
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
 
   bind_collectives(m, comm);
-  bind_bench(m);
+
+  static const NativeP2P native_p2p = [] {
+    NativeP2P t;
+    t.unwrap = [](PyObject* obj) -> Communicator* {
+      try {
+        return &py::cast<Communicator&>(py::handle(obj));
+      } catch (const py::cast_error&) {
+        throw ValueError(std::string("expected a dicomm._C.Communicator, got ") + Py_TYPE(obj)->tp_name);
+      }
+    };
+    t.rank = [](const Communicator& c) { return c.rank(); };
+    t.isend = [](Communicator& c, const void* buf, size_t bytes, int peer, Tag tag) { return c.isend(buf, bytes, peer, tag); };
+    t.irecv = [](Communicator& c, void* buf, size_t bytes, int peer, Tag tag) { return c.irecv(buf, bytes, peer, tag); };
+    return t;
+  }();
+  m.attr("_native_p2p") = py::capsule(&native_p2p, NativeP2P::kCapsuleName);
+
+  m.def("_config_knobs", [] {
+    std::vector<std::map<std::string, std::string>> out;
+    for (const auto& k : knobs())
+      out.push_back({{"name", k.name}, {"default", k.fallback}, {"form", k.form()}, {"unit", k.unit}, {"meaning", k.meaning}});
+    return out;
+  }, "Every DICOMM_* setting the engine reads: name, default ('' for none), expected form, unit, meaning.");
+
+  m.def("_register_transport", [](py::capsule factory) {
+    if (std::string(factory.name() ? factory.name() : "") != transport::kTransportFactoryCapsule)
+      throw ValueError(std::string("expected a capsule named ") + transport::kTransportFactoryCapsule + ", got '" +
+                       (factory.name() ? factory.name() : "") + "'");
+    transport::register_transport(*factory.get_pointer<transport::TransportFactory>());
+  }, py::arg("factory"),
+     "Registers a transport built in another extension module (a capsule named\n"
+     "'dicomm.TransportFactory/1' holding a dicomm::transport::TransportFactory); communicators created\n"
+     "afterwards open it, and DICOMM_TRANSPORT / transport= may name it.");
 
   m.def("_hmac_sha256", [](const py::bytes& key, const py::bytes& message) {
     std::string k = key, msg = message;

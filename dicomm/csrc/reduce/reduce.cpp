@@ -1,5 +1,7 @@
 #include "reduce/reduce.h"
 
+#include "core/config.h"
+
 #include <cstdlib>
 #include <string>
 
@@ -20,8 +22,7 @@ bool cpu_has_avx2_f16c() {
 // DICOMM_REDUCE_KERNELS=generic forces the portable kernels (to test them on any machine).
 const KernelTable& kernels() {
   static const KernelTable& table = [] () -> const KernelTable& {
-    const char* forced = std::getenv("DICOMM_REDUCE_KERNELS");
-    if (forced != nullptr && std::string(forced) == "generic") return generic_kernels();
+    if (config::choice("DICOMM_REDUCE_KERNELS") == "generic") return generic_kernels();
     return (avx2_kernels() != nullptr && cpu_has_avx2_f16c()) ? *avx2_kernels() : generic_kernels();
   }();
   return table;

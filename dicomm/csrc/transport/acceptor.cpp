@@ -1,5 +1,7 @@
 #include "transport/acceptor.h"
 
+#include "core/config.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -30,7 +32,7 @@ namespace {
 // too). A quarter of the soft limit, within [16, 1024]; DICOMM_MAX_PENDING_HANDSHAKES overrides.
 size_t max_pending() {
   static const size_t n = [] {
-    if (const char* v = std::getenv("DICOMM_MAX_PENDING_HANDSHAKES"); v && *v) return std::max<size_t>(1, std::strtoul(v, nullptr, 10));
+    if (auto n = config::optional_integer("DICOMM_MAX_PENDING_HANDSHAKES")) return static_cast<size_t>(*n);
     rlimit rl{};
     size_t soft = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 4096;
     return std::clamp<size_t>(soft / 4, 16, 1024);

@@ -1,5 +1,7 @@
 #include "transport/socket.h"
 
+#include "core/config.h"
+
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdlib>
@@ -189,8 +191,9 @@ bool single_host_job() {
 }
 
 std::string listen_ip() {
-  const char* want = std::getenv("DICOMM_SOCKET_IFNAME");
-  if (!(want && *want) && single_host_job()) return "127.0.0.1";
+  const std::string want_name = config::text("DICOMM_SOCKET_IFNAME");
+  const char* want = want_name.empty() ? nullptr : want_name.c_str();
+  if (!want && single_host_job()) return "127.0.0.1";
   ifaddrs* list = nullptr;
   std::string found, names;
   if (getifaddrs(&list) == 0) {

@@ -14,11 +14,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/card.h"
+#include "core/config.h"
 #include "core/handshake.h"
 
 namespace dicomm::transport {
@@ -123,17 +126,55 @@ struct Context {
   int rank = 0;
   int size = 0;
   std::string key;  // the handshake key: job token + DICOMM_JOB_SECRET (core/handshake.h)
-  Sink* sink = nullptr;
-  class Poller* poller = nullptr;
+  Sink* sink = nullptr;            // not owned: the engine, which outlives its transports and connections
+  class Poller* poller = nullptr;  // not owned: the engine's poller, destroyed after every transport
   std::chrono::milliseconds handshake_timeout{5000};
-  // The engine's counters (reported by stats()); touched only under the engine lock.
-  std::map<std::string, int64_t>* counters = nullptr;
+  // Not owned: the engine's, which outlives its transports (the defaults for a transport opened alone).
+  const EngineConfig* config = &EngineConfig::defaults();
+};
+
+// What the engine needs to know about a transport to use it without knowing its name, versioned as
+// NCCL's net plugins version their properties: a transport fills the fields of the version it was
+// written against; the engine reads only those.
+struct Capabilities {
+  static constexpr uint32_t kVersion = 1;
+  uint32_t version = kVersion;
+  // Which peers it can ever serve: processes under this kernel only (shared memory, Unix sockets),
+  // or any host. A same-kernel connection also tells the engine that its peer runs on this host.
+  enum class Reach { kSameKernel, kAnyHost };
+  Reach reach = Reach::kAnyHost;
+  // Under DICOMM_TRANSPORT=auto a peer gets the reachable transport with the highest preference.
+  int preference = 0;
+  // Buffers of messages larger than this are registered (register_memory) before a send or a
+  // rendezvous receive; the maximum: never.
+  size_t register_above = std::numeric_limits<size_t>::max();
+  // Whether send and receive buffers may be device (accelerator) pointers.
+  bool device_pointers = false;
+  // How long a waiter polls this transport's connections itself before it sleeps.
+  std::chrono::microseconds spin{100};
+  // It has flow control of its own (receive credits): the engine never holds its connections back.
+  bool own_flow_control = false;
+};
+
+class Transport;
+
+// How the engine opens the transports (registry.h): `open` returns null, with `why` set, when this
+// host cannot run it (an optional transport: no device, no library); `why` completes the sentence
+// "rank 3 has ..." ("no usable RDMA device: ...").
+struct TransportFactory {
+  std::string name;
+  std::string description;  // for messages: "RDMA verbs", "shared-memory"
+  // Optional transports are opened only under DICOMM_TRANSPORT=auto or when forced by name; a host
+  // without one says why once, and the engine then goes on without it.
+  bool optional = false;
+  std::unique_ptr<Transport> (*open)(const Context& ctx, std::string* why) = nullptr;
 };
 
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  virtual const Capabilities& capabilities() const = 0;
   // This rank's address, published in its card under name().
   virtual std::string address() const = 0;
   // Whether this transport can serve `peer` from `self`; if not, `why` says so.
@@ -144,6 +185,14 @@ class Transport {
   virtual bool progress() = 0;
   virtual MemHandle register_memory(const void* /*buf*/, size_t /*bytes*/) { return {}; }
   virtual void deregister_memory(MemHandle /*mem*/) {}
+  // The path one peer's traffic takes, as transport_of() reports it ("verbs/device-direct"...):
+  // `send` and `recv` are that peer's connections of this transport (send may be null).
+  virtual std::string describe_path(const SendConn* /*send*/,
+                                    const std::vector<std::shared_ptr<RecvConn>>& /*recv*/) const {
+    return name();
+  }
+  // Adds this transport's counters to stats(); `paths` holds describe_path() of each peer it serves.
+  virtual void add_stats(std::map<std::string, int64_t>& /*out*/, const std::vector<std::string>& /*paths*/) const {}
 };
 
 }  // namespace dicomm::transport

@@ -311,7 +311,7 @@ int write_target(size_t n, const std::string& dir) {
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM, 0, sv);  // the channel's side channel: unused here
     int gid = choose_gid(nic->port(), "", nullptr);
-    Channel ch(nic, sv[0], gid, "write target", nullptr);
+    Channel ch(nic, UniqueFd(sv[0]), gid, "write target", nullptr);
     std::vector<char> buf(n, static_cast<char>(0xEE));
     Registration* reg = nic->cache().acquire(buf.data(), n);
     if (!reg->mr) throw std::runtime_error("the buffer could not be registered");

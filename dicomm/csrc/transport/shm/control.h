@@ -25,7 +25,7 @@ class ControlSocket {
 
  private:
   int fd_;
-  Poller* poller_;
+  Poller* poller_;  // not owned: the engine's, which outlives its connections
   std::string what_;
 };
 

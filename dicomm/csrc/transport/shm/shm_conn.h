@@ -23,13 +23,19 @@ class Mapping {
   Segment* get() const { return seg_; }
 
  private:
-  Segment* seg_ = nullptr;
+  Segment* seg_ = nullptr;  // the mapping this object owns (munmap in the destructor)
+};
+
+// The transport's counters (stats()), shared with its send connections; touched under the engine lock.
+struct ShmCounters {
+  int64_t bytes_written_by_sender = 0;  // bytes senders copied into receivers (cross-memory attach)
+  int64_t cma_unavailable = 0;          // incoming connections whose sender cannot write into us
 };
 
 class ShmSendConn : public SendConn {
  public:
   ShmSendConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map, Sink* sink,
-              int peer_pid, std::map<std::string, int64_t>* counters);
+              int peer_pid, std::shared_ptr<ShmCounters> counters);
   int peer() const override { return peer_; }
   const char* transport_name() const override { return "shm"; }
   bool progress(bool thorough) override;
@@ -48,8 +54,8 @@ class ShmSendConn : public SendConn {
   int peer_;
   std::unique_ptr<ControlSocket> control_;
   std::unique_ptr<Mapping> map_;
-  Segment* seg_;
-  Sink* sink_;
+  Segment* seg_;  // not owned: inside map_
+  Sink* sink_;    // not owned: the engine, which outlives its connections
   uint64_t next_id_ = 1;
   uint64_t published_ = 0;
   uint64_t acks_seen_ = 0;
@@ -59,14 +65,14 @@ class ShmSendConn : public SendConn {
   std::deque<Streaming> streaming_;                   // CTS received: through the chunk ring
   std::deque<Helping> helping_;                       // copying part of announced messages
   int peer_pid_;
-  int64_t* written_by_us_;  // counter: bytes this side copied into the receiver
+  std::shared_ptr<ShmCounters> counters_;  // bytes_written_by_sender: what this side copied into the receiver
   bool can_write_;  // process_vm_writev into the receiver works (until it fails once)
 };
 
 class ShmRecvConn : public RecvConn {
  public:
   ShmRecvConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map,
-              Sink* sink, int peer_pid, bool cma);
+              Sink* sink, int peer_pid, bool cma, bool split);  // split: DICOMM_SHM_SPLIT
   ~ShmRecvConn() override;
   int peer() const override { return peer_; }
   const char* transport_name() const override { return "shm"; }
@@ -106,8 +112,8 @@ class ShmRecvConn : public RecvConn {
   int peer_;
   std::unique_ptr<ControlSocket> control_;
   std::unique_ptr<Mapping> map_;
-  Segment* seg_;
-  Sink* sink_;
+  Segment* seg_;  // not owned: inside map_
+  Sink* sink_;    // not owned: the engine, which outlives its connections
   int peer_pid_;
   bool cma_;
   uint64_t consumed_ = 0;

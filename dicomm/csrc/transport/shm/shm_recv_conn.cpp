@@ -21,12 +21,9 @@ const char kEmpty[1] = {0};
 
 
 ShmRecvConn::ShmRecvConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map,
-                         Sink* sink, int peer_pid, bool cma)
+                         Sink* sink, int peer_pid, bool cma, bool split)
     : peer_(peer), control_(std::move(control)), map_(std::move(map)), seg_(map_->get()), sink_(sink),
-      peer_pid_(peer_pid), cma_(cma) {
-  const char* v = std::getenv("DICOMM_SHM_SPLIT");  // 0: the receiver copies large messages alone
-  split_ = !(v && std::strcmp(v, "0") == 0);
-}
+      peer_pid_(peer_pid), cma_(cma), split_(split) {}
 
 bool ShmRecvConn::read_slots() {
   bool did = false;

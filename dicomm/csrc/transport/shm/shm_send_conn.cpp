@@ -19,9 +19,9 @@ constexpr int kChunksPerStep = 8;
 
 
 ShmSendConn::ShmSendConn(int peer, std::unique_ptr<ControlSocket> control, std::unique_ptr<Mapping> map, Sink* sink,
-                         int peer_pid, std::map<std::string, int64_t>* counters)
+                         int peer_pid, std::shared_ptr<ShmCounters> counters)
     : peer_(peer), control_(std::move(control)), map_(std::move(map)), seg_(map_->get()), sink_(sink),
-      peer_pid_(peer_pid), written_by_us_(&(*counters)["shm_bytes_written_by_sender"]), can_write_(peer_pid > 0) {}
+      peer_pid_(peer_pid), counters_(std::move(counters)), can_write_(peer_pid > 0) {}
 
 void ShmSendConn::post(SendOp* op) {
   op->hdr.msg_id = next_id_++;
@@ -139,7 +139,7 @@ bool ShmSendConn::help_step() {
       helping_.clear();
     } else {
       s.done.fetch_add(len, std::memory_order_acq_rel);
-      *written_by_us_ += static_cast<int64_t>(len);
+      counters_->bytes_written_by_sender += static_cast<int64_t>(len);
     }
     s.writing.store(0, std::memory_order_release);
     did = true;

@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "core/types.h"
+#include "transport/registry.h"
 #include "transport/shm/ptracer.h"
 
 namespace dicomm::transport::shm {
@@ -45,8 +46,10 @@ std::string probe_cma(int pid, uint64_t addr) {
 }  // namespace
 
 ShmTransport::ShmTransport(const Context& ctx) : ctx_(ctx) {
-  const char* cma = std::getenv("DICOMM_SHM_CMA");
-  cma_allowed_ = !(cma && std::strcmp(cma, "0") == 0);
+  caps_.reach = Capabilities::Reach::kSameKernel;
+  caps_.preference = 30;  // one copy (or none) through memory beats any network path
+  caps_.spin = ctx.config->spin;
+  cma_allowed_ = ctx.config->shm_cma;
   static std::atomic<int> counter{0};
   address_ = "dicomm-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
              token_hex(random_token()).substr(0, 8);
@@ -108,7 +111,7 @@ std::unique_ptr<SendConn> ShmTransport::connect(int peer, const Card& card, Cloc
   socklen_t cl = sizeof(cred);
   int receiver_pid = cma_allowed_ && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : 0;
   auto control = std::make_unique<ControlSocket>(fd, ctx_.poller, what);
-  return std::make_unique<ShmSendConn>(peer, std::move(control), std::move(map), ctx_.sink, receiver_pid, ctx_.counters);
+  return std::make_unique<ShmSendConn>(peer, std::move(control), std::move(map), ctx_.sink, receiver_pid, counters_);
 }
 
 bool ShmTransport::progress() {
@@ -148,16 +151,27 @@ bool ShmTransport::progress() {
     if (cma_allowed_) allow_cross_memory_attach_from(cred.pid);  // its sender writes into us
     std::string cma_problem = cma_allowed_ ? probe_cma(cred.pid, a.hello.extra[0]) : "disabled by DICOMM_SHM_CMA=0";
     if (!cma_problem.empty()) {
-      ++(*ctx_.counters)["shm_cma_unavailable"];
+      ++counters_->cma_unavailable;
       log(cma_allowed_ ? LogLevel::kWarn : LogLevel::kInfo,
           "rank " + std::to_string(ctx_.rank) + ": cross-memory attach from rank " + std::to_string(src) +
               " unavailable (" + cma_problem + "); large messages from it take the two-copy shared-memory pipeline");
     }
     auto control = std::make_unique<ControlSocket>(a.fd, ctx_.poller, what);
     ctx_.sink->on_accept(std::make_shared<ShmRecvConn>(src, std::move(control), std::move(map), ctx_.sink,
-                                                      cred.pid, cma_problem.empty()));
+                                                      cred.pid, cma_problem.empty(), ctx_.config->shm_split));
   }
   return did;
 }
+
+void ShmTransport::add_stats(std::map<std::string, int64_t>& out, const std::vector<std::string>&) const {
+  out["shm_bytes_written_by_sender"] = counters_->bytes_written_by_sender;
+  out["shm_cma_unavailable"] = counters_->cma_unavailable;
+}
+
+namespace {
+const TransportRegistrar registrar({"shm", "shared-memory", false, [](const Context& ctx, std::string*) -> std::unique_ptr<Transport> {
+                                      return std::make_unique<ShmTransport>(ctx);
+                                    }});
+}  // namespace
 
 }  // namespace dicomm::transport::shm

@@ -32,7 +32,7 @@ class TcpSendConn : public SendConn, private TcpStream::Handler {
   struct Rendezvous { SendOp* op; size_t chunks_left; };
   int peer_;
   std::vector<std::unique_ptr<TcpStream>> streams_;
-  Sink* sink_;
+  Sink* sink_;  // not owned: the engine, which outlives its connections
   size_t chunk_bytes_;
   uint64_t next_id_ = 1;
   uint64_t next_stream_ = 0;
@@ -64,7 +64,7 @@ class TcpRecvConn : public RecvConn, private TcpStream::Handler {
   struct Landing { RecvOp* op; size_t left; size_t bytes; bool discard; };
   int peer_;
   std::vector<std::unique_ptr<TcpStream>> streams_;
-  Sink* sink_;
+  Sink* sink_;  // not owned: the engine, which outlives its connections
   std::unordered_map<uint64_t, Landing> landing_;
 };
 

@@ -51,7 +51,7 @@ class TcpStream {
   bool parse(Handler& h);
 
   int fd_;
-  Poller* poller_;
+  Poller* poller_;  // not owned: the engine's, which outlives its connections
   std::string what_;
   std::deque<Out> out_;
   bool want_write_ = false;
@@ -61,7 +61,7 @@ class TcpStream {
   size_t begin_ = 0, end_ = 0;
   State state_ = State::kHeader;
   Frame cur_;
-  char* target_ = nullptr;
+  char* target_ = nullptr;  // not owned: the matched receive's buffer (the engine's request holds it)
   size_t left_ = 0;
   std::vector<char> scratch_;  // where a cancelled receive's data goes
 };

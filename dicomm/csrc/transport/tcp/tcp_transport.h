@@ -15,6 +15,7 @@ class TcpTransport : public Transport {
  public:
   explicit TcpTransport(const Context& ctx);
   const char* name() const override { return "tcp"; }
+  const Capabilities& capabilities() const override { return caps_; }
   std::string address() const override { return address_; }
   bool can_reach(const Card& self, const Card& peer, std::string* why) const override;
   std::unique_ptr<SendConn> connect(int peer, const Card& card, Clock::time_point deadline) override;
@@ -22,6 +23,7 @@ class TcpTransport : public Transport {
 
  private:
   Context ctx_;
+  Capabilities caps_;
   std::string address_;
   int nstreams_;
   size_t chunk_bytes_;

@@ -46,7 +46,7 @@ class Accel {
   std::string path_why_;
   struct Fns;
   class ContextScope;
-  Fns* fns_ = nullptr;
+  Fns* fns_ = nullptr;  // the loaded runtime's entry points, never unloaded
 };
 
 }  // namespace dicomm::transport::verbs

@@ -1,5 +1,7 @@
 #include "transport/verbs/channel.h"
 
+#include "core/config.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -22,48 +24,46 @@ constexpr uint64_t kLow = (1ull << 56) - 1;
 constexpr uint64_t kNoSlot = kLow;
 constexpr int kAccess = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_WRITE | ibv::ACCESS_REMOTE_READ;
 
-long env_long(const char* name, long fallback, long lo, long hi) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  return std::min(hi, std::max(lo, std::atol(v)));
-}
 
 }  // namespace
 
-Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::string what, Poller* poller)
-    : nic_(std::move(nic)), api_(nic_->api()), side_fd_(side_fd), what_(std::move(what)), poller_(poller),
+Channel::Channel(std::shared_ptr<Nic> nic, UniqueFd side_fd, int gid_index, std::string what, Poller* poller)
+    : nic_(std::move(nic)), api_(nic_->api()), side_fd_(std::move(side_fd)), what_(std::move(what)), poller_(poller),
+      mr_(nullptr, {&api_}), events_(nullptr, {&api_}), cq_(nullptr, {&api_}), qp_(nullptr, {&api_}),
       gid_index_(gid_index) {
-  slots_ = static_cast<int>(env_long("DICOMM_IB_SLOTS", 32, 4, 1024));
-  slot_bytes_ = sizeof(Ctrl) + static_cast<size_t>(env_long("DICOMM_IB_EAGER_BYTES", 8192, 0, 1 << 20));
+  slots_ = static_cast<int>(config::integer("DICOMM_IB_SLOTS"));
+  slot_bytes_ = sizeof(Ctrl) + static_cast<size_t>(config::integer("DICOMM_IB_EAGER_BYTES"));
   sq_depth_ = std::max(16, std::min(256, nic_->max_qp_wr()));
-  signal_every_ = static_cast<int>(env_long("DICOMM_IB_SIGNAL_EVERY", 16, 1, sq_depth_ / 4));
+  signal_every_ = static_cast<int>(std::min<long>(config::integer("DICOMM_IB_SIGNAL_EVERY"), sq_depth_ / 4));
   const std::string dev = nic_->port().describe();
   auto fail = [&](const std::string& step) { throw PeerError(what_ + ": " + step + " failed on " + dev + ": " + errno_text(errno)); };
 
   mem_bytes_ = (2 * static_cast<size_t>(slots_) * slot_bytes_ + 16 + 4095) / 4096 * 4096;
-  mem_ = static_cast<char*>(std::aligned_alloc(4096, mem_bytes_));
-  std::memset(mem_, 0, mem_bytes_);
-  credit_word_ = reinterpret_cast<volatile uint64_t*>(mem_ + 2 * slots_ * slot_bytes_);
+  mem_.reset(static_cast<char*>(std::aligned_alloc(4096, mem_bytes_)));
+  if (!mem_) throw Error(what_ + ": cannot allocate " + std::to_string(mem_bytes_) + " B of control memory");
+  std::memset(mem_.get(), 0, mem_bytes_);
+  credit_word_ = reinterpret_cast<volatile uint64_t*>(mem_.get() + 2 * slots_ * slot_bytes_);
   posted_word_ = const_cast<uint64_t*>(credit_word_) + 1;
-  mr_ = api_.reg_mr(nic_->pd(), mem_, mem_bytes_, kAccess);
+  mr_.reset(api_.reg_mr(nic_->pd(), mem_.get(), mem_bytes_, kAccess));
   if (!mr_) fail("registering control memory");
   for (int i = slots_ - 1; i >= 0; --i) free_send_slots_.push_back(i);
 
-  events_ = api_.create_comp_channel(nic_->ctx());
+  events_.reset(api_.create_comp_channel(nic_->ctx()));
   if (!events_) fail("creating a completion channel");
   fcntl(events_->fd, F_SETFL, fcntl(events_->fd, F_GETFL) | O_NONBLOCK);
-  cq_ = api_.create_cq(nic_->ctx(), sq_depth_ + slots_ + 16, nullptr, events_, 0);
+  cq_.reset(api_.create_cq(nic_->ctx(), sq_depth_ + slots_ + 16, nullptr, events_.get(), 0));
   if (!cq_) fail("creating a completion queue");
 
   ibv::qp_init_attr init{};
-  init.send_cq = cq_;
-  init.recv_cq = cq_;
+  init.send_cq = cq_.get();
+  init.recv_cq = cq_.get();
   init.qp_type = ibv::QPT_RC;
   // Devices differ in how much they take inline (some 64 or 101 B, some none): ask for less until one
   // fits, rather than falling from 256 B straight to none.
   for (uint32_t inline_bytes : {256u, 128u, 64u, 0u}) {
     init.cap = ibv::qp_cap{static_cast<uint32_t>(sq_depth_), static_cast<uint32_t>(slots_), 1, 1, inline_bytes};
-    if ((qp_ = api_.create_qp(nic_->pd(), &init))) break;
+    qp_.reset(api_.create_qp(nic_->pd(), &init));
+    if (qp_) break;
   }
   if (!qp_) fail("creating an RC queue pair");
   max_inline_ = init.cap.max_inline_data;
@@ -73,15 +73,17 @@ Channel::Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::stri
   a.pkey_index = 0;
   a.port_num = static_cast<uint8_t>(nic_->port().port);
   a.qp_access_flags = kAccess;
-  if (api_.modify_qp(qp_, &a, ibv::QP_STATE | ibv::QP_PKEY_INDEX | ibv::QP_PORT | ibv::QP_ACCESS_FLAGS)) fail("QP -> INIT");
+  if (api_.modify_qp(qp_.get(), &a, ibv::QP_STATE | ibv::QP_PKEY_INDEX | ibv::QP_PORT | ibv::QP_ACCESS_FLAGS)) fail("QP -> INIT");
   for (int i = 0; i < slots_; ++i) consumed_.push_back(i);
   repost();  // the whole ring
   advertised_ = posted_;
   psn_ = std::random_device{}() & 0xFFFFFF;
+  // Nothing below throws: the connection is registered with the NIC's fault table and the poller
+  // only once it is whole (the destructor, which runs only then, undoes both).
   nic_->watch(qp_->qp_num, fault_);
   if (poller_) {
     poller_->add(events_->fd);
-    poller_->add(side_fd_);
+    poller_->add(side_fd_.get());
   }
 }
 
@@ -90,14 +92,14 @@ Channel::~Channel() {
   // leave before the queue pair goes, within a bound. Credit writes behind the last of them are not
   // waited for, and a peer that closed its side channel has torn its queue pair down: nothing it
   // would still acknowledge (both ends closing together used to wait out the whole bound).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(env_long("DICOMM_IB_DRAIN_MS", 2000, 0, 60000));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config::integer("DICOMM_IB_DRAIN_MS"));
   try {
     while (fault_->empty() && (wr_retired_ < wr_needed_ || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
       if (side_closed()) break;  // the peer is gone
       // Unsignaled requests at the tail would never report: a signaled credit write behind them does.
       if (unsignaled_ > 0 && retire_.empty() && sq_used() < sq_depth_ && qp_) write_credit(true);
       ibv::wc wc[16];
-      int n = api_.poll_cq(cq_, 16, wc);
+      int n = api_.poll_cq(cq_.get(), 16, wc);
       for (int i = 0; i < n; ++i) {
         if (wc[i].status != ibv::WC_SUCCESS) throw PeerError("error completion while draining");
         uint64_t kind = wc[i].wr_id & ~kLow;
@@ -112,18 +114,15 @@ Channel::~Channel() {
   }
   if (!pending_.empty())
     log(LogLevel::kWarn, what_ + ": closing with " + std::to_string(pending_.size()) + " control message(s) unsent (the peer stopped taking them)");
-  nic_->unwatch(qp_ ? qp_->qp_num : 0);
+  nic_->unwatch(qp_->qp_num);
   if (poller_) {
-    if (events_) poller_->remove(events_->fd);
-    poller_->remove(side_fd_);
+    poller_->remove(events_->fd);
+    poller_->remove(side_fd_.get());
   }
-  close(side_fd_);
-  if (qp_) api_.destroy_qp(qp_);
-  drain_events();
-  if (cq_) api_.destroy_cq(cq_);
-  if (events_) api_.destroy_comp_channel(events_);
-  if (mr_) api_.dereg_mr(mr_);
-  std::free(mem_);
+  side_fd_.reset();
+  qp_.reset();
+  drain_events();  // a completion queue goes only once its events are acknowledged
+  // The members release the rest in reverse order: completion queue, channel, registration, memory.
 }
 
 WireInfo Channel::local_info() const {
@@ -166,18 +165,18 @@ void Channel::connect(const WireInfo& r) {
   a.ah.port_num = static_cast<uint8_t>(nic_->port().port);
   int mask = ibv::QP_STATE | ibv::QP_AV | ibv::QP_PATH_MTU | ibv::QP_DEST_QPN | ibv::QP_RQ_PSN |
              ibv::QP_MAX_DEST_RD_ATOMIC | ibv::QP_MIN_RNR_TIMER;
-  if (api_.modify_qp(qp_, &a, mask))
+  if (api_.modify_qp(qp_.get(), &a, mask))
     throw PeerError(what_ + ": QP -> RTR failed on " + dev + " (GID index " + std::to_string(gid_index_) + ", peer QP " +
                     std::to_string(r.qpn) + "): " + errno_text(errno) + "; check DICOMM_IB_GID_INDEX and the peer's GID");
   a = ibv::qp_attr{};
   a.qp_state = ibv::QPS_RTS;
-  a.timeout = static_cast<uint8_t>(env_long("DICOMM_IB_TIMEOUT", 14, 1, 31));
-  a.retry_cnt = static_cast<uint8_t>(env_long("DICOMM_IB_RETRY_CNT", 7, 0, 7));
+  a.timeout = static_cast<uint8_t>(config::integer("DICOMM_IB_TIMEOUT"));
+  a.retry_cnt = static_cast<uint8_t>(config::integer("DICOMM_IB_RETRY_CNT"));
   a.rnr_retry = 7;
   a.sq_psn = psn_;
   a.max_rd_atomic = static_cast<uint8_t>(max_reads_);
   mask = ibv::QP_STATE | ibv::QP_TIMEOUT | ibv::QP_RETRY_CNT | ibv::QP_RNR_RETRY | ibv::QP_SQ_PSN | ibv::QP_MAX_QP_RD_ATOMIC;
-  if (api_.modify_qp(qp_, &a, mask)) throw PeerError(what_ + ": QP -> RTS failed on " + dev + ": " + errno_text(errno));
+  if (api_.modify_qp(qp_.get(), &a, mask)) throw PeerError(what_ + ": QP -> RTS failed on " + dev + ": " + errno_text(errno));
 }
 
 void Channel::repost() {
@@ -189,7 +188,7 @@ void Channel::repost() {
     const size_t n = std::min<size_t>(64, consumed_.size() - done);
     for (size_t i = 0; i < n; ++i) {
       const int slot = consumed_[done + i];
-      sges[i] = ibv::sge{reinterpret_cast<uintptr_t>(mem_ + static_cast<size_t>(slot) * slot_bytes_),
+      sges[i] = ibv::sge{reinterpret_cast<uintptr_t>(mem_.get() + static_cast<size_t>(slot) * slot_bytes_),
                          static_cast<uint32_t>(slot_bytes_), mr_->lkey};
       wrs[i] = ibv::recv_wr{};
       wrs[i].wr_id = kWrRecv | static_cast<uint64_t>(slot);
@@ -198,7 +197,7 @@ void Channel::repost() {
       wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
     }
     ibv::recv_wr* bad = nullptr;
-    if (IbvApi::post_recv(qp_, wrs, &bad)) throw PeerError(what_ + ": posting receives failed: " + errno_text(errno));
+    if (IbvApi::post_recv(qp_.get(), wrs, &bad)) throw PeerError(what_ + ": posting receives failed: " + errno_text(errno));
     done += n;
     posted_ += n;
   }
@@ -225,7 +224,7 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
     if (free_send_slots_.empty()) return false;
     slot = static_cast<uint64_t>(free_send_slots_.back());
     free_send_slots_.pop_back();
-    src = mem_ + (static_cast<size_t>(slots_) + slot) * slot_bytes_;
+    src = mem_.get() + (static_cast<size_t>(slots_) + slot) * slot_bytes_;
   }
   if (eager) {
     EagerHeader e;
@@ -246,7 +245,7 @@ bool Channel::post_send_slot(const Ctrl& c, const void* payload, size_t n) {
   // A registered send slot is reused only after its completion: those are always signaled.
   wr.send_flags = signal_flag(!inl) | (inl ? ibv::SEND_INLINE : 0u);
   ibv::send_wr* bad = nullptr;
-  if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a send failed: " + errno_text(errno));
+  if (IbvApi::post_send(qp_.get(), &wr, &bad)) throw PeerError(what_ + ": posting a send failed: " + errno_text(errno));
   ++sent_;
   wr_needed_ = ++wr_posted_;
   return true;
@@ -276,7 +275,7 @@ void Channel::post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey,
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   ibv::send_wr* bad = nullptr;
-  if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting an RDMA read failed: " + errno_text(errno));
+  if (IbvApi::post_send(qp_.get(), &wr, &bad)) throw PeerError(what_ + ": posting an RDMA read failed: " + errno_text(errno));
   ++reads_;
   wr_needed_ = ++wr_posted_;
 }
@@ -316,7 +315,7 @@ void Channel::write_credit(bool signal) {
   wr.wr.rdma.remote_addr = remote_credit_addr_;
   wr.wr.rdma.rkey = remote_credit_rkey_;
   ibv::send_wr* bad = nullptr;
-  if (IbvApi::post_send(qp_, &wr, &bad)) throw PeerError(what_ + ": posting a credit update failed: " + errno_text(errno));
+  if (IbvApi::post_send(qp_.get(), &wr, &bad)) throw PeerError(what_ + ": posting a credit update failed: " + errno_text(errno));
   advertised_ = posted_;
   ++wr_posted_;
 }
@@ -342,7 +341,7 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
   if (wc.status != ibv::WC_SUCCESS) fail_wc(wc);
   const uint64_t kind = wc.wr_id & ~kLow, low = wc.wr_id & kLow;
   if (kind == kWrRecv) {
-    const char* p = mem_ + low * slot_bytes_;
+    const char* p = mem_.get() + low * slot_bytes_;
     Ctrl c;
     uint32_t msg_kind = 0;
     if (wc.byte_len >= sizeof(msg_kind)) std::memcpy(&msg_kind, p, sizeof(msg_kind));
@@ -377,7 +376,7 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
 bool Channel::side_closed() {
   if (eof_) return true;
   char byte;  // nothing is sent on it after the handshake: a read finds EOF or nothing
-  ssize_t r = recv(side_fd_, &byte, 1, MSG_DONTWAIT);
+  ssize_t r = recv(side_fd_.get(), &byte, 1, MSG_DONTWAIT);
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) eof_ = true;
   return eof_;
 }
@@ -385,7 +384,7 @@ bool Channel::side_closed() {
 void Channel::drain_events() {
   ibv::cq* cq = nullptr;
   void* ctx = nullptr;
-  while (events_ && api_.get_cq_event(events_, &cq, &ctx) == 0) api_.ack_cq_events(cq, 1);
+  while (events_ && api_.get_cq_event(events_.get(), &cq, &ctx) == 0) api_.ack_cq_events(cq, 1);
 }
 
 bool Channel::progress(Handler& h, bool thorough) {
@@ -401,7 +400,7 @@ bool Channel::progress(Handler& h, bool thorough) {
   }
   ibv::wc wc[16];
   for (int round = 0; round < 8; ++round) {
-    int n = IbvApi::poll_cq(cq_, 16, wc);
+    int n = IbvApi::poll_cq(cq_.get(), 16, wc);
     if (n < 0) throw PeerError(what_ + ": polling the completion queue failed");
     for (int i = 0; i < n; ++i) handle(wc[i], h);
     did |= n > 0;
@@ -422,9 +421,9 @@ bool Channel::arm() {
   advertise();
   if (!stash_.empty()) return false;
   if (!pending_.empty() && sent_ < *credit_word_) return false;
-  IbvApi::req_notify_cq(cq_);
+  IbvApi::req_notify_cq(cq_.get());
   ibv::wc wc;
-  if (IbvApi::poll_cq(cq_, 1, &wc) > 0) {  // arrived before the request: would never raise an event
+  if (IbvApi::poll_cq(cq_.get(), 1, &wc) > 0) {  // arrived before the request: would never raise an event
     stash_.push_back(wc);
     return false;
   }

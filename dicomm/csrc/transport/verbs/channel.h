@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "transport/poller.h"
+#include "transport/unique_fd.h"
 #include "transport/verbs/nic.h"
+#include "transport/verbs/owned.h"
 
 namespace dicomm::transport::verbs {
 
@@ -65,8 +67,9 @@ class Channel {
     virtual void on_read_done(uint64_t cookie) = 0;
   };
 
-  // `what` names the connection in errors ("verbs connection to rank 1 (rxe0 port 1)").
-  Channel(std::shared_ptr<Nic> nic, int side_fd, int gid_index, std::string what, Poller* poller);
+  // `what` names the connection in errors ("verbs connection to rank 1 (rxe0 port 1)"). Takes the
+  // side channel's socket; a constructor that throws releases everything it made, that socket too.
+  Channel(std::shared_ptr<Nic> nic, UniqueFd side_fd, int gid_index, std::string what, Poller* poller);
   ~Channel();  // lets posted sends finish (bounded), then tears down
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -102,25 +105,27 @@ class Channel {
   void drain_events();
   bool side_closed();  // the peer closed the side channel (its process or connection is gone); sets eof_
 
+  // Owned resources in the order they depend on each other: destroyed (or, when the constructor
+  // throws, released) in reverse.
   std::shared_ptr<Nic> nic_;
   const IbvApi& api_;
-  int side_fd_;
+  UniqueFd side_fd_;
   std::string what_;
-  Poller* poller_;
+  Poller* poller_;  // not owned: the engine's poller (null in tools without one), outlives connections
   Fault fault_ = std::make_shared<std::string>();
-  ibv::comp_channel* events_ = nullptr;
-  ibv::cq* cq_ = nullptr;
-  ibv::qp* qp_ = nullptr;
+  // Control memory, one registration: [recv slots][send slots][credit word][posted word].
+  AlignedMemory mem_;
+  size_t mem_bytes_ = 0;
+  OwnedMr mr_;
+  OwnedCompChannel events_;
+  OwnedCq cq_;
+  OwnedQp qp_;
   int gid_index_;
   uint32_t psn_ = 0;
   uint32_t mtu_ = 0;
 
-  // Control memory, one registration: [recv slots][send slots][credit word][posted word].
   size_t slot_bytes_;
   int slots_;        // receive slots (and send slots)
-  char* mem_ = nullptr;
-  size_t mem_bytes_ = 0;
-  ibv::mr* mr_ = nullptr;
   volatile uint64_t* credit_word_ = nullptr;  // the peer's posted receives, written by the peer
   uint64_t* posted_word_ = nullptr;           // the source of our credit writes
   uint64_t posted_ = 0, advertised_ = 0, sent_ = 0;

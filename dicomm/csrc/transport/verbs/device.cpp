@@ -1,5 +1,7 @@
 #include "transport/verbs/device.h"
 
+#include "core/config.h"
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -10,8 +12,7 @@ namespace dicomm::transport::verbs {
 namespace {
 
 std::string sysfs_root() {
-  const char* v = std::getenv("DICOMM_SYSFS_ROOT");
-  return v && *v ? v : "/sys";
+  return config::text("DICOMM_SYSFS_ROOT");
 }
 
 std::string read_line(const std::string& path) {
@@ -104,8 +105,7 @@ std::vector<DeviceInfo> discover(const IbvApi& api, std::string* why) {
 }
 
 std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices) {
-  const char* env = std::getenv("DICOMM_IB_HCA");
-  std::string allow = env ? env : "";
+  const std::string allow = config::text("DICOMM_IB_HCA");
   std::vector<PortInfo> out;
   std::string all;
   for (const auto& d : devices)
@@ -128,16 +128,13 @@ std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices) {
 }
 
 int choose_gid(const PortInfo& port, const std::string& local_ip, std::string* why_chosen) {
-  const char* env = std::getenv("DICOMM_IB_GID_INDEX");
-  if (env && *env) {
-    char* end = nullptr;
-    long idx = std::strtol(env, &end, 10);
+  if (auto idx = config::optional_integer("DICOMM_IB_GID_INDEX")) {
     for (const auto& g : port.gids)
-      if (!*end && g.index == idx) {
-        if (why_chosen) *why_chosen = "DICOMM_IB_GID_INDEX=" + std::string(env);
+      if (g.index == *idx) {
+        if (why_chosen) *why_chosen = "DICOMM_IB_GID_INDEX=" + std::to_string(*idx);
         return g.index;
       }
-    throw ValueError("DICOMM_IB_GID_INDEX=" + std::string(env) + " names no valid GID on " + port.describe() +
+    throw ValueError("DICOMM_IB_GID_INDEX=" + std::to_string(*idx) + " names no valid GID on " + port.describe() +
                      "; its GID table:" + table_text(port));
   }
   if (!port.ethernet) {

@@ -1,5 +1,7 @@
 #include "transport/verbs/ibv_api.h"
 
+#include "core/config.h"
+
 #include <cstdlib>
 #include <dlfcn.h>
 #include <mutex>
@@ -23,8 +25,8 @@ bool bind(void* lib, const char* name, F* slot, std::string* missing) {
 Loaded load() {
   Loaded l;
   // DICOMM_IBVERBS_LIB points at another build of the library (tests, unusual installs).
-  const char* env = std::getenv("DICOMM_IBVERBS_LIB");
-  const char* name = env && *env ? env : "libibverbs.so.1";
+  const std::string lib_name = config::text("DICOMM_IBVERBS_LIB");
+  const char* name = lib_name.c_str();
   void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     const char* err = dlerror();

@@ -1,5 +1,7 @@
 #include "transport/verbs/mr_cache.h"
 
+#include "core/config.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -12,15 +14,11 @@ namespace dicomm::transport::verbs {
 namespace {
 constexpr int kAccess = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_READ | ibv::ACCESS_REMOTE_WRITE;
 
-size_t env_size(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : fallback;
-}
 }  // namespace
 
 MrCache::MrCache(const IbvApi& api, ibv::pd* pd, const std::string& nic)
-    : api_(api), pd_(pd), nic_(nic), capacity_(env_size("DICOMM_IB_REG_CACHE", 256)),
-      force_staging_(env_size("DICOMM_IB_FORCE_STAGING", 0) != 0) {}
+    : api_(api), pd_(pd), nic_(nic), capacity_(static_cast<size_t>(config::integer("DICOMM_IB_REG_CACHE"))),
+      force_staging_(config::flag("DICOMM_IB_FORCE_STAGING")) {}
 
 MrCache::~MrCache() {
   for (auto& [key, r] : map_) {

@@ -52,7 +52,7 @@ class MrCache {
   void evict();
   void drop(Registration* r);
   const IbvApi& api_;
-  ibv::pd* pd_;
+  ibv::pd* pd_;  // not owned: the Nic's, which owns this cache and releases it first
   std::string nic_;
   size_t capacity_;
   bool force_staging_;

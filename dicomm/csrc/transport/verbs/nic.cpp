@@ -9,35 +9,29 @@
 namespace dicomm::transport::verbs {
 
 Nic::Nic(const IbvApi& api, const PortInfo& port, int max_qp_wr, int max_rd_atom)
-    : api_(api), port_(port), max_qp_wr_(max_qp_wr), max_rd_atom_(max_rd_atom) {
+    : api_(api), port_(port), max_qp_wr_(max_qp_wr), max_rd_atom_(max_rd_atom), ctx_(nullptr, {&api}),
+      pd_(nullptr, {&api}) {
   int n = 0;
   ibv::device** list = api.get_device_list(&n);
   for (int i = 0; list && i < n && !ctx_; ++i)
-    if (port.device == api.get_device_name(list[i])) ctx_ = api.open_device(list[i]);
+    if (port.device == api.get_device_name(list[i])) ctx_.reset(api.open_device(list[i]));
   if (list) api.free_device_list(list);
   if (!ctx_) throw Error("verbs: cannot open RDMA device " + port.device);
-  pd_ = api.alloc_pd(ctx_);
-  if (!pd_) {
-    api.close_device(ctx_);
-    throw Error("verbs: cannot allocate a protection domain on " + port.device);
-  }
+  pd_.reset(api.alloc_pd(ctx_.get()));
+  if (!pd_) throw Error("verbs: cannot allocate a protection domain on " + port.device);
   int fl = fcntl(ctx_->async_fd, F_GETFL);
   fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);  // events are read from the progress loop
-  cache_ = std::make_unique<MrCache>(api, pd_, port.describe());
+  cache_ = std::make_unique<MrCache>(api, pd_.get(), port.describe());
 }
 
-Nic::~Nic() {
-  cache_.reset();
-  api_.dealloc_pd(pd_);
-  api_.close_device(ctx_);
-}
+Nic::~Nic() = default;  // the members release cache, protection domain and device, in that order
 
 int Nic::async_fd() const { return ctx_->async_fd; }
 
 bool Nic::poll_events() {
   bool any = false;
   ibv::async_event ev{};
-  while (api_.get_async_event(ctx_, &ev) == 0) {
+  while (api_.get_async_event(ctx_.get(), &ev) == 0) {
     any = true;
     std::lock_guard<std::mutex> lock(mu_);
     std::string what = port_.describe() + ": asynchronous event " + api_.event_type_str(ev.event_type);

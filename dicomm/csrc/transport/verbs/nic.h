@@ -10,6 +10,7 @@
 
 #include "transport/verbs/device.h"
 #include "transport/verbs/mr_cache.h"
+#include "transport/verbs/owned.h"
 
 namespace dicomm::transport::verbs {
 
@@ -24,8 +25,8 @@ class Nic {
   Nic& operator=(const Nic&) = delete;
 
   const IbvApi& api() const { return api_; }
-  ibv::context* ctx() const { return ctx_; }
-  ibv::pd* pd() const { return pd_; }
+  ibv::context* ctx() const { return ctx_.get(); }
+  ibv::pd* pd() const { return pd_.get(); }
   const PortInfo& port() const { return port_; }
   int max_qp_wr() const { return max_qp_wr_; }
   int max_rd_atom() const { return max_rd_atom_; }
@@ -48,8 +49,9 @@ class Nic {
   const IbvApi& api_;
   PortInfo port_;
   int max_qp_wr_, max_rd_atom_;
-  ibv::context* ctx_ = nullptr;
-  ibv::pd* pd_ = nullptr;
+  // Owned, in dependency order: released in reverse, also when the constructor throws halfway.
+  OwnedContext ctx_;
+  OwnedPd pd_;
   std::unique_ptr<MrCache> cache_;
   std::mutex mu_;
   std::map<uint32_t, Fault> faults_;

@@ -9,23 +9,17 @@
 
 namespace dicomm::transport::verbs {
 
-HostBuffer::HostBuffer(Nic& nic, size_t bytes) : nic_(nic), bytes_(bytes) {
+HostBuffer::HostBuffer(Nic& nic, size_t bytes) : bytes_(bytes), mr_(nullptr, {&nic.api()}) {
   size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
-  data_ = static_cast<char*>(std::aligned_alloc(4096, rounded));
+  data_.reset(static_cast<char*>(std::aligned_alloc(4096, rounded)));
   if (!data_) throw Error("verbs: cannot allocate " + std::to_string(rounded) + " B of staging memory");
-  mr_ = nic.api().reg_mr(nic.pd(), data_, rounded, ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_READ);
-  if (!mr_) {
-    int err = errno;
-    std::free(data_);
+  mr_.reset(nic.api().reg_mr(nic.pd(), data_.get(), rounded, ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_READ));
+  if (!mr_)
     throw Error("verbs: registering " + std::to_string(rounded) + " B of staging memory with " + nic.port().describe() +
-                " failed: " + std::strerror(err));
-  }
+                " failed: " + std::strerror(errno));
 }
 
-HostBuffer::~HostBuffer() {
-  nic_.api().dereg_mr(mr_);
-  std::free(data_);
-}
+HostBuffer::~HostBuffer() = default;  // the registration, then the memory
 
 uint32_t HostBuffer::lkey() const { return mr_->lkey; }
 uint32_t HostBuffer::rkey() const { return mr_->rkey; }

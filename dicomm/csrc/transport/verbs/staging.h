@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "transport/verbs/nic.h"
+#include "transport/verbs/owned.h"
 
 namespace dicomm::transport::verbs {
 
@@ -21,16 +22,15 @@ class HostBuffer {
   ~HostBuffer();
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
-  char* data() const { return data_; }
+  char* data() const { return data_.get(); }
   size_t size() const { return bytes_; }
   uint32_t lkey() const;
   uint32_t rkey() const;
 
  private:
-  Nic& nic_;
-  char* data_ = nullptr;
+  AlignedMemory data_;  // first: the registration goes before the memory
   size_t bytes_;
-  ibv::mr* mr_ = nullptr;
+  OwnedMr mr_;
 };
 
 class StagingRing {

@@ -52,7 +52,7 @@ class VerbsSendConn : public SendConn, private Channel::Handler {
   };
   int peer_;
   std::unique_ptr<Channel> ch_;
-  Sink* sink_;
+  Sink* sink_;  // not owned: the engine, which outlives its connections
   size_t chunk_;
   int staging_ = 0;  // messages whose host copy is not complete yet
   uint64_t next_id_ = 1;
@@ -89,7 +89,7 @@ class VerbsRecvConn : public RecvConn, private Channel::Handler {
   struct Read { uint64_t pull; size_t offset; uint32_t len; int stage_slot; };
   int peer_;
   std::unique_ptr<Channel> ch_;
-  Sink* sink_;
+  Sink* sink_;  // not owned: the engine, which outlives its connections
   size_t chunk_;
   std::unordered_map<uint64_t, Announced> announced_;
   std::deque<Pull> pulls_;  // in matching order; reads are issued front first

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "transport/acceptor.h"
+#include "transport/unique_fd.h"
 #include "transport/transport.h"
 #include "transport/verbs/nic.h"
 
@@ -23,17 +24,22 @@ class VerbsTransport : public Transport {
   ~VerbsTransport() override;
 
   const char* name() const override { return "verbs"; }
+  const Capabilities& capabilities() const override { return caps_; }
   std::string address() const override { return address_; }
   bool can_reach(const Card& self, const Card& peer, std::string* why) const override;
   std::unique_ptr<SendConn> connect(int peer, const Card& card, Clock::time_point deadline) override;
   bool progress() override;
+  std::string describe_path(const SendConn* send, const std::vector<std::shared_ptr<RecvConn>>& recv) const override;
+  void add_stats(std::map<std::string, int64_t>& out, const std::vector<std::string>& paths) const override;
   Nic& nic() const { return *nic_; }
 
  private:
   VerbsTransport(const Context& ctx, std::shared_ptr<Nic> nic, const std::string& ip);
-  std::unique_ptr<class Channel> open_channel(int peer, int fd, bool outgoing);
+  // Takes `fd`, the side channel (closed with the channel, or at once if opening it fails).
+  std::unique_ptr<class Channel> open_channel(int peer, UniqueFd fd, bool outgoing);
 
   Context ctx_;
+  Capabilities caps_;
   std::shared_ptr<Nic> nic_;
   std::string address_;  // ip:port of the side channel, then "/device:port"
   std::unique_ptr<Acceptor> acceptor_;
