@@ -98,7 +98,7 @@ bool Engine::progress_locked(bool thorough) {
       for (auto until = transport::Clock::now() + std::chrono::milliseconds(200);
            p.recv.empty() && transport::Clock::now() < until;) {
         bool moved = false;
-        for (auto& [name, t] : transports_) moved |= t->progress();
+        for (auto& t : transports_) moved |= t->progress();
         if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       if (p.recv.empty()) peer_lost(peer, e.what());
