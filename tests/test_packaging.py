@@ -47,10 +47,13 @@ def _entry_points(unpacked: Path) -> configparser.ConfigParser:
 
 def test_the_wheel_has_only_the_projects_own_top_level_names(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
-        top = {name.split("/")[0] for name in z.namelist()}
+        names = z.namelist()
+    top = {name.split("/")[0] for name in names}
     packages = {name for name in top if not name.endswith(".dist-info")}
     assert packages == OURS, f"unexpected top-level names: {sorted(packages ^ OURS)}"
     assert not packages & GENERIC
+    test_modules = [name for name in names if "toy_transport" in name or name.startswith("tests/")]
+    assert not test_modules, f"test-only modules in the wheel: {test_modules}"
 
 
 def test_every_console_script_runs_from_the_installed_wheel(unpacked: Path, tmp_path: Path) -> None:
