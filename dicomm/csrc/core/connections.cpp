@@ -1,4 +1,6 @@
 // Connections: the transport chosen per peer, lazy connects, and incoming connections.
+#include <string_view>
+
 #include "core/engine.h"
 #include "core/log.h"
 #include "transport/socket.h"
@@ -129,7 +131,8 @@ void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
   }
   ++counters_["connections_accepted"];
   if (p.transport.empty()) set_transport_locked(p, conn->transport_name());
-  if (conn->transport_name() == "shm") note_local_locked(p);  // shared memory: the same host
+  // By value: two equal literals need not share an address.
+  if (std::string_view(conn->transport_name()) == "shm") note_local_locked(p);  // shared memory: the same host
   if (p.dead) {  // a late connection from a peer we gave up on: do not resurrect it
     graveyard_.push_back(std::move(conn));
     return;
