@@ -73,3 +73,28 @@ def test_engine_tests_pass_under_asan_and_ubsan(tmp_path):
     found = _reports(reports)
     assert p.returncode == 0 and not found, (
         f"engine tests under ASan+UBSan: exit {p.returncode}\n{found}\n{p.stdout[-6000:]}{p.stderr[-3000:]}")
+
+
+# Progress (the progress thread taking over from callers, liveness) and matching (ordering, wildcard
+# receives, both directions at once): the engine's cross-thread paths.
+THREADED_TESTS = [
+    "tests/dicomm/test_engine_p2p.py",
+    "tests/dicomm/test_engine_liveness.py",
+]
+
+
+@pytest.mark.timeout(1500)
+def test_progress_and_matching_tests_pass_under_tsan(tmp_path):
+    runtime = cxx_build.runtime_library("libtsan.so")
+    preload = f"{runtime} {cxx_build.runtime_library('libstdc++.so')}"
+    build = cxx_build.configure("tsan", "DICOMM_SANITIZE=thread", targets=("_C",))
+    module = str(cxx_build.module_file(build))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = _env(module, preload, str(reports), "TSAN_OPTIONS", "halt_on_error=1:second_deadlock_stack=1")
+    _loads_sanitized(env, module, os.path.basename(runtime))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *THREADED_TESTS],
+                       env=env, cwd=cxx_build.REPO, capture_output=True, text=True, timeout=1200)
+    found = _reports(reports)
+    assert p.returncode == 0 and not found, (
+        f"progress and matching tests under TSan: exit {p.returncode}\n{found}\n{p.stdout[-6000:]}{p.stderr[-3000:]}")
