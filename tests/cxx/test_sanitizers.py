@@ -2,7 +2,8 @@
 (build/asan) runs a CI-sized selection of the engine tests (point-to-point on every transport,
 collectives, errors, failures), with Python loading the ASan runtime first (LD_PRELOAD) and
 leak detection off (the interpreter keeps its objects alive at exit by design). Any report, in
-any rank, fails the test; it is written to a file per process and shown here.
+any rank, fails the test; it is written to a file per process and shown here. The progress and
+matching tests run the same way under ThreadSanitizer (build/tsan).
 """
 from __future__ import annotations
 
@@ -55,24 +56,31 @@ def _loads_sanitized(env: dict[str, str], module: str, runtime: str) -> None:
     assert p.stdout.split() == ["True", "True"], f"the sanitizer build did not load:\n{p.stdout}{p.stderr[-3000:]}"
 
 
-@pytest.mark.timeout(1500)
-def test_engine_tests_pass_under_asan_and_ubsan(tmp_path):
-    runtime = cxx_build.runtime_library("libasan.so")
-    # libstdc++ too, loaded before any module: ASan finds the C++ runtime's functions it wraps
-    # (__cxa_throw) when it starts, and Python itself does not link libstdc++.
+def _run_sanitized(tmp_path, sanitize: str, runtime_name: str, options_var: str, options: str,
+                   tests: list[str]) -> None:
+    """Builds dicomm._C with `sanitize` in build/<runtime>, runs `tests` on it, fails on any report."""
+    runtime = cxx_build.runtime_library(runtime_name)
+    # libstdc++ too, loaded before any module: the sanitizer finds the C++ runtime's functions it
+    # wraps (__cxa_throw) when it starts, and Python itself does not link libstdc++.
     preload = f"{runtime} {cxx_build.runtime_library('libstdc++.so')}"
-    build = cxx_build.configure("asan", "DICOMM_SANITIZE=address;undefined", targets=("_C",))
+    name = runtime_name.removeprefix("lib").removesuffix(".so")
+    build = cxx_build.configure(name, f"DICOMM_SANITIZE={sanitize}", targets=("_C",))
     module = str(cxx_build.module_file(build))
     reports = tmp_path / "reports"
     reports.mkdir()
-    env = _env(module, preload, str(reports), "ASAN_OPTIONS",
-               "detect_leaks=0:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0")
+    env = _env(module, preload, str(reports), options_var, options)
     _loads_sanitized(env, module, os.path.basename(runtime))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *ENGINE_TESTS],
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                        env=env, cwd=cxx_build.REPO, capture_output=True, text=True, timeout=1200)
     found = _reports(reports)
     assert p.returncode == 0 and not found, (
-        f"engine tests under ASan+UBSan: exit {p.returncode}\n{found}\n{p.stdout[-6000:]}{p.stderr[-3000:]}")
+        f"{tests} with {sanitize}: exit {p.returncode}\n{found}\n{p.stdout[-6000:]}{p.stderr[-3000:]}")
+
+
+@pytest.mark.timeout(1500)
+def test_engine_tests_pass_under_asan_and_ubsan(tmp_path):
+    _run_sanitized(tmp_path, "address;undefined", "libasan.so", "ASAN_OPTIONS",
+                   "detect_leaks=0:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0", ENGINE_TESTS)
 
 
 # Progress (the progress thread taking over from callers, liveness) and matching (ordering, wildcard
@@ -85,16 +93,5 @@ THREADED_TESTS = [
 
 @pytest.mark.timeout(1500)
 def test_progress_and_matching_tests_pass_under_tsan(tmp_path):
-    runtime = cxx_build.runtime_library("libtsan.so")
-    preload = f"{runtime} {cxx_build.runtime_library('libstdc++.so')}"
-    build = cxx_build.configure("tsan", "DICOMM_SANITIZE=thread", targets=("_C",))
-    module = str(cxx_build.module_file(build))
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    env = _env(module, preload, str(reports), "TSAN_OPTIONS", "halt_on_error=1:second_deadlock_stack=1")
-    _loads_sanitized(env, module, os.path.basename(runtime))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *THREADED_TESTS],
-                       env=env, cwd=cxx_build.REPO, capture_output=True, text=True, timeout=1200)
-    found = _reports(reports)
-    assert p.returncode == 0 and not found, (
-        f"progress and matching tests under TSan: exit {p.returncode}\n{found}\n{p.stdout[-6000:]}{p.stderr[-3000:]}")
+    _run_sanitized(tmp_path, "thread", "libtsan.so", "TSAN_OPTIONS", "halt_on_error=1:second_deadlock_stack=1",
+                   THREADED_TESTS)
