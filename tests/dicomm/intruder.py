@@ -22,7 +22,7 @@ import sys
 import time
 
 MAGIC = 0x4D434944
-TRANSPORT_ID = {"tcp": 1, "shm": 2}
+TRANSPORT_ID = {"tcp": 1, "shm": 2, "verbs": 3}
 # Layout of transport/shm/segment.h (every struct aligned to 64 bytes): five 64-byte counter words,
 # 64 slots of a 64-byte header + 16 KiB, 256 acks, 16 shares, 8 chunks of a 64-byte header + 512 KiB.
 SLOTS_AT, SLOT_BYTES = 5 * 64, 64 + 16 * 1024
@@ -40,10 +40,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def handshake(sock: socket.socket, key_token: bytes, secret: bytes, transport: str, src: int, dst: int,
-              nstreams: int = 1, fds: tuple[int, ...] = ()) -> bool:
-    """Performs whichever handshake the listener speaks; True if it let us in."""
+              nstreams: int = 1, fds: tuple[int, ...] = (), challenge_wait_s: float = 0.5) -> bool:
+    """Performs whichever handshake the listener speaks (a v2 listener's challenge comes within
+    challenge_wait_s); True if it let us in."""
     tid = TRANSPORT_ID[transport]
-    sock.settimeout(0.5)
+    sock.settimeout(challenge_wait_s)
     try:
         challenge = _recv_exact(sock, 24)
     except (socket.timeout, ConnectionError):

@@ -2,7 +2,8 @@
 
 Real processes on rxe0 with transport="verbs": point-to-point 0 B .. 64 MiB verified byte for byte,
 every collective against numpy, the torch backend with DICOMM_TRANSPORT=verbs, latency and bandwidth
-through the Communicator, a peer killed mid-transfer, a wrong DICOMM_IB_GID_INDEX, and (on its own, last:
+through the Communicator, a peer killed mid-transfer, a wrong DICOMM_IB_GID_INDEX, a peer of another
+verbs wire version, and (on its own, last:
 `guest_p2p port_down`) the port going down under waiting receives. Prints one
 JSON line (one entry per scenario, each with "ok" or "error"); exit 0 only if all passed.
 """
@@ -416,6 +417,52 @@ def _bad_gid(rank: int, world: int, store) -> dict:
         return {"kind": type(e).__name__, "text": str(e)}
 
 
+def _wrong_wire_version(rank: int, world: int, store) -> dict:
+    """A client that passes the handshake with the job's token, as a rank of another dicomm release
+    would, and then sends verbs connection data of wire version 99 (WireInfo of
+    transport/verbs/channel.h, laid out here from the header, not by dicomm): rank 0 must turn it
+    away with a warning naming both versions, answer with its own magic and version (so that such a
+    connector can name the mismatch too), hang up, and go on serving rank 1."""
+    import socket
+    import struct
+    import tempfile
+
+    from tests.dicomm import intruder
+
+    c = _comm(store, rank, world)
+    buf = np.zeros(8, np.uint8)
+    if rank == 0:
+        log = tempfile.TemporaryFile()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)  # the engine's warnings go to fd 2
+        try:
+            c.irecv(buf.ctypes.data, 8, 1, tag=1).wait()  # rank 1 sends this after its attempt
+            rejected = c.stats()["rejected_connections"]
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        warnings = [ln for ln in log.read().decode(errors="replace").splitlines() if "wire version" in ln]
+        _close(c)
+        return {"rejected": rejected, "warnings": warnings, "message_ok": bool((buf == 7).all())}
+    card = dict(ln.split("=", 1) for ln in store.get("dicomm/card/0").decode().splitlines() if ln)
+    host, port = card["addr.verbs"].split("/", 1)[0].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    accepted = intruder.handshake(sock, bytes.fromhex(store.get("dicomm/token").decode()), b"", "verbs", 1, 0,
+                                  challenge_wait_s=30)
+    wire = struct.pack("<4I16s2IQ4I", 0x56434944, 0, 0, 0, bytes(16), 0, 0, 0, 0, 0, 99, 0)
+    sock.settimeout(30)
+    sock.sendall(wire)
+    reply = intruder._recv_exact(sock, 64)
+    magic, version = struct.unpack_from("<I", reply, 0)[0], struct.unpack_from("<I", reply, 56)[0]
+    closed = intruder._closed(sock, within_s=30)
+    sock.close()
+    buf[:] = 7
+    c.isend(buf.ctypes.data, 8, 0, tag=1).wait()
+    _close(c)
+    return {"accepted": accepted, "reply_magic": magic, "reply_version": version, "closed": closed}
+
+
 def _probe() -> dict:
     import dicomm._C as C
 
@@ -436,6 +483,7 @@ SCENARIOS = {
     "reused_address": lambda: run_ranks(_reused_address, 2, timeout=90),
     "middle_page": lambda: run_ranks(_middle_page, 2, timeout=90),
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],
+    "wrong_wire_version": lambda: run_ranks(_wrong_wire_version, 2, timeout=120),
 }
 # Takes the port down: run on its own, at the end of a session (guest_session.sh).
 LAST = {"port_down": lambda: run_ranks(_port_down, 2, timeout=120)}

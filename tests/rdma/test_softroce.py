@@ -225,6 +225,17 @@ def test_wrong_gid_index_names_device_port_and_gid(session):
     assert "rxe0 port 1" in res["text"] and "GID table" in res["text"], res
 
 
+def test_peer_of_another_wire_version_is_refused_by_name(session):
+    """Verbs connection data of wire version 99 after a valid handshake: rank 0 refuses it with a
+    warning naming both versions, answers with its own version (1) and hangs up; its traffic with
+    the real rank 1 goes on."""
+    rank0, rank1 = _scenario(session, "wrong_wire_version")
+    assert rank1["accepted"] and rank1["closed"], rank1
+    assert rank1["reply_magic"] == 0x56434944 and rank1["reply_version"] == 1, rank1
+    assert rank0["rejected"] == 1 and rank0["message_ok"], rank0
+    assert any("wire version 99" in w and "version 1" in w for w in rank0["warnings"]), rank0
+
+
 def test_pyverbs_sees_what_the_probe_reports(session):
     """rdma-core's pyverbs reads rxe0's name, port state, active MTU and GID table; dicomm's
     _verbs_probe() must report the same."""

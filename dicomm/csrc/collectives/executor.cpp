@@ -31,7 +31,7 @@ class CollectiveRequest : public Request {
   void finish(std::exception_ptr error) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      error_ = error;
+      error_ = std::move(error);
       done_ = true;
     }
     cv_.notify_all();
@@ -52,7 +52,7 @@ CollectiveExecutor::~CollectiveExecutor() {
   if (thread_.joinable()) thread_.join();
 }
 
-RequestPtr CollectiveExecutor::submit(std::string what, Body body, uint64_t seq) {
+RequestPtr CollectiveExecutor::submit(const std::string& what, Body body, uint64_t seq) {
   auto request = std::make_shared<CollectiveRequest>(what);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) {

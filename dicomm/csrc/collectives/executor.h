@@ -24,7 +24,7 @@ class CollectiveExecutor {
   CollectiveExecutor();
   ~CollectiveExecutor();  // shutdown("communicator closed") and join
 
-  RequestPtr submit(std::string what, Body body, uint64_t seq);
+  RequestPtr submit(const std::string& what, Body body, uint64_t seq);
   // Fails queued (not yet started) collectives with PeerError(reason) and stops the thread after
   // the running one returns. The engine must abort point-to-point first so the running one ends.
   void shutdown(const std::string& reason);
@@ -33,7 +33,7 @@ class CollectiveExecutor {
   struct Item {
     std::shared_ptr<CollectiveRequest> request;
     Body body;
-    uint64_t seq;
+    uint64_t seq = 0;
   };
   void run();
 

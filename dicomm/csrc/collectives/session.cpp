@@ -90,7 +90,7 @@ uint8_t* Session::scratch(size_t bytes) {
   return scratch_.back().get();
 }
 
-void Session::fail(std::exception_ptr error) {
+void Session::fail(const std::exception_ptr& error) {
   const std::string prefix = what_ + " failed on rank " + std::to_string(rank_) + ": ";
   std::string reason = prefix;
   try {

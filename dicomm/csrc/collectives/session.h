@@ -54,7 +54,7 @@ class Session {
   // communicator (messages still in flight would otherwise land in memory that is about to be
   // freed, and peers would wait for messages that never come), then rethrows the same error
   // class with the collective and rank in front.
-  [[noreturn]] void fail(std::exception_ptr error);
+  [[noreturn]] void fail(const std::exception_ptr& error);
 
  private:
   Transfer post(bool is_recv, int peer, void* buf, size_t bytes, uint32_t step, uint64_t meta);

@@ -18,7 +18,7 @@ enum class CollectiveKind : uint8_t {
 const char* collective_name(CollectiveKind kind);
 
 struct Signature {
-  CollectiveKind kind;
+  CollectiveKind kind = CollectiveKind::kBroadcast;
   DataType dtype = DataType::kUInt8;  // byte-moving collectives count bytes
   ReduceOp op = ReduceOp::kSum;       // only meaningful for reductions
   uint64_t count = 0;                 // elements (reductions) or bytes (the rest), per message

@@ -27,7 +27,7 @@ class CollectiveHandle : public Request, public HasDefaultTimeout {
 
 }  // namespace
 
-Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Options options) {
+Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const Options& options) {
   if (size < 1) throw ValueError("communicator size must be at least 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size)
     throw ValueError("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(size - 1));
@@ -71,9 +71,9 @@ void Communicator::close() {
   engine_->close();
 }
 
-RequestPtr Communicator::submit_collective(std::string what, std::function<void(uint64_t seq)> body) {
+RequestPtr Communicator::submit_collective(const std::string& what, std::function<void(uint64_t seq)> body) {
   uint64_t seq = next_collective_seq_.fetch_add(1);
-  return std::make_shared<CollectiveHandle>(collectives_->submit(std::move(what), std::move(body), seq),
+  return std::make_shared<CollectiveHandle>(collectives_->submit(what, std::move(body), seq),
                                             engine_->timeout());
 }
 

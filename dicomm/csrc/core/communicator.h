@@ -31,7 +31,7 @@ struct Options {
 class Communicator {
  public:
   // Publishes this rank's address card in `store`; peers connect lazily on first use.
-  Communicator(std::shared_ptr<Store> store, int rank, int size, Options options);
+  Communicator(std::shared_ptr<Store> store, int rank, int size, const Options& options);
   ~Communicator();  // stops the collective executor first, then the engine
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -67,7 +67,7 @@ class Communicator {
   // Collectives: runs `body` on the collective thread, in submission order (all ranks submit
   // collectives in the same order). The returned request completes when `body` returns and fails
   // with whatever it throws. `what` describes the op for error messages ("all_reduce 4096 x float32").
-  RequestPtr submit_collective(std::string what, std::function<void(uint64_t seq)> body);
+  RequestPtr submit_collective(const std::string& what, std::function<void(uint64_t seq)> body);
   // Turns a meta word into text for error messages (set by the collectives layer).
   static std::function<std::string(uint64_t)> describe_meta;
 

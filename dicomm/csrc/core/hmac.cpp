@@ -1,5 +1,6 @@
 #include "core/hmac.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -64,7 +65,7 @@ Digest hmac_sha256(const std::string& key, const void* data, size_t n) {
     Digest k = sha256(key.data(), key.size());
     std::memcpy(block, k.data(), k.size());
   } else {
-    std::memcpy(block, key.data(), key.size());
+    std::copy(key.begin(), key.end(), block);  // a binary key: no terminator
   }
   std::vector<uint8_t> inner(64 + n);
   for (int i = 0; i < 64; ++i) inner[i] = block[i] ^ 0x36;

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@ struct Comm {
 std::chrono::milliseconds checked_loop(const Comm& c, int peer, double timeout_s, const char* loop) {
   if (!(timeout_s > 0)) throw ValueError("timeout_s must be positive");
   if (peer == c.rank()) throw ValueError(std::string(loop) + " needs a peer other than this rank (" + std::to_string(peer) + ")");
-  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
+  return std::chrono::milliseconds(std::llround(timeout_s * 1000.0));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +47,7 @@ void define_errors(py::module_& m) {
   m.attr("PeerError") = py::handle(g_peer);
   m.attr("MismatchError") = py::handle(g_mismatch);
   m.attr("ValueError") = py::handle(g_value);
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): the signature pybind11 requires
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -67,8 +69,11 @@ class PyStore : public Store {
       store_.release();
       return;
     }
-    py::gil_scoped_acquire gil;
-    store_ = py::object();
+    try {
+      py::gil_scoped_acquire gil;
+      store_ = py::object();
+    } catch (...) {  // a destructor must not throw: at worst the store object leaks
+    }
   }
 
   void set(const std::string& key, const std::string& value) override {
@@ -108,7 +113,7 @@ void close_all_at_exit() {
 
 std::chrono::milliseconds to_ms(double seconds) {
   if (!(seconds >= 0)) throw ValueError("timeout must be a non-negative number of seconds");
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+  return std::chrono::milliseconds(std::llround(seconds * 1000.0));
 }
 
 Tag user_tag(int64_t tag) {
@@ -173,7 +178,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("transport") = "auto")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
-      .def_property_readonly("timeout_s", [](const Communicator& c) { return c.timeout().count() / 1000.0; })
+      .def_property_readonly("timeout_s", [](const Communicator& c) { return static_cast<double>(c.timeout().count()) / 1000.0; })
       .def(
           "isend",
           [](Communicator& c, uintptr_t ptr, size_t nbytes, int peer, int64_t tag, uint64_t meta) {

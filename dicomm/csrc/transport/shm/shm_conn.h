@@ -95,12 +95,12 @@ class ShmRecvConn : public RecvConn {
   bool flush_acks();
 
   struct Pull {
-    RecvOp* op;
-    uint64_t msg_id;
-    uint64_t src;
-    size_t done;
-    int share;
-    uint64_t generation;
+    RecvOp* op = nullptr;
+    uint64_t msg_id = 0;
+    uint64_t src = 0;
+    size_t done = 0;
+    int share = 0;
+    uint64_t generation = 0;
     size_t bytes = 0;
     bool dropped = false;  // cancelled: its chunks are consumed, not copied, and op is never completed
   };

@@ -245,7 +245,12 @@ bool ShmRecvConn::progress(bool thorough) {
   did |= flush_acks();
   if (thorough && !control_->drain()) {
     // What the peer published before it went (messages, pipeline chunks) is still ours.
-    while (read_slots() | read_chunks()) did = true;
+    while (true) {
+      const bool slots = read_slots();
+      const bool chunks = read_chunks();  // both run on every pass
+      if (!slots && !chunks) break;
+      did = true;
+    }
     throw ConnectionClosed(control_->what() + ": peer closed the control socket (it exited or closed its communicator)");
   }
   return did;

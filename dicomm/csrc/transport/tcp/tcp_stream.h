@@ -42,10 +42,10 @@ class TcpStream {
  private:
   struct Out {
     Frame frame;
-    const char* payload;
-    size_t len;
-    size_t done;  // over frame + payload
-    void* cookie;
+    const char* payload = nullptr;
+    size_t len = 0;
+    size_t done = 0;  // over frame + payload
+    void* cookie = nullptr;
   };
   enum class State { kHeader, kPayload, kData };
   bool parse(Handler& h);

@@ -142,8 +142,16 @@ WireInfo Channel::local_info() const {
   return w;
 }
 
+std::string wire_mismatch(const WireInfo& r) {
+  if (r.magic != WireInfo{}.magic) return "the peer sent malformed connection data (not a dicomm verbs peer)";
+  if (r.version != kVerbsWireVersion)
+    return "the peer speaks verbs wire version " + std::to_string(r.version) + ", this rank speaks version " +
+           std::to_string(kVerbsWireVersion) + " (run the same dicomm release on every rank)";
+  return "";
+}
+
 void Channel::connect(const WireInfo& r) {
-  if (r.magic != WireInfo{}.magic) throw PeerError(what_ + ": the peer sent malformed connection data");
+  if (std::string why = wire_mismatch(r); !why.empty()) throw PeerError(what_ + ": " + why);
   const std::string dev = nic_->port().describe();
   mtu_ = std::min(r.mtu, nic_->port().active_mtu);
   *credit_word_ = r.slots;
@@ -422,7 +430,7 @@ bool Channel::arm() {
   if (!stash_.empty()) return false;
   if (!pending_.empty() && sent_ < *credit_word_) return false;
   IbvApi::req_notify_cq(cq_.get());
-  ibv::wc wc;
+  ibv::wc wc{};
   if (IbvApi::poll_cq(cq_.get(), 1, &wc) > 0) {  // arrived before the request: would never raise an event
     stash_.push_back(wc);
     return false;

@@ -19,6 +19,10 @@
 
 namespace dicomm::transport::verbs {
 
+// The verbs wire format's version: WireInfo, Ctrl, EagerHeader and the credit protocol. Raise it
+// with any change to them; both sides must speak the same one. 0 is a peer from before the field.
+constexpr uint32_t kVerbsWireVersion = 1;
+
 // Connection data exchanged over the side channel when the queue pair is set up.
 struct WireInfo {
   uint32_t magic = 0x56434944;  // "DICV"
@@ -31,9 +35,13 @@ struct WireInfo {
   uint64_t credit_addr = 0;     // where the peer writes our send credits
   uint32_t credit_rkey = 0;
   uint32_t rd_atom = 0;         // RDMA reads this side serves at once (max_dest_rd_atomic)
-  uint64_t reserved = 0;
+  uint32_t version = kVerbsWireVersion;
+  uint32_t reserved = 0;
 };
-static_assert(sizeof(WireInfo) == 64, "WireInfo is a wire format");
+static_assert(sizeof(WireInfo) == 64 && offsetof(WireInfo, version) == 56, "WireInfo is a wire format");
+
+// "" if a peer's connection data is in a format this build speaks, else why not (for `what`).
+std::string wire_mismatch(const WireInfo& remote);
 
 // A control message; an eager payload follows it in the same slot.
 struct Ctrl {

@@ -80,10 +80,10 @@ class VerbsRecvConn : public RecvConn, private Channel::Handler {
 
   struct Announced { uint64_t addr; uint32_t rkey; uint64_t bytes; uint64_t ready; };
   struct Pull {
-    uint64_t msg_id;
-    RecvOp* op;
-    Registration* reg;  // of the destination; reg->mr == null: staged through `stage_`
-    Announced src;
+    uint64_t msg_id = 0;
+    RecvOp* op = nullptr;
+    Registration* reg = nullptr;  // of the destination; reg->mr == null: staged through `stage_`
+    Announced src{};
     size_t issued = 0, done = 0;
   };
   struct Read { uint64_t pull; size_t offset; uint32_t len; int stage_slot; };

@@ -159,8 +159,14 @@ bool VerbsTransport::progress() {
     try {
       // The connector sends its data right behind the hello: no round trip is awaited here.
       WireInfo theirs;
-      read_exact(a.fd, &theirs, sizeof(theirs), Clock::now() + ctx_.handshake_timeout,
-                 "verbs connection from rank " + std::to_string(src));
+      const std::string from = "verbs connection from rank " + std::to_string(src);
+      read_exact(a.fd, &theirs, sizeof(theirs), Clock::now() + ctx_.handshake_timeout, from);
+      if (std::string why = wire_mismatch(theirs); !why.empty()) {
+        // Answer with our magic and version only, so that the connector names the mismatch too.
+        const WireInfo ours;
+        write_all(a.fd, &ours, sizeof(ours), Clock::now() + ctx_.handshake_timeout, from);
+        throw PeerError(from + ": " + why);
+      }
       ch = open_channel(src, std::move(owned), false);
       ch->connect(theirs);
       WireInfo mine = ch->local_info();
