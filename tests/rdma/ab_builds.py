@@ -54,7 +54,8 @@ def export(rev: str, dest: Path) -> None:
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest / name)
     else:
-        archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=lab.REPO, capture_output=True, timeout=300)
+        archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=lab.REPO, capture_output=True,
+                                 timeout=300)
         if archive.returncode != 0:
             raise SystemExit(f"git archive {rev}: {archive.stderr.decode()[-2000:]}")
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True, timeout=300)

@@ -107,7 +107,8 @@ def table(rounds: list[dict]) -> str:
     def each(xs):
         return ", ".join(format(x, ".1f") for x in xs) or "-"
 
-    lines = ["| round | `ib_write_lat -s 8` typical, pairs | median | native 8 B, pairs | median | ratio | fastest pairs' ratio | "
+    lines = ["| round | `ib_write_lat -s 8` typical, pairs | median | native 8 B, pairs | median | ratio | "
+             "fastest pairs' ratio | "
              + " | ".join(f"{n} 8 B | ratio" for _, n in apis)
              + " | `ib_write_bw -s 1M` | native stream 1 MiB | ratio | "
              + " | ".join(f"{n} 1 MiB ping-pong | ratio" for _, n in apis) + " |",
@@ -141,7 +142,8 @@ def main() -> int:
         return 2
     # A round: the full dicomm run (35-60 s), the stream (~30 s), and per pair a perftest run and a short
     # dicomm run (25-40 s).
-    res = guest.run(f"LAT_ITERS={args.lat_iters} ROUNDS={args.rounds} PAIRS={args.pairs} bash tests/rdma/bench_session.sh",
+    res = guest.run(f"LAT_ITERS={args.lat_iters} ROUNDS={args.rounds} PAIRS={args.pairs} "
+                    "bash tests/rdma/bench_session.sh",
                     timeout_s=120 + args.rounds * (150 + 50 * args.pairs))
     if res.rc != 0:
         print(res.describe(), file=sys.stderr)
@@ -150,7 +152,8 @@ def main() -> int:
     rounds = compare(res.files)
     print(f"guest run {res.seconds:.0f} s")
     print(table(rounds))
-    for key, what in (("native_8B_pairs_ratio", "medians over pairs"), ("native_8B_fastest_pair_ratio", "fastest pairs")):
+    for key, what in (("native_8B_pairs_ratio", "medians over pairs"),
+                      ("native_8B_fastest_pair_ratio", "fastest pairs")):
         ratios = [r[key] for r in rounds if r[key] is not None]
         if ratios:
             print(f"8 B native / ib_write_lat ({what}): median over rounds {statistics.median(ratios):.2f}x, "

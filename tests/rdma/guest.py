@@ -32,7 +32,8 @@ class GuestResult:
 
 def _accel() -> list[str]:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if os.access("/dev/kvm", os.W_OK) and (" vmx" in flags or " svm" in flags) and os.environ.get("DICOMM_RDMA_ACCEL") != "tcg":
+    kvm = os.access("/dev/kvm", os.W_OK) and (" vmx" in flags or " svm" in flags)
+    if kvm and os.environ.get("DICOMM_RDMA_ACCEL") != "tcg":
         return ["-accel", "kvm", "-cpu", "host"]
     return ["-accel", "tcg,thread=multi", "-cpu", "max"]
 
@@ -45,7 +46,8 @@ def run(command: str, timeout_s: float = 240, mem_mb: int = 1024) -> GuestResult
     run_dir.mkdir(parents=True)
     (run_dir / "cmd.sh").write_text(command + "\n")
     stage2 = Path(__file__).with_name("guest_stage2.sh")
-    append = (f"console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on tsc=reliable clocksource=tsc rdmalab={lab.LAB} "
+    append = ("console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on tsc=reliable clocksource=tsc "
+              f"rdmalab={lab.LAB} "
               f"stage2={stage2} rdmarun={run_dir} rdmarepo={lab.REPO}")
     cmd = [env["qemu"], *_accel(), "-smp", "2", "-m", str(mem_mb), "-M", "pc", "-nodefaults", "-no-user-config",
            "-display", "none", "-serial", "stdio", "-no-reboot",

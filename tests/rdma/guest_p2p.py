@@ -67,7 +67,8 @@ def _collectives(c, rank: int, world: int) -> list[str]:
 
     def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
         if not np.array_equal(got, want):
-            raise AssertionError(f"{name} on rank {rank}: {int((got != want).sum())} of {want.size} elements differ from numpy")
+            differ = int((got != want).sum())
+            raise AssertionError(f"{name} on rank {rank}: {differ} of {want.size} elements differ from numpy")
         done.append(name)
 
     def vec(r: int, n: int) -> np.ndarray:  # rank r's float64 input: integers, so sums are exact in any order
@@ -305,7 +306,8 @@ def _reused_address(rank: int, world: int, store) -> dict:
     _close(c)
     if not all(got_all):
         raise AssertionError(f"rounds byte-exact: {got_all} (addresses {addrs})")
-    return {"address_reused": addrs[0][0] == addrs[1][0] or addrs[0][1] == addrs[1][1], "rounds_ok": got_all, "addrs": [[hex(a) for a in p] for p in addrs],
+    return {"address_reused": addrs[0][0] == addrs[1][0] or addrs[0][1] == addrs[1][1], "rounds_ok": got_all,
+            "addrs": [[hex(a) for a in p] for p in addrs],
             "reg_cache": {k: v for k, v in stats.items() if k.startswith("verbs_reg")}}
 
 
@@ -503,7 +505,8 @@ def main() -> int:
         except BaseException:
             out[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
         out[name]["seconds"] = round(time.monotonic() - t0, 1)
-        print(f"{name}: {'ok' if out[name]['ok'] else 'FAILED'} ({out[name]['seconds']} s)", file=sys.stderr, flush=True)
+        verdict = "ok" if out[name]["ok"] else "FAILED"
+        print(f"{name}: {verdict} ({out[name]['seconds']} s)", file=sys.stderr, flush=True)
     print(json.dumps(out), flush=True)
     return 0 if all(v["ok"] for v in out.values()) else 1
 

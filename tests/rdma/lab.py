@@ -62,7 +62,8 @@ def _kernel_package() -> str:
     out = _run(["apt-cache", "depends", "linux-image-amd64"], "apt-cache depends linux-image-amd64")
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] == "Depends:" and parts[1].startswith("linux-image-") and parts[1][12:13].isdigit():
+        if (len(parts) == 2 and parts[0] == "Depends:" and parts[1].startswith("linux-image-")
+                and parts[1][12:13].isdigit()):
             return parts[1]
     raise Unavailable("apt-cache knows no kernel package behind linux-image-amd64 (run apt-get update)")
 
@@ -106,7 +107,10 @@ def extract() -> str:
         shutil.rmtree(LAB / d, ignore_errors=True)
         (LAB / d).mkdir(parents=True)
     for deb in sorted((LAB / "debs").glob("*.deb")):
-        target = "kernel" if deb.name.startswith("linux-image-") else "bb" if deb.name.startswith("busybox-static") else "pkgroot"
+        if deb.name.startswith("linux-image-"):
+            target = "kernel"
+        else:
+            target = "bb" if deb.name.startswith("busybox-static") else "pkgroot"
         _run(["dpkg", "-x", str(deb), str(LAB / target)], f"dpkg -x {deb.name}")
     _merge_usr(LAB / "pkgroot")
     kv = os.listdir(LAB / "kernel" / "lib" / "modules")[0]
@@ -145,7 +149,8 @@ def build_initramfs(kv: str) -> Path:
     os.mknod(stage / "dev" / "console", 0o600 | 0o020000, os.makedev(5, 1))
     os.mknod(stage / "dev" / "null", 0o666 | 0o020000, os.makedev(1, 3))
     files = subprocess.run(["find", "."], cwd=stage, capture_output=True, check=True).stdout
-    cpio = subprocess.run([str(busybox), "cpio", "-o", "-H", "newc", "-R", "0:0"], cwd=stage, input=files, capture_output=True)
+    cpio = subprocess.run([str(busybox), "cpio", "-o", "-H", "newc", "-R", "0:0"], cwd=stage, input=files,
+                          capture_output=True)
     if cpio.returncode != 0:
         raise Unavailable(f"cpio failed: {cpio.stderr.decode()[-400:]}")
     import gzip

@@ -8,7 +8,8 @@ from tests.rdma import bench
 
 def perftest_lat(typical: str) -> str:
     # ib_write_lat's row: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
-    return f" #bytes #iterations    t_min[usec]\n 8       1000          10.20          300.00       {typical}     12.00   8.0   40.0   150.0\n"
+    return (" #bytes #iterations    t_min[usec]\n"
+            f" 8       1000          10.20          300.00       {typical}     12.00   8.0   40.0   150.0\n")
 
 
 def dicomm(records: list[tuple[int, float]], verified: bool = True, transport: str = "verbs") -> str:

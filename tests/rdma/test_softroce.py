@@ -270,13 +270,15 @@ def test_perftest_reference_and_numbers(session):
     print(f"\n{'':24}{'dicomm verbs':>14}{'perftest':>12}{'ratio':>8}")
     rows = [("8 B half RTT (us)", ours["lat_8B_us"], lat), ("64 KiB (MiB/s)", ours["bw_64KiB_MiBps"], bw64),
             ("1 MiB (MiB/s)", ours["bw_1MiB_MiBps"], bw1m)]
-    p2p = json.loads(next((ln for ln in reversed(session.files.get("p2p.txt", "").splitlines()) if ln.startswith("{")), "{}"))
+    p2p_lines = reversed(session.files.get("p2p.txt", "").splitlines())
+    p2p = json.loads(next((ln for ln in p2p_lines if ln.startswith("{")), "{}"))
     if p2p.get("p2p_2", {}).get("ok"):  # the same through the Communicator (engine + Python)
         comm = p2p["p2p_2"]["result"][0]
         rows += [("Communicator 8 B (us)", comm["lat_8B_us"], lat), ("Communicator 1 MiB", comm["bw_1MiB_MiBps"], bw1m)]
     if p2p.get("latency_spin_100us", {}).get("ok"):
         comm = p2p["latency_spin_100us"]["result"][0]
-        rows += [("  spin 100 us: 8 B (us)", comm["lat_8B_us"], lat), ("  spin 100 us: 1 MiB", comm["bw_1MiB_MiBps"], bw1m)]
+        rows += [("  spin 100 us: 8 B (us)", comm["lat_8B_us"], lat),
+                 ("  spin 100 us: 1 MiB", comm["bw_1MiB_MiBps"], bw1m)]
     for name, a, b in rows:
         print(f"{name:24}{a:>14.2f}{b:>12.2f}{a / b:>8.2f}")
     assert lat > 0 and bw64 > 0 and bw1m > 0
