@@ -23,9 +23,9 @@ struct Options;
 // One knob as the table states it.
 struct Knob {
   enum class Kind { kInteger, kFlag, kChoice, kText };
-  const char* name;
-  Kind kind;
-  const char* fallback;  // the default as text; "" for none (unset: the code decides, see `meaning`)
+  const char* name = "";
+  Kind kind = Kind::kText;
+  const char* fallback = "";  // the default as text; "" for none (unset: the code decides, see `meaning`)
   long lo = 0, hi = 0;   // kInteger: the accepted range
   const char* choices = "";  // kChoice: the accepted words, separated by '|'
   const char* unit = "";

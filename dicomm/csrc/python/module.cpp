@@ -225,7 +225,7 @@ PYBIND11_MODULE(_C, m) {
     return out;
   }, "Every DICOMM_* setting the engine reads: name, default ('' for none), expected form, unit, meaning.");
 
-  m.def("_register_transport", [](py::capsule factory) {
+  m.def("_register_transport", [](const py::capsule& factory) {
     if (std::string(factory.name() ? factory.name() : "") != transport::kTransportFactoryCapsule)
       throw ValueError(std::string("expected a capsule named ") + transport::kTransportFactoryCapsule + ", got '" +
                        (factory.name() ? factory.name() : "") + "'");
