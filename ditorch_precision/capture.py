@@ -6,11 +6,14 @@ import json
 import logging
 import os
 import time
+import weakref
+from functools import partial
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
-from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
+from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, snapshot, tensor_ref, tensors_meta,
+                   tree_nbytes)
 from .align import PARAMS_OP
 from .bulk import PendingWrites
 from .collectives import POINT_TO_POINT, is_collective, reduce_op_name, wait_collective
@@ -41,7 +44,9 @@ class Capture(Tool):
     index, no tensor files) or "checksum" (per output: a hash of its bytes).
     ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
     ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
-    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile."""
+    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile. Without it, a
+    tensor an earlier op's file holds, unchanged since (same tensor, same version counter), is
+    written as a reference to that file, not again."""
 
     name = "capture"
 
@@ -66,6 +71,8 @@ class Capture(Tool):
         self.n_records = 0
         self.n_dropped = 0
         self._index = None
+        # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
+        self._written: dict[int, tuple[weakref.ref, int, str, int]] = {}
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -77,7 +84,8 @@ class Capture(Tool):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
         # others' inputs are as they were, and are saved after it, uncopied where compact.
         inputs = None
-        if self.save_tensors and op_info(func).mutates:
+        mutates = op_info(func).mutates
+        if self.save_tensors and mutates:
             with self.quiet():
                 inputs = snapshot((args, kwargs))
         out = func(*args, **kwargs)
@@ -89,9 +97,8 @@ class Capture(Tool):
                     saved = ([], out)  # a receive is not waited for (see collectives): its data is not known yet
                 elif rec.op.startswith("c10d::") and not isinstance(out, tuple):
                     saved = (args[0], out)  # it returns only a Work: what it wrote comes first, as for allreduce_
-            if self.save_tensors and inputs is None:
-                inputs = saveable_now((args, kwargs))
-            self._write(rec, args, kwargs, inputs, saved)
+            # What it wrote gets its new version only once this returns: not named by reference.
+            self._write(rec, args, kwargs, inputs, saved, refs=not mutates)
         return out
 
     # module records -------------------------------------------------------------------------
@@ -139,7 +146,8 @@ class Capture(Tool):
         with self.quiet():
             self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
 
-    def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op") -> None:
+    def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op",
+               refs: bool = True) -> None:
         name = name or f"{rec.index:07d}"
         entry = rec.to_dict()
         if kind != "op":
@@ -152,7 +160,12 @@ class Capture(Tool):
         if self.mode != "full":
             entry.update(summarise(self.mode, out))
         if self.save_tensors:
-            outputs = saveable_now(out)  # written now, or held under guard (bulk)
+            fresh: list = []  # the tensors this file holds, in order (None: a copy made before the op)
+            if inputs is None:  # not copied before the op: as they are now
+                inputs = self._saveable((args, kwargs), fresh, refs)
+            else:
+                fresh.extend(None for x in tree_leaves(inputs) if isinstance(x, torch.Tensor))
+            outputs = self._saveable(out, fresh, refs)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
             if self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
@@ -162,6 +175,7 @@ class Capture(Tool):
                 else:
                     rel = os.path.join("tensors", f"{name}.pt")
                     _save(payload, os.path.join(self.path, rel))
+                    self._remember(fresh, rel)
                 self.bytes_written += size
                 entry["file"] = rel
             else:
@@ -174,6 +188,36 @@ class Capture(Tool):
         self.n_records += 1
         if self._pending is not None and self._pending.nbytes >= self.bulk_bytes:
             self.flush()
+
+    # tensors written once ----------------------------------------------------------------------
+    def _saveable(self, tree, fresh: list, refs: bool = True):
+        """``saveable_now``, except (per-op files, ``refs``) a tensor an earlier file holds, unchanged
+        since, is a reference to it. Each tensor kept is appended to ``fresh`` (None: not to be named
+        by later files)."""
+        refs = refs and self._pending is None
+
+        def one(x):
+            if not isinstance(x, torch.Tensor):
+                return saveable_leaf(x)
+            if refs:
+                hit = self._written.get(id(x))
+                if hit is not None and hit[0]() is x and hit[1] == x._version:
+                    return tensor_ref(hit[2], hit[3])
+            fresh.append((x, x._version) if refs else None)
+            return saveable_leaf(x)
+
+        return tree_map(one, tree)
+
+    def _remember(self, fresh: list, rel: str) -> None:
+        for k, item in enumerate(fresh):
+            if item is not None:
+                x, version = item
+                self._written[id(x)] = (weakref.ref(x, partial(self._forget, id(x))), version, rel, k)
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        hit = self._written.get(key)
+        if hit is not None and hit[0] is ref:
+            del self._written[key]
 
     # bulk mode ---------------------------------------------------------------------------------
     def _part_name(self) -> str:
