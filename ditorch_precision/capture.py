@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, snapshot, tensor_ref, tensors_meta,
                    tree_nbytes)
 from .align import PARAMS_OP
-from .bulk import PendingWrites
+from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
@@ -34,6 +34,13 @@ def _save(obj, path: str) -> None:
         torch.save(obj, path)
     finally:
         torch.serialization.set_crc32_options(crc)
+
+
+def _storage_or_none(t: torch.Tensor) -> int | None:
+    try:
+        return storage_address(t)
+    except RuntimeError:  # a wrapper subclass (an async collective's result) has no storage of its own
+        return None
 
 
 class Capture(Tool):
@@ -72,7 +79,8 @@ class Capture(Tool):
         self.n_dropped = 0
         self._index = None
         # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
-        self._written: dict[int, tuple[weakref.ref, int, str, int]] = {}
+        self._written: dict[int, tuple[weakref.ref, int, str, int, int]] = {}  # ... storage address
+        self._written_storages: dict[int, set[int]] = {}  # storage address -> ids in _written
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -199,11 +207,11 @@ class Capture(Tool):
         def one(x):
             if not isinstance(x, torch.Tensor):
                 return saveable_leaf(x)
-            if refs:
+            if refs and x.layout == torch.strided:
                 hit = self._written.get(id(x))
                 if hit is not None and hit[0]() is x and hit[1] == x._version:
                     return tensor_ref(hit[2], hit[3])
-            fresh.append((x, x._version) if refs else None)
+            fresh.append((x, x._version) if refs and x.layout == torch.strided else None)
             return saveable_leaf(x)
 
         return tree_map(one, tree)
@@ -212,23 +220,37 @@ class Capture(Tool):
         for k, item in enumerate(fresh):
             if item is not None:
                 x, version = item
-                self._written[id(x)] = (weakref.ref(x, partial(self._forget, id(x))), version, rel, k)
+                storage = _storage_or_none(x)
+                if storage is None:
+                    continue
+                self._written[id(x)] = (weakref.ref(x, partial(self._forget, id(x))), version, rel, k, storage)
+                self._written_storages.setdefault(storage, set()).add(id(x))
 
     def _forget(self, key: int, ref: weakref.ref) -> None:
         hit = self._written.get(key)
         if hit is not None and hit[0] is ref:
             del self._written[key]
+            ids = self._written_storages.get(hit[4])
+            if ids is not None:
+                ids.discard(key)
+                if not ids:
+                    del self._written_storages[hit[4]]
 
     # bulk mode ---------------------------------------------------------------------------------
     def _part_name(self) -> str:
         return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
 
     def _dispatch(self, func, args, kwargs):
-        if self._pending:  # every op, selected or not, that would overwrite a held tensor
+        if self._pending or self._written:  # every op, selected or not, that writes a held or named tensor
             info = op_info(func)
             if info.mutates:
                 with self.quiet():
-                    self._pending.guard(info.written_tensors(args, kwargs))
+                    written = info.written_tensors(args, kwargs)
+                    if self._pending:
+                        self._pending.guard(written)
+                    for t in written:  # also through an alias with its own version counter (``.data``)
+                        for key in self._written_storages.pop(_storage_or_none(t), ()):
+                            self._written.pop(key, None)
         return super()._dispatch(func, args, kwargs)
 
     def flush(self) -> None:

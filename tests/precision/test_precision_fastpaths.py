@@ -280,3 +280,14 @@ def test_capture_per_op_writes_a_tensor_several_ops_read_once(tmp_path):
     # x, y, z, w, y + 1 and v once each (plus the files' own headers), not the 9 tensors the ops read and wrote
     written = sum(f.stat().st_size for f in (tmp_path / "c" / "tensors").iterdir())
     assert written < 6 * x.nbytes + 4 * 4096, written
+
+
+def test_capture_per_op_writes_again_a_tensor_changed_behind_its_version_counter(tmp_path):
+    w = torch.ones(8, 8)
+    with Capture(str(tmp_path / "c"), Selector.build(ops="sin")):
+        w.sin()
+        w.data.add_(1)  # `.data` has its own version counter: w's does not move
+        w.sin()
+    dump = Dump.open(str(tmp_path / "c"))
+    first, second = (dump.load(r) for r in dump.records)
+    assert torch.equal(first["args"][0], torch.ones(8, 8)) and torch.equal(second["args"][0], torch.full((8, 8), 2.0))
