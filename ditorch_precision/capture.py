@@ -176,7 +176,11 @@ class Capture(Tool):
             outputs = self._saveable(out, fresh, refs)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
-            if self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
+            if kind != "op" and self._pending is None and not fresh and payload["outputs"]:
+                # A module record whose tensors all are named by reference: in the index, no file (a
+                # file's creation costs more than the op's other work).
+                entry["refs"] = payload["outputs"]
+            elif self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
                 if self._pending is not None:
                     rel, entry["key"] = self._part_name(), name
                     self._pending.add(entry["key"], payload, size)

@@ -216,7 +216,9 @@ class Dump:
     def load(self, rec: dict) -> dict | None:
         """{'args', 'kwargs', 'outputs'} of a record, or None when its tensors were not saved."""
         if not rec.get("file"):
-            return None
+            if rec.get("refs") is None:
+                return None
+            return self._resolve_refs({"args": [], "kwargs": {}, "outputs": rec["refs"]}, rec)  # all named
         path = self.file_path(rec)
         key = rec.get("key")
         try:
@@ -294,6 +296,10 @@ def _record_problem(rec) -> str | None:
     for key in ("file", "key", "overload", "module", "phase", "kind"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             return f"field {key!r} is {rec[key]!r}, expected a string or null"
+    refs = rec.get("refs")
+    if refs is not None and not (isinstance(refs, list) and all(isinstance(r, dict) and r.get(TAG) == REF
+                                                                for r in refs)):
+        return f"field 'refs' is {refs!r:.80}, expected a list of tensor references"
     step = rec.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         return f"field 'step' is {rec['step']!r}, expected an integer"

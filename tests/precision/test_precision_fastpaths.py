@@ -291,3 +291,17 @@ def test_capture_per_op_writes_again_a_tensor_changed_behind_its_version_counter
     dump = Dump.open(str(tmp_path / "c"))
     first, second = (dump.load(r) for r in dump.records)
     assert torch.equal(first["args"][0], torch.ones(8, 8)) and torch.equal(second["args"][0], torch.full((8, 8), 2.0))
+
+
+def test_capture_module_outputs_an_op_file_holds_are_named_in_the_index(tmp_path):
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    with Capture(str(tmp_path / "c"), Selector.build(modules="Linear")):
+        y = lin(x)
+        y.sum().backward()
+    dump = Dump.open(str(tmp_path / "c"))
+    out, grad = (r for r in dump.records if r.get("kind") == "module")
+    assert (out["op"], grad["op"]) == ("module::output", "module::grad") and out["file"] is None and out["refs"]
+    with torch.no_grad():  # the reference: plain torch
+        torch.testing.assert_close(dump.load(out)["outputs"][0], x @ lin.weight.t() + lin.bias, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dump.load(grad)["outputs"][0], torch.ones(3, 4), rtol=0, atol=0)
