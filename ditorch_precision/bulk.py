@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 log = logging.getLogger("precision")
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage_address(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
@@ -31,14 +31,14 @@ class PendingWrites:
         leaves, spec = tree_flatten(payload)
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
-                self._held.setdefault(_storage(leaf), []).append((key, i, leaf._version))
+                self._held.setdefault(storage_address(leaf), []).append((key, i, leaf._version))
         self._items[key] = (leaves, spec)
         self.nbytes += nbytes
 
     def guard(self, written: list[torch.Tensor]) -> None:
         """Copy the held tensors that share a storage with ``written``, before it is written."""
         for t in written:
-            for key, i, _ in self._held.pop(_storage(t), ()):
+            for key, i, _ in self._held.pop(storage_address(t), ()):
                 leaves = self._items[key][0]
                 leaves[i] = leaves[i].clone()
 

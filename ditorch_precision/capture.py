@@ -6,13 +6,16 @@ import json
 import logging
 import os
 import time
+import weakref
+from functools import partial
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
-from .dump import FORMAT, INDEX, META, VERSION, saveable_now, snapshot, tensors_meta, tree_nbytes
+from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, snapshot, tensor_ref, tensors_meta,
+                   tree_nbytes)
 from .align import PARAMS_OP
-from .bulk import PendingWrites
+from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
@@ -33,6 +36,13 @@ def _save(obj, path: str) -> None:
         torch.serialization.set_crc32_options(crc)
 
 
+def _storage_or_none(t: torch.Tensor) -> int | None:
+    try:
+        return storage_address(t)
+    except RuntimeError:  # a wrapper subclass (an async collective's result) has no storage of its own
+        return None
+
+
 class Capture(Tool):
     """``with Capture("dump/{rank}", Selector.build(modules="layers.1")): train()``.
 
@@ -41,7 +51,9 @@ class Capture(Tool):
     index, no tensor files) or "checksum" (per output: a hash of its bytes).
     ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
     ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
-    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile."""
+    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile. Without it, a
+    tensor an earlier op's file holds, unchanged since (same tensor, same version counter), is
+    written as a reference to that file, not again."""
 
     name = "capture"
 
@@ -66,6 +78,9 @@ class Capture(Tool):
         self.n_records = 0
         self.n_dropped = 0
         self._index = None
+        # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
+        self._written: dict[int, tuple[weakref.ref, int, str, int, int]] = {}  # ... storage address
+        self._written_storages: dict[int, set[int]] = {}  # storage address -> ids in _written
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -77,7 +92,8 @@ class Capture(Tool):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
         # others' inputs are as they were, and are saved after it, uncopied where compact.
         inputs = None
-        if self.save_tensors and op_info(func).mutates:
+        mutates = op_info(func).mutates
+        if self.save_tensors and mutates:
             with self.quiet():
                 inputs = snapshot((args, kwargs))
         out = func(*args, **kwargs)
@@ -89,9 +105,8 @@ class Capture(Tool):
                     saved = ([], out)  # a receive is not waited for (see collectives): its data is not known yet
                 elif rec.op.startswith("c10d::") and not isinstance(out, tuple):
                     saved = (args[0], out)  # it returns only a Work: what it wrote comes first, as for allreduce_
-            if self.save_tensors and inputs is None:
-                inputs = saveable_now((args, kwargs))
-            self._write(rec, args, kwargs, inputs, saved)
+            # What it wrote gets its new version only once this returns: not named by reference.
+            self._write(rec, args, kwargs, inputs, saved, refs=not mutates)
         return out
 
     # module records -------------------------------------------------------------------------
@@ -139,7 +154,8 @@ class Capture(Tool):
         with self.quiet():
             self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
 
-    def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op") -> None:
+    def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op",
+               refs: bool = True) -> None:
         name = name or f"{rec.index:07d}"
         entry = rec.to_dict()
         if kind != "op":
@@ -152,16 +168,26 @@ class Capture(Tool):
         if self.mode != "full":
             entry.update(summarise(self.mode, out))
         if self.save_tensors:
-            outputs = saveable_now(out)  # written now, or held under guard (bulk)
+            fresh: list = []  # the tensors this file holds, in order (None: a copy made before the op)
+            if inputs is None:  # not copied before the op: as they are now
+                inputs = self._saveable((args, kwargs), fresh, refs)
+            else:
+                fresh.extend(None for x in tree_leaves(inputs) if isinstance(x, torch.Tensor))
+            outputs = self._saveable(out, fresh, refs)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
-            if self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
+            if kind != "op" and self._pending is None and not fresh and payload["outputs"]:
+                # A module record whose tensors all are named by reference: in the index, no file (a
+                # file's creation costs more than the op's other work).
+                entry["refs"] = payload["outputs"]
+            elif self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
                 if self._pending is not None:
                     rel, entry["key"] = self._part_name(), name
                     self._pending.add(entry["key"], payload, size)
                 else:
                     rel = os.path.join("tensors", f"{name}.pt")
                     _save(payload, os.path.join(self.path, rel))
+                    self._remember(fresh, rel)
                 self.bytes_written += size
                 entry["file"] = rel
             else:
@@ -175,16 +201,60 @@ class Capture(Tool):
         if self._pending is not None and self._pending.nbytes >= self.bulk_bytes:
             self.flush()
 
+    # tensors written once ----------------------------------------------------------------------
+    def _saveable(self, tree, fresh: list, refs: bool = True):
+        """``saveable_now``, except (per-op files, ``refs``) a tensor an earlier file holds, unchanged
+        since, is a reference to it. Each tensor kept is appended to ``fresh`` (None: not to be named
+        by later files)."""
+        refs = refs and self._pending is None
+
+        def one(x):
+            if not isinstance(x, torch.Tensor):
+                return saveable_leaf(x)
+            if refs and x.layout == torch.strided:
+                hit = self._written.get(id(x))
+                if hit is not None and hit[0]() is x and hit[1] == x._version:
+                    return tensor_ref(hit[2], hit[3])
+            fresh.append((x, x._version) if refs and x.layout == torch.strided else None)
+            return saveable_leaf(x)
+
+        return tree_map(one, tree)
+
+    def _remember(self, fresh: list, rel: str) -> None:
+        for k, item in enumerate(fresh):
+            if item is not None:
+                x, version = item
+                storage = _storage_or_none(x)
+                if storage is None:
+                    continue
+                self._written[id(x)] = (weakref.ref(x, partial(self._forget, id(x))), version, rel, k, storage)
+                self._written_storages.setdefault(storage, set()).add(id(x))
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        hit = self._written.get(key)
+        if hit is not None and hit[0] is ref:
+            del self._written[key]
+            ids = self._written_storages.get(hit[4])
+            if ids is not None:
+                ids.discard(key)
+                if not ids:
+                    del self._written_storages[hit[4]]
+
     # bulk mode ---------------------------------------------------------------------------------
     def _part_name(self) -> str:
         return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
 
     def _dispatch(self, func, args, kwargs):
-        if self._pending:  # every op, selected or not, that would overwrite a held tensor
+        if self._pending or self._written:  # every op, selected or not, that writes a held or named tensor
             info = op_info(func)
             if info.mutates:
                 with self.quiet():
-                    self._pending.guard(info.written_tensors(args, kwargs))
+                    written = info.written_tensors(args, kwargs)
+                    if self._pending:
+                        self._pending.guard(written)
+                    for t in written:  # also through an alias with its own version counter (``.data``)
+                        for key in self._written_storages.pop(_storage_or_none(t), ()):
+                            self._written.pop(key, None)
         return super()._dispatch(func, args, kwargs)
 
     def flush(self) -> None:

@@ -19,7 +19,9 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 FORMAT = "precision-capture"
-VERSION = 3  # 1 and 2 held pickled Python objects, which are no longer loaded
+# 1 and 2 held pickled Python objects, which are no longer loaded; 4: a per-op file may name a tensor
+# an earlier file holds (REF) instead of holding it again.
+VERSION = 4
 INDEX = "index.jsonl"
 META = "meta.json"
 
@@ -40,6 +42,15 @@ def tensors_meta(tree) -> list:
 
 # Tag of an argument stored as a dict {TAG: kind, ...}: ATen arguments are never dicts.
 TAG = "__precision__"
+
+
+# A tensor written by an earlier per-op file, stored as {TAG: REF, "file": rel, "tensor": k}: the k-th
+# tensor (in ``tree_leaves`` order) of that file.
+REF = "ref"
+
+
+def tensor_ref(file: str, k: int) -> dict:
+    return {TAG: REF, "file": file, "tensor": k}
 
 
 @dataclass(frozen=True)
@@ -104,10 +115,15 @@ def _compact(t: torch.Tensor) -> bool:
             and t.untyped_storage().nbytes() == t.numel() * t.element_size() and not t.is_conj() and not t.is_neg())
 
 
+def saveable_leaf(x):
+    """One argument as ``saveable_now`` writes it."""
+    return _plain(x).detach() if isinstance(x, torch.Tensor) and _compact(x) else _saveable(x)
+
+
 def saveable_now(tree):
     """Like ``snapshot``, but compact CPU tensors are not copied: only for a ``torch.save`` done
     before anything can change them (or with writes to them guarded, see ditorch_precision.bulk)."""
-    return tree_map(lambda x: _plain(x).detach() if isinstance(x, torch.Tensor) and _compact(x) else _saveable(x), tree)
+    return tree_map(saveable_leaf, tree)
 
 
 def restore(tree):
@@ -200,7 +216,9 @@ class Dump:
     def load(self, rec: dict) -> dict | None:
         """{'args', 'kwargs', 'outputs'} of a record, or None when its tensors were not saved."""
         if not rec.get("file"):
-            return None
+            if rec.get("refs") is None:
+                return None
+            return self._resolve_refs({"args": [], "kwargs": {}, "outputs": rec["refs"]}, rec)  # all named
         path = self.file_path(rec)
         key = rec.get("key")
         try:
@@ -211,8 +229,42 @@ class Dump:
                             "plain values (captures of precision before format version 3 must be taken again)") from exc
         if not (isinstance(data, dict) and {"args", "kwargs", "outputs"} <= data.keys()):
             raise DumpError(f"{path}: op {rec['op']} #{rec['index']}: expected a dict with args, kwargs and outputs")
+        data = self._resolve_refs(data, rec)
         data["args"], data["kwargs"] = restore(data["args"]), restore(data["kwargs"])
         return data
+
+    def _resolve_refs(self, tree, rec: dict):
+        """Tensors named by reference (``REF``) replaced by the tensors their files hold."""
+        if isinstance(tree, dict):
+            if tree.get(TAG) == REF:
+                return self._referenced(tree, rec)
+            return {k: self._resolve_refs(v, rec) for k, v in tree.items()}
+        if isinstance(tree, (list, tuple)):
+            return type(tree)(self._resolve_refs(v, rec) for v in tree)
+        return tree
+
+    def _referenced(self, ref: dict, rec: dict) -> torch.Tensor:
+        file, k = ref.get("file"), ref.get("tensor")
+        if not isinstance(file, str) or not isinstance(k, int) or isinstance(k, bool):
+            raise DumpError(f"{self.path}: op {rec['op']} #{rec['index']}: bad tensor reference {ref!r}; expected "
+                            "a file name and a tensor number")
+        path = self.file_path({**rec, "file": file})
+        cache = self.__dict__.setdefault("_ref_files", {})
+        tensors = cache.get(path)
+        if tensors is None:
+            try:
+                data = _safe_load(path, mmap=True)
+            except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+                raise DumpError(f"{path}: cannot load the tensors op {rec['op']} #{rec['index']} refers to "
+                                f"({_first_line(exc)})") from exc
+            tensors = [t for t in tree_leaves(data) if isinstance(t, torch.Tensor)]
+            if len(cache) >= 16:  # mapped files, kept for the ops read next
+                cache.pop(next(iter(cache)))
+            cache[path] = tensors
+        if not 0 <= k < len(tensors):
+            raise DumpError(f"{path}: op {rec['op']} #{rec['index']} refers to tensor {k}; the file holds "
+                            f"{len(tensors)}")
+        return tensors[k]
 
     def _part(self, path: str) -> dict:
         # A part file holds many ops: mapped, not read, and kept while ops are read from it in order.
@@ -244,6 +296,10 @@ def _record_problem(rec) -> str | None:
     for key in ("file", "key", "overload", "module", "phase", "kind"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             return f"field {key!r} is {rec[key]!r}, expected a string or null"
+    refs = rec.get("refs")
+    if refs is not None and not (isinstance(refs, list) and all(isinstance(r, dict) and r.get(TAG) == REF
+                                                                for r in refs)):
+        return f"field 'refs' is {refs!r:.80}, expected a list of tensor references"
     step = rec.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         return f"field 'step' is {rec['step']!r}, expected an integer"

@@ -49,6 +49,12 @@ def ddp_step(rank: int, world: int, out: str) -> None:
 def worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    run(rank, world, out)
+    dist.destroy_process_group()
+
+
+def run(rank: int, world: int, out: str) -> None:
+    """This rank's part, in a process group already started (another example's job may share it)."""
     with Capture(os.path.join(out, "capture", f"rank{rank}")), AutoCompare() as ac:
         collectives(rank, world)
         ddp_step(rank, world, out)
@@ -57,7 +63,6 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         json.dump({"failures": ac.failures, "collectives": [r for r in ac.results if r.get("rule") in
                                                             ("collective", "skipped") and "detail" in r]}, f)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def main() -> None:

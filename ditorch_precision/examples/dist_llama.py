@@ -1,9 +1,11 @@
 """Data-parallel training of the small HuggingFace Llama with hand-written gradient all-reduces
 (c10d::allreduce_, through the dispatcher the tools see), one process per rank on gloo, under
 Capture and AutoCompare:
-``python -m ditorch_precision.examples.dist_llama OUT WORLD PORT [--fault-rank R] [--honest OUT2]``.
+``python -m ditorch_precision.examples.dist_llama OUT WORLD PORT [--fault-rank R] [--honest OUT2]
+[--collectives OUT3]``.
 Each rank writes OUT/capture/rank{r}/ and OUT/autocompare_rank{r}.json; with ``--honest OUT2`` the
-same processes first run once without the fault into OUT2 (one launch for a reference and a test run)."""
+same processes first run once without the fault into OUT2 (one launch for a reference and a test run);
+with ``--collectives OUT3`` they first run ``dist_collectives`` into OUT3 (one launch for both examples)."""
 from __future__ import annotations
 
 import argparse
@@ -16,13 +18,17 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ditorch_precision import AutoCompare, Capture
+from ditorch_precision.examples import dist_collectives
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
 
 
-def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, honest: str | None) -> None:
+def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, honest: str | None,
+           collectives: str | None = None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if collectives:
+        dist_collectives.run(rank, world, collectives)
     if honest:
         train_once(rank, world, honest, None)
     train_once(rank, world, out, fault_rank)
@@ -59,8 +65,10 @@ def main() -> None:
     p.add_argument("port", type=int)
     p.add_argument("--fault-rank", type=int)
     p.add_argument("--honest", metavar="OUT2", help="first a run without the fault, into OUT2")
+    p.add_argument("--collectives", metavar="OUT3", help="first the dist_collectives example, into OUT3")
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.honest), nprocs=a.world)
+    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.honest, a.collectives),
+                                nprocs=a.world)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,6 @@ HuggingFace Llama with hand-written gradient all-reduces, captured and autocompa
 References: the collective's result computed by hand from both ranks' captured inputs, and a
 fault planted on one rank only."""
 import json
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,24 +16,9 @@ pytest.importorskip("transformers")
 ROOT = "LlamaForCausalLM.model.layers"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _job(out, *extra):
-    p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_llama", str(out), "2", str(_free_port()),
-                        *extra], capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return out
-
-
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist")
-    _job(root / "fault", "--fault-rank", "1", "--honest", str(root / "ref"))  # one launch, two runs
-    return {"ref": root / "ref", "fault": root / "fault"}
+def jobs(gloo_job):
+    return gloo_job  # one launch: "ref" (honest) and "fault" (a fault on rank 1)
 
 
 def _collectives(run, rank):

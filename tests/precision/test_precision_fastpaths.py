@@ -233,7 +233,7 @@ def test_capture_in_bulk_reads_back_what_per_op_files_hold(tmp_path):
         train(2, CFG, optimizer="adamw")
     a, b = Dump.open(str(tmp_path / "per_op")), Dump.open(str(tmp_path / "bulk"))
     assert [(r["index"], r["op"]) for r in a.records] == [(r["index"], r["op"]) for r in b.records]
-    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == 3
+    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == 4
     assert len({r["file"] for r in b.records}) == 2 == bulk._n_parts  # one file per step
     for ra, rb in zip(a.records, b.records):
         la, lb = tree_leaves(a.load(ra)), tree_leaves(b.load(rb))
@@ -257,3 +257,51 @@ def test_capture_in_bulk_keeps_a_held_tensor_from_a_later_in_place_write(tmp_pat
     (rec,) = dump.records
     data = dump.load(rec)
     assert torch.equal(data["args"][0], torch.ones(4)) and torch.equal(data["outputs"], torch.full((4,), 2.0))
+
+
+def test_capture_per_op_writes_a_tensor_several_ops_read_once(tmp_path):
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    with Capture(str(tmp_path / "c"), Selector.build(ops="sin,cos,mul")):
+        y = x.sin()
+        z = y.cos()  # reads y, which sin's file already holds
+        w = y * z
+        y.add_(1)  # not captured: y changes, so the next read of it must be written again
+        v = y * 2
+    dump = Dump.open(str(tmp_path / "c"))
+    data = [dump.load(r) for r in dump.records]
+    # the references: plain torch, recomputed here
+    y0 = x.sin()
+    torch.testing.assert_close(data[1]["args"][0], y0, rtol=0, atol=0)
+    torch.testing.assert_close(data[2]["args"][0], y0, rtol=0, atol=0)
+    torch.testing.assert_close(data[2]["args"][1], y0.cos(), rtol=0, atol=0)
+    torch.testing.assert_close(data[2]["outputs"], w, rtol=0, atol=0)
+    torch.testing.assert_close(data[3]["args"][0], y0 + 1, rtol=0, atol=0)
+    torch.testing.assert_close(data[3]["outputs"], v, rtol=0, atol=0)
+    # x, y, z, w, y + 1 and v once each (plus the files' own headers), not the 9 tensors the ops read and wrote
+    written = sum(f.stat().st_size for f in (tmp_path / "c" / "tensors").iterdir())
+    assert written < 6 * x.nbytes + 4 * 4096, written
+
+
+def test_capture_per_op_writes_again_a_tensor_changed_behind_its_version_counter(tmp_path):
+    w = torch.ones(8, 8)
+    with Capture(str(tmp_path / "c"), Selector.build(ops="sin")):
+        w.sin()
+        w.data.add_(1)  # `.data` has its own version counter: w's does not move
+        w.sin()
+    dump = Dump.open(str(tmp_path / "c"))
+    first, second = (dump.load(r) for r in dump.records)
+    assert torch.equal(first["args"][0], torch.ones(8, 8)) and torch.equal(second["args"][0], torch.full((8, 8), 2.0))
+
+
+def test_capture_module_outputs_an_op_file_holds_are_named_in_the_index(tmp_path):
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    with Capture(str(tmp_path / "c"), Selector.build(modules="Linear")):
+        y = lin(x)
+        y.sum().backward()
+    dump = Dump.open(str(tmp_path / "c"))
+    out, grad = (r for r in dump.records if r.get("kind") == "module")
+    assert (out["op"], grad["op"]) == ("module::output", "module::grad") and out["file"] is None and out["refs"]
+    with torch.no_grad():  # the reference: plain torch
+        torch.testing.assert_close(dump.load(out)["outputs"][0], x @ lin.weight.t() + lin.bias, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dump.load(grad)["outputs"][0], torch.ones(3, 4), rtol=0, atol=0)

@@ -13,6 +13,7 @@ import torch
 
 from ditorch_precision import AutoCompare, Capture, DtypeCast, Fallback, OverflowCheck, Selector
 from ditorch_precision.cli import main
+from ditorch_precision.run import main as run_main
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 from ditorch_precision.metrics import ToleranceTable
@@ -169,11 +170,28 @@ def test_run_with_a_module_typo_exits_2_naming_the_closest(tmp_path):
     assert "'layer.1'" in p.stderr and "model.layers.1" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_flag_and_variable_that_disagree_are_exit_2(tmp_path):
-    p = _run(tmp_path, "--tool", "capture", "--ops", "mm", PRECISION_OPS="silu")
-    assert p.returncode == 2 and "--ops 'mm' vs PRECISION_OPS='silu'" in p.stderr, p.stderr
-    p = _run(tmp_path, "--tool", "capture", PRECISION_TOOL="autocompare")
-    assert p.returncode == 2 and "PRECISION_TOOL" in p.stderr, p.stderr
+@pytest.mark.parametrize("argv,env,expect", [
+    (["--tool", "capture", "--ops", "mm"], {"PRECISION_OPS": "silu"}, "--ops 'mm' vs PRECISION_OPS='silu'"),
+    (["--tool", "capture"], {"PRECISION_TOOL": "autocompare"}, "PRECISION_TOOL"),
+])
+def test_flag_and_variable_that_disagree_are_exit_2_before_the_script(tmp_path, argv, env, expect, capsys,
+                                                                      monkeypatch):
+    # In this process: the disagreement is found before any tool starts (a traceback would be an
+    # exception other than SystemExit).
+    for key in [k for k in os.environ if k.startswith("PRECISION_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(SystemExit) as exit_:
+        run_main([*argv, str(script)])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and expect in err and "trained" not in out, err
+
+
+def test_a_flag_that_cannot_change_tools_the_variable_started_is_exit_2(tmp_path):
+    # A real process: PRECISION_TOOL starts the tools as ditorch_precision is imported.
     p = _run(tmp_path, "--modules", "model.layers.1", PRECISION_TOOL="op_timer")
     assert p.returncode == 2 and "PRECISION_MODULES" in p.stderr and "trained" not in p.stdout, p.stderr
 
