@@ -103,7 +103,7 @@ def cmd_compare(args) -> int:
         with open(args.html, "w") as f:
             f.write(diff_html(report))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json.dumps(d, indent=1))
     else:
         _print_diff(report, args.rows, args.all)
     return EXIT_PASS if report.passed else EXIT_FAIL

@@ -47,6 +47,11 @@ def test_the_cycle_check_finds_a_planted_cycle(tmp_path: Path) -> None:
     (pkg / "d.py").write_text("from .a import x\n")
     (pkg / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import g\n")
     (tmp_path / "other.py").write_text("import heteropp.e\n")
-    graph = import_cycles.import_graph(tmp_path)
+    graph = import_cycles.import_graph(tmp_path, ("heteropp",))
     assert graph["heteropp.d"] == {"heteropp.a"} and graph["heteropp.e"] == set()
     assert import_cycles.cycles(graph) == [["heteropp.a", "heteropp.b", "heteropp.c"]]
+
+
+def test_the_cycle_check_refuses_a_package_that_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="heteropp"):
+        import_cycles.import_graph(tmp_path, ("heteropp",))

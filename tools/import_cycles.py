@@ -25,8 +25,8 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
-    """Names this module imports (absolute, possibly not project modules)."""
+def _imports(tree: ast.Module, module: str) -> set[str]:
+    """Names a (non-package) module imports: absolute, possibly not project modules."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -39,8 +39,7 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = module.split(".")
-                anchor = anchor if is_package else anchor[:-1]
+                anchor = module.split(".")[:-1]  # the module's package
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
@@ -52,18 +51,19 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     return found
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
+def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
     """module -> project modules it imports (package __init__ modules excluded)."""
-    files: dict[str, tuple[Path, bool]] = {}
-    for package in PACKAGES:
+    files: dict[str, Path] = {}
+    for package in packages:
+        if not (root / package / "__init__.py").is_file():  # a renamed package must not drop out unseen
+            raise FileNotFoundError(f"{root / package}: no such package; update PACKAGES in {Path(__file__).name}")
         for path in sorted((root / package).rglob("*.py")):
-            files[_module_name(root, path)] = (path, path.name == "__init__.py")
-    modules = {name for name, (_, is_package) in files.items() if not is_package}
+            if path.name != "__init__.py":
+                files[_module_name(root, path)] = path
     graph: dict[str, set[str]] = {}
-    for name in modules:
-        path, _ = files[name]
-        imported = _imports(ast.parse(path.read_text(), str(path)), name, False)
-        graph[name] = {m for m in imported if m in modules and m != name}
+    for name, path in files.items():
+        imported = _imports(ast.parse(path.read_text(), str(path)), name)
+        graph[name] = {m for m in imported if m in files and m != name}
     return graph
 
 
