@@ -333,19 +333,22 @@ def _host(value: Any) -> Any:
 
 
 _META_CACHE_SIZE = 8192
-# Argument values kept as they are in a meta-cache key; floats count by type only (no meta kernel's
-# sizes depend on a float's value, and optimizer steps pass a new one every step).
-_KEY_VALUES = (int, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+# Argument values kept as they are in a meta-cache key.
+_KEY_VALUES = (int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+# Float arguments that scale values and never sizes: keyed by type only, since optimizer steps pass new
+# ones every step. Any other float (arange's end, interpolate's scale factors) is keyed by its value.
+_SIZE_FREE_FLOATS = frozenset({"alpha", "beta", "value", "scale", "eps", "weight_decay", "lr", "exponent",
+                               "other", "self", "ord", "p", "negative_slope", "min", "max", "weight"})
 
 
 class _NoKey(Exception):
     pass
 
 
-def _signature(x: Any) -> Any:
+def _signature(x: Any, name: str = "") -> Any:
     if isinstance(x, torch.Tensor):
         return (x.shape, x.stride(), x.dtype)
-    if isinstance(x, float):
+    if isinstance(x, float) and name in _SIZE_FREE_FLOATS:
         return float
     if isinstance(x, _KEY_VALUES):
         return (type(x), x)  # True and 1 are equal keys otherwise
@@ -355,8 +358,10 @@ def _signature(x: Any) -> Any:
 
 
 def _meta_key(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | None:
+    names = [a.name for a in func._schema.arguments]
     try:
-        return (func, _signature(args), tuple((k, _signature(v)) for k, v in kwargs.items()))
+        positional = tuple(_signature(v, names[i] if i < len(names) else "") for i, v in enumerate(args))
+        return (func, positional, tuple((k, _signature(v, k)) for k, v in kwargs.items()))
     except _NoKey:
         return None
 

@@ -270,3 +270,35 @@ def test_privateuse1_claimed_by_another_backend_is_refused(reference_path):
             print(json.dumps({{"error": str(exc)}}))
     """)
     assert "PrivateUse1 is already the 'npu' device" in got["error"]
+
+
+def test_the_meta_cache_keys_apart_calls_whose_result_sizes_differ():
+    """Calls that share a meta-cache key must get the same result sizes from torch's own meta kernels; a
+    float that sets sizes (arange's end, interpolate's scale factors) must be part of the key, a float
+    that scales values (alpha, an optimizer's step size) need not be."""
+    from ditorch_diopi.device.router import _meta_key
+
+    aten = torch.ops.aten
+    x, img = torch.randn(3, 4), torch.randn(1, 2, 4, 4)
+    calls = [
+        (aten.arange.start_step, (0, 1.0, 0.25), {}), (aten.arange.start_step, (0, 2.0, 0.25), {}),
+        (aten.upsample_nearest2d.vec, (img, None, [2.0, 2.0]), {}),
+        (aten.upsample_nearest2d.vec, (img, None, [3.0, 3.0]), {}),
+        (aten.add.Tensor, (x, x), {"alpha": 0.5}), (aten.add.Tensor, (x, x), {"alpha": 0.25}),
+        (aten.addcdiv.default, (x, x, x), {"value": -1e-3}), (aten.addcdiv.default, (x, x, x), {"value": -2e-3}),
+        (aten.sum.dim_IntList, (x, [0]), {}), (aten.sum.dim_IntList, (x, [1]), {}),
+    ]
+
+    def meta_sizes(func, args, kwargs):
+        meta = [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+        return tuple(func(*meta, **kwargs).shape)
+
+    keys = [_meta_key(*c) for c in calls]
+    sizes = [meta_sizes(*c) for c in calls]
+    assert all(k is not None for k in keys)
+    for i in range(len(calls)):
+        for j in range(i + 1, len(calls)):
+            if keys[i] == keys[j]:
+                assert sizes[i] == sizes[j], (calls[i][0], calls[i][1:], calls[j][1:])
+    # the optimizer-style floats do share a key (the cache's reason to exist)
+    assert keys[4] == keys[5] and keys[6] == keys[7]
