@@ -106,7 +106,11 @@ void Engine::connect_all() {
       // Slow, not necessarily gone: the first isend to that peer tries again.
     } catch (const PeerError& e) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!closed_) peer_lost(q, e.what());
+      // A peer that already connected to us and then refuses or resets ours may have finished and
+      // closed in order, its last messages still draining on our receive side: as for a send side that
+      // closes later, that side decides whether it is gone.
+      if (!closed_ && peers_[q].recv.empty()) peer_lost(q, e.what());
+      else if (!closed_) send_side_closed(q, e.what());
       graveyard_.clear();
     } catch (const std::exception&) {
       // A store timeout or a configuration error: the first isend to that peer reports it.
