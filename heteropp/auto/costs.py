@@ -14,10 +14,11 @@ ZB-H1 D_k = 0. The paper adds u_k to stage k's own term only, max_k(b c_k + u_k 
 under-counts a large update on a non-bottleneck stage. A boundary is a pipeline resource too: per
 direction it carries one activation (or gradient) per micro-batch and adds its latency to fill and drain.
 
-With `round_trips` (the estimate a plan reports; the search's objective leaves them out and so bounds it
-from below) two more lower bounds on F join the max: the round-trip cycles of schedules that alternate
-forwards and backwards (round_trip_term), and the whole passes through the pipeline as flow shops
-(pass_term), which is what fill and drain cost at few micro-batches (exact for GPipe).
+With `round_trips` (the estimate a plan reports; the search's objective leaves this out) schedules that
+alternate forwards and backwards replace the steady-state term by the chains of alternating.py (a stage's
+timeline and the round trips, warm-up and drain at their real length), and the whole passes through the
+pipeline as flow shops (pass_term) join the max, which is what fill and drain cost at few micro-batches
+(exact for GPipe).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from functools import lru_cache
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from ..schedules.registry import kind
+from .alternating import round_trip_bound, stage_bound
 from .analytic import ring_allreduce_s
 from .profiles import Profile
 
@@ -198,27 +200,6 @@ class CostModel:
             out.append(out[-1] + d)
         return out
 
-    def round_trip_term(self, cs: list[float], chain: list[float], es: list[float], lats: list[float],
-                        ns: list[int], b: int) -> tuple[float, str]:
-        """Round trips of schedules that alternate forwards and backwards: stage k sends forward n_k + x only
-        after backward x returned, so stages k..k' (k < k') repeat a cycle of stage k's compute c_k, the
-        chain's compute of k+1..k' (their fill/drain share: without deferred weight passes, which stay off
-        the cycle) and every boundary's transfer and latency both ways per n_k - n_k' + 1 micro-batches;
-        over the b - 1 after the first that is (b - 1) x cycle / count. Where a boundary is slow next to
-        fast stages this, not the link's bandwidth, sets the pace. Only runs where stage k has a forward
-        after a backward (b > n_k) have the cycle."""
-        best, where = -math.inf, ""
-        for k in range(len(cs) - 1):
-            if b <= ns[k]:
-                continue
-            cycle = cs[k]
-            for j in range(k + 1, len(cs)):
-                cycle += chain[j] + 2 * (es[j - 1] + lats[j - 1])
-                t = (b - 1) * cycle / (ns[k] - ns[j] + 1)
-                if t > best:
-                    best, where = t, f"round trip {k}->{j}"
-        return best, where
-
     @staticmethod
     def interleaved_round_trip_term(cs: list[float], fs: list[float], es: list[float], lats: list[float],
                                     wrap: tuple[int, float, float], b: int) -> tuple[float, str]:
@@ -316,9 +297,9 @@ class CostModel:
 
     def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
                  round_trips: bool = False, params: dict | None = None) -> Estimate:
-        """`round_trips`: also price the round-trip cycles of the schedules that alternate (round_trip_term)
-        and the whole passes (pass_term), maxima over runs of stages that the search's layer split cannot
-        take apart; without them the estimate bounds this from below and is the search's objective.
+        """`round_trips`: price alternating schedules by the chains of alternating.py instead of the
+        steady-state term, and add the whole passes (pass_term): maxima over runs of stages that the
+        search's layer split cannot take apart. Without them the estimate is the search's objective.
         `params`: the schedule's (H-1F1B's extra warm-up), which set the in-flight counts."""
         schedule = schedule or self.train.schedule
         p = len(stages)
@@ -358,17 +339,25 @@ class CostModel:
         # latency is pipelined: it only adds to fill and drain
         fill = sum(beta) + 2 * v * (sum(es) + sum(lats)) + (2 * (v - 1) * (wrap[1] + wrap[2]) if wrap else 0.0)
         upd_term = max(u - d for u, d in zip(us, gaps))
-        ks = max(range(p), key=lambda k: own[k])
-        if link_own and max(link_own) > own[ks]:
-            j = max(range(len(link_own)), key=lambda j: link_own[j])
-            top, where = link_own[j], f"link {j}->{(j + 1) % p}"
-        else:
-            top, where = own[ks], f"stage {ks}"
         span = sk.round_trip_span
         spans = [span(k, p, b, params or {}) for k in range(p)] if span is not None else ns
-        if round_trips and (sk.alternates or wrap is not None):
-            rt, rt_where = (self.interleaved_round_trip_term(cs, fs, es, lats, wrap, b) if wrap is not None
-                            else self.round_trip_term(cs, beta, es, lats, spans, b))
+        ks = max(range(p), key=lambda k: own[k])
+        top, where = own[ks], f"stage {ks}"
+        if round_trips and sk.alternates and wrap is None:
+            # the stages' own timelines and the round trips, warm-up and drain as they run, replace the
+            # steady-state term, which charges a stage's whole b c_k next to a whole fill
+            held = [sk.held_weight_passes(k, p, b, params or {}) if sk.held_weight_passes else b for k in range(p)]
+            ws = [c - x for c, x in zip(cs, beta)]  # deferred weight passes (0 where none are)
+            top = -math.inf
+            for bound, at in (stage_bound(fs, bs, ws, es, lats, spans, b, held),
+                              round_trip_bound(fs, bs, ws, es, lats, spans, b, held)):
+                if bound - fill > top:
+                    top, where = bound - fill, at
+        if link_own and max(link_own) > top:
+            j = max(range(len(link_own)), key=lambda j: link_own[j])
+            top, where = link_own[j], f"link {j}->{(j + 1) % p}"
+        if round_trips and wrap is not None:
+            rt, rt_where = self.interleaved_round_trip_term(cs, fs, es, lats, wrap, b)
             if rt > top:
                 top, where = rt, rt_where
         if round_trips:

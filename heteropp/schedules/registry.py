@@ -45,6 +45,9 @@ class ScheduleKind:
     # how many forwards stage k runs before one of them must wait for a backward (warm-up plus one); None:
     # the in-flight count (they differ where deferred weight passes hold activations longer)
     round_trip_span: Callable[[int, int, int, Params], int] | None = None
+    # weight passes stage k holds back: after its backward y >= hold it runs weight pass y - hold, and the last
+    # ones after its last backward (the cost model's cycles and drain)
+    held_weight_passes: Callable[[int, int, int, Params], int] | None = None
     # every stage runs all its forwards before any backward: fill and drain are two whole passes
     whole_passes: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)  # a parameter's value where a plan omits it
@@ -66,7 +69,8 @@ REGISTRY: dict[str, ScheduleKind] = {k.name: k for k in (
     ScheduleKind("gpipe", lambda p, m, _: gpipe(p, m), lambda k, p, b, _: b, False, whole_passes=True),
     # up to p - k awaiting B/I plus up to k awaiting their deferred W
     ScheduleKind("zbh1", lambda p, m, _: zb_h1(p, m), lambda k, p, b, _: min(p, b), True, alternates=True,
-                 round_trip_span=lambda k, p, b, _: min(p - k, b)),
+                 round_trip_span=lambda k, p, b, _: min(p - k, b),
+                 held_weight_passes=lambda k, p, b, _: min(k, b)),
     ScheduleKind("h1f1b", lambda p, m, q: h_1f1b(p, m, list(q.get("extra_warmup") or [0] * max(p - 1, 0))),
                  lambda k, p, b, q: min(_warmups(p, q)[k] + 1, b), False, ("extra_warmup",), "1f1b", alternates=True),
     # a stage's chunks hold 1/v of its layers each: its peak, in whole-stage activations, is the warm-up

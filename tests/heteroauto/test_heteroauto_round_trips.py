@@ -63,14 +63,18 @@ def test_paper_experiment_plans_estimate_within_5_percent(exp, gbs):
 
 
 # Estimate / simulated time over random HARP plans (slow 5 Gbps cross link), per schedule: the estimate is
-# never more than UNDER below the simulator (its fill/drain terms cover the whole passes at few micro-batches)
-# and at most OVER above it. GPipe's passes are flow shops of identical jobs, so its estimate is exact up to
-# the update term.
+# never more than UNDER below the simulator and at most OVER above it. GPipe's passes are flow shops of
+# identical jobs, so its estimate is exact up to the update term. The alternating schedules' estimate is a
+# longest chain of the actions as they run (alternating.py), warm-up and drain counted at their length: it
+# overshoots only by the update term (before, with the steady-state term and (b - 1) / d round trips, 1F1B
+# and ZB-H1 overshot by up to 18.8% and 25.6% at 2-8 micro-batches).
 BOUNDS = {  # schedule: (UNDER, OVER) at 2-8 micro-batches, then at 16-64
     "gpipe": ((0.01, 0.01), (0.01, 0.01)),
-    "1f1b": ((0.05, 0.20), (0.05, 0.12)),
-    "h1f1b": ((0.05, 0.12), (0.05, 0.05)),
-    "zbh1": ((0.05, 0.30), (0.05, 0.10)),
+    "1f1b": ((0.07, 0.02), (0.07, 0.01)),
+    "h1f1b": ((0.05, 0.02), (0.05, 0.01)),
+    # ZB-H1's stages end at different times (its weight passes); the update term adds the largest update
+    # after the compute's end, and the bound leaves out a cycle's weight pass where it cannot place it
+    "zbh1": ((0.11, 0.05), (0.05, 0.01)),
     # each micro-batch crosses the slow link once per chunk each way and its wrap-around chunk-1 times; the
     # round trips over virtual stages and a boundary's warm-up crossings ahead of its backward ones are priced
     # (it was 21% low without them)

@@ -1,0 +1,98 @@
+"""When the compute of a schedule that alternates forwards and backwards (1F1B, H-1F1B, ZB-H1) can end at
+the earliest, from how such a schedule runs: stage k runs n_k - 1 warm-up forwards (n_k = min(warm-up + 1,
+b), the registry's round_trip_span), then alternates a forward and a backward, then drains its last n_k - 1
+backwards. Both bounds are longest chains of actions the simulator must run one after another, so they hold
+at every micro-batch count, and neither charges a run of micro-batches that does not exist (at few
+micro-batches the warm-up and drain are most of the iteration).
+
+Per micro-batch, stage k's forward is fs[k], its backward on the critical chain bs[k] (the input gradient
+where weight passes are deferred) and its deferred weight pass ws[k] (0 where none is); boundary j's
+transfer es[j] and latency lats[j]. Stage k holds back held[k] weight passes (the registry's
+held_weight_passes; b where none are deferred, so none counts): after its backward y >= held[k] it runs a
+weight pass, the rest after its last backward. All bounds are on the end of stage 0's last backward.
+"""
+from __future__ import annotations
+
+import math
+
+
+def _chains(fs: list[float], bs: list[float], es: list[float], lats: list[float],
+            spans: list[int], b: int) -> tuple[list[float], list[float], list[float]]:
+    """Per stage k: when its first forward can start (`pre`: micro-batch 0 through the stages and links
+    before it), when its first backward can end (`first_back`), and how long its last backward's gradient
+    still needs to reach stage 0 (`post`). A stage runs its first backward right after forward n_k - 1, and
+    the forwards reach stage k no faster than the slowest stage or link before it passes them on (`up`)."""
+    p = len(fs)
+    hop = [e + x for e, x in zip(es, lats)]
+    pre = [sum(fs[:k]) + sum(hop[:k]) for k in range(p)]
+    post = [sum(bs[:k]) + sum(hop[:k]) for k in range(p)]
+    first_back = [0.0] * p
+    for k in reversed(range(p)):
+        n = min(spans[k], b)
+        up = max(fs[:k + 1] + es[:k])
+        warm_end = pre[k] + fs[k] + (n - 1) * up  # forward n_k - 1 ends
+        grad = first_back[k + 1] + hop[k] if k < p - 1 else 0.0  # gradient of micro-batch 0 arrives
+        first_back[k] = max(warm_end, grad) + bs[k]
+    return pre, first_back, post
+
+
+def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
+    """Stage k's own timeline: it starts at pre_k, runs b forwards and b whole backwards, and waits twice.
+    Before its first backward: for micro-batch 0's round trip through the later stages (first_back), or for
+    its n_k forwards, which arrive at the pace of the slowest stage or link before it. After its last
+    forward: its last backward needs that micro-batch's round trip (r_k, the later stages' passes and every
+    link both ways), of which its n_k - 1 drain backwards cover only n_k - 1 whole backwards. Then the
+    gradient's way down to stage 0 (post_k), less the deferred weight passes that stage k still runs after
+    its last backward (held[k] and the one of that backward), which overlap it."""
+    p = len(fs)
+    pre, first_back, post = _chains(fs, bs, es, lats, spans, b)
+    hop = [e + x for e, x in zip(es, lats)]
+    best, where = -math.inf, ""
+    for k in range(p):
+        n = min(spans[k], b)
+        back = bs[k] + ws[k]  # a whole backward (weight pass included)
+        r = sum(fs[k + 1:]) + sum(bs[k + 1:]) + 2 * sum(hop[k:])
+        first = first_back[k] - bs[k]  # the first backward's earliest start
+        last_fwd = pre[k] + fs[k] + (b - 1) * max(fs[:k + 1] + es[:k])  # forward b - 1 ends
+        if b > n:  # forward b - 1 comes after the first backward: the two waits are apart
+            t = first + (b - n) * fs[k] + b * back + max(0.0, r - (n - 1) * back)
+        else:  # every forward before the first backward
+            t = max(first, last_fwd + max(0.0, r - (b - 1) * back)) + b * back
+        t += max(0.0, post[k] - min(held[k] + 1, b) * ws[k])
+        if t > best:
+            best, where = t, f"stage {k}"
+    return best, where
+
+
+def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                     spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
+    """Round trips: stage k runs forward y + n_k right after backward y, and stage j its backward
+    y + n_k - n_j + 1 right after forward y + n_k, so from stage k's backward y to its backward y + d
+    (d = n_k - n_j + 1) runs a cycle of stage k's forward and backward, the passes of k+1..j and every
+    link between both ways. Such a cycle exists only while forward y + n_k does (y + n_k <= b - 1): N =
+    (b - n_j) // d of them from the first backward, the rest of stage k's backwards one by one. One by one,
+    a backward follows the previous one by at least the slowest backward or link of k..j (the gradients
+    come down that chain in order), and by stage k's forward and backward while a forward sits between them.
+    The single steps come first, then the cycles; a step or cycle from backward y >= held[k] also runs a
+    weight pass on stage k. Where a slow link sits next to fast stages this, not the link's bandwidth, sets
+    the pace."""
+    p = len(fs)
+    _, first_back, post = _chains(fs, bs, es, lats, spans, b)
+    best, where = -math.inf, ""
+    for k in range(p - 1):
+        if b <= spans[k]:
+            continue
+        cycle = fs[k] + bs[k]
+        for j in range(k + 1, p):
+            cycle += fs[j] + bs[j] + 2 * (es[j - 1] + lats[j - 1])
+            d = spans[k] - spans[j] + 1
+            n = (b - spans[j]) // d
+            ones = b - spans[j] - n * d  # single steps from backwards 0 .. ones - 1, each with a forward
+            pace = max(bs[k:j + 1] + es[k:j])
+            step = [max(fs[k] + bs[k] + (ws[k] if y >= held[k] else 0.0), pace) for y in range(ones)]
+            weighted = sum(1 for i in range(n) if ones + i * d >= held[k])  # cycles that run a weight pass
+            t = (first_back[k] + sum(step) + n * cycle + weighted * ws[k] + (spans[j] - 1) * pace + post[k])
+            if t > best:
+                best, where = t, f"round trip {k}->{j}"
+    return best, where
