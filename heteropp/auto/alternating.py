@@ -71,14 +71,18 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
     y + n_k - n_j + 1 right after forward y + n_k, so from stage k's backward y to its backward y + d
     (d = n_k - n_j + 1) runs a cycle of stage k's forward and backward, the passes of k+1..j and every
     link between both ways. Such a cycle exists only while forward y + n_k does (y + n_k <= b - 1): N =
-    (b - n_j) // d of them from the first backward, the rest of stage k's backwards one by one. One by one,
-    a backward follows the previous one by at least the slowest backward or link of k..j (the gradients
-    come down that chain in order), and by stage k's forward and backward while a forward sits between them.
-    The single steps come first, then the cycles; a step or cycle from backward y >= held[k] also runs a
-    weight pass on stage k. Where a slow link sits next to fast stages this, not the link's bandwidth, sets
-    the pace."""
+    (b - n_j) // d of them from the first backward. Their backward legs pass every stage and link of k..j,
+    so the backwards after them follow one another at the pace of one of those: a link's transfer, or a
+    stage's backward plus what that stage runs in between (its next forward while there is one, its
+    held-back weight pass). Where a slow link sits next to fast stages the cycles, not the link's
+    bandwidth, set the pace."""
     p = len(fs)
     _, first_back, post = _chains(fs, bs, es, lats, spans, b)
+
+    def between(i: int, y: int) -> float:
+        """What stage i runs from the end of its backward y to the start of backward y + 1 besides them."""
+        return (fs[i] if y + spans[i] <= b - 1 else 0.0) + (ws[i] if y >= held[i] else 0.0)
+
     best, where = -math.inf, ""
     for k in range(p - 1):
         if b <= spans[k]:
@@ -88,11 +92,13 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
             cycle += fs[j] + bs[j] + 2 * (es[j - 1] + lats[j - 1])
             d = spans[k] - spans[j] + 1
             n = (b - spans[j]) // d
-            ones = b - spans[j] - n * d  # single steps from backwards 0 .. ones - 1, each with a forward
-            pace = max(bs[k:j + 1] + es[k:j])
-            step = [max(fs[k] + bs[k] + (ws[k] if y >= held[k] else 0.0), pace) for y in range(ones)]
-            weighted = sum(1 for i in range(n) if ones + i * d >= held[k])  # cycles that run a weight pass
-            t = (first_back[k] + sum(step) + n * cycle + weighted * ws[k] + (spans[j] - 1) * pace + post[k])
+            # a cycle from backward y runs stage k's weight pass of y (if any) before the next forward
+            t = first_back[k] + n * cycle + sum(ws[k] for i in range(n) if i * d >= held[k])
+            # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j
+            rest = range(n * d, b - 1)
+            t += max([sum(bs[i] + between(i, y) for y in rest) for i in range(k, j + 1)]
+                     + [len(rest) * e for e in es[k:j]])
+            t += post[k]
             if t > best:
                 best, where = t, f"round trip {k}->{j}"
     return best, where
