@@ -37,17 +37,23 @@ def link_floor_s(train_file: str) -> float:
     return micro_batches * activation / (5e9 / 8)
 
 
-def plan_now(tmp_path: Path, train: str) -> dict:
-    out = tmp_path / f"{train}.json"
-    assert main(["plan", *SPECS, "--train", str(EX / "training" / train), "--json", str(out), "--no-progress"]) == 0
-    return json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> dict[str, dict]:
+    """The plan the planner writes now for each example's spec files (the README's command), per schedule."""
+    out = {}
+    for schedule, (_, train) in PLANS.items():
+        path = tmp_path_factory.mktemp("plans") / f"{train}.json"
+        assert main(["plan", *SPECS, "--train", str(EX / "training" / train), "--json", str(path),
+                     "--no-progress"]) == 0
+        out[schedule] = json.loads(path.read_text())
+    return out
 
 
 @pytest.mark.parametrize("schedule", sorted(PLANS))
-def test_harp_plans_respect_the_link_floor_and_cross_the_link_once(tmp_path, schedule):
+def test_harp_plans_respect_the_link_floor_and_cross_the_link_once(planned, schedule):
     plan_file, train = PLANS[schedule]
     floor = link_floor_s(train)
-    for plan in (json.loads((EX / "plans" / plan_file).read_text()), plan_now(tmp_path, train)):
+    for plan in (json.loads((EX / "plans" / plan_file).read_text()), planned[schedule]):
         assert plan["dp"] == 1 and plan["schedule"] == schedule
         chips = [s["chip"] for s in plan["stages"]]
         # one crossing of the slow link: two runs of one chip type each (either may come first; under
@@ -58,9 +64,34 @@ def test_harp_plans_respect_the_link_floor_and_cross_the_link_once(tmp_path, sch
             assert plan["iteration_time_s"] <= floor * H1F1B_SLACK, (plan["iteration_time_s"], floor)
 
 
-def test_harp_h1f1b_beats_1f1b_on_the_slow_link(tmp_path):
-    times = {s: plan_now(tmp_path, train)["iteration_time_s"] for s, (_, train) in PLANS.items()}
-    assert times["h1f1b"] < times["1f1b"]
+def test_harp_h1f1b_beats_1f1b_on_the_slow_link(planned):
+    assert planned["h1f1b"]["iteration_time_s"] < planned["1f1b"]["iteration_time_s"]
+
+
+def _same(a: object, b: object, where: str = "plan") -> None:
+    """a == b, floats to 1e-9 relative (another machine's libm may differ in the last bits)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9), where
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), (where, sorted(a.keys() ^ b.keys()))
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.mark.parametrize("schedule", sorted(PLANS))
+def test_committed_example_plans_are_what_the_planner_writes(planned, schedule):
+    """A committed example plan is the planner's output for its spec files, field by field except the
+    search time (regenerate it with the README's command when the planner changes)."""
+    committed = json.loads((EX / "plans" / PLANS[schedule][0]).read_text())
+    now = dict(planned[schedule])
+    assert committed.pop("search_time_s") >= 0 and now.pop("search_time_s") >= 0
+    _same(now, committed)
 
 
 @pytest.mark.parametrize("schedule", sorted(PLANS))
