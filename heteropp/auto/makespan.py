@@ -9,17 +9,20 @@ simulator stays the judge that also reports memory, bubbles and the timeline (te
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any, Mapping
 
 from ..schedules.actions import deps_done
-from .simulator import StageTimes, _built
+from .simulator import StageTimes, _built, _built_with, frozen_params
 
 _OPS = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
-@lru_cache(maxsize=64)
-def program(schedule: str, p: int, m: int) -> tuple[tuple[int, int, int], ...]:
-    """(stage, op code, micro-batch) of every compute action, in an order that respects all dependencies."""
-    sched = [[a for a in acts if a.op in _OPS] for acts in _built(schedule, p, m)]
+@lru_cache(maxsize=256)
+def program(schedule: str, p: int, m: int, frozen: tuple = ()) -> tuple[tuple[int, int, int], ...]:
+    """(stage, op code, micro-batch) of every compute action, in an order that respects all dependencies;
+    `frozen`: the schedule's parameters (simulator.built_schedule's key)."""
+    built = _built_with(schedule, p, m, frozen) if frozen else _built(schedule, p, m)
+    sched = [[a for a in acts if a.op in _OPS] for acts in built]
     done: set[tuple[int, str, int]] = set()
     pos, out = [0] * p, []
     while len(out) < sum(map(len, sched)):
@@ -34,8 +37,9 @@ def program(schedule: str, p: int, m: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def makespan(stages: list[StageTimes], boundary_s: list[float], micro_batches: int, schedule: str,
-             latency_s: list[float] | None = None) -> float:
-    """The simulator's iteration time (last stage update end) for a named schedule."""
+             latency_s: list[float] | None = None, params: Mapping[str, Any] | None = None) -> float:
+    """The simulator's iteration time (last stage update end) for a named schedule with its parameters
+    (one model chunk per stage)."""
     p, m = len(stages), micro_batches
     lat = latency_s or [0.0] * p
     dur = [(st.fwd, st.bwd, st.bwd - st.wgrad, st.wgrad) for st in stages]
@@ -45,7 +49,7 @@ def makespan(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
     arr_f = [0.0] * (p * m)  # when micro-batch j's activations reach stage s
     arr_b = [0.0] * (p * m)  # when its gradients reach stage s
     last = p - 1
-    for s, op, j in program(schedule, p, m):
+    for s, op, j in program(schedule, p, m, frozen_params(params or {})):
         t = free[s]
         if op == 0:
             if s and arr_f[s * m + j] > t:

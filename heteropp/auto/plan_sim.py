@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 
 from ..plan import Plan
-from ..schedules import build, h1f1b_extra, kind
+from ..schedules import h1f1b_extra, kind
 from .costs import CostModel, StageSpec, micro_batches
 from .makespan import makespan
-from .simulator import SimResult, StageTimes, simulate
+from .simulator import SimResult, StageTimes, built_schedule, simulate
 
 
 def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[StageTimes], list[float]]:
@@ -55,14 +55,17 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
     sched: str | list = name
     if kind(name).params:
         params = params or schedule_params(cm, stages, dp, name)
-        sched = build(name, len(stages) // kind(name).chunks(params), b, params)
+        sched = built_schedule(name, len(stages) // kind(name).chunks(params), b, params)
     return simulate(st, es, b, sched, keep_timeline, limit, latencies(cm, stages))
 
 
-def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None) -> float:
-    """The simulated iteration time alone (makespan.py: the same recurrence, no event loop)."""
+def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
+                   params: dict | None = None) -> float:
+    """The simulated iteration time alone (makespan.py: the same recurrence, no event loop); one model
+    chunk per stage."""
     st, es = stage_times(cm, stages, dp)
-    return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, latencies(cm, stages))
+    return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, latencies(cm, stages),
+                    params)
 
 
 def latencies(cm: CostModel, stages: list[StageSpec]) -> list[float]:

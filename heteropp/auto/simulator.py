@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, Mapping
 
 from ..schedules import Action, Schedule, build, validate
 from ..schedules.actions import chunks_of, deps_done, mark_done
@@ -44,11 +45,34 @@ def _built(schedule: str, p: int, m: int) -> Schedule:
     return sched
 
 
+class CheckedSchedule(list):
+    """An action list that schedules.validate has passed (built_schedule's, shared: never changed)."""
+
+
+def built_schedule(name: str, p: int, m: int, params: Mapping[str, Any]) -> Schedule:
+    """A registered schedule with parameters, built and validated once per shape and parameters (the
+    re-rank simulates every option of many plans)."""
+    return _built_with(name, p, m, frozen_params(params))
+
+
+def frozen_params(params: Mapping[str, Any]) -> tuple:
+    """Schedule parameters as a hashable key (lists become tuples)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+
+@lru_cache(maxsize=256)
+def _built_with(name: str, p: int, m: int, frozen: tuple) -> CheckedSchedule:
+    sched = build(name, p, m, {k: list(v) if isinstance(v, tuple) else v for k, v in frozen})
+    validate(sched, m)
+    return CheckedSchedule(sched)
+
+
 def schedule_of(schedule: str | Schedule, p: int, m: int) -> Schedule:
     """A named schedule built for p stages and m micro-batches, or a given action list, validated."""
     if isinstance(schedule, str):
         return _built(schedule, p, m)
-    validate(schedule, m)
+    if not isinstance(schedule, CheckedSchedule):
+        validate(schedule, m)
     return schedule
 
 

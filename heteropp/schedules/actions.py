@@ -84,8 +84,12 @@ def validate(sched: Schedule, micro_batches: int) -> None:
             if (a.op, a.mb, a.chunk) in seen:
                 raise ScheduleError(f"stage {s}: {a} appears twice")
             seen[(a.op, a.mb, a.chunk)] = i
+        by_chunk: list[dict[tuple[str, int], int]] = [{} for _ in range(v)]
+        for (op, mb, ch), i in seen.items():
+            if 0 <= ch < v:
+                by_chunk[ch][(op, mb)] = i
         for c, m in ((c, m) for c in range(v) for m in range(micro_batches)):
-            _check_micro_batch(s, m, {(op, mb): i for (op, mb, ch), i in seen.items() if ch == c})
+            _check_micro_batch(s, m, by_chunk[c])
     _check_deadlock([[a for a in acts if a.op in COMPUTE] for acts in sched], p)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from heteropp.auto.makespan import makespan, program
 from heteropp.auto.simulator import StageTimes, simulate
+from heteropp.schedules import build
 
 
 def _random_pipeline(rng: random.Random, p: int) -> tuple[list[StageTimes], list[float]]:
@@ -27,6 +28,22 @@ def test_makespan_equals_simulator(schedule):
         stages, links = _random_pipeline(rng, p)
         want = simulate(stages, links, m, schedule).iteration_time_s
         assert makespan(stages, links, m, schedule) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_makespan_equals_simulator_with_schedule_parameters():
+    """H-1F1B with random extra warm-ups, and interleaved 1F1B with one chunk: the recurrence the re-rank
+    times every parameter option with (planning.best_params) against the event loop on the built lists."""
+    rng = random.Random(8)
+    for _ in range(80):
+        p, m = rng.randint(1, 7), rng.randint(1, 20)
+        stages, links = _random_pipeline(rng, p)
+        q = {"extra_warmup": [rng.randint(0, 4) for _ in range(p - 1)]}
+        lat = [rng.choice([0.0, rng.uniform(0, 2)]) for _ in range(p - 1)]
+        want = simulate(stages, links, m, build("h1f1b", p, m, q), latency_s=lat).iteration_time_s
+        assert makespan(stages, links, m, "h1f1b", lat, q) == pytest.approx(want, rel=1e-12, abs=1e-12)
+        m = max(m // p, 1) * p
+        want = simulate(stages, links, m, build("interleaved", p, m, {"chunks": 1})).iteration_time_s
+        assert makespan(stages, links, m, "interleaved", None, {"chunks": 1}) == pytest.approx(want, rel=1e-12)
 
 
 def test_program_is_every_compute_action_once():
