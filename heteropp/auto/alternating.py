@@ -79,9 +79,13 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
     p = len(fs)
     _, first_back, post = _chains(fs, bs, es, lats, spans, b)
 
-    def between(i: int, y: int) -> float:
-        """What stage i runs from the end of its backward y to the start of backward y + 1 besides them."""
-        return (fs[i] if y + spans[i] <= b - 1 else 0.0) + (ws[i] if y >= held[i] else 0.0)
+    def steps(i: int, lo: int) -> float:
+        """Stage i from the end of its backward lo to the start of its last: each backward, plus its next
+        forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on."""
+        n = max(0, b - 1 - lo)
+        forwards = max(0, min(b - 1 - spans[i], b - 2) - lo + 1)
+        weights = max(0, b - 1 - max(lo, held[i]))
+        return n * bs[i] + forwards * fs[i] + weights * ws[i]
 
     best, where = -math.inf, ""
     for k in range(p - 1):
@@ -95,9 +99,7 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
             # a cycle from backward y runs stage k's weight pass of y (if any) before the next forward
             t = first_back[k] + n * cycle + sum(ws[k] for i in range(n) if i * d >= held[k])
             # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j
-            rest = range(n * d, b - 1)
-            t += max([sum(bs[i] + between(i, y) for y in rest) for i in range(k, j + 1)]
-                     + [len(rest) * e for e in es[k:j]])
+            t += max([steps(i, n * d) for i in range(k, j + 1)] + [max(0, b - 1 - n * d) * e for e in es[k:j]])
             t += post[k]
             if t > best:
                 best, where = t, f"round trip {k}->{j}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from ..plan import Plan, StagePlan
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec, load_cluster, load_model, load_train
 from ..schedules import kind
+from .accuracy import error_factor
 from .analytic import analytic_profile
 from .costs import CostModel, StageSpec, micro_batches
 from .limits import DEFAULT_LIMITS, Limits
@@ -38,19 +39,45 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
         return search_h2(pb.cm, group_size, progress=progress)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
-    return rank_with_params(pb, search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle))
+    if not kind(pb.train.schedule).params:
+        return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle)
+    res = search_auto(pb.cm, group_size, RERANK_POOL, progress=progress, limits=limits, idle=idle,
+                      margin=POOL_MARGIN)
+    return rank_with_params(pb, res)
+
+
+RERANK_FIRST = 4  # the best plan and the next three are always re-ranked with their parameters
+RERANK_POOL = 24  # plans the search collects for the re-rank at most
+# the margin of the search's objective within which it collects them: the objective prices neither round
+# trips nor warm-up, which parameters change by more than the estimate's error
+POOL_MARGIN = 0.25
+RERANK_ACTIONS = 100_000  # beyond the first four: stage x micro-batch actions simulated, over every option
+WARMUP_OR_CHUNK_OPTIONS = 5  # options best_params simulates at most (len(WARMUP_SCALES), MAX_CHUNKS)
 
 
 def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
     """The search ranks plans under the parameter-free schedule it searches as (searched_as); a schedule
-    that takes parameters then re-ranks the best plan and the kept runners-up by their simulated time with
-    each one's own best parameters (choose_params), so that H-1F1B's warm-up or interleaved chunks can change
-    which plan wins. A candidate the schedule cannot run (interleaved: micro-batches not in groups of its
-    stages) drops out, unless none can run (to_plan then says why)."""
+    that takes parameters then re-ranks the plans by their simulated time with each one's own best
+    parameters (best_params), so that H-1F1B's warm-up or interleaved chunks can change which plan wins.
+    Re-ranked are the best plan, the next three, and every further plan the search collected whose least
+    estimate with parameters (least_estimate) is within the model's stated error (accuracy.error_factor)
+    of the least of them all, in increasing estimate while RERANK_ACTIONS last. A candidate the schedule
+    cannot run (interleaved: micro-batches not in groups of its stages) drops out, unless none can run
+    (to_plan then says why)."""
     if not kind(pb.train.schedule).params:
         return res
+    pool, rest = [res.best, *res.runners_up[:RERANK_FIRST - 1]], res.runners_up[RERANK_FIRST - 1:]
+    if rest:
+        least = {id(c): least_estimate(pb, c) for c in pool + rest}
+        limit = min(least.values()) * error_factor(pb.train.schedule)
+        spent = 0
+        for cand in sorted((c for c in rest if least[id(c)] <= limit), key=lambda c: least[id(c)]):
+            spent += len(cand.stages) * micro_batches(pb.train, cand.dp) * WARMUP_OR_CHUNK_OPTIONS
+            if spent > RERANK_ACTIONS:
+                break
+            pool.append(cand)
     timed: list[tuple[float, int, Candidate]] = []
-    for i, cand in enumerate([res.best, *res.runners_up]):
+    for i, cand in enumerate(pool):
         try:
             timed.append((best_params(pb, cand)[2], i, cand))
         except InfeasibleError:
@@ -58,7 +85,7 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
     if not timed:
         return res
     ranked = [c for _, _, c in sorted(timed, key=lambda x: x[:2])]
-    return replace(res, best=ranked[0], runners_up=ranked[1:])
+    return replace(res, best=ranked[0], runners_up=ranked[1:RERANK_FIRST])
 
 
 def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str,
@@ -105,12 +132,38 @@ def choose_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec]]:
 
 def best_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec], float]:
     """The parameters of the plan's schedule and the stages the plan lists (virtual stages when it
-    interleaves), the option the simulator finds fastest among those that fit in memory:
-    H-1F1B's extra warm-up as HARP's rule scaled by WARMUP_SCALES (0: plain 1F1B), each cut back to fit
-    (warmup_within_memory); interleaved 1F1B's chunks from 1 to MAX_CHUNKS, where every stage holds a layer
-    per chunk and the micro-batches come in groups of the stages. Ties go to the smaller option. Also
-    returns its simulated time."""
-    from .plan_sim import schedule_params, simulate_stages
+    interleaves), the option (param_options) the simulator finds fastest. Ties go to the smaller option.
+    Also returns its simulated time."""
+    from .plan_sim import iteration_time, simulate_stages
+    options, sched = param_options(pb, cand), pb.train.schedule
+    if not options:
+        return {}, cand.stages, iteration_time(pb.cm, cand.stages, cand.dp, sched)
+    # the simulator's recurrence where each stage holds one chunk, its event loop for virtual stages
+    times = [iteration_time(pb.cm, st, cand.dp, sched, q) if kind(sched).chunks(q) == 1
+             else simulate_stages(pb.cm, st, cand.dp, sched, params=q).iteration_time_s for q, st in options]
+    i = min(range(len(options)), key=lambda i: (times[i], i))
+    return options[i][0], options[i][1], times[i]
+
+
+def least_estimate(pb: Problem, cand: Candidate) -> float:
+    """The cost model's least estimate over the options best_params simulates (the plan's own schedule);
+    inf where the schedule cannot run the plan."""
+    b, sched = micro_batches(pb.train, cand.dp), pb.train.schedule
+    try:
+        options = param_options(pb, cand) or [({}, cand.stages)]
+    except InfeasibleError:
+        return math.inf
+    return min(pb.cm.evaluate(cand.stages, cand.dp, b, sched, round_trips=True, params=q).iteration_time_s
+               for q, _ in options)
+
+
+def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSpec]]]:
+    """The parameter options of the plan's schedule that fit in memory, with the stages the simulator runs
+    for each (empty for a schedule without parameters): H-1F1B's extra warm-up as HARP's rule scaled by
+    WARMUP_SCALES (0: plain 1F1B), each cut back to fit (warmup_within_memory); interleaved 1F1B's chunks
+    from 1 to MAX_CHUNKS, where every stage holds a layer per chunk and the micro-batches come in groups of
+    the stages."""
+    from .plan_sim import schedule_params
     sk, cm, dp = kind(pb.train.schedule), pb.cm, cand.dp
     b, p = micro_batches(pb.train, dp), len(cand.stages)
     options: list[tuple[dict, list[StageSpec]]] = []
@@ -135,11 +188,7 @@ def best_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec], fl
             if v > 1 and any(m > c for m, c in zip(mem, caps)):
                 continue
             options.append(({"chunks": v}, virtual_stages(cand.stages, v)))
-    else:
-        return {}, cand.stages, simulate_stages(cm, cand.stages, dp, pb.train.schedule).iteration_time_s
-    times = [simulate_stages(cm, st, dp, pb.train.schedule, params=q).iteration_time_s for q, st in options]
-    i = min(range(len(options)), key=lambda i: (times[i], i))
-    return options[i][0], options[i][1], times[i]
+    return options
 
 
 def virtual_stages(stages: list[StageSpec], chunks: int) -> list[StageSpec]:

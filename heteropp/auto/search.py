@@ -64,16 +64,21 @@ RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
-                progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
+                progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto",
+                margin: float = 0.0) -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it).
     `idle`: "auto" searches plans that leave chips idle (idle.py) when no plan uses every chip or the
     search was bounded,
     "always" also when one does (the better plan wins), "never" not at all.
 
+    `margin`: also return, as runners-up (at most `runners_up`), the plans within this relative margin of the
+    optimum, for a caller that re-ranks them (planning.rank_with_params); collected within the time budget.
+
     Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
     re-rank margin is kept on the heap, and a second phase collects it only when the optimum is cheap
-    enough to simulate (otherwise the margin would cost search time for a re-rank that never runs)."""
+    enough to simulate (otherwise the margin would cost search time for a re-rank that never runs), or
+    when the caller asks for a margin."""
     if idle not in IDLE_MODES:
         raise ValueError(f"search_auto: idle={idle!r}; expected one of {', '.join(IDLE_MODES)}")
     t0 = time.perf_counter()
@@ -83,7 +88,8 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     bounded = [f"orders of chip types: {len(orders)} next to the memory-descending one"] if cut_orders else []
     dps = [dp for dp in dp_candidates(cm.cluster, cm.train) if _fewest_stages(cm, dp) <= L]
     wide = _rerank_slack(cm, dp_candidates(cm.cluster, cm.train)) if rerank else 0.0
-    top = _Top(max(runners_up + 1, RERANK_KEEP if rerank else 0), 0.0)
+    refined = max(RERANK_KEEP if rerank else 0, (3 if margin else runners_up) + 1)  # plans given inner_dp
+    top = _Top(max(refined, runners_up + 1), 0.0)
     stats = {"evaluated": 0, "pruned": 0}
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     per_dp, grouped = {}, False
@@ -116,7 +122,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
 
     def later(v: float) -> bool:
         """Worth keeping: below the best plan, or (for the second phase) within the re-rank margin."""
-        return not top.items or v < top.items[0].time_s * (1 + max(wide, top.slack))
+        return not top.items or v < top.items[0].time_s * (1 + max(wide, margin, top.slack))
 
     def push(e: Entry) -> None:
         if later(e.bound):
@@ -173,9 +179,13 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
 
     deadline = t0 + limits.time_budget_s
 
-    def drain() -> None:
+    def drain(collect: bool = False) -> None:
+        """Best-first until no bound beats the best plan (within top.slack); `collect`: only gathering
+        plans within a margin of an optimum already found, so the clock stops it without bounding it."""
         while frontier.least() < top.bound:
             if time.perf_counter() > deadline and top.items:
+                if collect:
+                    return
                 bounded.append(f"time budget {limits.time_budget_s:g} s (best-first search stopped with "
                                f"bounds from {frontier.least():.4f} s open)")
                 stats["open_bound"] = frontier.least()
@@ -204,16 +214,18 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     drain()
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
-    if wide and _affordable(cm, top.items[0]) and not bounded:
-        top.slack = wide
-        drain()
+    near_slack = wide if _affordable(cm, top.items[0]) and not bounded else 0.0  # the simulator re-ranks these
+    if max(near_slack, margin) and not bounded:
+        top.slack = max(near_slack, margin)
+        drain(collect=True)
     stats["pruned"] += len(frontier)
     items = top.items
     if rerank:
-        near = [c for c in items if c.time_s <= items[0].time_s * (1 + top.slack)]
+        near = [c for c in items if c.time_s <= items[0].time_s * (1 + near_slack)]
         items = _rerank(cm, near, group_size) + [c for c in items if c not in near]
-    # per-stage data parallelism on the kept plans; a plan it improves may overtake the ones before it
-    split_rows = [with_inner_dp(cm, c) for c in items]
+    # per-stage data parallelism on the kept plans (the plans a margin adds stay as found); a plan it
+    # improves may overtake the ones before it
+    split_rows = [with_inner_dp(cm, c) for c in items[:refined]] + items[refined:]
     if any(a is not c for a, c in zip(split_rows, items)):
         items = sorted(split_rows, key=lambda c: c.time_s)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain

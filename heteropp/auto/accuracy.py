@@ -1,0 +1,24 @@
+"""The cost model's stated error against the simulator, per schedule: the worst relative error each way
+over random plans of HARP Setting 1 (tests/heteroauto/test_heteroauto_round_trips.py holds the model to
+these; bench/heteroauto_estimate.py measures them). The planner reads them to decide which plans the
+simulator must see: a plan whose estimate is within the error of the best one's may be faster."""
+from __future__ import annotations
+
+# schedule: ((UNDER, OVER) at 2-8 micro-batches, (UNDER, OVER) at 16-64): estimate / simulated - 1 lies
+# in [-UNDER, OVER]
+ESTIMATE_BOUNDS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "gpipe": ((0.01, 0.01), (0.01, 0.01)),
+    "1f1b": ((0.05, 0.02), (0.07, 0.01)),
+    "h1f1b": ((0.05, 0.02), (0.05, 0.01)),
+    # ZB-H1's stages end at different times (its weight passes): the update term adds the largest update
+    # after the latest end
+    "zbh1": ((0.06, 0.05), (0.05, 0.01)),
+    # each micro-batch crosses the slow link once per chunk each way and its wrap-around chunk-1 times
+    "interleaved": ((0.08, 0.15), (0.08, 0.05)),
+}
+
+
+def error_factor(schedule: str) -> float:
+    """How far apart two plans' estimates may be while the simulator still ranks them either way: the
+    worse one's estimate may be high by OVER and the better one's low by UNDER, over both ranges."""
+    return max((1 + over) / (1 - under) for under, over in ESTIMATE_BOUNDS[schedule])
