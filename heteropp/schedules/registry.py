@@ -20,8 +20,13 @@ Params = Mapping[str, Any]
 
 
 def _warmups(p: int, params: Params) -> list[int]:
+    """Stage s's warm-up forwards: sum_{j >= s} (1 + extra_warmup[j]) (suffix sums: the cost model asks
+    for every stage of long pipelines)."""
     extra = list(params.get("extra_warmup") or [0] * max(p - 1, 0))
-    return [sum(1 + x for x in extra[s:]) for s in range(p)]
+    suffix = [0] * (len(extra) + 1)
+    for j in reversed(range(len(extra))):
+        suffix[j] = suffix[j + 1] + 1 + extra[j]
+    return [suffix[s] if s < len(extra) else 0 for s in range(p)]
 
 
 INTERLEAVED_CHUNKS = 1  # interleaved 1F1B's chunks where a plan omits them (Plan.chunks reads it through defaults)
