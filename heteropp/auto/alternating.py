@@ -98,8 +98,10 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
             n = (b - spans[j]) // d
             # a cycle from backward y runs stage k's weight pass of y (if any) before the next forward
             t = first_back[k] + n * cycle + sum(ws[k] for i in range(n) if i * d >= held[k])
-            # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j
-            t += max([steps(i, n * d) for i in range(k, j + 1)] + [max(0, b - 1 - n * d) * e for e in es[k:j]])
+            # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j (the
+            # last cycle's backward leg passes them all; without a cycle, only stage k's own steps count)
+            paced = range(k, j + 1) if n else range(k, k + 1)
+            t += max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
             t += post[k]
             if t > best:
                 best, where = t, f"round trip {k}->{j}"
