@@ -97,7 +97,7 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
             d = spans[k] - spans[j] + 1
             n = (b - spans[j]) // d
             # a cycle from backward y runs stage k's weight pass of y (if any) before the next forward
-            t = first_back[k] + n * cycle + sum(ws[k] for i in range(n) if i * d >= held[k])
+            t = first_back[k] + n * cycle + max(0, n - -(-held[k] // d)) * ws[k]  # cycles i with i d >= held
             # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j (the
             # last cycle's backward leg passes them all; without a cycle, only stage k's own steps count)
             paced = range(k, j + 1) if n else range(k, k + 1)
