@@ -15,9 +15,8 @@ import numpy as np
 from .bounds import integral_level, water_level_many
 from ..schedules.registry import kind
 from .costs import CostModel, in_flight
-from .levels import Rows
 from .space import stage_tp_runs, tp_counts
-from .stagekind import StageKind, stage_kinds
+from .stagekind import StageKind, StageTerms, stage_kinds
 from .stageopts import stage_opt
 
 
@@ -156,7 +155,7 @@ class DpSpace:
         return dict(a=self.A[kid], a1=self.A1[kid], m0=self.M0[kid, n], m1=self.M1[kid, n], beta=self.BETA[kid],
                     ups=self.UPS[kid], real=real)
 
-    def free_rows(self, idx: np.ndarray) -> Rows:
+    def free_rows(self, idx: np.ndarray) -> StageTerms:
         kid = np.concatenate([self.slots[i][0][idx[:, i]] for i in range(len(self.names))], axis=1)
         rel = np.concatenate([self.slots[i][1][idx[:, i]] for i in range(len(self.names))], axis=1)
         real = kid < len(self.kinds)
@@ -170,7 +169,7 @@ class DpSpace:
                                                  + (p - 1) * float((self.emat() + self.lmat()).max()))
         zero = np.zeros(kid.shape)
         y0 = np.where(real, -np.broadcast_to(np.asarray(dmax, dtype=np.float64).reshape(-1, 1), kid.shape), 0.0)
-        return Rows(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
+        return StageTerms(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
 
     def _flight_grid(self, p: np.ndarray, rel: np.ndarray) -> np.ndarray:
         """The registry's in-flight count of the stage `rel` from the end of a `p`-stage pipeline, per cell
@@ -195,11 +194,11 @@ class DpSpace:
         if not have[kid].all():
             for k in np.unique(kid[~have[kid]]).tolist():
                 o = stage_opt(self.cm, *self.ids[k], self.dp, self.b, n, first, last)
-                tab[k] = (o.a0, o.y0, *o.m, o.b0)
+                tab[k] = (o.a0, o.y0, o.m0, o.m1, o.b0)
                 have[k] = True
         return tab[kid].T
 
-    def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> Rows:
+    def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> StageTerms:
         """Exact stage matrix of each order of types (rows), end stages and links included."""
         b = self.b
         parts = [self.seqs[i][c] for i, c in enumerate(combo.tolist())]
@@ -223,7 +222,7 @@ class DpSpace:
                 step[:, 0] += self._emb()[kid[:, 0]]
             gaps = np.concatenate([np.zeros((R, 1)), step.cumsum(axis=1)], axis=1)
         lam = (b * e - 2 * e).max(axis=1) if p > 1 else np.full(R, -np.inf)
-        return Rows(a0=a0, y0=y0 - gaps, lam=lam, const=const + 2 * e.sum(axis=1), **g)
+        return StageTerms(a0=a0, y0=y0 - gaps, lam=lam, const=const + 2 * e.sum(axis=1), **g)
 
 
 def cheap_bounds(spaces: list[DpSpace]) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -17,29 +17,14 @@ is skipped where the fill is already infinite; the values are the same, the nump
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
+
+from .stagekind import StageTerms
 
 EPS = 1e-9  # caps are rounded up at floating-point ties: a bound may only be optimistic
 GRID = 4
 REFINE = 10
-
-
-@dataclass
-class Rows:
-    """Stage slots per row; padding slots have real False, a = inf and zero caps."""
-    a: np.ndarray  # own slope, recompute off
-    a1: np.ndarray  # own slope, recompute on
-    a0: np.ndarray  # own offset (embedding or head)
-    m0: np.ndarray  # most layers, recompute off
-    m1: np.ndarray  # most layers, recompute on
-    beta: np.ndarray  # fill slope, recompute off
-    ups: np.ndarray  # update slope
-    y0: np.ndarray  # update offset (end stages' extra update, minus the drain gap)
-    real: np.ndarray
-    lam: np.ndarray  # (R,) link term
-    const: np.ndarray  # (R,) fill offsets and link fill
 
 
 def level_fields(slope: np.ndarray, off: np.ndarray, real: np.ndarray) -> tuple:
@@ -104,7 +89,7 @@ class Pass:
         self._at: dict = {}  # per number of levels: flat positions of the slots in fill order
 
     @classmethod
-    def of(cls, r: Rows, L: int, upd: tuple) -> "Pass":
+    def of(cls, r: StageTerms, L: int, upd: tuple) -> "Pass":
         """upd: level_fields of the update terms."""
         order = np.argsort(np.where(r.real, r.beta, np.inf), axis=1)  # slots cheapest fill first
         flat = order + (np.arange(len(order)) * order.shape[1])[:, None]
@@ -169,7 +154,7 @@ class Pass:
         return f + w + v[3]
 
 
-def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarray:
+def lower_bound(r: StageTerms, L: int, best: float, refine: int = REFINE) -> np.ndarray:
     """Per row, a lower bound on the cost of every split (see the module doc). Rows whose bound is still
     below `best` get their least segment halved, `refine` times."""
     # the fields of the own terms and of the update terms in one pass (elementwise: the same values as
@@ -188,7 +173,7 @@ def lower_bound(r: Rows, L: int, best: float, refine: int = REFINE) -> np.ndarra
         return _segments(r, ps, z0, f_inf[:, 0] + lv[:, 1] + r.const, best, refine)
 
 
-def _segments(r: Rows, ps: Pass, z0: np.ndarray, f_inf: np.ndarray, best: float, refine: int) -> np.ndarray:
+def _segments(r: StageTerms, ps: Pass, z0: np.ndarray, f_inf: np.ndarray, best: float, refine: int) -> np.ndarray:
     """The grid over [z0, zhi) and its refinement (module doc); f_inf: the rest at unbounded caps."""
     ok = np.isfinite(z0) & np.isfinite(f_inf)
     zhi = np.where(ok, best - f_inf, z0) if math.isfinite(best) else z0 * 1.05
@@ -254,7 +239,7 @@ WASTE = 512  # padding cells a row block may add to a wider block's pass (times 
 # pass has more fixed cost) rather than take a pass of its own
 
 
-def bound_parts(parts: list[Rows], L: int, best: float, refine: int = REFINE) -> np.ndarray:
+def bound_parts(parts: list[StageTerms], L: int, best: float, refine: int = REFINE) -> np.ndarray:
     """lower_bound of row blocks of different widths, in one pass per group of similar widths: padding a
     narrow block to a much wider one costs more than a pass's overhead. Rows come back in the parts' order."""
     by_w = sorted(range(len(parts)), key=lambda i: -parts[i].a.shape[1])
@@ -276,14 +261,14 @@ def bound_parts(parts: list[Rows], L: int, best: float, refine: int = REFINE) ->
     return np.concatenate(out)
 
 
-def full_of(r: Rows) -> np.ndarray:
+def full_of(r: StageTerms) -> np.ndarray:
     return np.where(r.real, np.maximum(r.m0, r.m1), 0.0)
 
 
 _PAD = dict(a=np.inf, a1=np.inf, a0=0.0, m0=0.0, m1=0.0, beta=0.0, ups=0.0, y0=0.0, real=False)
 
 
-def concat(parts: list[Rows]) -> Rows:
+def concat(parts: list[StageTerms]) -> StageTerms:
     """Stack row blocks of different widths into one matrix (padding slots carry nothing), so that one
     numpy pass bounds them all: the per-call overhead dominates on blocks of a few dozen rows."""
     if len(parts) == 1:
@@ -301,4 +286,4 @@ def concat(parts: list[Rows]) -> Rows:
         out[k] = m
     out["lam"] = np.concatenate([p.lam for p in parts])
     out["const"] = np.concatenate([p.const for p in parts])
-    return Rows(**out)
+    return StageTerms(**out)

@@ -15,52 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class StageOpt:
-    """own(l) = a0 + a[r] * l, phi(l) = b0 + bt[r] * l, y(l) = y0 + ups * l, r = 0 when l <= m[0] else 1
-    (needs l <= m[1])."""
-    a0: float
-    a: tuple[float, float]
-    b0: float
-    bt: tuple[float, float]
-    m: tuple[int, int]
-    y0: float = 0.0
-    ups: float = 0.0
-
-    def mode(self, nl: int) -> int:
-        return 0 if nl <= self.m[0] else 1
-
-    def ok(self, nl: int) -> bool:
-        return nl <= self.m[0] or nl <= self.m[1]
-
-    def own(self, nl: int) -> float:
-        return self.a0 + self.a[self.mode(nl)] * nl
-
-    def phi(self, nl: int) -> float:
-        return self.b0 + self.bt[self.mode(nl)] * nl
-
-    def y(self, nl: int) -> float:
-        return self.y0 + self.ups * nl
-
-    @property
-    def lmax(self) -> int:
-        return max(self.m)
-
-    def cap(self, z: float) -> int:
-        """Most layers with own <= z (0 when not even one)."""
-        c0 = self.m[0] if self.a[0] <= 0 else min(self.m[0], math.floor((z - self.a0) / self.a[0] + 1e-12))
-        if c0 >= self.m[0] and self.m[1] > self.m[0]:
-            c1 = self.m[1] if self.a[1] <= 0 else min(self.m[1], math.floor((z - self.a0) / self.a[1] + 1e-12))
-            if c1 > self.m[0]:
-                return c1
-        return max(c0, 0)
-
-    def ycap(self, w: float) -> int:
-        """Most layers with y <= w (a division: y is linear)."""
-        if self.ups <= 0:
-            return self.lmax if w >= self.y0 - 1e-12 else 0
-        return max(0, math.floor((w - self.y0) / self.ups + 1e-12))
+from .stagekind import StageTerms
 
 
 @dataclass
@@ -70,14 +25,14 @@ class SplitResult:
     recompute: list[bool]
 
 
-def _min_fill(opts: list[StageOpt], caps: list[int], L: int) -> tuple[float, list[int]] | None:
+def _min_fill(opts: list[StageTerms], caps: list[int], L: int) -> tuple[float, list[int]] | None:
     """Cheapest sum phi_k(l_k) with 1 <= l_k <= caps[k] and sum l_k = L."""
     if sum(caps) < L or min(caps) < 1:
         return None
-    if all(c <= o.m[0] for o, c in zip(opts, caps)):  # linear costs: fill the cheapest stages first
+    if all(c <= o.m0 for o, c in zip(opts, caps)):  # linear costs: fill the cheapest stages first
         ls = [1] * len(opts)
         rest = L - len(opts)
-        for k in sorted(range(len(opts)), key=lambda k: opts[k].bt[0]):
+        for k in sorted(range(len(opts)), key=lambda k: opts[k].beta):
             add = min(rest, caps[k] - 1)
             ls[k] += add
             rest -= add
@@ -107,13 +62,13 @@ def _min_fill(opts: list[StageOpt], caps: list[int], L: int) -> tuple[float, lis
     return float(f[L]), ls[::-1]
 
 
-def _fill_floor(opts: list[StageOpt], caps: list[int], L: int) -> float:
-    """A lower bound on any fill under `caps`: phi_k(l) >= b0 + bt[0] * l, greedy."""
-    total = sum(o.b0 + o.bt[0] for o in opts)
+def _fill_floor(opts: list[StageTerms], caps: list[int], L: int) -> float:
+    """A lower bound on any fill under `caps`: phi_k(l) >= b0 + beta * l, greedy."""
+    total = sum(o.b0 + o.beta for o in opts)
     rest = L - len(opts)
-    for k in sorted(range(len(opts)), key=lambda k: opts[k].bt[0]):
+    for k in sorted(range(len(opts)), key=lambda k: opts[k].beta):
         add = min(rest, caps[k] - 1)
-        total += add * opts[k].bt[0]
+        total += add * opts[k].beta
         rest -= add
         if not rest:
             break
@@ -128,15 +83,15 @@ def _start_level(at_one: float, offs: list[float], slopes: list[float], L: int) 
     return at_one
 
 
-def _olevel(opts: list[StageOpt], full: list[int], L: int) -> float | None:
+def _olevel(opts: list[StageTerms], full: list[int], L: int) -> float | None:
     """Least max_k own_k(l_k) with 1 <= l_k <= full[k] and sum l_k = L: starts at the fractional level, then
-    steps to the next breakpoint until the caps hold L layers. StageOpt.own and StageOpt.cap are inlined
+    steps to the next breakpoint until the caps hold L layers. StageTerms.own and StageTerms.cap are inlined
     (the same arithmetic): the scan can step through many breakpoints."""
     if sum(full) < L or min(full) < 1:
         return None
-    z = _start_level(max(o.own(1) for o in opts), [o.a0 for o in opts], [o.a[0] for o in opts], L)
+    z = _start_level(max(o.own(1) for o in opts), [o.a0 for o in opts], [o.a for o in opts], L)
     floor = math.floor
-    stages = [(o.a0, o.a[0], o.a[1], o.m[0], o.m[1], c) for o, c in zip(opts, full)]
+    stages = [(o.a0, o.a, o.a1, o.m0, o.m1, c) for o, c in zip(opts, full)]
     while True:
         held, nxt = 0, None
         for a0, s0, s1, m0, m1, c in stages:
@@ -162,7 +117,7 @@ def _olevel(opts: list[StageOpt], full: list[int], L: int) -> float | None:
 
 def _ylevel(y0s: list[float], ups: list[float], full: list[int], caps: list[int], L: int) -> float | None:
     """The same scan for the update terms under per-stage caps (y is linear: its cap is a division), with
-    StageOpt.y and StageOpt.ycap inlined; it runs once per bottleneck level, the split's hot loop. Kept apart
+    StageTerms.y and StageTerms.ycap inlined; it runs once per bottleneck level, the split's hot loop. Kept apart
     from _olevel: a non-positive slope caps all or nothing here, and a per-stage callback shared by both
     scans is what made them slow."""
     if sum(caps) < L or min(caps) < 1:
@@ -192,7 +147,7 @@ def _ylevel(y0s: list[float], ups: list[float], full: list[int], caps: list[int]
         z = nxt
 
 
-def best_split(opts: list[StageOpt], L: int, lam: float = -math.inf, const: float = 0.0,
+def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: float = 0.0,
                bound: float = math.inf) -> SplitResult | None:
     """Optimal split, or None when infeasible or when no split beats `bound`."""
     p = len(opts)

@@ -1,12 +1,14 @@
 """The one description of a stage kind, a (chip, tp) pair at a dp with b micro-batches per replica, that the
 search's bounds (bounds.py, dpspace.py) and its exact layer split (stageopts.py) both read: per-layer costs
 with recompute off and on, and the most layers an interior stage of the kind holds with n micro-batches
-in flight (a division, tabulated once for every n)."""
+in flight (a division, tabulated once for every n). StageTerms is a stage of a sequence in the form the
+split and the bounds take: its costs as linear functions of its layer count."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -55,3 +57,60 @@ def stage_kinds(cm: CostModel, ids: list[tuple[str, int]], dp: int, b: int, pmax
 @lru_cache(maxsize=None)
 def stage_kind(cm: CostModel, chip: str, tp: int, dp: int, b: int) -> StageKind:
     return stage_kinds(cm, [(chip, tp)], dp, b, max(cm.model.layers, b))[0]
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """A stage's terms with l layers: own(l) = a0 + a_r l (steady state), fill(l) = b0 + beta_r l (fill and
+    drain share), y(l) = y0 + ups l (update, less the drain gap), where r is recompute: off (a, beta) while
+    l <= m0, on (a1, beta1) up to m1. Python numbers for one stage of one sequence (split.py; the methods),
+    or arrays of rows x slots for many sequences at once (levels.py, dpspace.py), which also carry which
+    slots are stages (`real`; padding slots: a = inf, zero caps), each row's link term `lam` and constant
+    `const` (the end stages' b0 and the boundaries), and relax recompute's fill to beta (b0, beta1 None)."""
+    a0: Any
+    a: Any
+    a1: Any
+    m0: Any
+    m1: Any
+    beta: Any
+    ups: Any = 0.0
+    y0: Any = 0.0
+    b0: Any = None
+    beta1: Any = None
+    real: Any = None
+    lam: Any = None
+    const: Any = None
+
+    def mode(self, nl: int) -> int:
+        return 0 if nl <= self.m0 else 1
+
+    def ok(self, nl: int) -> bool:
+        return nl <= self.m0 or nl <= self.m1
+
+    def own(self, nl: int) -> float:
+        return self.a0 + (self.a if nl <= self.m0 else self.a1) * nl
+
+    def phi(self, nl: int) -> float:
+        return self.b0 + (self.beta if nl <= self.m0 else self.beta1) * nl
+
+    def y(self, nl: int) -> float:
+        return self.y0 + self.ups * nl
+
+    @property
+    def lmax(self) -> int:
+        return max(self.m0, self.m1)
+
+    def cap(self, z: float) -> int:
+        """Most layers with own <= z (0 when not even one)."""
+        c0 = self.m0 if self.a <= 0 else min(self.m0, math.floor((z - self.a0) / self.a + 1e-12))
+        if c0 >= self.m0 and self.m1 > self.m0:
+            c1 = self.m1 if self.a1 <= 0 else min(self.m1, math.floor((z - self.a0) / self.a1 + 1e-12))
+            if c1 > self.m0:
+                return c1
+        return max(c0, 0)
+
+    def ycap(self, w: float) -> int:
+        """Most layers with y <= w (a division: y is linear)."""
+        if self.ups <= 0:
+            return self.lmax if w >= self.y0 - 1e-12 else 0
+        return max(0, math.floor((w - self.y0) / self.ups + 1e-12))

@@ -1,18 +1,18 @@
-"""The cost model of one stage sequence in the form the exact layer split takes (split.StageOpt): per-stage
+"""The cost model of one stage sequence in the form the exact layer split takes (stagekind.StageTerms): per-stage
 coefficients, end-stage constants, memory caps and update offsets by the drain gaps, plus the link term and
 the constant of the boundaries."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 from .costs import CostModel, in_flight
-from .split import StageOpt
-from .stagekind import stage_kind
+from .stagekind import StageTerms, stage_kind
 
 
 @lru_cache(maxsize=None)
-def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first: bool, last: bool) -> StageOpt:
+def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first: bool, last: bool) -> StageTerms:
     k = stage_kind(cm, chip, tp, dp, b)
     a0 = b0 = y0 = 0.0
     for flag, which in ((first, "first"), (last, "last")):
@@ -21,19 +21,20 @@ def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first:
             a0 += b * e.time - e.beta
             b0 += e.beta
             y0 += e.upd
-    m = tuple(cm.max_layers(chip, tp, r, dp, n, first, last) for r in (False, True))
-    return StageOpt(a0, k.own, b0, k.fill, m, y0, k.upd)
+    m0, m1 = (cm.max_layers(chip, tp, r, dp, n, first, last) for r in (False, True))
+    return StageTerms(a0=a0, a=k.own[0], a1=k.own[1], m0=m0, m1=m1, beta=k.fill[0], ups=k.upd, y0=y0, b0=b0,
+                      beta1=k.fill[1])
 
 
-def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tuple[list[StageOpt], float, float]:
-    """StageOpts for a (chip, tp) sequence (update offsets by the drain gaps), the link term Lambda and the
+def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tuple[list[StageTerms], float, float]:
+    """StageTerms for a (chip, tp) sequence (update offsets by the drain gaps), the link term Lambda and the
     constant 2 * sum(e)."""
     p, sched = len(seq), cm.train.schedule
     gaps = cm.drain_gaps(seq, dp)
     opts = []
     for k, (chip, tp) in enumerate(seq):
         o = stage_opt(cm, chip, tp, dp, b, in_flight(sched, k, p, b), k == 0, k == p - 1)
-        opts.append(StageOpt(o.a0, o.a, o.b0, o.bt, o.m, o.y0 - gaps[k], o.ups))
+        opts.append(replace(o, y0=o.y0 - gaps[k]))
     es = [cm.boundary(seq[k][0], seq[k][1], seq[k + 1][0], seq[k + 1][1], dp) for k in range(p - 1)]
     lam = max((b * e - 2 * e for e in es), default=-math.inf)
     lats = sum(cm.latency(seq[k][0], seq[k + 1][0]) for k in range(p - 1))
