@@ -16,7 +16,7 @@ from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, snapshot, tensor
                    tree_nbytes)
 from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
-from .collectives import POINT_TO_POINT, is_collective, reduce_op_name, wait_collective
+from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
 from .records import OpRecord
 from .selection import Selector
@@ -165,6 +165,7 @@ class Capture(Tool):
         entry["file"] = None
         if is_collective(rec.op):
             entry["reduce_op"] = reduce_op_name(args)
+            entry["group"] = group_ranks(rec.op, args)  # its roots and pieces are ranks of this group
         if self.mode != "full":
             entry.update(summarise(self.mode, out))
         if self.save_tensors:

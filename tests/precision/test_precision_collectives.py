@@ -15,7 +15,10 @@ from ditorch_precision.dump import Dump
 
 CHECKED = ["c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::alltoall_", "c10d::alltoall_base_",
            "c10d::reduce_", "c10d::gather_", "c10d::scatter_"]
+REDUCTIONS = ["c10d::allreduce_"] * 3  # MAX, MIN, PRODUCT
 DDP = ["c10d::allgather_", "c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_"]  # shapes, states, gradients
+# The default group's calls, then those of the group whose only member is rank 1.
+ROWS = CHECKED + REDUCTIONS + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +31,29 @@ def test_every_collective_passes_its_cross_rank_check(job):
         d = json.loads((job / f"autocompare_rank{rank}.json").read_text())
         assert d["failures"] == []
         rows = d["collectives"]
-        assert [r["op"] for r in rows] == CHECKED + DDP
+        assert [r["op"] for r in rows] == ROWS
         assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"]
+        ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 3]]
+        assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2]] == [True] * 3, ops
+        assert [r["group"] for r in rows[-2:]] == [[1], [1]]  # subgroup ranks as global ranks
+
+
+def test_point_to_point_transfers_are_matched_across_ranks(job):
+    """send/recv, isend/irecv and batch_isend_irecv: each transfer's bytes as sent and as received."""
+    for rank in (0, 1):
+        rows = json.loads((job / f"autocompare_rank{rank}.json").read_text())["point_to_point"]
+        got = sorted((r["src"], r["dst"], r["tag"], r["seq"], r["status"]) for r in rows)
+        assert got == [(0, 1, 0, 0, "pass"), (0, 1, 2, 0, "pass"), (0, 1, 3, 0, "pass"), (0, 1, 5, 0, "pass"),
+                       (1, 0, 2, 0, "pass"), (1, 0, 3, 0, "pass")], rows
+
+
+def test_a_transfer_corrupted_on_one_side_fails_naming_both_ranks(job):
+    for rank in (0, 1):
+        rows = json.loads((job / f"autocompare_rank{rank}.json").read_text())["corrupted"]
+        bad = [r for r in rows if r["status"] == "fail"]
+        assert [(r["src"], r["dst"], r["tag"], r["seq"]) for r in bad] == [(0, 1, 0, 0)], rows
+        assert "rank 0" in bad[0]["detail"] and "rank 1" in bad[0]["detail"]
+        assert sum(r["status"] == "pass" for r in rows) == 5
 
 
 def test_ddp_gradients_are_the_mean_and_its_all_reduce_is_captured(job):
@@ -40,7 +64,7 @@ def test_ddp_gradients_are_the_mean_and_its_all_reduce_is_captured(job):
     captured = []
     for r in (0, 1):
         d = Dump.open(str(job / "capture" / f"rank{r}"))
-        rec = [x for x in d.op_records if x["op"] == "c10d::allreduce_"]
+        rec = [x for x in d.op_records if x["op"] == "c10d::allreduce_" and x["phase"] == "backward"]
         assert len(rec) == 1 and rec[0]["phase"] == "backward"  # the reducer's bucket, during backward
         captured.append(d.load(rec[0]))
     bucket = captured[0]["args"][0][0] + captured[1]["args"][0][0]  # by hand, from the inputs as they were
@@ -64,7 +88,7 @@ def _broken(per_rank, op, rank, change):
 
 def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
     per_rank = _per_rank(job)
-    assert [r["status"] for r in check_across_ranks(per_rank)] == ["pass"] * len(CHECKED)
+    assert [r["status"] for r in check_across_ranks(per_rank)] == ["pass"] * (len(CHECKED) + 1)  # scatter_ twice
     cases = {
         "c10d::reduce_scatter_": (1, lambda c: c.update(out_sum=c["out_sum"] + 1.0)),
         "c10d::alltoall_": (1, lambda c: c["out_pieces"].reverse()),
@@ -81,5 +105,51 @@ def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
 def test_cross_rank_compare_checks_every_collective_from_the_captures(job, capsys):
     assert main(["compare", str(job), str(job), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert [c["op"] for c in d["collectives"]] == CHECKED + DDP
+    assert [c["op"] for c in d["collectives"]] == ROWS
     assert all(c["status"] == "pass" for c in d["collectives"])
+
+
+def _reductions(job, rank: int) -> list[tuple[dict, dict]]:
+    """The MAX, MIN and PRODUCT all-reduces of one rank's capture: (record, saved tensors)."""
+    d = Dump.open(str(job / "capture" / f"rank{rank}"))
+    return [(x, d.load(x)) for x in d.op_records
+            if x["op"] == "c10d::allreduce_" and x.get("reduce_op") in ("MAX", "MIN", "PRODUCT")]
+
+
+def _reduction_records(job, change=None) -> dict:
+    """Their cross-rank records; ``change(op, result)`` alters the result the same way on every rank (as
+    a wrong all-reduce would) before they are made."""
+    out = {}
+    for r in (0, 1):
+        out[r] = []
+        for rec, data in _reductions(job, r):
+            if change is not None:
+                change(rec["reduce_op"], data["outputs"][0][0])
+            out[r].append(stats_from_capture(rec, data, 2))
+    return out
+
+
+def test_max_min_and_product_all_reduces_are_checked_elementwise(job):
+    mine, other = _reductions(job, 0), _reductions(job, 1)
+    for (rec, a), (_, b) in zip(mine, other):  # plain torch on the captured inputs: the results are right
+        x, y = a["args"][0][0], b["args"][0][0]
+        assert not torch.equal(x, y)
+        want = {"MAX": torch.maximum, "MIN": torch.minimum, "PRODUCT": torch.mul}[rec["reduce_op"]](x, y)
+        torch.testing.assert_close(a["outputs"][0][0], want)
+        torch.testing.assert_close(b["outputs"][0][0], want)
+    assert [r["status"] for r in check_across_ranks(_reduction_records(job))] == ["pass"] * 3
+
+    def at(i, f):
+        return lambda op, result: result.__setitem__(i, f(op, result[i]))
+
+    wrong = {  # what a wrong all-reduce could leave, and the invariant that must catch it
+        "an element above every input": at(0, lambda op, v: v + 1 if op == "MAX" else v),
+        "an input above the result": at(1, lambda op, v: v - 100 if op == "MAX" else v),
+        "an element below every input": at(2, lambda op, v: v - 1 if op == "MIN" else v),
+        "a product off by 1e-3": at(3, lambda op, v: v * 1.001 if op == "PRODUCT" else v),
+        "a product of the wrong sign": at(0, lambda op, v: -v if op == "PRODUCT" else v),
+        "a zero product of non-zero inputs": at(1, lambda op, v: v * 0 if op == "PRODUCT" else v),
+    }
+    for what, change in wrong.items():
+        rows = check_across_ranks(_reduction_records(job, change))
+        assert [r["status"] for r in rows].count("fail") == 1, (what, rows)
