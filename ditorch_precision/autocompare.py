@@ -19,6 +19,7 @@ from .dump import DumpWriter
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
 from .point_to_point import SEND, PendingReceives, checksum, transfer_record
+from .random_contracts import contract_verdict
 from .records import OpRecord
 from .reference import convert_inputs, skip_reason
 from .selection import Selector
@@ -104,6 +105,8 @@ class AutoCompare(Tool):
         if reason is False:
             is_view = self.skip_views and op_info(func).is_view
             reason = self._skip[func] = skip_reason(func) or ("view" if is_view else None)
+        if reason == "random op":
+            return self._random(rec, func, args, kwargs)
         if reason or not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
             self.n_skipped += 1
             return func(*args, **kwargs)
@@ -120,6 +123,19 @@ class AutoCompare(Tool):
         out = func(*args, **kwargs)
         with self.quiet():
             self._judge(rec, func, out, ref_args, ref_kwargs, originals)
+        return out
+
+    def _random(self, rec: OpRecord, func, args, kwargs):
+        """A random op cannot be run again to the same draws: it is judged by its contract
+        (ditorch_precision.random_contracts) on its own inputs and draws, where it has one."""
+        out = func(*args, **kwargs)
+        with self.quiet():
+            verdict = contract_verdict(func, args, kwargs, out)
+        if verdict is None:
+            self.n_skipped += 1
+        else:
+            status, detail = verdict
+            self.results.append({**rec.to_dict(), "status": status, "rule": "random_contract", "detail": detail})
         return out
 
     def _dispatch(self, func, args, kwargs):
