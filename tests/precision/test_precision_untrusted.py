@@ -83,7 +83,7 @@ def test_a_file_outside_the_capture_directory_is_refused(capture, tmp_path, wher
 
 @pytest.mark.parametrize("field,value,expect", [("index", "0", "field 'index'"), ("op", 3, "field 'op'"),
                                                 ("file", 7, "field 'file'"), ("step", 1.5, "field 'step'"),
-                                                ("refs", [5], "field 'refs'")])
+                                                ("refs", [5], "field 'refs'"), ("named", [5], "field 'named'")])
 def test_a_bad_index_field_is_named_with_its_line(capture, tmp_path, field, value, expect, capsys):
     bad = _clone(capture / "run", tmp_path / "bad", lambda r: {**r, field: value})
     assert main(["compare", str(bad), str(capture / "ref")]) == 2
@@ -156,3 +156,14 @@ def test_a_bad_variable_at_import_is_exit_2(tmp_path):
 def test_a_missing_script_is_exit_2(tmp_path):
     p = run("-m", "ditorch_precision.run", "--tool", "op_timer", tmp_path / "missing.py", cwd=tmp_path)
     assert p.returncode == 2 and "missing.py" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("view,expect", [([[1000], [1], 0], "reaches element 999"), ([[2], [-1], 3], "negative"),
+                                         ([[2], [1]], "bad view"), ([["2"], [1], 0], "bad view")])
+def test_a_view_reference_outside_its_storage_is_refused(capture, tmp_path, view, expect, capsys):
+    first = json.loads(open(capture / "run" / "index.jsonl").readline())["file"]
+    ref = {"__precision__": "ref", "file": first, "tensor": 0, "view": view}
+    bad = _clone(capture / "run", tmp_path / "bad", lambda r: {**r, "file": None, "named": {
+        "args": [ref], "kwargs": {}, "outputs": ref}})
+    assert main(["compare", str(bad), str(capture / "ref")]) == 2
+    assert expect in capsys.readouterr().err
