@@ -18,7 +18,7 @@ from .collectives import (PLUMBING, POINT_TO_POINT, check_across_ranks, exchange
 from .dump import DumpWriter
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
-from .point_to_point import SEND, PendingReceives, checksum, transfer_record
+from .point_to_point import TransferLog
 from .random_contracts import contract_verdict
 from .records import OpRecord
 from .reference import convert_inputs, skip_reason
@@ -77,7 +77,7 @@ class AutoCompare(Tool):
         self.out = out
         self.results: list[dict] = []
         self.collectives: list[dict] = []  # per collective call or transfer: sums and checksums
-        self._receives = PendingReceives()  # receives whose buffers the program has not used yet
+        self.transfers = TransferLog()  # point-to-point transfers (their records are in collectives too)
         self._collectives_checked = False
         self.n_skipped = 0
         self._queue: list = []
@@ -139,9 +139,7 @@ class AutoCompare(Tool):
         return out
 
     def _dispatch(self, func, args, kwargs):
-        if self._receives and not op_info(func).is_view:  # the program has waited for what it uses
-            with self.quiet():
-                self._receives.resolve_touched(args, kwargs)
+        self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
         return super()._dispatch(func, args, kwargs)
 
     def _collective(self, rec: OpRecord, func, args, kwargs):
@@ -165,15 +163,8 @@ class AutoCompare(Tool):
     def _transfer(self, rec: OpRecord, func, args, kwargs, group: list[int] | None):
         """A send's bytes are hashed as it is issued; a receive's when the program first uses its
         buffer (it is never waited for here: see point_to_point)."""
-        record = {**rec.to_dict(), **transfer_record(rec.op, args, group), "check": None}
-        if rec.op == SEND:
-            with self.quiet():
-                record["check"] = checksum(args[0])
-            out = func(*args, **kwargs)
-        else:
-            out = func(*args, **kwargs)
-            self._receives.add(record, args[0], out)
-        self.collectives.append(record)
+        out = self.transfers.run(rec.to_dict(), func, args, kwargs, group, self.quiet)
+        self.collectives.append(self.transfers.records[-1])
         return out
 
     def check_collectives(self, timeout_s: float = 60.0) -> list[dict]:
@@ -182,8 +173,7 @@ class AutoCompare(Tool):
         if self._collectives_checked:
             return []
         self._collectives_checked = True
-        with self.quiet():
-            self._receives.resolve_all()  # buffers the program never used: read now
+        self.transfers.resolve_all(self.quiet)
         try:
             per_rank = exchange(self.collectives, self.rank.get(), timeout_s)
         except (RuntimeError, ValueError) as exc:  # a rank that never reported (timeout), a closed store

@@ -19,6 +19,7 @@ from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
+from .point_to_point import TransferLog, write_transfers
 from .records import OpRecord
 from .selection import Selector
 from .summaries import MODES, summarise
@@ -95,6 +96,7 @@ class Capture(Tool):
         # saved with its whole storage: any view on that storage is named as a view of it
         self._storage_files: dict[int, tuple[StorageWeakRef, str, int, torch.dtype]] = {}
         self._storage_files_limit = 1024
+        self.transfers = TransferLog()
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -110,7 +112,10 @@ class Capture(Tool):
         if self.save_tensors and mutates:
             with self.quiet():
                 inputs = snapshot((args, kwargs))
-        out = func(*args, **kwargs)
+        if rec.op in POINT_TO_POINT:  # hashed for the cross-rank check of a compare (transfers.jsonl)
+            out = self.transfers.run(rec.to_dict(), func, args, kwargs, group_ranks(rec.op, args), self.quiet)
+        else:
+            out = func(*args, **kwargs)
         with self.quiet():
             saved = out
             if is_collective(rec.op):  # its outputs hold the result only once it completed
@@ -281,6 +286,7 @@ class Capture(Tool):
         return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
 
     def _dispatch(self, func, args, kwargs):
+        self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
         if self._pending or self._written or self._storage_files:  # every op that writes a held or named tensor
             info = op_info(func)
             if info.mutates:
@@ -307,6 +313,9 @@ class Capture(Tool):
 
     def finish(self) -> None:
         self.flush()
+        self.transfers.resolve_all(self.quiet)
+        if self.transfers.records:
+            write_transfers(self.path, self.transfers.records)
         if self._index is not None:
             self._index.close()
             self._index = None

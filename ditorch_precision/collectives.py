@@ -317,8 +317,8 @@ def exchange(records: list[dict], rank: int, timeout_s: float = 60.0) -> dict[in
 
 def stats_from_capture(rec: dict, data: dict | None, world: int = 0) -> dict | None:
     """The cross-rank check's record of one captured collective (inputs as saved before it ran,
-    outputs after it completed), or None without saved tensors. Point-to-point transfers are checked
-    by AutoCompare only (a capture does not read a receive's buffer)."""
+    outputs after it completed), or None without saved tensors. Point-to-point transfers have their
+    own records (``point_to_point.load_transfers``)."""
     if data is None or rec["op"] in POINT_TO_POINT:
         return None
     stats = {k: rec.get(k) for k in ("index", "op", "phase", "module", "step", "group")}

@@ -15,6 +15,7 @@ from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_tree
                       tensor_leaves)
 from .opinfo import op_info
 from .records import resolve_op
+from .point_to_point import load_transfers
 from .random_contracts import contract_verdict
 from .summaries import compare_summaries
 from .reference import run_reference, skip_reason, without_randomness
@@ -361,5 +362,5 @@ def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None)
         with torch.no_grad():
             stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in dump.op_records
                      if is_collective(r["op"]) and r["op"] not in PLUMBING]
-        per_rank[rank] = [s for s in stats if s is not None]
+        per_rank[rank] = [s for s in stats if s is not None] + load_transfers(ra[rank])
     return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])

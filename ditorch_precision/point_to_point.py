@@ -10,16 +10,20 @@ program must have waited by then) or, if it never does, when the check runs."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections import defaultdict
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from .bulk import storage_address
+from .dump import DumpError
 from .summaries import tensor_checksum
 
 SEND = "c10d::send"
 RECEIVE = ("c10d::recv_", "c10d::recv_any_source_")
+FILE = "transfers.jsonl"  # a capture's transfer records, one JSON object a line
 
 
 def checksum(tensors: list[torch.Tensor]) -> str:
@@ -37,6 +41,37 @@ def transfer_record(op: str, args, group: list[int] | None) -> dict:
     if peer is not None and group:
         peer = group[peer]
     return {"peer": peer, "tag": int(args[2] if any_source else args[3]), "group": group}
+
+
+class TransferLog:
+    """A tool's record of its transfers: ``run`` issues one and records it; ``before_op`` (every op,
+    before it runs) and ``resolve_all`` (at the check) read the receives' buffers."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._receives = PendingReceives()
+
+    def run(self, rec: dict, func, args, kwargs, group: list[int] | None, quiet):
+        """Issue the transfer ``func`` (``quiet``: the tool's context for its own ops); returns its output."""
+        record = {**rec, **transfer_record(rec["op"], args, group), "check": None}
+        if rec["op"] == SEND:
+            with quiet():
+                record["check"] = checksum(args[0])
+            out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+            self._receives.add(record, args[0], out)
+        self.records.append(record)
+        return out
+
+    def before_op(self, info, args, kwargs, quiet) -> None:
+        if self._receives and not info.is_view:  # the program has waited for what it uses
+            with quiet():
+                self._receives.resolve_touched(args, kwargs)
+
+    def resolve_all(self, quiet) -> None:
+        with quiet():
+            self._receives.resolve_all()  # buffers the program never used: read now
 
 
 class PendingReceives:
@@ -133,3 +168,45 @@ def _row(c: dict, src, dst, tag, seq, status: str, detail: str) -> dict:
     row = {key: c.get(key) for key in ("index", "op", "phase", "module", "step")}
     row.update(rank=None, src=src, dst=dst, tag=tag, seq=seq, rule="point_to_point", status=status, detail=detail)
     return row
+
+
+def write_transfers(directory: str, records: list[dict]) -> None:
+    with open(os.path.join(directory, FILE), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def load_transfers(directory: str) -> list[dict]:
+    """A capture's transfer records (none if it has no ``transfers.jsonl``), each field checked."""
+    path = os.path.join(directory, FILE)
+    if not os.path.isfile(path):
+        return []
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise DumpError(f"{path}:{n}: not JSON ({exc})") from exc
+            problem = _bad_transfer(rec)
+            if problem:
+                raise DumpError(f"{path}:{n}: {problem}")
+            out.append(rec)
+    return out
+
+
+def _bad_transfer(rec) -> str | None:
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(rec, dict):
+        return "expected a JSON object"
+    if rec.get("op") not in (SEND, *RECEIVE):
+        return f"field 'op' is {rec.get('op')!r:.40}, expected {SEND} or one of {', '.join(RECEIVE)}"
+    if not is_int(rec.get("tag")) or not is_int(rec.get("index")):
+        return "fields 'tag' and 'index' must be integers"
+    if rec.get("peer") is not None and not is_int(rec["peer"]):
+        return f"field 'peer' is {rec['peer']!r:.40}, expected an integer or null"
+    if rec.get("check") is not None and not isinstance(rec["check"], str):
+        return f"field 'check' is {rec['check']!r:.40}, expected a string or null"
+    return None

@@ -2,7 +2,8 @@
 reducer through the dispatcher's c10d ops), point-to-point transfers (then once more with one received
 value corrupted) and collectives of a subgroup, under Capture and AutoCompare on a gloo job, one process
 per rank: ``python -m ditorch_precision.examples.dist_collectives OUT WORLD PORT``. Each rank writes
-OUT/capture/rank{r}/, OUT/autocompare_rank{r}.json (the cross-rank rows) and OUT/ddp_rank{r}.pt
+OUT/capture/rank{r}/ (OUT/corrupted/capture/rank{r}/: the corrupted transfers), OUT/autocompare_rank{r}.json
+(the cross-rank rows) and OUT/ddp_rank{r}.pt
 (its own gradients without DDP and the gradients DDP left)."""
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def run(rank: int, world: int, out: str) -> None:
         point_to_point(rank, world)
         ddp_step(rank, world, out)
         ac.check_collectives()  # while the process group is alive
-    with AutoCompare() as corrupted:
+    with Capture(os.path.join(out, "corrupted", "capture", f"rank{rank}")), AutoCompare() as corrupted:
         point_to_point(rank, world, corrupt=True)
         corrupted.check_collectives()
     with open(os.path.join(out, f"autocompare_rank{rank}.json"), "w") as f:

@@ -105,8 +105,18 @@ def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
 def test_cross_rank_compare_checks_every_collective_from_the_captures(job, capsys):
     assert main(["compare", str(job), str(job), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert [c["op"] for c in d["collectives"]] == ROWS
+    assert [c["op"] for c in d["collectives"] if c["rule"] != "point_to_point"] == ROWS
+    transfers = [(c["src"], c["dst"], c["tag"]) for c in d["collectives"] if c["rule"] == "point_to_point"]
+    assert sorted(transfers) == [(0, 1, 0), (0, 1, 2), (0, 1, 3), (0, 1, 5), (1, 0, 2), (1, 0, 3)]
     assert all(c["status"] == "pass" for c in d["collectives"])
+
+
+def test_cross_rank_compare_of_captures_names_both_ranks_of_a_corrupted_transfer(job, capsys):
+    assert main(["compare", str(job / "corrupted"), str(job / "corrupted"), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    bad = [c for c in d["collectives"] if c["status"] == "fail"]
+    assert [(c["src"], c["dst"], c["tag"], c["seq"]) for c in bad] == [(0, 1, 0, 0)]
+    assert d["first_divergence"]["detail"] == bad[0]["detail"] and "rank 0" in bad[0]["detail"]
 
 
 def _reductions(job, rank: int) -> list[tuple[dict, dict]]:

@@ -167,3 +167,15 @@ def test_a_view_reference_outside_its_storage_is_refused(capture, tmp_path, view
         "args": [ref], "kwargs": {}, "outputs": ref}})
     assert main(["compare", str(bad), str(capture / "ref")]) == 2
     assert expect in capsys.readouterr().err
+
+
+def test_a_bad_transfer_record_is_named_with_its_line(capture, tmp_path, capsys):
+    import shutil
+
+    for run_ in ("bad", "good"):
+        for r in (0, 1):
+            shutil.copytree(capture / "run", tmp_path / run_ / f"rank{r}")
+    (tmp_path / "bad" / "rank1" / "transfers.jsonl").write_text('{"op": "c10d::send", "tag": "x", "index": 1}\n')
+    assert main(["compare", str(tmp_path / "bad"), str(tmp_path / "good")]) == 2
+    err = capsys.readouterr().err
+    assert "transfers.jsonl:1" in err and "'tag'" in err
