@@ -50,10 +50,13 @@ def point_to_point(rank: int, world: int, corrupt: bool = False) -> None:
     if rank == 0:
         dist.send(x, 1)
         dist.send(torch.arange(4) + 7, 1, tag=5)
+        dist.send(torch.ones(3) * 0.5, 1, tag=6)
     else:
-        got, ints = torch.empty(6), torch.empty(4, dtype=torch.int64)
+        got, ints, anyone = torch.empty(6), torch.empty(4, dtype=torch.int64), torch.empty(3)
         dist.recv(got, 0)
         dist.recv(ints, 0, tag=5)
+        dist.recv(anyone, tag=6)  # from any source: its source is known once it completed
+        anyone.neg()
         if corrupt:
             got.numpy()[4] += 0.5
         (got * 2 + ints.sum()).sum()

@@ -39,12 +39,13 @@ def test_every_collective_passes_its_cross_rank_check(job):
 
 
 def test_point_to_point_transfers_are_matched_across_ranks(job):
-    """send/recv, isend/irecv and batch_isend_irecv: each transfer's bytes as sent and as received."""
+    """send/recv (one from any source), isend/irecv and batch_isend_irecv: each transfer's bytes as
+    sent and as received."""
     for rank in (0, 1):
         rows = json.loads((job / f"autocompare_rank{rank}.json").read_text())["point_to_point"]
         got = sorted((r["src"], r["dst"], r["tag"], r["seq"], r["status"]) for r in rows)
         assert got == [(0, 1, 0, 0, "pass"), (0, 1, 2, 0, "pass"), (0, 1, 3, 0, "pass"), (0, 1, 5, 0, "pass"),
-                       (1, 0, 2, 0, "pass"), (1, 0, 3, 0, "pass")], rows
+                       (0, 1, 6, 0, "pass"), (1, 0, 2, 0, "pass"), (1, 0, 3, 0, "pass")], rows
 
 
 def test_a_transfer_corrupted_on_one_side_fails_naming_both_ranks(job):
@@ -53,7 +54,7 @@ def test_a_transfer_corrupted_on_one_side_fails_naming_both_ranks(job):
         bad = [r for r in rows if r["status"] == "fail"]
         assert [(r["src"], r["dst"], r["tag"], r["seq"]) for r in bad] == [(0, 1, 0, 0)], rows
         assert "rank 0" in bad[0]["detail"] and "rank 1" in bad[0]["detail"]
-        assert sum(r["status"] == "pass" for r in rows) == 5
+        assert sum(r["status"] == "pass" for r in rows) == 6
 
 
 def test_ddp_gradients_are_the_mean_and_its_all_reduce_is_captured(job):
@@ -107,7 +108,7 @@ def test_cross_rank_compare_checks_every_collective_from_the_captures(job, capsy
     d = json.loads(capsys.readouterr().out)
     assert [c["op"] for c in d["collectives"] if c["rule"] != "point_to_point"] == ROWS
     transfers = [(c["src"], c["dst"], c["tag"]) for c in d["collectives"] if c["rule"] == "point_to_point"]
-    assert sorted(transfers) == [(0, 1, 0), (0, 1, 2), (0, 1, 3), (0, 1, 5), (1, 0, 2), (1, 0, 3)]
+    assert sorted(transfers) == [(0, 1, 0), (0, 1, 2), (0, 1, 3), (0, 1, 5), (0, 1, 6), (1, 0, 2), (1, 0, 3)]
     assert all(c["status"] == "pass" for c in d["collectives"])
 
 
