@@ -139,7 +139,8 @@ class AutoCompare(Tool):
         return out
 
     def _dispatch(self, func, args, kwargs):
-        self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
+        if self.transfers.waiting:
+            self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
         return super()._dispatch(func, args, kwargs)
 
     def _collective(self, rec: OpRecord, func, args, kwargs):

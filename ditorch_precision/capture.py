@@ -286,7 +286,8 @@ class Capture(Tool):
         return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
 
     def _dispatch(self, func, args, kwargs):
-        self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
+        if self.transfers.waiting:
+            self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
         if self._pending or self._written or self._storage_files:  # every op that writes a held or named tensor
             info = op_info(func)
             if info.mutates:

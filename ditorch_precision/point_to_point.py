@@ -64,6 +64,11 @@ class TransferLog:
         self.records.append(record)
         return out
 
+    @property
+    def waiting(self) -> bool:
+        """Receives whose buffers have not been read yet (``before_op`` has work to do)."""
+        return bool(self._receives)
+
     def before_op(self, info, args, kwargs, quiet) -> None:
         if self._receives and not info.is_view:  # the program has waited for what it uses
             with quiet():
