@@ -3,21 +3,25 @@ measures its own input against the result (the same on every rank, checked by ch
 check combines these local counts.
 
 MAX (MIN): no rank's input is above (below) the result anywhere, and every element of the result
-equals some rank's input: the ranks' counts of elements equal to the result must add up to at least
-the element count (an element where the ranks tie is counted once per tied rank, so a wrong element
-can hide behind a tie elsewhere: a necessary condition, exact when no two ranks tie).
+equals some rank's input. Up to ``EXACT_ELEMENTS`` elements each rank sends the bit mask of the
+elements its input does not reach, and no element may be in every rank's mask (exact; whether sets
+held by different ranks are disjoint cannot be decided from less than a bit per element). Above it,
+the ranks' counts of elements equal to the result must add up to at least the element count (a tie
+between ranks elsewhere can hide one wrong element).
 PRODUCT: on the result's non-zero finite elements, the sum of log|input| over ranks equals the sum of
 log|result| (within the rounding of world - 1 products per element), no rank's input is zero there,
 the result's zeros are each some rank's zero, and the result is negative exactly where an odd number
 of ranks' inputs are (XOR of the positions' hashes, an exact test)."""
 from __future__ import annotations
 
+import base64
 import math
 
 import numpy as np
 import torch
 
 ELEMENTWISE = ("MAX", "MIN", "PRODUCT")
+EXACT_ELEMENTS = 1 << 16  # 8 KiB of mask per rank and call
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing of element positions
 
 
@@ -44,7 +48,10 @@ def local_stats(reduce_op: str, before: list[torch.Tensor], after: list[torch.Te
     if reduce_op in ("MAX", "MIN"):
         beyond = x > y if reduce_op == "MAX" else x < y
         equal = (x == y) | (torch.isnan(x) & torch.isnan(y))
-        return {"n_elements": y.numel(), "n_beyond": int(beyond.sum()), "n_equal": int(equal.sum())}
+        stats = {"n_elements": y.numel(), "n_beyond": int(beyond.sum()), "n_equal": int(equal.sum())}
+        if y.numel() <= EXACT_ELEMENTS:
+            stats["unreached"] = base64.b64encode(np.packbits((~equal).numpy()).tobytes()).decode()
+        return stats
     live = (y != 0) & torch.isfinite(y)
     zero_in = x == 0
     return {"n_elements": y.numel(), "n_live": int(live.sum()), "eps": eps,
@@ -65,6 +72,16 @@ def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str
         for rank, c in zip(ranks, calls):
             if c["n_beyond"]:
                 return "fail", f"rank {rank}'s input is {side} the {reduce_op} result at {c['n_beyond']} elements"
+        if all(isinstance(c.get("unreached"), str) for c in calls):
+            masks = [np.unpackbits(np.frombuffer(base64.b64decode(c["unreached"]), dtype=np.uint8))[:n]
+                     for c in calls]
+            nowhere = np.flatnonzero(np.logical_and.reduce(masks)) if all(len(m) == n for m in masks) else None
+            if nowhere is None:
+                return "fail", "the ranks' element masks have different sizes"
+            if len(nowhere):
+                return "fail", (f"{len(nowhere)} elements of the {reduce_op} result equal no rank's input "
+                                f"(the first: element {int(nowhere[0])})")
+            return "pass", f"the result is the elementwise {reduce_op} of the inputs"
         covered = sum(c["n_equal"] for c in calls)
         if covered < n:
             return "fail", f"{n - covered} or more elements of the {reduce_op} result equal no rank's input"

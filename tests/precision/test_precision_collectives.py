@@ -164,3 +164,17 @@ def test_max_min_and_product_all_reduces_are_checked_elementwise(job):
     for what, change in wrong.items():
         rows = check_across_ranks(_reduction_records(job, change))
         assert [r["status"] for r in rows].count("fail") == 1, (what, rows)
+
+
+def test_a_wrong_max_element_hidden_by_a_tie_is_found():
+    """By hand: inputs [1, 5, 3] and [1, 2, 4], so MAX is [1, 5, 4]; a result [1, 5, 9] is reached by
+    no input at element 2, while the count of equal elements (2 + 1) still covers 3 elements."""
+    from ditorch_precision.reductions import check, local_stats
+
+    a, b = torch.tensor([1.0, 5.0, 3.0]), torch.tensor([1.0, 2.0, 4.0])
+    right, wrong = torch.maximum(a, b), torch.tensor([1.0, 5.0, 9.0])
+    assert check("MAX", [local_stats("MAX", [a], [right]), local_stats("MAX", [b], [right])], [0, 1])[0] == "pass"
+    calls = [local_stats("MAX", [a], [wrong]), local_stats("MAX", [b], [wrong])]
+    assert sum(c["n_equal"] for c in calls) >= 3  # the count alone is fooled
+    status, detail = check("MAX", calls, [0, 1])
+    assert status == "fail" and "element 2" in detail
