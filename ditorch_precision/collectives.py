@@ -162,7 +162,7 @@ def input_copy(op: str, args) -> list[torch.Tensor] | None:
     """For an all-reduce whose invariant compares each element with the inputs (MAX, MIN, PRODUCT),
     a copy of its input, kept until it completed (the c10d one overwrites it); else None."""
     if op in ALL_REDUCE and reduce_op_name(args) in reductions.ELEMENTWISE:
-        return [t.detach().clone() for t in _tensors(args[0])]
+        return [t.detach().clone() for t in reductions.real_tensors(args[0])]
     return None
 
 
@@ -183,7 +183,7 @@ def outputs_stats(op: str, args, out, world: int = 0, before: list[torch.Tensor]
     reducing = op in ALL_REDUCE or op.startswith("c10d::allreduce") or op in REDUCE_SCATTER or op == "c10d::reduce_"
     stats["reduce_op"] = reduce_op_name(args) if reducing else None
     if before is not None and stats["reduce_op"] in reductions.ELEMENTWISE:
-        stats.update(reductions.local_stats(stats["reduce_op"], before, _tensors(out)))
+        stats.update(reductions.local_stats(stats["reduce_op"], before, reductions.real_tensors(out)))
     return stats
 
 
@@ -329,5 +329,6 @@ def stats_from_capture(rec: dict, data: dict | None, world: int = 0) -> dict | N
     stats.update(outputs_stats(rec["op"], data["args"], out, world))
     stats["reduce_op"] = rec.get("reduce_op")  # the saved arguments do not hold the ReduceOp object
     if rec["op"] in ALL_REDUCE and stats["reduce_op"] in reductions.ELEMENTWISE:  # the input as saved before it ran
-        stats.update(reductions.local_stats(stats["reduce_op"], _tensors(data["args"][0]), _tensors(out)))
+        stats.update(reductions.local_stats(stats["reduce_op"], reductions.real_tensors(data["args"][0]),
+                                            reductions.real_tensors(out)))
     return stats

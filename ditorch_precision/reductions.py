@@ -19,10 +19,16 @@ import math
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_leaves
 
 ELEMENTWISE = ("MAX", "MIN", "PRODUCT")
 EXACT_ELEMENTS = 1 << 16  # 8 KiB of mask per rank and call
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing of element positions
+
+
+def real_tensors(tree) -> list[torch.Tensor]:
+    """The tensors of an all-reduce's argument, integer ones included (a MAX of flags, of counts)."""
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and not t.is_complex()]
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -44,6 +50,8 @@ def local_stats(reduce_op: str, before: list[torch.Tensor], after: list[torch.Te
     x, y = _flat(before), _flat(after)
     if x.numel() != y.numel():
         return {"elementwise": "input and result sizes differ"}
+    if not before:
+        return {"elementwise": "no tensors"}
     eps = float(torch.finfo(before[0].dtype).eps) if before and before[0].is_floating_point() else 0.0
     if reduce_op in ("MAX", "MIN"):
         beyond = x > y if reduce_op == "MAX" else x < y
@@ -52,6 +60,8 @@ def local_stats(reduce_op: str, before: list[torch.Tensor], after: list[torch.Te
         if y.numel() <= EXACT_ELEMENTS:
             stats["unreached"] = base64.b64encode(np.packbits((~equal).numpy()).tobytes()).decode()
         return stats
+    if not before[0].is_floating_point():  # an integer product wraps around: no magnitude to compare
+        return {"elementwise": "integer PRODUCT"}
     live = (y != 0) & torch.isfinite(y)
     zero_in = x == 0
     return {"n_elements": y.numel(), "n_live": int(live.sum()), "eps": eps,
@@ -65,7 +75,8 @@ def local_stats(reduce_op: str, before: list[torch.Tensor], after: list[torch.Te
 def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str]:
     """(status, detail) of one all-reduce from every rank's ``local_stats`` (``calls`` in group order)."""
     if any("n_elements" not in c for c in calls):
-        return "skipped", f"no elementwise record of this {reduce_op} all-reduce"
+        why = next((c["elementwise"] for c in calls if "elementwise" in c), "no elementwise record")
+        return "skipped", f"{reduce_op} all-reduce not checked elementwise: {why}"
     n = calls[0]["n_elements"]
     if reduce_op in ("MAX", "MIN"):
         side = "above" if reduce_op == "MAX" else "below"

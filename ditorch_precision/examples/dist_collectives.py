@@ -31,6 +31,7 @@ def collectives(rank: int, world: int) -> None:
     dist.scatter(torch.empty(2), [data(2) * (i + 1) for i in range(world)] if rank == 0 else None, src=0)
     for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
         dist.all_reduce(data(4) * (1 - 2 * (rank % 2)), op=op)  # signs differ across ranks
+    dist.all_reduce(torch.tensor([rank, 5 - rank, 3]), op=dist.ReduceOp.MAX)  # integers, with a tie
     # A group whose only member is the last rank: its group rank 0 is global rank world - 1.
     last = dist.new_group([world - 1])
     if rank == world - 1:

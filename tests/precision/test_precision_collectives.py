@@ -15,7 +15,7 @@ from ditorch_precision.dump import Dump
 
 CHECKED = ["c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::alltoall_", "c10d::alltoall_base_",
            "c10d::reduce_", "c10d::gather_", "c10d::scatter_"]
-REDUCTIONS = ["c10d::allreduce_"] * 3  # MAX, MIN, PRODUCT
+REDUCTIONS = ["c10d::allreduce_"] * 4  # MAX, MIN, PRODUCT, an integer MAX
 DDP = ["c10d::allgather_", "c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_"]  # shapes, states, gradients
 # The default group's calls, then those of the group whose only member is rank 1.
 ROWS = CHECKED + REDUCTIONS + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
@@ -33,8 +33,8 @@ def test_every_collective_passes_its_cross_rank_check(job):
         rows = d["collectives"]
         assert [r["op"] for r in rows] == ROWS
         assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"]
-        ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 3]]
-        assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2]] == [True] * 3, ops
+        ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 4]]
+        assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2], "MAX" in ops[3]] == [True] * 4, ops
         assert [r["group"] for r in rows[-2:]] == [[1], [1]]  # subgroup ranks as global ranks
 
 
@@ -148,10 +148,10 @@ def test_max_min_and_product_all_reduces_are_checked_elementwise(job):
         want = {"MAX": torch.maximum, "MIN": torch.minimum, "PRODUCT": torch.mul}[rec["reduce_op"]](x, y)
         torch.testing.assert_close(a["outputs"][0][0], want)
         torch.testing.assert_close(b["outputs"][0][0], want)
-    assert [r["status"] for r in check_across_ranks(_reduction_records(job))] == ["pass"] * 3
+    assert [r["status"] for r in check_across_ranks(_reduction_records(job))] == ["pass"] * 4
 
-    def at(i, f):
-        return lambda op, result: result.__setitem__(i, f(op, result[i]))
+    def at(i, f):  # the float all-reduces' results
+        return lambda op, result: result.__setitem__(i, f(op, result[i])) if result.is_floating_point() else None
 
     wrong = {  # what a wrong all-reduce could leave, and the invariant that must catch it
         "an element above every input": at(0, lambda op, v: v + 1 if op == "MAX" else v),
@@ -161,6 +161,8 @@ def test_max_min_and_product_all_reduces_are_checked_elementwise(job):
         "a product of the wrong sign": at(0, lambda op, v: -v if op == "PRODUCT" else v),
         "a zero product of non-zero inputs": at(1, lambda op, v: v * 0 if op == "PRODUCT" else v),
     }
+    wrong["an integer maximum raised"] = lambda op, result: (None if result.is_floating_point()
+                                                              else result.__setitem__(2, result[2] + 1))
     for what, change in wrong.items():
         rows = check_across_ranks(_reduction_records(job, change))
         assert [r["status"] for r in rows].count("fail") == 1, (what, rows)
