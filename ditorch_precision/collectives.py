@@ -106,7 +106,8 @@ def _sums(tensors: list[torch.Tensor]) -> tuple[float, float, float]:
 
 
 def _tensors(x) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    """Every tensor (integer ones too: a SUM of token counts; float64 holds them exactly below 2**53)."""
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 # Collectives whose pieces move between ranks: per call, each piece's (sum, sum of |x|, checksum).

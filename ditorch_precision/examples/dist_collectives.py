@@ -32,6 +32,7 @@ def collectives(rank: int, world: int) -> None:
     for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
         dist.all_reduce(data(4) * (1 - 2 * (rank % 2)), op=op)  # signs differ across ranks
     dist.all_reduce(torch.tensor([rank, 5 - rank, 3]), op=dist.ReduceOp.MAX)  # integers, with a tie
+    dist.all_reduce(torch.tensor([rank + 1, 7]))  # an integer SUM (a count of tokens, say)
     # A group whose only member is the last rank: its group rank 0 is global rank world - 1.
     last = dist.new_group([world - 1])
     if rank == world - 1:

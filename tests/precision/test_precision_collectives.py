@@ -15,7 +15,7 @@ from ditorch_precision.dump import Dump
 
 CHECKED = ["c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::alltoall_", "c10d::alltoall_base_",
            "c10d::reduce_", "c10d::gather_", "c10d::scatter_"]
-REDUCTIONS = ["c10d::allreduce_"] * 4  # MAX, MIN, PRODUCT, an integer MAX
+REDUCTIONS = ["c10d::allreduce_"] * 5  # MAX, MIN, PRODUCT, an integer MAX, an integer SUM
 DDP = ["c10d::allgather_", "c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_"]  # shapes, states, gradients
 # The default group's calls, then those of the group whose only member is rank 1.
 ROWS = CHECKED + REDUCTIONS + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
@@ -33,8 +33,8 @@ def test_every_collective_passes_its_cross_rank_check(job):
         rows = d["collectives"]
         assert [r["op"] for r in rows] == ROWS
         assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"]
-        ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 4]]
-        assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2], "MAX" in ops[3]] == [True] * 4, ops
+        ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 5]]
+        assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2], "MAX" in ops[3], "SUM" in ops[4]] == [True] * 5
         assert [r["group"] for r in rows[-2:]] == [[1], [1]]  # subgroup ranks as global ranks
 
 
@@ -180,3 +180,21 @@ def test_a_wrong_max_element_hidden_by_a_tie_is_found():
     assert sum(c["n_equal"] for c in calls) >= 3  # the count alone is fooled
     status, detail = check("MAX", calls, [0, 1])
     assert status == "fail" and "element 2" in detail
+
+
+def test_an_integer_sum_all_reduce_is_checked(job):
+    """By hand: ranks 0 and 1 reduce [1, 7] and [2, 7]: [3, 14]. A wrong result fails."""
+    per_rank = {}
+    for r in (0, 1):
+        d = Dump.open(str(job / "capture" / f"rank{r}"))
+        rec = next(x for x in d.op_records if x["op"] == "c10d::allreduce_" and x["reduce_op"] == "SUM"
+                   and x["inputs"][0]["dtype"] == "int64")
+        data = d.load(rec)
+        assert data["outputs"][0][0].tolist() == [3, 14]
+        per_rank[r] = data, rec
+    assert [c["status"] for c in check_across_ranks({r: [stats_from_capture(rec, data, 2)]
+                                                     for r, (data, rec) in per_rank.items()})] == ["pass"]
+    for data, _ in per_rank.values():
+        data["outputs"][0][0][1] += 1
+    rows = check_across_ranks({r: [stats_from_capture(rec, data, 2)] for r, (data, rec) in per_rank.items()})
+    assert [c["status"] for c in rows] == ["fail"] and "SUM" in rows[0]["detail"]
