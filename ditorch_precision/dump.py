@@ -316,6 +316,10 @@ def _record_problem(rec) -> str | None:
     if refs is not None and not (isinstance(refs, list) and all(isinstance(r, dict) and r.get(TAG) == REF
                                                                 for r in refs)):
         return f"field 'refs' is {refs!r:.80}, expected a list of tensor references"
+    group = rec.get("group")
+    if group is not None and not (isinstance(group, list) and all(isinstance(r, int) and not isinstance(r, bool)
+                                                                  for r in group)):
+        return f"field 'group' is {group!r:.80}, expected a list of ranks or null"
     named = rec.get("named")
     if named is not None and not (isinstance(named, dict) and isinstance(named.get("args"), list)
                                   and isinstance(named.get("kwargs"), dict) and "outputs" in named):

@@ -83,7 +83,8 @@ def test_a_file_outside_the_capture_directory_is_refused(capture, tmp_path, wher
 
 @pytest.mark.parametrize("field,value,expect", [("index", "0", "field 'index'"), ("op", 3, "field 'op'"),
                                                 ("file", 7, "field 'file'"), ("step", 1.5, "field 'step'"),
-                                                ("refs", [5], "field 'refs'"), ("named", [5], "field 'named'")])
+                                                ("refs", [5], "field 'refs'"), ("named", [5], "field 'named'"),
+                                                ("group", 5, "field 'group'")])
 def test_a_bad_index_field_is_named_with_its_line(capture, tmp_path, field, value, expect, capsys):
     bad = _clone(capture / "run", tmp_path / "bad", lambda r: {**r, field: value})
     assert main(["compare", str(bad), str(capture / "ref")]) == 2
