@@ -90,3 +90,22 @@ def test_autocompare_judges_the_draws_where_they_are_made():
     assert [(r["module"], r["status"], r["rule"]) for r in draws] == [
         (f"{ROOT}.0.self_attn", "pass", "random_contract"), (f"{ROOT}.1.self_attn", "fail", "random_contract")]
     assert [r["op"] for r in ac.failures] == ["aten::bernoulli_"]
+
+
+def test_the_contracts_of_dropout_and_of_uniform_and_normal_draws():
+    """Plain torch draws pass; the same draws altered as a faulty kernel would fail."""
+    from ditorch_precision.random_contracts import contract_verdict
+
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=g)
+    out, mask = aten.native_dropout.default(x, 0.3, True)
+    assert contract_verdict(aten.native_dropout.default, (x, 0.3, True), {}, (out, mask))[0] == "pass"
+    for bad in ((out * 1.001, mask), (out, mask & (torch.rand(4096, generator=g) < 0.9))):  # values, keep rate
+        assert contract_verdict(aten.native_dropout.default, (x, 0.3, True), {}, bad)[0] == "fail"
+    u = torch.empty(4096).uniform_(-2, 2, generator=g)
+    assert contract_verdict(aten.uniform_.default, (u, -2.0, 2.0), {}, u)[0] == "pass"
+    assert contract_verdict(aten.uniform_.default, (u, -2.0, 2.0), {}, u * 0.5 + 0.5)[0] == "fail"  # biased
+    n = torch.empty(4096).normal_(1.0, 3.0, generator=g)
+    assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, n)[0] == "pass"
+    assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, (n - 1) * 1.2 + 1)[0] == "fail"  # too wide
