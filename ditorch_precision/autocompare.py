@@ -13,11 +13,13 @@ import os
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from .collectives import (PLUMBING, POINT_TO_POINT, check_across_ranks, exchange, inputs_stats, is_collective,
-                          outputs_stats, wait_collective, written)
+from .collectives import (PLUMBING, POINT_TO_POINT, check_across_ranks, exchange, group_ranks, input_copy,
+                          inputs_stats, is_collective, outputs_stats, wait_collective, written)
 from .dump import DumpWriter
 from .metrics import ToleranceTable, compare_trees, op_tolerances, quick_pass
 from .opinfo import op_info
+from .point_to_point import TransferLog
+from .random_contracts import contract_verdict
 from .records import OpRecord
 from .reference import convert_inputs, skip_reason
 from .selection import Selector
@@ -74,7 +76,8 @@ class AutoCompare(Tool):
         self.sync, self.skip_views = sync, skip_views
         self.out = out
         self.results: list[dict] = []
-        self.collectives: list[dict] = []  # per collective call: input/output sums and checksums
+        self.collectives: list[dict] = []  # per collective call or transfer: sums and checksums
+        self.transfers = TransferLog()  # point-to-point transfers (their records are in collectives too)
         self._collectives_checked = False
         self.n_skipped = 0
         self._queue: list = []
@@ -102,6 +105,8 @@ class AutoCompare(Tool):
         if reason is False:
             is_view = self.skip_views and op_info(func).is_view
             reason = self._skip[func] = skip_reason(func) or ("view" if is_view else None)
+        if reason == "random op":
+            return self._random(rec, func, args, kwargs)
         if reason or not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
             self.n_skipped += 1
             return func(*args, **kwargs)
@@ -120,19 +125,47 @@ class AutoCompare(Tool):
             self._judge(rec, func, out, ref_args, ref_kwargs, originals)
         return out
 
+    def _random(self, rec: OpRecord, func, args, kwargs):
+        """A random op cannot be run again to the same draws: it is judged by its contract
+        (ditorch_precision.random_contracts) on its own inputs and draws, where it has one."""
+        out = func(*args, **kwargs)
+        with self.quiet():
+            verdict = contract_verdict(func, args, kwargs, out)
+        if verdict is None:
+            self.n_skipped += 1
+        else:
+            status, detail = verdict
+            self.results.append({**rec.to_dict(), "status": status, "rule": "random_contract", "detail": detail})
+        return out
+
+    def _dispatch(self, func, args, kwargs):
+        if self.transfers.waiting:
+            self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
+        return super()._dispatch(func, args, kwargs)
+
     def _collective(self, rec: OpRecord, func, args, kwargs):
         """Run once, never again on the reference: record what the cross-rank check needs."""
-        if rec.op in PLUMBING or rec.op in POINT_TO_POINT:  # no group invariant; never waited for
+        if rec.op in PLUMBING:
             return func(*args, **kwargs)
-        dist = torch.distributed
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
+        group = group_ranks(rec.op, args)
+        if rec.op in POINT_TO_POINT:
+            return self._transfer(rec, func, args, kwargs, group)
+        world = len(group) if group else 0
         with self.quiet():
             stats = inputs_stats(rec.op, args, world)
+            before = input_copy(rec.op, args)
         out = func(*args, **kwargs)
         with self.quiet():
             wait_collective(out, rec.op)
-            stats.update(outputs_stats(rec.op, args, written(rec.op, args, out), world))
-        self.collectives.append({**rec.to_dict(), **stats})
+            stats.update(outputs_stats(rec.op, args, written(rec.op, args, out), world, before))
+        self.collectives.append({**rec.to_dict(), "group": group, **stats})
+        return out
+
+    def _transfer(self, rec: OpRecord, func, args, kwargs, group: list[int] | None):
+        """A send's bytes are hashed as it is issued; a receive's when the program first uses its
+        buffer (it is never waited for here: see point_to_point)."""
+        out = self.transfers.run(rec.to_dict(), func, args, kwargs, group, self.quiet)
+        self.collectives.append(self.transfers.records[-1])
         return out
 
     def check_collectives(self, timeout_s: float = 60.0) -> list[dict]:
@@ -141,6 +174,7 @@ class AutoCompare(Tool):
         if self._collectives_checked:
             return []
         self._collectives_checked = True
+        self.transfers.resolve_all(self.quiet)
         try:
             per_rank = exchange(self.collectives, self.rank.get(), timeout_s)
         except (RuntimeError, ValueError) as exc:  # a rank that never reported (timeout), a closed store

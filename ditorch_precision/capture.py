@@ -10,14 +10,16 @@ import weakref
 from functools import partial
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, snapshot, tensor_ref, tensors_meta,
+from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_meta,
                    tree_nbytes)
 from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
-from .collectives import POINT_TO_POINT, is_collective, reduce_op_name, wait_collective
+from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
+from .point_to_point import TransferLog, write_transfers
 from .records import OpRecord
 from .selection import Selector
 from .summaries import MODES, summarise
@@ -34,6 +36,15 @@ def _save(obj, path: str) -> None:
         torch.save(obj, path)
     finally:
         torch.serialization.set_crc32_options(crc)
+
+
+def _json_plain(tree) -> bool:
+    """Whether a payload can go into the index as it is (JSON): no dtype, device or complex value."""
+    if isinstance(tree, dict):
+        return all(isinstance(k, str) and _json_plain(v) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return all(_json_plain(v) for v in tree)
+    return tree is None or (isinstance(tree, (int, float, str)) and not isinstance(tree, complex))
 
 
 def _storage_or_none(t: torch.Tensor) -> int | None:
@@ -81,6 +92,11 @@ class Capture(Tool):
         # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
         self._written: dict[int, tuple[weakref.ref, int, str, int, int]] = {}  # ... storage address
         self._written_storages: dict[int, set[int]] = {}  # storage address -> ids in _written
+        # storage address -> (weak reference to the storage, file, tensor number, dtype) of a tensor
+        # saved with its whole storage: any view on that storage is named as a view of it
+        self._storage_files: dict[int, tuple[StorageWeakRef, str, int, torch.dtype]] = {}
+        self._storage_files_limit = 1024
+        self.transfers = TransferLog()
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -96,7 +112,10 @@ class Capture(Tool):
         if self.save_tensors and mutates:
             with self.quiet():
                 inputs = snapshot((args, kwargs))
-        out = func(*args, **kwargs)
+        if rec.op in POINT_TO_POINT:  # hashed for the cross-rank check of a compare (transfers.jsonl)
+            out = self.transfers.run(rec.to_dict(), func, args, kwargs, group_ranks(rec.op, args), self.quiet)
+        else:
+            out = func(*args, **kwargs)
         with self.quiet():
             saved = out
             if is_collective(rec.op):  # its outputs hold the result only once it completed
@@ -165,6 +184,7 @@ class Capture(Tool):
         entry["file"] = None
         if is_collective(rec.op):
             entry["reduce_op"] = reduce_op_name(args)
+            entry["group"] = group_ranks(rec.op, args)  # its roots and pieces are ranks of this group
         if self.mode != "full":
             entry.update(summarise(self.mode, out))
         if self.save_tensors:
@@ -180,6 +200,8 @@ class Capture(Tool):
                 # A module record whose tensors all are named by reference: in the index, no file (a
                 # file's creation costs more than the op's other work).
                 entry["refs"] = payload["outputs"]
+            elif kind == "op" and self._pending is None and not fresh and _json_plain(payload):
+                entry["named"] = payload  # the same for an op (a view of a tensor a file holds)
             elif self.max_bytes is None or self.bytes_written + size <= self.max_bytes:
                 if self._pending is not None:
                     rel, entry["key"] = self._part_name(), name
@@ -212,13 +234,26 @@ class Capture(Tool):
             if not isinstance(x, torch.Tensor):
                 return saveable_leaf(x)
             if refs and x.layout == torch.strided:
-                hit = self._written.get(id(x))
-                if hit is not None and hit[0]() is x and hit[1] == x._version:
-                    return tensor_ref(hit[2], hit[3])
+                named = self._named(x)
+                if named is not None:
+                    return named
             fresh.append((x, x._version) if refs and x.layout == torch.strided else None)
             return saveable_leaf(x)
 
         return tree_map(one, tree)
+
+    def _named(self, x: torch.Tensor) -> dict | None:
+        """A reference for a tensor an earlier file holds, unchanged since; or for a view on the
+        storage of one that file holds whole (a view op's output, a slice of an output): size,
+        stride and offset on it. None otherwise."""
+        hit = self._written.get(id(x))
+        if hit is not None and hit[0]() is x and hit[1] == x._version:
+            return tensor_ref(hit[2], hit[3])
+        whole = self._storage_files.get(_storage_or_none(x))
+        # the storage is still the one saved (alive since), and no op has written it since
+        if whole is not None and not whole[0].expired() and whole[3] == x.dtype:
+            return tensor_ref(whole[1], whole[2], (list(x.shape), list(x.stride()), x.storage_offset()))
+        return None
 
     def _remember(self, fresh: list, rel: str) -> None:
         for k, item in enumerate(fresh):
@@ -229,6 +264,12 @@ class Capture(Tool):
                     continue
                 self._written[id(x)] = (weakref.ref(x, partial(self._forget, id(x))), version, rel, k, storage)
                 self._written_storages.setdefault(storage, set()).add(id(x))
+                held = self._storage_files.get(storage)
+                if saved_whole(x) and (held is None or held[0].expired()):  # an address freed and reused
+                    self._storage_files[storage] = (StorageWeakRef(x.untyped_storage()), rel, k, x.dtype)
+        if len(self._storage_files) > self._storage_files_limit:  # storages freed since: forget them
+            self._storage_files = {key: v for key, v in self._storage_files.items() if not v[0].expired()}
+            self._storage_files_limit = max(1024, 2 * len(self._storage_files))
 
     def _forget(self, key: int, ref: weakref.ref) -> None:
         hit = self._written.get(key)
@@ -245,7 +286,9 @@ class Capture(Tool):
         return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
 
     def _dispatch(self, func, args, kwargs):
-        if self._pending or self._written:  # every op, selected or not, that writes a held or named tensor
+        if self.transfers.waiting:
+            self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
+        if self._pending or self._written or self._storage_files:  # every op that writes a held or named tensor
             info = op_info(func)
             if info.mutates:
                 with self.quiet():
@@ -253,7 +296,9 @@ class Capture(Tool):
                     if self._pending:
                         self._pending.guard(written)
                     for t in written:  # also through an alias with its own version counter (``.data``)
-                        for key in self._written_storages.pop(_storage_or_none(t), ()):
+                        storage = _storage_or_none(t)
+                        self._storage_files.pop(storage, None)
+                        for key in self._written_storages.pop(storage, ()):
                             self._written.pop(key, None)
         return super()._dispatch(func, args, kwargs)
 
@@ -269,6 +314,9 @@ class Capture(Tool):
 
     def finish(self) -> None:
         self.flush()
+        self.transfers.resolve_all(self.quiet)
+        if self.transfers.records:
+            write_transfers(self.path, self.transfers.records)
         if self._index is not None:
             self._index.close()
             self._index = None

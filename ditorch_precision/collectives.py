@@ -11,6 +11,9 @@ from datetime import timedelta
 import torch
 from torch.utils._pytree import tree_leaves
 
+from . import reductions
+from .point_to_point import check_transfers
+
 # Collectives whose outputs must be the same on every rank of the group.
 SAME_EVERYWHERE = ("c10d::allreduce_", "c10d::allgather_", "c10d::broadcast_", "c10d::allreduce_coalesced_",
                    "c10d::_allgather_base_", "_c10d_functional::all_reduce", "_c10d_functional::broadcast",
@@ -49,6 +52,32 @@ def wait_collective(out, op: str = "") -> None:
                 work.wait()
 
 
+def group_ranks(op: str, args) -> list[int] | None:
+    """The global ranks of the call's process group, in group-rank order: the pieces, roots and peers
+    a call names are group ranks. None without an initialised process group."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    pg = None
+    try:
+        if op.startswith(_FUNCTIONAL):  # the group's name is the last string argument
+            name = next((a for a in reversed(args) if isinstance(a, str)), None)
+            pg = dist.distributed_c10d._resolve_process_group(name) if name is not None else None
+        else:
+            for a in args:
+                if isinstance(a, torch.ScriptObject):
+                    try:
+                        pg = torch._C._distributed_c10d.ProcessGroup.unbox(a)
+                        break
+                    except (RuntimeError, TypeError):  # a ReduceOp or other options object
+                        continue
+        if pg is None:
+            return None
+        return [dist.get_global_rank(pg, i) for i in range(pg.size())]
+    except (RuntimeError, ValueError, KeyError):  # a group this process does not know
+        return None
+
+
 def reduce_op_name(args) -> str | None:
     """'SUM', 'AVG', ... for an all-reduce's ReduceOp argument, or None if it cannot be read."""
     if len(args) > 1 and isinstance(args[1], str):  # functional collectives name it: "sum", "avg"
@@ -77,7 +106,8 @@ def _sums(tensors: list[torch.Tensor]) -> tuple[float, float, float]:
 
 
 def _tensors(x) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    """Every tensor (integer ones too: a SUM of token counts; float64 holds them exactly below 2**53)."""
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 # Collectives whose pieces move between ranks: per call, each piece's (sum, sum of |x|, checksum).
@@ -129,8 +159,17 @@ def written(op: str, args, out):
     return out if op.startswith(_FUNCTIONAL) else args[0]
 
 
-def outputs_stats(op: str, args, out, world: int = 0) -> dict:
-    """``out``: what the collective wrote (``written``), after it completed."""
+def input_copy(op: str, args) -> list[torch.Tensor] | None:
+    """For an all-reduce whose invariant compares each element with the inputs (MAX, MIN, PRODUCT),
+    a copy of its input, kept until it completed (the c10d one overwrites it); else None."""
+    if op in ALL_REDUCE and reduce_op_name(args) in reductions.ELEMENTWISE:
+        return [t.detach().clone() for t in reductions.real_tensors(args[0])]
+    return None
+
+
+def outputs_stats(op: str, args, out, world: int = 0, before: list[torch.Tensor] | None = None) -> dict:
+    """``out``: what the collective wrote (``written``), after it completed; ``before``: a copy of
+    its input where ``input_copy`` made one."""
     stats = dict(zip(("out_sum", "out_abs", "out_check"), _sums(_tensors(out))))
     if op == "c10d::allgather_":  # per gathered piece: piece j must be rank j's input
         stats["piece_sums"] = [_sums(_tensors(p))[0] for p in (out[0] if out else [])]
@@ -144,6 +183,8 @@ def outputs_stats(op: str, args, out, world: int = 0) -> dict:
         stats["out_pieces"] = _pieces(op, out, args[1], world)
     reducing = op in ALL_REDUCE or op.startswith("c10d::allreduce") or op in REDUCE_SCATTER or op == "c10d::reduce_"
     stats["reduce_op"] = reduce_op_name(args) if reducing else None
+    if before is not None and stats["reduce_op"] in reductions.ELEMENTWISE:
+        stats.update(reductions.local_stats(stats["reduce_op"], before, reductions.real_tensors(out)))
     return stats
 
 
@@ -176,6 +217,9 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
                 return "fail", (f"{first['reduce_op']} result sums to {first['out_sum']:.9g}, "
                                 f"the ranks' inputs to {expected:.9g}")
             return "pass", f"same result on every rank, equal to the {first['reduce_op']} of the inputs"
+        if op in ALL_REDUCE and first.get("reduce_op") in reductions.ELEMENTWISE:
+            status, detail = reductions.check(first["reduce_op"], calls, ranks)
+            return status, detail if status == "fail" else f"same result on every rank; {detail}"
         if op == "c10d::allgather_" and first.get("piece_sums"):
             want = [c["in_sum"] for c in calls]
             if not all(_close(x, y, max(c["in_abs"] for c in calls)) for x, y in zip(first["piece_sums"], want)):
@@ -202,10 +246,10 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
                     return "fail", f"rank {ranks[r]} received from rank {ranks[j]} a piece other than the one sent"
         return "pass", "every piece arrived where it was sent, unchanged"
     if op in ROOTED:
-        root = first.get("root")
-        if root not in ranks or len({c.get("root") for c in calls}) > 1:
+        root = first.get("root")  # a group rank
+        if not isinstance(root, int) or not 0 <= root < world or len({c.get("root") for c in calls}) > 1:
             return "fail", f"ranks named different roots: {[c.get('root') for c in calls]}"
-        at_root = calls[ranks.index(root)]
+        at_root = calls[root]
         if op == "c10d::reduce_":
             expected = _reduced(first.get("reduce_op"), [c["in_sum"] for c in calls], world)
             if expected is None:
@@ -227,23 +271,30 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
 
 
 def check_across_ranks(per_rank: dict[int, list[dict]]) -> list[dict]:
-    """One row per collective call (the k-th collective of each rank): pass or fail, and why.
-    Point-to-point transfers involve two ranks, not the group, and are not in this sequence."""
+    """One row per collective call (the k-th call of each member of its process group): pass or fail,
+    and why; then one row per point-to-point transfer (``point_to_point.check_transfers``). A record
+    without a group is taken as a call of the whole job."""
     ranks = sorted(per_rank)
     rows = []
-    group = {r: [c for c in per_rank[r] if c["op"] not in POINT_TO_POINT] for r in ranks}
-    n = min(len(v) for v in group.values()) if group else 0
-    if group and len({len(v) for v in group.values()}) > 1:
-        rows.append({"op": "collectives", "status": "fail", "rule": "collective",
-                     "detail": f"ranks ran different numbers of collectives: "
-                               f"{ {r: len(group[r]) for r in ranks} }"})
-    for k in range(n):
-        calls = [group[r][k] for r in ranks]
-        row = {key: calls[0].get(key) for key in ("index", "op", "phase", "module", "step")}
-        status, detail = _check_call(calls, ranks)
-        row.update(rank=None, rule="skipped" if status == "skipped" else "collective", status=status, detail=detail)
-        rows.append(row)
-    return rows
+    groups: dict[tuple, dict[int, list[dict]]] = {}  # (members in group-rank order) -> member -> its calls
+    for r in ranks:
+        for c in per_rank[r]:
+            if c["op"] not in POINT_TO_POINT:
+                groups.setdefault(tuple(c.get("group") or ranks), {}).setdefault(r, []).append(c)
+    for members, calls_of in groups.items():
+        counts = {m: len(calls_of.get(m, [])) for m in members}
+        if len(set(counts.values())) > 1:
+            rows.append({"op": "collectives", "status": "fail", "rule": "collective", "rank": None,
+                         "group": list(members), "detail": f"ranks ran different numbers of collectives in the "
+                                                           f"group of ranks {list(members)}: {counts}"})
+        for k in range(min(counts.values())):
+            calls = [calls_of[m][k] for m in members]
+            row = {key: calls[0].get(key) for key in ("index", "op", "phase", "module", "step")}
+            status, detail = _check_call(calls, list(members))
+            row.update(rank=None, group=list(members), rule="skipped" if status == "skipped" else "collective",
+                       status=status, detail=detail)
+            rows.append(row)
+    return rows + check_transfers({r: [c for c in per_rank[r] if c["op"] in POINT_TO_POINT] for r in ranks})
 
 
 _ROUND = 0
@@ -267,12 +318,18 @@ def exchange(records: list[dict], rank: int, timeout_s: float = 60.0) -> dict[in
 
 def stats_from_capture(rec: dict, data: dict | None, world: int = 0) -> dict | None:
     """The cross-rank check's record of one captured collective (inputs as saved before it ran,
-    outputs after it completed), or None without saved tensors."""
-    if data is None:
+    outputs after it completed), or None without saved tensors. Point-to-point transfers have their
+    own records (``point_to_point.load_transfers``)."""
+    if data is None or rec["op"] in POINT_TO_POINT:
         return None
-    stats = {k: rec.get(k) for k in ("index", "op", "phase", "module", "step")}
+    stats = {k: rec.get(k) for k in ("index", "op", "phase", "module", "step", "group")}
+    world = len(rec.get("group") or ()) or world
     stats.update(inputs_stats(rec["op"], data["args"], world))
     out = data["outputs"]  # a c10d op's written tensors come first (Capture saves them with the Work)
-    stats.update(outputs_stats(rec["op"], data["args"], out if rec["op"].startswith(_FUNCTIONAL) else out[0], world))
-    stats["reduce_op"] = rec.get("reduce_op")
+    out = out if rec["op"].startswith(_FUNCTIONAL) else out[0]
+    stats.update(outputs_stats(rec["op"], data["args"], out, world))
+    stats["reduce_op"] = rec.get("reduce_op")  # the saved arguments do not hold the ReduceOp object
+    if rec["op"] in ALL_REDUCE and stats["reduce_op"] in reductions.ELEMENTWISE:  # the input as saved before it ran
+        stats.update(reductions.local_stats(stats["reduce_op"], reductions.real_tensors(data["args"][0]),
+                                            reductions.real_tensors(out)))
     return stats

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 FORMAT = "precision-capture"
 # 1 and 2 held pickled Python objects, which are no longer loaded; 4: a per-op file may name a tensor
 # an earlier file holds (REF) instead of holding it again.
-VERSION = 4
+VERSION = 5
 INDEX = "index.jsonl"
 META = "meta.json"
 
@@ -49,8 +49,13 @@ TAG = "__precision__"
 REF = "ref"
 
 
-def tensor_ref(file: str, k: int) -> dict:
-    return {TAG: REF, "file": file, "tensor": k}
+def tensor_ref(file: str, k: int, view: tuple[list[int], list[int], int] | None = None) -> dict:
+    """``view``: (size, stride, storage offset) of a tensor on the storage of the k-th tensor of
+    ``file``, which that file holds whole (it was saved uncopied)."""
+    ref = {TAG: REF, "file": file, "tensor": k}
+    if view is not None:
+        ref["view"] = [list(view[0]), list(view[1]), int(view[2])]
+    return ref
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,11 @@ def _compact(t: torch.Tensor) -> bool:
     # Saving a tensor writes its whole storage: fine when the tensor covers exactly that storage.
     return (t.device.type == "cpu" and t.storage_offset() == 0 and t.layout == torch.strided
             and t.untyped_storage().nbytes() == t.numel() * t.element_size() and not t.is_conj() and not t.is_neg())
+
+
+def saved_whole(t: torch.Tensor) -> bool:
+    """Whether ``saveable_leaf`` writes this tensor uncopied, so its file holds its whole storage."""
+    return _compact(t)
 
 
 def saveable_leaf(x):
@@ -216,6 +226,11 @@ class Dump:
     def load(self, rec: dict) -> dict | None:
         """{'args', 'kwargs', 'outputs'} of a record, or None when its tensors were not saved."""
         if not rec.get("file"):
+            named = rec.get("named")
+            if named is not None:  # an op whose tensors are all named by reference
+                data = self._resolve_refs(named, rec)
+                data["args"], data["kwargs"] = restore(data["args"]), restore(data["kwargs"])
+                return data
             if rec.get("refs") is None:
                 return None
             return self._resolve_refs({"args": [], "kwargs": {}, "outputs": rec["refs"]}, rec)  # all named
@@ -264,7 +279,8 @@ class Dump:
         if not 0 <= k < len(tensors):
             raise DumpError(f"{path}: op {rec['op']} #{rec['index']} refers to tensor {k}; the file holds "
                             f"{len(tensors)}")
-        return tensors[k]
+        view = ref.get("view")
+        return tensors[k] if view is None else _view_of(tensors[k], view, f"{path}: op {rec['op']} #{rec['index']}")
 
     def _part(self, path: str) -> dict:
         # A part file holds many ops: mapped, not read, and kept while ops are read from it in order.
@@ -300,10 +316,36 @@ def _record_problem(rec) -> str | None:
     if refs is not None and not (isinstance(refs, list) and all(isinstance(r, dict) and r.get(TAG) == REF
                                                                 for r in refs)):
         return f"field 'refs' is {refs!r:.80}, expected a list of tensor references"
+    group = rec.get("group")
+    if group is not None and not (isinstance(group, list) and all(isinstance(r, int) and not isinstance(r, bool)
+                                                                  for r in group)):
+        return f"field 'group' is {group!r:.80}, expected a list of ranks or null"
+    named = rec.get("named")
+    if named is not None and not (isinstance(named, dict) and isinstance(named.get("args"), list)
+                                  and isinstance(named.get("kwargs"), dict) and "outputs" in named):
+        return f"field 'named' is {named!r:.80}, expected an object with args (a list), kwargs and outputs"
     step = rec.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         return f"field 'step' is {rec['step']!r}, expected an integer"
     return None
+
+
+def _view_of(base: torch.Tensor, view, where: str) -> torch.Tensor:
+    """The tensor (size, stride, offset) on ``base``'s storage; refused unless it lies inside it."""
+    def ints(v) -> bool:
+        return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+    if not (isinstance(view, list) and len(view) == 3 and ints(view[0]) and ints(view[1])
+            and len(view[0]) == len(view[1]) and isinstance(view[2], int) and not isinstance(view[2], bool)):
+        raise DumpError(f"{where}: bad view {view!r:.80}; expected [sizes], [strides] and an offset")
+    size, stride, offset = view
+    n = base.untyped_storage().nbytes() // base.element_size()
+    if any(d < 0 for d in size) or any(st < 0 for st in stride) or offset < 0:
+        raise DumpError(f"{where}: bad view {view!r:.80}: negative sizes, strides or offset")
+    last = offset + sum((d - 1) * st for d, st in zip(size, stride)) if all(size) else offset - 1
+    if last >= n:
+        raise DumpError(f"{where}: view {view!r:.80} reaches element {last} of a storage of {n}")
+    return torch.as_strided(base, size, stride, offset)
 
 
 class DumpWriter:

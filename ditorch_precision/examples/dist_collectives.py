@@ -1,7 +1,9 @@
 """Every c10d collective with a cross-rank invariant, and DDP's gradient all-reduce (issued by its C++
-reducer through the dispatcher's c10d ops), under Capture and AutoCompare on a gloo job, one process
+reducer through the dispatcher's c10d ops), point-to-point transfers (then once more with one received
+value corrupted) and collectives of a subgroup, under Capture and AutoCompare on a gloo job, one process
 per rank: ``python -m ditorch_precision.examples.dist_collectives OUT WORLD PORT``. Each rank writes
-OUT/capture/rank{r}/, OUT/autocompare_rank{r}.json (the cross-rank rows) and OUT/ddp_rank{r}.pt
+OUT/capture/rank{r}/ (OUT/corrupted/capture/rank{r}/: the corrupted transfers), OUT/autocompare_rank{r}.json
+(the cross-rank rows) and OUT/ddp_rank{r}.pt
 (its own gradients without DDP and the gradients DDP left)."""
 from __future__ import annotations
 
@@ -27,10 +29,49 @@ def collectives(rank: int, world: int) -> None:
     dist.reduce(data(4), dst=0)
     dist.gather(data(3), [torch.empty(3) for _ in range(world)] if rank == 0 else None, dst=0)
     dist.scatter(torch.empty(2), [data(2) * (i + 1) for i in range(world)] if rank == 0 else None, src=0)
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+        dist.all_reduce(data(4) * (1 - 2 * (rank % 2)), op=op)  # signs differ across ranks
+    dist.all_reduce(torch.tensor([rank, 5 - rank, 3]), op=dist.ReduceOp.MAX)  # integers, with a tie
+    dist.all_reduce(torch.tensor([rank + 1, 7]))  # an integer SUM (a count of tokens, say)
+    # A group whose only member is the last rank: its group rank 0 is global rank world - 1.
+    last = dist.new_group([world - 1])
+    if rank == world - 1:
+        dist.all_reduce(data(3), group=last)
+        dist.scatter(torch.empty(2), [data(2)], src=rank, group=last)
+    dist.all_reduce(data(2))  # the default group's sequence goes on after the subgroup's calls
+
+
+def point_to_point(rank: int, world: int, corrupt: bool = False) -> None:
+    """Ranks 0 and 1 exchange tensors with send/recv, isend/irecv and batch_isend_irecv, on two tags.
+    ``corrupt``: rank 1 changes one received value by a raw write (no op sees it), as a faulty
+    transport would, before it uses the buffer."""
+    if rank > 1:
+        return
+    peer = 1 - rank
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3) * (rank + 1)
     if rank == 0:
-        dist.send(data(5), 1)
-    elif rank == 1:
-        dist.recv(torch.empty(5), 0)
+        dist.send(x, 1)
+        dist.send(torch.arange(4) + 7, 1, tag=5)
+        dist.send(torch.ones(3) * 0.5, 1, tag=6)
+    else:
+        got, ints, anyone = torch.empty(6), torch.empty(4, dtype=torch.int64), torch.empty(3)
+        dist.recv(got, 0)
+        dist.recv(ints, 0, tag=5)
+        dist.recv(anyone, tag=6)  # from any source: its source is known once it completed
+        anyone.neg()
+        if corrupt:
+            got.numpy()[4] += 0.5
+        (got * 2 + ints.sum()).sum()
+    y = torch.empty(2, 3)
+    pending = dist.irecv(y, peer, tag=2)
+    dist.isend(x + 1, peer, tag=2).wait()
+    pending.wait()
+    y.mul(3)
+    z = torch.empty(3)
+    ops = [dist.P2POp(dist.isend, x[0] - 1, peer, tag=3), dist.P2POp(dist.irecv, z, peer, tag=3)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    z.add(1)
 
 
 def ddp_step(rank: int, world: int, out: str) -> None:
@@ -57,12 +98,23 @@ def run(rank: int, world: int, out: str) -> None:
     """This rank's part, in a process group already started (another example's job may share it)."""
     with Capture(os.path.join(out, "capture", f"rank{rank}")), AutoCompare() as ac:
         collectives(rank, world)
+        point_to_point(rank, world)
         ddp_step(rank, world, out)
         ac.check_collectives()  # while the process group is alive
+    with Capture(os.path.join(out, "corrupted", "capture", f"rank{rank}")), AutoCompare() as corrupted:
+        point_to_point(rank, world, corrupt=True)
+        corrupted.check_collectives()
     with open(os.path.join(out, f"autocompare_rank{rank}.json"), "w") as f:
-        json.dump({"failures": ac.failures, "collectives": [r for r in ac.results if r.get("rule") in
-                                                            ("collective", "skipped") and "detail" in r]}, f)
+        json.dump({"failures": ac.failures, "collectives": _cross_rank(ac, "collective"),
+                   "point_to_point": _cross_rank(ac, "point_to_point"),
+                   "corrupted": _cross_rank(corrupted, "point_to_point")}, f)
     dist.barrier()
+
+
+def _cross_rank(ac: AutoCompare, rule: str) -> list[dict]:
+    """The cross-rank rows of one kind (skipped collectives included), not the per-op ones."""
+    kinds = ("collective", "skipped") if rule == "collective" else (rule,)
+    return [r for r in ac.results if "detail" in r and r.get("rule") in kinds]
 
 
 def main() -> None:

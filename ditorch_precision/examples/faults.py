@@ -48,3 +48,30 @@ def wrong_kernel(op: str = "silu", scale: float = 1.0 + 1e-3, dtype: torch.dtype
         lib._destroy()
         for h in hooks:
             h.remove()
+
+
+@contextmanager
+def wrong_draws(keep_scale: float, inside: torch.nn.Module) -> Iterator[None]:
+    """Within the block, ``aten::bernoulli_`` with a float probability (dropout's keep mask on the
+    CPU) draws on CPU with ``keep_scale`` x that probability while ``inside``'s forward runs, and
+    honestly elsewhere (from uniform draws: the override cannot call the op it replaces)."""
+    active = [False]
+    hooks = [inside.register_forward_pre_hook(lambda *_: active.__setitem__(0, True)),
+             inside.register_forward_hook(lambda *_: active.__setitem__(0, False))]
+
+    def kernel(self: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
+        keep = min(p * keep_scale, 1.0) if active[0] else p
+        return self.copy_(torch.rand(self.shape, generator=generator) < keep)
+
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lib.impl("bernoulli_.float", kernel, "CPU")
+        yield
+    finally:
+        lib._destroy()
+        for h in hooks:
+            h.remove()

@@ -15,7 +15,10 @@ from ditorch_precision.dump import Dump
 
 CHECKED = ["c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::alltoall_", "c10d::alltoall_base_",
            "c10d::reduce_", "c10d::gather_", "c10d::scatter_"]
+REDUCTIONS = ["c10d::allreduce_"] * 5  # MAX, MIN, PRODUCT, an integer MAX, an integer SUM
 DDP = ["c10d::allgather_", "c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_"]  # shapes, states, gradients
+# The default group's calls, then those of the group whose only member is rank 1.
+ROWS = CHECKED + REDUCTIONS + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +31,30 @@ def test_every_collective_passes_its_cross_rank_check(job):
         d = json.loads((job / f"autocompare_rank{rank}.json").read_text())
         assert d["failures"] == []
         rows = d["collectives"]
-        assert [r["op"] for r in rows] == CHECKED + DDP
+        assert [r["op"] for r in rows] == ROWS
         assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"]
+        ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 5]]
+        assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2], "MAX" in ops[3], "SUM" in ops[4]] == [True] * 5
+        assert [r["group"] for r in rows[-2:]] == [[1], [1]]  # subgroup ranks as global ranks
+
+
+def test_point_to_point_transfers_are_matched_across_ranks(job):
+    """send/recv (one from any source), isend/irecv and batch_isend_irecv: each transfer's bytes as
+    sent and as received."""
+    for rank in (0, 1):
+        rows = json.loads((job / f"autocompare_rank{rank}.json").read_text())["point_to_point"]
+        got = sorted((r["src"], r["dst"], r["tag"], r["seq"], r["status"]) for r in rows)
+        assert got == [(0, 1, 0, 0, "pass"), (0, 1, 2, 0, "pass"), (0, 1, 3, 0, "pass"), (0, 1, 5, 0, "pass"),
+                       (0, 1, 6, 0, "pass"), (1, 0, 2, 0, "pass"), (1, 0, 3, 0, "pass")], rows
+
+
+def test_a_transfer_corrupted_on_one_side_fails_naming_both_ranks(job):
+    for rank in (0, 1):
+        rows = json.loads((job / f"autocompare_rank{rank}.json").read_text())["corrupted"]
+        bad = [r for r in rows if r["status"] == "fail"]
+        assert [(r["src"], r["dst"], r["tag"], r["seq"]) for r in bad] == [(0, 1, 0, 0)], rows
+        assert "rank 0" in bad[0]["detail"] and "rank 1" in bad[0]["detail"]
+        assert sum(r["status"] == "pass" for r in rows) == 6
 
 
 def test_ddp_gradients_are_the_mean_and_its_all_reduce_is_captured(job):
@@ -40,7 +65,7 @@ def test_ddp_gradients_are_the_mean_and_its_all_reduce_is_captured(job):
     captured = []
     for r in (0, 1):
         d = Dump.open(str(job / "capture" / f"rank{r}"))
-        rec = [x for x in d.op_records if x["op"] == "c10d::allreduce_"]
+        rec = [x for x in d.op_records if x["op"] == "c10d::allreduce_" and x["phase"] == "backward"]
         assert len(rec) == 1 and rec[0]["phase"] == "backward"  # the reducer's bucket, during backward
         captured.append(d.load(rec[0]))
     bucket = captured[0]["args"][0][0] + captured[1]["args"][0][0]  # by hand, from the inputs as they were
@@ -64,7 +89,7 @@ def _broken(per_rank, op, rank, change):
 
 def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
     per_rank = _per_rank(job)
-    assert [r["status"] for r in check_across_ranks(per_rank)] == ["pass"] * len(CHECKED)
+    assert [r["status"] for r in check_across_ranks(per_rank)] == ["pass"] * (len(CHECKED) + 1)  # scatter_ twice
     cases = {
         "c10d::reduce_scatter_": (1, lambda c: c.update(out_sum=c["out_sum"] + 1.0)),
         "c10d::alltoall_": (1, lambda c: c["out_pieces"].reverse()),
@@ -81,5 +106,95 @@ def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
 def test_cross_rank_compare_checks_every_collective_from_the_captures(job, capsys):
     assert main(["compare", str(job), str(job), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert [c["op"] for c in d["collectives"]] == CHECKED + DDP
+    assert [c["op"] for c in d["collectives"] if c["rule"] != "point_to_point"] == ROWS
+    transfers = [(c["src"], c["dst"], c["tag"]) for c in d["collectives"] if c["rule"] == "point_to_point"]
+    assert sorted(transfers) == [(0, 1, 0), (0, 1, 2), (0, 1, 3), (0, 1, 5), (0, 1, 6), (1, 0, 2), (1, 0, 3)]
     assert all(c["status"] == "pass" for c in d["collectives"])
+
+
+def test_cross_rank_compare_of_captures_names_both_ranks_of_a_corrupted_transfer(job, capsys):
+    assert main(["compare", str(job / "corrupted"), str(job / "corrupted"), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    bad = [c for c in d["collectives"] if c["status"] == "fail"]
+    assert [(c["src"], c["dst"], c["tag"], c["seq"]) for c in bad] == [(0, 1, 0, 0)]
+    assert d["first_divergence"]["detail"] == bad[0]["detail"] and "rank 0" in bad[0]["detail"]
+
+
+def _reductions(job, rank: int) -> list[tuple[dict, dict]]:
+    """The MAX, MIN and PRODUCT all-reduces of one rank's capture: (record, saved tensors)."""
+    d = Dump.open(str(job / "capture" / f"rank{rank}"))
+    return [(x, d.load(x)) for x in d.op_records
+            if x["op"] == "c10d::allreduce_" and x.get("reduce_op") in ("MAX", "MIN", "PRODUCT")]
+
+
+def _reduction_records(job, change=None) -> dict:
+    """Their cross-rank records; ``change(op, result)`` alters the result the same way on every rank (as
+    a wrong all-reduce would) before they are made."""
+    out = {}
+    for r in (0, 1):
+        out[r] = []
+        for rec, data in _reductions(job, r):
+            if change is not None:
+                change(rec["reduce_op"], data["outputs"][0][0])
+            out[r].append(stats_from_capture(rec, data, 2))
+    return out
+
+
+def test_max_min_and_product_all_reduces_are_checked_elementwise(job):
+    mine, other = _reductions(job, 0), _reductions(job, 1)
+    for (rec, a), (_, b) in zip(mine, other):  # plain torch on the captured inputs: the results are right
+        x, y = a["args"][0][0], b["args"][0][0]
+        assert not torch.equal(x, y)
+        want = {"MAX": torch.maximum, "MIN": torch.minimum, "PRODUCT": torch.mul}[rec["reduce_op"]](x, y)
+        torch.testing.assert_close(a["outputs"][0][0], want)
+        torch.testing.assert_close(b["outputs"][0][0], want)
+    assert [r["status"] for r in check_across_ranks(_reduction_records(job))] == ["pass"] * 4
+
+    def at(i, f):  # the float all-reduces' results
+        return lambda op, result: result.__setitem__(i, f(op, result[i])) if result.is_floating_point() else None
+
+    wrong = {  # what a wrong all-reduce could leave, and the invariant that must catch it
+        "an element above every input": at(0, lambda op, v: v + 1 if op == "MAX" else v),
+        "an input above the result": at(1, lambda op, v: v - 100 if op == "MAX" else v),
+        "an element below every input": at(2, lambda op, v: v - 1 if op == "MIN" else v),
+        "a product off by 1e-3": at(3, lambda op, v: v * 1.001 if op == "PRODUCT" else v),
+        "a product of the wrong sign": at(0, lambda op, v: -v if op == "PRODUCT" else v),
+        "a zero product of non-zero inputs": at(1, lambda op, v: v * 0 if op == "PRODUCT" else v),
+    }
+    wrong["an integer maximum raised"] = lambda op, result: (None if result.is_floating_point()
+                                                              else result.__setitem__(2, result[2] + 1))
+    for what, change in wrong.items():
+        rows = check_across_ranks(_reduction_records(job, change))
+        assert [r["status"] for r in rows].count("fail") == 1, (what, rows)
+
+
+def test_a_wrong_max_element_hidden_by_a_tie_is_found():
+    """By hand: inputs [1, 5, 3] and [1, 2, 4], so MAX is [1, 5, 4]; a result [1, 5, 9] is reached by
+    no input at element 2, while the count of equal elements (2 + 1) still covers 3 elements."""
+    from ditorch_precision.reductions import check, local_stats
+
+    a, b = torch.tensor([1.0, 5.0, 3.0]), torch.tensor([1.0, 2.0, 4.0])
+    right, wrong = torch.maximum(a, b), torch.tensor([1.0, 5.0, 9.0])
+    assert check("MAX", [local_stats("MAX", [a], [right]), local_stats("MAX", [b], [right])], [0, 1])[0] == "pass"
+    calls = [local_stats("MAX", [a], [wrong]), local_stats("MAX", [b], [wrong])]
+    assert sum(c["n_equal"] for c in calls) >= 3  # the count alone is fooled
+    status, detail = check("MAX", calls, [0, 1])
+    assert status == "fail" and "element 2" in detail
+
+
+def test_an_integer_sum_all_reduce_is_checked(job):
+    """By hand: ranks 0 and 1 reduce [1, 7] and [2, 7]: [3, 14]. A wrong result fails."""
+    per_rank = {}
+    for r in (0, 1):
+        d = Dump.open(str(job / "capture" / f"rank{r}"))
+        rec = next(x for x in d.op_records if x["op"] == "c10d::allreduce_" and x["reduce_op"] == "SUM"
+                   and x["inputs"][0]["dtype"] == "int64")
+        data = d.load(rec)
+        assert data["outputs"][0][0].tolist() == [3, 14]
+        per_rank[r] = data, rec
+    assert [c["status"] for c in check_across_ranks({r: [stats_from_capture(rec, data, 2)]
+                                                     for r, (data, rec) in per_rank.items()})] == ["pass"]
+    for data, _ in per_rank.values():
+        data["outputs"][0][0][1] += 1
+    rows = check_across_ranks({r: [stats_from_capture(rec, data, 2)] for r, (data, rec) in per_rank.items()})
+    assert [c["status"] for c in rows] == ["fail"] and "SUM" in rows[0]["detail"]

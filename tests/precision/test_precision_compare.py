@@ -94,7 +94,8 @@ def test_error_ratio_rule_blames_only_the_planted_op(runs):
     failed = {r["op"] for r in report.failed}
     assert failed == {"aten::silu"}  # every other op is judged on its own inputs: drift is not blamed
     assert report.first_divergence["index"] == runs["ops"].index("aten::silu")
-    assert all(r["rule"] == "error_ratio" for r in report.ops if r["status"] != "skipped" and r["rule"] != "exact")
+    judged = [r for r in report.ops if r["status"] != "skipped" and r["rule"] not in ("exact", "random_contract")]
+    assert judged and all(r["rule"] == "error_ratio" for r in judged)  # random ops: by their own draws
 
 
 def test_replay_cli_detects_the_wrong_kernel(runs):

@@ -92,3 +92,19 @@ def test_cross_rank_invariants_catch_a_wrong_reduction_and_disagreeing_ranks():
     assert avg[0]["status"] == "pass"
     uneven = check_across_ranks({0: [_call(1.0, 3.0), _call(1.0, 3.0)], 1: [_call(2.0, 3.0)]})
     assert uneven[0]["status"] == "fail" and "different numbers" in uneven[0]["detail"]
+
+
+def test_a_subgroup_call_is_checked_among_its_members_with_its_group_ranks():
+    """A 4-rank job; ranks 1 and 3 form a group (group ranks 0 and 1) and scatter from group rank 1,
+    global rank 3: rank 1 must get the root's piece 0, rank 3 its piece 1. Ranks 0 and 2 ran nothing."""
+    pieces = [(1.0, 1.0, 1.5), (2.0, 2.0, 3.5)]  # (sum, sum of |x|, checksum) of the root's two pieces
+
+    def scatter(got: int) -> dict:
+        return {"index": 3, "op": "c10d::scatter_", "group": [1, 3], "root": 1, "in_pieces": pieces,
+                "in_sum": 3.0, "in_abs": 3.0, "in_check": 5.0, "out_sum": pieces[got][0], "out_abs": pieces[got][1],
+                "out_check": pieces[got][2], "reduce_op": None}
+
+    ok = check_across_ranks({0: [], 1: [scatter(0)], 2: [], 3: [scatter(1)]})
+    assert [(r["status"], r["group"]) for r in ok] == [("pass", [1, 3])]
+    swapped = check_across_ranks({0: [], 1: [scatter(1)], 2: [], 3: [scatter(0)]})
+    assert [r["status"] for r in swapped] == ["fail"]

@@ -47,7 +47,8 @@ def dumps(tmp_path_factory):
 def test_stats_capture_is_small_and_holds_the_right_numbers(dumps):
     full, stats = Dump.open(dumps["full"]), Dump.open(dumps["stats"])
     assert not os.listdir(os.path.join(dumps["stats"], "tensors"))
-    assert _dir_bytes(dumps["stats"]) * 10 < _dir_bytes(dumps["full"])  # grows with tensor sizes
+    # (the full capture writes each tensor once, views as references: 8x here, and the gap grows with sizes)
+    assert _dir_bytes(dumps["stats"]) * 5 < _dir_bytes(dumps["full"])
     assert len(stats.records) == len(full.records) and {r["step"] for r in stats.records} >= set(range(STEPS))
     for rf, rs in list(zip(full.op_records, stats.op_records))[::37]:
         outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]

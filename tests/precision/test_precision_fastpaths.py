@@ -233,7 +233,7 @@ def test_capture_in_bulk_reads_back_what_per_op_files_hold(tmp_path):
         train(2, CFG, optimizer="adamw")
     a, b = Dump.open(str(tmp_path / "per_op")), Dump.open(str(tmp_path / "bulk"))
     assert [(r["index"], r["op"]) for r in a.records] == [(r["index"], r["op"]) for r in b.records]
-    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == 4
+    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == 5
     assert len({r["file"] for r in b.records}) == 2 == bulk._n_parts  # one file per step
     for ra, rb in zip(a.records, b.records):
         la, lb = tree_leaves(a.load(ra)), tree_leaves(b.load(rb))
@@ -305,3 +305,34 @@ def test_capture_module_outputs_an_op_file_holds_are_named_in_the_index(tmp_path
     with torch.no_grad():  # the reference: plain torch
         torch.testing.assert_close(dump.load(out)["outputs"][0], x @ lin.weight.t() + lin.bias, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dump.load(grad)["outputs"][0], torch.ones(3, 4), rtol=0, atol=0)
+
+
+def test_capture_per_op_names_views_of_written_tensors_without_a_file(tmp_path):
+    """A view op whose input an earlier file holds writes no file: its tensors are references, the
+    view's as (file, tensor, size, stride, offset). A write to the base afterwards makes the next view
+    be written again. Reference: plain torch."""
+    x = torch.randn(4, 6)
+    with Capture(str(tmp_path / "c"), Selector.build(ops="*")):
+        y = x.exp()
+        v = y.t()  # a view covering y's storage
+        s = y[1:3, 2:5]  # a view of part of it
+        z = s.sum()
+        y.mul_(2)
+        w = y.t()  # y changed since its file: written again
+    dump = Dump.open(str(tmp_path / "c"))
+    files = [(r["op"], r["file"] is not None) for r in dump.op_records]
+    assert files == [("aten::exp", True), ("aten::t", False), ("aten::slice", False), ("aten::slice", False),
+                     ("aten::sum", True), ("aten::mul_", True), ("aten::t", True)]
+    with torch.no_grad():
+        loaded = [dump.load(r) for r in dump.op_records]
+        by_op = [(r["op"], d) for r, d in zip(dump.op_records, loaded)]
+        ts = [d for op, d in by_op if op == "aten::t"]
+        torch.testing.assert_close(ts[0]["outputs"], x.exp().t(), rtol=0, atol=0)
+        torch.testing.assert_close(ts[1]["outputs"], w, rtol=0, atol=0)
+        assert dump.op_records[-1]["file"] is not None  # the view after the write
+        slices = [d for op, d in by_op if op == "aten::slice"]
+        torch.testing.assert_close(slices[-1]["outputs"], x.exp()[1:3, 2:5], rtol=0, atol=0)
+        sums = [d for op, d in by_op if op == "aten::sum"]
+        torch.testing.assert_close(sums[0]["args"][0], x.exp()[1:3, 2:5], rtol=0, atol=0)
+        torch.testing.assert_close(sums[0]["outputs"], z, rtol=0, atol=0)
+    assert v.shape == (6, 4)

@@ -83,7 +83,8 @@ def test_a_file_outside_the_capture_directory_is_refused(capture, tmp_path, wher
 
 @pytest.mark.parametrize("field,value,expect", [("index", "0", "field 'index'"), ("op", 3, "field 'op'"),
                                                 ("file", 7, "field 'file'"), ("step", 1.5, "field 'step'"),
-                                                ("refs", [5], "field 'refs'")])
+                                                ("refs", [5], "field 'refs'"), ("named", [5], "field 'named'"),
+                                                ("group", 5, "field 'group'")])
 def test_a_bad_index_field_is_named_with_its_line(capture, tmp_path, field, value, expect, capsys):
     bad = _clone(capture / "run", tmp_path / "bad", lambda r: {**r, field: value})
     assert main(["compare", str(bad), str(capture / "ref")]) == 2
@@ -156,3 +157,26 @@ def test_a_bad_variable_at_import_is_exit_2(tmp_path):
 def test_a_missing_script_is_exit_2(tmp_path):
     p = run("-m", "ditorch_precision.run", "--tool", "op_timer", tmp_path / "missing.py", cwd=tmp_path)
     assert p.returncode == 2 and "missing.py" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("view,expect", [([[1000], [1], 0], "reaches element 999"), ([[2], [-1], 3], "negative"),
+                                         ([[2], [1]], "bad view"), ([["2"], [1], 0], "bad view")])
+def test_a_view_reference_outside_its_storage_is_refused(capture, tmp_path, view, expect, capsys):
+    first = json.loads(open(capture / "run" / "index.jsonl").readline())["file"]
+    ref = {"__precision__": "ref", "file": first, "tensor": 0, "view": view}
+    bad = _clone(capture / "run", tmp_path / "bad", lambda r: {**r, "file": None, "named": {
+        "args": [ref], "kwargs": {}, "outputs": ref}})
+    assert main(["compare", str(bad), str(capture / "ref")]) == 2
+    assert expect in capsys.readouterr().err
+
+
+def test_a_bad_transfer_record_is_named_with_its_line(capture, tmp_path, capsys):
+    import shutil
+
+    for run_ in ("bad", "good"):
+        for r in (0, 1):
+            shutil.copytree(capture / "run", tmp_path / run_ / f"rank{r}")
+    (tmp_path / "bad" / "rank1" / "transfers.jsonl").write_text('{"op": "c10d::send", "tag": "x", "index": 1}\n')
+    assert main(["compare", str(tmp_path / "bad"), str(tmp_path / "good")]) == 2
+    err = capsys.readouterr().err
+    assert "transfers.jsonl:1" in err and "'tag'" in err

@@ -1,0 +1,111 @@
+"""Random ops are judged by their contracts on each run's own draws (ditorch_precision.random_contracts),
+on a HuggingFace LlamaForCausalLM (random weights, AdamW) with attention dropout: the reference
+draws other numbers (another seed, as another device would), and the run under test carries a fault
+in layer 0's silu and then one in layer 1's dropout draws. References: the places the test planted
+faults, and the dropout probability the model was configured with."""
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from ditorch_precision import AutoCompare, Capture, compare_dumps
+from ditorch_precision.dump import Dump
+from ditorch_precision.examples.faults import wrong_draws, wrong_kernel
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SIZE = HFLlamaSize(seq=32)  # 8192 dropout draws per layer: enough for the mean's bound
+ROOT = "LlamaForCausalLM.model.layers"
+DROPOUT = 0.1
+
+
+def _times_one(module, args, kwargs):
+    return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * 1.0}
+
+
+def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = False) -> str:
+    model = make_hf_llama(SIZE)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = DROPOUT
+    if insert:  # one extra op in layer 1's attention: its op sequence differs from the reference's
+        model.model.layers[1].self_attn.register_forward_pre_hook(_times_one, with_kwargs=True)
+    torch.manual_seed(draw_seed)  # the dropout draws
+    plants = (wrong_kernel("silu", 1 + 1e-3, inside=model.model.layers[0].mlp.act_fn),
+              wrong_draws(1.05, inside=model.model.layers[1].self_attn)) if faults else (nullcontext(), nullcontext())
+    with plants[0], plants[1], Capture(str(path)):
+        hf_train(model, hf_batches(SIZE, 1))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("random")
+    return {"ref": _capture(root / "ref", draw_seed=1), "honest": _capture(root / "honest"),
+            "faults": _capture(root / "faults", faults=True, insert=True)}
+
+
+def _failed(report):
+    return [(r["op"], r["module"], r["phase"]) for r in report.failed]
+
+
+def test_the_runs_draw_different_dropout_masks(runs):
+    masks = []
+    for name in ("ref", "honest"):
+        d = Dump.open(runs[name])
+        rec = next(r for r in d.op_records if r["op"] == "aten::bernoulli_")
+        masks.append(d.load(rec)["outputs"])
+        assert abs(float(masks[-1].mean()) - (1 - DROPOUT)) < 0.02  # the configured keep probability
+    assert not torch.equal(*masks)
+
+
+def test_honest_runs_with_other_draws_pass(runs):
+    report = compare_dumps(runs["honest"], runs["ref"])
+    assert report.passed, _failed(report)
+    judged = [r for r in report.ops if r["op"] == "aten::bernoulli_"]
+    assert len(judged) == 2 and all(r["rule"] == "random_contract" and r["status"] == "pass" for r in judged)
+
+
+def test_a_fault_in_the_draws_after_an_earlier_fault_is_located(runs):
+    """After the silu's divergence, layer 1's faulty draws are named; its attention runs one op more
+    than the reference's (a region, whose module records differ after the divergence), and the
+    faulty op inside it makes the region fail, not drift."""
+    report = compare_dumps(runs["faults"], runs["ref"])
+    assert _failed(report) == [("aten::silu", f"{ROOT}.0.mlp.act_fn", "forward"),
+                               ("aten::bernoulli_", f"{ROOT}.1.self_attn", "forward")]
+    assert "mean of 8192 draws" in report.failed[1]["detail"]
+    verdicts = {(r["module"], r["phase"]): r["verdict"] for r in report.regions}
+    assert verdicts[(f"{ROOT}.1.self_attn", "forward")] == "fail"
+    assert [r["op"] for r in report.unmatched] == ["aten::mul"] * 2  # the extra op, forward and backward
+
+
+def test_autocompare_judges_the_draws_where_they_are_made():
+    model = make_hf_llama(SIZE)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = DROPOUT
+    with wrong_draws(1.05, inside=model.model.layers[1].self_attn), AutoCompare() as ac:
+        hf_train(model, hf_batches(SIZE, 1))
+    draws = [r for r in ac.results if r["op"] == "aten::bernoulli_"]
+    assert [(r["module"], r["status"], r["rule"]) for r in draws] == [
+        (f"{ROOT}.0.self_attn", "pass", "random_contract"), (f"{ROOT}.1.self_attn", "fail", "random_contract")]
+    assert [r["op"] for r in ac.failures] == ["aten::bernoulli_"]
+
+
+def test_the_contracts_of_dropout_and_of_uniform_and_normal_draws():
+    """Plain torch draws pass; the same draws altered as a faulty kernel would fail."""
+    from ditorch_precision.random_contracts import contract_verdict
+
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=g)
+    out, mask = aten.native_dropout.default(x, 0.3, True)
+    assert contract_verdict(aten.native_dropout.default, (x, 0.3, True), {}, (out, mask))[0] == "pass"
+    for bad in ((out * 1.001, mask), (out, mask & (torch.rand(4096, generator=g) < 0.9))):  # values, keep rate
+        assert contract_verdict(aten.native_dropout.default, (x, 0.3, True), {}, bad)[0] == "fail"
+    u = torch.empty(4096).uniform_(-2, 2, generator=g)
+    assert contract_verdict(aten.uniform_.default, (u, -2.0, 2.0), {}, u)[0] == "pass"
+    assert contract_verdict(aten.uniform_.default, (u, -2.0, 2.0), {}, u * 0.5 + 0.5)[0] == "fail"  # biased
+    n = torch.empty(4096).normal_(1.0, 3.0, generator=g)
+    assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, n)[0] == "pass"
+    assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, (n - 1) * 1.2 + 1)[0] == "fail"  # too wide
