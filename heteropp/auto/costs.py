@@ -18,7 +18,9 @@ With `round_trips` (the estimate a plan reports; the search's objective leaves t
 alternate forwards and backwards replace the steady-state term by the chains of alternating.py (a stage's
 timeline and the round trips, warm-up and drain at their real length), and the whole passes through the
 pipeline as flow shops (pass_term) join the max, which is what fill and drain cost at few micro-batches
-(exact for GPipe).
+(exact for GPipe). Under ZB-H1 the update term then becomes max_k (L_k + h_k w_k + u_k) - F, with L_k the
+chains' bound on stage k's last backward (alternating.last_backward_ends) and h_k w_k the held-back weight
+passes that follow it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from functools import lru_cache
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from ..schedules.registry import kind
-from .alternating import round_trip_bound, stage_bound
+from .alternating import last_backward_ends, round_trip_bound, stage_bound
 from .analytic import ring_allreduce_s
 from .profiles import Profile
 
@@ -295,6 +297,22 @@ class CostModel:
             best, where = sum(fs) + sum(hop) + all_b, "backward pass"
         return best, where
 
+    @staticmethod
+    def pass_last_backward(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
+                           spans: list[int]) -> list[float]:
+        """pass_term's chains per stage m: b forwards through stages 0..j as a flow shop, then stage j's last
+        spans[j] backwards down to stage m as a second one, ending with stage m's last backward."""
+        hop = [e + x for e, x in zip(es, lats)]
+        out = [-math.inf] * len(fs)
+        for j in range(len(fs)):
+            all_f = sum(fs[:j + 1]) + sum(hop[:j]) + (b - 1) * max(fs[:j + 1] + es[:j])
+            n, path, slowest = min(spans[j], b), 0.0, 0.0
+            for m in reversed(range(j + 1)):
+                path += bs[m] + (hop[m] if m < j else 0.0)
+                slowest = max(slowest, bs[m], es[m] if m < j else 0.0)
+                out[m] = max(out[m], all_f + path + (n - 1) * slowest)
+        return out
+
     def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
                  round_trips: bool = False, params: dict | None = None) -> Estimate:
         """`round_trips`: price alternating schedules by the chains of alternating.py instead of the
@@ -368,6 +386,13 @@ class CostModel:
                     pt, pt_where = lt, lt_where
             if pt > top + fill:
                 top, where = pt - fill, pt_where
+        if round_trips and sk.alternates and wrap is None and sk.defers_weight_grads:
+            # the stages end at different times (their held-back weight passes): stage 0 runs its own after
+            # its last backward, and each stage's update follows its own end (stage_ends), not the latest
+            last = last_backward_ends(fs, bs, ws, es, lats, spans, b, held,
+                                      self.pass_last_backward(fs, bs, es, lats, b, spans))
+            last[0] = max(last[0], top + fill)
+            upd_term = max(t + min(h + 1, b) * w + u for t, h, w, u in zip(last, held, ws, us)) - top - fill
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,
                         stage_memory_bytes=mems, stage_capacity_bytes=caps, in_flight=ns, boundary_s=es,
                         bottleneck=where, fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),

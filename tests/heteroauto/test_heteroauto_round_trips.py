@@ -136,3 +136,21 @@ def test_interleaved_estimate_counts_every_chunk_crossing_the_link(few):
                                   params={"chunks": 2}).iteration_time_s
             assert -under <= est / sim - 1 <= over, (b, stages, est, sim)
         measured += 1
+
+
+@pytest.mark.parametrize("layers,b", [((3, 4, 4, 5, 5, 3), 16), ((6, 5, 6, 7), 8), ((10, 6, 8), 6)])
+def test_1f1b_cycles_over_the_slow_link_then_the_later_stages_pace(layers, b):
+    """One A100 stage, then V100e stages behind the 5 Gbps link: stage 0's round trips across the link
+    set the pace until its last forward leaves, and the V100e stages' own alternation and drain set it
+    after (alternating's chains that leave a cycle for a later stage). The estimate was 5.9%, 3.8% and
+    3.5% low; it must stay within the stated error."""
+    import dataclasses
+
+    pb = harp()
+    tp_v = min(8, 1 << ((32 // (len(layers) - 1)).bit_length() - 1))
+    stages = [StageSpec("A100", 8, layers[0], False)] + [StageSpec("V100e", tp_v, n, False) for n in layers[1:]]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="1f1b")
+    under, over = BOUNDS["1f1b"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(stages, 1, b, "1f1b", round_trips=True).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "1f1b").iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
