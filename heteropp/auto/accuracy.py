@@ -14,7 +14,7 @@ ESTIMATE_BOUNDS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     # stage's last backward and weight passes (alternating.last_backward_ends)
     "zbh1": ((0.04, 0.01), (0.03, 0.01)),
     # each micro-batch crosses the slow link once per chunk each way and its wrap-around chunk-1 times
-    "interleaved": ((0.08, 0.15), (0.08, 0.05)),
+    "interleaved": ((0.065, 0.15), (0.08, 0.05)),
 }
 
 

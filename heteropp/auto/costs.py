@@ -250,14 +250,22 @@ class CostModel:
         """The forward and backward channels of a boundary s -> s + 1 under interleaved 1F1B do not overlap
         as much as two independent resources would: stage s + 1 runs its first backward only after its
         warm-up's w + 1 forward micro-steps (w = 2 (p - s - 2) + (v - 1) p, capped at b v - 1), so those
-        crossings precede all b v backward crossings on the link. With the first micro-step's forwards up to
-        stage s before and the last one's backwards from stage s after (1/v of the stages' passes each)."""
+        crossings precede all b v backward crossings on the link. Between them the last of those forwards
+        runs on through stages s + 1..u and backward micro-step 0 comes back from u (micro-step i is the
+        same micro-batch and chunk on every stage): any u whose first backward also follows that forward
+        micro-step (w_u >= w_{s+1}, or all b v forwards). With the first micro-step's forwards up to stage s
+        before and the last one's backwards from stage s after (1/v of the stages' passes each)."""
         p = len(fs)
         hop = [e + x for e, x in zip(es, lats)]
+
+        def ahead(u: int) -> int:  # forward micro-steps stage u runs before its first backward
+            return min(2 * (p - u - 1) + (v - 1) * p + 1, b * v)
+
         best, where = -math.inf, ""
         for s in range(p - 1):
-            ahead = min(2 * (p - s - 2) + (v - 1) * p + 1, b * v)
-            t = (sum(fs[:s + 1]) + sum(bs[:s + 1])) / v + 2 * sum(hop[:s]) + (ahead + b * v) * es[s] + 2 * lats[s]
+            t = (sum(fs[:s + 1]) + sum(bs[:s + 1])) / v + 2 * sum(hop[:s]) + (ahead(s + 1) + b * v) * es[s]
+            u = max(x for x in range(s + 1, p) if ahead(x) >= ahead(s + 1))
+            t += 2 * lats[s] + (sum(fs[s + 1:u + 1]) + sum(bs[s + 1:u + 1])) / v + 2 * sum(hop[s + 1:u])
             if t > best:
                 best, where = t, f"link {s}->{s + 1} both ways"
         return best, where
