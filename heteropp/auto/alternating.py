@@ -46,6 +46,13 @@ def stage_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float
     forwards, which arrive at the pace of the slowest stage or link before it. After its last forward: its
     last backward needs that micro-batch's round trip (r_k, the later stages' passes and every link both
     ways), of which its n_k - 1 drain backwards cover only n_k - 1 whole backwards."""
+    return [end for end, _ in _timelines(fs, bs, ws, es, lats, spans, b)]
+
+
+def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+               spans: list[int], b: int) -> list[tuple[float, float]]:
+    """Per stage: stage_ends' value, and when its backwards can start running one after another (its first
+    backward's earliest start plus the forwards it still runs between them)."""
     p = len(fs)
     pre, first_back, _ = _chains(fs, bs, es, lats, spans, b)
     hop = [e + x for e, x in zip(es, lats)]
@@ -57,9 +64,10 @@ def stage_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float
         first = first_back[k] - bs[k]  # the first backward's earliest start
         last_fwd = pre[k] + fs[k] + (b - 1) * max(fs[:k + 1] + es[:k])  # forward b - 1 ends
         if b > n:  # forward b - 1 comes after the first backward: the two waits are apart
-            out.append(first + (b - n) * fs[k] + b * back + max(0.0, r - (n - 1) * back))
+            seq = first + (b - n) * fs[k]
+            out.append((seq + b * back + max(0.0, r - (n - 1) * back), seq))
         else:  # every forward before the first backward
-            out.append(max(first, last_fwd + max(0.0, r - (b - 1) * back)) + b * back)
+            out.append((max(first, last_fwd + max(0.0, r - (b - 1) * back)) + b * back, first))
     return out
 
 
@@ -67,12 +75,17 @@ def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[floa
                 spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
     """Stage k's own timeline (stage_ends) less the weight passes it runs after its last backward (held[k]
     and the one of that backward, which have no other inputs and so follow it at once), then that
-    backward's gradient's way down to stage 0 (post_k)."""
+    backward's gradient's way down to stage 0 (post_k). Or its last n_k backwards (the drain, one after
+    another) down to stage 0 as a flow shop: backward b - n_k's way down plus n_k - 1 times the slowest
+    stage or link below, where a slow link queues the drain's gradients."""
     _, _, post = _chains(fs, bs, es, lats, spans, b)
-    ends = stage_ends(fs, bs, ws, es, lats, spans, b, held)
     best, where = -math.inf, ""
-    for k, t in enumerate(ends):
+    for k, (t, seq) in enumerate(_timelines(fs, bs, ws, es, lats, spans, b)):
         t += post[k] - min(held[k] + 1, b) * ws[k]
+        q = min(spans[k], b) - 1
+        if k and q:  # backward b - 1 - q ends after b - q backwards and the weight passes between them
+            drain = seq + (b - q) * bs[k] + max(0, b - 1 - q - held[k]) * ws[k]
+            t = max(t, drain + post[k] + q * max(bs[:k] + es[:k]))
         if t > best:
             best, where = t, f"stage {k}"
     return best, where

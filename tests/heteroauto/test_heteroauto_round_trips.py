@@ -171,3 +171,24 @@ def test_interleaved_slow_link_warm_up_queue_then_the_round_trip_beyond_it():
     est = pb.cm.evaluate(stages, 1, b, "interleaved", round_trips=True, params={"chunks": 2}).iteration_time_s
     sim = simulate_stages(pb.cm, virtual_stages(stages, 2), 1, "interleaved", params={"chunks": 2}).iteration_time_s
     assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+@pytest.mark.parametrize("layers,b", [((6, 7, 5, 6), 16), ((4, 9, 8, 3), 6)])
+def test_h1f1b_drain_queues_on_the_slow_link(layers, b):
+    """H-1F1B, one A100 stage then V100e stages: the last V100e stage's own alternation sets the pace, and
+    the drain's gradients then queue on the slow link (a V100e stage's backward is shorter than a transfer
+    across it), which the gradient's way down as one hop per boundary left out: the estimate was 4.1% and
+    3.0% low; it must stay within the stated error."""
+    import dataclasses
+
+    from heteropp.auto.plan_sim import schedule_params
+    pb = harp()
+    tp_v = min(8, 1 << ((32 // (len(layers) - 1)).bit_length() - 1))
+    stages = [StageSpec("A100", 8, layers[0], False)] + [StageSpec("V100e", tp_v, n, False) for n in layers[1:]]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="h1f1b")
+    params = schedule_params(pb.cm, stages, 1, "h1f1b")
+    assert any(params["extra_warmup"])  # the slow link gets extra warm-up
+    under, over = BOUNDS["h1f1b"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(stages, 1, b, "h1f1b", round_trips=True, params=params).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "h1f1b", params=params).iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
