@@ -104,17 +104,22 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
     while there is one, its held-back weight pass). Where a slow link sits next to fast stages the cycles,
     not the link's bandwidth, set the pace. Or, after m <= N cycles, stage k's next forward leaves for a
     stage i beyond j, whose own alternation and drain follow: the slow link's cycles first, then the
-    later stages' pace (one chain, where the other chains take one pace)."""
+    later stages' pace (one chain, where the other chains take one pace). Each chain also has a variant
+    that ends with its last stage's drain going down as a flow shop (stage_bound), given as stage 0's."""
     p = len(fs)
     _, first_back, post = _chains(fs, bs, es, lats, spans, b)
 
-    def steps(i: int, lo: int) -> float:
-        """Stage i from the end of its backward lo to the start of its last: each backward, plus its next
-        forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on."""
-        n = max(0, b - 1 - lo)
-        forwards = max(0, min(b - 1 - spans[i], b - 2) - lo + 1)
-        weights = max(0, b - 1 - max(lo, held[i]))
+    def steps(i: int, lo: int, hi: int = b - 1) -> float:
+        """Stage i from the end of its backward lo to the end of its backward hi: each backward, plus its
+        next forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on."""
+        n = max(0, hi - lo)
+        forwards = max(0, min(b - 1 - spans[i], hi - 1) - lo + 1)
+        weights = max(0, hi - max(lo, held[i]))
         return n * bs[i] + forwards * fs[i] + weights * ws[i]
+
+    # a stage's drain (its last n_k backwards, one after another) goes down as a flow shop: from backward
+    # b - n_k, the first one's way plus n_k - 1 times the slowest stage or link below (stage_bound)
+    below = [max(bs[:i] + es[:i]) if i else 0.0 for i in range(p)]
 
     hop = [e + x for e, x in zip(es, lats)]
     reach = [0.0]  # a forward's compute and hops from stage 0's forward to stage i's
@@ -138,6 +143,15 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
         drain = max((n - 1) * bs[i] + weights(b - n, b - 2) * ws[i], r) + bs[i]
         return alt + drain
 
+    def tail_down(i: int, x: int) -> float:
+        """As tail, but from backward b - n_i (right after forward b - 1) the drain's flow shop down to the
+        end of stage 0's last backward."""
+        n = min(spans[i], b)
+        if x < n - 1 or x > b - 1:
+            return -math.inf
+        alt = (b - 1 - x) * (fs[i] + bs[i]) + max(0, b - 1 - n - max(x - n + 1, held[i]) + 1) * ws[i]
+        return alt + bs[i] + (n - 1) * below[i] + post[i]
+
     for k in range(p - 1):
         if b <= spans[k]:
             continue
@@ -153,6 +167,10 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             paced = range(k, j + 1) if n else range(k, k + 1)
             t += max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
             yield k, t, f"round trip {k}->{j}"
+            q = min(spans[k], b) - 1  # or stage k's own steps up to its drain, whose flow shop goes down
+            if k and q and b - 1 - q > n * d:
+                t -= max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
+                yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], f"round trip {k}->{j}, drain"
             # or after m <= n cycles stage k's next forward y = m d + n_k leaves the cycle for a stage i
             # beyond it, whose own steps and drain follow (a slow link's cycles, then the later stages'
             # pace); linear in m but for the weight passes' kinks, so the ends and the kinks suffice
@@ -165,6 +183,7 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
                 lead += (ws[k] if m * d >= held[k] else 0.0) + fs[k] - reach[k]
                 for i in range(j + 1, p):
                     yield i, lead + reach[i] + tail(i, x), f"round trip {k}->{j}, then stage {i}"
+                    yield 0, lead + reach[i] + tail_down(i, x), f"round trip {k}->{j}, then stage {i}, drain"
 
 
 def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
