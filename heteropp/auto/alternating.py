@@ -103,9 +103,10 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
     those: a link's transfer, or a stage's backward plus what that stage runs in between (its next forward
     while there is one, its held-back weight pass). Where a slow link sits next to fast stages the cycles,
     not the link's bandwidth, set the pace. Or, after m <= N cycles, stage k's next forward leaves for a
-    stage i beyond j, whose own alternation and drain follow: the slow link's cycles first, then the
-    later stages' pace (one chain, where the other chains take one pace). Each chain also has a variant
-    that ends with its last stage's drain going down as a flow shop (stage_bound), given as stage 0's."""
+    stage i beyond k (in the cycle's run or past it), whose own alternation and drain follow: the slow
+    link's cycles first, then the later stage's pace (one chain, where the other chains take one pace).
+    Each chain also has a variant that ends with its last stage's drain going down as a flow shop
+    (stage_bound), given as stage 0's."""
     p = len(fs)
     _, first_back, post = _chains(fs, bs, es, lats, spans, b)
 
@@ -172,16 +173,16 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
                 t -= max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
                 yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], f"round trip {k}->{j}, drain"
             # or after m <= n cycles stage k's next forward y = m d + n_k leaves the cycle for a stage i
-            # beyond it, whose own steps and drain follow (a slow link's cycles, then the later stages'
+            # beyond k, whose own steps and drain follow (a slow link's cycles, then the later stages'
             # pace); linear in m but for the weight passes' kinks, so the ends and the kinks suffice
             top = min(n, (b - 1 - spans[k]) // d)
             kinks = {0, top} | {min(top, max(0, (held[i] + spans[i] - 1 - spans[k]) // d + e))
-                                for i in range(j + 1, p) for e in (0, 1) if ws[i]}
+                                for i in range(k + 1, p) for e in (0, 1) if ws[i]}
             for m in kinks:
                 x = m * d + spans[k]
                 lead = first_back[k] + m * cycle + max(0, m - -(-held[k] // d)) * ws[k]
                 lead += (ws[k] if m * d >= held[k] else 0.0) + fs[k] - reach[k]
-                for i in range(j + 1, p):
+                for i in range(k + 1, p):
                     yield i, lead + reach[i] + tail(i, x), f"round trip {k}->{j}, then stage {i}"
                     yield 0, lead + reach[i] + tail_down(i, x), f"round trip {k}->{j}, then stage {i}, drain"
 

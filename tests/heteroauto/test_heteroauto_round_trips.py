@@ -194,3 +194,21 @@ def test_h1f1b_drain_queues_on_the_slow_link(layers, b):
     est = pb.cm.evaluate(stages, 1, b, "h1f1b", round_trips=True, params=params).iteration_time_s
     sim = simulate_stages(pb.cm, stages, 1, "h1f1b", params=params).iteration_time_s
     assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+@pytest.mark.parametrize("b", [8, 16])
+def test_zbh1_last_stage_after_a_round_trip_below_it(b):
+    """ZB-H1, two A100 stages then one V100e stage behind the 5 Gbps link: the V100e stage's first
+    backward's gradient goes down to stage 1, whose next forward comes back across the link, and from
+    then on the V100e stage's own forwards, input gradients and weight passes run back to back, then its
+    update. The chain leaving stage 1's cycle for a stage inside the cycle's run was missing: 3.3% and
+    2.1% low; it must stay within the stated error."""
+    import dataclasses
+
+    pb = harp()
+    stages = [StageSpec("A100", 8, 6, False), StageSpec("A100", 8, 6, False), StageSpec("V100e", 8, 12, False)]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="zbh1")
+    under, over = BOUNDS["zbh1"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(stages, 1, b, "zbh1", round_trips=True).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "zbh1").iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
