@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+Label = tuple[int, int, int, bool]  # a round-trip chain: (k, j, the stage it leaves for or -1, drain variant)
+
 
 def _chains(fs: list[float], bs: list[float], es: list[float], lats: list[float],
             spans: list[int], b: int) -> tuple[list[float], list[float], list[float]]:
@@ -92,7 +94,7 @@ def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[floa
 
 
 def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
-                       spans: list[int], b: int, held: list[int]) -> Iterator[tuple[int, float, str]]:
+                       spans: list[int], b: int, held: list[int]) -> Iterator[tuple[int, float, Label]]:
     """The round trips' chains, each as (stage i, when its last backward can end at the earliest, the
     chain's name); round_trip_bound adds the way down to stage 0. Stage k runs forward y + n_k right after
     backward y, and stage j its backward y + n_k - n_j + 1 right after forward y + n_k, so from stage k's
@@ -127,6 +129,10 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
     for i in range(1, p):
         reach.append(reach[-1] + hop[i - 1] + fs[i])
 
+    trip = [0.0] * p  # r_i: forward b - 1's round trip through the stages after i and every link both ways
+    for i in reversed(range(p - 1)):
+        trip[i] = trip[i + 1] + fs[i + 1] + bs[i + 1] + 2 * hop[i]
+
     def tail(i: int, x: int) -> float:
         """From the end of stage i's forward x (x >= n_i - 1) to the end of its last backward: stage i
         alternates its backward x - n_i + 1 (and a weight pass from backward held[i] on) with forwards up
@@ -140,8 +146,7 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             return max(0, hi - max(lo, held[i]) + 1)
 
         alt = (b - 1 - x) * (fs[i] + bs[i]) + weights(x - n + 1, b - 1 - n) * ws[i]
-        r = sum(fs[i + 1:]) + sum(bs[i + 1:]) + 2 * sum(hop[i:])
-        drain = max((n - 1) * bs[i] + weights(b - n, b - 2) * ws[i], r) + bs[i]
+        drain = max((n - 1) * bs[i] + weights(b - n, b - 2) * ws[i], trip[i]) + bs[i]
         return alt + drain
 
     def tail_down(i: int, x: int) -> float:
@@ -167,11 +172,11 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             # last cycle's backward leg passes them all; without a cycle, only stage k's own steps count)
             paced = range(k, j + 1) if n else range(k, k + 1)
             t += max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
-            yield k, t, f"round trip {k}->{j}"
+            yield k, t, (k, j, -1, False)
             q = min(spans[k], b) - 1  # or stage k's own steps up to its drain, whose flow shop goes down
             if k and q and b - 1 - q > n * d:
                 t -= max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
-                yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], f"round trip {k}->{j}, drain"
+                yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], (k, j, -1, True)
             # or after m <= n cycles stage k's next forward y = m d + n_k leaves the cycle for a stage i
             # beyond k, whose own steps and drain follow (a slow link's cycles, then the later stages'
             # pace); linear in m but for the weight passes' kinks, so the ends and the kinks suffice
@@ -179,23 +184,30 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             kinks = {0, top} | {min(top, max(0, (held[i] + spans[i] - 1 - spans[k]) // d + e))
                                 for i in range(k + 1, p) for e in (0, 1) if ws[i]}
             for m in kinks:
+                if m == 0 and j > k + 1:  # no cycle: the same chain for every j
+                    continue
                 x = m * d + spans[k]
                 lead = first_back[k] + m * cycle + max(0, m - -(-held[k] // d)) * ws[k]
                 lead += (ws[k] if m * d >= held[k] else 0.0) + fs[k] - reach[k]
                 for i in range(k + 1, p):
-                    yield i, lead + reach[i] + tail(i, x), f"round trip {k}->{j}, then stage {i}"
-                    yield 0, lead + reach[i] + tail_down(i, x), f"round trip {k}->{j}, then stage {i}, drain"
+                    yield i, lead + reach[i] + tail(i, x), (k, j, i, False)
+                    yield 0, lead + reach[i] + tail_down(i, x), (k, j, i, True)
+
+
+def _chain_name(label: Label) -> str:
+    k, j, i, drain = label
+    return f"round trip {k}->{j}" + (f", then stage {i}" if i >= 0 else "") + (", drain" if drain else "")
 
 
 def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
                      spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
     """The longest round-trip chain (_round_trip_chains) to stage 0's last backward."""
     _, _, post = _chains(fs, bs, es, lats, spans, b)
-    best, where = -math.inf, ""
-    for i, t, name in _round_trip_chains(fs, bs, ws, es, lats, spans, b, held):
+    best, where = -math.inf, (0, 0, -1, False)
+    for i, t, label in _round_trip_chains(fs, bs, ws, es, lats, spans, b, held):
         if t + post[i] > best:
-            best, where = t + post[i], name
-    return best, where
+            best, where = t + post[i], label
+    return best, _chain_name(where) if best > -math.inf else ""
 
 
 def last_backward_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
