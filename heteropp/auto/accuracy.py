@@ -12,7 +12,7 @@ ESTIMATE_BOUNDS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "h1f1b": ((0.01, 0.02), (0.01, 0.01)),
     # ZB-H1's stages end at different times (their held-back weight passes): each update follows its own
     # stage's last backward and weight passes (alternating.last_backward_ends)
-    "zbh1": ((0.03, 0.01), (0.01, 0.01)),
+    "zbh1": ((0.01, 0.01), (0.01, 0.01)),
     # each micro-batch crosses the slow link once per chunk each way and its wrap-around chunk-1 times
     "interleaved": ((0.065, 0.15), (0.08, 0.05)),
 }

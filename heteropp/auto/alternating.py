@@ -47,12 +47,13 @@ def stage_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float
     backward: for micro-batch 0's round trip through the later stages (first_back), or for its n_k
     forwards, which arrive at the pace of the slowest stage or link before it. After its last forward: its
     last backward needs that micro-batch's round trip (r_k, the later stages' passes and every link both
-    ways), of which its n_k - 1 drain backwards cover only n_k - 1 whole backwards."""
-    return [end for end, _ in _timelines(fs, bs, ws, es, lats, spans, b)]
+    ways), of which what it runs in between covers only its n_k - 1 drain backwards and the weight passes
+    after them that it does not hold back."""
+    return [end for end, _ in _timelines(fs, bs, ws, es, lats, spans, b, held)]
 
 
 def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
-               spans: list[int], b: int) -> list[tuple[float, float]]:
+               spans: list[int], b: int, held: list[int]) -> list[tuple[float, float]]:
     """Per stage: stage_ends' value, and when its backwards can start running one after another (its first
     backward's earliest start plus the forwards it still runs between them)."""
     p = len(fs)
@@ -65,11 +66,14 @@ def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float
         r = sum(fs[k + 1:]) + sum(bs[k + 1:]) + 2 * sum(hop[k:])
         first = first_back[k] - bs[k]  # the first backward's earliest start
         last_fwd = pre[k] + fs[k] + (b - 1) * max(fs[:k + 1] + es[:k])  # forward b - 1 ends
+        # what stage k runs between forward b - 1 and its last backward: n_k - 1 backwards and the weight
+        # passes after those from backward held[k] on (held-back ones run only after the last backward)
+        cover = (n - 1) * bs[k] + max(0, b - 1 - max(b - n, held[k])) * ws[k]
         if b > n:  # forward b - 1 comes after the first backward: the two waits are apart
             seq = first + (b - n) * fs[k]
-            out.append((seq + b * back + max(0.0, r - (n - 1) * back), seq))
+            out.append((seq + b * back + max(0.0, r - cover), seq))
         else:  # every forward before the first backward
-            out.append((max(first, last_fwd + max(0.0, r - (b - 1) * back)) + b * back, first))
+            out.append((max(first, last_fwd + max(0.0, r - cover)) + b * back, first))
     return out
 
 
@@ -82,7 +86,7 @@ def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[floa
     stage or link below, where a slow link queues the drain's gradients."""
     _, _, post = _chains(fs, bs, es, lats, spans, b)
     best, where = -math.inf, ""
-    for k, (t, seq) in enumerate(_timelines(fs, bs, ws, es, lats, spans, b)):
+    for k, (t, seq) in enumerate(_timelines(fs, bs, ws, es, lats, spans, b, held)):
         t += post[k] - min(held[k] + 1, b) * ws[k]
         q = min(spans[k], b) - 1
         if k and q:  # backward b - 1 - q ends after b - q backwards and the weight passes between them

@@ -307,9 +307,12 @@ class CostModel:
 
     @staticmethod
     def pass_last_backward(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
-                           spans: list[int]) -> list[float]:
+                           spans: list[int], ws: list[float] | None = None,
+                           held: list[int] | None = None) -> list[float]:
         """pass_term's chains per stage m: b forwards through stages 0..j as a flow shop, then stage j's last
-        spans[j] backwards down to stage m as a second one, ending with stage m's last backward."""
+        spans[j] backwards down to stage m as a second one, ending with stage m's last backward. Stage m
+        runs those backwards within its drain, so where it defers weight passes (`ws`, `held`: the
+        registry's held_weight_passes) the ones it runs between them count there too."""
         hop = [e + x for e, x in zip(es, lats)]
         out = [-math.inf] * len(fs)
         for j in range(len(fs)):
@@ -318,7 +321,10 @@ class CostModel:
             for m in reversed(range(j + 1)):
                 path += bs[m] + (hop[m] if m < j else 0.0)
                 slowest = max(slowest, bs[m], es[m] if m < j else 0.0)
-                out[m] = max(out[m], all_f + path + (n - 1) * slowest)
+                own = (n - 1) * bs[m]  # backwards b - n + 1 .. b - 1 on stage m, weight passes between
+                if ws is not None and held is not None:
+                    own += max(0, b - 1 - max(b - n, held[m])) * ws[m]
+                out[m] = max(out[m], all_f + path + max((n - 1) * slowest, own))
         return out
 
     def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
@@ -398,7 +404,7 @@ class CostModel:
             # the stages end at different times (their held-back weight passes): stage 0 runs its own after
             # its last backward, and each stage's update follows its own end (stage_ends), not the latest
             last = last_backward_ends(fs, bs, ws, es, lats, spans, b, held,
-                                      self.pass_last_backward(fs, bs, es, lats, b, spans))
+                                      self.pass_last_backward(fs, bs, es, lats, b, spans, ws, held))
             last[0] = max(last[0], top + fill)
             upd_term = max(t + min(h + 1, b) * w + u for t, h, w, u in zip(last, held, ws, us)) - top - fill
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,

@@ -48,7 +48,7 @@ def test_chains_never_exceed_the_simulated_end_of_compute(schedule):
             assert bound <= end * (1 + 1e-9), (schedule, p, m, stages, links, lat, q, bound, end)
             tight += bound >= end * 0.97
         per_stage = last_backward_ends(fs, bs, ws, links, lat, spans, m, held,
-                                       CostModel.pass_last_backward(fs, bs, links, lat, m, spans))
+                                       CostModel.pass_last_backward(fs, bs, links, lat, m, spans, ws, held))
         for k, (bound, got) in enumerate(zip(per_stage, last)):
             assert bound <= got * (1 + 1e-9), (schedule, k, p, m, stages, links, lat, q, bound, got)
             tight_stage += bound >= got * 0.97

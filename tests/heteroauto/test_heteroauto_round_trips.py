@@ -212,3 +212,21 @@ def test_zbh1_last_stage_after_a_round_trip_below_it(b):
     est = pb.cm.evaluate(stages, 1, b, "zbh1", round_trips=True).iteration_time_s
     sim = simulate_stages(pb.cm, stages, 1, "zbh1").iteration_time_s
     assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+@pytest.mark.parametrize("layers", [(2, 6, 6, 4, 4, 2), (2, 6, 2, 3, 8, 3)])
+def test_zbh1_weight_passes_a_stage_holds_back_cover_no_wait(layers):
+    """ZB-H1 at 4 micro-batches, one A100 stage then five V100e stages: a stage's held-back weight passes
+    run only after its last input gradient, so they cover none of its wait for forward b - 1's round trip
+    (stage_ends counted a weight pass with every drain backward), and the weight passes a stage runs
+    between its drain backwards count on the flow shop down to it (pass_last_backward). The estimate was
+    2.1% and 2.4% low; it must stay within the stated error."""
+    import dataclasses
+
+    pb, b = harp(), 4
+    stages = [StageSpec("A100", 8, layers[0], False)] + [StageSpec("V100e", 4, n, False) for n in layers[1:]]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="zbh1")
+    under, over = BOUNDS["zbh1"][0]
+    est = pb.cm.evaluate(stages, 1, b, "zbh1", round_trips=True).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "zbh1").iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
