@@ -8,7 +8,7 @@ from __future__ import annotations
 # in [-UNDER, OVER]
 ESTIMATE_BOUNDS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "gpipe": ((0.01, 0.01), (0.01, 0.01)),
-    "1f1b": ((0.02, 0.02), (0.01, 0.01)),
+    "1f1b": ((0.01, 0.02), (0.01, 0.01)),
     "h1f1b": ((0.01, 0.02), (0.01, 0.01)),
     # ZB-H1's stages end at different times (their held-back weight passes): each update follows its own
     # stage's last backward and weight passes (alternating.last_backward_ends)

@@ -52,18 +52,36 @@ def stage_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float
     return [end for end, _ in _timelines(fs, bs, ws, es, lats, spans, b, held)]
 
 
+def _drain_waits(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                 spans: list[int], b: int, held: list[int]) -> list[float]:
+    """Per stage k, the least time from the end of its forward b - 1 to the start of its last backward. That
+    forward reaches any stage i >= k, which runs backward b - n_i right after it; its gradient comes back
+    to stage k, which then runs backwards b - n_i + 1 .. b - 1 (with the weight passes after those it does
+    not hold back). i = k: stage k's own drain; i = p - 1: the whole round trip."""
+    p = len(fs)
+    out = []
+    for k in range(p):
+        best, trip = -math.inf, 0.0
+        for i in range(k, p):
+            if i > k:
+                trip += fs[i] + bs[i] + 2 * (es[i - 1] + lats[i - 1])
+            n = min(spans[i], b)
+            best = max(best, trip + (n - 1) * bs[k] + max(0, b - 1 - max(b - n, held[k])) * ws[k])
+        out.append(best)
+    return out
+
+
 def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
                spans: list[int], b: int, held: list[int]) -> list[tuple[float, float]]:
     """Per stage: stage_ends' value, and when its backwards can start running one after another (its first
     backward's earliest start plus the forwards it still runs between them)."""
     p = len(fs)
     pre, first_back, _ = _chains(fs, bs, es, lats, spans, b)
-    hop = [e + x for e, x in zip(es, lats)]
+    waits = _drain_waits(fs, bs, ws, es, lats, spans, b, held)
     out = []
     for k in range(p):
         n = min(spans[k], b)
         back = bs[k] + ws[k]  # a whole backward (weight pass included)
-        r = sum(fs[k + 1:]) + sum(bs[k + 1:]) + 2 * sum(hop[k:])
         first = first_back[k] - bs[k]  # the first backward's earliest start
         last_fwd = pre[k] + fs[k] + (b - 1) * max(fs[:k + 1] + es[:k])  # forward b - 1 ends
         # what stage k runs between forward b - 1 and its last backward: n_k - 1 backwards and the weight
@@ -71,9 +89,9 @@ def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float
         cover = (n - 1) * bs[k] + max(0, b - 1 - max(b - n, held[k])) * ws[k]
         if b > n:  # forward b - 1 comes after the first backward: the two waits are apart
             seq = first + (b - n) * fs[k]
-            out.append((seq + b * back + max(0.0, r - cover), seq))
+            out.append((seq + b * back + waits[k] - cover, seq))
         else:  # every forward before the first backward
-            out.append((max(first, last_fwd + max(0.0, r - cover)) + b * back, first))
+            out.append((max(first, last_fwd + waits[k] - cover) + b * back, first))
     return out
 
 
@@ -133,9 +151,7 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
     for i in range(1, p):
         reach.append(reach[-1] + hop[i - 1] + fs[i])
 
-    trip = [0.0] * p  # r_i: forward b - 1's round trip through the stages after i and every link both ways
-    for i in reversed(range(p - 1)):
-        trip[i] = trip[i + 1] + fs[i + 1] + bs[i + 1] + 2 * hop[i]
+    waits = _drain_waits(fs, bs, ws, es, lats, spans, b, held)
 
     def tail(i: int, x: int) -> float:
         """From the end of stage i's forward x (x >= n_i - 1) to the end of its last backward: stage i
@@ -150,8 +166,7 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             return max(0, hi - max(lo, held[i]) + 1)
 
         alt = (b - 1 - x) * (fs[i] + bs[i]) + weights(x - n + 1, b - 1 - n) * ws[i]
-        drain = max((n - 1) * bs[i] + weights(b - n, b - 2) * ws[i], trip[i]) + bs[i]
-        return alt + drain
+        return alt + waits[i] + bs[i]
 
     def tail_down(i: int, x: int) -> float:
         """As tail, but from backward b - n_i (right after forward b - 1) the drain's flow shop down to the
