@@ -9,11 +9,15 @@ Per micro-batch, stage k's forward is fs[k], its backward on the critical chain 
 where weight passes are deferred) and its deferred weight pass ws[k] (0 where none is); boundary j's
 transfer es[j] and latency lats[j]. Stage k holds back held[k] weight passes (the registry's
 held_weight_passes; b where none are deferred, so none counts): after its backward y >= held[k] it runs a
-weight pass, the rest after its last backward. All bounds are on the end of stage 0's last backward.
+weight pass, the rest after its last backward. The bounds are on the end of stage 0's last backward;
+last_backward_ends gives every stage's (the update term of ZB-H1, whose stages end at different times).
 """
 from __future__ import annotations
 
 import math
+from typing import Iterator
+
+Label = tuple[int, int, int, bool]  # a round-trip chain: (k, j, the stage it leaves for or -1, drain variant)
 
 
 def _chains(fs: list[float], bs: list[float], es: list[float], lats: list[float],
@@ -36,58 +40,143 @@ def _chains(fs: list[float], bs: list[float], es: list[float], lats: list[float]
     return pre, first_back, post
 
 
-def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
-                spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
-    """Stage k's own timeline: it starts at pre_k, runs b forwards and b whole backwards, and waits twice.
-    Before its first backward: for micro-batch 0's round trip through the later stages (first_back), or for
-    its n_k forwards, which arrive at the pace of the slowest stage or link before it. After its last
-    forward: its last backward needs that micro-batch's round trip (r_k, the later stages' passes and every
-    link both ways), of which its n_k - 1 drain backwards cover only n_k - 1 whole backwards. Then the
-    gradient's way down to stage 0 (post_k), less the deferred weight passes that stage k still runs after
-    its last backward (held[k] and the one of that backward), which overlap it."""
+def stage_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+               spans: list[int], b: int, held: list[int]) -> list[float]:
+    """Per stage k, when its own timeline can end at the earliest (its last action, held-back weight passes
+    included): it starts at pre_k, runs b forwards and b whole backwards, and waits twice. Before its first
+    backward: for micro-batch 0's round trip through the later stages (first_back), or for its n_k
+    forwards, which arrive at the pace of the slowest stage or link before it. After its last forward: its
+    last backward needs that micro-batch's round trip (r_k, the later stages' passes and every link both
+    ways), of which what it runs in between covers only its n_k - 1 drain backwards and the weight passes
+    after them that it does not hold back."""
+    return [end for end, _ in _timelines(fs, bs, ws, es, lats, spans, b, held)]
+
+
+def _drain_waits(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                 spans: list[int], b: int, held: list[int]) -> list[float]:
+    """Per stage k, the least time from the end of its forward b - 1 to the start of its last backward. That
+    forward reaches any stage i >= k, which runs backward b - n_i right after it; its gradient comes back
+    to stage k, which then runs backwards b - n_i + 1 .. b - 1 (with the weight passes after those it does
+    not hold back). i = k: stage k's own drain; i = p - 1: the whole round trip."""
     p = len(fs)
-    pre, first_back, post = _chains(fs, bs, es, lats, spans, b)
-    hop = [e + x for e, x in zip(es, lats)]
-    best, where = -math.inf, ""
+    out = []
+    for k in range(p):
+        best, trip = -math.inf, 0.0
+        for i in range(k, p):
+            if i > k:
+                trip += fs[i] + bs[i] + 2 * (es[i - 1] + lats[i - 1])
+            n = min(spans[i], b)
+            best = max(best, trip + (n - 1) * bs[k] + max(0, b - 1 - max(b - n, held[k])) * ws[k])
+        out.append(best)
+    return out
+
+
+def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+               spans: list[int], b: int, held: list[int]) -> list[tuple[float, float]]:
+    """Per stage: stage_ends' value, and when its backwards can start running one after another (its first
+    backward's earliest start plus the forwards it still runs between them)."""
+    p = len(fs)
+    pre, first_back, _ = _chains(fs, bs, es, lats, spans, b)
+    waits = _drain_waits(fs, bs, ws, es, lats, spans, b, held)
+    out = []
     for k in range(p):
         n = min(spans[k], b)
         back = bs[k] + ws[k]  # a whole backward (weight pass included)
-        r = sum(fs[k + 1:]) + sum(bs[k + 1:]) + 2 * sum(hop[k:])
         first = first_back[k] - bs[k]  # the first backward's earliest start
         last_fwd = pre[k] + fs[k] + (b - 1) * max(fs[:k + 1] + es[:k])  # forward b - 1 ends
+        # what stage k runs between forward b - 1 and its last backward: n_k - 1 backwards and the weight
+        # passes after those from backward held[k] on (held-back ones run only after the last backward)
+        cover = (n - 1) * bs[k] + max(0, b - 1 - max(b - n, held[k])) * ws[k]
         if b > n:  # forward b - 1 comes after the first backward: the two waits are apart
-            t = first + (b - n) * fs[k] + b * back + max(0.0, r - (n - 1) * back)
+            seq = first + (b - n) * fs[k]
+            out.append((seq + b * back + waits[k] - cover, seq))
         else:  # every forward before the first backward
-            t = max(first, last_fwd + max(0.0, r - (b - 1) * back)) + b * back
-        t += max(0.0, post[k] - min(held[k] + 1, b) * ws[k])
+            out.append((max(first, last_fwd + waits[k] - cover) + b * back, first))
+    return out
+
+
+def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
+    """Stage k's own timeline (stage_ends) less the weight passes it runs after its last backward (held[k]
+    and the one of that backward, which have no other inputs and so follow it at once), then that
+    backward's gradient's way down to stage 0 (post_k). Or its last n_k backwards (the drain, one after
+    another) down to stage 0 as a flow shop: backward b - n_k's way down plus n_k - 1 times the slowest
+    stage or link below, where a slow link queues the drain's gradients."""
+    _, _, post = _chains(fs, bs, es, lats, spans, b)
+    best, where = -math.inf, ""
+    for k, (t, seq) in enumerate(_timelines(fs, bs, ws, es, lats, spans, b, held)):
+        t += post[k] - min(held[k] + 1, b) * ws[k]
+        q = min(spans[k], b) - 1
+        if k and q:  # backward b - 1 - q ends after b - q backwards and the weight passes between them
+            drain = seq + (b - q) * bs[k] + max(0, b - 1 - q - held[k]) * ws[k]
+            t = max(t, drain + post[k] + q * max(bs[:k] + es[:k]))
         if t > best:
             best, where = t, f"stage {k}"
     return best, where
 
 
-def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
-                     spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
-    """Round trips: stage k runs forward y + n_k right after backward y, and stage j its backward
-    y + n_k - n_j + 1 right after forward y + n_k, so from stage k's backward y to its backward y + d
-    (d = n_k - n_j + 1) runs a cycle of stage k's forward and backward, the passes of k+1..j and every
-    link between both ways. Such a cycle exists only while forward y + n_k does (y + n_k <= b - 1): N =
-    (b - n_j) // d of them from the first backward. Their backward legs pass every stage and link of k..j,
-    so the backwards after them follow one another at the pace of one of those: a link's transfer, or a
-    stage's backward plus what that stage runs in between (its next forward while there is one, its
-    held-back weight pass). Where a slow link sits next to fast stages the cycles, not the link's
-    bandwidth, set the pace."""
+def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                       spans: list[int], b: int, held: list[int]) -> Iterator[tuple[int, float, Label]]:
+    """The round trips' chains, each as (stage i, when its last backward can end at the earliest, the
+    chain's name); round_trip_bound adds the way down to stage 0. Stage k runs forward y + n_k right after
+    backward y, and stage j its backward y + n_k - n_j + 1 right after forward y + n_k, so from stage k's
+    backward y to its backward y + d (d = n_k - n_j + 1) runs a cycle of stage k's forward and backward,
+    the passes of k+1..j and every link between both ways. Such a cycle exists only while forward y + n_k
+    does (y + n_k <= b - 1): N = (b - n_j) // d of them from the first backward. Their backward legs pass
+    every stage and link of k..j, so the backwards after them follow one another at the pace of one of
+    those: a link's transfer, or a stage's backward plus what that stage runs in between (its next forward
+    while there is one, its held-back weight pass). Where a slow link sits next to fast stages the cycles,
+    not the link's bandwidth, set the pace. Or, after m <= N cycles, stage k's next forward leaves for a
+    stage i beyond k (in the cycle's run or past it), whose own alternation and drain follow: the slow
+    link's cycles first, then the later stage's pace (one chain, where the other chains take one pace).
+    Each chain also has a variant that ends with its last stage's drain going down as a flow shop
+    (stage_bound), given as stage 0's."""
     p = len(fs)
     _, first_back, post = _chains(fs, bs, es, lats, spans, b)
 
-    def steps(i: int, lo: int) -> float:
-        """Stage i from the end of its backward lo to the start of its last: each backward, plus its next
-        forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on."""
-        n = max(0, b - 1 - lo)
-        forwards = max(0, min(b - 1 - spans[i], b - 2) - lo + 1)
-        weights = max(0, b - 1 - max(lo, held[i]))
+    def steps(i: int, lo: int, hi: int = b - 1) -> float:
+        """Stage i from the end of its backward lo to the end of its backward hi: each backward, plus its
+        next forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on."""
+        n = max(0, hi - lo)
+        forwards = max(0, min(b - 1 - spans[i], hi - 1) - lo + 1)
+        weights = max(0, hi - max(lo, held[i]))
         return n * bs[i] + forwards * fs[i] + weights * ws[i]
 
-    best, where = -math.inf, ""
+    # a stage's drain (its last n_k backwards, one after another) goes down as a flow shop: from backward
+    # b - n_k, the first one's way plus n_k - 1 times the slowest stage or link below (stage_bound)
+    below = [max(bs[:i] + es[:i]) if i else 0.0 for i in range(p)]
+
+    hop = [e + x for e, x in zip(es, lats)]
+    reach = [0.0]  # a forward's compute and hops from stage 0's forward to stage i's
+    for i in range(1, p):
+        reach.append(reach[-1] + hop[i - 1] + fs[i])
+
+    waits = _drain_waits(fs, bs, ws, es, lats, spans, b, held)
+
+    def tail(i: int, x: int) -> float:
+        """From the end of stage i's forward x (x >= n_i - 1) to the end of its last backward: stage i
+        alternates its backward x - n_i + 1 (and a weight pass from backward held[i] on) with forwards up
+        to b - 1, then drains n_i backwards, the last one after the round trip of forward b - 1 through the
+        later stages (r_i)."""
+        n = min(spans[i], b)
+        if x < n - 1 or x > b - 1:
+            return -math.inf
+
+        def weights(lo: int, hi: int) -> int:  # backwards y in lo..hi followed by a weight pass (y >= held)
+            return max(0, hi - max(lo, held[i]) + 1)
+
+        alt = (b - 1 - x) * (fs[i] + bs[i]) + weights(x - n + 1, b - 1 - n) * ws[i]
+        return alt + waits[i] + bs[i]
+
+    def tail_down(i: int, x: int) -> float:
+        """As tail, but from backward b - n_i (right after forward b - 1) the drain's flow shop down to the
+        end of stage 0's last backward."""
+        n = min(spans[i], b)
+        if x < n - 1 or x > b - 1:
+            return -math.inf
+        alt = (b - 1 - x) * (fs[i] + bs[i]) + max(0, b - 1 - n - max(x - n + 1, held[i]) + 1) * ws[i]
+        return alt + bs[i] + (n - 1) * below[i] + post[i]
+
     for k in range(p - 1):
         if b <= spans[k]:
             continue
@@ -102,7 +191,57 @@ def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list
             # last cycle's backward leg passes them all; without a cycle, only stage k's own steps count)
             paced = range(k, j + 1) if n else range(k, k + 1)
             t += max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
-            t += post[k]
-            if t > best:
-                best, where = t, f"round trip {k}->{j}"
-    return best, where
+            yield k, t, (k, j, -1, False)
+            q = min(spans[k], b) - 1  # or stage k's own steps up to its drain, whose flow shop goes down
+            if k and q and b - 1 - q > n * d:
+                t -= max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
+                yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], (k, j, -1, True)
+            # or after m <= n cycles stage k's next forward y = m d + n_k leaves the cycle for a stage i
+            # beyond k, whose own steps and drain follow (a slow link's cycles, then the later stages'
+            # pace); linear in m but for the weight passes' kinks, so the ends and the kinks suffice
+            top = min(n, (b - 1 - spans[k]) // d)
+            kinks = {0, top} | {min(top, max(0, (held[i] + spans[i] - 1 - spans[k]) // d + e))
+                                for i in range(k + 1, p) for e in (0, 1) if ws[i]}
+            for m in kinks:
+                if m == 0 and j > k + 1:  # no cycle: the same chain for every j
+                    continue
+                x = m * d + spans[k]
+                lead = first_back[k] + m * cycle + max(0, m - -(-held[k] // d)) * ws[k]
+                lead += (ws[k] if m * d >= held[k] else 0.0) + fs[k] - reach[k]
+                for i in range(k + 1, p):
+                    yield i, lead + reach[i] + tail(i, x), (k, j, i, False)
+                    yield 0, lead + reach[i] + tail_down(i, x), (k, j, i, True)
+
+
+def _chain_name(label: Label) -> str:
+    k, j, i, drain = label
+    return f"round trip {k}->{j}" + (f", then stage {i}" if i >= 0 else "") + (", drain" if drain else "")
+
+
+def round_trip_bound(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                     spans: list[int], b: int, held: list[int]) -> tuple[float, str]:
+    """The longest round-trip chain (_round_trip_chains) to stage 0's last backward."""
+    _, _, post = _chains(fs, bs, es, lats, spans, b)
+    best, where = -math.inf, (0, 0, -1, False)
+    for i, t, label in _round_trip_chains(fs, bs, ws, es, lats, spans, b, held):
+        if t + post[i] > best:
+            best, where = t + post[i], label
+    return best, _chain_name(where) if best > -math.inf else ""
+
+
+def last_backward_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
+                       spans: list[int], b: int, held: list[int], known: list[float] | None = None) -> list[float]:
+    """Per stage k, when its last backward can end at the earliest: its own timeline less the weight passes
+    that follow that backward (stage_ends), a round-trip chain that reaches it, `known` (other chains'
+    values), or stage k + 1's last backward, its gradient's hop and stage k's backward. A stage's update
+    follows its own end, so where stages end at different times (deferred weight passes) the update term
+    takes these, not stage 0's end alone."""
+    p = len(fs)
+    out = [t - min(h + 1, b) * w for t, h, w in zip(stage_ends(fs, bs, ws, es, lats, spans, b, held), held, ws)]
+    for i, t, _ in _round_trip_chains(fs, bs, ws, es, lats, spans, b, held):
+        out[i] = max(out[i], t)
+    if known is not None:
+        out = [max(x, y) for x, y in zip(out, known)]
+    for k in reversed(range(p - 1)):
+        out[k] = max(out[k], out[k + 1] + es[k] + lats[k] + bs[k])
+    return out

@@ -18,7 +18,9 @@ With `round_trips` (the estimate a plan reports; the search's objective leaves t
 alternate forwards and backwards replace the steady-state term by the chains of alternating.py (a stage's
 timeline and the round trips, warm-up and drain at their real length), and the whole passes through the
 pipeline as flow shops (pass_term) join the max, which is what fill and drain cost at few micro-batches
-(exact for GPipe).
+(exact for GPipe). Under ZB-H1 the update term then becomes max_k (L_k + h_k w_k + u_k) - F, with L_k the
+chains' bound on stage k's last backward (alternating.last_backward_ends) and h_k w_k the held-back weight
+passes that follow it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from functools import lru_cache
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from ..schedules.registry import kind
-from .alternating import round_trip_bound, stage_bound
+from .alternating import last_backward_ends, round_trip_bound, stage_bound
 from .analytic import ring_allreduce_s
 from .profiles import Profile
 
@@ -248,14 +250,22 @@ class CostModel:
         """The forward and backward channels of a boundary s -> s + 1 under interleaved 1F1B do not overlap
         as much as two independent resources would: stage s + 1 runs its first backward only after its
         warm-up's w + 1 forward micro-steps (w = 2 (p - s - 2) + (v - 1) p, capped at b v - 1), so those
-        crossings precede all b v backward crossings on the link. With the first micro-step's forwards up to
-        stage s before and the last one's backwards from stage s after (1/v of the stages' passes each)."""
+        crossings precede all b v backward crossings on the link. Between them the last of those forwards
+        runs on through stages s + 1..u and backward micro-step 0 comes back from u (micro-step i is the
+        same micro-batch and chunk on every stage): any u whose first backward also follows that forward
+        micro-step (w_u >= w_{s+1}, or all b v forwards). With the first micro-step's forwards up to stage s
+        before and the last one's backwards from stage s after (1/v of the stages' passes each)."""
         p = len(fs)
         hop = [e + x for e, x in zip(es, lats)]
+
+        def ahead(u: int) -> int:  # forward micro-steps stage u runs before its first backward
+            return min(2 * (p - u - 1) + (v - 1) * p + 1, b * v)
+
         best, where = -math.inf, ""
         for s in range(p - 1):
-            ahead = min(2 * (p - s - 2) + (v - 1) * p + 1, b * v)
-            t = (sum(fs[:s + 1]) + sum(bs[:s + 1])) / v + 2 * sum(hop[:s]) + (ahead + b * v) * es[s] + 2 * lats[s]
+            t = (sum(fs[:s + 1]) + sum(bs[:s + 1])) / v + 2 * sum(hop[:s]) + (ahead(s + 1) + b * v) * es[s]
+            u = max(x for x in range(s + 1, p) if ahead(x) >= ahead(s + 1))
+            t += 2 * lats[s] + (sum(fs[s + 1:u + 1]) + sum(bs[s + 1:u + 1])) / v + 2 * sum(hop[s + 1:u])
             if t > best:
                 best, where = t, f"link {s}->{s + 1} both ways"
         return best, where
@@ -294,6 +304,28 @@ class CostModel:
         if sum(fs) + sum(hop) + all_b > best:
             best, where = sum(fs) + sum(hop) + all_b, "backward pass"
         return best, where
+
+    @staticmethod
+    def pass_last_backward(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
+                           spans: list[int], ws: list[float] | None = None,
+                           held: list[int] | None = None) -> list[float]:
+        """pass_term's chains per stage m: b forwards through stages 0..j as a flow shop, then stage j's last
+        spans[j] backwards down to stage m as a second one, ending with stage m's last backward. Stage m
+        runs those backwards within its drain, so where it defers weight passes (`ws`, `held`: the
+        registry's held_weight_passes) the ones it runs between them count there too."""
+        hop = [e + x for e, x in zip(es, lats)]
+        out = [-math.inf] * len(fs)
+        for j in range(len(fs)):
+            all_f = sum(fs[:j + 1]) + sum(hop[:j]) + (b - 1) * max(fs[:j + 1] + es[:j])
+            n, path, slowest = min(spans[j], b), 0.0, 0.0
+            for m in reversed(range(j + 1)):
+                path += bs[m] + (hop[m] if m < j else 0.0)
+                slowest = max(slowest, bs[m], es[m] if m < j else 0.0)
+                own = (n - 1) * bs[m]  # backwards b - n + 1 .. b - 1 on stage m, weight passes between
+                if ws is not None and held is not None:
+                    own += max(0, b - 1 - max(b - n, held[m])) * ws[m]
+                out[m] = max(out[m], all_f + path + max((n - 1) * slowest, own))
+        return out
 
     def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
                  round_trips: bool = False, params: dict | None = None) -> Estimate:
@@ -368,6 +400,13 @@ class CostModel:
                     pt, pt_where = lt, lt_where
             if pt > top + fill:
                 top, where = pt - fill, pt_where
+        if round_trips and sk.alternates and wrap is None and sk.defers_weight_grads:
+            # the stages end at different times (their held-back weight passes): stage 0 runs its own after
+            # its last backward, and each stage's update follows its own end (stage_ends), not the latest
+            last = last_backward_ends(fs, bs, ws, es, lats, spans, b, held,
+                                      self.pass_last_backward(fs, bs, es, lats, b, spans, ws, held))
+            last[0] = max(last[0], top + fill)
+            upd_term = max(t + min(h + 1, b) * w + u for t, h, w, u in zip(last, held, ws, us)) - top - fill
         return Estimate(iteration_time_s=top + fill + upd_term, stage_time_s=cs, stage_update_s=us,
                         stage_memory_bytes=mems, stage_capacity_bytes=caps, in_flight=ns, boundary_s=es,
                         bottleneck=where, fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),

@@ -136,3 +136,99 @@ def test_interleaved_estimate_counts_every_chunk_crossing_the_link(few):
                                   params={"chunks": 2}).iteration_time_s
             assert -under <= est / sim - 1 <= over, (b, stages, est, sim)
         measured += 1
+
+
+@pytest.mark.parametrize("layers,b", [((3, 4, 4, 5, 5, 3), 16), ((6, 5, 6, 7), 8), ((10, 6, 8), 6),
+                                      ((4, 9, 8, 3), 6), ((4, 9, 8, 3), 16), ((6, 6, 4, 4, 1, 3), 8)])
+def test_1f1b_cycles_over_the_slow_link_then_the_later_stages_pace(layers, b):
+    """One A100 stage, then V100e stages behind the 5 Gbps link: stage 0's round trips across the link
+    set the pace until its last forward leaves, and the V100e stages' own alternation and drain set it
+    after (alternating's chains that leave a cycle for a later stage), their drain's gradients queueing on
+    the link on the way down. The estimate was 5.9%, 3.8% and 3.5% low with one pace, then 2.7% and 1.2%
+    (the next two) with one hop per boundary on the way down, then 1.4% (the last: stage 1's last forward
+    comes back from stage 3 as backward b - 3, and stage 1's own two backwards follow) with the drain's
+    wait priced as its own backwards or the whole round trip only; it must stay within the stated error."""
+    import dataclasses
+
+    pb = harp()
+    tp_v = min(8, 1 << ((32 // (len(layers) - 1)).bit_length() - 1))
+    stages = [StageSpec("A100", 8, layers[0], False)] + [StageSpec("V100e", tp_v, n, False) for n in layers[1:]]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="1f1b")
+    under, over = BOUNDS["1f1b"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(stages, 1, b, "1f1b", round_trips=True).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "1f1b").iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+def test_interleaved_slow_link_warm_up_queue_then_the_round_trip_beyond_it():
+    """Two chunks, A100 x2 layers then five V100e stages, 6 micro-batches: every forward crossing of the
+    slow link precedes its first backward one (stage 1's warm-up covers all 12 micro-steps), and between
+    them the last forward runs on to stage 2, whose first backward comes back. The link term left that
+    round trip out and was 6.8% low."""
+    import dataclasses
+
+    from heteropp.auto.planning import virtual_stages
+    pb, b = harp(), 6
+    stages = [StageSpec("A100", 8, 2, False)] + [StageSpec("V100e", 4, n, False) for n in (6, 6, 4, 4, 2)]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b, schedule="interleaved")
+    under, over = BOUNDS["interleaved"][0]
+    est = pb.cm.evaluate(stages, 1, b, "interleaved", round_trips=True, params={"chunks": 2}).iteration_time_s
+    sim = simulate_stages(pb.cm, virtual_stages(stages, 2), 1, "interleaved", params={"chunks": 2}).iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+@pytest.mark.parametrize("layers,b", [((6, 7, 5, 6), 16), ((4, 9, 8, 3), 6)])
+def test_h1f1b_drain_queues_on_the_slow_link(layers, b):
+    """H-1F1B, one A100 stage then V100e stages: the last V100e stage's own alternation sets the pace, and
+    the drain's gradients then queue on the slow link (a V100e stage's backward is shorter than a transfer
+    across it), which the gradient's way down as one hop per boundary left out: the estimate was 4.1% and
+    3.0% low; it must stay within the stated error."""
+    import dataclasses
+
+    from heteropp.auto.plan_sim import schedule_params
+    pb = harp()
+    tp_v = min(8, 1 << ((32 // (len(layers) - 1)).bit_length() - 1))
+    stages = [StageSpec("A100", 8, layers[0], False)] + [StageSpec("V100e", tp_v, n, False) for n in layers[1:]]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="h1f1b")
+    params = schedule_params(pb.cm, stages, 1, "h1f1b")
+    assert any(params["extra_warmup"])  # the slow link gets extra warm-up
+    under, over = BOUNDS["h1f1b"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(stages, 1, b, "h1f1b", round_trips=True, params=params).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "h1f1b", params=params).iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+@pytest.mark.parametrize("b", [8, 16])
+def test_zbh1_last_stage_after_a_round_trip_below_it(b):
+    """ZB-H1, two A100 stages then one V100e stage behind the 5 Gbps link: the V100e stage's first
+    backward's gradient goes down to stage 1, whose next forward comes back across the link, and from
+    then on the V100e stage's own forwards, input gradients and weight passes run back to back, then its
+    update. The chain leaving stage 1's cycle for a stage inside the cycle's run was missing: 3.3% and
+    2.1% low; it must stay within the stated error."""
+    import dataclasses
+
+    pb = harp()
+    stages = [StageSpec("A100", 8, 6, False), StageSpec("A100", 8, 6, False), StageSpec("V100e", 8, 12, False)]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="zbh1")
+    under, over = BOUNDS["zbh1"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(stages, 1, b, "zbh1", round_trips=True).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "zbh1").iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
+
+
+@pytest.mark.parametrize("layers", [(2, 6, 6, 4, 4, 2), (2, 6, 2, 3, 8, 3)])
+def test_zbh1_weight_passes_a_stage_holds_back_cover_no_wait(layers):
+    """ZB-H1 at 4 micro-batches, one A100 stage then five V100e stages: a stage's held-back weight passes
+    run only after its last input gradient, so they cover none of its wait for forward b - 1's round trip
+    (stage_ends counted a weight pass with every drain backward), and the weight passes a stage runs
+    between its drain backwards count on the flow shop down to it (pass_last_backward). The estimate was
+    2.1% and 2.4% low; it must stay within the stated error."""
+    import dataclasses
+
+    pb, b = harp(), 4
+    stages = [StageSpec("A100", 8, layers[0], False)] + [StageSpec("V100e", 4, n, False) for n in layers[1:]]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b * pb.cm.train.micro_batch_size, schedule="zbh1")
+    under, over = BOUNDS["zbh1"][0]
+    est = pb.cm.evaluate(stages, 1, b, "zbh1", round_trips=True).iteration_time_s
+    sim = simulate_stages(pb.cm, stages, 1, "zbh1").iteration_time_s
+    assert -under <= est / sim - 1 <= over, (est, sim)
