@@ -287,9 +287,16 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   std::string state;
   if (r.op == P2PRequest::Op::kRecv) {
     const size_t ahead = r.peer != kAnySource ? queues_.posted_ahead(&r) : 0;
-    if (queues_.remove_posted(&r)) {
+    // Behind an any-source receive with the same tag, the message r would take depends on what
+    // that one takes first (from any rank): r's place stays in the queue, and the message that
+    // reaches it is discarded. An any-source receive claims no message at all (it served
+    // whichever sender came first): a later message goes to the next receive that accepts it.
+    auto place = std::make_shared<P2PRequest>(nullptr, P2PRequest::Op::kRecv, r.peer, r.tag, 0, nullptr, 0);
+    place->withdrawn = true;
+    const bool behind_any_source = r.peer != kAnySource && queues_.any_source_ahead(&r);
+    if (behind_any_source ? queues_.replace_posted(&r, place) : queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
-      if (r.peer != kAnySource) give_up_locked(r, ahead);  // its message, if it comes, is discarded
+      if (r.peer != kAnySource && !behind_any_source) give_up_locked(r, ahead);  // its message is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else if (cancel_matched_locked(r)) {
       state = "matched a message from rank " + std::to_string(r.matched_from) +
