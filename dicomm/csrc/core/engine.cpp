@@ -151,6 +151,9 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
   if (closed_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
+  // Its peer closed our connection and may yet tell us why (an abort notice): the send fails
+  // when progress decides, with the reason decided then (progress.cpp).
+  else if (!p.dead && p.closed_awaiting_until != transport::Clock::time_point{}) in_flight_[&r->send_op] = r;
   else if (p.dead || !conn || p.send.get() != conn)
     fail(*r, ErrorKind::kPeer, r->describe() + " failed: rank " + std::to_string(peer) + " is gone: " + p.dead_reason);
   else post_locked(r, *conn, peer);

@@ -80,6 +80,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
     int pidfd = -1;  // same-host peer: readable once its process exits (liveness.cpp)
     bool held = false;  // flow control: its unmatched messages reached the limit (progress.cpp)
+    // It closed our send connection before connecting to us: until then its connection (which
+    // may carry an abort notice) may still come; decided by later progress passes (progress.cpp).
+    transport::Clock::time_point closed_awaiting_until{};
   };
 
   // Sink (engine lock held).
