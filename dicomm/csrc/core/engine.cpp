@@ -230,7 +230,9 @@ void Engine::send_to_self(const RequestSP& r) {
   Unexpected msg;
   msg.src = rank_;
   msg.hdr = h;
-  if (bytes <= kSelfEagerLimit) {  // buffered: the send completes now, as an eager send would
+  // Buffered: the send completes now, as an eager send would; past the flow-control limit on
+  // unmatched bytes (as for a peer's messages) it waits for its receive like a large one.
+  if (bytes <= kSelfEagerLimit && queues_.unexpected_bytes_from(rank_) < config_.unexpected_bytes) {
     msg.data.assign(static_cast<const char*>(r->send_op.buf), static_cast<const char*>(r->send_op.buf) + bytes);
     finish(*r, rank_, bytes);
   } else {
