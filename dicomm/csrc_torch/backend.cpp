@@ -171,6 +171,18 @@ DicommBackend::DicommBackend(const c10::intrusive_ptr<c10d::Store>& store, int r
   comm_ = translated([&] { return std::make_shared<Communicator>(adapter, rank, size, options); });
 }
 
+dicomm::LiveSet<c10::weak_intrusive_ptr<DicommBackend>>& open_backends() {
+  static auto* open = new dicomm::LiveSet<c10::weak_intrusive_ptr<DicommBackend>>();  // never destroyed: read at exit
+  return *open;
+}
+
+c10::intrusive_ptr<DicommBackend> DicommBackend::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                        int size, std::chrono::milliseconds timeout) {
+  auto b = c10::make_intrusive<DicommBackend>(store, rank, size, timeout);
+  open_backends().add(b);
+  return b;
+}
+
 DicommBackend::~DicommBackend() {
   try {
     comm_->close();
@@ -181,6 +193,82 @@ DicommBackend::~DicommBackend() {
 void DicommBackend::abort() { comm_->abort("process group aborted"); }
 void DicommBackend::shutdown() { comm_->close(); }
 
+// ------------------------------------------------------------------------------ splitting
+
+// A fresh object per call: torch writes the child's name and timeout into what it gets here.
+c10::intrusive_ptr<c10d::Backend::Options> DicommBackend::getBackendOptions() {
+  auto o = c10::make_intrusive<DicommOptions>(timeout_);
+  o->group_name = getGroupUid();
+  o->group_desc = getGroupDesc();
+  return o;
+}
+
+// Like gloo's: the new group's rank is this rank's position in `ranks` (group ranks of this
+// group), and ranks not listed get no backend.
+c10::intrusive_ptr<c10d::Backend> DicommBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       const std::vector<int>& ranks,
+                                                       const c10::intrusive_ptr<Options>& opts) {
+  for (int r : ranks)
+    if (r < 0 || r >= size_)
+      bad_argument("split_group", "rank " + std::to_string(r) + " is not in the parent group (ranks 0.." +
+                                      std::to_string(size_ - 1) + ")");
+  auto mine = std::find(ranks.begin(), ranks.end(), rank_);
+  if (mine == ranks.end()) return nullptr;
+  std::ostringstream key;
+  key << "split " << (opts ? opts->group_name : std::string()) << " of";
+  for (int r : ranks) key << ' ' << r;
+  return child_for(key.str(), [&] {
+    return create(store->clone(), static_cast<int>(mine - ranks.begin()), static_cast<int>(ranks.size()),
+                  opts ? opts->timeout : timeout_);
+  });
+}
+
+c10::intrusive_ptr<c10d::Backend> DicommBackend::child_for(
+    const std::string& key, const std::function<c10::intrusive_ptr<DicommBackend>()>& make) {
+  std::lock_guard<std::mutex> lock(child_mu_);
+  if (child_ && key == child_key_)
+    if (auto same = child_->lock()) return same;
+  c10::intrusive_ptr<c10d::Backend> child = make();
+  child_key_ = key;
+  child_.emplace(child);
+  return child;
+}
+
+// The merged group's ranks come from the store (torch numbers them in arrival order).
+c10::intrusive_ptr<c10d::Backend> DicommBackend::merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       const c10::intrusive_ptr<Options>& opts, const int& rank,
+                                                       const int& size) {
+  if (rank < 0 || rank >= size)
+    bad_argument("merge_remote_group", "rank " + std::to_string(rank) + " outside 0.." + std::to_string(size - 1));
+  const std::string key = "merge " + (opts ? opts->group_name : std::string()) + " as " + std::to_string(rank) +
+                          " of " + std::to_string(size);
+  return child_for(key, [&] { return create(store->clone(), rank, size, opts ? opts->timeout : timeout_); });
+}
+
+// ------------------------------------------------------------------------------ coalescing
+
+void DicommBackend::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalescing_mu_);
+  // An exception inside torch's _coalescing_manager skips endCoalescing: a new batch replaces the
+  // stale one (its operations complete on their own) instead of collecting works forever.
+  if (coalescing_)
+    LOG(WARNING) << "dicomm: startCoalescing before the previous batch of " << coalesced_.size()
+                 << " operations was ended; that batch is left to complete on its own";
+  coalesced_.clear();
+  coalescing_ = true;
+}
+
+WorkPtr DicommBackend::endCoalescing() {
+  std::vector<c10::intrusive_ptr<DicommWork>> batch;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    if (!coalescing_) bad_argument("endCoalescing", "called without startCoalescing");
+    coalescing_ = false;
+    batch.swap(coalesced_);
+  }
+  return DicommWork::all_of(rank_, std::move(batch), timeout_);
+}
+
 std::chrono::milliseconds DicommBackend::timeout_for(std::chrono::milliseconds op_timeout) const {
   return op_timeout.count() > 0 ? op_timeout : timeout_;
 }
@@ -189,8 +277,13 @@ c10::intrusive_ptr<DicommWork> DicommBackend::make_work(OpType op, std::vector<R
                                                         std::vector<at::Tensor> result,
                                                         std::chrono::milliseconds op_timeout) {
   if (op != OpType::SEND && op != OpType::RECV && op != OpType::RECVANYSOURCE) ++collective_seq_;
-  return c10::make_intrusive<DicommWork>(rank_, op, std::move(requests), std::move(result),
-                                         timeout_for(op_timeout));
+  auto w = c10::make_intrusive<DicommWork>(rank_, op, std::move(requests), std::move(result),
+                                           timeout_for(op_timeout));
+  if (coalescing_) {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    if (coalescing_) coalesced_.push_back(w);
+  }
+  return w;
 }
 
 void DicommBackend::check_root(int64_t root, const char* op) const {

@@ -8,7 +8,10 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "core/live_set.h"
 
 namespace dicomm::torch_backend {
 
@@ -23,6 +27,15 @@ class DicommWork;
 
 class DicommBackend : public c10d::Backend {
  public:
+  // Its own type so that Python can copy it: dist.split_group deep-copies the parent's options.
+  struct DicommOptions : Options {
+    explicit DicommOptions(std::chrono::milliseconds timeout) : Options("dicomm", timeout) {}
+  };
+
+  // A backend counted among open_backends() (what torch's creator, split and merge hand out).
+  static c10::intrusive_ptr<DicommBackend> create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank, int size,
+                                                  std::chrono::milliseconds timeout);
   DicommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                 std::chrono::milliseconds timeout);
   ~DicommBackend() override;
@@ -31,6 +44,25 @@ class DicommBackend : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   dicomm::Communicator& communicator() { return *comm_; }
+
+  // Splitting (ProcessGroup::splitGroup, dist.split_group) and merging: the members of the new
+  // group bootstrap a communicator of their own through the store torch hands over; ranks left
+  // out take no part (like gloo's, unlike NCCL's ncclCommSplit, which all parent ranks call).
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<c10d::Backend> merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const c10::intrusive_ptr<Options>& opts, const int& rank,
+                                          const int& size) override;
+
+  // Coalescing (NCCL's contract): between startCoalescing and endCoalescing every operation is
+  // issued at once as usual and returns its own work; endCoalescing returns one work that
+  // completes when all of them have (batch_isend_irecv, _coalescing_manager(device=...)).
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -97,8 +129,22 @@ class DicommBackend : public c10d::Backend {
 
   std::shared_ptr<dicomm::Communicator> comm_;
   std::chrono::milliseconds timeout_;
+  // torch 2.13 splits (and merges) once per device type this backend serves (cpu and cuda): the
+  // second call for the same child gets the first child, so no second communicator races it on
+  // the same store keys.
+  c10::intrusive_ptr<c10d::Backend> child_for(const std::string& key,
+                                              const std::function<c10::intrusive_ptr<DicommBackend>()>& make);
+  std::mutex child_mu_;
+  std::string child_key_;
+  std::optional<c10::weak_intrusive_ptr<c10d::Backend>> child_;
+  std::atomic<bool> coalescing_{false};
+  std::mutex coalescing_mu_;
+  std::vector<c10::intrusive_ptr<DicommWork>> coalesced_;  // issued since startCoalescing
   uint64_t collective_seq_ = 0;
   uint64_t monitored_barriers_ = 0;
 };
+
+// The backends created so far, held weakly: the module's exit hook closes those still open.
+dicomm::LiveSet<c10::weak_intrusive_ptr<DicommBackend>>& open_backends();
 
 }  // namespace dicomm::torch_backend

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "backend.h"
-#include "core/live_set.h"
 #include "errors.h"
 
 namespace py = pybind11;
@@ -21,10 +20,8 @@ PyObject* g_classes[5] = {};
 PyObject* class_for(Kind kind) { return g_classes[static_cast<int>(kind)]; }
 
 // Backends still open at interpreter exit are closed first, so no engine thread outlives Python.
-dicomm::LiveSet<c10::weak_intrusive_ptr<DicommBackend>> g_live;
-
 void close_all_at_exit() {
-  auto live = g_live.take();
+  auto live = dicomm::torch_backend::open_backends().take();
   py::gil_scoped_release release;
   for (auto& b : live) b->shutdown();
 }
@@ -46,26 +43,35 @@ PYBIND11_MODULE(_C_torch, m) {
     }
   });
 
-  py::class_<DicommBackend, c10d::Backend, c10::intrusive_ptr<DicommBackend>>(m, "DicommBackend")
+  py::class_<DicommBackend, c10d::Backend, c10::intrusive_ptr<DicommBackend>> backend(m, "DicommBackend");
+  using DicommOptions = DicommBackend::DicommOptions;
+  py::class_<DicommOptions, c10d::Backend::Options, c10::intrusive_ptr<DicommOptions>>(
+      backend, "Options", "The backend's options (name and timeout): what split_group copies.")
+      .def("__copy__", [](const DicommOptions& o) { return c10::make_intrusive<DicommOptions>(o); })
+      .def("__deepcopy__", [](const DicommOptions& o, const py::dict&) { return c10::make_intrusive<DicommOptions>(o); },
+           py::arg("memo"));
+  backend
+      .def_property_readonly("options", &DicommBackend::getBackendOptions,
+                             "A fresh copy of the options (torch's split_group reads and copies them).")
       .def_property_readonly("timeout_s", [](const DicommBackend& b) { return b.timeout().count() / 1000.0; })
       .def("transport_of", [](DicommBackend& b, int peer) { return b.communicator().transport_of(peer); },
            py::arg("peer"), py::call_guard<py::gil_scoped_release>(),
            "Transport serving `peer`: self, shm, tcp or verbs; empty before first contact.")
       .def("stats", [](DicommBackend& b) { return b.communicator().stats(); },
-           py::call_guard<py::gil_scoped_release>(), "The engine's counters for this group.");
+           py::call_guard<py::gil_scoped_release>(), "The engine's counters for this group.")
+      // torch's new_group calls this on the ranks a split leaves out when the default group is
+      // bound to a device and its backend can split (NCCL's ncclCommSplit needs every parent
+      // rank); a dicomm split is bootstrapped by its members alone, so there is nothing to do.
+      .def("perform_nocolor_split", [](DicommBackend&, const py::object&) {}, py::arg("device"),
+           "Nothing to do: the ranks a split leaves out take no part in it.");
 
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
         if (!(timeout_s > 0)) throw BackendError(Kind::kValue, "dicomm: the group timeout must be positive");
-        c10::intrusive_ptr<DicommBackend> b;
-        {
-          py::gil_scoped_release release;
-          b = c10::make_intrusive<DicommBackend>(
-              store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5)));
-        }
-        g_live.add(b);
-        return b;
+        py::gil_scoped_release release;
+        return DicommBackend::create(
+            store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5)));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
       "A dicomm backend for rank `rank` of `size`, bootstrapped through `store`.");

@@ -50,6 +50,28 @@ DicommWork::DicommWork(int rank, c10d::OpType op, std::vector<RequestPtr> reques
       result_(std::move(result)),
       default_timeout_(default_timeout) {}
 
+c10::intrusive_ptr<DicommWork> DicommWork::all_of(int rank, std::vector<c10::intrusive_ptr<DicommWork>> works,
+                                                  std::chrono::milliseconds default_timeout) {
+  std::vector<RequestPtr> requests;
+  std::vector<at::Tensor> result;
+  for (auto& w : works) {
+    std::lock_guard<std::mutex> lock(w->mutex_);
+    requests.insert(requests.end(), w->requests_.begin(), w->requests_.end());
+    result.insert(result.end(), w->result_.begin(), w->result_.end());
+  }
+  auto all = c10::make_intrusive<DicommWork>(rank, c10d::OpType::COALESCED, std::move(requests),
+                                             std::move(result), default_timeout);
+  for (auto& w : works)
+    if (w->stream) all->stream = w->stream;
+  // The engine is done with every request by now: each work finishes at once (its copy-back, its
+  // size check) and reports its own failure.
+  if (!works.empty())
+    all->finish = [works = std::move(works)] {
+      for (auto& w : works) w->wait();
+    };
+  return all;
+}
+
 DicommWork::~DicommWork() {
   if (keep.empty() || requests_done()) return;
   std::lock_guard<std::mutex> lock(g_orphans_mu);

@@ -26,6 +26,10 @@ class DicommWork : public c10d::Work {
   DicommWork(int rank, c10d::OpType op, std::vector<RequestPtr> requests,
              std::vector<at::Tensor> result, std::chrono::milliseconds default_timeout);
   ~DicommWork() override;
+  // One work for a batch (coalescing): completes once every work of `works` has, fails with the
+  // first failure; its result is their results in order.
+  static c10::intrusive_ptr<DicommWork> all_of(int rank, std::vector<c10::intrusive_ptr<DicommWork>> works,
+                                               std::chrono::milliseconds default_timeout);
 
   // Set by the backend before the work is handed out.
   std::function<void()> finish;       // runs once after every request succeeded (copy-back)

@@ -58,15 +58,17 @@ def _disagree(rank, world, store, kind, roots, sizes):
 def test_ranks_that_disagree_on_the_root_all_get_mismatch_error(kind):
     roots = [0, 0, 2]  # rank 2 believes it is the root
     results = run_ranks(_disagree, 3, kind, roots, [N] * 3)
-    for rank, (name, text, _queued) in enumerate(results):
+    for rank, (name, text, queued) in enumerate(results):
         assert name == "MismatchError", (rank, name, text)
         assert "root 0" in text and "root 2" in text, (rank, text)
+        assert queued == 0, f"rank {rank}: {queued} stray messages left queued"
 
 
 def test_broadcast_size_mismatch_fails_the_root_too():
     results = run_ranks(_disagree, 2, "broadcast", [0, 0], [N, 2 * N])
-    for rank, (name, text, _queued) in enumerate(results):
+    for rank, (name, text, queued) in enumerate(results):
         assert name == "MismatchError", (rank, name, text)
+        assert queued == 0, f"rank {rank}: {queued} stray messages left queued"
         assert f"broadcast({N} B, root 0)" in text and f"broadcast({2 * N} B, root 0)" in text, (rank, text)
 
 

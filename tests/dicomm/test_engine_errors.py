@@ -2,7 +2,7 @@
 TCPStore; TCP over loopback stands in for a network where the test forces it."""
 import pytest
 
-from tests.dicomm.engine_util import comm, payload, ptr
+from tests.dicomm.engine_util import close_pair, comm, payload, ptr
 from tests.dicomm.multiproc import run_ranks
 
 
@@ -239,16 +239,23 @@ def _overtaken_timeout(rank, world, store, transport, n):
         out = (timed_out, int(first[0]), int(third[0]), c.stats()["late_messages_discarded"])
     else:
         store.wait(["go"])
-        for value in (1, 2, 3):
-            data = np.full(n, value, np.uint8)  # alive until the receiver has read it
-            try:
-                c.isend(ptr(data), n, 0, tag=22).wait(10)
-            except C.TimeoutError:  # a rendezvous send learns that its receive was given up
-                pass
-    store.set(f"done{rank}", "1")
-    store.wait([f"done{1 - rank}"])
-    c.close()
+        _send_values(c, (1, 2, 3), n, tag=22)
+    close_pair(c, store, rank)
     return out
+
+
+def _send_values(c, values, n: int, tag: int) -> None:
+    """Sends each value as an n-byte message to rank 0, one after the other."""
+    import numpy as np
+
+    import dicomm._C as C
+
+    for value in values:
+        data = np.full(n, value, np.uint8)  # alive until the receiver has read it
+        try:
+            c.isend(ptr(data), n, 0, tag=tag).wait(10)
+        except C.TimeoutError:  # a rendezvous send learns that its receive was given up
+            pass
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -270,3 +277,65 @@ def test_timed_out_receive_is_never_written_after_its_timeout_over_shm():
     assert "matched a message from rank 1" in text, f"the transfer had not started: {text}"
     assert later == at_timeout, f"{later - at_timeout} bytes landed after the TimeoutError"
     assert "never written again" in text, text
+
+
+def _any_source_timeouts(rank, world, store, transport, n, case):
+    """Rank 1 sends messages 1, 2, 3 on one tag once rank 0's receive(s) have timed out."""
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=20, transport=transport)
+    out = None
+    if rank == 0:
+        bufs = [np.zeros(n, np.uint8) for _ in range(3)]
+        if case == "behind":  # a receive from rank 1 times out behind an any-source receive
+            first = c.irecv(ptr(bufs[0]), n, -1, tag=23)
+            given_up = c.irecv(ptr(bufs[1]), n, 1, tag=23)
+        else:  # an any-source receive times out on its own
+            given_up = c.irecv(ptr(bufs[1]), n, -1, tag=23)
+        try:
+            given_up.wait(0.3)
+            timed_out = False
+        except C.TimeoutError:
+            timed_out = True
+        store.set("go", "1")
+        if case == "behind":
+            first.wait(10)
+            nxt = c.irecv(ptr(bufs[2]), n, 1, tag=23)
+            nxt.wait(10)
+            got = [(first.source, int(bufs[0][0])), (nxt.source, int(bufs[2][0]))]
+        else:
+            by_source = c.irecv(ptr(bufs[0]), n, 1, tag=23)
+            by_source.wait(10)
+            any_source = c.irecv(ptr(bufs[2]), n, -1, tag=23)
+            any_source.wait(10)
+            got = [(by_source.source, int(bufs[0][0])), (any_source.source, int(bufs[2][0]))]
+        out = (timed_out, got, c.stats()["late_messages_discarded"], int(bufs[1][0]))
+    else:
+        store.wait(["go"])
+        _send_values(c, (1, 2, 3) if case == "behind" else (1, 2), n, tag=23)
+    close_pair(c, store, rank)
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("n", [100, 1 << 20])
+def test_a_receive_that_times_out_behind_an_any_source_receive_discards_its_own_message(transport, n):
+    """Which message such a receive would have taken depends on what the any-source receive ahead
+    of it takes first. The any-source receive gets message 1, message 2 (the timed-out receive's)
+    is discarded, the next receive gets 3. Before, the first message of the stream was discarded
+    by number, and the any-source receive got message 2."""
+    out, _ = run_ranks(_any_source_timeouts, 2, transport, n, "behind")
+    assert out == (True, [(1, 1), (1, 3)], 1, 0), f"(timed out, (source, value)s, discarded, untouched) = {out}"
+
+
+@pytest.mark.parametrize("n", [100, 1 << 20])
+def test_an_any_source_receive_that_times_out_claims_no_message(n):
+    """The contract: an any-source receive serves whichever sender comes first, so no message is
+    its own. One that arrives after it timed out goes to the next receive that accepts it, here
+    one from its source, and one sender's messages keep their order: nothing is dropped (a server
+    receiving from any source with a timeout, then again, gets every request), and the timed-out
+    receive's buffer is never written."""
+    out, _ = run_ranks(_any_source_timeouts, 2, "auto", n, "alone")
+    assert out == (True, [(1, 1), (1, 2)], 0, 0), f"(timed out, (source, value)s, discarded, untouched) = {out}"

@@ -26,7 +26,8 @@ SUITE = Path(__file__).with_name("dist_suite.py")
 CLASS = "TestDistBackendWithSpawn"
 QUICK = ["test_all_gather_coalesced_simple", "test_sparse_all_reduce_sum", "test_send_recv_any_source",
          "test_accumulate_gradients_no_sync_allreduce_with_then_hook", "test_barrier_timeout_full_group",
-         "test_monitored_barrier_gloo_rank_0_timeout", "test_get_backend"]
+         "test_monitored_barrier_gloo_rank_0_timeout", "test_get_backend",
+         "test_batch_isend_irecv_gloo"]  # dicomm: the backend-coalescing path (one work per batch)
 FULL = os.environ.get("DICOMM_TORCH_SUITE") == "full"
 
 # Tests gloo passes that no plugin backend can pass, each with the torch code that decides it. They

@@ -18,6 +18,10 @@ void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr,
   msg.hdr = hdr;
   if (!payload) msg.conn = &conn;
   if (auto r = queues_.take_posted(msg.src, hdr.tag)) {
+    if (r->withdrawn) {  // it reached the place of a receive that timed out
+      drop_late_locked(conn, hdr, payload);
+      return;
+    }
     match(r, std::move(msg), payload);  // an eager payload goes straight into the receive buffer
     return;
   }
@@ -43,12 +47,16 @@ bool Engine::discard_if_late(transport::RecvConn& conn, const transport::Header&
   }
   if (given_up.empty()) late_.erase(it);
   if (!late) return false;
+  drop_late_locked(conn, hdr, payload);
+  return true;
+}
+
+void Engine::drop_late_locked(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
   ++counters_.late_messages_discarded;
   log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " discarded a message from rank " + std::to_string(conn.peer()) +
                            " " + describe_tag(hdr.tag) + " (" + std::to_string(hdr.bytes) +
                            " B): it arrived after the receive waiting for it timed out");
   if (!payload) conn.refuse(hdr.msg_id, transport::Refusal{transport::Refusal::kLate, 0, 0});  // rendezvous
-  return true;
 }
 
 // The number r would have taken: receives before it take the first numbers of the stream not yet

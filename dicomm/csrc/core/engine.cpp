@@ -151,6 +151,9 @@ RequestPtr Engine::isend(const void* buf, size_t bytes, int peer, Tag tag, uint6
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
   if (closed_) fail(*r, kind_for_locked(*r), r->describe() + " failed: " + abort_reason_);
+  // Its peer closed our connection and may yet tell us why (an abort notice): the send fails
+  // when progress decides, with the reason decided then (progress.cpp).
+  else if (!p.dead && p.closed_awaiting_until != transport::Clock::time_point{}) in_flight_[&r->send_op] = r;
   else if (p.dead || !conn || p.send.get() != conn)
     fail(*r, ErrorKind::kPeer, r->describe() + " failed: rank " + std::to_string(peer) + " is gone: " + p.dead_reason);
   else post_locked(r, *conn, peer);
@@ -211,6 +214,12 @@ void Engine::send_to_self(const RequestSP& r) {
   const size_t bytes = r->capacity;
   transport::Header h{r->tag, r->meta, bytes, 0};
   if (auto recv = queues_.take_posted(rank_, r->tag)) {
+    if (recv->withdrawn) {  // the place of a receive that timed out: its late message is discarded
+      ++counters_.late_messages_discarded;
+      if (bytes <= kSelfEagerLimit) finish(*r, rank_, bytes);  // as an eager send would
+      else fail(*r, ErrorKind::kTimeout, r->describe() + ": Timed out: the receive waiting for it timed out; discarded");
+      return;
+    }
     Unexpected msg;
     msg.src = rank_;
     msg.hdr = h;
@@ -221,7 +230,9 @@ void Engine::send_to_self(const RequestSP& r) {
   Unexpected msg;
   msg.src = rank_;
   msg.hdr = h;
-  if (bytes <= kSelfEagerLimit) {  // buffered: the send completes now, as an eager send would
+  // Buffered: the send completes now, as an eager send would; past the flow-control limit on
+  // unmatched bytes (as for a peer's messages) it waits for its receive like a large one.
+  if (bytes <= kSelfEagerLimit && queues_.unexpected_bytes_from(rank_) < config_.unexpected_bytes) {
     msg.data.assign(static_cast<const char*>(r->send_op.buf), static_cast<const char*>(r->send_op.buf) + bytes);
     finish(*r, rank_, bytes);
   } else {

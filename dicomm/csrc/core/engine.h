@@ -80,6 +80,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
     int pidfd = -1;  // same-host peer: readable once its process exits (liveness.cpp)
     bool held = false;  // flow control: its unmatched messages reached the limit (progress.cpp)
+    // It closed our send connection before connecting to us: until then its connection (which
+    // may carry an abort notice) may still come; decided by later progress passes (progress.cpp).
+    transport::Clock::time_point closed_awaiting_until{};
   };
 
   // Sink (engine lock held).
@@ -117,6 +120,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void match(const RequestSP& r, Unexpected&& msg, const void* payload = nullptr);
   bool fits(P2PRequest& r, int src, const transport::Header& hdr, transport::Refusal* refusal);
   bool discard_if_late(transport::RecvConn& conn, const transport::Header& hdr, const void* payload);
+  // Discards a late message: counted, logged, a rendezvous sender's send fails as timed out.
+  void drop_late_locked(transport::RecvConn& conn, const transport::Header& hdr, const void* payload);
   // Late messages by number: each (peer, tag) stream of point-to-point messages is numbered by its
   // sender (Header::tag_seq); a receive that times out unmatched records the number it would have
   // taken, and exactly that message is discarded. Collective tags are used once: never numbered.

@@ -60,6 +60,25 @@ bool MatchQueues::remove_posted(const P2PRequest* r) {
   return false;
 }
 
+bool MatchQueues::replace_posted(const P2PRequest* r, RequestSP with) {
+  for (auto& p : posted_) {
+    if (p.get() == r) {
+      p = std::move(with);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool MatchQueues::any_source_ahead(const P2PRequest* r) const {
+  bool seen = false;  // an any-source receive with r's tag so far
+  for (const auto& p : posted_) {
+    if (p.get() == r) return seen;
+    seen |= p->peer == kAnySource && p->tag == r->tag;
+  }
+  return false;  // r is not posted
+}
+
 std::vector<MatchQueues::RequestSP> MatchQueues::take_posted_waiting_on(int src, bool any_source_too) {
   std::vector<RequestSP> out;
   for (auto it = posted_.begin(); it != posted_.end();) {

@@ -39,6 +39,10 @@ class MatchQueues {
   // Whether a posted receive could take a message from `src` (its own or any-source).
   bool has_posted_for(int src) const;
   bool remove_posted(const P2PRequest* r);
+  // Puts `with` in r's place; false if r is not posted.
+  bool replace_posted(const P2PRequest* r, RequestSP with);
+  // Whether r is posted behind an any-source receive with its tag.
+  bool any_source_ahead(const P2PRequest* r) const;
   // Posted receives before `r` that name r's source and tag (they take its stream's messages first).
   size_t posted_ahead(const P2PRequest* r) const;
   // Removes and returns posted receives that wait on `src` (and any-source ones if asked).

@@ -53,6 +53,10 @@ class P2PRequest : public Request, public HasDefaultTimeout {
   transport::SendOp send_op;
   transport::RecvOp recv_op;
   int matched_from = -1;  // receives: the source once matched
+  // The place of a receive that timed out while an any-source receive with its tag was posted
+  // ahead of it: the message that reaches this place is the one it would have taken, and is
+  // discarded (Engine::time_out).
+  bool withdrawn = false;
 
  private:
   enum State { kPending = 0, kDone = 1, kFailed = 2 };

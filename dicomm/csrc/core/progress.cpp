@@ -89,20 +89,30 @@ bool Engine::progress_locked(bool thorough) {
   for (int peer = 0; peer < size_; ++peer) {
     Peer& p = peers_[peer];
     if (p.dead) continue;
+    if (p.closed_awaiting_until != transport::Clock::time_point{} &&
+        (!p.recv.empty() || transport::Clock::now() >= p.closed_awaiting_until)) {
+      p.closed_awaiting_until = {};
+      const std::string why = p.dead_reason;
+      if (p.recv.empty()) peer_lost(peer, why);
+      else send_side_closed(peer, why);
+      did = true;
+      if (p.dead) continue;
+    }
     try {
       if (p.send) did |= p.send->progress(thorough);
     } catch (const transport::ConnectionClosed& e) {
       // The peer closed in order: its messages to us may still be draining on our receive side.
       // A peer that aborts connects to us to say why just before it closes: if that connection
-      // is not accepted yet, give its handshake a moment (this path only runs once per peer).
-      for (auto until = transport::Clock::now() + std::chrono::milliseconds(200);
-           p.recv.empty() && transport::Clock::now() < until;) {
-        bool moved = false;
-        for (auto& t : transports_) moved |= t->progress();
-        if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      // is not accepted yet, its handshake gets 200 ms, decided by later passes (above) so that
+      // nothing waits for it under the engine lock. Meanwhile nothing more is sent to it.
+      if (p.recv.empty()) {
+        p.closed_awaiting_until = transport::Clock::now() + std::chrono::milliseconds(200);
+        p.send_closed = true;
+        p.dead_reason = e.what();
+        graveyard_.push_back(std::move(p.send));
+      } else {
+        send_side_closed(peer, e.what());
       }
-      if (p.recv.empty()) peer_lost(peer, e.what());
-      else send_side_closed(peer, e.what());
       did = true;
     } catch (const PeerError& e) {
       peer_lost(peer, e.what());
@@ -287,9 +297,16 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
   std::string state;
   if (r.op == P2PRequest::Op::kRecv) {
     const size_t ahead = r.peer != kAnySource ? queues_.posted_ahead(&r) : 0;
-    if (queues_.remove_posted(&r)) {
+    // Behind an any-source receive with the same tag, the message r would take depends on what
+    // that one takes first (from any rank): r's place stays in the queue, and the message that
+    // reaches it is discarded. An any-source receive claims no message at all (it served
+    // whichever sender came first): a later message goes to the next receive that accepts it.
+    auto place = std::make_shared<P2PRequest>(nullptr, P2PRequest::Op::kRecv, r.peer, r.tag, 0, nullptr, 0);
+    place->withdrawn = true;
+    const bool behind_any_source = r.peer != kAnySource && queues_.any_source_ahead(&r);
+    if (behind_any_source ? queues_.replace_posted(&r, place) : queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
-      if (r.peer != kAnySource) give_up_locked(r, ahead);  // its message, if it comes, is discarded
+      if (r.peer != kAnySource && !behind_any_source) give_up_locked(r, ahead);  // its message is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else if (cancel_matched_locked(r)) {
       state = "matched a message from rank " + std::to_string(r.matched_from) +
