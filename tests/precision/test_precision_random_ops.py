@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ditorch_precision import AutoCompare, Capture, compare_dumps
+from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump
 from ditorch_precision.examples.faults import wrong_draws, wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
@@ -127,7 +128,7 @@ def _masked_add(run: str) -> torch.Tensor:
     return next(out for out in adds if float(out.min()) <= torch.finfo(torch.float32).min)
 
 
-def test_sdpa_against_eager_attention_with_dropout_passes_and_names_a_planted_mm(runs):
+def test_sdpa_against_eager_attention_with_dropout_passes_and_names_a_planted_mm(runs, capsys):
     """sdpa's math path (taken with dropout on the CPU) masks with -inf, eager attention with the
     dtype's lowest value: plain torch's softmax zeroes the same positions of both, so the mask add is
     not a difference; the attention outputs differ by the draws only (drift, not fail). A 1e-4 fault
@@ -142,6 +143,8 @@ def test_sdpa_against_eager_attention_with_dropout_passes_and_names_a_planted_mm
             and r["phase"] == "forward"]
     assert adds and all(r["status"] == "pass" for r in adds)
     attn = {(r["module"], r["phase"]): r["verdict"] for r in report.regions}
-    assert attn[(f"{ROOT}.0.self_attn", "forward")] in ("pass", "drift")
+    assert attn[(f"{ROOT}.0.self_attn", "forward")] == "drift"  # its output after other draws
+    assert main(["compare", runs["sdpa"], runs["ref"]]) == 0
+    assert "no divergence located; 5 regions drift" in capsys.readouterr().out  # not "no divergence"
     assert _failed(compare_dumps(runs["sdpa_fault"], runs["ref"])) == [
         ("aten::mm", f"{ROOT}.1.mlp.down_proj", "forward")]
