@@ -171,8 +171,8 @@ def inputs_stats(op: str, args, world: int = 0, reduce_op: str | None = None) ->
         stats["in_pieces"] = _pieces(op, args[0], args[2], world)
     if op in ROOTED:
         stats["root"] = int(args[3])
-    reduce_op = reduce_op or reduce_op_name(args)
-    if _by_values(op, reduce_op, reductions.real_tensors(src)):
+    reducing = op in REDUCE_SCATTER or op in ALL_REDUCE or op == "c10d::reduce_"
+    if reducing and _by_values(op, reduce_op or reduce_op_name(args), reductions.real_tensors(src)):
         stats["in_values"] = _input_values(op, args, world)
     return stats
 
