@@ -129,8 +129,29 @@ def _pieces(op: str, tensors, sizes, world: int) -> list[tuple[float, float, flo
     return [_sums(_tensors(p)) for p in tensors]
 
 
-def inputs_stats(op: str, args, world: int = 0) -> dict:
-    """What a collective's inputs were, taken before it ran (in-place collectives overwrite them)."""
+def _by_values(op: str, reduce_op: str | None, tensors: list[torch.Tensor]) -> bool:
+    """Whether the call is checked from its ranks' exact values (``reductions.check_values``): an
+    elementwise reduce or reduce-scatter (its result is on one rank), an integer PRODUCT all-reduce."""
+    if reduce_op not in reductions.ELEMENTWISE:
+        return False
+    if op in REDUCE_SCATTER or op == "c10d::reduce_":
+        return True
+    return op in ALL_REDUCE and reduce_op == "PRODUCT" and bool(tensors) and not tensors[0].is_floating_point()
+
+
+def _input_values(op: str, args, world: int) -> list[dict | None]:
+    """Per piece (one per group rank for a reduce-scatter, else one), the input's exact values."""
+    if op == "c10d::reduce_scatter_":
+        return [reductions.encode([t]) for t in (args[1][0] if args[1] else [])]
+    if op in REDUCE_SCATTER:
+        src = args[1] if op == "c10d::_reduce_scatter_base_" else args[0]
+        return [reductions.encode([p]) for p in _split(src, None, world)]
+    return [reductions.encode(reductions.real_tensors(args[0]))]
+
+
+def inputs_stats(op: str, args, world: int = 0, reduce_op: str | None = None) -> dict:
+    """What a collective's inputs were, taken before it ran (in-place collectives overwrite them).
+    ``reduce_op``: where ``args`` no longer hold the ReduceOp (saved arguments)."""
     if op in ("c10d::allgather_", "c10d::_allgather_base_", "c10d::gather_", "c10d::scatter_"):
         src = args[1]
     elif op in REDUCE_SCATTER[:2] or op in ALL_TO_ALL[:2]:
@@ -150,6 +171,9 @@ def inputs_stats(op: str, args, world: int = 0) -> dict:
         stats["in_pieces"] = _pieces(op, args[0], args[2], world)
     if op in ROOTED:
         stats["root"] = int(args[3])
+    reducing = op in REDUCE_SCATTER or op in ALL_REDUCE or op == "c10d::reduce_"
+    if reducing and _by_values(op, reduce_op or reduce_op_name(args), reductions.real_tensors(src)):
+        stats["in_values"] = _input_values(op, args, world)
     return stats
 
 
@@ -167,9 +191,10 @@ def input_copy(op: str, args) -> list[torch.Tensor] | None:
     return None
 
 
-def outputs_stats(op: str, args, out, world: int = 0, before: list[torch.Tensor] | None = None) -> dict:
+def outputs_stats(op: str, args, out, world: int = 0, before: list[torch.Tensor] | None = None,
+                  reduce_op: str | None = None) -> dict:
     """``out``: what the collective wrote (``written``), after it completed; ``before``: a copy of
-    its input where ``input_copy`` made one."""
+    its input where ``input_copy`` made one; ``reduce_op`` as for ``inputs_stats``."""
     stats = dict(zip(("out_sum", "out_abs", "out_check"), _sums(_tensors(out))))
     if op == "c10d::allgather_":  # per gathered piece: piece j must be rank j's input
         stats["piece_sums"] = [_sums(_tensors(p))[0] for p in (out[0] if out else [])]
@@ -182,7 +207,9 @@ def outputs_stats(op: str, args, out, world: int = 0, before: list[torch.Tensor]
     elif op == "_c10d_functional::all_to_all_single":
         stats["out_pieces"] = _pieces(op, out, args[1], world)
     reducing = op in ALL_REDUCE or op.startswith("c10d::allreduce") or op in REDUCE_SCATTER or op == "c10d::reduce_"
-    stats["reduce_op"] = reduce_op_name(args) if reducing else None
+    stats["reduce_op"] = (reduce_op or reduce_op_name(args)) if reducing else None
+    if _by_values(op, stats["reduce_op"], reductions.real_tensors(out)):
+        stats["out_values"] = reductions.encode(reductions.real_tensors(out))
     if before is not None and stats["reduce_op"] in reductions.ELEMENTWISE:
         stats.update(reductions.local_stats(stats["reduce_op"], before, reductions.real_tensors(out)))
     return stats
@@ -217,6 +244,9 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
                 return "fail", (f"{first['reduce_op']} result sums to {first['out_sum']:.9g}, "
                                 f"the ranks' inputs to {expected:.9g}")
             return "pass", f"same result on every rank, equal to the {first['reduce_op']} of the inputs"
+        if op in ALL_REDUCE and "out_values" in first:
+            status, detail = _check_by_values(calls, 0, first, ranks)
+            return status, detail if status == "fail" else f"same result on every rank; {detail}"
         if op in ALL_REDUCE and first.get("reduce_op") in reductions.ELEMENTWISE:
             status, detail = reductions.check(first["reduce_op"], calls, ranks)
             return status, detail if status == "fail" else f"same result on every rank; {detail}"
@@ -225,6 +255,12 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
             if not all(_close(x, y, max(c["in_abs"] for c in calls)) for x, y in zip(first["piece_sums"], want)):
                 return "fail", f"gathered pieces sum to {first['piece_sums']}, inputs to {want}"
         return "pass", "same result on every rank"
+    if op in REDUCE_SCATTER and first.get("reduce_op") in reductions.ELEMENTWISE:
+        for r, c in enumerate(calls):  # rank r's piece: the reduction of every rank's piece r
+            status, detail = _check_by_values(calls, r, c, ranks)
+            if status != "pass":
+                return status, f"rank {ranks[r]}'s piece: {detail}"
+        return "pass", f"each rank's piece is the elementwise {first['reduce_op']} of the ranks' pieces for it"
     if op in REDUCE_SCATTER:
         if any(len(c.get("in_pieces") or ()) != world for c in calls):
             return "skipped", "inputs not split into one piece per rank"
@@ -250,6 +286,9 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
         if not isinstance(root, int) or not 0 <= root < world or len({c.get("root") for c in calls}) > 1:
             return "fail", f"ranks named different roots: {[c.get('root') for c in calls]}"
         at_root = calls[root]
+        if op == "c10d::reduce_" and first.get("reduce_op") in reductions.ELEMENTWISE:
+            status, detail = _check_by_values(calls, 0, at_root, ranks)
+            return status, f"the root's result: {detail}"
         if op == "c10d::reduce_":
             expected = _reduced(first.get("reduce_op"), [c["in_sum"] for c in calls], world)
             if expected is None:
@@ -268,6 +307,14 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
             return "fail", "a rank received another piece than the root's piece for it"
         return "pass", "every rank received the root's piece for it"
     return "skipped", "no cross-rank invariant known for this collective"
+
+
+def _check_by_values(calls: list[dict], piece: int, holder: dict, ranks: list[int]) -> tuple[str, str]:
+    """The elementwise check of ``holder``'s result against every rank's input piece ``piece``."""
+    def value(c: dict):
+        pieces = c.get("in_values")
+        return pieces[piece] if isinstance(pieces, list) and 0 <= piece < len(pieces) else None
+    return reductions.check_values(calls[0]["reduce_op"], [value(c) for c in calls], holder.get("out_values"), ranks)
 
 
 def check_across_ranks(per_rank: dict[int, list[dict]]) -> list[dict]:
@@ -324,10 +371,10 @@ def stats_from_capture(rec: dict, data: dict | None, world: int = 0) -> dict | N
         return None
     stats = {k: rec.get(k) for k in ("index", "op", "phase", "module", "step", "group")}
     world = len(rec.get("group") or ()) or world
-    stats.update(inputs_stats(rec["op"], data["args"], world))
+    stats.update(inputs_stats(rec["op"], data["args"], world, rec.get("reduce_op")))
     out = data["outputs"]  # a c10d op's written tensors come first (Capture saves them with the Work)
     out = out if rec["op"].startswith(_FUNCTIONAL) else out[0]
-    stats.update(outputs_stats(rec["op"], data["args"], out, world))
+    stats.update(outputs_stats(rec["op"], data["args"], out, world, reduce_op=rec.get("reduce_op")))
     stats["reduce_op"] = rec.get("reduce_op")  # the saved arguments do not hold the ReduceOp object
     if rec["op"] in ALL_REDUCE and stats["reduce_op"] in reductions.ELEMENTWISE:  # the input as saved before it ran
         stats.update(reductions.local_stats(stats["reduce_op"], reductions.real_tensors(data["args"][0]),

@@ -234,6 +234,11 @@ def self_check(a: Dump, ra: dict, opts: CompareOptions) -> dict:
     return _row(ra, "pass" if verdict.passed else "fail", verdict.rule, detail, verdict)
 
 
+def _drew(row: dict) -> bool:
+    """An op of A that drew random numbers: judged by its contract, or skipped as a random op."""
+    return row.get("rule") == "random_contract" or (row["status"] == "skipped" and row.get("detail") == "random op")
+
+
 def _region_verdict(rows: list[dict]) -> tuple[str, str]:
     """A region's verdict from its rows: fail, drift (module records differ only after an earlier
     divergence, so the difference may be inherited), pass, or unjudged (nothing could be compared)."""
@@ -272,6 +277,11 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
     first_fail = min([r["index"] for r in report.ops if r["status"] == "fail"]
                      + [r["index"] for rows in region_rows.values() for r in rows
                         if isinstance(r, dict) and r["status"] == "fail"], default=None)
+    # Random draws (A's ops that drew, judged by their contracts or skipped) differ between runs by
+    # design (another seed, device or kernel draws other numbers): module records after the first
+    # are compared like those after a divergence.
+    first_draw = min([r["index"] for r in report.ops + [r for rows in region_rows.values() for r in rows
+                                                        if isinstance(r, dict)] if _drew(r)], default=None)
     # module records in call order: the first that fails before any divergence is one
     pending = sorted(((region, item) for region, rows in region_rows.items() for item in rows
                       if isinstance(item, tuple)), key=lambda x: x[1][1]["index"])
@@ -281,6 +291,9 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
             if first_fail is not None and ra["index"] > first_fail:
                 row.update(status="drift", detail=f"differs after the first divergence (#{first_fail}), so the "
                                                   f"difference may be inherited: {row['detail']}")
+            elif first_draw is not None and ra["index"] > first_draw:
+                row.update(status="drift", detail=f"differs after random draws (#{first_draw}), which the runs make "
+                                                  f"differently, so the difference may come from them: {row['detail']}")
             else:
                 first_fail = ra["index"]
         region_rows[region].append(row)

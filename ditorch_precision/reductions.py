@@ -11,7 +11,13 @@ between ranks elsewhere can hide one wrong element).
 PRODUCT: on the result's non-zero finite elements, the sum of log|input| over ranks equals the sum of
 log|result| (within the rounding of world - 1 products per element), no rank's input is zero there,
 the result's zeros are each some rank's zero, and the result is negative exactly where an odd number
-of ranks' inputs are (XOR of the positions' hashes, an exact test)."""
+of ranks' inputs are (XOR of the positions' hashes, an exact test).
+
+A reduce's result lives on its root and a reduce-scatter's piece r on rank r only: no other rank can
+measure its input against it. For these (and for an integer PRODUCT, whose wrapped products have no
+magnitude to compare), up to ``VALUE_ELEMENTS`` elements per call each rank sends its input's exact
+values (``encode``), and the check measures every rank's input against the result the same way
+(``check_values``); an integer PRODUCT is compared exactly with the product wrapped in its dtype."""
 from __future__ import annotations
 
 import base64
@@ -23,6 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 ELEMENTWISE = ("MAX", "MIN", "PRODUCT")
 EXACT_ELEMENTS = 1 << 16  # 8 KiB of mask per rank and call
+VALUE_ELEMENTS = 1 << 14  # 64 KiB of float32 values per rank and call through the store
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing of element positions
 
 
@@ -114,3 +121,48 @@ def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str
         return "fail", (f"the PRODUCT result's magnitudes do not match the inputs': sum of log|x| {log_out:.9g}, "
                         f"of the inputs {log_in:.9g} (tolerance {tol:.3g})")
     return "pass", "the result is the elementwise PRODUCT of the inputs"
+
+
+def encode(tensors: list[torch.Tensor]) -> dict | None:
+    """The exact values of ``tensors`` (flattened, one dtype), or None above ``VALUE_ELEMENTS`` elements
+    or with mixed dtypes."""
+    if not tensors or len({t.dtype for t in tensors}) > 1 or sum(t.numel() for t in tensors) > VALUE_ELEMENTS:
+        return None
+    flat = torch.cat([t.detach().to("cpu").reshape(-1) for t in tensors])
+    return {"dtype": str(flat.dtype).removeprefix("torch."),
+            "values": base64.b64encode(flat.contiguous().view(torch.uint8).numpy().tobytes()).decode()}
+
+
+def decode(record) -> torch.Tensor | None:
+    """``encode``'s tensor, or None for a record that is not one (records are data)."""
+    if not isinstance(record, dict) or not isinstance(record.get("values"), str):
+        return None
+    dtype = getattr(torch, str(record.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype) or dtype.is_complex:
+        return None
+    raw = bytearray(base64.b64decode(record["values"]))
+    if len(raw) % dtype.itemsize:
+        return None
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.zeros(0, dtype=dtype)
+
+
+def check_values(reduce_op: str, inputs: list, result, ranks: list[int]) -> tuple[str, str]:
+    """(status, detail) of one elementwise reduction from every contributing rank's exact input
+    (``encode`` records, in ``ranks`` order) and the result they must reduce to."""
+    xs, y = [decode(x) for x in inputs], decode(result)
+    if y is None or any(x is None for x in xs):
+        return "skipped", (f"{reduce_op} not checked elementwise: more than {VALUE_ELEMENTS} elements, "
+                           f"mixed dtypes or no values recorded")
+    if any(x.numel() != y.numel() or x.dtype != y.dtype for x in xs):
+        return "fail", f"the ranks' inputs and the {reduce_op} result differ in size or dtype"
+    if reduce_op == "PRODUCT" and not y.is_floating_point():  # exact: wraps around as the backend does
+        want = xs[0].clone()
+        for x in xs[1:]:
+            want.mul_(x)
+        wrong = torch.nonzero(want != y).reshape(-1)
+        if len(wrong):
+            i = int(wrong[0])
+            return "fail", (f"{len(wrong)} elements of the integer PRODUCT result are not the inputs' product "
+                            f"(the first: element {i}, {int(y[i])} instead of {int(want[i])})")
+        return "pass", "the result is the elementwise PRODUCT of the inputs (exact)"
+    return check(reduce_op, [local_stats(reduce_op, [x], [y]) for x in xs], ranks)

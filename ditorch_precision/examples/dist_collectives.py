@@ -33,6 +33,12 @@ def collectives(rank: int, world: int) -> None:
         dist.all_reduce(data(4) * (1 - 2 * (rank % 2)), op=op)  # signs differ across ranks
     dist.all_reduce(torch.tensor([rank, 5 - rank, 3]), op=dist.ReduceOp.MAX)  # integers, with a tie
     dist.all_reduce(torch.tensor([rank + 1, 7]))  # an integer SUM (a count of tokens, say)
+    sign = 1 - 2 * (rank % 2)  # elementwise reductions whose result is on one rank, or wraps around
+    dist.reduce(data(4) * sign, dst=world - 1, op=dist.ReduceOp.MAX)
+    dist.reduce_scatter(torch.empty(3), [data(3) * sign + i for i in range(world)], op=dist.ReduceOp.MIN)
+    dist.reduce_scatter_tensor(torch.empty(2), data(2 * world) * sign, op=dist.ReduceOp.PRODUCT)
+    dist.reduce(torch.tensor([rank + 2, -3, 3 ** 30]), dst=0, op=dist.ReduceOp.PRODUCT)  # 3**60 wraps in int64
+    dist.all_reduce(torch.tensor([rank + 2, -3, 3 ** 30]), op=dist.ReduceOp.PRODUCT)
     # A group whose only member is the last rank: its group rank 0 is global rank world - 1.
     last = dist.new_group([world - 1])
     if rank == world - 1:

@@ -21,6 +21,7 @@ class ErrorStats:
     within_0_5pct: float
     nan_mismatch: int  # positions where exactly one side is NaN
     inf_mismatch: int  # positions where the Inf sign differs or one side only is Inf
+    masked: int = 0  # positions masked on both sides in two encodings: -inf and the dtype's lowest (``masked_alike``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +55,29 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     return np.where(ua >= ue, ua - ue, ue - ua)
 
 
+def _near_lowest(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Finite values that round to the dtype's lowest within 4 ulps: a mask value plus a score."""
+    if not dtype.is_floating_point:
+        return np.zeros(x.shape, dtype=bool)
+    low = -float(torch.finfo(dtype).max)
+    return np.isfinite(x) & (x <= low * (1 - 4 * float(torch.finfo(dtype).eps)))
+
+
+def masked_alike(a: np.ndarray, e: np.ndarray, actual: torch.Tensor, expected: torch.Tensor) -> np.ndarray:
+    """Positions where one side is -inf and the other its dtype's lowest finite value: two encodings
+    of "masked" (an attention mask built with -inf by one implementation, with finfo.min by another).
+    Equal only where a softmax over the last dimension maps both to 0: each such position's row must
+    hold a position both sides leave unmasked (finite, not near the lowest), since a row masked
+    everywhere gives NaN from -inf and a uniform row from finfo.min."""
+    pair = ((a == -np.inf) & _near_lowest(e, expected.dtype)) | ((e == -np.inf) & _near_lowest(a, actual.dtype))
+    if not pair.any() or actual.dim() == 0:
+        return np.zeros(a.shape, dtype=bool)
+    width = actual.shape[-1]
+    live = np.isfinite(a) & np.isfinite(e) & ~_near_lowest(a, actual.dtype) & ~_near_lowest(e, expected.dtype)
+    rows_live = live.reshape(-1, width).any(axis=1)
+    return (pair.reshape(-1, width) & rows_live[:, None]).reshape(-1)
+
+
 def error_stats(actual: torch.Tensor, expected: torch.Tensor) -> ErrorStats:
     """All statistics of ``actual`` against ``expected`` (shapes must already match)."""
     a, e = _np64(actual), _np64(expected)
@@ -61,14 +85,15 @@ def error_stats(actual: torch.Tensor, expected: torch.Tensor) -> ErrorStats:
     inf_a = np.where(np.isinf(a), np.sign(a), 0.0)
     inf_e = np.where(np.isinf(e), np.sign(e), 0.0)
     nan_mismatch = int(np.count_nonzero(nan_a != nan_e))
-    inf_mismatch = int(np.count_nonzero((inf_a != inf_e) & ~nan_a & ~nan_e))
+    masked = masked_alike(a, e, actual, expected) if (inf_a != inf_e).any() else np.zeros(a.shape, dtype=bool)
+    inf_mismatch = int(np.count_nonzero((inf_a != inf_e) & ~nan_a & ~nan_e & ~masked))
     finite = np.isfinite(a) & np.isfinite(e)
     af, ef = a[finite], e[finite]
     n = int(af.size)
     floating = actual.dtype.is_floating_point or actual.dtype.is_complex
     if n == 0:
         return ErrorStats(int(a.size), 0.0, 0.0, 0.0, 1.0, 0 if floating else None, 1.0, 1.0, nan_mismatch,
-                          inf_mismatch)
+                          inf_mismatch, int(masked.sum()))
     diff = np.abs(af - ef)
     tiny = torch.finfo(actual.dtype).tiny if actual.dtype.is_floating_point else 1.0
     rel = diff / np.maximum(np.abs(ef), tiny)
@@ -95,4 +120,5 @@ def error_stats(actual: torch.Tensor, expected: torch.Tensor) -> ErrorStats:
         within_0_5pct=float(np.count_nonzero(rel <= 5e-3) / n),
         nan_mismatch=nan_mismatch,
         inf_mismatch=inf_mismatch,
+        masked=int(masked.sum()),
     )

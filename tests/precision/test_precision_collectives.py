@@ -8,17 +8,21 @@ import json
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ditorch_precision.cli import main
-from ditorch_precision.collectives import check_across_ranks, stats_from_capture
+from ditorch_precision.collectives import POINT_TO_POINT, check_across_ranks, stats_from_capture
 from ditorch_precision.dump import Dump
 
 CHECKED = ["c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::alltoall_", "c10d::alltoall_base_",
            "c10d::reduce_", "c10d::gather_", "c10d::scatter_"]
 REDUCTIONS = ["c10d::allreduce_"] * 5  # MAX, MIN, PRODUCT, an integer MAX, an integer SUM
+# MAX reduce, MIN and PRODUCT reduce-scatters, an integer PRODUCT reduce and all-reduce (wrapping around).
+ONE_HOLDER = ["c10d::reduce_", "c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::reduce_",
+              "c10d::allreduce_"]
 DDP = ["c10d::allgather_", "c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_"]  # shapes, states, gradients
 # The default group's calls, then those of the group whose only member is rank 1.
-ROWS = CHECKED + REDUCTIONS + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
+ROWS = CHECKED + REDUCTIONS + ONE_HOLDER + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,10 @@ def test_every_collective_passes_its_cross_rank_check(job):
         ops = [r["detail"] for r in rows[len(CHECKED):len(CHECKED) + 5]]
         assert ["MAX" in ops[0], "MIN" in ops[1], "PRODUCT" in ops[2], "MAX" in ops[3], "SUM" in ops[4]] == [True] * 5
         assert [r["group"] for r in rows[-2:]] == [[1], [1]]  # subgroup ranks as global ranks
+        held = [r["detail"] for r in rows[len(CHECKED) + 5:len(CHECKED) + 10]]
+        assert all("elementwise" in d for d in held), held
+        assert ["MAX" in held[0], "MIN" in held[1], "PRODUCT" in held[2], "exact" in held[3], "exact" in held[4]] \
+            == [True] * 5
 
 
 def test_point_to_point_transfers_are_matched_across_ranks(job):
@@ -89,7 +97,8 @@ def _broken(per_rank, op, rank, change):
 
 def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
     per_rank = _per_rank(job)
-    assert [r["status"] for r in check_across_ranks(per_rank)] == ["pass"] * (len(CHECKED) + 1)  # scatter_ twice
+    statuses = [r["status"] for r in check_across_ranks(per_rank)]
+    assert statuses == ["pass"] * (len(CHECKED) + 5)  # scatter_ twice, 4 of ONE_HOLDER
     cases = {
         "c10d::reduce_scatter_": (1, lambda c: c.update(out_sum=c["out_sum"] + 1.0)),
         "c10d::alltoall_": (1, lambda c: c["out_pieces"].reverse()),
@@ -124,7 +133,8 @@ def _reductions(job, rank: int) -> list[tuple[dict, dict]]:
     """The MAX, MIN and PRODUCT all-reduces of one rank's capture: (record, saved tensors)."""
     d = Dump.open(str(job / "capture" / f"rank{rank}"))
     return [(x, d.load(x)) for x in d.op_records
-            if x["op"] == "c10d::allreduce_" and x.get("reduce_op") in ("MAX", "MIN", "PRODUCT")]
+            if x["op"] == "c10d::allreduce_" and x.get("reduce_op") in ("MAX", "MIN", "PRODUCT")
+            and not (x["reduce_op"] == "PRODUCT" and x["inputs"][0]["dtype"] == "int64")]
 
 
 def _reduction_records(job, change=None) -> dict:
@@ -198,3 +208,54 @@ def test_an_integer_sum_all_reduce_is_checked(job):
         data["outputs"][0][0][1] += 1
     rows = check_across_ranks({r: [stats_from_capture(rec, data, 2)] for r, (data, rec) in per_rank.items()})
     assert [c["status"] for c in rows] == ["fail"] and "SUM" in rows[0]["detail"]
+
+
+def _held(job) -> dict[int, list[tuple[dict, dict]]]:
+    """Per rank, the ONE_HOLDER calls of its capture: (record, saved tensors)."""
+    out = {}
+    for r in (0, 1):
+        d = Dump.open(str(job / "capture" / f"rank{r}"))
+        recs = [x for x in d.op_records if x["op"].startswith("c10d::") and x["op"] not in POINT_TO_POINT]
+        out[r] = [(x, d.load(x)) for x in recs[len(CHECKED) + 5:len(CHECKED) + 10]]
+        assert [x["op"] for x, _ in out[r]] == ONE_HOLDER
+    return out
+
+
+def _result(data: dict) -> torch.Tensor:
+    """The tensor a c10d call wrote (its first output)."""
+    return next(t for t in tree_leaves(data["outputs"][0]) if isinstance(t, torch.Tensor))
+
+
+def test_reduce_and_reduce_scatter_are_checked_elementwise(job):
+    """Plain torch on the captured inputs gives each result (the integer product wrapped in int64); the
+    checks pass on them, and fail on the call whose result on its holder is altered."""
+    held = _held(job)
+    (_, mx0), (_, mx1) = held[0][0], held[1][0]
+    torch.testing.assert_close(_result(mx1), torch.maximum(mx0["args"][0][0], mx1["args"][0][0]))  # root 1
+    for r in (0, 1):
+        mn, pr = held[r][1][1], held[r][2][1]
+        torch.testing.assert_close(_result(mn), torch.minimum(held[0][1][1]["args"][1][0][r],
+                                                                held[1][1][1]["args"][1][0][r]))
+        x, y = (held[q][2][1]["args"][1].chunk(2)[r] for q in (0, 1))
+        torch.testing.assert_close(_result(pr), x * y)
+    a, b = held[0][3][1]["args"][0][0], held[1][3][1]["args"][0][0]
+    assert torch.equal(_result(held[0][3][1]), a * b) and torch.equal(_result(held[0][4][1]), a * b)
+    assert int((a * b)[2]) == (3 ** 60 + 2 ** 63) % 2 ** 64 - 2 ** 63  # by hand: wrapped around in int64
+
+    def rows(held):
+        return check_across_ranks({r: [stats_from_capture(x, data, 2) for x, data in held[r]] for r in (0, 1)})
+
+    assert [r["status"] for r in rows(held)] == ["pass"] * 5
+    wrong = {  # (call, holder rank, change of its result)
+        "a MAX above every input at the root": (0, 1, lambda t: t.__setitem__(2, t[2] + 1)),
+        "a MIN below every input on rank 1": (1, 1, lambda t: t.__setitem__(0, t[0] - 1)),
+        "a PRODUCT off by 1e-3 on rank 0": (2, 0, lambda t: t.__setitem__(1, t[1] * 1.001)),
+        "an integer PRODUCT not wrapped at the root": (3, 0, lambda t: t.__setitem__(2, 7)),
+        "an integer PRODUCT all-reduce off by one": (4, None, lambda t: t.__setitem__(0, t[0] + 1)),
+    }
+    for what, (call, holder, change) in wrong.items():
+        held = _held(job)
+        for r in (0, 1) if holder is None else (holder,):
+            change(_result(held[r][call][1]))
+        got = rows(held)
+        assert [r["status"] for r in got] == ["pass"] * call + ["fail"] + ["pass"] * (4 - call), (what, got)

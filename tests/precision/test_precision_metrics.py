@@ -153,3 +153,33 @@ def test_to_dict_is_json_safe():
     v = compare_tensors(torch.tensor([0.0, 1.0]), torch.tensor([1e-30, 1.0]))
     json.dumps(v.to_dict(), allow_nan=False)
     assert math.isfinite(v.stats.max_rel)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_minus_inf_and_the_lowest_finite_are_one_mask_only_where_a_softmax_agrees(dtype):
+    """Plain torch's softmax over the last dimension is the reference for the two encodings of a mask:
+    where it gives the same result for both, the comparison passes; where it does not (a row masked
+    everywhere), it fails. Values that are no mask encoding fail whatever a softmax would make of
+    them: -inf against a computed finite value is an overflow, +inf against the largest one too."""
+    low, inf = torch.finfo(dtype).min, float("inf")
+
+    def same_softmax(a, e):
+        return torch.equal(torch.softmax(a.double(), -1).isnan(), torch.softmax(e.double(), -1).isnan()) and \
+            torch.allclose(torch.softmax(a.double(), -1).nan_to_num(), torch.softmax(e.double(), -1).nan_to_num())
+
+    cases = {  # actual, expected, whether they are the same
+        "masked positions in rows with unmasked ones": ([[-inf, 1.0, 2.0], [0.5, -inf, -inf]],
+                                                        [[low, 1.0, 2.0], [0.5, low, low]], True),
+        "the other way round": ([[low, 1.0]], [[-inf, 1.0]], True),
+        "a row masked everywhere": ([[-inf, -inf], [1.0, 2.0]], [[low, low], [1.0, 2.0]], False),
+        "a large finite value, not the lowest": ([[-inf, 1.0]], [[low / 4, 1.0]], False),
+        "+inf against the largest": ([[inf, 1.0]], [[-low, 1.0]], False),
+    }
+    for what, (a, e, same) in cases.items():
+        a, e = torch.tensor(a, dtype=dtype), torch.tensor(e, dtype=dtype)
+        if what not in ("+inf against the largest", "a large finite value, not the lowest"):
+            assert same_softmax(a, e) == same, what
+        v = compare_tensors(a, e)
+        assert v.passed == same, (what, v.detail)
+        if same:
+            assert v.stats.masked == int(torch.isinf(a).sum() + torch.isinf(e).sum())

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ditorch_precision import AutoCompare, Capture, compare_dumps
+from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump
 from ditorch_precision.examples.faults import wrong_draws, wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
@@ -25,8 +26,12 @@ def _times_one(module, args, kwargs):
     return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * 1.0}
 
 
-def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = False) -> str:
-    model = make_hf_llama(SIZE)
+MM_IN_LAYER_1 = ("mm", 1 + 1e-4, lambda m: m.model.layers[1].mlp.down_proj)
+
+
+def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = False, attn: str = "eager",
+             fault=None) -> str:
+    model = make_hf_llama(SIZE, attn)
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = DROPOUT
     if insert:  # one extra op in layer 1's attention: its op sequence differs from the reference's
@@ -34,7 +39,8 @@ def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = Fals
     torch.manual_seed(draw_seed)  # the dropout draws
     plants = (wrong_kernel("silu", 1 + 1e-3, inside=model.model.layers[0].mlp.act_fn),
               wrong_draws(1.05, inside=model.model.layers[1].self_attn)) if faults else (nullcontext(), nullcontext())
-    with plants[0], plants[1], Capture(str(path)):
+    plant = wrong_kernel(fault[0], fault[1], inside=fault[2](model)) if fault else nullcontext()
+    with plants[0], plants[1], plant, Capture(str(path)):
         hf_train(model, hf_batches(SIZE, 1))
     return str(path)
 
@@ -43,7 +49,9 @@ def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = Fals
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("random")
     return {"ref": _capture(root / "ref", draw_seed=1), "honest": _capture(root / "honest"),
-            "faults": _capture(root / "faults", faults=True, insert=True)}
+            "faults": _capture(root / "faults", faults=True, insert=True),
+            "sdpa": _capture(root / "sdpa", attn="sdpa"),
+            "sdpa_fault": _capture(root / "sdpa_fault", attn="sdpa", fault=MM_IN_LAYER_1)}
 
 
 def _failed(report):
@@ -109,3 +117,34 @@ def test_the_contracts_of_dropout_and_of_uniform_and_normal_draws():
     n = torch.empty(4096).normal_(1.0, 3.0, generator=g)
     assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, n)[0] == "pass"
     assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, (n - 1) * 1.2 + 1)[0] == "fail"  # too wide
+
+
+def _masked_add(run: str) -> torch.Tensor:
+    """The output of layer 0's attention-mask add (scores + mask: masked values at the dtype's lowest
+    or below) in a capture."""
+    d = Dump.open(run)
+    adds = (d.load(r)["outputs"] for r in d.op_records if r["op"] == "aten::add"
+            and r["module"] == f"{ROOT}.0.self_attn" and r["phase"] == "forward")
+    return next(out for out in adds if float(out.min()) <= torch.finfo(torch.float32).min)
+
+
+def test_sdpa_against_eager_attention_with_dropout_passes_and_names_a_planted_mm(runs, capsys):
+    """sdpa's math path (taken with dropout on the CPU) masks with -inf, eager attention with the
+    dtype's lowest value: plain torch's softmax zeroes the same positions of both, so the mask add is
+    not a difference; the attention outputs differ by the draws only (drift, not fail). A 1e-4 fault
+    in layer 1's down projection, after the draws, is the only failure."""
+    sdpa, eager = _masked_add(runs["sdpa"]), _masked_add(runs["ref"])
+    masked = sdpa == -torch.inf
+    assert masked.any() and torch.equal(masked, eager == torch.finfo(torch.float32).min)
+    assert torch.equal(torch.softmax(sdpa, -1) == 0, torch.softmax(eager, -1) == 0)
+    report = compare_dumps(runs["sdpa"], runs["ref"])
+    assert report.passed, _failed(report)
+    adds = [r for r in report.ops if r["op"] == "aten::add" and r["module"] == f"{ROOT}.0.self_attn"
+            and r["phase"] == "forward"]
+    assert adds and all(r["status"] == "pass" for r in adds)
+    attn = {(r["module"], r["phase"]): r["verdict"] for r in report.regions}
+    assert attn[(f"{ROOT}.0.self_attn", "forward")] == "drift"  # its output after other draws
+    assert main(["compare", runs["sdpa"], runs["ref"]]) == 0
+    assert "no divergence located; 5 regions drift" in capsys.readouterr().out  # not "no divergence"
+    assert _failed(compare_dumps(runs["sdpa_fault"], runs["ref"])) == [
+        ("aten::mm", f"{ROOT}.1.mlp.down_proj", "forward")]
