@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ditorch_diopi.conformance.device_memory import RUNTIME_OP, run_device_memory
 from ditorch_diopi.conformance.report import table, write_html, write_json
 from ditorch_diopi.conformance.runner import ERROR, FAIL, run
 from ditorch_diopi.conformance.vendor import VendorFile, VendorFileError, load_vendor_file
@@ -37,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.list:
         print("\n".join(f"{name}  [{', '.join(op.dtypes)}]" for name, op in BY_NAME.items()))
+        print(f"{RUNTIME_OP}  [bytes]  (the optional device-memory functions)")
         return 0
-    unknown = [op for op in args.ops or [] if op not in BY_NAME]
+    unknown = [op for op in args.ops or [] if op not in BY_NAME and op != RUNTIME_OP]
     if unknown:
         return _usage_error(f"unknown operator(s) {', '.join(unknown)}; see --list for the schema's ATen names")
     try:
@@ -52,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             bad = sum(r.status in (FAIL, ERROR) for r in results)
             print(f"  {op}: {len(results)} case(s){f', {bad} failing' if bad else ''}", file=sys.stderr)
 
-    results = run(lib, args.ops, vendor, progress, quick=args.quick)
+    operators = None if args.ops is None else [op for op in args.ops if op != RUNTIME_OP]
+    results = run(lib, operators, vendor, progress, quick=args.quick) if operators != [] else []
+    if args.ops is None or RUNTIME_OP in args.ops:
+        results += run_device_memory(lib)
     info = lib.info()
     print(table(results, info))
     if args.json:
