@@ -24,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write every case and verdict as JSON")
     p.add_argument("--html", metavar="FILE", help="write the per-operator table as HTML")
     p.add_argument("--quick", action="store_true", help="leave out the large cases (while iterating on kernels)")
+    p.add_argument("--device", choices=("host", "native"), default="host",
+                   help="where the tensors live: host memory (default) or the native diopi device, whose memory "
+                        "comes from the library's diopi_device_malloc")
     p.add_argument("--list", action="store_true", help="list the operators of the schema and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
@@ -49,13 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     except (VendorFileError, LibraryError) as exc:
         return _usage_error(str(exc))
 
+    device = None
+    if args.device == "native":
+        from ditorch_diopi.device import DiopiDeviceError, enable
+
+        try:
+            enable(lib, backend="native")
+        except DiopiDeviceError as exc:
+            return _usage_error(f"--device native: {exc}")
+        import torch
+
+        device = torch.device("diopi", 0)
+
     def progress(op: str, results: list) -> None:
         if not args.quiet:
             bad = sum(r.status in (FAIL, ERROR) for r in results)
             print(f"  {op}: {len(results)} case(s){f', {bad} failing' if bad else ''}", file=sys.stderr)
 
     operators = None if args.ops is None else [op for op in args.ops if op != RUNTIME_OP]
-    results = run(lib, operators, vendor, progress, quick=args.quick) if operators != [] else []
+    results = run(lib, operators, vendor, progress, quick=args.quick, device=device) if operators != [] else []
     if args.ops is None or RUNTIME_OP in args.ops:
         results += run_device_memory(lib)
     info = lib.info()
