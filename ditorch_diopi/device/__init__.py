@@ -16,16 +16,18 @@ from ditorch_diopi.device.module_base import DeviceModuleBase
 from ditorch_diopi.device.native import NativeDeviceError, enable_native, native_router
 from ditorch_diopi.device.router import DEVICE_TYPE, Router
 from ditorch_diopi.device.tensor import DiopiTensor, current_router, is_device_tensor, set_router
+from ditorch_diopi.device_memory import DeviceMemory
 from ditorch_diopi.library import DiopiLibrary, load
 
 __all__ = ["BACKEND_ENV", "DEVICE_TYPE", "DiopiDeviceError", "DiopiTensor", "backend", "enable", "is_enabled",
            "library", "routed_ops", "fallback_ops", "copy_ops"]
 
-# Which device serves the library: "python" (host memory standing in for device memory, any library)
-# or "native" (the C++ device over the library's device-memory functions).
+# Which device serves the library: "native" (the C++ device over the library's device-memory
+# functions), "python" (host memory standing in for device memory, any library), or "auto" (the
+# default): native when the library exports the device-memory functions, else python.
 BACKEND_ENV = "DIOPI_DEVICE_BACKEND"
-BACKENDS = ("python", "native")
-DEFAULT_BACKEND = "python"
+BACKENDS = ("auto", "native", "python")
+DEFAULT_BACKEND = "auto"
 
 _lock = threading.Lock()
 _registration: torch.library.Library | None = None
@@ -202,12 +204,24 @@ def _backend_choice(requested: str | None) -> str:
     return choice
 
 
+def _resolve_auto(lib: DiopiLibrary) -> str:
+    """The backend "auto" picks: the one already serving this process, else native when the library can
+    back it, else python."""
+    if native_router() is not None:
+        return "native"
+    if _registration is not None or DeviceMemory.of(lib) is None:
+        return "python"
+    return "native"
+
+
 def enable(library: str | DiopiLibrary | None = None, backend: str | None = None) -> DiopiLibrary:
     """Serve the diopi device with ``library`` (a path, else ``$DIOPI_LIBRARY``, else the reference).
-    ``backend``: "python" or "native" (default ``$DIOPI_DEVICE_BACKEND``, else "python")."""
+    ``backend``: "auto", "native" or "python" (default ``$DIOPI_DEVICE_BACKEND``, else "auto")."""
     choice = _backend_choice(backend)
     lib = library if isinstance(library, DiopiLibrary) else load(library)
     with _lock:
+        if choice == "auto":
+            choice = _resolve_auto(lib)
         if choice == "native":
             if _registration is not None:
                 raise DiopiDeviceError("the host-memory diopi device is already enabled in this process")

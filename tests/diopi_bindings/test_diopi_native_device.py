@@ -3,7 +3,7 @@ library's device-memory functions. References: CPU tensors (bytes), the CPU gene
 training. Each test runs in a fresh interpreter: the device registers once per process."""
 from __future__ import annotations
 
-from diopi_testlib import METADATA_C, OPERATOR_CHECKS, compile_c_library, run_python
+from diopi_testlib import METADATA_C, OPERATOR_CHECKS, PARTIAL_OMITTED, compile_c_library, run_python
 
 from test_diopi_device import TRAIN
 
@@ -115,9 +115,7 @@ def test_operators_run_in_the_library_on_device_memory(reference_path):
 
 
 def test_tiny_llama_trains_like_plain_torch_on_the_native_device(reference_path):
-    code = TRAIN.format(library=str(reference_path), autocompare=True).replace(
-        "device.enable(", "device.enable(backend='native', library=")
-    got = run_python(code)
+    got = run_python(TRAIN.format(library=str(reference_path), autocompare=True, backend="native"))
     assert got["passed"], (got["ref"], got["got"])
     assert got["mre"] < 1e-5
     assert got["failures"] == [] and got["compared"] > 100
@@ -205,4 +203,27 @@ def test_an_unknown_backend_is_refused_by_name(reference_path):
         except device.DiopiDeviceError as exc:
             print(json.dumps({{"error": str(exc)}}))
     """, env={"DIOPI_DEVICE_BACKEND": "cuda"})
-    assert got["error"] == "DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of python, native"
+    assert got["error"] == "DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of auto, native, python"
+
+
+def test_auto_picks_the_native_device_only_for_a_library_with_device_memory(reference_path, tmp_path):
+    lib = compile_c_library(tmp_path, "nomem", METADATA_C % {"abi": "DIOPI_ABI_VERSION"})
+    code = """
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({path!r})
+        print(json.dumps({{"backend": device.backend(), "device": str(torch.ones(1, device="diopi").device)}}))
+    """
+    assert run_python(code.format(path=str(reference_path)))["backend"] == "native"
+    assert run_python(code.format(path=str(lib)))["backend"] == "python"
+
+
+def test_a_library_missing_operators_still_trains_on_the_native_device(partial_path):
+    got = run_python(TRAIN.format(library=str(partial_path), autocompare=False, backend="native"))
+    assert got["passed"], (got["ref"], got["got"])
+    for op in PARTIAL_OMITTED:
+        assert op not in _packets(got["routed"]), op
+        if op != "aten::embedding":  # without the library's kernel, embedding is its composite: index_select
+            assert op in _packets(got["fallbacks"]), op
+    assert "aten::index_select" in got["fallbacks"]
+    assert "aten::embedding_dense_backward" in _packets(got["routed"])
