@@ -29,6 +29,9 @@ from ditorch_diopi.library import DiopiLibrary
 from ditorch_diopi.schema import OpSchema
 
 
+_ZERO, _FILL = torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar
+
+
 def is_native_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE
 
@@ -41,6 +44,8 @@ class NativeRouter(Router):
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         if _is_view(func) or func._schema.name in _METADATA_OPS:
             return self._view(func, args, kwargs)
+        if func is _ZERO and self.resolve(_FILL)[0] is not None:  # zero_ is fill_ with 0
+            return self.route(_FILL, (args[0], 0), {})
         return self.route(func, args, kwargs)
 
     # --- the library on device memory ---------------------------------------------------------

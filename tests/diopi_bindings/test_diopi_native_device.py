@@ -120,8 +120,9 @@ def test_tiny_llama_trains_like_plain_torch_on_the_native_device(reference_path)
     assert got["mre"] < 1e-5
     assert got["failures"] == [] and got["compared"] > 100
     for op in ("aten::mm", "aten::bmm", "aten::embedding", "aten::embedding_dense_backward", "aten::silu",
-               "aten::_softmax_backward_data", "aten::rsqrt"):
+               "aten::_softmax_backward_data", "aten::rsqrt", "aten::fill_"):
         assert op in _packets(got["routed"]), op
+    assert "aten::zero_" not in got["fallbacks"]  # zero_ (gradient zeroing) is the library's fill_
 
 
 def test_the_device_can_be_enabled_after_a_backward_pass(reference_path):
@@ -203,7 +204,8 @@ def test_an_unknown_backend_is_refused_by_name(reference_path):
         except device.DiopiDeviceError as exc:
             print(json.dumps({{"error": str(exc)}}))
     """, env={"DIOPI_DEVICE_BACKEND": "cuda"})
-    assert got["error"] == "DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of auto, native, python"
+    assert got["error"] == ("DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of auto, native, "
+                            "python")
 
 
 def test_auto_picks_the_native_device_only_for_a_library_with_device_memory(reference_path, tmp_path):
