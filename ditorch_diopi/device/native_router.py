@@ -32,6 +32,15 @@ from ditorch_diopi.schema import OpSchema
 _ZERO, _FILL = torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar
 
 
+def _one_device(devices: set[torch.device]) -> None:
+    """Operands on two devices are an error, as on any torch device (the library would read one device's
+    memory as the other's)."""
+    if len(devices) > 1:
+        names = sorted(str(d) for d in devices)
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{names[0]} and {names[1]}!")
+
+
 def is_native_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE
 
@@ -50,10 +59,9 @@ class NativeRouter(Router):
 
     # --- the library on device memory ---------------------------------------------------------
     def _device_of(self, bound: dict[str, Any]) -> torch.device:
-        for leaf in tree_flatten(list(bound.values()))[0]:
-            if is_native_tensor(leaf):
-                return leaf.device
-        return torch.device(DEVICE_TYPE, self.runtime.current_device())
+        devices = {leaf.device for leaf in tree_flatten(list(bound.values()))[0] if is_native_tensor(leaf)}
+        _one_device(devices)
+        return next(iter(devices)) if devices else torch.device(DEVICE_TYPE, self.runtime.current_device())
 
     def _operand(self, value: Any, device: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.device != device:  # a CPU scalar tensor, say
@@ -110,6 +118,7 @@ class NativeRouter(Router):
             return x
 
         cpu_args, cpu_kwargs = tree_map(to_cpu, args), tree_map(to_cpu, kwargs)
+        _one_device({d for d in device if d.index is not None})
         target = device[0] if device else torch.device(DEVICE_TYPE, self.runtime.current_device())
         names = [a.name for a in func._schema.arguments]
         if "generator" in names and _bind(func, cpu_args, cpu_kwargs).get("generator") is None:

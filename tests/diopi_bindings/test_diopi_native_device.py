@@ -40,13 +40,20 @@ def test_devices_have_their_own_memory_and_copies_are_byte_exact(reference_path)
             bad_index = None
         except RuntimeError as exc:
             bad_index = str(exc).splitlines()[0]
+        mixed = []
+        for op in (lambda: a + b, lambda: torch.tan(a) + torch.tan(b)):  # a library op, a CPU fallback
+            try:
+                op()
+                mixed.append(None)
+            except RuntimeError as exc:
+                mixed.append(str(exc))
         print(json.dumps({{
             "devices": [str(t.device) for t in (a, b, c, d, e)],
             "storage_device": str(b.untyped_storage().device),
             "exact": [torch.equal(a.cpu(), cpu), torch.equal(b.cpu(), cpu), torch.equal(c.cpu(), cpu.t()),
                       torch.equal(d.cpu(), cpu.t()), torch.equal(e.cpu(), ints)],
             "bytes": torch.equal(out, cpu.view(torch.uint8).flatten()[:8]),
-            "refused": refused, "bad_index": bad_index, "count": torch.diopi.device_count(),
+            "refused": refused, "bad_index": bad_index, "count": torch.diopi.device_count(), "mixed": mixed,
             "backend": device.backend()}}))
     """)
     assert got["devices"] == ["diopi:0", "diopi:1", "diopi:1", "diopi:1", "diopi:0"]
@@ -54,6 +61,8 @@ def test_devices_have_their_own_memory_and_copies_are_byte_exact(reference_path)
     assert got["exact"] == [True] * 5 and got["bytes"]
     assert "belongs to device 1, not device 0" in got["refused"]
     assert "diopi device index 2 out of range: this host has 2 diopi device(s)" in got["bad_index"]
+    assert got["mixed"] == ["Expected all tensors to be on the same device, but found at least two devices, "
+                            "diopi:0 and diopi:1!"] * 2
 
 
 def test_generators_give_the_cpu_stream_for_the_same_seed(reference_path):
