@@ -515,6 +515,34 @@ def _selection(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _compare(op: OpSchema, g: _Gen) -> list[Case]:
+    """ge/lt with a number: small integers in every dtype, so that ties (>= vs >) occur."""
+    fn = {"aten::ge.Scalar": torch.ge, "aten::lt.Scalar": torch.lt}[op.aten]
+    cases = []
+    for label, shape, _, layout in _elementwise_shapes(False):
+        x = g.rand(*shape, lo=-3, hi=3, layout=layout)
+        x = x.round() if x.is_floating_point() else x
+        for other in (0.0, 2.0, -1.5):
+            if label == "large" and other != 0.0:
+                continue
+            cases.append(Case(op, f"{label} other={other}", g.dtype, {"self": x, "other": other},
+                              lambda d, fn=fn: (fn(d["self"], d["other"]),)))
+    return cases
+
+
+def _bitwise(op: OpSchema, g: _Gen) -> list[Case]:
+    def values(*shape: int, layout: str = "contiguous") -> torch.Tensor:
+        if layout == "transposed":
+            return values(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+        if layout == "strided":
+            return values(*shape[:-1], shape[-1] * 2)[..., ::2]
+        return g.index(2, *shape).bool() if g.dtype is torch.bool else g.rand(*shape, lo=-50, hi=50)
+
+    return [Case(op, label, g.dtype, {"self": values(*sa, layout=layout), "other": values(*sb)},
+                 lambda d: (torch.bitwise_and(d["self"], d["other"]),))
+            for label, sa, sb, layout in _elementwise_shapes(True)]
+
+
 def _adamw(op: OpSchema, g: _Gen) -> list[Case]:
     def reference(d: dict) -> tuple:
         p = d["param"].clone().requires_grad_(True)
@@ -559,6 +587,7 @@ _FAMILIES["ext::adamw"] = _adamw
 _FAMILIES.update({n: _selection for n in ("aten::pow.Scalar", "aten::cat", "aten::tril", "aten::where.self")})
 _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
+_FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise})
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:
