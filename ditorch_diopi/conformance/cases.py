@@ -530,6 +530,39 @@ def _compare(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _gather(op: OpSchema, g: _Gen) -> list[Case]:
+    layouts = [("basic, dim 1", (4, 5), 1, (4, 3), "contiguous"), ("dim 0", (4, 5), 0, (2, 5), "contiguous"),
+               ("3-d, dim -1", (2, 3, 6), -1, (2, 3, 4), "contiguous"), ("scalar", (), 0, (), "contiguous"),
+               ("empty index", (4, 5), 1, (4, 0), "contiguous"), ("smaller index", (5, 6), 1, (3, 2), "contiguous"),
+               ("non-contiguous self", (6, 5), 0, (3, 5), "transposed"),
+               ("large", (64, 1024), 1, (64, 512), "contiguous")]
+    cases = []
+    for label, shape, dim, idx_shape, layout in layouts:
+        x = g.rand(*shape, layout=layout)
+        size = shape[dim] if shape else 1
+        cases.append(Case(op, label, g.dtype, {"self": x, "index": g.index(size, *idx_shape), "dim": dim},
+                          lambda d: (torch.gather(d["self"], d["dim"], d["index"]),)))
+    return cases
+
+
+def _clamp(op: OpSchema, g: _Gen) -> list[Case]:
+    inf = math.inf
+    cases = []
+    for label, shape, _, layout in _elementwise_shapes(False):
+        x = g.rand(*shape, lo=-5, hi=5, layout=layout)
+        for lo, hi in ((-1.0, 2.0), (0.0, inf), (-inf, 1.5), (3.0, 1.0)):  # min > max: everything is max
+            if label == "large" and (lo, hi) != (-1.0, 2.0):
+                continue
+            cases.append(Case(op, f"{label} [{lo}, {hi}]", g.dtype, {"self": x, "min": lo, "max": hi},
+                              lambda d: (torch.clamp(d["self"], None if d["min"] == -inf else d["min"],
+                                                     None if d["max"] == inf else d["max"]),)))
+    if g.dtype.is_floating_point:
+        x = torch.tensor([float("nan"), -7.0, 0.5, 9.0], dtype=g.dtype)
+        cases.append(Case(op, "NaN stays NaN", g.dtype, {"self": x, "min": -1.0, "max": 1.0},
+                          lambda d: (torch.clamp(d["self"], d["min"], d["max"]),)))
+    return cases
+
+
 def _bitwise(op: OpSchema, g: _Gen) -> list[Case]:
     def values(*shape: int, layout: str = "contiguous") -> torch.Tensor:
         if layout == "transposed":
@@ -587,7 +620,8 @@ _FAMILIES["ext::adamw"] = _adamw
 _FAMILIES.update({n: _selection for n in ("aten::pow.Scalar", "aten::cat", "aten::tril", "aten::where.self")})
 _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
-_FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise})
+_FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise,
+                  "aten::clamp": _clamp, "aten::gather": _gather})
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:

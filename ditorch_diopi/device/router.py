@@ -39,6 +39,8 @@ _DEFAULTS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "scale"): lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
     ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "scale"):
         lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
+    ("aten::clamp", "min"): lambda b: -math.inf,  # clamp(x, min=None): no lower bound
+    ("aten::clamp", "max"): lambda b: math.inf,
 }
 
 

@@ -1,5 +1,7 @@
-// Comparisons with a number and the bitwise and: the cross-entropy's test of which targets are in
-// range. Comparisons write bool; integers are exact in double below 2^53.
+// Comparisons with a number, the bitwise and and clamp: the cross-entropy's handling of which targets
+// are in range. Comparisons write bool; integers are exact in double below 2^53.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 
@@ -52,6 +54,19 @@ DIOPI_API diopiError_t diopi_aten_bitwise_and_Tensor(diopiContextHandle_t, diopi
     for (size_t i = 0; i < x.size(); ++i)
       x[i] = static_cast<double>(static_cast<int64_t>(x[i]) & static_cast<int64_t>(y[i]));
     write_output(out, x, "diopi_aten_bitwise_and_Tensor");
+  });
+}
+
+DIOPI_API diopiError_t diopi_aten_clamp(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                        double min, double max) {
+  return guarded("diopi_aten_clamp", [&] {
+    need(out, "out"), need(self, "self");
+    if (std::isnan(min) || std::isnan(max)) fail(DIOPI_ERR_INVALID_ARGUMENT, "clamp bounds must not be NaN");
+    require_shape(out, shape_of(self), "out");
+    Buffer x = read(self);
+    for (double& v : x)
+      if (!std::isnan(v)) v = std::min(std::max(v, min), max);
+    write_output(out, x, "diopi_aten_clamp");
   });
 }
 

@@ -239,7 +239,8 @@ def test_tiny_llama_trains_like_plain_torch(reference_path):
     # operators are in the schema; view helpers are metadata, not fallbacks.
     for op in ("aten::mul.Scalar", "aten::div.Scalar", "aten::add.Scalar", "aten::div.out", "aten::addcmul_",
                "aten::sqrt_", "aten::cos", "aten::sin", "aten::reciprocal", "aten::log", "aten::slice_backward",
-               "aten::_safe_softmax", "aten::ge.Scalar", "aten::lt.Scalar", "aten::bitwise_and.Tensor"):
+               "aten::_safe_softmax", "aten::ge.Scalar", "aten::lt.Scalar", "aten::bitwise_and.Tensor", "aten::clamp",
+               "aten::gather"):
         assert op in got["routed"], op
     assert "aten::_unsafe_view" not in got["fallbacks"]
 
