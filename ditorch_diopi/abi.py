@@ -142,6 +142,7 @@ class HandleSlots(threading.local):
         slot = slots[i]
         struct = slot[0]
         struct.data = tensor.data_ptr()
+        struct.device = DEVICE_HOST if tensor.is_cpu else DEVICE_DEVICE
         size, stride, dtype = tensor.shape, tensor.stride(), tensor.dtype
         if size != slot[4] or stride != slot[5]:
             ndim = len(size)

@@ -163,6 +163,14 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::where.self", "out:out in:condition in:self in:other", dtypes=FLOATS + INDEX,
         doc="condition (bool, broadcast) ? self : other"),
     _op("aten::clone", _UNARY, dtypes=FLOATS + INDEX, doc="any strides in, out's strides out (contiguous, transpose)"),
+    # the cross-entropy's index handling: which targets are in range
+    _op("aten::ge.Scalar", "out:out in:self double:other", dtypes=FLOATS + INDEX, doc="out (bool) = self >= other"),
+    _op("aten::lt.Scalar", "out:out in:self double:other", dtypes=FLOATS + INDEX, doc="out (bool) = self < other"),
+    _op("aten::bitwise_and.Tensor", _BINARY, dtypes=INDEX + ("bool",), doc="out = self & other (broadcast)"),
+    _op("aten::gather", "out:out in:self in:index int:dim", dtypes=FLOATS + INDEX,
+        doc="out = self's elements at index (int64) along dim; index has self's ndim and fits it elsewhere"),
+    _op("aten::clamp", "out:out in:self double:min double:max", dtypes=FLOATS + INDEX,
+        doc="out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max"),
     # optimiser
     _op("ext::adamw", "inout:param inout:exp_avg inout:exp_avg_sq in:grad double:lr double:beta1 "
         "double:beta2 double:weight_decay double:eps int:step bool:maximize",

@@ -39,11 +39,13 @@ def _runtime(device_type: str):
     from ditorch.runtime import AcceleratorRuntime
 
     class DiopiRuntime(AcceleratorRuntime):
-        """Through ``torch.diopi`` only: torch.accelerator's device-wide calls (synchronize) need a
-        C++ device guard, and this device has a Python one."""
+        """The host-memory device goes through ``torch.diopi`` only: torch.accelerator's device-wide
+        calls (synchronize) need a C++ device guard, which only the native device has."""
 
         def _accel(self):
-            return None
+            from ditorch_diopi import device
+
+            return super()._accel() if device.backend() == "native" else None
 
     return DiopiRuntime(device_type)
 

@@ -515,6 +515,67 @@ def _selection(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _compare(op: OpSchema, g: _Gen) -> list[Case]:
+    """ge/lt with a number: small integers in every dtype, so that ties (>= vs >) occur."""
+    fn = {"aten::ge.Scalar": torch.ge, "aten::lt.Scalar": torch.lt}[op.aten]
+    cases = []
+    for label, shape, _, layout in _elementwise_shapes(False):
+        x = g.rand(*shape, lo=-3, hi=3, layout=layout)
+        x = x.round() if x.is_floating_point() else x
+        for other in (0.0, 2.0, -1.5):
+            if label == "large" and other != 0.0:
+                continue
+            cases.append(Case(op, f"{label} other={other}", g.dtype, {"self": x, "other": other},
+                              lambda d, fn=fn: (fn(d["self"], d["other"]),)))
+    return cases
+
+
+def _gather(op: OpSchema, g: _Gen) -> list[Case]:
+    layouts = [("basic, dim 1", (4, 5), 1, (4, 3), "contiguous"), ("dim 0", (4, 5), 0, (2, 5), "contiguous"),
+               ("3-d, dim -1", (2, 3, 6), -1, (2, 3, 4), "contiguous"), ("scalar", (), 0, (), "contiguous"),
+               ("empty index", (4, 5), 1, (4, 0), "contiguous"), ("smaller index", (5, 6), 1, (3, 2), "contiguous"),
+               ("non-contiguous self", (6, 5), 0, (3, 5), "transposed"),
+               ("large", (64, 1024), 1, (64, 512), "contiguous")]
+    cases = []
+    for label, shape, dim, idx_shape, layout in layouts:
+        x = g.rand(*shape, layout=layout)
+        size = shape[dim] if shape else 1
+        cases.append(Case(op, label, g.dtype, {"self": x, "index": g.index(size, *idx_shape), "dim": dim},
+                          lambda d: (torch.gather(d["self"], d["dim"], d["index"]),)))
+    return cases
+
+
+def _clamp(op: OpSchema, g: _Gen) -> list[Case]:
+    inf = math.inf
+    cases = []
+    for label, shape, _, layout in _elementwise_shapes(False):
+        x = g.rand(*shape, lo=-5, hi=5, layout=layout)
+        for lo, hi in ((-1.0, 2.0), (0.0, inf), (-inf, 1.5), (3.0, 1.0)):  # min > max: everything is max
+            if label == "large" and (lo, hi) != (-1.0, 2.0):
+                continue
+            cases.append(Case(op, f"{label} [{lo}, {hi}]", g.dtype, {"self": x, "min": lo, "max": hi},
+                              lambda d: (torch.clamp(d["self"], None if d["min"] == -inf else d["min"],
+                                                     None if d["max"] == inf else d["max"]),)))
+    if g.dtype.is_floating_point:
+        x = torch.tensor([float("nan"), -7.0, 0.5, 9.0], dtype=g.dtype)
+        cases.append(Case(op, "NaN stays NaN", g.dtype, {"self": x, "min": -1.0, "max": 1.0},
+                          lambda d: (torch.clamp(d["self"], d["min"], d["max"]),)))
+    return cases
+
+
+def _bitwise(op: OpSchema, g: _Gen) -> list[Case]:
+    def values(*shape: int, layout: str = "contiguous") -> torch.Tensor:
+        if layout == "transposed":
+            return values(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+        if layout == "strided":
+            return values(*shape[:-1], shape[-1] * 2)[..., ::2]
+        return g.index(2, *shape).bool() if g.dtype is torch.bool else g.rand(*shape, lo=-50, hi=50)
+
+    return [Case(op, label, g.dtype, {"self": values(*sa, layout=layout), "other": values(*sb)},
+                 lambda d: (torch.bitwise_and(d["self"], d["other"]),))
+            for label, sa, sb, layout in _elementwise_shapes(True)]
+
+
 def _adamw(op: OpSchema, g: _Gen) -> list[Case]:
     def reference(d: dict) -> tuple:
         p = d["param"].clone().requires_grad_(True)
@@ -559,6 +620,8 @@ _FAMILIES["ext::adamw"] = _adamw
 _FAMILIES.update({n: _selection for n in ("aten::pow.Scalar", "aten::cat", "aten::tril", "aten::where.self")})
 _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
+_FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise,
+                  "aten::clamp": _clamp, "aten::gather": _gather})
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:

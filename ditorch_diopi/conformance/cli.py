@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ditorch_diopi.conformance.device_memory import RUNTIME_OP, run_device_memory
 from ditorch_diopi.conformance.report import table, write_html, write_json
 from ditorch_diopi.conformance.runner import ERROR, FAIL, run
 from ditorch_diopi.conformance.vendor import VendorFile, VendorFileError, load_vendor_file
@@ -23,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write every case and verdict as JSON")
     p.add_argument("--html", metavar="FILE", help="write the per-operator table as HTML")
     p.add_argument("--quick", action="store_true", help="leave out the large cases (while iterating on kernels)")
+    p.add_argument("--device", choices=("host", "native"), default="host",
+                   help="where the tensors live: host memory (default) or the native diopi device, whose memory "
+                        "comes from the library's diopi_device_malloc")
     p.add_argument("--list", action="store_true", help="list the operators of the schema and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
@@ -37,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.list:
         print("\n".join(f"{name}  [{', '.join(op.dtypes)}]" for name, op in BY_NAME.items()))
+        print(f"{RUNTIME_OP}  [bytes]  (the optional device-memory functions)")
         return 0
-    unknown = [op for op in args.ops or [] if op not in BY_NAME]
+    unknown = [op for op in args.ops or [] if op not in BY_NAME and op != RUNTIME_OP]
     if unknown:
         return _usage_error(f"unknown operator(s) {', '.join(unknown)}; see --list for the schema's ATen names")
     try:
@@ -47,12 +52,27 @@ def main(argv: list[str] | None = None) -> int:
     except (VendorFileError, LibraryError) as exc:
         return _usage_error(str(exc))
 
+    device = None
+    if args.device == "native":
+        from ditorch_diopi.device import DiopiDeviceError, enable
+
+        try:
+            enable(lib, backend="native")
+        except DiopiDeviceError as exc:
+            return _usage_error(f"--device native: {exc}")
+        import torch
+
+        device = torch.device("diopi", 0)
+
     def progress(op: str, results: list) -> None:
         if not args.quiet:
             bad = sum(r.status in (FAIL, ERROR) for r in results)
             print(f"  {op}: {len(results)} case(s){f', {bad} failing' if bad else ''}", file=sys.stderr)
 
-    results = run(lib, args.ops, vendor, progress, quick=args.quick)
+    operators = None if args.ops is None else [op for op in args.ops if op != RUNTIME_OP]
+    results = run(lib, operators, vendor, progress, quick=args.quick, device=device) if operators != [] else []
+    if args.ops is None or RUNTIME_OP in args.ops:
+        results += run_device_memory(lib)
     info = lib.info()
     print(table(results, info))
     if args.json:

@@ -86,7 +86,26 @@ def _unmodified(before: Any, after: Any) -> bool:
     return bool(torch.equal(before, after))
 
 
-def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile) -> CaseResult:
+def _place(value: Any, device: torch.device | None) -> Any:
+    """``value`` on ``device`` with the same layout: its whole storage moves, so a strided or offset
+    view stays one (``.to`` would make it contiguous)."""
+    if device is None or not isinstance(value, (torch.Tensor, list)):
+        return value
+    if isinstance(value, list):
+        return [_place(v, device) for v in value]
+    n = value.untyped_storage().nbytes() // value.element_size()
+    flat = torch.empty(0, dtype=value.dtype).set_(value.untyped_storage(), 0, (n,), (1,))
+    return flat.to(device).as_strided(value.shape, value.stride(), value.storage_offset())
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_to_host(v) for v in value]
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.device | None = None) -> CaseResult:
+    """One case; ``device``: run it on tensors of that device (the native diopi device), same layouts."""
     op, dtype = case.op, _dtype_name(case.dtype)
     result = CaseResult(op.aten, case.label, dtype, PASS)
     with torch.no_grad() if not op.aten.endswith("_backward") else torch.enable_grad():
@@ -99,13 +118,16 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile) -> CaseResult:
             outputs[arg.name] = (case.inputs[arg.name].clone() if arg.kind == "inout"
                                  else _allocate(case, arg.name, want))
     snapshots = {a.name: _snapshot(case.inputs[a.name]) for a in op.inputs if case.inputs.get(a.name) is not None}
-    args = [outputs[a.name] if a.is_output else case.inputs.get(a.name) for a in op.args]
+    placed = {name: _place(value, device) for name, value in case.inputs.items()}
+    outputs = {name: _place(value, device) for name, value in outputs.items()}
+    args = [outputs[a.name] if a.is_output else placed.get(a.name) for a in op.args]
     try:
         lib.call(op, *args)
     except OperatorError as exc:
         result.status, result.detail = ERROR, str(exc)
         return result
-    touched = [n for n, before in snapshots.items() if not _unmodified(before, case.inputs[n])]
+    outputs = {name: _to_host(value) for name, value in outputs.items()}
+    touched = [n for n, before in snapshots.items() if not _unmodified(before, _to_host(placed[n]))]
     if touched:
         result.status, result.detail = FAIL, f"modified its input(s) {', '.join(touched)}"
         return result
@@ -121,7 +143,7 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile) -> CaseResult:
 
 
 def run(lib: DiopiLibrary, ops: list[str] | None = None, vendor: VendorFile | None = None,
-        progress: Any = None, quick: bool = False) -> list[CaseResult]:
+        progress: Any = None, quick: bool = False, device: torch.device | None = None) -> list[CaseResult]:
     """Every case of ``ops`` (default: the whole schema; ``quick``: no large cases). A missing function
     is "not implemented"."""
     vendor = vendor or VendorFile()
@@ -138,7 +160,7 @@ def run(lib: DiopiLibrary, ops: list[str] | None = None, vendor: VendorFile | No
             if reason is not None:
                 results.append(CaseResult(name, case.label, dtype, SKIPPED, reason))
                 continue
-            results.append(run_case(lib, case, vendor))
+            results.append(run_case(lib, case, vendor, device))
         if progress is not None:
             progress(name, [r for r in results if r.op == name])
     return results

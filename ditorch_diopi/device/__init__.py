@@ -6,30 +6,38 @@ operators the library implements run there, the others on the CPU (logged once p
 """
 from __future__ import annotations
 
-import contextlib
+import os
 import threading
-import time
 from collections import Counter
 
 import torch
 
+from ditorch_diopi.device.module_base import DeviceModuleBase
+from ditorch_diopi.device.native import NativeDeviceError, enable_native, native_router
 from ditorch_diopi.device.router import DEVICE_TYPE, Router
 from ditorch_diopi.device.tensor import DiopiTensor, current_router, is_device_tensor, set_router
+from ditorch_diopi.device_memory import DeviceMemory
 from ditorch_diopi.library import DiopiLibrary, load
 
-__all__ = ["DEVICE_TYPE", "DiopiDeviceError", "DiopiTensor", "enable", "is_enabled", "library", "routed_ops",
-           "fallback_ops", "copy_ops"]
+__all__ = ["BACKEND_ENV", "DEVICE_TYPE", "DiopiDeviceError", "DiopiTensor", "backend", "enable", "is_enabled",
+           "library", "routed_ops", "fallback_ops", "copy_ops"]
+
+# Which device serves the library: "native" (the C++ device over the library's device-memory
+# functions), "python" (host memory standing in for device memory, any library), or "auto" (the
+# default): native when the library exports the device-memory functions, else python.
+BACKEND_ENV = "DIOPI_DEVICE_BACKEND"
+BACKENDS = ("auto", "native", "python")
+DEFAULT_BACKEND = "auto"
 
 _lock = threading.Lock()
 _registration: torch.library.Library | None = None
-_registrations: list[torch.library.Library] = []
 
 
 class DiopiDeviceError(RuntimeError):
     """The diopi device cannot be set up in this process."""
 
 
-class _DeviceModule:
+class _DeviceModule(DeviceModuleBase):
     """``torch.diopi``: the runtime calls torch and ditorch look up for a device type."""
 
     # Device tensors keep their memory in host tensors, not in torch storages of this device type:
@@ -48,48 +56,6 @@ class _DeviceModule:
 
         def query(self) -> bool:
             return True
-
-    class Event:  # timed with the host clock: operators are synchronous
-        def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-            self.time: float | None = None
-
-        def record(self, stream: object = None) -> None:
-            self.time = time.perf_counter()
-
-        def synchronize(self) -> None:
-            pass
-
-        def wait(self, stream: object = None) -> None:
-            pass
-
-        def query(self) -> bool:
-            return True
-
-        def elapsed_time(self, end: "_DeviceModule.Event") -> float:
-            if self.time is None or end.time is None:
-                raise RuntimeError("both events must be recorded before elapsed_time()")
-            return (end.time - self.time) * 1000.0
-
-    @staticmethod
-    @contextlib.contextmanager
-    def stream(stream: object = None):
-        yield stream
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def _lazy_init() -> None:
-        pass
 
     @staticmethod
     def device_count() -> int:
@@ -125,29 +91,6 @@ class _DeviceModule:
     @staticmethod
     def set_rng_state(state: torch.Tensor, device: object = None) -> None:
         torch.set_rng_state(state)
-
-    # Device memory is host memory, owned by torch's CPU allocator: nothing to report or release.
-    @staticmethod
-    def memory_allocated(device: object = None) -> int:
-        return 0
-
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
-
-    @staticmethod
-    def reset_peak_memory_stats(device: object = None) -> None:
-        pass
-
-    @staticmethod
-    def empty_cache() -> None:
-        pass
-
-    @staticmethod
-    def is_bf16_supported(including_emulation: bool = True) -> bool:
-        return True
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
 
 
 def _wrap(host: torch.Tensor) -> DiopiTensor:
@@ -206,6 +149,8 @@ def _autocast_kernel(name: str):
 def _register_backend() -> None:
     """Once per process: rename PrivateUse1 and teach torch how to allocate device tensors."""
     global _registration
+    if native_router() is not None:
+        raise DiopiDeviceError("the native diopi device is already enabled in this process")
     current = torch._C._get_privateuse1_backend_name()
     if current not in ("privateuseone", DEVICE_TYPE):
         raise DiopiDeviceError(f"PrivateUse1 is already the {current!r} device in this process (a vendor plug-in "
@@ -232,22 +177,71 @@ def _register_backend() -> None:
         lib.impl("empty_strided", empty_strided, "PrivateUse1")
         for name in _factory_ops():
             lib.impl(name, _factory_kernel(name), "PrivateUse1")
-        for name in _AUTOCAST_LOWER_PRECISION:
-            lib.impl(name, _autocast_kernel(name), "AutocastPrivateUse1")
         _registration = lib
-        # Autocast on this device: every other operator passes through unchanged.
-        everything = torch.library.Library("_", "IMPL")
-        everything.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-        _registrations.append(everything)
+        _register_autocast()
 
 
-def enable(library: str | DiopiLibrary | None = None) -> DiopiLibrary:
-    """Serve the diopi device with ``library`` (a path, else ``$DIOPI_LIBRARY``, else the reference)."""
+_autocast: list[torch.library.Library] = []
+
+
+def _register_autocast() -> None:
+    """Autocast on this device: the matrix products in the low dtype, every other operator unchanged."""
+    if _autocast:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name in _AUTOCAST_LOWER_PRECISION:
+        lib.impl(name, _autocast_kernel(name), "AutocastPrivateUse1")
+    everything = torch.library.Library("_", "IMPL")
+    everything.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _autocast.extend((lib, everything))
+
+
+def _backend_choice(requested: str | None) -> str:
+    choice = (requested or os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND).strip().lower()
+    if choice not in BACKENDS:
+        raise DiopiDeviceError(f"{BACKEND_ENV}={choice!r} is not a diopi device backend; expected one of "
+                               f"{', '.join(BACKENDS)}")
+    return choice
+
+
+def _resolve_auto(lib: DiopiLibrary) -> str:
+    """The backend "auto" picks: the one already serving this process, else native when the library can
+    back it, else python."""
+    if native_router() is not None:
+        return "native"
+    if _registration is not None or DeviceMemory.of(lib) is None:
+        return "python"
+    return "native"
+
+
+def enable(library: str | DiopiLibrary | None = None, backend: str | None = None) -> DiopiLibrary:
+    """Serve the diopi device with ``library`` (a path, else ``$DIOPI_LIBRARY``, else the reference).
+    ``backend``: "auto", "native" or "python" (default ``$DIOPI_DEVICE_BACKEND``, else "auto")."""
+    choice = _backend_choice(backend)
     lib = library if isinstance(library, DiopiLibrary) else load(library)
     with _lock:
+        if choice == "auto":
+            choice = _resolve_auto(lib)
+        if choice == "native":
+            if _registration is not None:
+                raise DiopiDeviceError("the host-memory diopi device is already enabled in this process")
+            try:
+                router = enable_native(lib)
+            except NativeDeviceError as exc:
+                raise DiopiDeviceError(str(exc)) from None
+            _register_autocast()
+            set_router(router)
+            return router.library
         _register_backend()
         set_router(Router(lib, _wrap, is_device_tensor))
     return lib
+
+
+def backend() -> str | None:
+    """The backend serving the device in this process ("python" or "native"), or None."""
+    if native_router() is not None:
+        return "native"
+    return "python" if _registration is not None else None
 
 
 def is_enabled() -> bool:

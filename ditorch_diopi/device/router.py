@@ -39,6 +39,8 @@ _DEFAULTS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "scale"): lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
     ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "scale"):
         lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
+    ("aten::clamp", "min"): lambda b: -math.inf,  # clamp(x, min=None): no lower bound
+    ("aten::clamp", "max"): lambda b: math.inf,
 }
 
 
@@ -77,15 +79,17 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
     mode = FUNCTIONAL
     if func._schema.name.endswith("_") and _writes_self(func):
         base, mode = base[:-1], INPLACE
-    elif overload == "out" or overload.endswith("_out"):
+    elif (overload == "out" or overload.endswith("_out")) and _out_name(func) is not None:
         overload, mode = overload.removesuffix("out").removesuffix("_"), OUT
     names = [f"{base}.{overload}" if overload else base]
     if overload in ("Scalar", ""):
         names.append(f"{base}.Tensor")
     if mode == INPLACE and overload:  # pow_.Scalar is the in-place pow.Tensor_Scalar
         names.append(f"{base}.Tensor_{overload}")
-    if mode == FUNCTIONAL and not overload:  # sum(x), mean(x): the .dim forms over every dim
+    if mode in (FUNCTIONAL, OUT) and not overload:  # sum(x), mean(x), mean.out: the .dim forms
         names += [f"{base}.dim_IntList", f"{base}.dim"]
+    if mode == OUT and overload:  # sum.IntList_out is the out= form of sum.dim_IntList
+        names.append(f"{base}.dim_{overload}")
     aten_args = {a.name: a for a in func._schema.arguments}
     for candidate in dict.fromkeys(names):
         op = BY_NAME.get(candidate)
@@ -169,6 +173,10 @@ class Router:
         if _crosses_devices(func, args, kwargs):  # the framework's copies to and from the CPU
             self.copies[aten_name(func)] += 1
             return self._on_host(func, args, kwargs)
+        return self.route(func, args, kwargs)
+
+    def route(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        """The library's operator for ``func`` if it serves these arguments, else the CPU (logged once)."""
         op, mode = self.resolve(func)
         if op is not None:
             bound = _bind(func, args, kwargs)
@@ -195,13 +203,16 @@ class Router:
               bound: dict[str, Any]) -> Any:
         meta_out = self._meta(func, args, kwargs)
         metas = list(meta_out) if isinstance(meta_out, (tuple, list)) else [meta_out]
-        target = bound["out"] if mode == OUT else bound["self"] if mode == INPLACE else None
+        out_name = _out_name(func) if mode == OUT else None
+        target = bound[out_name] if out_name else bound["self"] if mode == INPLACE else None
         if target is not None and tuple(target.shape) != tuple(metas[0].shape):
             raise _Unservable(f"the result's shape {tuple(metas[0].shape)} is not the shape of "
                               f"{'out' if mode == OUT else 'self'} {tuple(target.shape)}")
-        host = {name: _host(value) for name, value in bound.items()}
+        device = self._device_of(bound)
+        host = {name: self._operand(value, device) for name, value in bound.items()}
         outputs: dict[str, torch.Tensor | None] = {}
         results = []
+        direct = False
         for arg, meta in zip(op.outputs, metas):
             if arg.kind == "inout":
                 outputs[arg.name] = host[arg.name]
@@ -209,8 +220,11 @@ class Router:
             elif meta is None or not isinstance(meta, torch.Tensor):
                 outputs[arg.name] = None
                 results.append(meta)
+            elif direct := (out_name is not None and _writable_as(out_name, meta, host)):
+                outputs[arg.name] = host[out_name]  # out= has the result's layout: the library writes it
+                results.append(bound[out_name])
             else:
-                out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+                out = self._new_output(meta, device)
                 outputs[arg.name] = out
                 results.append(out)
         abi_args = []
@@ -218,21 +232,40 @@ class Router:
             if arg.is_output:
                 abi_args.append(outputs[arg.name])
             elif arg.is_tensor_list:
-                abi_args.append([_host(t) for t in bound[arg.name]])
+                abi_args.append([self._operand(t, device) for t in bound[arg.name]])
             elif arg.is_tensor:
                 value = host.get(arg.name)
                 if isinstance(value, (int, float, bool)):  # a Python number where ATen takes a tensor
-                    value = torch.tensor(value, dtype=metas[0].dtype)
+                    value = torch.tensor(value, dtype=metas[0].dtype, device=self._library_device(device))
                 abi_args.append(value)
             else:
                 abi_args.append(_scalar(op, arg.kind, arg.name, bound))
-        self.library.call(op, *abi_args)
+        self._run(op, abi_args, device)
         self.routed[aten_name(func)] += 1
         if target is not None:  # the functional result goes into self (in place) or out (out=)
-            _host(target).copy_(outputs[op.outputs[0].name])
+            if not direct:
+                self._operand(target, device).copy_(outputs[op.outputs[0].name])
             return target
         wrapped = [r if not isinstance(r, torch.Tensor) or self.is_device(r) else self.wrap(r) for r in results]
         return tuple(wrapped) if isinstance(meta_out, (tuple, list)) else wrapped[0]
+
+    # --- what differs between the host-memory stand-in and the native device (native.py) ----------
+    def _device_of(self, bound: dict[str, Any]) -> Any:
+        """The device the call runs on (the stand-in has one, and needs none)."""
+        return None
+
+    def _operand(self, value: Any, device: Any) -> Any:
+        """What the library reads for an argument: the host tensor behind a device tensor."""
+        return _host(value)
+
+    def _library_device(self, device: Any) -> torch.device:
+        return _CPU
+
+    def _new_output(self, meta: torch.Tensor, device: Any) -> torch.Tensor:
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+
+    def _run(self, op: OpSchema, abi_args: list, device: Any) -> None:
+        self.library.call(op, *abi_args)
 
     def _meta(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """The operator's meta result (output sizes, strides, dtypes), cached per argument signature: the
@@ -288,6 +321,28 @@ class Router:
             why = f" ({reason})" if reason else f" ({self.library.vendor} does not implement it)"
             logger.info("diopi: %s runs on the CPU%s", name, why)
         self.fallbacks[name] += 1
+
+
+def _out_name(func: torch._ops.OpOverload) -> str | None:
+    """The one argument an ``out=`` overload writes (``out``, ``grad_input``...), or None."""
+    written = [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    return written[0] if len(written) == 1 else None
+
+
+def _writable_as(out_name: str, meta: torch.Tensor, operands: dict[str, Any]) -> bool:
+    """Whether the library may write ``out=`` directly: the result's sizes, strides and dtype, and no
+    input shares its memory (an ``out`` that is also an input must not be written while read)."""
+    out = operands[out_name]
+    if not (isinstance(out, torch.Tensor) and out.shape == meta.shape and out.stride() == meta.stride()
+            and out.dtype == meta.dtype):
+        return False
+    storage = out.untyped_storage().data_ptr()
+    for name, value in operands.items():
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        for v in values:
+            if name != out_name and isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == storage:
+                return False
+    return True
 
 
 def _writes_self(func: torch._ops.OpOverload) -> bool:

@@ -75,6 +75,17 @@ def partial_path(tmp_path_factory) -> Path:
                            omit=tuple(symbol(op) for op in PARTIAL_OMITTED))
 
 
+# Operators on device tensors da, db against plain CPU torch on a, b (indented for run_python's code).
+OPERATOR_CHECKS = """\
+        checks = {
+            "broadcast add": ((da + 2 * db).cpu(), a + 2 * b),
+            "transposed silu": (torch.nn.functional.silu(da.t()).cpu(), torch.nn.functional.silu(a.t())),
+            "softmax": (torch.softmax(da, -1).cpu(), torch.softmax(a, -1)),
+            "matmul": ((da @ da.t()).cpu(), a @ a.t()),
+            "mean": (da.mean(0).cpu(), a.mean(0)),
+        }"""
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 240) -> dict:
     """Run ``code`` in a fresh interpreter (the device registers itself once per process, before the
     first backward pass); its last stdout line is JSON."""

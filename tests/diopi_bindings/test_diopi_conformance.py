@@ -10,6 +10,7 @@ import torch
 from diopi_testlib import METADATA_C, OMITTED, PLANTED_WRONG, compile_c_library
 
 from ditorch_diopi.conformance.cli import main
+from ditorch_diopi.conformance.device_memory import RUNTIME_OP
 from ditorch_diopi.conformance.runner import OUTLIER_SHARE, _judge
 from ditorch_diopi.schema import BY_NAME
 
@@ -18,14 +19,16 @@ def test_reference_library_passes_every_case(reference_path, tmp_path, capsys):
     report = tmp_path / "ref.json"
     assert main(["--impl", str(reference_path), "--json", str(report), "-q"]) == 0
     data = json.loads(report.read_text())
-    assert {op: v["verdict"] for op, v in data["operators"].items()} == {op: "pass" for op in BY_NAME}
+    assert {op: v["verdict"] for op, v in data["operators"].items()} == {op: "pass" for op in [*BY_NAME, RUNTIME_OP]}
     assert len(data["cases"]) > 1000
     labels = " ".join(c["case"] for c in data["cases"])
     for edge in ("empty", "scalar", "broadcast", "non-contiguous", "large"):
         assert edge in labels
+    memory_cases = {c["case"] for c in data["cases"] if c["op"] == RUNTIME_OP}
+    assert {"round trip", "device 0 -> 1", "out-of-range device refused", "foreign free refused"} <= memory_cases
     for op in BY_NAME.values():  # every declared dtype was exercised
         assert {c["dtype"] for c in data["cases"] if c["op"] == op.aten} == set(op.dtypes)
-    assert f"operators: {len(BY_NAME)} pass, 0 fail" in capsys.readouterr().out
+    assert f"operators: {len(BY_NAME) + 1} pass, 0 fail" in capsys.readouterr().out
 
 
 def test_planted_wrong_kernel_fails_exactly_that_operator(variant_path, tmp_path):
@@ -34,7 +37,7 @@ def test_planted_wrong_kernel_fails_exactly_that_operator(variant_path, tmp_path
     data = json.loads(report.read_text())
     assert not any("large" in c["case"] for c in data["cases"])  # --quick
     verdicts = {op: v["verdict"] for op, v in data["operators"].items()}
-    expected = {op: "pass" for op in BY_NAME}
+    expected = {op: "pass" for op in [*BY_NAME, RUNTIME_OP]}
     expected[PLANTED_WRONG] = "fail"
     expected.update({op: "not implemented" for op in OMITTED})
     assert verdicts == expected

@@ -1,27 +1,21 @@
-"""The diopi PyTorch device: ATen operators on it run in the DIOPI library (host memory stands in for
-device memory), the rest on the CPU, logged once per operator; heteropp's tiny LLaMA trains on it
+"""The host-memory diopi device (backend "python"): ATen operators on it run in the DIOPI library (host
+memory stands in for device memory), the rest on the CPU, logged once per operator; heteropp's tiny LLaMA trains on it
 like plain CPU torch. Each test runs in a fresh interpreter: the device registers once per process."""
 from __future__ import annotations
 
 import torch
-from diopi_testlib import PARTIAL_OMITTED, run_python
+from diopi_testlib import OPERATOR_CHECKS, PARTIAL_OMITTED, run_python
 
 
 def test_operators_match_the_cpu_and_run_in_the_library(reference_path):
     got = run_python(f"""
         import json, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         a, b = torch.randn(6, 5), torch.randn(5)
         da, db = a.to("diopi"), b.to("diopi")
-        checks = {{
-            "broadcast add": ((da + 2 * db).cpu(), a + 2 * b),
-            "transposed silu": (torch.nn.functional.silu(da.t()).cpu(), torch.nn.functional.silu(a.t())),
-            "softmax": (torch.softmax(da, -1).cpu(), torch.softmax(a, -1)),
-            "matmul": ((da @ da.t()).cpu(), a @ a.t()),
-            "mean": (da.mean(0).cpu(), a.mean(0)),
-        }}
+{OPERATOR_CHECKS}
         dc = da.clone(); dc.add_(db); c = a.clone(); c.add_(b)
         checks["in-place add_"] = (dc.cpu(), c)
         bad = [k for k, (x, y) in checks.items() if not torch.allclose(x, y, rtol=1e-6, atol=1e-6)]
@@ -41,7 +35,7 @@ def test_scalar_out_and_inplace_overloads_reach_the_schema_operator(reference_pa
     got = run_python(f"""
         import json, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         a, b, v = torch.randn(6, 5), torch.randn(5), torch.rand(6, 5)
         da, db, dv = a.to("diopi"), b.to("diopi"), v.to("diopi")
@@ -78,7 +72,7 @@ def test_operators_that_resize_or_restride_a_device_tensor_update_its_sizes(refe
     got = run_python(f"""
         import json, warnings, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         warnings.simplefilter("ignore")  # torch warns when out= of the wrong non-empty shape is resized
         a, b = torch.randn(4, 3), torch.randn(3)
         results = {{}}
@@ -107,7 +101,7 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
     got = run_python(f"""
         import json, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         x, i = torch.randn(3, 4), torch.arange(12).reshape(3, 4)
         results = {{}}
         for where in ("cpu", "diopi"):
@@ -130,7 +124,7 @@ def test_list_masking_and_number_power_operators_run_in_the_library(reference_pa
     got = run_python(f"""
         import json, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         a, b, s = torch.randn(2, 3, 4), torch.randn(2, 3, 2), torch.randn(2, 6, 6)
         results = {{}}
@@ -162,7 +156,7 @@ def test_allocations_fills_whole_reductions_and_item_are_not_cpu_fallbacks(refer
     got = run_python(f"""
         import json, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         x = torch.randn(3, 4).t()
         results = {{}}
@@ -199,7 +193,7 @@ def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_pat
         import json, logging, torch
         logging.basicConfig(level=logging.INFO)
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r})
+        device.enable({str(reference_path)!r}, backend="python")
         x = torch.linspace(0, 3, 7)
         outs = [torch.tan(x.to("diopi")).cpu() for _ in range(3)]
         ok = all(torch.equal(o, torch.tan(x)) for o in outs)
@@ -213,7 +207,7 @@ def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_pat
 TRAIN = """
     import json, torch
     from ditorch_diopi import device
-    device.enable({library!r})
+    device.enable({library!r}, backend={backend!r})
     from bench.diopi_train import train_tiny
     from ditorch_precision.loss import loss_check
     torch.set_num_threads(1)
@@ -234,7 +228,7 @@ TRAIN = """
 
 
 def test_tiny_llama_trains_like_plain_torch(reference_path):
-    got = run_python(TRAIN.format(library=str(reference_path), autocompare=True))
+    got = run_python(TRAIN.format(library=str(reference_path), autocompare=True, backend="python"))
     assert got["passed"], (got["ref"], got["got"])
     assert got["mre"] < 1e-5  # the library computes in float64 and rounds once
     assert got["failures"] == [] and got["compared"] > 100  # autocompare: every op against float64 CPU
@@ -245,13 +239,14 @@ def test_tiny_llama_trains_like_plain_torch(reference_path):
     # operators are in the schema; view helpers are metadata, not fallbacks.
     for op in ("aten::mul.Scalar", "aten::div.Scalar", "aten::add.Scalar", "aten::div.out", "aten::addcmul_",
                "aten::sqrt_", "aten::cos", "aten::sin", "aten::reciprocal", "aten::log", "aten::slice_backward",
-               "aten::_safe_softmax"):
+               "aten::_safe_softmax", "aten::ge.Scalar", "aten::lt.Scalar", "aten::bitwise_and.Tensor", "aten::clamp",
+               "aten::gather"):
         assert op in got["routed"], op
     assert "aten::_unsafe_view" not in got["fallbacks"]
 
 
 def test_a_library_missing_functions_still_trains(partial_path):
-    got = run_python(TRAIN.format(library=str(partial_path), autocompare=False))
+    got = run_python(TRAIN.format(library=str(partial_path), autocompare=False, backend="python"))
     assert got["passed"], (got["ref"], got["got"])
     for op in PARTIAL_OMITTED:
         assert op in got["fallbacks"] and op not in got["routed"], op
@@ -264,7 +259,7 @@ def test_privateuse1_claimed_by_another_backend_is_refused(reference_path):
         torch.utils.rename_privateuse1_backend("npu")
         from ditorch_diopi import device
         try:
-            device.enable({str(reference_path)!r})
+            device.enable({str(reference_path)!r}, backend="python")
             print(json.dumps({{"error": None}}))
         except device.DiopiDeviceError as exc:
             print(json.dumps({{"error": str(exc)}}))

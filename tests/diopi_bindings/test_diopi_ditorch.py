@@ -35,14 +35,20 @@ APIS = """
 """
 
 
-def test_every_device_api_on_the_diopi_vendor(reference_path):
-    got = run_python(APIS, env={"DITORCH_VENDOR": "diopi", "DIOPI_LIBRARY": str(reference_path)})
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_every_device_api_on_the_diopi_vendor(reference_path, backend):
+    # One device, so that "device:1" must be refused (the reference library reports 2 by default).
+    got = run_python(APIS, env={"DITORCH_VENDOR": "diopi", "DIOPI_LIBRARY": str(reference_path),
+                                "DIOPI_DEVICE_BACKEND": backend, "DIOPI_REFERENCE_DEVICES": "1"})
     assert (got["vendor"], got["type"], got["count"]) == ("diopi", "diopi", 1)
     assert got["factory"] == got["to"] == got["default"] == "diopi:0"
     assert got["load"] == got["load dict"] == ["diopi:0", [0.0, 1.0, 2.0, 3.0]]
     assert got["module"] is True
     assert got["autocast"] == "torch.bfloat16"
-    assert "the 'diopi' device has no generator of its own" in got["generator"]
+    if backend == "python":
+        assert "the 'diopi' device has no generator of its own" in got["generator"]
+    else:
+        assert got["generator"] == "no error"
     assert "device index 1 is out of range: this host has 1 diopi device" in got["index"]
 
 

@@ -11,6 +11,7 @@ from diopi_testlib import METADATA_C, compile_c_library
 
 from ditorch_diopi import gen_header
 from ditorch_diopi.abi import ABI_VERSION, INCLUDE_DIR
+from ditorch_diopi.device_memory import SIGNATURES
 from ditorch_diopi.library import DiopiLibrary
 from ditorch_diopi.schema import OPS
 
@@ -50,7 +51,7 @@ def test_reference_library_exports_the_whole_schema(reference_path):
     if exported.returncode == 0:
         names = {line.split()[-1] for line in exported.stdout.splitlines() if line.split()[-2] in ("T", "W")}
         assert {n for n in names if n.startswith("diopi_")} == {op.symbol for op in OPS} | {
-            "diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "diopi_last_error"}
+            "diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "diopi_last_error"} | set(SIGNATURES)
 
 
 def test_a_library_may_implement_any_subset(tmp_path):

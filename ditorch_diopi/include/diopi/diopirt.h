@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #define DIOPI_VERSION_MAJOR 0
-#define DIOPI_VERSION_MINOR 1
+#define DIOPI_VERSION_MINOR 2
 #define DIOPI_VERSION_PATCH 0
 /* Bumped whenever a struct below or an operator signature changes incompatibly. A framework refuses
  * a library whose diopi_abi_version() differs from the one it was built for. */
@@ -96,6 +96,33 @@ DIOPI_API const char* diopi_vendor_name(void);
 DIOPI_API const char* diopi_impl_version(void);
 /* The message of the last failed call on the calling thread ("" if none). */
 DIOPI_API const char* diopi_last_error(void);
+
+/* Device memory (optional, since 0.2: additive, the ABI version is unchanged). A library that exports
+ * all of them gets a real torch device: tensors whose memory comes from diopi_device_malloc, copies
+ * through diopi_memcpy_*, several devices. A library without them is served by the framework's
+ * host-memory stand-in. Devices are numbered 0..count-1; an index out of range, a pointer this
+ * library did not allocate on that device, or a copy that runs past its allocation is
+ * DIOPI_ERR_INVALID_ARGUMENT (with diopi_last_error() saying which), never a crash. Copies are
+ * synchronous with respect to the host unless the library documents otherwise; then
+ * diopi_device_synchronize waits for everything queued on the device. */
+#if defined(_WIN32)
+#define DIOPI_RUNTIME_WEAK
+#else
+#define DIOPI_RUNTIME_WEAK __attribute__((weak))
+#endif
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_device_count(int32_t* count);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_set_device(int32_t device);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_get_device(int32_t* device);
+/* nbytes 0 yields a valid pointer that may be freed (or NULL). */
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_device_malloc(int32_t device, int64_t nbytes, void** ptr);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_device_free(int32_t device, void* ptr);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_memcpy_h2d(int32_t device, void* dst, const void* src,
+                                                           int64_t nbytes);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_memcpy_d2h(int32_t device, void* dst, const void* src,
+                                                           int64_t nbytes);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_memcpy_d2d(int32_t dst_device, void* dst, int32_t src_device,
+                                                           const void* src, int64_t nbytes);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_device_synchronize(int32_t device);
 
 #ifdef __cplusplus
 }

@@ -183,6 +183,26 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_where_self(diopiContextHandle_t ctx
  * any strides in, out's strides out (contiguous, transpose) */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_clone(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
 
+/* aten::ge.Scalar [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:double
+ * out (bool) = self >= other */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_ge_Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double other);
+
+/* aten::lt.Scalar [float32, float64, float16, bfloat16, int64, int32] out:out self:in other:double
+ * out (bool) = self < other */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_lt_Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double other);
+
+/* aten::bitwise_and.Tensor [int64, int32, bool] out:out self:in other:in
+ * out = self & other (broadcast) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_bitwise_and_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t other);
+
+/* aten::gather [float32, float64, float16, bfloat16, int64, int32] out:out self:in index:in dim:int
+ * out = self's elements at index (int64) along dim; index has self's ndim and fits it elsewhere */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_gather(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t index, int64_t dim);
+
+/* aten::clamp [float32, float64, float16, bfloat16, int64, int32] out:out self:in min:double max:double
+ * out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_clamp(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double min, double max);
+
 /* ext::adamw [float32, float64] param:inout exp_avg:inout exp_avg_sq:inout grad:in lr:double beta1:double beta2:double weight_decay:double eps:double step:int maximize:bool
  * one decoupled-weight-decay Adam step, as torch.optim.AdamW */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_ext_adamw(diopiContextHandle_t ctx, diopiTensorHandle_t param, diopiTensorHandle_t exp_avg, diopiTensorHandle_t exp_avg_sq, diopiConstTensorHandle_t grad, double lr, double beta1, double beta2, double weight_decay, double eps, int64_t step, bool maximize);

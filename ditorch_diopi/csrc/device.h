@@ -1,0 +1,22 @@
+// The pieces that make PrivateUse1 a device over a DIOPI library, registered by attach (module.cpp):
+// an allocator whose memory comes from diopi_device_malloc, a device guard, hooks with one default
+// generator per device, and the memory kernels (empty, views, resize_, set_, copies).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
+
+namespace ditorch_diopi {
+
+c10::Allocator* device_allocator();
+// Grows a storage of this device to `nbytes`, keeping its bytes (resize_, set_).
+void resize_storage(const c10::Storage& storage, size_t nbytes);
+
+void register_guard();
+void register_hooks();
+void register_kernels();
+// After attach: autograd worker queues for every device, even if the engine started before (autograd_queues.cpp).
+void ensure_autograd_queues();
+
+}  // namespace ditorch_diopi

@@ -1,0 +1,162 @@
+"""The router of the native device (``_C_device``): the same resolution and argument binding as the
+host-memory stand-in (router.py), on tensors whose memory the library allocated.
+
+The C++ extension serves allocation, views, ``resize_``/``set_`` and copies; every other operator
+reaches this router through the boxed fallback of PrivateUse1. An operator the library implements
+runs there on device memory (outputs allocated on the device from the meta kernel). A view operator
+becomes ``as_strided`` of its input with the meta kernel's sizes, strides and offset. Everything else
+runs on the CPU: inputs copied to the host, the operator run, written arguments copied back (resized
+if the operator resized them) and results moved to the device; logged once per operator. Random
+operators run on the CPU with the state of the device's generator, which they advance.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ditorch_diopi.device.router import (
+    _CPU,
+    _METADATA_OPS,
+    DEVICE_TYPE,
+    Router,
+    _bind,
+    _is_view,
+    _to_meta,
+)
+from ditorch_diopi.library import DiopiLibrary
+from ditorch_diopi.schema import OpSchema
+
+
+_ZERO, _FILL = torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar
+
+
+def _one_device(devices: set[torch.device]) -> None:
+    """Operands on two devices are an error, as on any torch device (the library would read one device's
+    memory as the other's)."""
+    if len(devices) > 1:
+        names = sorted(str(d) for d in devices)
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{names[0]} and {names[1]}!")
+
+
+def is_native_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE
+
+
+class NativeRouter(Router):
+    def __init__(self, library: DiopiLibrary, runtime: Any) -> None:
+        super().__init__(library, lambda t: t, is_native_tensor)
+        self.runtime = runtime  # ditorch_diopi._C_device
+
+    def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        if _is_view(func) or func._schema.name in _METADATA_OPS:
+            return self._view(func, args, kwargs)
+        if func is _ZERO and self.resolve(_FILL)[0] is not None:  # zero_ is fill_ with 0
+            return self.route(_FILL, (args[0], 0), {})
+        return self.route(func, args, kwargs)
+
+    # --- the library on device memory ---------------------------------------------------------
+    def _device_of(self, bound: dict[str, Any]) -> torch.device:
+        devices = {leaf.device for leaf in tree_flatten(list(bound.values()))[0] if is_native_tensor(leaf)}
+        _one_device(devices)
+        return next(iter(devices)) if devices else torch.device(DEVICE_TYPE, self.runtime.current_device())
+
+    def _operand(self, value: Any, device: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device != device:  # a CPU scalar tensor, say
+            self.copies["to device"] += 1
+            return value.to(device)
+        return value
+
+    def _library_device(self, device: Any) -> torch.device:
+        return device
+
+    def _new_output(self, meta: torch.Tensor, device: Any) -> torch.Tensor:
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device)
+
+    def _run(self, op: OpSchema, abi_args: list, device: Any) -> None:
+        previous = self.runtime.current_device()
+        if device.index == previous:
+            self.library.call(op, *abi_args)
+            return
+        self.runtime.set_device(device.index)  # the library runs on the tensors' device
+        try:
+            self.library.call(op, *abi_args)
+        finally:
+            self.runtime.set_device(previous)
+
+    # --- views: metadata only ---------------------------------------------------------------
+    def _view(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        base = args[0]
+        meta = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+
+        def alias(m: Any) -> Any:
+            if not isinstance(m, torch.Tensor):
+                return m
+            return torch.as_strided(base, m.shape, m.stride(), base.storage_offset() + m.storage_offset())
+
+        return tree_map(alias, meta)
+
+    # --- the CPU fallback -------------------------------------------------------------------
+    def _on_host(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        on_cpu: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(cpu copy) -> (device tensor, copy)
+        device: list[torch.device] = []
+        generators: list[tuple[torch.Generator, torch.Generator]] = []
+
+        def to_cpu(x: Any) -> Any:
+            if is_native_tensor(x):
+                device.append(x.device)
+                copy = x.cpu()
+                on_cpu[id(copy)] = (x, copy)
+                return copy
+            if isinstance(x, torch.device) and x.type == DEVICE_TYPE:
+                device.append(x)
+                return _CPU
+            if isinstance(x, torch.Generator) and x.device.type == DEVICE_TYPE:
+                return self._cpu_generator(x, generators)
+            return x
+
+        cpu_args, cpu_kwargs = tree_map(to_cpu, args), tree_map(to_cpu, kwargs)
+        _one_device({d for d in device if d.index is not None})
+        target = device[0] if device else torch.device(DEVICE_TYPE, self.runtime.current_device())
+        names = [a.name for a in func._schema.arguments]
+        if "generator" in names and _bind(func, cpu_args, cpu_kwargs).get("generator") is None:
+            # No generator given: the device's default one, not the CPU's.
+            index = target.index if target.index is not None else self.runtime.current_device()
+            generator = self._cpu_generator(self.runtime.default_generator(index), generators)
+            position = names.index("generator")
+            if position < len(cpu_args):
+                cpu_args = (*cpu_args[:position], generator, *cpu_args[position + 1:])
+            else:
+                cpu_kwargs["generator"] = generator
+        out = func(*cpu_args, **cpu_kwargs)
+        for device_generator, cpu_generator in generators:  # the device generator advances
+            device_generator.set_state(cpu_generator.get_state())
+        written = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for name, value in _bind(func, cpu_args, cpu_kwargs).items():
+            if name in written and isinstance(value, torch.Tensor) and id(value) in on_cpu:
+                original, copy = on_cpu[id(value)]
+                if original.shape != copy.shape:  # an out= the operator resized
+                    original.resize_(copy.shape)
+                original.copy_(copy)
+
+        def to_device(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return x
+            hit = on_cpu.get(id(x))
+            if hit is not None:  # an in-place or out= result: the caller's own device tensor
+                return hit[0]
+            self.copies["to device"] += 1
+            return x.to(target)
+
+        return tree_map(to_device, out)
+
+    @staticmethod
+    def _cpu_generator(device_generator: torch.Generator,
+                       generators: list[tuple[torch.Generator, torch.Generator]]) -> torch.Generator:
+        cpu = torch.Generator()
+        cpu.set_state(device_generator.get_state())
+        generators.append((device_generator, cpu))
+        return cpu
+

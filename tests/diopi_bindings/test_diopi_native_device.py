@@ -1,0 +1,243 @@
+"""The native diopi device (``DIOPI_DEVICE_BACKEND=native``): PrivateUse1 made a device in C++ over the
+library's device-memory functions. References: CPU tensors (bytes), the CPU generator, plain torch
+training. Each test runs in a fresh interpreter: the device registers once per process."""
+from __future__ import annotations
+
+from diopi_testlib import METADATA_C, OPERATOR_CHECKS, PARTIAL_OMITTED, compile_c_library, run_python
+
+from test_diopi_device import TRAIN
+
+
+def _packets(ops: dict[str, int]) -> set[str]:
+    """Operator names without their overload."""
+    return {name.split(".")[0] for name in ops}
+
+
+def test_devices_have_their_own_memory_and_copies_are_byte_exact(reference_path):
+    got = run_python(f"""
+        import ctypes, json, torch
+        from ditorch_diopi import device
+        from ditorch_diopi.device_memory import DeviceMemory
+        lib = device.enable({str(reference_path)!r}, backend="native")
+        mem = DeviceMemory.of(lib)
+        cpu = torch.randn(33, 17, dtype=torch.float64)
+        ints = torch.randint(-2**62, 2**62, (1000,), dtype=torch.int64)
+        a = cpu.to("diopi:0")
+        b = a.to("diopi:1")                       # device 0 -> device 1
+        c = cpu.t().to("diopi:1")                 # a transposed host tensor
+        d = b.t().contiguous()                    # a strided copy on device 1
+        e = ints.to("diopi:1").to("diopi:0")
+        # The allocation is device 1's: the library refuses to read it as device 0's memory.
+        out = torch.empty(8, dtype=torch.uint8)
+        refused = None
+        try:
+            mem.memcpy_d2h(0, out.data_ptr(), b.data_ptr(), 8)
+        except Exception as exc:
+            refused = str(exc)
+        mem.memcpy_d2h(1, out.data_ptr(), b.data_ptr(), 8)
+        try:
+            torch.empty(3, device="diopi:2")
+            bad_index = None
+        except RuntimeError as exc:
+            bad_index = str(exc).splitlines()[0]
+        mixed = []
+        for op in (lambda: a + b, lambda: torch.tan(a) + torch.tan(b)):  # a library op, a CPU fallback
+            try:
+                op()
+                mixed.append(None)
+            except RuntimeError as exc:
+                mixed.append(str(exc))
+        print(json.dumps({{
+            "devices": [str(t.device) for t in (a, b, c, d, e)],
+            "storage_device": str(b.untyped_storage().device),
+            "exact": [torch.equal(a.cpu(), cpu), torch.equal(b.cpu(), cpu), torch.equal(c.cpu(), cpu.t()),
+                      torch.equal(d.cpu(), cpu.t()), torch.equal(e.cpu(), ints)],
+            "bytes": torch.equal(out, cpu.view(torch.uint8).flatten()[:8]),
+            "refused": refused, "bad_index": bad_index, "count": torch.diopi.device_count(), "mixed": mixed,
+            "backend": device.backend()}}))
+    """)
+    assert got["devices"] == ["diopi:0", "diopi:1", "diopi:1", "diopi:1", "diopi:0"]
+    assert got["storage_device"] == "diopi:1" and got["backend"] == "native" and got["count"] == 2
+    assert got["exact"] == [True] * 5 and got["bytes"]
+    assert "belongs to device 1, not device 0" in got["refused"]
+    assert "diopi device index 2 out of range: this host has 2 diopi device(s)" in got["bad_index"]
+    assert got["mixed"] == ["Expected all tensors to be on the same device, but found at least two devices, "
+                            "diopi:0 and diopi:1!"] * 2
+
+
+def test_generators_give_the_cpu_stream_for_the_same_seed(reference_path):
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        g = torch.Generator(device="diopi").manual_seed(5)
+        x = torch.randn(1000, device="diopi", generator=g).cpu()
+        y = torch.randn(1000, device="diopi", generator=g).cpu()   # the generator advanced
+        ref = torch.Generator().manual_seed(5)
+        rx, ry = torch.randn(1000, generator=ref), torch.randn(1000, generator=ref)
+        torch.manual_seed(3)                                         # every device's default generator
+        d0 = torch.rand(50, device="diopi:0").cpu()
+        d1 = torch.rand(50, device="diopi:1").cpu()
+        d0_again = torch.rand(50, device="diopi:0").cpu()
+        ref3 = torch.Generator().manual_seed(3)
+        r3 = torch.rand(50, generator=ref3)
+        r3_next = torch.rand(50, generator=ref3)
+        drop = torch.nn.functional.dropout(torch.ones(200, device="diopi"), 0.5).cpu()
+        print(json.dumps({{"gen_device": str(g.device), "x": torch.equal(x, rx), "y": torch.equal(y, ry),
+                          "d0": torch.equal(d0, r3), "d1": torch.equal(d1, r3),
+                          "d0_next": torch.equal(d0_again, r3_next),
+                          "dropout_values": sorted(set(drop.tolist()))}}))
+    """)
+    assert got["gen_device"] == "diopi:0"
+    assert got["x"] and got["y"]
+    assert got["d0"] and got["d1"] and got["d0_next"]  # per-device generators, each seeded by manual_seed
+    assert got["dropout_values"] == [0.0, 2.0]
+
+
+def test_operators_run_in_the_library_on_device_memory(reference_path):
+    got = run_python(f"""
+        import json, logging, torch
+        logging.basicConfig(level=logging.INFO)
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        torch.manual_seed(0)
+        a, b = torch.randn(6, 5), torch.randn(5)
+        da, db = a.to("diopi:1"), b.to("diopi:1")
+{OPERATOR_CHECKS}
+        checks["tan (CPU fallback)"] = (torch.tan(da).cpu(), torch.tan(a))
+        checks["arange (out= resized)"] = (torch.arange(0, 2.0, 0.5, device="diopi").cpu(), torch.arange(0, 2.0, 0.5))
+        checks["unfold (a view)"] = (da.unfold(0, 2, 2).cpu(), a.unfold(0, 2, 2))
+        dc = da.clone(); dc.add_(db); c = a.clone(); c.add_(b)
+        checks["in-place add_"] = (dc.cpu(), c)
+        torch.tan(da); torch.tan(da)
+        bad = [k for k, (x, y) in checks.items() if not torch.allclose(x, y, rtol=1e-6, atol=1e-6)]
+        print(json.dumps({{"bad": bad, "devices": sorted({{str(da.device), str((da + db).device)}}),
+                          "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+    """)
+    assert got["bad"] == []
+    assert got["devices"] == ["diopi:1"]
+    # Structured operators reach a backend as their out= form (add.out): served by the same schema operator.
+    for op in ("aten::add", "aten::mul", "aten::silu", "aten::_softmax", "aten::mm", "aten::mean"):
+        assert op in _packets(got["routed"]), op
+    assert got["fallbacks"]["aten::tan.out"] == 3
+    assert got["_stderr"].count("aten::tan.out runs on the CPU (reference-cpu does not implement it)") == 1
+
+
+def test_tiny_llama_trains_like_plain_torch_on_the_native_device(reference_path):
+    got = run_python(TRAIN.format(library=str(reference_path), autocompare=True, backend="native"))
+    assert got["passed"], (got["ref"], got["got"])
+    assert got["mre"] < 1e-5
+    assert got["failures"] == [] and got["compared"] > 100
+    for op in ("aten::mm", "aten::bmm", "aten::embedding", "aten::embedding_dense_backward", "aten::silu",
+               "aten::_softmax_backward_data", "aten::rsqrt", "aten::fill_", "aten::ge", "aten::lt",
+               "aten::bitwise_and", "aten::clamp", "aten::gather"):
+        assert op in _packets(got["routed"]), op
+    assert "aten::zero_" not in got["fallbacks"]  # zero_ (gradient zeroing) is the library's fill_
+
+
+def test_the_device_can_be_enabled_after_a_backward_pass(reference_path):
+    got = run_python(f"""
+        import json, torch
+        torch.manual_seed(0)
+        # float64: the library computes in double, so the CPU reference agrees to rounding
+        w = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        (w * w).sum().backward()                    # the autograd engine starts before the device exists
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        x = torch.randn(5, 4, dtype=torch.float64)
+        wd = w.detach().to("diopi").requires_grad_()
+        (x.to("diopi") @ wd).pow(2).sum().backward()
+        w2 = w.detach().clone().requires_grad_()
+        (x @ w2).pow(2).sum().backward()
+        print(json.dumps({{"close": torch.allclose(wd.grad.cpu(), w2.grad, rtol=1e-12, atol=1e-12),
+                          "grad_device": str(wd.grad.device)}}))
+    """)
+    assert got["close"] and got["grad_device"] == "diopi:0"
+
+
+def test_a_library_without_device_memory_is_refused_for_the_native_device(tmp_path):
+    lib = compile_c_library(tmp_path, "nomem", METADATA_C % {"abi": "DIOPI_ABI_VERSION"})
+    got = run_python(f"""
+        import json
+        from ditorch_diopi import device
+        try:
+            device.enable({str(lib)!r}, backend="native")
+            print(json.dumps({{"error": None}}))
+        except device.DiopiDeviceError as exc:
+            print(json.dumps({{"error": str(exc)}}))
+    """)
+    assert "does not export diopi_device_count" in got["error"]
+    assert "DIOPI_DEVICE_BACKEND=python" in got["error"]
+
+
+def test_the_conformance_suite_passes_on_native_device_memory(reference_path, tmp_path):
+    report = tmp_path / "native.json"
+    got = run_python(f"""
+        import json
+        from ditorch_diopi.conformance.cli import main
+        code = main(["--impl", {str(reference_path)!r}, "--device", "native", "--quick", "-q",
+                     "--json", {str(report)!r}])
+        print(json.dumps({{"code": code}}))
+    """)
+    assert got["code"] == 0
+    import json
+
+    data = json.loads(report.read_text())
+    assert {v["verdict"] for v in data["operators"].values()} == {"pass"}
+    assert len(data["cases"]) > 1000
+    assert any("non-contiguous" in c["case"] for c in data["cases"])  # strided views stay strided on the device
+
+
+def test_ditorch_trains_on_the_native_device_through_the_unified_name(reference_path):
+    got = run_python("""
+        import json, torch
+        import ditorch
+        from ditorch_diopi import device
+        x = torch.randn(2, 3, device="device:1")
+        g = torch.Generator(device="device")
+        lin = torch.nn.Linear(3, 2).to("device")
+        lin(x.to("device")).sum().backward()
+        print(json.dumps({"backend": device.backend(), "x": str(x.device), "gen": str(g.device),
+                          "grad": str(lin.weight.grad.device),
+                          "module": type(torch.get_device_module("device")).__name__,
+                          "count": torch.accelerator.device_count()}))
+    """, env={"DITORCH_VENDOR": "diopi", "DIOPI_DEVICE_BACKEND": "native"})
+    assert got == {"backend": "native", "x": "diopi:1", "gen": "diopi:0", "grad": "diopi:0",
+                   "module": "NativeDeviceModule", "count": 2, "_stderr": got["_stderr"]}
+
+
+def test_an_unknown_backend_is_refused_by_name(reference_path):
+    got = run_python(f"""
+        import json
+        from ditorch_diopi import device
+        try:
+            device.enable({str(reference_path)!r})
+            print(json.dumps({{"error": None}}))
+        except device.DiopiDeviceError as exc:
+            print(json.dumps({{"error": str(exc)}}))
+    """, env={"DIOPI_DEVICE_BACKEND": "cuda"})
+    assert got["error"] == ("DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of auto, native, "
+                            "python")
+
+
+def test_auto_picks_the_native_device_only_for_a_library_with_device_memory(reference_path, tmp_path):
+    lib = compile_c_library(tmp_path, "nomem", METADATA_C % {"abi": "DIOPI_ABI_VERSION"})
+    code = """
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({path!r})
+        print(json.dumps({{"backend": device.backend(), "device": str(torch.ones(1, device="diopi").device)}}))
+    """
+    assert run_python(code.format(path=str(reference_path)))["backend"] == "native"
+    assert run_python(code.format(path=str(lib)))["backend"] == "python"
+
+
+def test_a_library_missing_operators_still_trains_on_the_native_device(partial_path):
+    got = run_python(TRAIN.format(library=str(partial_path), autocompare=False, backend="native"))
+    assert got["passed"], (got["ref"], got["got"])
+    for op in PARTIAL_OMITTED:
+        assert op not in _packets(got["routed"]), op
+        if op != "aten::embedding":  # without the library's kernel, embedding is its composite: index_select
+            assert op in _packets(got["fallbacks"]), op
+    assert "aten::index_select" in got["fallbacks"]
+    assert "aten::embedding_dense_backward" in _packets(got["routed"])
