@@ -11,6 +11,9 @@ step pyverbs_probe 180 .venv/bin/python tests/rdma/guest_pyverbs.py probe
 mkdir -p /tmp/pyverbs-8 /tmp/pyverbs-1m
 step pyverbs_write_8 120 .venv/bin/python tests/rdma/guest_pyverbs.py write 8 /tmp/pyverbs-8 "$BIN/verbs_pingpong"
 step pyverbs_write_1m 120 .venv/bin/python tests/rdma/guest_pyverbs.py write 1048579 /tmp/pyverbs-1m "$BIN/verbs_pingpong"
+# A rank written with pyverbs from docs/rdma.md's wire protocol, messages both ways with the transport.
+mkdir -p /tmp/pyverbs-exchange
+step pyverbs_exchange 200 .venv/bin/python -m tests.rdma.guest_pyverbs exchange /tmp/pyverbs-exchange "$BIN/verbs_pingpong"
 step p2p 400 .venv/bin/python -m tests.rdma.guest_p2p  # the engine on verbs (scenarios in its JSON)
 perftest write_lat ib_write_lat 8 1000
 perftest write_bw_64k ib_write_bw 65536 1000

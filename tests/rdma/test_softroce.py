@@ -5,9 +5,9 @@ runs everything (module-scoped, a minute or two under TCG) and the tests read it
 Two layers are checked: tests/rdma/native/verbs_pingpong.cpp drives the transport alone with a
 minimal sink, and tests/rdma/guest_p2p.py runs the whole engine (Communicator, every collective, the
 torch backend) with transport="verbs". The references are independent of dicomm: numpy for data,
-rdma-core's pyverbs for the device view and an RDMA WRITE into dicomm's registration
-(guest_pyverbs.py), perftest for speed. Skips (saying why) only when QEMU or the Debian packages
-cannot be obtained.
+rdma-core's pyverbs for the device view, an RDMA WRITE into dicomm's registration and a rank of
+the wire protocol written from docs/rdma.md (guest_pyverbs.py, pyverbs_peer.py), perftest for
+speed. Skips (saying why) only when QEMU or the Debian packages cannot be obtained.
 """
 from __future__ import annotations
 
@@ -259,6 +259,30 @@ def test_pyverbs_rdma_write_lands_in_dicomm_registered_buffer(session, size):
     through files); dicomm's side finds every byte."""
     res = _json_line(_step(session, f"pyverbs_write_{size}"))
     assert res["ok"] and res["mismatched"] == 0 and res["target_exit"] == 0, res
+
+
+def test_pyverbs_peer_exchanges_messages_with_the_transport(session):
+    """A rank written with pyverbs from docs/rdma.md's wire protocol alone (pyverbs_peer.py) and
+    dicomm's verbs transport exchange one message each way per size: eager up to 8 KiB, rendezvous
+    above (pyverbs RDMA-reads dicomm's registered send buffers, dicomm reads pyverbs' into its
+    registered receive buffers); bytes, tag and meta checked on both sides."""
+    res = _json_line(_step(session, "pyverbs_exchange"))
+    assert res["ok"] and res["target_exit"] == 0, res
+    ours, theirs = res["dicomm"]["received"], res["pyverbs_received"]
+    sizes = [r["bytes"] for r in theirs]
+    assert sizes == [r["bytes"] for r in ours] and max(sizes) > 4 << 20, res
+    assert all(r["ok"] and r["mismatched"] == 0 for r in ours + theirs), res
+    assert all(r["tag"] == 2 * i + 1 and r["meta_ok"] for i, r in enumerate(ours)), ours
+    assert [r["sent_as"] for r in theirs] == ["eager" if n <= 8192 else "rendezvous" for n in sizes], theirs
+    assert res["pyverbs_read_bytes"] == sum(n for n in sizes if n > 8192), res
+
+
+def test_pyverbs_peer_of_another_wire_version_is_refused(session):
+    """The pyverbs rank offers wire version 99 after a valid handshake: dicomm answers with its own
+    magic and version, hangs up, and names both versions."""
+    res = _json_line(_step(session, "pyverbs_exchange"))
+    assert res["wrong_version"] == {"reply_magic": 0x56434944, "reply_version": 1, "closed": True}, res
+    assert any("wire version 99" in w and "version 1" in w for w in res["dicomm"]["rejected"]), res
 
 
 def test_perftest_reference_and_numbers(session):

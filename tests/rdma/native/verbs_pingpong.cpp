@@ -6,6 +6,11 @@
 //   verbs_pingpong write-target N DIR -> a buffer of N bytes registered through dicomm's cache and
 //       dicomm's RC queue pair, published in DIR/target.json for an independent peer (pyverbs) to
 //       RDMA-WRITE into; once DIR/written appears, the bytes are checked against the peer's pattern
+//   verbs_pingpong exchange DIR SIZES -> rank 0 of 2 facing an independent implementation of the wire
+//       protocol (tests/rdma/pyverbs_peer.py) as rank 1: address and job token in DIR/dicomm.json,
+//       the peer's address from DIR/peer.json; for each of SIZES (comma-separated) one message each
+//       way, byte for byte; then, until DIR/done appears, it keeps accepting (the peer tries a
+//       wrong wire version)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +26,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/handshake.h"
 #include "transport/poller.h"
 #include "transport/verbs/accel.h"
 #include "transport/verbs/channel.h"
@@ -47,10 +53,15 @@ struct MiniSink : Sink {
   char* target = nullptr;
   size_t received = 0, sent = 0, refused = 0, wanted = 0;
   RecvOp op;
+  Header last;  // of the message delivered last
   struct Arrival { RecvConn* conn; Header h; std::vector<char> eager; bool rendezvous; };
   std::deque<Arrival> arrivals;
   void on_accept(std::shared_ptr<RecvConn> c) override { recv = std::move(c); }
-  void on_rejected(const std::string& why) override { std::fprintf(stderr, "rejected: %s\n", why.c_str()); }
+  std::vector<std::string> rejected;
+  void on_rejected(const std::string& why) override {
+    std::fprintf(stderr, "rejected: %s\n", why.c_str());
+    rejected.push_back(why);
+  }
   void on_message(RecvConn& c, const Header& h, const void* payload) override {
     Arrival a{&c, h, {}, payload == nullptr};
     if (payload) a.eager.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + h.bytes);
@@ -62,6 +73,7 @@ struct MiniSink : Sink {
       Arrival a = std::move(arrivals.front());
       arrivals.pop_front();
       --wanted;
+      last = a.h;
       if (!a.rendezvous) {
         if (a.h.bytes) std::memcpy(target, a.eager.data(), a.h.bytes);
         ++received;
@@ -101,11 +113,12 @@ struct Rank {
     }
     if (Clock::now() > deadline) die(rank, std::string("timed out: ") + what);
   }
-  void send_msg(const char* buf, size_t n, uint64_t tag) {
+  void send_msg(const char* buf, size_t n, uint64_t tag, uint64_t meta = 0) {
     static std::vector<SendOp> ops(4096);
     SendOp& op = ops[tag % ops.size()];
     op = SendOp{};
     op.hdr.tag = tag;
+    op.hdr.meta = meta;
     op.hdr.bytes = n;
     op.buf = buf;
     send->post(&op);
@@ -350,6 +363,100 @@ int write_target(size_t n, const std::string& dir) {
   }
 }
 
+// The exchange's rule, written independently in tests/rdma/guest_pyverbs.py: message `seed`'s byte j,
+// and its meta.
+unsigned char exchange_byte(size_t j, uint64_t seed) { return static_cast<unsigned char>(((j + seed) % 251 * 7 + 13) & 0xFF); }
+uint64_t exchange_meta(size_t n) { return (static_cast<uint64_t>(n) << 8) | 0x5A; }
+
+std::string json_text(const std::string& j, const std::string& key) {  // flat JSON, string value without escapes
+  auto at = j.find("\"" + key + "\"");
+  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + j);
+  auto open = j.find('"', j.find(':', at) + 1);
+  return j.substr(open + 1, j.find('"', open + 1) - open - 1);
+}
+
+int exchange(const std::string& dir, const std::string& size_list) {
+  std::vector<size_t> sizes;
+  for (std::stringstream ss(size_list); ss.good();) {
+    std::string item;
+    std::getline(ss, item, ',');
+    sizes.push_back(std::stoull(item));
+  }
+  Rank r;
+  r.rank = 0;
+  Context ctx;
+  ctx.rank = 0;
+  ctx.size = 2;
+  const Token token = random_token();
+  ctx.key = handshake_key(token, "");
+  ctx.sink = &r.sink;
+  ctx.poller = &r.poller;
+  std::string why;
+  r.t = verbs::VerbsTransport::create(ctx, &why);
+  if (!r.t) die(0, "no verbs: " + why);
+  std::ofstream(dir + "/dicomm.json.tmp") << "{\"address\": \"" << r.t->address() << "\", \"token\": \"" << token_hex(token)
+                                          << "\"}\n";
+  std::rename((dir + "/dicomm.json.tmp").c_str(), (dir + "/dicomm.json").c_str());
+  if (!wait_file(dir + "/peer.json", 60)) die(0, "the peer published no peer.json in 60 s");
+  Card card;
+  card.addresses["verbs"] = json_text(read_text(dir + "/peer.json"), "address");
+  std::string err;
+  std::thread connector([&] {
+    try {
+      r.send = r.t->connect(1, card, Clock::now() + std::chrono::seconds(60));
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  });
+  auto dl = Clock::now() + std::chrono::seconds(60);
+  while (!r.sink.recv && Clock::now() < dl) {
+    r.t->progress();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  connector.join();
+  if (!r.send || !r.sink.recv) die(0, "connections: " + (err.empty() ? "no incoming connection" : err));
+  const size_t most = sizes.empty() ? 1 : std::max<size_t>(1, *std::max_element(sizes.begin(), sizes.end()));
+  std::vector<char> out(most), in(most);
+  std::string results;
+  bool all_ok = true;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t n = sizes[i];
+    const uint64_t to_peer = 2 * i, from_peer = 2 * i + 1;  // tags, and the seeds of the bytes
+    for (size_t j = 0; j < n; ++j) out[j] = static_cast<char>(exchange_byte(j, to_peer));
+    const size_t before = r.sink.sent;
+    r.send_msg(out.data(), n, to_peer, exchange_meta(n));
+    r.wait_sent(before + 1);  // a rendezvous send completes on the peer's kFin
+    std::memset(in.data(), 0xEE, n);
+    r.sink.target = in.data();
+    r.wait_received(r.sink.received + 1);
+    size_t bad = 0;
+    for (size_t j = 0; j < n; ++j) bad += static_cast<unsigned char>(in[j]) != exchange_byte(j, from_peer);
+    const Header& h = r.sink.last;
+    const bool ok = bad == 0 && h.tag == from_peer && h.meta == exchange_meta(n) && h.bytes == n;
+    all_ok &= ok;
+    results += std::string(results.empty() ? "" : ", ") + "{\"bytes\": " + std::to_string(n) + ", \"ok\": " +
+               (ok ? "true" : "false") + ", \"mismatched\": " + std::to_string(bad) + ", \"tag\": " +
+               std::to_string(h.tag) + ", \"meta_ok\": " + (h.meta == exchange_meta(n) ? "true" : "false") + "}";
+  }
+  dl = Clock::now() + std::chrono::seconds(60);
+  while (access((dir + "/done").c_str(), F_OK) != 0 && Clock::now() < dl) {
+    r.t->progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::string rejected;
+  for (const auto& why : r.sink.rejected) {
+    rejected += std::string(rejected.empty() ? "\"" : ", \"");
+    for (char c : why) rejected += c == '"' || c == '\\' ? ' ' : c;
+    rejected += "\"";
+  }
+  std::printf("{\"ok\": %s, \"received\": [%s], \"reg_cache_misses\": %zu, \"rejected\": [%s]}\n",
+              all_ok ? "true" : "false", results.c_str(), r.t->nic().cache().misses(), rejected.c_str());
+  std::fflush(stdout);
+  r.send.reset();
+  r.sink.recv.reset();
+  return all_ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -361,6 +468,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "write-target" && argc > 3) return write_target(std::strtoull(argv[2], nullptr, 10), argv[3]);
+  if (mode == "exchange" && argc > 3) return exchange(argv[2], argv[3]);
   int iters = argc > 2 ? std::atoi(argv[2]) : 1000;
   int sv[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
