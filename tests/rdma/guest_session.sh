@@ -5,6 +5,10 @@ source tests/rdma/guest_lib.sh
 step probe 60 "$BIN/verbs_pingpong" probe
 step pingpong 240 "$BIN/verbs_pingpong" run ${PINGPONG_ITERS:-1000}
 DICOMM_IB_FORCE_STAGING=1 step staging 240 "$BIN/verbs_pingpong" run 100
+# The kernel's rdma cgroup limit on the device's objects makes Channel constructors fail part-way.
+grep -q cgroup2 /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup
+echo +rdma > /sys/fs/cgroup/cgroup.subtree_control; mkdir -p /sys/fs/cgroup/dicomm-limits
+step channel_limits 60 "$BIN/verbs_pingpong" channel-limits /sys/fs/cgroup/dicomm-limits
 # pyverbs, the independent reference: its view of rxe0 (the first step to import torch: slow), and
 # an RDMA WRITE into a buffer that dicomm registered.
 step pyverbs_probe 180 .venv/bin/python tests/rdma/guest_pyverbs.py probe

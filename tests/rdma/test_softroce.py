@@ -124,6 +124,21 @@ def test_cpu_mediated_staging_path_byte_exact(session):
     assert _json_line(_step(session, "staging"))["ok"]
 
 
+def test_channel_constructor_failing_part_way_leaks_nothing(session):
+    """The kernel's rdma cgroup limit refuses the device's next object, so a verbs Channel's
+    constructor throws after registering its control memory, after making its completion queue,
+    and after that, at its queue pair; each time the kernel's count of the process's device objects
+    (rdma.current) and its open descriptors (the side channel it was handed included) are back where
+    they were. With room for all of them the channel is made, and released on destruction."""
+    res = _json_line(_step(session, "channel_limits"))
+    tries = res["tries"]
+    errors = [t["error"] for t in tries if not t["made"]]
+    for step in ("registering control memory", "creating a completion queue", "creating an RC queue pair"):
+        assert any(step in e for e in errors), (step, tries)
+    assert tries[-1]["made"] and tries[-1]["objects_while_made"] >= 3, tries
+    assert all(t["objects_left"] == 0 and t["fds_left"] == 0 for t in tries), tries
+
+
 def _scenario(session, name: str, step: str = "p2p"):
     """One scenario of guest_p2p.py (its step may exit non-zero: each scenario says for itself)."""
     text = session.files.get(f"{step}.txt", "")

@@ -11,12 +11,17 @@
 //       the peer's address from DIR/peer.json; for each of SIZES (comma-separated) one message each
 //       way, byte for byte; then, until DIR/done appears, it keeps accepting (the peer tries a
 //       wrong wire version)
+//   verbs_pingpong channel-limits CGROUP -> Channel constructors made to fail part-way by the kernel's
+//       rdma cgroup limit on the device's objects (this process moves into CGROUP, a cgroup2 folder
+//       with the rdma controller): per limit, where it failed, and the device objects and open
+//       descriptors left afterwards against before (the kernel's count, rdma.current)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -457,6 +462,81 @@ int exchange(const std::string& dir, const std::string& size_list) {
   return all_ok ? 0 : 1;
 }
 
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  f.close();
+  if (!f) throw std::runtime_error("cannot write '" + text + "' to " + path);
+}
+
+long open_fds() {
+  long n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += e.path().filename() != "." ? 1 : 0;
+  return n;
+}
+
+// The kernel's count of this cgroup's objects on `device` (PDs, MRs, CQs, QPs...): rdma.current.
+long device_objects(const std::string& cgroup, const std::string& device) {
+  std::istringstream in(read_text(cgroup + "/rdma.current"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(device + " ", 0) != 0) continue;
+    auto at = line.find("hca_object=");
+    if (at != std::string::npos) return std::stol(line.substr(at + 11));
+  }
+  return 0;  // no objects charged yet: the device is not listed
+}
+
+int channel_limits(const std::string& cgroup) {
+  using namespace dicomm::transport::verbs;
+  try {
+    write_file(cgroup + "/cgroup.procs", std::to_string(getpid()));
+    std::string why;
+    const IbvApi* api = ibv_api(&why);
+    if (!api) throw std::runtime_error(why);
+    auto devices = discover(*api, &why);
+    auto ports = usable_ports(devices);
+    if (ports.empty()) throw std::runtime_error("no active port: " + why);
+    int max_wr = 0, max_rd = 0;
+    for (const auto& d : devices)
+      if (d.name == ports[0].device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
+    const std::string dev = ports[0].device;
+    auto nic = std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+    const int gid = choose_gid(nic->port(), "", nullptr);
+    const long base_objects = device_objects(cgroup, dev), base_fds = open_fds();
+    std::string rows;
+    bool made = false;
+    for (long extra = 0; extra < 8 && !made; ++extra) {
+      write_file(cgroup + "/rdma.max", dev + " hca_object=" + std::to_string(base_objects + extra));
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair");
+      std::string failed;
+      long during = -1;
+      try {
+        Channel ch(nic, UniqueFd(sv[0]), gid, "channel under limit", nullptr);  // takes sv[0]
+        during = device_objects(cgroup, dev) - base_objects;
+        made = true;
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+      close(sv[1]);
+      std::string quoted;
+      for (char c : failed) quoted += c == '"' || c == '\\' ? ' ' : c;
+      rows += std::string(rows.empty() ? "" : ", ") + "{\"limit\": " + std::to_string(extra) + ", \"made\": " +
+              (made ? "true" : "false") + ", \"objects_while_made\": " + std::to_string(during) +
+              ", \"error\": \"" + quoted + "\", \"objects_left\": " +
+              std::to_string(device_objects(cgroup, dev) - base_objects) + ", \"fds_left\": " +
+              std::to_string(open_fds() - base_fds) + "}";
+    }
+    write_file(cgroup + "/rdma.max", dev + " hca_handle=max hca_object=max");
+    std::printf("{\"ok\": true, \"device\": \"%s\", \"base_objects\": %ld, \"tries\": [%s]}\n", dev.c_str(), base_objects,
+                rows.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("{\"ok\": false, \"error\": \"%s\"}\n", e.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -469,6 +549,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "write-target" && argc > 3) return write_target(std::strtoull(argv[2], nullptr, 10), argv[3]);
   if (mode == "exchange" && argc > 3) return exchange(argv[2], argv[3]);
+  if (mode == "channel-limits" && argc > 2) return channel_limits(argv[2]);
   int iters = argc > 2 ? std::atoi(argv[2]) : 1000;
   int sv[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
