@@ -313,9 +313,9 @@ uint64_t json_u64(const std::string& j, const std::string& key) {  // flat JSON 
   return std::stoull(j.substr(j.find(':', at) + 1));
 }
 
-int write_target(size_t n, const std::string& dir) {
+// The first active port, opened as the transport opens it (throws when there is none).
+std::shared_ptr<dicomm::transport::verbs::Nic> open_first_port() {
   using namespace dicomm::transport::verbs;
-  try {
     std::string why;
     const IbvApi* api = ibv_api(&why);
     if (!api) throw std::runtime_error(why);
@@ -325,7 +325,13 @@ int write_target(size_t n, const std::string& dir) {
     int max_wr = 0, max_rd = 0;
     for (const auto& d : devices)
       if (d.name == ports[0].device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
-    auto nic = std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+  return std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+}
+
+int write_target(size_t n, const std::string& dir) {
+  using namespace dicomm::transport::verbs;
+  try {
+    auto nic = open_first_port();
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM, 0, sv);  // the channel's side channel: unused here
     int gid = choose_gid(nic->port(), "", nullptr);
@@ -490,17 +496,8 @@ int channel_limits(const std::string& cgroup) {
   using namespace dicomm::transport::verbs;
   try {
     write_file(cgroup + "/cgroup.procs", std::to_string(getpid()));
-    std::string why;
-    const IbvApi* api = ibv_api(&why);
-    if (!api) throw std::runtime_error(why);
-    auto devices = discover(*api, &why);
-    auto ports = usable_ports(devices);
-    if (ports.empty()) throw std::runtime_error("no active port: " + why);
-    int max_wr = 0, max_rd = 0;
-    for (const auto& d : devices)
-      if (d.name == ports[0].device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
-    const std::string dev = ports[0].device;
-    auto nic = std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+    auto nic = open_first_port();
+    const std::string dev = nic->port().device;
     const int gid = choose_gid(nic->port(), "", nullptr);
     const long base_objects = device_objects(cgroup, dev), base_fds = open_fds();
     std::string rows;
