@@ -251,6 +251,15 @@ def test_peer_of_another_wire_version_is_refused_by_name(session):
     assert any("wire version 99" in w and "version 1" in w for w in rank0["warnings"]), rank0
 
 
+def test_two_communicators_of_one_process_keep_their_own_verbs_settings(session):
+    """DICOMM_IB_EAGER_BYTES=0 given to one communicator as its setting: its 4 KiB messages go by
+    rendezvous (its registration cache misses), while another communicator of the same processes
+    sends them eagerly (no registration); both deliver the bytes."""
+    for rank, res in enumerate(_scenario(session, "settings_per_communicator")):
+        assert res["intact"] == {"eager_0": True, "default": True}, (rank, res)
+        assert res["misses"]["eager_0"] >= 1 and res["misses"]["default"] == 0, (rank, res)
+
+
 def test_pyverbs_sees_what_the_probe_reports(session):
     """rdma-core's pyverbs reads rxe0's name, port state, active MTU and GID table; dicomm's
     _verbs_probe() must report the same."""

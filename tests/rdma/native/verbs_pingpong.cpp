@@ -31,6 +31,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/communicator.h"
+#include "core/config.h"
 #include "core/handshake.h"
 #include "transport/poller.h"
 #include "transport/verbs/accel.h"
@@ -44,6 +46,12 @@ using namespace dicomm::transport;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// The settings as an engine would read them: the table's defaults under the environment.
+const EngineConfig& settings() {
+  static const EngineConfig c = EngineConfig::load(Options{});
+  return c;
+}
 
 [[noreturn]] void die(int rank, const std::string& why) {
   std::fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
@@ -144,6 +152,7 @@ int run_rank(int rank, int sock, int iters) {
   Rank r;
   r.rank = rank;
   Context ctx;
+  ctx.config = &settings();
   ctx.rank = rank;
   ctx.size = 2;
   ctx.key = std::string(32, '\x07');  // both ranks agree on the handshake key
@@ -325,7 +334,7 @@ std::shared_ptr<dicomm::transport::verbs::Nic> open_first_port() {
     int max_wr = 0, max_rd = 0;
     for (const auto& d : devices)
       if (d.name == ports[0].device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
-  return std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+  return std::make_shared<Nic>(*api, ports[0], max_wr, max_rd, settings());
 }
 
 int write_target(size_t n, const std::string& dir) {
@@ -335,7 +344,7 @@ int write_target(size_t n, const std::string& dir) {
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM, 0, sv);  // the channel's side channel: unused here
     int gid = choose_gid(nic->port(), "", nullptr);
-    Channel ch(nic, UniqueFd(sv[0]), gid, "write target", nullptr);
+    Channel ch(nic, UniqueFd(sv[0]), gid, "write target", nullptr, settings());
     std::vector<char> buf(n, static_cast<char>(0xEE));
     Registration* reg = nic->cache().acquire(buf.data(), n);
     if (!reg->mr) throw std::runtime_error("the buffer could not be registered");
@@ -396,6 +405,7 @@ int exchange(const std::string& dir, const std::string& size_list) {
   Rank r;
   r.rank = 0;
   Context ctx;
+  ctx.config = &settings();
   ctx.rank = 0;
   ctx.size = 2;
   const Token token = random_token();
@@ -509,7 +519,7 @@ int channel_limits(const std::string& cgroup) {
       std::string failed;
       long during = -1;
       try {
-        Channel ch(nic, UniqueFd(sv[0]), gid, "channel under limit", nullptr);  // takes sv[0]
+        Channel ch(nic, UniqueFd(sv[0]), gid, "channel under limit", nullptr, settings());  // takes sv[0]
         during = device_objects(cgroup, dev) - base_objects;
         made = true;
       } catch (const std::exception& e) {
