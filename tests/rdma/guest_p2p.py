@@ -493,6 +493,24 @@ def _settings_per_communicator(rank: int, world: int, store) -> dict:
     return {"misses": misses, "intact": intact}
 
 
+def _gid_setting_per_communicator(rank: int, world: int, store) -> dict:
+    """DICOMM_IB_GID_INDEX=97 as one communicator's setting fails that communicator, naming the
+    setting and the GID table; a communicator made next without it comes up on verbs."""
+    import torch.distributed as dist
+
+    import dicomm._C as C
+
+    try:
+        C.Communicator(dist.PrefixStore("bad", store), rank, world, 30.0, "verbs", {"DICOMM_IB_GID_INDEX": "97"})
+        text = "accepted"
+    except C.DicommError as e:
+        text = str(e)
+    c = C.Communicator(dist.PrefixStore("good", store), rank, world, 30.0, "verbs")
+    path_ok = c.stats()["verbs_peers"] == 0  # one rank: up, with no peer to serve
+    c.close()
+    return {"text": text, "other_ok": path_ok}
+
+
 def _probe() -> dict:
     import dicomm._C as C
 
@@ -515,6 +533,7 @@ SCENARIOS = {
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],
     "wrong_wire_version": lambda: run_ranks(_wrong_wire_version, 2, timeout=120),
     "settings_per_communicator": lambda: run_ranks(_settings_per_communicator, 2, timeout=120),
+    "gid_setting": lambda: run_ranks(_gid_setting_per_communicator, 1, timeout=60)[0],
 }
 # Takes the port down: run on its own, at the end of a session (guest_session.sh).
 LAST = {"port_down": lambda: run_ranks(_port_down, 2, timeout=120)}

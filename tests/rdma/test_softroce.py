@@ -260,6 +260,12 @@ def test_two_communicators_of_one_process_keep_their_own_verbs_settings(session)
         assert res["misses"]["eager_0"] >= 1 and res["misses"]["default"] == 0, (rank, res)
 
 
+def test_a_communicator_with_a_wrong_gid_setting_fails_alone(session):
+    res = _scenario(session, "gid_setting")
+    assert "DICOMM_IB_GID_INDEX=97" in res["text"] and "GID table" in res["text"], res
+    assert res["other_ok"], res
+
+
 def test_pyverbs_sees_what_the_probe_reports(session):
     """rdma-core's pyverbs reads rxe0's name, port state, active MTU and GID table; dicomm's
     _verbs_probe() must report the same."""

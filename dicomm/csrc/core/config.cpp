@@ -86,8 +86,7 @@ const Knob& knob(const char* name) {
 std::string not_a_setting(const Knob& k) {
   const std::string name = k.name;
   if (name == "DICOMM_TRANSPORT") return "give the communicator's transport argument instead";
-  for (const char* process_wide : {"DICOMM_LOG_LEVEL", "DICOMM_IBVERBS_LIB", "DICOMM_SYSFS_ROOT", "DICOMM_REDUCE_KERNELS",
-                                   "DICOMM_IB_HCA", "DICOMM_IB_GID_INDEX"})
+  for (const char* process_wide : {"DICOMM_LOG_LEVEL", "DICOMM_IBVERBS_LIB", "DICOMM_SYSFS_ROOT", "DICOMM_REDUCE_KERNELS"})
     if (name == process_wide) return "it is read for the whole process: set it in the environment";
   return "";
 }
@@ -223,6 +222,8 @@ EngineConfig build(const Options& options, const Source& src) {
   c.tcp_streams = static_cast<int>(src.integer("DICOMM_TCP_STREAMS"));
   c.tcp_chunk_bytes = static_cast<size_t>(src.integer("DICOMM_TCP_CHUNK_KB")) << 10;
   c.verbs_chunk_bytes = static_cast<size_t>(src.integer("DICOMM_IB_CHUNK_KB")) << 10;
+  c.ib_hca = src.text("DICOMM_IB_HCA");
+  c.ib_gid_index = src.optional_integer("DICOMM_IB_GID_INDEX");
   c.ib_slots = static_cast<int>(src.integer("DICOMM_IB_SLOTS"));
   c.ib_eager_bytes = static_cast<size_t>(src.integer("DICOMM_IB_EAGER_BYTES"));
   c.ib_signal_every = static_cast<int>(src.integer("DICOMM_IB_SIGNAL_EVERY"));

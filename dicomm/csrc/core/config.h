@@ -8,7 +8,7 @@
 // that a bad value anywhere fails there. The engine, its transports (transport::Context::config) and
 // the collectives (Communicator::config) take their settings from it, so two communicators of one
 // process may differ. Process-wide settings (log level, libibverbs, sysfs root, reduction kernels)
-// and the RDMA port choice are read where they are used, through the same parser.
+// are read where they are used, through the same parser.
 #pragma once
 
 #include <chrono>
@@ -69,7 +69,9 @@ struct EngineConfig {
   size_t verbs_chunk_bytes = size_t{512} << 10;
   std::optional<size_t> max_pending_handshakes;  // DICOMM_MAX_PENDING_HANDSHAKES; unset: from the fd limit
   std::string socket_ifname;                     // DICOMM_SOCKET_IFNAME
-  // RDMA verbs connections
+  // RDMA verbs: the port, then connections
+  std::string ib_hca;                 // DICOMM_IB_HCA; empty: any active port
+  std::optional<long> ib_gid_index;   // DICOMM_IB_GID_INDEX; unset: chosen by address
   int ib_slots = 32;
   size_t ib_eager_bytes = 8192;
   int ib_signal_every = 16;

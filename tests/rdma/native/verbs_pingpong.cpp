@@ -329,7 +329,7 @@ std::shared_ptr<dicomm::transport::verbs::Nic> open_first_port() {
     const IbvApi* api = ibv_api(&why);
     if (!api) throw std::runtime_error(why);
     auto devices = discover(*api, &why);
-    auto ports = usable_ports(devices);
+    auto ports = usable_ports(devices, settings().ib_hca);
     if (ports.empty()) throw std::runtime_error("no active port: " + why);
     int max_wr = 0, max_rd = 0;
     for (const auto& d : devices)
@@ -343,7 +343,7 @@ int write_target(size_t n, const std::string& dir) {
     auto nic = open_first_port();
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM, 0, sv);  // the channel's side channel: unused here
-    int gid = choose_gid(nic->port(), "", nullptr);
+    int gid = choose_gid(nic->port(), "", settings().ib_gid_index, nullptr);
     Channel ch(nic, UniqueFd(sv[0]), gid, "write target", nullptr, settings());
     std::vector<char> buf(n, static_cast<char>(0xEE));
     Registration* reg = nic->cache().acquire(buf.data(), n);
@@ -508,7 +508,7 @@ int channel_limits(const std::string& cgroup) {
     write_file(cgroup + "/cgroup.procs", std::to_string(getpid()));
     auto nic = open_first_port();
     const std::string dev = nic->port().device;
-    const int gid = choose_gid(nic->port(), "", nullptr);
+    const int gid = choose_gid(nic->port(), "", settings().ib_gid_index, nullptr);
     const long base_objects = device_objects(cgroup, dev), base_fds = open_fds();
     std::string rows;
     bool made = false;

@@ -37,7 +37,7 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::
   if (!api) return nullptr;
   auto devices = discover(*api, why);
   if (devices.empty()) return nullptr;
-  auto ports = usable_ports(devices);  // throws on a DICOMM_IB_HCA that matches nothing
+  auto ports = usable_ports(devices, ctx.config->ib_hca);  // throws on a DICOMM_IB_HCA that matches nothing
   if (ports.empty()) {
     if (why) *why = "no RDMA port is active";
     return nullptr;
@@ -49,11 +49,11 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::
   // The side channel listens on the address of the port's RoCE GID, so it follows the RDMA path.
   std::string ip;
   try {
-    int g = choose_gid(port, "", nullptr);
+    int g = choose_gid(port, "", ctx.config->ib_gid_index, nullptr);
     for (const auto& e : port.gids)
       if (e.index == g) ip = e.ipv4;
   } catch (const ValueError&) {
-    if (config::optional_integer("DICOMM_IB_GID_INDEX")) throw;
+    if (ctx.config->ib_gid_index) throw;
   }
   if (ip.empty()) ip = listen_ip(ctx.config->socket_ifname);  // no GID address: where the tcp transport listens, never the wildcard
   auto nic = std::make_shared<Nic>(*api, port, max_wr, max_rd, *ctx.config);
@@ -104,7 +104,7 @@ bool VerbsTransport::can_reach(const Card&, const Card& peer, std::string* why) 
 std::unique_ptr<Channel> VerbsTransport::open_channel(int peer, UniqueFd fd, bool outgoing) {
   std::string what = std::string("verbs connection ") + (outgoing ? "to" : "from") + " rank " + std::to_string(peer);
   std::string local_ip = local_ip_of(fd.get()), why_gid;
-  int gid = choose_gid(nic_->port(), local_ip, &why_gid);
+  int gid = choose_gid(nic_->port(), local_ip, ctx_.config->ib_gid_index, &why_gid);
   log(LogLevel::kDebug, what + ": " + nic_->port().describe() + " GID index " + std::to_string(gid) + " (" + why_gid + ")");
   return std::make_unique<Channel>(nic_, std::move(fd), gid, what, ctx_.poller, *ctx_.config);
 }
