@@ -86,3 +86,79 @@ def test_good_values_are_accepted(monkeypatch):
     c = C.Communicator(store, 0, 1, 5.0, "auto")
     assert c.size == 1
     c.close()
+
+
+def _two_communicators_two_chunk_sizes(rank, world_size, store):
+    """Two communicators alive at once in this process, created with different collective chunk
+    sizes, each broadcasting 1 MiB (the pipelined chain): rank 0's messages per broadcast, and
+    whether every rank got root's bytes."""
+    import numpy as np
+    import torch.distributed as dist
+
+    import dicomm._C as C
+
+    chunks = {"64k": {"DICOMM_COLL_CHUNK_BYTES": "65536"}, "default": {}}
+    comms = {name: C.Communicator(dist.PrefixStore(name, store), rank, world_size, 60.0, "auto", settings)
+             for name, settings in chunks.items()}
+    sent, intact = {}, {}
+    for name, c in comms.items():
+        want = np.random.default_rng(len(name)).integers(0, 256, 1 << 20, dtype=np.uint8)
+        buf = want.copy() if rank == 0 else np.zeros_like(want)
+        before = c.stats()["messages_sent"]
+        c.broadcast(buf.ctypes.data, buf.nbytes, 0).wait()
+        sent[name] = c.stats()["messages_sent"] - before
+        intact[name] = bool((buf == want).all())
+    for name, c in comms.items():
+        store.set(f"{name}-done{rank}", "1")
+        store.wait([f"{name}-done{r}" for r in range(world_size)])
+        c.close()
+    return sent, intact
+
+
+def test_two_communicators_of_one_process_keep_their_own_settings():
+    """Settings passed to one communicator reach its collectives, not the process: 1 MiB broadcast in
+    64 KiB chunks takes 16 chunk messages from the root, in the default 512 KiB chunks 2, with both
+    communicators alive in the same processes at once."""
+    from tests.dicomm.multiproc import run_ranks
+
+    results = run_ranks(_two_communicators_two_chunk_sizes, 2, timeout=120)
+    for _, intact in results:
+        assert intact == {"64k": True, "default": True}, results
+    # Besides the chunks, each rank sends the same fixed number of messages per collective.
+    root, other = results[0][0], results[1][0]
+    assert other["64k"] == other["default"], results
+    assert root["64k"] - root["default"] == (1 << 20) // 65536 - (1 << 20) // (512 << 10), results
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"DICOMM_NO_SUCH_KNOB": "1"}, "unknown setting 'DICOMM_NO_SUCH_KNOB'"),
+    ({"DICOMM_COLL_CHUNK_BYTES": "0"}, "DICOMM_COLL_CHUNK_BYTES='0' is not valid; expected an integer >= 1"),
+    ({"DICOMM_LOG_LEVEL": "debug"}, "DICOMM_LOG_LEVEL cannot be set per communicator"),
+])
+def test_a_bad_setting_names_itself(settings, message):
+    import torch.distributed as dist
+
+    import dicomm._C as C
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    with pytest.raises(C.ValueError, match=message):
+        C.Communicator(store, 0, 1, 5.0, "auto", settings).close()
+
+
+def test_the_environment_overrides_a_setting(monkeypatch):
+    """As documented: options first, then the environment, which wins (stats() reports the yield
+    period the communicator's waiters use)."""
+    import torch.distributed as dist
+
+    import dicomm._C as C
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    monkeypatch.delenv("DICOMM_SPIN_YIELD_EVERY", raising=False)
+    seen = []
+    for prefix, env in (("a", None), ("b", "7")):
+        if env:
+            monkeypatch.setenv("DICOMM_SPIN_YIELD_EVERY", env)
+        c = C.Communicator(dist.PrefixStore(prefix, store), 0, 1, 5.0, "auto", {"DICOMM_SPIN_YIELD_EVERY": "5"})
+        seen.append(c.stats()["spin_yield_every"])
+        c.close()
+    assert seen == [5, 7]

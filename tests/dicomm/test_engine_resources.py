@@ -159,3 +159,61 @@ def test_unmatched_sends_to_self_are_bounded_too():
     (grown, in_order), = run_ranks(_unmatched_self_flood, 1, timeout=120)
     assert in_order
     assert grown < 96 << 20, f"the rank grew by {grown / 2**20:.0f} MiB"
+
+
+_DESCRIPTOR_SWEEP = """
+import datetime, fcntl, gc, json, os, resource
+import torch.distributed as dist
+import dicomm._C as C
+
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+def is_open(fd):
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+        return True
+    except OSError:
+        return False
+def open_fds():  # without opening one to look (listing /proc/self/fd would)
+    return [fd for fd in range(4096) if is_open(fd)]
+# Fill the holes below the highest open descriptor: then `spare` is exactly how many it may open.
+fillers = [os.open("/dev/null", os.O_RDONLY) for fd in range(open_fds()[-1]) if not is_open(fd)]
+rows = []
+for spare in range(48):
+    before = open_fds()
+    # New descriptors take the lowest free numbers: with the limit just above the highest open one,
+    # the communicator can open `spare` more, and then fails.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (before[-1] + 1 + spare, hard))
+    try:
+        c = C.Communicator(dist.PrefixStore(str(spare), store), 0, 1, 10.0, "auto")
+        error = None
+    except Exception as e:
+        c, error = None, f"{type(e).__name__}: {e}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if c is not None:
+        c.close()
+        del c
+    gc.collect()
+    rows.append({"spare": spare, "error": error, "leaked": sorted(set(open_fds()) - set(before))})
+    if error is None:
+        break
+print(json.dumps(rows))
+"""
+
+
+def test_a_communicator_failing_at_each_descriptor_it_opens_leaks_none():
+    """The open-file limit set so that creating a communicator fails at its first, second, ...
+    descriptor (the poller's epoll and eventfd, the shm and tcp listeners) until it succeeds: after
+    each failure, and after the successful one is closed, the process holds exactly the descriptors
+    it held before (the poller once leaked its epoll descriptor when its eventfd failed)."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DICOMM_TRANSPORT="auto", DICOMM_LOG_LEVEL="error")
+    p = subprocess.run([sys.executable, "-c", _DESCRIPTOR_SWEEP], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    failures = [r for r in rows if r["error"]]
+    assert len(failures) >= 3 and rows[-1]["error"] is None, rows  # it failed part-way, then came up
+    assert all(r["leaked"] == [] for r in rows), [r for r in rows if r["leaked"]]

@@ -26,11 +26,17 @@ from pathlib import Path
 from tests.rdma import guest, lab
 
 # What the module's build files must contain, and what each becomes in a renamed build.
+# The benchmark module (its `_pingpong` loop) is renamed with it and imports the renamed engine.
 RENAMES = {
     "dicomm/csrc/python/module.cpp": [("PYBIND11_MODULE(_C,", "PYBIND11_MODULE({mod},")],
+    "dicomm/csrc/python/bench_bindings.cpp": [("PYBIND11_MODULE(_C_bench,", "PYBIND11_MODULE({mod}_bench,"),
+                                              ('import("dicomm._C")', 'import("dicomm.{mod}")')],
     "CMakeLists.txt": [("pybind11_add_module(_C ", "pybind11_add_module({mod} "),
                        ("target_link_libraries(_C ", "target_link_libraries({mod} "),
-                       ("install(TARGETS _C ", "install(TARGETS {mod} ")],
+                       ("install(TARGETS _C ", "install(TARGETS {mod} "),
+                       ("pybind11_add_module(_C_bench ", "pybind11_add_module({mod}_bench "),
+                       ("target_include_directories(_C_bench ", "target_include_directories({mod}_bench "),
+                       ("install(TARGETS _C_bench ", "install(TARGETS {mod}_bench ")],
 }
 
 
@@ -61,8 +67,8 @@ def export(rev: str, dest: Path) -> None:
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True, timeout=300)
 
 
-def build(rev: str, mod: str, work: Path) -> Path:
-    """Builds `rev` as the module `mod`; returns the shared object."""
+def build(rev: str, mod: str, work: Path) -> str:
+    """Builds `rev` as the module `mod` and its benchmark module; returns "CORE.so,BENCH.so"."""
     src = work / f"src_{mod}"
     export(rev, src)
     for rel, pairs in RENAMES.items():
@@ -73,21 +79,24 @@ def build(rev: str, mod: str, work: Path) -> Path:
                 raise SystemExit(f"{rev}: {rel} has no '{old}'; update RENAMES in {Path(__file__).name}")
             text = text.replace(old, new.format(mod=mod))
         if rel == "CMakeLists.txt":
-            text += f'\ntarget_compile_definitions({mod} PRIVATE PYBIND11_COMPILER_TYPE="_{mod}")\n'
+            for target in (mod, f"{mod}_bench"):
+                text += f'\ntarget_compile_definitions({target} PRIVATE PYBIND11_COMPILER_TYPE="_{mod}")\n'
         path.write_text(text)
     import pybind11
 
     out = src / "build"
     _sh(["cmake", "-S", str(src), "-B", str(out), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
          f"-DPython_EXECUTABLE={sys.executable}", f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"], f"configuring {rev}")
-    _sh(["cmake", "--build", str(out), "--target", mod], f"building {rev}", timeout=1800)
-    (so,) = out.glob(f"{mod}.*.so")
-    target = work / f"{mod}.so"
-    shutil.copy2(so, target)
-    return target
+    _sh(["cmake", "--build", str(out), "--target", mod, f"{mod}_bench"], f"building {rev}", timeout=1800)
+    built = []
+    for name in (mod, f"{mod}_bench"):
+        (so,) = out.glob(f"{name}.*.so")
+        shutil.copy2(so, work / f"{name}.so")
+        built.append(str(work / f"{name}.so"))
+    return ",".join(built)
 
 
-def session(a: Path, b: Path, runs: int, blocks: int, iters: int) -> str:
+def session(a: str, b: str, runs: int, blocks: int, iters: int) -> str:
     script = Path(__file__).with_name("ab_pingpong.py").relative_to(lab.REPO)
     lines = ["source tests/rdma/guest_lib.sh", "export TORCH_DEVICE_BACKEND_AUTOLOAD=0"]
     for r in range(runs):
@@ -132,7 +141,7 @@ def main() -> int:
     b = build(args.rev_b, "_ab_b", work)
     res = guest.run(session(a, b, args.runs, args.blocks, args.iters),
                     timeout_s=120 + args.runs * (60 + args.blocks * args.iters * 2e-4))
-    lines, diffs = summarize(res.files, (a.name, b.name))
+    lines, diffs = summarize(res.files, (Path(a.split(",")[0]).name, Path(b.split(",")[0]).name))
     if res.rc != 0 or len(diffs) != args.runs:
         print(res.describe(), file=sys.stderr)
         return 1

@@ -465,6 +465,52 @@ def _wrong_wire_version(rank: int, world: int, store) -> dict:
     return {"accepted": accepted, "reply_magic": magic, "reply_version": version, "closed": closed}
 
 
+def _settings_per_communicator(rank: int, world: int, store) -> dict:
+    """Two verbs communicators alive at once in each process, one created with
+    DICOMM_IB_EAGER_BYTES=0 as its own setting: its 4 KiB messages must go by rendezvous (registered,
+    so its registration cache misses), the other's eagerly through the slots (no registration)."""
+    import torch.distributed as dist
+
+    import dicomm._C as C
+
+    settings = {"eager_0": {"DICOMM_IB_EAGER_BYTES": "0"}, "default": {}}
+    comms = {name: C.Communicator(dist.PrefixStore(name, store), rank, world, 60.0, "verbs", s)
+             for name, s in settings.items()}
+    misses, intact = {}, {}
+    for name, c in comms.items():
+        ok = True
+        for i in range(3):
+            want = _data(4096, i)
+            buf = want.copy() if rank == 0 else np.zeros_like(want)
+            if rank == 0:
+                c.isend(buf.ctypes.data, buf.nbytes, 1, i).wait()
+            else:
+                c.irecv(buf.ctypes.data, buf.nbytes, 0, i).wait()
+            ok &= bool(np.array_equal(buf, want))
+        misses[name], intact[name] = c.stats()["verbs_reg_cache_misses"], ok
+    for c in comms.values():
+        _close(c)
+    return {"misses": misses, "intact": intact}
+
+
+def _gid_setting_per_communicator(rank: int, world: int, store) -> dict:
+    """DICOMM_IB_GID_INDEX=97 as one communicator's setting fails that communicator, naming the
+    setting and the GID table; a communicator made next without it comes up on verbs."""
+    import torch.distributed as dist
+
+    import dicomm._C as C
+
+    try:
+        C.Communicator(dist.PrefixStore("bad", store), rank, world, 30.0, "verbs", {"DICOMM_IB_GID_INDEX": "97"})
+        text = "accepted"
+    except C.DicommError as e:
+        text = str(e)
+    c = C.Communicator(dist.PrefixStore("good", store), rank, world, 30.0, "verbs")
+    path_ok = c.stats()["verbs_peers"] == 0  # one rank: up, with no peer to serve
+    c.close()
+    return {"text": text, "other_ok": path_ok}
+
+
 def _probe() -> dict:
     import dicomm._C as C
 
@@ -486,6 +532,8 @@ SCENARIOS = {
     "middle_page": lambda: run_ranks(_middle_page, 2, timeout=90),
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],
     "wrong_wire_version": lambda: run_ranks(_wrong_wire_version, 2, timeout=120),
+    "settings_per_communicator": lambda: run_ranks(_settings_per_communicator, 2, timeout=120),
+    "gid_setting": lambda: run_ranks(_gid_setting_per_communicator, 1, timeout=60)[0],
 }
 # Takes the port down: run on its own, at the end of a session (guest_session.sh).
 LAST = {"port_down": lambda: run_ranks(_port_down, 2, timeout=120)}

@@ -5,6 +5,11 @@
   write N DIR BIN  a pyverbs RC queue pair RDMA-WRITEs N bytes into a buffer that dicomm registered
                    (BIN write-target N DIR: dicomm's registration cache and queue pair); address,
                    rkey and queue pair data go through files in DIR. dicomm's side checks the bytes.
+  exchange DIR BIN a rank written with pyverbs from the documented wire protocol (pyverbs_peer.py)
+                   and dicomm's verbs transport (BIN exchange: the transport with a minimal sink)
+                   exchange one message each way per size of EXCHANGE_SIZES, eager and rendezvous
+                   (RDMA READs from and into dicomm's registered buffers); both sides check every byte.
+                   Then the peer offers wire version 99: dicomm must answer with its own and hang up.
 Prints one JSON line.
 """
 from __future__ import annotations
@@ -146,10 +151,78 @@ def write(n: int, folder: str, target_bin: str) -> dict:
             target.wait()
 
 
+# Eager (up to 8192 B, the documented default) and rendezvous sizes; 4 MiB + 5 takes several reads of
+# either side's chunk, with reads in flight.
+EXCHANGE_SIZES = [0, 1, 24, 4096, 8192, 8193, 65537, (1 << 20) + 3, (4 << 20) + 5]
+
+
+def _exchange_bytes(n: int, seed: int) -> bytes:
+    """Message `seed`'s bytes: byte j is ((j + seed) % 251 * 7 + 13) & 0xFF (a period that no chunk
+    size divides, so a misplaced chunk shows)."""
+    period = bytes((k * 7 + 13) & 0xFF for k in range(251))
+    start = seed % 251
+    return (period * ((start + n) // 251 + 1))[start:start + n]
+
+
+def _exchange_meta(n: int) -> int:
+    return (n << 8) | 0x5A
+
+
+def exchange(folder: str, target_bin: str) -> dict:
+    import socket
+
+    from tests.rdma import pyverbs_peer as peer
+
+    sizes = ",".join(map(str, EXCHANGE_SIZES))
+    target = subprocess.Popen([target_bin, "exchange", folder, sizes], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    conns = []
+    try:
+        _wait(os.path.join(folder, "dicomm.json"), 60)
+        theirs = json.load(open(os.path.join(folder, "dicomm.json")))
+        host = theirs["address"].split(":")[0]
+        key = bytes.fromhex(theirs["token"])
+        ctx = Context(name="rxe0")
+        pd = PD(ctx)
+        listener = socket.create_server((host, 0))
+        tmp = os.path.join(folder, "peer.json.tmp")
+        json.dump({"address": f"{host}:{listener.getsockname()[1]}/rxe0:{PORT}"}, open(tmp, "w"))
+        os.rename(tmp, os.path.join(folder, "peer.json"))
+        deadline = time.monotonic() + 150
+        send = peer.connect_to(ctx, pd, theirs["address"], key, 1, 0, deadline)
+        conns.append(send)
+        recv = peer.accept_from(ctx, pd, listener, key, 1, 2)
+        conns.append(recv)
+        rows = []
+        for i, n in enumerate(EXCHANGE_SIZES):
+            m = recv.receive(deadline)
+            want = _exchange_bytes(n, 2 * i)
+            got_ok = m.tag == 2 * i and m.meta == _exchange_meta(n) and m.data == want
+            mismatched = sum(a != b for a, b in zip(m.data, want)) + abs(len(m.data) - n) if not got_ok else 0
+            how = send.send_message(_exchange_bytes(n, 2 * i + 1), 2 * i + 1, _exchange_meta(n), i + 1, deadline)
+            rows.append({"bytes": n, "ok": got_ok, "mismatched": mismatched, "sent_as": how})
+        version = peer.try_wire_version(theirs["address"], key, 1, 0, 99, deadline)
+        open(os.path.join(folder, "done"), "w").write("1\n")
+        out, err = target.communicate(timeout=120)
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        ours = json.loads(lines[-1]) if lines else {"ok": False, "error": err[-2000:]}
+        return {"ok": all(r["ok"] for r in rows) and ours.get("ok") and target.returncode == 0,
+                "pyverbs_received": rows, "dicomm": ours, "target_exit": target.returncode,
+                "pyverbs_read_bytes": recv.read_bytes, "wrong_version": version, "dicomm_stderr": err[-2000:]}
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+        for c in conns:
+            c.close()
+
+
 def main() -> int:
     try:
         if sys.argv[1] == "probe":
             res = {"ok": True, **probe()}
+        elif sys.argv[1] == "exchange":
+            res = exchange(sys.argv[2], sys.argv[3])
         else:
             res = write(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     except Exception as exc:  # reported as JSON: the test shows it

@@ -1,6 +1,12 @@
 """The build comparison tool (ab_builds.py) renames the module in a copy of the tree: the patterns it
-rewrites must exist in the tree as it is, and the summary must pair blocks by build, not by order."""
+rewrites must exist in the tree as it is, the summary must pair blocks by build, not by order, and
+the per-rank script (ab_pingpong.py) must run against the modules as they are."""
 import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.rdma import ab_builds, lab
 
@@ -23,3 +29,40 @@ def test_the_summary_pairs_blocks_by_build_whichever_was_made_first():
     # run 0: B - A per block -1.0, -0.5, +0.2 -> median -0.5; run 1: -1.0, -0.8, -0.9 -> -0.9
     assert [round(d, 6) for d in diffs] == [-0.5, -0.9]
     assert "B faster in 2 of 3" in lines[0] and "B faster in 3 of 3" in lines[1] and "_ab_b.so made first" in lines[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_per_rank_script_runs_an_a_a_comparison_of_the_installed_build(tmp_path):
+    """ab_pingpong.py itself, briefly, on the host: two ranks, each loading the installed engine and
+    benchmark modules as both builds, over tcp on loopback. Rank 0 writes a median per block and
+    build (the script once called the loops on the engine module after they had moved out of it)."""
+    script = Path(ab_builds.__file__).with_name("ab_pingpong.py")
+    out = tmp_path / "ab.json"
+    args = [str(_free_port()), "2", "20", "installed", "installed", str(out), "tcp"]
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    peer = subprocess.Popen([sys.executable, str(script), "1", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        first = subprocess.run([sys.executable, str(script), "0", *args], env=env, capture_output=True, text=True,
+                               timeout=120)
+        peer_out, _ = peer.communicate(timeout=60)
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+    assert first.returncode == 0 and peer.returncode == 0, (first.stderr[-2000:], peer_out[-2000:])
+    res = json.loads(out.read_text())
+    assert res["builds"] == ["installed", "installed"]
+    assert [len(m) for m in res["medians_us"]] == [2, 2] and all(x > 0 for m in res["medians_us"] for x in m), res
+
+
+def test_a_build_argument_without_its_benchmark_module_is_refused(tmp_path):
+    script = Path(ab_builds.__file__).with_name("ab_pingpong.py")
+    p = subprocess.run([sys.executable, str(script), "0", "1", "1", "1", "core.so", "installed", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "expected CORE.so,BENCH.so or 'installed'" in p.stderr, p.stderr

@@ -5,9 +5,9 @@ runs everything (module-scoped, a minute or two under TCG) and the tests read it
 Two layers are checked: tests/rdma/native/verbs_pingpong.cpp drives the transport alone with a
 minimal sink, and tests/rdma/guest_p2p.py runs the whole engine (Communicator, every collective, the
 torch backend) with transport="verbs". The references are independent of dicomm: numpy for data,
-rdma-core's pyverbs for the device view and an RDMA WRITE into dicomm's registration
-(guest_pyverbs.py), perftest for speed. Skips (saying why) only when QEMU or the Debian packages
-cannot be obtained.
+rdma-core's pyverbs for the device view, an RDMA WRITE into dicomm's registration and a rank of
+the wire protocol written from docs/rdma.md (guest_pyverbs.py, pyverbs_peer.py), perftest for
+speed. Skips (saying why) only when QEMU or the Debian packages cannot be obtained.
 """
 from __future__ import annotations
 
@@ -124,6 +124,21 @@ def test_cpu_mediated_staging_path_byte_exact(session):
     assert _json_line(_step(session, "staging"))["ok"]
 
 
+def test_channel_constructor_failing_part_way_leaks_nothing(session):
+    """The kernel's rdma cgroup limit refuses the device's next object, so a verbs Channel's
+    constructor throws after registering its control memory, after making its completion queue,
+    and after that, at its queue pair; each time the kernel's count of the process's device objects
+    (rdma.current) and its open descriptors (the side channel it was handed included) are back where
+    they were. With room for all of them the channel is made, and released on destruction."""
+    res = _json_line(_step(session, "channel_limits"))
+    tries = res["tries"]
+    errors = [t["error"] for t in tries if not t["made"]]
+    for step in ("registering control memory", "creating a completion queue", "creating an RC queue pair"):
+        assert any(step in e for e in errors), (step, tries)
+    assert tries[-1]["made"] and tries[-1]["objects_while_made"] >= 3, tries
+    assert all(t["objects_left"] == 0 and t["fds_left"] == 0 for t in tries), tries
+
+
 def _scenario(session, name: str, step: str = "p2p"):
     """One scenario of guest_p2p.py (its step may exit non-zero: each scenario says for itself)."""
     text = session.files.get(f"{step}.txt", "")
@@ -236,6 +251,21 @@ def test_peer_of_another_wire_version_is_refused_by_name(session):
     assert any("wire version 99" in w and "version 1" in w for w in rank0["warnings"]), rank0
 
 
+def test_two_communicators_of_one_process_keep_their_own_verbs_settings(session):
+    """DICOMM_IB_EAGER_BYTES=0 given to one communicator as its setting: its 4 KiB messages go by
+    rendezvous (its registration cache misses), while another communicator of the same processes
+    sends them eagerly (no registration); both deliver the bytes."""
+    for rank, res in enumerate(_scenario(session, "settings_per_communicator")):
+        assert res["intact"] == {"eager_0": True, "default": True}, (rank, res)
+        assert res["misses"]["eager_0"] >= 1 and res["misses"]["default"] == 0, (rank, res)
+
+
+def test_a_communicator_with_a_wrong_gid_setting_fails_alone(session):
+    res = _scenario(session, "gid_setting")
+    assert "DICOMM_IB_GID_INDEX=97" in res["text"] and "GID table" in res["text"], res
+    assert res["other_ok"], res
+
+
 def test_pyverbs_sees_what_the_probe_reports(session):
     """rdma-core's pyverbs reads rxe0's name, port state, active MTU and GID table; dicomm's
     _verbs_probe() must report the same."""
@@ -259,6 +289,30 @@ def test_pyverbs_rdma_write_lands_in_dicomm_registered_buffer(session, size):
     through files); dicomm's side finds every byte."""
     res = _json_line(_step(session, f"pyverbs_write_{size}"))
     assert res["ok"] and res["mismatched"] == 0 and res["target_exit"] == 0, res
+
+
+def test_pyverbs_peer_exchanges_messages_with_the_transport(session):
+    """A rank written with pyverbs from docs/rdma.md's wire protocol alone (pyverbs_peer.py) and
+    dicomm's verbs transport exchange one message each way per size: eager up to 8 KiB, rendezvous
+    above (pyverbs RDMA-reads dicomm's registered send buffers, dicomm reads pyverbs' into its
+    registered receive buffers); bytes, tag and meta checked on both sides."""
+    res = _json_line(_step(session, "pyverbs_exchange"))
+    assert res["ok"] and res["target_exit"] == 0, res
+    ours, theirs = res["dicomm"]["received"], res["pyverbs_received"]
+    sizes = [r["bytes"] for r in theirs]
+    assert sizes == [r["bytes"] for r in ours] and max(sizes) > 4 << 20, res
+    assert all(r["ok"] and r["mismatched"] == 0 for r in ours + theirs), res
+    assert all(r["tag"] == 2 * i + 1 and r["meta_ok"] for i, r in enumerate(ours)), ours
+    assert [r["sent_as"] for r in theirs] == ["eager" if n <= 8192 else "rendezvous" for n in sizes], theirs
+    assert res["pyverbs_read_bytes"] == sum(n for n in sizes if n > 8192), res
+
+
+def test_pyverbs_peer_of_another_wire_version_is_refused(session):
+    """The pyverbs rank offers wire version 99 after a valid handshake: dicomm answers with its own
+    magic and version, hangs up, and names both versions."""
+    res = _json_line(_step(session, "pyverbs_exchange"))
+    assert res["wrong_version"] == {"reply_magic": 0x56434944, "reply_version": 1, "closed": True}, res
+    assert any("wire version 99" in w and "version 1" in w for w in res["dicomm"]["rejected"]), res
 
 
 def test_perftest_reference_and_numbers(session):

@@ -24,7 +24,7 @@ void all_gather_ring(Session& s, const uint8_t* send, size_t nbytes, const Point
   const int p = s.size(), r = s.rank();
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   const size_t steps = p - 1;
-  const size_t nchunks = chunk_count(nbytes, Tuning::get().chunk_bytes, kMaxTagSteps / steps);
+  const size_t nchunks = chunk_count(nbytes, s.tuning().chunk_bytes, kMaxTagSteps / steps);
   const Partition part{nbytes, nchunks};
   auto step_of = [&](size_t t, size_t k) { return static_cast<uint32_t>(t * nchunks + k); };
   // Step t receives block (r - t - 1) and forwards it at step t + 1.
@@ -52,7 +52,7 @@ RequestPtr all_gather(Communicator& comm, const void* send, size_t nbytes, const
   for (uintptr_t ptr : recv) check_buffer(ptr, nbytes, "recv_ptrs entry");
   Signature sig{CollectiveKind::kAllGather};
   sig.count = nbytes;
-  const bool ring = nbytes * p >= Tuning::get().all_gather_ring_bytes;
+  const bool ring = nbytes * p >= Tuning::of(comm.config()).all_gather_ring_bytes;
   const auto* src = static_cast<const uint8_t*>(send);
   return launch(comm, sig, [=](Session& s) {
     const uint8_t* from = src;

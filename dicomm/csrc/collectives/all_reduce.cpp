@@ -27,7 +27,7 @@ RequestPtr all_reduce(Communicator& comm, void* buf, size_t count, DataType dtyp
   check_buffer(reinterpret_cast<uintptr_t>(buf), count, "buf");
   Signature sig{CollectiveKind::kAllReduce, dtype, op, count};
   auto* data = static_cast<uint8_t*>(buf);
-  const bool ring = count * dtype_size(dtype) >= Tuning::get().all_reduce_ring_bytes &&
+  const bool ring = count * dtype_size(dtype) >= Tuning::of(comm.config()).all_reduce_ring_bytes &&
                     count >= static_cast<size_t>(comm.size());
   return launch(comm, sig, [=](Session& s) {
     if (s.size() == 1) return;  // AVG over one rank divides by one

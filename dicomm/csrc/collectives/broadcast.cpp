@@ -12,7 +12,7 @@ void broadcast_chain(Session& s, uint8_t* buf, size_t nbytes, int root) {
   const int p = s.size();
   const int v = (s.rank() - root + p) % p;
   const int prev = (s.rank() + p - 1) % p, next = (s.rank() + 1) % p;
-  const size_t nchunks = chunk_count(nbytes, Tuning::get().chunk_bytes, kMaxTagSteps);
+  const size_t nchunks = chunk_count(nbytes, s.tuning().chunk_bytes, kMaxTagSteps);
   const Partition part{nbytes, nchunks};
   std::vector<Transfer> in;
   if (v > 0)
@@ -31,7 +31,7 @@ RequestPtr broadcast(Communicator& comm, void* buf, size_t nbytes, int root) {
   sig.count = nbytes;
   sig.root = root;
   auto* data = static_cast<uint8_t*>(buf);
-  const bool chain = nbytes >= Tuning::get().broadcast_chain_bytes;
+  const bool chain = nbytes >= Tuning::of(comm.config()).broadcast_chain_bytes;
   return launch(comm, sig, [=](Session& s) {
     if (s.size() == 1) return;
     if (chain) broadcast_chain(s, data, nbytes, root);

@@ -41,7 +41,7 @@ RequestPtr reduce(Communicator& comm, void* buf, size_t count, DataType dtype, R
   check_buffer(reinterpret_cast<uintptr_t>(buf), count, "buf");
   Signature sig{CollectiveKind::kReduce, dtype, op, count, root};
   auto* data = static_cast<uint8_t*>(buf);
-  const bool ring = count * dtype_size(dtype) >= Tuning::get().reduce_ring_bytes &&
+  const bool ring = count * dtype_size(dtype) >= Tuning::of(comm.config()).reduce_ring_bytes &&
                     count >= static_cast<size_t>(comm.size());
   return launch(comm, sig, [=](Session& s) {
     if (s.size() == 1) return;

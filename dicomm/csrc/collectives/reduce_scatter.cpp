@@ -75,7 +75,7 @@ RequestPtr reduce_scatter(Communicator& comm, const Pointers& send, void* recv, 
   check_buffer(reinterpret_cast<uintptr_t>(recv), bytes, "recv_ptr");
   Signature sig{CollectiveKind::kReduceScatter, dtype, op, count};
   auto* dst = static_cast<uint8_t*>(recv);
-  const bool ring = bytes >= Tuning::get().reduce_scatter_ring_bytes;
+  const bool ring = bytes >= Tuning::of(comm.config()).reduce_scatter_ring_bytes;
   return launch(comm, sig, [=](Session& s) {
     if (p == 1) {
       if (bytes && as_bytes(send[0]) != dst) std::memmove(dst, as_ptr(send[0]), bytes);

@@ -11,7 +11,7 @@ namespace dicomm {
 uint32_t ring_reduce(Session& s, const RingPlan& plan) {
   const int p = s.size(), r = s.rank();
   const size_t esize = dtype_size(plan.dtype);
-  const Tuning& tuning = Tuning::get();
+  const Tuning& tuning = s.tuning();
   const size_t rs_steps = p - 1;
   const size_t steps = plan.all_gather ? 2 * rs_steps : rs_steps;
   const size_t max_count = *std::max_element(plan.count.begin(), plan.count.end());

@@ -20,6 +20,7 @@ Session::Session(Communicator& comm, uint64_t seq, std::string what, uint64_t me
       seq_(seq),
       what_(std::move(what)),
       meta_(meta),
+      tuning_(Tuning::of(comm.config())),
       deadline_(std::chrono::steady_clock::now() + comm.timeout()) {}
 
 Transfer Session::post(bool is_recv, int peer, void* buf, size_t bytes, uint32_t step,

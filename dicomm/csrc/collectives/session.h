@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/tuning.h"
 #include "core/communicator.h"
 
 namespace dicomm {
@@ -34,6 +35,7 @@ class Session {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  const Tuning& tuning() const { return tuning_; }  // the communicator's
 
   // Tag = collective_tag(seq, step). Both sides of a message must use the same step.
   Transfer send(int peer, const void* buf, size_t bytes, uint32_t step);
@@ -70,6 +72,7 @@ class Session {
   const uint64_t seq_;
   const std::string what_;
   const uint64_t meta_;
+  const Tuning tuning_;
   const std::chrono::steady_clock::time_point deadline_;
   std::vector<RequestPtr> posted_;
   std::vector<std::unique_ptr<uint8_t[]>> scratch_;

@@ -1,12 +1,14 @@
 // Size thresholds that pick algorithms, and the pipeline chunk size. Defaults suit shared memory
-// and TCP on commodity hosts. Environment overrides (read once) let tests cross every threshold
-// with small buffers: DICOMM_COLL_CHUNK_BYTES sets the chunk size, DICOMM_COLL_SMALL_BYTES sets
-// every small/large threshold at once.
+// and TCP on commodity hosts. Each communicator's configuration may change them (core/config.h),
+// which lets tests cross every threshold with small buffers: DICOMM_COLL_CHUNK_BYTES sets the chunk
+// size, DICOMM_COLL_SMALL_BYTES every small/large threshold at once.
 #pragma once
 
 #include <cstddef>
 
 namespace dicomm {
+
+struct EngineConfig;
 
 struct Tuning {
   size_t chunk_bytes = 512 << 10;            // pipeline unit: big enough to amortise a message
@@ -17,7 +19,7 @@ struct Tuning {
   size_t all_gather_ring_bytes = 1 << 20;    // total bytes; below: direct exchange
   size_t reduce_scatter_ring_bytes = 256 << 10;  // per-rank bytes; below: direct exchange
 
-  static const Tuning& get();
+  static Tuning of(const EngineConfig& config);
 };
 
 // Steps available in a collective tag (collective_tag keeps 20 bits for the step).

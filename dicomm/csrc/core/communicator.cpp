@@ -46,6 +46,7 @@ Communicator::~Communicator() {
 int Communicator::rank() const { return engine_->rank(); }
 int Communicator::size() const { return engine_->size(); }
 std::chrono::milliseconds Communicator::timeout() const { return engine_->timeout(); }
+const EngineConfig& Communicator::config() const { return engine_->config(); }
 
 RequestPtr Communicator::isend(const void* buf, size_t bytes, int peer, Tag tag, uint64_t meta) {
   return engine_->isend(buf, bytes, peer, tag, meta);

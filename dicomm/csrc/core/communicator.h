@@ -22,10 +22,14 @@ namespace dicomm {
 
 class CollectiveExecutor;  // collectives/executor.h
 class Engine;              // the engine's private state (core/)
+struct EngineConfig;       // core/config.h
 
 struct Options {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string transport = "auto";  // auto | shm | tcp   (DICOMM_TRANSPORT overrides when set)
+  // Knobs of docs/dicomm-config.md for this communicator alone, by variable name; the environment
+  // overrides them (core/config.h).
+  std::map<std::string, std::string> settings;
 };
 
 class Communicator {
@@ -39,6 +43,8 @@ class Communicator {
   int rank() const;
   int size() const;
   std::chrono::milliseconds timeout() const;
+  // The settings it was created with (options, then the environment): collectives read theirs here.
+  const EngineConfig& config() const;
 
   // Point-to-point. Messages between one pair with one tag never overtake each other.
   // A receive whose buffer is smaller than the message fails with MismatchError (nothing is

@@ -70,16 +70,25 @@ const std::vector<Knob> kTable = {
     {"DICOMM_REDUCE_KERNELS", K::kChoice, "auto", 0, 0, "auto|generic", "", "generic: the portable reduction kernels even where AVX2 runs"},
 };
 
-const Knob& knob(const char* name) {
+const Knob* find_knob(const std::string& name) {
   for (const auto& k : kTable)
-    if (std::string(k.name) == name) return k;
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+const Knob& knob(const char* name) {
+  if (const Knob* k = find_knob(name)) return *k;
   throw Error(std::string("internal: ") + name + " is not in the configuration table (core/config.cpp)");
 }
 
-// The variable's text, nullptr when unset or empty.
-const char* raw(const Knob& k) {
-  const char* v = std::getenv(k.name);
-  return v && *v ? v : nullptr;
+// Why a knob cannot be one communicator's setting ("" if it can): read once per process, or given
+// otherwise.
+std::string not_a_setting(const Knob& k) {
+  const std::string name = k.name;
+  if (name == "DICOMM_TRANSPORT") return "give the communicator's transport argument instead";
+  for (const char* process_wide : {"DICOMM_LOG_LEVEL", "DICOMM_IBVERBS_LIB", "DICOMM_SYSFS_ROOT", "DICOMM_REDUCE_KERNELS"})
+    if (name == process_wide) return "it is read for the whole process: set it in the environment";
+  return "";
 }
 
 [[noreturn]] void bad(const Knob& k, const char* v) {
@@ -137,69 +146,114 @@ std::string Knob::form() const {
 
 const std::vector<Knob>& knobs() { return kTable; }
 
+namespace {
+
+// Where a knob's text comes from: the environment (when set, it wins), then a communicator's
+// settings, then the table's default.
+struct Source {
+  const std::map<std::string, std::string>* settings = nullptr;
+  bool environment = true;
+
+  const char* raw(const Knob& k) const {  // nullptr when unset or empty
+    if (environment)
+      if (const char* v = std::getenv(k.name); v && *v) return v;
+    if (settings)
+      if (auto it = settings->find(k.name); it != settings->end() && !it->second.empty()) return it->second.c_str();
+    return nullptr;
+  }
+  const char* text_or_default(const Knob& k) const {
+    const char* v = raw(k);
+    return v ? v : k.fallback;
+  }
+  long integer(const char* name) const {
+    const Knob& k = knob(name);
+    return parse_integer(k, text_or_default(k));
+  }
+  std::optional<long> optional_integer(const char* name) const {
+    const Knob& k = knob(name);
+    const char* v = text_or_default(k);
+    if (!*v) return std::nullopt;
+    return parse_integer(k, v);
+  }
+  bool flag(const char* name) const {
+    const Knob& k = knob(name);
+    return parse(k, text_or_default(k)) == "1";
+  }
+  std::string choice(const char* name) const {
+    const Knob& k = knob(name);
+    return parse(k, text_or_default(k));
+  }
+  std::string text(const char* name) const { return text_or_default(knob(name)); }
+};
+
+}  // namespace
+
 namespace config {
 
-long integer(const char* name) {
-  const Knob& k = knob(name);
-  const char* v = raw(k);
-  return parse_integer(k, v ? v : k.fallback);
-}
-
-std::optional<long> optional_integer(const char* name) {
-  const Knob& k = knob(name);
-  const char* v = raw(k);
-  if (!v && !*k.fallback) return std::nullopt;
-  return parse_integer(k, v ? v : k.fallback);
-}
-
-bool flag(const char* name) {
-  const Knob& k = knob(name);
-  const char* v = raw(k);
-  return parse(k, v ? v : k.fallback) == "1";
-}
-
-std::string choice(const char* name) {
-  const Knob& k = knob(name);
-  const char* v = raw(k);
-  return parse(k, v ? v : k.fallback);
-}
-
-std::string text(const char* name) {
-  const Knob& k = knob(name);
-  const char* v = raw(k);
-  return v ? v : k.fallback;
-}
+long integer(const char* name) { return Source{}.integer(name); }
+std::optional<long> optional_integer(const char* name) { return Source{}.optional_integer(name); }
+bool flag(const char* name) { return Source{}.flag(name); }
+std::string choice(const char* name) { return Source{}.choice(name); }
+std::string text(const char* name) { return Source{}.text(name); }
 
 }  // namespace config
 
+namespace {
+
+EngineConfig build(const Options& options, const Source& src) {
+  EngineConfig c;
+  c.transport_from_env = src.environment && src.raw(knob("DICOMM_TRANSPORT")) != nullptr;
+  c.transport = c.transport_from_env ? src.text("DICOMM_TRANSPORT") : options.transport;
+  c.connect_eager = src.choice("DICOMM_CONNECT") == "eager";
+  c.handshake_timeout = std::chrono::milliseconds(src.integer("DICOMM_HANDSHAKE_TIMEOUT_MS"));
+  c.job_secret = src.text("DICOMM_JOB_SECRET");
+  c.spin = std::chrono::microseconds(src.integer("DICOMM_SPIN_US"));
+  c.tcp_spin = std::chrono::microseconds(src.integer("DICOMM_TCP_SPIN_US"));
+  c.verbs_spin = std::chrono::microseconds(src.integer("DICOMM_IB_SPIN_US"));
+  c.spin_thorough_every = static_cast<int>(src.integer("DICOMM_SPIN_THOROUGH_EVERY"));
+  c.spin_pauses = static_cast<int>(src.integer("DICOMM_SPIN_PAUSES"));
+  c.spin_yield_every = static_cast<int>(src.optional_integer("DICOMM_SPIN_YIELD_EVERY").value_or(-1));
+  c.spin_contention = src.flag("DICOMM_SPIN_CONTENTION");
+  c.unexpected_bytes = static_cast<size_t>(src.integer("DICOMM_UNEXPECTED_MB")) << 20;
+  if (auto n = src.optional_integer("DICOMM_MAX_PENDING_HANDSHAKES")) c.max_pending_handshakes = static_cast<size_t>(*n);
+  c.shm_cma = src.flag("DICOMM_SHM_CMA");
+  c.shm_split = src.flag("DICOMM_SHM_SPLIT");
+  c.socket_ifname = src.text("DICOMM_SOCKET_IFNAME");
+  c.tcp_streams = static_cast<int>(src.integer("DICOMM_TCP_STREAMS"));
+  c.tcp_chunk_bytes = static_cast<size_t>(src.integer("DICOMM_TCP_CHUNK_KB")) << 10;
+  c.verbs_chunk_bytes = static_cast<size_t>(src.integer("DICOMM_IB_CHUNK_KB")) << 10;
+  c.ib_hca = src.text("DICOMM_IB_HCA");
+  c.ib_gid_index = src.optional_integer("DICOMM_IB_GID_INDEX");
+  c.ib_slots = static_cast<int>(src.integer("DICOMM_IB_SLOTS"));
+  c.ib_eager_bytes = static_cast<size_t>(src.integer("DICOMM_IB_EAGER_BYTES"));
+  c.ib_signal_every = static_cast<int>(src.integer("DICOMM_IB_SIGNAL_EVERY"));
+  c.ib_drain = std::chrono::milliseconds(src.integer("DICOMM_IB_DRAIN_MS"));
+  c.ib_timeout = static_cast<int>(src.integer("DICOMM_IB_TIMEOUT"));
+  c.ib_retry_cnt = static_cast<int>(src.integer("DICOMM_IB_RETRY_CNT"));
+  c.ib_reg_cache = static_cast<size_t>(src.integer("DICOMM_IB_REG_CACHE"));
+  c.ib_force_staging = src.flag("DICOMM_IB_FORCE_STAGING");
+  c.coll_chunk_bytes = static_cast<size_t>(src.integer("DICOMM_COLL_CHUNK_BYTES"));
+  if (auto n = src.optional_integer("DICOMM_COLL_SMALL_BYTES")) c.coll_small_bytes = static_cast<size_t>(*n);
+  return c;
+}
+
+}  // namespace
+
 const EngineConfig& EngineConfig::defaults() {
-  static const EngineConfig c;
+  static const EngineConfig c = build(Options{}, Source{nullptr, false});
   return c;
 }
 
 EngineConfig EngineConfig::load(const Options& options) {
+  for (const auto& [name, value] : options.settings) {  // a setting names a knob of the table, with a valid value
+    const Knob* k = find_knob(name);
+    if (!k) throw ValueError("unknown setting '" + name + "': expected a DICOMM_* variable of docs/dicomm-config.md");
+    if (std::string why = not_a_setting(*k); !why.empty()) throw ValueError(name + " cannot be set per communicator: " + why);
+    if (!value.empty()) parse(*k, value.c_str());
+  }
   for (const auto& k : kTable)  // a bad value anywhere fails now, naming its variable
-    if (const char* v = raw(k)) parse(k, v);
-  EngineConfig c;
-  c.transport_from_env = raw(knob("DICOMM_TRANSPORT")) != nullptr;
-  c.transport = c.transport_from_env ? config::text("DICOMM_TRANSPORT") : options.transport;
-  c.connect_eager = config::choice("DICOMM_CONNECT") == "eager";
-  c.handshake_timeout = std::chrono::milliseconds(config::integer("DICOMM_HANDSHAKE_TIMEOUT_MS"));
-  c.job_secret = config::text("DICOMM_JOB_SECRET");
-  c.spin = std::chrono::microseconds(config::integer("DICOMM_SPIN_US"));
-  c.tcp_spin = std::chrono::microseconds(config::integer("DICOMM_TCP_SPIN_US"));
-  c.verbs_spin = std::chrono::microseconds(config::integer("DICOMM_IB_SPIN_US"));
-  c.spin_thorough_every = static_cast<int>(config::integer("DICOMM_SPIN_THOROUGH_EVERY"));
-  c.spin_pauses = static_cast<int>(config::integer("DICOMM_SPIN_PAUSES"));
-  c.spin_yield_every = static_cast<int>(config::optional_integer("DICOMM_SPIN_YIELD_EVERY").value_or(-1));
-  c.spin_contention = config::flag("DICOMM_SPIN_CONTENTION");
-  c.unexpected_bytes = static_cast<size_t>(config::integer("DICOMM_UNEXPECTED_MB")) << 20;
-  c.shm_cma = config::flag("DICOMM_SHM_CMA");
-  c.shm_split = config::flag("DICOMM_SHM_SPLIT");
-  c.tcp_streams = static_cast<int>(config::integer("DICOMM_TCP_STREAMS"));
-  c.tcp_chunk_bytes = static_cast<size_t>(config::integer("DICOMM_TCP_CHUNK_KB")) << 10;
-  c.verbs_chunk_bytes = static_cast<size_t>(config::integer("DICOMM_IB_CHUNK_KB")) << 10;
-  return c;
+    if (const char* v = Source{}.raw(k)) parse(k, v);
+  return build(options, Source{&options.settings, true});
 }
 
 }  // namespace dicomm

@@ -5,13 +5,15 @@
 //
 // EngineConfig is parsed once per communicator, when it is created (options from Python first, then
 // the environment, which overrides them as it always has), and checks every knob of the table, so
-// that a bad value anywhere fails there. The engine and its transports take their settings from it
-// (transport::Context::config). Process-wide settings (log level, libibverbs, sysfs root, reduction
-// kernels) are read where they are used, through the same parser.
+// that a bad value anywhere fails there. The engine, its transports (transport::Context::config) and
+// the collectives (Communicator::config) take their settings from it, so two communicators of one
+// process may differ. Process-wide settings (log level, libibverbs, sysfs root, reduction kernels)
+// are read where they are used, through the same parser.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,8 +67,25 @@ struct EngineConfig {
   int tcp_streams = 4;
   size_t tcp_chunk_bytes = size_t{1024} << 10;
   size_t verbs_chunk_bytes = size_t{512} << 10;
+  std::optional<size_t> max_pending_handshakes;  // DICOMM_MAX_PENDING_HANDSHAKES; unset: from the fd limit
+  std::string socket_ifname;                     // DICOMM_SOCKET_IFNAME
+  // RDMA verbs: the port, then connections
+  std::string ib_hca;                 // DICOMM_IB_HCA; empty: any active port
+  std::optional<long> ib_gid_index;   // DICOMM_IB_GID_INDEX; unset: chosen by address
+  int ib_slots = 32;
+  size_t ib_eager_bytes = 8192;
+  int ib_signal_every = 16;
+  std::chrono::milliseconds ib_drain{2000};
+  int ib_timeout = 14;
+  int ib_retry_cnt = 7;
+  size_t ib_reg_cache = 256;
+  bool ib_force_staging = false;
+  // Collectives (collectives/tuning.h)
+  size_t coll_chunk_bytes = size_t{512} << 10;
+  std::optional<size_t> coll_small_bytes;
 
-  // Options first, then the environment; checks every knob in the table. Throws ValueError.
+  // Options first (`transport`, and `settings`: knobs of the table by name), then the environment;
+  // checks every knob in the table and every setting's name. Throws ValueError.
   static EngineConfig load(const Options& options);
   // The table's defaults, environment unread (programs that open a transport without an engine).
   static const EngineConfig& defaults();

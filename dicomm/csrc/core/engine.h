@@ -47,6 +47,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  const EngineConfig& config() const { return config_; }
 
   RequestPtr isend(const void* buf, size_t bytes, int peer, Tag tag, uint64_t meta);
   RequestPtr irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t meta);

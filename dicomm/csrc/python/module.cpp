@@ -152,10 +152,12 @@ PYBIND11_MODULE(_C, m) {
       .def("__repr__", [](const Request& r) { return "<dicomm Request " + r.describe() + ">"; });
 
   CommClass comm(m, "Communicator");
-  comm.def(py::init([](py::object store, int rank, int size, double timeout_s, std::string transport) {
+  comm.def(py::init([](py::object store, int rank, int size, double timeout_s, std::string transport,
+                       std::map<std::string, std::string> settings) {
              Options options;
              options.timeout = to_ms(timeout_s);
              options.transport = std::move(transport);
+             options.settings = std::move(settings);
              auto adapter = std::make_shared<PyStore>(std::move(store));
              std::shared_ptr<Communicator> c;
              {
@@ -175,7 +177,9 @@ PYBIND11_MODULE(_C, m) {
              return c;
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s") = 1800.0,
-           py::arg("transport") = "auto")
+           py::arg("transport") = "auto", py::arg("settings") = std::map<std::string, std::string>{},
+           "settings: knobs of docs/dicomm-config.md for this communicator, by variable name (the "
+           "environment overrides them)")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("timeout_s", [](const Communicator& c) { return static_cast<double>(c.timeout().count()) / 1000.0; })

@@ -13,14 +13,14 @@ namespace dicomm::transport {
 
 class Acceptor {
  public:
-  Acceptor(int listen_fd, const Context& ctx, TransportId id);
+  Acceptor(UniqueFd listen_fd, const Context& ctx, TransportId id);
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
 
   struct Accepted {
-    int fd = -1;         // non-blocking, owned by the caller now
-    int passed_fd = -1;  // a descriptor sent with the hello (Unix sockets), or -1
+    UniqueFd fd;         // non-blocking
+    UniqueFd passed_fd;  // a descriptor sent with the hello (Unix sockets), or none
     Hello hello;
   };
   // Accepts and advances handshakes; appends those that passed check_hello to `out`.
@@ -28,9 +28,10 @@ class Acceptor {
 
  private:
   bool step_pending(std::vector<Accepted>* out);  // advances every pending handshake once
-  int listen_fd_;
+  UniqueFd listen_fd_;
   Context ctx_;
   TransportId id_;
+  size_t max_pending_;  // handshakes waiting at once
   std::list<std::unique_ptr<HelloReader>> pending_;
 };
 

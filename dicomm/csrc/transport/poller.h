@@ -2,6 +2,8 @@
 // to wake the progress thread. Events only wake the thread; it then polls all connections.
 #pragma once
 
+#include "transport/unique_fd.h"
+
 namespace dicomm::transport {
 
 class Poller {
@@ -19,8 +21,8 @@ class Poller {
   void wake();
 
  private:
-  int epfd_ = -1;
-  int eventfd_ = -1;
+  UniqueFd epfd_;
+  UniqueFd eventfd_;
 };
 
 }  // namespace dicomm::transport

@@ -61,11 +61,6 @@ void write_all(int fd, const void* buf, size_t n, Clock::time_point deadline, co
   }
 }
 
-HelloReader::~HelloReader() {
-  if (fd_ >= 0) close(fd_);
-  if (passed_fd_ >= 0) close(passed_fd_);
-}
-
 HelloReader::State HelloReader::step() {
   while (got_ < sizeof(Hello)) {
     iovec iov{reinterpret_cast<char*>(&hello_) + got_, sizeof(Hello) - got_};
@@ -75,14 +70,13 @@ HelloReader::State HelloReader::step() {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    ssize_t r = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t r = recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
     if (r > 0) {
       for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
           int passed;
           std::memcpy(&passed, CMSG_DATA(c), sizeof(int));
-          if (passed_fd_ >= 0) close(passed_fd_);
-          passed_fd_ = passed;
+          passed_fd_ = UniqueFd(passed);
         }
       }
       got_ += static_cast<size_t>(r);
@@ -190,9 +184,8 @@ bool single_host_job() {
   return world && local && *world && std::atoi(world) > 0 && std::atoi(world) == std::atoi(local);
 }
 
-std::string listen_ip() {
-  const std::string want_name = config::text("DICOMM_SOCKET_IFNAME");
-  const char* want = want_name.empty() ? nullptr : want_name.c_str();
+std::string listen_ip(const std::string& ifname) {
+  const char* want = ifname.empty() ? nullptr : ifname.c_str();
   if (!want && single_host_job()) return "127.0.0.1";
   ifaddrs* list = nullptr;
   std::string found, names;

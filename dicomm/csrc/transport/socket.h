@@ -5,19 +5,22 @@
 #include <string>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <utility>
 
 #include "core/handshake.h"
 #include "core/types.h"
 #include "transport/transport.h"
+#include "transport/unique_fd.h"
 
 namespace dicomm::transport {
 
 std::string errno_text(int err);
 
-// Where listeners bind: DICOMM_SOCKET_IFNAME's IPv4 address; loopback for a job known to run on one
-// host (torchrun's WORLD_SIZE == LOCAL_WORLD_SIZE); else the first non-loopback interface that is up,
-// else loopback. Never the wildcard address: nothing listens where the job does not talk.
-std::string listen_ip();
+// Where listeners bind: the IPv4 address of `ifname` (DICOMM_SOCKET_IFNAME); loopback for a job known
+// to run on one host (torchrun's WORLD_SIZE == LOCAL_WORLD_SIZE); else the first non-loopback
+// interface that is up, else loopback. Never the wildcard address: nothing listens where the job
+// does not talk.
+std::string listen_ip(const std::string& ifname);
 bool single_host_job();
 
 // The peer closed the connection in order (EOF), as opposed to an error such as a reset.
@@ -43,25 +46,24 @@ void connector_handshake(int fd, Hello h, const std::string& key, Clock::time_po
 // sockets, a file descriptor passed with it), honouring a deadline.
 class HelloReader {
  public:
-  HelloReader(int fd, Clock::time_point deadline, const Nonce& challenge)
-      : fd_(fd), deadline_(deadline), challenge_(challenge) {}
-  ~HelloReader();
+  HelloReader(UniqueFd fd, Clock::time_point deadline, const Nonce& challenge)
+      : fd_(std::move(fd)), deadline_(deadline), challenge_(challenge) {}
   enum class State { kPending, kDone, kFailed };
   State step();  // reads what is available
   const Hello& hello() const { return hello_; }
   const std::string& error() const { return error_; }
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const Nonce& challenge() const { return challenge_; }
-  int release_fd() { int f = fd_; fd_ = -1; return f; }
-  int release_passed_fd() { int f = passed_fd_; passed_fd_ = -1; return f; }
+  UniqueFd release_fd() { return std::move(fd_); }
+  UniqueFd release_passed_fd() { return std::move(passed_fd_); }
 
  private:
-  int fd_;
+  UniqueFd fd_;
   Clock::time_point deadline_;
   Nonce challenge_;
   Hello hello_;
   size_t got_ = 0;
-  int passed_fd_ = -1;
+  UniqueFd passed_fd_;  // a descriptor sent with the hello (Unix sockets)
   std::string error_;
 };
 

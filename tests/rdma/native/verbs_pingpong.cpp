@@ -6,12 +6,22 @@
 //   verbs_pingpong write-target N DIR -> a buffer of N bytes registered through dicomm's cache and
 //       dicomm's RC queue pair, published in DIR/target.json for an independent peer (pyverbs) to
 //       RDMA-WRITE into; once DIR/written appears, the bytes are checked against the peer's pattern
+//   verbs_pingpong exchange DIR SIZES -> rank 0 of 2 facing an independent implementation of the wire
+//       protocol (tests/rdma/pyverbs_peer.py) as rank 1: address and job token in DIR/dicomm.json,
+//       the peer's address from DIR/peer.json; for each of SIZES (comma-separated) one message each
+//       way, byte for byte; then, until DIR/done appears, it keeps accepting (the peer tries a
+//       wrong wire version)
+//   verbs_pingpong channel-limits CGROUP -> Channel constructors made to fail part-way by the kernel's
+//       rdma cgroup limit on the device's objects (this process moves into CGROUP, a cgroup2 folder
+//       with the rdma controller): per limit, where it failed, and the device objects and open
+//       descriptors left afterwards against before (the kernel's count, rdma.current)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -21,6 +31,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/communicator.h"
+#include "core/config.h"
+#include "core/handshake.h"
 #include "transport/poller.h"
 #include "transport/verbs/accel.h"
 #include "transport/verbs/channel.h"
@@ -33,6 +46,12 @@ using namespace dicomm::transport;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// The settings as an engine would read them: the table's defaults under the environment.
+const EngineConfig& settings() {
+  static const EngineConfig c = EngineConfig::load(Options{});
+  return c;
+}
 
 [[noreturn]] void die(int rank, const std::string& why) {
   std::fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
@@ -47,10 +66,15 @@ struct MiniSink : Sink {
   char* target = nullptr;
   size_t received = 0, sent = 0, refused = 0, wanted = 0;
   RecvOp op;
+  Header last;  // of the message delivered last
   struct Arrival { RecvConn* conn; Header h; std::vector<char> eager; bool rendezvous; };
   std::deque<Arrival> arrivals;
   void on_accept(std::shared_ptr<RecvConn> c) override { recv = std::move(c); }
-  void on_rejected(const std::string& why) override { std::fprintf(stderr, "rejected: %s\n", why.c_str()); }
+  std::vector<std::string> rejected;
+  void on_rejected(const std::string& why) override {
+    std::fprintf(stderr, "rejected: %s\n", why.c_str());
+    rejected.push_back(why);
+  }
   void on_message(RecvConn& c, const Header& h, const void* payload) override {
     Arrival a{&c, h, {}, payload == nullptr};
     if (payload) a.eager.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + h.bytes);
@@ -62,6 +86,7 @@ struct MiniSink : Sink {
       Arrival a = std::move(arrivals.front());
       arrivals.pop_front();
       --wanted;
+      last = a.h;
       if (!a.rendezvous) {
         if (a.h.bytes) std::memcpy(target, a.eager.data(), a.h.bytes);
         ++received;
@@ -101,11 +126,12 @@ struct Rank {
     }
     if (Clock::now() > deadline) die(rank, std::string("timed out: ") + what);
   }
-  void send_msg(const char* buf, size_t n, uint64_t tag) {
+  void send_msg(const char* buf, size_t n, uint64_t tag, uint64_t meta = 0) {
     static std::vector<SendOp> ops(4096);
     SendOp& op = ops[tag % ops.size()];
     op = SendOp{};
     op.hdr.tag = tag;
+    op.hdr.meta = meta;
     op.hdr.bytes = n;
     op.buf = buf;
     send->post(&op);
@@ -126,6 +152,7 @@ int run_rank(int rank, int sock, int iters) {
   Rank r;
   r.rank = rank;
   Context ctx;
+  ctx.config = &settings();
   ctx.rank = rank;
   ctx.size = 2;
   ctx.key = std::string(32, '\x07');  // both ranks agree on the handshake key
@@ -295,23 +322,29 @@ uint64_t json_u64(const std::string& j, const std::string& key) {  // flat JSON 
   return std::stoull(j.substr(j.find(':', at) + 1));
 }
 
-int write_target(size_t n, const std::string& dir) {
+// The first active port, opened as the transport opens it (throws when there is none).
+std::shared_ptr<dicomm::transport::verbs::Nic> open_first_port() {
   using namespace dicomm::transport::verbs;
-  try {
     std::string why;
     const IbvApi* api = ibv_api(&why);
     if (!api) throw std::runtime_error(why);
     auto devices = discover(*api, &why);
-    auto ports = usable_ports(devices);
+    auto ports = usable_ports(devices, settings().ib_hca);
     if (ports.empty()) throw std::runtime_error("no active port: " + why);
     int max_wr = 0, max_rd = 0;
     for (const auto& d : devices)
       if (d.name == ports[0].device) { max_wr = d.max_qp_wr; max_rd = d.max_qp_rd_atom; }
-    auto nic = std::make_shared<Nic>(*api, ports[0], max_wr, max_rd);
+  return std::make_shared<Nic>(*api, ports[0], max_wr, max_rd, settings());
+}
+
+int write_target(size_t n, const std::string& dir) {
+  using namespace dicomm::transport::verbs;
+  try {
+    auto nic = open_first_port();
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM, 0, sv);  // the channel's side channel: unused here
-    int gid = choose_gid(nic->port(), "", nullptr);
-    Channel ch(nic, UniqueFd(sv[0]), gid, "write target", nullptr);
+    int gid = choose_gid(nic->port(), "", settings().ib_gid_index, nullptr);
+    Channel ch(nic, UniqueFd(sv[0]), gid, "write target", nullptr, settings());
     std::vector<char> buf(n, static_cast<char>(0xEE));
     Registration* reg = nic->cache().acquire(buf.data(), n);
     if (!reg->mr) throw std::runtime_error("the buffer could not be registered");
@@ -350,6 +383,167 @@ int write_target(size_t n, const std::string& dir) {
   }
 }
 
+// The exchange's rule, written independently in tests/rdma/guest_pyverbs.py: message `seed`'s byte j,
+// and its meta.
+unsigned char exchange_byte(size_t j, uint64_t seed) { return static_cast<unsigned char>(((j + seed) % 251 * 7 + 13) & 0xFF); }
+uint64_t exchange_meta(size_t n) { return (static_cast<uint64_t>(n) << 8) | 0x5A; }
+
+std::string json_text(const std::string& j, const std::string& key) {  // flat JSON, string value without escapes
+  auto at = j.find("\"" + key + "\"");
+  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + j);
+  auto open = j.find('"', j.find(':', at) + 1);
+  return j.substr(open + 1, j.find('"', open + 1) - open - 1);
+}
+
+int exchange(const std::string& dir, const std::string& size_list) {
+  std::vector<size_t> sizes;
+  for (std::stringstream ss(size_list); ss.good();) {
+    std::string item;
+    std::getline(ss, item, ',');
+    sizes.push_back(std::stoull(item));
+  }
+  Rank r;
+  r.rank = 0;
+  Context ctx;
+  ctx.config = &settings();
+  ctx.rank = 0;
+  ctx.size = 2;
+  const Token token = random_token();
+  ctx.key = handshake_key(token, "");
+  ctx.sink = &r.sink;
+  ctx.poller = &r.poller;
+  std::string why;
+  r.t = verbs::VerbsTransport::create(ctx, &why);
+  if (!r.t) die(0, "no verbs: " + why);
+  std::ofstream(dir + "/dicomm.json.tmp") << "{\"address\": \"" << r.t->address() << "\", \"token\": \"" << token_hex(token)
+                                          << "\"}\n";
+  std::rename((dir + "/dicomm.json.tmp").c_str(), (dir + "/dicomm.json").c_str());
+  if (!wait_file(dir + "/peer.json", 60)) die(0, "the peer published no peer.json in 60 s");
+  Card card;
+  card.addresses["verbs"] = json_text(read_text(dir + "/peer.json"), "address");
+  std::string err;
+  std::thread connector([&] {
+    try {
+      r.send = r.t->connect(1, card, Clock::now() + std::chrono::seconds(60));
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  });
+  auto dl = Clock::now() + std::chrono::seconds(60);
+  while (!r.sink.recv && Clock::now() < dl) {
+    r.t->progress();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  connector.join();
+  if (!r.send || !r.sink.recv) die(0, "connections: " + (err.empty() ? "no incoming connection" : err));
+  const size_t most = sizes.empty() ? 1 : std::max<size_t>(1, *std::max_element(sizes.begin(), sizes.end()));
+  std::vector<char> out(most), in(most);
+  std::string results;
+  bool all_ok = true;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t n = sizes[i];
+    const uint64_t to_peer = 2 * i, from_peer = 2 * i + 1;  // tags, and the seeds of the bytes
+    for (size_t j = 0; j < n; ++j) out[j] = static_cast<char>(exchange_byte(j, to_peer));
+    const size_t before = r.sink.sent;
+    r.send_msg(out.data(), n, to_peer, exchange_meta(n));
+    r.wait_sent(before + 1);  // a rendezvous send completes on the peer's kFin
+    std::memset(in.data(), 0xEE, n);
+    r.sink.target = in.data();
+    r.wait_received(r.sink.received + 1);
+    size_t bad = 0;
+    for (size_t j = 0; j < n; ++j) bad += static_cast<unsigned char>(in[j]) != exchange_byte(j, from_peer);
+    const Header& h = r.sink.last;
+    const bool ok = bad == 0 && h.tag == from_peer && h.meta == exchange_meta(n) && h.bytes == n;
+    all_ok &= ok;
+    results += std::string(results.empty() ? "" : ", ") + "{\"bytes\": " + std::to_string(n) + ", \"ok\": " +
+               (ok ? "true" : "false") + ", \"mismatched\": " + std::to_string(bad) + ", \"tag\": " +
+               std::to_string(h.tag) + ", \"meta_ok\": " + (h.meta == exchange_meta(n) ? "true" : "false") + "}";
+  }
+  dl = Clock::now() + std::chrono::seconds(60);
+  while (access((dir + "/done").c_str(), F_OK) != 0 && Clock::now() < dl) {
+    r.t->progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::string rejected;
+  for (const auto& why : r.sink.rejected) {
+    rejected += std::string(rejected.empty() ? "\"" : ", \"");
+    for (char c : why) rejected += c == '"' || c == '\\' ? ' ' : c;
+    rejected += "\"";
+  }
+  std::printf("{\"ok\": %s, \"received\": [%s], \"reg_cache_misses\": %zu, \"rejected\": [%s]}\n",
+              all_ok ? "true" : "false", results.c_str(), r.t->nic().cache().misses(), rejected.c_str());
+  std::fflush(stdout);
+  r.send.reset();
+  r.sink.recv.reset();
+  return all_ok ? 0 : 1;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  f.close();
+  if (!f) throw std::runtime_error("cannot write '" + text + "' to " + path);
+}
+
+long open_fds() {
+  long n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += e.path().filename() != "." ? 1 : 0;
+  return n;
+}
+
+// The kernel's count of this cgroup's objects on `device` (PDs, MRs, CQs, QPs...): rdma.current.
+long device_objects(const std::string& cgroup, const std::string& device) {
+  std::istringstream in(read_text(cgroup + "/rdma.current"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(device + " ", 0) != 0) continue;
+    auto at = line.find("hca_object=");
+    if (at != std::string::npos) return std::stol(line.substr(at + 11));
+  }
+  return 0;  // no objects charged yet: the device is not listed
+}
+
+int channel_limits(const std::string& cgroup) {
+  using namespace dicomm::transport::verbs;
+  try {
+    write_file(cgroup + "/cgroup.procs", std::to_string(getpid()));
+    auto nic = open_first_port();
+    const std::string dev = nic->port().device;
+    const int gid = choose_gid(nic->port(), "", settings().ib_gid_index, nullptr);
+    const long base_objects = device_objects(cgroup, dev), base_fds = open_fds();
+    std::string rows;
+    bool made = false;
+    for (long extra = 0; extra < 8 && !made; ++extra) {
+      write_file(cgroup + "/rdma.max", dev + " hca_object=" + std::to_string(base_objects + extra));
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair");
+      std::string failed;
+      long during = -1;
+      try {
+        Channel ch(nic, UniqueFd(sv[0]), gid, "channel under limit", nullptr, settings());  // takes sv[0]
+        during = device_objects(cgroup, dev) - base_objects;
+        made = true;
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+      close(sv[1]);
+      std::string quoted;
+      for (char c : failed) quoted += c == '"' || c == '\\' ? ' ' : c;
+      rows += std::string(rows.empty() ? "" : ", ") + "{\"limit\": " + std::to_string(extra) + ", \"made\": " +
+              (made ? "true" : "false") + ", \"objects_while_made\": " + std::to_string(during) +
+              ", \"error\": \"" + quoted + "\", \"objects_left\": " +
+              std::to_string(device_objects(cgroup, dev) - base_objects) + ", \"fds_left\": " +
+              std::to_string(open_fds() - base_fds) + "}";
+    }
+    write_file(cgroup + "/rdma.max", dev + " hca_handle=max hca_object=max");
+    std::printf("{\"ok\": true, \"device\": \"%s\", \"base_objects\": %ld, \"tries\": [%s]}\n", dev.c_str(), base_objects,
+                rows.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("{\"ok\": false, \"error\": \"%s\"}\n", e.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -361,6 +555,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "write-target" && argc > 3) return write_target(std::strtoull(argv[2], nullptr, 10), argv[3]);
+  if (mode == "exchange" && argc > 3) return exchange(argv[2], argv[3]);
+  if (mode == "channel-limits" && argc > 2) return channel_limits(argv[2]);
   int iters = argc > 2 ? std::atoi(argv[2]) : 1000;
   int sv[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, sv);

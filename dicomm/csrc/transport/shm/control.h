@@ -7,12 +7,13 @@
 #include <string>
 
 #include "transport/poller.h"
+#include "transport/unique_fd.h"
 
 namespace dicomm::transport::shm {
 
 class ControlSocket {
  public:
-  ControlSocket(int fd, Poller* poller, std::string what);
+  ControlSocket(UniqueFd fd, Poller* poller, std::string what);
   ~ControlSocket();
   ControlSocket(const ControlSocket&) = delete;
   ControlSocket& operator=(const ControlSocket&) = delete;
@@ -24,7 +25,7 @@ class ControlSocket {
   const std::string& what() const { return what_; }
 
  private:
-  int fd_;
+  UniqueFd fd_;
   Poller* poller_;  // not owned: the engine's, which outlives its connections
   std::string what_;
 };

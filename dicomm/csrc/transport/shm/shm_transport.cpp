@@ -53,15 +53,14 @@ ShmTransport::ShmTransport(const Context& ctx) : ctx_(ctx) {
   static std::atomic<int> counter{0};
   address_ = "dicomm-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
              token_hex(random_token()).substr(0, 8);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   socklen_t len;
   sockaddr_un sa = abstract_address(address_, &len);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 1024) != 0) {
-    int err = errno;
-    if (fd >= 0) close(fd);
+  if (fd.get() < 0 || bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd.get(), 1024) != 0) {
+    const int err = errno;
     throw Error("shm transport cannot listen on its Unix socket: " + errno_text(err));
   }
-  acceptor_ = std::make_unique<Acceptor>(fd, ctx_, TransportId::kShm);
+  acceptor_ = std::make_unique<Acceptor>(std::move(fd), ctx_, TransportId::kShm);
 }
 
 bool ShmTransport::can_reach(const Card& self, const Card& peer, std::string* why) const {
@@ -75,42 +74,34 @@ bool ShmTransport::can_reach(const Card& self, const Card& peer, std::string* wh
 
 std::unique_ptr<SendConn> ShmTransport::connect(int peer, const Card& card, Clock::time_point deadline) {
   std::string what = "shm connection to rank " + std::to_string(peer);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   socklen_t len;
   sockaddr_un sa = abstract_address(card.addresses.at("shm"), &len);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
-    int err = errno;
-    if (fd >= 0) close(fd);
+  if (fd.get() < 0 || ::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    const int err = errno;
     throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
   }
-  int memfd = memfd_create("dicomm-shm", MFD_CLOEXEC);
-  if (memfd < 0 || ftruncate(memfd, sizeof(Segment)) != 0) {
-    int err = errno;
-    close(fd);
-    if (memfd >= 0) close(memfd);
-    throw Error(what + ": cannot create the shared segment: " + errno_text(err));
-  }
   std::unique_ptr<Mapping> map;
-  try {
-    map = std::make_unique<Mapping>(memfd);
+  {
+    const UniqueFd memfd(memfd_create("dicomm-shm", MFD_CLOEXEC));  // the mapping keeps the memory alive
+    if (memfd.get() < 0 || ftruncate(memfd.get(), sizeof(Segment)) != 0) {
+      const int err = errno;
+      throw Error(what + ": cannot create the shared segment: " + errno_text(err));
+    }
+    map = std::make_unique<Mapping>(memfd.get());
     Hello h;
     h.transport = static_cast<uint16_t>(TransportId::kShm);
     h.src = ctx_.rank;
     h.dst = peer;
     h.extra[0] = reinterpret_cast<uint64_t>(&probe_word);
     if (cma_allowed_) allow_cross_memory_attach_from(static_cast<pid_t>(card.pid));  // it probes us on accept
-    connector_handshake(fd, h, ctx_.key, deadline, what, memfd);
-  } catch (...) {
-    close(fd);
-    close(memfd);
-    throw;
+    connector_handshake(fd.get(), h, ctx_.key, deadline, what, memfd.get());
   }
-  close(memfd);  // the mapping keeps the memory alive
-  set_nonblocking(fd);
+  set_nonblocking(fd.get());
   ucred cred{};
   socklen_t cl = sizeof(cred);
-  int receiver_pid = cma_allowed_ && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : 0;
-  auto control = std::make_unique<ControlSocket>(fd, ctx_.poller, what);
+  int receiver_pid = cma_allowed_ && getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : 0;
+  auto control = std::make_unique<ControlSocket>(std::move(fd), ctx_.poller, what);
   return std::make_unique<ShmSendConn>(peer, std::move(control), std::move(map), ctx_.sink, receiver_pid, counters_);
 }
 
@@ -124,30 +115,27 @@ bool ShmTransport::progress() {
     ucred cred{};
     socklen_t cl = sizeof(cred);
     std::string why;
-    if (a.passed_fd < 0) why = "shm hello without a segment descriptor";
-    else if (fstat(a.passed_fd, &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(Segment))
+    // a.fd and a.passed_fd close when `a` goes, unless taken below.
+    if (a.passed_fd.get() < 0) why = "shm hello without a segment descriptor";
+    else if (fstat(a.passed_fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(Segment))
       why = "shm segment of the wrong size (another dicomm version?)";
-    else if (getsockopt(a.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0)
+    else if (getsockopt(a.fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0)
       why = "shm peer credentials unavailable";
     else if (cred.uid != geteuid())  // abstract Unix sockets have no permissions: any local user can connect
       why = "shm connection from uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) +
             "), but this job runs as uid " + std::to_string(geteuid());
     if (!why.empty()) {
-      close(a.fd);
-      if (a.passed_fd >= 0) close(a.passed_fd);
       ctx_.sink->on_rejected(why + " (from rank " + std::to_string(src) + ")");
       continue;
     }
     std::unique_ptr<Mapping> map;
     try {
-      map = std::make_unique<Mapping>(a.passed_fd);
+      map = std::make_unique<Mapping>(a.passed_fd.get());
     } catch (const std::exception& e) {
-      close(a.fd);
-      close(a.passed_fd);
       ctx_.sink->on_rejected(e.what());
       continue;
     }
-    close(a.passed_fd);
+    a.passed_fd.reset();  // the mapping keeps the memory alive
     if (cma_allowed_) allow_cross_memory_attach_from(cred.pid);  // its sender writes into us
     std::string cma_problem = cma_allowed_ ? probe_cma(cred.pid, a.hello.extra[0]) : "disabled by DICOMM_SHM_CMA=0";
     if (!cma_problem.empty()) {
@@ -156,7 +144,7 @@ bool ShmTransport::progress() {
           "rank " + std::to_string(ctx_.rank) + ": cross-memory attach from rank " + std::to_string(src) +
               " unavailable (" + cma_problem + "); large messages from it take the two-copy shared-memory pipeline");
     }
-    auto control = std::make_unique<ControlSocket>(a.fd, ctx_.poller, what);
+    auto control = std::make_unique<ControlSocket>(std::move(a.fd), ctx_.poller, what);
     ctx_.sink->on_accept(std::make_shared<ShmRecvConn>(src, std::move(control), std::move(map), ctx_.sink,
                                                       cred.pid, cma_problem.empty(), ctx_.config->shm_split));
   }

@@ -17,9 +17,9 @@ constexpr int kMaxIov = 16;
 constexpr size_t kStepBytes = 4 * 1024 * 1024;
 }  // namespace
 
-TcpStream::TcpStream(int fd, Poller* poller, std::string what)
-    : fd_(fd), poller_(poller), what_(std::move(what)), rx_(kRxBytes) {
-  poller_->add(fd_);
+TcpStream::TcpStream(UniqueFd fd, Poller* poller, std::string what)
+    : fd_(std::move(fd)), poller_(poller), what_(std::move(what)), rx_(kRxBytes) {
+  poller_->add(fd_.get());
 }
 
 void TcpStream::drop_data_into(const char* begin, const char* end) {
@@ -29,14 +29,11 @@ void TcpStream::drop_data_into(const char* begin, const char* end) {
 }
 
 void TcpStream::watch(bool on) {
-  if (on) poller_->add(fd_);
-  else poller_->remove(fd_);
+  if (on) poller_->add(fd_.get());
+  else poller_->remove(fd_.get());
 }
 
-TcpStream::~TcpStream() {
-  poller_->remove(fd_);
-  close(fd_);
-}
+TcpStream::~TcpStream() { poller_->remove(fd_.get()); }
 
 void TcpStream::send(const Frame& f, const char* payload, void* cookie, Handler& h) {
   size_t len = (f.kind == kEager || f.kind == kData) ? f.bytes : 0;
@@ -58,7 +55,7 @@ bool TcpStream::flush(Handler& h) {
       }
       if (it->len > 0) iov[n++] = {const_cast<char*>(it->payload) + (done - sizeof(Frame)), it->len - (done - sizeof(Frame))};
     }
-    size_t w = writev_some(fd_, iov, n, what_);
+    size_t w = writev_some(fd_.get(), iov, n, what_);
     if (w == 0) break;
     did = true;
     moved += w;
@@ -74,7 +71,7 @@ bool TcpStream::flush(Handler& h) {
   }
   bool want = !out_.empty();
   if (want != want_write_) {
-    poller_->want_write(fd_, want);
+    poller_->want_write(fd_.get(), want);
     want_write_ = want;
   }
   return did;
@@ -140,7 +137,7 @@ bool TcpStream::parse(Handler& h) {
     // Read more: big chunk remainders straight into their target, the rest through rx_.
     size_t got;
     if (state_ == State::kData && begin_ == end_ && left_ >= kDirectReadBytes) {
-      got = read_some(fd_, target_, std::min(left_, kStepBytes), what_);
+      got = read_some(fd_.get(), target_, std::min(left_, kStepBytes), what_);
       if (got == 0) return did;
       moved += got;
       target_ += got;
@@ -154,7 +151,7 @@ bool TcpStream::parse(Handler& h) {
       end_ -= begin_;
       begin_ = 0;
     }
-    got = read_some(fd_, rx_.data() + end_, kRxBytes - end_, what_);
+    got = read_some(fd_.get(), rx_.data() + end_, kRxBytes - end_, what_);
     if (got == 0) return did;
     moved += got;
     end_ += got;

@@ -8,6 +8,7 @@
 
 #include "transport/poller.h"
 #include "transport/tcp/frame.h"
+#include "transport/unique_fd.h"
 
 namespace dicomm::transport::tcp {
 
@@ -21,7 +22,7 @@ class TcpStream {
     virtual void on_written(const Frame& f, void* cookie) = 0;      // an output frame has left
   };
 
-  TcpStream(int fd, Poller* poller, std::string what);
+  TcpStream(UniqueFd fd, Poller* poller, std::string what);
   void watch(bool on);  // whether readability wakes the poller (flow control)
   // A data frame being read into [begin, end) goes on into scratch memory (a cancelled receive).
   void drop_data_into(const char* begin, const char* end);
@@ -50,7 +51,7 @@ class TcpStream {
   enum class State { kHeader, kPayload, kData };
   bool parse(Handler& h);
 
-  int fd_;
+  UniqueFd fd_;
   Poller* poller_;  // not owned: the engine's, which outlives its connections
   std::string what_;
   std::deque<Out> out_;

@@ -40,28 +40,22 @@ sockaddr_in parse_address(const std::string& addr, int peer) {
   return sa;
 }
 
-int connect_one(const sockaddr_in& sa, Clock::time_point deadline, const std::string& what) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw PeerError(what + ": socket(): " + errno_text(errno));
-  tune(fd);  // before connect, so the window scale reflects the buffer size
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS) {
-    int err = errno;
-    close(fd);
+UniqueFd connect_one(const sockaddr_in& sa, Clock::time_point deadline, const std::string& what) {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) throw PeerError(what + ": socket(): " + errno_text(errno));
+  tune(fd.get());  // before connect, so the window scale reflects the buffer size
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS) {
+    const int err = errno;
     throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
   }
-  pollfd pfd{fd, POLLOUT, 0};
+  pollfd pfd{fd.get(), POLLOUT, 0};
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   int err = 0;
   socklen_t len = sizeof(err);
-  if (poll(&pfd, 1, static_cast<int>(std::max<long>(left, 0))) != 1) {
-    close(fd);
+  if (poll(&pfd, 1, static_cast<int>(std::max<long>(left, 0))) != 1)
     throw SetupTimedOut(what + ": connect: no answer in time");
-  }
-  getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  if (err) {
-    close(fd);
-    throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
-  }
+  getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err) throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
   return fd;
 }
 
@@ -101,22 +95,21 @@ TcpTransport::TcpTransport(const Context& ctx)
   // Over TCP only a short spin pays: an 8 B half round trip measured 25-26 us with 30-80 us of
   // spin, 32-59 us without; a reply usually lands within one loopback round trip.
   caps_.spin = ctx.config->tcp_spin;
-  std::string ip = listen_ip();
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  std::string ip = listen_ip(ctx.config->socket_ifname);
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   inet_pton(AF_INET, ip.c_str(), &sa.sin_addr);
   sa.sin_port = 0;
-  tune(fd);  // accepted sockets inherit the buffer sizes
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd, 1024) != 0) {
-    int err = errno;
-    if (fd >= 0) close(fd);
+  if (fd.get() >= 0) tune(fd.get());  // accepted sockets inherit the buffer sizes
+  if (fd.get() < 0 || bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd.get(), 1024) != 0) {
+    const int err = errno;
     throw Error("tcp transport cannot listen on " + ip + ": " + errno_text(err));
   }
   socklen_t len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
   address_ = ip + ":" + std::to_string(ntohs(sa.sin_port));
-  acceptor_ = std::make_unique<Acceptor>(fd, ctx_, TransportId::kTcp);
+  acceptor_ = std::make_unique<Acceptor>(std::move(fd), ctx_, TransportId::kTcp);
 }
 
 bool TcpTransport::can_reach(const Card&, const Card& peer, std::string* why) const {
@@ -130,20 +123,15 @@ std::unique_ptr<SendConn> TcpTransport::connect(int peer, const Card& card, Cloc
   sockaddr_in sa = parse_address(card.addresses.at("tcp"), peer);
   std::vector<std::unique_ptr<TcpStream>> streams;
   for (int s = 0; s < nstreams_; ++s) {
-    int fd = connect_one(sa, deadline, what);
+    UniqueFd fd = connect_one(sa, deadline, what);
     Hello h;
     h.transport = static_cast<uint16_t>(TransportId::kTcp);
     h.src = ctx_.rank;
     h.dst = peer;
     h.stream = static_cast<uint16_t>(s);
     h.nstreams = static_cast<uint16_t>(nstreams_);
-    try {
-      connector_handshake(fd, h, ctx_.key, deadline, what);
-    } catch (...) {
-      close(fd);
-      throw;
-    }
-    streams.push_back(std::make_unique<TcpStream>(fd, ctx_.poller, what + " (stream " + std::to_string(s) + ")"));
+    connector_handshake(fd.get(), h, ctx_.key, deadline, what);
+    streams.push_back(std::make_unique<TcpStream>(std::move(fd), ctx_.poller, what + " (stream " + std::to_string(s) + ")"));
   }
   return std::make_unique<TcpSendConn>(peer, std::move(streams), ctx_.sink, chunk_bytes_);
 }
@@ -152,18 +140,16 @@ bool TcpTransport::progress() {
   std::vector<Acceptor::Accepted> accepted;
   bool did = acceptor_->progress(&accepted);
   for (auto& a : accepted) {
-    int src = a.hello.src;
-    if (a.passed_fd >= 0) close(a.passed_fd);
+    int src = a.hello.src;  // a.fd and a.passed_fd close when `a` goes, unless taken below
     // From this host, only the job's own user may connect (another user may have read the store).
-    long uid = local_peer_uid(a.fd);
+    long uid = local_peer_uid(a.fd.get());
     if (uid >= 0 && uid != static_cast<long>(geteuid())) {
-      close(a.fd);
       ctx_.sink->on_rejected("tcp connection claiming rank " + std::to_string(src) + " from a process of uid " +
                              std::to_string(uid) + " on this host, but this job runs as uid " + std::to_string(geteuid()));
       continue;
     }
     std::string what = "tcp connection from rank " + std::to_string(src);
-    auto stream = std::make_unique<TcpStream>(a.fd, ctx_.poller, what);
+    auto stream = std::make_unique<TcpStream>(std::move(a.fd), ctx_.poller, what);
     // A rank's first connection is the only one: a second that claims the same rank (another
     // stream count, a stream index already taken) is refused and never touches the first.
     auto conn = recv_conns_[src].lock();

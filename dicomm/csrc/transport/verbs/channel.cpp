@@ -1,7 +1,5 @@
 #include "transport/verbs/channel.h"
 
-#include "core/config.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -27,14 +25,16 @@ constexpr int kAccess = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_WRITE | ibv
 
 }  // namespace
 
-Channel::Channel(std::shared_ptr<Nic> nic, UniqueFd side_fd, int gid_index, std::string what, Poller* poller)
+Channel::Channel(std::shared_ptr<Nic> nic, UniqueFd side_fd, int gid_index, std::string what, Poller* poller,
+                 const EngineConfig& config)
     : nic_(std::move(nic)), api_(nic_->api()), side_fd_(std::move(side_fd)), what_(std::move(what)), poller_(poller),
       mr_(nullptr, {&api_}), events_(nullptr, {&api_}), cq_(nullptr, {&api_}), qp_(nullptr, {&api_}),
-      gid_index_(gid_index) {
-  slots_ = static_cast<int>(config::integer("DICOMM_IB_SLOTS"));
-  slot_bytes_ = sizeof(Ctrl) + static_cast<size_t>(config::integer("DICOMM_IB_EAGER_BYTES"));
+      gid_index_(gid_index), drain_(config.ib_drain), ack_timeout_(static_cast<uint8_t>(config.ib_timeout)),
+      retry_cnt_(static_cast<uint8_t>(config.ib_retry_cnt)) {
+  slots_ = config.ib_slots;
+  slot_bytes_ = sizeof(Ctrl) + config.ib_eager_bytes;
   sq_depth_ = std::max(16, std::min(256, nic_->max_qp_wr()));
-  signal_every_ = static_cast<int>(std::min<long>(config::integer("DICOMM_IB_SIGNAL_EVERY"), sq_depth_ / 4));
+  signal_every_ = std::min(config.ib_signal_every, sq_depth_ / 4);
   const std::string dev = nic_->port().describe();
   auto fail = [&](const std::string& step) { throw PeerError(what_ + ": " + step + " failed on " + dev + ": " + errno_text(errno)); };
 
@@ -92,7 +92,7 @@ Channel::~Channel() {
   // leave before the queue pair goes, within a bound. Credit writes behind the last of them are not
   // waited for, and a peer that closed its side channel has torn its queue pair down: nothing it
   // would still acknowledge (both ends closing together used to wait out the whole bound).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config::integer("DICOMM_IB_DRAIN_MS"));
+  auto deadline = std::chrono::steady_clock::now() + drain_;
   try {
     while (fault_->empty() && (wr_retired_ < wr_needed_ || !pending_.empty()) && std::chrono::steady_clock::now() < deadline) {
       if (side_closed()) break;  // the peer is gone
@@ -178,8 +178,8 @@ void Channel::connect(const WireInfo& r) {
                     std::to_string(r.qpn) + "): " + errno_text(errno) + "; check DICOMM_IB_GID_INDEX and the peer's GID");
   a = ibv::qp_attr{};
   a.qp_state = ibv::QPS_RTS;
-  a.timeout = static_cast<uint8_t>(config::integer("DICOMM_IB_TIMEOUT"));
-  a.retry_cnt = static_cast<uint8_t>(config::integer("DICOMM_IB_RETRY_CNT"));
+  a.timeout = ack_timeout_;
+  a.retry_cnt = retry_cnt_;
   a.rnr_retry = 7;
   a.sq_psn = psn_;
   a.max_rd_atomic = static_cast<uint8_t>(max_reads_);

@@ -5,6 +5,7 @@
 // consumed, so credits can never deadlock), and RDMA reads for rendezvous data.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "transport/poller.h"
 #include "transport/unique_fd.h"
 #include "transport/verbs/nic.h"
@@ -77,7 +79,9 @@ class Channel {
 
   // `what` names the connection in errors ("verbs connection to rank 1 (rxe0 port 1)"). Takes the
   // side channel's socket; a constructor that throws releases everything it made, that socket too.
-  Channel(std::shared_ptr<Nic> nic, UniqueFd side_fd, int gid_index, std::string what, Poller* poller);
+  // Its sizes and queue pair settings come from `config` (the communicator's).
+  Channel(std::shared_ptr<Nic> nic, UniqueFd side_fd, int gid_index, std::string what, Poller* poller,
+          const EngineConfig& config);
   ~Channel();  // lets posted sends finish (bounded), then tears down
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -129,6 +133,8 @@ class Channel {
   OwnedCq cq_;
   OwnedQp qp_;
   int gid_index_;
+  std::chrono::milliseconds drain_;  // the longest a close waits for posted work
+  uint8_t ack_timeout_, retry_cnt_;   // of the queue pair
   uint32_t psn_ = 0;
   uint32_t mtu_ = 0;
 

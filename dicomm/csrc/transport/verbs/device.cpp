@@ -104,8 +104,7 @@ std::vector<DeviceInfo> discover(const IbvApi& api, std::string* why) {
   return out;
 }
 
-std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices) {
-  const std::string allow = config::text("DICOMM_IB_HCA");
+std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices, const std::string& allow) {
   std::vector<PortInfo> out;
   std::string all;
   for (const auto& d : devices)
@@ -127,8 +126,9 @@ std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices) {
   return out;
 }
 
-int choose_gid(const PortInfo& port, const std::string& local_ip, std::string* why_chosen) {
-  if (auto idx = config::optional_integer("DICOMM_IB_GID_INDEX")) {
+int choose_gid(const PortInfo& port, const std::string& local_ip, std::optional<long> gid_index,
+               std::string* why_chosen) {
+  if (const auto idx = gid_index) {
     for (const auto& g : port.gids)
       if (g.index == *idx) {
         if (why_chosen) *why_chosen = "DICOMM_IB_GID_INDEX=" + std::to_string(*idx);
@@ -180,7 +180,7 @@ std::string probe_json() {
       std::string chosen_why;
       int chosen = -1;
       try {
-        chosen = choose_gid(p, "", &chosen_why);
+        chosen = choose_gid(p, "", config::optional_integer("DICOMM_IB_GID_INDEX"), &chosen_why);
       } catch (const ValueError& e) {
         chosen_why = e.what();
       }

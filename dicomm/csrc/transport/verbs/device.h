@@ -3,6 +3,7 @@
 // device, port and GID that DICOMM_IB_HCA / DICOMM_IB_GID_INDEX and the routing table imply.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,15 +40,16 @@ struct DeviceInfo {
 // Every device and port; `why` says what failed (no library, no devices) when the list is empty.
 std::vector<DeviceInfo> discover(const IbvApi& api, std::string* why);
 
-// The ports DICOMM_IB_HCA allows ("mlx5_0,mlx5_1:1"; every port when unset), active ones only.
-// Throws ValueError when the variable names nothing that exists, listing what does.
-std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices);
+// The ports `allow` (DICOMM_IB_HCA) allows ("mlx5_0,mlx5_1:1"; every port when empty), active ones
+// only. Throws ValueError when it names nothing that exists, listing what does.
+std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices, const std::string& allow);
 
 // The GID index for traffic leaving through `local_ip` (the address a socket to the peer is bound
-// to): DICOMM_IB_GID_INDEX when set (checked), else the RoCE v2 IPv4-mapped GID of that address,
+// to): `gid_index` (DICOMM_IB_GID_INDEX) when set (checked), else the RoCE v2 IPv4-mapped GID of that address,
 // else the first RoCE v2 IPv4-mapped one, else index 0 (InfiniBand). Throws ValueError naming the
 // device, port and GID table when the override points at an empty or unknown entry.
-int choose_gid(const PortInfo& port, const std::string& local_ip, std::string* why_chosen);
+int choose_gid(const PortInfo& port, const std::string& local_ip, std::optional<long> gid_index,
+               std::string* why_chosen);
 
 // JSON of discover() plus the choices, for probes and tests.
 std::string probe_json();

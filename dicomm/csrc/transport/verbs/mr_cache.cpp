@@ -1,7 +1,5 @@
 #include "transport/verbs/mr_cache.h"
 
-#include "core/config.h"
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -16,9 +14,8 @@ constexpr int kAccess = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_READ | ibv:
 
 }  // namespace
 
-MrCache::MrCache(const IbvApi& api, ibv::pd* pd, const std::string& nic)
-    : api_(api), pd_(pd), nic_(nic), capacity_(static_cast<size_t>(config::integer("DICOMM_IB_REG_CACHE"))),
-      force_staging_(config::flag("DICOMM_IB_FORCE_STAGING")) {}
+MrCache::MrCache(const IbvApi& api, ibv::pd* pd, const std::string& nic, size_t capacity, bool force_staging)
+    : api_(api), pd_(pd), nic_(nic), capacity_(capacity), force_staging_(force_staging) {}
 
 MrCache::~MrCache() {
   for (auto& [key, r] : map_) {

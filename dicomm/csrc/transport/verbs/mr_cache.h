@@ -36,7 +36,9 @@ struct Registration {
 
 class MrCache {
  public:
-  MrCache(const IbvApi& api, ibv::pd* pd, const std::string& nic);
+  // Keeps up to `capacity` idle registrations (DICOMM_IB_REG_CACHE); `force_staging`: host memory
+  // is treated as unregistrable, so it takes the CPU-mediated path (DICOMM_IB_FORCE_STAGING).
+  MrCache(const IbvApi& api, ibv::pd* pd, const std::string& nic, size_t capacity, bool force_staging);
   ~MrCache();
   // Never null. Throws Error when host memory cannot be registered (e.g. the locked-memory limit).
   Registration* acquire(const void* addr, size_t len);

@@ -8,7 +8,7 @@
 
 namespace dicomm::transport::verbs {
 
-Nic::Nic(const IbvApi& api, const PortInfo& port, int max_qp_wr, int max_rd_atom)
+Nic::Nic(const IbvApi& api, const PortInfo& port, int max_qp_wr, int max_rd_atom, const EngineConfig& config)
     : api_(api), port_(port), max_qp_wr_(max_qp_wr), max_rd_atom_(max_rd_atom), ctx_(nullptr, {&api}),
       pd_(nullptr, {&api}) {
   int n = 0;
@@ -21,7 +21,7 @@ Nic::Nic(const IbvApi& api, const PortInfo& port, int max_qp_wr, int max_rd_atom
   if (!pd_) throw Error("verbs: cannot allocate a protection domain on " + port.device);
   int fl = fcntl(ctx_->async_fd, F_GETFL);
   fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);  // events are read from the progress loop
-  cache_ = std::make_unique<MrCache>(api, pd_.get(), port.describe());
+  cache_ = std::make_unique<MrCache>(api, pd_.get(), port.describe(), config.ib_reg_cache, config.ib_force_staging);
 }
 
 Nic::~Nic() = default;  // the members release cache, protection domain and device, in that order

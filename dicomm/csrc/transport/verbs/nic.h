@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/config.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/mr_cache.h"
 #include "transport/verbs/owned.h"
@@ -19,7 +20,7 @@ using Fault = std::shared_ptr<std::string>;
 
 class Nic {
  public:
-  Nic(const IbvApi& api, const PortInfo& port, int max_qp_wr, int max_rd_atom);
+  Nic(const IbvApi& api, const PortInfo& port, int max_qp_wr, int max_rd_atom, const EngineConfig& config);
   ~Nic();
   Nic(const Nic&) = delete;
   Nic& operator=(const Nic&) = delete;

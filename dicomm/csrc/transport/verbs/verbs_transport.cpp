@@ -37,7 +37,7 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::
   if (!api) return nullptr;
   auto devices = discover(*api, why);
   if (devices.empty()) return nullptr;
-  auto ports = usable_ports(devices);  // throws on a DICOMM_IB_HCA that matches nothing
+  auto ports = usable_ports(devices, ctx.config->ib_hca);  // throws on a DICOMM_IB_HCA that matches nothing
   if (ports.empty()) {
     if (why) *why = "no RDMA port is active";
     return nullptr;
@@ -49,14 +49,14 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(const Context& ctx, std::
   // The side channel listens on the address of the port's RoCE GID, so it follows the RDMA path.
   std::string ip;
   try {
-    int g = choose_gid(port, "", nullptr);
+    int g = choose_gid(port, "", ctx.config->ib_gid_index, nullptr);
     for (const auto& e : port.gids)
       if (e.index == g) ip = e.ipv4;
   } catch (const ValueError&) {
-    if (config::optional_integer("DICOMM_IB_GID_INDEX")) throw;
+    if (ctx.config->ib_gid_index) throw;
   }
-  if (ip.empty()) ip = listen_ip();  // no GID address: where the tcp transport listens, never the wildcard
-  auto nic = std::make_shared<Nic>(*api, port, max_wr, max_rd);
+  if (ip.empty()) ip = listen_ip(ctx.config->socket_ifname);  // no GID address: where the tcp transport listens, never the wildcard
+  auto nic = std::make_shared<Nic>(*api, port, max_wr, max_rd, *ctx.config);
   return std::unique_ptr<VerbsTransport>(new VerbsTransport(ctx, std::move(nic), ip));
 }
 
@@ -73,21 +73,20 @@ VerbsTransport::VerbsTransport(const Context& ctx, std::shared_ptr<Nic> nic, con
   caps_.spin = ctx.config->verbs_spin;
   caps_.own_flow_control = true;  // receive credits: the sender never overruns the receiver
   chunk_bytes_ = ctx.config->verbs_chunk_bytes;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   inet_pton(AF_INET, ip.c_str(), &sa.sin_addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd, 1024) != 0) {
-    int err = errno;
-    if (fd >= 0) close(fd);
+  if (fd.get() < 0 || bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd.get(), 1024) != 0) {
+    const int err = errno;
     throw Error("verbs transport cannot listen on " + ip + ": " + errno_text(err));
   }
   socklen_t len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
   std::string shown = ip == "0.0.0.0" ? "127.0.0.1" : ip;
   address_ = shown + ":" + std::to_string(ntohs(sa.sin_port)) + "/" + nic_->port().device + ":" +
              std::to_string(nic_->port().port);
-  acceptor_ = std::make_unique<Acceptor>(fd, ctx_, verbs_id());
+  acceptor_ = std::make_unique<Acceptor>(std::move(fd), ctx_, verbs_id());
   ctx_.poller->add(nic_->async_fd());
 }
 
@@ -105,9 +104,9 @@ bool VerbsTransport::can_reach(const Card&, const Card& peer, std::string* why) 
 std::unique_ptr<Channel> VerbsTransport::open_channel(int peer, UniqueFd fd, bool outgoing) {
   std::string what = std::string("verbs connection ") + (outgoing ? "to" : "from") + " rank " + std::to_string(peer);
   std::string local_ip = local_ip_of(fd.get()), why_gid;
-  int gid = choose_gid(nic_->port(), local_ip, &why_gid);
+  int gid = choose_gid(nic_->port(), local_ip, ctx_.config->ib_gid_index, &why_gid);
   log(LogLevel::kDebug, what + ": " + nic_->port().describe() + " GID index " + std::to_string(gid) + " (" + why_gid + ")");
-  return std::make_unique<Channel>(nic_, std::move(fd), gid, what, ctx_.poller);
+  return std::make_unique<Channel>(nic_, std::move(fd), gid, what, ctx_.poller, *ctx_.config);
 }
 
 std::unique_ptr<SendConn> VerbsTransport::connect(int peer, const Card& card, Clock::time_point deadline) {
@@ -152,25 +151,24 @@ bool VerbsTransport::progress() {
   std::vector<Acceptor::Accepted> accepted;
   did |= acceptor_->progress(&accepted);
   for (auto& a : accepted) {
-    if (a.passed_fd >= 0) close(a.passed_fd);
     int src = a.hello.src;
-    UniqueFd owned(a.fd);  // the side channel: `owned` until the channel takes it
+    const int side = a.fd.get();  // the side channel, in `a` until the channel takes it
     std::unique_ptr<Channel> ch;
     try {
       // The connector sends its data right behind the hello: no round trip is awaited here.
       WireInfo theirs;
       const std::string from = "verbs connection from rank " + std::to_string(src);
-      read_exact(a.fd, &theirs, sizeof(theirs), Clock::now() + ctx_.handshake_timeout, from);
+      read_exact(side, &theirs, sizeof(theirs), Clock::now() + ctx_.handshake_timeout, from);
       if (std::string why = wire_mismatch(theirs); !why.empty()) {
         // Answer with our magic and version only, so that the connector names the mismatch too.
         const WireInfo ours;
-        write_all(a.fd, &ours, sizeof(ours), Clock::now() + ctx_.handshake_timeout, from);
+        write_all(side, &ours, sizeof(ours), Clock::now() + ctx_.handshake_timeout, from);
         throw PeerError(from + ": " + why);
       }
-      ch = open_channel(src, std::move(owned), false);
+      ch = open_channel(src, std::move(a.fd), false);
       ch->connect(theirs);
       WireInfo mine = ch->local_info();
-      write_all(a.fd, &mine, sizeof(mine), Clock::now() + ctx_.handshake_timeout, ch->what());
+      write_all(side, &mine, sizeof(mine), Clock::now() + ctx_.handshake_timeout, ch->what());
     } catch (const Error& e) {
       ctx_.sink->on_rejected(e.what());
       continue;
