@@ -81,6 +81,8 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
         base, mode = base[:-1], INPLACE
     elif (overload == "out" or overload.endswith("_out")) and _out_name(func) is not None:
         overload, mode = overload.removesuffix("out").removesuffix("_"), OUT
+    if base.startswith("aten::_") and base.endswith("_impl"):  # _index_put_impl_ implements index_put_
+        base = "aten::" + base.removeprefix("aten::_").removesuffix("_impl")
     names = [f"{base}.{overload}" if overload else base]
     if overload in ("Scalar", ""):
         names.append(f"{base}.Tensor")
@@ -118,6 +120,9 @@ def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
     if op.aten.startswith("aten::_scaled_dot_product_flash_attention_for_cpu"):
         if bound.get("dropout_p", 0.0) != 0.0 or bound.get("attn_mask") is not None:
             return "dropout or an attention mask"
+    if op.aten in ("aten::index.Tensor", "aten::index_put"):
+        if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in bound.get("indices", ())):
+            return "a boolean mask index (its result's size depends on the data)"
     return None
 
 
@@ -232,7 +237,7 @@ class Router:
             if arg.is_output:
                 abi_args.append(outputs[arg.name])
             elif arg.is_tensor_list:
-                abi_args.append([self._operand(t, device) for t in bound[arg.name]])
+                abi_args.append([None if t is None else self._operand(t, device) for t in bound[arg.name]])
             elif arg.is_tensor:
                 value = host.get(arg.name)
                 if isinstance(value, (int, float, bool)):  # a Python number where ATen takes a tensor

@@ -130,9 +130,10 @@ def test_tiny_llama_trains_like_plain_torch_on_the_native_device(reference_path)
     assert got["failures"] == [] and got["compared"] > 100
     for op in ("aten::mm", "aten::bmm", "aten::embedding", "aten::embedding_dense_backward", "aten::silu",
                "aten::_softmax_backward_data", "aten::rsqrt", "aten::fill_", "aten::ge", "aten::lt",
-               "aten::bitwise_and", "aten::clamp", "aten::gather"):
+               "aten::bitwise_and", "aten::clamp", "aten::gather", "aten::index", "aten::_index_put_impl_"):
         assert op in _packets(got["routed"]), op
     assert "aten::zero_" not in got["fallbacks"]  # zero_ (gradient zeroing) is the library's fill_
+    assert not {"aten::index", "aten::_index_put_impl_"} & _packets(got["fallbacks"])
 
 
 def test_the_device_can_be_enabled_after_a_backward_pass(reference_path):
@@ -241,3 +242,19 @@ def test_a_library_missing_operators_still_trains_on_the_native_device(partial_p
             assert op in _packets(got["fallbacks"]), op
     assert "aten::index_select" in got["fallbacks"]
     assert "aten::embedding_dense_backward" in _packets(got["routed"])
+
+
+def test_a_boolean_mask_index_falls_back_to_the_cpu(reference_path):
+    """A mask's result size depends on the data: the router sends it to the CPU, an integer index to the library."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        m = torch.randn(4, 5)
+        d = m.to("diopi")
+        ok = torch.equal(d[d > 0].cpu(), m[m > 0]) and torch.equal(d[:, torch.tensor([4, 0])].cpu(), m[:, [4, 0]])
+        print(json.dumps({{"ok": ok, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+    """)
+    assert got["ok"]
+    assert got["fallbacks"]["aten::index.Tensor_out"] == 1
+    assert got["routed"]["aten::index.Tensor_out"] == 1
