@@ -258,3 +258,28 @@ def test_a_boolean_mask_index_falls_back_to_the_cpu(reference_path):
     assert got["ok"]
     assert got["fallbacks"]["aten::index.Tensor_out"] == 1
     assert got["routed"]["aten::index.Tensor_out"] == 1
+
+
+def test_random_operators_without_a_generator_argument_draw_from_the_device_generator(reference_path):
+    """native_dropout takes no generator: its mask comes from the device's default generator (seeded by
+    torch.diopi.manual_seed and torch.manual_seed), and the CPU's generator is left alone. Reference: a
+    fresh CPU generator with the same seed drawing the same Bernoulli mask."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        x = torch.ones(2000, device="diopi")
+        torch.manual_seed(0)
+        torch.diopi.manual_seed(7)
+        _, mask = torch.native_dropout(x, 0.3, True)
+        want = torch.empty(2000).bernoulli_(0.7, generator=torch.Generator().manual_seed(7)).bool()
+        cpu_untouched = torch.equal(torch.rand(5), torch.rand(5, generator=torch.Generator().manual_seed(0)))
+        torch.manual_seed(11)
+        first = torch.native_dropout(x, 0.3, True)[1].cpu()
+        second = torch.native_dropout(x, 0.3, True)[1].cpu()
+        torch.manual_seed(11)
+        again = torch.native_dropout(x, 0.3, True)[1].cpu()
+        print(json.dumps({{"device_mask": torch.equal(mask.cpu(), want), "cpu_untouched": cpu_untouched,
+                          "reproducible": torch.equal(first, again), "advances": not torch.equal(first, second)}}))
+    """)
+    assert (got["device_mask"], got["cpu_untouched"], got["reproducible"], got["advances"]) == (True,) * 4, got
