@@ -179,6 +179,9 @@ OPS: tuple[OpSchema, ...] = (
         doc="out = self with out[indices] = values (broadcast to self[indices]'s shape), or += when accumulate"),
     _op("aten::clamp", "out:out in:self double:min double:max", dtypes=FLOATS + INDEX,
         doc="out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max"),
+    # factories
+    _op("aten::arange.start_step", "out:out double:start double:end double:step", dtypes=FLOATS + INDEX,
+        doc="out[i] = start + i * step (computed in double, cast to out's dtype); out has the element count"),
     # optimiser
     _op("ext::adamw", "inout:param inout:exp_avg inout:exp_avg_sq in:grad double:lr double:beta1 "
         "double:beta2 double:weight_decay double:eps int:step bool:maximize",

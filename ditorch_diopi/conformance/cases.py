@@ -588,6 +588,18 @@ def _indexing(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _arange(op: OpSchema, g: _Gen) -> list[Case]:
+    ranges = [("basic", 0.0, 10.0, 1.0), ("fractional step", 0.0, 2.0, 0.5), ("negative step", 5.0, -3.0, -2.0),
+              ("empty", 3.0, 3.0, 1.0), ("one element", -1.0, 0.0, 4.0)]
+    if g.dtype.is_floating_point:  # below float16's largest finite value
+        ranges.append(("large", 0.0, 60000.0, 0.25))
+    else:
+        ranges = [r for r in ranges if r[0] != "fractional step"] + [("large", 0.0, 200000.0, 1.0)]
+    return [Case(op, label, g.dtype, {"start": start, "end": end, "step": step},
+                 lambda d: (torch.arange(d["start"], d["end"], d["step"], dtype=torch.float64),))
+            for label, start, end, step in ranges]
+
+
 def _clamp(op: OpSchema, g: _Gen) -> list[Case]:
     inf = math.inf
     cases = []
@@ -665,7 +677,7 @@ _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
 _FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise,
                   "aten::clamp": _clamp, "aten::gather": _gather,
-                  "aten::index.Tensor": _indexing, "aten::index_put": _indexing})
+                  "aten::index.Tensor": _indexing, "aten::index_put": _indexing, "aten::arange.start_step": _arange})
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:

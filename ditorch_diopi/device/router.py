@@ -94,6 +94,8 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
         names += [f"{base}.dim_IntList", f"{base}.dim"]
     if mode == OUT and overload:  # sum.IntList_out is the out= form of sum.dim_IntList
         names.append(f"{base}.dim_{overload}")
+    if mode == OUT and overload == "start":  # arange.start_out is the out= form of arange.start_step
+        names.append(f"{base}.start_step")
     aten_args = {a.name: a for a in func._schema.arguments}
     for candidate in dict.fromkeys(names):
         op = BY_NAME.get(candidate)
@@ -214,6 +216,8 @@ class Router:
         out_names = _out_names(func) if mode == OUT else ["self"] if mode == INPLACE else []
         targets = [bound[name] for name in out_names]
         for name, target, meta in zip(out_names, targets, metas):
+            if mode == OUT and target.numel() == 0 and tuple(target.shape) != tuple(meta.shape):
+                target.resize_(meta.shape)  # as torch does for an empty out= (arange's)
             if tuple(target.shape) != tuple(meta.shape):
                 raise _Unservable(f"the result's shape {tuple(meta.shape)} is not the shape of "
                                   f"{name} {tuple(target.shape)}")

@@ -134,6 +134,8 @@ def test_tiny_llama_trains_like_plain_torch_on_the_native_device(reference_path)
         assert op in _packets(got["routed"]), op
     assert "aten::zero_" not in got["fallbacks"]  # zero_ (gradient zeroing) is the library's fill_
     assert not {"aten::index", "aten::_index_put_impl_"} & _packets(got["fallbacks"])
+    # arange.start_out (an empty out= resized) is served by the schema's arange.start_step
+    assert "aten::arange" in _packets(got["routed"]) and "aten::arange" not in _packets(got["fallbacks"])
     # max.dim_max (two out= arguments) is served by the schema's max.dim
     assert got["routed"].get("aten::max.dim_max", 0) > 0 and "aten::max" not in _packets(got["fallbacks"])
 

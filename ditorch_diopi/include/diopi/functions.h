@@ -211,6 +211,10 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_index_put(diopiContextHandle_t ctx,
  * out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_clamp(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double min, double max);
 
+/* aten::arange.start_step [float32, float64, float16, bfloat16, int64, int32] out:out start:double end:double step:double
+ * out[i] = start + i * step (computed in double, cast to out's dtype); out has the element count */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_arange_start_step(diopiContextHandle_t ctx, diopiTensorHandle_t out, double start, double end, double step);
+
 /* ext::adamw [float32, float64] param:inout exp_avg:inout exp_avg_sq:inout grad:in lr:double beta1:double beta2:double weight_decay:double eps:double step:int maximize:bool
  * one decoupled-weight-decay Adam step, as torch.optim.AdamW */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_ext_adamw(diopiContextHandle_t ctx, diopiTensorHandle_t param, diopiTensorHandle_t exp_avg, diopiTensorHandle_t exp_avg_sq, diopiConstTensorHandle_t grad, double lr, double beta1, double beta2, double weight_decay, double eps, int64_t step, bool maximize);
