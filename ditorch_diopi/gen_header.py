@@ -20,6 +20,7 @@ _C_TYPES = {
     "in": "diopiConstTensorHandle_t",
     "in?": "diopiConstTensorHandle_t",
     "in[]": "diopiTensorList_t",
+    "in?[]": "diopiTensorList_t",  # entries may be NULL
     "double": "double",
     "int": "int64_t",
     "bool": "bool",

@@ -16,12 +16,13 @@ _REQUIRED = ("diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "di
 _ARG_TYPES = {
     "out": ctypes.c_void_p, "out?": ctypes.c_void_p, "inout": ctypes.c_void_p, "in": ctypes.c_void_p,
     "in?": ctypes.c_void_p, "double": ctypes.c_double, "int": ctypes.c_int64, "bool": ctypes.c_bool,
-    "ints": abi.Size, "in[]": abi.TensorList,
+    "ints": abi.Size, "in[]": abi.TensorList, "in?[]": abi.TensorList,
 }
 
 
 # How call() passes each argument (identity-compared markers).
 _TENSOR, _OPTIONAL_TENSOR, _TENSOR_LIST, _INTS, _SCALAR = "tensor", "optional tensor", "tensors", "ints", "scalar"
+_OPTIONAL_TENSOR_LIST = "optional tensors"
 
 
 class LibraryError(RuntimeError):
@@ -123,9 +124,14 @@ class DiopiLibrary:
                 else:
                     c_args.append(slots.fill(n, value))
                     n += 1
-            elif kind is _TENSOR_LIST:
+            elif kind is _TENSOR_LIST or kind is _OPTIONAL_TENSOR_LIST:
                 handles = []
                 for tensor in value:
+                    if tensor is None:
+                        if kind is _TENSOR_LIST:
+                            raise TypeError(f"{schema.aten}: a list entry is None ({_signature(schema)})")
+                        handles.append(None)
+                        continue
                     handles.append(slots.fill(n, tensor))
                     n += 1
                 array = (ctypes.c_void_p * len(handles))(*handles)
@@ -143,11 +149,18 @@ class DiopiLibrary:
         fn = self.functions.get(schema.aten)
         if fn is None:
             raise NotImplementedError(f"{self.vendor} does not implement {schema.aten}")
-        kinds = tuple(_TENSOR if a.kind in ("out", "inout", "in") else _OPTIONAL_TENSOR if a.is_tensor
-                      else _TENSOR_LIST if a.is_tensor_list else _INTS if a.kind == "ints" else _SCALAR
-                      for a in schema.args)
+        kinds = tuple(_kind(a) for a in schema.args)
         plan = self._plans[op] = (fn, schema, kinds)
         return plan
+
+
+def _kind(arg: Any) -> str:
+    """How call() passes one ABI argument."""
+    if arg.is_tensor:
+        return _TENSOR if arg.kind in ("out", "inout", "in") else _OPTIONAL_TENSOR
+    if arg.is_tensor_list:
+        return _OPTIONAL_TENSOR_LIST if arg.kind == "in?[]" else _TENSOR_LIST
+    return _INTS if arg.kind == "ints" else _SCALAR
 
 
 def _schema(name: str) -> OpSchema:

@@ -6,7 +6,8 @@ and the conformance suite and the torch device look operators up by the same ATe
 Operators without an ATen counterpart live in the ``ext`` namespace.
 
 Argument order in C: the context, then outputs (``out``: written; ``inout``: read and written), then
-tensor inputs (``in``, ``in?`` may be NULL, ``in[]`` a list of tensors), then scalars (``double``, ``int``,
+tensor inputs (``in``, ``in?`` may be NULL, ``in[]`` a list of tensors,
+``in?[]`` a list whose entries may be NULL), then scalars (``double``, ``int``,
 ``bool``, ``ints``).
 """
 from __future__ import annotations
@@ -17,7 +18,9 @@ FLOATS = ("float32", "float64", "float16", "bfloat16")
 INDEX = ("int64", "int32")
 
 TENSOR_KINDS = ("out", "out?", "inout", "in", "in?")
-INPUT_KINDS = ("in", "in?", "in[]")  # in[]: a list of const tensors (diopiTensorList_t)
+# in[]: a list of const tensors (diopiTensorList_t); in?[]: the same list, an entry may be NULL (index's
+# list of optional index tensors, NULL meaning a full slice)
+INPUT_KINDS = ("in", "in?", "in[]", "in?[]")
 SCALAR_KINDS = ("double", "int", "bool", "ints")
 
 # ``approximate`` of gelu travels as an int: ATen spells it as a string.
@@ -36,7 +39,7 @@ class Arg:
 
     @property
     def is_tensor_list(self) -> bool:
-        return self.kind == "in[]"
+        return self.kind in ("in[]", "in?[]")
 
     @property
     def is_output(self) -> bool:
@@ -169,8 +172,16 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::bitwise_and.Tensor", _BINARY, dtypes=INDEX + ("bool",), doc="out = self & other (broadcast)"),
     _op("aten::gather", "out:out in:self in:index int:dim", dtypes=FLOATS + INDEX,
         doc="out = self's elements at index (int64) along dim; index has self's ndim and fits it elsewhere"),
+    _op("aten::index.Tensor", "out:out in:self in?[]:indices", dtypes=FLOATS + INDEX,
+        doc="out = self[indices]: int64/int32 index tensors (broadcast together), NULL a full slice; adjacent "
+            "indexed dims are replaced in place by the indices' shape, else it leads; negative counts from the end"),
+    _op("aten::index_put", "out:out in:self in?[]:indices in:values bool:accumulate", dtypes=FLOATS + INDEX,
+        doc="out = self with out[indices] = values (broadcast to self[indices]'s shape), or += when accumulate"),
     _op("aten::clamp", "out:out in:self double:min double:max", dtypes=FLOATS + INDEX,
         doc="out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max"),
+    # factories
+    _op("aten::arange.start_step", "out:out double:start double:end double:step", dtypes=FLOATS + INDEX,
+        doc="out[i] = start + i * step (computed in double, cast to out's dtype); out has the element count"),
     # optimiser
     _op("ext::adamw", "inout:param inout:exp_avg inout:exp_avg_sq in:grad double:lr double:beta1 "
         "double:beta2 double:weight_decay double:eps int:step bool:maximize",

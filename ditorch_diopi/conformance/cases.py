@@ -545,6 +545,61 @@ def _gather(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _indexing(op: OpSchema, g: _Gen) -> list[Case]:
+    """Lists of optional index tensors. Positions are distinct (permutations) so that index_put without
+    accumulate has one answer; "repeated positions" runs only with accumulate."""
+    def perm(high: int, *shape: int) -> torch.Tensor:
+        return torch.randperm(high, generator=g.g)[:math.prod(shape)].reshape(shape)
+
+    rows = torch.arange(6)
+    layouts = [("rows and targets", (6, 10), "contiguous", lambda: [rows, g.index(10, 6)]),
+               ("slice then index", (4, 5), "contiguous", lambda: [None, perm(5, 3)]),
+               ("broadcast indices", (4, 5), "contiguous", lambda: [perm(4, 3, 1), perm(5, 1, 2)]),
+               ("non-adjacent: indices' shape leads", (3, 4, 5), "contiguous", lambda: [perm(3, 2), None, perm(5, 2)]),
+               ("adjacent inside", (3, 4, 5, 2), "contiguous", lambda: [None, perm(4, 3), perm(5, 3)]),
+               ("2-d index", (4, 5, 6), "contiguous", lambda: [None, perm(5, 2, 2)]),
+               ("negative int32", (5, 4), "contiguous", lambda: [(perm(5, 3) - 5).to(torch.int32)]),
+               ("empty index", (4, 5), "contiguous", lambda: [perm(4, 0)]),
+               ("scalar index", (4, 5), "contiguous", lambda: [torch.tensor(2)]),
+               ("non-contiguous self", (6, 5), "transposed", lambda: [perm(6, 4)]),
+               ("large", (512, 256), "contiguous", lambda: [torch.arange(512), g.index(256, 512)])]
+    cases = []
+    for label, shape, layout, make in layouts:
+        x, indices = g.rand(*shape, layout=layout), make()
+        if op.aten == "aten::index.Tensor":
+            cases.append(Case(op, label, g.dtype, {"self": x, "indices": indices},
+                              lambda d: (torch.ops.aten.index.Tensor(d["self"], d["indices"]),)))
+            continue
+        values = g.rand(*torch.ops.aten.index.Tensor(x, indices).shape)
+        for accumulate in (False, True):
+            cases.append(Case(op, f"{label}{', accumulate' if accumulate else ''}", g.dtype,
+                              {"self": x, "indices": indices, "values": values, "accumulate": accumulate},
+                              lambda d: (torch.ops.aten.index_put(d["self"], d["indices"], d["values"],
+                                                                  d["accumulate"]),)))
+    if op.aten == "aten::index_put":
+        x = g.rand(4, 5)
+        cases += [Case(op, "repeated positions, accumulate", g.dtype,
+                       {"self": x, "indices": [g.index(4, 12), g.index(5, 12)], "values": g.rand(12),
+                        "accumulate": True},
+                       lambda d: (torch.ops.aten.index_put(d["self"], d["indices"], d["values"], True),)),
+                  Case(op, "values broadcast", g.dtype,
+                       {"self": x, "indices": [perm(4, 2)], "values": g.rand(5), "accumulate": False},
+                       lambda d: (torch.ops.aten.index_put(d["self"], d["indices"], d["values"], False),))]
+    return cases
+
+
+def _arange(op: OpSchema, g: _Gen) -> list[Case]:
+    ranges = [("basic", 0.0, 10.0, 1.0), ("fractional step", 0.0, 2.0, 0.5), ("negative step", 5.0, -3.0, -2.0),
+              ("empty", 3.0, 3.0, 1.0), ("one element", -1.0, 0.0, 4.0)]
+    if g.dtype.is_floating_point:  # below float16's largest finite value
+        ranges.append(("large", 0.0, 60000.0, 0.25))
+    else:
+        ranges = [r for r in ranges if r[0] != "fractional step"] + [("large", 0.0, 200000.0, 1.0)]
+    return [Case(op, label, g.dtype, {"start": start, "end": end, "step": step},
+                 lambda d: (torch.arange(d["start"], d["end"], d["step"], dtype=torch.float64),))
+            for label, start, end, step in ranges]
+
+
 def _clamp(op: OpSchema, g: _Gen) -> list[Case]:
     inf = math.inf
     cases = []
@@ -621,7 +676,8 @@ _FAMILIES.update({n: _selection for n in ("aten::pow.Scalar", "aten::cat", "aten
 _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
 _FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise,
-                  "aten::clamp": _clamp, "aten::gather": _gather})
+                  "aten::clamp": _clamp, "aten::gather": _gather,
+                  "aten::index.Tensor": _indexing, "aten::index_put": _indexing, "aten::arange.start_step": _arange})
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:

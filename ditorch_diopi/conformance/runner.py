@@ -75,12 +75,12 @@ def _judge(actual: torch.Tensor, expected: torch.Tensor, tolerance: dict[str, fl
 
 
 def _snapshot(value: Any) -> Any:
-    return [v.clone() for v in value] if isinstance(value, list) else value.clone()
+    return [None if v is None else v.clone() for v in value] if isinstance(value, list) else value.clone()
 
 
 def _unmodified(before: Any, after: Any) -> bool:
     if isinstance(before, list):
-        return all(_unmodified(b, a) for b, a in zip(before, after))
+        return all((b is None and a is None) or _unmodified(b, a) for b, a in zip(before, after))
     if before.dtype.is_floating_point:
         return bool(torch.equal(before.isnan(), after.isnan()) and torch.equal(before.nan_to_num(), after.nan_to_num()))
     return bool(torch.equal(before, after))

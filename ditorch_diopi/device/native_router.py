@@ -41,6 +41,20 @@ def _one_device(devices: set[torch.device]) -> None:
                            f"{names[0]} and {names[1]}!")
 
 
+def _with_device_stream(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+                        device_generator: torch.Generator) -> Any:
+    """``func`` on the CPU drawing from ``device_generator``'s stream, which then advances."""
+    cpu = torch.default_generator
+    saved = cpu.get_state()
+    cpu.set_state(device_generator.get_state())
+    try:
+        out = func(*args, **kwargs)
+        device_generator.set_state(cpu.get_state())
+    finally:
+        cpu.set_state(saved)
+    return out
+
+
 def is_native_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE
 
@@ -130,7 +144,13 @@ class NativeRouter(Router):
                 cpu_args = (*cpu_args[:position], generator, *cpu_args[position + 1:])
             else:
                 cpu_kwargs["generator"] = generator
-        out = func(*cpu_args, **cpu_kwargs)
+        if "generator" not in names and torch.Tag.nondeterministic_seeded in func.tags:
+            # A random operator without a generator argument (native_dropout) draws from the CPU's default
+            # generator: lend it the device generator's state for the call, and give the CPU its own back.
+            index = target.index if target.index is not None else self.runtime.current_device()
+            out = _with_device_stream(func, cpu_args, cpu_kwargs, self.runtime.default_generator(index))
+        else:
+            out = func(*cpu_args, **cpu_kwargs)
         for device_generator, cpu_generator in generators:  # the device generator advances
             device_generator.set_state(cpu_generator.get_state())
         written = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}

@@ -81,6 +81,10 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
         base, mode = base[:-1], INPLACE
     elif (overload == "out" or overload.endswith("_out")) and _out_name(func) is not None:
         overload, mode = overload.removesuffix("out").removesuffix("_"), OUT
+    elif len(_out_names(func)) > 1 and "_" in overload:  # max.dim_max(max, max_values) is max.dim's out=
+        overload, mode = overload.rsplit("_", 1)[0], OUT
+    if base.startswith("aten::_") and base.endswith("_impl"):  # _index_put_impl_ implements index_put_
+        base = "aten::" + base.removeprefix("aten::_").removesuffix("_impl")
     names = [f"{base}.{overload}" if overload else base]
     if overload in ("Scalar", ""):
         names.append(f"{base}.Tensor")
@@ -90,12 +94,15 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
         names += [f"{base}.dim_IntList", f"{base}.dim"]
     if mode == OUT and overload:  # sum.IntList_out is the out= form of sum.dim_IntList
         names.append(f"{base}.dim_{overload}")
+    if mode == OUT and overload == "start":  # arange.start_out is the out= form of arange.start_step
+        names.append(f"{base}.start_step")
     aten_args = {a.name: a for a in func._schema.arguments}
     for candidate in dict.fromkeys(names):
         op = BY_NAME.get(candidate)
         if op is None:
             continue
-        if mode != FUNCTIONAL and not (len(op.outputs) == 1 and op.outputs[0].kind == "out"):
+        written = len(_out_names(func)) if mode == OUT else 1
+        if mode != FUNCTIONAL and not (len(op.outputs) == written and all(a.kind == "out" for a in op.outputs)):
             continue
         if len(op.outputs) != len(func._schema.returns):  # max(x) is not max.dim's (values, indices)
             continue
@@ -118,6 +125,9 @@ def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
     if op.aten.startswith("aten::_scaled_dot_product_flash_attention_for_cpu"):
         if bound.get("dropout_p", 0.0) != 0.0 or bound.get("attn_mask") is not None:
             return "dropout or an attention mask"
+    if op.aten in ("aten::index.Tensor", "aten::index_put"):
+        if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in bound.get("indices", ())):
+            return "a boolean mask index (its result's size depends on the data)"
     return None
 
 
@@ -203,24 +213,29 @@ class Router:
               bound: dict[str, Any]) -> Any:
         meta_out = self._meta(func, args, kwargs)
         metas = list(meta_out) if isinstance(meta_out, (tuple, list)) else [meta_out]
-        out_name = _out_name(func) if mode == OUT else None
-        target = bound[out_name] if out_name else bound["self"] if mode == INPLACE else None
-        if target is not None and tuple(target.shape) != tuple(metas[0].shape):
-            raise _Unservable(f"the result's shape {tuple(metas[0].shape)} is not the shape of "
-                              f"{'out' if mode == OUT else 'self'} {tuple(target.shape)}")
+        out_names = _out_names(func) if mode == OUT else ["self"] if mode == INPLACE else []
+        targets = [bound[name] for name in out_names]
+        for name, target, meta in zip(out_names, targets, metas):
+            if mode == OUT and target.numel() == 0 and tuple(target.shape) != tuple(meta.shape):
+                target.resize_(meta.shape)  # as torch does for an empty out= (arange's)
+            if tuple(target.shape) != tuple(meta.shape):
+                raise _Unservable(f"the result's shape {tuple(meta.shape)} is not the shape of "
+                                  f"{name} {tuple(target.shape)}")
         device = self._device_of(bound)
         host = {name: self._operand(value, device) for name, value in bound.items()}
         outputs: dict[str, torch.Tensor | None] = {}
         results = []
-        direct = False
-        for arg, meta in zip(op.outputs, metas):
+        direct = [False] * len(op.outputs)
+        for i, (arg, meta) in enumerate(zip(op.outputs, metas)):
+            out_name = out_names[i] if mode == OUT else None
             if arg.kind == "inout":
                 outputs[arg.name] = host[arg.name]
                 results.append(bound[arg.name])
             elif meta is None or not isinstance(meta, torch.Tensor):
                 outputs[arg.name] = None
                 results.append(meta)
-            elif direct := (out_name is not None and _writable_as(out_name, meta, host)):
+            elif out_name is not None and _writable_as(out_name, meta, host):
+                direct[i] = True
                 outputs[arg.name] = host[out_name]  # out= has the result's layout: the library writes it
                 results.append(bound[out_name])
             else:
@@ -232,7 +247,7 @@ class Router:
             if arg.is_output:
                 abi_args.append(outputs[arg.name])
             elif arg.is_tensor_list:
-                abi_args.append([self._operand(t, device) for t in bound[arg.name]])
+                abi_args.append([None if t is None else self._operand(t, device) for t in bound[arg.name]])
             elif arg.is_tensor:
                 value = host.get(arg.name)
                 if isinstance(value, (int, float, bool)):  # a Python number where ATen takes a tensor
@@ -242,10 +257,11 @@ class Router:
                 abi_args.append(_scalar(op, arg.kind, arg.name, bound))
         self._run(op, abi_args, device)
         self.routed[aten_name(func)] += 1
-        if target is not None:  # the functional result goes into self (in place) or out (out=)
-            if not direct:
-                self._operand(target, device).copy_(outputs[op.outputs[0].name])
-            return target
+        if targets:  # the functional results go into self (in place) or the out= arguments
+            for arg, target, written in zip(op.outputs, targets, direct):
+                if not written:
+                    self._operand(target, device).copy_(outputs[arg.name])
+            return targets[0] if len(targets) == 1 else tuple(targets)
         wrapped = [r if not isinstance(r, torch.Tensor) or self.is_device(r) else self.wrap(r) for r in results]
         return tuple(wrapped) if isinstance(meta_out, (tuple, list)) else wrapped[0]
 
@@ -321,6 +337,12 @@ class Router:
             why = f" ({reason})" if reason else f" ({self.library.vendor} does not implement it)"
             logger.info("diopi: %s runs on the CPU%s", name, why)
         self.fallbacks[name] += 1
+
+
+def _out_names(func: torch._ops.OpOverload) -> list[str]:
+    """The arguments an overload writes other than ``self`` (``out``, ``grad_input``, max's ``max, max_values``)."""
+    return [a.name for a in func._schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write and a.name != "self"]
 
 
 def _out_name(func: torch._ops.OpOverload) -> str | None:

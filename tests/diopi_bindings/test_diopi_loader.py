@@ -160,3 +160,17 @@ diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
     assert lib.allocator.blocks == {}  # the scratch block went back
     (extra, _), = lib.allocator.required
     assert extra.shape == (2, 3) and torch.equal(extra, torch.zeros(2, 3, dtype=torch.float64))
+
+
+def test_a_list_of_optional_tensors_carries_none_as_a_full_slice(reference_path):
+    """index.Tensor's indices travel as a list whose entries may be NULL; torch's x[:, idx] is the reference."""
+    lib = DiopiLibrary(reference_path)
+    x, idx = torch.randn(3, 4, 5, dtype=torch.float64), torch.tensor([[3, 0], [1, 1]])
+    out = torch.empty(3, 2, 2, 5, dtype=torch.float64)
+    lib.call("aten::index.Tensor", out, x, [None, idx])
+    assert torch.equal(out, x[:, idx])
+    with pytest.raises(TypeError, match="a list entry is None"):  # cat's list is not optional
+        lib.call("aten::cat", torch.empty(2), [torch.ones(1), None], 0)
+    with pytest.raises(OperatorError, match="index 4 is out of bounds for dim 1 with size 4"):
+        lib.call("aten::index.Tensor", torch.empty(3, 1, 5, dtype=torch.float64), x, [None, torch.tensor([4])])
+

@@ -130,9 +130,14 @@ def test_tiny_llama_trains_like_plain_torch_on_the_native_device(reference_path)
     assert got["failures"] == [] and got["compared"] > 100
     for op in ("aten::mm", "aten::bmm", "aten::embedding", "aten::embedding_dense_backward", "aten::silu",
                "aten::_softmax_backward_data", "aten::rsqrt", "aten::fill_", "aten::ge", "aten::lt",
-               "aten::bitwise_and", "aten::clamp", "aten::gather"):
+               "aten::bitwise_and", "aten::clamp", "aten::gather", "aten::index", "aten::_index_put_impl_"):
         assert op in _packets(got["routed"]), op
     assert "aten::zero_" not in got["fallbacks"]  # zero_ (gradient zeroing) is the library's fill_
+    assert not {"aten::index", "aten::_index_put_impl_"} & _packets(got["fallbacks"])
+    # arange.start_out (an empty out= resized) is served by the schema's arange.start_step
+    assert "aten::arange" in _packets(got["routed"]) and "aten::arange" not in _packets(got["fallbacks"])
+    # max.dim_max (two out= arguments) is served by the schema's max.dim
+    assert got["routed"].get("aten::max.dim_max", 0) > 0 and "aten::max" not in _packets(got["fallbacks"])
 
 
 def test_the_device_can_be_enabled_after_a_backward_pass(reference_path):
@@ -241,3 +246,44 @@ def test_a_library_missing_operators_still_trains_on_the_native_device(partial_p
             assert op in _packets(got["fallbacks"]), op
     assert "aten::index_select" in got["fallbacks"]
     assert "aten::embedding_dense_backward" in _packets(got["routed"])
+
+
+def test_a_boolean_mask_index_falls_back_to_the_cpu(reference_path):
+    """A mask's result size depends on the data: the router sends it to the CPU, an integer index to the library."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        m = torch.randn(4, 5)
+        d = m.to("diopi")
+        ok = torch.equal(d[d > 0].cpu(), m[m > 0]) and torch.equal(d[:, torch.tensor([4, 0])].cpu(), m[:, [4, 0]])
+        print(json.dumps({{"ok": ok, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+    """)
+    assert got["ok"]
+    assert got["fallbacks"]["aten::index.Tensor_out"] == 1
+    assert got["routed"]["aten::index.Tensor_out"] == 1
+
+
+def test_random_operators_without_a_generator_argument_draw_from_the_device_generator(reference_path):
+    """native_dropout takes no generator: its mask comes from the device's default generator (seeded by
+    torch.diopi.manual_seed and torch.manual_seed), and the CPU's generator is left alone. Reference: a
+    fresh CPU generator with the same seed drawing the same Bernoulli mask."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        x = torch.ones(2000, device="diopi")
+        torch.manual_seed(0)
+        torch.diopi.manual_seed(7)
+        _, mask = torch.native_dropout(x, 0.3, True)
+        want = torch.empty(2000).bernoulli_(0.7, generator=torch.Generator().manual_seed(7)).bool()
+        cpu_untouched = torch.equal(torch.rand(5), torch.rand(5, generator=torch.Generator().manual_seed(0)))
+        torch.manual_seed(11)
+        first = torch.native_dropout(x, 0.3, True)[1].cpu()
+        second = torch.native_dropout(x, 0.3, True)[1].cpu()
+        torch.manual_seed(11)
+        again = torch.native_dropout(x, 0.3, True)[1].cpu()
+        print(json.dumps({{"device_mask": torch.equal(mask.cpu(), want), "cpu_untouched": cpu_untouched,
+                          "reproducible": torch.equal(first, again), "advances": not torch.equal(first, second)}}))
+    """)
+    assert (got["device_mask"], got["cpu_untouched"], got["reproducible"], got["advances"]) == (True,) * 4, got

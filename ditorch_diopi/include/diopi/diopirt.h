@@ -69,7 +69,8 @@ typedef struct diopiSize {
 } diopiSize_t;
 
 /* A list of const input tensors (cat's inputs), passed by value like diopiSize_t: `data` points at
- * `len` handles, valid for the duration of the call. */
+ * `len` handles, valid for the duration of the call. An argument of kind in?[] (index's indices) may
+ * hold NULL entries: an absent optional tensor. */
 typedef struct diopiTensorList {
   const diopiConstTensorHandle_t* data;
   int64_t len;

@@ -199,9 +199,21 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_bitwise_and_Tensor(diopiContextHand
  * out = self's elements at index (int64) along dim; index has self's ndim and fits it elsewhere */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_gather(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t index, int64_t dim);
 
+/* aten::index.Tensor [float32, float64, float16, bfloat16, int64, int32] out:out self:in indices:in?[]
+ * out = self[indices]: int64/int32 index tensors (broadcast together), NULL a full slice; adjacent indexed dims are replaced in place by the indices' shape, else it leads; negative counts from the end */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_index_Tensor(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiTensorList_t indices);
+
+/* aten::index_put [float32, float64, float16, bfloat16, int64, int32] out:out self:in indices:in?[] values:in accumulate:bool
+ * out = self with out[indices] = values (broadcast to self[indices]'s shape), or += when accumulate */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_index_put(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiTensorList_t indices, diopiConstTensorHandle_t values, bool accumulate);
+
 /* aten::clamp [float32, float64, float16, bfloat16, int64, int32] out:out self:in min:double max:double
  * out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_clamp(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double min, double max);
+
+/* aten::arange.start_step [float32, float64, float16, bfloat16, int64, int32] out:out start:double end:double step:double
+ * out[i] = start + i * step (computed in double, cast to out's dtype); out has the element count */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_arange_start_step(diopiContextHandle_t ctx, diopiTensorHandle_t out, double start, double end, double step);
 
 /* ext::adamw [float32, float64] param:inout exp_avg:inout exp_avg_sq:inout grad:in lr:double beta1:double beta2:double weight_decay:double eps:double step:int maximize:bool
  * one decoupled-weight-decay Adam step, as torch.optim.AdamW */
