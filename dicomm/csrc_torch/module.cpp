@@ -28,6 +28,20 @@ void close_all_at_exit() {
   for (auto& b : live) b->shutdown();
 }
 
+// Settings from Python: a dict of str to str, anything else a TypeError naming the entry (the
+// engine reads every value as text; pybind's own message would not say which one was wrong).
+DicommBackend::Settings settings_from(const py::dict& given) {
+  DicommBackend::Settings settings;
+  for (const auto& [name, value] : given) {
+    if (!py::isinstance<py::str>(name) || !py::isinstance<py::str>(value))
+      throw py::type_error("DicommBackend.Options: settings map variable names to text, got " +
+                           py::repr(name).cast<std::string>() + ": " + py::repr(value).cast<std::string>() +
+                           " (write numbers as strings, e.g. '65536')");
+    settings[name.cast<std::string>()] = value.cast<std::string>();
+  }
+  return settings;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C_torch, m) {
@@ -52,13 +66,16 @@ PYBIND11_MODULE(_C_torch, m) {
       "The backend's options: name, timeout and settings (knobs of docs/dicomm-config.md by variable name, "
       "for the group's communicator). Pass as pg_options to init_process_group or new_group; "
       "split_group copies the parent's.")
-      .def(py::init([](std::map<std::string, std::string> settings) {
-             return c10::make_intrusive<DicommOptions>(::kBackendDefaultTimeout, std::move(settings));
+      .def(py::init([](const py::dict& settings) {
+             return c10::make_intrusive<DicommOptions>(::kBackendDefaultTimeout, settings_from(settings));
            }),
-           py::arg("settings") = std::map<std::string, std::string>{})
-      .def_readwrite("settings", &DicommOptions::settings,
-                     "Knobs by variable name, e.g. {'DICOMM_COLL_CHUNK_BYTES': '65536'}; the environment "
-                     "overrides them; checked when the group's communicator is created.")
+           py::arg("settings") = py::dict())
+      .def_property(
+          "settings", [](const DicommOptions& o) { return o.settings; },
+          [](DicommOptions& o, const py::dict& settings) { o.settings = settings_from(settings); },
+          "Knobs by variable name, e.g. {'DICOMM_COLL_CHUNK_BYTES': '65536'} (reading gives a copy: "
+          "assign a whole dict); the environment overrides them; checked when the group's "
+          "communicator is created.")
       .def("__copy__", [](const DicommOptions& o) { return c10::make_intrusive<DicommOptions>(o); })
       .def("__deepcopy__", [](const DicommOptions& o, const py::dict&) { return c10::make_intrusive<DicommOptions>(o); },
            py::arg("memo"));

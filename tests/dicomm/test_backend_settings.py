@@ -50,7 +50,9 @@ def _groups_with_settings(rank: int, ws: int, store) -> dict:
         world = dist.group.WORLD
         out["world"] = _broadcast_messages(world, rank)
         out["new_group plain"] = _broadcast_messages(dist.new_group([0, 1]), rank)
-        own = dist.new_group([0, 1], pg_options=DicommBackend.Options(settings=SMALL_CHUNKS))
+        given = DicommBackend.Options()
+        given.settings = SMALL_CHUNKS  # assigned after construction, as a torch user may
+        own = dist.new_group([0, 1], pg_options=given)
         out["new_group own"] = _broadcast_messages(own, rank)
         # What dist.split_group does with no pg_options (it refuses to run without an accelerator).
         inherited = world.split_group([0, 1], opts=copy.deepcopy(world._get_backend(CPU).options))
@@ -97,8 +99,8 @@ def _init_with(rank: int, ws: int, store, pg_options_of: str, settings: dict) ->
     import dicomm.backend  # noqa: F401  (registers the backend)
     from dicomm.backend import DicommBackend
 
-    options = DicommBackend.Options(settings=settings) if pg_options_of == "dicomm" else settings
     try:
+        options = DicommBackend.Options(settings=settings) if pg_options_of == "dicomm" else settings
         dist.init_process_group(backend="dicomm", store=store, rank=rank, world_size=ws,
                                 timeout=datetime.timedelta(seconds=20), pg_options=options)
     except Exception as e:
@@ -112,6 +114,8 @@ def _init_with(rank: int, ws: int, store, pg_options_of: str, settings: dict) ->
      "ValueError: .*DICOMM_COLL_CHUNK_BYTES='0' is not valid; expected an integer >= 1"),
     ("dicomm", {"DICOMM_NO_SUCH_KNOB": "1"}, "ValueError: .*unknown setting 'DICOMM_NO_SUCH_KNOB'"),
     ("dicomm", {"DICOMM_LOG_LEVEL": "debug"}, "ValueError: .*DICOMM_LOG_LEVEL cannot be set per communicator"),
+    ("dicomm", {"DICOMM_COLL_CHUNK_BYTES": 65536},
+     r"TypeError: DicommBackend.Options: settings map variable names to text, got 'DICOMM_COLL_CHUNK_BYTES': 65536"),
     ("dict", {"DICOMM_COLL_CHUNK_BYTES": "65536"},
      r"TypeError: pg_options for the dicomm backend must be dicomm.backend.DicommBackend.Options"),
 ])
