@@ -23,8 +23,9 @@ BACKEND_NAME = "dicomm"
 DicommBackend = _C_torch.DicommBackend
 
 
-def _choose_nic(rank: int) -> None:
-    """Once per process: logs this rank's NIC and hands it to the engine unless DICOMM_IB_HCA is set."""
+def _choose_nic(rank: int, settings: dict[str, str]) -> None:
+    """Once per process: logs this rank's NIC and hands it to the engine unless DICOMM_IB_HCA is set
+    (in the environment, or as the group's setting, which the environment would override)."""
     global _nic_chosen
     if _nic_chosen:
         return
@@ -32,18 +33,30 @@ def _choose_nic(rank: int) -> None:
     from dicomm.topology import select_nic
     choice = select_nic(int(os.environ.get("LOCAL_RANK", rank)))
     log.info("dicomm rank %d: %s", rank, choice.describe())
-    if choice.nic and not os.environ.get("DICOMM_IB_HCA"):
+    if choice.nic and not os.environ.get("DICOMM_IB_HCA") and "DICOMM_IB_HCA" not in settings:
         os.environ["DICOMM_IB_HCA"] = choice.nic
 
 
 _nic_chosen = False
 
 
+def _settings_of(pg_options: Any) -> dict[str, str]:
+    """The group's settings from `pg_options` (None: none, the environment alone)."""
+    if pg_options is None:
+        return {}
+    if not isinstance(pg_options, DicommBackend.Options):
+        raise TypeError("pg_options for the dicomm backend must be dicomm.backend.DicommBackend.Options"
+                        f"(settings={{...}}), got {type(pg_options).__name__}")
+    return dict(pg_options.settings)
+
+
 def _create(opts: Any, pg_options: Any = None) -> DicommBackend:
-    """torch's creator hook (extended API): one backend, and one engine communicator, per group."""
-    _choose_nic(opts.group_rank)
+    """torch's creator hook (extended API): one backend, and one engine communicator, per group,
+    configured with the settings of `pg_options` (init_process_group's or new_group's)."""
+    settings = _settings_of(pg_options)
+    _choose_nic(opts.group_rank, settings)
     backend = _C_torch.create_backend(opts.store, opts.group_rank, opts.group_size,
-                                      opts.timeout.total_seconds())
+                                      opts.timeout.total_seconds(), settings)
     log.debug("dicomm group %r: rank %d of %d", opts.group_id, opts.group_rank, opts.group_size)
     return backend
 

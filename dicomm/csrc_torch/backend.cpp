@@ -163,10 +163,11 @@ Issued each(size_t n, F&& issue_one) {
 }  // namespace
 
 DicommBackend::DicommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                             std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+                             std::chrono::milliseconds timeout, Settings settings)
+    : c10d::Backend(rank, size), timeout_(timeout), settings_(std::move(settings)) {
   dicomm::Options options;
   options.timeout = timeout;
+  options.settings = settings_;
   auto adapter = std::make_shared<StoreAdapter>(store);
   comm_ = translated([&] { return std::make_shared<Communicator>(adapter, rank, size, options); });
 }
@@ -177,8 +178,9 @@ dicomm::LiveSet<c10::weak_intrusive_ptr<DicommBackend>>& open_backends() {
 }
 
 c10::intrusive_ptr<DicommBackend> DicommBackend::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                        int size, std::chrono::milliseconds timeout) {
-  auto b = c10::make_intrusive<DicommBackend>(store, rank, size, timeout);
+                                                        int size, std::chrono::milliseconds timeout,
+                                                        Settings settings) {
+  auto b = c10::make_intrusive<DicommBackend>(store, rank, size, timeout, std::move(settings));
   open_backends().add(b);
   return b;
 }
@@ -197,7 +199,7 @@ void DicommBackend::shutdown() { comm_->close(); }
 
 // A fresh object per call: torch writes the child's name and timeout into what it gets here.
 c10::intrusive_ptr<c10d::Backend::Options> DicommBackend::getBackendOptions() {
-  auto o = c10::make_intrusive<DicommOptions>(timeout_);
+  auto o = c10::make_intrusive<DicommOptions>(timeout_, settings_);
   o->group_name = getGroupUid();
   o->group_desc = getGroupDesc();
   return o;
@@ -214,13 +216,27 @@ c10::intrusive_ptr<c10d::Backend> DicommBackend::split(const c10::intrusive_ptr<
                                       std::to_string(size_ - 1) + ")");
   auto mine = std::find(ranks.begin(), ranks.end(), rank_);
   if (mine == ranks.end()) return nullptr;
+  const Settings settings = child_settings(opts);
   std::ostringstream key;
   key << "split " << (opts ? opts->group_name : std::string()) << " of";
   for (int r : ranks) key << ' ' << r;
-  return child_for(key.str(), [&] {
+  auto child = child_for(key.str(), [&] {
     return create(store->clone(), static_cast<int>(mine - ranks.begin()), static_cast<int>(ranks.size()),
-                  opts ? opts->timeout : timeout_);
+                  opts ? opts->timeout : timeout_, settings);
   });
+  // The same name and ranks while the first child lives means the same store keys: a second
+  // communicator cannot come up there, and handing back the first would drop these settings.
+  const auto* same = dynamic_cast<const DicommBackend*>(child.get());
+  if (same && same->settings() != settings)
+    bad_argument("split_group", "a split of ranks" + key.str().substr(key.str().rfind(" of") + 3) +
+                                    " named '" + (opts ? opts->group_name : std::string()) +
+                                    "' already exists with other settings; give this one its own group_name");
+  return child;
+}
+
+DicommBackend::Settings DicommBackend::child_settings(const c10::intrusive_ptr<Options>& opts) const {
+  if (const auto* own = dynamic_cast<const DicommOptions*>(opts.get())) return own->settings;
+  return settings_;
 }
 
 c10::intrusive_ptr<c10d::Backend> DicommBackend::child_for(
@@ -242,7 +258,9 @@ c10::intrusive_ptr<c10d::Backend> DicommBackend::merge(const c10::intrusive_ptr<
     bad_argument("merge_remote_group", "rank " + std::to_string(rank) + " outside 0.." + std::to_string(size - 1));
   const std::string key = "merge " + (opts ? opts->group_name : std::string()) + " as " + std::to_string(rank) +
                           " of " + std::to_string(size);
-  return child_for(key, [&] { return create(store->clone(), rank, size, opts ? opts->timeout : timeout_); });
+  return child_for(key, [&] {
+    return create(store->clone(), rank, size, opts ? opts->timeout : timeout_, child_settings(opts));
+  });
 }
 
 // ------------------------------------------------------------------------------ coalescing

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <memory>
 #include <mutex>
@@ -27,22 +28,31 @@ class DicommWork;
 
 class DicommBackend : public c10d::Backend {
  public:
-  // Its own type so that Python can copy it: dist.split_group deep-copies the parent's options.
+  // Knobs of docs/dicomm-config.md by variable name, for one group's communicator.
+  using Settings = std::map<std::string, std::string>;
+
+  // Its own type so that Python can copy it (dist.split_group deep-copies the parent's options)
+  // and so that a group's settings travel with it: pg_options of init_process_group / new_group,
+  // and what a split or merge child inherits.
   struct DicommOptions : Options {
-    explicit DicommOptions(std::chrono::milliseconds timeout) : Options("dicomm", timeout) {}
+    explicit DicommOptions(std::chrono::milliseconds timeout, Settings settings = {})
+        : Options("dicomm", timeout), settings(std::move(settings)) {}
+    Settings settings;
   };
 
   // A backend counted among open_backends() (what torch's creator, split and merge hand out).
   static c10::intrusive_ptr<DicommBackend> create(const c10::intrusive_ptr<c10d::Store>& store,
                                                   int rank, int size,
-                                                  std::chrono::milliseconds timeout);
+                                                  std::chrono::milliseconds timeout,
+                                                  Settings settings = {});
   DicommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                std::chrono::milliseconds timeout);
+                std::chrono::milliseconds timeout, Settings settings = {});
   ~DicommBackend() override;
 
   const std::string getBackendName() const override { return "dicomm"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  const Settings& settings() const { return settings_; }
   dicomm::Communicator& communicator() { return *comm_; }
 
   // Splitting (ProcessGroup::splitGroup, dist.split_group) and merging: the members of the new
@@ -129,6 +139,9 @@ class DicommBackend : public c10d::Backend {
 
   std::shared_ptr<dicomm::Communicator> comm_;
   std::chrono::milliseconds timeout_;
+  Settings settings_;  // as given (the environment overrides them inside the engine)
+  // A child's settings: those of `opts` when they are dicomm's, else this group's.
+  Settings child_settings(const c10::intrusive_ptr<Options>& opts) const;
   // torch 2.13 splits (and merges) once per device type this backend serves (cpu and cuda): the
   // second call for the same child gets the first child, so no second communicator races it on
   // the same store keys.

@@ -2,6 +2,8 @@
 // against torch's own pybind11, so its classes and torch's share one type registry.
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -26,6 +28,20 @@ void close_all_at_exit() {
   for (auto& b : live) b->shutdown();
 }
 
+// Settings from Python: a dict of str to str, anything else a TypeError naming the entry (the
+// engine reads every value as text; pybind's own message would not say which one was wrong).
+DicommBackend::Settings settings_from(const py::dict& given) {
+  DicommBackend::Settings settings;
+  for (const auto& [name, value] : given) {
+    if (!py::isinstance<py::str>(name) || !py::isinstance<py::str>(value))
+      throw py::type_error("DicommBackend.Options: settings map variable names to text, got " +
+                           py::repr(name).cast<std::string>() + ": " + py::repr(value).cast<std::string>() +
+                           " (write numbers as strings, e.g. '65536')");
+    settings[name.cast<std::string>()] = value.cast<std::string>();
+  }
+  return settings;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C_torch, m) {
@@ -46,7 +62,20 @@ PYBIND11_MODULE(_C_torch, m) {
   py::class_<DicommBackend, c10d::Backend, c10::intrusive_ptr<DicommBackend>> backend(m, "DicommBackend");
   using DicommOptions = DicommBackend::DicommOptions;
   py::class_<DicommOptions, c10d::Backend::Options, c10::intrusive_ptr<DicommOptions>>(
-      backend, "Options", "The backend's options (name and timeout): what split_group copies.")
+      backend, "Options",
+      "The backend's options: name, timeout and settings (knobs of docs/dicomm-config.md by variable name, "
+      "for the group's communicator). Pass as pg_options to init_process_group or new_group; "
+      "split_group copies the parent's.")
+      .def(py::init([](const py::dict& settings) {
+             return c10::make_intrusive<DicommOptions>(::kBackendDefaultTimeout, settings_from(settings));
+           }),
+           py::arg("settings") = py::dict())
+      .def_property(
+          "settings", [](const DicommOptions& o) { return o.settings; },
+          [](DicommOptions& o, const py::dict& settings) { o.settings = settings_from(settings); },
+          "Knobs by variable name, e.g. {'DICOMM_COLL_CHUNK_BYTES': '65536'} (reading gives a copy: "
+          "assign a whole dict); the environment overrides them; checked when the group's "
+          "communicator is created.")
       .def("__copy__", [](const DicommOptions& o) { return c10::make_intrusive<DicommOptions>(o); })
       .def("__deepcopy__", [](const DicommOptions& o, const py::dict&) { return c10::make_intrusive<DicommOptions>(o); },
            py::arg("memo"));
@@ -67,14 +96,18 @@ PYBIND11_MODULE(_C_torch, m) {
 
   m.def(
       "create_backend",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
+         std::map<std::string, std::string> settings) {
         if (!(timeout_s > 0)) throw BackendError(Kind::kValue, "dicomm: the group timeout must be positive");
         py::gil_scoped_release release;
         return DicommBackend::create(
-            store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5)));
+            store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5)),
+            std::move(settings));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
-      "A dicomm backend for rank `rank` of `size`, bootstrapped through `store`.");
+      py::arg("settings") = std::map<std::string, std::string>{},
+      "A dicomm backend for rank `rank` of `size`, bootstrapped through `store`, its communicator "
+      "configured with `settings` (then the environment).");
 
   py::module_::import("atexit").attr("register")(py::cpp_function([] { close_all_at_exit(); }));
 }
