@@ -175,3 +175,44 @@ def test_collective_timeout_says_timed_out_and_names_the_peer_and_step():
     (kind, text), _ = run_ranks(_late_collective, 2)
     assert kind == "TimeoutError" and "Timed out" in text, text
     assert "rank 1 never answered step 0" in text, text
+
+
+def _a_relay_closes_before_the_notice_is_read(rank, world, store):
+    c = comm(store, rank, world, timeout_s=TIMEOUT_S)
+    for q in range(world):  # every connection up, both ways
+        if q != rank:
+            mine, theirs = np.full(8, rank, np.uint8), np.zeros(8, np.uint8)
+            r = c.irecv(ptr(theirs), 8, q, tag=1)
+            c.isend(ptr(mine), 8, q, tag=1).wait()
+            r.wait()
+    out = None
+    if rank == 0:  # waits on rank 1, then is stopped while the others abort and close
+        b = np.zeros(8, np.uint8)
+        r = c.irecv(ptr(b), 8, 1, tag=5)
+        store.set("pid0", str(os.getpid()))
+        out = _outcome(r.wait)
+    elif rank == 1:  # hears rank 2's abort, passes nothing on, closes
+        pid0 = int(store.get("pid0"))
+        time.sleep(0.2)
+        os.kill(pid0, signal.SIGSTOP)
+        store.set("stopped", "1")
+        b = np.zeros(8, np.uint8)
+        out = _outcome(c.irecv(ptr(b), 8, 2, tag=5).wait)
+        c.close()
+        os.kill(pid0, signal.SIGCONT)
+    else:
+        store.wait(["stopped"])
+        c.abort("the operator stopped the job")
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_that_closes_after_an_abort_notice_is_not_blamed_for_it(transport):
+    """Rank 2 aborts; rank 1 applies its notice and closes. Rank 0, stopped meanwhile, wakes to both
+    at once and meets rank 1's close first (peers are read in rank order): it must report rank 2's
+    notice, already waiting on its connection from rank 2, not 'rank 1 is gone'."""
+    out = run_ranks(_a_relay_closes_before_the_notice_is_read, 3, env={"DICOMM_TRANSPORT": transport})
+    kind, text = out[0]
+    assert "rank 1 is gone" not in text, out
+    assert kind == "PeerError" and "rank 2 aborted" in text and "the operator stopped the job" in text, out
+    assert "rank 2 aborted" in out[1][1], out

@@ -134,6 +134,8 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
   void send_side_closed(int peer, const std::string& why);
+  // Reads the other peers' receive connections for an abort notice already sent to us (lock held).
+  bool notice_waiting_locked(int closing);
   void fail_everything(const std::string& why, bool free_now = true);  // each with kind_for_locked
   void finish(P2PRequest& r, int source, size_t nbytes);
   void release_memory(P2PRequest& r);  // deregisters what isend/match registered

@@ -10,8 +10,10 @@ void Engine::peer_lost(int peer, const std::string& why) {
   Peer& p = peers_[peer];
   if (p.dead) return;
   // A peer that told us it aborted, then closed: its reason is the news, not its EOF (which would
-  // blame it, a live rank, for what it only passed on).
-  if (notice_pending_ && !closed_) {
+  // blame it, a live rank, for what it only passed on). Likewise a peer that applied another
+  // rank's notice and closed without passing it on: that notice may wait unread on our connection
+  // from its sender, read after this one only because peers are read in rank order.
+  if (!closed_ && notice_waiting_locked(peer)) {
     apply_abort_notice_locked();
     return;
   }
@@ -59,7 +61,7 @@ void Engine::send_side_closed(int peer, const std::string& why) {
     peer_lost(peer, e.what());  // applies a notice it read meanwhile
     return;
   }
-  if (notice_pending_ && !closed_) {
+  if (!closed_ && notice_waiting_locked(peer)) {
     apply_abort_notice_locked();
     return;
   }
@@ -76,6 +78,20 @@ void Engine::send_side_closed(int peer, const std::string& why) {
       ++it;
     }
   }
+}
+
+bool Engine::notice_waiting_locked(int closing) {
+  for (int q = 0; q < size_ && !notice_pending_; ++q) {
+    if (q == closing || q == rank_ || peers_[q].dead) continue;
+    for (size_t i = 0; i < peers_[q].recv.size() && !notice_pending_; ++i) {
+      try {
+        peers_[q].recv[i]->progress(false);
+      } catch (const std::exception&) {
+        // That peer's own failure is for the next progress pass to judge.
+      }
+    }
+  }
+  return notice_pending_;
 }
 
 ErrorKind Engine::kind_for_locked(const P2PRequest& r) const {
