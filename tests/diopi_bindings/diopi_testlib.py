@@ -97,3 +97,20 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 24
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["_stderr"] = done.stderr
     return result
+
+
+def enable_error(library: str, env: dict[str, str] | None = None, prelude: str = "",
+                 **enable_kwargs: str) -> str | None:
+    """``device.enable(library, **enable_kwargs)`` in a fresh interpreter after ``prelude``: the
+    DiopiDeviceError's message, or None if it enabled."""
+    kwargs = "".join(f", {k}={v!r}" for k, v in enable_kwargs.items())
+    return run_python(f"""
+        import json, torch
+        {prelude}
+        from ditorch_diopi import device
+        try:
+            device.enable({library!r}{kwargs})
+            print(json.dumps({{"error": None}}))
+        except device.DiopiDeviceError as exc:
+            print(json.dumps({{"error": str(exc)}}))
+    """, env=env)["error"]

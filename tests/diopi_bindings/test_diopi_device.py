@@ -4,7 +4,7 @@ like plain CPU torch. Each test runs in a fresh interpreter: the device register
 from __future__ import annotations
 
 import torch
-from diopi_testlib import OPERATOR_CHECKS, PARTIAL_OMITTED, run_python
+from diopi_testlib import OPERATOR_CHECKS, PARTIAL_OMITTED, enable_error, run_python
 
 
 def test_operators_match_the_cpu_and_run_in_the_library(reference_path):
@@ -256,17 +256,9 @@ def test_a_library_missing_functions_still_trains(partial_path):
 
 
 def test_privateuse1_claimed_by_another_backend_is_refused(reference_path):
-    got = run_python(f"""
-        import json, torch
-        torch.utils.rename_privateuse1_backend("npu")
-        from ditorch_diopi import device
-        try:
-            device.enable({str(reference_path)!r}, backend="python")
-            print(json.dumps({{"error": None}}))
-        except device.DiopiDeviceError as exc:
-            print(json.dumps({{"error": str(exc)}}))
-    """)
-    assert "PrivateUse1 is already the 'npu' device" in got["error"]
+    error = enable_error(str(reference_path), prelude='torch.utils.rename_privateuse1_backend("npu")',
+                         backend="python")
+    assert error is not None and "PrivateUse1 is already the 'npu' device" in error
 
 
 def test_the_meta_cache_keys_apart_calls_whose_result_sizes_differ():

@@ -3,7 +3,8 @@ library's device-memory functions. References: CPU tensors (bytes), the CPU gene
 training. Each test runs in a fresh interpreter: the device registers once per process."""
 from __future__ import annotations
 
-from diopi_testlib import METADATA_C, OPERATOR_CHECKS, PARTIAL_OMITTED, compile_c_library, run_python
+from diopi_testlib import (METADATA_C, OPERATOR_CHECKS, PARTIAL_OMITTED, compile_c_library, enable_error,
+                           run_python)
 
 from test_diopi_device import TRAIN
 
@@ -162,17 +163,9 @@ def test_the_device_can_be_enabled_after_a_backward_pass(reference_path):
 
 def test_a_library_without_device_memory_is_refused_for_the_native_device(tmp_path):
     lib = compile_c_library(tmp_path, "nomem", METADATA_C % {"abi": "DIOPI_ABI_VERSION"})
-    got = run_python(f"""
-        import json
-        from ditorch_diopi import device
-        try:
-            device.enable({str(lib)!r}, backend="native")
-            print(json.dumps({{"error": None}}))
-        except device.DiopiDeviceError as exc:
-            print(json.dumps({{"error": str(exc)}}))
-    """)
-    assert "does not export diopi_device_count" in got["error"]
-    assert "DIOPI_DEVICE_BACKEND=python" in got["error"]
+    error = enable_error(str(lib), backend="native")
+    assert error is not None and "does not export diopi_device_count" in error
+    assert "DIOPI_DEVICE_BACKEND=python" in error
 
 
 def test_the_conformance_suite_passes_on_native_device_memory(reference_path, tmp_path):
@@ -212,16 +205,8 @@ def test_ditorch_trains_on_the_native_device_through_the_unified_name(reference_
 
 
 def test_an_unknown_backend_is_refused_by_name(reference_path):
-    got = run_python(f"""
-        import json
-        from ditorch_diopi import device
-        try:
-            device.enable({str(reference_path)!r})
-            print(json.dumps({{"error": None}}))
-        except device.DiopiDeviceError as exc:
-            print(json.dumps({{"error": str(exc)}}))
-    """, env={"DIOPI_DEVICE_BACKEND": "cuda"})
-    assert got["error"] == ("DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of auto, native, "
+    error = enable_error(str(reference_path), env={"DIOPI_DEVICE_BACKEND": "cuda"})
+    assert error == ("DIOPI_DEVICE_BACKEND='cuda' is not a diopi device backend; expected one of auto, native, "
                             "python")
 
 
