@@ -92,9 +92,9 @@ class Capture(Tool):
         # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
         self._written: dict[int, tuple[weakref.ref, int, str, int, int]] = {}  # ... storage address
         self._written_storages: dict[int, set[int]] = {}  # storage address -> ids in _written
-        # storage address -> (weak reference to the storage, file, tensor number, dtype) of a tensor
-        # saved with its whole storage: any view on that storage is named as a view of it
-        self._storage_files: dict[int, tuple[StorageWeakRef, str, int, torch.dtype]] = {}
+        # storage address -> (weak reference to the storage, file, tensor number, dtype, the saved tensor,
+        # its version) of a tensor saved with its whole storage: any view on it is named as a view of it
+        self._storage_files: dict[int, tuple[StorageWeakRef, str, int, torch.dtype, weakref.ref, int]] = {}
         self._storage_files_limit = 1024
         self.transfers = TransferLog()
 
@@ -250,8 +250,10 @@ class Capture(Tool):
         if hit is not None and hit[0]() is x and hit[1] == x._version:
             return tensor_ref(hit[2], hit[3])
         whole = self._storage_files.get(_storage_or_none(x))
-        # the storage is still the one saved (alive since), and no op has written it since
-        if whole is not None and not whole[0].expired() and whole[3] == x.dtype:
+        # the storage is still the one saved (alive since), and nothing has written it since: no op
+        # the tool saw, nor one it did not (a quiet block): views share their base's version counter
+        if (whole is not None and not whole[0].expired() and whole[3] == x.dtype
+                and (saved := whole[4]()) is not None and saved._version == whole[5]):
             return tensor_ref(whole[1], whole[2], (list(x.shape), list(x.stride()), x.storage_offset()))
         return None
 
@@ -266,7 +268,8 @@ class Capture(Tool):
                 self._written_storages.setdefault(storage, set()).add(id(x))
                 held = self._storage_files.get(storage)
                 if saved_whole(x) and (held is None or held[0].expired()):  # an address freed and reused
-                    self._storage_files[storage] = (StorageWeakRef(x.untyped_storage()), rel, k, x.dtype)
+                    self._storage_files[storage] = (StorageWeakRef(x.untyped_storage()), rel, k, x.dtype,
+                                                    weakref.ref(x), version)
         if len(self._storage_files) > self._storage_files_limit:  # storages freed since: forget them
             self._storage_files = {key: v for key, v in self._storage_files.items() if not v[0].expired()}
             self._storage_files_limit = max(1024, 2 * len(self._storage_files))
