@@ -20,19 +20,22 @@ timeline and the round trips, warm-up and drain at their real length), and the w
 pipeline as flow shops (pass_term) join the max, which is what fill and drain cost at few micro-batches
 (exact for GPipe). Under ZB-H1 the update term then becomes max_k (L_k + h_k w_k + u_k) - F, with L_k the
 chains' bound on stage k's last backward (alternating.last_backward_ends) and h_k w_k the held-back weight
-passes that follow it.
+passes that follow it. A schedule that neither alternates nor runs whole passes (interleaved 1F1B) is
+priced with round trips by the longest chains of its actions, each link's queue in turn (chains.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from ..schedules.registry import kind
 from .alternating import last_backward_ends, round_trip_bound, stage_bound
+from .chains import chain_bound
 from .analytic import ring_allreduce_s
 from .profiles import Profile
+from .simulator import StageTimes
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,17 @@ class StageSpec:
     layers: int
     recompute: bool
     inner_dp: int = 1  # replicas splitting each micro-batch (plan.StagePlan.inner_dp); the search uses 1
+
+
+def virtual_stages(stages: list[StageSpec], chunks: int) -> list[StageSpec]:
+    """Each stage's layers cut into `chunks` contiguous chunks (the later chunks take the remainder, as
+    the later stages do), listed in pipeline order: chunk c of stage s is virtual stage c * p + s."""
+    out = []
+    for c in range(chunks):
+        for s in stages:
+            base, extra = divmod(s.layers, chunks)
+            out.append(replace(s, layers=base + (1 if c >= chunks - extra else 0)))
+    return out
 
 
 @dataclass
@@ -186,6 +200,35 @@ class CostModel:
         per = c.static + n * c.act
         return max(0, int(room // per)) if room >= per else 0
 
+    # --- the stages as the simulator runs them ------------------------------------------------------
+    def stage_times(self, stages: list[StageSpec], dp: int) -> tuple[list[StageTimes], list[float]]:
+        """Per-stage times and bytes, and per-boundary transfer times. A stage with inner_dp = i computes 1/i
+        of every micro-batch (times and activations scaled by 1/i, linear in the rows) and reduces gradients
+        over dp * i replicas; its boundaries are priced as if its TP group were i times larger (the
+        send/recv spread over i times the NICs; the all-gather is over-counted: it runs in each TP group on
+        1/i of the rows)."""
+        p = len(stages)
+        out = []
+        for k, s in enumerate(stages):
+            pr = self.profile.get(s.chip, s.tp)
+            sdp, share = dp * s.inner_dp, 1.0 / s.inner_dp
+            c = self.coef(s.chip, s.tp, s.recompute, sdp)
+            fwd = s.layers * pr.fwd_s * share
+            bwd = s.layers * (pr.bwd_s + (pr.recompute_s if s.recompute else 0.0)) * share
+            upd = s.layers * c.upd
+            static, transient = s.layers * c.static, c.transient * share
+            for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
+                if flag:
+                    e = self.end(s.chip, s.tp, sdp, which)
+                    # embedding/head work split 1:2 between forward and backward, none of it deferred
+                    fwd, bwd, upd = fwd + e.time * share / 3, bwd + 2 * e.time * share / 3, upd + e.upd
+                    static, transient = static + e.static, transient + e.transient * share
+            out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s * share, update=upd,
+                                  static_bytes=static, act_bytes=s.layers * c.act * share, transient_bytes=transient))
+        es = [self.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp, dp)
+              for a, b in zip(stages, stages[1:])]
+        return out, es
+
     # --- the iteration-time formula ----------------------------------------------------------------
     def drain_gaps(self, seq: list[tuple[str, int]], dp: int, schedule: str | None = None) -> list[float]:
         """D_k: how long before stage 0's last backward stage k's last backward has surely finished."""
@@ -203,95 +246,15 @@ class CostModel:
         return out
 
     @staticmethod
-    def interleaved_round_trip_term(cs: list[float], fs: list[float], es: list[float], lats: list[float],
-                                    wrap: tuple[int, float, float], b: int) -> tuple[float, str]:
-        """Round trips of interleaved 1F1B, over virtual stages u = c p + s (chunk c of stage s, 1/v of its
-        compute). Stage s warms up with w_s = 2 (p - s - 1) + (v - 1) p forward micro-steps (one chunk of one
-        micro-batch each), then runs forward micro-step w_s + i + 1 only after backward micro-step i. Micro-step
-        i maps to the same micro-batch and chunk on every stage, and a chunk's forward (backward) comes p
-        micro-steps after (before) the previous chunk's, so a forward at u reaches u' > u, which runs backward
-        micro-step j' - w_s' right after it, whose gradient returns to stage s w_s' - w_s + 2 p (wraps) micro-
-        steps later: 2 (u' - u) + 1 micro-steps per cycle of every virtual stage's compute in u..u' and each
-        virtual boundary's transfer and latency both ways. Whole cycles only, from the first micro-step of
-        u's chunk where u' is past its warm-up. Returned net of the fill and drain (one whole round trip),
-        less the forwards before the virtual stage where the last cycle ends, which its drain skips."""
-        v, e_w, lat_w = wrap
-        p = len(cs)
-        hop = [(es[x % p] + lats[x % p]) if x % p < p - 1 else e_w + lat_w for x in range(p * v - 1)]
-        ahead = [0.0]  # forward compute and hops before each virtual stage
-        for x in range(p * v - 1):
-            ahead.append(ahead[-1] + fs[x % p] / v + hop[x])
-
-        def warm(s: int) -> int:
-            return 2 * (p - s - 1) + (v - 1) * p
-
-        best, where = -math.inf, ""
-        for u in range(p * v):
-            s, c = u % p, u // p
-            if b * v <= warm(s):
-                continue
-            cycle = 0.0
-            for u2 in range(u, p * v):
-                cycle += cs[u2 % p] / v + (2 * hop[u2 - 1] if u2 > u else 0.0)
-                tokens = 2 * (u2 - u) + 1
-                first = max(c * p, warm(u2 % p) - (u2 // p - c) * p)
-                if (first // p) % v != c:  # next micro-step group's chunk c
-                    first = (first // (p * v) + (1 if (first // p) % v > c else 0)) * p * v + c * p
-                n = max(0, (b * v - 1 - first) // tokens)
-                end = ((first + n * tokens) // p % v) * p + s
-                t = n * cycle - ahead[end] + ahead[u]
-                if t > best:
-                    best, where = t, f"interleaved round trip {u}->{u2}"
-        return best, where
-
-    @staticmethod
-    def interleaved_link_term(fs: list[float], bs: list[float], es: list[float], lats: list[float], v: int,
-                              b: int) -> tuple[float, str]:
-        """The forward and backward channels of a boundary s -> s + 1 under interleaved 1F1B do not overlap
-        as much as two independent resources would: stage s + 1 runs its first backward only after its
-        warm-up's w + 1 forward micro-steps (w = 2 (p - s - 2) + (v - 1) p, capped at b v - 1), so those
-        crossings precede all b v backward crossings on the link. Between them the last of those forwards
-        runs on through stages s + 1..u and backward micro-step 0 comes back from u (micro-step i is the
-        same micro-batch and chunk on every stage): any u whose first backward also follows that forward
-        micro-step (w_u >= w_{s+1}, or all b v forwards). With the first micro-step's forwards up to stage s
-        before and the last one's backwards from stage s after (1/v of the stages' passes each)."""
-        p = len(fs)
-        hop = [e + x for e, x in zip(es, lats)]
-
-        def ahead(u: int) -> int:  # forward micro-steps stage u runs before its first backward
-            return min(2 * (p - u - 1) + (v - 1) * p + 1, b * v)
-
-        best, where = -math.inf, ""
-        for s in range(p - 1):
-            t = (sum(fs[:s + 1]) + sum(bs[:s + 1])) / v + 2 * sum(hop[:s]) + (ahead(s + 1) + b * v) * es[s]
-            u = max(x for x in range(s + 1, p) if ahead(x) >= ahead(s + 1))
-            t += 2 * lats[s] + (sum(fs[s + 1:u + 1]) + sum(bs[s + 1:u + 1])) / v + 2 * sum(hop[s + 1:u])
-            if t > best:
-                best, where = t, f"link {s}->{s + 1} both ways"
-        return best, where
-
-    @staticmethod
     def pass_term(fs: list[float], bs: list[float], es: list[float], lats: list[float], b: int,
-                  spans: list[int], wrap: tuple[int, float, float] | None = None) -> tuple[float, str]:
+                  spans: list[int]) -> tuple[float, str]:
         """Fill and drain as flow shops of whole passes, a bound the steady-state terms miss at few
         micro-batches. b forwards cross stages and links like identical jobs through a flow shop: one job's
         stage and link times (latency included) plus (b - 1) times the slowest of them. After its last
         forward, stage j still runs spans[j] backwards (its warm-up plus one; all b under GPipe), and each
         must cross every stage and link down to stage 0: a second flow shop. Likewise the first forward's
         chain before a flow shop of all b backwards. `bs`: the backward on the critical chain (the input
-        gradient where weight gradients are deferred). `wrap` = (v, e, latency): an interleaved pass, whose
-        job crosses every boundary v times and the link from the last stage back to the first v - 1 times
-        (the stages' times are per pass, all chunks together): one whole-pipeline flow shop each way."""
-        if wrap is not None:
-            v, e_w, lat_w = wrap
-            path = v * sum(e + x for e, x in zip(es, lats)) + (v - 1) * (e_w + lat_w)
-            slowest_link = max([v * e for e in es] + [(v - 1) * e_w])
-            all_f = sum(fs) + path + (b - 1) * max(max(fs), slowest_link)
-            all_b = sum(bs) + path + (b - 1) * max(max(bs), slowest_link)
-            one_f, one_b = sum(fs) + path, sum(bs) + path
-            if all_f + one_b >= one_f + all_b:
-                return all_f + one_b, "interleaved forward passes"
-            return one_f + all_b, "interleaved backward passes"
+        gradient where weight gradients are deferred)."""
         hop = [e + x for e, x in zip(es, lats)]
         best, where = -math.inf, ""
         for j in range(len(fs)):
@@ -388,16 +351,19 @@ class CostModel:
         if link_own and max(link_own) > top:
             j = max(range(len(link_own)), key=lambda j: link_own[j])
             top, where = link_own[j], f"link {j}->{(j + 1) % p}"
-        if round_trips and wrap is not None:
-            rt, rt_where = self.interleaved_round_trip_term(cs, fs, es, lats, wrap, b)
-            if rt > top:
-                top, where = rt, rt_where
+        if round_trips and not (sk.alternates or sk.whole_passes):
+            # no closed form covers the schedule's round trips (interleaved: its virtual stages wrap around):
+            # the longest chains of its actions as the simulator runs them, each link's queue in turn
+            run = virtual_stages(stages, v)
+            times, links = self.stage_times(run, dp)
+            lat_v = [self.latency(a.chip, c.chip) for a, c in zip(run, run[1:])]
+            t, where = chain_bound(times, links, b, schedule, lat_v, params)
+            return Estimate(iteration_time_s=t, stage_time_s=cs, stage_update_s=us, stage_memory_bytes=mems,
+                            stage_capacity_bytes=caps, in_flight=ns, boundary_s=es, bottleneck=where,
+                            fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),
+                            details={"update_term_s": upd_term, "drain_gap_s": gaps})
         if round_trips:
-            pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans, wrap)
-            if wrap is not None and p > 1:
-                lt, lt_where = self.interleaved_link_term(fs, bs, es, lats, v, b)
-                if lt > pt:
-                    pt, pt_where = lt, lt_where
+            pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans)
             if pt > top + fill:
                 top, where = pt - fill, pt_where
         if round_trips and sk.alternates and wrap is None and sk.defers_weight_grads:

@@ -11,30 +11,8 @@ from .simulator import SimResult, StageTimes, built_schedule, simulate
 
 
 def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[StageTimes], list[float]]:
-    """Per-stage times and bytes, and per-boundary transfer times. A stage with inner_dp = i computes 1/i of
-    every micro-batch (times and activations scaled by 1/i, linear in the rows) and reduces gradients over
-    dp * i replicas; its boundaries are priced as if its TP group were i times larger (the send/recv spread
-    over i times the NICs; the all-gather is over-counted: it runs in each TP group on 1/i of the rows)."""
-    p = len(stages)
-    out = []
-    for k, s in enumerate(stages):
-        pr = cm.profile.get(s.chip, s.tp)
-        sdp, share = dp * s.inner_dp, 1.0 / s.inner_dp
-        c = cm.coef(s.chip, s.tp, s.recompute, sdp)
-        fwd = s.layers * pr.fwd_s * share
-        bwd = s.layers * (pr.bwd_s + (pr.recompute_s if s.recompute else 0.0)) * share
-        upd = s.layers * c.upd
-        static, transient = s.layers * c.static, c.transient * share
-        for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
-            if flag:
-                e = cm.end(s.chip, s.tp, sdp, which)
-                # embedding/head work split 1:2 between forward and backward, none of it deferred
-                fwd, bwd, upd = fwd + e.time * share / 3, bwd + 2 * e.time * share / 3, upd + e.upd
-                static, transient = static + e.static, transient + e.transient * share
-        out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s * share, update=upd, static_bytes=static,
-                              act_bytes=s.layers * c.act * share, transient_bytes=transient))
-    es = [cm.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp, dp) for a, b in zip(stages, stages[1:])]
-    return out, es
+    """The stages' times and bytes as the simulator runs them (CostModel.stage_times)."""
+    return cm.stage_times(stages, dp)
 
 
 def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str) -> dict:
@@ -61,8 +39,8 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
 
 def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
                    params: dict | None = None) -> float:
-    """The simulated iteration time alone (makespan.py: the same recurrence, no event loop); one model
-    chunk per stage."""
+    """The simulated iteration time alone (makespan.py: the same recurrence, no event loop); `stages`:
+    the virtual stages where the schedule interleaves."""
     st, es = stage_times(cm, stages, dp)
     return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, latencies(cm, stages),
                     params)

@@ -9,7 +9,7 @@ from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec, load_cluster,
 from ..schedules import kind
 from .accuracy import error_factor
 from .analytic import analytic_profile
-from .costs import CostModel, StageSpec, micro_batches
+from .costs import CostModel, StageSpec, micro_batches, virtual_stages
 from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
 from .candidates import Candidate, Progress, SearchResult
@@ -134,13 +134,11 @@ def best_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec], fl
     """The parameters of the plan's schedule and the stages the plan lists (virtual stages when it
     interleaves), the option (param_options) the simulator finds fastest. Ties go to the smaller option.
     Also returns its simulated time."""
-    from .plan_sim import iteration_time, simulate_stages
+    from .plan_sim import iteration_time
     options, sched = param_options(pb, cand), pb.train.schedule
     if not options:
         return {}, cand.stages, iteration_time(pb.cm, cand.stages, cand.dp, sched)
-    # the simulator's recurrence where each stage holds one chunk, its event loop for virtual stages
-    times = [iteration_time(pb.cm, st, cand.dp, sched, q) if kind(sched).chunks(q) == 1
-             else simulate_stages(pb.cm, st, cand.dp, sched, params=q).iteration_time_s for q, st in options]
+    times = [iteration_time(pb.cm, st, cand.dp, sched, q) for q, st in options]  # the simulator's recurrence
     i = min(range(len(options)), key=lambda i: (times[i], i))
     return options[i][0], options[i][1], times[i]
 
@@ -189,17 +187,6 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
                 continue
             options.append(({"chunks": v}, virtual_stages(cand.stages, v)))
     return options
-
-
-def virtual_stages(stages: list[StageSpec], chunks: int) -> list[StageSpec]:
-    """Each stage's layers cut into `chunks` contiguous chunks (the later chunks take the remainder, as
-    the later stages do), listed in pipeline order: chunk c of stage s is virtual stage c * p + s."""
-    out = []
-    for c in range(chunks):
-        for s in stages:
-            base, extra = divmod(s.layers, chunks)
-            out.append(replace(s, layers=base + (1 if c >= chunks - extra else 0)))
-    return out
 
 
 def warmup_within_memory(pb: Problem, cand: Candidate, extra: list[int] | None = None) -> tuple[dict, list[float]]:

@@ -46,6 +46,21 @@ def test_makespan_equals_simulator_with_schedule_parameters():
         assert makespan(stages, links, m, "interleaved", None, {"chunks": 1}) == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.parametrize("chunks", [2, 3])
+def test_makespan_equals_simulator_on_virtual_stages(chunks):
+    """Interleaved 1F1B with several chunks (one time per virtual stage, the wrap-around link from the
+    last stage to the first included): the recurrence the re-rank times every chunk option with."""
+    rng = random.Random(9 + chunks)
+    for _ in range(60):
+        p = rng.randint(1, 5)
+        m = p * rng.randint(1, 5)
+        stages, links = _random_pipeline(rng, p * chunks)
+        lat = [rng.choice([0.0, rng.uniform(0, 2)]) for _ in links]
+        q = {"chunks": chunks}
+        want = simulate(stages, links, m, build("interleaved", p, m, q), latency_s=lat).iteration_time_s
+        assert makespan(stages, links, m, "interleaved", lat, q) == pytest.approx(want, rel=1e-12)
+
+
 def test_program_is_every_compute_action_once():
     prog = program("zbh1", 4, 6)
     assert len(prog) == 4 * 6 * 3 and len(set(prog)) == len(prog)

@@ -177,6 +177,34 @@ def test_interleaved_slow_link_warm_up_queue_then_the_round_trip_beyond_it():
     assert -under <= est / sim - 1 <= over, (est, sim)
 
 
+@pytest.mark.parametrize("stages,b", [
+    ((("A100", 8, 7), ("A100", 8, 7), ("V100e", 8, 10)), 3),
+    ((("A100", 8, 7), ("A100", 8, 3), ("V100e", 8, 14)), 3),
+    ((("A100", 8, 5), ("V100e", 8, 11), ("V100e", 8, 8)), 15),
+    ((("A100", 8, 13), ("V100e", 8, 11)), 6),
+    ((("A100", 8, 9), ("V100e", 8, 15)), 16),
+    ((("A100", 8, 6),) + tuple(("V100e", 4, n) for n in (4, 3, 2, 4, 5)), 60),
+    ((("A100", 8, 4),) + tuple(("V100e", 4, n) for n in (3, 4, 4, 2, 7)), 60),
+])
+def test_interleaved_estimate_is_the_chains_with_each_links_queue(stages, b):
+    """Two chunks per stage on HARP's 5 Gbps link, the plans the closed-form terms missed most: +11.5% and
+    +13.7% at 3 micro-batches (a link's steady state charged next to a whole fill), -6.2%, -6.0%, -6.8% and
+    -8.9% with the forward and backward crossings of the slow link and of the wrap-around link back to the
+    A100 stage queueing behind each other. The estimate is now a longest chain of the actions the
+    simulator runs (auto/chains.py): never above the simulator, and within the stated error below it."""
+    import dataclasses
+
+    from heteropp.auto.planning import virtual_stages
+    pb = harp()
+    specs = [StageSpec(c, tp, n, False) for c, tp, n in stages]
+    pb.cm.train = dataclasses.replace(pb.cm.train, global_batch=b, schedule="interleaved")
+    under, over = BOUNDS["interleaved"][0 if b <= 8 else 1]
+    est = pb.cm.evaluate(specs, 1, b, "interleaved", round_trips=True, params={"chunks": 2}).iteration_time_s
+    sim = simulate_stages(pb.cm, virtual_stages(specs, 2), 1, "interleaved", params={"chunks": 2}).iteration_time_s
+    assert est == pytest.approx(sim, rel=0.05) and est <= sim, (est, sim)
+    assert -under <= est / sim - 1 <= over <= 0.0, (est, sim)
+
+
 @pytest.mark.parametrize("layers,b", [((6, 7, 5, 6), 16), ((4, 9, 8, 3), 6)])
 def test_h1f1b_drain_queues_on_the_slow_link(layers, b):
     """H-1F1B, one A100 stage then V100e stages: the last V100e stage's own alternation sets the pace, and
