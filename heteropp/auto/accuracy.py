@@ -7,14 +7,14 @@ from __future__ import annotations
 # schedule: ((UNDER, OVER) at 2-8 micro-batches, (UNDER, OVER) at 16-64): estimate / simulated - 1 lies
 # in [-UNDER, OVER]
 ESTIMATE_BOUNDS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
-    "gpipe": ((0.01, 0.01), (0.01, 0.01)),
-    "1f1b": ((0.01, 0.02), (0.01, 0.01)),
-    "h1f1b": ((0.01, 0.02), (0.01, 0.01)),
-    # ZB-H1's stages end at different times (their held-back weight passes): each update follows its own
-    # stage's last backward and weight passes (alternating.last_backward_ends)
-    "zbh1": ((0.01, 0.01), (0.01, 0.01)),
-    # the longest chains of its actions with each link's queue in turn (chains.py): a lower bound, the
-    # simulator's time where at most one link queues
+    # every schedule's estimate is a longest chain of actions the simulator runs, each stage's update after
+    # its own last backward: never above the simulator but by rounding (OVER), and at most UNDER below it
+    "gpipe": ((0.01, 1e-9), (0.01, 1e-9)),
+    "1f1b": ((0.01, 1e-9), (0.01, 1e-9)),
+    "h1f1b": ((0.01, 1e-9), (0.01, 1e-9)),
+    "zbh1": ((0.01, 1e-9), (0.01, 1e-9)),
+    # the longest chains of its actions with each link's queue in turn (chains.py): the simulator's own
+    # recurrence, relaxed, so exactly the simulator's time where at most one link queues
     "interleaved": ((0.01, 0.0), (0.01, 0.0)),
 }
 

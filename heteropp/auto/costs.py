@@ -366,9 +366,16 @@ class CostModel:
             pt, pt_where = self.pass_term(fs, bs, es, lats, b, spans)
             if pt > top + fill:
                 top, where = pt - fill, pt_where
-        if round_trips and sk.alternates and wrap is None and sk.defers_weight_grads:
-            # the stages end at different times (their held-back weight passes): stage 0 runs its own after
-            # its last backward, and each stage's update follows its own end (stage_ends), not the latest
+        if round_trips and sk.whole_passes:
+            # the whole passes' flow shops give each stage's last backward exactly (identical jobs): each
+            # update follows its own stage's end, which under GPipe can come long before stage 0's
+            last = self.pass_last_backward(fs, bs, es, lats, b, spans)
+            last[0] = max(last[0], top + fill)
+            upd_term = max(t + u for t, u in zip(last, us)) - top - fill
+        if round_trips and sk.alternates and wrap is None:
+            # each stage's update follows its own last backward (and, under ZB-H1, its held-back weight
+            # passes), not stage 0's end less one layer's backward and hop per stage (drain_gaps), which
+            # charged a large update in full where its stage ends long before stage 0
             last = last_backward_ends(fs, bs, ws, es, lats, spans, b, held,
                                       self.pass_last_backward(fs, bs, es, lats, b, spans, ws, held))
             last[0] = max(last[0], top + fill)
