@@ -16,6 +16,8 @@ class Candidate:
     dp: int
     stages: list[StageSpec]
     label: str = ""
+    # schedule parameters the re-rank's local search found (planning.refine), tried next to the usual options
+    params: dict | None = None
 
 
 @dataclass

@@ -61,9 +61,10 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
     parameters (best_params), so that H-1F1B's warm-up or interleaved chunks can change which plan wins.
     Re-ranked are the best plan, the next three, and every further plan the search collected whose least
     estimate with parameters (least_estimate) is within the model's stated error (accuracy.error_factor)
-    of the least of them all, in increasing estimate while RERANK_ACTIONS last. A candidate the schedule
-    cannot run (interleaved: micro-batches not in groups of its stages) drops out, unless none can run
-    (to_plan then says why)."""
+    of the least of them all, in increasing estimate while RERANK_ACTIONS last; the four fastest then get a
+    local search over their layer split and warm-up (refine) from another RERANK_ACTIONS. A candidate the
+    schedule cannot run (interleaved: micro-batches not in groups of its stages) drops out, unless none can
+    run (to_plan then says why)."""
     if not kind(pb.train.schedule).params:
         return res
     pool, rest = [res.best, *res.runners_up[:RERANK_FIRST - 1]], res.runners_up[RERANK_FIRST - 1:]
@@ -84,8 +85,78 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
             continue
     if not timed:
         return res
+    timed.sort(key=lambda x: x[:2])
+    budget = RERANK_ACTIONS
+    for t, i, cand in list(timed[:RERANK_FIRST]):
+        t2, better, budget = refine(pb, cand, budget)
+        if t2 < t:
+            timed.append((t2, i, better))
     ranked = [c for _, _, c in sorted(timed, key=lambda x: x[:2])]
     return replace(res, best=ranked[0], runners_up=ranked[1:RERANK_FIRST])
+
+
+def _moves(pb: Problem, cand: Candidate, params: dict) -> list[Candidate]:
+    """`cand` one step away, each fitting in memory: one layer moved across one boundary, either way (every
+    stage keeps a layer; the stage that gains it recomputes where it then fits only so, the one that loses
+    it stops recomputing where it then fits without), or H-1F1B's extra warm-up of one boundary one more or
+    one less (cut back to fit). Each carries `params`, the best found so far, as an option to try."""
+    cm, dp = pb.cm, cand.dp
+    b = micro_batches(pb.train, dp)
+    out = []
+    for j in range(len(cand.stages) - 1):
+        for src, dst in ((j, j + 1), (j + 1, j)):
+            if cand.stages[src].layers <= 1:
+                continue
+            st = list(cand.stages)
+            st[src] = replace(st[src], layers=st[src].layers - 1)
+            st[dst] = replace(st[dst], layers=st[dst].layers + 1)
+            if st[src].recompute and cm.evaluate([*st[:src], replace(st[src], recompute=False), *st[src + 1:]],
+                                                 dp, b).feasible:
+                st[src] = replace(st[src], recompute=False)
+            est = cm.evaluate(st, dp, b)
+            if not est.feasible and not st[dst].recompute:
+                st[dst] = replace(st[dst], recompute=True)
+                est = cm.evaluate(st, dp, b)
+            if est.feasible:
+                out.append(Candidate(est.iteration_time_s, dp, st, cand.label, params))
+    extra = params.get("extra_warmup")
+    seen = [extra]
+    for j in range(len(extra or [])):
+        for step in (1, -1):
+            trial = list(extra)
+            trial[j] += step
+            if trial[j] >= 0:
+                trial = warmup_within_memory(pb, cand, trial)[0]["extra_warmup"]
+                if trial not in seen:
+                    seen.append(trial)
+                    out.append(replace(cand, params={"extra_warmup": trial}))
+    return out
+
+
+def refine(pb: Problem, cand: Candidate, budget: int) -> tuple[float, Candidate, int]:
+    """Hill-climb from `cand` by single steps (_moves), each timed with its best parameters (best_params),
+    while a step makes it faster and `budget` (simulated actions) lasts. The search's layer split is the
+    best under its parameter-free objective, not under the schedule's parameters, and H-1F1B's options
+    scale one rule over all boundaries. Returns the time, the candidate (carrying its parameters) and the
+    budget left."""
+    params, _, time_s = best_params(pb, cand)
+    cand = replace(cand, params=params)
+    while True:
+        best: tuple[float, Candidate] | None = None
+        for nb in _moves(pb, cand, params):
+            budget -= len(nb.stages) * micro_batches(pb.train, nb.dp) * (WARMUP_OR_CHUNK_OPTIONS + 1)
+            if budget < 0:
+                return time_s, cand, 0
+            try:
+                q, _, t = best_params(pb, nb)
+            except InfeasibleError:
+                continue
+            if t < time_s * (1 - 1e-9) and (best is None or t < best[0]):
+                best = (t, replace(nb, params=q))
+        if best is None:
+            return time_s, cand, budget
+        time_s, cand = best
+        params = cand.params or {}
 
 
 def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str,
@@ -168,8 +239,11 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
     if "extra_warmup" in sk.params:
         rule = schedule_params(cm, cand.stages, dp, pb.train.schedule)["extra_warmup"]
         seen: list[list[int]] = []
-        for f in WARMUP_SCALES:
-            extra = warmup_within_memory(pb, cand, [math.floor(x * f + 0.5) for x in rule])[0]["extra_warmup"]
+        tries = [[math.floor(x * f + 0.5) for x in rule] for f in WARMUP_SCALES]
+        if cand.params and len(cand.params.get("extra_warmup") or []) == p - 1:
+            tries.append(list(cand.params["extra_warmup"]))
+        for t in tries:
+            extra = warmup_within_memory(pb, cand, t)[0]["extra_warmup"]
             if extra not in seen:
                 seen.append(extra)
                 options.append(({"extra_warmup": extra}, cand.stages))
