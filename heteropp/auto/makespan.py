@@ -19,14 +19,15 @@ _OPS = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
 @lru_cache(maxsize=256)
-def program(schedule: str, p: int, m: int, frozen: tuple = ()) -> tuple[tuple[int, int, int, int], ...]:
+def program(schedule: str, p: int, m: int,
+            frozen: tuple[tuple[str, Any], ...] = ()) -> tuple[tuple[int, int, int, int], ...]:
     """(stage, op code, micro-batch, model chunk) of every compute action, in an order that respects all
     dependencies; `frozen`: the schedule's parameters (simulator.built_schedule's key)."""
     built = _built_with(schedule, p, m, frozen) if frozen else _built(schedule, p, m)
     sched = [[a for a in acts if a.op in _OPS] for acts in built]
     v = chunks_of(sched)
     done: set[tuple[int, str, int]] = set()
-    pos, out = [0] * p, []
+    pos, out = [0] * p, list[tuple[int, int, int, int]]()
     while len(out) < sum(map(len, sched)):
         for s in range(p):
             while pos[s] < len(sched[s]) and deps_done(a := sched[s][pos[s]], s, p, done, v):
