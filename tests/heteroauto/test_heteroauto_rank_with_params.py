@@ -2,66 +2,18 @@
 and interleaved 1F1B's chunks are chosen afterwards. Its final candidates (the best and the kept runners-up)
 are then re-ranked by their simulated time with each one's best parameters, which can change the winner.
 Checked against a brute force over (plan, parameters): every dp, order of chip types, layer split and
-schedule parameter, each simulated."""
+schedule parameter, each simulated (auto/brute_force.py)."""
 from __future__ import annotations
-
-import itertools
-import math
-from dataclasses import replace
 
 import pytest
 
-from heteropp.auto.costs import StageSpec, micro_batches
+from heteropp.auto.brute_force import brute_force
+from heteropp.auto.costs import StageSpec
 from heteropp.auto.plan_sim import simulate_stages
-from heteropp.auto.planning import Problem, best_params, run_search, to_plan, virtual_stages
+from heteropp.auto.planning import best_params, run_search, to_plan
 from heteropp.auto.search import search_auto
-from heteropp.auto.space import dp_candidates
 
 from heteroauto_helpers import chip, make_problem, with_schedule
-
-
-def _splits(n: int, k: int):
-    for cuts in itertools.combinations(range(1, n), k - 1):
-        b = (0, *cuts, n)
-        yield [b[i + 1] - b[i] for i in range(k)]
-
-
-def _options(schedule: str, stages: list[StageSpec], b: int):
-    """Every parameter value of `schedule` on `stages` (with the stages the simulator runs)."""
-    p = len(stages)
-    if schedule == "interleaved":
-        if b % p == 0:
-            for v in range(1, min(s.layers for s in stages) + 1):
-                yield {"chunks": v}, virtual_stages(stages, v)
-    else:
-        for extra in itertools.product(range(4), repeat=p - 1):
-            yield {"extra_warmup": list(extra)}, stages
-
-
-def brute_force(pb: Problem) -> float:
-    """The least simulated time of any plan of one-chip stages (tp 1) with any parameters that fit in
-    memory. A stage recomputes only where it does not fit otherwise: recompute adds compute and no
-    transfer, and a stage's memory depends on its own flag alone, so that choice loses no plan."""
-    cm, sched, best = pb.cm, pb.train.schedule, math.inf
-    counts = {c.name: c.count for c in cm.cluster.chips}
-    for dp in dp_candidates(cm.cluster, cm.train):
-        b = micro_batches(cm.train, dp)
-        for order in itertools.permutations(counts):
-            seq = [n for n in order for _ in range(counts[n] // dp)]
-            if len(seq) > cm.model.layers:
-                continue
-            for ls in _splits(cm.model.layers, len(seq)):
-                plain = [StageSpec(c, 1, n, False) for c, n in zip(seq, ls)]
-                caps = [cm.cluster.chip(c).usable_bytes for c in seq]
-                for q, _ in _options(sched, plain, b):
-                    mems = [cm.evaluate([replace(s, recompute=r) for s in plain], dp, b, sched,
-                                        params=q).stage_memory_bytes for r in (False, True)]
-                    if any(min(m0, m1) > c for m0, m1, c in zip(*mems, caps)):
-                        continue
-                    stages = [replace(s, recompute=m0 > c) for s, m0, c in zip(plain, mems[0], caps)]
-                    run = virtual_stages(stages, q["chunks"]) if "chunks" in q else stages
-                    best = min(best, simulate_stages(cm, run, dp, sched, params=q).iteration_time_s)
-    return best
 
 
 CASES = {  # schedule: (chips X and Y as (count, memory GB), Y's time per layer against X's, layers, batch, link GB/s)
@@ -76,7 +28,7 @@ def test_final_candidates_ranked_with_their_best_parameters_match_a_brute_force(
     cm = make_problem([chip("X", x[0], x[1], tp_max=1), chip("Y", y[0], y[1], tp_max=1)], {"X": 1.0, "Y": speed},
                       layers=layers, gb=gb, links=[{"between": ["X", "Y"], "bandwidth": link}])
     pb = with_schedule(cm, schedule)
-    best = brute_force(pb)
+    best = brute_force(pb)[0]
     plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
     assert plan.schedule == schedule
     assert plan.iteration_time_s <= best * (1 + 1e-9)
@@ -97,7 +49,7 @@ def test_a_plan_the_search_ranks_fifth_wins_with_its_parameters_as_the_brute_for
     cm = make_problem([chip("X", 1, 12.0, tp_max=1), chip("Y", 2, 20.0, tp_max=1), chip("Z", 1, 8.0, tp_max=1)],
                       {"X": 1.0, "Y": 0.8, "Z": 0.5}, layers=5, gb=8, links=links)
     pb = with_schedule(cm, "h1f1b")
-    best = brute_force(pb)
+    best = brute_force(pb)[0]
     plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
     assert plan.iteration_time_s == pytest.approx(best, rel=1e-9)
     res = search_auto(pb.cm, runners_up=RERANK_POOL, margin=POOL_MARGIN, progress=None)
@@ -116,7 +68,7 @@ def test_a_layer_split_the_search_does_not_rank_first_wins_with_its_parameters(s
     cm = make_problem([chip("X", 1, 20.0, tp_max=1), chip("Y", 2, 20.0, tp_max=1), chip("Z", 1, 8.0, tp_max=1)],
                       {"X": 1.0, "Y": 0.8, "Z": 0.8}, layers=5, gb=8, links=links)
     pb = with_schedule(cm, schedule)
-    best = brute_force(pb)
+    best = brute_force(pb)[0]
     plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
     assert plan.iteration_time_s == pytest.approx(best, rel=1e-9)
     assert plan.iteration_time_s == pytest.approx(simulate_stages(

@@ -1,0 +1,63 @@
+"""The brute force over (plan, schedule parameters), each simulated: every dp, order of chip types, layer
+split and parameter value of one-chip stages (tp 1). The planner's plans are measured against it on small
+instances (tests/heteroauto, bench/heteroauto_vs_brute.py); exponential, for a handful of chips only."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import Iterator
+
+from .costs import StageSpec, micro_batches, virtual_stages
+from .plan_sim import simulate_stages
+from .planning import Problem
+from .reference import compositions
+from .space import dp_candidates
+
+WARMUP_STEPS = 4  # H-1F1B: every extra warm-up 0 .. WARMUP_STEPS - 1 per boundary
+
+
+def schedule_options(schedule: str, stages: list[StageSpec], b: int) -> Iterator[tuple[dict, list[StageSpec]]]:
+    """Every parameter value of `schedule` on `stages`, with the stages the simulator runs: interleaved
+    1F1B's chunks up to the smallest stage's layers (when the micro-batches come in groups of the stages),
+    H-1F1B's extra warm-ups, or the schedule's one option without parameters."""
+    p = len(stages)
+    if schedule == "interleaved":
+        if b % p == 0:
+            for v in range(1, min(s.layers for s in stages) + 1):
+                yield {"chunks": v}, virtual_stages(stages, v)
+    elif schedule == "h1f1b":
+        for extra in itertools.product(range(WARMUP_STEPS), repeat=p - 1):
+            yield {"extra_warmup": list(extra)}, stages
+    else:
+        yield {}, stages
+
+
+def brute_force(pb: Problem) -> tuple[float, int, list[StageSpec], dict]:
+    """The least simulated time of any plan of one-chip stages (tp 1) with any parameters that fit in
+    memory, with its dp, stages and parameters (inf and no stages when none fits). A stage recomputes only
+    where it does not fit otherwise: recompute adds compute and no transfer, and a stage's memory depends on
+    its own flag alone, so that choice loses no plan."""
+    cm, sched = pb.cm, pb.train.schedule
+    best: tuple[float, int, list[StageSpec], dict] = (math.inf, 0, [], {})
+    counts = {c.name: c.count for c in cm.cluster.chips}
+    for dp in dp_candidates(cm.cluster, cm.train):
+        b = micro_batches(cm.train, dp)
+        for order in itertools.permutations(counts):
+            seq = [n for n in order for _ in range(counts[n] // dp)]
+            if len(seq) > cm.model.layers:
+                continue
+            caps = [cm.cluster.chip(c).usable_bytes for c in seq]
+            for split in compositions(cm.model.layers, len(seq)):
+                plain = [StageSpec(c, 1, n, False) for c, n in zip(seq, split)]
+                for q, _ in schedule_options(sched, plain, b):
+                    mems = [cm.evaluate([replace(s, recompute=r) for s in plain], dp, b, sched,
+                                        params=q).stage_memory_bytes for r in (False, True)]
+                    if any(min(m0, m1) > c for m0, m1, c in zip(*mems, caps)):
+                        continue
+                    stages = [replace(s, recompute=m0 > c) for s, m0, c in zip(plain, mems[0], caps)]
+                    run = virtual_stages(stages, q["chunks"]) if "chunks" in q else stages
+                    t = simulate_stages(cm, run, dp, sched, params=q).iteration_time_s
+                    if t < best[0]:
+                        best = (t, dp, stages, q)
+    return best
