@@ -167,7 +167,9 @@ def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str
     from .plan_sim import simulate_stages
     b = micro_batches(pb.train, cand.dp)
     params, written = choose_params(pb, cand)
-    est = pb.cm.evaluate(cand.stages, cand.dp, b, pb.train.schedule, round_trips=True, params=params)
+    # the stages as the option runs them (recomputing where interleaving's in-flight count needs it)
+    grouped = [replace(s, recompute=w.recompute) for s, w in zip(cand.stages, written)]
+    est = pb.cm.evaluate(grouped, cand.dp, b, pb.train.schedule, round_trips=True, params=params)
     # the plan states the simulator's time; the cost model's, with 1F1B's round trips priced (the search
     # ranks without them), stays in extra["model_estimate_s"]
     sim = simulate_stages(pb.cm, written, cand.dp, pb.train.schedule, params=params).iteration_time_s
@@ -222,8 +224,8 @@ def least_estimate(pb: Problem, cand: Candidate) -> float:
         options = param_options(pb, cand) or [({}, cand.stages)]
     except InfeasibleError:
         return math.inf
-    return min(pb.cm.evaluate(cand.stages, cand.dp, b, sched, round_trips=True, params=q).iteration_time_s
-               for q, _ in options)
+    return min(pb.cm.evaluate([replace(s, recompute=w.recompute) for s, w in zip(cand.stages, st)], cand.dp, b,
+                              sched, round_trips=True, params=q).iteration_time_s for q, st in options)
 
 
 def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSpec]]]:
@@ -231,7 +233,8 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
     for each (empty for a schedule without parameters): H-1F1B's extra warm-up as HARP's rule scaled by
     WARMUP_SCALES (0: plain 1F1B), each cut back to fit (warmup_within_memory); interleaved 1F1B's chunks
     from 1 to MAX_CHUNKS, where every stage holds a layer per chunk and the micro-batches come in groups of
-    the stages."""
+    the stages, each with the stages recomputing that need it to hold its in-flight count (recompute_to_fit;
+    one chunk too holds more than 1F1B) and dropped where one does not fit even so."""
     from .plan_sim import schedule_params
     sk, cm, dp = kind(pb.train.schedule), pb.cm, cand.dp
     b, p = micro_batches(pb.train, dp), len(cand.stages)
@@ -252,15 +255,36 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
             raise InfeasibleError(f"interleaved 1F1B runs micro-batches in groups of the {p} stages of the best "
                                   f"plan, and {b} micro-batches per replica is not a multiple of {p}; choose a "
                                   "global batch that is, or another schedule")
-        caps = [cm.cluster.chip(s.chip).usable_bytes for s in cand.stages]
         for v in range(1, MAX_CHUNKS + 1):
             if any(s.layers < v for s in cand.stages):
                 break
-            mem = cm.evaluate(cand.stages, dp, b, pb.train.schedule, params={"chunks": v}).stage_memory_bytes
-            if v > 1 and any(m > c for m, c in zip(mem, caps)):
-                continue
-            options.append(({"chunks": v}, virtual_stages(cand.stages, v)))
+            fitted = recompute_to_fit(pb, cand, {"chunks": v})
+            if fitted is not None:
+                options.append(({"chunks": v}, virtual_stages(fitted, v)))
+        if not options:
+            raise InfeasibleError(f"interleaved 1F1B holds more micro-batches in flight than 1F1B, and no count "
+                                  f"of chunks from 1 to {MAX_CHUNKS} fits the plan's stages in memory, even "
+                                  "recomputing; choose 1F1B or H-1F1B, or a smaller micro-batch")
     return options
+
+
+def recompute_to_fit(pb: Problem, cand: Candidate, params: dict) -> list[StageSpec] | None:
+    """The plan's stages with recompute turned on where a stage does not fit its in-flight activations under
+    `params` otherwise (interleaved 1F1B holds more than the 1F1B the search checked; a stage's memory
+    depends on its own flag alone), or None where one does not fit even so."""
+    cm, dp = pb.cm, cand.dp
+    b = micro_batches(pb.train, dp)
+    caps = [cm.cluster.chip(s.chip).usable_bytes for s in cand.stages]
+    stages = list(cand.stages)
+    for _ in range(2):
+        mem = cm.evaluate(stages, dp, b, pb.train.schedule, params=params).stage_memory_bytes
+        over = [k for k, (m, c) in enumerate(zip(mem, caps)) if m > c]
+        if not over:
+            return stages
+        if all(stages[k].recompute for k in over):
+            return None
+        stages = [replace(s, recompute=True) if k in over else s for k, s in enumerate(stages)]
+    return None
 
 
 def warmup_within_memory(pb: Problem, cand: Candidate, extra: list[int] | None = None) -> tuple[dict, list[float]]:

@@ -108,3 +108,37 @@ def test_interleaved_chunks_have_one_default_for_plan_simulator_and_run():
                     schedule_params={"chunks": kind("interleaved").defaults["chunks"]})
     assert bare.chunks == explicit.chunks == 1 and not missing_params("interleaved", {})
     assert simulate_plan(pb.cm, bare).iteration_time_s == simulate_plan(pb.cm, explicit).iteration_time_s
+
+
+def _peak_activations(schedule: str, p: int, b: int, params: dict) -> list[float]:
+    """Per stage, the most micro-batch activations held at once, in whole-stage units, counted on the
+    schedule's own actions: a forward of one of v chunks saves 1/v, its backward frees it."""
+    from heteropp.schedules import build
+    v = params.get("chunks", 1)
+    out = []
+    for acts in build(schedule, p, b, params):
+        held = peak = 0.0
+        for a in acts:
+            held += 1 / v if a.op == "F" else -1 / v if a.op == "B" else 0.0
+            peak = max(peak, held)
+        out.append(peak)
+    return out
+
+
+def test_interleaved_with_one_chunk_holds_more_than_1f1b_and_its_plan_fits():
+    """Two chips of 4 GB, two layers, four micro-batches: 1F1B's first stage holds 2 micro-batches (3.76 GB),
+    interleaved 1F1B with one chunk warms up with 2 (p - 1) forwards and holds 3 (4.76 GB), more than it has.
+    The one option interleaved has here (a chunk per layer) must run with the first stage recomputing, as
+    the brute force finds; the planner chose it without checking its memory."""
+    from heteropp.auto.brute_force import brute_force
+    cm = make_problem([chip("X", 1, 4.0, tp_max=1), chip("Y", 1, 4.0, tp_max=1)], {"X": 1.0, "Y": 1.0},
+                      layers=2, gb=4, links=[{"between": ["X", "Y"], "bandwidth": 2.0}])
+    pb = with_schedule(cm, "interleaved")
+    plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
+    assert plan.schedule_params == {"chunks": 1}
+    held = _peak_activations("interleaved", 2, plan.micro_batches, plan.schedule_params)
+    assert held[0] > _peak_activations("1f1b", 2, plan.micro_batches, {})[0]
+    for k, s in enumerate(plan.stages):
+        need = cm.memory(s.chip, s.tp, s.recompute, plan.dp, s.layers, round(held[k]), k == 0, k == 1)
+        assert need <= cm.cluster.chip(s.chip).usable_bytes, (k, s, need)
+    assert plan.iteration_time_s == pytest.approx(brute_force(pb)[0], rel=1e-9)
