@@ -83,6 +83,7 @@ class HostAllocator:
     def __init__(self) -> None:
         self.blocks: dict[int, torch.Tensor] = {}
         self._call = threading.local()  # per thread: the device of required tensors, and those made
+        self.pending = False  # some thread required a tensor since the last done(): a plain flag, read per call
         self._callbacks = (ALLOCATE(self._allocate), RELEASE(self._release), REQUIRE_TENSOR(self._require))
         self.context = Context(None, None, *self._callbacks)
 
@@ -109,6 +110,7 @@ class HostAllocator:
 
     def done(self) -> None:
         """Drops the tensors required during the call that nobody took (a kernel's scratch tensors)."""
+        self.pending = False
         self._call.made = {}
 
     def holds_required(self) -> bool:
@@ -129,6 +131,7 @@ class HostAllocator:
         if not hasattr(self._call, "made"):
             self._call.made = {}
         self._call.made[ctypes.addressof(handle.struct)] = (tensor, handle)
+        self.pending = True
         out[0] = ctypes.pointer(handle.struct)
         return SUCCESS
 

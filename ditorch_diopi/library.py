@@ -117,19 +117,19 @@ class DiopiLibrary:
             raise TypeError(f"{schema.aten} takes {len(kinds)} arguments ({_signature(schema)}), got {len(args)}")
         slots = self._slots
         c_args: list[Any] = [self._context]
-        holders: list[Any] = []
+        holders: list[Any] | None = None
         n = 0
         for kind, value in zip(kinds, args):
-            if kind is _ALLOCATED:
-                holder = ctypes.POINTER(abi.Tensor)()
-                holders.append(holder)
-                self.allocator.expect(value)
-                c_args.append(ctypes.addressof(holder))
-            elif kind is _TENSOR:
+            if kind is _TENSOR:
                 if value is None:
                     raise TypeError(f"{schema.aten}: a required tensor is None ({_signature(schema)})")
                 c_args.append(slots.fill(n, value))
                 n += 1
+            elif kind is _ALLOCATED:
+                holder = ctypes.POINTER(abi.Tensor)()
+                holders = [*(holders or ()), holder]
+                self.allocator.expect(value)
+                c_args.append(ctypes.addressof(holder))
             elif kind is _OPTIONAL_TENSOR:
                 if value is None:
                     c_args.append(None)
@@ -154,7 +154,7 @@ class DiopiLibrary:
                 c_args.append(value)
         if not holders:
             code = fn(*c_args)
-            if self.allocator.holds_required():  # tensors the kernel required as scratch: the call is over
+            if self.allocator.pending:  # tensors the kernel required as scratch: the call is over
                 self.allocator.done()
             if code:
                 raise OperatorError(schema.aten, code, self.last_error())
