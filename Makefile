@@ -9,7 +9,7 @@ CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch -name '*.cpp' -o -name '*.h
 DIOPI_SRC := $(shell find ditorch_diopi/reference ditorch_diopi/include ditorch_diopi/csrc -name '*.cpp' -o -name '*.h' -o -name CMakeLists.txt 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-rdma test-torch-suite demo bench clean
+.PHONY: setup test test-rdma test-torch-suite test-diopi-full demo bench clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ test-rdma: setup
 # quick selection of it).
 test-torch-suite: setup
 	DICOMM_TORCH_SUITE=full $(PY) -m pytest -q tests/torch_suite
+
+# The DIOPI conformance suite with its large cases on the native device's memory (minutes; `make test`
+# runs the quick selection).
+test-diopi-full: setup
+	DIOPI_CONFORMANCE=full $(PY) -m pytest -q tests/diopi_bindings -k conformance_suite_passes_on_native
 
 demo: setup
 	$(PY) -m heteropp.demo

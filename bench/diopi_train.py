@@ -1,17 +1,28 @@
 """The tiny LLaMA of heteropp (``make demo``'s model) trained on the diopi device against plain CPU torch.
 
-``python -m bench.diopi_train [--layers 8] [--steps 3] [--library LIB] [--json FILE]`` prints the time
-per step on each device, their ratio and the loss check (ditorch_precision.loss) of the two curves.
-The diopi device is enabled first: it must exist before the process's first backward pass.
+``python -m bench.diopi_train [--layers 8] [--steps 5] [--backends python,native] [--library LIB] [--json FILE]``
+prints the median time per step on plain CPU torch and on the diopi device for each device backend (the
+host-memory device "python", the native PrivateUse1 device "native"; for native also with its caching
+allocator off, "uncached"), side by side, their ratios to CPU and the loss check (ditorch_precision.loss)
+of each device's curve against the CPU's. A backend serves one process, so each runs in a child process
+of its own (``--backend X``), plain CPU torch measured in the same child; the diopi device is enabled
+first: it must exist before the process's first backward pass.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
+
+BACKENDS = ("python", "native")
 
 
 def train_tiny(device: str, steps: int = 3, layers: int = 2, sequences: int = 4,
@@ -38,36 +49,78 @@ def train_tiny(device: str, steps: int = 3, layers: int = 2, sequences: int = 4,
     return losses, seconds
 
 
+def measure(backend: str, library: str | None, layers: int, steps: int) -> dict:
+    """One backend in this process: plain CPU steps, then the same steps on the diopi device."""
+    from ditorch_diopi import device
+    from ditorch_precision.loss import loss_check
+
+    lib = device.enable(library, backend=backend)
+    torch.set_num_threads(1)
+    cpu_losses, cpu_s = train_tiny("cpu", steps, layers)
+    dev_losses, dev_s = train_tiny("diopi", steps, layers)
+    report = loss_check(dev_losses, cpu_losses)
+    cpu_med, dev_med = statistics.median(cpu_s), statistics.median(dev_s)
+    out = {"backend": device.backend(), "library": f"{lib.vendor} {lib.version}", "layers": layers,
+           "steps": steps, "cpu_step_s": cpu_med, "diopi_step_s": dev_med, "ratio": dev_med / cpu_med,
+           "loss_check": report.to_dict(), "routed_ops": len(device.routed_ops()),
+           "fallback_ops": dict(device.fallback_ops()), "load_average": os.getloadavg()[0]}
+    if device.backend() == "native":  # the same steps with every free going straight to the library
+        torch.diopi.set_caching(False)
+        _, uncached_s = train_tiny("diopi", steps, layers)
+        torch.diopi.set_caching(True)
+        out["diopi_uncached_step_s"] = statistics.median(uncached_s)
+    return out
+
+
+def _in_child(backend: str, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.json")
+        argv = [sys.executable, "-m", "bench.diopi_train", "--backend", backend, "--layers", str(args.layers),
+                "--steps", str(args.steps), "--json", path]
+        if args.library:
+            argv += ["--library", args.library]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if not os.path.exists(path):
+            raise SystemExit(f"the {backend} backend's run failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        with open(path) as f:
+            return json.load(f)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.diopi_train", description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated device backends to compare")
+    ap.add_argument("--backend", choices=BACKENDS, help=argparse.SUPPRESS)  # one backend, in this process
     ap.add_argument("--library", help="DIOPI library (default: $DIOPI_LIBRARY, else the reference)")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
     if args.layers < 1 or args.steps < 1:
         ap.error(f"--layers and --steps must be >= 1, got --layers {args.layers} --steps {args.steps}")
-    from ditorch_diopi import device
-    from ditorch_precision.loss import loss_check
-
-    lib = device.enable(args.library)
-    torch.set_num_threads(1)
-    cpu_losses, cpu_s = train_tiny("cpu", args.steps, args.layers)
-    dev_losses, dev_s = train_tiny("diopi", args.steps, args.layers)
-    report = loss_check(dev_losses, cpu_losses)
-    cpu_med, dev_med = sorted(cpu_s)[len(cpu_s) // 2], sorted(dev_s)[len(dev_s) // 2]
-    out = {"library": f"{lib.vendor} {lib.version}", "layers": args.layers, "steps": args.steps,
-           "cpu_step_s": cpu_med, "diopi_step_s": dev_med, "ratio": dev_med / cpu_med,
-           "loss_check": report.to_dict(), "routed_ops": len(device.routed_ops()),
-           "fallback_ops": dict(device.fallback_ops())}
-    print(f"{'device':<8} {'median step s':>14}\ncpu      {cpu_med:14.4f}\ndiopi    {dev_med:14.4f}\n"
-          f"ratio diopi/cpu: {out['ratio']:.1f}x; loss check: {'pass' if report.passed else 'FAIL'} "
-          f"(mean relative error {report.mre:.2e}); {out['routed_ops']} operators served by {out['library']}, "
-          f"{len(out['fallback_ops'])} on the CPU")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends:
+        ap.error(f"--backends takes a comma-separated subset of {', '.join(BACKENDS)}, got {args.backends!r}")
+    if args.backend:
+        out = measure(args.backend, args.library, args.layers, args.steps)
+        runs = [out]
+    else:
+        runs = [_in_child(b, args) for b in backends]
+        out = {"layers": args.layers, "steps": args.steps, "runs": runs}
+    print(f"{'backend':<8} {'cpu s/step':>11} {'diopi s/step':>13} {'uncached':>9} {'ratio':>7} {'loss MRE':>9} "
+          f"{'library ops':>12} {'CPU ops':>8} {'load':>5}")
+    for r in runs:
+        uncached = f"{r['diopi_uncached_step_s']:9.4f}" if "diopi_uncached_step_s" in r else f"{'-':>9}"
+        print(f"{r['backend']:<8} {r['cpu_step_s']:11.4f} {r['diopi_step_s']:13.4f} {uncached} {r['ratio']:6.1f}x "
+              f"{r['loss_check']['mre']:9.1e} {r['routed_ops']:12d} {len(r['fallback_ops']):8d} "
+              f"{r['load_average']:5.1f}")
+    passed = all(r["loss_check"]["passed"] for r in runs)
+    print(f"loss check: {'pass' if passed else 'FAIL'} ({runs[0]['library']}, {args.layers} layers, "
+          f"median of {args.steps} steps)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    return 0 if report.passed else 1
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ ABI_VERSION = _header_macro("DIOPI_ABI_VERSION")
 VERSION = ".".join(str(_header_macro(f"DIOPI_VERSION_{p}")) for p in ("MAJOR", "MINOR", "PATCH"))
 
 SUCCESS = 0
+ERR_INVALID_ARGUMENT, ERR_DTYPE, ERR_ALLOCATION = 2, 3, 4  # diopiError_t (diopirt.h)
 ERROR_NAMES = {0: "success", 1: "not implemented", 2: "invalid argument", 3: "unsupported dtype",
                4: "allocation failed", 5: "internal error"}
 
@@ -76,11 +77,13 @@ class Context(ctypes.Structure):
 
 class HostAllocator:
     """The framework side of a context: memory for kernels comes from torch and stays alive until
-    released (or, for required tensors, until the allocator is dropped)."""
+    released. A tensor a kernel requires (an ``out*`` output) is allocated where the call's outputs live
+    (``expect``) and handed back to the caller by ``take`` after the call."""
 
     def __init__(self) -> None:
         self.blocks: dict[int, torch.Tensor] = {}
-        self.required: list[tuple[torch.Tensor, Any]] = []
+        self._call = threading.local()  # per thread: the device of required tensors, and those made
+        self.pending = False  # some thread required a tensor since the last done(): a plain flag, read per call
         self._callbacks = (ALLOCATE(self._allocate), RELEASE(self._release), REQUIRE_TENSOR(self._require))
         self.context = Context(None, None, *self._callbacks)
 
@@ -92,13 +95,43 @@ class HostAllocator:
     def _release(self, _state: Any, ptr: int) -> None:
         self.blocks.pop(ptr or 0, None)
 
+    def expect(self, device: torch.device | None) -> None:
+        """The next call's required tensors are made on ``device`` (None: the CPU)."""
+        self._call.device = device
+        self._call.made = {}
+
+    def take(self, holder: Any) -> torch.Tensor | None:
+        """The tensor whose handle the kernel stored in ``holder`` (a ``POINTER(Tensor)``), or None."""
+        made = getattr(self._call, "made", {})
+        if not holder:
+            return None
+        hit = made.get(ctypes.addressof(holder.contents))
+        return None if hit is None else hit[0]
+
+    def done(self) -> None:
+        """Drops the tensors required during the call that nobody took (a kernel's scratch tensors)."""
+        self.pending = False
+        self._call.made = {}
+
+    def holds_required(self) -> bool:
+        return bool(getattr(self._call, "made", None))
+
     def _require(self, _state: Any, out: Any, ndim: int, shape: Any, dtype: int) -> int:
         torch_dtype = next((d for d, c in DTYPE_CODES.items() if c == dtype), None)
         if torch_dtype is None:
-            return 3
-        tensor = torch.empty([shape[i] for i in range(ndim)], dtype=torch_dtype)
-        handle = TensorHandle(tensor)
-        self.required.append((tensor, handle))
+            return ERR_DTYPE
+        if ndim < 0 or ndim > MAX_NDIM or not out or any(shape[i] < 0 for i in range(ndim)):
+            return ERR_INVALID_ARGUMENT
+        device = getattr(self._call, "device", None)
+        try:
+            tensor = torch.empty([shape[i] for i in range(ndim)], dtype=torch_dtype, device=device or "cpu")
+        except RuntimeError:
+            return ERR_ALLOCATION
+        handle = TensorHandle(tensor, DEVICE_HOST if tensor.is_cpu else DEVICE_DEVICE)
+        if not hasattr(self._call, "made"):
+            self._call.made = {}
+        self._call.made[ctypes.addressof(handle.struct)] = (tensor, handle)
+        self.pending = True
         out[0] = ctypes.pointer(handle.struct)
         return SUCCESS
 

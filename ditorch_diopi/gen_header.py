@@ -17,6 +17,7 @@ _C_TYPES = {
     "out": "diopiTensorHandle_t",
     "out?": "diopiTensorHandle_t",
     "inout": "diopiTensorHandle_t",
+    "out*": "diopiTensorHandle_t*",  # the kernel stores the handle ctx->require_tensor gave it
     "in": "diopiConstTensorHandle_t",
     "in?": "diopiConstTensorHandle_t",
     "in[]": "diopiTensorList_t",
@@ -42,7 +43,8 @@ def render() -> str:
         '#include "diopirt.h"',
         "",
         "/* Weak: a library defines any subset; the framework looks each one up when it loads the library",
-        " * and serves the rest itself. Optional tensors (in?, out?) may be NULL. */",
+        " * and serves the rest itself. Optional tensors (in?, out?) may be NULL. An out* output's size depends",
+        " * on the data: the kernel allocates it through ctx->require_tensor and stores the handle there. */",
         "#if defined(_WIN32)",
         "#define DIOPI_WEAK",
         "#else",

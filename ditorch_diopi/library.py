@@ -5,10 +5,13 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ditorch_diopi import abi
 from ditorch_diopi.schema import OPS, OpSchema
+
+if TYPE_CHECKING:
+    import torch
 
 LIBRARY_ENV = "DIOPI_LIBRARY"
 _REQUIRED = ("diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "diopi_last_error")
@@ -16,13 +19,14 @@ _REQUIRED = ("diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "di
 _ARG_TYPES = {
     "out": ctypes.c_void_p, "out?": ctypes.c_void_p, "inout": ctypes.c_void_p, "in": ctypes.c_void_p,
     "in?": ctypes.c_void_p, "double": ctypes.c_double, "int": ctypes.c_int64, "bool": ctypes.c_bool,
-    "ints": abi.Size, "in[]": abi.TensorList, "in?[]": abi.TensorList,
+    "ints": abi.Size, "in[]": abi.TensorList, "in?[]": abi.TensorList, "out*": ctypes.c_void_p,
 }
 
 
 # How call() passes each argument (identity-compared markers).
 _TENSOR, _OPTIONAL_TENSOR, _TENSOR_LIST, _INTS, _SCALAR = "tensor", "optional tensor", "tensors", "ints", "scalar"
 _OPTIONAL_TENSOR_LIST = "optional tensors"
+_ALLOCATED = "allocated by the kernel"
 
 
 class LibraryError(RuntimeError):
@@ -101,8 +105,10 @@ class DiopiLibrary:
     def last_error(self) -> str:
         return self._dll.diopi_last_error().decode(errors="replace")
 
-    def call(self, op: str | OpSchema, *args: Any) -> None:
-        """Run ``op`` with arguments in ABI order: tensors (or None for optional ones), then scalars."""
+    def call(self, op: str | OpSchema, *args: Any) -> tuple[torch.Tensor, ...] | None:
+        """Run ``op`` with arguments in ABI order: tensors (or None for optional ones), then scalars. For an
+        output the kernel allocates (``out*``) pass the device to allocate it on (None: the CPU): the call
+        returns those outputs, in order (otherwise None)."""
         plan = self._plans.get(op)
         if plan is None:
             plan = self._plan(op)
@@ -111,6 +117,7 @@ class DiopiLibrary:
             raise TypeError(f"{schema.aten} takes {len(kinds)} arguments ({_signature(schema)}), got {len(args)}")
         slots = self._slots
         c_args: list[Any] = [self._context]
+        holders: list[Any] | None = None
         n = 0
         for kind, value in zip(kinds, args):
             if kind is _TENSOR:
@@ -118,6 +125,11 @@ class DiopiLibrary:
                     raise TypeError(f"{schema.aten}: a required tensor is None ({_signature(schema)})")
                 c_args.append(slots.fill(n, value))
                 n += 1
+            elif kind is _ALLOCATED:
+                holder = ctypes.POINTER(abi.Tensor)()
+                holders = [*(holders or ()), holder]
+                self.allocator.expect(value)
+                c_args.append(ctypes.addressof(holder))
             elif kind is _OPTIONAL_TENSOR:
                 if value is None:
                     c_args.append(None)
@@ -140,9 +152,26 @@ class DiopiLibrary:
                 c_args.append(abi.size_arg(value))
             else:
                 c_args.append(value)
-        code = fn(*c_args)
-        if code:
-            raise OperatorError(schema.aten, code, self.last_error())
+        if not holders:
+            code = fn(*c_args)
+            if self.allocator.pending:  # tensors the kernel required as scratch: the call is over
+                self.allocator.done()
+            if code:
+                raise OperatorError(schema.aten, code, self.last_error())
+            return None
+        try:
+            code = fn(*c_args)
+            if code:
+                raise OperatorError(schema.aten, code, self.last_error())
+            made = tuple(self.allocator.take(h) for h in holders)
+        finally:
+            self.allocator.done()
+        missing = [a.name for a, t in zip((a for a in schema.args if a.is_allocated), made) if t is None]
+        if missing:
+            raise OperatorError(schema.aten, abi.ERR_INVALID_ARGUMENT,
+                                f"returned success without allocating {', '.join(missing)} through "
+                                f"ctx->require_tensor")
+        return made  # type: ignore[return-value]
 
     def _plan(self, op: str | OpSchema) -> tuple[Any, OpSchema, tuple[str, ...]]:
         schema = op if isinstance(op, OpSchema) else _schema(op)
@@ -156,6 +185,8 @@ class DiopiLibrary:
 
 def _kind(arg: Any) -> str:
     """How call() passes one ABI argument."""
+    if arg.is_allocated:
+        return _ALLOCATED
     if arg.is_tensor:
         return _TENSOR if arg.kind in ("out", "inout", "in") else _OPTIONAL_TENSOR
     if arg.is_tensor_list:

@@ -5,7 +5,9 @@ Every C signature in ``include/diopi/functions.h`` is generated from this table
 and the conformance suite and the torch device look operators up by the same ATen names.
 Operators without an ATen counterpart live in the ``ext`` namespace.
 
-Argument order in C: the context, then outputs (``out``: written; ``inout``: read and written), then
+Argument order in C: the context, then outputs (``out``: written; ``inout``: read and written; ``out*``:
+a result whose size depends on the data, allocated by the kernel through the context's
+``require_tensor`` and returned through a ``diopiTensorHandle_t*``), then
 tensor inputs (``in``, ``in?`` may be NULL, ``in[]`` a list of tensors,
 ``in?[]`` a list whose entries may be NULL), then scalars (``double``, ``int``,
 ``bool``, ``ints``).
@@ -17,11 +19,13 @@ from dataclasses import dataclass
 FLOATS = ("float32", "float64", "float16", "bfloat16")
 INDEX = ("int64", "int32")
 
-TENSOR_KINDS = ("out", "out?", "inout", "in", "in?")
+TENSOR_KINDS = ("out", "out?", "inout", "out*", "in", "in?")
+# out*: the kernel allocates the output (its size depends on the data) through ctx->require_tensor
 # in[]: a list of const tensors (diopiTensorList_t); in?[]: the same list, an entry may be NULL (index's
 # list of optional index tensors, NULL meaning a full slice)
 INPUT_KINDS = ("in", "in?", "in[]", "in?[]")
 SCALAR_KINDS = ("double", "int", "bool", "ints")
+OUTPUT_KINDS = ("out", "out?", "inout", "out*")
 
 # ``approximate`` of gelu travels as an int: ATen spells it as a string.
 GELU_APPROXIMATE = {"none": 0, "tanh": 1}
@@ -43,7 +47,12 @@ class Arg:
 
     @property
     def is_output(self) -> bool:
-        return self.kind in ("out", "out?", "inout")
+        return self.kind in OUTPUT_KINDS
+
+    @property
+    def is_allocated(self) -> bool:
+        """An output the kernel allocates (``out*``): the caller passes no tensor for it."""
+        return self.kind == "out*"
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ def _op(aten: str, spec: str, dtypes: tuple[str, ...] = FLOATS, doc: str = "") -
         kind, name = item.split(":")
         if kind not in TENSOR_KINDS + INPUT_KINDS + SCALAR_KINDS:
             raise ValueError(f"{aten}: unknown argument kind {kind!r}")
-        rank = 0 if kind in ("out", "out?", "inout") else 1 if kind in INPUT_KINDS else 2
+        rank = 0 if kind in OUTPUT_KINDS else 1 if kind in INPUT_KINDS else 2
         if rank < last:
             raise ValueError(f"{aten}: {name} breaks the order outputs, inputs, scalars")
         last = rank
@@ -179,6 +188,9 @@ OPS: tuple[OpSchema, ...] = (
         doc="out = self with out[indices] = values (broadcast to self[indices]'s shape), or += when accumulate"),
     _op("aten::clamp", "out:out in:self double:min double:max", dtypes=FLOATS + INDEX,
         doc="out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max"),
+    _op("aten::nonzero", "out*:out in:self", dtypes=FLOATS + INDEX + ("bool",),
+        doc="out (int64, [n, self's ndim], allocated by the kernel through ctx->require_tensor) = the indices of "
+            "self's nonzero elements (NaN counts) in row-major order; a boolean mask index is its columns"),
     # factories
     _op("aten::arange.start_step", "out:out double:start double:end double:step", dtypes=FLOATS + INDEX,
         doc="out[i] = start + i * step (computed in double, cast to out's dtype); out has the element count"),

@@ -653,6 +653,33 @@ def _adamw(op: OpSchema, g: _Gen) -> list[Case]:
     return cases
 
 
+def _nonzero(op: OpSchema, g: _Gen) -> list[Case]:
+    """Data-dependent result sizes: some, none and all elements nonzero, scalars, empty and strided inputs."""
+    def values(*shape: int, zeros: float = 0.5, layout: str = "contiguous") -> torch.Tensor:
+        if layout == "transposed":
+            return values(*shape[:-2], shape[-1], shape[-2], zeros=zeros).transpose(-1, -2)
+        if layout == "strided":
+            return values(*shape[:-1], shape[-1] * 2, zeros=zeros)[..., ::2]
+        keep = torch.rand(shape, generator=g.g) >= zeros
+        if g.dtype is torch.bool:
+            return keep
+        return torch.where(keep, g.nonzero(*shape) * 3, torch.zeros((), dtype=g.dtype)).to(g.dtype)
+
+    layouts = [("basic", (4, 5), 0.5, "contiguous"), ("1-d", (17,), 0.5, "contiguous"),
+               ("all nonzero (an all-true mask)", (3, 4), 0.0, "contiguous"),
+               ("all zero (an all-false mask)", (3, 4), 1.0, "contiguous"), ("empty", (0, 3), 0.5, "contiguous"),
+               ("scalar nonzero", (), 0.0, "contiguous"), ("scalar zero", (), 1.0, "contiguous"),
+               ("4-d", (2, 3, 2, 3), 0.5, "contiguous"), ("transposed", (5, 6), 0.5, "transposed"),
+               ("strided", (4, 6), 0.5, "strided"), ("large", (256, 512), 0.3, "contiguous")]
+    cases = [Case(op, label, g.dtype, {"self": values(*shape, zeros=zeros, layout=layout)},
+                  lambda d: (torch.nonzero(d["self"]),)) for label, shape, zeros, layout in layouts]
+    if g.dtype.is_floating_point:
+        x = torch.tensor([[0.0, float("nan")], [-0.0, 1.5]], dtype=g.dtype)
+        cases.append(Case(op, "NaN is nonzero, -0 is zero", g.dtype, {"self": x},
+                          lambda d: (torch.nonzero(d["self"]),)))
+    return cases
+
+
 _FAMILIES: dict[str, Callable[[OpSchema, _Gen], list[Case]]] = {}
 for _name in ("aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::exp",
               "aten::rsqrt", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::pow.Tensor_Scalar", "aten::reciprocal",
@@ -677,7 +704,8 @@ _FAMILIES["aten::_safe_softmax"] = _safe_softmax
 _FAMILIES["aten::slice_backward"] = _slice_backward
 _FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "aten::bitwise_and.Tensor": _bitwise,
                   "aten::clamp": _clamp, "aten::gather": _gather,
-                  "aten::index.Tensor": _indexing, "aten::index_put": _indexing, "aten::arange.start_step": _arange})
+                  "aten::index.Tensor": _indexing, "aten::index_put": _indexing, "aten::arange.start_step": _arange,
+                  "aten::nonzero": _nonzero})
 
 
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:

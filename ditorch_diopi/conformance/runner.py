@@ -112,7 +112,7 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.de
         expected = case.reference({k: _to64(v) for k, v in case.inputs.items()})
     outputs = {}
     for arg, want in zip(op.outputs, expected):
-        if want is None:  # an optional output the case does not ask for
+        if want is None or arg.is_allocated:  # an optional output the case does not ask for; the kernel's own
             outputs[arg.name] = None
         else:
             outputs[arg.name] = (case.inputs[arg.name].clone() if arg.kind == "inout"
@@ -120,12 +120,17 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.de
     snapshots = {a.name: _snapshot(case.inputs[a.name]) for a in op.inputs if case.inputs.get(a.name) is not None}
     placed = {name: _place(value, device) for name, value in case.inputs.items()}
     outputs = {name: _place(value, device) for name, value in outputs.items()}
-    args = [outputs[a.name] if a.is_output else placed.get(a.name) for a in op.args]
+    args = [device if a.is_allocated else outputs[a.name] if a.is_output else placed.get(a.name) for a in op.args]
     try:
-        lib.call(op, *args)
+        made = lib.call(op, *args)
     except OperatorError as exc:
         result.status, result.detail = ERROR, str(exc)
         return result
+    for arg, tensor in zip([a for a in op.outputs if a.is_allocated], made or ()):
+        if device is not None and tensor.device != device:
+            result.status, result.detail = FAIL, f"{arg.name} was allocated on {tensor.device}, not {device}"
+            return result
+        outputs[arg.name] = tensor
     outputs = {name: _to_host(value) for name, value in outputs.items()}
     touched = [n for n, before in snapshots.items() if not _unmodified(before, _to_host(placed[n]))]
     if touched:

@@ -1,5 +1,5 @@
 // The pieces that make PrivateUse1 a device over a DIOPI library, registered by attach (module.cpp):
-// an allocator whose memory comes from diopi_device_malloc, a device guard, hooks with one default
+// a caching allocator whose memory comes from diopi_device_malloc, a device guard, hooks with one default
 // generator per device, and the memory kernels (empty, views, resize_, set_, copies).
 #pragma once
 
@@ -9,7 +9,11 @@
 
 namespace ditorch_diopi {
 
-c10::Allocator* device_allocator();
+c10::Allocator* device_allocator();  // a caching allocator (allocator.cpp)
+// Off: the cache is emptied and every later free goes straight to the library.
+void set_caching(bool on);
+// Gives every cached block back to the library.
+void empty_cache();
 // Grows a storage of this device to `nbytes`, keeping its bytes (resize_, set_).
 void resize_storage(const c10::Storage& storage, size_t nbytes);
 

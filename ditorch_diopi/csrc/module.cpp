@@ -66,6 +66,9 @@ PYBIND11_MODULE(_C_device, m) {
     check_index(static_cast<c10::DeviceIndex>(index));
     check(runtime().device_synchronize(index), "diopi_device_synchronize");
   });
+  m.def("set_caching", [](bool on) { set_caching(on); },
+        "Whether freed device memory is kept for reuse (default) or given back to the library at once.");
+  m.def("empty_cache", []() { empty_cache(); }, "Give every cached block back to the library.");
   m.def("default_generator", [](int index) {
     const at::Generator& gen =
         at::detail::getPrivateUse1Hooks().getDefaultGenerator(static_cast<c10::DeviceIndex>(index));

@@ -9,8 +9,16 @@ from collections.abc import Iterator
 
 import torch
 
+from ditorch_diopi.device import compile_refusal
+
 
 class DeviceModuleBase:
+    # Inductor's code generators for this device: refusals naming the way out (compile_refusal.py).
+    Scheduling = compile_refusal.Scheduling
+    PythonWrapperCodegen = compile_refusal.PythonWrapperCodegen
+    CppWrapperCodegen = compile_refusal.CppWrapperCodegen
+    WrapperFxCodegen = compile_refusal.WrapperFxCodegen
+
     class Event:  # timed with the host clock: operators are synchronous
         def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
             self.time: float | None = None

@@ -105,6 +105,41 @@ class NativeDeviceModule(DeviceModuleBase):
     def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
         NativeDeviceModule.default_generator(_index(device)).set_state(state)
 
+    # Memory: the extension's caching allocator, whose statistics torch.accelerator reads.
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict[str, Any]:
+        return dict(torch.accelerator.memory_stats(_index(device)))
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return torch.accelerator.memory_allocated(_index(device))
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        return torch.accelerator.max_memory_allocated(_index(device))
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        return torch.accelerator.memory_reserved(_index(device))
+
+    @staticmethod
+    def max_memory_reserved(device: Any = None) -> int:
+        return torch.accelerator.max_memory_reserved(_index(device))
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        torch.accelerator.reset_peak_memory_stats(_index(device))
+
+    @staticmethod
+    def empty_cache() -> None:
+        _runtime().empty_cache()
+
+    @staticmethod
+    def set_caching(on: bool) -> None:
+        """Keep freed blocks for reuse (the default), or give them back to the library at once (this empties
+        the cache)."""
+        _runtime().set_caching(bool(on))
+
 
 
 def _index(device: Any) -> int:

@@ -11,7 +11,8 @@ operators run on the CPU with the state of the device's generator, which they ad
 """
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -41,18 +42,58 @@ def _one_device(devices: set[torch.device]) -> None:
                            f"{names[0]} and {names[1]}!")
 
 
+# A random operator runs on the CPU with a copy of a device generator's state and writes the advanced state
+# back: one copy-run-write back must not interleave with another thread's on the same generator (two threads
+# would draw the same numbers). Random operators run on the CPU anyway, so one lock for all costs nothing.
+_RANDOM = threading.RLock()
+
+
+def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float,
+                    train: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's CPU native_dropout with the generator explicit: a Bernoulli(1 - p) mask in the input's
+    dtype (the same draws as the CPU kernel for a seed), the input scaled by 1/(1 - p) where kept."""
+    if input.numel() == 0:
+        return input, torch.empty_like(input)
+    if train is None or train:
+        keep = 1.0 - p
+        mask = torch.empty_like(input, memory_format=torch.contiguous_format).bernoulli_(keep, generator=generator)
+        output = input.mul(mask).mul_(0.0 if keep == 0 else 1.0 / keep)
+        return output, mask.to(torch.bool)
+    return input.clone(), torch.ones_like(input, dtype=torch.bool)
+
+
+# Random operators without a generator argument draw from the CPU's default generator. Their equivalents
+# with the generator explicit leave the CPU's generator alone, so a thread drawing from it meanwhile is safe.
+_WITH_GENERATOR: dict[Any, Callable[..., Any]] = {torch.ops.aten.native_dropout.default: _native_dropout}
+
+
 def _with_device_stream(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
                         device_generator: torch.Generator) -> Any:
     """``func`` on the CPU drawing from ``device_generator``'s stream, which then advances."""
-    cpu = torch.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(device_generator.get_state())
-    try:
-        out = func(*args, **kwargs)
-        device_generator.set_state(cpu.get_state())
-    finally:
-        cpu.set_state(saved)
-    return out
+    explicit = _WITH_GENERATOR.get(func)
+    with _RANDOM:
+        cpu = torch.Generator()
+        cpu.set_state(device_generator.get_state())
+        if explicit is not None:
+            out = explicit(cpu, *args, **kwargs)
+            device_generator.set_state(cpu.get_state())
+            return out
+        # Any other: lend the CPU's default generator the device's state for the call. A thread drawing from
+        # the CPU's default generator during it is not protected (torch has no per-thread default).
+        default = torch.default_generator
+        saved = default.get_state()
+        default.set_state(cpu.get_state())
+        try:
+            out = func(*args, **kwargs)
+            device_generator.set_state(default.get_state())
+        finally:
+            default.set_state(saved)
+        return out
+
+
+def _is_random(func: torch._ops.OpOverload) -> bool:
+    return (torch.Tag.nondeterministic_seeded in func.tags
+            or any(a.name == "generator" for a in func._schema.arguments))
 
 
 def is_native_tensor(x: Any) -> bool:
@@ -89,14 +130,13 @@ class NativeRouter(Router):
     def _new_output(self, meta: torch.Tensor, device: Any) -> torch.Tensor:
         return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device)
 
-    def _run(self, op: OpSchema, abi_args: list, device: Any) -> None:
+    def _run(self, op: OpSchema, abi_args: list, device: Any) -> tuple[torch.Tensor, ...] | None:
         previous = self.runtime.current_device()
         if device.index == previous:
-            self.library.call(op, *abi_args)
-            return
+            return self.library.call(op, *abi_args)
         self.runtime.set_device(device.index)  # the library runs on the tensors' device
         try:
-            self.library.call(op, *abi_args)
+            return self.library.call(op, *abi_args)
         finally:
             self.runtime.set_device(previous)
 
@@ -114,6 +154,12 @@ class NativeRouter(Router):
 
     # --- the CPU fallback -------------------------------------------------------------------
     def _on_host(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        if _is_random(func):  # the generator's state is copied, used and written back as one step
+            with _RANDOM:
+                return self._copied_to_host(func, args, kwargs)
+        return self._copied_to_host(func, args, kwargs)
+
+    def _copied_to_host(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         on_cpu: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(cpu copy) -> (device tensor, copy)
         device: list[torch.device] = []
         generators: list[tuple[torch.Generator, torch.Generator]] = []

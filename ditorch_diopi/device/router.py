@@ -190,9 +190,15 @@ class Router:
         op, mode = self.resolve(func)
         if op is not None:
             bound = _bind(func, args, kwargs)
+            if op.aten in _MASK_INDEXED and _has_mask(bound):
+                indices = self._mask_indices(bound["self"], bound["indices"])
+                if indices is not None:  # the masks' nonzero columns, computed by the library
+                    return self.route(func, *_replaced(func, args, kwargs, "indices", indices))
             reason = _servable(op, bound)
             if reason is None:
                 try:
+                    if any(a.is_allocated for a in op.outputs):
+                        return self._call_allocating(func, op, mode, bound)
                     return self._call(func, op, mode, args, kwargs, bound)
                 except (OperatorError, _Unservable) as exc:
                     reason = str(exc)
@@ -265,6 +271,51 @@ class Router:
         wrapped = [r if not isinstance(r, torch.Tensor) or self.is_device(r) else self.wrap(r) for r in results]
         return tuple(wrapped) if isinstance(meta_out, (tuple, list)) else wrapped[0]
 
+    def _call_allocating(self, func: torch._ops.OpOverload, op: OpSchema, mode: str, bound: dict[str, Any]) -> Any:
+        """An operator whose outputs the kernel allocates (``out*``, nonzero): no meta kernel can size them;
+        the library allocates them on the call's device through the context and the call returns them."""
+        if mode != FUNCTIONAL:
+            raise _Unservable("the library allocates this operator's result; an out= form cannot take it")
+        device = self._device_of(bound)
+        abi_args = []
+        for arg in op.args:
+            if arg.is_allocated:
+                abi_args.append(self._library_device(device))
+            elif arg.is_output:
+                raise _Unservable(f"{op.aten} mixes allocated and preallocated outputs")
+            elif arg.is_tensor:
+                abi_args.append(self._operand(bound.get(arg.name), device))
+            elif arg.is_tensor_list:
+                abi_args.append([None if t is None else self._operand(t, device) for t in bound[arg.name]])
+            else:
+                abi_args.append(_scalar(op, arg.kind, arg.name, bound))
+        made = self._run(op, abi_args, device) or ()
+        self.routed[aten_name(func)] += 1
+        results = [r if self.is_device(r) else self.wrap(r) for r in made]
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _mask_indices(self, base: Any, indices: list) -> list | None:
+        """An index list with each boolean mask replaced by the columns of its nonzero (torch's own rule:
+        a mask of k dims indexes the k dims it stands for), nonzero computed by the library. None when the
+        library lacks nonzero or a mask does not match the dims it indexes (then the CPU raises torch's error)."""
+        nonzero = torch.ops.aten.nonzero.default
+        if self.resolve(nonzero)[0] is None:
+            return None
+        converted: list = []
+        dim = 0
+        for index in indices:
+            if index is None or index.dtype not in _MASK_DTYPES:
+                converted.append(index)
+                dim += 1
+                continue
+            k = index.dim()
+            if k == 0 or tuple(index.shape) != tuple(base.shape[dim:dim + k]):
+                return None
+            columns = self.dispatch(nonzero, (index,), {}) if self.is_device(index) else index.nonzero()
+            converted.extend(columns.unbind(1))
+            dim += k
+        return converted
+
     # --- what differs between the host-memory stand-in and the native device (native.py) ----------
     def _device_of(self, bound: dict[str, Any]) -> Any:
         """The device the call runs on (the stand-in has one, and needs none)."""
@@ -280,8 +331,8 @@ class Router:
     def _new_output(self, meta: torch.Tensor, device: Any) -> torch.Tensor:
         return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
 
-    def _run(self, op: OpSchema, abi_args: list, device: Any) -> None:
-        self.library.call(op, *abi_args)
+    def _run(self, op: OpSchema, abi_args: list, device: Any) -> tuple[torch.Tensor, ...] | None:
+        return self.library.call(op, *abi_args)
 
     def _meta(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """The operator's meta result (output sizes, strides, dtypes), cached per argument signature: the
@@ -337,6 +388,23 @@ class Router:
             why = f" ({reason})" if reason else f" ({self.library.vendor} does not implement it)"
             logger.info("diopi: %s runs on the CPU%s", name, why)
         self.fallbacks[name] += 1
+
+
+# Index lists in which a boolean (or uint8) mask stands for the columns of its nonzero.
+_MASK_INDEXED = frozenset({"aten::index.Tensor", "aten::index_put"})
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _has_mask(bound: dict[str, Any]) -> bool:
+    return any(t is not None and t.dtype in _MASK_DTYPES for t in bound.get("indices", ()))
+
+
+def _replaced(func: torch._ops.OpOverload, args: tuple, kwargs: dict, name: str, value: Any) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with ATen argument ``name`` set to ``value``, wherever it was passed."""
+    position = [a.name for a in func._schema.arguments].index(name)
+    if position < len(args):
+        return (*args[:position], value, *args[position + 1:]), kwargs
+    return args, {**kwargs, name: value}
 
 
 def _out_names(func: torch._ops.OpOverload) -> list[str]:

@@ -23,6 +23,7 @@ struct Block {
 
 std::mutex blocks_mutex;
 std::map<uintptr_t, Block> blocks;  // by start address
+int64_t malloc_calls = 0;           // guarded by blocks_mutex
 thread_local int32_t current_device = 0;
 
 int32_t device_count() {
@@ -65,11 +66,7 @@ void check_range(int32_t device, const void* ptr, int64_t nbytes, const char* wh
 // conformance suite's round trips must catch it.
 void copy(const char* symbol, void* dst, const void* src, int64_t nbytes) {
   if (nbytes > 0) std::memmove(dst, src, std::size_t(nbytes));
-#ifdef DIOPI_REF_PLANT_WRONG
-  if (nbytes > 0 && std::strcmp(symbol, DIOPI_REF_PLANT_WRONG) == 0) static_cast<unsigned char*>(dst)[nbytes - 1] ^= 0x5a;
-#else
-  (void)symbol;
-#endif
+  if (nbytes > 0 && diopi_ref::planted_wrong(symbol)) static_cast<unsigned char*>(dst)[nbytes - 1] ^= 0x5a;
 }
 
 }  // namespace
@@ -107,6 +104,7 @@ DIOPI_API diopiError_t diopi_device_malloc(int32_t device, int64_t nbytes, void*
     if (p == nullptr) diopi_ref::fail(DIOPI_ERR_ALLOCATION, "out of memory allocating " + std::to_string(nbytes) + " bytes");
     std::lock_guard<std::mutex> lock(blocks_mutex);
     blocks[reinterpret_cast<uintptr_t>(p)] = Block{device, nbytes};
+    ++malloc_calls;
     *ptr = p;
   });
 }
@@ -154,4 +152,15 @@ DIOPI_API diopiError_t diopi_device_synchronize(int32_t device) {
   return diopi_ref::guarded(__func__, [&] { check_device(device); });
 }
 
+// Not part of the ABI (no diopi_ prefix): how often diopi_device_malloc succeeded and how many blocks are
+// live, so tests can see a framework's caching allocator at work.
+DIOPI_API int64_t diopiref_malloc_calls(void) {
+  std::lock_guard<std::mutex> lock(blocks_mutex);
+  return malloc_calls;
+}
+
+DIOPI_API int64_t diopiref_live_blocks(void) {
+  std::lock_guard<std::mutex> lock(blocks_mutex);
+  return static_cast<int64_t>(blocks.size());
+}
 }  // extern "C"

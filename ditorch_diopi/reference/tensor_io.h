@@ -29,6 +29,8 @@ void set_last_error(const std::string& message);
 // by it: inside a kernel's lambda __func__ is the lambda's operator(), not the kernel.
 const char*& current_kernel();
 inline const char* kernel_name(const char* fallback) { return current_kernel() ? current_kernel() : fallback; }
+// Whether a test build plants `symbol` wrong (DIOPI_REF_PLANT_WRONG: comma-separated symbols); false otherwise.
+bool planted_wrong(const char* symbol);
 
 // Runs a kernel body; a Failure or any exception becomes an error code plus diopi_last_error().
 template <class Body>

@@ -18,3 +18,10 @@ def test_counts_below_one_run_are_usage_errors(main, argv, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_unknown_backend_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        diopi_train.main(["--backends", "python,cuda"])
+    assert exit_info.value.code == 2
+    assert "--backends takes a comma-separated subset of python, native, got 'python,cuda'" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from diopi_testlib import METADATA_C, OMITTED, PLANTED_WRONG, compile_c_library
+from diopi_testlib import METADATA_C, OMITTED, PLANTED_WRONG, PLANTED_WRONG_ALLOCATING, compile_c_library
 
 from ditorch_diopi.conformance.cli import main
 from ditorch_diopi.conformance.device_memory import RUNTIME_OP
@@ -31,17 +31,33 @@ def test_reference_library_passes_every_case(reference_path, tmp_path, capsys):
     assert f"operators: {len(BY_NAME) + 1} pass, 0 fail" in capsys.readouterr().out
 
 
-def test_planted_wrong_kernel_fails_exactly_that_operator(variant_path, tmp_path):
+def test_planted_wrong_kernels_fail_exactly_those_operators(variant_path, tmp_path):
     report, page = tmp_path / "variant.json", tmp_path / "variant.html"
     assert main(["--impl", str(variant_path), "--json", str(report), "--html", str(page), "--quick", "-q"]) == 1
     data = json.loads(report.read_text())
     assert not any("large" in c["case"] for c in data["cases"])  # --quick
     verdicts = {op: v["verdict"] for op, v in data["operators"].items()}
     expected = {op: "pass" for op in [*BY_NAME, RUNTIME_OP]}
-    expected[PLANTED_WRONG] = "fail"
+    expected[PLANTED_WRONG] = expected[PLANTED_WRONG_ALLOCATING] = "fail"
     expected.update({op: "not implemented" for op in OMITTED})
     assert verdicts == expected
     assert PLANTED_WRONG in page.read_text() and "not implemented" in page.read_text()
+
+
+def test_a_wrong_kernel_allocating_its_output_fails_exactly_the_cases_with_a_result(variant_path, tmp_path):
+    """nonzero allocates its output through the context (its size depends on the data); the planted kernel
+    writes every index off by one, so every case with at least one nonzero element fails and the rest
+    (empty, all-zero, a scalar zero) pass. Reference: torch.nonzero on the CPU."""
+    report = tmp_path / "nonzero.json"
+    assert main(["--impl", str(variant_path), "--ops", PLANTED_WRONG_ALLOCATING, "--json", str(report), "-q"]) == 1
+    cases = json.loads(report.read_text())["cases"]
+    failed = {(c["dtype"], c["case"]) for c in cases if c["status"] != "pass"}
+    from ditorch_diopi.conformance.cases import _dtype_name, cases_for
+
+    with_result = {(_dtype_name(c.dtype), c.label) for c in cases_for(PLANTED_WRONG_ALLOCATING)
+                   if torch.nonzero(c.inputs["self"]).numel() > 0}
+    assert failed == with_result and len(with_result) < len(cases)
+    assert all(c["status"] == "fail" for c in cases if (c["dtype"], c["case"]) in failed)
 
 
 def test_missing_functions_alone_do_not_fail_the_run(variant_path):

@@ -131,8 +131,8 @@ diopiError_t diopi_aten_cat(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
 
 
 def test_kernels_allocate_through_the_context(tmp_path):
-    """A kernel takes scratch memory and a data-dependent output from the framework's allocator (the
-    context's callbacks), and gives the scratch back."""
+    """A kernel takes scratch memory and a scratch tensor from the framework's allocator (the context's
+    callbacks); the block goes back by release, the tensor is dropped when the call returns."""
     src = METADATA_C % {"abi": "DIOPI_ABI_VERSION"} + """
 #include <string.h>
 diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
@@ -158,8 +158,39 @@ diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
     lib.call("aten::neg", out, x)
     assert torch.equal(out, -x)
     assert lib.allocator.blocks == {}  # the scratch block went back
-    (extra, _), = lib.allocator.required
-    assert extra.shape == (2, 3) and torch.equal(extra, torch.zeros(2, 3, dtype=torch.float64))
+    assert not lib.allocator.holds_required()  # and the scratch tensor with the call
+
+
+NONZERO_C = """
+#include <string.h>
+diopiError_t diopi_aten_nonzero(diopiContextHandle_t ctx, diopiTensorHandle_t* out, diopiConstTensorHandle_t self) {
+  int64_t n = 0, shape[2];
+  for (int64_t i = 0; i < self->shape[0]; ++i) n += ((const double*)self->data)[i * self->strides[0]] != 0.0;
+  shape[0] = n; shape[1] = 1;
+  if (%(allocate)s) {
+    diopiError_t code = ctx->require_tensor(ctx->allocator_state, out, 2, shape, DIOPI_DTYPE_INT64);
+    if (code != DIOPI_SUCCESS) return code;
+    for (int64_t i = 0, k = 0; i < self->shape[0]; ++i)
+      if (((const double*)self->data)[i * self->strides[0]] != 0.0) ((int64_t*)(*out)->data)[k++] = i;
+  }
+  return DIOPI_SUCCESS;
+}
+"""
+
+
+def test_an_output_whose_size_depends_on_the_data_comes_back_from_the_call(tmp_path):
+    """nonzero's output (kind out*) is allocated by the kernel through ctx->require_tensor: call() takes the
+    device to allocate on and returns the tensor. A kernel that returns success without allocating it is an
+    error naming the output. Reference: torch.nonzero."""
+    x = torch.tensor([0.0, 2.0, 0.0, -1.0, float("nan")], dtype=torch.float64)
+    lib = DiopiLibrary(compile_c_library(tmp_path, "nonzero", METADATA_C % {"abi": "DIOPI_ABI_VERSION"}
+                                         + NONZERO_C % {"allocate": 1}))
+    (got,) = lib.call("aten::nonzero", None, x)
+    assert torch.equal(got, torch.nonzero(x)) and not lib.allocator.holds_required()
+    lazy = DiopiLibrary(compile_c_library(tmp_path, "lazy", METADATA_C % {"abi": "DIOPI_ABI_VERSION"}
+                                          + NONZERO_C % {"allocate": 0}))
+    with pytest.raises(OperatorError, match="returned success without allocating out through ctx->require_tensor"):
+        lazy.call("aten::nonzero", None, x)
 
 
 def test_a_list_of_optional_tensors_carries_none_as_a_full_slice(reference_path):

@@ -3,6 +3,10 @@ library's device-memory functions. References: CPU tensors (bytes), the CPU gene
 training. Each test runs in a fresh interpreter: the device registers once per process."""
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from diopi_testlib import (METADATA_C, OPERATOR_CHECKS, PARTIAL_OMITTED, compile_c_library, enable_error,
                            run_python)
 
@@ -168,15 +172,22 @@ def test_a_library_without_device_memory_is_refused_for_the_native_device(tmp_pa
     assert "DIOPI_DEVICE_BACKEND=python" in error
 
 
-def test_the_conformance_suite_passes_on_native_device_memory(reference_path, tmp_path):
+# The whole suite with its large cases on device memory takes minutes on a small machine: its own target.
+FULL_CONFORMANCE = pytest.mark.skipif(os.environ.get("DIOPI_CONFORMANCE") != "full",
+                                      reason="the full suite on native device memory takes minutes: "
+                                             "make test-diopi-full (DIOPI_CONFORMANCE=full)")
+
+
+@pytest.mark.parametrize("quick", [True, pytest.param(False, marks=FULL_CONFORMANCE)], ids=["quick", "full"])
+def test_the_conformance_suite_passes_on_native_device_memory(reference_path, tmp_path, quick):
     report = tmp_path / "native.json"
     got = run_python(f"""
         import json
         from ditorch_diopi.conformance.cli import main
-        code = main(["--impl", {str(reference_path)!r}, "--device", "native", "--quick", "-q",
-                     "--json", {str(report)!r}])
+        code = main(["--impl", {str(reference_path)!r}, "--device", "native", "-q", "--json", {str(report)!r}]
+                    + (["--quick"] if {quick} else []))
         print(json.dumps({{"code": code}}))
-    """)
+    """, timeout=900)
     assert got["code"] == 0
     import json
 
@@ -184,6 +195,7 @@ def test_the_conformance_suite_passes_on_native_device_memory(reference_path, tm
     assert {v["verdict"] for v in data["operators"].values()} == {"pass"}
     assert len(data["cases"]) > 1000
     assert any("non-contiguous" in c["case"] for c in data["cases"])  # strided views stay strided on the device
+    assert any("large" in c["case"] for c in data["cases"]) != quick
 
 
 def test_ditorch_trains_on_the_native_device_through_the_unified_name(reference_path):
@@ -233,20 +245,60 @@ def test_a_library_missing_operators_still_trains_on_the_native_device(partial_p
     assert "aten::embedding_dense_backward" in _packets(got["routed"])
 
 
-def test_a_boolean_mask_index_falls_back_to_the_cpu(reference_path):
-    """A mask's result size depends on the data: the router sends it to the CPU, an integer index to the library."""
-    got = run_python(f"""
+MASK_CHECKS = """
+        torch.manual_seed(0)
+        m = torch.randn(4, 5, 3)
+        d = m.to("diopi")
+        mask2 = m[:, :, 0] > 0
+        checks = {
+            "x[x > 0]": (d[d > 0], m[m > 0]),
+            "all-true mask": (d[torch.ones(4, 5, 3, dtype=torch.bool, device="diopi")], m.flatten()),
+            "empty mask": (d[torch.zeros(4, 5, 3, dtype=torch.bool, device="diopi")], m[m > 99]),
+            "2-d mask, a dim left": (d[mask2.to("diopi")], m[mask2]),
+            "mask after a slice": (d[:, mask2[0].to("diopi")], m[:, mask2[0]]),
+            "mask on the CPU": (d[mask2], m[mask2]),
+            "integer index": (d[:, torch.tensor([4, 0])], m[:, [4, 0]]),
+        }
+        dm, cm = d.clone(), m.clone()
+        dm[dm < 0] = 0.0
+        cm[cm < 0] = 0.0
+        checks["x[mask] = 0"] = (dm, cm)
+        try:
+            d[torch.ones(3, dtype=torch.bool, device="diopi")]
+            wrong_shape = None
+        except IndexError as exc:
+            wrong_shape = str(exc)
+        bad = [k for k, (x, y) in checks.items() if x.device != d.device or not torch.equal(x.cpu(), y)]
+        print(json.dumps({"bad": bad, "wrong_shape": wrong_shape, "routed": dict(device.routed_ops()),
+                          "fallbacks": dict(device.fallback_ops())}))
+"""
+
+
+def _mask_indexing(reference_path, backend: str) -> dict:
+    return run_python(f"""
         import json, torch
         from ditorch_diopi import device
-        device.enable({str(reference_path)!r}, backend="native")
-        m = torch.randn(4, 5)
-        d = m.to("diopi")
-        ok = torch.equal(d[d > 0].cpu(), m[m > 0]) and torch.equal(d[:, torch.tensor([4, 0])].cpu(), m[:, [4, 0]])
-        print(json.dumps({{"ok": ok, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+        device.enable({str(reference_path)!r}, backend={backend!r})
+{MASK_CHECKS}
     """)
-    assert got["ok"]
-    assert got["fallbacks"]["aten::index.Tensor_out"] == 1
-    assert got["routed"]["aten::index.Tensor_out"] == 1
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_boolean_mask_index_runs_in_the_library(reference_path, backend):
+    """x[mask] and x[mask] = v: the result's size depends on the data, so the library's nonzero allocates its
+    result through the context's require_tensor and the mask becomes nonzero's columns (torch's own rule);
+    index and index_put then run in the library. Reference: the same indexing on CPU tensors. A mask that
+    does not fit the indexed dims gets torch's IndexError (from the CPU)."""
+    got = _mask_indexing(reference_path, backend)
+    assert got["bad"] == []
+    assert "mask [3] at index 0 does not match the shape of the indexed tensor [4, 5, 3]" in got["wrong_shape"]
+    assert got["routed"]["aten::nonzero"] >= 6
+    index = "aten::index.Tensor_out" if backend == "native" else "aten::index.Tensor"
+    put = "aten::_index_put_impl_" if backend == "native" else "aten::index_put_"
+    assert got["routed"][index] >= 7 and got["routed"][put] == 1
+    indexing_on_cpu = {op: n for op, n in got["fallbacks"].items() if "index" in op or "nonzero" in op}
+    # Only the mask of the wrong shape, on the host-memory device (the native one's frontend refuses it first).
+    assert indexing_on_cpu == ({index: 1} if backend == "python" else {})
 
 
 def test_random_operators_without_a_generator_argument_draw_from_the_device_generator(reference_path):
@@ -272,3 +324,122 @@ def test_random_operators_without_a_generator_argument_draw_from_the_device_gene
                           "reproducible": torch.equal(first, again), "advances": not torch.equal(first, second)}}))
     """)
     assert (got["device_mask"], got["cpu_untouched"], got["reproducible"], got["advances"]) == (True,) * 4, got
+
+
+def test_random_operators_are_thread_safe(reference_path):
+    """Threads drawing at once: two on one device generator (torch.rand), one with native_dropout on the
+    other device, one on the CPU's default generator. References: fresh CPU generators with the same seeds,
+    drawn sequentially. Each device draw is one chunk of its seed's stream (the two threads sharing a
+    generator together take its first chunks, none twice); the dropout masks are its seed's Bernoulli
+    stream in order; the CPU thread's numbers are the CPU stream untouched by the device's draws."""
+    got = run_python(f"""
+        import json, sys, threading, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: races show within the run
+        N, CHUNK = 150, 64
+        torch.diopi.default_generator(1).manual_seed(9)
+        torch.diopi.default_generator(0).manual_seed(7)
+        torch.default_generator.manual_seed(0)
+        shared, masks, cpu = [[], []], [], []
+        x = torch.ones(500, device="diopi:0")
+
+        def rand_on_1(out):
+            for _ in range(N):
+                out.append(torch.rand(CHUNK, device="diopi:1").cpu())
+
+        def dropout_on_0():
+            for _ in range(N):
+                masks.append(torch.native_dropout(x, 0.3, True)[1].cpu())
+
+        def cpu_draws():
+            for _ in range(N):
+                cpu.append(torch.rand(CHUNK))
+
+        threads = [threading.Thread(target=rand_on_1, args=(shared[0],)),
+                   threading.Thread(target=rand_on_1, args=(shared[1],)),
+                   threading.Thread(target=dropout_on_0), threading.Thread(target=cpu_draws)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        g9, g7, g0 = (torch.Generator().manual_seed(s) for s in (9, 7, 0))
+        want_shared = {{tuple(torch.rand(CHUNK, generator=g9).tolist()) for _ in range(2 * N)}}
+        got_shared = [tuple(c.tolist()) for c in shared[0] + shared[1]]
+        want_masks = [torch.empty(500).bernoulli_(0.7, generator=g7).bool() for _ in range(N)]
+        want_cpu = [torch.rand(CHUNK, generator=g0) for _ in range(N)]
+        print(json.dumps({{
+            "shared_distinct": len(set(got_shared)) == 2 * N, "shared_stream": set(got_shared) == want_shared,
+            "masks": all(torch.equal(a, b) for a, b in zip(masks, want_masks)) and len(masks) == N,
+            "cpu": all(torch.equal(a, b) for a, b in zip(cpu, want_cpu)) and len(cpu) == N}}))
+    """)
+    assert got == {"shared_distinct": True, "shared_stream": True, "masks": True, "cpu": True,
+                   "_stderr": got["_stderr"]}
+
+
+def test_the_caching_allocator_reuses_freed_blocks_and_never_referenced_ones(reference_path):
+    """Freed device memory is kept per device and handed out again for the same rounded size, without a
+    library malloc (the reference library counts its mallocs); memory a view still references is never
+    handed out (its bytes stay those copied in from the host); empty_cache gives the blocks back (the
+    library's live-block count drops); the statistics agree with the sizes allocated."""
+    got = run_python(f"""
+        import ctypes, json, torch
+        from ditorch_diopi import device
+        lib = device.enable({str(reference_path)!r}, backend="native")
+        mallocs = lambda: lib._dll.diopiref_malloc_calls()
+        live = lambda: lib._dll.diopiref_live_blocks()
+        host = torch.randn(1000, dtype=torch.float64)
+        a = host.to("diopi:0")
+        first = a.data_ptr()
+        del a
+        before = mallocs()
+        b = torch.empty(1000, dtype=torch.float64, device="diopi:0")     # same size: the cached block
+        reused = b.data_ptr() == first and mallocs() == before
+        c = torch.empty(999, dtype=torch.float64, device="diopi:0")      # rounds to the same 8 KiB: a new block
+        other_device = torch.empty(1000, dtype=torch.float64, device="diopi:1")
+        view = b[10:20]
+        view.copy_(host[10:20].to("diopi:0"))
+        del b                                                             # the view keeps the storage
+        d = torch.empty(1000, dtype=torch.float64, device="diopi:0")
+        kept = d.data_ptr() != first and torch.equal(view.cpu(), host[10:20])
+        for _ in range(50):                                               # a training loop's steady state
+            x = torch.randn(256, 256, device="diopi:0")
+            y = x * 2 + 1
+            del x, y
+        steady_before = mallocs()
+        for _ in range(50):
+            x = torch.randn(256, 256, device="diopi:0")
+            y = x * 2 + 1
+            del x, y
+        steady = mallocs() - steady_before
+        allocated = torch.diopi.memory_allocated(0)
+        reserved = torch.diopi.memory_reserved(0)
+        stats = torch.diopi.memory_stats(0)
+        del c, d, view, other_device
+        live_before = live()
+        torch.diopi.empty_cache()
+        print(json.dumps({{"reused": reused, "kept": kept, "steady": steady, "allocated": allocated,
+                          "reserved": reserved, "after_free": torch.diopi.memory_allocated(0),
+                          "device_alloc": stats["num_device_alloc"], "live_before": live_before,
+                          "live_after": live(), "accelerator": torch.accelerator.memory_allocated(0)}}))
+    """)
+    assert got["reused"] and got["kept"]
+    assert got["steady"] == 0                      # no library malloc once the loop's sizes are cached
+    # live then: b's storage (the view), c (999 * 8 -> 8192), d; each 8000 B rounded to 8192
+    assert got["allocated"] == 3 * 8192 and got["reserved"] >= got["allocated"] + 2 * 262144
+    assert got["after_free"] == 0 and got["accelerator"] == 0 and got["device_alloc"] >= 4
+    assert got["live_before"] > 0 and got["live_after"] == 0
+
+
+def test_without_caching_every_free_goes_to_the_library(reference_path):
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        lib = device.enable({str(reference_path)!r}, backend="native")
+        torch.diopi.set_caching(False)
+        before = lib._dll.diopiref_malloc_calls()
+        for _ in range(10):
+            x = torch.empty(1000, device="diopi")
+            del x
+        print(json.dumps({{"mallocs": lib._dll.diopiref_malloc_calls() - before,
+                          "live": lib._dll.diopiref_live_blocks()}}))
+    """)
+    assert got["mallocs"] == 10 and got["live"] == 0

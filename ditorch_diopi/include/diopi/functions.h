@@ -5,7 +5,8 @@
 #include "diopirt.h"
 
 /* Weak: a library defines any subset; the framework looks each one up when it loads the library
- * and serves the rest itself. Optional tensors (in?, out?) may be NULL. */
+ * and serves the rest itself. Optional tensors (in?, out?) may be NULL. An out* output's size depends
+ * on the data: the kernel allocates it through ctx->require_tensor and stores the handle there. */
 #if defined(_WIN32)
 #define DIOPI_WEAK
 #else
@@ -210,6 +211,10 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_index_put(diopiContextHandle_t ctx,
 /* aten::clamp [float32, float64, float16, bfloat16, int64, int32] out:out self:in min:double max:double
  * out = min(max(self, min), max); an absent bound is -inf/+inf; NaN stays NaN; min > max gives max */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_clamp(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, double min, double max);
+
+/* aten::nonzero [float32, float64, float16, bfloat16, int64, int32, bool] out:out* self:in
+ * out (int64, [n, self's ndim], allocated by the kernel through ctx->require_tensor) = the indices of self's nonzero elements (NaN counts) in row-major order; a boolean mask index is its columns */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_nonzero(diopiContextHandle_t ctx, diopiTensorHandle_t* out, diopiConstTensorHandle_t self);
 
 /* aten::arange.start_step [float32, float64, float16, bfloat16, int64, int32] out:out start:double end:double step:double
  * out[i] = start + i * step (computed in double, cast to out's dtype); out has the element count */
