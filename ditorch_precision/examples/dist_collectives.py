@@ -47,6 +47,21 @@ def collectives(rank: int, world: int) -> None:
     dist.all_reduce(data(2))  # the default group's sequence goes on after the subgroup's calls
 
 
+LARGE = 70_000  # elements: above any size an elementwise check could once only count or skip
+
+
+def large_reductions(rank: int, world: int) -> None:
+    """Elementwise reductions of many elements, whose values tie across ranks except at every 1000th
+    element (ties let a count of equal elements hide a wrong one): a MAX all-reduce, a MAX reduce to
+    the last rank and a MIN reduce-scatter."""
+    ties = (torch.arange(LARGE) % 7).float()
+    ties[::1000] += rank
+    dist.all_reduce(ties.clone(), op=dist.ReduceOp.MAX)
+    dist.reduce(ties[:LARGE // 2].clone(), dst=world - 1, op=dist.ReduceOp.MAX)
+    dist.reduce_scatter_tensor(torch.empty(LARGE // world), ties[:LARGE // world * world].clone(),
+                               op=dist.ReduceOp.MIN)
+
+
 def point_to_point(rank: int, world: int, corrupt: bool = False) -> None:
     """Ranks 0 and 1 exchange tensors with send/recv, isend/irecv and batch_isend_irecv, on two tags.
     ``corrupt``: rank 1 changes one received value by a raw write (no op sees it), as a faulty
@@ -104,6 +119,7 @@ def run(rank: int, world: int, out: str) -> None:
     """This rank's part, in a process group already started (another example's job may share it)."""
     with Capture(os.path.join(out, "capture", f"rank{rank}")), AutoCompare() as ac:
         collectives(rank, world)
+        large_reductions(rank, world)
         point_to_point(rank, world)
         ddp_step(rank, world, out)
         ac.check_collectives()  # while the process group is alive
