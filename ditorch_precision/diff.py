@@ -112,14 +112,14 @@ def _contract_row(ra: dict, da: dict) -> dict | None:
 
 
 def _random_op(rec: dict, *data: dict | None) -> bool:
-    """Whether a record is of an op that drew random numbers (a seeded-random op known to this
-    torch, not called with a zero ``dropout_p``)."""
+    """Whether a record is of an op that drew random numbers (a seeded-random op not called with a
+    zero ``dropout_p``; for an op this torch does not know, as the capture marked it)."""
     if rec.get("kind", "op") != "op":
         return False
     try:
         func = resolve_op(rec["op"], rec.get("overload") or "default")
     except LookupError:
-        return False
+        return rec.get("random") is True
     if skip_reason(func) != "random op":
         return False
     return not (data and all(d is not None and without_randomness(func, d["args"], d["kwargs"]) for d in data))

@@ -96,3 +96,17 @@ def device_only_kernel(error: float = 1.0) -> Iterator[Callable[[torch.Tensor, f
         yield torch.ops.precision_faults.scale.default
     finally:
         lib._destroy()
+
+
+@contextmanager
+def device_only_random_kernel() -> Iterator[Callable[[torch.Tensor, float], torch.Tensor]]:
+    """A random kernel only the device's torch has (as a vendor's fused dropout): within the block
+    the op ``precision_faults::jitter(x, s)`` (x plus uniform noise in [-s/2, s/2] from the default
+    generator, tagged as drawing random numbers) exists and the block gets it; at exit it is gone."""
+    lib = torch.library.Library("precision_faults", "DEF")
+    try:
+        lib.define("jitter(Tensor x, float s) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+        lib.impl("jitter", lambda x, s: x + (torch.rand(x.shape, dtype=x.dtype) - 0.5) * s, "CPU")
+        yield torch.ops.precision_faults.jitter.default
+    finally:
+        lib._destroy()
