@@ -125,10 +125,10 @@ def _random_op(rec: dict, *data: dict | None) -> bool:
     return not (data and all(d is not None and without_randomness(func, d["args"], d["kwargs"]) for d in data))
 
 
-def _draws(rec: dict, data: dict) -> list[torch.Tensor]:
+def _draws(rec: dict, data) -> list:
     """What a random op drew: ``native_dropout``'s mask (its output also carries the input), else
-    its tensor outputs."""
-    outs = tensor_leaves(data["outputs"])
+    its tensor outputs; of loaded tensors (``data``), or of a checksum capture's list of hashes."""
+    outs = list(data) if isinstance(data, list) else tensor_leaves(data["outputs"]) if data else []
     return outs[1:2] if rec["op"] == "aten::native_dropout" and len(outs) == 2 else outs
 
 
@@ -154,8 +154,12 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
     da, db = a.load(ra), b.load(rb)
     row = _judge(a, b, ra, rb, da, db, opts)
     if _random_op(ra, da, db):
-        row["same_draws"] = (ra["op"] == rb["op"] and da is not None and db is not None
-                             and _same_bytes(_draws(ra, da), _draws(rb, db)))
+        if da is not None and db is not None:
+            same = _same_bytes(_draws(ra, da), _draws(rb, db))
+        else:  # a checksum capture: the draws' hashes (stats cannot tell)
+            hashes = [r.get("checksums") for r in (ra, rb)]
+            same = all(isinstance(h, list) and h for h in hashes) and _draws(ra, hashes[0]) == _draws(rb, hashes[1])
+        row["same_draws"] = ra["op"] == rb["op"] and same
     return row
 
 

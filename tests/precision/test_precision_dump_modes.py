@@ -112,3 +112,26 @@ def test_ops_carry_their_torch_level_call_and_can_be_selected_by_it(tmp_path):
     with pytest.raises(SelectionError, match="closest: .*linear"):
         with Capture(str(tmp_path / "d"), Selector.build(apis="F.linearr")):
             hf_train(make_hf_llama(SIZE), hf_batches(SIZE, 1))
+
+
+def _dropout_checksums(path, seed: int) -> str:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Dropout(0.5))
+    torch.manual_seed(seed)  # the draws
+    with Capture(str(path), mode="checksum"):
+        model(torch.ones(4, 8))
+    return str(path)
+
+
+def test_checksum_captures_tell_whether_two_runs_drew_the_same_numbers(tmp_path):
+    """One seed, then another: plain torch's masks are equal, then not; the compare's random-op row
+    says so from the hashes alone."""
+    masks = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        masks.append(torch.empty(4, 64).bernoulli_(0.5))
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], masks[2])
+    a, b, c = (_dropout_checksums(tmp_path / name, seed) for name, seed in (("a", 1), ("b", 1), ("c", 2)))
+    for other, same in ((b, True), (c, False)):
+        draws = [r for r in compare_dumps(a, other).ops if r.get("same_draws") is not None]
+        assert [(r["op"], r["same_draws"]) for r in draws] == [("aten::bernoulli_", same)]
