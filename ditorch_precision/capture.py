@@ -127,8 +127,9 @@ class Capture(Tool):
                 elif rec.op.startswith("c10d::") and not isinstance(out, tuple):
                     saved = (args[0], out)  # it returns only a Work: what it wrote comes first, as for allreduce_
             # What it wrote gets its new version only once this returns: not named by reference.
-            # A random op is marked as such: a compare whose torch does not know the op still knows it drew.
-            drew = info.random and not without_randomness(func, args, kwargs)
+            # A random op says whether it drew (not with dropout_p 0): a compare that cannot tell (its
+            # torch does not know the op, or no tensors were saved) reads it.
+            drew = not without_randomness(func, args, kwargs) if info.random else None
             self._write(rec, args, kwargs, inputs, saved, refs=not mutates, random=drew)
         return out
 
@@ -178,13 +179,13 @@ class Capture(Tool):
             self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
 
     def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op",
-               refs: bool = True, random: bool = False) -> None:
+               refs: bool = True, random: bool | None = None) -> None:
         name = name or f"{rec.index:07d}"
         entry = rec.to_dict()
         if kind != "op":
             entry["kind"] = kind
-        if random:
-            entry["random"] = True
+        if random is not None:
+            entry["random"] = random
         entry["inputs"] = tensors_meta((args, kwargs))
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None

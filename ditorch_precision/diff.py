@@ -111,9 +111,10 @@ def _contract_row(ra: dict, da: dict) -> dict | None:
     return None if verdict is None else _row(ra, verdict[0], "random_contract", verdict[1])
 
 
-def _random_op(rec: dict, *data: dict | None) -> bool:
+def _random_op(rec: dict, data: dict | None) -> bool:
     """Whether a record is of an op that drew random numbers (a seeded-random op not called with a
-    zero ``dropout_p``; for an op this torch does not know, as the capture marked it)."""
+    zero ``dropout_p``); for an op this torch does not know, or without saved arguments, as the
+    capture marked it (a capture without the mark: any seeded-random op)."""
     if rec.get("kind", "op") != "op":
         return False
     try:
@@ -122,7 +123,9 @@ def _random_op(rec: dict, *data: dict | None) -> bool:
         return rec.get("random") is True
     if skip_reason(func) != "random op":
         return False
-    return not (data and all(d is not None and without_randomness(func, d["args"], d["kwargs"]) for d in data))
+    if data is None:
+        return rec.get("random") is not False
+    return not without_randomness(func, data["args"], data["kwargs"])
 
 
 def _draws(rec: dict, data) -> list:
@@ -153,7 +156,7 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
         return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
     da, db = a.load(ra), b.load(rb)
     row = _judge(a, b, ra, rb, da, db, opts)
-    if _random_op(ra, da, db):
+    if _random_op(ra, da) or _random_op(rb, db):  # each by its own op's arguments (variants differ)
         if da is not None and db is not None:
             same = _same_bytes(_draws(ra, da), _draws(rb, db))
         else:  # a checksum capture: the draws' hashes (stats cannot tell)
