@@ -1,12 +1,10 @@
-"""A subgroup in a real 3-process gloo job (loopback only): the group of global ranks 1 and 2, whose
-calls name group ranks (pieces, roots, peers 0 and 1). Its all-reduce, reduce-scatter, MAX reduce to
-global rank 2 and send from global rank 1 to 2 are checked as calls of global ranks 1 and 2; a
-transfer corrupted on arrival, and results altered in the captures, fail naming the right global
-ranks. References: results computed by hand from the ranks' inputs (x_r = [0, 1, 2, 3] + 10 r)."""
+"""A subgroup in a real 3-process gloo job (loopback only; conftest's gloo_job starts it): the group
+of global ranks 1 and 2, whose calls name group ranks (pieces, roots, peers 0 and 1). Its all-reduce,
+reduce-scatter, MAX reduce to global rank 2 and send from global rank 1 to 2 are checked as calls of
+global ranks 1 and 2; a transfer corrupted on arrival, and results altered in the captures, fail
+naming the right global ranks. References: results computed by hand from the ranks' inputs
+(x_r = [0, 1, 2, 3] + 10 r)."""
 import json
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,15 +17,8 @@ PAIR = ["c10d::allreduce_", "c10d::_reduce_scatter_base_", "c10d::reduce_"]
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    root = tmp_path_factory.mktemp("subgroup")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_collectives", str(root), "3",
-                        str(port), "--subgroup"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return root
+def job(gloo_job):
+    return gloo_job["subgroup"]
 
 
 def _x(rank: int) -> torch.Tensor:
