@@ -21,6 +21,7 @@ from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_n
 from .opinfo import op_info
 from .point_to_point import TransferLog, write_transfers
 from .records import OpRecord
+from .reference import without_randomness
 from .selection import Selector
 from .summaries import MODES, summarise
 from .tool import Tool
@@ -108,7 +109,8 @@ class Capture(Tool):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
         # others' inputs are as they were, and are saved after it, uncopied where compact.
         inputs = None
-        mutates = op_info(func).mutates
+        info = op_info(func)
+        mutates = info.mutates
         if self.save_tensors and mutates:
             with self.quiet():
                 inputs = snapshot((args, kwargs))
@@ -125,7 +127,10 @@ class Capture(Tool):
                 elif rec.op.startswith("c10d::") and not isinstance(out, tuple):
                     saved = (args[0], out)  # it returns only a Work: what it wrote comes first, as for allreduce_
             # What it wrote gets its new version only once this returns: not named by reference.
-            self._write(rec, args, kwargs, inputs, saved, refs=not mutates)
+            # A random op says whether it drew (not with dropout_p 0): a compare that cannot tell (its
+            # torch does not know the op, or no tensors were saved) reads it.
+            drew = not without_randomness(func, args, kwargs) if info.random else None
+            self._write(rec, args, kwargs, inputs, saved, refs=not mutates, random=drew)
         return out
 
     # module records -------------------------------------------------------------------------
@@ -174,11 +179,13 @@ class Capture(Tool):
             self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
 
     def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op",
-               refs: bool = True) -> None:
+               refs: bool = True, random: bool | None = None) -> None:
         name = name or f"{rec.index:07d}"
         entry = rec.to_dict()
         if kind != "op":
             entry["kind"] = kind
+        if random is not None:
+            entry["random"] = random
         entry["inputs"] = tensors_meta((args, kwargs))
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None

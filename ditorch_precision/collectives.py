@@ -288,19 +288,19 @@ def _check_call(calls: list[dict], ranks: list[int]) -> tuple[str, str]:
         at_root = calls[root]
         if op == "c10d::reduce_" and first.get("reduce_op") in reductions.ELEMENTWISE:
             status, detail = _check_by_values(calls, 0, at_root, ranks)
-            return status, f"the root's result: {detail}"
+            return status, f"the result at the root, rank {ranks[root]}: {detail}"
         if op == "c10d::reduce_":
             expected = _reduced(first.get("reduce_op"), [c["in_sum"] for c in calls], world)
             if expected is None:
                 return "skipped", f"no sum invariant for a {first.get('reduce_op')} reduce"
             if not _close(at_root["out_sum"], expected, sum(c["in_abs"] for c in calls)):
-                return "fail", (f"the root's result sums to {at_root['out_sum']:.9g}, "
+                return "fail", (f"the result at the root, rank {ranks[root]}, sums to {at_root['out_sum']:.9g}, "
                                 f"the ranks' inputs to {expected:.9g}")
             return "pass", f"the root's result is the {first['reduce_op']} of the inputs"
         if op == "c10d::gather_":
             pieces = at_root.get("out_pieces") or []
             if len(pieces) != world or not all(_close(p[2], c["in_check"], c["in_abs"]) for p, c in zip(pieces, calls)):
-                return "fail", "the root's gathered pieces are not the ranks' inputs"
+                return "fail", f"the pieces gathered at the root, rank {ranks[root]}, are not the ranks' inputs"
             return "pass", "the root holds every rank's input, in rank order"
         pieces = at_root.get("in_pieces") or []  # scatter: rank j receives the root's piece j
         if len(pieces) != world or not all(_close(c["out_check"], p[2], p[1]) for p, c in zip(pieces, calls)):

@@ -111,11 +111,62 @@ def _contract_row(ra: dict, da: dict) -> dict | None:
     return None if verdict is None else _row(ra, verdict[0], "random_contract", verdict[1])
 
 
+def _random_op(rec: dict, data: dict | None) -> bool:
+    """Whether a record is of an op that drew random numbers (a seeded-random op not called with a
+    zero ``dropout_p``); for an op this torch does not know, or without saved arguments, as the
+    capture marked it (a capture without the mark: any seeded-random op)."""
+    if rec.get("kind", "op") != "op":
+        return False
+    try:
+        func = resolve_op(rec["op"], rec.get("overload") or "default")
+    except LookupError:
+        return rec.get("random") is True
+    if skip_reason(func) != "random op":
+        return False
+    if data is None:
+        return rec.get("random") is not False
+    return not without_randomness(func, data["args"], data["kwargs"])
+
+
+def _draws(rec: dict, data) -> list:
+    """What a random op drew: ``native_dropout``'s mask (its output also carries the input), else
+    its tensor outputs; of loaded tensors (``data``), or of a checksum capture's list of hashes."""
+    outs = list(data) if isinstance(data, list) else tensor_leaves(data["outputs"]) if data else []
+    return outs[1:2] if rec["op"] == "aten::native_dropout" and len(outs) == 2 else outs
+
+
+def _same_bytes(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
+    """Byte for byte the same tensors (NaN payloads included)."""
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        bx = x.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        if not torch.equal(bx, y.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)):
+            return False
+    return True
+
+
 def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) -> dict:
-    """One op of run A (the device) against the same op of run B (the reference)."""
+    """One op of run A (the device) against the same op of run B (the reference). A random op's
+    row says whether A drew the same numbers as B (``same_draws``, byte for byte): where it did,
+    the draws are no point after which the runs may differ."""
     if is_collective(ra["op"]):
         return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
     da, db = a.load(ra), b.load(rb)
+    row = _judge(a, b, ra, rb, da, db, opts)
+    if _random_op(ra, da) or _random_op(rb, db):  # each by its own op's arguments (variants differ)
+        if da is not None and db is not None:
+            same = _same_bytes(_draws(ra, da), _draws(rb, db))
+        else:  # a checksum capture: the draws' hashes (stats cannot tell)
+            hashes = [r.get("checksums") for r in (ra, rb)]
+            same = all(isinstance(h, list) and h for h in hashes) and _draws(ra, hashes[0]) == _draws(rb, hashes[1])
+        row["same_draws"] = ra["op"] == rb["op"] and same
+    return row
+
+
+def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | None, opts: CompareOptions) -> dict:
     if da is None or db is None:
         summary = compare_summaries(ra, rb)
         if summary is not None:  # stats or checksum captures
@@ -213,8 +264,16 @@ def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffRep
 
 def self_check(a: Dump, ra: dict, opts: CompareOptions) -> dict:
     """An op of A that B has no match for, judged against its own float64 replay (autocompare's
-    rule): drift inherited from earlier ops cannot fail it, so it is judged wherever it runs."""
+    rule): drift inherited from earlier ops cannot fail it, so it is judged wherever it runs. A
+    random op's draws have nothing to be compared with (``same_draws`` false)."""
     da = a.load(ra)
+    row = _self_judge(ra, da, opts)
+    if _random_op(ra, da):
+        row["same_draws"] = False
+    return row
+
+
+def _self_judge(ra: dict, da: dict | None, opts: CompareOptions) -> dict:
     if da is None:
         return _row(ra, "skipped", "skipped", "tensors not saved in A")
     func, why_not = _replay_func(ra, da, da)
@@ -235,8 +294,9 @@ def self_check(a: Dump, ra: dict, opts: CompareOptions) -> dict:
 
 
 def _drew(row: dict) -> bool:
-    """An op of A that drew random numbers: judged by its contract, or skipped as a random op."""
-    return row.get("rule") == "random_contract" or (row["status"] == "skipped" and row.get("detail") == "random op")
+    """An op of A whose draws may differ from the reference's: a random op not known to have drawn
+    the same numbers (no partner, tensors not saved, or other bytes)."""
+    return row.get("same_draws") is False
 
 
 def _region_verdict(rows: list[dict]) -> tuple[str, str]:

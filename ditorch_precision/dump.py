@@ -324,6 +324,8 @@ def _record_problem(rec) -> str | None:
     if named is not None and not (isinstance(named, dict) and isinstance(named.get("args"), list)
                                   and isinstance(named.get("kwargs"), dict) and "outputs" in named):
         return f"field 'named' is {named!r:.80}, expected an object with args (a list), kwargs and outputs"
+    if rec.get("random") not in (None, True, False):
+        return f"field 'random' is {rec['random']!r:.80}, expected true, false or null"
     step = rec.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         return f"field 'step' is {rec['step']!r}, expected an integer"

@@ -16,6 +16,7 @@ class OpInfo:
     written: tuple[tuple[int, str], ...]  # (position, name) of every argument the op writes
     is_view: bool  # the output is a view of an input: no kernel computes it
     out_names: tuple[str, ...] = ()  # keyword-only written arguments (out=): only written, never read
+    random: bool = False  # tagged nondeterministic_seeded: it draws random numbers
 
     @property
     def mutates(self) -> bool:
@@ -51,5 +52,6 @@ def op_info(func) -> OpInfo:
         is_view = bool(func.is_view) or schema.name in _UNDECLARED_VIEWS
         out_names = tuple(a.name for a in schema.arguments
                           if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
-        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names)
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names, random)
     return info

@@ -3,11 +3,9 @@ measures its own input against the result (the same on every rank, checked by ch
 check combines these local counts.
 
 MAX (MIN): no rank's input is above (below) the result anywhere, and every element of the result
-equals some rank's input. Up to ``EXACT_ELEMENTS`` elements each rank sends the bit mask of the
-elements its input does not reach, and no element may be in every rank's mask (exact; whether sets
-held by different ranks are disjoint cannot be decided from less than a bit per element). Above it,
-the ranks' counts of elements equal to the result must add up to at least the element count (a tie
-between ranks elsewhere can hide one wrong element).
+equals some rank's input: each rank sends the bit mask of the elements its input does not reach,
+and no element may be in every rank's mask (exact at any size; whether sets held by different ranks
+are disjoint cannot be decided from less than a bit per element).
 PRODUCT: on the result's non-zero finite elements, the sum of log|input| over ranks equals the sum of
 log|result| (within the rounding of world - 1 products per element), no rank's input is zero there,
 the result's zeros are each some rank's zero, and the result is negative exactly where an odd number
@@ -15,9 +13,12 @@ of ranks' inputs are (XOR of the positions' hashes, an exact test).
 
 A reduce's result lives on its root and a reduce-scatter's piece r on rank r only: no other rank can
 measure its input against it. For these (and for an integer PRODUCT, whose wrapped products have no
-magnitude to compare), up to ``VALUE_ELEMENTS`` elements per call each rank sends its input's exact
-values (``encode``), and the check measures every rank's input against the result the same way
-(``check_values``); an integer PRODUCT is compared exactly with the product wrapped in its dtype."""
+magnitude to compare) each rank sends its input's exact values (``encode``, any size, one part per
+tensor so dtypes may differ), and the check measures every rank's input against the result the
+same way (``check_values``); an integer PRODUCT is compared exactly with the product wrapped in its
+dtype. Everything runs over pieces of ``CHUNK_ELEMENTS`` elements, so the memory a check takes
+besides the records is a few pieces, whatever the tensors' size; the records themselves hold a bit
+per element (masks) or the elements' bytes (values)."""
 from __future__ import annotations
 
 import base64
@@ -28,8 +29,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 ELEMENTWISE = ("MAX", "MIN", "PRODUCT")
-EXACT_ELEMENTS = 1 << 16  # 8 KiB of mask per rank and call
-VALUE_ELEMENTS = 1 << 14  # 64 KiB of float32 values per rank and call through the store
+CHUNK_ELEMENTS = 1 << 16  # elements converted and compared at a time
+_MASK_BYTES = CHUNK_ELEMENTS // 8  # one encoded string per this many bytes of mask
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing of element positions
 
 
@@ -38,45 +39,150 @@ def real_tensors(tree) -> list[torch.Tensor]:
     return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and not t.is_complex()]
 
 
-def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    if not tensors:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.cat([t.detach().to("cpu", torch.float64).reshape(-1) for t in tensors])
+class _Encoded:
+    """One tensor of an ``encode`` record, decoded a piece at a time."""
+
+    def __init__(self, dtype: torch.dtype, n: int, chunks: list[str]) -> None:
+        self.dtype, self.n, self.chunks = dtype, n, chunks
+
+    def numel(self) -> int:
+        return self.n
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def pieces(self):
+        for text in self.chunks:
+            raw = bytearray(base64.b64decode(text, validate=True))
+            if len(raw) % self.dtype.itemsize:
+                raise ValueError(f"{len(raw)} bytes are not whole {self.dtype} elements")
+            yield torch.frombuffer(raw, dtype=torch.uint8).view(self.dtype) if raw else torch.zeros(0, dtype=self.dtype)
 
 
-def _position_hash(mask: torch.Tensor) -> int:
-    """XOR over the set positions of a hash of each position: equal for two masks only if (up to
-    hash collisions) they mark the same positions an odd number of times."""
-    idx = torch.nonzero(mask).reshape(-1).numpy().astype(np.uint64) + np.uint64(1)
+def _pieces(tensors: list):
+    """Flat pieces of at most ``CHUNK_ELEMENTS`` elements, in order, of tensors or ``_Encoded`` ones."""
+    for t in tensors:
+        if isinstance(t, _Encoded):
+            yield from t.pieces()
+            continue
+        flat = t.detach().reshape(-1)
+        for i in range(0, flat.numel(), CHUNK_ELEMENTS):
+            yield flat[i:i + CHUNK_ELEMENTS].to("cpu")
+
+
+def _paired(xs: list, ys: list):
+    """(offset, x, y): aligned pieces of two sequences of the same total size, in their common dtype
+    (the comparisons are exact: int64 values are not rounded through float64)."""
+    it_x, it_y = _pieces(xs), _pieces(ys)
+    x = y = torch.zeros(0)
+    offset = 0
+    while True:
+        if not x.numel():
+            x = next(it_x, None)
+        if not y.numel():
+            y = next(it_y, None)
+        if x is None or y is None:
+            return
+        n = min(x.numel(), y.numel())
+        if n:
+            common = torch.promote_types(x.dtype, y.dtype)
+            yield offset, x[:n].to(common), y[:n].to(common)
+            offset += n
+        x, y = x[n:], y[n:]
+
+
+def _position_hash(mask: torch.Tensor, offset: int = 0) -> int:
+    """XOR over the set positions (``offset`` + index) of a hash of each position: equal for two masks
+    only if (up to hash collisions) they mark the same positions an odd number of times."""
+    idx = torch.nonzero(mask).reshape(-1).numpy().astype(np.uint64) + np.uint64(offset + 1)
     with np.errstate(over="ignore"):
         return int(np.bitwise_xor.reduce(idx * _GOLDEN, initial=np.uint64(0)))
 
 
-def local_stats(reduce_op: str, before: list[torch.Tensor], after: list[torch.Tensor]) -> dict:
-    """What one rank knows: its input (``before``) measured against the result (``after``)."""
-    x, y = _flat(before), _flat(after)
-    if x.numel() != y.numel():
+class _MaskWriter:
+    """A bit mask written a piece at a time, as base64 strings of ``_MASK_BYTES`` bytes each."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self._bits = np.zeros(0, dtype=bool)
+        self._bytes = bytearray()
+
+    def add(self, bits: np.ndarray) -> None:
+        bits = np.concatenate([self._bits, bits])
+        whole = len(bits) // 8 * 8
+        self._bytes += np.packbits(bits[:whole]).tobytes()
+        self._bits = bits[whole:]
+        while len(self._bytes) >= _MASK_BYTES:
+            self.chunks.append(base64.b64encode(bytes(self._bytes[:_MASK_BYTES])).decode())
+            del self._bytes[:_MASK_BYTES]
+
+    def close(self) -> list[str]:
+        self._bytes += np.packbits(self._bits).tobytes()
+        if self._bytes:
+            self.chunks.append(base64.b64encode(bytes(self._bytes)).decode())
+        return self.chunks
+
+
+def _numel(tensors: list) -> int:
+    return sum(t.numel() for t in tensors)
+
+
+def local_stats(reduce_op: str, before: list, after: list) -> dict:
+    """What one rank knows: its input (``before``) measured against the result (``after``); tensors,
+    or ``decode``'s parts."""
+    n = _numel(after)
+    if _numel(before) != n:
         return {"elementwise": "input and result sizes differ"}
     if not before:
         return {"elementwise": "no tensors"}
-    eps = float(torch.finfo(before[0].dtype).eps) if before and before[0].is_floating_point() else 0.0
     if reduce_op in ("MAX", "MIN"):
-        beyond = x > y if reduce_op == "MAX" else x < y
-        equal = (x == y) | (torch.isnan(x) & torch.isnan(y))
-        stats = {"n_elements": y.numel(), "n_beyond": int(beyond.sum()), "n_equal": int(equal.sum())}
-        if y.numel() <= EXACT_ELEMENTS:
-            stats["unreached"] = base64.b64encode(np.packbits((~equal).numpy()).tobytes()).decode()
+        stats = {"n_elements": n, "n_beyond": 0, "n_equal": 0}
+        mask = _MaskWriter()
+        for _, x, y in _paired(before, after):
+            beyond = x > y if reduce_op == "MAX" else x < y
+            equal = (x == y) | (torch.isnan(x) & torch.isnan(y))
+            stats["n_beyond"] += int(beyond.sum())
+            stats["n_equal"] += int(equal.sum())
+            mask.add((~equal).numpy())
+        stats["unreached"] = mask.close()
         return stats
     if not before[0].is_floating_point():  # an integer product wraps around: no magnitude to compare
         return {"elementwise": "integer PRODUCT"}
-    live = (y != 0) & torch.isfinite(y)
-    zero_in = x == 0
-    return {"n_elements": y.numel(), "n_live": int(live.sum()), "eps": eps,
-            "log_in": float(torch.log(x[live & ~zero_in].abs()).sum()),
-            "log_out": float(torch.log(y[live].abs()).sum()),
-            "n_lost": int((live & zero_in).sum()), "zero_hits": int((zero_in & (y == 0)).sum()),
-            "n_zero": int((y == 0).sum()), "neg_in": _position_hash(live & (x < 0)),
-            "neg_out": _position_hash(live & (y < 0))}
+    eps = max(float(torch.finfo(t.dtype).eps) for t in before if t.is_floating_point())
+    stats = {"n_elements": n, "n_live": 0, "eps": eps, "log_in": 0.0, "log_out": 0.0, "n_lost": 0,
+             "zero_hits": 0, "n_zero": 0, "neg_in": 0, "neg_out": 0}
+    for offset, x, y in _paired(before, after):
+        x, y = x.double(), y.double()
+        live = (y != 0) & torch.isfinite(y)
+        zero_in = x == 0
+        stats["n_live"] += int(live.sum())
+        stats["log_in"] += float(torch.log(x[live & ~zero_in].abs()).sum())
+        stats["log_out"] += float(torch.log(y[live].abs()).sum())
+        stats["n_lost"] += int((live & zero_in).sum())
+        stats["zero_hits"] += int((zero_in & (y == 0)).sum())
+        stats["n_zero"] += int((y == 0).sum())
+        stats["neg_in"] ^= _position_hash(live & (x < 0), offset)
+        stats["neg_out"] ^= _position_hash(live & (y < 0), offset)
+    return stats
+
+
+def _nowhere(masks: list, n: int) -> tuple[int, int] | None:
+    """(count, first position) of the elements set in every rank's mask (``local_stats``'
+    "unreached" strings), piece by piece; None when the masks are malformed or of other sizes."""
+    if len({len(m) for m in masks}) != 1:
+        return None
+    count, first, seen = 0, -1, 0
+    for texts in zip(*masks):
+        bits = [np.unpackbits(np.frombuffer(base64.b64decode(t), dtype=np.uint8)) for t in texts]
+        if len({len(b) for b in bits}) != 1:
+            return None
+        both = np.logical_and.reduce(bits)[: max(n - seen, 0)]
+        hits = np.flatnonzero(both)
+        if len(hits) and first < 0:
+            first = seen + int(hits[0])
+        count += len(hits)
+        seen += len(bits[0])
+    return (count, first) if seen >= n else None
 
 
 def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str]:
@@ -90,19 +196,15 @@ def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str
         for rank, c in zip(ranks, calls):
             if c["n_beyond"]:
                 return "fail", f"rank {rank}'s input is {side} the {reduce_op} result at {c['n_beyond']} elements"
-        if all(isinstance(c.get("unreached"), str) for c in calls):
-            masks = [np.unpackbits(np.frombuffer(base64.b64decode(c["unreached"]), dtype=np.uint8))[:n]
-                     for c in calls]
-            nowhere = np.flatnonzero(np.logical_and.reduce(masks)) if all(len(m) == n for m in masks) else None
-            if nowhere is None:
-                return "fail", "the ranks' element masks have different sizes"
-            if len(nowhere):
-                return "fail", (f"{len(nowhere)} elements of the {reduce_op} result equal no rank's input "
-                                f"(the first: element {int(nowhere[0])})")
-            return "pass", f"the result is the elementwise {reduce_op} of the inputs"
-        covered = sum(c["n_equal"] for c in calls)
-        if covered < n:
-            return "fail", f"{n - covered} or more elements of the {reduce_op} result equal no rank's input"
+        masks = [c.get("unreached") for c in calls]
+        if not all(isinstance(m, list) and all(isinstance(t, str) for t in m) for m in masks):
+            return "fail", "a rank sent no element mask"
+        nowhere = _nowhere(masks, n)
+        if nowhere is None:
+            return "fail", "the ranks' element masks have different sizes"
+        if nowhere[0]:
+            return "fail", (f"{nowhere[0]} elements of the {reduce_op} result equal no rank's input "
+                            f"(the first: element {nowhere[1]})")
         return "pass", f"the result is the elementwise {reduce_op} of the inputs"
     for rank, c in zip(ranks, calls):
         if c["n_lost"]:
@@ -124,45 +226,74 @@ def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str
 
 
 def encode(tensors: list[torch.Tensor]) -> dict | None:
-    """The exact values of ``tensors`` (flattened, one dtype), or None above ``VALUE_ELEMENTS`` elements
-    or with mixed dtypes."""
-    if not tensors or len({t.dtype for t in tensors}) > 1 or sum(t.numel() for t in tensors) > VALUE_ELEMENTS:
+    """The exact values of ``tensors``, one part per tensor (its dtype, element count and bytes in
+    base64 strings of ``CHUNK_ELEMENTS`` elements each), or None without tensors (or with complex ones)."""
+    if not tensors or any(t.is_complex() for t in tensors):
         return None
-    flat = torch.cat([t.detach().to("cpu").reshape(-1) for t in tensors])
-    return {"dtype": str(flat.dtype).removeprefix("torch."),
-            "values": base64.b64encode(flat.contiguous().view(torch.uint8).numpy().tobytes()).decode()}
+    parts = []
+    for t in tensors:
+        chunks = [base64.b64encode(piece.contiguous().view(torch.uint8).numpy().tobytes()).decode()
+                  for piece in _pieces([t])]
+        parts.append({"dtype": str(t.dtype).removeprefix("torch."), "n": t.numel(), "chunks": chunks})
+    return {"parts": parts}
 
 
-def decode(record) -> torch.Tensor | None:
-    """``encode``'s tensor, or None for a record that is not one (records are data)."""
-    if not isinstance(record, dict) or not isinstance(record.get("values"), str):
+def decode(record) -> list[_Encoded] | None:
+    """``encode``'s tensors, to be read a piece at a time, or None for a record that is not one
+    (records are data: the pieces' sizes are checked as they are read)."""
+    parts = record.get("parts") if isinstance(record, dict) else None
+    if not isinstance(parts, list) or not parts:
         return None
-    dtype = getattr(torch, str(record.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype) or dtype.is_complex:
-        return None
-    raw = bytearray(base64.b64decode(record["values"]))
-    if len(raw) % dtype.itemsize:
-        return None
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.zeros(0, dtype=dtype)
+    out = []
+    for part in parts:
+        if not isinstance(part, dict):
+            return None
+        dtype = getattr(torch, str(part.get("dtype")), None)
+        n, chunks = part.get("n"), part.get("chunks")
+        if (not isinstance(dtype, torch.dtype) or dtype.is_complex or not isinstance(n, int) or n < 0
+                or not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks)):
+            return None
+        out.append(_Encoded(dtype, n, chunks))
+    return out
 
 
 def check_values(reduce_op: str, inputs: list, result, ranks: list[int]) -> tuple[str, str]:
     """(status, detail) of one elementwise reduction from every contributing rank's exact input
-    (``encode`` records, in ``ranks`` order) and the result they must reduce to."""
+    (``encode`` records, in ``ranks`` order) and the result they must reduce to, tensor by tensor."""
     xs, y = [decode(x) for x in inputs], decode(result)
     if y is None or any(x is None for x in xs):
-        return "skipped", (f"{reduce_op} not checked elementwise: more than {VALUE_ELEMENTS} elements, "
-                           f"mixed dtypes or no values recorded")
-    if any(x.numel() != y.numel() or x.dtype != y.dtype for x in xs):
+        return "skipped", f"{reduce_op} not checked elementwise: no values recorded"
+    if any(len(x) != len(y) or any(a.numel() != b.numel() or a.dtype != b.dtype for a, b in zip(x, y)) for x in xs):
         return "fail", f"the ranks' inputs and the {reduce_op} result differ in size or dtype"
+    try:
+        for p, part in enumerate(y):
+            status, detail = _check_part(reduce_op, [x[p] for x in xs], part, ranks)
+            if status != "pass" or len(y) == 1:
+                return status, detail if len(y) == 1 else f"tensor {p}: {detail}"
+    except ValueError as exc:  # a value string that is not base64 of whole elements
+        return "fail", f"a malformed values record: {exc}"
+    return "pass", f"the result is the elementwise {reduce_op} of the inputs, for each of its {len(y)} tensors"
+
+
+def _check_part(reduce_op: str, xs: list[_Encoded], y: _Encoded, ranks: list[int]) -> tuple[str, str]:
     if reduce_op == "PRODUCT" and not y.is_floating_point():  # exact: wraps around as the backend does
-        want = xs[0].clone()
-        for x in xs[1:]:
-            want.mul_(x)
-        wrong = torch.nonzero(want != y).reshape(-1)
-        if len(wrong):
-            i = int(wrong[0])
-            return "fail", (f"{len(wrong)} elements of the integer PRODUCT result are not the inputs' product "
-                            f"(the first: element {i}, {int(y[i])} instead of {int(want[i])})")
+        n_wrong, first, offset = 0, None, 0
+        for pieces in zip(y.pieces(), *(x.pieces() for x in xs)):
+            got, want = pieces[0], pieces[1].clone()
+            if any(q.numel() != got.numel() for q in pieces):
+                raise ValueError("pieces of other sizes")
+            for x in pieces[2:]:
+                want.mul_(x)
+            wrong = torch.nonzero(want != got).reshape(-1)
+            if len(wrong) and first is None:
+                i = int(wrong[0])
+                first = (offset + i, int(got[i]), int(want[i]))
+            n_wrong += len(wrong)
+            offset += got.numel()
+        if offset != y.numel():
+            raise ValueError(f"{offset} elements where {y.numel()} were announced")
+        if n_wrong:
+            return "fail", (f"{n_wrong} elements of the integer PRODUCT result are not the inputs' product "
+                            f"(the first: element {first[0]}, {first[1]} instead of {first[2]})")
         return "pass", "the result is the elementwise PRODUCT of the inputs (exact)"
     return check(reduce_op, [local_stats(reduce_op, [x], [y]) for x in xs], ranks)

@@ -1,10 +1,12 @@
 """Every c10d collective with a cross-rank invariant, and DDP's gradient all-reduce (issued by its C++
 reducer through the dispatcher's c10d ops), point-to-point transfers (then once more with one received
 value corrupted) and collectives of a subgroup, under Capture and AutoCompare on a gloo job, one process
-per rank: ``python -m ditorch_precision.examples.dist_collectives OUT WORLD PORT``. Each rank writes
-OUT/capture/rank{r}/ (OUT/corrupted/capture/rank{r}/: the corrupted transfers), OUT/autocompare_rank{r}.json
+per rank: ``python -m ditorch_precision.examples.dist_collectives OUT WORLD PORT [--subgroup]``. Each
+rank writes OUT/capture/rank{r}/ (OUT/corrupted/capture/rank{r}/: the corrupted transfers), OUT/autocompare_rank{r}.json
 (the cross-rank rows) and OUT/ddp_rank{r}.pt
-(its own gradients without DDP and the gradients DDP left)."""
+(its own gradients without DDP and the gradients DDP left). ``--subgroup`` (world 3 or more): only the
+calls of the group of global ranks 1 and 2 (``subgroup``), into OUT/capture/rank{r}/ and
+OUT/autocompare_rank{r}.json."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +47,21 @@ def collectives(rank: int, world: int) -> None:
         dist.all_reduce(data(3), group=last)
         dist.scatter(torch.empty(2), [data(2)], src=rank, group=last)
     dist.all_reduce(data(2))  # the default group's sequence goes on after the subgroup's calls
+
+
+LARGE = 70_000  # elements: above any size an elementwise check could once only count or skip
+
+
+def large_reductions(rank: int, world: int) -> None:
+    """Elementwise reductions of many elements, whose values tie across ranks except at every 1000th
+    element (ties let a count of equal elements hide a wrong one): a MAX all-reduce, a MAX reduce to
+    the last rank and a MIN reduce-scatter."""
+    ties = (torch.arange(LARGE) % 7).float()
+    ties[::1000] += rank
+    dist.all_reduce(ties.clone(), op=dist.ReduceOp.MAX)
+    dist.reduce(ties[:LARGE // 2].clone(), dst=world - 1, op=dist.ReduceOp.MAX)
+    dist.reduce_scatter_tensor(torch.empty(LARGE // world), ties[:LARGE // world * world].clone(),
+                               op=dist.ReduceOp.MIN)
 
 
 def point_to_point(rank: int, world: int, corrupt: bool = False) -> None:
@@ -93,10 +110,10 @@ def ddp_step(rank: int, world: int, out: str) -> None:
                os.path.join(out, f"ddp_rank{rank}.pt"))
 
 
-def worker(rank: int, world: int, port: int, out: str) -> None:
+def worker(rank: int, world: int, port: int, out: str, only_subgroup: bool = False) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    run(rank, world, out)
+    (subgroup_run if only_subgroup else run)(rank, world, out)
     dist.destroy_process_group()
 
 
@@ -104,6 +121,7 @@ def run(rank: int, world: int, out: str) -> None:
     """This rank's part, in a process group already started (another example's job may share it)."""
     with Capture(os.path.join(out, "capture", f"rank{rank}")), AutoCompare() as ac:
         collectives(rank, world)
+        large_reductions(rank, world)
         point_to_point(rank, world)
         ddp_step(rank, world, out)
         ac.check_collectives()  # while the process group is alive
@@ -114,6 +132,41 @@ def run(rank: int, world: int, out: str) -> None:
         json.dump({"failures": ac.failures, "collectives": _cross_rank(ac, "collective"),
                    "point_to_point": _cross_rank(ac, "point_to_point"),
                    "corrupted": _cross_rank(corrupted, "point_to_point")}, f)
+    dist.barrier()
+
+
+def subgroup(rank: int, world: int) -> None:
+    """Collectives and transfers of the group of global ranks 1 and 2 (group ranks 0 and 1), whose
+    pieces, roots and peers are group ranks: an all-reduce, a reduce-scatter, a MAX reduce to global
+    rank 2 and a send from global rank 1 to 2; then, on tag 1, a transfer whose received value rank 2
+    changes by a raw write (no op sees it) before it uses the buffer, as a faulty transport would."""
+    pair = dist.new_group([1, 2])  # every rank takes part in creating it
+    if rank in (1, 2):
+        x = torch.arange(4, dtype=torch.float32) + 10 * rank
+        dist.all_reduce(x.clone(), group=pair)
+        dist.reduce_scatter_tensor(torch.empty(2), x.clone(), group=pair)
+        dist.reduce(x.clone(), dst=2, op=dist.ReduceOp.MAX, group=pair)
+        for tag in (0, 1):
+            if rank == 1:
+                dist.send(x + tag, dst=2, group=pair, tag=tag)
+            else:
+                got = torch.empty(4)
+                dist.recv(got, src=1, group=pair, tag=tag)
+                if tag == 1:
+                    got.numpy()[3] += 0.5
+                got.sum()
+    dist.all_reduce(torch.ones(2) * rank)  # the whole job's group goes on after the pair's calls
+
+
+def subgroup_run(rank: int, world: int, out: str) -> None:
+    """This rank's part of the subgroup job (world 3 or more): OUT/capture/rank{r}/ and
+    OUT/autocompare_rank{r}.json (the cross-rank rows)."""
+    with Capture(os.path.join(out, "capture", f"rank{rank}")), AutoCompare() as ac:
+        subgroup(rank, world)
+        ac.check_collectives()
+    with open(os.path.join(out, f"autocompare_rank{rank}.json"), "w") as f:
+        json.dump({"failures": ac.failures, "collectives": _cross_rank(ac, "collective"),
+                   "point_to_point": _cross_rank(ac, "point_to_point")}, f)
     dist.barrier()
 
 
@@ -128,8 +181,11 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("world", type=int)
     p.add_argument("port", type=int)
+    p.add_argument("--subgroup", action="store_true", help="only the calls of a two-rank subgroup (world >= 3)")
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out), nprocs=a.world)
+    if a.subgroup and a.world < 3:
+        p.error(f"--subgroup needs a world of 3 or more ranks, not {a.world}")
+    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.subgroup), nprocs=a.world)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,38 @@ def wrong_draws(keep_scale: float, inside: torch.nn.Module) -> Iterator[None]:
         lib._destroy()
         for h in hooks:
             h.remove()
+
+
+@contextmanager
+def device_only_kernel(error: float = 1.0) -> Iterator[Callable[[torch.Tensor, float], torch.Tensor]]:
+    """A kernel only the device's torch has (as a vendor's fused op): within the block the op
+    ``precision_faults::scale(x, s)`` exists (forward x * s, times ``error`` as a faulty kernel
+    would; backward grad * s) and the block gets it; at exit it is gone, so a torch that compares a
+    capture afterwards does not know it and cannot replay it."""
+    lib = torch.library.Library("precision_faults", "DEF")
+    try:
+        lib.define("scale(Tensor x, float s) -> Tensor")
+        lib.impl("scale", lambda x, s: x * (s * error), "CPU")
+
+        def setup(ctx, inputs, output) -> None:
+            ctx.s = inputs[1]
+
+        torch.library.register_autograd("precision_faults::scale", lambda ctx, grad: (grad * ctx.s, None),
+                                        setup_context=setup, lib=lib)
+        yield torch.ops.precision_faults.scale.default
+    finally:
+        lib._destroy()
+
+
+@contextmanager
+def device_only_random_kernel() -> Iterator[Callable[[torch.Tensor, float], torch.Tensor]]:
+    """A random kernel only the device's torch has (as a vendor's fused dropout): within the block
+    the op ``precision_faults::jitter(x, s)`` (x plus uniform noise in [-s/2, s/2] from the default
+    generator, tagged as drawing random numbers) exists and the block gets it; at exit it is gone."""
+    lib = torch.library.Library("precision_faults", "DEF")
+    try:
+        lib.define("jitter(Tensor x, float s) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+        lib.impl("jitter", lambda x, s: x + (torch.rand(x.shape, dtype=x.dtype) - 0.5) * s, "CPU")
+        yield torch.ops.precision_faults.jitter.default
+    finally:
+        lib._destroy()

@@ -19,13 +19,25 @@ def one_thread():
 def gloo_job(tmp_path_factory) -> dict:
     """One real 2-process gloo job (loopback only) for every distributed test: the collectives example
     (into "collectives"), then the Llama example honest (into "ref") and with a fault on rank 1 (into
-    "fault"). One launch instead of two: each costs seconds of process start-up."""
+    "fault"). One launch instead of two: each costs seconds of process start-up. Alongside it, a
+    3-process job of a two-rank subgroup (into "subgroup"), so their start-ups overlap."""
     root = tmp_path_factory.mktemp("gloo")
-    with socket.socket() as s:
+    with socket.socket() as s, socket.socket() as t:  # both open at once: two distinct free ports
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_llama", str(root / "fault"), "2",
-                        str(port), "--fault-rank", "1", "--honest", str(root / "ref"),
-                        "--collectives", str(root / "collectives")], capture_output=True, text=True, timeout=300)
+        t.bind(("127.0.0.1", 0))
+        port, subgroup_port = s.getsockname()[1], t.getsockname()[1]
+    subgroup = subprocess.Popen([sys.executable, "-m", "ditorch_precision.examples.dist_collectives",
+                                 str(root / "subgroup"), "3", str(subgroup_port), "--subgroup"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_llama", str(root / "fault"), "2",
+                            str(port), "--fault-rank", "1", "--honest", str(root / "ref"),
+                            "--collectives", str(root / "collectives")], capture_output=True, text=True, timeout=300)
+        _, subgroup_err = subgroup.communicate(timeout=300)
+    finally:
+        if subgroup.poll() is None:
+            subgroup.kill()
+            subgroup.wait()
     assert p.returncode == 0, p.stderr[-3000:]  # a send/recv under the tools used to hang here
-    return {name: root / name for name in ("collectives", "ref", "fault")}
+    assert subgroup.returncode == 0, subgroup_err[-3000:]
+    return {name: root / name for name in ("collectives", "ref", "fault", "subgroup")}

@@ -5,6 +5,7 @@ each rank computed by plain torch without DDP, collective results computed by ha
 captured inputs, and records altered so that an invariant is broken."""
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.utils._pytree import tree_leaves
 from ditorch_precision.cli import main
 from ditorch_precision.collectives import POINT_TO_POINT, check_across_ranks, stats_from_capture
 from ditorch_precision.dump import Dump
+from ditorch_precision.examples.dist_collectives import LARGE as LARGE_ELEMENTS
 
 CHECKED = ["c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::alltoall_", "c10d::alltoall_base_",
            "c10d::reduce_", "c10d::gather_", "c10d::scatter_"]
@@ -20,9 +22,12 @@ REDUCTIONS = ["c10d::allreduce_"] * 5  # MAX, MIN, PRODUCT, an integer MAX, an i
 # MAX reduce, MIN and PRODUCT reduce-scatters, an integer PRODUCT reduce and all-reduce (wrapping around).
 ONE_HOLDER = ["c10d::reduce_", "c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::reduce_",
               "c10d::allreduce_"]
+# MAX all-reduce, MAX reduce, MIN reduce-scatter of tens of thousands of elements, tied across ranks.
+LARGE = ["c10d::allreduce_", "c10d::reduce_", "c10d::_reduce_scatter_base_"]
 DDP = ["c10d::allgather_", "c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_"]  # shapes, states, gradients
 # The default group's calls, then those of the group whose only member is rank 1.
-ROWS = CHECKED + REDUCTIONS + ONE_HOLDER + ["c10d::allreduce_"] + DDP + ["c10d::allreduce_", "c10d::scatter_"]
+ROWS = (CHECKED + REDUCTIONS + ONE_HOLDER + ["c10d::allreduce_"] + LARGE + DDP
+        + ["c10d::allreduce_", "c10d::scatter_"])
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +103,7 @@ def _broken(per_rank, op, rank, change):
 def test_the_checks_pass_on_the_captures_and_fail_when_an_invariant_breaks(job):
     per_rank = _per_rank(job)
     statuses = [r["status"] for r in check_across_ranks(per_rank)]
-    assert statuses == ["pass"] * (len(CHECKED) + 5)  # scatter_ twice, 4 of ONE_HOLDER
+    assert statuses == ["pass"] * (len(CHECKED) + 7)  # scatter_ twice, 4 of ONE_HOLDER, 2 of LARGE
     cases = {
         "c10d::reduce_scatter_": (1, lambda c: c.update(out_sum=c["out_sum"] + 1.0)),
         "c10d::alltoall_": (1, lambda c: c["out_pieces"].reverse()),
@@ -134,7 +139,8 @@ def _reductions(job, rank: int) -> list[tuple[dict, dict]]:
     d = Dump.open(str(job / "capture" / f"rank{rank}"))
     return [(x, d.load(x)) for x in d.op_records
             if x["op"] == "c10d::allreduce_" and x.get("reduce_op") in ("MAX", "MIN", "PRODUCT")
-            and not (x["reduce_op"] == "PRODUCT" and x["inputs"][0]["dtype"] == "int64")]
+            and not (x["reduce_op"] == "PRODUCT" and x["inputs"][0]["dtype"] == "int64")
+            and math.prod(x["inputs"][0]["shape"]) < LARGE_ELEMENTS]
 
 
 def _reduction_records(job, change=None) -> dict:
@@ -259,3 +265,74 @@ def test_reduce_and_reduce_scatter_are_checked_elementwise(job):
             change(_result(held[r][call][1]))
         got = rows(held)
         assert [r["status"] for r in got] == ["pass"] * call + ["fail"] + ["pass"] * (4 - call), (what, got)
+
+
+def _large(job) -> dict[int, list[tuple[dict, dict]]]:
+    """Per rank, the LARGE calls of its capture: (record, saved tensors)."""
+    out = {}
+    start = len(CHECKED) + 5 + len(ONE_HOLDER) + 1
+    for r in (0, 1):
+        d = Dump.open(str(job / "capture" / f"rank{r}"))
+        recs = [x for x in d.op_records if x["op"].startswith("c10d::") and x["op"] not in POINT_TO_POINT
+                and x.get("group") == [0, 1]]  # rank 1's subgroup calls come before them
+        out[r] = [(x, d.load(x)) for x in recs[start:start + len(LARGE)]]
+        assert [x["op"] for x, _ in out[r]] == LARGE
+    return out
+
+
+def test_large_elementwise_reductions_are_checked_at_every_element(job):
+    """Tens of thousands of elements, tied across ranks except at every 1000th: plain torch on the
+    captured inputs gives each result; the live checks and those of the captures pass, and one wrong
+    element planted in a result fails, named, although the ranks' counts of equal elements still
+    cover every element."""
+    for rank in (0, 1):
+        rows = json.loads((job / f"autocompare_rank{rank}.json").read_text())["collectives"]
+        start = len(CHECKED) + 5 + len(ONE_HOLDER) + 1
+        live = rows[start:start + len(LARGE)]
+        assert [r["op"] for r in live] == LARGE
+        assert all(r["status"] == "pass" and "elementwise" in r["detail"] for r in live), live
+    held = _large(job)
+    ins = [[data["args"][0][0] if i < 2 else data["args"][1] for i, (_, data) in enumerate(held[r])] for r in (0, 1)]
+    assert not torch.equal(ins[0][0], ins[1][0]) and int((ins[0][0] == ins[1][0]).sum()) > LARGE_ELEMENTS * 0.99
+    torch.testing.assert_close(_result(held[0][0][1]), torch.maximum(ins[0][0], ins[1][0]), rtol=0, atol=0)
+    torch.testing.assert_close(_result(held[1][1][1]), torch.maximum(ins[0][1], ins[1][1]), rtol=0, atol=0)  # root 1
+    for r in (0, 1):
+        want = torch.minimum(ins[0][2], ins[1][2]).chunk(2)[r]
+        torch.testing.assert_close(_result(held[r][2][1]), want, rtol=0, atol=0)
+
+    def rows(held):
+        return check_across_ranks({r: [stats_from_capture(x, data, 2) for x, data in held[r]] for r in (0, 1)})
+
+    assert [r["status"] for r in rows(held)] == ["pass"] * 3
+    wrong = {  # (call, holder ranks, element, change): a value no rank's input has, on the right side of all
+        "a MAX all-reduce element above both inputs": (0, (0, 1), 70_000 - 3, lambda v: v + 0.5),
+        "a MAX reduce element above both inputs at the root": (1, (1,), 20_001, lambda v: v + 0.5),
+        "a MIN reduce-scatter element below both inputs on rank 0": (2, (0,), 17_000, lambda v: v - 0.5),
+    }
+    for what, (call, holders, i, change) in wrong.items():
+        held = _large(job)
+        for r in holders:
+            result = _result(held[r][call][1])
+            result[i] = change(result[i])
+        got = rows(held)
+        assert [r["status"] for r in got] == ["pass"] * call + ["fail"] + ["pass"] * (2 - call), (what, got)
+        assert f"element {i}" in got[call]["detail"], (what, got[call])
+        if call == 0:  # the count of equal elements alone is fooled: the ranks tie elsewhere
+            counts = [stats_from_capture(held[r][0][0], held[r][0][1], 2)["n_equal"] for r in (0, 1)]
+            assert sum(counts) >= LARGE_ELEMENTS
+
+
+def test_values_of_any_size_and_mixed_dtypes_are_checked_tensor_by_tensor():
+    """By hand: two ranks' MAX of a float32 tensor of 100,000 elements and an int64 one whose values
+    float64 cannot tell apart (2**62 and 2**62 + 1); a wrong element in either fails, named."""
+    from ditorch_precision.reductions import check_values, encode
+
+    a = [(torch.arange(100_000) % 13).float(), torch.tensor([2 ** 62, 5])]
+    b = [(torch.arange(100_000) % 11).float(), torch.tensor([2 ** 62 + 1, 3])]
+    right = [torch.maximum(a[0], b[0]), torch.tensor([2 ** 62 + 1, 5])]
+    assert check_values("MAX", [encode(a), encode(b)], encode(right), [0, 1])[0] == "pass"
+    for part, i, value in ((0, 99_999, 20.0), (1, 0, 2 ** 62 + 2)):
+        wrong = [t.clone() for t in right]
+        wrong[part][i] = value
+        status, detail = check_values("MAX", [encode(a), encode(b)], encode(wrong), [0, 1])
+        assert status == "fail" and detail.startswith(f"tensor {part}:") and f"element {i}" in detail, detail

@@ -112,3 +112,51 @@ def test_ops_carry_their_torch_level_call_and_can_be_selected_by_it(tmp_path):
     with pytest.raises(SelectionError, match="closest: .*linear"):
         with Capture(str(tmp_path / "d"), Selector.build(apis="F.linearr")):
             hf_train(make_hf_llama(SIZE), hf_batches(SIZE, 1))
+
+
+def _dropout_checksums(path, seed: int) -> str:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Dropout(0.5))
+    torch.manual_seed(seed)  # the draws
+    with Capture(str(path), mode="checksum"):
+        model(torch.ones(4, 8))
+    return str(path)
+
+
+def test_checksum_captures_tell_whether_two_runs_drew_the_same_numbers(tmp_path):
+    """One seed, then another: plain torch's masks are equal, then not; the compare's random-op row
+    says so from the hashes alone."""
+    masks = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        masks.append(torch.empty(4, 64).bernoulli_(0.5))
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], masks[2])
+    a, b, c = (_dropout_checksums(tmp_path / name, seed) for name, seed in (("a", 1), ("b", 1), ("c", 2)))
+    for other, same in ((b, True), (c, False)):
+        draws = [r for r in compare_dumps(a, other).ops if r.get("same_draws") is not None]
+        assert [(r["op"], r["same_draws"]) for r in draws] == [("aten::bernoulli_", same)]
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q):
+        return torch.nn.functional.dropout(torch.nn.functional.scaled_dot_product_attention(q, q, q), 0.5)
+
+
+def test_a_capture_marks_which_random_ops_drew(tmp_path):
+    """SDPA's CPU kernel is tagged random but draws nothing with dropout_p 0; the dropout after it
+    draws. Without saved arguments (a stats capture) the compare goes by these marks: only the
+    dropout's row is a draw."""
+    q = torch.randn(1, 2, 4, 8)
+    for name in ("a", "b"):
+        torch.manual_seed(0)
+        with Capture(str(tmp_path / name), mode="stats"):
+            _Attention()(q)
+    marks = {r["op"]: r.get("random") for r in Dump.open(str(tmp_path / "a")).op_records}
+    assert marks["aten::_scaled_dot_product_flash_attention_for_cpu"] is False and marks["aten::bernoulli_"] is True
+    assert aten_tagged_random("_scaled_dot_product_flash_attention_for_cpu")
+    rows = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b")).ops
+    assert [(r["op"], r["same_draws"]) for r in rows if "same_draws" in r] == [("aten::bernoulli_", False)]
+
+
+def aten_tagged_random(name: str) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(torch.ops.aten, name).default.tags

@@ -2,7 +2,9 @@
 on a HuggingFace LlamaForCausalLM (random weights, AdamW) with attention dropout: the reference
 draws other numbers (another seed, as another device would), and the run under test carries a fault
 in layer 0's silu and then one in layer 1's dropout draws. References: the places the test planted
-faults, and the dropout probability the model was configured with."""
+faults, the dropout probability the model was configured with, and plain torch's draws (equal for
+equal seeds)."""
+import json
 from contextlib import nullcontext
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from ditorch_precision import AutoCompare, Capture, compare_dumps
 from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump
-from ditorch_precision.examples.faults import wrong_draws, wrong_kernel
+from ditorch_precision.examples.faults import device_only_kernel, wrong_draws, wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 
 pytest.importorskip("transformers")
@@ -30,7 +32,7 @@ MM_IN_LAYER_1 = ("mm", 1 + 1e-4, lambda m: m.model.layers[1].mlp.down_proj)
 
 
 def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = False, attn: str = "eager",
-             fault=None) -> str:
+             fault=None, device_only: bool = False) -> str:
     model = make_hf_llama(SIZE, attn)
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = DROPOUT
@@ -40,7 +42,13 @@ def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = Fals
     plants = (wrong_kernel("silu", 1 + 1e-3, inside=model.model.layers[0].mlp.act_fn),
               wrong_draws(1.05, inside=model.model.layers[1].self_attn)) if faults else (nullcontext(), nullcontext())
     plant = wrong_kernel(fault[0], fault[1], inside=fault[2](model)) if fault else nullcontext()
-    with plants[0], plants[1], plant, Capture(str(path)):
+    # A kernel only this run's torch has, 1e-3 off, scaling the hidden states entering layer 1's
+    # attention (after layer 0's dropout): nothing can replay it, so only module records show it.
+    kernel = device_only_kernel(1 + 1e-3) if device_only else nullcontext()
+    with plants[0], plants[1], plant, kernel as scale, Capture(str(path)):
+        if scale is not None:
+            model.model.layers[1].self_attn.register_forward_pre_hook(
+                lambda m, a, kw: (a, {**kw, "hidden_states": scale(kw["hidden_states"], 1.0)}), with_kwargs=True)
         hf_train(model, hf_batches(SIZE, 1))
     return str(path)
 
@@ -51,7 +59,8 @@ def runs(tmp_path_factory):
     return {"ref": _capture(root / "ref", draw_seed=1), "honest": _capture(root / "honest"),
             "faults": _capture(root / "faults", faults=True, insert=True),
             "sdpa": _capture(root / "sdpa", attn="sdpa"),
-            "sdpa_fault": _capture(root / "sdpa_fault", attn="sdpa", fault=MM_IN_LAYER_1)}
+            "sdpa_fault": _capture(root / "sdpa_fault", attn="sdpa", fault=MM_IN_LAYER_1),
+            "device_only": _capture(root / "device_only", device_only=True)}
 
 
 def _failed(report):
@@ -73,6 +82,39 @@ def test_honest_runs_with_other_draws_pass(runs):
     assert report.passed, _failed(report)
     judged = [r for r in report.ops if r["op"] == "aten::bernoulli_"]
     assert len(judged) == 2 and all(r["rule"] == "random_contract" and r["status"] == "pass" for r in judged)
+
+
+def _masks(run: str) -> list[torch.Tensor]:
+    d = Dump.open(run)
+    return [d.load(r)["outputs"] for r in d.op_records if r["op"] == "aten::bernoulli_"]
+
+
+def test_a_fault_only_a_module_record_shows_after_the_same_draws_fails_naming_its_module(runs, capsys):
+    """Both runs draw with one seed (plain torch: the same masks); the run under test scales layer
+    1's attention input by a kernel the comparing torch does not know, 1e-3 off. Its region (one op
+    more) is judged by module records: the first that differs, q_proj's output, comes after layer
+    0's dropout, which drew the same numbers in both runs, so it is the divergence and fails. With
+    the reference's other seed, the same record is drift: other draws could explain it."""
+    same, other = _masks(runs["device_only"]), _masks(runs["honest"])
+    assert len(same) == 2 and all(torch.equal(x, y) for x, y in zip(same, other))
+    assert main(["compare", runs["device_only"], runs["honest"], "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    failed = [r for r in report["ops"] if r["status"] == "fail"]
+    assert [(r["op"], r["module"], r["phase"]) for r in failed] == [
+        ("module::output", f"{ROOT}.1.self_attn.q_proj", "forward")]
+    assert report["first_divergence"]["module"] == f"{ROOT}.1.self_attn.q_proj"
+    draws = [r for r in report["ops"] if r["op"] == "aten::bernoulli_"]
+    assert len(draws) == 2 and all(r["same_draws"] is True for r in draws)
+    assert failed[0]["index"] > draws[0]["index"]  # after a draw
+    unmatched = [r for r in report["unmatched"] if r["run"] == "A"]
+    assert [r["op"] for r in unmatched] == ["precision_faults::scale", "aten::mul"]  # its forward and backward
+    verdicts = {(r["module"], r["phase"]): r["verdict"] for r in report["regions"]}
+    assert verdicts[(f"{ROOT}.1.self_attn", "forward")] == "fail"
+    drifted = compare_dumps(runs["device_only"], runs["ref"])  # other draws (seed 1)
+    assert drifted.passed and not drifted.failed
+    assert all(r["same_draws"] is False for r in drifted.ops if r["op"] == "aten::bernoulli_")
+    assert {(r["module"], r["phase"]): r["verdict"] for r in drifted.regions}[
+        (f"{ROOT}.1.self_attn", "forward")] == "drift"
 
 
 def test_a_fault_in_the_draws_after_an_earlier_fault_is_located(runs):

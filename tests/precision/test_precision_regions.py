@@ -98,3 +98,26 @@ def test_module_records_without_a_partner_are_listed(tmp_path):
     report = compare_dumps(a, b)
     lone = [(r["op"], r["module"], r["run"]) for r in report.unmatched if r["op"].startswith("module::")]
     assert ("module::output", "_Proj.inner", "A") in lone and ("module::grad", "_Proj.inner", "A") in lone
+
+
+def test_a_random_kernel_the_comparing_torch_does_not_know_counts_as_a_draw(tmp_path):
+    """The run under test adds noise by a random kernel only its torch has (gone when the compare
+    runs): its module record differs from the reference's because of those draws, which the capture
+    marked as random, so the region drifts instead of failing (plain torch: the outputs differ)."""
+    from ditorch_precision.examples.faults import device_only_random_kernel
+
+    torch.manual_seed(0)
+    model, x = _Proj(extra_op=False), torch.randn(2, 4)
+    with device_only_random_kernel() as jitter, Capture(str(tmp_path / "a")):
+        model.forward = lambda x: model.inner(jitter(x, 1e-3))
+        out_a = model(x)
+        out_a.sum().backward()
+    b = _small(tmp_path / "b", extra_op=False)
+    torch.manual_seed(0)
+    assert not torch.allclose(out_a, _Proj(extra_op=False)(x), rtol=1e-5, atol=1e-6)
+    report = compare_dumps(str(tmp_path / "a"), b)
+    [drew] = [r for r in report.unmatched if r["op"] == "precision_faults::jitter"]
+    assert drew["run"] == "A"
+    assert [(r["module"], r["phase"], r["verdict"]) for r in report.regions] == [("_Proj", "forward", "drift")]
+    assert [r["status"] for r in report.ops if r["op"] == "module::output"] == ["drift"] * 2  # _Proj.inner, _Proj
+    assert report.passed
