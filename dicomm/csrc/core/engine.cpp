@@ -213,13 +213,8 @@ RequestPtr Engine::irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t me
 void Engine::send_to_self(const RequestSP& r) {
   const size_t bytes = r->capacity;
   transport::Header h{r->tag, r->meta, bytes, 0};
+  // (No placeholder of a timed-out receive is ever from this rank itself: Engine::time_out.)
   if (auto recv = queues_.take_posted(rank_, r->tag)) {
-    if (recv->withdrawn) {  // the place of a receive that timed out: its late message is discarded
-      ++counters_.late_messages_discarded;
-      if (bytes <= kSelfEagerLimit) finish(*r, rank_, bytes);  // as an eager send would
-      else fail(*r, ErrorKind::kTimeout, r->describe() + ": Timed out: the receive waiting for it timed out; discarded");
-      return;
-    }
     Unexpected msg;
     msg.src = rank_;
     msg.hdr = h;

@@ -301,12 +301,15 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
     // that one takes first (from any rank): r's place stays in the queue, and the message that
     // reaches it is discarded. An any-source receive claims no message at all (it served
     // whichever sender came first): a later message goes to the next receive that accepts it.
+    // A receive from this rank itself claims nothing either: a send to itself is matched the moment
+    // it is posted, so no message was on its way, and whatever is sent later is not late.
+    const bool claims = r.peer != kAnySource && r.peer != rank_;
     auto place = std::make_shared<P2PRequest>(nullptr, P2PRequest::Op::kRecv, r.peer, r.tag, 0, nullptr, 0);
     place->withdrawn = true;
-    const bool behind_any_source = r.peer != kAnySource && queues_.any_source_ahead(&r);
+    const bool behind_any_source = claims && queues_.any_source_ahead(&r);
     if (behind_any_source ? queues_.replace_posted(&r, place) : queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
-      if (r.peer != kAnySource && !behind_any_source) give_up_locked(r, ahead);  // its message is discarded
+      if (claims && !behind_any_source) give_up_locked(r, ahead);  // its message is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else if (cancel_matched_locked(r)) {
       state = "matched a message from rank " + std::to_string(r.matched_from) +
