@@ -339,3 +339,46 @@ def test_an_any_source_receive_that_times_out_claims_no_message(n):
     receive's buffer is never written."""
     out, _ = run_ranks(_any_source_timeouts, 2, "auto", n, "alone")
     assert out == (True, [(1, 1), (1, 2)], 0, 0), f"(timed out, (source, value)s, discarded, untouched) = {out}"
+
+
+def _self_receive_times_out(rank, world, store, case):
+    """A receive from this rank itself times out; then three messages to itself on that tag."""
+    import numpy as np
+
+    import dicomm._C as C
+
+    c = comm(store, rank, world, timeout_s=20)
+    bufs = [np.zeros(8, np.int64) for _ in range(4)]
+    if case == "behind":  # behind an any-source receive with the same tag
+        first = c.irecv(ptr(bufs[0]), 8, -1, tag=31)
+    given_up = c.irecv(ptr(bufs[3]), 8, rank, tag=31)
+    try:
+        given_up.wait(0.2)
+        timed_out = False
+    except C.TimeoutError:
+        timed_out = True
+    values = [np.array([v], np.int64) for v in (1, 2, 3)]
+    sends = [c.isend(ptr(v), 8, rank, tag=31) for v in values]
+    if case != "behind":
+        first = c.irecv(ptr(bufs[0]), 8, rank, tag=31)
+    later = [c.irecv(ptr(b), 8, rank, tag=31) for b in bufs[1:3]]
+    got = []
+    for r, b in zip([first, *later], bufs):
+        r.wait(5)
+        got.append(int(b[0]))
+    for s in sends:
+        s.wait(5)
+    out = (timed_out, got, c.stats()["late_messages_discarded"], int(bufs[3][0]))
+    c.close()
+    return out
+
+
+@pytest.mark.parametrize("case", ["alone", "behind"])
+def test_a_receive_from_itself_that_times_out_loses_no_later_message_to_itself(case):
+    """A message to this rank itself is matched the moment it is sent, so a self-receive that
+    times out never had a message on its way: nothing sent afterwards is late, and each later
+    message must reach a receive in order. Before, the timed-out receive recorded a number that
+    self-sends never carry (kept for good), and behind an any-source receive left a placeholder
+    that discarded message 2: the any-source receive got 1, the next 3, and the last one timed out."""
+    (out,) = run_ranks(_self_receive_times_out, 1, case)
+    assert out == (True, [1, 2, 3], 0, 0), f"(timed out, values, discarded, untouched) = {out}"

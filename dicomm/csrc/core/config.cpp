@@ -37,7 +37,7 @@ const std::vector<Knob> kTable = {
     {"DICOMM_SPIN_CONTENTION", K::kFlag, "1", 0, 0, "", "",
      "1: while the host has more runnable tasks than CPUs, waiters block at once instead of spinning"},
     {"DICOMM_UNEXPECTED_MB", K::kInteger, "32", 0, 1 << 20, "", "MiB",
-     "unmatched eager bytes from one peer before its connection is left unread (flow control)"},
+     "eager bytes a sender may have to one peer that the peer has not taken yet (credits); later sends are announced only (rendezvous)"},
     {"DICOMM_MAX_PENDING_HANDSHAKES", K::kInteger, "", 1, 1 << 20, "", "connections",
      "handshakes waiting at once per listener; unset: a quarter of the open-file soft limit, within [16, 1024]"},
     // Shared memory

@@ -11,6 +11,11 @@ namespace dicomm {
 void Engine::on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) {
   ++counters_.messages_received;
   if (is_abort_notice(hdr) && on_abort_notice(conn.peer(), payload, hdr.bytes)) return;
+  if (is_credit_note(hdr)) {
+    on_credit_note(conn.peer(), payload, hdr.bytes);
+    return;
+  }
+  if (payload) received_eager_locked(conn.peer(), hdr.bytes);  // taken unless queued below
   if (numbered(hdr.tag)) received_seq_[{conn.peer(), hdr.tag}] = hdr.tag_seq + 1;
   if (!late_.empty() && discard_if_late(conn, hdr, payload)) return;
   Unexpected msg;
@@ -177,6 +182,7 @@ Engine::RequestSP Engine::take_in_flight(const void* op) {
 
 void Engine::on_send_done(transport::SendOp* op) {
   if (RequestSP r = take_in_flight(op)) finish(*r, rank_, op->hdr.bytes);
+  else credit_note_sent(op);
 }
 
 void Engine::on_send_refused(transport::SendOp* op, const transport::Refusal& why) {

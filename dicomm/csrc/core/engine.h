@@ -27,10 +27,13 @@ namespace dicomm {
 
 // The engine's counters, reported by stats() under these names; touched only under the engine lock.
 // waits_unspun: waits that blocked at once (the host had more runnable tasks than CPUs).
+// sends_short_of_credit: sends posted when the peer had promised no room for their bytes (they go
+// as rendezvous); credit_notes_sent: notes telling a sender what was taken (core/credits.cpp).
 #define DICOMM_ENGINE_COUNTERS(X)                                                                   \
   X(rejected_connections) X(connections_accepted) X(connections_opened) X(messages_sent)          \
   X(messages_received) X(bytes_sent) X(bytes_received) X(unexpected_messages)                     \
-  X(late_messages_discarded) X(flow_control_holds) X(peers_lost) X(waits_unspun)
+  X(late_messages_discarded) X(sends_short_of_credit) X(credit_notes_sent) X(peers_lost)          \
+  X(waits_unspun)
 struct EngineCounters {
 #define DICOMM_COUNTER_FIELD(name) int64_t name = 0;
   DICOMM_ENGINE_COUNTERS(DICOMM_COUNTER_FIELD)
@@ -64,9 +67,15 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
  private:
   using RequestSP = std::shared_ptr<P2PRequest>;
+  struct CreditNote {  // outgoing: the eager bytes taken from its peer so far
+    transport::SendOp op;
+    uint64_t taken = 0;
+    bool posted = false;  // in the transport until on_send_done
+  };
   struct Peer {
     bool card_known = false;
     Card card;
+    std::unique_ptr<CreditNote> credit_note;  // before `send`: it outlives the connection it is posted on
     std::unique_ptr<transport::SendConn> send;
     std::vector<std::shared_ptr<transport::RecvConn>> recv;
     // Not owned: one of transports_, which live as long as the engine. Null until first contact
@@ -80,7 +89,12 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::string dead_reason;
     std::unique_ptr<std::mutex> connecting = std::make_unique<std::mutex>();
     int pidfd = -1;  // same-host peer: readable once its process exits (liveness.cpp)
-    bool held = false;  // flow control: its unmatched messages reached the limit (progress.cpp)
+    // Eager credits (core/credits.cpp), kept where its transport has no flow control of its own.
+    // As a sender: eager bytes sent to it, and how many of them it said it has taken. As a
+    // receiver: eager bytes received from it, and how many taken ones it has been told of.
+    bool credited = false;
+    uint64_t eager_sent = 0, eager_taken = 0;
+    uint64_t eager_received = 0, eager_told = 0;
     // It closed our send connection before connecting to us: until then its connection (which
     // may carry an abort notice) may still come; decided by later progress passes (progress.cpp).
     transport::Clock::time_point closed_awaiting_until{};
@@ -112,6 +126,14 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   static bool is_abort_notice(const transport::Header& hdr);
   bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one
   void apply_abort_notice_locked();  // after a progress pass (connections may not be freed mid-pass)
+  // credits.cpp (lock held)
+  bool short_of_credit_locked(const Peer& p, size_t bytes) const;  // a send of `bytes` must be announced
+  static bool is_credit_note(const transport::Header& hdr);
+  void on_credit_note(int src, const void* payload, size_t bytes);
+  void received_eager_locked(int src, size_t bytes);  // an eager payload from src was read
+  void return_credits_locked();                       // notes to senders owed one
+  bool credit_note_sent(transport::SendOp* op);       // true if op was a credit note
+  bool credits_due_ = false;                          // something was taken since the last look
   transport::Transport& choose_transport(int peer, const Card& card);
   void open_transports(const transport::Context& ctx);  // engine.cpp: from the registry
   transport::Transport* transport_named(const std::string& name) const;  // null when not open here
@@ -145,7 +167,6 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   // progress.cpp (lock held unless noted)
   bool progress_locked(bool thorough);
-  bool hold_back_locked(int peer, Peer& p);  // flow control: whether to leave p's messages unread
   bool arm_locked();
   std::chrono::microseconds spin_budget_locked(const P2PRequest& r) const;
   void note_local_locked(Peer& p);  // counts `p` among the ranks on this host (once)

@@ -13,8 +13,9 @@
 
 namespace dicomm {
 
-// A message nobody has asked for yet. Small ones are buffered here; large ones stay with the
-// sender (rendezvous) until a receive matches, so nothing large is buffered twice.
+// A message nobody has asked for yet. Small ones are buffered here; large ones, and small ones
+// past the sender's credits (core/credits.cpp), stay with the sender (rendezvous) until a receive
+// matches, so nothing large is buffered twice and an unmatched flood costs headers.
 struct Unexpected {
   int src = -1;
   transport::Header hdr;

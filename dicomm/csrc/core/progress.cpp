@@ -118,7 +118,6 @@ bool Engine::progress_locked(bool thorough) {
       peer_lost(peer, e.what());
       did = true;
     }
-    if (hold_back_locked(peer, p)) continue;
     try {
       for (size_t i = 0; i < p.recv.size(); ++i) did |= p.recv[i]->progress(thorough);
     } catch (const PeerError& e) {
@@ -132,29 +131,10 @@ bool Engine::progress_locked(bool thorough) {
       did = true;
     }
   }
+  if (credits_due_) return_credits_locked();
   apply_abort_notice_locked();
   graveyard_.clear();
   return did;
-}
-
-// Flow control for eager messages nobody has asked for: once a peer's unmatched bytes reach
-// DICOMM_UNEXPECTED_MB (32 MiB), its connection is left unread (and out of epoll) until a receive
-// could take one of its messages. Its further messages then wait where they are: in the kernel's
-// socket buffers and the shared-memory ring (bounded), then in the sender's queue, which holds the
-// sender's own buffers, not copies. A transport with flow control of its own (verbs: receive
-// credits) is not held.
-bool Engine::hold_back_locked(int peer, Peer& p) {
-  bool hold = queues_.unexpected_bytes_from(peer) >= config_.unexpected_bytes &&
-              !(p.transport && p.transport->capabilities().own_flow_control) && !queues_.has_posted_for(peer) &&
-              std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& kv) {
-                return kv.second->op == P2PRequest::Op::kRecv && kv.second->matched_from == peer;
-              });
-  if (hold != p.held) {
-    p.held = hold;
-    for (auto& c : p.recv) c->hold(hold);
-    if (hold) ++counters_.flow_control_holds;
-  }
-  return hold;
 }
 
 bool Engine::arm_locked() {
@@ -162,7 +142,6 @@ bool Engine::arm_locked() {
   for (auto& p : peers_) {
     if (p.dead) continue;
     if (p.send) ok &= p.send->arm();
-    if (p.held) continue;  // unread on purpose: no wake-ups from it
     for (auto& c : p.recv) ok &= c->arm();
   }
   if (!ok) disarm_locked();
@@ -191,6 +170,7 @@ void Engine::set_transport_locked(Peer& p, transport::Transport& t) {
   p.transport = &t;
   p.spin = t.capabilities().spin;
   p.register_above = t.capabilities().register_above;
+  p.credited = !t.capabilities().own_flow_control;
 }
 
 std::chrono::microseconds Engine::spin_budget_locked(const P2PRequest& r) const {
@@ -301,12 +281,15 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
     // that one takes first (from any rank): r's place stays in the queue, and the message that
     // reaches it is discarded. An any-source receive claims no message at all (it served
     // whichever sender came first): a later message goes to the next receive that accepts it.
+    // A receive from this rank itself claims nothing either: a send to itself is matched the moment
+    // it is posted, so no message was on its way, and whatever is sent later is not late.
+    const bool claims = r.peer != kAnySource && r.peer != rank_;
     auto place = std::make_shared<P2PRequest>(nullptr, P2PRequest::Op::kRecv, r.peer, r.tag, 0, nullptr, 0);
     place->withdrawn = true;
-    const bool behind_any_source = r.peer != kAnySource && queues_.any_source_ahead(&r);
+    const bool behind_any_source = claims && queues_.any_source_ahead(&r);
     if (behind_any_source ? queues_.replace_posted(&r, place) : queues_.remove_posted(&r)) {
       state = "no matching message arrived; the receive is cancelled";
-      if (r.peer != kAnySource && !behind_any_source) give_up_locked(r, ahead);  // its message is discarded
+      if (claims && !behind_any_source) give_up_locked(r, ahead);  // its message is discarded
       r.fail(ErrorKind::kTimeout, r.describe() + " timed out earlier (" + state + ")");
     } else if (cancel_matched_locked(r)) {
       state = "matched a message from rank " + std::to_string(r.matched_from) +

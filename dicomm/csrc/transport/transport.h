@@ -49,6 +49,10 @@ struct SendOp {
   Header hdr;
   const void* buf = nullptr;
   MemHandle mem;
+  // In: the engine's flow control wants an announcement only (rendezvous) whatever the size: the
+  // receiver has promised no room for more eager bytes. Out: post() sets it for a message it
+  // announces. Transports with flow control of their own (Capabilities::own_flow_control) ignore it.
+  bool rendezvous = false;
 };
 
 // The landing zone of a matched rendezvous message; owned by the engine until on_recv_done.
@@ -110,9 +114,6 @@ class RecvConn : public Conn {
  public:
   // The connecting process as the kernel saw it (shared memory: SO_PEERCRED), 0 when unknown.
   virtual int64_t peer_pid() const { return 0; }
-  // Flow control: while held, the engine does not read this connection and it must not wake the
-  // poller for new messages (the sender's messages wait in its own queue and the kernel's buffers).
-  virtual void hold(bool /*on*/) {}
   // Gives a matched receive's buffer back to its owner: the rest of the message is read and
   // dropped, `op` is never completed. False where the transport cannot (shm's sender may be
   // writing into it, verbs' reads are posted): its data may still land.
@@ -152,7 +153,8 @@ struct Capabilities {
   bool device_pointers = false;
   // How long a waiter polls this transport's connections itself before it sleeps.
   std::chrono::microseconds spin{100};
-  // It has flow control of its own (receive credits): the engine never holds its connections back.
+  // It has flow control of its own (receive credits): the engine keeps no eager credits for it and
+  // never asks it for a rendezvous (SendOp::rendezvous).
   bool own_flow_control = false;
 };
 

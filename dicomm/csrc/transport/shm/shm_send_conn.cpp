@@ -25,6 +25,7 @@ ShmSendConn::ShmSendConn(int peer, std::unique_ptr<ControlSocket> control, std::
 
 void ShmSendConn::post(SendOp* op) {
   op->hdr.msg_id = next_id_++;
+  op->rendezvous |= op->hdr.bytes > kSlotPayload;
   if (!waiting_.empty() || !publish(op)) waiting_.push_back(op);
 }
 
@@ -37,7 +38,7 @@ bool ShmSendConn::publish(SendOp* op) {
   s.bytes = h.bytes;
   s.msg_id = h.msg_id;
   s.tag_seq = h.tag_seq;
-  bool eager = h.bytes <= kSlotPayload;
+  const bool eager = !op->rendezvous;
   s.kind = eager ? kEager : kRts;
   s.addr = reinterpret_cast<uint64_t>(op->buf);
   if (eager && h.bytes) std::memcpy(s.payload, op->buf, h.bytes);

@@ -22,7 +22,8 @@ void TcpSendConn::post(SendOp* op) {
   f.meta = op->hdr.meta;
   f.tag_seq = op->hdr.tag_seq;
   f.bytes = op->hdr.bytes;
-  if (op->hdr.bytes <= kEagerLimit) {
+  op->rendezvous |= op->hdr.bytes > kEagerLimit;
+  if (!op->rendezvous) {
     f.kind = kEager;
     streams_[0]->send(f, static_cast<const char*>(op->buf), op, *this);
   } else {
@@ -101,11 +102,6 @@ bool TcpRecvConn::cancel(RecvOp* op) {
     return true;
   }
   return false;
-}
-
-void TcpRecvConn::hold(bool on) {
-  for (auto& s : streams_)
-    if (s) s->watch(!on);
 }
 
 bool TcpRecvConn::attach(int index, std::unique_ptr<TcpStream> stream) {

@@ -46,7 +46,6 @@ class TcpRecvConn : public RecvConn, private TcpStream::Handler {
   const char* transport_name() const override { return "tcp"; }
   bool progress(bool thorough) override;
   bool busy() const override { return false; }
-  void hold(bool on) override;
   bool cancel(RecvOp* op) override;
   void pull(uint64_t msg_id, RecvOp* op) override;
   void refuse(uint64_t msg_id, const Refusal& why) override;

@@ -28,11 +28,6 @@ void TcpStream::drop_data_into(const char* begin, const char* end) {
   target_ = scratch_.data();
 }
 
-void TcpStream::watch(bool on) {
-  if (on) poller_->add(fd_.get());
-  else poller_->remove(fd_.get());
-}
-
 TcpStream::~TcpStream() { poller_->remove(fd_.get()); }
 
 void TcpStream::send(const Frame& f, const char* payload, void* cookie, Handler& h) {

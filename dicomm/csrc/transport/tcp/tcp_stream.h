@@ -23,7 +23,6 @@ class TcpStream {
   };
 
   TcpStream(UniqueFd fd, Poller* poller, std::string what);
-  void watch(bool on);  // whether readability wakes the poller (flow control)
   // A data frame being read into [begin, end) goes on into scratch memory (a cancelled receive).
   void drop_data_into(const char* begin, const char* end);
   ~TcpStream();
