@@ -114,8 +114,9 @@ class RecvConn : public Conn {
   // poller for new messages (the sender's messages wait in its own queue and the kernel's buffers).
   virtual void hold(bool /*on*/) {}
   // Gives a matched receive's buffer back to its owner: the rest of the message is read and
-  // dropped, `op` is never completed. False where the transport cannot (shm's sender may be
-  // writing into it, verbs' reads are posted): its data may still land.
+  // dropped (or, verbs, no longer read: the reads already posted are awaited), `op` is never
+  // completed. False where the transport cannot (shm's sender may be writing into it): its data
+  // may still land.
   virtual bool cancel(RecvOp* /*op*/) { return false; }
   virtual void pull(uint64_t msg_id, RecvOp* op) = 0;
   virtual void refuse(uint64_t msg_id, const Refusal& why) = 0;
