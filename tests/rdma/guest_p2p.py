@@ -223,6 +223,54 @@ def _pingpongs(c, rank: int, n: int = 100) -> None:
             c.isend(buf.ctypes.data, 8, 0, 1).wait()
 
 
+def _matched_receive_times_out(rank: int, world: int, store) -> dict:
+    """A 128 MiB receive whose deadline passes while its RDMA reads are under way (0.5 s after the
+    message was announced; the whole transfer takes seconds here): after the TimeoutError its buffer
+    must not change any more (snapshot, 4 s, compare: without withdrawing, the reads go on landing),
+    the sender's send fails as timed out, and the next messages on the connection (rendezvous and
+    eager) arrive intact."""
+    import dicomm._C as C
+
+    c = _comm(store, rank, world)
+    n = 128 << 20
+    later = [_data((3 << 20) + 7, 81), _data(4000, 82)]
+    if rank == 0:
+        big = _data(n, 80)
+        req = c.isend(big.ctypes.data, n, 1, 80)  # announced (kRts) when posted
+        store.set("announced", "1")
+        try:
+            req.wait(60.0)
+            first = "completed"
+        except C.DicommError as e:
+            first = f"{type(e).__name__}: {e}"
+        for i, m in enumerate(later):
+            c.isend(m.ctypes.data, m.size, 1, 81 + i).wait(60.0)
+        _close(c)
+        return {"first_send": first}
+    got = np.full(n, 0xEE, np.uint8)
+    r = c.irecv(got.ctypes.data, n, 0, 80)
+    store.wait(["announced"])
+    t0 = time.monotonic()
+    try:
+        r.wait(0.5)
+        raise AssertionError("the receive completed before its deadline: make the message larger")
+    except C.TimeoutError as e:
+        text, seconds = str(e), round(time.monotonic() - t0, 3)
+    snapshot = got.copy()
+    time.sleep(4.0)  # longer than the rest of the transfer would take
+    changed = int(np.count_nonzero(got != snapshot))
+    written = int(np.count_nonzero(snapshot != 0xEE))  # about 255/256 of the bytes that landed
+    del snapshot
+    next_ok = []
+    for i, m in enumerate(later):
+        buf = np.zeros(m.size, np.uint8)
+        c.irecv(buf.ctypes.data, buf.size, 0, 81 + i).wait(60.0)
+        next_ok.append(bool(np.array_equal(buf, m)))
+    _close(c)
+    return {"text": text, "seconds": seconds, "changed_after": changed, "written_before": written, "bytes": n,
+            "next_ok": next_ok}
+
+
 def _close_and_drop(c) -> dict:
     """Seconds spent in close() and in dropping the communicator (its connections go with it)."""
     import gc
@@ -465,6 +513,46 @@ def _wrong_wire_version(rank: int, world: int, store) -> dict:
     return {"accepted": accepted, "reply_magic": magic, "reply_version": version, "closed": closed}
 
 
+def _eager_mismatch(rank: int, world: int, store) -> dict:
+    """Rank 1 uses 4096 B eager messages (its communicator's setting), rank 0 the default 8192 B:
+    rank 1's first send must fail with PeerError naming both sizes, and rank 0 must refuse the
+    connection with a warning naming them."""
+    import tempfile
+
+    import dicomm._C as C
+
+    settings = {"DICOMM_IB_EAGER_BYTES": "4096", "DICOMM_CONNECT": "lazy"} if rank == 1 else {"DICOMM_CONNECT": "lazy"}
+    if rank == 0:
+        log = tempfile.TemporaryFile()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)  # the engine's warnings go to fd 2
+    try:
+        c = C.Communicator(store, rank, world, 30.0, "verbs", settings)
+        buf = np.zeros(8, np.uint8)
+        if rank == 1:
+            try:
+                c.isend(buf.ctypes.data, 8, 0, 1).wait(30.0)
+                res = {"send_kind": "completed", "send_error": ""}
+            except C.DicommError as e:
+                res = {"send_kind": type(e).__name__, "send_error": str(e)}
+            store.set("tried", "1")
+        else:
+            store.wait(["tried"])
+            deadline = time.monotonic() + 10
+            while c.stats()["rejected_connections"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            res = {"rejected": c.stats()["rejected_connections"]}
+        c.close()
+    finally:
+        if rank == 0:
+            os.dup2(saved, 2)
+            os.close(saved)
+    if rank == 0:
+        log.seek(0)
+        res["warnings"] = [ln for ln in log.read().decode(errors="replace").splitlines() if "EAGER_BYTES" in ln]
+    return res
+
+
 def _settings_per_communicator(rank: int, world: int, store) -> dict:
     """Two verbs communicators alive at once in each process, one created with
     DICOMM_IB_EAGER_BYTES=0 as its own setting: its 4 KiB messages must go by rendezvous (registered,
@@ -517,14 +605,24 @@ def _probe() -> dict:
     return json.loads(C._verbs_probe())
 
 
+def _probe_with_settings() -> dict:
+    """The probe as a communicator given DICOMM_IB_GID_INDEX as its setting sees the ports."""
+    import dicomm._C as C
+
+    return {"gid_97": json.loads(C._verbs_probe({"DICOMM_IB_GID_INDEX": "97"}))["verbs"],
+            "gid_0": json.loads(C._verbs_probe({"DICOMM_IB_GID_INDEX": "0"}))["verbs"]}
+
+
 SCENARIOS = {
     "probe": _probe,
+    "probe_settings": _probe_with_settings,
     "p2p_2": lambda: run_ranks(_p2p, 2, SIZES, True, timeout=240),
     "p2p_4": lambda: run_ranks(_p2p, 4, SIZES[:9], False, timeout=150),
     "p2p_3": lambda: run_ranks(_p2p, 3, SIZES[:6], False, timeout=120),  # an odd world: uneven splits
     # The earlier 100 us spin before sleeping on the completion channel: what the 1 ms verbs spin buys.
     "latency_spin_100us": lambda: run_ranks(_latency, 2, timeout=90, env={"DICOMM_IB_SPIN_US": "100"}),
     "torch_backend": lambda: run_ranks(_torch_backend, 2, timeout=90, env={"DICOMM_TRANSPORT": "verbs"}),
+    "matched_timeout": lambda: run_ranks(_matched_receive_times_out, 2, timeout=120),
     "killed_peer": lambda: run_ranks(_killed_peer, 2, timeout=60, expect_dead=[0])[1],
     "close_in_order": lambda: run_ranks(_close_in_order, 2, timeout=120, env={"DICOMM_IB_DRAIN_MS": "20000"}),
     "close_together": lambda: run_ranks(_close_together, 2, timeout=120, env={"DICOMM_IB_DRAIN_MS": "20000"}),
@@ -532,6 +630,7 @@ SCENARIOS = {
     "middle_page": lambda: run_ranks(_middle_page, 2, timeout=90),
     "bad_gid": lambda: run_ranks(_bad_gid, 1, timeout=30, env={"DICOMM_IB_GID_INDEX": "97"})[0],
     "wrong_wire_version": lambda: run_ranks(_wrong_wire_version, 2, timeout=120),
+    "eager_mismatch": lambda: run_ranks(_eager_mismatch, 2, timeout=120),
     "settings_per_communicator": lambda: run_ranks(_settings_per_communicator, 2, timeout=120),
     "gid_setting": lambda: run_ranks(_gid_setting_per_communicator, 1, timeout=60)[0],
 }

@@ -9,7 +9,8 @@
                    and dicomm's verbs transport (BIN exchange: the transport with a minimal sink)
                    exchange one message each way per size of EXCHANGE_SIZES, eager and rendezvous
                    (RDMA READs from and into dicomm's registered buffers); both sides check every byte.
-                   Then the peer offers wire version 99: dicomm must answer with its own and hang up.
+                   Then the peer offers wire version 99, then 4096 B eager messages: dicomm must
+                   answer each with its own and hang up.
 Prints one JSON line.
 """
 from __future__ import annotations
@@ -201,14 +202,16 @@ def exchange(folder: str, target_bin: str) -> dict:
             mismatched = sum(a != b for a, b in zip(m.data, want)) + abs(len(m.data) - n) if not got_ok else 0
             how = send.send_message(_exchange_bytes(n, 2 * i + 1), 2 * i + 1, _exchange_meta(n), i + 1, deadline)
             rows.append({"bytes": n, "ok": got_ok, "mismatched": mismatched, "sent_as": how})
-        version = peer.try_wire_version(theirs["address"], key, 1, 0, 99, deadline)
+        version = peer.try_wire_info(theirs["address"], key, 1, 0, 99, peer.EAGER_BYTES, deadline)
+        eager = peer.try_wire_info(theirs["address"], key, 1, 0, peer.WIRE_VERSION, 4096, deadline)
         open(os.path.join(folder, "done"), "w").write("1\n")
         out, err = target.communicate(timeout=120)
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
         ours = json.loads(lines[-1]) if lines else {"ok": False, "error": err[-2000:]}
         return {"ok": all(r["ok"] for r in rows) and ours.get("ok") and target.returncode == 0,
                 "pyverbs_received": rows, "dicomm": ours, "target_exit": target.returncode,
-                "pyverbs_read_bytes": recv.read_bytes, "wrong_version": version, "dicomm_stderr": err[-2000:]}
+                "pyverbs_read_bytes": recv.read_bytes, "wrong_version": version, "wrong_eager": eager,
+                "dicomm_stderr": err[-2000:]}
     finally:
         if target.poll() is None:
             target.kill()

@@ -28,14 +28,14 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 PORT = 1
 HELLO_MAGIC, HELLO_VERSION, TRANSPORT_VERBS = 0x4D434944, 2, 3
-WIRE_MAGIC, WIRE_VERSION = 0x56434944, 1
+WIRE_MAGIC, WIRE_VERSION = 0x56434944, 2
 CHALLENGE = struct.Struct("<IHH16s")           # 24 B
 HELLO = struct.Struct("<IHHiiHHI16s16s32s")    # 88 B: ..., extra (16 B), nonce, mac
 WIRE_INFO = struct.Struct("<IIII16sIIQIIII")   # 64 B
 CTRL = struct.Struct("<IIQQQQQIIQ")            # 64 B
 EAGER = struct.Struct("<IIQQ")                 # 24 B
 K_EAGER, K_RTS, K_FIN, K_REFUSE, K_READY = 1, 2, 3, 4, 5
-EAGER_BYTES = 8192          # the documented default of DICOMM_IB_EAGER_BYTES (the slot size is not exchanged)
+EAGER_BYTES = 8192          # this side's eager payload limit, sent in WireInfo; the peer must have the same
 SLOTS = 32
 READ_CHUNK = 256 * 1024     # this peer's own choice: differs from dicomm's default on purpose
 OUR_RD_ATOM = 4             # RDMA reads this side serves at once
@@ -107,15 +107,16 @@ class WireInfo:
     rd_atom: int
     magic: int = WIRE_MAGIC
     version: int = WIRE_VERSION
+    eager_bytes: int = EAGER_BYTES
 
     def pack(self) -> bytes:
         return WIRE_INFO.pack(self.magic, self.qpn, self.psn, self.mtu, self.gid, self.gid_index, self.slots,
-                              self.credit_addr, self.credit_rkey, self.rd_atom, self.version, 0)
+                              self.credit_addr, self.credit_rkey, self.rd_atom, self.version, self.eager_bytes)
 
     @classmethod
     def unpack(cls, raw: bytes) -> WireInfo:
-        magic, qpn, psn, mtu, gid, gid_index, slots, caddr, ckey, rd, version, _ = WIRE_INFO.unpack(raw)
-        return cls(qpn, psn, mtu, gid, gid_index, slots, caddr, ckey, rd, magic, version)
+        magic, qpn, psn, mtu, gid, gid_index, slots, caddr, ckey, rd, version, eager = WIRE_INFO.unpack(raw)
+        return cls(qpn, psn, mtu, gid, gid_index, slots, caddr, ckey, rd, magic, version, eager)
 
 
 @dataclass
@@ -195,8 +196,9 @@ class Connection:
                         self.mem.rkey, OUR_RD_ATOM)
 
     def connect(self, r: WireInfo) -> None:
-        if (r.magic, r.version) != (WIRE_MAGIC, WIRE_VERSION):
-            raise ProtocolError(f"{self.what}: peer wire magic {r.magic:#x} version {r.version}")
+        if (r.magic, r.version, r.eager_bytes) != (WIRE_MAGIC, WIRE_VERSION, EAGER_BYTES):
+            raise ProtocolError(f"{self.what}: peer wire magic {r.magic:#x} version {r.version} eager bytes "
+                                f"{r.eager_bytes}")
         self.remote = r
         self.mem.write(struct.pack("<Q", r.slots), 8, self.credit_off)
         self.max_reads = max(1, min(OUR_RD_ATOM, r.rd_atom))
@@ -373,13 +375,16 @@ def accept_from(ctx: Context, pd: PD, listener: socket.socket, key: bytes, self_
     return conn
 
 
-def try_wire_version(address: str, key: bytes, self_rank: int, peer: int, version: int, deadline: float) -> dict:
-    """Offers connection data of another wire version after a valid handshake; returns what the
-    listener answered (its magic and version) and whether it then closed the side channel."""
+def try_wire_info(address: str, key: bytes, self_rank: int, peer: int, version: int, eager_bytes: int,
+                  deadline: float) -> dict:
+    """Offers connection data of another wire version or eager size after a valid handshake; returns
+    what the listener answered (its magic, version and eager size) and whether it then closed the
+    side channel."""
     host, port = address.split("/")[0].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=max(1.0, deadline - time.monotonic())) as sock:
         connector_handshake(sock, key, self_rank, peer)
-        sock.sendall(WireInfo(0, 0, 0, bytes(16), 0, 0, 0, 0, 0, version=version).pack())
+        sock.sendall(WireInfo(0, 0, 0, bytes(16), 0, 0, 0, 0, 0, version=version, eager_bytes=eager_bytes).pack())
         reply = WireInfo.unpack(_recv_exact(sock, WIRE_INFO.size))
         closed = sock.recv(1) == b""
-    return {"reply_magic": reply.magic, "reply_version": reply.version, "closed": closed}
+    return {"reply_magic": reply.magic, "reply_version": reply.version, "reply_eager_bytes": reply.eager_bytes,
+            "closed": closed}

@@ -166,6 +166,27 @@ def test_verbs_probe_binding_agrees_with_the_transport(session):
     assert ours["accelerator"]["path"] == "cpu-mediated" and "no CUDA driver" in ours["accelerator"]["why"]
 
 
+def test_verbs_probe_reads_the_settings_it_is_given(session):
+    """_verbs_probe(settings) chooses as a communicator given those settings would: GID index 0 when
+    told so, and an entry it cannot use (97) named with the GID table instead of a choice."""
+    res = _scenario(session, "probe_settings")
+    port97 = next(d for d in res["gid_97"]["devices"] if d["name"] == "rxe0")["ports"][0]
+    assert port97["chosen_gid"] == -1 and "DICOMM_IB_GID_INDEX=97" in port97["chosen_why"], port97
+    assert "GID table" in port97["chosen_why"], port97
+    port0 = next(d for d in res["gid_0"]["devices"] if d["name"] == "rxe0")["ports"][0]
+    assert port0["chosen_gid"] == 0 and port0["chosen_why"] == "DICOMM_IB_GID_INDEX=0", port0
+
+
+def test_verbs_probe_refuses_a_bad_setting_by_name():
+    """Settings are checked as a communicator checks them, on any host (no device needed)."""
+    import dicomm._C as C
+
+    with pytest.raises(ValueError, match="DICOMM_IB_SLOTS"):
+        C._verbs_probe({"DICOMM_IB_SLOTS": "many"})
+    with pytest.raises(ValueError, match="DICOMM_NO_SUCH_KNOB"):
+        C._verbs_probe({"DICOMM_NO_SUCH_KNOB": "1"})
+
+
 ALL_COLLECTIVES = ["all_reduce", "reduce", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
                    "broadcast", "barrier"]
 
@@ -205,6 +226,20 @@ def test_peer_killed_mid_transfer_is_a_peer_error_not_a_hang(session):
     assert res["seconds"] < 20 and "rank 0" in res["text"], res
 
 
+def test_matched_receive_withdrawn_at_its_timeout_leaves_the_buffer_alone(session):
+    """A 128 MiB receive times out while its RDMA reads are under way: the reads already posted are
+    awaited and no further one is posted, so once the TimeoutError is raised the buffer is the
+    user's (unchanged 4 s later, while the whole transfer would have needed longer); the sender's
+    send fails as timed out, and the next messages on the connection arrive intact."""
+    receiver = _scenario(session, "matched_timeout")[1]
+    sender = _scenario(session, "matched_timeout")[0]
+    assert "never written again" in receiver["text"], receiver
+    assert 0 < receiver["written_before"] < receiver["bytes"] * 0.9, receiver  # it did time out mid-transfer
+    assert receiver["changed_after"] == 0, receiver
+    assert receiver["next_ok"] == [True, True], receiver
+    assert sender["first_send"].startswith("TimeoutError") and "discarded" in sender["first_send"], sender
+
+
 def test_port_going_down_fails_waiting_receives_with_peer_error(session):
     """The interface under rxe0 taken down while both ranks wait on a receive: the device's port error
     event (no completion comes) must fail both with PeerError long before their 30 s, naming the
@@ -242,13 +277,25 @@ def test_wrong_gid_index_names_device_port_and_gid(session):
 
 def test_peer_of_another_wire_version_is_refused_by_name(session):
     """Verbs connection data of wire version 99 after a valid handshake: rank 0 refuses it with a
-    warning naming both versions, answers with its own version (1) and hangs up; its traffic with
+    warning naming both versions, answers with its own version (2) and hangs up; its traffic with
     the real rank 1 goes on."""
     rank0, rank1 = _scenario(session, "wrong_wire_version")
     assert rank1["accepted"] and rank1["closed"], rank1
-    assert rank1["reply_magic"] == 0x56434944 and rank1["reply_version"] == 1, rank1
+    assert rank1["reply_magic"] == 0x56434944 and rank1["reply_version"] == 2, rank1
     assert rank0["rejected"] == 1 and rank0["message_ok"], rank0
-    assert any("wire version 99" in w and "version 1" in w for w in rank0["warnings"]), rank0
+    assert any("wire version 99" in w and "version 2" in w for w in rank0["warnings"]), rank0
+
+
+def test_ranks_with_different_eager_sizes_are_refused_naming_both(session):
+    """Rank 1 given DICOMM_IB_EAGER_BYTES=4096 as its setting, rank 0 the default 8192: the receive
+    slots would not fit the other's SENDs, so the connection is refused before any queue pair
+    connects. The connecting rank's send fails with PeerError and the accepting rank warns, both
+    naming the two values."""
+    rank0, rank1 = _scenario(session, "eager_mismatch")
+    for text in (rank1["send_error"], *rank0["warnings"]):
+        assert "DICOMM_IB_EAGER_BYTES=4096" in text and "DICOMM_IB_EAGER_BYTES=8192" in text, (rank0, rank1)
+    assert rank1["send_kind"] == "PeerError", rank1
+    assert rank0["rejected"] >= 1 and rank0["warnings"], rank0
 
 
 def test_two_communicators_of_one_process_keep_their_own_verbs_settings(session):
@@ -311,8 +358,19 @@ def test_pyverbs_peer_of_another_wire_version_is_refused(session):
     """The pyverbs rank offers wire version 99 after a valid handshake: dicomm answers with its own
     magic and version, hangs up, and names both versions."""
     res = _json_line(_step(session, "pyverbs_exchange"))
-    assert res["wrong_version"] == {"reply_magic": 0x56434944, "reply_version": 1, "closed": True}, res
-    assert any("wire version 99" in w and "version 1" in w for w in res["dicomm"]["rejected"]), res
+    assert res["wrong_version"] == {"reply_magic": 0x56434944, "reply_version": 2, "reply_eager_bytes": 8192,
+                                    "closed": True}, res
+    assert any("wire version 99" in w and "version 2" in w for w in res["dicomm"]["rejected"]), res
+
+
+def test_pyverbs_peer_of_another_eager_size_is_refused(session):
+    """The pyverbs rank offers wire version 2 with 4096 B eager messages to dicomm's 8192: dicomm
+    answers with its magic, version and eager size, hangs up, and names both sizes."""
+    res = _json_line(_step(session, "pyverbs_exchange"))
+    assert res["wrong_eager"] == {"reply_magic": 0x56434944, "reply_version": 2, "reply_eager_bytes": 8192,
+                                  "closed": True}, res
+    assert any("DICOMM_IB_EAGER_BYTES=4096" in w and "DICOMM_IB_EAGER_BYTES=8192" in w
+               for w in res["dicomm"]["rejected"]), res
 
 
 def test_perftest_reference_and_numbers(session):

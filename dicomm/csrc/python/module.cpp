@@ -245,16 +245,21 @@ PYBIND11_MODULE(_C, m) {
     return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
   }, py::arg("key"), py::arg("message"), "Test hook: the handshake's HMAC-SHA-256 of `message` under `key`.");
 
-  m.def("_verbs_probe", [] {
+  m.def("_verbs_probe", [](std::map<std::string, std::string> settings) {
     namespace verbs = transport::verbs;
+    Options options;
+    options.settings = std::move(settings);
+    const EngineConfig config = EngineConfig::load(options);  // as a communicator given `settings` reads it
     std::string why;
     const verbs::AccelCaps& caps = verbs::Accel::get().caps();
     verbs::DevicePath path = verbs::decide_path(caps, &why);
     auto q = [](const std::string& s) { return py::module_::import("json").attr("dumps")(s).cast<std::string>(); };
-    return "{\"verbs\": " + verbs::probe_json() + ", \"accelerator\": {\"driver\": " + (caps.driver ? "true" : "false") +
+    return "{\"verbs\": " + verbs::probe_json(config) + ", \"accelerator\": {\"driver\": " + (caps.driver ? "true" : "false") +
            ", \"path\": " + q(verbs::device_path_name(path)) + ", \"why\": " + q(why) + "}}";
-  }, "JSON text: RDMA devices, ports, GID tables and the GID dicomm would choose, and how accelerator\n"
-     "memory would reach the NIC (device-direct or CPU-mediated) as far as known before a device buffer is seen.");
+  }, py::arg("settings") = std::map<std::string, std::string>{},
+     "JSON text: RDMA devices, ports, GID tables and the GID a communicator given `settings` (then the\n"
+     "environment, as Communicator reads them) would choose, and how accelerator memory would reach the NIC\n"
+     "(device-direct or CPU-mediated) as far as known before a device buffer is seen.");
 
   // Exercises the accelerator half of device-direct RDMA and of CPU-mediated staging on a fresh thread (as
   // the progress thread would): no NIC is needed, so a GPU host without RDMA still checks it.

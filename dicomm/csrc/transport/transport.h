@@ -115,8 +115,9 @@ class RecvConn : public Conn {
   // The connecting process as the kernel saw it (shared memory: SO_PEERCRED), 0 when unknown.
   virtual int64_t peer_pid() const { return 0; }
   // Gives a matched receive's buffer back to its owner: the rest of the message is read and
-  // dropped, `op` is never completed. False where the transport cannot (shm's sender may be
-  // writing into it, verbs' reads are posted): its data may still land.
+  // dropped (or, verbs, no longer read: the reads already posted are awaited), `op` is never
+  // completed. False where the transport cannot (shm's sender may be writing into it): its data
+  // may still land.
   virtual bool cancel(RecvOp* /*op*/) { return false; }
   virtual void pull(uint64_t msg_id, RecvOp* op) = 0;
   virtual void refuse(uint64_t msg_id, const Refusal& why) = 0;

@@ -363,6 +363,7 @@ int write_target(size_t n, const std::string& dir) {
     peer.mtu = static_cast<uint32_t>(json_u64(pj, "mtu"));
     peer.slots = 1;
     peer.rd_atom = 1;
+    peer.eager_bytes = mine.eager_bytes;  // the writer sends no messages: any size it would accept
     auto at = pj.find("\"gid\"");
     std::string g = pj.substr(pj.find('"', pj.find(':', at)) + 1, 32);
     for (int i = 0; i < 16; ++i) peer.gid[i] = static_cast<uint8_t>(std::stoul(g.substr(2 * i, 2), nullptr, 16));
@@ -551,7 +552,7 @@ int main(int argc, char** argv) {
   if (mode == "probe") {
     std::string why;
     verbs::decide_path(verbs::Accel::get().caps(), &why);
-    std::printf("{\"probe\": %s, \"device_path_without_gpu\": \"%s\"}\n", verbs::probe_json().c_str(), why.c_str());
+    std::printf("{\"probe\": %s, \"device_path_without_gpu\": \"%s\"}\n", verbs::probe_json(settings()).c_str(), why.c_str());
     return 0;
   }
   if (mode == "write-target" && argc > 3) return write_target(std::strtoull(argv[2], nullptr, 10), argv[3]);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <random>
+#include <thread>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -139,19 +140,25 @@ WireInfo Channel::local_info() const {
   w.credit_addr = reinterpret_cast<uintptr_t>(credit_word_);
   w.credit_rkey = mr_->rkey;
   w.rd_atom = static_cast<uint32_t>(std::max(1, std::min(16, nic_->max_rd_atom())));
+  w.eager_bytes = static_cast<uint32_t>(eager_limit());
   return w;
 }
 
-std::string wire_mismatch(const WireInfo& r) {
+std::string wire_mismatch(const WireInfo& r, size_t eager_bytes) {
   if (r.magic != WireInfo{}.magic) return "the peer sent malformed connection data (not a dicomm verbs peer)";
   if (r.version != kVerbsWireVersion)
     return "the peer speaks verbs wire version " + std::to_string(r.version) + ", this rank speaks version " +
            std::to_string(kVerbsWireVersion) + " (run the same dicomm release on every rank)";
+  if (r.eager_bytes != eager_bytes)
+    return "the peer's eager messages are up to " + std::to_string(r.eager_bytes) + " B (its DICOMM_IB_EAGER_BYTES=" +
+           std::to_string(r.eager_bytes) + "), this rank's up to " + std::to_string(eager_bytes) +
+           " B (DICOMM_IB_EAGER_BYTES=" + std::to_string(eager_bytes) +
+           "): both sides size their receive slots by it, so every rank must set the same";
   return "";
 }
 
 void Channel::connect(const WireInfo& r) {
-  if (std::string why = wire_mismatch(r); !why.empty()) throw PeerError(what_ + ": " + why);
+  if (std::string why = wire_mismatch(r, eager_limit()); !why.empty()) throw PeerError(what_ + ": " + why);
   const std::string dev = nic_->port().describe();
   mtu_ = std::min(r.mtu, nic_->port().active_mtu);
   *credit_word_ = r.slots;
@@ -328,7 +335,7 @@ void Channel::write_credit(bool signal) {
   ++wr_posted_;
 }
 
-void Channel::fail_wc(const ibv::wc& wc) {
+std::string Channel::wc_error(const ibv::wc& wc) const {
   uint64_t kind = wc.wr_id & ~kLow;
   const char* op = kind == kWrRecv ? "a receive" : kind == kWrSend ? "a send" : kind == kWrRead ? "an RDMA read" : "a credit write";
   std::string hint;
@@ -340,10 +347,11 @@ void Channel::fail_wc(const ibv::wc& wc) {
     hint = " (the queue pair is in error state)";
   char vendor[16];
   std::snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
-  throw PeerError(what_ + " [" + nic_->port().describe() + ", GID index " + std::to_string(gid_index_) + "]: " + op +
-                  " completed with '" + api_.wc_status_str(wc.status) + "' (status " + std::to_string(wc.status) +
-                  ", vendor error " + vendor + ")" + hint);
+  return "[" + nic_->port().describe() + ", GID index " + std::to_string(gid_index_) + "]: " + op + " completed with '" +
+         api_.wc_status_str(wc.status) + "' (status " + std::to_string(wc.status) + ", vendor error " + vendor + ")" + hint;
 }
+
+void Channel::fail_wc(const ibv::wc& wc) { throw PeerError(what_ + " " + wc_error(wc)); }
 
 void Channel::handle(const ibv::wc& wc, Handler& h) {
   if (wc.status != ibv::WC_SUCCESS) fail_wc(wc);
@@ -381,6 +389,70 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
   }
 }
 
+std::chrono::milliseconds Channel::retry_period() const {
+  // 4.096 us x 2^timeout per try, retry_cnt retries after the first; at least 10 ms, at most a minute.
+  const double us = 4.096 * static_cast<double>(1ull << ack_timeout_) * (retry_cnt_ + 1);
+  return std::chrono::milliseconds(static_cast<long>(std::clamp(us / 1000.0, 10.0, 60000.0)));
+}
+
+void Channel::set_aside(const ibv::wc& wc, std::vector<uint64_t>& awaited) {
+  const uint64_t kind = wc.wr_id & ~kLow, low = wc.wr_id & kLow;
+  auto awaited_read = [&] {
+    auto it = std::find(awaited.begin(), awaited.end(), low);
+    if (kind != kWrRead || it == awaited.end()) return false;
+    awaited.erase(it);
+    return true;
+  };
+  if (wc.status != ibv::WC_SUCCESS) {  // the queue pair is in error: every later request is flushed
+    if (fault_->empty()) *fault_ = wc_error(wc);
+    awaited_read();
+    return;
+  }
+  if (kind == kWrRecv) {
+    stash_.push_back(wc);  // a message: delivered by the next progress pass
+    return;
+  }
+  retire();
+  if (kind == kWrSend && low != kNoSlot) free_send_slots_.push_back(static_cast<int>(low));
+  if (kind == kWrRead) {
+    --reads_;
+    if (!awaited_read()) reads_done_.push_back(low);
+  }
+}
+
+bool Channel::await_reads(std::vector<uint64_t> cookies) {
+  auto earlier = std::move(stash_);  // found while arming, not handled yet: sorted the same way
+  stash_.clear();
+  for (const auto& wc : earlier) set_aside(wc, cookies);
+  const auto period = retry_period();
+  bool flushing = false;
+  auto last = std::chrono::steady_clock::now();
+  while (!cookies.empty()) {
+    ibv::wc wc[16];
+    const int n = IbvApi::poll_cq(cq_.get(), 16, wc);
+    if (n < 0) break;
+    const size_t before = cookies.size();
+    for (int i = 0; i < n; ++i) set_aside(wc[i], cookies);
+    const auto now = std::chrono::steady_clock::now();
+    if (cookies.size() < before) last = now;
+    if (now - last < period) {
+      if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // the peer's NIC is serving them
+      continue;
+    }
+    if (flushing) break;  // not even flushed: the NIC may still write
+    // No answer for a whole retry period: stop them here. The error state flushes every posted request.
+    ibv::qp_attr a{};
+    a.qp_state = ibv::QPS_ERR;
+    api_.modify_qp(qp_.get(), &a, ibv::QP_STATE);
+    if (fault_->empty())
+      *fault_ = "a receive timed out while " + std::to_string(cookies.size()) + " RDMA read(s) of it got no answer for " +
+                std::to_string(period.count()) + " ms; the queue pair was put in the error state to stop them";
+    flushing = true;
+    last = now;
+  }
+  return cookies.empty();
+}
+
 bool Channel::side_closed() {
   if (eof_) return true;
   char byte;  // nothing is sent on it after the handshake: a read finds EOF or nothing
@@ -406,6 +478,12 @@ bool Channel::progress(Handler& h, bool thorough) {
     for (const auto& wc : stash) handle(wc, h);
     did = true;
   }
+  if (!reads_done_.empty()) {  // completed while another receive's reads were awaited
+    auto done = std::move(reads_done_);
+    reads_done_.clear();
+    for (uint64_t cookie : done) h.on_read_done(cookie);
+    did = true;
+  }
   ibv::wc wc[16];
   for (int round = 0; round < 8; ++round) {
     int n = IbvApi::poll_cq(cq_.get(), 16, wc);
@@ -427,7 +505,7 @@ bool Channel::progress(Handler& h, bool thorough) {
 bool Channel::arm() {
   repost();  // a sleeping receiver must have given every handled slot back, credit included
   advertise();
-  if (!stash_.empty()) return false;
+  if (!stash_.empty() || !reads_done_.empty()) return false;
   if (!pending_.empty() && sent_ < *credit_word_) return false;
   IbvApi::req_notify_cq(cq_.get());
   ibv::wc wc{};

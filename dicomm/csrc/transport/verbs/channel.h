@@ -22,8 +22,9 @@
 namespace dicomm::transport::verbs {
 
 // The verbs wire format's version: WireInfo, Ctrl, EagerHeader and the credit protocol. Raise it
-// with any change to them; both sides must speak the same one. 0 is a peer from before the field.
-constexpr uint32_t kVerbsWireVersion = 1;
+// with any change to them; both sides must speak the same one. 0 is a peer from before the field;
+// 2 carries the eager payload size in WireInfo.
+constexpr uint32_t kVerbsWireVersion = 2;
 
 // Connection data exchanged over the side channel when the queue pair is set up.
 struct WireInfo {
@@ -38,12 +39,16 @@ struct WireInfo {
   uint32_t credit_rkey = 0;
   uint32_t rd_atom = 0;         // RDMA reads this side serves at once (max_dest_rd_atomic)
   uint32_t version = kVerbsWireVersion;
-  uint32_t reserved = 0;
+  // The largest eager payload (DICOMM_IB_EAGER_BYTES): receive slots are 64 B more, and a SEND never
+  // exceeds the peer's slot, so both sides must use the same.
+  uint32_t eager_bytes = 0;
 };
-static_assert(sizeof(WireInfo) == 64 && offsetof(WireInfo, version) == 56, "WireInfo is a wire format");
+static_assert(sizeof(WireInfo) == 64 && offsetof(WireInfo, version) == 56 && offsetof(WireInfo, eager_bytes) == 60,
+              "WireInfo is a wire format");
 
-// "" if a peer's connection data is in a format this build speaks, else why not (for `what`).
-std::string wire_mismatch(const WireInfo& remote);
+// "" if a peer's connection data is in a format this build speaks and its eager size is
+// `eager_bytes` (this side's), else why not (for `what`).
+std::string wire_mismatch(const WireInfo& remote, size_t eager_bytes);
 
 // A control message; an eager payload follows it in the same slot.
 struct Ctrl {
@@ -94,6 +99,15 @@ class Channel {
   void send_ctrl(const Ctrl& c, const void* payload = nullptr, size_t n = 0);
   bool can_read() const;
   void post_read(void* dst, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len, uint64_t cookie);
+  // Withdraws reads already posted (their receive timed out): returns once each of `cookies` has
+  // completed, so that the NIC writes nothing more into their buffers. The peer's NIC answers reads
+  // even while its process is stopped; while none of them completes for one retry period of the
+  // queue pair (ACK timeout x (retries + 1), when the NIC itself would give up), the queue pair is
+  // moved to the error state, which flushes them, and the connection is broken (the next progress
+  // throws PeerError). Other completions found meanwhile are kept for the next progress pass.
+  // False only if even the flush did not come within another period: the reads may still land.
+  bool await_reads(std::vector<uint64_t> cookies);
+  bool broken() const { return !fault_->empty(); }
 
   // Polls completions; throws PeerError on an error completion or an async fault, and
   // ConnectionClosed when the side channel reached EOF and nothing is left to drain.
@@ -113,6 +127,10 @@ class Channel {
   unsigned signal_flag(bool must);     // SEND_SIGNALED for this work request, or 0
   void retire();                       // a send-queue completion: frees it and the unsignaled before it
   void handle(const ibv::wc& wc, Handler& h);
+  // A completion found while awaiting reads: `awaited` loses its cookie, the rest waits for progress.
+  void set_aside(const ibv::wc& wc, std::vector<uint64_t>& awaited);
+  std::chrono::milliseconds retry_period() const;  // how long the NIC retries before an error completion
+  std::string wc_error(const ibv::wc& wc) const;
   [[noreturn]] void fail_wc(const ibv::wc& wc);
   void drain_events();
   bool side_closed();  // the peer closed the side channel (its process or connection is gone); sets eof_
@@ -166,7 +184,8 @@ class Channel {
   int max_reads_ = 1, reads_ = 0;
   struct Pending { Ctrl c; std::vector<char> payload; };
   std::deque<Pending> pending_;
-  std::vector<ibv::wc> stash_;  // completions found while arming
+  std::vector<ibv::wc> stash_;  // completions found while arming (or receives while awaiting reads)
+  std::vector<uint64_t> reads_done_;  // reads that completed while others were awaited, not yet handled
   bool eof_ = false;
 };
 

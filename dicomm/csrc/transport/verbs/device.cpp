@@ -2,6 +2,7 @@
 
 #include "core/config.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -46,9 +47,20 @@ std::vector<GidEntry> read_gids(const std::string& dev, int port, int table_len)
   return out;
 }
 
-std::string quote(const std::string& s) {
+std::string quote(const std::string& s) {  // a JSON string: control characters (the GID table's newlines) escaped
   std::string o = "\"";
-  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+      o += esc;
+    } else {
+      o += c;
+    }
+  }
   return o + "\"";
 }
 
@@ -155,7 +167,7 @@ int choose_gid(const PortInfo& port, const std::string& local_ip, std::optional<
                    "set DICOMM_IB_GID_INDEX to one of:" + table_text(port));
 }
 
-std::string probe_json() {
+std::string probe_json(const EngineConfig& config) {
   std::string why;
   const IbvApi* api = ibv_api(&why);
   std::ostringstream o;
@@ -180,7 +192,7 @@ std::string probe_json() {
       std::string chosen_why;
       int chosen = -1;
       try {
-        chosen = choose_gid(p, "", config::optional_integer("DICOMM_IB_GID_INDEX"), &chosen_why);
+        chosen = choose_gid(p, "", config.ib_gid_index, &chosen_why);
       } catch (const ValueError& e) {
         chosen_why = e.what();
       }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "transport/verbs/ibv_api.h"
 
 namespace dicomm::transport::verbs {
@@ -51,7 +52,7 @@ std::vector<PortInfo> usable_ports(const std::vector<DeviceInfo>& devices, const
 int choose_gid(const PortInfo& port, const std::string& local_ip, std::optional<long> gid_index,
                std::string* why_chosen);
 
-// JSON of discover() plus the choices, for probes and tests.
-std::string probe_json();
+// JSON of discover() plus the choices a communicator of `config` would make, for probes and tests.
+std::string probe_json(const EngineConfig& config);
 
 }  // namespace dicomm::transport::verbs

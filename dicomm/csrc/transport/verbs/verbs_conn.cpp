@@ -187,7 +187,10 @@ void VerbsRecvConn::on_read_done(uint64_t cookie) {
   Read rd = rit->second;
   reads_.erase(rit);
   auto pit = std::find_if(pulls_.begin(), pulls_.end(), [&](const Pull& p) { return p.msg_id == rd.pull; });
-  if (pit == pulls_.end()) return;
+  if (pit == pulls_.end()) {  // withdrawn: its data is not wanted
+    if (rd.stage_slot >= 0) stage_->give(rd.stage_slot);
+    return;
+  }
   if (rd.stage_slot >= 0) {
     copy_out(static_cast<char*>(pit->op->buf) + rd.offset, stage_->slot(rd.stage_slot), rd.len, pit->reg->device);
     stage_->give(rd.stage_slot);
@@ -202,6 +205,27 @@ void VerbsRecvConn::on_read_done(uint64_t cookie) {
   ch_->send_ctrl(fin);
   ch_->nic().cache().release(p.reg);
   sink_->on_recv_done(p.op);
+}
+
+bool VerbsRecvConn::cancel(RecvOp* op) {
+  auto pit = std::find_if(pulls_.begin(), pulls_.end(), [&](const Pull& p) { return p.op == op; });
+  if (pit == pulls_.end()) return false;
+  const Pull p = *pit;
+  pulls_.erase(pit);  // issue_reads posts nothing more for it
+  std::vector<uint64_t> posted;
+  for (const auto& [cookie, rd] : reads_)
+    if (rd.pull == p.msg_id) posted.push_back(cookie);
+  // Not settled: the registration stays taken (never deregistered under a read that may still land).
+  if (!ch_->await_reads(posted)) return false;
+  for (uint64_t cookie : posted) {
+    auto rit = reads_.find(cookie);
+    if (rit->second.stage_slot >= 0) stage_->give(rit->second.stage_slot);
+    reads_.erase(rit);
+  }
+  ch_->nic().cache().release(p.reg);
+  // A broken queue pair sends nothing: the peer learns from the connection's failure instead.
+  if (!ch_->broken()) refuse(p.msg_id, Refusal{Refusal::kLate, op->bytes, 0});
+  return true;
 }
 
 void VerbsRecvConn::refuse(uint64_t msg_id, const Refusal& why) {

@@ -71,6 +71,9 @@ class VerbsRecvConn : public RecvConn, private Channel::Handler {
   bool arm() override { return ch_->arm(); }
   void pull(uint64_t msg_id, RecvOp* op) override;
   void refuse(uint64_t msg_id, const Refusal& why) override;
+  // A pulled message whose receive timed out: no further read is posted, the reads on the wire are
+  // awaited (Channel::await_reads), and the sender is answered kRefuse (kLate).
+  bool cancel(RecvOp* op) override;
   const PathStats& path() const { return path_; }
 
  private:

@@ -159,9 +159,10 @@ bool VerbsTransport::progress() {
       WireInfo theirs;
       const std::string from = "verbs connection from rank " + std::to_string(src);
       read_exact(side, &theirs, sizeof(theirs), Clock::now() + ctx_.handshake_timeout, from);
-      if (std::string why = wire_mismatch(theirs); !why.empty()) {
-        // Answer with our magic and version only, so that the connector names the mismatch too.
-        const WireInfo ours;
+      if (std::string why = wire_mismatch(theirs, ctx_.config->ib_eager_bytes); !why.empty()) {
+        // Answer with our magic, version and eager size only, so that the connector names the mismatch too.
+        WireInfo ours;
+        ours.eager_bytes = static_cast<uint32_t>(ctx_.config->ib_eager_bytes);
         write_all(side, &ours, sizeof(ours), Clock::now() + ctx_.handshake_timeout, from);
         throw PeerError(from + ": " + why);
       }
