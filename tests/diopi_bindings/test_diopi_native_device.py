@@ -301,6 +301,64 @@ def test_a_boolean_mask_index_runs_in_the_library(reference_path, backend):
     assert indexing_on_cpu == ({index: 1} if backend == "python" else {})
 
 
+SELECT_CHECKS = """
+        torch.manual_seed(0)
+        m = torch.randn(4, 5, 3)
+        d = m.to("diopi")
+        mask = m > 0
+        row = torch.tensor([True, False, True])
+        column = (m[:, :, 0] > 0).unsqueeze(-1)
+        cases = {
+            "same shape": (m, mask), "all true": (m, torch.ones(4, 5, 3, dtype=torch.bool)),
+            "empty": (m, torch.zeros(4, 5, 3, dtype=torch.bool)), "mask broadcast": (m, row),
+            "both broadcast": (m[:, :1, :], column.expand(4, 5, 1)), "self broadcast": (m[0, 0], mask),
+            "int64 values": ((m * 10).long(), mask),
+        }
+        before = dict(device.fallback_ops())
+        bad = []
+        for name, (x, k) in cases.items():
+            want = torch.masked_select(x, k)
+            got = torch.masked_select(x.to("diopi"), k.to("diopi"))
+            if got.device != d.device or got.dtype != want.dtype or not torch.equal(got.cpu(), want):
+                bad.append(name)
+            out = torch.empty(0, dtype=want.dtype, device="diopi")
+            returned = torch.masked_select(x.to("diopi"), k.to("diopi"), out=out)
+            if returned is not out or not torch.equal(out.cpu(), want):
+                bad.append(name + " out=")
+            rows = torch.empty(7, 2, dtype=torch.long, device="diopi")  # the wrong size: out= is resized
+            returned = torch.nonzero(k.to("diopi"), out=rows)
+            if returned is not rows or not torch.equal(rows.cpu(), torch.nonzero(k)):
+                bad.append(name + " nonzero out=")
+        try:
+            torch.masked_select(d, torch.ones(4, dtype=torch.bool, device="diopi"))
+            wrong_shape = None
+        except RuntimeError as exc:
+            wrong_shape = str(exc)
+        fallbacks = {op: n - before.get(op, 0) for op, n in device.fallback_ops().items() if n > before.get(op, 0)}
+        print(json.dumps({"bad": bad, "wrong_shape": wrong_shape, "fallbacks": fallbacks,
+                          "routed": dict(device.routed_ops())}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_masked_select_and_nonzero_out_run_in_the_library(reference_path, backend):
+    """torch.masked_select is the input indexed by the nonzero columns of the mask, both broadcast to one
+    shape (torch's own rule), and nonzero(out=) resizes out to the library's result: both run in the library
+    (nonzero, index), none of them on the CPU. Reference: the same calls on CPU tensors, incl. broadcast masks
+    and empty results; a mask that does not broadcast gets torch's error (from the CPU)."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend={backend!r})
+{SELECT_CHECKS}
+    """)
+    assert got["bad"] == []
+    assert "must match the size of tensor" in got["wrong_shape"], got["wrong_shape"]
+    on_cpu = {op: n for op, n in got["fallbacks"].items() if "index" in op or "nonzero" in op or "masked" in op}
+    assert on_cpu == {"aten::masked_select": 1}, on_cpu  # only the mask that does not broadcast
+    assert got["routed"]["aten::nonzero"] >= 2 * 7 and got["routed"]["aten::nonzero.out"] == 7
+
+
 def test_random_operators_without_a_generator_argument_draw_from_the_device_generator(reference_path):
     """native_dropout takes no generator: its mask comes from the device's default generator (seeded by
     torch.diopi.manual_seed and torch.manual_seed), and the CPU's generator is left alone. Reference: a
