@@ -157,41 +157,54 @@ MAX_NDIM = 16
 
 class HandleSlots(threading.local):
     """Preallocated ``diopiTensor`` structs, refilled on every call: building ctypes objects per call
-    costs more than the operator on small tensors (bench/diopi_overhead.py). A slot remembers the
-    sizes, strides and dtype it holds and rewrites only what changed."""
+    costs more than the operator on small tensors (bench/diopi_overhead.py). Each argument position keeps
+    one struct per (sizes, strides) it met (a few: a model's shapes repeat), so a call writes only the
+    data pointer, the device and, when it changed, the dtype; the last one used is checked first."""
 
     def __init__(self) -> None:
+        # per position: [last sizes, last strides, last handle, {(sizes, strides): handle}];
+        # a handle: [struct, its address, dtype, shape array, strides array]
         self.slots: list[list[Any]] = []
 
-    def _grow(self) -> None:
-        shape, strides = (ctypes.c_int64 * MAX_NDIM)(), (ctypes.c_int64 * MAX_NDIM)()
-        struct = Tensor(None, 0, shape, strides, -1, DEVICE_HOST)
-        self.slots.append([struct, shape, strides, ctypes.addressof(struct), None, None, None])
+    @staticmethod
+    def _handle(size: Any, stride: Any) -> list[Any]:
+        ndim = len(size)
+        if ndim > MAX_NDIM:
+            raise TypeError(f"a tensor with {ndim} dims has no DIOPI handle (at most {MAX_NDIM})")
+        shape, strides = (ctypes.c_int64 * max(ndim, 1))(*size), (ctypes.c_int64 * max(ndim, 1))(*stride)
+        struct = Tensor(None, ndim, shape, strides, -1, DEVICE_HOST)
+        return [struct, ctypes.addressof(struct), None, shape, strides]
 
     def fill(self, i: int, tensor: torch.Tensor) -> int:
         slots = self.slots
         while i >= len(slots):
-            self._grow()
+            slots.append([None, None, None, {}])
         slot = slots[i]
-        struct = slot[0]
+        size, stride = tensor.shape, tensor.stride()
+        if size == slot[0] and stride == slot[1]:
+            handle = slot[2]
+        else:
+            known = slot[3]
+            handle = known.get((size, stride))
+            if handle is None:
+                if len(known) >= _SHAPES_PER_SLOT:  # shapes that do not repeat: start over
+                    known.clear()
+                handle = known[(size, stride)] = self._handle(size, stride)
+            slot[0], slot[1], slot[2] = size, stride, handle
+        struct = handle[0]
         struct.data = tensor.data_ptr()
         struct.device = DEVICE_HOST if tensor.is_cpu else DEVICE_DEVICE
-        size, stride, dtype = tensor.shape, tensor.stride(), tensor.dtype
-        if size != slot[4] or stride != slot[5]:
-            ndim = len(size)
-            if ndim > MAX_NDIM:
-                raise TypeError(f"a tensor with {ndim} dims has no DIOPI handle (at most {MAX_NDIM})")
-            struct.ndim = ndim
-            slot[1][:ndim] = size
-            slot[2][:ndim] = stride
-            slot[4], slot[5] = size, stride
-        if dtype is not slot[6]:
+        dtype = tensor.dtype
+        if dtype is not handle[2]:
             code = DTYPE_CODES.get(dtype)
             if code is None:
                 raise TypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
             struct.dtype = code
-            slot[6] = dtype
-        return slot[3]
+            handle[2] = dtype
+        return handle[1]
+
+
+_SHAPES_PER_SLOT = 64
 
 
 def size_arg(values: Any) -> Size:

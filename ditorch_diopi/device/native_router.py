@@ -62,9 +62,19 @@ def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float,
     return input.clone(), torch.ones_like(input, dtype=torch.bool)
 
 
+def _flash_attention_for_cpu(generator: torch.Generator, *args: Any, **kwargs: Any) -> Any:
+    """The CPU's flash attention refuses dropout > 0 (torch's own error), so it never draws: run it as is."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(*args, **kwargs)
+
+
 # Random operators without a generator argument draw from the CPU's default generator. Their equivalents
 # with the generator explicit leave the CPU's generator alone, so a thread drawing from it meanwhile is safe.
-_WITH_GENERATOR: dict[Any, Callable[..., Any]] = {torch.ops.aten.native_dropout.default: _native_dropout}
+# These are all the ATen ones a backend's fallback can receive that have a CPU kernel (the others decompose
+# to operators with a generator argument, or have no CPU kernel); test_diopi_native_device checks the list.
+_WITH_GENERATOR: dict[Any, Callable[..., Any]] = {
+    torch.ops.aten.native_dropout.default: _native_dropout,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_for_cpu,
+}
 
 
 def _with_device_stream(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
@@ -78,8 +88,9 @@ def _with_device_stream(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
             out = explicit(cpu, *args, **kwargs)
             device_generator.set_state(cpu.get_state())
             return out
-        # Any other: lend the CPU's default generator the device's state for the call. A thread drawing from
-        # the CPU's default generator during it is not protected (torch has no per-thread default).
+        # Any other (an operator of another library's namespace): lend the CPU's default generator the
+        # device's state for the call. A thread drawing from the CPU's default generator during it is not
+        # protected (torch has no per-thread default).
         default = torch.default_generator
         saved = default.get_state()
         default.set_state(cpu.get_state())

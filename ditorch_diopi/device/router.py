@@ -102,7 +102,9 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
         if op is None:
             continue
         written = len(_out_names(func)) if mode == OUT else 1
-        if mode != FUNCTIONAL and not (len(op.outputs) == written and all(a.kind == "out" for a in op.outputs)):
+        if mode != FUNCTIONAL and not (len(op.outputs) == written  # nonzero.out: out= takes what the library made
+                                       and all(a.kind == "out" or (mode == OUT and a.is_allocated)
+                                               for a in op.outputs)):
             continue
         if len(op.outputs) != len(func._schema.returns):  # max(x) is not max.dim's (values, indices)
             continue
@@ -187,6 +189,10 @@ class Router:
 
     def route(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """The library's operator for ``func`` if it serves these arguments, else the CPU (logged once)."""
+        if func in _MASKED_SELECT:
+            selected = self._masked_select(func, _bind(func, args, kwargs))
+            if selected is not None:
+                return selected
         op, mode = self.resolve(func)
         if op is not None:
             bound = _bind(func, args, kwargs)
@@ -274,8 +280,8 @@ class Router:
     def _call_allocating(self, func: torch._ops.OpOverload, op: OpSchema, mode: str, bound: dict[str, Any]) -> Any:
         """An operator whose outputs the kernel allocates (``out*``, nonzero): no meta kernel can size them;
         the library allocates them on the call's device through the context and the call returns them."""
-        if mode != FUNCTIONAL:
-            raise _Unservable("the library allocates this operator's result; an out= form cannot take it")
+        if mode == INPLACE:
+            raise _Unservable("the library allocates this operator's result; an in-place form cannot take it")
         device = self._device_of(bound)
         abi_args = []
         for arg in op.args:
@@ -289,10 +295,47 @@ class Router:
                 abi_args.append([None if t is None else self._operand(t, device) for t in bound[arg.name]])
             else:
                 abi_args.append(_scalar(op, arg.kind, arg.name, bound))
+        targets = [bound[name] for name in _out_names(func)] if mode == OUT else []
+        if not all(self.is_device(t) for t in targets):
+            raise _Unservable("an out= argument off the device")
         made = self._run(op, abi_args, device) or ()
-        self.routed[aten_name(func)] += 1
         results = [r if self.is_device(r) else self.wrap(r) for r in made]
+        if any(t.dtype != r.dtype for t, r in zip(targets, results)):  # the CPU raises torch's error
+            raise _Unservable("an out= argument of another dtype than the result's")
+        self.routed[aten_name(func)] += 1
+        for target, result in zip(targets, results):  # out=: resized to the library's result, as torch does
+            if tuple(target.shape) != tuple(result.shape):
+                self.dispatch(torch.ops.aten.resize_.default, (target, list(result.shape)), {})
+            self.dispatch(torch.ops.aten.copy_.default, (target, result), {})
+        if targets:
+            return targets[0] if len(targets) == 1 else tuple(targets)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _masked_select(self, func: torch._ops.OpOverload, bound: dict[str, Any]) -> Any:
+        """``masked_select``: the input indexed by the mask, both broadcast to one shape (torch's own rule), so
+        the library's nonzero and index serve it. None (the CPU, with torch's errors) for a mask that is not
+        boolean or does not broadcast, an operand off the device, or a library without nonzero or index."""
+        source, mask, out = bound["self"], bound["mask"], bound.get("out")
+        if (not self.is_device(source) or not self.is_device(mask) or mask.dtype != torch.bool
+                or (out is not None and (not self.is_device(out) or out.dtype != source.dtype))
+                or self.resolve(torch.ops.aten.nonzero.default)[0] is None
+                or self.resolve(torch.ops.aten.index.Tensor)[0] is None):
+            return None
+        try:
+            shape = list(torch.broadcast_shapes(source.shape, mask.shape))
+        except RuntimeError:
+            return None
+        if not shape:  # a 0-dim mask is no index list's mask
+            return None
+        expand = torch.ops.aten.expand.default
+        selected = self.dispatch(torch.ops.aten.index.Tensor,
+                                 (self.dispatch(expand, (source, shape), {}),
+                                  [self.dispatch(expand, (mask, shape), {})]), {})
+        if out is None:
+            return selected
+        self.dispatch(torch.ops.aten.resize_.default, (out, list(selected.shape)), {})
+        self.dispatch(torch.ops.aten.copy_.default, (out, selected), {})
+        return out
 
     def _mask_indices(self, base: Any, indices: list) -> list | None:
         """An index list with each boolean mask replaced by the columns of its nonzero (torch's own rule:
@@ -389,6 +432,8 @@ class Router:
             logger.info("diopi: %s runs on the CPU%s", name, why)
         self.fallbacks[name] += 1
 
+
+_MASKED_SELECT = frozenset({torch.ops.aten.masked_select.default, torch.ops.aten.masked_select.out})
 
 # Index lists in which a boolean (or uint8) mask stands for the columns of its nonzero.
 _MASK_INDEXED = frozenset({"aten::index.Tensor", "aten::index_put"})

@@ -88,10 +88,13 @@ def test_calls_match_torch_through_strides_and_broadcast(reference_path):
 
 
 def test_reused_handles_follow_shape_stride_and_dtype_changes(reference_path):
-    """Handles are refilled only where the tensor differs from the previous call's: check each change."""
+    """A handle is kept per sizes and strides and refilled where the tensor differs: check each change, then
+    the same shapes again (known handles, another dtype), then more shapes than a position keeps."""
     lib = DiopiLibrary(reference_path)
     base = torch.randn(4, 4, dtype=torch.float64)
-    for x in (base, base.t(), base[:2], base.float(), base.t().float(), base.reshape(2, 8), base[0, 0]):
+    seen = (base, base.t(), base[:2], base.float(), base.t().float(), base.reshape(2, 8), base[0, 0])
+    many = [torch.randn(n, 3)[:, ::2] for n in range(1, 80)]
+    for x in (*seen, *seen[::-1], *(t.double() for t in seen), *many, *many[::-1]):
         out = torch.empty_like(x)
         lib.call("aten::neg", out, x)
         assert torch.equal(out, -x), (x.shape, x.stride(), x.dtype)

@@ -301,6 +301,64 @@ def test_a_boolean_mask_index_runs_in_the_library(reference_path, backend):
     assert indexing_on_cpu == ({index: 1} if backend == "python" else {})
 
 
+SELECT_CHECKS = """
+        torch.manual_seed(0)
+        m = torch.randn(4, 5, 3)
+        d = m.to("diopi")
+        mask = m > 0
+        row = torch.tensor([True, False, True])
+        column = (m[:, :, 0] > 0).unsqueeze(-1)
+        cases = {
+            "same shape": (m, mask), "all true": (m, torch.ones(4, 5, 3, dtype=torch.bool)),
+            "empty": (m, torch.zeros(4, 5, 3, dtype=torch.bool)), "mask broadcast": (m, row),
+            "both broadcast": (m[:, :1, :], column.expand(4, 5, 1)), "self broadcast": (m[0, 0], mask),
+            "int64 values": ((m * 10).long(), mask),
+        }
+        before = dict(device.fallback_ops())
+        bad = []
+        for name, (x, k) in cases.items():
+            want = torch.masked_select(x, k)
+            got = torch.masked_select(x.to("diopi"), k.to("diopi"))
+            if got.device != d.device or got.dtype != want.dtype or not torch.equal(got.cpu(), want):
+                bad.append(name)
+            out = torch.empty(0, dtype=want.dtype, device="diopi")
+            returned = torch.masked_select(x.to("diopi"), k.to("diopi"), out=out)
+            if returned is not out or not torch.equal(out.cpu(), want):
+                bad.append(name + " out=")
+            rows = torch.empty(7, 2, dtype=torch.long, device="diopi")  # the wrong size: out= is resized
+            returned = torch.nonzero(k.to("diopi"), out=rows)
+            if returned is not rows or not torch.equal(rows.cpu(), torch.nonzero(k)):
+                bad.append(name + " nonzero out=")
+        try:
+            torch.masked_select(d, torch.ones(4, dtype=torch.bool, device="diopi"))
+            wrong_shape = None
+        except RuntimeError as exc:
+            wrong_shape = str(exc)
+        fallbacks = {op: n - before.get(op, 0) for op, n in device.fallback_ops().items() if n > before.get(op, 0)}
+        print(json.dumps({"bad": bad, "wrong_shape": wrong_shape, "fallbacks": fallbacks,
+                          "routed": dict(device.routed_ops())}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_masked_select_and_nonzero_out_run_in_the_library(reference_path, backend):
+    """torch.masked_select is the input indexed by the nonzero columns of the mask, both broadcast to one
+    shape (torch's own rule), and nonzero(out=) resizes out to the library's result: both run in the library
+    (nonzero, index), none of them on the CPU. Reference: the same calls on CPU tensors, incl. broadcast masks
+    and empty results; a mask that does not broadcast gets torch's error (from the CPU)."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend={backend!r})
+{SELECT_CHECKS}
+    """)
+    assert got["bad"] == []
+    assert "must match the size of tensor" in got["wrong_shape"], got["wrong_shape"]
+    on_cpu = {op: n for op, n in got["fallbacks"].items() if "index" in op or "nonzero" in op or "masked" in op}
+    assert on_cpu == {"aten::masked_select": 1}, on_cpu  # only the mask that does not broadcast
+    assert got["routed"]["aten::nonzero"] >= 2 * 7 and got["routed"]["aten::nonzero.out"] == 7
+
+
 def test_random_operators_without_a_generator_argument_draw_from_the_device_generator(reference_path):
     """native_dropout takes no generator: its mask comes from the device's default generator (seeded by
     torch.diopi.manual_seed and torch.manual_seed), and the CPU's generator is left alone. Reference: a
@@ -352,27 +410,69 @@ def test_random_operators_are_thread_safe(reference_path):
             for _ in range(N):
                 masks.append(torch.native_dropout(x, 0.3, True)[1].cpu())
 
-        def cpu_draws():
-            for _ in range(N):
+        device_threads_done = threading.Event()
+
+        def cpu_draws():  # all the while the device threads run (bounded)
+            while not device_threads_done.is_set() and len(cpu) < 100 * N:
                 cpu.append(torch.rand(CHUNK))
+
+        q_cpu, mask_cpu = torch.arange(64.0).reshape(1, 2, 8, 4) / 64, torch.eye(8)
+        q, mask, attention = q_cpu.to("diopi:0"), mask_cpu.to("diopi:0"), []
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+        def attention_on_0():  # random without a generator argument, on the CPU (the library takes no mask)
+            for _ in range(N):
+                attention.append(flash(q, q, q, 0.0, attn_mask=mask)[0].cpu())
 
         threads = [threading.Thread(target=rand_on_1, args=(shared[0],)),
                    threading.Thread(target=rand_on_1, args=(shared[1],)),
-                   threading.Thread(target=dropout_on_0), threading.Thread(target=cpu_draws)]
+                   threading.Thread(target=dropout_on_0), threading.Thread(target=cpu_draws),
+                   threading.Thread(target=attention_on_0)]
         for t in threads: t.start()
-        for t in threads: t.join()
+        for t in threads[:3] + threads[4:]: t.join()
+        device_threads_done.set()
+        threads[3].join()
         g9, g7, g0 = (torch.Generator().manual_seed(s) for s in (9, 7, 0))
         want_shared = {{tuple(torch.rand(CHUNK, generator=g9).tolist()) for _ in range(2 * N)}}
         got_shared = [tuple(c.tolist()) for c in shared[0] + shared[1]]
         want_masks = [torch.empty(500).bernoulli_(0.7, generator=g7).bool() for _ in range(N)]
-        want_cpu = [torch.rand(CHUNK, generator=g0) for _ in range(N)]
+        want_cpu = [torch.rand(CHUNK, generator=g0) for _ in range(len(cpu))]
         print(json.dumps({{
             "shared_distinct": len(set(got_shared)) == 2 * N, "shared_stream": set(got_shared) == want_shared,
             "masks": all(torch.equal(a, b) for a, b in zip(masks, want_masks)) and len(masks) == N,
-            "cpu": all(torch.equal(a, b) for a, b in zip(cpu, want_cpu)) and len(cpu) == N}}))
+            "cpu": all(torch.equal(a, b) for a, b in zip(cpu, want_cpu)) and len(cpu) > 0,
+            "attention": len(attention) == N and all(
+                torch.equal(a, flash(q_cpu, q_cpu, q_cpu, 0.0, attn_mask=mask_cpu)[0]) for a in attention)}}))
     """)
-    assert got == {"shared_distinct": True, "shared_stream": True, "masks": True, "cpu": True,
+    assert got == {"shared_distinct": True, "shared_stream": True, "masks": True, "cpu": True, "attention": True,
                    "_stderr": got["_stderr"]}
+
+
+def test_every_aten_random_operator_without_a_generator_argument_gets_the_device_generator_explicitly():
+    """The ATen random operators without a generator argument that the device's fallback can receive and
+    the CPU can run (a CPU kernel, no composite one that decomposes first): each has an equivalent with the
+    device generator explicit, so none borrows the CPU's default generator. Reference: ATen's own tags and
+    dispatch table."""
+    import torch
+    from ditorch_diopi.device.native_router import _WITH_GENERATOR
+
+    reachable = set()
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if (torch.Tag.nondeterministic_seeded not in op.tags
+                    or any(a.name == "generator" for a in op._schema.arguments)):
+                continue
+            qualified = op._schema.name + (f".{op._schema.overload_name}" if op._schema.overload_name else "")
+            kernels = {key for key in ("CPU", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+                       if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)}
+            if kernels == {"CPU"}:
+                reachable.add(op)
+    assert torch.ops.aten.native_dropout.default in reachable
+    assert reachable - set(_WITH_GENERATOR) == set()
 
 
 def test_the_caching_allocator_reuses_freed_blocks_and_never_referenced_ones(reference_path):
