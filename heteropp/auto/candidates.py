@@ -29,3 +29,6 @@ class SearchResult:
     search_time_s: float = 0.0
     bounded: list[str] = field(default_factory=list)  # the limits that cut the space; empty: exact
     lower_bound_s: float | None = None  # no plan of the full space is faster (set when bounded)
+    # the least of the search's objective over the plans it kept (its optimum when exact; lower_bound_s bounds
+    # it); the plans themselves carry the time a user reads (search.reported)
+    objective_s: float | None = None

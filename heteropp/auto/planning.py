@@ -13,7 +13,7 @@ from .costs import CostModel, StageSpec, micro_batches, virtual_stages
 from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
 from .candidates import Candidate, Progress, SearchResult
-from .search import search_auto
+from .search import reported, search_auto
 
 
 @dataclass
@@ -36,7 +36,10 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
                limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
-        return search_h2(pb.cm, group_size, progress=progress)
+        res = search_h2(pb.cm, group_size, progress=progress)
+        # the paper's objective priced the plan; it carries the full estimate, as search_auto's plans do
+        return res if kind(pb.train.schedule).params else replace(res, best=reported(pb.cm, [res.best])[0],
+                                                                     objective_s=res.best.time_s)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
     if not kind(pb.train.schedule).params:
@@ -91,7 +94,8 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
         t2, better, budget = refine(pb, cand, budget)
         if t2 < t:
             timed.append((t2, i, better))
-    ranked = [c for _, _, c in sorted(timed, key=lambda x: x[:2])]
+    # each carries its simulated time with its best parameters (the search's was its objective under searched_as)
+    ranked = [replace(c, time_s=t) for t, _, c in sorted(timed, key=lambda x: x[:2])]
     return replace(res, best=ranked[0], runners_up=ranked[1:RERANK_FIRST])
 
 

@@ -111,5 +111,5 @@ def test_fast_search_finds_the_exact_optimum_with_inner_dp_on_random_instances(s
     cm = random_inner_dp_problem(seed)
     want = reference_search(cm, group_size=2, inner_dp=True)
     assert want <= reference_search(cm, group_size=2) * (1 + 1e-12)
-    got = search_auto(cm, group_size=2, idle="never").best.time_s
+    got = search_auto(cm, group_size=2, idle="never").objective_s
     assert got == pytest.approx(want, rel=1e-9)

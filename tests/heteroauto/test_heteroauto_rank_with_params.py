@@ -37,10 +37,10 @@ def test_final_candidates_ranked_with_their_best_parameters_match_a_brute_force(
     assert best_params(pb, searched_first)[2] > best * 1.02
 
 
-def test_a_plan_the_search_ranks_fifth_wins_with_its_parameters_as_the_brute_force_finds():
+def test_a_plan_the_search_does_not_rank_first_wins_with_its_parameters_as_the_brute_force_finds():
     """Three chip types joined by links of 0.05, 0.2 and 2 GB/s: under H-1F1B the fastest plan (X, then Z
-    recomputing, then Y twice, with two extra warm-ups per boundary) is not among the four plans the
-    search's objective (1F1B's, without warm-up) ranks first. The re-rank covers every collected plan
+    recomputing, then Y twice, with two extra warm-ups per boundary) is the fourth the search (1F1B's
+    objective, without warm-up) returns. The re-rank covers every collected plan
     whose estimate with parameters is within the model's stated error of the best, so the planner finds
     the brute force's optimum (it kept a plan 2.3% slower when it re-ranked only the first four)."""
     from heteropp.auto.planning import POOL_MARGIN, RERANK_POOL
@@ -52,8 +52,11 @@ def test_a_plan_the_search_ranks_fifth_wins_with_its_parameters_as_the_brute_for
     best = brute_force(pb)[0]
     plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
     assert plan.iteration_time_s == pytest.approx(best, rel=1e-9)
-    res = search_auto(pb.cm, runners_up=RERANK_POOL, margin=POOL_MARGIN, progress=None)
-    assert min(best_params(pb, c)[2] for c in [res.best, *res.runners_up[:3]]) > best * 1.02
+    # the plan ranked first without parameters (by the objective, or as returned, by the full 1F1B estimate)
+    # is 2.3% slower with its best parameters; the re-rank with parameters finds the brute force's
+    for rerank in (False, True):
+        res = search_auto(pb.cm, runners_up=RERANK_POOL, rerank=rerank, margin=POOL_MARGIN, progress=None)
+        assert best_params(pb, res.best)[2] > best * 1.02
 
 
 @pytest.mark.parametrize("schedule", ["h1f1b", "interleaved"])
