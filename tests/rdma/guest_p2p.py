@@ -224,51 +224,72 @@ def _pingpongs(c, rank: int, n: int = 100) -> None:
 
 
 def _matched_receive_times_out(rank: int, world: int, store) -> dict:
-    """A 128 MiB receive whose deadline passes while its RDMA reads are under way (0.5 s after the
-    message was announced; the whole transfer takes seconds here): after the TimeoutError its buffer
-    must not change any more (snapshot, 4 s, compare: without withdrawing, the reads go on landing),
-    the sender's send fails as timed out, and the next messages on the connection (rendezvous and
-    eager) arrive intact."""
+    """A 128 MiB receive whose deadline passes while its RDMA reads are under way: after the
+    TimeoutError its buffer must not change any more (snapshot, 4 s, compare: without withdrawing,
+    the reads go on landing), the sender's send fails as timed out, and the next messages on the
+    connection (rendezvous and eager) arrive intact. How fast the guest moves 128 MiB varies with the
+    host, so the receive is posted once the announcement is there and tried with shorter and longer
+    deadlines in turn (a message each) until one passes mid-transfer; every try is reported."""
     import dicomm._C as C
 
     c = _comm(store, rank, world)
     n = 128 << 20
+    deadlines = (0.02, 0.1, 0.5, 0.005)
     later = [_data((3 << 20) + 7, 81), _data(4000, 82)]
     if rank == 0:
         big = _data(n, 80)
-        req = c.isend(big.ctypes.data, n, 1, 80)  # announced (kRts) when posted
-        store.set("announced", "1")
-        try:
-            req.wait(60.0)
-            first = "completed"
-        except C.DicommError as e:
-            first = f"{type(e).__name__}: {e}"
+        sends = []
+        for i in range(len(deadlines)):
+            req = c.isend(big.ctypes.data, n, 1, 90 + i)  # announced (kRts) when posted
+            store.set(f"announced{i}", "1")
+            try:
+                req.wait(60.0)
+                sends.append("completed")
+            except C.DicommError as e:
+                sends.append(f"{type(e).__name__}: {e}")
+            store.wait([f"verdict{i}"])
+            if store.get(f"verdict{i}") == b"done":
+                break
         for i, m in enumerate(later):
             c.isend(m.ctypes.data, m.size, 1, 81 + i).wait(60.0)
         _close(c)
-        return {"first_send": first}
-    got = np.full(n, 0xEE, np.uint8)
-    r = c.irecv(got.ctypes.data, n, 0, 80)
-    store.wait(["announced"])
-    t0 = time.monotonic()
-    try:
-        r.wait(0.5)
-        raise AssertionError("the receive completed before its deadline: make the message larger")
-    except C.TimeoutError as e:
-        text, seconds = str(e), round(time.monotonic() - t0, 3)
-    snapshot = got.copy()
-    time.sleep(4.0)  # longer than the rest of the transfer would take
-    changed = int(np.count_nonzero(got != snapshot))
-    written = int(np.count_nonzero(snapshot != 0xEE))  # about 255/256 of the bytes that landed
-    del snapshot
+        return {"first_send": sends[-1], "sends": sends}
+    tries = []
+    result: dict = {}
+    for i, deadline in enumerate(deadlines):
+        got = np.full(n, 0xEE, np.uint8)
+        store.wait([f"announced{i}"])
+        time.sleep(0.3)  # the announcement reaches this rank before the receive is posted
+        r = c.irecv(got.ctypes.data, n, 0, 90 + i)
+        t0 = time.monotonic()
+        try:
+            r.wait(deadline)
+            tries.append({"deadline": deadline, "outcome": "completed before its deadline"})
+            store.set(f"verdict{i}", "again")
+            continue
+        except C.TimeoutError as e:
+            text, seconds = str(e), round(time.monotonic() - t0, 3)
+        snapshot = got.copy()
+        time.sleep(4.0)  # longer than the rest of the transfer would take
+        changed = int(np.count_nonzero(got != snapshot))
+        written = int(np.count_nonzero(snapshot != 0xEE))  # about 255/256 of the bytes that landed
+        del snapshot
+        result = {"text": text, "seconds": seconds, "changed_after": changed, "written_before": written,
+                  "bytes": n, "deadline": deadline}
+        mid_transfer = "never written again" in text and 0 < written < n * 0.9
+        tries.append({"deadline": deadline, "outcome": "mid-transfer" if mid_transfer else text,
+                      "written_before": written})
+        last = mid_transfer or i == len(deadlines) - 1
+        store.set(f"verdict{i}", "done" if last else "again")
+        if last:
+            break
     next_ok = []
     for i, m in enumerate(later):
         buf = np.zeros(m.size, np.uint8)
         c.irecv(buf.ctypes.data, buf.size, 0, 81 + i).wait(60.0)
         next_ok.append(bool(np.array_equal(buf, m)))
     _close(c)
-    return {"text": text, "seconds": seconds, "changed_after": changed, "written_before": written, "bytes": n,
-            "next_ok": next_ok}
+    return {**result, "tries": tries, "next_ok": next_ok}
 
 
 def _close_and_drop(c) -> dict:
