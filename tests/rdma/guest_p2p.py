@@ -223,6 +223,11 @@ def _pingpongs(c, rank: int, n: int = 100) -> None:
             c.isend(buf.ctypes.data, 8, 0, 1).wait()
 
 
+# Below this share of the bytes written, a transfer was cut short (a whole one writes about 255/256:
+# the pattern holds the 0xEE the buffer starts with once in 256 bytes).
+MID_TRANSFER = 0.98
+
+
 def _matched_receive_times_out(rank: int, world: int, store) -> dict:
     """A 128 MiB receive whose deadline passes while its RDMA reads are under way: after the
     TimeoutError its buffer must not change any more (snapshot, 4 s, compare: without withdrawing,
@@ -234,7 +239,7 @@ def _matched_receive_times_out(rank: int, world: int, store) -> dict:
 
     c = _comm(store, rank, world)
     n = 128 << 20
-    deadlines = (0.02, 0.1, 0.5, 0.005)
+    deadlines = (0.02, 0.1, 0.3, 0.005, 0.05)
     later = [_data((3 << 20) + 7, 81), _data(4000, 82)]
     if rank == 0:
         big = _data(n, 80)
@@ -276,7 +281,7 @@ def _matched_receive_times_out(rank: int, world: int, store) -> dict:
         del snapshot
         result = {"text": text, "seconds": seconds, "changed_after": changed, "written_before": written,
                   "bytes": n, "deadline": deadline}
-        mid_transfer = "never written again" in text and 0 < written < n * 0.9
+        mid_transfer = "never written again" in text and 0 < written < n * MID_TRANSFER
         tries.append({"deadline": deadline, "outcome": "mid-transfer" if mid_transfer else text,
                       "written_before": written})
         last = mid_transfer or i == len(deadlines) - 1

@@ -236,7 +236,7 @@ def test_matched_receive_withdrawn_at_its_timeout_leaves_the_buffer_alone(sessio
     sender = _scenario(session, "matched_timeout")[0]
     assert "text" in receiver, f"no deadline passed before the transfer ended: {receiver['tries']}"
     assert "never written again" in receiver["text"], receiver
-    assert 0 < receiver["written_before"] < receiver["bytes"] * 0.9, receiver  # it did time out mid-transfer
+    assert 0 < receiver["written_before"] < receiver["bytes"] * 0.98, receiver  # it did time out mid-transfer
     assert receiver["changed_after"] == 0, receiver
     assert receiver["next_ok"] == [True, True], receiver
     assert sender["first_send"].startswith("TimeoutError") and "discarded" in sender["first_send"], sender
