@@ -17,7 +17,7 @@ from .opinfo import op_info
 from .records import resolve_op
 from .point_to_point import load_transfers
 from .random_contracts import contract_verdict
-from .summaries import compare_summaries
+from .summaries import compare_summaries, tensor_checksum
 from .reference import run_reference, skip_reason, without_randomness
 
 _ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
@@ -136,16 +136,9 @@ def _draws(rec: dict, data) -> list:
 
 
 def _same_bytes(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
-    """Byte for byte the same tensors (NaN payloads included)."""
-    if len(xs) != len(ys):
-        return False
-    for x, y in zip(xs, ys):
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return False
-        bx = x.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        if not torch.equal(bx, y.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)):
-            return False
-    return True
+    """Byte for byte the same tensors (NaN payloads included), by the checksum captures' own hash."""
+    return len(xs) == len(ys) and all(x.dtype == y.dtype and x.shape == y.shape and
+                                      tensor_checksum(x) == tensor_checksum(y) for x, y in zip(xs, ys))
 
 
 def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) -> dict:
