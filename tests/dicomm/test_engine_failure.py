@@ -42,11 +42,18 @@ def _dies_mid_transfer(rank, world, store, sender_dies):
     t0 = time.monotonic()
     try:
         r.wait()
-        return "completed"
+        # Only a sender can finish before dying (its thread was preempted past the 5 ms while its
+        # progress thread moved everything); then the data must be whole.
+        return "completed", bool(sender_dies and (b == 1).all())
     except C.PeerError as e:
-        return str(e), time.monotonic() - t0
+        return "failed", str(e), time.monotonic() - t0
     finally:
         c.close()
+
+
+# On a loaded host the dying sender may have sent everything before it exits; each such try is
+# checked for whole data and the run is repeated, so the failure path is what gets tested.
+SENDER_DEATH_TRIES = 4
 
 
 @pytest.mark.parametrize("transport,env", [
@@ -55,15 +62,24 @@ def _dies_mid_transfer(rank, world, store, sender_dies):
     ("tcp", {"DICOMM_TRANSPORT": "tcp", "DICOMM_TCP_STREAMS": "1"}),
 ])
 def test_a_sender_dying_mid_transfer_fails_the_receive_promptly(transport, env):
-    text, elapsed = run_ranks(_dies_mid_transfer, 2, True, env=env, expect_dead=[1])[0]
+    for _ in range(SENDER_DEATH_TRIES):
+        got = run_ranks(_dies_mid_transfer, 2, True, env=env, expect_dead=[1])[0]
+        if got[0] == "failed":
+            break
+        assert got == ("completed", True), f"a receive that completed holds wrong data: {got}"
+    else:
+        pytest.skip(f"in {SENDER_DEATH_TRIES} tries the sender sent all {BIG >> 20} MiB before it "
+                    f"died (a host this fast needs a larger message); each completed receive was whole")
+    _, text, elapsed = got
     assert "recv from rank 1 tag 1" in text and "rank 1 is gone" in text
     assert elapsed < 10
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_receiver_dying_fails_the_pending_send_promptly(transport):
-    text, elapsed = run_ranks(_dies_mid_transfer, 2, False, env={"DICOMM_TRANSPORT": transport},
-                              expect_dead=[0])[1]
+    status, text, elapsed = run_ranks(_dies_mid_transfer, 2, False, env={"DICOMM_TRANSPORT": transport},
+                                      expect_dead=[0])[1]
+    assert status == "failed", "a send completed to a receiver that took nothing and died"
     assert "send to rank 0 tag 1" in text and "rank 0 is gone" in text
     assert elapsed < 10
 
