@@ -88,15 +88,14 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from .plan_sim import simulate_stages
-    from .planning import load_problem, run_search
+    from .planning import load_problem, run_search, to_plan
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     rows = {}
     for algo in ("h2", "auto"):
         t0 = time.perf_counter()
         res = run_search(pb, algo, a.group_size)
         dt = time.perf_counter() - t0
-        sim = simulate_stages(pb.cm, res.best.stages, res.best.dp).iteration_time_s
+        sim = to_plan(pb, res.best, dt, algo, res).iteration_time_s  # the plan's schedule and parameters
         rows[algo] = {"search_time_s": dt, "iteration_time_s": res.best.time_s, "simulated_s": sim, "dp": res.best.dp,
                       "stages": len(res.best.stages)}
         print(f"{algo:>5}: search {dt:.3f} s, estimated {res.best.time_s:.4f} s, simulated {sim:.4f} s, "

@@ -37,9 +37,11 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
     if algo == "h2":
         from .h2 import search_h2
         res = search_h2(pb.cm, group_size, progress=progress)
-        # the paper's objective priced the plan; it carries the full estimate, as search_auto's plans do
-        return res if kind(pb.train.schedule).params else replace(res, best=reported(pb.cm, [res.best])[0],
-                                                                     objective_s=res.best.time_s)
+        # the paper's objective priced the plan; it carries the full estimate, as search_auto's plans do, or
+        # under a schedule with parameters its simulated time with the parameters the plan file gets
+        if kind(pb.train.schedule).params:
+            return with_params_timed(pb, res)
+        return replace(res, best=reported(pb.cm, [res.best])[0], objective_s=res.best.time_s)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
     if not kind(pb.train.schedule).params:
@@ -97,6 +99,21 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
     # each carries its simulated time with its best parameters (the search's was its objective under searched_as)
     ranked = [replace(c, time_s=t) for t, _, c in sorted(timed, key=lambda x: x[:2])]
     return replace(res, best=ranked[0], runners_up=ranked[1:RERANK_FIRST])
+
+
+def with_params_timed(pb: Problem, res: SearchResult) -> SearchResult:
+    """`res`'s plans in its own order, each carrying its parameters and its simulated time with them
+    (best_params, as to_plan writes them); a runner-up the schedule cannot run drops out."""
+    timed = []
+    for i, cand in enumerate([res.best, *res.runners_up]):
+        try:
+            params, _, t = best_params(pb, cand)
+        except InfeasibleError:
+            if i == 0:
+                raise
+            continue
+        timed.append(replace(cand, time_s=t, params=params or None))
+    return replace(res, best=timed[0], runners_up=timed[1:], objective_s=res.best.time_s)
 
 
 def _moves(pb: Problem, cand: Candidate, params: dict) -> list[Candidate]:
