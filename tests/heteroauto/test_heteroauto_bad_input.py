@@ -143,8 +143,9 @@ def test_simulating_a_plan_of_whole_stages_as_interleaved_takes_the_default_chun
     stages as they are), so no error; more chunks need a plan of virtual stages, written by the planner."""
     from heteropp.schedules import kind
     out = tmp_path / "sim.json"
-    assert main(["simulate", str(EX / "plans" / "harp-setting-1.json"), "--cluster", str(EX / "clusters" / "harp.yaml"),
-                 "--model", str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
-                 "--schedule", "interleaved", "--json", str(out)]) == 0
+    assert main(["simulate", str(EX / "plans" / "harp-setting-1-h1f1b.json"), "--cluster",
+                 str(EX / "clusters" / "harp.yaml"), "--model", str(EX / "models" / "gpt-harp.yaml"), "--train",
+                 str(EX / "training" / "harp.yaml"), "--schedule", "interleaved", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["schedule"] == "interleaved" and kind("interleaved").chunks(got["schedule_params"]) == 1
+
