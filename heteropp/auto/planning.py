@@ -1,6 +1,7 @@
 """Load inputs, run a search, and turn its result into the shared Plan schema."""
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -137,24 +138,35 @@ def _moves(pb: Problem, cand: Candidate, params: dict) -> Iterator[Candidate]:
     """`cand` one step away, each fitting in memory: one layer moved from one stage to another (every stage
     keeps a layer; the stage that gains it recomputes where it then fits only so, the one that loses it
     stops recomputing where it then fits without), or H-1F1B's extra warm-up of one boundary one more or
-    one less (cut back to fit). Each carries `params`, the best found so far, as an option to try. Listed
-    nearest first (a layer across one boundary, the warm-ups, then a layer across two boundaries, three,
-    ...), generated as they are tried: the budget may stop a step part-way."""
+    one less, or one step of it moved to another boundary (_warmup_steps). Each carries `params`, the best
+    found so far, as an option to try. Listed nearest first (a layer across one boundary, the warm-ups,
+    then a layer across two boundaries, three, ...), generated as they are tried: the budget may stop a
+    step part-way."""
     p = len(cand.stages)
     yield from _layer_moves(pb, cand, params, 1)
-    extra = params.get("extra_warmup")
-    seen = [extra]
-    for j in range(len(extra or [])):
-        for step in (1, -1):
-            trial = list(extra)
-            trial[j] += step
-            if trial[j] >= 0:
-                trial = warmup_within_memory(pb, cand, trial)[0]["extra_warmup"]
-                if trial not in seen:
-                    seen.append(trial)
-                    yield replace(cand, params={"extra_warmup": trial})
+    for trial in _warmup_steps(pb, cand, params.get("extra_warmup")):
+        yield replace(cand, params={"extra_warmup": trial})
     for gap in range(2, p):
         yield from _layer_moves(pb, cand, params, gap)
+
+
+def _warmup_steps(pb: Problem, cand: Candidate, extra: list[int] | None) -> Iterator[list[int]]:
+    """H-1F1B's extra warm-up of one boundary one more or one less than `extra`, then one step moved
+    from one boundary to another (where memory holds no more in flight, a step up alone is cut back to
+    `extra` itself), each cut back to fit; none for a schedule without it. Generated as tried."""
+    n = len(extra or [])
+    singles = ({j: s} for j in range(n) for s in (1, -1))
+    shifts = ({i: 1, j: -1} for j in range(n) for i in range(n) if i != j)
+    seen = [extra]
+    for delta in itertools.chain(singles, shifts):
+        trial = list(extra or [])
+        for j, s in delta.items():
+            trial[j] += s
+        if min(trial, default=0) >= 0:
+            trial = warmup_within_memory(pb, cand, trial)[0]["extra_warmup"]
+            if trial not in seen:
+                seen.append(trial)
+                yield trial
 
 
 def _layer_moves(pb: Problem, cand: Candidate, params: dict, gap: int) -> Iterator[Candidate]:

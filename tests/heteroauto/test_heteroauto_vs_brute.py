@@ -36,6 +36,10 @@ def _instance(schedule: str, seed: int, index: int):
     ("1f1b", 5, 20, 0.085),
     # H-1F1B: the same plan with the warm-up [0, 1, 0], reached the same way
     ("h1f1b", 5, 20, 0.067),
+    # H-1F1B: [Y3 X1 X1 Z1] with warm-up [1, 0, 0]; the usual options and single steps give it [0, 0, 1]
+    # (30.08 s), whose single steps up exceed memory and are cut back to it: one step moved from one
+    # boundary to another reaches it (29.08 s)
+    ("h1f1b", 2, 8, 0.034),
 ])
 def test_planner_finds_the_brute_force_optimum_on_an_instance_it_missed(schedule, seed, index, before):
     """The planner's plan simulates no slower than the brute force's best (it also has TP and inner
