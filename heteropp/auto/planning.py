@@ -180,9 +180,10 @@ def _layer_moves(pb: Problem, cand: Candidate, params: dict, gap: int) -> Iterat
             st = list(cand.stages)
             st[src] = replace(st[src], layers=st[src].layers - 1)
             st[dst] = replace(st[dst], layers=st[dst].layers + 1)
-            if st[src].recompute and cm.evaluate([*st[:src], replace(st[src], recompute=False), *st[src + 1:]],
-                                                 dp, b).feasible:
-                st[src] = replace(st[src], recompute=False)
+            if st[src].recompute:  # a stage's memory depends on its own flag alone
+                off = cm.evaluate([*st[:src], replace(st[src], recompute=False), *st[src + 1:]], dp, b)
+                if off.stage_memory_bytes[src] <= off.stage_capacity_bytes[src]:
+                    st[src] = replace(st[src], recompute=False)
             est = cm.evaluate(st, dp, b)
             if not est.feasible and not st[dst].recompute:
                 st[dst] = replace(st[dst], recompute=True)

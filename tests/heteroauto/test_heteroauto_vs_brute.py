@@ -40,6 +40,10 @@ def _instance(schedule: str, seed: int, index: int):
     # (30.08 s), whose single steps up exceed memory and are cut back to it: one step moved from one
     # boundary to another reaches it (29.08 s)
     ("h1f1b", 2, 8, 0.034),
+    # ZB-H1: [Y2r X2 Z1 Z1], a layer moved from the recomputing Z stage of a collected plan to the Y stage,
+    # which must then recompute; the move kept Z recomputing because it checked Z's memory on the whole
+    # plan, Y's over-full stage included
+    ("zbh1", 5, 20, 0.015),
 ])
 def test_planner_finds_the_brute_force_optimum_on_an_instance_it_missed(schedule, seed, index, before):
     """The planner's plan simulates no slower than the brute force's best (it also has TP and inner
