@@ -3,7 +3,7 @@
 layers, 4 to 8 micro-batches, links of 0.02 to 2 GB/s. Prints, per schedule, the worst gap (how much
 slower the planner's plan simulates than the brute force's), where it is and how many instances have one.
 
-    python -m bench.heteroauto_vs_brute [--instances 30] [--seed 0] [--schedules h1f1b interleaved] [--json FILE]
+    python -m bench.heteroauto_vs_brute [--instances 30] [--seed 0] [--schedules h1f1b zbh1 ...] [--json FILE]
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
 from heteropp.schedules import kind
 from heteropp.spec import InfeasibleError, ModelSpec, TrainSpec, cluster_from_dict
 
-SCHEDULES = ("1f1b", "h1f1b", "interleaved")
+SCHEDULES = ("1f1b", "h1f1b", "interleaved")  # measured by default
+MORE_SCHEDULES = ("gpipe", "zbh1")  # on request (--schedules)
 TYPES = ("X", "Y", "Z")
 
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--instances", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    ap.add_argument("--schedules", nargs="+", choices=SCHEDULES + MORE_SCHEDULES, default=list(SCHEDULES))
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     if a.instances < 1:

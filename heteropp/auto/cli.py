@@ -50,7 +50,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from ..schedules import kind, missing_params
+    from ..schedules import ScheduleError, kind, missing_params
     from .plan_sim import plan_stages, schedule_params, simulate_plan
     from .planning import load_problem
     plan = Plan.load(a.plan)
@@ -66,7 +66,11 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if missing := missing_params(name, plan.schedule_params):
         raise SpecError(a.plan, "schedule_params", f"schedule {name!r} needs {missing[0]}, which the plan lacks "
                         "and no cost derives", f"a plan written for {name!r}")
-    r = simulate_plan(pb.cm, plan, keep_timeline=bool(a.png))
+    try:
+        r = simulate_plan(pb.cm, plan, keep_timeline=bool(a.png))
+    except ScheduleError as e:  # the schedule cannot run this plan (interleaved: micro-batches vs stages)
+        raise SpecError(a.plan, "stages", f"schedule {name!r} cannot run the plan: {e}",
+                        f"a plan that {name!r} runs, or another --schedule") from None
     out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
            "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": name,
            "schedule_params": plan.schedule_params}
@@ -88,15 +92,14 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from .plan_sim import simulate_stages
-    from .planning import load_problem, run_search
+    from .planning import load_problem, run_search, to_plan
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     rows = {}
     for algo in ("h2", "auto"):
         t0 = time.perf_counter()
         res = run_search(pb, algo, a.group_size)
         dt = time.perf_counter() - t0
-        sim = simulate_stages(pb.cm, res.best.stages, res.best.dp).iteration_time_s
+        sim = to_plan(pb, res.best, dt, algo, res).iteration_time_s  # the plan's schedule and parameters
         rows[algo] = {"search_time_s": dt, "iteration_time_s": res.best.time_s, "simulated_s": sim, "dp": res.best.dp,
                       "stages": len(res.best.stages)}
         print(f"{algo:>5}: search {dt:.3f} s, estimated {res.best.time_s:.4f} s, simulated {sim:.4f} s, "

@@ -1,13 +1,14 @@
 """Load inputs, run a search, and turn its result into the shared Plan schema."""
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 from ..plan import Plan, StagePlan
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec, load_cluster, load_model, load_train
 from ..schedules import kind
-from .accuracy import error_factor
 from .analytic import analytic_profile
 from .costs import CostModel, StageSpec, micro_batches, virtual_stages
 from .limits import DEFAULT_LIMITS, Limits
@@ -37,16 +38,34 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
     if algo == "h2":
         from .h2 import search_h2
         res = search_h2(pb.cm, group_size, progress=progress)
-        # the paper's objective priced the plan; it carries the full estimate, as search_auto's plans do
-        return res if kind(pb.train.schedule).params else replace(res, best=reported(pb.cm, [res.best])[0],
-                                                                     objective_s=res.best.time_s)
+        # the paper's objective priced the plan; it carries the full estimate, as search_auto's plans do, or
+        # under a schedule with parameters its simulated time with the parameters the plan file gets
+        if kind(pb.train.schedule).params:
+            return with_params_timed(pb, res)
+        return replace(res, best=reported(pb.cm, [res.best])[0], objective_s=res.best.time_s)
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
-    if not kind(pb.train.schedule).params:
+    if not kind(pb.train.schedule).params and not small_enough_to_simulate(pb):
         return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle)
     res = search_auto(pb.cm, group_size, RERANK_POOL, progress=progress, limits=limits, idle=idle,
                       margin=POOL_MARGIN)
     return rank_with_params(pb, res)
+
+
+def small_enough_to_simulate(pb: Problem) -> bool:
+    """Whether every plan the search can collect for the re-rank (RERANK_POOL of them, each with as many
+    stages as layers or chips allow) is simulated within RERANK_ACTIONS, at every dp. A schedule without
+    parameters is then re-ranked as one with parameters is (rank_with_params): the search prunes and
+    splits by its objective, which overprices short pipelines at few micro-batches (up to ~27%), so the
+    plan it finds best can be slower than one it ranked lower, or than another split of its stages."""
+    from .space import dp_candidates
+    total = pb.train.micro_batches_total
+    try:
+        dps = dp_candidates(pb.cluster, pb.train)
+    except InfeasibleError:
+        return False  # only idle-chip plans: the search says so, or finds them
+    worst = max((min(pb.model.layers, pb.cluster.total_chips // dp) * (total // dp) for dp in dps), default=0)
+    return worst * RERANK_POOL <= RERANK_ACTIONS
 
 
 RERANK_FIRST = 4  # the best plan and the next three are always re-ranked with their parameters
@@ -59,23 +78,22 @@ WARMUP_OR_CHUNK_OPTIONS = 5  # options best_params simulates at most (len(WARMUP
 
 
 def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
-    """The search ranks plans under the parameter-free schedule it searches as (searched_as); a schedule
-    that takes parameters then re-ranks the plans by their simulated time with each one's own best
-    parameters (best_params), so that H-1F1B's warm-up or interleaved chunks can change which plan wins.
-    Re-ranked are the best plan, the next three, and every further plan the search collected whose least
-    estimate with parameters (least_estimate) is within the model's stated error (accuracy.error_factor)
-    of the least of them all, in increasing estimate while RERANK_ACTIONS last; the four fastest then get a
-    local search over their layer split and warm-up (refine) from another RERANK_ACTIONS. A candidate the
-    schedule cannot run (interleaved: micro-batches not in groups of its stages) drops out, unless none can
-    run (to_plan then says why)."""
-    if not kind(pb.train.schedule).params:
-        return res
+    """The search ranks plans under the parameter-free schedule it searches as (searched_as), by its
+    objective; this re-ranks them by their simulated time with each one's own best parameters
+    (best_params), so that H-1F1B's warm-up or interleaved chunks can change which plan wins, and so that
+    a plan the objective overprices (round trips, few micro-batches) still wins where it runs faster (a
+    schedule without parameters comes here where small_enough_to_simulate). Re-ranked are the best plan,
+    the next three, and every further plan the search collected, in increasing least estimate with
+    parameters (least_estimate) while RERANK_ACTIONS last: a plan whose estimate is well above the best
+    one's can still be a step from a faster one. Then each, fastest first, gets a local search over its
+    layer split and warm-up (refine) while another RERANK_ACTIONS last. A candidate the schedule cannot
+    run (interleaved: micro-batches not in groups of its stages) drops out, unless none can run (to_plan
+    then says why)."""
     pool, rest = [res.best, *res.runners_up[:RERANK_FIRST - 1]], res.runners_up[RERANK_FIRST - 1:]
     if rest:
-        least = {id(c): least_estimate(pb, c) for c in pool + rest}
-        limit = min(least.values()) * error_factor(pb.train.schedule)
+        least = {id(c): least_estimate(pb, c) for c in rest}
         spent = 0
-        for cand in sorted((c for c in rest if least[id(c)] <= limit), key=lambda c: least[id(c)]):
+        for cand in sorted((c for c in rest if math.isfinite(least[id(c)])), key=lambda c: least[id(c)]):
             spent += len(cand.stages) * micro_batches(pb.train, cand.dp) * WARMUP_OR_CHUNK_OPTIONS
             if spent > RERANK_ACTIONS:
                 break
@@ -90,7 +108,9 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
         return res
     timed.sort(key=lambda x: x[:2])
     budget = RERANK_ACTIONS
-    for t, i, cand in list(timed[:RERANK_FIRST]):
+    for t, i, cand in list(timed):  # fastest first, while the budget lasts
+        if budget <= 0:
+            break
         t2, better, budget = refine(pb, cand, budget)
         if t2 < t:
             timed.append((t2, i, better))
@@ -99,42 +119,77 @@ def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
     return replace(res, best=ranked[0], runners_up=ranked[1:RERANK_FIRST])
 
 
-def _moves(pb: Problem, cand: Candidate, params: dict) -> list[Candidate]:
-    """`cand` one step away, each fitting in memory: one layer moved across one boundary, either way (every
-    stage keeps a layer; the stage that gains it recomputes where it then fits only so, the one that loses
-    it stops recomputing where it then fits without), or H-1F1B's extra warm-up of one boundary one more or
-    one less (cut back to fit). Each carries `params`, the best found so far, as an option to try."""
+def with_params_timed(pb: Problem, res: SearchResult) -> SearchResult:
+    """`res`'s plans in its own order, each carrying its parameters and its simulated time with them
+    (best_params, as to_plan writes them); a runner-up the schedule cannot run drops out."""
+    timed = []
+    for i, cand in enumerate([res.best, *res.runners_up]):
+        try:
+            params, _, t = best_params(pb, cand)
+        except InfeasibleError:
+            if i == 0:
+                raise
+            continue
+        timed.append(replace(cand, time_s=t, params=params or None))
+    return replace(res, best=timed[0], runners_up=timed[1:], objective_s=res.best.time_s)
+
+
+def _moves(pb: Problem, cand: Candidate, params: dict) -> Iterator[Candidate]:
+    """`cand` one step away, each fitting in memory: one layer moved from one stage to another (every stage
+    keeps a layer; the stage that gains it recomputes where it then fits only so, the one that loses it
+    stops recomputing where it then fits without), or H-1F1B's extra warm-up of one boundary one more or
+    one less, or one step of it moved to another boundary (_warmup_steps). Each carries `params`, the best
+    found so far, as an option to try. Listed nearest first (a layer across one boundary, the warm-ups,
+    then a layer across two boundaries, three, ...), generated as they are tried: the budget may stop a
+    step part-way."""
+    p = len(cand.stages)
+    yield from _layer_moves(pb, cand, params, 1)
+    for trial in _warmup_steps(pb, cand, params.get("extra_warmup")):
+        yield replace(cand, params={"extra_warmup": trial})
+    for gap in range(2, p):
+        yield from _layer_moves(pb, cand, params, gap)
+
+
+def _warmup_steps(pb: Problem, cand: Candidate, extra: list[int] | None) -> Iterator[list[int]]:
+    """H-1F1B's extra warm-up of one boundary one more or one less than `extra`, then one step moved
+    from one boundary to another (where memory holds no more in flight, a step up alone is cut back to
+    `extra` itself), each cut back to fit; none for a schedule without it. Generated as tried."""
+    n = len(extra or [])
+    singles = ({j: s} for j in range(n) for s in (1, -1))
+    shifts = ({i: 1, j: -1} for j in range(n) for i in range(n) if i != j)
+    seen = [extra]
+    for delta in itertools.chain(singles, shifts):
+        trial = list(extra or [])
+        for j, s in delta.items():
+            trial[j] += s
+        if min(trial, default=0) >= 0:
+            trial = warmup_within_memory(pb, cand, trial)[0]["extra_warmup"]
+            if trial not in seen:
+                seen.append(trial)
+                yield trial
+
+
+def _layer_moves(pb: Problem, cand: Candidate, params: dict, gap: int) -> Iterator[Candidate]:
+    """_moves' layer moves between stages `gap` apart, either way."""
     cm, dp = pb.cm, cand.dp
     b = micro_batches(pb.train, dp)
-    out = []
-    for j in range(len(cand.stages) - 1):
-        for src, dst in ((j, j + 1), (j + 1, j)):
+    for j in range(len(cand.stages) - gap):
+        for src, dst in ((j, j + gap), (j + gap, j)):
             if cand.stages[src].layers <= 1:
                 continue
             st = list(cand.stages)
             st[src] = replace(st[src], layers=st[src].layers - 1)
             st[dst] = replace(st[dst], layers=st[dst].layers + 1)
-            if st[src].recompute and cm.evaluate([*st[:src], replace(st[src], recompute=False), *st[src + 1:]],
-                                                 dp, b).feasible:
-                st[src] = replace(st[src], recompute=False)
+            if st[src].recompute:  # a stage's memory depends on its own flag alone
+                off = cm.evaluate([*st[:src], replace(st[src], recompute=False), *st[src + 1:]], dp, b)
+                if off.stage_memory_bytes[src] <= off.stage_capacity_bytes[src]:
+                    st[src] = replace(st[src], recompute=False)
             est = cm.evaluate(st, dp, b)
             if not est.feasible and not st[dst].recompute:
                 st[dst] = replace(st[dst], recompute=True)
                 est = cm.evaluate(st, dp, b)
             if est.feasible:
-                out.append(Candidate(est.iteration_time_s, dp, st, cand.label, params))
-    extra = params.get("extra_warmup")
-    seen = [extra]
-    for j in range(len(extra or [])):
-        for step in (1, -1):
-            trial = list(extra)
-            trial[j] += step
-            if trial[j] >= 0:
-                trial = warmup_within_memory(pb, cand, trial)[0]["extra_warmup"]
-                if trial not in seen:
-                    seen.append(trial)
-                    out.append(replace(cand, params={"extra_warmup": trial}))
-    return out
+                yield Candidate(est.iteration_time_s, dp, st, cand.label, params)
 
 
 def refine(pb: Problem, cand: Candidate, budget: int) -> tuple[float, Candidate, int]:

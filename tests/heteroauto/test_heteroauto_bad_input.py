@@ -143,8 +143,21 @@ def test_simulating_a_plan_of_whole_stages_as_interleaved_takes_the_default_chun
     stages as they are), so no error; more chunks need a plan of virtual stages, written by the planner."""
     from heteropp.schedules import kind
     out = tmp_path / "sim.json"
-    assert main(["simulate", str(EX / "plans" / "harp-setting-1.json"), "--cluster", str(EX / "clusters" / "harp.yaml"),
-                 "--model", str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
-                 "--schedule", "interleaved", "--json", str(out)]) == 0
+    assert main(["simulate", str(EX / "plans" / "harp-setting-1-h1f1b.json"), "--cluster",
+                 str(EX / "clusters" / "harp.yaml"), "--model", str(EX / "models" / "gpt-harp.yaml"), "--train",
+                 str(EX / "training" / "harp.yaml"), "--schedule", "interleaved", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["schedule"] == "interleaved" and kind("interleaved").chunks(got["schedule_params"]) == 1
+
+
+def test_simulating_as_interleaved_a_plan_whose_micro_batches_are_not_in_groups_of_its_stages(capsys):
+    """HARP's 1F1B plan has 12 stages and 128 micro-batches: interleaved 1F1B cannot run it. The simulate
+    command says so and exits 2 (it raised the schedule builder's error as a traceback)."""
+    plan = EX / "plans" / "harp-setting-1.json"
+    stages = len(json.loads(plan.read_text())["stages"])
+    assert 128 % stages, "the example plan's stages divide its micro-batches: pick another plan"
+    assert main(["simulate", str(plan), "--cluster", str(EX / "clusters" / "harp.yaml"), "--model",
+                 str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
+                 "--schedule", "interleaved"]) == 2
+    err = capsys.readouterr().err
+    assert "harp-setting-1.json" in err and "cannot run the plan" in err and f"{stages} stages" in err
