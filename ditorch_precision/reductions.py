@@ -6,10 +6,11 @@ MAX (MIN): no rank's input is above (below) the result anywhere, and every eleme
 equals some rank's input: each rank sends the bit mask of the elements its input does not reach,
 and no element may be in every rank's mask (exact at any size; whether sets held by different ranks
 are disjoint cannot be decided from less than a bit per element).
-PRODUCT: on the result's non-zero finite elements, the sum of log|input| over ranks equals the sum of
-log|result| (within the rounding of world - 1 products per element), no rank's input is zero there,
-the result's zeros are each some rank's zero (a bit mask per rank, as for MAX), and the result is
-negative exactly where an odd number of ranks' inputs are (XOR of the positions' hashes, an exact test).
+PRODUCT: where the result is finite no rank's input is NaN or infinite; on its non-zero finite
+elements, the sum of log|input| over ranks equals the sum of log|result| (within the rounding of
+world - 1 products per element) and no rank's input is zero; the result's zeros are each some rank's
+zero (a bit mask per rank, as for MAX); the result is negative exactly where an odd number of ranks'
+inputs are (XOR of the positions' hashes, an exact test).
 
 A reduce's result lives on its root and a reduce-scatter's piece r on rank r only: no other rank can
 measure its input against it. For these (and for an integer PRODUCT, whose wrapped products have no
@@ -150,12 +151,15 @@ def local_stats(reduce_op: str, before: list, after: list) -> dict:
         return {"elementwise": "integer PRODUCT"}
     eps = max(float(torch.finfo(t.dtype).eps) for t in before if t.is_floating_point())
     stats = {"n_elements": n, "n_live": 0, "eps": eps, "log_in": 0.0, "log_out": 0.0, "n_lost": 0,
-             "n_zero": 0, "neg_in": 0, "neg_out": 0}
+             "n_nonfinite": 0, "n_zero": 0, "neg_in": 0, "neg_out": 0}
     zeros = _MaskWriter()  # the result's zeros this rank's input does not explain (it is not 0 there)
     for offset, x, y in _paired(before, after):
         x, y = x.double(), y.double()
         finite, zero_out, zero_in = torch.isfinite(y), y == 0, x == 0
         nonzero = finite & ~zero_out
+        # a NaN or infinite input makes the product NaN or infinite: a finite result there is wrong
+        # (and the NaN logarithm of a NaN input would silence the magnitude test of every element)
+        stats["n_nonfinite"] += int((finite & ~torch.isfinite(x)).sum())
         stats["n_live"] += int(nonzero.sum())
         stats["log_in"] += float(torch.log(x[nonzero & ~zero_in].abs()).sum())
         stats["log_out"] += float(torch.log(y[nonzero].abs()).sum())
@@ -217,6 +221,9 @@ def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str
                             f"(the first: element {nowhere[1]})")
         return "pass", f"the result is the elementwise {reduce_op} of the inputs"
     for rank, c in zip(ranks, calls):
+        if c.get("n_nonfinite"):
+            return "fail", (f"rank {rank}'s input is NaN or infinite at {c['n_nonfinite']} elements where the "
+                            f"PRODUCT result is finite")
         if c["n_lost"]:
             return "fail", f"the PRODUCT result is non-zero at {c['n_lost']} elements where rank {rank}'s input is 0"
     if calls[0]["n_zero"]:

@@ -54,3 +54,23 @@ def test_a_wrong_zero_is_found_across_chunk_boundaries_with_three_ranks():
     assert _all_reduce(inputs, right)[0] == "pass"
     status, detail = _all_reduce(inputs, wrong)
     assert status == "fail" and "element 131074" in detail, detail
+
+
+def test_a_finite_result_where_an_input_is_nan_fails():
+    """A NaN input makes the product NaN (torch and gloo alike): a result that is finite there is
+    wrong. Non-zero, its NaN logarithm made the magnitude test pass for every element (a result 5x off
+    at element 2 passed with it); zero, another rank's zero there made it look explained."""
+    nan = float("nan")
+    cases = {  # the other rank's input: the wrong result
+        (1.0, 5.0, 7.0): (1.0, 10.0, 105.0),
+        (0.0, 5.0, 7.0): (0.0, 10.0, 21.0),
+    }
+    a = torch.tensor([nan, 2.0, 3.0])
+    for other, wrong in cases.items():
+        b = torch.tensor(other)
+        right = _product([a, b])
+        assert torch.isnan(right[0])
+        for judge in (_all_reduce, _by_values):
+            assert judge([a, b], right)[0] == "pass"
+            status, detail = judge([a, b], torch.tensor(wrong))
+            assert status == "fail" and "NaN or infinite" in detail, (judge.__name__, wrong, status, detail)
