@@ -7,10 +7,11 @@ equals some rank's input: each rank sends the bit mask of the elements its input
 and no element may be in every rank's mask (exact at any size; whether sets held by different ranks
 are disjoint cannot be decided from less than a bit per element).
 PRODUCT: where the result is finite no rank's input is NaN or infinite; on its non-zero finite
-elements, the sum of log|input| over ranks equals the sum of log|result| (within the rounding of
-world - 1 products per element) and no rank's input is zero; the result's zeros are each some rank's
-zero (a bit mask per rank, as for MAX); the result is negative exactly where an odd number of ranks'
-inputs are (XOR of the positions' hashes, an exact test).
+elements no rank's input is zero, and on its normal ones (a subnormal keeps only a few significant
+bits) the sum of log|input| over ranks equals the sum of log|result| (within the rounding of world - 1
+products per element); the result's zeros are each some rank's zero (a bit mask per rank, as for
+MAX); the result is negative exactly where an odd number of ranks' inputs are (XOR of the positions'
+hashes, an exact test).
 
 A reduce's result lives on its root and a reduce-scatter's piece r on rank r only: no other rank can
 measure its input against it. For these (and for an integer PRODUCT, whose wrapped products have no
@@ -150,6 +151,8 @@ def local_stats(reduce_op: str, before: list, after: list) -> dict:
     if not before[0].is_floating_point():  # an integer product wraps around: no magnitude to compare
         return {"elementwise": "integer PRODUCT"}
     eps = max(float(torch.finfo(t.dtype).eps) for t in before if t.is_floating_point())
+    # A subnormal result keeps only a few significant bits: its magnitude is not held to eps.
+    tiny = max((float(torch.finfo(t.dtype).tiny) for t in after if t.is_floating_point()), default=0.0)
     stats = {"n_elements": n, "n_live": 0, "eps": eps, "log_in": 0.0, "log_out": 0.0, "n_lost": 0,
              "n_nonfinite": 0, "n_zero": 0, "neg_in": 0, "neg_out": 0}
     zeros = _MaskWriter()  # the result's zeros this rank's input does not explain (it is not 0 there)
@@ -160,9 +163,10 @@ def local_stats(reduce_op: str, before: list, after: list) -> dict:
         # a NaN or infinite input makes the product NaN or infinite: a finite result there is wrong
         # (and the NaN logarithm of a NaN input would silence the magnitude test of every element)
         stats["n_nonfinite"] += int((finite & ~torch.isfinite(x)).sum())
-        stats["n_live"] += int(nonzero.sum())
-        stats["log_in"] += float(torch.log(x[nonzero & ~zero_in].abs()).sum())
-        stats["log_out"] += float(torch.log(y[nonzero].abs()).sum())
+        normal = nonzero & (y.abs() >= tiny)
+        stats["n_live"] += int(normal.sum())
+        stats["log_in"] += float(torch.log(x[normal & ~zero_in].abs()).sum())
+        stats["log_out"] += float(torch.log(y[normal].abs()).sum())
         stats["n_lost"] += int((nonzero & zero_in).sum())
         stats["n_zero"] += int(zero_out.sum())
         zeros.add((zero_out & ~zero_in).numpy())

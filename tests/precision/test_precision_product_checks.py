@@ -74,3 +74,18 @@ def test_a_finite_result_where_an_input_is_nan_fails():
             assert judge([a, b], right)[0] == "pass"
             status, detail = judge([a, b], torch.tensor(wrong))
             assert status == "fail" and "NaN or infinite" in detail, (judge.__name__, wrong, status, detail)
+
+
+def test_products_among_the_subnormals_pass_and_a_wrong_sign_there_fails():
+    """float32 1e-22 x 1.5e-22 x 3 rounds to a subnormal (about 4.6e-44, a few significant bits):
+    its relative error is far above float32's eps, which no tolerance of normal numbers allows.
+    The product torch computes passes; a subnormal of the wrong sign fails."""
+    inputs = [torch.tensor([1e-22, 2.0], dtype=torch.float32), torch.tensor([1.5e-22, 3.0], dtype=torch.float32),
+              torch.tensor([3.0, 0.5], dtype=torch.float32)]
+    right = _product(inputs)
+    assert 0 < abs(float(right[0])) < torch.finfo(torch.float32).tiny
+    for judge in (_all_reduce, _by_values):
+        assert judge(inputs, right)[0] == "pass", judge(inputs, right)
+        wrong = right.clone()
+        wrong[0] = -wrong[0]
+        assert judge(inputs, wrong)[0] == "fail", judge(inputs, wrong)
