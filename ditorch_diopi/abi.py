@@ -40,6 +40,10 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
 DEVICE_HOST, DEVICE_DEVICE = 0, 1
 
 
+class DtypeError(TypeError):
+    """A tensor whose dtype the ABI has no code for (uint8, int8, int16, complex...): no library can take it."""
+
+
 class Tensor(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -144,7 +148,7 @@ class TensorHandle:
     def __init__(self, tensor: torch.Tensor, device: int = DEVICE_HOST) -> None:
         code = DTYPE_CODES.get(tensor.dtype)
         if code is None:
-            raise TypeError(f"dtype {tensor.dtype} has no DIOPI code; expected one of {sorted(map(str, DTYPE_CODES))}")
+            raise DtypeError(f"dtype {tensor.dtype} has no DIOPI code; expected one of {sorted(map(str, DTYPE_CODES))}")
         ndim = tensor.dim()
         self.tensor = tensor
         self.shape = (ctypes.c_int64 * ndim)(*tensor.shape)
@@ -198,7 +202,7 @@ class HandleSlots(threading.local):
         if dtype is not handle[2]:
             code = DTYPE_CODES.get(dtype)
             if code is None:
-                raise TypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
+                raise DtypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
             struct.dtype = code
             handle[2] = dtype
         return handle[1]

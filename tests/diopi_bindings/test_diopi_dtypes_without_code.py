@@ -1,0 +1,49 @@
+"""Tensors whose dtype the DIOPI ABI has no code for (uint8, int8, int16, complex): an operator the
+library implements for other dtypes cannot take them, so it runs on the CPU, as an operator the library
+lacks does. Reference: the same calls on CPU tensors."""
+from __future__ import annotations
+
+import pytest
+
+from diopi_testlib import run_python
+
+CHECKS = """
+        cases = {
+            "uint8 add (wraps)": lambda t: t(torch.tensor([200, 7, 0], dtype=torch.uint8))
+            + t(torch.tensor([100, 1, 255], dtype=torch.uint8)),
+            "int8 mul": lambda t: t(torch.tensor([-100, 3, 12], dtype=torch.int8))
+            * t(torch.tensor([2, -5, 11], dtype=torch.int8)),
+            "int16 sum": lambda t: t(torch.arange(-300, 300, 7, dtype=torch.int16)).sum(dim=0),
+            "uint8 fill_": lambda t: t(torch.zeros(5, dtype=torch.uint8)).fill_(9),
+            "uint8 clone of a transpose": lambda t: t(torch.arange(12, dtype=torch.uint8).reshape(3, 4)).t().clone(),
+            "complex64 mul": lambda t: t(torch.tensor([1 + 2j, -3j], dtype=torch.complex64))
+            * t(torch.tensor([2 - 1j, 4 + 1j], dtype=torch.complex64)),
+            "nonzero of uint8": lambda t: torch.nonzero(t(torch.tensor([[0, 3], [5, 0]], dtype=torch.uint8))),
+            "masked_select of uint8": lambda t: torch.masked_select(t(torch.tensor([4, 5, 6], dtype=torch.uint8)),
+                                                                    t(torch.tensor([True, False, True]))),
+            "index by a bool mask, int8 values": lambda t: t(torch.tensor([-1, 2, -3, 4], dtype=torch.int8))[
+                t(torch.tensor([True, True, False, True]))],
+        }
+        results = {}
+        for name, case in cases.items():
+            want = case(lambda x: x)
+            try:
+                got = case(lambda x: x.to("diopi"))
+                same = got.dtype == want.dtype and torch.equal(got.cpu(), want)
+                results[name] = bool(got.device.type == "diopi" and same)
+            except Exception as exc:
+                results[name] = f"{type(exc).__name__}: {exc}"
+        print(json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_dtypes_without_a_diopi_code_run_on_the_cpu(reference_path, backend):
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend={backend!r})
+{CHECKS}
+    """)
+    got.pop("_stderr")
+    assert {name: ok for name, ok in got.items() if ok is not True} == {}, got
