@@ -47,3 +47,35 @@ def test_dtypes_without_a_diopi_code_run_on_the_cpu(reference_path, backend):
     """)
     got.pop("_stderr")
     assert {name: ok for name, ok in got.items() if ok is not True} == {}, got
+
+
+def test_conjugate_and_negative_views_copy_to_and_from_the_native_device(reference_path):
+    """A complex tensor's conjugate view copied between the native device and the CPU, within the device
+    and into a conjugate view: the values torch gives on CPU tensors.
+    The copy reached the device's _copy_from through torch's conjugate fallback, which resolved the view
+    with a clone that copies through _copy_from again, without end (a crash)."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        z = torch.tensor([[1 + 2j, 3 - 4j, -5j], [0.5, -1 + 1j, 2j]], dtype=torch.complex64)
+        d = z.to("diopi")
+        cases = {{
+            "conj to cpu": (lambda: d.conj().cpu(), z.conj()),
+            "conj of a transpose to cpu": (lambda: d.t().conj().cpu(), z.t().conj()),
+            "conj cpu to device": (lambda: z.conj().to("diopi").cpu(), z.conj()),
+            "conj within the device": (lambda: d.conj().clone().cpu(), z.conj()),
+            "conj to the other device": (lambda: d.conj().to("diopi:1").cpu(), z.conj()),
+            "into a conj view": (lambda: torch.zeros_like(d).conj().copy_(d).resolve_conj().cpu(), z),
+        }}
+        results = {{}}
+        for name, (run, want) in cases.items():
+            try:
+                got = run().resolve_conj().resolve_neg()
+                results[name] = bool(torch.equal(got, want.resolve_conj().resolve_neg()))
+            except Exception as exc:
+                results[name] = f"{{type(exc).__name__}}: {{exc}}"
+        print(json.dumps(results))
+    """)
+    got.pop("_stderr")
+    assert {name: ok for name, ok in got.items() if ok is not True} == {}, got
