@@ -79,3 +79,45 @@ def test_conjugate_and_negative_views_copy_to_and_from_the_native_device(referen
     """)
     got.pop("_stderr")
     assert {name: ok for name, ok in got.items() if ok is not True} == {}, got
+
+
+def test_views_in_another_dtype_on_the_native_device(reference_path):
+    """Views that read the same bytes as another dtype (view_as_real, .real/.imag of a complex tensor,
+    view(dtype) to a wider or narrower dtype), also of a tensor at a storage offset: the values torch
+    gives on CPU tensors, and a write through the view reaches the base. They were made as_strided of
+    the base in the base's dtype, with the view's sizes and strides (out of bounds, or other values)."""
+    got = run_python(f"""
+        import json, torch
+        from ditorch_diopi import device
+        device.enable({str(reference_path)!r}, backend="native")
+        z = torch.tensor([[1 + 2j, 3 - 4j, -5j], [0.5, -1 + 1j, 2j]], dtype=torch.complex64)
+        f = torch.arange(12, dtype=torch.float32) - 5.5
+        zd, fd = z.to("diopi"), f.to("diopi")
+        cases = {{
+            "view_as_real": (lambda t: torch.view_as_real(t(z)), None),
+            "imag": (lambda t: t(z).imag, None),
+            "real of a row": (lambda t: t(z)[1].real, None),
+            "imag of a conj": (lambda t: t(z).conj().imag, None),
+            "float32 as int32": (lambda t: t(f).view(torch.int32), None),
+            "float32 at an offset as uint8": (lambda t: t(f)[3:].view(torch.uint8), None),
+            "uint8 as float32": (lambda t: t(f).view(torch.uint8)[8:].view(torch.float32), None),
+            "float32 as complex64": (lambda t: torch.view_as_complex(t(f).view(6, 2)), None),
+        }}
+        results = {{}}
+        for name, (case, _) in cases.items():
+            want = case(lambda x: x.clone())
+            try:
+                got = case(lambda x: x.to("diopi"))
+                same = got.dtype == want.dtype and got.shape == want.shape
+                results[name] = bool(same and torch.equal(got.cpu().resolve_neg(), want.resolve_neg()))
+            except Exception as exc:
+                results[name] = f"{{type(exc).__name__}}: {{exc}}"[:300]
+        base = f.clone().to("diopi")
+        base[2:].view(torch.int32).fill_(7)   # a write through the view reaches its base
+        want = f.clone()
+        want[2:].view(torch.int32).fill_(7)
+        results["write through"] = bool(torch.equal(base.cpu().view(torch.int32), want.view(torch.int32)))
+        print(json.dumps(results))
+    """)
+    got.pop("_stderr")
+    assert {name: ok for name, ok in got.items() if ok is not True} == {}, got
