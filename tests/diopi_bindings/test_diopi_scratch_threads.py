@@ -4,6 +4,7 @@ waits until the test says go; the other thread's exp (no scratch) runs in betwee
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -41,11 +42,15 @@ def test_scratch_is_dropped_when_its_call_returns_while_another_thread_calls(tmp
         lib.call("aten::neg", y, x)
         held.append(lib.allocator.holds_required())  # this thread's scratch, after its call returned
 
-    worker = threading.Thread(target=with_scratch)
+    worker = threading.Thread(target=with_scratch, daemon=True)
     worker.start()
-    while not dll.test_required():  # the kernel holds its scratch tensor now
-        pass
-    lib.call("aten::exp", y, x)  # another call, on this thread, while that one runs
-    dll.test_go()
+    deadline = time.monotonic() + 60
+    try:
+        while not dll.test_required():  # the kernel holds its scratch tensor now
+            assert time.monotonic() < deadline, "the kernel never required its scratch tensor"
+            time.sleep(0.001)
+        lib.call("aten::exp", y, x)  # another call, on this thread, while that one runs
+    finally:
+        dll.test_go()  # the kernel never waits past the test
     worker.join(timeout=60)
     assert held == [False], "the scratch tensor outlived its call"
