@@ -40,6 +40,10 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
 DEVICE_HOST, DEVICE_DEVICE = 0, 1
 
 
+class DtypeError(TypeError):
+    """A tensor whose dtype the ABI has no code for (uint8, int8, int16, complex...): no library can take it."""
+
+
 class Tensor(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -83,7 +87,10 @@ class HostAllocator:
     def __init__(self) -> None:
         self.blocks: dict[int, torch.Tensor] = {}
         self._call = threading.local()  # per thread: the device of required tensors, and those made
-        self.pending = False  # some thread required a tensor since the last done(): a plain flag, read per call
+        # How many threads hold tensors required during a call not yet done(): a plain int, read per call.
+        # One thread's done() must not hide another's tensors, which would then outlive their call.
+        self.pending = 0
+        self._pending_lock = threading.Lock()
         self._callbacks = (ALLOCATE(self._allocate), RELEASE(self._release), REQUIRE_TENSOR(self._require))
         self.context = Context(None, None, *self._callbacks)
 
@@ -98,7 +105,7 @@ class HostAllocator:
     def expect(self, device: torch.device | None) -> None:
         """The next call's required tensors are made on ``device`` (None: the CPU)."""
         self._call.device = device
-        self._call.made = {}
+        self.done()
 
     def take(self, holder: Any) -> torch.Tensor | None:
         """The tensor whose handle the kernel stored in ``holder`` (a ``POINTER(Tensor)``), or None."""
@@ -109,8 +116,10 @@ class HostAllocator:
         return None if hit is None else hit[0]
 
     def done(self) -> None:
-        """Drops the tensors required during the call that nobody took (a kernel's scratch tensors)."""
-        self.pending = False
+        """Drops the tensors required during this thread's call that nobody took (a kernel's scratch tensors)."""
+        if getattr(self._call, "made", None):
+            with self._pending_lock:
+                self.pending -= 1
         self._call.made = {}
 
     def holds_required(self) -> bool:
@@ -128,10 +137,12 @@ class HostAllocator:
         except RuntimeError:
             return ERR_ALLOCATION
         handle = TensorHandle(tensor, DEVICE_HOST if tensor.is_cpu else DEVICE_DEVICE)
-        if not hasattr(self._call, "made"):
-            self._call.made = {}
-        self._call.made[ctypes.addressof(handle.struct)] = (tensor, handle)
-        self.pending = True
+        made = getattr(self._call, "made", None)
+        if not made:
+            self._call.made = made = {}
+            with self._pending_lock:
+                self.pending += 1
+        made[ctypes.addressof(handle.struct)] = (tensor, handle)
         out[0] = ctypes.pointer(handle.struct)
         return SUCCESS
 
@@ -144,7 +155,7 @@ class TensorHandle:
     def __init__(self, tensor: torch.Tensor, device: int = DEVICE_HOST) -> None:
         code = DTYPE_CODES.get(tensor.dtype)
         if code is None:
-            raise TypeError(f"dtype {tensor.dtype} has no DIOPI code; expected one of {sorted(map(str, DTYPE_CODES))}")
+            raise DtypeError(f"dtype {tensor.dtype} has no DIOPI code; expected one of {sorted(map(str, DTYPE_CODES))}")
         ndim = tensor.dim()
         self.tensor = tensor
         self.shape = (ctypes.c_int64 * ndim)(*tensor.shape)
@@ -198,7 +209,7 @@ class HandleSlots(threading.local):
         if dtype is not handle[2]:
             code = DTYPE_CODES.get(dtype)
             if code is None:
-                raise TypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
+                raise DtypeError(f"dtype {dtype} has no DIOPI code; expected one of {', '.join(map(str, DTYPE_CODES))}")
             struct.dtype = code
             handle[2] = dtype
         return handle[1]

@@ -6,10 +6,12 @@ MAX (MIN): no rank's input is above (below) the result anywhere, and every eleme
 equals some rank's input: each rank sends the bit mask of the elements its input does not reach,
 and no element may be in every rank's mask (exact at any size; whether sets held by different ranks
 are disjoint cannot be decided from less than a bit per element).
-PRODUCT: on the result's non-zero finite elements, the sum of log|input| over ranks equals the sum of
-log|result| (within the rounding of world - 1 products per element), no rank's input is zero there,
-the result's zeros are each some rank's zero, and the result is negative exactly where an odd number
-of ranks' inputs are (XOR of the positions' hashes, an exact test).
+PRODUCT: where the result is finite no rank's input is NaN or infinite; on its non-zero finite
+elements no rank's input is zero, and on its normal ones (a subnormal keeps only a few significant
+bits) the sum of log|input| over ranks equals the sum of log|result| (within the rounding of world - 1
+products per element); the result's zeros are each some rank's zero (a bit mask per rank, as for
+MAX); the result is negative exactly where an odd number of ranks' inputs are (XOR of the positions'
+hashes, an exact test).
 
 A reduce's result lives on its root and a reduce-scatter's piece r on rank r only: no other rank can
 measure its input against it. For these (and for an integer PRODUCT, whose wrapped products have no
@@ -149,20 +151,30 @@ def local_stats(reduce_op: str, before: list, after: list) -> dict:
     if not before[0].is_floating_point():  # an integer product wraps around: no magnitude to compare
         return {"elementwise": "integer PRODUCT"}
     eps = max(float(torch.finfo(t.dtype).eps) for t in before if t.is_floating_point())
+    # A subnormal result keeps only a few significant bits: its magnitude is not held to eps.
+    tiny = max((float(torch.finfo(t.dtype).tiny) for t in after if t.is_floating_point()), default=0.0)
     stats = {"n_elements": n, "n_live": 0, "eps": eps, "log_in": 0.0, "log_out": 0.0, "n_lost": 0,
-             "zero_hits": 0, "n_zero": 0, "neg_in": 0, "neg_out": 0}
+             "n_nonfinite": 0, "n_zero": 0, "neg_in": 0, "neg_out": 0}
+    zeros = _MaskWriter()  # the result's zeros this rank's input does not explain (it is not 0 there)
     for offset, x, y in _paired(before, after):
         x, y = x.double(), y.double()
-        live = (y != 0) & torch.isfinite(y)
-        zero_in = x == 0
-        stats["n_live"] += int(live.sum())
-        stats["log_in"] += float(torch.log(x[live & ~zero_in].abs()).sum())
-        stats["log_out"] += float(torch.log(y[live].abs()).sum())
-        stats["n_lost"] += int((live & zero_in).sum())
-        stats["zero_hits"] += int((zero_in & (y == 0)).sum())
-        stats["n_zero"] += int((y == 0).sum())
-        stats["neg_in"] ^= _position_hash(live & (x < 0), offset)
-        stats["neg_out"] ^= _position_hash(live & (y < 0), offset)
+        finite, zero_out, zero_in = torch.isfinite(y), y == 0, x == 0
+        nonzero = finite & ~zero_out
+        # a NaN or infinite input makes the product NaN or infinite: a finite result there is wrong
+        # (and the NaN logarithm of a NaN input would silence the magnitude test of every element)
+        stats["n_nonfinite"] += int((finite & ~torch.isfinite(x)).sum())
+        normal = nonzero & (y.abs() >= tiny)
+        stats["n_live"] += int(normal.sum())
+        stats["log_in"] += float(torch.log(x[normal & ~zero_in].abs()).sum())
+        stats["log_out"] += float(torch.log(y[normal].abs()).sum())
+        stats["n_lost"] += int((nonzero & zero_in).sum())
+        stats["n_zero"] += int(zero_out.sum())
+        zeros.add((zero_out & ~zero_in).numpy())
+        stats["neg_in"] ^= _position_hash(nonzero & (x < 0), offset)
+        stats["neg_out"] ^= _position_hash(nonzero & (y < 0), offset)
+    # Whether every zero of the result is some rank's zero takes a bit per element: a count of each
+    # rank's zeros there is fooled by a zero several ranks share.
+    stats["unexplained_zeros"] = zeros.close() if stats["n_zero"] else []
     return stats
 
 
@@ -185,6 +197,15 @@ def _nowhere(masks: list, n: int) -> tuple[int, int] | None:
     return (count, first) if seen >= n else None
 
 
+def _in_every_mask(calls: list[dict], key: str, n: int) -> tuple[int, int] | str:
+    """``_nowhere`` of the ranks' masks under ``key``, or what is wrong with them."""
+    masks = [c.get(key) for c in calls]
+    if not all(isinstance(m, list) and all(isinstance(t, str) for t in m) for m in masks):
+        return f"a rank sent no {key!r} mask"
+    found = _nowhere(masks, n)
+    return f"the ranks' {key!r} masks have different sizes" if found is None else found
+
+
 def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str]:
     """(status, detail) of one all-reduce from every rank's ``local_stats`` (``calls`` in group order)."""
     if any("n_elements" not in c for c in calls):
@@ -196,21 +217,27 @@ def check(reduce_op: str, calls: list[dict], ranks: list[int]) -> tuple[str, str
         for rank, c in zip(ranks, calls):
             if c["n_beyond"]:
                 return "fail", f"rank {rank}'s input is {side} the {reduce_op} result at {c['n_beyond']} elements"
-        masks = [c.get("unreached") for c in calls]
-        if not all(isinstance(m, list) and all(isinstance(t, str) for t in m) for m in masks):
-            return "fail", "a rank sent no element mask"
-        nowhere = _nowhere(masks, n)
-        if nowhere is None:
-            return "fail", "the ranks' element masks have different sizes"
+        nowhere = _in_every_mask(calls, "unreached", n)
+        if isinstance(nowhere, str):
+            return "fail", nowhere
         if nowhere[0]:
             return "fail", (f"{nowhere[0]} elements of the {reduce_op} result equal no rank's input "
                             f"(the first: element {nowhere[1]})")
         return "pass", f"the result is the elementwise {reduce_op} of the inputs"
     for rank, c in zip(ranks, calls):
+        if c.get("n_nonfinite"):
+            return "fail", (f"rank {rank}'s input is NaN or infinite at {c['n_nonfinite']} elements where the "
+                            f"PRODUCT result is finite")
         if c["n_lost"]:
             return "fail", f"the PRODUCT result is non-zero at {c['n_lost']} elements where rank {rank}'s input is 0"
-    if sum(c["zero_hits"] for c in calls) < calls[0]["n_zero"]:
-        return "fail", "the PRODUCT result is 0 where no rank's input is"
+    if calls[0]["n_zero"]:
+        nowhere = _in_every_mask(calls, "unexplained_zeros", n)
+        if isinstance(nowhere, str):
+            return "fail", nowhere
+        if nowhere[0]:
+            return "fail", (f"the PRODUCT result is 0 at {nowhere[0]} elements where no rank's input is (the first: "
+                            f"element {nowhere[1]}; a product that underflows is 0 too, which this check does not "
+                            f"tell apart)")
     parity = 0
     for c in calls:
         parity ^= c["neg_in"]

@@ -4,6 +4,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/adaption.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_conj.h>
+#include <ATen/ops/_neg_view.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
@@ -126,8 +128,18 @@ struct HostStage {
   void store() const { copy_h2d(device, device_bytes, buffer.data_ptr(), buffer.numel()); }
 };
 
+// A conjugate or negative view's memory holds the values before the conjugation or negation.
+bool lazy_math(const at::Tensor& t) { return t.is_conj() || t.is_neg(); }
+
+// `host`, a CPU view of `t`'s bytes, with `t`'s conjugate and negative bits (CPU copies resolve them).
+at::Tensor with_math_bits(const at::Tensor& host, const at::Tensor& t) {
+  at::Tensor out = t.is_conj() ? at::_conj(host) : host;
+  return t.is_neg() ? at::_neg_view(out) : out;
+}
+
 bool plain(const at::Tensor& a, const at::Tensor& b) {
-  return a.dtype() == b.dtype() && a.sizes().equals(b.sizes()) && a.is_contiguous() && b.is_contiguous();
+  return a.dtype() == b.dtype() && a.sizes().equals(b.sizes()) && a.is_contiguous() && b.is_contiguous() &&
+         !lazy_math(a) && !lazy_math(b);
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -145,14 +157,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   std::optional<HostStage> source;
   if (src_dev) source.emplace(self, true);
-  const at::Tensor& host_src = src_dev ? source->view : self;
+  const at::Tensor host_src = src_dev ? with_math_bits(source->view, self) : self;
   if (!dst_dev) {
     dst.copy_(host_src);
     return dst;
   }
   // A destination that does not cover its whole span keeps the bytes in between: read them first.
   HostStage target(dst, !dst.is_non_overlapping_and_dense());
-  target.view.copy_(host_src);
+  with_math_bits(target.view, dst).copy_(host_src);
   target.store();
   return dst;
 }
@@ -184,6 +196,13 @@ void register_kernels() {
   library->impl("_copy_from", TORCH_FN(copy_from));
   library->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   library->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  // torch's fallback for conjugate and negative views resolves them with a clone, which copies through
+  // _copy_from again, without end: the copies take the views as they are and resolve them on the host.
+  for (const c10::DispatchKey key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
+    auto* views = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    views->impl("_copy_from", torch::CppFunction::makeFallthrough());
+    views->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+  }
 }
 
 }  // namespace ditorch_diopi

@@ -159,7 +159,13 @@ class NativeRouter(Router):
         def alias(m: Any) -> Any:
             if not isinstance(m, torch.Tensor):
                 return m
-            return torch.as_strided(base, m.shape, m.stride(), base.storage_offset() + m.storage_offset())
+            if m.dtype == base.dtype:
+                return torch.as_strided(base, m.shape, m.stride(), base.storage_offset() + m.storage_offset())
+            # The same bytes in another dtype (view_as_real, view(dtype)): as_strided would keep the base's
+            # dtype. The meta view's offset counts its own elements from the base's first byte.
+            offset = base.storage_offset() * base.element_size() // m.element_size() + m.storage_offset()
+            view = torch.empty(0, dtype=m.dtype, device=base.device)
+            return view.set_(base.untyped_storage(), offset, m.shape, m.stride())
 
         return tree_map(alias, meta)
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
+from ditorch_diopi.abi import DtypeError
 from ditorch_diopi.library import DiopiLibrary, OperatorError
 from ditorch_diopi.schema import BY_NAME, GELU_APPROXIMATE, Arg, OpSchema
 
@@ -206,7 +207,7 @@ class Router:
                     if any(a.is_allocated for a in op.outputs):
                         return self._call_allocating(func, op, mode, bound)
                     return self._call(func, op, mode, args, kwargs, bound)
-                except (OperatorError, _Unservable) as exc:
+                except (OperatorError, _Unservable, DtypeError) as exc:  # DtypeError: raised before the call
                     reason = str(exc)
             self._log_fallback(func, reason)
         else:
