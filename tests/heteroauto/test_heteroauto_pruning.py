@@ -112,3 +112,29 @@ def test_harp_search_keeps_the_plan_whose_full_time_beats_the_objectives_best():
     h2 = search_h2(pb.cm).best
     assert sim < simulate_stages(pb.cm, h2.stages, h2.dp).iteration_time_s * 0.95
     assert res.objective_s < sim  # the objective is below the full time here: no bound of the winner
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zbh1", "gpipe"])
+def test_objective_over_widen_bounds_random_harp_plans(schedule):
+    """The same bound on HARP Setting 1's random pipelines: TP stages, recompute, the analytic profile's
+    forward share (0.37), 2-64 micro-batches."""
+    from test_heteroauto_round_trips import harp, random_split
+    pb = harp()
+    cm, rng, worst = pb.cm, random.Random(0), 0.0
+    share, under = _forward_share(cm), max(u for u, _ in ESTIMATE_BOUNDS[schedule])
+    for _ in range(10):
+        p = rng.choice([2, 3, 4, 6, 8])
+        na = rng.randint(1, p - 1)
+        seq = ["A100"] * na + ["V100e"] * (p - na)
+        tps = {c: min(8, 1 << ((32 // n).bit_length() - 1)) for c, n in (("A100", na), ("V100e", p - na))}
+        stages = [StageSpec(c, tps[c], nl, rng.random() < 0.3) for c, nl in zip(seq, random_split(rng, 24, p))]
+        for b in (2, 4, 8, 16, 32, 64):
+            cm.train = dataclasses.replace(cm.train, global_batch=b, schedule=schedule)
+            obj = cm.evaluate(stages, 1, b, schedule)
+            if not obj.feasible:
+                continue
+            sim = simulate_stages(cm, stages, 1, schedule).iteration_time_s
+            lower = obj.iteration_time_s / (objective_widen(schedule, share, p, b) * (1 - under))
+            assert lower <= sim * (1 + 1e-9), (schedule, b, stages, obj.iteration_time_s, sim)
+            worst = max(worst, lower / sim)
+    assert worst > 0.5
