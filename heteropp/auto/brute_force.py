@@ -40,24 +40,31 @@ def brute_force(pb: Problem) -> tuple[float, int, list[StageSpec], dict]:
     its own flag alone, so that choice loses no plan."""
     cm, sched = pb.cm, pb.train.schedule
     best: tuple[float, int, list[StageSpec], dict] = (math.inf, 0, [], {})
+    for dp, b, seq in one_chip_sequences(pb):
+        caps = [cm.cluster.chip(c).usable_bytes for c in seq]
+        for split in compositions(cm.model.layers, len(seq)):
+            plain = [StageSpec(c, 1, n, False) for c, n in zip(seq, split)]
+            for q, _ in schedule_options(sched, plain, b):
+                mems = [cm.evaluate([replace(s, recompute=r) for s in plain], dp, b, sched,
+                                    params=q).stage_memory_bytes for r in (False, True)]
+                if any(min(m0, m1) > c for m0, m1, c in zip(*mems, caps)):
+                    continue
+                stages = [replace(s, recompute=m0 > c) for s, m0, c in zip(plain, mems[0], caps)]
+                run = virtual_stages(stages, q["chunks"]) if "chunks" in q else stages
+                t = simulate_stages(cm, run, dp, sched, params=q).iteration_time_s
+                if t < best[0]:
+                    best = (t, dp, stages, q)
+    return best
+
+
+def one_chip_sequences(pb: Problem) -> Iterator[tuple[int, int, list[str]]]:
+    """(dp, micro-batches per replica, the chip of each stage) of every order of the chip types in one-chip
+    stages, at every dp, with no more stages than layers."""
+    cm = pb.cm
     counts = {c.name: c.count for c in cm.cluster.chips}
     for dp in dp_candidates(cm.cluster, cm.train):
         b = micro_batches(cm.train, dp)
         for order in itertools.permutations(counts):
             seq = [n for n in order for _ in range(counts[n] // dp)]
-            if len(seq) > cm.model.layers:
-                continue
-            caps = [cm.cluster.chip(c).usable_bytes for c in seq]
-            for split in compositions(cm.model.layers, len(seq)):
-                plain = [StageSpec(c, 1, n, False) for c, n in zip(seq, split)]
-                for q, _ in schedule_options(sched, plain, b):
-                    mems = [cm.evaluate([replace(s, recompute=r) for s in plain], dp, b, sched,
-                                        params=q).stage_memory_bytes for r in (False, True)]
-                    if any(min(m0, m1) > c for m0, m1, c in zip(*mems, caps)):
-                        continue
-                    stages = [replace(s, recompute=m0 > c) for s, m0, c in zip(plain, mems[0], caps)]
-                    run = virtual_stages(stages, q["chunks"]) if "chunks" in q else stages
-                    t = simulate_stages(cm, run, dp, sched, params=q).iteration_time_s
-                    if t < best[0]:
-                        best = (t, dp, stages, q)
-    return best
+            if len(seq) <= cm.model.layers:
+                yield dp, b, seq

@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..spec import InfeasibleError
-from .accuracy import error_factor
+from .accuracy import error_factor, objective_widen
 from .costs import CostModel, StageSpec, micro_batches
 from .candidates import Candidate, Progress, SearchResult
 from .dpspace import DpSpace, cheap_bounds, type_choices
@@ -39,19 +39,44 @@ from .split import best_split
 from .stageopts import stage_opts
 
 class _Top:
-    """Best plan plus runners-up within a relative `slack` of it (the simulator re-ranks those)."""
+    """The best plans by the objective (the simulator re-ranks those within a relative `slack` of the
+    best), and the incumbent: the plan with the least full time (round trips priced, the time it reports).
 
-    def __init__(self, keep: int, slack: float = 0.0) -> None:
-        self.keep, self.slack, self.items = keep, slack, []
+    `cut(dp)` prunes: a plan of that dp whose objective is at least it cannot run faster than the incumbent,
+    because the objective overprices a plan's full time by at most the factor `widen[dp]`
+    (accuracy.objective_widen). The objective alone is no bound of the full time: it leaves round trips out
+    (a 1 ms link's, HARP Setting 1: objective 0.885 s, simulated 1.23 s), so pruning at the best objective
+    dropped faster plans."""
+
+    def __init__(self, keep: int, widen: dict[int, float]) -> None:
+        self.keep, self.slack, self.widen, self.items = keep, 0.0, widen, []
+        self.fastest: Candidate | None = None
+        self.fastest_s = math.inf  # its full estimate
+
+    def cut(self, dp: int) -> float:
+        own = self.items[0].time_s * (1 + self.slack) if self.items else math.inf
+        return max(own, self.fastest_s * self.widen[dp]) if self.fastest is not None else own
 
     @property
     def bound(self) -> float:
-        return self.items[0].time_s * (1 + self.slack) if self.items else math.inf
+        """The loosest cut over every dp."""
+        own = self.items[0].time_s * (1 + self.slack) if self.items else math.inf
+        return max([own, *(self.cut(dp) for dp in self.widen)])
 
     def add(self, c: Candidate) -> None:
         self.items.append(c)
         self.items.sort(key=lambda x: x.time_s)
         del self.items[self.keep:]
+
+    def offer(self, c: Candidate, full_s: float) -> None:
+        if full_s < self.fastest_s:
+            self.fastest, self.fastest_s = c, full_s
+
+    def kept(self) -> list[Candidate]:
+        """The plans by objective, the incumbent with them where the objective ranked it out."""
+        if self.fastest is None or any(c is self.fastest for c in self.items):
+            return list(self.items)
+        return [*self.items, self.fastest]
 
 
 CHUNK = 16  # combinations per first tight-bound batch of a dp (then doubling)
@@ -63,6 +88,8 @@ RERANK_KEEP = 8
 RERANK_SIMS = 5  # simulations at most: the best, h2's sharding of it, the next few by the model
 REPORT_SLACK = 0.30  # above the objective's largest overpricing measured (+27%, bench.heteroauto_vs_brute's instances)
 RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
+FULL_PRICING_ACTIONS = 5_000  # stage x micro-batch pairs up to which the search prunes by full times (_priceable)
+FULL_PRICING_CHIPS = 512
 
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
@@ -94,7 +121,14 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     dps = [dp for dp in dp_candidates(cm.cluster, cm.train) if _fewest_stages(cm, dp) <= L]
     wide = _rerank_slack(cm, dp_candidates(cm.cluster, cm.train)) if rerank else 0.0
     refined = max(RERANK_KEEP if rerank else 0, (3 if margin else runners_up) + 1)  # plans given inner_dp
-    top = _Top(max(refined, runners_up + 1), 0.0)
+    # pruning against the incumbent's full time where pricing it is affordable (FULL_PRICING_ACTIONS);
+    # beyond, against the best objective, as a bounded search would
+    priced = _priceable(cm, dps)
+    share = _forward_share(cm)
+    widen = {dp: objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
+                                 micro_batches(cm.train, dp)) if priced else 1.0 for dp in dps}
+    top = _Top(max(refined, runners_up + 1), widen)
+    fulls: dict[tuple, float] = {}  # full estimates of the plans priced, by _sig
     stats = {"evaluated": 0, "pruned": 0}
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     per_dp, grouped = {}, False
@@ -126,12 +160,12 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     frontier = Frontier()
     done: set = set()
 
-    def later(v: float) -> bool:
-        """Worth keeping: below the best plan, or (for the second phase) within the re-rank margin."""
-        return not top.items or v < top.items[0].time_s * (1 + max(wide, margin, top.slack))
+    def later(e: Entry) -> bool:
+        """Worth keeping: may beat the incumbent, or (for the second phase) within the re-rank margin."""
+        return not top.items or e.bound < max(top.cut(e.space.dp), top.items[0].time_s * (1 + max(wide, margin)))
 
     def push(e: Entry) -> None:
-        if later(e.bound):
+        if later(e):
             frontier.push(e)
         else:
             stats["pruned"] += 1
@@ -144,7 +178,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         seq = [(c, t) for c, t, s in runs for _ in range(s)]
         opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
         stats["evaluated"] += 1
-        bound = top.bound
+        bound = top.cut(space.dp)
         res = best_split(opts, L, lam, const, bound)
         if res is None:  # nothing below `bound`: that is its lower bound for the second phase
             if math.isfinite(bound):
@@ -153,9 +187,14 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         done.add(sig)
         stages = [StageSpec(ch, t, nl, r) for (ch, t), nl, r in zip(seq, res.layers, res.recompute)]
         label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
-        top.add(Candidate(res.total, space.dp, stages, label))
+        cand = Candidate(res.total, space.dp, stages, label)
+        top.add(cand)
+        if priced and res.total < top.fastest_s * widen[space.dp]:  # its full time may beat the incumbent's
+            full = cm.evaluate(stages, space.dp, space.b, round_trips=True).iteration_time_s
+            fulls[_sig(cand)] = full
+            top.offer(cand, full)
         if progress and stats["evaluated"] % 200 == 0:
-            progress(f"{stats['evaluated']} configurations split, best {top.bound:.3f} s")
+            progress(f"{stats['evaluated']} configurations split, best {top.items[0].time_s:.3f} s")
 
     def expand(items: list[tuple[DpSpace, np.ndarray]]) -> None:
         """Bound every order of the combinations exactly (one numpy pass); queue those that may beat the best."""
@@ -170,7 +209,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         for space, ch in items:
             lb, idx, start, size = ch.lb, ch.idx, ch.start, ch.size
             end = min(start + size, len(lb))
-            cut = start + int(np.searchsorted(lb[start:end], top.bound))
+            cut = start + int(np.searchsorted(lb[start:end], top.cut(space.dp)))
             if cut > start:
                 parts.append(space.free_rows(idx[start:cut]))
                 owners += [(space, c) for c in idx[start:cut]]
@@ -188,21 +227,26 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     def drain(collect: bool = False) -> None:
         """Best-first until no bound beats the best plan (within top.slack); `collect`: only gathering
         plans within a margin of an optimum already found, so the clock stops it without bounding it."""
+        aside: list[Entry] = []  # above their own dp's cut, below another's: back on the heap at the end
         while frontier.least() < top.bound:
             if time.perf_counter() > deadline and top.items:
-                if collect:
-                    return
-                bounded.append(f"time budget {limits.time_budget_s:g} s (best-first search stopped with "
-                               f"bounds from {frontier.least():.4f} s open)")
-                stats["open_bound"] = frontier.least()
-                return
+                if not collect:
+                    bounded.append(f"time budget {limits.time_budget_s:g} s (best-first search stopped with "
+                                   f"bounds from {frontier.least():.4f} s open)")
+                    stats["open_bound"] = frontier.least()
+                break
             e = frontier.pop()
+            if e.bound >= top.cut(e.space.dp):
+                aside.append(e)
+                continue
             if e.level is Level.ORDER:
                 split(e.space, e.order, e.combo)
             elif e.level is Level.CHUNK:
                 chunks([(x.space, x.chunk) for x in frontier.pop_more(e, top.bound, BATCH)])
             else:
                 expand([(x.space, x.combo) for x in frontier.pop_more(e, top.bound, BATCH)])
+        for e in aside:
+            frontier.push(e)
 
     # An incumbent first (so that every bound below is computed against it): the best-bounded order of the
     # combination with the least tight bound among each dp's cheapest few.
@@ -225,7 +269,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         top.slack = max(near_slack, margin)
         drain(collect=True)
     stats["pruned"] += len(frontier)
-    items = top.items
+    items = top.kept()
     sims: dict[tuple, float] = {}
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + near_slack)]
@@ -237,7 +281,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         items = sorted(split_rows, key=lambda c: c.time_s)
     objective, first = min(c.time_s for c in items), items[0].time_s
     if rerank:
-        items = reported(cm, items, sims)
+        items = reported(cm, items, sims, fulls)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
         try:
@@ -256,11 +300,31 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if bounded:
         low = relaxed_bound(cm, dps)
         if len(bounded) == 1 and "open_bound" in stats:  # only the clock stopped it: the heap bounds the rest
-            low = max(low, min(stats["open_bound"], top.items[0].time_s))
+            low = max(low, min(stats["open_bound"], top.items[0].time_s) / max(widen.values()))
         if progress:
             progress(f"bounded search: best {items[0].time_s:.4f} s, no plan below {low:.4f} s")
     return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"],
                         time.perf_counter() - t0, bounded, low, objective)
+
+
+def _priceable(cm: CostModel, dps: list[int]) -> bool:
+    """Whether the search prices each plan it splits in full (round trips: tens of ms for 30 stages) and
+    prunes by the incumbent's full time: on clusters of at most FULL_PRICING_CHIPS chips whose longest plan
+    of any dp stays within FULL_PRICING_ACTIONS stage x micro-batch pairs. Beyond, it prunes by the best
+    objective, as before (1,024 chips of 8 types: 1.1 s -> 3.2 s and a time-bounded search when priced)."""
+    if cm.cluster.total_chips > FULL_PRICING_CHIPS:
+        return False
+    worst = max((min(cm.model.layers, cm.cluster.total_chips // dp) * micro_batches(cm.train, dp) for dp in dps),
+                default=0)
+    return worst <= FULL_PRICING_ACTIONS
+
+
+def _forward_share(cm: CostModel) -> float:
+    """The largest forward share of a layer's compute, fwd / (fwd + bwd), over the cluster's chips and TP
+    sizes (accuracy.objective_widen)."""
+    shares = [t.fwd_s / (t.fwd_s + t.bwd_s) for c in cm.cluster.chips if c.name in cm.profile.chips
+              for t in cm.profile.chips[c.name].tp.values() if t.fwd_s + t.bwd_s > 0]
+    return max(shares, default=1.0)
 
 
 def _fewest_stages(cm: CostModel, dp: int) -> int:
@@ -292,7 +356,8 @@ def _rerank_slack(cm: CostModel, dps: list[int]) -> float:
     return RERANK_SLACK_SMALL if worst * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
 
 
-def reported(cm: CostModel, cands: list[Candidate], simulated: dict[tuple, float] | None = None) -> list[Candidate]:
+def reported(cm: CostModel, cands: list[Candidate], simulated: dict[tuple, float] | None = None,
+             estimated: dict[tuple, float] | None = None) -> list[Candidate]:
     """The plans as returned, each carrying the time a user reads and ranked by it: the simulator's where the
     re-rank simulated it (`simulated`, by _sig), else the cost model's full estimate (round trips and whole
     passes priced, within accuracy.ESTIMATE_BOUNDS of the simulator), not the search's objective, which
@@ -301,12 +366,13 @@ def reported(cm: CostModel, cands: list[Candidate], simulated: dict[tuple, float
     `cands`: in the order found, the first the search's (or its re-rank's) best. A plan whose objective is
     more than REPORT_SLACK above the first's is left out: the objective overprices by less than that, and the
     full estimate of a long plan (hundreds of stages, hundreds of micro-batches) costs more than the search."""
-    simulated = simulated or {}
+    simulated, estimated = simulated or {}, estimated or {}
     out: list[Candidate] = []
     for c in cands:
-        if out and c.time_s > cands[0].time_s * (1 + REPORT_SLACK):
+        known = estimated.get(_sig(c))  # priced by the search already (its incumbent)
+        if out and known is None and c.time_s > cands[0].time_s * (1 + REPORT_SLACK):
             continue
-        t = simulated.get(_sig(c))
+        t = simulated.get(_sig(c), known)
         if t is None:
             b = micro_batches(cm.train, c.dp)
             t = cm.evaluate(c.stages, c.dp, b, round_trips=True).iteration_time_s

@@ -52,7 +52,8 @@ def test_harp_cluster_file_states_what_harps_code_states():
     cluster = load_cluster(EX / "clusters/harp.yaml")
     a100, v100e = cluster.chip("A100"), cluster.chip("V100e")
     assert (a100.count, v100e.count, a100.chips_per_node, v100e.chips_per_node) == (32, 32, 8, 8)
-    assert v100e.peak_tflops == 126.95  # its measured 113.62 GB/s NVLink is not in the file yet (README)
+    assert v100e.peak_tflops == 126.95
+    assert v100e.intra_node_bw == pytest.approx(113.62)  # its measured 8-GPU all-reduce bus bandwidth [emu]
     assert a100.peak_tflops == 312
     assert v100e.usable_bytes == pytest.approx(0.9 * 32 * 2**30, rel=1e-3)
     assert a100.usable_bytes == pytest.approx(0.9 * 40960 * 2**20, rel=1e-3)
