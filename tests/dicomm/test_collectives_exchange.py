@@ -76,16 +76,20 @@ def _exchange(rank, world, store, sizes, barrier_delay_s=None):
               torch.cat([inputs(seed * 11 + a * world + rank, 0, n, "int32", "sum")
                          for a in range(world)]))
     if barrier_delay_s is not None:
-        # Ranks that enter the barrier early leave only after the late (last) rank enters.
+        # Ranks that enter the barrier early leave only after the late (last) rank enters. The
+        # order is read on the host's monotonic clock, which every process shares: the late rank
+        # stamps its entry, the others their exit (a stopwatch around an early rank's wait came
+        # out short whenever that rank was preempted while the late one slept).
         comm.barrier().wait()
         if rank == world - 1:
             time.sleep(barrier_delay_s)
-        start = time.monotonic()
+            store.set("late_rank_entered", repr(time.monotonic()))
         comm.barrier().wait()
-        waited = time.monotonic() - start
-        if rank < world - 1 and waited < 0.8 * barrier_delay_s:
-            failures.append(f"rank {rank}: left the barrier after {waited:.3f} s, before the "
-                            f"last rank entered ({barrier_delay_s} s late)")
+        left = time.monotonic()
+        entered = float(store.get("late_rank_entered"))
+        if rank < world - 1 and left < entered:
+            failures.append(f"rank {rank}: left the barrier {entered - left:.3f} s before the "
+                            f"last rank entered it ({barrier_delay_s} s late)")
     close_comm(comm)
     return failures
 

@@ -7,6 +7,9 @@ from tests.dicomm.engine_util import comm, ptr
 from tests.dicomm.multiproc import run_ranks
 
 TIMEOUT_S = 60.0  # the communicator's; failures must come far sooner
+# "Promptly": well inside the timeout, so a failure that waited it out is caught, while no
+# preemption of a loaded host (hundreds of ms, seconds at worst) reaches the bound.
+PROMPT_S = TIMEOUT_S / 4
 # Larger than any kernel socket buffering (one TCP stream: <= 36 MiB here), so a dead sender
 # cannot have handed it all over before dying.
 BIG = 256 << 20
@@ -72,7 +75,7 @@ def test_a_sender_dying_mid_transfer_fails_the_receive_promptly(transport, env):
                     f"died (a host this fast needs a larger message); each completed receive was whole")
     _, text, elapsed = got
     assert "recv from rank 1 tag 1" in text and "rank 1 is gone" in text
-    assert elapsed < 10
+    assert elapsed < PROMPT_S, f"the receive failed after {elapsed:.1f} s"
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -81,7 +84,7 @@ def test_a_receiver_dying_fails_the_pending_send_promptly(transport):
                                       expect_dead=[0])[1]
     assert status == "failed", "a send completed to a receiver that took nothing and died"
     assert "send to rank 0 tag 1" in text and "rank 0 is gone" in text
-    assert elapsed < 10
+    assert elapsed < PROMPT_S, f"the send failed after {elapsed:.1f} s"
 
 
 def _abort_and_close(rank, world, store):
@@ -102,7 +105,7 @@ def _abort_and_close(rank, world, store):
         try:
             r.wait()
         except C.PeerError as e:
-            out.append((str(e), time.monotonic() - t0 < 10))
+            out.append((str(e), time.monotonic() - t0 < PROMPT_S))
         try:
             c.isend(ptr(b), 8, 1, tag=5).wait()
         except C.PeerError as e:
@@ -209,7 +212,7 @@ def _any_source_survives(rank, world, store):
         r2.wait()
         out.append("completed")
     except C.PeerError as e:
-        out.append((str(e), time.monotonic() - t0 < 10))
+        out.append((str(e), time.monotonic() - t0 < PROMPT_S))
     c.close()
     return out
 

@@ -1,9 +1,11 @@
-import socket
+import datetime
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
 
 @pytest.fixture
@@ -22,17 +24,22 @@ def gloo_job(tmp_path_factory) -> dict:
     "fault"). One launch instead of two: each costs seconds of process start-up. Alongside it, a
     3-process job of a two-rank subgroup (into "subgroup"), so their start-ups overlap."""
     root = tmp_path_factory.mktemp("gloo")
-    with socket.socket() as s, socket.socket() as t:  # both open at once: two distinct free ports
-        s.bind(("127.0.0.1", 0))
-        t.bind(("127.0.0.1", 0))
-        port, subgroup_port = s.getsockname()[1], t.getsockname()[1]
+    # Each job's store is served from here, on a port this process holds throughout: a free port
+    # picked here and bound by the job's rank 0 seconds later (after its imports) could be taken in
+    # between by any socket of this host. With TORCHELASTIC_USE_AGENT_STORE, torch's tcp:// rendezvous
+    # makes every rank a client of the store at that address (as under torchrun's agent).
+    stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=300)) for _ in range(2)]
+    port, subgroup_port = (s.port for s in stores)
+    env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"}
     subgroup = subprocess.Popen([sys.executable, "-m", "ditorch_precision.examples.dist_collectives",
                                  str(root / "subgroup"), "3", str(subgroup_port), "--subgroup"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_llama", str(root / "fault"), "2",
                             str(port), "--fault-rank", "1", "--honest", str(root / "ref"),
-                            "--collectives", str(root / "collectives")], capture_output=True, text=True, timeout=300)
+                            "--collectives", str(root / "collectives")], capture_output=True, text=True, timeout=300,
+                           env=env)
         _, subgroup_err = subgroup.communicate(timeout=300)
     finally:
         if subgroup.poll() is None:

@@ -53,7 +53,9 @@ def main() -> None:
     import numpy as np
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=__import__("datetime").timedelta(seconds=120))
+    # AB_STORE_SERVED=1: the caller already serves the store on that port (no free port to race for).
+    serves = rank == 0 and os.environ.get("AB_STORE_SERVED") != "1"
+    store = dist.TCPStore("127.0.0.1", port, 2, serves, timeout=__import__("datetime").timedelta(seconds=120))
     sbuf, rbuf = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
     peer, first = 1 - rank, rank == 0
 

@@ -1,12 +1,14 @@
 """The build comparison tool (ab_builds.py) renames the module in a copy of the tree: the patterns it
 rewrites must exist in the tree as it is, the summary must pair blocks by build, not by order, and
 the per-rank script (ab_pingpong.py) must run against the modules as they are."""
+import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import torch.distributed as dist
 
 from tests.rdma import ab_builds, lab
 
@@ -31,20 +33,18 @@ def test_the_summary_pairs_blocks_by_build_whichever_was_made_first():
     assert "B faster in 2 of 3" in lines[0] and "B faster in 3 of 3" in lines[1] and "_ab_b.so made first" in lines[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_per_rank_script_runs_an_a_a_comparison_of_the_installed_build(tmp_path):
     """ab_pingpong.py itself, briefly, on the host: two ranks, each loading the installed engine and
     benchmark modules as both builds, over tcp on loopback. Rank 0 writes a median per block and
     build (the script once called the loops on the engine module after they had moved out of it)."""
     script = Path(ab_builds.__file__).with_name("ab_pingpong.py")
     out = tmp_path / "ab.json"
-    args = [str(_free_port()), "2", "20", "installed", "installed", str(out), "tcp"]
-    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    # The store is served from here, on a port held throughout (a free port picked here and bound by
+    # rank 0 after its imports could be taken in between by another socket of this host).
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=120))
+    args = [str(server.port), "2", "20", "installed", "installed", str(out), "tcp"]
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", AB_STORE_SERVED="1")
     peer = subprocess.Popen([sys.executable, str(script), "1", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

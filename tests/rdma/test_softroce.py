@@ -21,6 +21,7 @@ import pytest
 from tests.rdma import guest, lab, perftest
 
 SESSION_TIMEOUT_S = 600
+DRAIN_S = 20.0  # DICOMM_IB_DRAIN_MS of the close scenarios (guest_p2p.py)
 # The first test that needs the guest waits for the whole session (build, boot, run).
 pytestmark = pytest.mark.timeout(SESSION_TIMEOUT_S + 300)
 
@@ -214,14 +215,19 @@ def test_closing_peer_neither_stalls_nor_loses_its_last_message(session):
     receive waited too)."""
     first, second = _scenario(session, "close_in_order")
     assert second["last_message_ok"]
-    assert second["recv_s"] < 5.0, second
+    # Half the drain bound: waiting it out fails, a guest slowed by a loaded host does not.
+    bound = DRAIN_S / 2
+    assert second["recv_s"] < bound, second
     both = _scenario(session, "close_together")
     for rank in (first, second, *both):
-        assert rank["close_s"] + rank["drop_s"] < 5.0, (first, second, both)
+        assert rank["close_s"] + rank["drop_s"] < bound, (first, second, both)
 
 
 def test_peer_killed_mid_transfer_is_a_peer_error_not_a_hang(session):
     res = _scenario(session, "killed_peer")
+    assert all(t["whole"] for t in res["tries"] if t.get("completed")), res["tries"]  # each such try was whole
+    if res.get("completed"):
+        pytest.skip(f"this guest moved 64 MiB before its sender was killed, in every try: {res['tries']}")
     assert res.get("kind") == "PeerError", res
     assert res["seconds"] < 20 and "rank 0" in res["text"], res
 
@@ -254,7 +260,8 @@ def test_port_going_down_fails_waiting_receives_with_peer_error(session):
     for rank, res in enumerate(ranks):
         assert res.get("kind") == "PeerError", (rank, res)
         assert res["seconds"] < 10 and "port error" in res["text"] and "rxe0 port 1" in res["text"], (rank, res)
-        assert res["send_after"] == "PeerError" and res["send_after_s"] < 1, (rank, res)
+        # "At once": a quarter of the 30 s the send would otherwise wait (a loaded host slows the guest).
+        assert res["send_after"] == "PeerError" and res["send_after_s"] < 30 / 4, (rank, res)
 
 
 def test_freed_and_reused_buffer_is_registered_again(session):
