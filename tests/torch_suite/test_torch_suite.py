@@ -51,8 +51,10 @@ EXPECTED_FAILURES = {
 }
 
 
-def run_suite(backend: str, tests: list[str] | None, timeout_s: float) -> dict[str, str]:
-    """Outcome per test name ('passed', 'failed', 'skipped') of the suite on `backend`."""
+def run_suite(backend: str, tests: list[str] | None, timeout_s: float,
+              why: dict[str, str] | None = None) -> dict[str, str]:
+    """Outcome per test name ('passed', 'failed', 'skipped') of the suite on `backend`; the text of each
+    failure goes to `why` (the junit file it came from is gone once this returns)."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
         temp_dir = os.path.join(tmp, "suite")
@@ -70,6 +72,10 @@ def run_suite(backend: str, tests: list[str] | None, timeout_s: float) -> dict[s
             kinds = {child.tag for child in case}
             outcomes[case.get("name")] = ("failed" if kinds & {"failure", "error"} else
                                           "skipped" if "skipped" in kinds else "passed")
+            if why is not None and outcomes[case.get("name")] == "failed":
+                why[case.get("name")] = "\n".join(
+                    (child.get("message") or "") + "\n" + (child.text or "")[-2000:]
+                    for child in case if child.tag in ("failure", "error"))
         if not outcomes:
             raise AssertionError(f"the suite on {backend} ran nothing:\n"
                                  f"{proc.stdout.decode()[-3000:]}{proc.stderr.decode()[-3000:]}")
@@ -81,12 +87,14 @@ def test_every_test_gloo_passes_dicomm_passes():
     selection = None if FULL else QUICK
     budget = 6000 if FULL else 270
     gloo = run_suite("gloo", selection, budget)
-    dicomm = run_suite("dicomm", selection, budget)
+    why: dict[str, str] = {}
+    dicomm = run_suite("dicomm", selection, budget, why)
     passed_on_gloo = sorted(t for t, o in gloo.items() if o == "passed")
     assert passed_on_gloo, f"the gloo reference passed nothing: {gloo}"
     missing = [f"{t}: {dicomm.get(t, 'not run')}" for t in passed_on_gloo
                if dicomm.get(t) != "passed" and t not in EXPECTED_FAILURES]
-    assert not missing, "passed on gloo, not on dicomm:\n" + "\n".join(missing)
+    assert not missing, "passed on gloo, not on dicomm:\n" + "\n".join(missing) + "".join(
+        f"\n--- {t}:\n{text}" for t, text in why.items() if t in passed_on_gloo and t not in EXPECTED_FAILURES)
     stale = [t for t in EXPECTED_FAILURES if dicomm.get(t) == "passed"]
     assert not stale, f"listed as expected failures but pass on dicomm (drop them from the list): {stale}"
     if not FULL:  # the quick selection is chosen to run on both: none may be skipped
