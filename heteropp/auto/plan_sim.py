@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ..plan import Plan
-from ..schedules import h1f1b_extra, kind
+from ..schedules import h1f1b_extra, harp_launch_extra, kind
 from .costs import CostModel, StageSpec, micro_batches
 from .makespan import makespan
 from .simulator import SimResult, StageTimes, built_schedule, simulate
@@ -22,6 +22,14 @@ def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
         return {}  # interleaved 1F1B's chunks come with the plan's virtual stages, not from costs
     st, es = stage_times(cm, stages, dp)
     return {"extra_warmup": h1f1b_extra([t.fwd + t.bwd for t in st], es)}
+
+
+def launch_warmup(cm: CostModel, stages: list[StageSpec], dp: int) -> list[int]:
+    """H-1F1B's extra warm-up as HARP's code launches it (harp_launch_extra): a boundary between two chip
+    types joins two clusters, and its cost is its transfer plus its latency."""
+    st, es = stage_times(cm, stages, dp)
+    costs = [e + lat for e, lat in zip(es, latencies(cm, stages))]
+    return harp_launch_extra([t.fwd + t.bwd for t in st], costs, [a.chip != b.chip for a, b in zip(stages, stages[1:])])
 
 
 def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,

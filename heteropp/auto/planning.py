@@ -1,7 +1,6 @@
 """Load inputs, run a search, and turn its result into the shared Plan schema."""
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -74,7 +73,9 @@ RERANK_POOL = 24  # plans the search collects for the re-rank at most
 # trips nor warm-up, which parameters change by more than the estimate's error
 POOL_MARGIN = 0.25
 RERANK_ACTIONS = 100_000  # beyond the first four: stage x micro-batch actions simulated, over every option
-WARMUP_OR_CHUNK_OPTIONS = 5  # options best_params simulates at most (len(WARMUP_SCALES), MAX_CHUNKS)
+# options best_params simulates, as charged to the budget: len(WARMUP_SCALES) or MAX_CHUNKS (H-1F1B also
+# simulates HARP's launch rule and the candidate's own warm-up where they differ from those)
+WARMUP_OR_CHUNK_OPTIONS = 5
 
 
 def rank_with_params(pb: Problem, res: SearchResult) -> SearchResult:
@@ -135,30 +136,24 @@ def with_params_timed(pb: Problem, res: SearchResult) -> SearchResult:
 
 
 def _moves(pb: Problem, cand: Candidate, params: dict) -> Iterator[Candidate]:
-    """`cand` one step away, each fitting in memory: one layer moved from one stage to another (every stage
+    """`cand` one layer away, each fitting in memory: one layer moved from one stage to another (every stage
     keeps a layer; the stage that gains it recomputes where it then fits only so, the one that loses it
-    stops recomputing where it then fits without), or H-1F1B's extra warm-up of one boundary one more or
-    one less, or one step of it moved to another boundary (_warmup_steps). Each carries `params`, the best
-    found so far, as an option to try. Listed nearest first (a layer across one boundary, the warm-ups,
-    then a layer across two boundaries, three, ...), generated as they are tried: the budget may stop a
-    step part-way."""
-    p = len(cand.stages)
-    yield from _layer_moves(pb, cand, params, 1)
-    for trial in _warmup_steps(pb, cand, params.get("extra_warmup")):
-        yield replace(cand, params={"extra_warmup": trial})
-    for gap in range(2, p):
+    stops recomputing where it then fits without). Each carries `params`, the best found so far, as an
+    option to try. Listed nearest first (across one boundary, two, ...), generated as they are tried: the
+    budget may stop a step part-way."""
+    for gap in range(1, len(cand.stages)):
         yield from _layer_moves(pb, cand, params, gap)
 
 
-def _warmup_steps(pb: Problem, cand: Candidate, extra: list[int] | None) -> Iterator[list[int]]:
-    """H-1F1B's extra warm-up of one boundary one more or one less than `extra`, then one step moved
-    from one boundary to another (where memory holds no more in flight, a step up alone is cut back to
-    `extra` itself), each cut back to fit; none for a schedule without it. Generated as tried."""
+def _warmup_steps(pb: Problem, cand: Candidate, extra: list[int] | None, moved: bool) -> Iterator[list[int]]:
+    """H-1F1B's extra warm-up of one boundary one more or one less than `extra`, or with `moved` one step
+    moved from one boundary to another (where memory holds no more in flight, a step up alone is cut back
+    to `extra` itself), each cut back to fit; none for a schedule without it. Generated as tried."""
     n = len(extra or [])
     singles = ({j: s} for j in range(n) for s in (1, -1))
     shifts = ({i: 1, j: -1} for j in range(n) for i in range(n) if i != j)
     seen = [extra]
-    for delta in itertools.chain(singles, shifts):
+    for delta in shifts if moved else singles:
         trial = list(extra or [])
         for j, s in delta.items():
             trial[j] += s
@@ -193,25 +188,40 @@ def _layer_moves(pb: Problem, cand: Candidate, params: dict, gap: int) -> Iterat
 
 
 def refine(pb: Problem, cand: Candidate, budget: int) -> tuple[float, Candidate, int]:
-    """Hill-climb from `cand` by single steps (_moves), each timed with its best parameters (best_params),
-    while a step makes it faster and `budget` (simulated actions) lasts. The search's layer split is the
-    best under its parameter-free objective, not under the schedule's parameters, and H-1F1B's options
-    scale one rule over all boundaries. Returns the time, the candidate (carrying its parameters) and the
-    budget left."""
+    """Hill-climb from `cand` by single steps, while a step makes it faster and `budget` (simulated actions)
+    lasts: H-1F1B's extra warm-up of one boundary one more or one less, or where none is faster one step of
+    it moved to another boundary (_warmup_steps), each timed alone; where none is faster, one layer moved
+    (_moves), each timed with its best parameters (best_params); the fastest step of a round is taken. The
+    search's layer split is the best under its parameter-free objective, not under the schedule's
+    parameters, and H-1F1B's options set every boundary by one rule. Returns the time, the candidate
+    (carrying its parameters) and the budget left."""
+    from .plan_sim import iteration_time
     params, _, time_s = best_params(pb, cand)
     cand = replace(cand, params=params)
+    b = micro_batches(pb.train, cand.dp)
     while True:
         best: tuple[float, Candidate] | None = None
-        for nb in _moves(pb, cand, params):
-            budget -= len(nb.stages) * micro_batches(pb.train, nb.dp) * (WARMUP_OR_CHUNK_OPTIONS + 1)
+        # H-1F1B's warm-up steps first, single ones before moved ones: they keep the stages, whose other
+        # options are timed already, so each simulates its own warm-up alone (a layer move, every option)
+        for trial in (t for moved in (False, True) if best is None
+                      for t in _warmup_steps(pb, cand, params.get("extra_warmup"), moved)):
+            budget -= len(cand.stages) * b
             if budget < 0:
                 return time_s, cand, 0
-            try:
-                q, _, t = best_params(pb, nb)
-            except InfeasibleError:
-                continue
+            t = iteration_time(pb.cm, cand.stages, cand.dp, pb.train.schedule, {"extra_warmup": trial})
             if t < time_s * (1 - 1e-9) and (best is None or t < best[0]):
-                best = (t, replace(nb, params=q))
+                best = (t, replace(cand, params={"extra_warmup": trial}))
+        if best is None:
+            for nb in _moves(pb, cand, params):
+                budget -= len(nb.stages) * b * (WARMUP_OR_CHUNK_OPTIONS + 1)
+                if budget < 0:
+                    return time_s, cand, 0
+                try:
+                    q, _, t = best_params(pb, nb)
+                except InfeasibleError:
+                    continue
+                if t < time_s * (1 - 1e-9) and (best is None or t < best[0]):
+                    best = (t, replace(nb, params=q))
         if best is None:
             return time_s, cand, budget
         time_s, cand = best
@@ -289,12 +299,13 @@ def least_estimate(pb: Problem, cand: Candidate) -> float:
 
 def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSpec]]]:
     """The parameter options of the plan's schedule that fit in memory, with the stages the simulator runs
-    for each (empty for a schedule without parameters): H-1F1B's extra warm-up as HARP's rule scaled by
-    WARMUP_SCALES (0: plain 1F1B), each cut back to fit (warmup_within_memory); interleaved 1F1B's chunks
+    for each (empty for a schedule without parameters): H-1F1B's extra warm-up as HARP's paper rule scaled
+    by WARMUP_SCALES (0: plain 1F1B), as HARP's code launches it (launch_warmup: none on fast boundaries),
+    and the candidate's own, each cut back to fit (warmup_within_memory); interleaved 1F1B's chunks
     from 1 to MAX_CHUNKS, where every stage holds a layer per chunk and the micro-batches come in groups of
     the stages, each with the stages recomputing that need it to hold its in-flight count (recompute_to_fit;
     one chunk too holds more than 1F1B) and dropped where one does not fit even so."""
-    from .plan_sim import schedule_params
+    from .plan_sim import launch_warmup, schedule_params
     sk, cm, dp = kind(pb.train.schedule), pb.cm, cand.dp
     b, p = micro_batches(pb.train, dp), len(cand.stages)
     options: list[tuple[dict, list[StageSpec]]] = []
@@ -302,6 +313,7 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
         rule = schedule_params(cm, cand.stages, dp, pb.train.schedule)["extra_warmup"]
         seen: list[list[int]] = []
         tries = [[math.floor(x * f + 0.5) for x in rule] for f in WARMUP_SCALES]
+        tries.append(launch_warmup(cm, cand.stages, dp))
         if cand.params and len(cand.params.get("extra_warmup") or []) == p - 1:
             tries.append(list(cand.params["extra_warmup"]))
         for t in tries:

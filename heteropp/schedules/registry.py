@@ -130,3 +130,16 @@ def h1f1b_extra(compute_s: list[float], boundary_s: list[float]) -> list[int]:
     the slowest stage's forward and backward of one micro-batch."""
     c = max(compute_s) if compute_s else 0.0
     return [math.ceil(2 * e / c - 1e-9) if c > 0 else 0 for e in boundary_s]
+
+
+def harp_launch_extra(compute_s: list[float], boundary_s: list[float], crosses: list[bool]) -> list[int]:
+    """The extra warm-up HARP's code launches with (github.com/Lssyes/harp,
+    harp_patches/alpa/pipeline_parallel/stage_construction.py, commit 01b14b0c6413dfb2270e1cdc79d4e3f60fb5fcd0,
+    training_dp_hetero_impl): a stage warms up one step more than the next one inside a cluster (1F1B: no
+    extra), and 1, 2 or 3 more across a cluster boundary as the boundary's cost is below a tenth of the
+    stage-cost cap, below half of it, or above (extra 0, 1, 2). The cap is at least every stage's cost and
+    every boundary's (the search skips what exceeds it); here it is the largest of them. `boundary_s`: each
+    boundary's cost (transfer and latency), `crosses`: whether it joins two clusters."""
+    cap = max([*compute_s, *boundary_s], default=0.0)
+    return [0 if not x or cap <= 0 else 0 if e < 0.1 * cap else 1 if e < 0.5 * cap else 2
+            for e, x in zip(boundary_s, crosses)]

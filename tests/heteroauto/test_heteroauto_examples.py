@@ -169,6 +169,33 @@ def test_h1f1b_plan_without_warmups_gets_harps_rule_and_ours_is_not_slower(tmp_p
     assert committed["iteration_time_s"] <= out["iteration_time_s"] * (1 + 1e-9)
 
 
+def _simulate_with_warmup(tmp_path: Path, plan: dict, extra: list[int]) -> float:
+    """`plan` simulated (the CLI) with only its extra warm-up replaced by `extra`."""
+    path, sim = tmp_path / f"warmup-{'-'.join(map(str, extra))}.json", tmp_path / "sim.json"
+    path.write_text(json.dumps({**plan, "schedule_params": {"extra_warmup": extra}}))
+    assert main(["simulate", str(path), *SPECS, "--train", str(EX / "training" / PLANS["h1f1b"][1]),
+                 "--json", str(sim)]) == 0
+    return json.loads(sim.read_text())["iteration_time_s"]
+
+
+def test_h1f1b_plan_is_not_slower_than_harps_launch_rule_or_a_step_down(tmp_path, planned):
+    """HARP's code (stage_construction.py, training_dp_hetero_impl; examples/README.md, "HARP's launch rule")
+    launches 1F1B inside a cluster (extra 0) and 1 or 2 extra across the cluster boundary, as the boundary's
+    cost (its transfer and the link's 1 ms) is below half of the stage-cost cap or not; the cap is not in
+    the plan, so both are tried. Those vectors, and the planner's own with any one boundary a step lower,
+    simulated on the planner's layout, are not faster than the planner's warm-up (it once carried one
+    extra on every fast boundary, 0.918 s against 0.898 s)."""
+    plan = planned["h1f1b"]
+    chips = [s["chip"] for s in plan["stages"]]
+    (cross,) = [j for j, (a, b) in enumerate(zip(chips, chips[1:])) if a != b]
+    ours = plan["schedule_params"]["extra_warmup"]
+    tries = [[n if j == cross else 0 for j in range(len(chips) - 1)] for n in (1, 2)]
+    tries += [[x - (j == k) for j, x in enumerate(ours)] for k in range(len(ours)) if ours[k] > 0]
+    for extra in tries:
+        t = _simulate_with_warmup(tmp_path, plan, extra)
+        assert plan["iteration_time_s"] <= t * (1 + 1e-9), (ours, plan["iteration_time_s"], extra, t)
+
+
 # Hetu v2's published heterogeneous-cluster plans (examples/README.md, "Peer plans next to ours"): the strategies
 # of lhy101/HSPMD examples/hetero_cluster/scripts/train.sh, Llama 32B on H20 + H800 clusters, next to the plan the
 # planner writes for the same spec files. Checked against numbers computed here from the spec files alone.

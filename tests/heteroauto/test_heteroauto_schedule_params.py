@@ -71,6 +71,18 @@ def _interleaving_problem() -> Problem:
     return Problem(cl, MODEL, train, cm)
 
 
+def test_harps_launch_rule_by_hand():
+    """HARP's code launches 1F1B inside a cluster and 1, 2 or 3 steps across one as the boundary's cost is
+    below a tenth of the stage-cost cap, below half of it, or above (extra 0, 1, 2); the cap here is the
+    largest stage or boundary cost, 10 (stage times 4 and 10; boundary costs 0.5, 0.99, 1, 4.99, 5, 6)."""
+    from heteropp.schedules import harp_launch_extra
+    costs = [0.5, 0.99, 1.0, 4.99, 5.0, 6.0]
+    assert harp_launch_extra([4.0, 10.0], costs, [True] * 6) == [0, 0, 1, 1, 2, 2]
+    assert harp_launch_extra([4.0, 10.0], costs, [False] * 6) == [0] * 6  # inside a cluster
+    # a boundary dearer than every stage sets the cap itself, so it gets the most
+    assert harp_launch_extra([1.0, 2.0], [8.0, 0.5], [True, True]) == [2, 0]
+
+
 def test_interleaved_plan_chooses_chunks_by_brute_force_and_round_trips():
     pb = _interleaving_problem()
     res = run_search(pb, progress=None)
