@@ -219,3 +219,34 @@ def test_ddp_survivors_of_a_killed_peer_get_an_exception_naming_it():
     # neighbour's abort, whose notice carries the reason (not "rank 3 is gone").
     for rank in (0, 1, 3):
         assert re.search(r"rank 2\b", out[rank]), out[rank]
+
+
+# torch's own barrier-timeout test matches a timeout by this (distributed_test.py, _test_barrier_timeout)
+TORCH_TIMEOUT_WORDING = r" (Timed out|closed|timeout) "
+
+
+def _barrier_timeouts(rank: int, ws: int, store) -> list[str]:
+    init_process_group("dicomm", rank, ws, store, timeout_s=PATIENT_TIMEOUT.total_seconds())
+    groups = [dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1)) for _ in range(2)]
+    texts = []
+    if rank == 0:
+        # Two deadlines race: the collective's own (from its start) and the caller's wait (from the
+        # call). Waiting late makes the first pass first; waiting at once lets the second.
+        for group, wait_after_s in zip(groups, (0.5, 0.0)):
+            work = dist.barrier(group, async_op=True)
+            time.sleep(wait_after_s)
+            with pytest.raises(Exception) as info:
+                work.wait()
+            texts.append(str(info.value))
+        store.set("rank0-done", "1")
+    else:
+        store.wait(["rank0-done"])  # never joins the barriers
+    dist.destroy_process_group()
+    return texts
+
+
+def test_a_barrier_timeout_is_worded_alike_whichever_deadline_passes_first():
+    texts = run_ranks(_barrier_timeouts, 2, timeout=60)[0]
+    for text in texts:
+        assert re.search(TORCH_TIMEOUT_WORDING, text), text
+        assert "barrier" in text, text

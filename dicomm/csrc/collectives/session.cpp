@@ -61,7 +61,10 @@ void Session::wait(Transfer& t) {
   try {
     t.request->wait(std::max(left, std::chrono::milliseconds(0)));
   } catch (const TimeoutError& e) {
-    throw TimeoutError("Timed out: rank " + std::to_string(t.peer) + " never answered step " + std::to_string(t.step) +
+    // Worded as the caller's own wait words it ("Timed out after N ms waiting for X"): which of the two
+    // deadlines passes first is a race, and callers (torch's tests among them) match the wording.
+    throw TimeoutError("Timed out after " + std::to_string(comm_.timeout().count()) + " ms waiting for " + what_ +
+                       ": rank " + std::to_string(t.peer) + " never answered step " + std::to_string(t.step) +
                        " (" + e.what() + ")");
   }
   if (t.is_recv && t.request->nbytes() != t.bytes)
