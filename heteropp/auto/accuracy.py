@@ -25,14 +25,13 @@ def error_factor(schedule: str) -> float:
     return max((1 + over) / (1 - under) for under, over in ESTIMATE_BOUNDS[schedule])
 
 
-
 # The search's objective (the estimate without round trips) charges stage k's whole b c_k next to a whole
 # fill, the round trip through the later stages included, while stage k runs up to n_k - 1 <= p - 1 warm-up
 # forwards in that round trip: it overprices a plan's simulated time by at most those forwards over the b
 # micro-batches' compute, (p - 1) / b times the largest forward share of a stage's compute, fwd / (fwd + bwd)
 # (a third on bench.heteroauto_vs_brute's instances, where the worst measured over every plan of one-chip
 # stages is that share exactly: 24.9% at p = 4, b = 4; 8.3% at p = 5, b = 16). OBJECTIVE_SLACK covers rounding
-# and the update term. tests/heteroauto/test_heteroauto_objective_bound.py holds the objective to it on random
+# and the update term. tests/heteroauto/test_heteroauto_pruning.py holds the objective to it on random
 # instances. It leaves round trips out, so on slow links it is also far below the simulator (HARP Setting
 # 1: 0.885 s against 1.23 s): the objective is no bound of the full time without this factor.
 OBJECTIVE_SLACK = 0.01

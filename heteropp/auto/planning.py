@@ -13,7 +13,7 @@ from .costs import CostModel, StageSpec, micro_batches, virtual_stages
 from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
 from .candidates import Candidate, Progress, SearchResult
-from .search import reported, search_auto
+from .search import longest_plan_actions, reported, search_auto
 
 
 @dataclass
@@ -58,13 +58,11 @@ def small_enough_to_simulate(pb: Problem) -> bool:
     splits by its objective, which overprices short pipelines at few micro-batches (up to ~27%), so the
     plan it finds best can be slower than one it ranked lower, or than another split of its stages."""
     from .space import dp_candidates
-    total = pb.train.micro_batches_total
     try:
         dps = dp_candidates(pb.cluster, pb.train)
     except InfeasibleError:
         return False  # only idle-chip plans: the search says so, or finds them
-    worst = max((min(pb.model.layers, pb.cluster.total_chips // dp) * (total // dp) for dp in dps), default=0)
-    return worst * RERANK_POOL <= RERANK_ACTIONS
+    return longest_plan_actions(pb.cm, dps) * RERANK_POOL <= RERANK_ACTIONS
 
 
 RERANK_FIRST = 4  # the best plan and the next three are always re-ranked with their parameters

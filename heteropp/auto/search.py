@@ -53,15 +53,17 @@ class _Top:
         self.fastest: Candidate | None = None
         self.fastest_s = math.inf  # its full estimate
 
+    def _own(self) -> float:
+        return self.items[0].time_s * (1 + self.slack) if self.items else math.inf
+
     def cut(self, dp: int) -> float:
-        own = self.items[0].time_s * (1 + self.slack) if self.items else math.inf
+        own = self._own()
         return max(own, self.fastest_s * self.widen[dp]) if self.fastest is not None else own
 
     @property
     def bound(self) -> float:
         """The loosest cut over every dp."""
-        own = self.items[0].time_s * (1 + self.slack) if self.items else math.inf
-        return max([own, *(self.cut(dp) for dp in self.widen)])
+        return max([self._own(), *(self.cut(dp) for dp in self.widen)])
 
     def add(self, c: Candidate) -> None:
         self.items.append(c)
@@ -312,11 +314,14 @@ def _priceable(cm: CostModel, dps: list[int]) -> bool:
     prunes by the incumbent's full time: on clusters of at most FULL_PRICING_CHIPS chips whose longest plan
     of any dp stays within FULL_PRICING_ACTIONS stage x micro-batch pairs. Beyond, it prunes by the best
     objective, as before (1,024 chips of 8 types: 1.1 s -> 3.2 s and a time-bounded search when priced)."""
-    if cm.cluster.total_chips > FULL_PRICING_CHIPS:
-        return False
-    worst = max((min(cm.model.layers, cm.cluster.total_chips // dp) * micro_batches(cm.train, dp) for dp in dps),
-                default=0)
-    return worst <= FULL_PRICING_ACTIONS
+    return cm.cluster.total_chips <= FULL_PRICING_CHIPS and longest_plan_actions(cm, dps) <= FULL_PRICING_ACTIONS
+
+
+def longest_plan_actions(cm: CostModel, dps: list[int]) -> int:
+    """Stage x micro-batch pairs of the longest plan at any of `dps` (as many stages as layers or chips
+    allow): what simulating or fully pricing one plan costs at most."""
+    total = cm.train.micro_batches_total
+    return max((min(cm.model.layers, cm.cluster.total_chips // dp) * (total // dp) for dp in dps), default=0)
 
 
 def _forward_share(cm: CostModel) -> float:
@@ -351,9 +356,7 @@ def _affordable(cm: CostModel, best: Candidate) -> bool:
 
 def _rerank_slack(cm: CostModel, dps: list[int]) -> float:
     """The wide margin only where simulating every kept plan surely stays within the re-rank budget."""
-    total = cm.train.micro_batches_total
-    worst = max((min(cm.model.layers, cm.cluster.total_chips // dp) * (total // dp) for dp in dps), default=0)
-    return RERANK_SLACK_SMALL if worst * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
+    return RERANK_SLACK_SMALL if longest_plan_actions(cm, dps) * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
 
 
 def reported(cm: CostModel, cands: list[Candidate], simulated: dict[tuple, float] | None = None,
