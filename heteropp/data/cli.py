@@ -35,7 +35,7 @@ def cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_data_commands(sub: argparse._SubParsersAction) -> None:
+def add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `data` with its sub-commands to a `heteropp` subparsers action; each sets `fn(args) -> int`."""
     p = sub.add_parser("data", help="token files for training: prepare, train-tokenizer, info",
                        description="Token files for training (format: docs/heteropp-data.md).")

@@ -83,9 +83,10 @@ def _jsonl_document(text: str, field: str, path: Path, line: int) -> str:
     if not isinstance(obj, dict) or field not in obj:
         raise SpecError(f"{path}:{line}", field, "missing", f"an object with a string field '{field}' "
                         "(--jsonl-field names another)")
-    if not isinstance(obj[field], str):
-        raise SpecError(f"{path}:{line}", field, f"is {type(obj[field]).__name__}, not a string", "a string")
-    return obj[field]
+    doc = obj[field]
+    if not isinstance(doc, str):
+        raise SpecError(f"{path}:{line}", field, f"is {type(doc).__name__}, not a string", "a string")
+    return doc
 
 
 def tokenizer_file(path: str | os.PathLike[str]) -> Path:
@@ -110,7 +111,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
 
 def vocab_size(tok: Any) -> int:
     """Ids the tokenizer can produce: one past the largest id, added tokens included."""
-    return max(tok.get_vocab(with_added_tokens=True).values()) + 1
+    return int(max(tok.get_vocab(with_added_tokens=True).values())) + 1
 
 
 def _configured_eos(tok_file: Path) -> str | None:

@@ -34,7 +34,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
     x = x * np.uint64(0xBF58476D1CE4E5B9)
     x = x ^ (x >> np.uint64(27))
     x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    out: np.ndarray = x ^ (x >> np.uint64(31))
+    return out
 
 
 def _round_keys(seed: int, epoch: int) -> list[np.uint64]:
@@ -53,7 +54,8 @@ def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
         left, right = x >> shift, x & mask
         for k in keys:
             left, right = right, left ^ (_mix(right ^ k) & mask)
-        return (left << shift) | right
+        out: np.ndarray = (left << shift) | right
+        return out
 
     y = enc(np.asarray(positions, dtype=np.uint64))
     # Cycle walking: re-encrypt what lands outside [0, n); the cycle through x < n returns below n.
