@@ -149,6 +149,18 @@ def _autocast_init(init: Callable, tr: DeviceTranslator, autocast_type: Callable
     return __init__
 
 
+def _autocast_available(fn: Callable, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> Callable:
+    """``torch.amp.is_autocast_available("device")``: asks about the vendor's autocast device type."""
+
+    @functools.wraps(fn)
+    def is_autocast_available(device_type: str) -> bool:
+        if _translated(tr, device_type) is not device_type:
+            device_type = autocast_type()
+        return fn(device_type)
+
+    return is_autocast_available
+
+
 def install_api_patches(patches: PatchSet, tr: DeviceTranslator, autocast_type: Callable[[], str]) -> None:
     patches.set(torch, "load", _load(torch.load, tr))
     patches.set(torch, "set_default_device", _first_arg(torch.set_default_device, tr, "device"))
@@ -156,4 +168,7 @@ def install_api_patches(patches: PatchSet, tr: DeviceTranslator, autocast_type: 
     patches.set(torch, "Generator", _generator_class(torch.Generator, tr))
     autocast = torch.amp.autocast_mode.autocast
     patches.set(autocast, "__init__", _autocast_init(autocast.__init__, tr, autocast_type))
+    available = _autocast_available(torch.amp.autocast_mode.is_autocast_available, tr, autocast_type)
+    patches.set(torch.amp.autocast_mode, "is_autocast_available", available)  # autocast's own check calls it here
+    patches.set(torch.amp, "is_autocast_available", available)
     install_hf_patches(patches, lambda dev: _translated(tr, dev))

@@ -18,6 +18,7 @@ from ditorch.translate import DEVICE_CLASSES, MISS, SAME, DeviceTranslator
 _TO = torch.Tensor.to
 _PARSE_TO = torch._C._nn._parse_to
 _CUDA = torch.Tensor.cuda
+_PINNING = {torch.Tensor.pin_memory: "pin_memory", torch.Tensor.is_pinned: "is_pinned"}
 
 
 class DeviceMode(TorchFunctionMode):
@@ -49,6 +50,11 @@ class DeviceMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is _TO or func is _PARSE_TO or func is _CUDA:
             return self._positional_call(func, args, kwargs)
+        if func in _PINNING:  # Tensor.pin_memory("device"), Tensor.is_pinned("device")
+            from ditorch.patching import PIN_ON_CPU, _pinning
+
+            with torch._C.DisableTorchFunction():
+                return _pinning(func, self.translator, PIN_ON_CPU[_PINNING[func]])(*args, **(kwargs or {}))
         if kwargs:
             dev = kwargs.get("device")
             if dev is not None and dev.__class__ in DEVICE_CLASSES:

@@ -72,6 +72,28 @@ def _cuda(to: Callable, tr: DeviceTranslator) -> Callable:
     return cuda
 
 
+def _pinning(fn: Callable, tr: DeviceTranslator, on_cpu: Callable[[torch.Tensor], Any]) -> Callable:
+    """``Tensor.pin_memory(device)`` / ``Tensor.is_pinned(device)``: the device argument names the
+    accelerator the memory is pinned for. On the CPU vendor the "device" is the host itself, whose
+    memory needs no pinning (torch refuses the CPU there: "not an accelerator"): ``on_cpu`` answers."""
+
+    @functools.wraps(fn)
+    def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        dev = args[0] if args else kwargs.get("device")
+        if dev is not None and dev.__class__ in DEVICE_CLASSES:
+            new = tr.lookup(dev)
+            if new is not SAME:
+                if torch.device(new).type == "cpu":
+                    return on_cpu(self)
+                args, kwargs = ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "device": new})
+        return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+PIN_ON_CPU: dict[str, Callable[[torch.Tensor], Any]] = {"pin_memory": lambda t: t, "is_pinned": lambda t: False}
+
+
 def install_device_patches(patches: PatchSet, tr: DeviceTranslator) -> None:
     remember_device_constructors()
     for name in device_taking_torch_functions():
@@ -79,6 +101,8 @@ def install_device_patches(patches: PatchSet, tr: DeviceTranslator) -> None:
     for name in _TENSOR_KW:
         patches.set(torch.Tensor, name, _keyword(getattr(torch.Tensor, name), tr))
     patches.set(torch.Tensor, "to", _positional(torch.Tensor.to, tr, 1))
+    for name, on_cpu in PIN_ON_CPU.items():
+        patches.set(torch.Tensor, name, _pinning(getattr(torch.Tensor, name), tr, on_cpu))
     patches.set(torch._C._nn, "_parse_to", _positional(torch._C._nn._parse_to, tr, 0))
 
 

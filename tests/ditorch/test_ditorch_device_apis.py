@@ -165,3 +165,36 @@ def test_generator_inside_torch_compile(shim):
 
     want = reference(lambda: torch.ones(3) + torch.randn(3, generator=torch.Generator().manual_seed(0)))
     assert torch.equal(torch.compile(fn, backend="eager")(torch.ones(3), torch.Generator()), want)
+
+
+@pytest.mark.parametrize("spelling", ["device", "device:0"])
+def test_is_autocast_available_takes_the_device_name(shim, spelling):
+    want = reference(lambda: torch.amp.is_autocast_available(ditorch.device.autocast_device_type))
+    assert torch.amp.is_autocast_available(spelling) is want is True
+    assert torch.amp.autocast_mode.is_autocast_available(spelling) is want
+    assert torch.amp.is_autocast_available("cpu") is reference(lambda: torch.amp.is_autocast_available("cpu"))
+
+
+def test_is_autocast_available_restored_by_disable(shim):
+    ditorch.disable()
+    assert torch.amp.is_autocast_available.__module__ == "torch.amp.autocast_mode"
+    with pytest.raises(RuntimeError, match="device"):
+        torch.amp.is_autocast_available("device")
+
+
+@pytest.mark.filterwarnings("ignore:The argument 'device' of Tensor")
+@pytest.mark.parametrize("spelling", ["positional", "keyword"])
+def test_pin_memory_takes_the_device_name(shim, spelling):
+    """On the CPU vendor the device's memory is the host's: pinning it for the device is the tensor
+    itself, and it is not pinned; on an accelerator it is torch's pinning for that device."""
+    x = torch.arange(4.0)
+    pin = (lambda t: t.pin_memory("device")) if spelling == "positional" else (lambda t: t.pin_memory(device="device"))
+    pinned = (lambda t: t.is_pinned("device")) if spelling == "positional" else (lambda t: t.is_pinned(device="device"))
+    if ditorch.device.type == "cpu":
+        assert pin(x) is x and pinned(x) is False
+    else:
+        want = reference(lambda: torch._C.TensorBase.pin_memory(x, ditorch.device.type))
+        got = pin(x)
+        assert torch.equal(got, want) and got.is_pinned() and pinned(got)
+    with pytest.raises(RuntimeError, match="device"):
+        reference(lambda: torch._C.TensorBase.pin_memory(x, "device"))  # plain torch does not know the name
