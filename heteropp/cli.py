@@ -6,8 +6,10 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from .argtypes import at_least, positive
+from .data.cli import add_data_commands
 from .plan import SCHEDULES, Plan
 from .schedules import ScheduleError
 from .spec import Cluster, ModelSpec, SpecError, load_cluster, load_model
@@ -50,10 +52,34 @@ def _run_config(plan: Plan, m: ModelSpec, *, recv_window: int | None, **fields):
                      **({} if recv_window is None else {"recv_window": recv_window}))
 
 
+def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: Plan | None = None) -> dict:
+    """TrainOptions fields from the command line, checked before any process starts."""
+    from .model.hf_weights import weight_files
+    init_from = None
+    p = Path(a.model)
+    if p.exists() and not a.fresh_init:
+        directory = p if p.is_dir() else p.parent
+        if weight_files(directory) is not None:
+            init_from = str(directory)
+    if a.resume and not a.checkpoint_dir:
+        raise SpecError("--resume", "checkpoint_dir", "--resume needs --checkpoint-dir", "--checkpoint-dir D")
+    if a.data:
+        from .data import TokenData
+        TokenData.open(a.data, load_model(a.model, a.seq_len).vocab)  # header and vocabulary checked here
+    peak = None
+    if cluster is not None and plan is not None:
+        chips = {c.name: c.peak_tflops for c in cluster.chips}
+        peak = sum(chips.get(s.chip, 0.0) * s.tp * plan.dp * s.inner_dp for s in plan.stages[:plan.devices]) * 1e12
+    return {"dtype": a.dtype, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps, "lr_decay": a.lr_decay,
+            "min_lr": a.min_lr, "init_from": init_from, "data": a.data, "checkpoint_dir": a.checkpoint_dir,
+            "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
+            "peak_flops": peak or None}
+
+
 def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,
              chip_map: dict[str, str] | None = None, loss_log: str | None = None, seed: int = 0, lr: float = 3e-3,
              timeout_s: float = 60.0, verbose: bool = False, source: str = "<plan>",
-             recv_window: int | None = None, clip_grad: float | None = None) -> dict:
+             recv_window: int | None = None, clip_grad: float | None = None, options: dict | None = None) -> dict:
     """Check the plan, launch its processes, train; returns losses and tokens/s of the last stage's lead rank."""
     from .engine import launch
     from .engine.checks import check_run
@@ -62,18 +88,20 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
     check_run(plan, m, source, chip_map or {}, [plan.schedule])
     cfg = _run_config(plan, m, steps=steps, seed=seed, lr=lr, clip_grad=clip_grad, backend=backend,
                       chip_map=chip_map or {}, loss_log=loss_log, timeout_s=timeout_s, verbose=verbose,
-                      recv_window=recv_window)
+                      recv_window=recv_window, options=options or {})
     t0 = time.perf_counter()
     results = launch(cfg)
     wall = time.perf_counter() - t0
     lead = next(r[plan.schedule] for r in results.values() if r[plan.schedule]["losses"] is not None
                 and r[plan.schedule]["coord"][1:] == (0, 0))
-    return {"losses": lead["losses"], "tokens_per_s": lead["tokens_per_s"], "wall_s": wall}
+    return {"losses": lead["losses"], "tokens_per_s": lead["tokens_per_s"], "wall_s": wall,
+            "start_step": lead["start_step"]}
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    plan, m = Plan.load(a.plan), load_model(a.model)
+    plan, m = Plan.load(a.plan), load_model(a.model, a.seq_len)
     cluster = load_cluster(a.cluster) if a.cluster else None
+    options = train_options(a, cluster, plan)
     chip_map = parse_chip_map(a.chip_map, cluster)
     available = {c.name: c.count for c in cluster.chips} if cluster else None
     if a.write_config:
@@ -82,7 +110,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             override_schedule(plan, a.schedule)
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available)
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
-                          chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window)
+                          chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
+                          options=options)
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
         print(f"wrote {a.write_config}; run it with: torchrun --nproc-per-node={plan.world_size} "
@@ -97,7 +126,10 @@ def cmd_run(a: argparse.Namespace) -> int:
           f"{plan.world_size} processes", flush=True)
     r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
                  loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan,
-                 recv_window=a.recv_window, clip_grad=a.clip_grad)
+                 recv_window=a.recv_window, clip_grad=a.clip_grad, options=options)
+    if not r["losses"]:
+        print(f"heteropp run: nothing to do: the checkpoint is already at step {r['start_step']} of {a.steps}")
+        return 0
     _summary("heteropp run", r["losses"], r["tokens_per_s"])
     if a.loss_log:
         print(f"wrote {a.loss_log}")
@@ -106,12 +138,18 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_reference(a: argparse.Namespace) -> int:
     from .engine import train_reference
-    m = load_model(a.model)
+    from .engine.config import TrainOptions
+    m = load_model(a.model, a.seq_len)
     batch = Plan.load(a.plan).global_batch if a.plan else a.global_batch
+    opts = TrainOptions(**train_options(a))
     t0 = time.perf_counter()
-    r = train_reference(m, a.steps, batch, seed=a.seed, lr=a.lr, loss_log=a.loss_log, clip_grad=a.clip_grad)
-    print(f"reference: {a.steps} steps, final loss {r['losses'][-1]:.6f}, "
-          f"{a.steps * batch * m.seq_len / (time.perf_counter() - t0):.0f} tokens/s")
+    r = train_reference(m, a.steps, batch, seed=a.seed, lr=a.lr, loss_log=a.loss_log, clip_grad=a.clip_grad,
+                        opts=opts)
+    if not r["losses"]:
+        print(f"reference: nothing to do: the checkpoint is already at step {r['start_step']} of {a.steps}")
+        return 0
+    print(f"reference: {len(r['losses'])} steps, final loss {r['losses'][-1]:.6f}, "
+          f"{len(r['losses']) * batch * m.seq_len / (time.perf_counter() - t0):.0f} tokens/s")
     if a.loss_log:
         print(f"wrote {a.loss_log}")
     return 0
@@ -129,7 +167,23 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--clip-grad", type=positive, help="clip gradients to this global L2 norm (default: no clipping)"
         )
-        p.add_argument("--loss-log", help="JSON lines {\"step\": n, \"loss\": x} (what `precision-diff loss` reads)")
+        p.add_argument("--loss-log",
+                       help="JSON lines {\"step\": n, \"loss\": x, ...} (what `precision-diff loss` reads)")
+        p.add_argument("--seq-len", type=at_least(1), help="training sequence length (default: the model's; for a "
+                       "HuggingFace config its max_position_embeddings)")
+        p.add_argument("--fresh-init", action="store_true",
+                       help="start from the seed's initialisation even when the model directory holds weights")
+        p.add_argument("--data", help="token file from `heteropp data prepare` (default: synthetic tokens)")
+        p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                       help="weights and activations (bf16/fp16 keep fp32 master weights and optimizer state)")
+        p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's (never on norms and biases)")
+        p.add_argument("--warmup-steps", type=at_least(0), default=0)
+        p.add_argument("--lr-decay", choices=("constant", "linear", "cosine"), default="constant")
+        p.add_argument("--min-lr", type=float, default=0.0, help="where the decay ends (at the last step)")
+        p.add_argument("--checkpoint-dir", help="write checkpoints (torch.distributed.checkpoint) here")
+        p.add_argument("--save-every", type=at_least(0), default=0, help="steps between checkpoints (0: at the end)")
+        p.add_argument("--keep-checkpoints", type=at_least(1), default=2)
+        p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
 
     r = sub.add_parser("run", help="launch the plan's processes on this host and train")
     r.add_argument("--plan", required=True, help="plan JSON (from `heteroauto plan --json` or hand-written)")
@@ -153,7 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--global-batch", type=int, default=8, help="sequences per step (default 8)")
     f.add_argument("--plan", help="take the global batch from this plan")
     f.set_defaults(fn=cmd_reference)
+
+    e = sub.add_parser("export", help="write a checkpoint as a HuggingFace model directory")
+    e.add_argument("--checkpoint", required=True, help="a checkpoint directory (step-N/) or the --checkpoint-dir "
+                   "holding them (its newest complete one)")
+    e.add_argument("--out", required=True, help="output directory (config.json, model.safetensors)")
+    e.add_argument("--tokenizer", help="tokenizer.json (or a directory holding it) to copy beside the weights")
+    e.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="dtype of the written weights")
+    e.set_defaults(fn=cmd_export)
+    add_data_commands(sub)
     return ap
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from .engine.export import export_hf
+    out = export_hf(a.checkpoint, a.out, a.tokenizer, a.dtype)
+    print(f"wrote {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

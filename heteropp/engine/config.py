@@ -8,6 +8,30 @@ from ..plan import Plan
 from ..spec import ModelSpec
 
 DEFAULT_RECV_WINDOW = 4
+COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainOptions:
+    """What a real run adds to the plan: the weights it starts from, its data, precision, optimizer schedule and
+    checkpoints. Shared by the engine's workers and the single-process reference."""
+    dtype: str = "fp32"  # parameters and activations; fp32 master weights and optimizer state otherwise
+    weight_decay: float = 0.01  # not applied to norms and biases
+    warmup_steps: int = 0
+    lr_decay: str = "constant"  # constant, linear or cosine (to min_lr at the run's last step)
+    min_lr: float = 0.0
+    init_from: str | None = None  # HF model directory whose safetensors weights the run starts from
+    data: str | None = None  # token file (`heteropp data prepare`); None: synthetic tokens
+    checkpoint_dir: str | None = None
+    save_every: int = 0  # steps between checkpoints (0: only at the end when checkpoint_dir is set)
+    resume: bool = False  # continue from the newest complete checkpoint in checkpoint_dir
+    keep_checkpoints: int = 2  # complete checkpoints kept (older ones are deleted after a newer one completes)
+    async_save: bool = True  # checkpoints are written by a background thread while training goes on
+    peak_flops: float | None = None  # summed peak FLOP/s of the plan's chips (the cluster spec's): the MFU's base
+
+    def __post_init__(self) -> None:
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
 
 
 @dataclass
@@ -29,8 +53,14 @@ class RunConfig:
     # Tests: compare against the reference beyond the loss. Off by default; each copy costs one model's memory.
     collect_grads: bool = False  # workers return every step's gradients: a list, one {name: shard} per step
     collect_params: bool = False  # workers return their parameters after the last optimizer step
-    fail_rank: int = -1  # this rank raises at step 1 (failure tests)
+    fail_rank: int = -1  # this rank raises at step `fail_step` (failure tests)
+    fail_step: int = 1
     verbose: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
+
+    @property
+    def opts(self) -> TrainOptions:
+        return TrainOptions(**self.options)
 
     @property
     def plan_obj(self) -> Plan:

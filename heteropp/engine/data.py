@@ -26,3 +26,22 @@ def micro_batch(batch: torch.Tensor, replica: int, micro_batches: int, size: int
     """Replica d takes a contiguous slice of the global batch; micro-batch i a slice of that."""
     start = (replica * micro_batches + mb) * size
     return batch[start:start + size]
+
+
+class Batches:
+    """The rows of each step's global batch: synthetic (above) or drawn from a token file
+    (`heteropp data prepare`), deterministically from (seed, step, row), so every rank asks only for its own
+    rows and sees what the single-process reference sees."""
+
+    def __init__(self, m: ModelSpec, seed: int, sequences: int, path: str | None = None) -> None:
+        self.m, self.seed, self.sequences = m, seed, sequences
+        self.tokens = None
+        if path:
+            from ..data import TokenData
+            self.tokens = TokenData.open(path, m.vocab)
+
+    def rows(self, step: int, lo: int, hi: int) -> torch.Tensor:
+        """Rows [lo, hi) of step `step`'s batch: [hi - lo, seq_len + 1] token ids."""
+        if self.tokens is not None:
+            return self.tokens.rows(self.seed, step, self.sequences, self.m.seq_len, lo, hi)
+        return global_batch(self.m, self.seed, step, self.sequences)[lo:hi]

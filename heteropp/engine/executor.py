@@ -31,7 +31,8 @@ from .topology import Groups, rank_of
 
 class StageExecutor:
     def __init__(self, model: StageModel | list[StageModel], plan: Plan, groups: Groups, p2p: P2P,
-                 act_shape: tuple[int, ...], recv_window: int = DEFAULT_RECV_WINDOW) -> None:
+                 act_shape: tuple[int, ...], recv_window: int = DEFAULT_RECV_WINDOW,
+                 act_dtype: torch.dtype = torch.float32) -> None:
         """model: this stage's model, or its chunks in order (interleaved plans: chunk c is virtual stage
         c * p + k); act_shape: one micro-batch's activation as this stage's inner replica holds it (its slice
         of the micro-batch's sequences)."""
@@ -39,7 +40,7 @@ class StageExecutor:
             raise ValueError(f"recv_window must be >= 0 (receives posted ahead), got {recv_window}")
         self.models = model if isinstance(model, list) else [model]
         self.model, self.plan, self.g, self.p2p = self.models[0], plan, groups, p2p
-        self.recv_window = recv_window
+        self.recv_window, self.act_dtype = recv_window, act_dtype
         c = groups.coord
         self.k, self.d, self.t, self.outer, self.inner = c.stage, c.replica, c.tp_rank, c.outer, c.inner
         self.p, self.n = plan.devices, len(plan.stages)  # groups of chips, virtual stages
@@ -80,7 +81,7 @@ class StageExecutor:
             shape = self._segment_shape(lo, hi)
             sources = [(self._peer_rank(peer, j, i), piece) for i, piece in b.incoming(self.t)]
             out.append((self.p2p.post_recv(f"{'activation' if fwd else 'gradient'} of micro-batch {a.mb}", sources,
-                                           b.piece_numel(shape.numel()), torch.float32, self._tag(a),
+                                           b.piece_numel(shape.numel()), self.act_dtype, self._tag(a),
                                            backward=not fwd), shape))
         return out
 

@@ -1,7 +1,13 @@
 """AdamW over a flat parameter buffer, with ZeRO-1: each DP rank keeps optimizer state for 1/dp of it.
 
 Gradients are all-reduced inside the DP group (chips of one type), each rank updates its shard, and the
-updated shards are all-gathered. Adam is elementwise, so a sharded update equals the unsharded one.
+updated shards are all-gathered. Adam is elementwise, so a sharded update equals the unsharded one; the
+update is torch.optim.AdamW's (single-tensor) sequence of operations, so at dp 1 it matches it bit for bit.
+
+Mixed precision (Megatron's scheme): with bf16 or fp16 parameters the optimizer keeps fp32 master weights
+for its shard, reduces gradients in fp32 and keeps fp32 moments; the model's low-precision weights are the
+master's rounding, gathered in their own dtype. fp16 adds a dynamic loss scale (LossScaler): a step whose
+gradients hold an inf or NaN anywhere in the model is skipped and the scale halved.
 
 Gradient clipping by global norm: the norm is the model's, over every stage, TP rank and DP shard. Each
 rank sums the squares of the gradient elements it owns (its ZeRO shard; a parameter replicated across TP
@@ -10,6 +16,7 @@ ranks counted on one of them only) and one all-reduce over all ranks (`norm_grou
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,18 +24,41 @@ import torch.distributed as dist
 from torch import nn
 
 
+@dataclass
+class LossScaler:
+    """Dynamic loss scaling for fp16 (as torch.amp.GradScaler and Megatron): halve on overflow, double after
+    `growth_interval` clean steps."""
+    scale: float = 2.0 ** 16
+    growth_interval: int = 1000
+    min_scale: float = 1.0
+    clean_steps: int = 0
+    skipped: int = 0
+
+    def update(self, overflow: bool) -> None:
+        if overflow:
+            self.scale, self.clean_steps, self.skipped = max(self.min_scale, self.scale / 2), 0, self.skipped + 1
+        else:
+            self.clean_steps += 1
+            if self.clean_steps % self.growth_interval == 0:
+                self.scale *= 2
+
+
 class ZeroAdamW:
     def __init__(self, params: list[nn.Parameter], lr: float, dp_group=None, dp_rank: int = 0, dp_size: int = 1,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.01,
                  clip_norm: float | None = None, owned: list[bool] | None = None, norm_group: Any = None,
-                 distributed_norm: bool = False) -> None:
+                 distributed_norm: bool = False, decay: list[bool] | None = None,
+                 scaler: LossScaler | None = None) -> None:
         """`clip_norm`: scale gradients so their global L2 norm is at most this (None: no clipping).
         `owned[i]`: whether this rank counts parameter i in the norm (False for a TP replica's copy).
-        `distributed_norm`: the norm spans ranks (all-reduced over `norm_group`, None = the world)."""
+        `distributed_norm`: the norm spans ranks (all-reduced over `norm_group`, None = the world).
+        `decay[i]`: whether weight decay applies to parameter i (None: to all).
+        `scaler`: fp16's dynamic loss scale (the loss was multiplied by scaler.scale)."""
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be positive, got {clip_norm}")
         self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
         self.clip_norm, self.norm_group, self.distributed_norm = clip_norm, norm_group, distributed_norm
+        self.scaler = scaler
         self.last_norm: float | None = None
         self.group, self.dp_rank, self.dp_size = dp_group, dp_rank, dp_size
         total = sum(p.numel() for p in params)
@@ -38,24 +68,47 @@ class ZeroAdamW:
         if other := sorted({str(p.dtype) for p in params} - {str(dtype)}):
             raise ValueError(f"ZeroAdamW keeps one flat buffer, so every parameter must have one dtype: got {dtype} "
                              f"and {', '.join(other)}")
-        self.m = torch.zeros(self.shard, device=dev, dtype=dtype)
-        self.v = torch.zeros(self.shard, device=dev, dtype=dtype)
-        # Flat gradients and weights (padding zero) and two shard-sized scratch buffers, kept across steps:
-        # temporaries of this size made afresh every step come from mmap on glibc once they pass its
-        # threshold, and faulting their pages in made a step 4-5x slower, by turns (3.5 vs 17 ms per layer
-        # of the benchmark model on CPU).
-        self._grads = torch.zeros(self.padded, device=dev, dtype=dtype)
+        self.dtype = dtype
+        # state in at least fp32 (fp64 stays fp64)
+        self.state_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        sd = self.state_dtype
+        self.m = torch.zeros(self.shard, device=dev, dtype=sd)
+        self.v = torch.zeros(self.shard, device=dev, dtype=sd)
+        # Flat gradients (in the state dtype: fp32 reduction), weights in the parameters' dtype (padding zero)
+        # and two shard-sized scratch buffers, kept across steps: temporaries of this size made afresh every
+        # step come from mmap on glibc once they pass its threshold, and faulting their pages in made a step
+        # 4-5x slower, by turns (3.5 vs 17 ms per layer of the benchmark model on CPU).
+        self._grads = torch.zeros(self.padded, device=dev, dtype=sd)
         self._w = torch.zeros(self.padded, device=dev, dtype=dtype)
-        self._num = torch.empty(self.shard, device=dev, dtype=dtype)
-        self._den = torch.empty(self.shard, device=dev, dtype=dtype)
+        self._num = torch.empty(self.shard, device=dev, dtype=sd)
+        self._den = torch.empty(self.shard, device=dev, dtype=sd)
+        self.lo = dp_rank * self.shard
+        # fp32 master weights of this shard when the parameters are low precision; None: the parameters are
+        # their own master (refilled from them every step)
+        self.master: torch.Tensor | None = None
+        if sd != dtype:
+            full = self._fill(torch.zeros(self.padded, device=dev, dtype=sd), [p.detach() for p in params])
+            self.master = full[self.lo:self.lo + self.shard].clone()
+            self._low = torch.empty(self.shard, device=dev, dtype=dtype)
         self.t = 0
+        # runs [a, b) of this shard that weight decay applies to
+        flags = decay if decay is not None else [True] * len(params)
+        self._decay_runs: list[tuple[int, int]] = []
+        off = 0
+        for p, f in zip(params, flags):
+            a, b = max(off, self.lo) - self.lo, min(off + p.numel(), self.lo + self.shard) - self.lo
+            if f and a < b:
+                if self._decay_runs and self._decay_runs[-1][1] == a:
+                    a = self._decay_runs.pop()[0]
+                self._decay_runs.append((a, b))
+            off += p.numel()
         self.owned_shard = None  # this rank's slice of the 0/1 ownership mask (float64), kept only when clipping
         if clip_norm is not None:
             owned = owned if owned is not None else [True] * len(params)
             mask = self._fill(torch.zeros(self.padded, dtype=torch.float64, device=dev),
                               [torch.full((p.numel(),), float(o), dtype=torch.float64, device=dev)
                                for p, o in zip(params, owned)])
-            self.owned_shard = mask[dp_rank * self.shard:(dp_rank + 1) * self.shard].clone()
+            self.owned_shard = mask[self.lo:self.lo + self.shard].clone()
 
     def _fill(self, flat: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
         """`flat` with the tensors copied in, in order (its padding stays zero)."""
@@ -70,34 +123,56 @@ class ZeroAdamW:
             p.grad = None
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One update; False when fp16's loss scaler found an overflow and the step was skipped."""
         missing = [i for i, p in enumerate(self.params) if p.grad is None]
         if missing:
             raise RuntimeError(f"parameters {missing} got no gradient this step")
         grads = self._fill(self._grads, [p.grad for p in self.params])
         if self.dp_size > 1:
             dist.all_reduce(grads, group=self.group)
-        lo = self.dp_rank * self.shard
-        g = grads[lo:lo + self.shard]
+        g = grads[self.lo:self.lo + self.shard]
+        if self.scaler is not None:
+            if self._overflow(g):
+                self.scaler.update(True)
+                return False
+            self.scaler.update(False)
+            g.mul_(1.0 / self.scaler.scale)
         if self.clip_norm is not None:
             g.mul_(self._clip_coef(g))
-        w = self._fill(self._w, [p.detach() for p in self.params])
-        mine = w[lo:lo + self.shard]
+        if self.master is None:
+            w = self._fill(self._w, [p.detach() for p in self.params])
+            mine = w[self.lo:self.lo + self.shard]
+        else:
+            mine = self.master
         self.t += 1
-        b1, b2 = self.betas
-        self.m.mul_(b1).add_(g, alpha=1 - b1)
+        lr, (b1, b2) = self.lr, self.betas
+        # torch.optim.AdamW's single-tensor update, operation for operation
+        for a, b in self._decay_runs:
+            mine[a:b].mul_(1 - lr * self.wd)
+        self.m.lerp_(g, 1 - b1)
         self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        # lr * mhat / (sqrt(vhat) + eps), the same operations in the same order, in place
-        num = torch.div(self.m, 1 - b1 ** self.t, out=self._num).mul_(self.lr)
-        den = torch.div(self.v, 1 - b2 ** self.t, out=self._den).sqrt_().add_(self.eps)
-        mine.mul_(1 - self.lr * self.wd).sub_(num.div_(den))
+        step_size = lr / (1 - b1 ** self.t)
+        den = torch.sqrt(self.v, out=self._den).div_((1 - b2 ** self.t) ** 0.5).add_(self.eps)
+        mine.addcdiv_(self.m, den, value=-step_size)
+        if self.master is not None:
+            self._w[self.lo:self.lo + self.shard].copy_(mine)  # the low-precision rounding of the master
         if self.dp_size > 1:
-            self._num.copy_(mine)  # the input apart from the outputs it is gathered into
-            dist.all_gather(list(w.split(self.shard)), self._num, group=self.group)
+            src = self._low if self.master is not None else self._num
+            src.copy_(self._w[self.lo:self.lo + self.shard])  # the input apart from the outputs it is gathered into
+            dist.all_gather(list(self._w.split(self.shard)), src, group=self.group)
         off = 0
         for p in self.params:
-            p.copy_(w[off:off + p.numel()].view_as(p))
+            p.copy_(self._w[off:off + p.numel()].view_as(p))
             off += p.numel()
+        return True
+
+    def _overflow(self, g: torch.Tensor) -> bool:
+        """Any inf or NaN in any rank's gradients (every rank must skip the same steps)."""
+        bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0])
+        if self.distributed_norm:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.norm_group)
+        return bad.item() > 0
 
     def _clip_coef(self, g: torch.Tensor) -> float:
         sumsq = (g.double().square() * self.owned_shard).sum().reshape(1).cpu()
@@ -105,3 +180,45 @@ class ZeroAdamW:
             dist.all_reduce(sumsq, group=self.norm_group)
         self.last_norm = math.sqrt(sumsq.item())
         return min(1.0, self.clip_norm / (self.last_norm + 1e-6))  # torch's clip_grad_norm_ coefficient
+
+    # -- checkpoints: per-parameter state, whole over the DP group ----------------------------------
+    def _gathered(self, shard: torch.Tensor) -> torch.Tensor:
+        if self.dp_size == 1:
+            return shard
+        full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
+        dist.all_gather(list(full.split(self.shard)), shard.contiguous(), group=self.group)
+        return full
+
+    def full_state(self) -> dict[str, list[torch.Tensor]]:
+        """Per parameter (in `params` order): the master weight (fp32 or the parameter itself), Adam's two
+        moments, each whole (gathered over the DP group: a collective, every DP rank must call it)."""
+        if self.master is not None:
+            weights = self._gathered(self.master)
+        else:
+            weights = self._fill(torch.zeros(self.padded, dtype=self.state_dtype, device=self.m.device),
+                                 [p.detach() for p in self.params])
+        m, v = self._gathered(self.m), self._gathered(self.v)
+        out: dict[str, list[torch.Tensor]] = {"master": [], "exp_avg": [], "exp_avg_sq": []}
+        off = 0
+        for p in self.params:
+            for key, flat in (("master", weights), ("exp_avg", m), ("exp_avg_sq", v)):
+                out[key].append(flat[off:off + p.numel()].view(p.shape))
+            off += p.numel()
+        return out
+
+    @torch.no_grad()
+    def load_full_state(self, master: list[torch.Tensor], exp_avg: list[torch.Tensor],
+                        exp_avg_sq: list[torch.Tensor], step: int) -> None:
+        """The inverse of full_state: every DP rank passes the whole tensors and keeps its shard."""
+        dev, sd = self.m.device, self.state_dtype
+        flat = torch.zeros(self.padded, dtype=sd, device=dev)
+        for src, dst in ((exp_avg, self.m), (exp_avg_sq, self.v)):
+            dst.copy_(self._fill(flat, src)[self.lo:self.lo + self.shard])
+        self._fill(flat, master)
+        if self.master is not None:
+            self.master.copy_(flat[self.lo:self.lo + self.shard])
+        off = 0
+        for p in self.params:
+            p.copy_(flat[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        self.t = step

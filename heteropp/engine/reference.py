@@ -1,45 +1,67 @@
-"""The single-process reference: the whole model, no parallelism, the same data, init and optimizer."""
+"""The single-process reference: the whole model, no parallelism, the same data, init, precision, optimizer,
+schedule and checkpoints as the engine."""
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 
 import torch
 
-from ..model import StageModel, TPGroup
+from ..model import TPGroup
 from ..spec import ModelSpec
-from .data import global_batch
-from .optim import ZeroAdamW
+from .build import build_chunks, make_optimizer, schedule
+from .checkpoint import Checkpointer, slots
+from .config import TrainOptions
+from .data import Batches
+from .metrics import StepLog
 
 
 def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr: float = 3e-3,
                     loss_log: str | None = None, collect_grads: bool = False, verbose: bool = True,
-                    clip_grad: float | None = None, collect_params: bool = False) -> dict:
+                    clip_grad: float | None = None, collect_params: bool = False,
+                    opts: TrainOptions | None = None) -> dict:
     """`collect_grads`: return every step's gradients (a list of {name: tensor}); `collect_params`: the
     parameters after the last step. Both as the engine's RunConfig fields of the same names."""
+    opts = opts or TrainOptions()
     torch.set_num_threads(1)
-    model = StageModel(m, range(m.layers), TPGroup(), seed=seed, first=True, last=True)
-    opt = ZeroAdamW(list(model.parameters()), lr, clip_norm=clip_grad)
+    model = build_chunks(m, [(range(m.layers), True, True, False)], TPGroup(), seed, opts, torch.device("cpu"))[0]
+    named = list(model.named_parameters())
+    opt = make_optimizer(named, lr, opts, clip_grad)
+    sched = schedule(lr, steps, opts)
+    ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, 0, 1, 0, False), keep=opts.keep_checkpoints,
+                        async_save=False) if opts.checkpoint_dir else None
+    start = 0
+    if ckpt is not None and opts.resume:
+        state = {k: [x.clone() for x in v] for k, v in opt.full_state().items()}
+        meta = ckpt.load(state)
+        opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"], meta["opt_step"])
+        if opt.scaler is not None and meta.get("loss_scale"):
+            opt.scaler.scale, opt.scaler.skipped = meta["loss_scale"], meta.get("skipped", 0)
+        start = meta["step"]
     losses, norms = [], []
     grads: list[dict[str, torch.Tensor]] | None = [] if collect_grads else None
-    log = open(loss_log, "w") if loss_log else None
-    for step in range(1, steps + 1):
+    log = StepLog(loss_log, start, m, sequences, steps, "reference", opts.peak_flops, echo=verbose)
+    data = Batches(m, seed, sequences, opts.data)
+    for step in range(start + 1, steps + 1):
         t0 = time.perf_counter()
-        batch = global_batch(m, seed, step, sequences)
+        batch = data.rows(step, 0, sequences)
         opt.zero_grad()
+        opt.lr = sched.at(step)
+        scale = opt.scaler.scale if opt.scaler is not None else 1.0
         loss = model.loss(model(batch[:, :-1]), batch[:, 1:])
-        loss.backward()
+        (loss * scale).backward()
         if grads is not None:
             grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
-        opt.step()
+        applied = opt.step()
         norms.append(opt.last_norm)
         losses.append(loss.item())
-        if verbose:
-            print(f"[reference] step {step:4d}  loss {loss.item():.6f}  "
-                  f"{sequences * m.seq_len / (time.perf_counter() - t0):9.0f} tokens/s", flush=True)
-        if log:
-            log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
-    if log:
-        log.close()
+        log.step(step, loss.item(), opt.lr, opt.last_norm, time.perf_counter() - t0, None,
+                 None if applied else opt.scaler)
+        if ckpt is not None and (step == steps or (opts.save_every and step % opts.save_every == 0)):
+            ckpt.save(step, opt.full_state(), {"opt_step": opt.t, "seed": seed, "dtype": opts.dtype, "data": opts.data,
+                                               "lr_schedule": dataclasses.asdict(sched),
+                                               "loss_scale": opt.scaler.scale if opt.scaler else None,
+                                               "skipped": opt.scaler.skipped if opt.scaler else 0})
+    log.close()
     params = {n: p.detach().clone() for n, p in model.named_parameters()} if collect_params else None
-    return {"losses": losses, "grads": grads, "params": params, "grad_norms": norms}
+    return {"losses": losses, "grads": grads, "params": params, "grad_norms": norms, "start_step": start}

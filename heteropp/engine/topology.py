@@ -68,10 +68,15 @@ class Groups:
     dp: Any  # process group of this rank's DP peers (same stage, same TP rank), None when the stage has one replica
     device: torch.device
     p2p_cpu: bool  # stage tensors must be staged through host memory for the point-to-point backend
+    # tied embeddings on two stages: the ranks of the embedding's and the head's stages (None otherwise)
+    tie: Any = None
 
 
-def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: str, timeout_s: float) -> Groups:
-    """Every rank creates every group, in the same order (torch requires it), and keeps its own."""
+def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: str, timeout_s: float,
+                 tied: bool = False) -> Groups:
+    """Every rank creates every group, in the same order (torch requires it), and keeps its own. `tied`: the
+    model's output head is its embedding; with more than one stage the two stages' ranks get a group (over the
+    point-to-point backend, which spans chip types) to sum the two copies' gradients."""
     timeout = datetime.timedelta(seconds=timeout_s)
     me = coord_of(plan, rank)
     mine_tp = mine_dp = None
@@ -87,6 +92,13 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
             g = dist.new_group(ranks, backend=backend, timeout=timeout) if plan.stage_dp(k) > 1 else None
             if rank in ranks:
                 mine_dp = g
+    tie = None
+    if tied and len(plan.stages) > 1:
+        ends = sorted({0, (len(plan.stages) - 1) % plan.devices})
+        ranks = [rank_of(plan, k, d, t) for k in ends for d in range(plan.stage_dp(k))
+                 for t in range(plan.stages[k].tp)]
+        tg = dist.new_group(ranks, backend=p2p_backend, timeout=timeout)
+        tie = tg if rank in ranks else None
     adapter = resolve_chip(plan.stages[me.stage].chip, chip_map)
     device = torch.device(adapter.device_type)
     # Communicators are created eagerly: NCCL's first batched p2p must otherwise include every rank.
@@ -94,4 +106,4 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
         if g is not None:
             dist.all_reduce(torch.zeros(1, device=device), group=g)
     return Groups(me, TPGroup(me.tp_rank, plan.stages[me.stage].tp, mine_tp), mine_dp, device,
-                  p2p_cpu=device.type != "cpu" and p2p_backend == "gloo")
+                  p2p_cpu=device.type != "cpu" and p2p_backend == "gloo", tie=tie)

@@ -6,6 +6,7 @@ with torchrun: `torchrun --nnodes=N --nproc-per-node=M ... -m heteropp.engine.wo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -19,9 +20,13 @@ import torch.distributed as dist
 from ..model import StageModel
 from ..plan import Plan
 from .config import RunConfig
-from .data import global_batch, micro_batch
+from .build import TORCH_DTYPES, build_chunks, make_optimizer
+from .build import schedule as schedule_lr
+from .checkpoint import Checkpointer, slots
+from .data import Batches
 from .executor import StageExecutor
-from .optim import ZeroAdamW
+from .metrics import StepLog, stage_peaks
+from .tied import sync_tied_grads
 from .p2p import P2P
 from .schedule import compile_schedule
 from .topology import Groups, build_groups
@@ -45,21 +50,39 @@ def _owned(p: torch.nn.Parameter, tp_rank: int) -> bool:
     return tp_rank % getattr(p, "tp_replicas", 1) == 0
 
 
-def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]], rank: int) -> dict[str, Any]:
-    m = cfg.model_spec
+def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]], rank: int,
+          ckpt_pg: Any = None) -> dict[str, Any]:
+    m, opts = cfg.model_spec, cfg.opts
     k, d, t = g.coord.stage, g.coord.replica, g.coord.tp_rank
     st = plan.stages[k]
     rows = plan.micro_batch_size // st.inner_dp  # this replica's slice of every micro-batch
     first_row = g.coord.inner * rows
     n, p = len(plan.stages), plan.devices
-    chunks = [StageModel(m, plan.stages[vs].layer_range, g.tp, seed=cfg.seed, first=vs == 0, last=vs == n - 1,
-                         recompute=plan.stages[vs].recompute).to(g.device) for vs in range(k, n, p)]
+    chunks = build_chunks(m, [(plan.stages[vs].layer_range, vs == 0, vs == n - 1, plan.stages[vs].recompute)
+                              for vs in range(k, n, p)], g.tp, cfg.seed, opts, g.device)
     model = chunks[-1]  # the chunk that holds the head on the last stage
-    params = [q for c in chunks for q in c.parameters()]
-    opt = ZeroAdamW(params, cfg.lr, g.dp, d, plan.stage_dp(k), clip_norm=cfg.clip_grad,
-                    owned=[_owned(p, t) for p in params], distributed_norm=dist.get_world_size() > 1)
+    named = [(name, q) for c in chunks for name, q in c.named_parameters()]
+    tied_copy = m.tie_embeddings and n > 1  # the last stage's head is a copy of the embedding
+    owned = [_owned(q, t) and not (tied_copy and name == "head.weight") for name, q in named]
+    opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, g.dp, d, plan.stage_dp(k), owned,
+                         dist.get_world_size() > 1)
+    sched = schedule_lr(cfg.lr, cfg.steps, opts)
+    ckpt = None
+    if opts.checkpoint_dir:
+        ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, t, st.tp, d, tied_copy), ckpt_pg,
+                            opts.keep_checkpoints, opts.async_save)
+    start = 0
+    if ckpt is not None and opts.resume:
+        state = opt.full_state()
+        state = {key: [x.clone() for x in v] for key, v in state.items()}
+        meta = ckpt.load(state)
+        opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"], meta["opt_step"])
+        if opt.scaler is not None and meta.get("loss_scale"):
+            opt.scaler.scale, opt.scaler.skipped = meta["loss_scale"], meta.get("skipped", 0)
+        start = meta["step"]
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
-    ex = StageExecutor(chunks, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window)
+    ex = StageExecutor(chunks, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window,
+                       act_dtype=TORCH_DTYPES[opts.dtype])
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
     lead = model.last and d == 0 and t == 0
@@ -67,48 +90,57 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     if path and len(cfg.schedule_list()) > 1:  # one log per schedule: run.jsonl -> run.zbh1.jsonl
         stem, dot, ext = path.rpartition(".")
         path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
-    log_file = open(path, "w") if lead and path else None
+    log = StepLog(path if lead else None, start, m, plan.global_batch, cfg.steps, label, opts.peak_flops)
     losses, rates, norms = [], [], []
     grads: list[dict[str, tuple[torch.Tensor, int | None, int]]] | None = [] if cfg.collect_grads else None
     tokens = plan.global_batch * m.seq_len
-    for step in range(1, cfg.steps + 1):
-        if rank == cfg.fail_rank:
+    data = Batches(m, cfg.seed, plan.global_batch, opts.data)
+    for step in range(start + 1, cfg.steps + 1):
+        if rank == cfg.fail_rank and step == cfg.fail_step:
             raise RuntimeError(f"rank {rank}: injected failure at step {step}")
         t0 = time.perf_counter()
-        batch = global_batch(m, cfg.seed, step, plan.global_batch)
-        mbs = [
-            micro_batch(batch, g.coord.outer, plan.micro_batches, plan.micro_batch_size, i)[
-                first_row : first_row + rows
-            ]
-            for i in range(plan.micro_batches)
-        ]
+        mbs = []
+        for i in range(plan.micro_batches):
+            lo = (g.coord.outer * plan.micro_batches + i) * plan.micro_batch_size + first_row
+            mbs.append(data.rows(step, lo, lo + rows))
         opt.zero_grad()
+        opt.lr = sched.at(step)
+        scale = opt.scaler.scale if opt.scaler is not None else 1.0
         # the loss is a mean over this replica's rows: scaled so that the stage's replicas sum to the global mean
         loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs],
-                      1.0 / (plan.micro_batches * plan.stage_dp(k)))
+                      scale / (plan.micro_batches * plan.stage_dp(k))) / scale
+        if tied_copy:
+            sync_tied_grads(named, g, d)
         if grads is not None:
             grads.append(_shards(chunks, grad=True))
-        opt.step()
+        applied = opt.step()
         norms.append(opt.last_norm)
         if model.last:
             total = torch.tensor([loss], dtype=torch.float64)
             if plan.stage_dp(k) > 1:
                 dist.all_reduce(total, group=g.dp)
             loss = total.item()
+        peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log else None
         dt = time.perf_counter() - t0
         losses.append(loss)
         rates.append(tokens / dt)
-        if lead:
-            print(f"[{label}] step {step:4d}  loss {loss:.6f}  {tokens / dt:9.0f} tokens/s", flush=True)
-            if log_file:
-                log_file.write(json.dumps({"step": step, "loss": loss}) + "\n")
-                log_file.flush()
-    if log_file:
-        log_file.close()
+        log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, None if applied else opt.scaler)
+        if ckpt is not None:
+            ckpt.poll()
+            if step == cfg.steps or (opts.save_every and step % opts.save_every == 0):
+                trainer = {"opt_step": opt.t, "seed": cfg.seed, "dtype": opts.dtype, "data": opts.data,
+                           "lr_schedule": dataclasses.asdict(sched),
+                           "loss_scale": opt.scaler.scale if opt.scaler else None,
+                           "skipped": opt.scaler.skipped if opt.scaler else 0}
+                ckpt.save(step, opt.full_state(), trainer)
+    if ckpt is not None:
+        ckpt.wait()
+    log.close()
     params = _shards(chunks, grad=False) if cfg.collect_params else None
     return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
             "tokens_per_s": rates, "grads": grads, "params": params, "grad_norms": norms,
-            "bytes_sent": dict(p2p.bytes_sent)}
+            "bytes_sent": dict(p2p.bytes_sent), "start_step": start,
+            "skipped_steps": opt.scaler.skipped if opt.scaler else 0}
 
 
 def worker(cfg: RunConfig) -> dict[str, Any]:
@@ -125,12 +157,15 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group(backend=cfg.backend, rank=rank, world_size=world, timeout=timeout)
     try:
-        g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s)
+        g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s, tied=m.tie_embeddings)
+        # checkpoints talk over their own group: DCP's background thread must not share the training's
+        ckpt_pg = dist.new_group(backend="gloo", timeout=timeout) if cfg.opts.checkpoint_dir else None
         st = plan.stages[g.coord.stage]
         log.info("rank %d: stage %d (%s, layers %d-%d%s) tp %d/%d dp %d/%d on %s, p2p %s", rank, g.coord.stage,
                  st.chip, st.first_layer, st.first_layer + st.layers - 1, ", recompute" if st.recompute else "",
                  g.coord.tp_rank, st.tp, g.coord.replica, plan.stage_dp(g.coord.stage), g.device, cfg.backend)
-        out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank) for s in cfg.schedule_list()}
+        out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank, ckpt_pg)
+               for s in cfg.schedule_list()}
         dist.barrier()
         return out
     except Exception as e:

@@ -34,3 +34,16 @@ def shard(full: torch.Tensor, dim: int | None, rank: int, size: int, replicas: i
         raise ValueError(f"cannot split dim {dim} of size {full.shape[dim]} over {size} TP ranks"
                          + (f" in {replicas}-fold replicated slices" if replicas > 1 else ""))
     return full.chunk(parts, dim)[rank // replicas].clone()
+
+
+def global_slice(p: torch.Tensor, tp_rank: int, tp_size: int) -> tuple[tuple[int, ...], int | None, int, int]:
+    """Where a parameter built by `shard` sits in its full tensor: (full shape, split dim or None, start, stop
+    along that dim). Reads the `shard_dim` / `tp_replicas` marks every layer puts on its parameters."""
+    dim, replicas = getattr(p, "shard_dim", None), getattr(p, "tp_replicas", 1)
+    shape = tuple(p.shape)
+    if dim is None or tp_size == 1:
+        return shape, None, 0, shape[0] if shape else 0
+    parts, n = tp_size // replicas, shape[dim]
+    full = shape[:dim] + (n * parts,) + shape[dim + 1:]
+    start = (tp_rank // replicas) * n
+    return full, dim, start, start + n

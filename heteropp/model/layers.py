@@ -13,6 +13,8 @@ from .parallel import TPGroup, copy_to_tp
 
 
 class RMSNorm(nn.Module):
+    """Normalised in fp32 whatever the activations' dtype, then scaled in theirs (as transformers' LLaMA)."""
+
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
@@ -20,15 +22,17 @@ class RMSNorm(nn.Module):
         self.weight.shard_dim = None  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of each head by a position-dependent angle. x: [b, h, s, d]."""
+    """Rotate pairs (first half, second half) of each head by a position-dependent angle. x: [b, h, s, d].
+    Angles in fp32, applied in x's dtype."""
     s, d = x.shape[-2], x.shape[-1]
-    freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).float() / d)
     angles = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), freqs)
-    cos, sin = angles.cos(), angles.sin()
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -42,17 +46,18 @@ class Attention(nn.Module):
 
     def __init__(self, m: ModelSpec, tp: TPGroup, seed: int, layer: int) -> None:
         super().__init__()
-        self.tp, self.hd = tp, m.head_dim
+        self.tp, self.hd, self.theta = tp, m.head_dim, m.rope_theta
         kv_replicas = max(1, tp.size // m.kv_heads)
         self.heads, self.kv_heads = m.heads // tp.size, m.kv_heads * kv_replicas // tp.size
         kv = m.kv_heads * m.head_dim
         out_std = 0.02 / math.sqrt(2 * m.layers)
-        self.wq = ColumnParallelLinear(m.hidden, m.hidden, tp, seed=seed, layer=layer, name="attn.wq", std=0.02)
+        b = m.qkv_bias
+        self.wq = ColumnParallelLinear(m.hidden, m.q_dim, tp, seed=seed, layer=layer, name="attn.wq", std=0.02, bias=b)
         self.wk = ColumnParallelLinear(m.hidden, kv, tp, seed=seed, layer=layer, name="attn.wk", std=0.02,
-                                       replicas=kv_replicas)
+                                       replicas=kv_replicas, bias=b)
         self.wv = ColumnParallelLinear(m.hidden, kv, tp, seed=seed, layer=layer, name="attn.wv", std=0.02,
-                                       replicas=kv_replicas)
-        self.wo = RowParallelLinear(m.hidden, m.hidden, tp, seed=seed, layer=layer, name="attn.wo", std=out_std)
+                                       replicas=kv_replicas, bias=b)
+        self.wo = RowParallelLinear(m.q_dim, m.hidden, tp, seed=seed, layer=layer, name="attn.wo", std=out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -60,7 +65,7 @@ class Attention(nn.Module):
         q = self.wq(x, copied=True).view(b, s, self.heads, self.hd).transpose(1, 2)
         k = self.wk(x, copied=True).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
         v = self.wv(x, copied=True).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        q, k = rotary(q), rotary(k)
+        q, k = rotary(q, self.theta), rotary(k, self.theta)
         rep = self.heads // self.kv_heads  # each local kv head serves `rep` local query heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -86,7 +91,7 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self, m: ModelSpec, tp: TPGroup, seed: int, layer: int) -> None:
         super().__init__()
-        self.attn_norm, self.ffn_norm = RMSNorm(m.hidden), RMSNorm(m.hidden)
+        self.attn_norm, self.ffn_norm = RMSNorm(m.hidden, m.norm_eps), RMSNorm(m.hidden, m.norm_eps)
         self.attn = Attention(m, tp, seed, layer)
         self.ffn = FeedForward(m, tp, seed, layer)
 

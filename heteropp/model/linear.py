@@ -44,33 +44,45 @@ def _accumulate(w: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
     w.grad = dw if w.grad is None else w.grad + dw
 
 
+def _accumulate_bias(b: torch.Tensor, g: torch.Tensor) -> None:
+    db = g.reshape(-1, g.shape[-1]).sum(0)
+    b.grad = db if b.grad is None else b.grad + db
+
+
 class _Linear(torch.autograd.Function):
-    """y = x W^T; backward computes dx now and dW now or later (when a WeightGradStore is open)."""
+    """y = x W^T (+ b); backward computes dx now and dW (db) now or later (when a WeightGradStore is open)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        # The parameter itself, not its saved copy: under checkpointing saved tensors come back as
+        # The parameters themselves, not their saved copies: under checkpointing saved tensors come back as
         # aliases, and a gradient put on an alias would be lost.
-        ctx.param = w
-        return x @ w.t()
+        ctx.param, ctx.bias = w, b
+        # addmm as nn.Linear does it (the same kernel and rounding as transformers' projections)
+        return x @ w.t() if b is None else torch.nn.functional.linear(x, w, b)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         x, w = ctx.saved_tensors
-        param, store = ctx.param, WeightGradStore._open
-        if store is None:
+        param, bias, store = ctx.param, ctx.bias, WeightGradStore._open
+
+        def weight_grads() -> None:
             _accumulate(param, x, g)
+            if bias is not None:
+                _accumulate_bias(bias, g)
+
+        if store is None:
+            weight_grads()
         else:
-            store.queue.append(lambda: _accumulate(param, x, g))
-        return g @ w, None
+            store.queue.append(weight_grads)
+        return g @ w, None, None
 
 
 class _ParallelLinear(nn.Module):
     shard_dim: int
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, *, seed: int, layer: int, name: str,
-                 std: float, replicas: int = 1) -> None:
+                 std: float, replicas: int = 1, bias: bool = False) -> None:
         super().__init__()
         self.tp = tp
         full = full_init(seed, layer, name, (out_features, in_features), std)
@@ -78,6 +90,11 @@ class _ParallelLinear(nn.Module):
         self.weight.shard_dim = self.shard_dim  # type: ignore[attr-defined]
         # TP ranks holding this same slice: their gradients are partial sums (see sync_replicated_grads).
         self.weight.tp_replicas = replicas  # type: ignore[attr-defined]
+        self.bias: nn.Parameter | None = None
+        if bias:  # column-parallel only: a bias is split with the output features (zeros, as transformers starts)
+            self.bias = nn.Parameter(shard(torch.zeros(out_features), 0, tp.rank, tp.size, replicas))
+            self.bias.shard_dim = 0  # type: ignore[attr-defined]
+            self.bias.tp_replicas = replicas  # type: ignore[attr-defined]
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -86,7 +103,7 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor, copied: bool = False) -> torch.Tensor:
         """`copied`: x already went through copy_to_tp (q, k and v share one gradient all-reduce)."""
-        return _Linear.apply(x if copied else copy_to_tp(x, self.tp), self.weight)
+        return _Linear.apply(x if copied else copy_to_tp(x, self.tp), self.weight, self.bias)
 
 
 class RowParallelLinear(_ParallelLinear):

@@ -33,9 +33,17 @@ class StageModel(nn.Module):
                                             name="embed") if first else None
         # Keys are global layer indices, so parameter names match the reference model's.
         self.layers = nn.ModuleDict({str(i): Block(m, tp, seed, i) for i in layers})
+        self.tied = m.tie_embeddings
         if last:
-            self.norm = RMSNorm(m.hidden)
-            self.head = ColumnParallelLinear(m.hidden, m.vocab, tp, seed=seed, layer=m.layers, name="head", std=0.02)
+            self.norm = RMSNorm(m.hidden, m.norm_eps)
+            if self.tied and self.embed is not None:  # one stage holds both ends: one parameter
+                self.head = ColumnParallelLinear(m.hidden, m.vocab, tp, seed=seed, layer=EMBED_LAYER, name="embed",
+                                                 std=0.02)
+                self.head.weight = self.embed.weight
+            else:  # tied on another stage: a copy of the embedding, kept equal by summing both gradients
+                self.head = ColumnParallelLinear(m.hidden, m.vocab, tp, seed=seed,
+                                                 layer=EMBED_LAYER if self.tied else m.layers,
+                                                 name="embed" if self.tied else "head", std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: token ids [b, s] on the first stage, hidden states [b, s, h] elsewhere. Returns hidden states,

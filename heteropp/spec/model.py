@@ -1,12 +1,14 @@
 """Model spec: LLaMA-style hyper-parameters, presets, and the per-layer parameter and activation counts."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .hf import hf_config_path, hf_fields, is_hf_config
 from .io import Fields, load_mapping
+from .limits import MAX_LAYERS, MAX_SEQ, MAX_VOCAB, MAX_WIDTH
 
 
 @dataclass(frozen=True)
@@ -19,16 +21,29 @@ class ModelSpec:
     ffn: int
     vocab: int
     seq_len: int
+    # The LLaMA family's remaining knobs (HuggingFace's names in heteropp/spec/hf.py); the defaults are the
+    # presets' and the original LLaMA's.
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False  # the output head is the embedding matrix (one parameter, trained as one)
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
+    explicit_head_dim: int | None = None  # None: hidden // heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (and input of the output projection): heads x head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def layer_params(self) -> int:
-        """Weights of one decoder layer: q, k, v, o projections, SwiGLU (gate, up, down), two RMSNorms."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        return 2 * h * h + 2 * h * kv + 3 * h * self.ffn + 2 * h
+        """Weights of one decoder layer: q, k, v, o projections (q/k/v biases), SwiGLU, two RMSNorms."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_heads * self.head_dim
+        bias = q + 2 * kv if self.qkv_bias else 0
+        return 2 * h * q + 2 * h * kv + bias + 3 * h * self.ffn + 2 * h
 
     def kv_replicas(self, tp: int) -> int:
         """TP ranks holding each key/value head: with more ranks than heads each is replicated (Megatron)."""
@@ -60,7 +75,9 @@ class ModelSpec:
 
     @property
     def total_params(self) -> int:
-        return self.layers * self.layer_params + self.embed_params + self.head_params
+        """Distinct weights: a tied head is the embedding (the last stage still holds a copy of it)."""
+        head = self.hidden if self.tie_embeddings else self.head_params
+        return self.layers * self.layer_params + self.embed_params + head
 
     def layer_flops_fwd(self, tokens: int, tp: int = 1) -> float:
         """Forward FLOPs of one layer for `tokens` tokens of one sequence length (causal attention halves QK and
@@ -95,7 +112,8 @@ PRESETS: dict[str, ModelSpec] = {
     "tiny": ModelSpec("tiny", layers=8, hidden=64, heads=4, kv_heads=2, ffn=172, vocab=256, seq_len=32),
 }
 
-_KEYS = {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "preset"}
+_KEYS = {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "preset", "rope_theta", "norm_eps",
+         "tie_embeddings", "qkv_bias", "head_dim"}
 
 
 def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
@@ -107,10 +125,19 @@ def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
         base = asdict(PRESETS[p])
     merged = {**base, **{k: v for k, v in data.items() if k != "preset"}}
     g = Fields(merged, source)
-    m = ModelSpec(name=g.str("name", Path(source).stem), layers=g.int("layers"), hidden=g.int("hidden"),
-                  heads=g.int("heads"), kv_heads=g.int("kv_heads"), ffn=g.int("ffn"), vocab=g.int("vocab"),
-                  seq_len=g.int("seq_len"))
-    if m.hidden % m.heads:
+    m = ModelSpec(name=g.str("name", Path(source).stem), layers=g.int("layers", max=MAX_LAYERS),
+                  hidden=g.int("hidden", max=MAX_WIDTH), heads=g.int("heads", max=MAX_WIDTH),
+                  kv_heads=g.int("kv_heads", max=MAX_WIDTH), ffn=g.int("ffn", max=MAX_WIDTH),
+                  vocab=g.int("vocab", max=MAX_VOCAB), seq_len=g.int("seq_len", max=MAX_SEQ),
+                  rope_theta=g.float("rope_theta", 10000.0, hi=1e12), norm_eps=g.float("norm_eps", 1e-5, hi=1.0),
+                  tie_embeddings=g.bool("tie_embeddings", False), qkv_bias=g.bool("qkv_bias", False),
+                  explicit_head_dim=g.int("head_dim", max=MAX_WIDTH) if "head_dim" in merged else None)
+    return check_shape(m, source)
+
+
+def check_shape(m: ModelSpec, source: str) -> ModelSpec:
+    """The divisibility rules every reader (YAML/JSON specs, HF configs) applies; field names are ModelSpec's."""
+    if m.explicit_head_dim is None and m.hidden % m.heads:
         raise SpecError(source, "hidden", f"{m.hidden} not divisible by heads={m.heads}", "hidden % heads == 0")
     if m.heads % m.kv_heads:
         raise SpecError(
@@ -119,13 +146,23 @@ def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
     return m
 
 
-def load_model(name_or_path: str | Path) -> ModelSpec:
-    """A preset name (`tiny`, `h2-100b`) or a YAML/JSON file."""
+def load_model(name_or_path: str | Path, seq_len: int | None = None) -> ModelSpec:
+    """A preset name (`tiny`, `h2-100b`), a YAML/JSON spec file, or a HuggingFace model directory or its
+    `config.json` (LLaMA, Mistral, Qwen2). `seq_len` overrides the training sequence length (for a HF
+    config it is otherwise `max_position_embeddings`)."""
     if str(name_or_path) in PRESETS:
-        return PRESETS[str(name_or_path)]
-    p = Path(name_or_path)
-    if not p.exists():
-        raise SpecError(
-            str(name_or_path), "<model>", "neither a preset nor a file", "one of " + ", ".join(PRESETS) + " or a path"
-        )
-    return model_from_dict(load_mapping(p), str(p))
+        m = PRESETS[str(name_or_path)]
+    else:
+        p = Path(name_or_path)
+        if not p.exists():
+            raise SpecError(str(name_or_path), "<model>", "neither a preset nor a file or directory",
+                            "one of " + ", ".join(PRESETS) + ", a spec file, or a HuggingFace model directory")
+        if p.is_dir():
+            p = hf_config_path(p)
+        data = load_mapping(p)
+        if is_hf_config(data):
+            return check_shape(ModelSpec(**hf_fields(data, str(p), seq_len)), str(p))
+        m = model_from_dict(data, str(p))
+    if seq_len is not None:
+        m = replace(m, seq_len=Fields({"seq_len": seq_len}, "--seq-len").int("seq_len", max=MAX_SEQ))
+    return m

@@ -1,0 +1,41 @@
+"""What the workers and the single-process reference build alike: a stage's model chunks in the run's dtype
+(fresh from the seed or from HF weights), the optimizer with its precision and schedule, and the per-step
+learning rate."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..model import StageModel, TPGroup
+from ..model.hf_weights import load_hf_weights
+from ..spec import ModelSpec
+from .config import TrainOptions
+from .lr import LRSchedule
+from .optim import LossScaler, ZeroAdamW
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_chunks(m: ModelSpec, layer_ranges: list[tuple[range, bool, bool, bool]], tp: TPGroup, seed: int,
+                 opts: TrainOptions, device: torch.device) -> list[StageModel]:
+    """One StageModel per (layers, first, last, recompute), initialised from `opts.init_from`'s safetensors
+    (this TP rank's slices only) or from the seed, in the run's dtype on `device`."""
+    chunks = [StageModel(m, layers, tp, seed=seed, first=first, last=last, recompute=rc)
+              for layers, first, last, rc in layer_ranges]
+    if opts.init_from:
+        load_hf_weights(chunks, m, opts.init_from, tp.rank, tp.size)
+    return [c.to(device=device, dtype=TORCH_DTYPES[opts.dtype]) for c in chunks]
+
+
+def make_optimizer(named: list[tuple[str, torch.nn.Parameter]], lr: float, opts: TrainOptions, clip: float | None,
+                   dp: Any = None, dp_rank: int = 0, dp_size: int = 1, owned: list[bool] | None = None,
+                   distributed: bool = False) -> ZeroAdamW:
+    """AdamW with weight decay on matrices only (norms and biases are 1-D: no decay, as Megatron and HF do)."""
+    return ZeroAdamW([p for _, p in named], lr, dp, dp_rank, dp_size, weight_decay=opts.weight_decay, clip_norm=clip,
+                     owned=owned, distributed_norm=distributed, decay=[p.ndim > 1 for _, p in named],
+                     scaler=LossScaler() if opts.dtype == "fp16" else None)
+
+
+def schedule(lr: float, steps: int, opts: TrainOptions) -> LRSchedule:
+    return LRSchedule(lr, opts.warmup_steps, opts.lr_decay, steps, opts.min_lr)

@@ -1,0 +1,104 @@
+"""What a person watching a long run sees: one JSON line per step (the loss log `precision-diff loss` reads,
+`{"step": n, "loss": x}`, with the other fields beside it), a progress line with the ETA, and TensorBoard
+scalars when `torch.utils.tensorboard` can be imported.
+
+Fields: loss, lr, grad_norm (null unless clipping computes it), step_s, tokens_per_s, mfu (model FLOPs per
+second over the plan's summed peak, when the cluster spec gives peaks), peak_memory_gb (per stage: the
+largest of its ranks' peaks: the accelerator's allocator peak, or the process's peak RSS on CPU) and
+skipped (fp16 steps skipped by the loss scaler so far)."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..plan import Plan
+from ..spec import ModelSpec
+from .topology import Groups
+
+
+def model_flops(m: ModelSpec, tokens: int) -> float:
+    """Forward + backward FLOPs of one step over `tokens` tokens (backward = 2 x forward), recompute not
+    counted (MFU's convention)."""
+    return 3.0 * (m.layers * m.layer_flops_fwd(tokens) + m.head_flops_fwd(tokens))
+
+
+def _peak_bytes(device: torch.device) -> float:
+    if device.type != "cpu":
+        try:
+            return float(torch.accelerator.max_memory_allocated(device))  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
+
+
+def stage_peaks(g: Groups, plan: Plan, stage: int, contributes: bool) -> list[float]:
+    """Each stage's peak memory in GB, gathered on every rank (one small MAX all-reduce over the world)."""
+    v = torch.zeros(plan.devices, dtype=torch.float64)
+    v[stage] = _peak_bytes(g.device) / 1e9
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+    return v.tolist()
+
+
+class StepLog:
+    def __init__(self, path: str | None, start: int, m: ModelSpec, sequences: int, steps: int, label: str,
+                 peak_flops: float | None, echo: bool = True) -> None:
+        """`path`: the JSON-lines log (None: this rank logs nothing); a resumed run (`start` > 0) keeps the
+        lines of the steps up to `start` and appends after them."""
+        self.m, self.tokens, self.steps, self.label, self.peak = m, sequences * m.seq_len, steps, label, peak_flops
+        self.file = None
+        self.echo = echo and path is not None
+        self.start, self.elapsed, self.done = start, 0.0, 0
+        self.tb: Any = None
+        if path is None:
+            return
+        kept = []
+        if start > 0 and os.path.exists(path):
+            with open(path) as f:
+                kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start]
+        self.file = open(path, "w")
+        self.file.writelines(kept)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(os.path.splitext(path)[0] + ".tb")
+        except Exception:  # tensorboard not installed: JSON lines only
+            self.tb = None
+
+    def step(self, step: int, loss: float, lr: float, grad_norm: float | None, dt: float,
+             peaks: list[float] | None, scaler: Any = None) -> None:
+        if self.file is None and not self.echo:
+            return
+        rate = self.tokens / dt
+        rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_s": round(dt, 6),
+                               "tokens_per_s": round(rate, 1)}
+        if self.peak:
+            rec["mfu"] = round(model_flops(self.m, self.tokens) / dt / self.peak, 6)
+        if peaks is not None:
+            rec["peak_memory_gb"] = [round(x, 4) for x in peaks]
+        if scaler is not None:
+            rec["skipped"] = scaler.skipped
+        if self.file is not None:
+            self.file.write(json.dumps(rec) + "\n")
+            self.file.flush()
+        if self.tb is not None:
+            for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                if rec.get(k) is not None:
+                    self.tb.add_scalar(k, rec[k], step)
+        self.elapsed += dt
+        self.done += 1
+        if self.echo:
+            eta = self.elapsed / self.done * (self.steps - step)
+            print(f"[{self.label}] step {step:4d}/{self.steps}  loss {loss:.6f}  lr {lr:.3g}  {rate:9.0f} tokens/s"
+                  f"  eta {eta:6.0f} s", file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,32 @@
+"""Tied embeddings across stages: the first stage's embedding and the last stage's output head are one
+matrix. Each holds a copy; before every optimizer step the ranks of both stages sum their gradients into one
+full-size buffer (one all-reduce over Groups.tie), so both copies take the same update from the same total
+gradient, as Megatron does for its word embeddings. Replica 0 of each stage keeps the total and the other
+replicas zero, so the DP reduction inside the optimizer adds it up exactly once."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..model.init import global_slice
+from .topology import Groups
+
+
+def sync_tied_grads(named: list[tuple[str, nn.Parameter]], g: Groups, replica: int) -> None:
+    if g.tie is None:
+        return
+    ends = [p for name, p in named if name in ("embed.weight", "head.weight")]
+    if not ends:
+        return
+    full, _, _, _ = global_slice(ends[0], g.tp.rank, g.tp.size)
+    buf = torch.zeros(full, dtype=torch.float32)  # fp32 whatever the weights' dtype: the gradient reduction's
+    spans = []
+    for p in ends:
+        _, dim, a, b = global_slice(p, g.tp.rank, g.tp.size)
+        rows = slice(a, b) if dim is not None else slice(None)
+        buf[rows] += p.grad.float().cpu()
+        spans.append((p, rows))
+    dist.all_reduce(buf, group=g.tie)
+    for p, rows in spans:
+        p.grad = (buf[rows] if replica == 0 else torch.zeros_like(buf[rows])).to(p.grad.device, p.grad.dtype)

@@ -1,0 +1,82 @@
+"""Checkpoints (torch.distributed.checkpoint files keyed by HF names) of real multi-process runs: a run that
+dies after a checkpoint and resumes continues bit for bit as if it had never stopped (fp32 and bf16, ZeRO-1
+over two replicas); a checkpoint exports to a directory `transformers` loads with the same weights and logits;
+a checkpoint of another model or with changed bytes is refused naming what differs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from heteropp.engine import RunConfig, launch, train_reference
+from heteropp.engine.checkpoint import complete_checkpoints
+from heteropp.engine.config import TrainOptions
+from heteropp.engine.export import export_hf
+from heteropp.plan import Plan, StagePlan
+from heteropp.spec import ModelSpec, SpecError
+
+MODEL = ModelSpec("ckpt", layers=3, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=96, seq_len=16)
+# two pipelines over two chip types; ZeRO-1 shards each stage's optimizer state over its 2 replicas
+PLAN = Plan([StagePlan("A", 1, 2), StagePlan("B", 1, 1)], dp=2, micro_batch_size=1, micro_batches=2, num_layers=3)
+STEPS = 6
+
+
+def _run(tmp_path, name: str, **kw) -> list[float]:
+    log = tmp_path / f"{name}.jsonl"
+    options = {"checkpoint_dir": str(tmp_path / name), "save_every": 3, "warmup_steps": 2, "lr_decay": "cosine",
+               "min_lr": 1e-4, **kw.pop("options", {})}
+    cfg = RunConfig(plan=PLAN.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, backend="gloo",
+                    chip_map={"A": "cpu", "B": "cpu"}, timeout_s=60, loss_log=str(log), options=options, **kw)
+    try:
+        launch(cfg)
+    except Exception:
+        if cfg.fail_rank < 0:
+            raise
+    return [json.loads(line)["loss"] for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_run_that_died_resumes_bit_for_bit(tmp_path, dtype) -> None:
+    whole = _run(tmp_path, "whole", options={"dtype": dtype})
+    # the same run, dying at step 5 (after the step-3 checkpoint), then resumed
+    opts = {"dtype": dtype, "async_save": False}
+    _run(tmp_path, "broken", fail_rank=1, fail_step=5, options=opts)
+    assert [p.name for p in complete_checkpoints(tmp_path / "broken")] == ["step-00000003"]
+    resumed = _run(tmp_path, "broken", options={**opts, "resume": True})
+    assert len(resumed) == STEPS
+    assert resumed == whole  # value for value
+    assert len(set(whole)) == STEPS
+
+
+def test_a_checkpoint_exports_to_a_directory_transformers_loads(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    opts = TrainOptions(checkpoint_dir=str(tmp_path / "ck"))
+    r = train_reference(MODEL, 2, 4, verbose=False, collect_params=True, opts=opts)
+    out = export_hf(tmp_path / "ck", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    hp = dict(hf.named_parameters())
+    torch.testing.assert_close(hp["model.layers.1.self_attn.k_proj.weight"], r["params"]["layers.1.attn.wk.weight"],
+                               rtol=0, atol=0)
+    torch.testing.assert_close(hp["lm_head.weight"], r["params"]["head.weight"], rtol=0, atol=0)
+    # resumed from its checkpoint, our model computes what transformers computes from the export
+    from heteropp.model import StageModel, TPGroup
+    from heteropp.model.hf_weights import load_hf_weights
+    ours = StageModel(MODEL, range(3), TPGroup(), seed=5, first=True, last=True)
+    load_hf_weights([ours], MODEL, out, 0, 1)
+    ids = torch.randint(0, MODEL.vocab, (2, MODEL.seq_len))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=2e-5, atol=2e-5)
+
+
+def test_a_checkpoint_of_another_model_or_with_changed_bytes_is_refused(tmp_path) -> None:
+    train_reference(MODEL, 1, 2, verbose=False, opts=TrainOptions(checkpoint_dir=str(tmp_path / "ck")))
+    other = ModelSpec("ckpt", layers=3, hidden=32, heads=4, kv_heads=2, ffn=32, vocab=96, seq_len=16)
+    with pytest.raises(SpecError, match=r"model\.ffn.*ffn=64"):
+        train_reference(other, 2, 2, verbose=False, opts=TrainOptions(checkpoint_dir=str(tmp_path / "ck"), resume=True))
+    shard = next((tmp_path / "ck" / "step-00000001").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SpecError, match=r"distcp.*bytes changed"):
+        train_reference(MODEL, 2, 2, verbose=False, opts=TrainOptions(checkpoint_dir=str(tmp_path / "ck"), resume=True))

@@ -1,0 +1,86 @@
+"""A user's HuggingFace LLaMA-family model directory (config.json + safetensors, written by `transformers`)
+as the model of the reference and of a plan: its logits equal transformers' own on the same weights and
+batch (fp32 CPU), and configs the engine cannot compute are refused naming the field."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from heteropp.model import StageModel, TPGroup
+from heteropp.model.hf_weights import load_hf_weights
+from heteropp.spec import SpecError, load_model
+
+from .hf_models import write_hf_model
+
+transformers = pytest.importorskip("transformers")
+
+
+def _ours(directory, seq_len: int | None = None) -> tuple[StageModel, object]:
+    m = load_model(directory, seq_len)
+    model = StageModel(m, range(m.layers), TPGroup(), seed=123, first=True, last=True)
+    load_hf_weights([model], m, directory, 0, 1)
+    return model, m
+
+
+@pytest.mark.parametrize("kind,sharded", [("llama", False), ("qwen2", True), ("mistral", False)])
+def test_logits_equal_transformers_on_the_same_weights(tmp_path, kind: str, sharded: bool) -> None:
+    d = write_hf_model(tmp_path / kind, kind, sharded=sharded)
+    if sharded:
+        assert (d / "model.safetensors.index.json").is_file()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+    model, m = _ours(d)
+    assert (m.rope_theta, m.tie_embeddings, m.qkv_bias) == (
+        hf.config.rope_parameters["rope_theta"] if hasattr(hf.config, "rope_parameters") else hf.config.rope_theta,
+        hf.config.tie_word_embeddings, kind == "qwen2")
+    ids = torch.randint(0, m.vocab, (3, m.seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = model(ids)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _config(tmp_path, **fields) -> str:
+    base = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+            "max_position_embeddings": 16, "hidden_act": "silu"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**base, **fields}))
+    return str(p)
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "model_type"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_parameters"),
+    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 8}, "sliding_window"),
+    ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+      "layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
+    ({"num_local_experts": 8}, "num_local_experts"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"num_key_value_heads": 3}, "kv_heads"),
+    ({"num_hidden_layers": 10 ** 9}, "num_hidden_layers"),
+])
+def test_a_config_the_engine_cannot_run_is_refused_naming_the_field(tmp_path, fields, named) -> None:
+    with pytest.raises(SpecError) as e:
+        load_model(_config(tmp_path, **fields))
+    assert e.value.field == named
+
+
+def test_a_weight_whose_shape_disagrees_with_the_config_is_refused_naming_it(tmp_path) -> None:
+    d = write_hf_model(tmp_path / "m", "llama")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["intermediate_size"] = 128
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match=r"mlp\.gate_proj\.weight.*shape \[96, 64\].*expected \[128, 64\]"):
+        _ours(d)
+
+
+def test_a_truncated_safetensors_file_is_refused(tmp_path) -> None:
+    d = write_hf_model(tmp_path / "m", "llama")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(SpecError, match="model.safetensors.*not a readable safetensors file"):
+        _ours(d)
