@@ -61,4 +61,4 @@ def test_a_plan_trains_a_hf_model_as_transformers_does(tmp_path, kind, stages, m
     got = _ours(d, plan)
     assert abs(got[0] - want[0]) <= 2e-6 * abs(want[0])  # step 1: the same weights and batch
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-4, atol=0)
-    assert want[-1] < want[0] - 0.5  # it learned something, so the curves say something
+    assert want[-1] < want[0] - 0.3  # it learned something, so the curves say something
