@@ -94,8 +94,9 @@ class StepLog:
         self.done += 1
         if self.echo:
             eta = self.elapsed / self.done * (self.steps - step)
-            print(f"[{self.label}] step {step:4d}/{self.steps}  loss {loss:.6f}  lr {lr:.3g}  {rate:9.0f} tokens/s"
-                  f"  eta {eta:6.0f} s", file=sys.stdout, flush=True)
+            # the first fields keep their places: scripts read "[label] step N  loss X  R tokens/s"
+            print(f"[{self.label}] step {step:4d}  loss {loss:.6f}  {rate:9.0f} tokens/s  lr {lr:.3g}"
+                  f"  {step}/{self.steps}, eta {eta:.0f} s", file=sys.stdout, flush=True)
 
     def close(self) -> None:
         if self.file is not None:
