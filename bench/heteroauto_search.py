@@ -49,12 +49,12 @@ SCALE = {"1,024 x 8": [128] * 8, "4,096 x 3": [1366, 1365, 1365], "10,240 x 6": 
          "30,720 x 2": [15360] * 2, "100,000 x 8": [12500] * 8, "2e12 x 2": [10**12] * 2}
 
 
-def scale_cluster(counts: list[int]) -> dict:
-    """A cluster spec (as a mapping) with len(counts) of SCALE_TYPES."""
+def scale_cluster(counts: list[int], types: list[tuple[int, int, int]] | None = None) -> dict:
+    """A cluster spec (as a mapping) with len(counts) of `types` (default SCALE_TYPES)."""
     return {"name": f"scale-{sum(counts)}x{len(counts)}",
             "chips": [{"name": chr(65 + i), "count": n, "memory_gb": m, "peak_tflops": t, "chips_per_node": c,
                        "tp_max": 8, "intra_node_bw": 200, "network_bw": 10}
-                      for i, (n, (m, t, c)) in enumerate(zip(counts, SCALE_TYPES))]}
+                      for i, (n, (m, t, c)) in enumerate(zip(counts, types or SCALE_TYPES))]}
 
 
 _SCALE_CHILD = """

@@ -32,3 +32,4 @@ class SearchResult:
     # the least of the search's objective over the plans it kept (its optimum when exact; lower_bound_s bounds
     # it); the plans themselves carry the time a user reads (search.reported)
     objective_s: float | None = None
+    work: int = 0  # units of search work spent (limits.BOUND_CELLS_PER_UNIT): the same on any machine

@@ -7,10 +7,10 @@ import logging
 import sys
 import time
 
-from ..argtypes import positive
+from ..argtypes import at_least, positive
 from ..plan import SCHEDULES, Plan
 from ..spec import InfeasibleError, SpecError
-from .limits import IDLE_MODES
+from .limits import DEFAULT_WORK, IDLE_MODES
 
 log = logging.getLogger("heteroauto")
 
@@ -24,7 +24,7 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model preset (tiny, h2-100b) or spec file")
     p.add_argument("--train", required=True, help="training spec (YAML/JSON)")
     p.add_argument("--profile", help="profile JSON from `heteroauto profile` (default: analytic from chip specs)")
-    p.add_argument("--group-size", type=int, default=128, help="chips per group in the two-stage refinement")
+    p.add_argument("--group-size", type=at_least(1), default=128, help="chips per group in the two-stage refinement")
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
@@ -33,14 +33,17 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .planning import load_problem, run_search, to_plan
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     t0 = time.perf_counter()
-    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None, Limits(time_budget_s=a.time_budget),
-                     a.idle)
+    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None,
+                     Limits(work=a.work_budget, time_cap_s=a.time_cap), a.idle)
     dt = time.perf_counter() - t0
     plan = to_plan(pb, res.best, dt, a.algo, res)
     print(table(plan))
     if res.bounded:
+        gap = ""
+        if res.objective_s and res.lower_bound_s:  # how far from exact: the plan's objective over the bound
+            gap = f"; the returned plan is at most {100 * (res.objective_s / res.lower_bound_s - 1):.1f}% above it"
         print(f"bounded search ({'; '.join(res.bounded)}): no plan's cost-model time is below "
-              f"{res.lower_bound_s:.4f} s")
+              f"{res.lower_bound_s:.4f} s{gap}")
     if a.explain:
         print(explain(plan, res))
     if a.json:
@@ -130,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the plan here")
     p.add_argument("--explain", action="store_true", help="bottleneck, memory headroom, runners-up")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--time-budget", type=positive, default=3.0,
-                   help="seconds the best-first search may take before it returns its best plan and a bound")
+    p.add_argument("--work-budget", type=at_least(1), default=DEFAULT_WORK,
+                   help="units of search work (one stage split, or 64 bound cells) before the search returns its "
+                   "best plan and a bound; the plan depends on the inputs alone, never on the machine's load")
+    p.add_argument("--time-cap", "--time-budget", dest="time_cap", type=positive, default=None,
+                   help="optional wall-clock cap in seconds: may stop the search earlier, which then says so "
+                   "(the plan may then differ between machines or loads)")
     p.add_argument(
         "--idle",
         choices=IDLE_MODES,

@@ -6,8 +6,8 @@ pipeline depth P from a ladder, one TP size per chip type (its largest, or its c
 ways to share the P stages among the types (fastest stages first; in proportion to what each type can
 hold). Types keep the memory-descending order, and every candidate stage sequence gets the exact optimal
 layer split and recompute (split.py). Candidates are tried by their stages' speed (the bottleneck part of
-their lower bound) and skipped when the whole lower bound cannot beat the best plan; the time budget stops
-the rest. The result is bounded by construction and
+their lower bound) and skipped when the whole lower bound cannot beat the best plan; the work budget
+(limits.work: one unit per stage split) stops the rest. The result is bounded by construction and
 carries limits.relaxed_bound, a lower bound on every plan with or without idle chips.
 """
 from __future__ import annotations
@@ -81,16 +81,19 @@ def search_idle(cm: CostModel, limits: Limits = DEFAULT_LIMITS, progress: Progre
     trials = sorted(set(trials))
     trials = trials[:SEEDS] + sorted(trials[SEEDS:], key=lambda x: x[1])
     best: list[Candidate] = []
-    stopped = None
+    stopped, work = None, 0
     for i, (_, low, dp, seq) in enumerate(trials):
         bound = best[0].time_s if best else math.inf
         if low >= bound:
             if i >= SEEDS:
                 break
             continue
-        if time.perf_counter() - t0 > limits.time_budget_s and best:
-            stopped = f"time budget {limits.time_budget_s:g} s ({len(trials) - i} of {len(trials)} candidates left)"
+        capped = limits.time_cap_s is not None and time.perf_counter() - t0 > limits.time_cap_s
+        if (work >= limits.work or capped) and best:
+            what = f"work budget {limits.work:,} units" if work >= limits.work else f"time cap {limits.time_cap_s:g} s"
+            stopped = f"{what} ({len(trials) - i} of {len(trials)} candidates left)"
             break
+        work += len(seq)
         b = micro_batches(cm.train, dp)
         opts, lam, const = stage_opts(cm, list(seq), dp, b)
         res = best_split(opts, L, lam, const, bound)
@@ -111,4 +114,5 @@ def search_idle(cm: CostModel, limits: Limits = DEFAULT_LIMITS, progress: Progre
     if stopped:
         bounded.append(stopped)
     low = relaxed_bound(cm, dps)
-    return SearchResult(with_inner_dp(cm, best[0]), best[1:], len(trials), 0, time.perf_counter() - t0, bounded, low)
+    return SearchResult(with_inner_dp(cm, best[0]), best[1:], len(trials), 0, time.perf_counter() - t0, bounded, low,
+                        work=work)

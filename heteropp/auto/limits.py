@@ -2,9 +2,11 @@
 
 Up to these limits the search is exact (the cost model's optimum). Beyond them it is an anytime search over
 a restricted space: the orders of chip types next to the memory-descending one, the first per-type TP
-choices (whole types before groups), groups no smaller than count / max_groups, and a time budget on the
-best-first phase. A bounded result says which limits applied and gives a lower bound on every plan of the
-full space (`relaxed_bound`), so the gap to the optimum is known.
+choices (whole types before groups), groups no smaller than count / max_groups, and a work budget on the
+best-first phase (units of search work, never wall-clock time, so the same inputs give the same plan on a
+busy or a quiet machine; an optional wall-clock cap stops it early and says so). A bounded result says
+which limits applied and gives a lower bound on every plan of the full space (`relaxed_bound`), so the
+gap to the optimum is known.
 """
 from __future__ import annotations
 
@@ -16,9 +18,21 @@ from .costs import CostModel, micro_batches
 from .space import tp_counts, tp_sizes
 
 
+# One unit of search work: one stage of a sequence given its exact layer split, or BOUND_CELLS_PER_UNIT
+# cells (rows x stage slots) of the tight bounds (both cost ~10 us here). The budget counts these, never
+# seconds: a plan then depends on its inputs alone, not on the machine's load.
+BOUND_CELLS_PER_UNIT = 64
+# the default budget: every H2 paper experiment and HARP setting exact (their searches take at most
+# ~10,000 units), 100,000 chips x 8 types within 5 s of CPU (bench.heteroauto_search --scale)
+DEFAULT_WORK = 100_000
+
+
 @dataclass(frozen=True)
 class Limits:
-    time_budget_s: float = 3.0  # the best-first phase stops after this many seconds
+    work: int = DEFAULT_WORK  # units of search work (BOUND_CELLS_PER_UNIT) for the best-first phase and idle plans
+    # an optional wall-clock cap (seconds) on top of `work`: it may stop the search earlier, which makes the
+    # plan depend on the machine's load, so a result it stopped says so (bounded) with its lower bound
+    time_cap_s: float | None = None
     max_orders: int = 24  # every order of up to 4 chip types
     max_rows: int = 60_000  # combinations of per-type TP choices, over all dps together (Exp-B: 39,235)
     max_groups: int = 16  # groups per chip type in the two-stage refinement

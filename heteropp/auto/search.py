@@ -33,7 +33,7 @@ from .infeasible import explain_infeasible
 from .inner_dp import with_inner_dp
 from .levels import bound_parts, lower_bound
 from .idle import search_idle
-from .limits import DEFAULT_LIMITS, IDLE_MODES, Limits, relaxed_bound, trim_choices, type_orders
+from .limits import BOUND_CELLS_PER_UNIT, DEFAULT_LIMITS, IDLE_MODES, Limits, relaxed_bound, trim_choices, type_orders
 from .space import dp_candidates, tp_counts, tp_sizes
 from .split import best_split
 from .stageopts import stage_opts
@@ -131,7 +131,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
                                  micro_batches(cm.train, dp)) if priced else 1.0 for dp in dps}
     top = _Top(max(refined, runners_up + 1), widen)
     fulls: dict[tuple, float] = {}  # full estimates of the plans priced, by _sig
-    stats = {"evaluated": 0, "pruned": 0}
+    stats = {"evaluated": 0, "pruned": 0, "work": 0}  # work: units of limits.BOUND_CELLS_PER_UNIT
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     per_dp, grouped = {}, False
     for dp in dps:
@@ -180,6 +180,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         seq = [(c, t) for c, t, s in runs for _ in range(s)]
         opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
         stats["evaluated"] += 1
+        stats["work"] += len(seq)
         bound = top.cut(space.dp)
         res = best_split(opts, L, lam, const, bound)
         if res is None:  # nothing below `bound`: that is its lower bound for the second phase
@@ -193,6 +194,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         top.add(cand)
         if priced and res.total < top.fastest_s * widen[space.dp]:  # its full time may beat the incumbent's
             full = cm.evaluate(stages, space.dp, space.b, round_trips=True).iteration_time_s
+            stats["work"] += len(stages)
             fulls[_sig(cand)] = full
             top.offer(cand, full)
         if progress and stats["evaluated"] % 200 == 0:
@@ -200,7 +202,9 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
 
     def expand(items: list[tuple[DpSpace, np.ndarray]]) -> None:
         """Bound every order of the combinations exactly (one numpy pass); queue those that may beat the best."""
-        ob = bound_parts([sp.order_rows(c, orders) for sp, c in items], L, top.bound)
+        rows = [sp.order_rows(c, orders) for sp, c in items]
+        stats["work"] += _cells(rows)
+        ob = bound_parts(rows, L, top.bound)
         for (space, combo), vs in zip(items, ob.reshape(len(items), len(orders)).tolist()):
             for o, v in zip(orders, vs):
                 push(Entry(v, Level.ORDER, space, combo, o))
@@ -220,21 +224,28 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             if end < len(lb):
                 push(Entry(float(lb[end]), Level.CHUNK, space, chunk=Chunk(lb, idx, end, 2 * size)))
         if parts:
+            stats["work"] += _cells(parts)
             tight = bound_parts(parts, L, top.bound, FREE_REFINE)
             for v, (space, combo) in zip(tight.tolist(), owners):
                 push(Entry(v, Level.COMBO, space, combo))
 
-    deadline = t0 + limits.time_budget_s
+    deadline = t0 + limits.time_cap_s if limits.time_cap_s is not None else math.inf
 
     def drain(collect: bool = False) -> None:
-        """Best-first until no bound beats the best plan (within top.slack); `collect`: only gathering
-        plans within a margin of an optimum already found, so the clock stops it without bounding it."""
+        """Best-first until no bound beats the best plan (within top.slack) or the work budget is spent;
+        `collect`: only gathering plans within a margin of an optimum already found, so the budget stops it
+        without bounding it. The budget counts work, not seconds: the same inputs stop at the same state
+        on any machine under any load. Only the optional wall-clock cap (limits.time_cap_s) does not."""
         aside: list[Entry] = []  # above their own dp's cut, below another's: back on the heap at the end
         while frontier.least() < top.bound:
-            if time.perf_counter() > deadline and top.items:
+            over = stats["work"] >= limits.work
+            if top.items and (over or time.perf_counter() > deadline):
                 if not collect:
-                    bounded.append(f"time budget {limits.time_budget_s:g} s (best-first search stopped with "
-                                   f"bounds from {frontier.least():.4f} s open)")
+                    what = (f"work budget {limits.work:,} units" if over else
+                            f"time cap {limits.time_cap_s:g} s (wall clock: another machine or load may stop "
+                            f"elsewhere)")
+                    bounded.append(f"{what} (best-first search stopped with bounds from {frontier.least():.4f} s "
+                                   f"open)")
                     stats["open_bound"] = frontier.least()
                 break
             e = frontier.pop()
@@ -285,9 +296,10 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if rerank:
         items = reported(cm, items, sims, fulls)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
-        left = max(limits.time_budget_s - (time.perf_counter() - t0), 0.0)
+        cap = None if limits.time_cap_s is None else max(limits.time_cap_s - (time.perf_counter() - t0), 0.0)
         try:
-            other = search_idle(cm, replace(limits, time_budget_s=left), progress, runners_up)
+            other = search_idle(cm, replace(limits, work=max(limits.work - stats["work"], 0), time_cap_s=cap),
+                                progress, runners_up)
         except InfeasibleError:
             other = None
         # idle chips win by the objective, as the search ranks; only the winner's plans are priced (an
@@ -297,16 +309,22 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             other.bounded = bounded + other.bounded
             other.lower_bound_s = min(other.lower_bound_s, relaxed_bound(cm, dps))
             other.search_time_s = time.perf_counter() - t0
+            other.work += stats["work"]
             return other
     low = None
     if bounded:
         low = relaxed_bound(cm, dps)
-        if len(bounded) == 1 and "open_bound" in stats:  # only the clock stopped it: the heap bounds the rest
+        if len(bounded) == 1 and "open_bound" in stats:  # only the budget stopped it: the heap bounds the rest
             low = max(low, min(stats["open_bound"], top.items[0].time_s) / max(widen.values()))
         if progress:
             progress(f"bounded search: best {items[0].time_s:.4f} s, no plan below {low:.4f} s")
     return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"],
-                        time.perf_counter() - t0, bounded, low, objective)
+                        time.perf_counter() - t0, bounded, low, objective, stats["work"])
+
+
+def _cells(parts: list) -> int:
+    """Work units of bounding these stage matrices (rows x stage slots)."""
+    return -(-sum(int(p.a0.size) for p in parts) // BOUND_CELLS_PER_UNIT)
 
 
 def _priceable(cm: CostModel, dps: list[int]) -> bool:

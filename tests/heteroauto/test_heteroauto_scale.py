@@ -41,11 +41,11 @@ def test_bounded_search_brackets_the_exact_optimum(seed):
     assert 0 < small.lower_bound_s <= want * (1 + 1e-9)
 
 
-def test_a_zero_time_budget_returns_the_first_plan_and_a_valid_bound():
+def test_a_zero_work_budget_returns_the_first_plan_and_a_valid_bound():
     cm = random_three_types(1)
     want = reference_search(cm, group_size=2)
-    r = search_auto(cm, group_size=2, rerank=False, limits=Limits(time_budget_s=0.0), idle="never")
-    assert any("time budget" in b for b in r.bounded)
+    r = search_auto(cm, group_size=2, rerank=False, limits=Limits(work=0), idle="never")
+    assert any("work budget" in b for b in r.bounded)
     assert r.best.time_s >= want * (1 - 1e-9) and r.lower_bound_s <= want * (1 + 1e-9)
 
 
