@@ -7,7 +7,11 @@ message: over tcp a frame, over shm a slot in a segment it made itself. It print
 {"accepted": the listener sent its handshake proof (v2) or did not hang up at once (v1),
  "closed": the listener hung up on it afterwards}.
 
-    python intruder.py <tcp|shm> <address> <token hex> <secret or ''> <src> <dst> <tag> <value>
+`tcp-data` instead announces a 16-byte message (a ready-to-send) and, once cleared to send, sends
+one data frame at offset 2^64 - value carrying value + 16 bytes of 0xAB: a sum offset + bytes that
+wraps to 16. It adds "cleared": whether the clear-to-send came.
+
+    python intruder.py <tcp|tcp-data|shm> <address> <token hex> <secret or ''> <src> <dst> <tag> <value>
 """
 from __future__ import annotations
 
@@ -81,6 +85,30 @@ def _closed(sock: socket.socket, within_s: float = 15.0) -> bool:
         return False
 
 
+# transport/tcp/frame.h: kind, code, msg_id, tag, meta, bytes, offset, tag_seq, reserved (56 bytes).
+FRAME = struct.Struct("<IIQQQQQII")
+K_RTS, K_DATA, K_CTS = 2, 3, 4
+
+
+def attack_tcp_data(address: str, token: bytes, secret: bytes, src: int, dst: int, tag: int, k: int) -> dict:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    accepted = handshake(sock, token, secret, "tcp", src, dst)
+    cleared = False
+    try:
+        sock.sendall(FRAME.pack(K_RTS, 0, 1, tag, 0, 16, 0, 0, 0))
+        sock.settimeout(15)
+        cts = FRAME.unpack(_recv_exact(sock, FRAME.size))
+        cleared = cts[0] == K_CTS and cts[2] == 1
+        if cleared:
+            sock.sendall(FRAME.pack(K_DATA, 0, 1, 0, 0, k + 16, (1 << 64) - k, 0, 0) + b"\xab" * (k + 16))
+    except (OSError, ConnectionError):
+        pass
+    out = {"accepted": accepted, "cleared": cleared, "closed": _closed(sock)}
+    sock.close()
+    return out
+
+
 def attack_tcp(address: str, token: bytes, secret: bytes, src: int, dst: int, tag: int, value: int) -> dict:
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=5)
@@ -120,7 +148,7 @@ def attack_shm(address: str, token: bytes, secret: bytes, src: int, dst: int, ta
 
 def main(argv: list[str]) -> int:
     transport, address, token_hex, secret, src, dst, tag, value = argv
-    attack = attack_tcp if transport == "tcp" else attack_shm
+    attack = {"tcp": attack_tcp, "tcp-data": attack_tcp_data, "shm": attack_shm}[transport]
     out = attack(address, bytes.fromhex(token_hex), secret.encode(), int(src), int(dst), int(tag), int(value))
     print(json.dumps(out))
     return 0

@@ -31,9 +31,16 @@ bool Engine::is_credit_note(const transport::Header& hdr) {
 
 void Engine::on_credit_note(int src, const void* payload, size_t bytes) {
   uint64_t taken = 0;
-  if (!payload || bytes != sizeof(taken)) return;
+  const std::string who = "rank " + std::to_string(src);
+  if (!payload || bytes != sizeof(taken))
+    throw ProtocolError(who + " sent a credit note of " + std::to_string(bytes) + " B" + (payload ? "" : " as a rendezvous") +
+                        ", expected an eager note of " + std::to_string(sizeof(taken)) + " B");
   std::memcpy(&taken, payload, sizeof(taken));
   Peer& p = peers_[src];
+  // It can only have taken what was sent: more would let our sends run past the room it promised.
+  if (taken > p.eager_sent)
+    throw ProtocolError(who + " says it took " + std::to_string(taken) + " eager bytes, but only " +
+                        std::to_string(p.eager_sent) + " were sent to it");
   if (taken > p.eager_taken) p.eager_taken = taken;
 }
 

@@ -33,7 +33,7 @@ namespace dicomm {
   X(rejected_connections) X(connections_accepted) X(connections_opened) X(messages_sent)          \
   X(messages_received) X(bytes_sent) X(bytes_received) X(unexpected_messages)                     \
   X(late_messages_discarded) X(sends_short_of_credit) X(credit_notes_sent) X(peers_lost)          \
-  X(waits_unspun)
+  X(waits_unspun) X(protocol_violations)
 struct EngineCounters {
 #define DICOMM_COUNTER_FIELD(name) int64_t name = 0;
   DICOMM_ENGINE_COUNTERS(DICOMM_COUNTER_FIELD)
@@ -155,6 +155,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void give_up_locked(const P2PRequest& r, size_t ahead);  // r timed out with `ahead` receives before it
   void send_to_self(const RequestSP& r);
   void peer_lost(int peer, const std::string& why);
+  void peer_failed(int peer, const PeerError& e);  // peer_lost, counting a ProtocolError
   void send_side_closed(int peer, const std::string& why);
   // Reads the other peers' receive connections for an abort notice already sent to us (lock held).
   bool notice_waiting_locked(int closing);

@@ -49,6 +49,15 @@ void Engine::peer_lost(int peer, const std::string& why) {
     fail(*r, ErrorKind::kPeer, r->describe() + " failed: " + text);
 }
 
+void Engine::peer_failed(int peer, const PeerError& e) {
+  if (dynamic_cast<const ProtocolError*>(&e)) {
+    ++counters_.protocol_violations;
+    log(LogLevel::kWarn, "rank " + std::to_string(rank_) + " closed its connections with rank " + std::to_string(peer) +
+                             ", which broke the wire protocol: " + e.what());
+  }
+  peer_lost(peer, e.what());
+}
+
 void Engine::send_side_closed(int peer, const std::string& why) {
   Peer& p = peers_[peer];
   // A rank that aborts tells us why on its connection to us, then closes: read that first, so
@@ -58,7 +67,7 @@ void Engine::send_side_closed(int peer, const std::string& why) {
       while (c->progress(true)) {
       }
   } catch (const PeerError& e) {
-    peer_lost(peer, e.what());  // applies a notice it read meanwhile
+    peer_failed(peer, e);  // applies a notice it read meanwhile
     return;
   }
   if (!closed_ && notice_waiting_locked(peer)) {

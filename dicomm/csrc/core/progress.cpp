@@ -115,7 +115,7 @@ bool Engine::progress_locked(bool thorough) {
       }
       did = true;
     } catch (const PeerError& e) {
-      peer_lost(peer, e.what());
+      peer_failed(peer, e);
       did = true;
     }
     try {
@@ -127,7 +127,7 @@ bool Engine::progress_locked(bool thorough) {
         if (p.send) p.send->progress(false);
       } catch (const std::exception&) {
       }
-      peer_lost(peer, e.what());
+      peer_failed(peer, e);
       did = true;
     }
   }

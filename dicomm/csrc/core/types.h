@@ -43,5 +43,8 @@ struct ValueError : Error { using Error::Error; };       // bad argument (rank, 
 struct TimeoutError : Error { using Error::Error; };     // a wait outlived its timeout
 struct PeerError : Error { using Error::Error; };        // peer died, connection broken, aborted
 struct MismatchError : Error { using Error::Error; };    // message larger than buffer, meta differs
+// A peer sent what the wire protocol forbids (a length, offset or count outside what this side
+// posted or allows): its connection is closed and the violation counted (stats "protocol_violations").
+struct ProtocolError : PeerError { using PeerError::PeerError; };
 
 }  // namespace dicomm

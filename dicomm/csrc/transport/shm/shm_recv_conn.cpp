@@ -30,13 +30,21 @@ bool ShmRecvConn::read_slots() {
   for (size_t i = 0; i < kSlots; ++i) {
     Slot& s = seg_->slots[consumed_ % kSlots];
     if (s.seq.load(std::memory_order_acquire) != consumed_ + 1) break;
+    // The sender may rewrite the slot while we read it: every field is read once, then checked.
+    const uint32_t kind = s.kind;
     Header h{s.tag, s.meta, s.bytes, s.msg_id, static_cast<uint32_t>(s.tag_seq)};
-    if (s.kind == kEager) {
-      if (h.bytes > kSlotPayload) throw PeerError(control_->what() + ": eager slot larger than a slot (corrupt segment)");
+    if (kind == kEager) {
+      if (h.bytes > kSlotPayload)
+        throw ProtocolError(control_->what() + ": eager slot of " + std::to_string(h.bytes) + " B, a slot holds " +
+                            std::to_string(kSlotPayload) + " B");
       sink_->on_message(*this, h, h.bytes ? s.payload : kEmpty);  // the engine copies it out
-    } else {
-      announced_[h.msg_id] = s.addr;
+    } else if (kind == kRts) {
+      if (!announced_.emplace(h.msg_id, s.addr).second)
+        throw ProtocolError(control_->what() + ": message " + std::to_string(h.msg_id) +
+                            " announced again before it was answered");
       sink_->on_message(*this, h, nullptr);
+    } else {
+      throw ProtocolError(control_->what() + ": slot of unknown kind " + std::to_string(kind));
     }
     seg_->slots_consumed.store(++consumed_, std::memory_order_release);
     did = true;
@@ -47,7 +55,7 @@ bool ShmRecvConn::read_slots() {
 
 void ShmRecvConn::pull(uint64_t msg_id, RecvOp* op) {
   auto it = announced_.find(msg_id);
-  if (it == announced_.end()) throw Error("shm: pull of an unannounced message");
+  if (it == announced_.end()) throw ProtocolError(control_->what() + ": pull of unannounced message " + std::to_string(msg_id));
   Pull p{op, msg_id, it->second, 0, -1, 0, op->bytes};
   announced_.erase(it);
   if (cma_) {
@@ -151,6 +159,10 @@ bool ShmRecvConn::copy_shared(Pull& p) {
     did = true;
   }
   if (uint64_t back = s.returned.exchange(0, std::memory_order_acq_rel)) {
+    // The sender names the chunk it hands back: one outside this message is a write we never posted.
+    if (back > chunks)
+      throw ProtocolError(control_->what() + ": sender handed back chunk " + std::to_string(back - 1) + " of a " +
+                          std::to_string(chunks) + "-chunk message");
     const size_t off = (back - 1) * kShareChunk, len = std::min(kShareChunk, bytes - off);
     read_exact(dst + off, p.src + off, len);
     s.done.fetch_add(len, std::memory_order_acq_rel);
@@ -197,11 +209,18 @@ bool ShmRecvConn::read_chunks() {
   for (int i = 0; i < kChunksPerStep; ++i) {
     Chunk& c = seg_->chunks[chunks_consumed_ % kChunks];
     if (c.seq.load(std::memory_order_acquire) != chunks_consumed_ + 1) break;
-    if (piped_.empty() || piped_.front().msg_id != c.msg_id || c.offset + c.len > piped_.front().bytes)
-      throw PeerError(control_->what() + ": chunk for an unexpected message (corrupt segment)");
+    // Read once, then checked without sums that could wrap: the sender may rewrite them meanwhile.
+    const uint64_t id = c.msg_id, offset = c.offset, len = c.len;
+    if (piped_.empty() || piped_.front().msg_id != id)
+      throw ProtocolError(control_->what() + ": chunk for message " + std::to_string(id) + ", which was not cleared to stream");
     Pull& p = piped_.front();
-    if (!p.dropped) std::memcpy(static_cast<char*>(p.op->buf) + c.offset, c.data, c.len);
-    p.done += c.len;
+    if (len > kChunkBytes || offset > p.bytes || len > p.bytes - offset || len > p.bytes - p.done)
+      throw ProtocolError(control_->what() + ": chunk of " + std::to_string(len) + " B at offset " + std::to_string(offset) +
+                          " for message " + std::to_string(id) + ", outside the " + std::to_string(p.bytes) +
+                          " B posted for it (" + std::to_string(p.bytes - p.done) + " B still due; a chunk holds " +
+                          std::to_string(kChunkBytes) + " B)");
+    if (!p.dropped) std::memcpy(static_cast<char*>(p.op->buf) + offset, c.data, len);
+    p.done += len;
     seg_->chunks_consumed.store(++chunks_consumed_, std::memory_order_release);
     did = true;
     if (p.done == p.bytes) {

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -83,8 +84,10 @@ std::unique_ptr<SendConn> ShmTransport::connect(int peer, const Card& card, Cloc
   }
   std::unique_ptr<Mapping> map;
   {
-    const UniqueFd memfd(memfd_create("dicomm-shm", MFD_CLOEXEC));  // the mapping keeps the memory alive
-    if (memfd.get() < 0 || ftruncate(memfd.get(), sizeof(Segment)) != 0) {
+    const UniqueFd memfd(memfd_create("dicomm-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));  // the mapping keeps the memory alive
+    // Sealed at its size: the receiver maps it only so (a segment shrunk under it would SIGBUS it).
+    if (memfd.get() < 0 || ftruncate(memfd.get(), sizeof(Segment)) != 0 ||
+        fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
       const int err = errno;
       throw Error(what + ": cannot create the shared segment: " + errno_text(err));
     }
@@ -119,6 +122,8 @@ bool ShmTransport::progress() {
     if (a.passed_fd.get() < 0) why = "shm hello without a segment descriptor";
     else if (fstat(a.passed_fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(Segment))
       why = "shm segment of the wrong size (another dicomm version?)";
+    else if ((fcntl(a.passed_fd.get(), F_GET_SEALS) & F_SEAL_SHRINK) == 0)
+      why = "shm segment not sealed against shrinking (its sender could make our reads fault)";
     else if (getsockopt(a.fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0)
       why = "shm peer credentials unavailable";
     else if (cred.uid != geteuid())  // abstract Unix sockets have no permissions: any local user can connect

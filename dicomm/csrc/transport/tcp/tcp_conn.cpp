@@ -28,7 +28,7 @@ void TcpSendConn::post(SendOp* op) {
     streams_[0]->send(f, static_cast<const char*>(op->buf), op, *this);
   } else {
     f.kind = kRts;
-    rendezvous_[f.msg_id] = Rendezvous{op, 0};
+    rendezvous_[f.msg_id] = Rendezvous{op, 0, false};
     streams_[0]->send(f, nullptr, nullptr, *this);
   }
 }
@@ -49,13 +49,20 @@ bool TcpSendConn::progress(bool thorough) {
 void TcpSendConn::on_frame(const Frame& f, const char*) {
   auto it = rendezvous_.find(f.msg_id);
   if ((f.kind != kCts && f.kind != kRefuse) || it == rendezvous_.end())
-    throw PeerError(streams_[0]->what() + ": unexpected frame kind " + std::to_string(f.kind) + " (corrupt stream)");
+    throw ProtocolError(streams_[0]->what() + ": frame kind " + std::to_string(f.kind) + " for message " +
+                        std::to_string(f.msg_id) + ", which awaits no clear-to-send or refusal");
+  // Once cleared, its data frames point into the sender's buffer until written: a second
+  // clear-to-send or a late refusal would complete the send under them.
+  if (it->second.cleared)
+    throw ProtocolError(streams_[0]->what() + ": a second answer (kind " + std::to_string(f.kind) + ") for message " +
+                        std::to_string(f.msg_id) + ", already cleared to send");
   SendOp* op = it->second.op;
   if (f.kind == kRefuse) {
     rendezvous_.erase(it);
     sink_->on_send_refused(op, Refusal{f.code, f.bytes, f.meta});
     return;
   }
+  it->second.cleared = true;
   // Stripe: chunks of at most chunk_bytes_, round-robin over the streams.
   size_t bytes = op->hdr.bytes;
   size_t n = streams_.size();
@@ -74,7 +81,7 @@ void TcpSendConn::on_frame(const Frame& f, const char*) {
 }
 
 char* TcpSendConn::data_target(const Frame&) {
-  throw PeerError(streams_[0]->what() + ": data frame on a send connection (corrupt stream)");
+  throw ProtocolError(streams_[0]->what() + ": data frame on a send connection");
 }
 
 void TcpSendConn::on_written(const Frame& f, void* cookie) {
@@ -122,6 +129,7 @@ bool TcpRecvConn::progress(bool thorough) {
     ++attached;
     if (s->has_output()) did |= s->flush(*this);
     // Data streams carry nothing until we have asked for data (or on thorough passes: EOF).
+    reading_ = static_cast<int>(i);
     if (i == 0 || thorough || !landing_.empty()) did |= s->read(*this);
     if (s->eof()) {
       ++ended;
@@ -133,24 +141,47 @@ bool TcpRecvConn::progress(bool thorough) {
 }
 
 void TcpRecvConn::on_frame(const Frame& f, const char* payload) {
+  // Announcements travel on stream 0 only: the answers (pull, refuse) go back on it.
+  if (reading_ != 0)
+    throw ProtocolError(who() + ": frame kind " + std::to_string(f.kind) + " on data stream " +
+                        std::to_string(reading_));
   Header h{f.tag, f.meta, f.bytes, f.msg_id, f.tag_seq};
-  if (f.kind == kEager) sink_->on_message(*this, h, payload ? payload : kEmpty);
-  else if (f.kind == kRts) sink_->on_message(*this, h, nullptr);
-  else throw PeerError("tcp connection from rank " + std::to_string(peer_) + ": unexpected frame kind " + std::to_string(f.kind) + " (corrupt stream)");
+  if (f.kind == kEager) {
+    sink_->on_message(*this, h, payload ? payload : kEmpty);
+  } else if (f.kind == kRts) {
+    // An id announced again before its answer would land two receives' data under one id.
+    if (!announced_.insert(f.msg_id).second || landing_.count(f.msg_id))
+      throw ProtocolError(who() + ": message " + std::to_string(f.msg_id) + " announced again before it was answered");
+    sink_->on_message(*this, h, nullptr);
+  } else {
+    throw ProtocolError(who() + ": frame kind " + std::to_string(f.kind) + " on a receive connection");
+  }
 }
 
 char* TcpRecvConn::data_target(const Frame& f) {
   auto it = landing_.find(f.msg_id);
-  if (it == landing_.end() || f.offset + f.bytes > it->second.bytes)
-    throw PeerError("tcp connection from rank " + std::to_string(peer_) + ": data for unknown message or out of bounds (corrupt stream)");
-  if (it->second.discard) return nullptr;
-  return static_cast<char*>(it->second.op->buf) + f.offset;
+  if (it == landing_.end())
+    throw ProtocolError(who() + ": data frame for message " + std::to_string(f.msg_id) +
+                        ", which no receive has cleared to send");
+  Landing& l = it->second;
+  // Each side of every comparison stays within [0, l.bytes]: no sum of wire values that could wrap.
+  // A frame claims its bytes when its header is read, so frames on other streams that overlap it
+  // cannot complete the receive (and give its buffer back) while it is still landing.
+  if (f.offset > l.bytes || f.bytes > l.bytes - f.offset || f.bytes > l.bytes - l.claimed)
+    throw ProtocolError(who() + ": data frame of " + std::to_string(f.bytes) + " B at offset " +
+                        std::to_string(f.offset) + " for message " + std::to_string(f.msg_id) + ", outside the " +
+                        std::to_string(l.bytes) + " B posted for it (" + std::to_string(l.bytes - l.claimed) +
+                        " B not yet claimed by earlier frames)");
+  l.claimed += f.bytes;
+  if (l.discard) return nullptr;
+  return static_cast<char*>(l.op->buf) + f.offset;
 }
 
 void TcpRecvConn::on_data(const Frame& f) {
   auto it = landing_.find(f.msg_id);
-  it->second.left -= f.bytes;
-  if (it->second.left == 0) {
+  if (it == landing_.end()) return;  // data_target checked it: only a bug could get here
+  it->second.landed += f.bytes;  // data_target checked that the claims stay within bytes
+  if (it->second.landed == it->second.bytes) {
     RecvOp* op = it->second.op;
     bool discard = it->second.discard;
     landing_.erase(it);
@@ -159,7 +190,8 @@ void TcpRecvConn::on_data(const Frame& f) {
 }
 
 void TcpRecvConn::pull(uint64_t msg_id, RecvOp* op) {
-  landing_[msg_id] = Landing{op, op->bytes, op->bytes, false};
+  announced_.erase(msg_id);
+  landing_[msg_id] = Landing{op, 0, 0, op->bytes, false};
   Frame f;
   f.kind = kCts;
   f.msg_id = msg_id;
@@ -167,6 +199,7 @@ void TcpRecvConn::pull(uint64_t msg_id, RecvOp* op) {
 }
 
 void TcpRecvConn::refuse(uint64_t msg_id, const Refusal& why) {
+  announced_.erase(msg_id);
   Frame f;
   f.kind = kRefuse;
   f.code = why.code;

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "transport/tcp/tcp_stream.h"
@@ -29,7 +30,7 @@ class TcpSendConn : public SendConn, private TcpStream::Handler {
   void on_data(const Frame&) override {}
   void on_written(const Frame& f, void* cookie) override;
 
-  struct Rendezvous { SendOp* op; size_t chunks_left; };
+  struct Rendezvous { SendOp* op; size_t chunks_left; bool cleared; };
   int peer_;
   std::vector<std::unique_ptr<TcpStream>> streams_;
   Sink* sink_;  // not owned: the engine, which outlives its connections
@@ -60,11 +61,15 @@ class TcpRecvConn : public RecvConn, private TcpStream::Handler {
   void on_data(const Frame& f) override;
   void on_written(const Frame&, void*) override {}
 
-  struct Landing { RecvOp* op; size_t left; size_t bytes; bool discard; };
+  std::string who() const { return "tcp connection from rank " + std::to_string(peer_); }
+  // claimed: bytes of data frames whose header was read; landed: of those fully read.
+  struct Landing { RecvOp* op; size_t claimed; size_t landed; size_t bytes; bool discard; };
   int peer_;
+  int reading_ = 0;  // the stream being read (frames other than data belong on stream 0)
   std::vector<std::unique_ptr<TcpStream>> streams_;
   Sink* sink_;  // not owned: the engine, which outlives its connections
   std::unordered_map<uint64_t, Landing> landing_;
+  std::unordered_set<uint64_t> announced_;  // rendezvous ids not yet answered (pull or refuse)
 };
 
 }  // namespace dicomm::transport::tcp

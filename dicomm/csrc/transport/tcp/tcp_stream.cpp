@@ -73,12 +73,16 @@ bool TcpStream::flush(Handler& h) {
 }
 
 bool TcpStream::read(Handler& h) {
+  if (!violation_.empty()) throw ProtocolError(violation_);
   if (eof()) return false;
   try {
     return parse(h);
   } catch (const ConnectionClosed& e) {
     eof_reason_ = e.what();
     return true;
+  } catch (const ProtocolError& e) {
+    violation_ = e.what();
+    throw;
   }
 }
 
@@ -95,7 +99,9 @@ bool TcpStream::parse(Handler& h) {
         begin_ += sizeof(Frame);
         did = true;
         if (cur_.kind == kEager && cur_.bytes > 0) {
-          if (cur_.bytes > kRxBytes - sizeof(Frame)) throw PeerError(what_ + ": eager frame larger than allowed (corrupt stream)");
+          if (cur_.bytes > kRxBytes - sizeof(Frame))
+            throw ProtocolError(what_ + ": eager frame of " + std::to_string(cur_.bytes) + " B, at most " +
+                                std::to_string(kRxBytes - sizeof(Frame)) + " B allowed");
           state_ = State::kPayload;
         } else if (cur_.kind == kData) {
           target_ = h.data_target(cur_);

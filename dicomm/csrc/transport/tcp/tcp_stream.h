@@ -32,7 +32,8 @@ class TcpStream {
   void send(const Frame& f, const char* payload, void* cookie, Handler& h);  // queues, then flushes
   bool flush(Handler& h);
   // Reads and parses what has arrived. After an orderly EOF it returns false and eof() is set;
-  // errors (a reset) throw PeerError.
+  // errors (a reset) throw PeerError. A stream whose peer broke the protocol (ProtocolError) stays
+  // broken: every later read throws again instead of parsing what follows the bad frame.
   bool read(Handler& h);
   bool eof() const { return !eof_reason_.empty(); }
   const std::string& eof_reason() const { return eof_reason_; }
@@ -56,6 +57,7 @@ class TcpStream {
   std::deque<Out> out_;
   bool want_write_ = false;
   std::string eof_reason_;
+  std::string violation_;  // the ProtocolError this stream ended with
 
   std::vector<char> rx_;
   size_t begin_ = 0, end_ = 0;

@@ -374,7 +374,7 @@ void Channel::handle(const ibv::wc& wc, Handler& h) {
     } else if (msg_kind != kEager && wc.byte_len >= sizeof(Ctrl)) {
       std::memcpy(&c, p, sizeof(Ctrl));
     } else {
-      throw PeerError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " +
+      throw ProtocolError(what_ + ": malformed control message (" + std::to_string(wc.byte_len) + " B, kind " +
                       std::to_string(msg_kind) + ")");
     }
     h.on_ctrl(c, p + head);

@@ -66,7 +66,7 @@ void VerbsSendConn::post(SendOp* op) {
 void VerbsSendConn::on_ctrl(const Ctrl& c, const char*) {
   auto it = rendezvous_.find(c.msg_id);
   if ((c.kind != kFin && c.kind != kRefuse) || it == rendezvous_.end())
-    throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind) + " for message " +
+    throw ProtocolError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind) + " for message " +
                     std::to_string(c.msg_id));
   SendOp* op = it->second.op;
   if (it->second.staged && it->second.ready < op->hdr.bytes) --staging_;  // refused before fully staged
@@ -121,7 +121,9 @@ void VerbsRecvConn::on_ctrl(const Ctrl& c, const char* payload) {
   if (c.kind == kEager) {
     sink_->on_message(*this, h, c.bytes ? payload : kEmpty);
   } else if (c.kind == kRts) {
-    announced_[c.msg_id] = Announced{c.addr, c.rkey, c.bytes, std::min(c.ready, c.bytes)};
+    const bool pulling = std::any_of(pulls_.begin(), pulls_.end(), [&](const Pull& p) { return p.msg_id == c.msg_id; });
+    if (pulling || !announced_.emplace(c.msg_id, Announced{c.addr, c.rkey, c.bytes, std::min(c.ready, c.bytes)}).second)
+      throw ProtocolError(ch_->what() + ": message " + std::to_string(c.msg_id) + " announced again before it was answered");
     sink_->on_message(*this, h, nullptr);
   } else if (c.kind == kReady) {  // more of a staged message may be read
     auto a = announced_.find(c.msg_id);
@@ -134,13 +136,13 @@ void VerbsRecvConn::on_ctrl(const Ctrl& c, const char* payload) {
       if (p.msg_id == c.msg_id) p.src.ready = std::max(p.src.ready, c.ready);
     issue_reads();
   } else {
-    throw PeerError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind));
+    throw ProtocolError(ch_->what() + ": unexpected control message kind " + std::to_string(c.kind));
   }
 }
 
 void VerbsRecvConn::pull(uint64_t msg_id, RecvOp* op) {
   auto it = announced_.find(msg_id);
-  if (it == announced_.end()) throw PeerError(ch_->what() + ": pull of unknown message " + std::to_string(msg_id));
+  if (it == announced_.end()) throw ProtocolError(ch_->what() + ": pull of unknown message " + std::to_string(msg_id));
   Pull p{msg_id, op, nullptr, it->second};
   announced_.erase(it);
   p.src.bytes = op->bytes;

@@ -1,0 +1,75 @@
+"""One peer never writes outside what the receiver posted, whatever it sends (issue 27, point 1).
+
+A hostile client holding the handshake key (a same-uid process reading the job's store, with no
+DICOMM_JOB_SECRET) claims rank 2, which has not connected yet, announces a message for rank 0's
+posted 16-byte receive, and once cleared to send sends a data frame whose offset + bytes wraps
+around 2^64. The receive sits inside a larger array so that a write outside it is seen, not
+merely a crash. Real communicators in real processes, real TCP sockets."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.dicomm.engine_util import comm, exchange, ptr
+from tests.dicomm.multiproc import run_ranks
+
+INTRUDER = Path(__file__).with_name("intruder.py")
+TAG = 9
+GUARD = 1 << 17  # bytes on each side of the receive buffer: more than any K below
+
+
+def _forged_data_job(rank, world, store, k):
+    import dicomm._C as C
+
+    if rank == 2:  # takes no part: the intruder claims its place before it ever connects
+        return None
+    c = comm(store, rank, world, timeout_s=20, transport="tcp")
+    out = {}
+    if rank == 0:
+        arena = np.full(2 * GUARD + 16, 0x5A, np.uint8)
+        buf = arena[GUARD:GUARD + 16]
+        buf[:] = 0
+        r = c.irecv(ptr(buf), 16, 2, tag=TAG)
+        store.set("posted", "1")
+        store.wait(["attacked"])
+        try:
+            r.wait()
+            out["error"] = None
+        except C.DicommError as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+        outside = np.concatenate([arena[:GUARD], arena[GUARD + 16:]])
+        out["outside_written"] = int(np.count_nonzero(outside != 0x5A))
+        out["buffer"] = bytes(buf).hex()
+        out["violations"] = c.stats().get("protocol_violations", 0)
+    else:
+        store.wait(["posted"])
+        card = dict(line.split("=", 1) for line in store.get("dicomm/card/0").decode().splitlines() if line)
+        token = store.get("dicomm/token").decode()
+        args = ["tcp-data", card["addr.tcp"], token, "", "2", "0", str(TAG), str(k)]
+        done = subprocess.run([sys.executable, str(INTRUDER), *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        out["intruder"] = json.loads(done.stdout.strip().splitlines()[-1])
+        store.set("attacked", "1")
+    out["after"] = exchange(c, rank)  # rank 0 and rank 1 still talk
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+@pytest.mark.parametrize("k", [16, 65536])
+def test_forged_data_frame_never_writes_outside_the_receive(k):
+    r0, r1, _ = run_ranks(_forged_data_job, 3, k, timeout=60)
+    assert r1["intruder"]["accepted"] and r1["intruder"]["cleared"], r1["intruder"]
+    assert r0["outside_written"] == 0, f"{r0['outside_written']} bytes around the receive buffer were overwritten"
+    assert r0["buffer"] == "00" * 16, "the forged bytes landed in the receive"
+    assert r0["error"] and r0["error"].startswith("PeerError") and "rank 2" in r0["error"], r0["error"]
+    assert "outside the 16 B posted" in r0["error"], r0["error"]
+    assert r0["violations"] == 1
+    assert r1["intruder"]["closed"], "the forged connection was left open"
+    assert r0["after"] and r1["after"], "ranks 0 and 1 stopped talking after the forged connection closed"
