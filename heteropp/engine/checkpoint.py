@@ -65,13 +65,22 @@ def _sharded(t: torch.Tensor, s: Slot) -> Any:
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
     from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-    offsets = [0] * len(s.full)
-    offsets[s.dim] = s.start
-    md = ShardMetadata(shard_offsets=offsets, shard_sizes=list(t.shape), placement=f"rank:{dist.get_rank()}/cpu")
+    # The global metadata must tile the whole tensor; DCP itself reads only the local shard and the full
+    # size, so the other slices name any other rank (they are never written from here).
+    me, world = dist.get_rank(), dist.get_world_size()
+    n = t.shape[s.dim]
+    mds, mine = [], None
+    for j in range(s.full[s.dim] // n):
+        offsets = [0] * len(s.full)
+        offsets[s.dim] = j * n
+        md = ShardMetadata(shard_offsets=offsets, shard_sizes=list(t.shape),
+                           placement=f"rank:{me if j * n == s.start else (me + 1) % world}/cpu")
+        mine = md if j * n == s.start else mine
+        mds.append(md)
     props = TensorProperties(dtype=t.dtype, layout=torch.strided, requires_grad=False,
                              memory_format=torch.contiguous_format, pin_memory=False)
-    meta = ShardedTensorMetadata(shards_metadata=[md], size=torch.Size(s.full), tensor_properties=props)
-    return ShardedTensor._init_from_local_shards_and_global_metadata([Shard(t, md)], meta)
+    meta = ShardedTensorMetadata(shards_metadata=mds, size=torch.Size(s.full), tensor_properties=props)
+    return ShardedTensor._init_from_local_shards_and_global_metadata([Shard(t, mine)], meta)
 
 
 def _keys(s: Slot) -> tuple[str, str, str]:

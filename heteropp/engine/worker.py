@@ -90,7 +90,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     if path and len(cfg.schedule_list()) > 1:  # one log per schedule: run.jsonl -> run.zbh1.jsonl
         stem, dot, ext = path.rpartition(".")
         path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
-    log = StepLog(path if lead else None, start, m, plan.global_batch, cfg.steps, label, opts.peak_flops)
+    log = StepLog(path if lead else None, start, m, plan.global_batch, cfg.steps, label, opts.peak_flops, echo=lead)
     losses, rates, norms = [], [], []
     grads: list[dict[str, tuple[torch.Tensor, int | None, int]]] | None = [] if cfg.collect_grads else None
     tokens = plan.global_batch * m.seq_len
