@@ -27,10 +27,29 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=at_least(1), default=128, help="chips per group in the two-stage refinement")
 
 
+def _writable(path: str | None, flag: str) -> None:
+    """An output path checked before any work: its directory exists and takes a new file, and the path is
+    no directory (an unwritable --json failed with a traceback after the whole search)."""
+    if path is None:
+        return
+    import os
+    from pathlib import Path
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    want = "a file path in an existing, writable directory"
+    if p.is_dir():
+        raise SpecError(path, flag, f"{path} is a directory", want)
+    if not folder.is_dir():
+        raise SpecError(path, flag, f"directory {folder} does not exist", want)
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise SpecError(path, flag, f"{path} is not writable by this user", want)
+
+
 def cmd_plan(a: argparse.Namespace) -> int:
     from .explain import explain, table
     from .limits import Limits
     from .planning import load_problem, run_search, to_plan
+    _writable(a.json, "--json")
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     t0 = time.perf_counter()
     res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None,
@@ -56,6 +75,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from ..schedules import ScheduleError, kind, missing_params
     from .plan_sim import plan_stages, schedule_params, simulate_plan
     from .planning import load_problem
+    for path, flag in ((a.json, "--json"), (a.png, "--png"), (a.write_plan, "--write-plan")):
+        _writable(path, flag)
     plan = Plan.load(a.plan)
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     m = pb.model
@@ -96,6 +117,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from .planning import load_problem, run_search, to_plan
+    _writable(a.json, "--json")
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     rows = {}
     for algo in ("h2", "auto"):
@@ -115,6 +137,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def cmd_profile(a: argparse.Namespace) -> int:
     from .profiler import profile_model
+    _writable(a.out, "--out")
     tps = [int(x) for x in a.tp.split(",")]
     prof = profile_model(a.model, tps, a.device, chip=a.chip, seq_len=a.seq_len, micro_batch_size=a.micro_batch_size,
                          repeats=a.repeats, progress=_progress)

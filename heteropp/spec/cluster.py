@@ -67,7 +67,9 @@ _CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "tp
 
 
 # Plausible ranges of a chip's numbers: outside them the cost model produces 0-second or infinite times.
-MAX_COUNT = 10**12  # chips of one type
+# chips of one type: 16.8 million, over a hundred times the largest clusters built; a count beyond it is a
+# typo (1e12 planned 64 of them and exited 0), and plans of such counts leave nearly every chip idle
+MAX_COUNT = 1 << 24
 MEMORY_GB = (1e-6, 1e6)
 TFLOPS = (1e-6, 1e6)
 BANDWIDTH = (1e-9, 1e12)  # GB/s: about 1 byte/s up to "free" (tests model zero-cost links so)

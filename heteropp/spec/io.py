@@ -11,8 +11,41 @@ from typing import Any, Mapping
 from .errors import SpecError
 
 
+class _Mapping(dict):  # type: ignore[type-arg]
+    """A parsed mapping that remembers the keys its file gave more than once (the parsers keep the last
+    value silently); Fields rejects them, naming the dotted path."""
+
+    duplicates: list[str]
+
+
+def _mapping(pairs: list[tuple[Any, Any]]) -> _Mapping:
+    out = _Mapping()
+    out.duplicates = []
+    for k, v in pairs:
+        if k in out and k not in out.duplicates:
+            out.duplicates.append(k)
+        out[k] = v
+    return out
+
+
+def _yaml_loader() -> Any:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def construct(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _Mapping:
+        loader.flatten_mapping(node)
+        return _mapping([(loader.construct_object(k, deep=True), loader.construct_object(v, deep=True))
+                         for k, v in node.value])
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct)
+    return Loader
+
+
 def load_mapping(path: str | Path) -> dict[str, Any]:
-    """Load a YAML (.yaml/.yml) or JSON file whose top level is a mapping."""
+    """Load a YAML (.yaml/.yml) or JSON file whose top level is a mapping. A key given twice in one
+    mapping is an error (when its mapping is read through Fields), not the last value silently."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(str(path), "<file>", "file not found", "an existing YAML or JSON file")
@@ -25,9 +58,9 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
                 raise SpecError(
                     str(path), "<file>", "PyYAML is not installed", "a .json file or `pip install pyyaml`"
                 ) from e
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
         else:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_mapping)
     except SpecError:
         raise
     except Exception as e:  # parse errors from either parser
@@ -56,6 +89,9 @@ class Fields:
 
     def __init__(self, data: Mapping[str, Any], source: str, prefix: str = "") -> None:
         self.data, self.source, self.prefix = data, source, prefix
+        for key in getattr(data, "duplicates", None) or ():
+            raise self.err(key, f"given twice in one mapping (the file's last value {data[key]!r} would win "
+                           "silently)", "each key once")
 
     def path(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -81,7 +117,7 @@ class Fields:
         if min is not None and v < min:
             raise self.err(key, f"got {v}", f"an integer >= {min}")
         if max is not None and v > max:
-            raise self.err(key, f"got {v}", f"an integer <= {max:g}")
+            raise self.err(key, f"got {v}", f"an integer <= {max}")
         return v
 
     def _range(self, key: str, v: float, shown: Any, lo: float | None, hi: float | None, what: str) -> float:

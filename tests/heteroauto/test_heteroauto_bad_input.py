@@ -36,7 +36,7 @@ def _fails(argv: list[str], capsys, *words: str) -> str:
     ("4", ".inf", "chips[0].peak_tflops", "a finite number"),
     ("4", "1.0e+300", "chips[0].peak_tflops", "<= 1e+06"),
     ("4", "1.0e-300", "chips[0].peak_tflops", ">= 1e-06"),
-    ("1.0e+15", "1", "chips[0].count", "<= 1e+12"),
+    ("1.0e+15", "1", "chips[0].count", "<= 16777216"),
     (".nan", "1", "chips[0].count", "an integer"),
 ])
 def test_infinite_or_huge_numbers_in_a_cluster(tmp_path, capsys, count, tflops, field, expected):
@@ -161,3 +161,93 @@ def test_simulating_as_interleaved_a_plan_whose_micro_batches_are_not_in_groups_
                  "--schedule", "interleaved"]) == 2
     err = capsys.readouterr().err
     assert "harp-setting-1.json" in err and "cannot run the plan" in err and f"{stages} stages" in err
+
+
+# issue 30: each of these gave a traceback, a plan of nonsense or silently took a value
+
+
+def test_a_model_of_1e9_layers_names_the_field_and_the_limit(tmp_path, capsys):
+    m = tmp_path / "m.yaml"
+    m.write_text("preset: tiny\nlayers: 1.0e+9\n")
+    _fails(["plan", "--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", str(m), "--train", TRAIN,
+            "--no-progress"], capsys, "'layers'", "got 1000000000", "<= 100000")
+
+
+@pytest.mark.parametrize("text,field,limit", [
+    ("global_batch: 1.0e+12\n", "global_batch", "<= 1048576"),
+    ("global_batch_tokens: 1.0e+15\n", "global_batch_tokens", "<= 1099511627776"),
+    ("global_batch: 8\nmicro_batch_size: 1.0e+12\n", "micro_batch_size", "<= 1048576"),
+])
+def test_a_global_batch_beyond_the_limit_names_the_field_and_the_limit(tmp_path, capsys, text, field, limit):
+    t = tmp_path / "t.yaml"
+    t.write_text(text)
+    _fails(["plan", "--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", str(t),
+            "--no-progress"], capsys, f"'{field}'", limit)
+
+
+def test_a_chip_count_of_1e12_names_the_field_and_the_limit(tmp_path, capsys):
+    path = _cluster(tmp_path, [CHIP % ("A", "1.0e+12", 1)])
+    _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+           "'chips[0].count'", "got 1000000000000", "<= 16777216")
+
+
+@pytest.mark.parametrize("kind", ["yaml", "json"])
+def test_a_key_given_twice_is_rejected_not_overwritten(tmp_path, capsys, kind):
+    if kind == "yaml":
+        t = tmp_path / "t.yaml"
+        t.write_text("global_batch: 8\nmicro_batch_size: 1\nglobal_batch: 16\n")
+    else:
+        t = tmp_path / "t.json"
+        t.write_text('{"global_batch": 8, "micro_batch_size": 1, "global_batch": 16}')
+    _fails(["plan", "--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", str(t),
+            "--no-progress"], capsys, "'global_batch'", "given twice", "each key once")
+
+
+def test_a_key_given_twice_inside_a_list_names_its_path(tmp_path, capsys):
+    path = _cluster(tmp_path, [CHIP % ("A", 2, 1) + "\n", ])
+    text = Path(path).read_text().replace("count: 2,", "count: 2, count: 4,")
+    Path(path).write_text(text)
+    _fails(["plan", "--cluster", path, "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+           "'chips[0].count'", "given twice")
+
+
+@pytest.mark.parametrize("flag", ["--group-size"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_group_size_below_one(capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--cluster", str(EX / "clusters" / "harp.yaml"), "--model", "tiny", "--train", TRAIN,
+              flag, value])
+    assert e.value.code == 2 and f"{flag}: expected an integer >= 1" in capsys.readouterr().err
+
+
+def _plan_args() -> list[str]:
+    return ["--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train", TRAIN,
+            "--no-progress"]
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "a-directory", "read-only"])
+def test_an_unwritable_output_path_fails_before_the_search(tmp_path, capsys, where):
+    """The path is checked first: nothing is printed before the error (the plan's table follows the search)."""
+    if where == "missing-dir":
+        out = tmp_path / "nowhere" / "plan.json"
+    elif where == "a-directory":
+        out = tmp_path
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        out = ro / "plan.json"
+        import os
+        if os.access(ro, os.W_OK):  # root writes anywhere
+            pytest.skip("this user can write into a read-only directory")
+    assert main(["plan", *_plan_args(), "--json", str(out)]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and "'--json'" in got.err and str(out) in got.err and "Traceback" not in got.err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--png", "--write-plan"])
+def test_simulate_checks_its_output_paths_first(tmp_path, capsys, flag):
+    out = tmp_path / "nowhere" / "out"
+    _fails(["simulate", str(EX / "plans" / "harp-setting-1-h1f1b.json"), "--cluster",
+            str(EX / "clusters" / "harp.yaml"), "--model", str(EX / "models" / "gpt-harp.yaml"), "--train",
+            str(EX / "training" / "harp.yaml"), flag, str(out)], capsys, f"'{flag}'", "does not exist")

@@ -131,8 +131,8 @@ def test_integral_level_is_least_level_where_whole_layers_fit():
 
 
 def test_dp_candidates_are_the_common_divisors_also_for_huge_counts():
-    """Against a loop over every size on small counts; for 1e12 chips against the divisors of
-    gcd = 5e11 = 2^11 * 5^12 written out (the loop over every size would run 5e11 times)."""
+    """Against a loop over every size on small counts; for millions of chips (the most of one type a
+    cluster file takes is 2^24) against the divisors of gcd = 2^11 * 3^6 written out."""
     import random
     from dataclasses import replace
     rng = random.Random(5)
@@ -143,6 +143,7 @@ def test_dp_candidates_are_the_common_divisors_also_for_huge_counts():
                           {f"T{i}": 1.0 for i in range(len(counts))}, layers=8, gb=gb)
         want = [d for d in range(1, min(counts) + 1) if gb % d == 0 and all(n % d == 0 for n in counts)]
         assert dp_candidates(cm.cluster, cm.train) == want
-    cm = make_problem([chip("X", 10**12, 40.0), chip("Y", 5 * 10**11, 40.0)], {"X": 1.0, "Y": 1.0}, layers=8, gb=8)
-    want = sorted(2**a * 5**b for a in range(12) for b in range(13))
-    assert dp_candidates(cm.cluster, replace(cm.train, global_batch=10**12)) == want
+    cm = make_problem([chip("X", 2**12 * 3**6, 40.0), chip("Y", 2**11 * 3**7, 40.0)], {"X": 1.0, "Y": 1.0},
+                      layers=8, gb=8)
+    want = sorted(2**a * 3**b for a in range(12) for b in range(7))
+    assert dp_candidates(cm.cluster, replace(cm.train, global_batch=6**12)) == want
