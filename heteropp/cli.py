@@ -73,6 +73,7 @@ def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: P
     return {"dtype": a.dtype, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps, "lr_decay": a.lr_decay,
             "min_lr": a.min_lr, "init_from": init_from, "data": a.data, "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
+            "reset_optimizer": a.reset_optimizer,
             "peak_flops": peak or None}
 
 
@@ -184,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--save-every", type=at_least(0), default=0, help="steps between checkpoints (0: at the end)")
         p.add_argument("--keep-checkpoints", type=at_least(1), default=2)
         p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+        p.add_argument("--reset-optimizer", action="store_true",
+                       help="with --resume: load the weights only (Adam's moments and step start afresh)")
 
     r = sub.add_parser("run", help="launch the plan's processes on this host and train")
     r.add_argument("--plan", required=True, help="plan JSON (from `heteroauto plan --json` or hand-written)")

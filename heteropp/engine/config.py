@@ -25,6 +25,7 @@ class TrainOptions:
     checkpoint_dir: str | None = None
     save_every: int = 0  # steps between checkpoints (0: only at the end when checkpoint_dir is set)
     resume: bool = False  # continue from the newest complete checkpoint in checkpoint_dir
+    reset_optimizer: bool = False  # on resume, take the weights only: Adam's moments and step start afresh
     keep_checkpoints: int = 2  # complete checkpoints kept (older ones are deleted after a newer one completes)
     async_save: bool = True  # checkpoints are written by a background thread while training goes on
     peak_flops: float | None = None  # summed peak FLOP/s of the plan's chips (the cluster spec's): the MFU's base

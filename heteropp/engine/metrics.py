@@ -49,8 +49,8 @@ def stage_peaks(g: Groups, plan: Plan, stage: int, contributes: bool) -> list[fl
 class StepLog:
     def __init__(self, path: str | None, start: int, m: ModelSpec, sequences: int, steps: int, label: str,
                  peak_flops: float | None, echo: bool = True) -> None:
-        """`path`: the JSON-lines log (None: none); `echo`: print the progress line; a resumed run (`start` > 0) keeps the
-        lines of the steps up to `start` and appends after them."""
+        """`path`: the JSON-lines log (None: none); `echo`: print the progress line. A resumed run (`start` > 0)
+        keeps the lines of the steps up to `start` and appends after them."""
         self.m, self.tokens, self.steps, self.label, self.peak = m, sequences * m.seq_len, steps, label, peak_flops
         self.file = None
         self.echo = echo

@@ -76,7 +76,11 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         state = opt.full_state()
         state = {key: [x.clone() for x in v] for key, v in state.items()}
         meta = ckpt.load(state)
-        opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"], meta["opt_step"])
+        if opts.reset_optimizer:
+            state["exp_avg"] = [torch.zeros_like(x) for x in state["exp_avg"]]
+            state["exp_avg_sq"] = [torch.zeros_like(x) for x in state["exp_avg_sq"]]
+        opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"],
+                            0 if opts.reset_optimizer else meta["opt_step"])
         if opt.scaler is not None and meta.get("loss_scale"):
             opt.scaler.scale, opt.scaler.skipped = meta["loss_scale"], meta.get("skipped", 0)
         start = meta["step"]
