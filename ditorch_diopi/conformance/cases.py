@@ -30,6 +30,16 @@ class Case:
     # Outputs whose strides are not contiguous (allocated transposed): exercises writes through strides.
     transposed_outputs: tuple[str, ...] = ()
     out_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+    # How many terms each output element sums (1: elementwise); the error bound grows with it.
+    reduction_length: int = 1
+    # The scale an output element's accumulation error is measured against: None its own |value|
+    # (a well-conditioned result), "abs" the reference on |inputs| (the sum of |terms|: products and
+    # sums that may cancel), "scale" the output's largest |value| (other cancelling formulas).
+    magnitude: str | None = None
+    # The reference's outputs and error scales, once computed (by the runner, before it forks: autograd
+    # refuses to run in a forked child of a process whose autograd threads started).
+    expected: tuple | None = field(default=None, repr=False)
+    magnitudes: list | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -87,7 +97,11 @@ def _elementwise_shapes(binary: bool) -> list[tuple[str, tuple, tuple, str]]:
         ("non-contiguous", (6, 5), (6, 5), "transposed"),
         ("strided", (3, 4), (3, 4), "strided"),
         ("large", (64, 1024), (64, 1024), "contiguous"),
+        ("long 1-d", (4099,), (4099,), "contiguous"),  # past any vector width, with a tail
     ]
+
+
+_BIG = ("large", "long 1-d")  # sizes an operator's variants need not all repeat
 
 
 def _unary_cases(op: OpSchema, g: _Gen, fn: Callable, lo: float, hi: float, scalars: dict | None = None,
@@ -95,7 +109,7 @@ def _unary_cases(op: OpSchema, g: _Gen, fn: Callable, lo: float, hi: float, scal
     """``large=False``: an operator variant whose large case would only repeat the first variant's."""
     cases = []
     for label, shape, _, layout in _elementwise_shapes(False):
-        if label == "large" and not large:
+        if label in _BIG and not large:
             continue
         x = g.rand(*shape, lo=lo, hi=hi, layout=layout)
         cases.append(Case(op, label, g.dtype, {"self": x, **(scalars or {})}, lambda a, fn=fn: (fn(a),)))
@@ -109,7 +123,7 @@ def _binary_cases(op: OpSchema, g: _Gen, fn: Callable, names: tuple[str, str], d
                   scalars: dict | None = None, large: bool = True) -> list[Case]:
     cases = []
     for label, sa, sb, layout in _elementwise_shapes(True):
-        if label == "large" and not large:
+        if label in _BIG and not large:
             continue
         a = g.rand(*sa, layout=layout)
         b = g.nonzero(*sb) if divisor else g.rand(*sb)
@@ -186,19 +200,22 @@ def _relabel(cases: list[Case], prefix: str) -> list[Case]:
 def _matmul(op: OpSchema, g: _Gen) -> list[Case]:
     if op.aten == "aten::mm":
         shapes = [("basic", (5, 7), (7, 3), "contiguous"), ("empty k", (4, 0), (0, 3), "contiguous"),
-                  ("non-contiguous", (6, 8), (8, 4), "transposed"), ("large", (128, 256), (256, 96), "contiguous")]
+                  ("non-contiguous", (6, 8), (8, 4), "transposed"), ("large", (128, 256), (256, 96), "contiguous"),
+                  ("long k", (48, 1100), (1100, 48), "contiguous")]
         return [Case(op, label, g.dtype, {"self": g.rand(*a, layout=lay), "mat2": g.rand(*b, layout=lay)},
                      lambda d: (d["self"] @ d["mat2"],)) for label, a, b, lay in shapes]
     if op.aten == "aten::bmm":
         shapes = [("basic", (3, 5, 7), (3, 7, 2), "contiguous"), ("empty batch", (0, 2, 3), (0, 3, 4), "contiguous"),
-                  ("non-contiguous", (2, 6, 8), (2, 8, 4), "transposed")]
+                  ("non-contiguous", (2, 6, 8), (2, 8, 4), "transposed"),
+                  ("long k", (2, 32, 1100), (2, 1100, 36), "contiguous")]
         return [Case(op, label, g.dtype, {"self": g.rand(*a, layout=lay), "mat2": g.rand(*b, layout=lay)},
                      lambda d: (torch.bmm(d["self"], d["mat2"]),)) for label, a, b, lay in shapes]
     cases = []
     for label, x, w, bias, lay in [("bias", (4, 6), (5, 6), True, "contiguous"),
                                    ("no bias", (2, 3, 6), (5, 6), False, "contiguous"),
                                    ("non-contiguous", (7, 8), (3, 8), True, "transposed"),
-                                   ("large", (256, 512), (384, 512), True, "contiguous")]:
+                                   ("large", (256, 512), (384, 512), True, "contiguous"),
+                                   ("long k", (48, 1100), (48, 1100), True, "contiguous")]:
         args = {"input": g.rand(*x, layout=lay), "weight": g.rand(*w, layout=lay),
                 "bias": g.rand(w[0]) if bias else None}
         cases.append(Case(op, label, g.dtype, args, lambda d: (F.linear(d["input"], d["weight"], d["bias"]),)))
@@ -209,7 +226,8 @@ def _softmax(op: OpSchema, g: _Gen) -> list[Case]:
     log = "log_softmax" in op.aten
     shapes = [("last dim", (4, 9), -1, "contiguous"), ("dim 0", (5, 3), 0, "contiguous"),
               ("middle dim", (2, 6, 3), 1, "contiguous"), ("non-contiguous", (6, 7), 1, "transposed"),
-              ("empty", (0, 5), -1, "contiguous"), ("large", (64, 2048), -1, "contiguous")]
+              ("empty", (0, 5), -1, "contiguous"), ("large", (64, 2048), -1, "contiguous"),
+              ("long rows", (16, 2048), -1, "contiguous")]
     cases = []
     for label, shape, dim, lay in shapes:
         x = g.rand(*shape, lo=-8, hi=8, layout=lay)
@@ -262,7 +280,8 @@ def _rms_norm(op: OpSchema, g: _Gen) -> list[Case]:
     for label, shape, norm, weight, lay in [("weight", (4, 16), (16,), True, "contiguous"),
                                             ("no weight", (2, 3, 8), (8,), False, "contiguous"),
                                             ("two dims", (2, 3, 8), (3, 8), True, "contiguous"),
-                                            ("non-contiguous", (6, 10), (10,), True, "transposed")]:
+                                            ("non-contiguous", (6, 10), (10,), True, "transposed"),
+                                            ("long rows", (4, 2048), (2048,), True, "contiguous")]:
         x = g.rand(*shape, layout=lay)
         w = g.rand(*norm, lo=0.5, hi=1.5) if weight else None
         if op.aten == "aten::_fused_rms_norm":
@@ -337,7 +356,8 @@ def _attention(op: OpSchema, g: _Gen) -> list[Case]:
     cases = []
     for label, (B, H, S, L, D), causal in [("causal", (2, 2, 5, 5, 8), True), ("full", (1, 3, 4, 6, 8), False),
                                            ("causal rectangular", (1, 2, 6, 4, 4), True),
-                                           ("large", (1, 4, 128, 128, 32), True)]:
+                                           ("large", (1, 4, 128, 128, 32), True),
+                                           ("long keys", (1, 1, 8, 1100, 16), False)]:
         q, k, v = g.rand(B, H, S, D), g.rand(B, H, L, D), g.rand(B, H, L, D)
         scale = 1.0 / math.sqrt(D)
         if op.aten.endswith("_backward"):
@@ -359,7 +379,8 @@ def _embedding(op: OpSchema, g: _Gen) -> list[Case]:
                                                      ("int32", (7, 3), (6,), torch.int32, -1),
                                                      ("padding", (6, 4), (2, 8), torch.int64, 2),
                                                      ("empty", (5, 3), (0,), torch.int64, -1),
-                                                     ("large", (1000, 64), (8, 128), torch.int64, -1)]:
+                                                     ("large", (1000, 64), (8, 128), torch.int64, -1),
+                                                     ("long", (8, 4), (1200,), torch.int64, -1)]:
         idx = g.index(V, *idx_shape, dtype=idx_dtype)
         if op.aten == "aten::embedding":
             args = {"weight": g.rand(V, E), "indices": idx, "padding_idx": pad}
@@ -378,7 +399,8 @@ def _nll(op: OpSchema, g: _Gen) -> list[Case]:
     cases = []
     for reduction, rname in ((0, "none"), (1, "mean"), (2, "sum")):
         for label, N, C, weighted, ignore in [("basic", 6, 5, False, -100), ("weighted", 4, 7, True, -100),
-                                              ("ignore_index", 8, 4, False, 1), ("large", 256, 512, True, -100)]:
+                                              ("ignore_index", 8, 4, False, 1), ("large", 256, 512, True, -100),
+                                              ("long", 1200, 6, True, -100)]:
             x = torch.log_softmax(g.rand(N, C).double(), -1).to(g.dtype)
             t = g.index(C, N)
             w = g.rand(C, lo=0.5, hi=2.0) if weighted else None
@@ -403,7 +425,7 @@ def _reductions(op: OpSchema, g: _Gen) -> list[Case]:
               ("dims 0,2", (3, 4, 5), [0, -1], False, "contiguous"),
               ("non-contiguous", (6, 7), [0], False, "transposed"),
               ("scalar", (), [], False, "contiguous"), ("empty", (0, 4), [0], False, "contiguous"),
-              ("large", (256, 1024), [1], False, "contiguous")]
+              ("large", (256, 1024), [1], False, "contiguous"), ("long", (1024, 1100), [1], False, "contiguous")]
     cases = []
     if op.aten == "aten::max.dim":
         for label, shape, dim, keep in [("dim 1", (4, 6), 1, False), ("dim 0 keepdim", (5, 3), 0, True),
@@ -523,7 +545,7 @@ def _compare(op: OpSchema, g: _Gen) -> list[Case]:
         x = g.rand(*shape, lo=-3, hi=3, layout=layout)
         x = x.round() if x.is_floating_point() else x
         for other in (0.0, 2.0, -1.5):
-            if label == "large" and other != 0.0:
+            if label in _BIG and other != 0.0:
                 continue
             cases.append(Case(op, f"{label} other={other}", g.dtype, {"self": x, "other": other},
                               lambda d, fn=fn: (fn(d["self"], d["other"]),)))
@@ -578,7 +600,11 @@ def _indexing(op: OpSchema, g: _Gen) -> list[Case]:
                                                                   d["accumulate"]),)))
     if op.aten == "aten::index_put":
         x = g.rand(4, 5)
-        cases += [Case(op, "repeated positions, accumulate", g.dtype,
+        cases += [Case(op, "long repeated positions, accumulate", g.dtype,
+                       {"self": x, "indices": [g.index(4, 1200), g.index(5, 1200)], "values": g.rand(1200),
+                        "accumulate": True},
+                       lambda d: (torch.ops.aten.index_put(d["self"], d["indices"], d["values"], True),)),
+                  Case(op, "repeated positions, accumulate", g.dtype,
                        {"self": x, "indices": [g.index(4, 12), g.index(5, 12)], "values": g.rand(12),
                         "accumulate": True},
                        lambda d: (torch.ops.aten.index_put(d["self"], d["indices"], d["values"], True),)),
@@ -606,7 +632,7 @@ def _clamp(op: OpSchema, g: _Gen) -> list[Case]:
     for label, shape, _, layout in _elementwise_shapes(False):
         x = g.rand(*shape, lo=-5, hi=5, layout=layout)
         for lo, hi in ((-1.0, 2.0), (0.0, inf), (-inf, 1.5), (3.0, 1.0)):  # min > max: everything is max
-            if label == "large" and (lo, hi) != (-1.0, 2.0):
+            if label in _BIG and (lo, hi) != (-1.0, 2.0):
                 continue
             cases.append(Case(op, f"{label} [{lo}, {hi}]", g.dtype, {"self": x, "min": lo, "max": hi},
                               lambda d: (torch.clamp(d["self"], None if d["min"] == -inf else d["min"],
@@ -708,13 +734,62 @@ _FAMILIES.update({"aten::ge.Scalar": _compare, "aten::lt.Scalar": _compare, "ate
                   "aten::nonzero": _nonzero})
 
 
+def _numel(shape: Any) -> int:
+    return math.prod(shape)
+
+
+def _reduced(shape: tuple, dims: list[int]) -> int:
+    """Elements summed into one output element by a reduction over ``dims`` (none: every dim)."""
+    if not shape:
+        return 1
+    return _numel(shape) if not dims else _numel(shape[d] for d in dims)
+
+
+def _annotate(c: Case) -> Case:
+    """The case's reduction length and error scale (see Case), by operator."""
+    a, d = c.op.aten, c.inputs
+    if a in ("aten::add.Tensor", "aten::sub.Tensor", "ext::rotary_embedding"):
+        c.reduction_length, c.magnitude = 2, "scale"  # two terms that may cancel
+    elif a in ("aten::addcmul", "ext::adamw"):
+        c.reduction_length, c.magnitude = 3, "scale"
+    elif a in ("aten::mm", "aten::bmm"):
+        c.reduction_length, c.magnitude = d["self"].shape[-1] + 1, "abs"
+    elif a == "aten::linear":
+        c.reduction_length, c.magnitude = d["input"].shape[-1] + 1, "abs"
+    elif "softmax" in a:
+        x = d.get("self", d.get("output"))
+        c.reduction_length = x.shape[d["dim"]] if x.dim() else 1
+        c.magnitude = None if a in ("aten::_softmax", "aten::_safe_softmax") else "scale"
+    elif a in ("aten::sum.dim_IntList", "aten::mean.dim"):
+        c.reduction_length, c.magnitude = _reduced(tuple(d["self"].shape), d["dim"]), "abs"
+    elif a == "aten::linalg_vector_norm":
+        c.reduction_length = _reduced(tuple(d["self"].shape), d["dim"])
+    elif a == "aten::_fused_rms_norm":
+        c.reduction_length = _numel(d["normalized_shape"])
+    elif a == "aten::_fused_rms_norm_backward":
+        n = _numel(d["normalized_shape"])
+        c.reduction_length, c.magnitude = max(n, d["input"].numel() // max(n, 1)) + 2, "scale"
+    elif a.startswith("aten::_scaled_dot_product_flash_attention_for_cpu"):
+        (_, _, s, e), key_len = d["query"].shape, d["key"].shape[-2]
+        c.reduction_length = key_len + e + (s if a.endswith("_backward") else 0)
+        c.magnitude = "scale"
+    elif a == "aten::embedding_dense_backward":
+        c.reduction_length, c.magnitude = max(d["indices"].numel(), 1), "abs"
+    elif a == "aten::nll_loss_forward" and d["reduction"] != 0:
+        c.reduction_length, c.magnitude = max(d["target"].numel(), 1), "abs"
+    elif a == "aten::index_put" and d["accumulate"]:
+        c.reduction_length, c.magnitude = d["values"].numel() + 1, "abs"
+    return c
+
+
 def cases_for(op_name: str, seed: int = 0, quick: bool = False) -> list[Case]:
-    """Every case of one operator, for every dtype it declares (``quick``: without the large ones)."""
+    """Every case of one operator, for every dtype it declares (``quick``: without the large ones; the
+    "long" ones, which reach a reduction's long-row path at little cost, stay)."""
     op = BY_NAME[op_name]
     cases = []
     for i, dtype_name in enumerate(op.dtypes):
         cases += _FAMILIES[op_name](op, _Gen(DTYPE_NAMES[dtype_name], seed * 1000 + i))
-    return [c for c in cases if not (quick and "large" in c.label)]
+    return [_annotate(c) for c in cases if not (quick and "large" in c.label)]
 
 
 def missing_generators() -> list[str]:

@@ -10,7 +10,7 @@ import sys
 
 from ditorch_diopi.conformance.device_memory import RUNTIME_OP, run_device_memory
 from ditorch_diopi.conformance.report import table, write_html, write_json
-from ditorch_diopi.conformance.runner import ERROR, FAIL, run
+from ditorch_diopi.conformance.runner import FAILING, run
 from ditorch_diopi.conformance.vendor import VendorFile, VendorFileError, load_vendor_file
 from ditorch_diopi.library import DiopiLibrary, LibraryError, reference_library_path
 from ditorch_diopi.schema import BY_NAME
@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the tensors live: host memory (default) or the native diopi device, whose memory "
                         "comes from the library's diopi_device_malloc")
     p.add_argument("--list", action="store_true", help="list the operators of the schema and exit")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run the cases in this process (a crashing kernel then ends the run; for debuggers)")
+    p.add_argument("--case-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one case may run before its process is killed and it fails (default 600)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -66,20 +70,23 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(op: str, results: list) -> None:
         if not args.quiet:
-            bad = sum(r.status in (FAIL, ERROR) for r in results)
+            bad = sum(r.status in FAILING for r in results)
             print(f"  {op}: {len(results)} case(s){f', {bad} failing' if bad else ''}", file=sys.stderr)
 
     operators = None if args.ops is None else [op for op in args.ops if op != RUNTIME_OP]
-    results = run(lib, operators, vendor, progress, quick=args.quick, device=device) if operators != [] else []
+    if not args.case_timeout > 0:
+        return _usage_error(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
+    results = (run(lib, operators, vendor, progress, quick=args.quick, device=device, isolate=not args.no_isolate,
+                   case_timeout=args.case_timeout) if operators != [] else [])
     if args.ops is None or RUNTIME_OP in args.ops:
         results += run_device_memory(lib)
     info = lib.info()
-    print(table(results, info))
+    print(table(results, info, vendor.tolerance))
     if args.json:
-        write_json(args.json, results, info)
+        write_json(args.json, results, info, vendor.tolerance)
     if args.html:
-        write_html(args.html, results, info)
-    return 1 if any(r.status in (FAIL, ERROR) for r in results) else 0
+        write_html(args.html, results, info, vendor.tolerance)
+    return 1 if any(r.status in FAILING for r in results) else 0
 
 
 if __name__ == "__main__":
