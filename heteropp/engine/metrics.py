@@ -5,7 +5,7 @@ scalars when `torch.utils.tensorboard` can be imported.
 Fields: loss, lr, grad_norm (null unless clipping computes it), step_s, tokens_per_s, mfu (model FLOPs per
 second over the plan's summed peak, when the cluster spec gives peaks), peak_memory_gb (per stage: the
 largest of its ranks' peaks: the accelerator's allocator peak, or the process's peak RSS on CPU) and
-skipped (fp16 steps skipped by the loss scaler so far)."""
+skipped and loss_scale (fp16: steps the loss scaler skipped so far, the scale of the next step)."""
 from __future__ import annotations
 
 import json
@@ -81,8 +81,8 @@ class StepLog:
             rec["mfu"] = round(model_flops(self.m, self.tokens) / dt / self.peak, 6)
         if peaks is not None:
             rec["peak_memory_gb"] = [round(x, 4) for x in peaks]
-        if scaler is not None:
-            rec["skipped"] = scaler.skipped
+        if scaler is not None:  # fp16: steps skipped so far and the scale the next step uses
+            rec["skipped"], rec["loss_scale"] = scaler.skipped, scaler.scale
         if self.file is not None:
             self.file.write(json.dumps(rec) + "\n")
             self.file.flush()

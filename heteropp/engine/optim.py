@@ -136,8 +136,8 @@ class ZeroAdamW:
             if self._overflow(g):
                 self.scaler.update(True)
                 return False
+            g.mul_(1.0 / self.scaler.scale)  # the scale this step's loss was multiplied by
             self.scaler.update(False)
-            g.mul_(1.0 / self.scaler.scale)
         if self.clip_norm is not None:
             g.mul_(self._clip_coef(g))
         if self.master is None:

@@ -56,11 +56,10 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
         (loss * scale).backward()
         if grads is not None:
             grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
-        applied = opt.step()
+        opt.step()
         norms.append(opt.last_norm)
         losses.append(loss.item())
-        log.step(step, loss.item(), opt.lr, opt.last_norm, time.perf_counter() - t0, None,
-                 None if applied else opt.scaler)
+        log.step(step, loss.item(), opt.lr, opt.last_norm, time.perf_counter() - t0, None, opt.scaler)
         if ckpt is not None and (step == steps or (opts.save_every and step % opts.save_every == 0)):
             ckpt.save(step, opt.full_state(), {"opt_step": opt.t, "seed": seed, "dtype": opts.dtype, "data": opts.data,
                                                "lr_schedule": dataclasses.asdict(sched),

@@ -117,7 +117,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             sync_tied_grads(named, g, d)
         if grads is not None:
             grads.append(_shards(chunks, grad=True))
-        applied = opt.step()
+        opt.step()
         norms.append(opt.last_norm)
         if model.last:
             total = torch.tensor([loss], dtype=torch.float64)
@@ -128,7 +128,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         dt = time.perf_counter() - t0
         losses.append(loss)
         rates.append(tokens / dt)
-        log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, None if applied else opt.scaler)
+        log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, opt.scaler)
         if ckpt is not None:
             ckpt.poll()
             if step == cfg.steps or (opts.save_every and step % opts.save_every == 0):
