@@ -218,8 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--tokenizer", help="tokenizer.json (or a directory holding it) to copy beside the weights")
     e.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="dtype of the written weights")
     e.set_defaults(fn=cmd_export)
+    tr = sub.add_parser("trace", help="a per-stage timeline (Chrome trace) from a run's HETEROPP_TIMING spans")
+    tr.add_argument("--timing", required=True, help="the directory HETEROPP_TIMING named")
+    tr.add_argument("--out", required=True, help="trace JSON for chrome://tracing or Perfetto")
+    tr.set_defaults(fn=cmd_trace)
     add_data_commands(sub)
     return ap
+
+
+def cmd_trace(a: argparse.Namespace) -> int:
+    from .engine.trace import chrome_trace
+    trace = chrome_trace(a.timing)
+    with open(a.out, "w") as f:
+        json.dump(trace, f)
+    print(f"wrote {a.out}: {sum(e['ph'] == 'X' for e in trace['traceEvents'])} actions")
+    return 0
 
 
 def cmd_export(a: argparse.Namespace) -> int:

@@ -36,3 +36,16 @@ def test_every_rank_records_each_compute_action_once_per_step(tmp_path) -> None:
             # 1F1B without a split backward: one forward and one backward per micro-batch on every stage.
             assert ops.count("F") == MICRO_BATCHES and ops.count("B") == MICRO_BATCHES, ops
             assert all(end >= start for _, _, start, end in s["spans"])
+    # the same spans as a per-stage timeline in Chrome's trace format
+    out = tmp_path / "trace.json"
+    subprocess.run([sys.executable, "-m", "heteropp", "trace", "--timing", str(timing), "--out", str(out)],
+                   check=True, capture_output=True, timeout=60)
+    events = json.loads(out.read_text())["traceEvents"]
+    actions = [e for e in events if e["ph"] == "X"]
+    spans = sum(len(json.loads(line)["spans"]) for f in files for line in (timing / f).read_text().splitlines())
+    assert len(actions) == spans and {e["pid"] for e in actions} == {0, 1}
+    assert min(e["ts"] for e in actions) == 0 and all(e["dur"] >= 0 for e in actions)
+    # on one host the clocks agree: stage 1's first forward starts after stage 0's first forward ends
+    first = {pid: min((e for e in actions if e["pid"] == pid and e["cat"] == "F"), key=lambda e: e["ts"])
+             for pid in (0, 1)}
+    assert first[1]["ts"] >= first[0]["ts"] + first[0]["dur"]
