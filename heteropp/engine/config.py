@@ -56,6 +56,7 @@ class RunConfig:
     collect_params: bool = False  # workers return their parameters after the last optimizer step
     fail_rank: int = -1  # this rank raises at step `fail_step` (failure tests)
     fail_step: int = 1
+    fail_kill: bool = False  # the failing rank SIGKILLs itself instead of raising
     verbose: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
 

@@ -11,6 +11,7 @@ import datetime
 import json
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -101,6 +102,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     data = Batches(m, cfg.seed, plan.global_batch, opts.data)
     for step in range(start + 1, cfg.steps + 1):
         if rank == cfg.fail_rank and step == cfg.fail_step:
+            if cfg.fail_kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"rank {rank}: injected failure at step {step}")
         t0 = time.perf_counter()
         mbs = []

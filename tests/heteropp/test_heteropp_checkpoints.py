@@ -80,3 +80,14 @@ def test_a_checkpoint_of_another_model_or_with_changed_bytes_is_refused(tmp_path
     shard.write_bytes(bytes(data))
     with pytest.raises(SpecError, match=r"distcp.*bytes changed"):
         train_reference(MODEL, 2, 2, verbose=False, opts=TrainOptions(checkpoint_dir=str(tmp_path / "ck"), resume=True))
+
+
+def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path) -> None:
+    whole = _run(tmp_path, "whole", options={"save_every": 1})
+    # saves after every step; the step-2 checkpoint is still being written (in the background) when rank 2
+    # is SIGKILLed at the start of step 3, so it is never completed
+    _run(tmp_path, "broken", fail_rank=2, fail_step=3, fail_kill=True, options={"save_every": 1})
+    assert [p.name for p in complete_checkpoints(tmp_path / "broken")] == ["step-00000001"]
+    assert (tmp_path / "broken" / "step-00000002.partial").is_dir()
+    resumed = _run(tmp_path, "broken", options={"save_every": 1, "resume": True})
+    assert resumed == whole
