@@ -20,6 +20,14 @@ class StoreAdapter : public dicomm::Store {
     store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
 
+  int64_t add(const std::string& key, int64_t delta) override {
+    try {
+      return store_->add(key, delta);
+    } catch (const c10::Error& e) {
+      throw dicomm::Error("store error on key '" + key + "': " + e.what_without_backtrace());
+    }
+  }
+
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     try {
       store_->wait({key}, timeout);

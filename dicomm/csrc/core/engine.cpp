@@ -50,6 +50,7 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   transport::Context ctx;
   ctx.rank = rank;
   ctx.size = size;
+  bootstrap_.enter_round();
   ctx.key = handshake_key(bootstrap_.agree_on_token(), config_.job_secret);
   ctx.sink = this;
   ctx.poller = poller_.get();

@@ -81,6 +81,15 @@ class PyStore : public Store {
     store_.attr("set")(key, py::bytes(value));
   }
 
+  int64_t add(const std::string& key, int64_t delta) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return store_.attr("add")(key, delta).cast<int64_t>();
+    } catch (py::error_already_set& e) {
+      throw Error("store error on key '" + key + "': " + e.what());
+    }
+  }
+
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     try {
