@@ -87,6 +87,9 @@ const at::Tensor& one(const std::vector<at::Tensor>& tensors, const char* op) {
 }
 
 void check_dense(const at::Tensor& t, const char* op) {
+  // A meta tensor has a shape but no memory: there is nothing to send, and nothing to receive into.
+  if (t.is_meta())
+    bad_argument(op, "the tensor is on device meta, which holds no data; expected a tensor on cpu or an accelerator");
   if (t.layout() != at::kStrided)
     bad_argument(op, std::string("expected a dense (strided) tensor, got layout ") +
                          c10::toString(t.layout()));
@@ -185,11 +188,15 @@ c10::intrusive_ptr<DicommBackend> DicommBackend::create(const c10::intrusive_ptr
   return b;
 }
 
-DicommBackend::~DicommBackend() {
+DicommBackend::~DicommBackend() { DicommBackend::release_resources(); }
+
+void DicommBackend::release_resources() {
+  if (!comm_) return;
   try {
     comm_->close();
   } catch (...) {  // nothing to report to at destruction
   }
+  comm_.reset();
 }
 
 void DicommBackend::abort() { comm_->abort("process group aborted"); }

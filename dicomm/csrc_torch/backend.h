@@ -48,6 +48,10 @@ class DicommBackend : public c10d::Backend {
   DicommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                 std::chrono::milliseconds timeout, Settings settings = {});
   ~DicommBackend() override;
+  // The last strong reference is gone. A weak one (open_backends(), torch's) defers the destructor
+  // until it goes too: the communicator (threads, descriptors, shared segments) is closed and
+  // freed here, not then.
+  void release_resources() override;
 
   const std::string getBackendName() const override { return "dicomm"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }

@@ -2,6 +2,7 @@
 // hook takes the survivors and closes them, so no engine thread outlives Python.
 #pragma once
 
+#include <algorithm>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -16,6 +17,8 @@ class LiveSet {
 
   void add(const Strong& object) {
     std::lock_guard<std::mutex> lock(mu_);
+    // Dropped the gone ones first: the set stays as large as what is open, however many come and go.
+    items_.erase(std::remove_if(items_.begin(), items_.end(), [](const Weak& w) { return w.expired(); }), items_.end());
     items_.emplace_back(object);
   }
 
