@@ -33,6 +33,8 @@ class Equivalences:
     def __init__(self, groups=DEFAULT_EQUIVALENT) -> None:
         self.groups: list[tuple[str, ...]] = []
         self._canon: dict[str, str] = {}
+        # op -> names of arguments whose differences between the runs are known to be benign
+        self.ignored_arguments: dict[str, frozenset[str]] = {}
         for g in groups:
             self.add(g)
 
@@ -47,7 +49,8 @@ class Equivalences:
 
     @classmethod
     def load(cls, path: str | None) -> "Equivalences":
-        """The defaults, extended by a JSON file ``{"equivalent": [["aten::a", "aten::b"], ...]}``."""
+        """The defaults, extended by a JSON file ``{"equivalent": [["aten::a", "aten::b"], ...],
+        "ignore_arguments": {"aten::a": ["name", ...]}}`` (both keys optional)."""
         eq = cls()
         if path is None:
             return eq
@@ -56,9 +59,17 @@ class Equivalences:
                 data = json.load(f)
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: unreadable equivalence table ({exc})") from None
-        groups = data.get("equivalent") if isinstance(data, dict) else None
-        if not isinstance(groups, list):
-            raise ValueError(f"{path}: expected {{\"equivalent\": [[\"aten::a\", \"aten::b\"], ...]}}")
+        groups = data.get("equivalent", []) if isinstance(data, dict) else None
+        ignored = data.get("ignore_arguments", {}) if isinstance(data, dict) else None
+        if not isinstance(groups, list) or not isinstance(ignored, dict) or not (set(data) & {"equivalent",
+                                                                                              "ignore_arguments"}):
+            raise ValueError(f"{path}: expected {{\"equivalent\": [[\"aten::a\", \"aten::b\"], ...], "
+                             f"\"ignore_arguments\": {{\"aten::a\": [\"name\", ...]}}}}")
+        for op, names in ignored.items():
+            if "::" not in op or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"{path}: ignore_arguments entry {op!r}: {names!r}; expected an op name like "
+                                 "'aten::a' and a list of argument names")
+            eq.ignored_arguments[op] = frozenset(names)
         for g in groups:
             if not isinstance(g, list):
                 raise ValueError(f"{path}: equivalence group {g!r} is not a list")

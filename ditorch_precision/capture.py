@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_meta,
                    tree_nbytes)
@@ -23,7 +23,9 @@ from .point_to_point import TransferLog, write_transfers
 from .records import OpRecord
 from .reference import without_randomness
 from .selection import Selector
+from .signature import signature
 from .summaries import MODES, summarise
+from .unwritten import ALLOCATORS, Unwritten
 from .tool import Tool
 
 log = logging.getLogger("precision")
@@ -46,6 +48,21 @@ def _json_plain(tree) -> bool:
     if isinstance(tree, (list, tuple)):
         return all(_json_plain(v) for v in tree)
     return tree is None or (isinstance(tree, (int, float, str)) and not isinstance(tree, complex))
+
+
+def _zeroed(tree, masks: list):
+    """``tree`` with the masked elements of its k-th tensors set to 0 (copies)."""
+    if not masks:
+        return tree
+    leaves, spec = tree_flatten(tree)
+    where = dict(masks)
+    k = 0
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor):
+            if k in where:
+                leaves[i] = x.detach().masked_fill(where[k].to(x.device), 0)
+            k += 1
+    return tree_unflatten(leaves, spec)
 
 
 def _storage_or_none(t: torch.Tensor) -> int | None:
@@ -98,6 +115,7 @@ class Capture(Tool):
         self._storage_files: dict[int, tuple[StorageWeakRef, str, int, torch.dtype, weakref.ref, int]] = {}
         self._storage_files_limit = 1024
         self.transfers = TransferLog()
+        self._unwritten = Unwritten()  # what empty* allocated and no op has written since
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -108,9 +126,12 @@ class Capture(Tool):
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
         # others' inputs are as they were, and are saved after it, uncopied where compact.
-        inputs = None
+        inputs = in_masks = None
         info = op_info(func)
         mutates = info.mutates
+        if mutates and self._unwritten:  # what its inputs held before it wrote them
+            with self.quiet():
+                in_masks = [self._unwritten.mask(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if self.save_tensors and mutates:
             with self.quiet():
                 inputs = snapshot((args, kwargs))
@@ -119,6 +140,7 @@ class Capture(Tool):
         else:
             out = func(*args, **kwargs)
         with self.quiet():
+            self._track_writes(info, args, kwargs, out)
             saved = out
             if is_collective(rec.op):  # its outputs hold the result only once it completed
                 wait_collective(out, rec.op)
@@ -130,8 +152,21 @@ class Capture(Tool):
             # A random op says whether it drew (not with dropout_p 0): a compare that cannot tell (its
             # torch does not know the op, or no tensors were saved) reads it.
             drew = not without_randomness(func, args, kwargs) if info.random else None
-            self._write(rec, args, kwargs, inputs, saved, refs=not mutates, random=drew)
+            self._write(rec, args, kwargs, inputs, saved, refs=not mutates, random=drew, in_masks=in_masks)
         return out
+
+    def _track_writes(self, info, args, kwargs, out) -> None:
+        if info.mutates and self._unwritten:
+            self._unwritten.written(info.written_tensors(args, kwargs))
+        if info.op in ALLOCATORS:
+            self._unwritten.allocated(out)
+
+    def _masks(self, tree, masks: list | None = None) -> list:
+        """[(k, mask)] for the k-th tensor of ``tree`` holding elements no op has written since an
+        ``empty*`` (``masks``: taken before the op)."""
+        tensors = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+        found = masks if masks is not None else [self._unwritten.mask(t) for t in tensors]
+        return [(k, m) for k, m in enumerate(found) if m is not None]
 
     # module records -------------------------------------------------------------------------
     def on_module_output(self, path: str, output) -> None:
@@ -179,21 +214,33 @@ class Capture(Tool):
             self._write(rec, (), {}, ((), {}), tensors, name=name, kind="module")
 
     def _write(self, rec: OpRecord, args, kwargs, inputs, out, name: str | None = None, kind: str = "op",
-               refs: bool = True, random: bool | None = None) -> None:
+               refs: bool = True, random: bool | None = None, in_masks: list | None = None) -> None:
         name = name or f"{rec.index:07d}"
+        # The allocator's leftovers differ between runs and may be NaN: their positions are saved
+        # with the tensors (``unwritten``), and no rule of a compare judges them.
+        unwritten: dict = {}
+        if self._unwritten or in_masks:
+            unwritten = {"inputs": self._masks((args, kwargs), in_masks), "outputs": self._masks(out)}
+            unwritten = {k: v for k, v in unwritten.items() if v}
+        if unwritten:
+            refs = False  # a file of its own that holds the masks
         entry = rec.to_dict()
         if kind != "op":
             entry["kind"] = kind
         if random is not None:
             entry["random"] = random
+        if unwritten:  # how many elements no op wrote since an empty*
+            entry["unwritten"] = sum(int(m.sum()) for masks in unwritten.values() for _, m in masks)
         entry["inputs"] = tensors_meta((args, kwargs))
         entry["outputs"] = tensors_meta(out)
         entry["file"] = None
         if is_collective(rec.op):
             entry["reduce_op"] = reduce_op_name(args)
             entry["group"] = group_ranks(rec.op, args)  # its roots and pieces are ranks of this group
-        if self.mode != "full":
-            entry.update(summarise(self.mode, out))
+        if self.mode != "full":  # leftovers count as 0 in both runs' summaries
+            entry.update(summarise(self.mode, _zeroed(out, unwritten.get("outputs", []))))
+        if not self.save_tensors and kind == "op":  # no file holds the arguments: a compare reads them here
+            entry["signature"] = signature(rec.op, rec.overload, args, kwargs)
         if self.save_tensors:
             fresh: list = []  # the tensors this file holds, in order (None: a copy made before the op)
             if inputs is None:  # not copied before the op: as they are now
@@ -202,6 +249,8 @@ class Capture(Tool):
                 fresh.extend(None for x in tree_leaves(inputs) if isinstance(x, torch.Tensor))
             outputs = self._saveable(out, fresh, refs)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
+            if unwritten:
+                payload["unwritten"] = {k: [[i, m] for i, m in v] for k, v in unwritten.items()}
             size = tree_nbytes(inputs) + tree_nbytes(outputs)
             if kind != "op" and self._pending is None and not fresh and payload["outputs"]:
                 # A module record whose tensors all are named by reference: in the index, no file (a
@@ -310,7 +359,12 @@ class Capture(Tool):
                         self._storage_files.pop(storage, None)
                         for key in self._written_storages.pop(storage, ()):
                             self._written.pop(key, None)
-        return super()._dispatch(func, args, kwargs)
+        out = super()._dispatch(func, args, kwargs)
+        info = op_info(func)
+        if info.op in ALLOCATORS or (info.mutates and self._unwritten):  # also for ops not selected
+            with self.quiet():
+                self._track_writes(info, args, kwargs, out)
+        return out
 
     def flush(self) -> None:
         """Bulk mode: write the held tensors now."""

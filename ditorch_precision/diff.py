@@ -10,15 +10,17 @@ import torch
 
 from .align import Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
-from .dump import Dump, DumpError, check_replayable
+from .dump import Dump, DumpError, check_replayable, unwritten_masks
 from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances,
                       tensor_leaves)
 from .opinfo import op_info
+from torch.utils._pytree import tree_leaves
 from .records import resolve_op
 from .point_to_point import load_transfers
 from .random_contracts import contract_verdict
 from .summaries import compare_summaries, tensor_checksum
 from .reference import run_reference, skip_reason, without_randomness
+from .signature import differences, signature
 
 _ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
 
@@ -141,14 +143,19 @@ def _same_bytes(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
                                       tensor_checksum(x) == tensor_checksum(y) for x, y in zip(xs, ys))
 
 
-def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) -> dict:
+def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions, arguments: bool = True) -> dict:
     """One op of run A (the device) against the same op of run B (the reference). A random op's
     row says whether A drew the same numbers as B (``same_draws``, byte for byte): where it did,
-    the draws are no point after which the runs may differ."""
+    the draws are no point after which the runs may differ. ``arguments``: its arguments are
+    compared too (not for ops paired inside a region, whose neighbours differ by design)."""
     if is_collective(ra["op"]):
         return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
     da, db = a.load(ra), b.load(rb)
     row = _judge(a, b, ra, rb, da, db, opts)
+    changed = argument_differences(ra, rb, da, db, opts.equivalences) if arguments else []
+    if changed:  # the cause comes first; the outputs' statistics stay in the row
+        row.update(status="fail", rule="arguments", detail="; ".join(changed)
+                   + (f" (outputs: {row['rule']}: {row['detail']})" if row["status"] in ("pass", "fail") else ""))
     if _random_op(ra, da) or _random_op(rb, db):  # each by its own op's arguments (variants differ)
         if da is not None and db is not None:
             same = _same_bytes(_draws(ra, da), _draws(rb, db))
@@ -157,6 +164,35 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions) 
             same = all(isinstance(h, list) and h for h in hashes) and _draws(ra, hashes[0]) == _draws(rb, hashes[1])
         row["same_draws"] = ra["op"] == rb["op"] and same
     return row
+
+
+def _signature(rec: dict, data: dict | None) -> dict | None:
+    if data is not None:
+        return signature(rec["op"], rec.get("overload"), data["args"], data["kwargs"])
+    return rec.get("signature")  # written into the index by stats and checksum captures
+
+
+def argument_differences(ra: dict, rb: dict, da: dict | None, db: dict | None, eq: Equivalences) -> list[str]:
+    """How the two calls' arguments differ (non-tensor values; shapes and dtypes of tensors): a
+    config value or a scale factor that differs changes no input tensor, so no replay sees it.
+    Equivalent kernels (other ops) are compared on the arguments both have; the table's
+    ``ignore_arguments`` names benign ones."""
+    out = []
+    if ra.get("reduce_op") != rb.get("reduce_op"):
+        out.append(f"argument reduce_op: {ra.get('reduce_op')!r} in A, {rb.get('reduce_op')!r} in B")
+    sa, sb = _signature(ra, da), _signature(rb, db)
+    if sa is None or sb is None:
+        return out
+    ignored = eq.ignored_arguments.get(ra["op"], frozenset()) | eq.ignored_arguments.get(rb["op"], frozenset())
+    if ra["op"] != rb["op"]:  # other schemas: a name both have is the same option only for plain values
+        sa, sb = ({k: v for k, v in s.items() if not _holds_tensors(v)} for s in (sa, sb))
+    return out + differences(sa, sb, only_shared=ra["op"] != rb["op"], ignored=ignored)
+
+
+def _holds_tensors(value) -> bool:
+    if isinstance(value, list):
+        return any(_holds_tensors(v) for v in value)
+    return isinstance(value, dict) and "shape" in value
 
 
 def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | None, opts: CompareOptions) -> dict:
@@ -183,20 +219,65 @@ def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | Non
         func, why_not = _replay_func(ra, da, db)
     if why_not == "random op" and (row := _contract_row(ra, da)) is not None:
         return row  # judged on A's own draws: the reference's draws are other numbers
+    unwritten = _unwritten_outputs(ra, rb, da, db, a, b)
+    if isinstance(unwritten, str):
+        return _row(ra, "skipped", "skipped", unwritten)
     plain_op = ra.get("kind", "op") == "op" and ra["op"] == rb["op"]
     if func is None and (why_not == "uninitialised output" or (opts.rule == "error_ratio" and plain_op)):
         return _row(ra, "skipped", "skipped", why_not)
     if func is not None:
         fa = run_reference(func, da["args"], da["kwargs"])
         fb = run_reference(func, db["args"], db["kwargs"])
+        if unwritten:
+            out_a, out_b, fa, fb = (_zero(t, unwritten) for t in (out_a, out_b, fa, fb))
         verdict = compare_trees_ratio(out_a, out_b, fa, k=opts.ratio_k, reference_fp64=fb)
     else:
+        if unwritten:
+            out_a, out_b = _zero(out_a, unwritten), _zero(out_b, unwritten)
         rtol, atol = op_tolerances(opts.tolerances, ra["op"], out_a, out_b)
         verdict = compare_trees(out_a, out_b, rtol=rtol, atol=atol)
     if not verdict.verdicts:
         return _row(ra, "skipped", "skipped", verdict.detail or "no tensor outputs")
     deciding = verdict.deciding
     return _row(ra, "pass" if verdict.passed else "fail", verdict.rule, deciding.detail if deciding else "", verdict)
+
+
+def _unwritten_outputs(ra: dict, rb: dict, da: dict, db: dict, a: Dump, b: Dump) -> dict[int, torch.Tensor] | str:
+    """Output elements no op wrote since an ``empty*`` in either run ({k: mask}, compared as 0 on
+    both sides), or why the op cannot be judged: a kernel (not a view) that read such elements
+    computed from the allocator's leftovers. An argument the op writes is not read (``copy_``)."""
+    if not (ra.get("unwritten") or rb.get("unwritten")) or ra.get("kind", "op") != "op":
+        return {}
+    masks: dict[int, torch.Tensor] = {}
+    for rec, data, dump in ((ra, da, a), (rb, db, b)):
+        what = f"{dump.path}: op {rec['op']} #{rec['index']}"
+        for k, m in unwritten_masks(data, "outputs", what).items():
+            masks[k] = masks[k] | m if k in masks and masks[k].shape == m.shape else m
+        read = unwritten_masks(data, "inputs", what)
+        try:
+            info = op_info(resolve_op(rec["op"], rec.get("overload") or "default"))
+        except LookupError:
+            info = None
+        if read and info is not None and not info.is_view:
+            written = {name for _, name in info.written}
+            schema = resolve_op(rec["op"], rec.get("overload") or "default")._schema
+            k = 0
+            for i, arg in enumerate(schema.arguments):
+                value = data["args"][i] if i < len(data["args"]) else data["kwargs"].get(arg.name)
+                n = sum(isinstance(t, torch.Tensor) for t in tree_leaves(value))
+                if arg.name not in written and any(j in read for j in range(k, k + n)):
+                    count = sum(int(read[j].sum()) for j in range(k, k + n) if j in read)
+                    return (f"reads {count} elements of {arg.name} that no op wrote since an empty* allocated them "
+                            f"(in run {'A' if rec is ra else 'B'}): its result holds the allocator's leftovers")
+                k += n
+    return masks
+
+
+def _zero(tree, masks: dict[int, torch.Tensor]):
+    """The tensors of ``tree`` with the masked elements of the k-th set to 0 (copies)."""
+    leaves = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return [t.masked_fill(masks[k].to(t.device), 0) if k in masks and masks[k].shape == t.shape else t
+            for k, t in enumerate(leaves)]
 
 
 def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: float | None = None,
@@ -308,7 +389,12 @@ def _region_verdict(rows: list[dict]) -> tuple[str, str]:
 
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
     al = align(a.records, b.records, options.equivalences)
-    report.ops.extend(compare_records(a, b, ra, rb, options) for ra, rb in al.pairs)
+    # Inside a region (another implementation of a module) ops pair where their outputs' shapes
+    # happen to agree: what they were called with differs by design, and the region's module
+    # records judge it.
+    in_region = set(al.regions)
+    report.ops.extend(compare_records(a, b, ra, rb, options, arguments=group_key(ra) not in in_region)
+                      for ra, rb in al.pairs)
     for ra in al.unmatched_a:
         report.unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
     for rb in al.unmatched_b:

@@ -171,16 +171,18 @@ class Dump:
         if not os.path.isfile(index):
             raise DumpError(f"{path}: no {INDEX}; expected a directory written by ditorch_precision.capture")
         meta_path = os.path.join(path, META)
+        if not os.path.isfile(meta_path):  # written last: without it the run did not finish, or it is no capture
+            raise DumpError(f"{path}: no {META}; expected a finished capture (its {META} is written when the "
+                            "capture ends: a run that stopped early, or a copy without it, cannot be trusted)")
         meta: dict = {}
-        if os.path.isfile(meta_path):
-            try:
-                with open(meta_path) as f:
-                    meta = json.load(f)
-            except (OSError, json.JSONDecodeError) as exc:
-                raise DumpError(f"{meta_path}: unreadable ({exc})") from exc
-            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-                got = meta.get("format") if isinstance(meta, dict) else meta
-                raise DumpError(f"{meta_path}: format {got!r}, expected {FORMAT!r}")
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DumpError(f"{meta_path}: unreadable ({exc})") from exc
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            got = meta.get("format") if isinstance(meta, dict) else meta
+            raise DumpError(f"{meta_path}: format {got!r}, expected {FORMAT!r}")
         records = []
         with open(index) as f:
             for lineno, line in enumerate(f, 1):
@@ -290,6 +292,26 @@ class Dump:
         return cached[1]
 
 
+def unwritten_masks(data: dict | None, where: str, what: str) -> dict[int, torch.Tensor]:
+    """{k: mask} of the k-th tensor of a record's ``where`` ("inputs": args and kwargs, or
+    "outputs"): its elements no op wrote since an ``empty*`` allocated them (Capture's ``unwritten``)."""
+    if not data or not data.get("unwritten"):
+        return {}
+    entries = data["unwritten"].get(where, []) if isinstance(data["unwritten"], dict) else None
+    tensors = [t for t in tree_leaves((data["args"], data["kwargs"]) if where == "inputs" else data["outputs"])
+               if isinstance(t, torch.Tensor)]
+    out = {}
+    for item in entries if isinstance(entries, list) else [None]:
+        ok = (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], int)
+              and 0 <= item[0] < len(tensors) and isinstance(item[1], torch.Tensor) and item[1].dtype == torch.bool
+              and item[1].shape == tensors[item[0]].shape)
+        if not ok:
+            raise DumpError(f"{what}: bad 'unwritten' entry {item!r:.80}; expected [tensor number, bool mask of "
+                            "that tensor's shape]")
+        out[item[0]] = item[1]
+    return out
+
+
 def _safe_load(path: str, mmap: bool = False):
     return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
 
@@ -324,6 +346,8 @@ def _record_problem(rec) -> str | None:
     if named is not None and not (isinstance(named, dict) and isinstance(named.get("args"), list)
                                   and isinstance(named.get("kwargs"), dict) and "outputs" in named):
         return f"field 'named' is {named!r:.80}, expected an object with args (a list), kwargs and outputs"
+    if rec.get("signature") is not None and not isinstance(rec["signature"], dict):
+        return f"field 'signature' is {rec['signature']!r:.80}, expected an object of argument values"
     if rec.get("random") not in (None, True, False):
         return f"field 'random' is {rec['random']!r:.80}, expected true, false or null"
     step = rec.get("step")
