@@ -60,9 +60,22 @@ def floating_dtype(text: str):
 
 
 def device(text: str):
-    """A device this process can use: 'cpu', or an accelerator type that is present."""
+    """A device this process can use: 'cpu', an accelerator type that is present, or ditorch's
+    unified name 'device' ('device:1'): the accelerator ditorch chose."""
     import torch
 
+    name, _, index = str(text).partition(":")
+    if name == "device":
+        if index and not index.isdigit():
+            raise ValueError(f"{text!r}: expected 'device' or 'device:<index>'")
+        try:
+            import ditorch  # makes the name usable, as it does for the program that was captured
+        except ImportError:
+            raise ValueError(f"{text!r}: the unified device name needs ditorch, which is not installed") from None
+        try:
+            return ditorch.device_obj(int(index) if index else None)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"{text!r}: {str(exc).splitlines()[0]}") from None
     try:
         dev = torch.device(text)
     except (RuntimeError, TypeError) as exc:

@@ -117,12 +117,18 @@ def _compare_ranks(args, options) -> int:
     ranks, one summary."""
     from .diff import compare_ranks
 
-    if args.csv or args.html:
-        return _input_error(args, "--csv/--html take single captures; compare one rank{r} directory pair for them")
     result = compare_ranks(args.dump_a, args.dump_b, options)
     d = result.to_dict()
     if d["n_passed"] + d["n_failed"] == 0 and not d["collectives"]:
         return _input_error(args, "nothing was compared: every op of every rank was skipped")
+    if args.csv:  # per rank next to it (F.rank{r}.csv), the cross-rank summary at F
+        from .report import write_ranks_csv
+
+        write_ranks_csv(result, args.csv)
+    if args.html:
+        from .report import ranks_html
+
+        ranks_html(result, args.html)
     if args.json:
         print(json.dumps(d, indent=1))
     else:
@@ -241,8 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rows", type=_count, default=20, help="failing rows to print (default 20)")
     c.add_argument("--all", action="store_true", help="print every op, not only failures")
     c.add_argument("--json", action="store_true", help="JSON: first_divergence and one record per op")
-    c.add_argument("--csv", metavar="FILE", type=_out, help="also write the per-op table as CSV")
-    c.add_argument("--html", metavar="FILE", type=_out, help="also write an HTML page with a plot")
+    c.add_argument("--csv", metavar="FILE", type=_out,
+                   help="also write the per-op table as CSV (rank{r} captures: FILE.rank{r}.csv per rank, FILE the "
+                        "cross-rank summary)")
+    c.add_argument("--html", metavar="FILE", type=_out,
+                   help="also write an HTML page with a plot (rank{r} captures: FILE.rank{r}.html per rank, FILE "
+                        "the cross-rank summary page linking them)")
     c.set_defaults(func=cmd_compare)
 
     r = sub.add_parser("replay", help="re-run one captured op on another device/dtype and compare")

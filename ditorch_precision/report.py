@@ -6,7 +6,9 @@ import html
 import math
 from typing import Sequence
 
-from .diff import DiffReport
+import os
+
+from .diff import DiffReport, RankReport
 from .loss import LossReport
 
 DIFF_COLUMNS = ("index", "op", "overload", "phase", "module", "step", "rank", "status", "rule", "max_abs",
@@ -18,6 +20,85 @@ def write_diff_csv(report: DiffReport, path: str) -> None:
         w = csv.DictWriter(f, fieldnames=DIFF_COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(report.ops)
+
+
+RANK_COLUMNS = ("rank", "n_ops", "n_passed", "n_failed", "n_skipped", "n_drift", "n_unmatched",
+                "n_unjudged_regions", "passed", "first_op", "first_index", "first_phase", "first_module", "first_step",
+                "first_rule", "first_detail", "file")
+
+
+def rank_file(path: str, rank: int) -> str:
+    """The per-rank file next to a cross-rank summary: out.html -> out.rank1.html."""
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.rank{rank}{ext}"
+
+
+def _rank_rows(result: RankReport, path: str) -> list[dict]:
+    rows = []
+    for rank, report in sorted(result.reports.items()):
+        d, fd = report.to_dict(), report.first_divergence or {}
+        rows.append({**{k: d.get(k) for k in RANK_COLUMNS}, "rank": rank,
+                     **{f"first_{k}": fd.get(k) for k in ("op", "index", "phase", "module", "step", "rule", "detail")},
+                     "file": os.path.basename(rank_file(path, rank))})
+    return rows
+
+
+def write_ranks_csv(result: RankReport, path: str) -> list[str]:
+    """A multi-rank compare as CSV: one table per rank (``rank_file``) and, at ``path``, one row per
+    rank (its counts and first divergence) then the collectives checked across ranks (rank "all").
+    Returns the files written."""
+    files = []
+    for rank, report in sorted(result.reports.items()):
+        write_diff_csv(report, rank_file(path, rank))
+        files.append(rank_file(path, rank))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=RANK_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(_rank_rows(result, path))
+        for c in result.collectives:
+            w.writerow({"rank": "all", "first_op": c.get("op"), "first_index": c.get("index"),
+                        "first_step": c.get("step"), "first_rule": c.get("rule"), "first_detail": c.get("detail"),
+                        "passed": c.get("status") != "fail",
+                        "n_failed": int(c.get("status") == "fail"), "n_passed": int(c.get("status") == "pass")})
+    return [path, *files]
+
+
+def ranks_html(result: RankReport, path: str) -> list[str]:
+    """A multi-rank compare as HTML: one page per rank (``rank_file``, as ``diff_html`` writes for
+    one capture) and, at ``path``, a cross-rank summary page linking them: the first divergence over
+    all ranks, a row per rank, the collectives checked across ranks. Returns the files written."""
+    files = []
+    for rank, report in sorted(result.reports.items()):
+        with open(rank_file(path, rank), "w") as f:
+            f.write(diff_html(report, title=f"rank {rank}: {report.dump_a} vs {report.dump_b}"))
+        files.append(rank_file(path, rank))
+    d = result.to_dict()
+    fd = d["first_divergence"]
+    body = (f"<p><b>{'PASS' if d['passed'] else 'FAIL'}</b>: {len(d['ranks'])} ranks, {d['n_ops']} ops: "
+            f"{d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped.</p>")
+    if fd:
+        body += (f"<p><b>First divergence</b> (over all ranks): rank {fd.get('rank')} {html.escape(str(fd['op']))} "
+                 f"#{fd.get('index')} ({fd.get('phase')}, module {html.escape(str(fd.get('module')))}, step "
+                 f"{fd.get('step')}): {html.escape(str(fd.get('rule')))}: {html.escape(str(fd.get('detail')))}</p>")
+    else:
+        body += "<p>No divergence on any rank.</p>"
+    cols = ("rank", "n_ops", "n_passed", "n_failed", "n_skipped", "first_op", "first_index", "first_module",
+            "first_rule", "first_detail")
+    rows = "".join(
+        f"<tr class='{'pass' if r['passed'] else 'fail'}'>"
+        + "".join(f"<td><a href='{html.escape(r['file'])}'>rank {r['rank']}</a></td>" if c == "rank"
+                  else f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
+        for r in _rank_rows(result, path))
+    body += "<h2>Ranks</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{rows}</table>"
+    ccols = ("op", "index", "group", "status", "detail")
+    crow = "".join(f"<tr class='{html.escape(str(c.get('status')))}'>"
+                   + "".join(f"<td>{html.escape(_fmt(c.get(k)))}</td>" for k in ccols) + "</tr>"
+                   for c in result.collectives)
+    body += (f"<h2>Collectives across ranks ({len(result.collectives)})</h2><table><tr>"
+             + "".join(f"<th>{c}</th>" for c in ccols) + f"</tr>{crow}</table>")
+    with open(path, "w") as f:
+        f.write(_page("cross-rank capture comparison", body))
+    return [path, *files]
 
 
 def write_loss_csv(report: LossReport, path: str) -> None:
@@ -77,7 +158,7 @@ def loss_html(report: LossReport) -> str:
     return _page("loss curve check", body)
 
 
-def diff_html(report: DiffReport, max_rows: int = 500) -> str:
+def diff_html(report: DiffReport, max_rows: int = 500, title: str | None = None) -> str:
     d = report.to_dict()
     fd = d["first_divergence"]
     body = f"<p>{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped.</p>"
@@ -93,7 +174,7 @@ def diff_html(report: DiffReport, max_rows: int = 500) -> str:
         f"<tr class='{r['status']}'>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
         for r in report.ops[:max_rows])
     body += "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{rows}</table>"
-    return _page(f"capture comparison: {report.dump_a} vs {report.dump_b}", body)
+    return _page(title or f"capture comparison: {report.dump_a} vs {report.dump_b}", body)
 
 
 def _fmt(v) -> str:

@@ -108,3 +108,64 @@ def test_a_subgroup_call_is_checked_among_its_members_with_its_group_ranks():
     assert [(r["status"], r["group"]) for r in ok] == [("pass", [1, 3])]
     swapped = check_across_ranks({0: [], 1: [scatter(1)], 2: [], 3: [scatter(0)]})
     assert [r["status"] for r in swapped] == ["fail"]
+
+
+class _Page:
+    """An HTML page parsed strictly (stdlib html.parser; no browser on this host): every element
+    closed in order, its text, its links and its table rows."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr"}
+
+    def __init__(self, path):
+        from html.parser import HTMLParser
+
+        page = self
+        self.text, self.links, self.rows, stack = [], [], [], []
+
+        class P(HTMLParser):
+            def handle_starttag(self, tag, attrs):
+                if tag == "a":
+                    page.links.append(dict(attrs)["href"])
+                if tag == "tr":
+                    page.rows.append([])
+                if tag not in _Page.VOID:
+                    stack.append(tag)
+
+            def handle_endtag(self, tag):
+                assert stack and stack.pop() == tag, f"{path}: </{tag}> closes another element"
+
+            def handle_data(self, data):
+                page.text.append(data)
+                if stack and stack[-1] in ("td", "a") and page.rows:
+                    page.rows[-1].append(data)
+
+        parser = P()
+        parser.feed(path.read_text())
+        parser.close()
+        assert stack == [], f"{path}: unclosed {stack}"
+        self.body = "".join(self.text)
+
+
+def test_a_multi_rank_compare_writes_csv_and_html_per_rank_and_a_summary(jobs, tmp_path, capsys):
+    """Before: "--csv/--html take single captures" (exit 2). The references: the per-rank compares
+    (JSON) the same run gives."""
+    import csv
+
+    html_out, csv_out = tmp_path / "report.html", tmp_path / "report.csv"
+    assert main(["compare", str(jobs["fault"]), str(jobs["ref"]), "--html", str(html_out), "--csv", str(csv_out),
+                 "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    summary = _Page(html_out)
+    assert sorted(summary.links) == ["report.rank0.html", "report.rank1.html"]
+    assert "First divergence (over all ranks): rank 1 aten::mm" in summary.body
+    assert f"Collectives across ranks ({len(d['collectives'])})" in summary.body
+    for rank in (0, 1):
+        page = _Page(tmp_path / f"report.rank{rank}.html")
+        per = d["per_rank"][str(rank)]
+        assert f"{per['n_ops']} ops: {per['n_passed']} pass, {per['n_failed']} fail" in page.body
+        assert ("First divergence" in page.body) == (rank == 1)
+        rows = list(csv.DictReader(open(tmp_path / f"report.rank{rank}.csv")))
+        assert len(rows) == per["n_ops"] and sum(r["status"] == "fail" for r in rows) == per["n_failed"]
+    ranks = [r for r in csv.DictReader(open(csv_out)) if r["rank"] != "all"]
+    assert [(r["rank"], r["n_failed"], r["first_op"], r["file"]) for r in ranks] == [
+        ("0", "0", "", "report.rank0.csv"), ("1", "1", "aten::mm", "report.rank1.csv")]

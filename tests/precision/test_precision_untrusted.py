@@ -180,3 +180,31 @@ def test_a_bad_transfer_record_is_named_with_its_line(capture, tmp_path, capsys)
     assert main(["compare", str(tmp_path / "bad"), str(tmp_path / "good")]) == 2
     err = capsys.readouterr().err
     assert "transfers.jsonl:1" in err and "'tag'" in err
+
+
+def test_a_capture_without_its_meta_json_is_refused(capture, tmp_path, capsys):
+    """meta.json is written when a capture ends: without it the run stopped early or the copy is
+    incomplete (before: accepted, exit 0)."""
+    import shutil
+
+    shutil.copytree(capture / "run", tmp_path / "run")
+    (tmp_path / "run" / "meta.json").unlink()
+    assert main(["compare", str(tmp_path / "run"), str(capture / "ref")]) == 2
+    err = capsys.readouterr().err
+    assert "meta.json" in err and str(tmp_path / "run") in err
+    assert main(["replay", str(tmp_path / "run"), "0"]) == 2
+
+
+def test_replay_takes_the_unified_device_name(capture, capsys):
+    """--device device is ditorch's device (the CPU on a host without accelerators); before:
+    "'device' is not a device"."""
+    imported = "ditorch" in sys.modules
+    try:
+        assert main(["replay", str(capture / "run"), "0", "--device", "device", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["device"] == str(sys.modules["ditorch"].device_obj())
+    finally:
+        if not imported:  # importing it switched the name on for this whole process: off again
+            sys.modules["ditorch"].disable()
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error, in this process
+        main(["replay", str(capture / "run"), "0", "--device", "device:x"])
+    assert exit_.value.code == 2 and "device:<index>" in capsys.readouterr().err
