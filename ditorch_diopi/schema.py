@@ -123,6 +123,13 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::sin", _UNARY),
     _op("aten::addcmul", "out:out in:self in:tensor1 in:tensor2 double:value",
         doc="out = self + value * tensor1 * tensor2 (the optimizer's second moment)"),
+    _op("aten::addcdiv", "out:out in:self in:tensor1 in:tensor2 double:value",
+        doc="out = self + value * tensor1 / tensor2 (AdamW's update, foreach=False)"),
+    _op("aten::lerp.Scalar", "out:out in:self in:end double:weight",
+        doc="out = self + weight * (end - self) (AdamW's first moment)"),
+    _op("aten::relu", _UNARY, doc="out = max(self, 0); NaN stays NaN"),
+    _op("aten::threshold_backward", "out:grad_input in:grad_output in:self double:threshold",
+        doc="grad_input = self <= threshold ? 0 : grad_output (relu's backward with threshold 0)"),
     _op("aten::silu_backward", "out:grad_input in:grad_output in:self"),
     _op("aten::gelu_backward", "out:grad_input in:grad_output in:self int:approximate"),
     _op("aten::sigmoid_backward", "out:grad_input in:grad_output in:output"),
@@ -130,6 +137,9 @@ OPS: tuple[OpSchema, ...] = (
     _op("aten::mm", "out:out in:self in:mat2"),
     _op("aten::bmm", "out:out in:self in:mat2"),
     _op("aten::linear", "out:out in:input in:weight in?:bias", doc="out = input @ weight^T + bias"),
+    _op("aten::addmm", "out:out in:self in:mat1 in:mat2 double:beta double:alpha",
+        doc="out = beta * self + alpha * mat1 @ mat2, self broadcast to the product's shape; beta 0 ignores "
+            "self (NaN included), as torch (nn.Linear with a bias)"),
     # normalisations
     _op("aten::_softmax", "out:out in:self int:dim bool:half_to_float"),
     _op("aten::_softmax_backward_data", "out:grad_input in:grad_output in:output int:dim"),

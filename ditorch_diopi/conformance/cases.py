@@ -167,6 +167,24 @@ def _elementwise(op: OpSchema, g: _Gen) -> list[Case]:
             cases.append(Case(op, label, g.dtype, args,
                               lambda d: (torch.addcmul(d["self"], d["tensor1"], d["tensor2"], value=d["value"]),)))
         return cases
+    if name == "aten::addcdiv":
+        cases = []
+        for label, sa, sb, layout in _elementwise_shapes(True):
+            args = {"self": g.rand(*sa, layout=layout), "tensor1": g.rand(*sb), "tensor2": g.nonzero(*sb),
+                    "value": -0.25}
+            cases.append(Case(op, label, g.dtype, args,
+                              lambda d: (torch.addcdiv(d["self"], d["tensor1"], d["tensor2"], value=d["value"]),)))
+        return cases
+    if name == "aten::lerp.Scalar":
+        return [c for w in (0.3, 0.9) for c in _relabel(_binary_cases(
+            op, g, lambda d: torch.lerp(d["self"], d["end"], d["weight"]), ("self", "end"), scalars={"weight": w},
+            large=w == 0.3), f"weight={w:g}")]
+    if name == "aten::relu":
+        return _unary_cases(op, g, lambda a: torch.relu(a["self"]), -2, 2)
+    if name == "aten::threshold_backward":
+        return [c for t in (0.0, 0.5) for c in _relabel(_binary_cases(
+            op, g, lambda d: torch.ops.aten.threshold_backward(d["grad_output"], d["self"], d["threshold"]),
+            ("grad_output", "self"), scalars={"threshold": t}, large=t == 0.0), f"threshold={t:g}")]
     if name == "aten::gelu":
         return [c for approx, code in GELU_APPROXIMATE.items()
                 for c in _relabel(_unary_cases(op, g, lambda a, ap=approx: F.gelu(a["self"], approximate=ap), -4, 4,
@@ -204,6 +222,24 @@ def _matmul(op: OpSchema, g: _Gen) -> list[Case]:
                   ("long k", (48, 1100), (1100, 48), "contiguous")]
         return [Case(op, label, g.dtype, {"self": g.rand(*a, layout=lay), "mat2": g.rand(*b, layout=lay)},
                      lambda d: (d["self"] @ d["mat2"],)) for label, a, b, lay in shapes]
+    if op.aten == "aten::addmm":
+        cases = []
+        for label, s, a, b, beta, alpha, lay in [
+                ("bias row", (3,), (5, 7), (7, 3), 1.0, 1.0, "contiguous"),
+                ("full self, beta and alpha", (4, 6), (4, 5), (5, 6), 0.5, 2.0, "contiguous"),
+                ("beta 0 ignores self (NaN)", (4, 3), (4, 5), (5, 3), 0.0, 1.0, "contiguous"),
+                ("non-contiguous", (4,), (6, 8), (8, 4), 1.0, 1.0, "transposed"),
+                ("empty k", (3,), (4, 0), (0, 3), 1.0, 1.0, "contiguous"),
+                ("large", (96,), (128, 256), (256, 96), 1.0, 1.0, "contiguous"),
+                ("long k", (48,), (48, 1100), (1100, 48), 1.0, 1.0, "contiguous")]:
+            bias = g.rand(*s)
+            if beta == 0.0:
+                bias = torch.full(s, float("nan"), dtype=g.dtype)
+            args = {"self": bias, "mat1": g.rand(*a, layout=lay), "mat2": g.rand(*b, layout=lay), "beta": beta,
+                    "alpha": alpha}
+            cases.append(Case(op, label, g.dtype, args, lambda d: (torch.addmm(
+                d["self"], d["mat1"], d["mat2"], beta=d["beta"], alpha=d["alpha"]),)))
+        return cases
     if op.aten == "aten::bmm":
         shapes = [("basic", (3, 5, 7), (3, 7, 2), "contiguous"), ("empty batch", (0, 2, 3), (0, 3, 4), "contiguous"),
                   ("non-contiguous", (2, 6, 8), (2, 8, 4), "transposed"),
@@ -709,10 +745,11 @@ def _nonzero(op: OpSchema, g: _Gen) -> list[Case]:
 _FAMILIES: dict[str, Callable[[OpSchema, _Gen], list[Case]]] = {}
 for _name in ("aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::exp",
               "aten::rsqrt", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::pow.Tensor_Scalar", "aten::reciprocal",
-              "aten::sqrt", "aten::log", "aten::cos", "aten::sin", "aten::addcmul",
+              "aten::sqrt", "aten::log", "aten::cos", "aten::sin", "aten::addcmul", "aten::addcdiv",
+              "aten::lerp.Scalar", "aten::relu", "aten::threshold_backward",
               "aten::silu_backward", "aten::gelu_backward", "aten::sigmoid_backward"):
     _FAMILIES[_name] = _elementwise
-_FAMILIES.update({n: _matmul for n in ("aten::mm", "aten::bmm", "aten::linear")})
+_FAMILIES.update({n: _matmul for n in ("aten::mm", "aten::bmm", "aten::linear", "aten::addmm")})
 _FAMILIES.update({n: _softmax for n in ("aten::_softmax", "aten::_softmax_backward_data", "aten::_log_softmax",
                                         "aten::_log_softmax_backward_data")})
 _FAMILIES.update({n: _rms_norm for n in ("aten::_fused_rms_norm", "aten::_fused_rms_norm_backward")})
@@ -750,10 +787,14 @@ def _annotate(c: Case) -> Case:
     a, d = c.op.aten, c.inputs
     if a in ("aten::add.Tensor", "aten::sub.Tensor", "ext::rotary_embedding"):
         c.reduction_length, c.magnitude = 2, "scale"  # two terms that may cancel
-    elif a in ("aten::addcmul", "ext::adamw"):
+    elif a == "aten::lerp.Scalar":
+        c.reduction_length, c.magnitude = 2, "scale"
+    elif a in ("aten::addcmul", "aten::addcdiv", "ext::adamw"):
         c.reduction_length, c.magnitude = 3, "scale"
     elif a in ("aten::mm", "aten::bmm"):
         c.reduction_length, c.magnitude = d["self"].shape[-1] + 1, "abs"
+    elif a == "aten::addmm":
+        c.reduction_length, c.magnitude = d["mat1"].shape[-1] + 1, "abs"
     elif a == "aten::linear":
         c.reduction_length, c.magnitude = d["input"].shape[-1] + 1, "abs"
     elif "softmax" in a:

@@ -17,6 +17,10 @@ void empty_cache();
 // Grows a storage of this device to `nbytes`, keeping its bytes (resize_, set_).
 void resize_storage(const c10::Storage& storage, size_t nbytes);
 
+// Tensor copies of the device so far (_copy_from and .item()), by direction.
+enum CopyKind { kHostToDevice = 0, kDeviceToHost = 1, kDeviceToDevice = 2, kItem = 3 };
+int64_t copy_count(CopyKind kind);
+
 void register_guard();
 void register_hooks();
 void register_kernels();

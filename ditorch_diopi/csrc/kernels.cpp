@@ -13,6 +13,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
 #include <memory>
 #include <optional>
 
@@ -22,6 +24,9 @@
 namespace ditorch_diopi {
 
 namespace {
+
+// Tensor copies by direction (CopyKind), whoever asked: .to(), .cpu(), .item(), the CPU fallback's.
+std::array<std::atomic<int64_t>, 4> g_copies{};
 
 const c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
 
@@ -145,6 +150,7 @@ bool plain(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
   const bool src_dev = on_device(self), dst_dev = on_device(dst);
+  g_copies[src_dev && dst_dev ? kDeviceToDevice : dst_dev ? kHostToDevice : kDeviceToHost].fetch_add(1);
   const int64_t nbytes = static_cast<int64_t>(self.nbytes());
   if (plain(self, dst)) {  // one transfer
     if (src_dev && dst_dev)
@@ -175,11 +181,14 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  g_copies[kItem].fetch_add(1);
   HostStage stage(self, true);
   return stage.view.item();
 }
 
 }  // namespace
+
+int64_t copy_count(CopyKind kind) { return g_copies[kind].load(); }
 
 void register_kernels() {
   static auto* library =

@@ -69,6 +69,14 @@ PYBIND11_MODULE(_C_device, m) {
   m.def("set_caching", [](bool on) { set_caching(on); },
         "Whether freed device memory is kept for reuse (default) or given back to the library at once.");
   m.def("empty_cache", []() { empty_cache(); }, "Give every cached block back to the library.");
+  m.def("copy_counts", []() {
+    py::dict out;
+    out["host to device"] = copy_count(kHostToDevice);
+    out["device to host"] = copy_count(kDeviceToHost);
+    out["device to device"] = copy_count(kDeviceToDevice);
+    out["device to host (item)"] = copy_count(kItem);
+    return out;
+  }, "Tensor copies of the device so far, by direction (every _copy_from and .item()).");
   m.def("default_generator", [](int index) {
     const at::Generator& gen =
         at::detail::getPrivateUse1Hooks().getDefaultGenerator(static_cast<c10::DeviceIndex>(index));

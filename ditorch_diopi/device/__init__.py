@@ -267,5 +267,10 @@ def fallback_ops() -> Counter:
 
 
 def copy_ops() -> Counter:
-    """Copies between the CPU and the device, with call counts."""
-    return current_router().copies
+    """Copies between the CPU and the device, with counts (a snapshot). The native device counts every
+    tensor copy by direction ("host to device", "device to host", "device to device", "device to host
+    (item)"), whoever made it, and names the router's share ("fallback to host", "fallback to device":
+    the CPU fallback's inputs and results; "operand to device": a CPU scalar tensor moved for a call).
+    The host-memory device counts the ATen copies that cross (``aten::_to_copy``, ``aten::copy_``,
+    ``aten::_local_scalar_dense``) and "to device"."""
+    return current_router().copy_counts()

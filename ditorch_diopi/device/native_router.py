@@ -12,6 +12,7 @@ operators run on the CPU with the state of the device's generator, which they ad
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -131,9 +132,16 @@ class NativeRouter(Router):
 
     def _operand(self, value: Any, device: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.device != device:  # a CPU scalar tensor, say
-            self.copies["to device"] += 1
+            self.copies["operand to device"] += 1
             return value.to(device)
         return value
+
+    def copy_counts(self) -> Counter[str]:
+        """Every tensor copy of the device by direction (counted in C++: .to(), .cpu(), .item(), the CPU
+        fallback's and the router's own), and the router's share of them by reason."""
+        out = Counter({k: int(v) for k, v in self.runtime.copy_counts().items() if v})
+        out.update(self.copies)
+        return out
 
     def _library_device(self, device: Any) -> torch.device:
         return device
@@ -184,6 +192,7 @@ class NativeRouter(Router):
         def to_cpu(x: Any) -> Any:
             if is_native_tensor(x):
                 device.append(x.device)
+                self.copies["fallback to host"] += 1
                 copy = x.cpu()
                 on_cpu[id(copy)] = (x, copy)
                 return copy
@@ -230,7 +239,7 @@ class NativeRouter(Router):
             hit = on_cpu.get(id(x))
             if hit is not None:  # an in-place or out= result: the caller's own device tensor
                 return hit[0]
-            self.copies["to device"] += 1
+            self.copies["fallback to device"] += 1
             return x.to(target)
 
         return tree_map(to_device, out)

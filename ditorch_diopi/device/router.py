@@ -84,6 +84,10 @@ def _schema_form(func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
         overload, mode = overload.removesuffix("out").removesuffix("_"), OUT
     elif len(_out_names(func)) > 1 and "_" in overload:  # max.dim_max(max, max_values) is max.dim's out=
         overload, mode = overload.rsplit("_", 1)[0], OUT
+    elif _out_names(func):
+        # an out= overload named after its output (nll_loss_forward.output, gelu_backward.grad_input):
+        # the functional operator's
+        overload, mode = "", OUT
     if base.startswith("aten::_") and base.endswith("_impl"):  # _index_put_impl_ implements index_put_
         base = "aten::" + base.removeprefix("aten::_").removesuffix("_impl")
     names = [f"{base}.{overload}" if overload else base]
@@ -188,8 +192,16 @@ class Router:
             return self._on_host(func, args, kwargs)
         return self.route(func, args, kwargs)
 
+    def copy_counts(self) -> Counter[str]:
+        """Copies between the CPU and the device so far (copy_ops())."""
+        return Counter(self.copies)
+
     def route(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """The library's operator for ``func`` if it serves these arguments, else the CPU (logged once)."""
+        if func is _STACK:
+            stacked = self._stack(_bind(func, args, kwargs))
+            if stacked is not None:
+                return stacked
         if func in _MASKED_SELECT:
             selected = self._masked_select(func, _bind(func, args, kwargs))
             if selected is not None:
@@ -338,6 +350,20 @@ class Router:
         self.dispatch(torch.ops.aten.copy_.default, (out, selected), {})
         return out
 
+    def _stack(self, bound: dict[str, Any]) -> Any:
+        """``stack``: ``cat`` of the tensors, each with a dim of size 1 inserted (a view). None (the CPU, with
+        torch's errors) for an empty list, tensors off the device or of other shapes, a library without cat."""
+        tensors, dim = list(bound["tensors"]), bound.get("dim", 0)
+        if (not tensors or not all(self.is_device(t) for t in tensors)
+                or len({tuple(t.shape) for t in tensors}) != 1 or self.resolve(torch.ops.aten.cat.default)[0] is None):
+            return None
+        ndim = tensors[0].dim() + 1
+        if not -ndim <= dim < ndim:
+            return None
+        unsqueeze = torch.ops.aten.unsqueeze.default
+        parts = [self.dispatch(unsqueeze, (t, dim), {}) for t in tensors]
+        return self.dispatch(torch.ops.aten.cat.default, (parts, dim), {})
+
     def _mask_indices(self, base: Any, indices: list) -> list | None:
         """An index list with each boolean mask replaced by the columns of its nonzero (torch's own rule:
         a mask of k dims indexes the k dims it stands for), nonzero computed by the library. None when the
@@ -435,6 +461,7 @@ class Router:
 
 
 _MASKED_SELECT = frozenset({torch.ops.aten.masked_select.default, torch.ops.aten.masked_select.out})
+_STACK = torch.ops.aten.stack.default
 
 # Index lists in which a boolean (or uint8) mask stands for the columns of its nonzero.
 _MASK_INDEXED = frozenset({"aten::index.Tensor", "aten::index_put"})

@@ -172,3 +172,37 @@ diopiError_t diopi_aten_sigmoid_backward(diopiContextHandle_t, diopiTensorHandle
 }
 
 }  // extern "C"
+
+extern "C" {
+
+diopiError_t diopi_aten_addcdiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value) {
+  return guarded(__func__, [&] {
+    need(out, "out"), need(self, "self"), need(tensor1, "tensor1"), need(tensor2, "tensor2");
+    require_float({out, self, tensor1, tensor2});
+    const Shape shape = broadcast_shapes(broadcast_shapes(shape_of(self), shape_of(tensor1)), shape_of(tensor2));
+    require_shape(out, shape, "out");
+    Buffer x = read(self, shape);
+    const Buffer a = read(tensor1, shape), b = read(tensor2, shape);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += value * a[i] / b[i];
+    WRITE(out, x);
+  });
+}
+
+diopiError_t diopi_aten_lerp_Scalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                                    diopiConstTensorHandle_t end, double weight) {
+  return binary(__func__, out, self, end, [weight](double a, double b) { return a + weight * (b - a); });
+}
+
+diopiError_t diopi_aten_relu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  return unary(__func__, out, self, [](double x) { return std::isnan(x) || x > 0.0 ? x : 0.0; });
+}
+
+diopiError_t diopi_aten_threshold_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                          diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self,
+                                          double threshold) {
+  return binary(__func__, grad_input, grad_output, self,
+                [threshold](double g, double x) { return x <= threshold ? 0.0 : g; });
+}
+
+}  // extern "C"

@@ -91,4 +91,21 @@ diopiError_t diopi_aten_linear(diopiContextHandle_t, diopiTensorHandle_t out, di
   });
 }
 
+diopiError_t diopi_aten_addmm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
+                              diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, double beta,
+                              double alpha) {
+  return guarded(__func__, [&] {
+    need(out, "out"), need(self, "self"), need(mat1, "mat1"), need(mat2, "mat2");
+    require_float({out, self, mat1, mat2});
+    require_ndim(mat1, 2, "mat1"), require_ndim(mat2, 2, "mat2");
+    const int64_t n = mat1->shape[0], k = mat1->shape[1], m = mat2->shape[1];
+    require_shape(mat2, {k, m}, "mat2");
+    require_shape(out, {n, m}, "out");
+    Buffer y = matmul(read(mat1), read(mat2), 1, n, k, m, false);
+    const Buffer c = read(self, {n, m});  // broadcast (a bias row)
+    for (size_t i = 0; i < y.size(); ++i) y[i] = (beta == 0.0 ? 0.0 : beta * c[i]) + alpha * y[i];
+    WRITE(out, y);
+  });
+}
+
 }  // extern "C"

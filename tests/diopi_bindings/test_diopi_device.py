@@ -237,8 +237,9 @@ def test_tiny_llama_trains_like_plain_torch(reference_path):
         assert op in got["routed"], op
     # Scalar and out= overloads reach the schema's Tensor form; the rotary tables' and the optimizer's
     # operators are in the schema; view helpers are metadata, not fallbacks.
-    for op in ("aten::mul.Scalar", "aten::div.Scalar", "aten::add.Scalar", "aten::div.out", "aten::addcmul_",
-               "aten::sqrt_", "aten::cos", "aten::sin", "aten::reciprocal", "aten::log", "aten::slice_backward",
+    for op in ("aten::mul.Scalar", "aten::div.Scalar", "aten::add.Scalar", "aten::sqrt.out", "aten::addcmul_",
+               "aten::addcdiv_", "aten::lerp_.Scalar",
+               "aten::cos", "aten::sin", "aten::reciprocal", "aten::log", "aten::slice_backward",
                "aten::_safe_softmax", "aten::ge.Scalar", "aten::lt.Scalar", "aten::bitwise_and.Tensor", "aten::clamp",
                "aten::gather", "aten::index.Tensor", "aten::index_put_"):
         assert op in got["routed"], op

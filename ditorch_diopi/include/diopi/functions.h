@@ -76,6 +76,22 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_sin(diopiContextHandle_t ctx, diopi
  * out = self + value * tensor1 * tensor2 (the optimizer's second moment) */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_addcmul(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value);
 
+/* aten::addcdiv [float32, float64, float16, bfloat16] out:out self:in tensor1:in tensor2:in value:double
+ * out = self + value * tensor1 / tensor2 (AdamW's update, foreach=False) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_addcdiv(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2, double value);
+
+/* aten::lerp.Scalar [float32, float64, float16, bfloat16] out:out self:in end:in weight:double
+ * out = self + weight * (end - self) (AdamW's first moment) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_lerp_Scalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t end, double weight);
+
+/* aten::relu [float32, float64, float16, bfloat16] out:out self:in
+ * out = max(self, 0); NaN stays NaN */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_relu(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self);
+
+/* aten::threshold_backward [float32, float64, float16, bfloat16] grad_input:out grad_output:in self:in threshold:double
+ * grad_input = self <= threshold ? 0 : grad_output (relu's backward with threshold 0) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_threshold_backward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input, diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self, double threshold);
+
 /* aten::silu_backward [float32, float64, float16, bfloat16] grad_input:out grad_output:in self:in */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_silu_backward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input, diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self);
 
@@ -94,6 +110,10 @@ DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_bmm(diopiContextHandle_t ctx, diopi
 /* aten::linear [float32, float64, float16, bfloat16] out:out input:in weight:in bias:in?
  * out = input @ weight^T + bias */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_linear(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias);
+
+/* aten::addmm [float32, float64, float16, bfloat16] out:out self:in mat1:in mat2:in beta:double alpha:double
+ * out = beta * self + alpha * mat1 @ mat2, self broadcast to the product's shape; beta 0 ignores self (NaN included), as torch (nn.Linear with a bias) */
+DIOPI_API DIOPI_WEAK diopiError_t diopi_aten_addmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, double beta, double alpha);
 
 /* aten::_softmax [float32, float64, float16, bfloat16] out:out self:in dim:int half_to_float:bool */
 DIOPI_API DIOPI_WEAK diopiError_t diopi_aten__softmax(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t dim, bool half_to_float);
