@@ -12,6 +12,15 @@ one data frame at offset 2^64 - value carrying value + 16 bytes of 0xAB: a sum o
 wraps to 16. It adds "cleared": whether the clear-to-send came.
 
     python intruder.py <tcp|tcp-data|shm> <address> <token hex> <secret or ''> <src> <dst> <tag> <value>
+
+`listen-tcp` / `listen-shm` play the other side: it listens (on 127.0.0.1 or an abstract Unix
+socket), prints {"address": ...} at once, answers each connection's handshake as a listener would
+(the challenge, then the proof over the connector's hello) and reads what follows for a while. It
+then prints {"handshake": it sent its proof, "got": whether <needle> arrived (on the socket or in a
+shared segment passed to it), "hung_up": the connector closed a connection on it}; it stops at the
+first of these or after <seconds>.
+
+    python intruder.py <listen-tcp|listen-shm> <token hex> <secret or ''> <needle> <seconds>
 """
 from __future__ import annotations
 
@@ -146,7 +155,82 @@ def attack_shm(address: str, token: bytes, secret: bytes, src: int, dst: int, ta
     return out
 
 
+def _serve_one(conn: socket.socket, kind: str, key: bytes, needle: bytes, seconds: float, out: dict) -> None:
+    """One connection: the listener's handshake, then whatever arrives (on the socket or in the
+    segment passed with the hello) until the needle is seen or the time is up."""
+    conn.settimeout(seconds)
+    hello, fds = b"", []
+    try:
+        conn.sendall(struct.pack("<IHH16s", MAGIC, 2, 0, os.urandom(16)))
+        while len(hello) < 88:
+            if kind == "listen-shm":
+                part, got_fds, _, _ = socket.recv_fds(conn, 88 - len(hello), 4)
+                fds += got_fds
+            else:
+                part = conn.recv(88 - len(hello))
+            if not part:
+                out["hung_up"] = True
+                return
+            hello += part
+        conn.sendall(hmac.new(key, b"dicomm accept" + hello, hashlib.sha256).digest())
+        out["handshake"] = True
+        deadline = time.monotonic() + seconds
+        data = b""
+        while time.monotonic() < deadline and not out["got"]:
+            conn.settimeout(max(0.05, min(0.2, deadline - time.monotonic())))
+            try:
+                part = conn.recv(65536)
+                if not part:
+                    out["hung_up"] = True  # the connector turned us away: nothing more will come
+                    break
+                data += part
+            except socket.timeout:
+                pass
+            for fd in fds:  # the shared segment the connector made: its eager slots
+                with mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ) as seg:
+                    if seg.find(needle) >= 0:
+                        data += needle
+            out["got"] |= needle in data
+    except (OSError, ConnectionError):
+        out["hung_up"] = True
+
+
+def play_listener(kind: str, token: bytes, secret: bytes, needle: bytes, seconds: float) -> dict:
+    import threading
+
+    if kind == "listen-tcp":
+        srv = socket.create_server(("127.0.0.1", 0))
+        address = f"127.0.0.1:{srv.getsockname()[1]}"
+    else:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"dicomm-impostor-{os.getpid()}"
+        srv.bind("\0" + name)
+        srv.listen(8)
+        address = name
+    print(json.dumps({"address": address}), flush=True)
+    out = {"handshake": False, "got": False, "hung_up": False}
+    threads = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not out["got"] and not out["hung_up"]:  # every stream
+        srv.settimeout(max(0.05, min(0.5, deadline - time.monotonic())))
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        t = threading.Thread(target=_serve_one, args=(conn, kind, token + secret, needle, seconds, out), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(timeout=1)
+    return dict(out)
+
+
 def main(argv: list[str]) -> int:
+    if argv[0].startswith("listen-"):
+        kind, token_hex, secret, needle, seconds = argv
+        out = play_listener(kind, bytes.fromhex(token_hex), secret.encode(), needle.encode(), float(seconds))
+        print(json.dumps(out), flush=True)
+        return 0
     transport, address, token_hex, secret, src, dst, tag, value = argv
     attack = {"tcp": attack_tcp, "tcp-data": attack_tcp_data, "shm": attack_shm}[transport]
     out = attack(address, bytes.fromhex(token_hex), secret.encode(), int(src), int(dst), int(tag), int(value))

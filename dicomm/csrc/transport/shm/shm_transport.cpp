@@ -82,6 +82,18 @@ std::unique_ptr<SendConn> ShmTransport::connect(int peer, const Card& card, Cloc
     const int err = errno;
     throw PeerError(what + ": connect: " + errno_text(err) + " (is the peer still running?)");
   }
+  {
+    // As the listener checks us: abstract sockets have no permissions, and the token in the
+    // store proves nothing to us (whoever rewrote the card read it too).
+    ucred listener{};
+    socklen_t ll = sizeof(listener);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &listener, &ll) != 0)
+      throw PeerError(what + ": the listener's credentials are unavailable: " + errno_text(errno));
+    if (listener.uid != geteuid())
+      throw PeerError(what + ": the listener at its address is pid " + std::to_string(listener.pid) + " of uid " +
+                      std::to_string(listener.uid) + ", but this job runs as uid " + std::to_string(geteuid()) +
+                      " (was rank " + std::to_string(peer) + "'s address card in the store replaced?)");
+  }
   std::unique_ptr<Mapping> map;
   {
     const UniqueFd memfd(memfd_create("dicomm-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));  // the mapping keeps the memory alive

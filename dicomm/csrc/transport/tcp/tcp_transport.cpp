@@ -124,6 +124,14 @@ std::unique_ptr<SendConn> TcpTransport::connect(int peer, const Card& card, Cloc
   std::vector<std::unique_ptr<TcpStream>> streams;
   for (int s = 0; s < nstreams_; ++s) {
     UniqueFd fd = connect_one(sa, deadline, what);
+    // As the listener checks us: a listener on this host must be the job's user. The token in
+    // the store proves nothing to us (whoever rewrote the card read it too); without a secret
+    // this is what keeps another local user from receiving a rank's messages.
+    long uid = local_peer_uid(fd.get());
+    if (uid >= 0 && uid != static_cast<long>(geteuid()))
+      throw PeerError(what + ": the listener at " + card.addresses.at("tcp") + " is a process of uid " +
+                      std::to_string(uid) + " on this host, but this job runs as uid " + std::to_string(geteuid()) +
+                      " (was rank " + std::to_string(peer) + "'s address card in the store replaced?)");
     Hello h;
     h.transport = static_cast<uint16_t>(TransportId::kTcp);
     h.src = ctx_.rank;
