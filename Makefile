@@ -51,3 +51,10 @@ bench: setup
 
 clean:
 	rm -rf build $(VENV)
+
+# The wire-parser fuzz targets (tests/cxx/fuzz) under ASan + UBSan, FUZZ_SECONDS each (`make test`
+# runs them for a few seconds): libFuzzer where the compiler is clang, a random-input driver otherwise.
+FUZZ_SECONDS ?= 300
+.PHONY: fuzz
+fuzz: setup
+	$(PY) -m tests.cxx.fuzz_build $(FUZZ_SECONDS)
