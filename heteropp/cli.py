@@ -104,6 +104,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     cluster = load_cluster(a.cluster) if a.cluster else None
     options = train_options(a, cluster, plan)
     chip_map = parse_chip_map(a.chip_map, cluster)
+    if a.elastic:
+        return run_elastic(a, plan, m, cluster, chip_map, options)
     available = {c.name: c.count for c in cluster.chips} if cluster else None
     if a.write_config:
         from .engine.checks import check_run
@@ -135,6 +137,51 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.loss_log:
         print(f"wrote {a.loss_log}")
     return 0
+
+
+def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluster | None, chip_map: dict[str, str],
+                options: dict) -> int:
+    """Write the elastic config; then start this machine's emulated hosts, or (--write-config) say how to
+    start each real host with torchrun."""
+    from .engine.elastic_launch import agent_command, launch_hosts
+    from .spec.io import load_mapping
+    if cluster is None or not a.checkpoint_dir:
+        raise SpecError("--elastic", "--cluster" if cluster is None else "--checkpoint-dir", "missing",
+                        "--cluster (the chip types to re-plan over) and --checkpoint-dir (where rounds resume from)")
+    train = {"global_batch": plan.global_batch, "micro_batch_size": plan.micro_batch_size, "dtype": a.dtype}
+    if plan.schedule in ("1f1b", "gpipe", "zbh1"):
+        train["schedule"] = plan.schedule
+    hosts: list[tuple[str, int]] = []
+    for item in filter(None, (a.hosts or "").split(",")):
+        chip, _, n = item.partition(":")
+        if chip not in {c.name for c in cluster.chips} or not n.isdigit() or int(n) < 1:
+            raise SpecError("--hosts", item, "not CHIP:PROCESSES with a chip type of the cluster",
+                            "e.g. " + ",".join(f"{c.name}:{c.chips_per_node}" for c in cluster.chips))
+        hosts.append((chip, int(n)))
+    if not hosts:
+        for c in cluster.chips:
+            full, rest = divmod(c.count, c.chips_per_node)
+            hosts += [(c.name, c.chips_per_node)] * full + ([(c.name, rest)] if rest else [])
+    options = {**options, "async_save": True}
+    cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
+                      chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
+                      options=options)
+    data = {**cfg.__dict__, "elastic": {"cluster": load_mapping(a.cluster), "train": train}}
+    path = a.write_config or str(Path(a.checkpoint_dir) / "elastic-config.json")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    if a.write_config:
+        from .engine.elastic_launch import AGENT_ENV
+        print(f"wrote {path}; on each host run:")
+        print("  " + " ".join(f"{k}={v}" for k, v in AGENT_ENV.items()) + " " + " ".join(agent_command(path, "<CHIP>", 0, f"1:{len(hosts)}", "<ADDR>:<PORT>", "<RUN_ID>",
+                                            a.max_restarts, is_host=False)).replace("--nproc-per-node=0",
+                                                                                    "--nproc-per-node=<N>"))
+        return 0
+    print(f"heteropp run --elastic: {len(hosts)} hosts ({', '.join(f'{c} x{n}' for c, n in hosts)}), "
+          f"checkpoints in {a.checkpoint_dir}", flush=True)
+    from .engine.elastic import EVENTS
+    return launch_hosts(path, hosts, a.max_restarts, Path(a.checkpoint_dir) / EVENTS)
 
 
 def cmd_reference(a: argparse.Namespace) -> int:
@@ -202,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="receives each stage posts ahead of the one it waits for; bounds its receive buffers "
                    "(default: RunConfig.recv_window, 4)")
     r.add_argument("--write-config", help="write the run config for `torchrun -m heteropp.engine.worker` and exit")
+    r.add_argument("--elastic", action="store_true",
+                   help="survive lost chips: re-plan (HeteroAuto, the cluster spec's chip types, the plan's global "
+                   "batch) and resume from the newest checkpoint at every membership change; needs --cluster and "
+                   "--checkpoint-dir")
+    r.add_argument("--hosts", help="with --elastic on this machine: emulated hosts as CHIP:PROCESSES,... "
+                   "(default: the cluster spec's nodes)")
+    r.add_argument("--max-restarts", type=at_least(0), default=3, help="with --elastic: restarts per host agent")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per rank: stage, TP/DP position, device")
     r.set_defaults(fn=cmd_run)
 

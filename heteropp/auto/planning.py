@@ -27,13 +27,54 @@ class Problem:
 def load_problem(cluster: str, model: str, train: str, profile: str | None = None) -> Problem:
     cl, m = load_cluster(cluster), load_model(model)
     tr = load_train(train, m.seq_len)
-    prof = Profile.load(profile) if profile else analytic_profile(cl, m, tr)
+    return make_problem(cl, m, tr, Profile.load(profile) if profile else None)
+
+
+def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None = None) -> Problem:
+    """The problem of loaded specs (a profile, or the analytic one)."""
+    prof = prof or analytic_profile(cl, m, tr)
     searched = kind(tr.schedule).searched_as or tr.schedule  # H-1F1B: planned as 1F1B, then warmed up
     return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof))
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
-               limits: Limits = DEFAULT_LIMITS, idle: str = "auto") -> SearchResult:
+               limits: Limits = DEFAULT_LIMITS, idle: str = "auto", baselines: bool = True) -> SearchResult:
+    """The plans of `algo`; `auto`'s best is then never slower, by simulation, than any of the baselines
+    (baselines.py: h2, subsets of the chip types, rounded counts, a FLOPs-proportional split) unless
+    `baselines` is off (the baselines' own sub-searches)."""
+    res = _run_search(pb, algo, group_size, progress, limits, idle)
+    if algo == "auto" and baselines:
+        res = never_worse(pb, res, group_size, limits, idle, progress)
+    return res
+
+
+def never_worse(pb: Problem, res: SearchResult, group_size: int, limits: Limits, idle: str,
+                progress: Progress | None = None) -> SearchResult:
+    """`res` with its best plan replaced by the fastest baseline (baselines.candidates) where one
+    simulates faster, with each one's best schedule parameters (best_params, as to_plan times the plan);
+    the search's plan then leads the runners-up."""
+    from . import baselines as bl
+    try:
+        t = best_params(pb, res.best)[2]
+    except InfeasibleError:
+        t = math.inf
+    best: Candidate | None = None
+    for cand in bl.candidates(pb, group_size, limits, idle):
+        try:
+            q, _, tc = best_params(pb, cand)
+        except InfeasibleError:
+            continue
+        if tc < t * (1 - 1e-9):
+            best, t = replace(cand, time_s=tc, params=q or None), tc
+    if best is None:
+        return res
+    if progress:
+        progress(f"a baseline simulates faster than the search's plan: {best.label} at {t:.4f} s")
+    return replace(res, best=best, runners_up=[res.best, *res.runners_up][:RERANK_FIRST - 1])
+
+
+def _run_search(pb: Problem, algo: str, group_size: int, progress: Progress | None, limits: Limits,
+                idle: str) -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         res = search_h2(pb.cm, group_size, progress=progress)

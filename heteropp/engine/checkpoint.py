@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,11 @@ def slots(named: list[tuple[str, torch.nn.Parameter]], m: ModelSpec, tp_rank: in
         first_holder = tp_rank % getattr(p, "tp_replicas", 1) == 0 and (dim is not None or tp_rank == 0)
         out.append(Slot(hf_name(name, m), p, i, full, dim, start, replica == 0 and first_holder and not copy))
     return out
+
+
+# DCP's resharding of plain ShardedTensors is what a plan-independent checkpoint needs; torch's advice (DTensor)
+# needs one device mesh per stage, which heterogeneous TP sizes do not have.
+warnings.filterwarnings("ignore", message="Please use DTensor instead", category=FutureWarning)
 
 
 def _sharded(t: torch.Tensor, s: Slot) -> Any:

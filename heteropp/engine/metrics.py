@@ -2,7 +2,7 @@
 `{"step": n, "loss": x}`, with the other fields beside it), a progress line with the ETA, and TensorBoard
 scalars when `torch.utils.tensorboard` can be imported.
 
-Fields: loss, lr, grad_norm (null unless clipping computes it), step_s, tokens_per_s, mfu (model FLOPs per
+Fields: time (seconds since the epoch when the step ended), loss, lr, grad_norm (null unless clipping computes it), step_s, tokens_per_s, mfu (model FLOPs per
 second over the plan's summed peak, when the cluster spec gives peaks), peak_memory_gb (per stage: the
 largest of its ranks' peaks: the accelerator's allocator peak, or the process's peak RSS on CPU) and
 skipped and loss_scale (fp16: steps the loss scaler skipped so far, the scale of the next step)."""
@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import sys
+import time
 from typing import Any
 
 import torch
@@ -76,7 +77,7 @@ class StepLog:
             return
         rate = self.tokens / dt
         rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_s": round(dt, 6),
-                               "tokens_per_s": round(rate, 1)}
+                               "tokens_per_s": round(rate, 1), "time": round(time.time(), 3)}
         if self.peak:
             rec["mfu"] = round(model_flops(self.m, self.tokens) / dt / self.peak, 6)
         if peaks is not None:

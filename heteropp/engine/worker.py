@@ -164,17 +164,7 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group(backend=cfg.backend, rank=rank, world_size=world, timeout=timeout)
     try:
-        g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s, tied=m.tie_embeddings)
-        # checkpoints talk over their own group: DCP's background thread must not share the training's
-        ckpt_pg = dist.new_group(backend="gloo", timeout=timeout) if cfg.opts.checkpoint_dir else None
-        st = plan.stages[g.coord.stage]
-        log.info("rank %d: stage %d (%s, layers %d-%d%s) tp %d/%d dp %d/%d on %s, p2p %s", rank, g.coord.stage,
-                 st.chip, st.first_layer, st.first_layer + st.layers - 1, ", recompute" if st.recompute else "",
-                 g.coord.tp_rank, st.tp, g.coord.replica, plan.stage_dp(g.coord.stage), g.device, cfg.backend)
-        out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank, ckpt_pg)
-               for s in cfg.schedule_list()}
-        dist.barrier()
-        return out
+        return run_rank(cfg, plan, rank)
     except Exception as e:
         if _is_peer_failure(e):
             # The launcher blames the first rank it sees exit; let the rank that failed first be that one.
@@ -182,6 +172,24 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
         raise
     finally:
         dist.destroy_process_group()
+
+
+def run_rank(cfg: RunConfig, plan: Plan, rank: int) -> dict[str, Any]:
+    """This rank's whole run once the default process group holds the plan's ranks: groups, training for each
+    schedule, the closing barrier; a result per schedule."""
+    m = cfg.model_spec
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s, tied=m.tie_embeddings)
+    # checkpoints talk over their own group: DCP's background thread must not share the training's
+    ckpt_pg = dist.new_group(backend="gloo", timeout=timeout) if cfg.opts.checkpoint_dir else None
+    st = plan.stages[g.coord.stage]
+    log.info("rank %d: stage %d (%s, layers %d-%d%s) tp %d/%d dp %d/%d on %s, p2p %s", rank, g.coord.stage,
+             st.chip, st.first_layer, st.first_layer + st.layers - 1, ", recompute" if st.recompute else "",
+             g.coord.tp_rank, st.tp, g.coord.replica, plan.stage_dp(g.coord.stage), g.device, cfg.backend)
+    out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank, ckpt_pg)
+           for s in cfg.schedule_list()}
+    dist.barrier()
+    return out
 
 
 PEER_FAILURE_GRACE_S = 2.0

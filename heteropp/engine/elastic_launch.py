@@ -1,0 +1,103 @@
+"""`heteropp run --elastic` on one machine: one torch elastic agent (`torchrun`) per emulated host, all joining
+one c10d rendezvous whose store this process holds, so any host can die and come back (the store does not
+die with it). Across machines, run the same torchrun command on every host instead (docs/heteropp.md,
+"Elastic training")."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+# Rendezvous settings for a quick re-plan: a host that stops its heartbeat for 2 s is gone, and a round
+# starts 1 s after its last member joined.
+RDZV_CONF = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=2,close_timeout=5"
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (from /proc; the agent's workers run in process groups of their own)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def kill_host(pid: int) -> None:
+    """SIGKILL an emulated host: its agent and every process under it."""
+    for p in process_tree(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# Every rendezvous round gets a fresh store for its workers: with the store shared across rounds (torch's
+# default), keys of the previous round's process groups are still there and a new round's gloo group
+# connects to ranks that are gone ("connectFullMesh failed ... Connection refused").
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def agent_command(config: str, chip: str, nproc: int, nnodes: str, endpoint: str, run_id: str, max_restarts: int,
+                  is_host: bool = False) -> list[str]:
+    """The torchrun command of one host."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={str(is_host).lower()},{RDZV_CONF}",
+            "--monitor-interval=0.2", "--local-addr=127.0.0.1", "-m", "heteropp.engine.elastic",
+            "--config", config, "--chip", chip]
+
+
+def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, events: Path | None,
+                 min_nodes: int = 1) -> int:
+    """Start the hosts' agents and wait for them; returns the first non-zero exit code, or 0."""
+    from torch.distributed import TCPStore
+    port = _free_port()
+    # the rendezvous store lives here, apart from every emulated host
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=600))
+    run_id = f"heteropp-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, **AGENT_ENV}
+    procs = []
+    for i, (chip, n) in enumerate(hosts):
+        cmd = agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}", run_id,
+                            max_restarts)
+        p = subprocess.Popen(cmd, env=env, start_new_session=True)
+        procs.append(p)
+        if events is not None:
+            events.parent.mkdir(parents=True, exist_ok=True)
+            with open(events, "a") as f:
+                f.write(json.dumps({"event": "host_started", "time": round(time.time(), 3), "host": i, "chip": chip,
+                                    "processes": n, "pid": p.pid, "command": cmd}) + "\n")
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        codes = [p.wait() for p in procs]
+    finally:  # interrupted or terminated: take the hosts down with this process
+        signal.signal(signal.SIGTERM, previous)
+        for p in procs:
+            if p.poll() is None:
+                kill_host(p.pid)
+        del store
+    bad = [c for c in codes if c not in (0, -signal.SIGKILL)]
+    return bad[0] if bad else (0 if any(c == 0 for c in codes) else codes[0])
