@@ -174,9 +174,9 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
     if a.write_config:
         from .engine.elastic_launch import AGENT_ENV
         print(f"wrote {path}; on each host run:")
-        print("  " + " ".join(f"{k}={v}" for k, v in AGENT_ENV.items()) + " " + " ".join(agent_command(path, "<CHIP>", 0, f"1:{len(hosts)}", "<ADDR>:<PORT>", "<RUN_ID>",
-                                            a.max_restarts, is_host=False)).replace("--nproc-per-node=0",
-                                                                                    "--nproc-per-node=<N>"))
+        cmd = agent_command(path, "<CHIP>", 0, f"1:{len(hosts)}", "<ADDR>:<PORT>", "<RUN_ID>", a.max_restarts)
+        env = " ".join(f"{k}={v}" for k, v in AGENT_ENV.items())
+        print(f"  {env} " + " ".join(cmd).replace("--nproc-per-node=0", "--nproc-per-node=<N>"))
         return 0
     print(f"heteropp run --elastic: {len(hosts)} hosts ({', '.join(f'{c} x{n}' for c, n in hosts)}), "
           f"checkpoints in {a.checkpoint_dir}", flush=True)

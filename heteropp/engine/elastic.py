@@ -135,7 +135,8 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
     if rank == 0:
         rounds = sum(1 for e in _read_events(cfg) if e.get("event") == "round") + 1
         plan.save(Path(cfg.opts.checkpoint_dir or ".") / f"plan-round{rounds}.json")
-        record(cfg, "round", round=rounds, started=round(started, 3), chips=dict(collections.Counter(chips)), world=world,
+        record(cfg, "round", round=rounds, started=round(started, 3), chips=dict(collections.Counter(chips)),
+               world=world,
                plan=[f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "")
                      for s in plan.stages] + [f"dp {plan.dp}"], ranks=plan.world_size,
                plan_s=round(decided[0]["plan_s"], 4),
