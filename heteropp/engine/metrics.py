@@ -2,10 +2,11 @@
 `{"step": n, "loss": x}`, with the other fields beside it), a progress line with the ETA, and TensorBoard
 scalars when `torch.utils.tensorboard` can be imported.
 
-Fields: time (seconds since the epoch when the step ended), loss, lr, grad_norm (null unless clipping
-computes it), step_s, tokens_per_s, mfu (model FLOPs per second over the plan's summed peak, when the cluster spec gives peaks), peak_memory_gb (per stage: the
-largest of its ranks' peaks: the accelerator's allocator peak, or the process's peak RSS on CPU) and
-skipped and loss_scale (fp16: steps the loss scaler skipped so far, the scale of the next step)."""
+Fields: time (seconds since the epoch when the step ended), loss, lr, grad_norm (null unless clipping computes
+it), step_s, tokens_per_s, mfu (model FLOPs per second over the plan's summed peak, when the cluster spec
+gives peaks), peak_memory_gb (per stage: the largest of its ranks' peaks: the accelerator's allocator peak, or
+the process's peak RSS on CPU) and skipped and loss_scale (fp16: steps the loss scaler skipped so far, the
+scale of the next step)."""
 from __future__ import annotations
 
 import json
