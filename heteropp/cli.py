@@ -181,7 +181,13 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
     print(f"heteropp run --elastic: {len(hosts)} hosts ({', '.join(f'{c} x{n}' for c, n in hosts)}), "
           f"checkpoints in {a.checkpoint_dir}", flush=True)
     from .engine.elastic import EVENTS
-    return launch_hosts(path, hosts, a.max_restarts, Path(a.checkpoint_dir) / EVENTS)
+    events = Path(a.checkpoint_dir) / EVENTS
+    rc = launch_hosts(path, hosts, a.max_restarts, events)
+    last = json.loads(events.read_text().splitlines()[-1]) if events.exists() else {}
+    if rc and last.get("event") == "no_plan":
+        print(f"heteropp: error: no plan fits the chips left ({last['chips']}): {last['error']}", file=sys.stderr)
+        return 2
+    return rc
 
 
 def cmd_reference(a: argparse.Namespace) -> int:

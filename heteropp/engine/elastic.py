@@ -81,6 +81,27 @@ def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> Plan:
     return to_plan(pb, res.best, time.perf_counter() - t0, "auto")
 
 
+def smallest_fit(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> str:
+    """The smallest cluster that would fit, per chip type of the spec (that type alone, fewest chips by
+    bisection over the spec's count), for the error when the chips present hold no plan."""
+    options = []
+    for c in cluster.chips:
+        def fits(n: int) -> bool:
+            try:
+                replan(live_cluster(cluster, [c.name] * n), m, train)
+                return True
+            except (InfeasibleError, SpecError):
+                return False
+        if not fits(c.count):
+            continue
+        lo, hi = 0, c.count  # fits(hi), not fits(lo)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        options.append(f"{hi} x {c.name}")
+    return " or ".join(options) if options else "none of the spec's chip types alone, even all of them"
+
+
 def assign(plan: Plan, chips: list[str]) -> list[int]:
     """World ranks in plan-rank order: each stage's ranks from the not yet taken ranks of its chip type."""
     free: dict[str, list[int]] = collections.defaultdict(list)
@@ -113,11 +134,12 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
             plan = replan(live_cluster(cluster, chips), m, train)
             decided[0] = {"plan": plan.to_dict(), "round": uuid.uuid4().hex, "plan_s": time.perf_counter() - t0}
         except (InfeasibleError, SpecError) as e:
-            decided[0] = {"error": str(e)}
+            decided[0] = {"error": f"{e}; the smallest cluster that fits: {smallest_fit(cluster, m, train)}"}
     dist.broadcast_object_list(decided, 0)
     dist.destroy_process_group()
     if "error" in decided[0]:
-        # no plan fits what is left: stop for good (exit 2 is not retried usefully; the checkpoint is untouched)
+        # no plan fits what is left: the round fails before touching the checkpoint (the agents retry until
+        # their restarts are spent or a host joins; `heteropp run --elastic` then reports this error)
         if world_rank == 0:
             record(cfg, "no_plan", chips=dict(collections.Counter(chips)), error=decided[0]["error"])
         raise SystemExit(f"heteropp elastic: no plan for the chips present: {decided[0]['error']}")

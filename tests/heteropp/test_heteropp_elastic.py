@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from heteropp.engine import RunConfig, launch, train_reference
+from heteropp.engine.checkpoint import complete_checkpoints, read_trainer
 from heteropp.engine.elastic_launch import kill_host
 from heteropp.plan import Plan
 from heteropp.spec import PRESETS
@@ -81,3 +82,50 @@ def test_a_lost_host_is_replanned_around_and_training_goes_on(tmp_path) -> None:
     want = train_reference(PRESETS["tiny"], STEPS, 8, verbose=False)["losses"]
     mre = sum(abs(got[s] - w) / w for s, w in enumerate(want, 1)) / STEPS
     assert mre < 0.015, mre
+
+
+CRAMPED = """
+name: cramped
+chips:
+  - {name: big, count: 2, memory_gb: 4, peak_tflops: 0.2, chips_per_node: 2, tp_max: 2, intra_node_bw: 5, network_bw: 2}
+  - {name: small, count: 8, memory_gb: 0.002, peak_tflops: 0.1, chips_per_node: 2, tp_max: 2, intra_node_bw: 5,
+     network_bw: 2}
+"""
+
+
+def test_too_few_chips_left_is_an_error_naming_the_smallest_cluster_and_the_checkpoint_stays(tmp_path) -> None:
+    cluster = tmp_path / "cramped.yaml"
+    cluster.write_text(CRAMPED)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 2, "stages": [{"chip": "small", "tp": 2, "layers": 1},
+                                                         {"chip": "big", "tp": 2, "layers": 7}],
+                                "dp": 1, "micro_batch_size": 1, "micro_batches": 8, "schedule": "1f1b"}))
+    ck, log = tmp_path / "ck", tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
+         "--cluster", str(cluster), "--hosts", "big:2,small:2", "--max-restarts", "1", "--steps", "40",
+         "--checkpoint-dir", str(ck), "--save-every", "2", "--loss-log", str(log), "--backend", "gloo",
+         "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while not complete_checkpoints(ck) or max(_losses(log), default=0) < 3:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.terminate()
+                raise AssertionError("the run ended or stalled before the failure:\n" + proc.communicate()[0][-4000:])
+            time.sleep(0.1)
+        big = next(e for e in _events(ck / "elastic.jsonl") if e["event"] == "host_started" and e["chip"] == "big")
+        kill_host(big["pid"])
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert proc.returncode == 2, out[-3000:]
+    assert "no plan fits the chips left ({'small': 2})" in out and "the smallest cluster that fits: " in out, out[-2000:]
+    smallest = out.split("the smallest cluster that fits: ")[-1].splitlines()[0]
+    big_alone, small_alone = smallest.split(" or ")
+    assert big_alone == "1 x big"  # one 4 GB chip holds the tiny model
+    assert small_alone.endswith(" x small") and int(small_alone.split()[0]) > 2  # the 2 left did not
+    newest = complete_checkpoints(ck)[-1]
+    read_trainer(newest, PRESETS["tiny"])  # whole: every file's SHA-256 as written
+    assert not any(p.name.endswith(".partial") for p in ck.iterdir() if p.name > newest.name)
