@@ -84,20 +84,21 @@ def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> Plan:
 def smallest_fit(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> str:
     """The smallest cluster that would fit, per chip type of the spec (that type alone, fewest chips by
     bisection over the spec's count), for the error when the chips present hold no plan."""
+    def fits(chip: str, n: int) -> bool:
+        try:
+            replan(live_cluster(cluster, [chip] * n), m, train)
+            return True
+        except (InfeasibleError, SpecError):
+            return False
+
     options = []
     for c in cluster.chips:
-        def fits(n: int) -> bool:
-            try:
-                replan(live_cluster(cluster, [c.name] * n), m, train)
-                return True
-            except (InfeasibleError, SpecError):
-                return False
-        if not fits(c.count):
+        if not fits(c.name, c.count):
             continue
         lo, hi = 0, c.count  # fits(hi), not fits(lo)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+            lo, hi = (lo, mid) if fits(c.name, mid) else (mid, hi)
         options.append(f"{hi} x {c.name}")
     return " or ".join(options) if options else "none of the spec's chip types alone, even all of them"
 

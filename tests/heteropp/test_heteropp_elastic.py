@@ -121,7 +121,8 @@ def test_too_few_chips_left_is_an_error_naming_the_smallest_cluster_and_the_chec
             proc.terminate()
             proc.wait(timeout=30)
     assert proc.returncode == 2, out[-3000:]
-    assert "no plan fits the chips left ({'small': 2})" in out and "the smallest cluster that fits: " in out, out[-2000:]
+    assert "no plan fits the chips left ({'small': 2})" in out, out[-2000:]
+    assert "the smallest cluster that fits: " in out, out[-2000:]
     smallest = out.split("the smallest cluster that fits: ")[-1].splitlines()[0]
     big_alone, small_alone = smallest.split(" or ")
     assert big_alone == "1 x big"  # one 4 GB chip holds the tiny model
