@@ -84,3 +84,45 @@ def test_a_truncated_safetensors_file_is_refused(tmp_path) -> None:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     with pytest.raises(SpecError, match="model.safetensors.*not a readable safetensors file"):
         _ours(d)
+
+
+def test_heteroauto_plans_simulates_and_profiles_a_hf_model_that_heteropp_then_trains(tmp_path) -> None:
+    """One reader for planner and trainer: a HF directory (and its config.json) as heteroauto's model, the plan
+    it writes run by `heteropp run` on that directory's weights."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    d = write_hf_model(tmp_path / "m", "llama", num_hidden_layers=4)
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"global_batch": 4}))
+    cluster = str(repo / "examples/clusters/two-cpu.yaml")
+
+    def cli(*args: str) -> str:
+        r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    cli("-m", "heteropp.auto", "plan", "--model", str(d), "--cluster", cluster, "--train", str(train),
+        "--json", str(tmp_path / "plan.json"), "--no-progress")
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert sum(s["layers"] for s in plan["stages"]) == 4
+    out = cli("-m", "heteropp.auto", "simulate", "--model", str(d / "config.json"), "--cluster", cluster,
+              "--train", str(train), str(tmp_path / "plan.json"))
+    assert "iteration" in out
+    cli("-m", "heteropp.auto", "profile", "--model", str(d), "--tp", "1", "--out", str(tmp_path / "profile.json"),
+        "--repeats", "1")
+    assert json.loads((tmp_path / "profile.json").read_text())
+    cli("-m", "heteropp", "run", "--plan", str(tmp_path / "plan.json"), "--model", str(d), "--cluster", cluster,
+        "--steps", "2", "--backend", "gloo", "--loss-log", str(tmp_path / "run.jsonl"))
+    first = json.loads((tmp_path / "run.jsonl").read_text().splitlines()[0])
+    # step 1 from the directory's weights: the loss transformers computes on the same batch
+    from heteropp.engine.data import global_batch
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    m = load_model(d)
+    batch = global_batch(m, 0, 1, 4)
+    with torch.no_grad():
+        logits = hf(batch[:, :-1]).logits.reshape(-1, m.vocab)
+        want = torch.nn.functional.cross_entropy(logits, batch[:, 1:].reshape(-1))
+    assert abs(first["loss"] - want.item()) < 1e-4 * want.item()
