@@ -59,13 +59,15 @@ def never_worse(pb: Problem, res: SearchResult, group_size: int, limits: Limits,
     except InfeasibleError:
         t = math.inf
     best: Candidate | None = None
-    for cand in bl.candidates(pb, group_size, limits, idle):
+    fastest = [t]  # read by the baselines to skip sub-clusters whose bound cannot beat it
+    for cand in bl.candidates(pb, group_size, limits, idle, lambda: fastest[0]):
         try:
             q, _, tc = best_params(pb, cand)
         except InfeasibleError:
             continue
-        if tc < t * (1 - 1e-9):
-            best, t = replace(cand, time_s=tc, params=q or None), tc
+        if tc < fastest[0] * (1 - 1e-9):
+            best, fastest[0] = replace(cand, time_s=tc, params=q or None), tc
+    t = fastest[0]
     if best is None:
         return res
     if progress:

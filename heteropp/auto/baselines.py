@@ -1,0 +1,178 @@
+"""Cheap baselines that every `--algo auto` plan is checked against, by simulation (issue 30).
+
+The search is exact only in its own space and within its budget; beyond, its plan can be slower than a
+plan a one-line rule finds (1,024 chips of 3 types on slow links: 268.9 s against 35.6 s for the
+H200s alone). So `planning.run_search` also simulates, with each one's best schedule parameters:
+
+* **h2**: the paper's algorithm (`h2.search_h2`), where its two-stage DFS stays cheap (at most
+  `H2_MAX_TYPES` chip types and `H2_MAX_GROUPS` groups of `group_size` chips);
+* **subsets of chip types**: the cluster with only some types, the others idle, searched as a cluster of
+  its own (its plan is valid on the whole cluster). Every proper subset up to `ALL_SUBSETS_TYPES` types;
+  beyond, each type alone, and the types ranked by their FLOPs taken 2, 3, ... at a time (on clusters
+  of more than `LARGE_CHIPS` chips, 2 and 3 at a time: each sub-search costs about what the search does);
+* **rounded counts**: the cluster with each type's count rounded down to a multiple of 2^j (chips
+  dropped, so a count one above a round number plans at least as well as the round number does; on
+  clusters of more than `LARGE_CHIPS` chips, multiples of 8 only);
+* **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
+  order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp.
+
+The returned plan is the fastest by simulation of the search's plan and these: never slower than any.
+The sub-searches share the search's work budget (each gets `SUB_WORK_SHARE` of it), so the whole stays
+deterministic.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ..spec import Cluster, InfeasibleError
+from .candidates import Candidate
+from .costs import CostModel, StageSpec, in_flight, micro_batches
+from .limits import Limits, relaxed_bound
+from .space import divisors, dp_candidates, tp_counts, tp_sizes
+
+if TYPE_CHECKING:
+    from .planning import Problem
+
+ALL_SUBSETS_TYPES = 4  # every proper subset of up to this many types (14 for 4); beyond, singles and prefixes
+# h2's DFS over every order of the types and then of groups: beyond these it costs more than the search
+# (1,024 chips of 8 types: minutes)
+H2_MAX_TYPES = 4
+H2_MAX_GROUPS = 64
+SUB_WORK_SHARE = 8  # each sub-search's work budget: the search's over this
+ROUNDINGS = (3, 6, 9)  # counts rounded down to multiples of 2^j (8, 64, 512 chips)
+LARGE_CHIPS = 8192  # beyond, fewer sub-searches (100,000 chips x 8 types: ~1.3 s of CPU each)
+FLOPS_DPS = 4  # the FLOPs-proportional split at the smallest dps that fit (each one simulation)
+
+
+def sub_cluster(cl: Cluster, counts: dict[str, int]) -> Cluster:
+    """`cl` with the given types at the given counts (others dropped), links among them kept."""
+    chips = tuple(replace(c, count=counts[c.name]) for c in cl.chips if counts.get(c.name))
+    names = {c.name for c in chips}
+    return replace(cl, chips=chips, links={k: v for k, v in cl.links.items() if set(k) <= names},
+                   link_latency={k: v for k, v in cl.link_latency.items() if set(k) <= names})
+
+
+def type_subsets(cl: Cluster) -> list[tuple[str, ...]]:
+    """The proper subsets of chip types searched as clusters of their own (see the module's docstring)."""
+    names = [c.name for c in cl.chips]
+    n = len(names)
+    if n <= 1:
+        return []
+    if n <= ALL_SUBSETS_TYPES:
+        return [s for k in range(1, n) for s in itertools.combinations(names, k)]
+    flops = sorted(cl.chips, key=lambda c: (-c.count * c.peak_tflops * c.efficiency, c.name))
+    out = [(c.name,) for c in cl.chips]
+    most = n if cl.total_chips <= LARGE_CHIPS else min(n, 4)
+    out += [tuple(c.name for c in flops[:k]) for k in range(2, most)]
+    return out
+
+
+def rounded_counts(cl: Cluster) -> list[dict[str, int]]:
+    """Each type's count of at least 2^j rounded down to a multiple of 2^j (ROUNDINGS; smaller counts
+    kept), where that drops chips; distinct ones only. A cluster of N + k chips of a type, N a multiple of
+    2^j and k < 2^j, so gets the plan of N chips, which the planner returns for N itself."""
+    out: list[dict[str, int]] = []
+    for j in ROUNDINGS if cl.total_chips <= LARGE_CHIPS else ROUNDINGS[:1]:
+        g = 1 << j
+        counts = {c.name: c.count // g * g if c.count >= g else c.count for c in cl.chips}
+        if all(counts[c.name] == c.count for c in cl.chips) or counts in out:
+            continue
+        out.append(counts)
+    return out
+
+
+def sub_problem(pb: Problem, cl: Cluster) -> Problem:
+    from .planning import Problem
+    return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
+
+
+def flops_split(cm: CostModel, limit: int = FLOPS_DPS) -> Iterator[Candidate]:
+    """Every chip serving at its type's largest TP size, types in memory-descending order, layers in
+    proportion to each stage's peak FLOPs (largest remainders), recompute where a stage's share needs it;
+    at the smallest `limit` dps where that fits."""
+    L, counts = cm.model.layers, tp_counts(cm.model)
+    chips = sorted(cm.cluster.chips, key=lambda c: (-c.memory_gb, c.name))
+    try:
+        dps = dp_candidates(cm.cluster, cm.train)
+    except InfeasibleError:
+        return
+    found = 0
+    for dp in dps:
+        seq: list[tuple[str, int]] = []
+        for c in chips:
+            fits = [t for t in tp_sizes(c, *counts) if (c.count // dp) % t == 0]
+            if c.count % dp or not fits:
+                seq = []
+                break
+            t = max(fits)
+            seq += [(c.name, t)] * (c.count // dp // t)
+        if not seq or len(seq) > L:
+            continue
+        w = [t * cm.cluster.chip(n).peak_tflops * cm.cluster.chip(n).efficiency for n, t in seq]
+        share = [L * x / sum(w) for x in w]
+        layers = [max(1, math.floor(s)) for s in share]
+        for k in sorted(range(len(seq)), key=lambda k: (-(share[k] - math.floor(share[k])), k)):
+            if sum(layers) >= L:
+                break
+            layers[k] += 1
+        while sum(layers) > L:  # the max(1, ...) floor gave too many: take from the largest
+            layers[max(range(len(layers)), key=lambda k: (layers[k], -k))] -= 1
+        b, p = micro_batches(cm.train, dp), len(seq)
+        stages = []
+        for k, ((name, t), n) in enumerate(zip(seq, layers)):
+            fl = in_flight(cm.train.schedule, k, p, b)
+            r = next((r for r in (False, True) if n <= cm.max_layers(name, t, r, dp, fl, k == 0, k == p - 1)), None)
+            if r is None:
+                break
+            stages.append(StageSpec(name, t, n, r))
+        else:
+            est = cm.evaluate(stages, dp, b)
+            if est.feasible:
+                yield Candidate(est.iteration_time_s, dp, stages, f"FLOPs-proportional split dp={dp}")
+                found += 1
+                if found >= limit:
+                    return
+
+
+def candidates(pb: Problem, group_size: int, limits: Limits, idle: str,
+               best_s: Callable[[], float] = lambda: math.inf) -> Iterator[Candidate]:
+    """The baselines' plans, each as its own search or rule returns it (not yet simulated). A sub-cluster
+    whose lower bound on every plan (limits.relaxed_bound, below the cost model's estimate, which is below
+    the simulator's time) is no less than `best_s()`, the fastest plan so far, is not searched: it cannot
+    win."""
+    from .h2 import search_h2
+    from .planning import run_search
+    from .search import search_auto
+    cl = pb.cluster
+    if len(cl.chips) <= H2_MAX_TYPES and sum(-(-c.count // group_size) for c in cl.chips) <= H2_MAX_GROUPS:
+        try:
+            yield _labelled(search_h2(pb.cm, group_size).best, "h2")
+        except InfeasibleError:
+            pass
+    yield from flops_split(pb.cm)
+    sub = replace(limits, work=limits.work // SUB_WORK_SHARE)
+    subs = [({n: cl.chip(n).count for n in names}, False) for names in type_subsets(cl)]
+    # rounded counts: planned as the planner plans that cluster itself (its own baselines, the full budget)
+    subs += [(counts, True) for counts in rounded_counts(cl)]
+    for counts, whole in subs:
+        part = sub_cluster(cl, counts)
+        spb = sub_problem(pb, part)
+        dps = [d for d in divisors(pb.train.micro_batches_total) if d <= part.total_chips]
+        if relaxed_bound(spb.cm, dps) >= best_s():
+            continue
+        try:
+            if whole:
+                res = run_search(spb, "auto", group_size, limits=limits, idle=idle)
+            else:  # the search's own optimum, without its re-rank: one simulation each (never_worse)
+                res = search_auto(spb.cm, group_size, rerank=False, limits=sub, idle=idle)
+        except InfeasibleError:
+            continue
+        what = "+".join(f"{c.name}:{c.count}" for c in part.chips)
+        yield _labelled(res.best, f"subset {what}")
+
+
+def _labelled(c: Candidate, what: str) -> Candidate:
+    return replace(c, label=f"baseline {what}: {c.label}")

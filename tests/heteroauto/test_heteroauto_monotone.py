@@ -1,0 +1,41 @@
+"""More chips never give a slower plan, and fewer never give a plan slower than the larger cluster's
+plan where that plan still fits (issue 30: 10,240 chips of 6 types planned at 3.4 s, one chip fewer or
+eight more at 9.0 s with 60% of the chips, although the 10,240-chip plan was valid there). Each cluster
+is planned at N - 1, N, N + 1 and N + 8 chips of its first type; times are the plans' simulated ones."""
+from __future__ import annotations
+
+import pytest
+
+from bench.heteroauto_scenarios import H200, slow_links
+from bench.heteroauto_search import SCALE_TYPES, scale_cluster
+from heteropp.auto.analytic import analytic_profile
+from heteropp.auto.costs import CostModel
+from heteropp.auto.planning import Problem, run_search, to_plan
+from heteropp.spec import TrainSpec, cluster_from_dict, load_model
+CLUSTERS = {
+    "3 types, 10 Gbps / 2 ms links": slow_links([64, 32, 32]),
+    "H200 and 2 others": scale_cluster([64, 32, 16], types=[H200, *SCALE_TYPES[:2]]),
+}
+
+
+def _planned(spec: dict, first: int) -> tuple[float, dict[str, int]]:
+    spec = {**spec, "chips": [{**spec["chips"][0], "count": first}, *spec["chips"][1:]]}
+    cl = cluster_from_dict(spec, "test")
+    m = load_model("h2-100b")
+    tr = TrainSpec(global_batch=64)  # few micro-batches: each plan simulates quickly
+    pb = Problem(cl, m, tr, CostModel(cl, m, tr, analytic_profile(cl, m, tr)))
+    plan = to_plan(pb, run_search(pb).best, None, "auto")
+    return plan.iteration_time_s, plan.chips_used()
+
+
+@pytest.mark.parametrize("name", list(CLUSTERS))
+def test_more_chips_never_plan_slower_and_fewer_no_slower_than_a_plan_that_still_fits(name):
+    spec = CLUSTERS[name]
+    n = spec["chips"][0]["count"]
+    first = spec["chips"][0]["name"]
+    t = {k: _planned(spec, n + k) for k in (-1, 0, 1, 8)}
+    base, used = t[0]
+    for k in (1, 8):
+        assert t[k][0] <= base * (1 + 1e-9), f"{n + k} chips: {t[k][0]:.4f} s, {n} chips: {base:.4f} s"
+    if used.get(first, 0) <= n - 1:  # the N-chip plan leaves one idle: it runs on N - 1 chips
+        assert t[-1][0] <= base * (1 + 1e-9), f"{n - 1} chips: {t[-1][0]:.4f} s, {n} chips: {base:.4f} s"
