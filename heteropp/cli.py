@@ -55,11 +55,15 @@ def _run_config(plan: Plan, m: ModelSpec, *, recv_window: int | None, **fields):
 def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: Plan | None = None) -> dict:
     """TrainOptions fields from the command line, checked before any process starts."""
     from .model.hf_weights import weight_files
-    init_from = None
+    from .spec.hf import hf_config_path, is_hf_config
+    from .spec.io import load_mapping
+    init_from, original = None, None
     p = Path(a.model)
-    if p.exists() and not a.fresh_init:
+    if p.exists():
         directory = p if p.is_dir() else p.parent
-        if weight_files(directory) is not None:
+        data = load_mapping(hf_config_path(p) if p.is_dir() else p)
+        original = data if is_hf_config(data) else None  # kept in checkpoints: export writes it back
+        if original is not None and not a.fresh_init and weight_files(directory) is not None:
             init_from = str(directory)
     if a.resume and not a.checkpoint_dir:
         raise SpecError("--resume", "checkpoint_dir", "--resume needs --checkpoint-dir", "--checkpoint-dir D")
@@ -73,7 +77,7 @@ def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: P
     return {"dtype": a.dtype, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps, "lr_decay": a.lr_decay,
             "min_lr": a.min_lr, "init_from": init_from, "data": a.data, "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
-            "reset_optimizer": a.reset_optimizer,
+            "reset_optimizer": a.reset_optimizer, "hf_config": original,
             "peak_flops": peak or None}
 
 
@@ -104,6 +108,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     cluster = load_cluster(a.cluster) if a.cluster else None
     options = train_options(a, cluster, plan)
     chip_map = parse_chip_map(a.chip_map, cluster)
+    if finished(a):
+        return 0
     if a.elastic:
         return run_elastic(a, plan, m, cluster, chip_map, options)
     available = {c.name: c.count for c in cluster.chips} if cluster else None
@@ -196,6 +202,8 @@ def cmd_reference(a: argparse.Namespace) -> int:
     m = load_model(a.model, a.seq_len)
     batch = Plan.load(a.plan).global_batch if a.plan else a.global_batch
     opts = TrainOptions(**train_options(a))
+    if finished(a):
+        return 0
     t0 = time.perf_counter()
     r = train_reference(m, a.steps, batch, seed=a.seed, lr=a.lr, loss_log=a.loss_log, clip_grad=a.clip_grad,
                         opts=opts)
@@ -302,6 +310,18 @@ def cmd_export(a: argparse.Namespace) -> int:
     return 0
 
 
+def finished(a: argparse.Namespace) -> bool:
+    """--resume of a run whose newest checkpoint is already at --steps: say so instead of starting processes."""
+    if not (a.resume and a.checkpoint_dir):
+        return False
+    from .engine.checkpoint import complete_checkpoints
+    done = complete_checkpoints(a.checkpoint_dir)
+    step = int(done[-1].name.split("-")[1]) if done else 0
+    if step >= a.steps:
+        print(f"heteropp {a.cmd}: nothing to do: the checkpoint is already at step {step} of {a.steps}")
+    return step >= a.steps
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -309,3 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, ScheduleError) as e:
         print(f"heteropp: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("heteropp: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        # Ctrl-C reaches the launcher as torch elastic's SignalException once it has stopped the workers
+        if type(e).__name__ == "SignalException":
+            print(f"heteropp: stopped by a signal ({e})", file=sys.stderr)
+            return 130
+        raise

@@ -28,6 +28,7 @@ class TrainOptions:
     reset_optimizer: bool = False  # on resume, take the weights only: Adam's moments and step start afresh
     keep_checkpoints: int = 2  # complete checkpoints kept (older ones are deleted after a newer one completes)
     async_save: bool = True  # checkpoints are written by a background thread while training goes on
+    hf_config: dict[str, Any] | None = None  # the model's own config.json (when it came from one): export keeps it
     peak_flops: float | None = None  # summed peak FLOP/s of the plan's chips (the cluster spec's): the MFU's base
 
     def __post_init__(self) -> None:

@@ -62,6 +62,7 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
         log.step(step, loss.item(), opt.lr, opt.last_norm, time.perf_counter() - t0, None, opt.scaler)
         if ckpt is not None and (step == steps or (opts.save_every and step % opts.save_every == 0)):
             ckpt.save(step, opt.full_state(), {"opt_step": opt.t, "seed": seed, "dtype": opts.dtype, "data": opts.data,
+                                               "hf_config": opts.hf_config,
                                                "lr_schedule": dataclasses.asdict(sched),
                                                "loss_scale": opt.scaler.scale if opt.scaler else None,
                                                "skipped": opt.scaler.skipped if opt.scaler else 0})

@@ -136,6 +136,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             ckpt.poll()
             if step == cfg.steps or (opts.save_every and step % opts.save_every == 0):
                 trainer = {"opt_step": opt.t, "seed": cfg.seed, "dtype": opts.dtype, "data": opts.data,
+                           "hf_config": opts.hf_config,
                            "lr_schedule": dataclasses.asdict(sched),
                            "loss_scale": opt.scaler.scale if opt.scaler else None,
                            "skipped": opt.scaler.skipped if opt.scaler else 0}
@@ -153,6 +154,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
 def worker(cfg: RunConfig) -> dict[str, Any]:
     """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the ranks
     torch.set_num_threads(1)  # ranks share the host's cores
     logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING, format="%(name)s: %(message)s")
     plan = cfg.plan_obj

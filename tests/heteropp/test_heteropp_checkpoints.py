@@ -91,3 +91,27 @@ def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one(tmp
     assert (tmp_path / "broken" / "step-00000002.partial").is_dir()
     resumed = _run(tmp_path, "broken", options={"save_every": 1, "resume": True})
     assert resumed == whole
+
+
+def test_export_keeps_the_models_own_config(tmp_path) -> None:
+    """A run that started from a HF directory exports its config back: token ids and max_position_embeddings
+    (not the training sequence length) kept, the architecture as trained."""
+    from .hf_models import write_hf_model
+    transformers = pytest.importorskip("transformers")
+    d = write_hf_model(tmp_path / "m", "llama", bos_token_id=1, eos_token_id=2, max_position_embeddings=32)
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "heteropp"]
+    r = subprocess.run([*base, "reference", "--model", str(d), "--seq-len", "16", "--steps", "1", "--global-batch", "2",
+                        "--checkpoint-dir", str(tmp_path / "ck")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([*base, "export", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    assert (cfg.max_position_embeddings, cfg.bos_token_id, cfg.eos_token_id) == (32, 1, 2)
+    # a resumed run already at its last step says so without starting
+    r = subprocess.run([*base, "reference", "--model", str(d), "--seq-len", "16", "--steps", "1", "--global-batch", "2",
+                        "--checkpoint-dir", str(tmp_path / "ck"), "--resume"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "nothing to do: the checkpoint is already at step 1 of 1" in r.stdout
