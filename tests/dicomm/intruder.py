@@ -11,7 +11,9 @@ message: over tcp a frame, over shm a slot in a segment it made itself. It print
 one data frame at offset 2^64 - value carrying value + 16 bytes of 0xAB: a sum offset + bytes that
 wraps to 16. It adds "cleared": whether the clear-to-send came.
 
-    python intruder.py <tcp|tcp-data|shm> <address> <token hex> <secret or ''> <src> <dst> <tag> <value>
+`tcp-fuzz` sends frames drawn from the seed given as <value> (attack_tcp_fuzz).
+
+    python intruder.py <tcp|tcp-data|tcp-fuzz|shm> <address> <token hex> <secret or ''> <src> <dst> <tag> <value>
 
 `listen-tcp` / `listen-shm` play the other side: it listens (on 127.0.0.1 or an abstract Unix
 socket), prints {"address": ...} at once, answers each connection's handshake as a listener would
@@ -114,6 +116,66 @@ def attack_tcp_data(address: str, token: bytes, secret: bytes, src: int, dst: in
     except (OSError, ConnectionError):
         pass
     out = {"accepted": accepted, "cleared": cleared, "closed": _closed(sock)}
+    sock.close()
+    return out
+
+
+def attack_tcp_fuzz(address: str, token: bytes, secret: bytes, src: int, dst: int, tag: int, seed: int) -> dict:
+    """A valid handshake, then frames drawn from `seed`: eager messages on other tags (some with
+    lengths past what a frame may carry), one announcement for the receiver's posted receive and,
+    once cleared, its data in chunks, valid or with one frame mutated (offsets and lengths that
+    wrap, overlap or overrun, an unknown id, a stray kind). Reports what it sent, so the receiver
+    can check that a receive that completed holds exactly the valid message."""
+    import random
+
+    rng = random.Random(seed)
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    out = {"accepted": handshake(sock, token, secret, "tcp", src, dst), "cleared": False, "mutated": None,
+           "message": None}
+    try:
+        for _ in range(rng.randrange(4)):  # eager messages nobody asked for
+            n = rng.choice([0, 1, 8, 1000, (256 << 10) - 56, 1 << 20])
+            body = bytes(rng.randrange(256) for _ in range(min(n, 64)))
+            sock.sendall(FRAME.pack(1, 0, 0, tag + 1 + rng.randrange(3), 0, n, 0, 0, 0) + body)
+            if n > len(body):  # a claim longer than what follows: a violation, or data never completed
+                out["mutated"] = f"eager frame of {n} B"
+                raise ConnectionError("done")
+        size = rng.choice([1, 16, 40, 64, 65])
+        message = bytes(rng.randrange(256) for _ in range(size))
+        out["message"] = message.hex()
+        sock.sendall(FRAME.pack(K_RTS, 0, 7, tag, 0, size, 0, 0, 0))
+        sock.settimeout(10)
+        answer = FRAME.unpack(_recv_exact(sock, FRAME.size))
+        out["cleared"] = answer[0] == K_CTS
+        if not out["cleared"]:
+            raise ConnectionError("refused")
+        cuts = sorted({0, size, *(rng.randrange(size + 1) for _ in range(rng.randrange(3)))})
+        frames = [[K_DATA, 7, cuts[i], cuts[i + 1] - cuts[i]] for i in range(len(cuts) - 1)]
+        if rng.random() < 0.6:
+            f = rng.choice(frames)
+            how = rng.choice(["wrap", "overlap", "overrun", "id", "kind", "huge"])
+            if how == "wrap":
+                k = rng.choice([1, 16, 4096, 65536])
+                f[2], f[3] = (1 << 64) - k, k + f[3]
+            elif how == "overlap":
+                frames.append([K_DATA, 7, 0, size])
+            elif how == "overrun":
+                f[3] += rng.choice([1, 64, 4096])
+            elif how == "id":
+                f[1] = 8
+            elif how == "kind":
+                f[0] = rng.choice([0, 4, 5, 9])
+            else:
+                f[3] = (1 << 64) - 1
+            out["mutated"] = how
+        for kind, mid, off, n in frames:
+            lo = min(off, size)
+            body = (message[lo:lo + n] + bytes(min(n, 8192)))[:min(n, 8192)]
+            sock.sendall(FRAME.pack(kind, 0, mid, 0, 0, n % (1 << 64), off % (1 << 64), 0, 0) + body)
+    except (OSError, ConnectionError):
+        pass
+    out["closed"] = _closed(sock, within_s=3.0 if out["mutated"] else 0.1)
     sock.close()
     return out
 
@@ -232,7 +294,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(out), flush=True)
         return 0
     transport, address, token_hex, secret, src, dst, tag, value = argv
-    attack = {"tcp": attack_tcp, "tcp-data": attack_tcp_data, "shm": attack_shm}[transport]
+    attack = {"tcp": attack_tcp, "tcp-data": attack_tcp_data, "tcp-fuzz": attack_tcp_fuzz, "shm": attack_shm}[transport]
     out = attack(address, bytes.fromhex(token_hex), secret.encode(), int(src), int(dst), int(tag), int(value))
     print(json.dumps(out))
     return 0

@@ -8,6 +8,8 @@ merely a crash. Real communicators in real processes, real TCP sockets."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,82 @@ def test_forged_data_frame_never_writes_outside_the_receive(k):
     assert r0["violations"] == 1
     assert r1["intruder"]["closed"], "the forged connection was left open"
     assert r0["after"] and r1["after"], "ranks 0 and 1 stopped talking after the forged connection closed"
+
+
+CASES = int(os.environ.get("DICOMM_WIRE_FUZZ_CASES", "3"))
+SEED = int(os.environ.get("DICOMM_WIRE_FUZZ_SEED", "27"))
+CAPACITY = 64
+
+
+def _fuzzed_job(rank, world, store, seed):
+    import dicomm._C as C
+
+    if rank >= 2:  # absent: the intruder claims each of these ranks once
+        return None
+    c = comm(store, rank, world, timeout_s=20, transport="tcp")
+    out = {"cases": []}
+    if rank == 0:
+        arenas, recvs = {}, {}
+        for src in range(2, world):
+            arenas[src] = np.full(2 * 256 + CAPACITY, 0x5A, np.uint8)
+            recvs[src] = c.irecv(ptr(arenas[src][256:256 + CAPACITY]), CAPACITY, src, tag=TAG)
+        store.set("posted", "1")
+        store.wait(["attacked"])
+        for src in range(2, world):
+            case = {"src": src, "sent": json.loads(store.get(f"sent{src}").decode())}
+            try:
+                recvs[src].wait()
+                n = len(bytes.fromhex(case["sent"]["message"] or ""))
+                case["got"] = bytes(arenas[src][256:256 + n]).hex()
+            except C.DicommError as e:
+                case["error"] = f"{type(e).__name__}: {e}"
+            around = np.concatenate([arenas[src][:256], arenas[src][256 + CAPACITY:]])
+            case["outside_written"] = int(np.count_nonzero(around != 0x5A))
+            out["cases"].append(case)
+        out["violations"] = c.stats()["protocol_violations"]
+    else:
+        store.wait(["posted"])
+        card = dict(line.split("=", 1) for line in store.get("dicomm/card/0").decode().splitlines() if line)
+        token = store.get("dicomm/token").decode()
+        for src in range(2, world):
+            args = ["tcp-fuzz", card["addr.tcp"], token, "", str(src), "0", str(TAG), str(seed + src)]
+            done = subprocess.run([sys.executable, str(INTRUDER), *args], capture_output=True, text=True, timeout=30)
+            assert done.returncode == 0, done.stderr
+            store.set(f"sent{src}", done.stdout.strip().splitlines()[-1])
+        store.set("attacked", "1")
+    # Meanwhile and after, ranks 0 and 1 move real data: it must arrive exactly.
+    for i in range(3):
+        mine = np.random.default_rng(seed * 10 + rank * 3 + i).integers(0, 256, 100_000, dtype=np.uint8)
+        theirs = np.zeros_like(mine)
+        r = c.irecv(ptr(theirs), theirs.size, 1 - rank, tag=1)
+        c.isend(ptr(mine), mine.size, 1 - rank, tag=1).wait()
+        r.wait()
+        want = np.random.default_rng(seed * 10 + (1 - rank) * 3 + i).integers(0, 256, 100_000, dtype=np.uint8)
+        out.setdefault("exact", []).append(bool(np.array_equal(theirs, want)))
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{1 - rank}"])
+    c.close()
+    return out
+
+
+def test_fuzzed_frames_from_a_live_intruder_never_corrupt_the_job():
+    """Structure-aware fuzzing of a live listener: for each of CASES absent ranks, an intruder
+    with the store's token claims it, and sends frames drawn from a seed (tests/dicomm/intruder.py
+    tcp-fuzz) at a posted 64-byte receive. Whatever it sends: nothing outside the receive is
+    written; a receive that completes holds exactly the bytes announced; one that fails names the
+    rank claimed; ranks 0 and 1 keep exchanging data exactly."""
+    # Lazy connects: rank 0's connector would otherwise wait on the cards of the absent ranks, and
+    # on the harness store while the test's own store.wait holds it.
+    results = run_ranks(_fuzzed_job, 2 + CASES, SEED, timeout=120, env={"DICOMM_CONNECT": "lazy"})
+    r0, r1 = results[0], results[1]
+    assert all(r0["exact"]) and all(r1["exact"])
+    for case in r0["cases"]:
+        sent, src = case["sent"], case["src"]
+        assert sent["accepted"], case
+        assert case["outside_written"] == 0, case
+        if "got" in case:
+            assert case["got"] == sent["message"], case
+        else:
+            assert re.match(r"(PeerError|MismatchError)", case["error"]) and f"rank {src}" in case["error"], case
+            assert sent["mutated"] or "65 B" in case["error"], f"a valid message was not delivered: {case}"
+    assert r0["violations"] <= CASES
