@@ -58,6 +58,8 @@ class RunConfig:
     fail_rank: int = -1  # this rank raises at step `fail_step` (failure tests)
     fail_step: int = 1
     fail_kill: bool = False  # the failing rank SIGKILLs itself instead of raising
+    slow_rank: int = -1  # tests: this rank's compute actions each take `slow_s` longer (a slowed chip)
+    slow_s: float = 0.0
     verbose: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
 

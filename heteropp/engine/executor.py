@@ -41,6 +41,8 @@ class StageExecutor:
         self.models = model if isinstance(model, list) else [model]
         self.model, self.plan, self.g, self.p2p = self.models[0], plan, groups, p2p
         self.recv_window, self.act_dtype = recv_window, act_dtype
+        self.compute_s = 0.0
+        self.delay_s = 0.0  # tests: a slowed chip (added to each compute action)
         c = groups.coord
         self.k, self.d, self.t, self.outer, self.inner = c.stage, c.replica, c.tp_rank, c.outer, c.inner
         self.p, self.n = plan.devices, len(plan.stages)  # groups of chips, virtual stages
@@ -127,10 +129,11 @@ class StageExecutor:
         stores: dict[tuple[int, int], WeightGradStore] = {}
         loss_sum = 0.0
         spans: list[tuple[str, int, float, float]] | None = [] if _TIMING_DIR else None
+        self.compute_s = 0.0  # this step's time in F, B, I and W actions (straggler detection)
         for a in actions:
             m, key = a.mb, (a.chunk, a.mb)
             model = self.models[a.chunk]
-            t0 = time.perf_counter() if spans is not None else 0.0
+            t0 = time.perf_counter()
             if a.op in ("RECV_F", "RECV_B"):
                 consumed += 1
                 post_until(consumed + self.recv_window)  # this one, and the window beyond it
@@ -161,6 +164,10 @@ class StageExecutor:
                 stores.pop(key).flush()
             elif a.op == "SEND_B":
                 self._send(x_in.pop(key).grad, a)
+            if a.op in ("F", "B", "I", "W"):
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+                self.compute_s += time.perf_counter() - t0
             if spans is not None:
                 spans.append((a.op, m, t0, time.perf_counter()))
         if stores and any(s.queue for s in stores.values()):

@@ -58,6 +58,7 @@ class StepLog:
         self.echo = echo
         self.start, self.elapsed, self.done = start, 0.0, 0
         self.tb: Any = None
+        self.slow_before = False
         if path is None:
             return
         kept = []
@@ -73,7 +74,7 @@ class StepLog:
             self.tb = None
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float | None, dt: float,
-             peaks: list[float] | None, scaler: Any = None) -> None:
+             peaks: list[float] | None, scaler: Any = None, stragglers: dict[int, float] | None = None) -> None:
         if self.file is None and not self.echo:
             return
         rate = self.tokens / dt
@@ -83,6 +84,13 @@ class StepLog:
             rec["mfu"] = round(model_flops(self.m, self.tokens) / dt / self.peak, 6)
         if peaks is not None:
             rec["peak_memory_gb"] = [round(x, 4) for x in peaks]
+        if stragglers:  # stage -> its compute time over the prediction, relative to the median stage's
+            rec["stragglers"] = {str(k): round(v, 2) for k, v in stragglers.items()}
+            if self.echo and not self.slow_before:
+                print(f"[{self.label}] step {step}: straggler: " + ", ".join(
+                    f"stage {k} {v:.1f}x slower than predicted, relative to the other stages"
+                    for k, v in stragglers.items()), file=sys.stderr, flush=True)
+        self.slow_before = bool(stragglers)
         if scaler is not None:  # fp16: steps skipped so far and the scale the next step uses
             rec["skipped"], rec["loss_scale"] = scaler.skipped, scaler.scale
         if self.file is not None:

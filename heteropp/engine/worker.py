@@ -27,6 +27,7 @@ from .checkpoint import Checkpointer, slots
 from .data import Batches
 from .executor import StageExecutor
 from .metrics import StepLog, stage_peaks
+from .straggler import StragglerWatch
 from .tied import sync_tied_grads
 from .p2p import P2P
 from .schedule import compile_schedule
@@ -88,6 +89,9 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
     ex = StageExecutor(chunks, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window,
                        act_dtype=TORCH_DTYPES[opts.dtype])
+    if rank == cfg.slow_rank:
+        ex.delay_s = cfg.slow_s
+    watch = StragglerWatch(plan)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
     lead = model.last and d == 0 and t == 0
@@ -128,10 +132,11 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                 dist.all_reduce(total, group=g.dp)
             loss = total.item()
         peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log else None
+        slow = watch.observe(k, ex.compute_s, d == 0 and t == 0)
         dt = time.perf_counter() - t0
         losses.append(loss)
         rates.append(tokens / dt)
-        log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, opt.scaler)
+        log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, opt.scaler, slow)
         if ckpt is not None:
             ckpt.poll()
             if step == cfg.steps or (opts.save_every and step % opts.save_every == 0):
