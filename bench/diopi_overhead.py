@@ -5,6 +5,10 @@ workload runs as torch (its ``out=`` form, no allocation) and through ``DiopiLib
 library (the reference by default), in alternating blocks; medians of the per-call time. "same shapes"
 repeats one set of tensors (a training loop's steady state), "new shapes" alternates two shapes so that
 every call rewrites its handles. The overhead is the difference; the target is 5 us or less.
+
+``--device native|python``: also an operation on the diopi device (the ATen dispatch, the router and the
+library call: what a model pays per operator), against the same operation on the CPU and against the
+library call alone (the library's kernel with the binding: the floor the device can reach).
 """
 from __future__ import annotations
 
@@ -52,12 +56,44 @@ def workloads(lib) -> dict[str, tuple[Callable, Callable]]:
     }
 
 
+def device_workloads(lib, backend: str) -> dict[str, tuple[Callable, Callable, Callable]]:
+    """name -> (torch on the CPU, the library call, the same torch call on the diopi device)."""
+    from ditorch_diopi import device
+
+    device.enable(lib, backend=backend)
+    a, b, out = torch.randn(16), torch.randn(16), torch.empty(16)
+    m, n, mo = torch.randn(4, 4), torch.randn(4, 4), torch.empty(4, 4)
+    da, db, dout, dm, dn, dmo = (t.to("diopi") for t in (a, b, out, m, n, mo))
+    return {
+        "device add out=": (lambda: torch.add(a, b, out=out), lambda: lib.call("aten::add.Tensor", out, a, b, 1.0),
+                            lambda: torch.add(da, db, out=dout)),
+        "device add (a + b)": (lambda: a + b, lambda: lib.call("aten::add.Tensor", out, a, b, 1.0), lambda: da + db),
+        "device silu": (lambda: torch.nn.functional.silu(a), lambda: lib.call("aten::silu", out, a),
+                        lambda: torch.nn.functional.silu(da)),
+        "device mm 4x4": (lambda: torch.mm(m, n), lambda: lib.call("aten::mm", mo, m, n), lambda: torch.mm(dm, dn)),
+        "device mm 4x4 out=": (lambda: torch.mm(m, n, out=mo), lambda: lib.call("aten::mm", mo, m, n),
+                               lambda: torch.mm(dm, dn, out=dmo)),
+    }
+
+
+def _median_us(fns: tuple[Callable, ...], rounds: int, calls: int) -> list[float]:
+    for fn in fns:  # warm up
+        _per_call_us(fn, calls // 5)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(_per_call_us(fn, calls))
+    return [statistics.median(t) for t in times]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.diopi_overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--library", help="DIOPI library (default: $DIOPI_LIBRARY, else the reference)")
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument("--device", choices=("native", "python"),
+                    help="also time operations on the diopi device of this backend")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.calls < 5:  # the warm-up runs calls // 5 times and divides by it
         ap.error(f"--rounds must be >= 1 and --calls >= 5, got --rounds {args.rounds} --calls {args.calls}")
@@ -79,9 +115,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<22} {p:9.2f} {d:9.2f} {d - p:12.2f}")
     worst = max(r["overhead_us"] for r in rows)
     print(f"worst overhead {worst:.2f} us (target <= {TARGET_US} us): {'met' if worst <= TARGET_US else 'NOT met'}")
+    device_rows = []
+    if args.device:
+        print(f"\n{'on the ' + args.device + ' device':<22} {'cpu us':>9} {'lib us':>9} {'device us':>10} "
+              f"{'over lib us':>12}")
+        for name, fns in device_workloads(lib, args.device).items():
+            cpu, call, dev = _median_us(fns, args.rounds, args.calls)
+            device_rows.append({"workload": name, "cpu_us": cpu, "library_call_us": call, "device_us": dev,
+                                "over_library_us": dev - call})
+            print(f"{name:<22} {cpu:9.2f} {call:9.2f} {dev:10.2f} {dev - call:12.2f}")
+        worst_dev = max(r["over_library_us"] for r in device_rows)
+        print(f"worst device overhead over the library call {worst_dev:.2f} us (target <= {TARGET_US} us): "
+              f"{'met' if worst_dev <= TARGET_US else 'NOT met'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"library": f"{lib.vendor} {lib.version}", "rows": rows, "target_us": TARGET_US}, f, indent=1)
+            json.dump({"library": f"{lib.vendor} {lib.version}", "rows": rows, "target_us": TARGET_US,
+                       "device": args.device, "device_rows": device_rows}, f, indent=1)
     return 0
 
 

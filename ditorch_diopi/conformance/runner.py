@@ -27,6 +27,7 @@ Each operator runs in a forked child process: a kernel that crashes fails the ca
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 import os
@@ -317,6 +318,7 @@ def _in_children(lib: DiopiLibrary, cases: list[Case], vendor: VendorFile, devic
             os.close(read_end)
             code = 0
             try:
+                faulthandler.disable()  # a crash is reported with its case by the parent, not as a traceback dump
                 torch.set_num_threads(1)  # OpenMP's pool of the parent does not survive a fork
                 with os.fdopen(write_end, "w", buffering=1) as pipe:
                     for i in range(start, len(cases)):
