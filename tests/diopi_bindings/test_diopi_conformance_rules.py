@@ -146,6 +146,27 @@ diopiError_t diopi_aten_exp(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
 }
 """
 
+# exp never returns on a float64 0-dim input; neg is right.
+HANG_C = _IO_C + r"""
+#include <unistd.h>
+static diopiError_t unary(diopiTensorHandle_t out, diopiConstTensorHandle_t self, double (*f)(double)) {
+  if (!floating(self->dtype)) return DIOPI_ERR_DTYPE;
+  int64_t n = numel_without(self, -1);
+  for (int64_t i = 0; i < n; ++i) st(out, offset_of(out, i, -1), f(ld(self, offset_of(self, i, -1))));
+  return DIOPI_SUCCESS;
+}
+static double negate(double x) { return -x; }
+diopiError_t diopi_aten_exp(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  (void)ctx;
+  while (self->ndim == 0 && self->dtype == DIOPI_DTYPE_FLOAT64) sleep(1); /* the bug */
+  return unary(out, self, exp);
+}
+diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+  (void)ctx;
+  return unary(out, self, negate);
+}
+"""
+
 LOW_PRECISION = {"float32", "float16", "bfloat16"}
 
 
@@ -257,3 +278,22 @@ def test_torch_cpu_kernels_in_each_dtype_pass_and_0_1_percent_off_fails(op):
             if not all(v.passed for v in judge_case(case, off, list(expected), {})):
                 caught.add(str(case.dtype).removeprefix("torch."))
     assert caught == {"float32", "float64", "float16", "bfloat16"}
+
+
+def test_a_case_that_never_returns_times_out_and_the_run_goes_on(tmp_path, capsys):
+    lib = compile_c_library(tmp_path, "hang", HANG_C)
+    report = tmp_path / "hang.json"
+    assert main(["--impl", str(lib), "--ops", "aten::exp", "aten::neg", "--case-timeout", "2", "--json", str(report),
+                 "--quick", "-q"]) == 1
+    data = json.loads(report.read_text())
+    bad = [(c["op"], c["case"], c["dtype"], c["status"]) for c in data["cases"] if c["status"] != "pass"]
+    assert bad == [("aten::exp", "scalar", "float64", "timeout")]
+    assert data["operators"]["aten::neg"]["verdict"] == "pass"
+    assert "timeout: aten::exp scalar [float64]: no result after 2 s" in capsys.readouterr().out
+
+
+def test_case_timeout_must_be_positive_and_no_isolate_runs_in_process(tmp_path, capsys):
+    assert main(["--ops", "aten::neg", "--case-timeout", "0"]) == 2
+    assert "--case-timeout must be a positive number of seconds, got 0" in capsys.readouterr().err
+    lib = compile_c_library(tmp_path, "segfault", SEGFAULT_C)  # its exp is right
+    assert main(["--impl", str(lib), "--ops", "aten::exp", "--no-isolate", "--quick", "-q"]) == 0
