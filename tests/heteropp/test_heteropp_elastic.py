@@ -130,3 +130,30 @@ def test_too_few_chips_left_is_an_error_naming_the_smallest_cluster_and_the_chec
     newest = complete_checkpoints(ck)[-1]
     read_trainer(newest, PRESETS["tiny"])  # whole: every file's SHA-256 as written
     assert not any(p.name.endswith(".partial") for p in ck.iterdir() if p.name > newest.name)
+
+
+def test_ranks_take_their_chip_types_places_in_the_plan_and_the_rest_stay_idle() -> None:
+    from heteropp.engine.elastic import assign, live_cluster
+    from heteropp.plan import StagePlan
+    from heteropp.spec import load_cluster
+    plan = Plan([StagePlan("big", 2, 5), StagePlan("small", 1, 3)], dp=1, micro_batch_size=1, micro_batches=4)
+    chips = ["small", "small", "big", "big", "small"]  # world ranks by host, as the agents numbered them
+    assert assign(plan, chips) == [2, 3, 0]  # ranks 1 and 4 idle
+    cluster = live_cluster(load_cluster(REPO / "examples/clusters/two-cpu.yaml"), chips)
+    assert {c.name: c.count for c in cluster.chips} == {"big": 2, "small": 3}
+
+
+def test_the_multi_host_recipe_is_printed_with_the_round_scoped_store(tmp_path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 2, "stages": [{"chip": "big", "tp": 1, "layers": 8}], "dp": 1,
+                                "micro_batch_size": 1, "micro_batches": 2}))
+    r = subprocess.run([sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
+                        "--cluster", str(REPO / "examples/clusters/two-cpu.yaml"), "--checkpoint-dir",
+                        str(tmp_path / "ck"), "--write-config", str(tmp_path / "run.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cmd = r.stdout.splitlines()[-1]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in cmd and "-m torch.distributed.run" in cmd
+    assert f"-m heteropp.engine.elastic --config {tmp_path / 'run.json'} --chip <CHIP>" in cmd
+    cfg = json.loads((tmp_path / "run.json").read_text())
+    assert cfg["elastic"]["train"]["global_batch"] == 2 and cfg["elastic"]["cluster"]["name"] == "two-cpu"
