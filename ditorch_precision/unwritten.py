@@ -27,6 +27,7 @@ class Unwritten:
     def __init__(self) -> None:
         # storage address -> (weak reference to the storage, mask over its elements, element size)
         self._masks: dict[int, tuple[StorageWeakRef, torch.Tensor, int]] = {}
+        self._limit = 64
 
     def __bool__(self) -> bool:
         return bool(self._masks)
@@ -41,6 +42,9 @@ class Unwritten:
             held = self._masks.get(addr)
             if held is not None and not held[0].expired():  # the same storage, seen already
                 continue
+            if len(self._masks) >= self._limit:  # storages freed since, never looked up again: forget them
+                self._masks = {k: v for k, v in self._masks.items() if not v[0].expired()}
+                self._limit = max(64, 2 * len(self._masks))
             n = t.untyped_storage().nbytes() // t.element_size()
             self._masks[addr] = (StorageWeakRef(t.untyped_storage()), torch.ones(n, dtype=torch.bool),
                                  t.element_size())
