@@ -7,9 +7,10 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
 * **h2**: the paper's algorithm (`h2.search_h2`), where its two-stage DFS stays cheap (at most
   `H2_MAX_TYPES` chip types and `H2_MAX_GROUPS` groups of `group_size` chips);
 * **subsets of chip types**: the cluster with only some types, the others idle, searched as a cluster of
-  its own (its plan is valid on the whole cluster). Every proper subset up to `ALL_SUBSETS_TYPES` types;
-  beyond, each type alone, and the types ranked by their FLOPs taken 2, 3, ... at a time (on clusters
-  of more than `LARGE_CHIPS` chips, 2 and 3 at a time: each sub-search costs about what the search does);
+  its own (its plan is valid on the whole cluster) by the search and its re-rank. Every proper subset
+  up to `ALL_SUBSETS_TYPES` types; beyond, each type alone, and the types ranked by their FLOPs taken 2,
+  3, ... at a time (on clusters of more than `LARGE_CHIPS` chips, 2 and 3 at a time: each sub-search
+  costs about what the search does);
 * **rounded counts**: the cluster with each type's count rounded down to a multiple of 2^j (chips
   dropped, so a count one above a round number plans at least as well as the round number does; on
   clusters of more than `LARGE_CHIPS` chips, multiples of 8 only);
@@ -25,16 +26,17 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from ..spec import Cluster, InfeasibleError
-from .candidates import Candidate
+from .candidates import Candidate, SearchResult
 from .costs import CostModel, StageSpec, in_flight, micro_batches
 from .limits import Limits, relaxed_bound
 from .space import divisors, dp_candidates, tp_counts, tp_sizes
 
-if TYPE_CHECKING:
-    from .planning import Problem
+# planning.Problem (not imported: planning calls this module) and its run_search, passed in
+Problem = Any
+Plan = Callable[[Any, Limits, bool], SearchResult]  # (problem, limits, with its baselines)
 
 ALL_SUBSETS_TYPES = 4  # every proper subset of up to this many types (14 for 4); beyond, singles and prefixes
 # h2's DFS over every order of the types and then of groups: beyond these it costs more than the search
@@ -82,11 +84,6 @@ def rounded_counts(cl: Cluster) -> list[dict[str, int]]:
             continue
         out.append(counts)
     return out
-
-
-def sub_problem(pb: Problem, cl: Cluster) -> Problem:
-    from .planning import Problem
-    return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
 
 
 def flops_split(cm: CostModel, limit: int = FLOPS_DPS) -> Iterator[Candidate]:
@@ -137,15 +134,14 @@ def flops_split(cm: CostModel, limit: int = FLOPS_DPS) -> Iterator[Candidate]:
                     return
 
 
-def candidates(pb: Problem, group_size: int, limits: Limits, idle: str,
+def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Plan,
+               sub_problem: Callable[[Cluster], Problem],
                best_s: Callable[[], float] = lambda: math.inf) -> Iterator[Candidate]:
     """The baselines' plans, each as its own search or rule returns it (not yet simulated). A sub-cluster
     whose lower bound on every plan (limits.relaxed_bound, below the cost model's estimate, which is below
     the simulator's time) is no less than `best_s()`, the fastest plan so far, is not searched: it cannot
-    win."""
+    win. `plan`: the planner (planning.run_search); `sub_problem`: the problem of a sub-cluster."""
     from .h2 import search_h2
-    from .planning import run_search
-    from .search import search_auto
     cl = pb.cluster
     if len(cl.chips) <= H2_MAX_TYPES and sum(-(-c.count // group_size) for c in cl.chips) <= H2_MAX_GROUPS:
         try:
@@ -159,15 +155,14 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str,
     subs += [(counts, True) for counts in rounded_counts(cl)]
     for counts, whole in subs:
         part = sub_cluster(cl, counts)
-        spb = sub_problem(pb, part)
+        spb = sub_problem(part)
         dps = [d for d in divisors(pb.train.micro_batches_total) if d <= part.total_chips]
         if relaxed_bound(spb.cm, dps) >= best_s():
             continue
         try:
-            if whole:
-                res = run_search(spb, "auto", group_size, limits=limits, idle=idle)
-            else:  # the search's own optimum, without its re-rank: one simulation each (never_worse)
-                res = search_auto(spb.cm, group_size, rerank=False, limits=sub, idle=idle)
+            # a subset: the search and its re-rank (planning.run_search without baselines) on a share of
+            # the budget; rounded counts: as the planner plans that cluster itself
+            res = plan(spb, limits, True) if whole else plan(spb, sub, False)
         except InfeasibleError:
             continue
         what = "+".join(f"{c.name}:{c.count}" for c in part.chips)

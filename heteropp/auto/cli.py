@@ -53,7 +53,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     t0 = time.perf_counter()
     res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None,
-                     Limits(work=a.work_budget, time_cap_s=a.time_cap), a.idle)
+                     Limits(work=a.work_budget, time_cap_s=a.time_cap), a.idle, baselines=a.baselines)
     dt = time.perf_counter() - t0
     plan = to_plan(pb, res.best, dt, a.algo, res)
     print(table(plan))
@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-budget", type=at_least(1), default=DEFAULT_WORK,
                    help="units of search work (one stage split, or 64 bound cells) before the search returns its "
                    "best plan and a bound; the plan depends on the inputs alone, never on the machine's load")
+    p.add_argument("--no-baselines", dest="baselines", action="store_false",
+                   help="return the search's plan without checking it against the baselines (h2, chip-type subsets, "
+                   "rounded counts, a FLOPs-proportional split), which it may then be slower than")
     p.add_argument("--time-cap", "--time-budget", dest="time_cap", type=positive, default=None,
                    help="optional wall-clock cap in seconds: may stop the search earlier, which then says so "
                    "(the plan may then differ between machines or loads)")

@@ -60,7 +60,13 @@ def never_worse(pb: Problem, res: SearchResult, group_size: int, limits: Limits,
         t = math.inf
     best: Candidate | None = None
     fastest = [t]  # read by the baselines to skip sub-clusters whose bound cannot beat it
-    for cand in bl.candidates(pb, group_size, limits, idle, lambda: fastest[0]):
+    def plan(sub: Problem, lim: Limits, with_baselines: bool) -> SearchResult:
+        return run_search(sub, "auto", group_size, limits=lim, idle=idle, baselines=with_baselines)
+
+    def sub_problem(cl: Cluster) -> Problem:
+        return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
+
+    for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, lambda: fastest[0]):
         try:
             q, _, tc = best_params(pb, cand)
         except InfeasibleError:
