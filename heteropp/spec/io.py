@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from .errors import SpecError
 
 
-class _Mapping(dict):  # type: ignore[type-arg]
+class _Mapping(dict[str, Any]):
     """A parsed mapping that remembers the keys its file gave more than once (the parsers keep the last
     value silently); Fields rejects them, naming the dotted path."""
 
@@ -31,16 +31,16 @@ def _mapping(pairs: list[tuple[Any, Any]]) -> _Mapping:
 def _yaml_loader() -> Any:
     import yaml
 
-    class Loader(yaml.SafeLoader):
-        pass
+    # a SafeLoader of its own, so the constructor below does not change yaml.safe_load for everyone
+    loader_class: Any = type("Loader", (yaml.SafeLoader,), {})
 
-    def construct(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _Mapping:
+    def construct(loader: Any, node: Any) -> _Mapping:
         loader.flatten_mapping(node)
         return _mapping([(loader.construct_object(k, deep=True), loader.construct_object(v, deep=True))
                          for k, v in node.value])
 
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct)
-    return Loader
+    loader_class.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct)
+    return loader_class
 
 
 def load_mapping(path: str | Path) -> dict[str, Any]:
