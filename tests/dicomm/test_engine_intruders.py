@@ -42,11 +42,17 @@ def _run_intruder(store, transport: str, secret: str, user: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _attacked_job(rank, world, store, transport, warm, user, secret):
+def _attacked_job(rank, world, store, transport, warm, user, secret, greet=False):
     if secret:
         os.environ["DICOMM_JOB_SECRET"] = secret
     c = comm(store, rank, world, timeout_s=20, transport=transport)
     out = {"warm": exchange(c, rank)} if warm else {}
+    if greet:  # rank 1 -> rank 0 only: rank 1 has read rank 0's card, rank 0 has not connected to it
+        hello = np.zeros(1, np.int64)
+        if rank == 0:
+            c.irecv(ptr(hello), 8, 1, tag=99).wait()
+        else:
+            c.isend(ptr(hello), 8, 0, tag=99).wait()
     if rank == 1:
         got = np.zeros(1, np.int64)
         r = c.irecv(ptr(got), 8, 0, tag=TAG)
@@ -234,3 +240,21 @@ def test_cross_memory_attach_is_not_open_to_every_process_of_the_user(tmp_path):
         pytest.skip(f"Yama ptrace_scope={scope}: only scope 1 has a ptracer exception to narrow")
     result, _ = run_ranks(_outsider_reads_job, 2, str(tmp_path))
     assert result == os.strerror(1), f"an outsider's process_vm_readv of a rank gave {result!r}"
+
+
+def _attacked_job_rank0_lazy(rank, world, store, *args):
+    # Rank 0 connects on first use, so the intruder comes first; rank 1 has read rank 0's card.
+    if rank == 0:
+        os.environ["DICOMM_CONNECT"] = "lazy"
+    return _attacked_job(rank, world, store, *args, greet=True)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_same_user_process_claiming_a_rank_before_it_connects_is_refused(transport):
+    """Issue 27, point 3: without DICOMM_JOB_SECRET a process of the job's own user that reads the
+    store and claims rank 0 before rank 0 ever connected is checked against rank 0's card: the
+    connecting process must be the pid the card names (shared memory: SO_PEERCRED; tcp from this
+    host: the process owning the connecting socket, found through /proc). It is refused, and the
+    real rank 0 connects afterwards as usual."""
+    r0, r1 = run_ranks(_attacked_job_rank0_lazy, 2, transport, False, None, "")
+    _check(r0, r1)

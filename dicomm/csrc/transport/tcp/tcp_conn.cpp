@@ -97,8 +97,8 @@ void TcpSendConn::on_written(const Frame& f, void* cookie) {
   }
 }
 
-TcpRecvConn::TcpRecvConn(int peer, int nstreams, Sink* sink)
-    : peer_(peer), streams_(static_cast<size_t>(nstreams)), sink_(sink) {}
+TcpRecvConn::TcpRecvConn(int peer, int nstreams, Sink* sink, int64_t peer_pid)
+    : peer_(peer), peer_pid_(peer_pid), streams_(static_cast<size_t>(nstreams)), sink_(sink) {}
 
 bool TcpRecvConn::cancel(RecvOp* op) {
   for (auto& [id, l] : landing_) {

@@ -42,7 +42,9 @@ class TcpSendConn : public SendConn, private TcpStream::Handler {
 
 class TcpRecvConn : public RecvConn, private TcpStream::Handler {
  public:
-  TcpRecvConn(int peer, int nstreams, Sink* sink);
+  // peer_pid: the connecting process when it runs on this host (0: unknown).
+  TcpRecvConn(int peer, int nstreams, Sink* sink, int64_t peer_pid = 0);
+  int64_t peer_pid() const override { return peer_pid_; }
   int peer() const override { return peer_; }
   const char* transport_name() const override { return "tcp"; }
   bool progress(bool thorough) override;
@@ -65,6 +67,7 @@ class TcpRecvConn : public RecvConn, private TcpStream::Handler {
   // claimed: bytes of data frames whose header was read; landed: of those fully read.
   struct Landing { RecvOp* op; size_t claimed; size_t landed; size_t bytes; bool discard; };
   int peer_;
+  int64_t peer_pid_;
   int reading_ = 0;  // the stream being read (frames other than data belong on stream 0)
   std::vector<std::unique_ptr<TcpStream>> streams_;
   Sink* sink_;  // not owned: the engine, which outlives its connections

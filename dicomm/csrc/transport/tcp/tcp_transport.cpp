@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -60,8 +61,9 @@ UniqueFd connect_one(const sockaddr_in& sa, Clock::time_point deadline, const st
 }
 
 // The uid owning the other end of a TCP connection made from this host (and network namespace),
-// as /proc/net/tcp lists it; -1 when that end is not on this host. TCP has no SO_PEERCRED.
-long local_peer_uid(int fd) {
+// as /proc/net/tcp lists it, and that end's socket inode; -1 when that end is not on this host.
+// TCP has no SO_PEERCRED.
+long local_peer_uid(int fd, unsigned long* inode = nullptr) {
   sockaddr_in mine{}, theirs{};
   socklen_t a = sizeof(mine), b = sizeof(theirs);
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0 ||
@@ -77,12 +79,46 @@ long local_peer_uid(int fd) {
   while (uid < 0 && std::fgets(line, sizeof(line), f)) {
     char local[64], remote[64];
     long owner;
-    if (std::sscanf(line, " %*d: %63s %63s %*x %*s %*s %*s %ld", local, remote, &owner) == 3 &&
-        std::strcmp(local, want_local) == 0 && std::strcmp(remote, want_remote) == 0)
+    unsigned long ino = 0;
+    if (std::sscanf(line, " %*d: %63s %63s %*x %*s %*s %*s %ld %*d %lu", local, remote, &owner, &ino) == 4 &&
+        std::strcmp(local, want_local) == 0 && std::strcmp(remote, want_remote) == 0) {
       uid = owner;
+      if (inode) *inode = ino;
+    }
   }
   std::fclose(f);
   return uid;
+}
+
+// The process holding socket `inode` open (the first found: a forked child may share it), 0 if
+// none is visible. A scan of /proc, done once per accepted connection from this host.
+int64_t pid_holding_socket(unsigned long inode) {
+  if (inode == 0) return 0;
+  const std::string want = "socket:[" + std::to_string(inode) + "]";
+  DIR* proc = opendir("/proc");
+  if (!proc) return 0;
+  int64_t found = 0;
+  while (dirent* e = readdir(proc)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    const std::string fds = std::string("/proc/") + e->d_name + "/fd";
+    DIR* d = opendir(fds.c_str());
+    if (!d) continue;
+    while (dirent* fe = readdir(d)) {
+      if (fe->d_name[0] == '.') continue;
+      char target[64];
+      ssize_t n = readlink((fds + "/" + fe->d_name).c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      if (want == target) {
+        found = std::atoll(e->d_name);
+        break;
+      }
+    }
+    closedir(d);
+    if (found) break;
+  }
+  closedir(proc);
+  return found;
 }
 
 }  // namespace
@@ -150,7 +186,8 @@ bool TcpTransport::progress() {
   for (auto& a : accepted) {
     int src = a.hello.src;  // a.fd and a.passed_fd close when `a` goes, unless taken below
     // From this host, only the job's own user may connect (another user may have read the store).
-    long uid = local_peer_uid(a.fd.get());
+    unsigned long inode = 0;
+    long uid = local_peer_uid(a.fd.get(), &inode);
     if (uid >= 0 && uid != static_cast<long>(geteuid())) {
       ctx_.sink->on_rejected("tcp connection claiming rank " + std::to_string(src) + " from a process of uid " +
                              std::to_string(uid) + " on this host, but this job runs as uid " + std::to_string(geteuid()));
@@ -162,8 +199,12 @@ bool TcpTransport::progress() {
     // stream count, a stream index already taken) is refused and never touches the first.
     auto conn = recv_conns_[src].lock();
     bool fresh = !conn;
-    if (fresh) conn = std::make_shared<TcpRecvConn>(src, a.hello.nstreams, ctx_.sink);
-    if (conn->nstreams() != a.hello.nstreams || !conn->attach(a.hello.stream, std::move(stream))) {
+    // The connecting process, so that the engine can hold it to the pid of the rank's card, as it
+    // does over shared memory (a process of the job's user that read the store is no rank).
+    const int64_t pid = uid >= 0 ? pid_holding_socket(inode) : 0;
+    if (fresh) conn = std::make_shared<TcpRecvConn>(src, a.hello.nstreams, ctx_.sink, pid);
+    if (conn->nstreams() != a.hello.nstreams || (pid && conn->peer_pid() && pid != conn->peer_pid()) ||
+        !conn->attach(a.hello.stream, std::move(stream))) {
       ctx_.sink->on_rejected("a second tcp connection claiming rank " + std::to_string(src) + " (stream " +
                              std::to_string(a.hello.stream) + " of " + std::to_string(a.hello.nstreams) +
                              "), which already has a live one");
