@@ -40,5 +40,8 @@ def _cycles(rank, world, store, cycles):
 def test_group_create_destroy_cycles_leak_no_fds_threads_or_memory():
     for rank, (before, after) in enumerate(run_ranks(_cycles, 3, CYCLES, timeout=240)):
         assert after["fds"] <= before["fds"], f"rank {rank}: descriptors {before['fds']} -> {after['fds']}"
-        assert after["threads"] <= before["threads"], f"rank {rank}: threads {before['threads']} -> {after['threads']}"
+        # The completer pool may add a thread when two completions overlap (it shrinks when idle);
+        # a leak would add one per cycle.
+        threads = f"rank {rank}: threads {before['threads']} -> {after['threads']}"
+        assert after["threads"] <= before["threads"] + 2, threads
         assert after["rss_mb"] - before["rss_mb"] < 40, f"rank {rank}: RSS {before['rss_mb']} -> {after['rss_mb']} MB"
