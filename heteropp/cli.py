@@ -123,7 +123,8 @@ def cmd_run(a: argparse.Namespace) -> int:
                           options=options)
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
-        print(f"wrote {a.write_config}; run it with: torchrun --nproc-per-node={plan.world_size} "
+        print(f"wrote {a.write_config}; run it with: DICOMM_JOB_SECRET=$(python -c 'import secrets; "
+              f"print(secrets.token_hex(16))') torchrun --nproc-per-node={plan.world_size} "
               f"-m heteropp.engine.worker --config {a.write_config}")
         return 0
     from .engine.checks import check_run
@@ -181,7 +182,7 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
         from .engine.elastic_launch import AGENT_ENV
         print(f"wrote {path}; on each host run:")
         cmd = agent_command(path, "<CHIP>", 0, f"1:{len(hosts)}", "<ADDR>:<PORT>", "<RUN_ID>", a.max_restarts)
-        env = " ".join(f"{k}={v}" for k, v in AGENT_ENV.items())
+        env = " ".join(f"{k}={v}" for k, v in AGENT_ENV.items()) + " DICOMM_JOB_SECRET=<one secret for every host>"
         print(f"  {env} " + " ".join(cmd).replace("--nproc-per-node=0", "--nproc-per-node=<N>"))
         return 0
     print(f"heteropp run --elastic: {len(hosts)} hosts ({', '.join(f'{c} x{n}' for c, n in hosts)}), "

@@ -9,6 +9,7 @@ import torch
 
 from ..model import StageModel, TPGroup
 from ..model.hf_weights import load_hf_weights
+from ..model.init import skip_init
 from ..spec import ModelSpec
 from .config import TrainOptions
 from .lr import LRSchedule
@@ -21,10 +22,16 @@ def build_chunks(m: ModelSpec, layer_ranges: list[tuple[range, bool, bool, bool]
                  opts: TrainOptions, device: torch.device) -> list[StageModel]:
     """One StageModel per (layers, first, last, recompute), initialised from `opts.init_from`'s safetensors
     (this TP rank's slices only) or from the seed, in the run's dtype on `device`."""
-    chunks = [StageModel(m, layers, tp, seed=seed, first=first, last=last, recompute=rc)
-              for layers, first, last, rc in layer_ranges]
+    def make() -> list[StageModel]:
+        return [StageModel(m, layers, tp, seed=seed, first=first, last=last, recompute=rc)
+                for layers, first, last, rc in layer_ranges]
+
     if opts.init_from:
+        with skip_init():  # every value is loaded next
+            chunks = make()
         load_hf_weights(chunks, m, opts.init_from, tp.rank, tp.size)
+    else:
+        chunks = make()
     return [c.to(device=device, dtype=TORCH_DTYPES[opts.dtype]) for c in chunks]
 
 

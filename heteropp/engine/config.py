@@ -62,6 +62,8 @@ class RunConfig:
     slow_s: float = 0.0
     verbose: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
+    # dicomm's DICOMM_JOB_SECRET for the ranks of this job (set by the launcher; never written to a file)
+    job_secret: str | None = None
 
     @property
     def opts(self) -> TrainOptions:

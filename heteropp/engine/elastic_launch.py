@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -75,7 +76,8 @@ def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, e
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=600))
     run_id = f"heteropp-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, **AGENT_ENV}
+    # one fresh dicomm secret for the whole job, every host's workers alike (unless the user set one)
+    env = {**os.environ, **AGENT_ENV, "DICOMM_JOB_SECRET": os.environ.get("DICOMM_JOB_SECRET") or secrets.token_hex(16)}
     procs = []
     for i, (chip, n) in enumerate(hosts):
         cmd = agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}", run_id,

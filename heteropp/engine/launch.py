@@ -1,7 +1,10 @@
 """Start a plan's processes on this host through torch's elastic launcher (what torchrun uses)."""
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
+import os
+import secrets
 import uuid
 from typing import Any
 
@@ -23,4 +26,8 @@ def launch(cfg: RunConfig) -> dict[int, Any]:
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
                       run_id=f"heteropp-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
                       max_restarts=0, monitor_interval=0.1, start_method="forkserver")
+    # Every job its own dicomm secret, handed to the ranks inside their config (forked ranks inherit the
+    # environment of a fork server started by an earlier job): without one a process of the same user that
+    # reads the store could take a rank's place. A secret the user set is kept.
+    cfg = dataclasses.replace(cfg, job_secret=os.environ.get("DICOMM_JOB_SECRET") or secrets.token_hex(16))
     return elastic_launch(lc, worker)(cfg)

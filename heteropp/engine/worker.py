@@ -6,6 +6,7 @@ with torchrun: `torchrun --nnodes=N --nproc-per-node=M ... -m heteropp.engine.wo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import dataclasses
 import datetime
 import json
@@ -153,6 +154,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
             "tokens_per_s": rates, "grads": grads, "params": params, "grad_norms": norms,
             "bytes_sent": dict(p2p.bytes_sent), "start_step": start,
+            # which job secret this rank's backend used, as a digest (tests: fresh for every job)
+            "secret_digest": hashlib.sha256(os.environ.get("DICOMM_JOB_SECRET", "").encode()).hexdigest()[:12],
             "skipped_steps": opt.scaler.skipped if opt.scaler else 0}
 
 
@@ -166,6 +169,8 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     m = cfg.model_spec
     plan.validate("plan", num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
                   world_size=world)
+    if cfg.job_secret:
+        os.environ["DICOMM_JOB_SECRET"] = cfg.job_secret
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
     timeout = datetime.timedelta(seconds=cfg.timeout_s)

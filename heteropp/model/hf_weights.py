@@ -66,19 +66,18 @@ def load_hf_weights(models: list[nn.Module], m: ModelSpec, directory: str | Path
     if files is None:
         raise SpecError(str(directory), "<weights>", "no model.safetensors or model.safetensors.index.json",
                         "a HF model directory with safetensors weights (or train from a fresh initialisation)")
-    handles: dict[Path, object] = {}
     read = 0
-    try:
-        for model in models:
-            for name, p in model.named_parameters():
-                key = hf_name(name, m)
-                if key not in files:
-                    raise SpecError(str(directory), key, "tensor missing from the checkpoint",
-                                    f"the weights of the config's {m.layers}-layer model")
-                path = files[key]
-                if path not in handles:
-                    handles[path] = _open(path).__enter__()
-                sl = handles[path].get_slice(key)  # type: ignore[attr-defined]
+    for model in models:
+        for name, p in model.named_parameters():
+            key = hf_name(name, m)
+            if key not in files:
+                raise SpecError(str(directory), key, "tensor missing from the checkpoint",
+                                f"the weights of the config's {m.layers}-layer model")
+            path = files[key]
+            # one mapping per tensor: its pages leave this process's memory when it is unmapped, so the
+            # file's pages never add up beside the shard being built
+            with _open(path) as f:
+                sl = f.get_slice(key)
                 full, dim, a, b = global_slice(p, tp_rank, tp_size)
                 if tuple(sl.get_shape()) != full:
                     raise SpecError(str(path), key, f"shape {list(sl.get_shape())}",
@@ -87,7 +86,4 @@ def load_hf_weights(models: list[nn.Module], m: ModelSpec, directory: str | Path
                 t = sl[index] if index else sl[:]
                 p.copy_(t.to(p.dtype))
                 read += t.numel() * t.element_size()
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)  # type: ignore[attr-defined]
     return read

@@ -10,6 +10,21 @@ import hashlib
 import torch
 
 EMBED_LAYER = -1  # the embedding's "layer index"; the head uses the model's layer count
+_SKIP = False  # skip_init() is open
+
+
+class skip_init:
+    """Inside it full_init returns uninitialised memory: the values are about to be loaded (HF weights), and
+    untouched pages of the full tensor never become resident, so a rank's memory stays close to its shard."""
+
+    def __enter__(self) -> "skip_init":
+        global _SKIP
+        _SKIP = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _SKIP
+        _SKIP = False
 
 
 def _generator(seed: int, layer: int, name: str) -> torch.Generator:
@@ -19,6 +34,8 @@ def _generator(seed: int, layer: int, name: str) -> torch.Generator:
 
 def full_init(seed: int, layer: int, name: str, shape: tuple[int, ...], std: float | None) -> torch.Tensor:
     """Normal(0, std) for weights, ones for norms (std=None)."""
+    if _SKIP:
+        return torch.empty(shape)
     if std is None:
         return torch.ones(shape)
     return torch.randn(shape, generator=_generator(seed, layer, name)) * std

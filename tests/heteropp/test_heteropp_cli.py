@@ -69,3 +69,24 @@ def test_a_dying_stage_makes_the_run_fail_not_hang() -> None:
         launch(cfg)
     assert "injected failure" in str(info.value) or "rank      : 2" in str(info.value)
     assert time.monotonic() - t0 < 60
+
+
+def test_every_heteropp_job_gets_its_own_dicomm_secret(monkeypatch) -> None:
+    """Without DICOMM_JOB_SECRET a same-user process reading the store could take a rank's place: each launch
+    draws a fresh one for all its ranks (two launches from one process, whose ranks fork from one server)."""
+    import hashlib
+
+    from heteropp.engine import RunConfig, launch
+    from tests.heteropp.heteropp_helpers import MODEL, plan
+
+    monkeypatch.delenv("DICOMM_JOB_SECRET", raising=False)
+    p = plan([(1, 2, False), (1, 2, False)], micro_batches=2)
+    digests = []
+    for _ in range(2):
+        res = launch(RunConfig(plan=p.to_dict(), model=RunConfig.model_dict(MODEL), steps=1, backend="dicomm",
+                               chip_map={"A": "cpu", "B": "cpu"}))
+        seen = {r[p.schedule]["secret_digest"] for r in res.values()}
+        assert len(seen) == 1  # one secret for the whole job
+        digests.append(seen.pop())
+    empty = hashlib.sha256(b"").hexdigest()[:12]
+    assert empty not in digests and digests[0] != digests[1]
