@@ -133,6 +133,8 @@ class Run:
         # netns: the config as `--write-config` writes it, then the store and the agents by hand
         cfg = work / "run.json"
         subprocess.run(args + ["--write-config", str(cfg)], check=True, capture_output=True)
+        # round 1's rank 0 writes its plan there before anything creates it (the launcher does on one machine)
+        self.ck.mkdir(parents=True, exist_ok=True)
         port, run_id = 29411, f"bench-{uuid.uuid4().hex[:8]}"
         store = ("import datetime, time\nfrom torch.distributed import TCPStore\n"
                  f"s = TCPStore('{ADDR[0]}', {port}, is_master=True, wait_for_workers=False,"
@@ -176,6 +178,11 @@ class Run:
         self.out.close()
 
 
+def complete(ck: Path) -> list[int]:
+    """Steps of the complete checkpoints (step-NNNNNNNN/; step-NNNNNNNN.partial/ while written)."""
+    return sorted(int(p.name[5:]) for p in ck.glob("step-*") if p.name[5:].isdigit())
+
+
 def steps_of(log: Path) -> list[dict[str, Any]]:
     return _lines(log)
 
@@ -196,8 +203,11 @@ def one(variant: str, steps: int, every: int, rng: random.Random, come_back: boo
             raise RuntimeError("round 1 did not hold both hosts: " + json.dumps(
                 [e for e in _lines(ev) if e["event"] == "round"]))
         at = rng.randint(every + 1, 2 * every)  # after the first checkpoint, before the second
-        _wait(lambda: len(steps_of(run.log)) >= at, f"step {at}", run.main, 300)
+        # the first checkpoint is written in the background: wait until it is complete (renamed into place)
+        _wait(lambda: len(steps_of(run.log)) >= at and complete(run.ck), f"step {at} and a checkpoint", run.main,
+              300)
         killed_step = max(r["step"] for r in steps_of(run.log))
+        newest = complete(run.ck)[-1]
         kill_at = time.time()
         kill_host(run.hosts["small"][0])
         rnd = _wait(lambda: next((e for e in _lines(ev) if e["event"] == "round" and e["started"] > kill_at), None),
@@ -205,7 +215,8 @@ def one(variant: str, steps: int, every: int, rng: random.Random, come_back: boo
         first = _wait(lambda: next((r for r in steps_of(run.log) if r["time"] > kill_at), None),
                       "a step after the kill", run.main, 300)
         fail = [e["time"] for e in _lines(ev) if e["event"] == "peer_failure" and e["time"] >= kill_at]
-        row = {**row, "killed_at_step": killed_step, "resume_from": rnd["resume_from"],
+        row = {**row, "killed_at_step": killed_step, "newest_checkpoint_at_kill": newest,
+               "resume_from": rnd["resume_from"],
                "chips_after": rnd["chips"], "plan_after": rnd["plan"],
                "detection_s": round(min(fail) - kill_at, 3) if fail else None,
                "replan_s": rnd["plan_s"], "round_start_s": round(rnd["started"] - kill_at, 3),
