@@ -136,11 +136,10 @@ def test_elastic_walkthrough_as_written(tmp_path) -> None:
     resumed = rounds[1]["resume_from"]
     assert resumed >= every and resumed % every == 0 and killed_at - resumed <= every, (killed_at, resumed)
     assert any(e["event"] == "peer_failure" and e["time"] < rounds[1]["started"] for e in events)
-    assert events[-1]["event"] == "finished"
     if rounds[2]["chips"] != {"big": 2, "small": 2}:
         # the returned host makes a round of its own next to round 2 (examples/elastic/README.md, step 5)
         pytest.xfail(f"the returned host did not join the running round: {rounds[2]['chips']}")
-    assert len(rounds) == 3, rounds
+    assert len(rounds) == 3 and events[-1]["event"] == "finished", rounds
     steps = jsonl(out / "loss.jsonl")
     curve = {s["step"]: s["loss"] for s in steps}  # a step trained again after a resume: its later line counts
     assert sorted(curve) == list(range(1, 61))
