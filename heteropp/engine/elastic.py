@@ -157,7 +157,9 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
     rank = order.index(world_rank)
     if rank == 0:
         rounds = sum(1 for e in _read_events(cfg) if e.get("event") == "round") + 1
-        plan.save(Path(cfg.opts.checkpoint_dir or ".") / f"plan-round{rounds}.json")
+        root = Path(cfg.opts.checkpoint_dir or ".")
+        root.mkdir(parents=True, exist_ok=True)  # torchrun on a host: nothing made it before
+        plan.save(root / f"plan-round{rounds}.json")
         record(cfg, "round", round=rounds, started=round(started, 3), chips=dict(collections.Counter(chips)),
                world=world,
                plan=[f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "")
