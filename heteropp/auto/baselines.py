@@ -5,7 +5,7 @@ plan a one-line rule finds (1,024 chips of 3 types on slow links: 268.9 s agains
 H200s alone). So `planning.run_search` also simulates, with each one's best schedule parameters:
 
 * **h2**: the paper's algorithm (`h2.search_h2`), where its two-stage DFS stays cheap (at most
-  `H2_MAX_TYPES` chip types and `H2_MAX_GROUPS` groups of `group_size` chips);
+  `H2_MAX_TYPES` chip types and `H2_MAX_CHIPS` chips);
 * **subsets of chip types**: the cluster with only some types, the others idle, searched as a cluster of
   its own (its plan is valid on the whole cluster) by the search and its re-rank. Every proper subset
   up to `ALL_SUBSETS_TYPES` types; beyond, each type alone, and the types ranked by their FLOPs taken 2,
@@ -13,7 +13,8 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
   costs about what the search does);
 * **rounded counts**: the cluster with each type's count rounded down to a multiple of 2^j (chips
   dropped, so a count one above a round number plans at least as well as the round number does; on
-  clusters of more than `LARGE_CHIPS` chips, multiples of 8 only);
+  clusters of more than `LARGE_CHIPS` chips, multiples of 8 only; a rounded cluster is planned with its
+  other baselines, not its own roundings);
 * **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
   order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp.
 
@@ -42,7 +43,7 @@ ALL_SUBSETS_TYPES = 4  # every proper subset of up to this many types (14 for 4)
 # h2's DFS over every order of the types and then of groups: beyond these it costs more than the search
 # (1,024 chips of 8 types: minutes)
 H2_MAX_TYPES = 4
-H2_MAX_GROUPS = 64
+H2_MAX_CHIPS = 2432  # the paper's largest experiment (Exp-D); 3 x 1,024 chips took minutes
 SUB_WORK_SHARE = 8  # each sub-search's work budget: the search's over this
 ROUNDINGS = (3, 6, 9)  # counts rounded down to multiples of 2^j (8, 64, 512 chips)
 LARGE_CHIPS = 8192  # beyond, fewer sub-searches (100,000 chips x 8 types: ~1.3 s of CPU each)
@@ -136,14 +137,14 @@ def flops_split(cm: CostModel, limit: int = FLOPS_DPS) -> Iterator[Candidate]:
 
 def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Plan,
                sub_problem: Callable[[Cluster], Problem],
-               best_s: Callable[[], float] = lambda: math.inf) -> Iterator[Candidate]:
+               best_s: Callable[[], float] = lambda: math.inf, rounded: bool = True) -> Iterator[Candidate]:
     """The baselines' plans, each as its own search or rule returns it (not yet simulated). A sub-cluster
     whose lower bound on every plan (limits.relaxed_bound, below the cost model's estimate, which is below
     the simulator's time) is no less than `best_s()`, the fastest plan so far, is not searched: it cannot
     win. `plan`: the planner (planning.run_search); `sub_problem`: the problem of a sub-cluster."""
     from .h2 import search_h2
     cl = pb.cluster
-    if len(cl.chips) <= H2_MAX_TYPES and sum(-(-c.count // group_size) for c in cl.chips) <= H2_MAX_GROUPS:
+    if len(cl.chips) <= H2_MAX_TYPES and cl.total_chips <= H2_MAX_CHIPS:
         try:
             yield _labelled(search_h2(pb.cm, group_size).best, "h2")
         except InfeasibleError:
@@ -152,7 +153,7 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Pl
     sub = replace(limits, work=limits.work // SUB_WORK_SHARE)
     subs = [({n: cl.chip(n).count for n in names}, False) for names in type_subsets(cl)]
     # rounded counts: planned as the planner plans that cluster itself (its own baselines, the full budget)
-    subs += [(counts, True) for counts in rounded_counts(cl)]
+    subs += [(counts, True) for counts in (rounded_counts(cl) if rounded else [])]
     for counts, whole in subs:
         part = sub_cluster(cl, counts)
         spb = sub_problem(part)
@@ -162,6 +163,7 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Pl
         try:
             # a subset: the search and its re-rank (planning.run_search without baselines) on a share of
             # the budget; rounded counts: as the planner plans that cluster itself
+            # (a rounded cluster's own roundings are not planned again: each level multiplied the cost)
             res = plan(spb, limits, True) if whole else plan(spb, sub, False)
         except InfeasibleError:
             continue

@@ -38,18 +38,19 @@ def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None 
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
-               limits: Limits = DEFAULT_LIMITS, idle: str = "auto", baselines: bool = True) -> SearchResult:
+               limits: Limits = DEFAULT_LIMITS, idle: str = "auto", baselines: bool = True,
+               rounded: bool = True) -> SearchResult:
     """The plans of `algo`; `auto`'s best is then never slower, by simulation, than any of the baselines
     (baselines.py: h2, subsets of the chip types, rounded counts, a FLOPs-proportional split) unless
     `baselines` is off (the baselines' own sub-searches)."""
     res = _run_search(pb, algo, group_size, progress, limits, idle)
     if algo == "auto" and baselines:
-        res = never_worse(pb, res, group_size, limits, idle, progress)
+        res = never_worse(pb, res, group_size, limits, idle, progress, rounded)
     return res
 
 
 def never_worse(pb: Problem, res: SearchResult, group_size: int, limits: Limits, idle: str,
-                progress: Progress | None = None) -> SearchResult:
+                progress: Progress | None = None, rounded: bool = True) -> SearchResult:
     """`res` with its best plan replaced by the fastest baseline (baselines.candidates) where one
     simulates faster, with each one's best schedule parameters (best_params, as to_plan times the plan);
     the search's plan then leads the runners-up."""
@@ -61,12 +62,12 @@ def never_worse(pb: Problem, res: SearchResult, group_size: int, limits: Limits,
     best: Candidate | None = None
     fastest = [t]  # read by the baselines to skip sub-clusters whose bound cannot beat it
     def plan(sub: Problem, lim: Limits, with_baselines: bool) -> SearchResult:
-        return run_search(sub, "auto", group_size, limits=lim, idle=idle, baselines=with_baselines)
+        return run_search(sub, "auto", group_size, limits=lim, idle=idle, baselines=with_baselines, rounded=False)
 
     def sub_problem(cl: Cluster) -> Problem:
         return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
 
-    for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, lambda: fastest[0]):
+    for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, lambda: fastest[0], rounded):
         try:
             q, _, tc = best_params(pb, cand)
         except InfeasibleError:
