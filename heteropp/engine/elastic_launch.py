@@ -16,9 +16,10 @@ import time
 import uuid
 from pathlib import Path
 
-# Rendezvous settings for a quick re-plan: a host that stops its heartbeat for 2 s is gone, and a round
+# Rendezvous settings for a quick re-plan: a host that stops its heartbeat for 5 s is gone (shorter, a busy
+# host's own agent misses beats, is taken for dead and its round splits off), and a round
 # starts 1 s after its last member joined.
-RDZV_CONF = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=2,close_timeout=5"
+RDZV_CONF = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=5,close_timeout=5"
 
 
 def process_tree(pid: int) -> list[int]:
