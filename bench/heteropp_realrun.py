@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             + (["token file"] if "data" in parts else [])
         runs: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in names}
         data = str(token_file(tmp, medium["vocab_size"])) if "data" in parts else None
-        for i in range(a.rounds):
+        for i in range(a.rounds if names else 0):
             for name in names[i % len(names):] + names[:i % len(names)]:  # each round starts at another run
                 ck = tmp / f"ckpt-{name}-{i}"
                 opts = {"none": {}, "token file": {"data": data},
