@@ -162,7 +162,9 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
 def worker(cfg: RunConfig) -> dict[str, Any]:
     """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the ranks
+    # Ctrl-C reaches every rank with the launcher: stop at once, quietly (a checkpoint being written stays
+    # .partial; the launcher says why it stopped)
+    signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
     torch.set_num_threads(1)  # ranks share the host's cores
     logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING, format="%(name)s: %(message)s")
     plan = cfg.plan_obj
