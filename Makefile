@@ -9,7 +9,7 @@ CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch -name '*.cpp' -o -name '*.h
 DIOPI_SRC := $(shell find ditorch_diopi/reference ditorch_diopi/include ditorch_diopi/csrc -name '*.cpp' -o -name '*.h' -o -name CMakeLists.txt 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-rdma test-torch-suite test-diopi-full demo bench clean
+.PHONY: setup test test-long test-rdma test-torch-suite test-diopi-full demo bench clean
 
 setup: $(STAMP)
 
@@ -25,8 +25,16 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC) $(DIOPI_SRC)
 	  $(PY) -m pip install -q --no-build-isolation -e ".[test]"'
 	touch $@
 
+# The two longest suites have their own target, test-long: the Soft-RoCE guest under QEMU (~6 min) and the
+# engine's tests under ThreadSanitizer (~3.5 min); `make test` keeps everything else.
+LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan
+
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/rdma \
+	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan
+
+test-long: setup
+	$(PY) -m pytest -q $(LONG_TESTS)
 
 # The RDMA tests alone: a Soft-RoCE guest under QEMU (see docs/rdma.md; a few minutes).
 test-rdma: setup
