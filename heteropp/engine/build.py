@@ -11,6 +11,7 @@ from ..model import StageModel, TPGroup
 from ..model.hf_weights import load_hf_weights
 from ..model.init import skip_init
 from ..spec import ModelSpec
+from .checkpoint import Checkpointer
 from .config import TrainOptions
 from .lr import LRSchedule
 from .optim import LossScaler, ZeroAdamW
@@ -42,6 +43,21 @@ def make_optimizer(named: list[tuple[str, torch.nn.Parameter]], lr: float, opts:
     return ZeroAdamW([p for _, p in named], lr, dp, dp_rank, dp_size, weight_decay=opts.weight_decay, clip_norm=clip,
                      owned=owned, distributed_norm=distributed, decay=[p.ndim > 1 for _, p in named],
                      scaler=LossScaler() if opts.dtype == "fp16" else None)
+
+
+def resume(opt: ZeroAdamW, ckpt: Checkpointer, opts: TrainOptions) -> int:
+    """Load the newest complete checkpoint into the optimizer (weights, moments, step, loss scale; the moments
+    and step afresh with `reset_optimizer`); returns the step it was saved after."""
+    state = {k: [x.clone() for x in v] for k, v in opt.full_state().items()}
+    meta = ckpt.load(state)
+    if opts.reset_optimizer:
+        state["exp_avg"] = [torch.zeros_like(x) for x in state["exp_avg"]]
+        state["exp_avg_sq"] = [torch.zeros_like(x) for x in state["exp_avg_sq"]]
+    opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"],
+                        0 if opts.reset_optimizer else meta["opt_step"])
+    if opt.scaler is not None and meta.get("loss_scale"):
+        opt.scaler.scale, opt.scaler.skipped = meta["loss_scale"], meta.get("skipped", 0)
+    return int(meta["step"])
 
 
 def schedule(lr: float, steps: int, opts: TrainOptions) -> LRSchedule:

@@ -9,7 +9,7 @@ import torch
 
 from ..model import TPGroup
 from ..spec import ModelSpec
-from .build import build_chunks, make_optimizer, schedule
+from .build import build_chunks, make_optimizer, resume, schedule
 from .checkpoint import Checkpointer, slots
 from .config import TrainOptions
 from .data import Batches
@@ -30,18 +30,7 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
     sched = schedule(lr, steps, opts)
     ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, 0, 1, 0, False), keep=opts.keep_checkpoints,
                         async_save=False) if opts.checkpoint_dir else None
-    start = 0
-    if ckpt is not None and opts.resume:
-        state = {k: [x.clone() for x in v] for k, v in opt.full_state().items()}
-        meta = ckpt.load(state)
-        if opts.reset_optimizer:
-            state["exp_avg"] = [torch.zeros_like(x) for x in state["exp_avg"]]
-            state["exp_avg_sq"] = [torch.zeros_like(x) for x in state["exp_avg_sq"]]
-        opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"],
-                            0 if opts.reset_optimizer else meta["opt_step"])
-        if opt.scaler is not None and meta.get("loss_scale"):
-            opt.scaler.scale, opt.scaler.skipped = meta["loss_scale"], meta.get("skipped", 0)
-        start = meta["step"]
+    start = resume(opt, ckpt, opts) if ckpt is not None and opts.resume else 0
     losses, norms = [], []
     grads: list[dict[str, torch.Tensor]] | None = [] if collect_grads else None
     log = StepLog(loss_log, start, m, sequences, steps, "reference", opts.peak_flops, echo=verbose)

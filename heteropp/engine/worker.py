@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ..model import StageModel
 from ..plan import Plan
 from .config import RunConfig
-from .build import TORCH_DTYPES, build_chunks, make_optimizer
+from .build import TORCH_DTYPES, build_chunks, make_optimizer, resume
 from .build import schedule as schedule_lr
 from .checkpoint import Checkpointer, slots
 from .data import Batches
@@ -74,19 +74,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     if opts.checkpoint_dir:
         ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, t, st.tp, d, tied_copy), ckpt_pg,
                             opts.keep_checkpoints, opts.async_save)
-    start = 0
-    if ckpt is not None and opts.resume:
-        state = opt.full_state()
-        state = {key: [x.clone() for x in v] for key, v in state.items()}
-        meta = ckpt.load(state)
-        if opts.reset_optimizer:
-            state["exp_avg"] = [torch.zeros_like(x) for x in state["exp_avg"]]
-            state["exp_avg_sq"] = [torch.zeros_like(x) for x in state["exp_avg_sq"]]
-        opt.load_full_state(state["master"], state["exp_avg"], state["exp_avg_sq"],
-                            0 if opts.reset_optimizer else meta["opt_step"])
-        if opt.scaler is not None and meta.get("loss_scale"):
-            opt.scaler.scale, opt.scaler.skipped = meta["loss_scale"], meta.get("skipped", 0)
-        start = meta["step"]
+    start = resume(opt, ckpt, opts) if ckpt is not None and opts.resume else 0
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
     ex = StageExecutor(chunks, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window,
                        act_dtype=TORCH_DTYPES[opts.dtype])
