@@ -67,6 +67,10 @@ def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: P
             init_from = str(directory)
     if a.resume and not a.checkpoint_dir:
         raise SpecError("--resume", "checkpoint_dir", "--resume needs --checkpoint-dir", "--checkpoint-dir D")
+    if a.reset_optimizer and not a.resume:
+        raise SpecError("--reset-optimizer", "resume", "only means something when resuming", "--resume as well")
+    if getattr(a, "hosts", None) and not a.elastic:
+        raise SpecError("--hosts", "elastic", "emulated hosts are started only by --elastic", "--elastic as well")
     if a.data:
         from .data import TokenData
         TokenData.open(a.data, load_model(a.model, a.seq_len).vocab)  # header and vocabulary checked here

@@ -199,7 +199,10 @@ class Checkpointer:
         if path is None:
             raise SpecError(str(self.root), "<checkpoint>", "no complete checkpoint to resume from",
                             "a directory holding step-NNNNNNNN/ checkpoints written by heteropp")
-        meta = read_trainer(path, self.m)
+        # rank 0 reads every file once to check its hash; the others wait for its verdict instead of each
+        # reading the whole checkpoint again
+        meta = read_trainer(path, self.m, verify=self.lead)
+        self._barrier()
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemReader
         reader = FileSystemReader(str(path))

@@ -36,6 +36,7 @@ class Batches:
     def __init__(self, m: ModelSpec, seed: int, sequences: int, path: str | None = None) -> None:
         self.m, self.seed, self.sequences = m, seed, sequences
         self.tokens = None
+        self._cached: tuple[int, torch.Tensor] | None = None  # synthetic: (step, its whole batch)
         if path:
             from ..data import TokenData
             self.tokens = TokenData.open(path, m.vocab)
@@ -44,4 +45,6 @@ class Batches:
         """Rows [lo, hi) of step `step`'s batch: [hi - lo, seq_len + 1] token ids."""
         if self.tokens is not None:
             return self.tokens.rows(self.seed, step, self.sequences, self.m.seq_len, lo, hi)
-        return global_batch(self.m, self.seed, step, self.sequences)[lo:hi]
+        if self._cached is None or self._cached[0] != step:  # every micro-batch of a step asks for its rows
+            self._cached = (step, global_batch(self.m, self.seed, step, self.sequences))
+        return self._cached[1][lo:hi]

@@ -33,14 +33,17 @@ class StragglerWatch:
 
     def observe(self, stage: int, compute_s: float, lead: bool) -> dict[int, float]:
         """Every rank calls this once per step (one small MAX all-reduce over the world); returns
-        {stage: slowdown vs the median stage} for the stages judged stragglers now."""
+        {stage: slowdown vs the median stage} for the stages judged stragglers now. A plan without estimates
+        (every rank sees the same plan) is not judged, and costs no collective."""
+        if None in self.predicted or self.plan.devices < 2:
+            return {}
         v = torch.zeros(self.plan.devices, dtype=torch.float64)
         if lead:
             v[stage] = compute_s
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(v, op=dist.ReduceOp.MAX)
         self.history.append(v.tolist())
-        if len(self.history) < (self.history.maxlen or 1) or None in self.predicted:
+        if len(self.history) < (self.history.maxlen or 1):
             return {}
         windowed = [statistics.median(h[k] for h in self.history) for k in range(self.plan.devices)]
         ratios = [w / p for w, p in zip(windowed, self.predicted)]  # type: ignore[operator]

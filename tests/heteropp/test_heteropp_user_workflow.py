@@ -64,3 +64,14 @@ def test_bad_inputs_exit_2_naming_the_problem(tmp_path) -> None:
     for args, named in cases:
         r = heteropp("reference", "--steps", "1", *args, ok=False)
         assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_options_that_would_be_ignored_exit_2(tmp_path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 2, "stages": [{"chip": "A", "tp": 1, "layers": 8}], "dp": 1,
+                                "micro_batch_size": 1, "micro_batches": 1}))
+    for args, named in ((["reference", "--model", "tiny", "--checkpoint-dir", str(tmp_path), "--reset-optimizer"],
+                         "--reset-optimizer"),
+                        (["run", "--plan", str(plan), "--model", "tiny", "--hosts", "A:1"], "--hosts")):
+        r = heteropp(*args, ok=False)
+        assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
