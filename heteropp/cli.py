@@ -52,7 +52,8 @@ def _run_config(plan: Plan, m: ModelSpec, *, recv_window: int | None, **fields):
                      **({} if recv_window is None else {"recv_window": recv_window}))
 
 
-def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: Plan | None = None) -> dict:
+def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None = None,
+                  plan: Plan | None = None) -> dict:
     """TrainOptions fields from the command line, checked before any process starts."""
     from .model.hf_weights import weight_files
     from .spec.hf import hf_config_path, is_hf_config
@@ -73,7 +74,7 @@ def train_options(a: argparse.Namespace, cluster: Cluster | None = None, plan: P
         raise SpecError("--hosts", "elastic", "emulated hosts are started only by --elastic", "--elastic as well")
     if a.data:
         from .data import TokenData
-        TokenData.open(a.data, load_model(a.model, a.seq_len).vocab)  # header and vocabulary checked here
+        TokenData.open(a.data, m.vocab)  # header and vocabulary checked here
     peak = None
     if cluster is not None and plan is not None:
         chips = {c.name: c.peak_tflops for c in cluster.chips}
@@ -110,7 +111,7 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
 def cmd_run(a: argparse.Namespace) -> int:
     plan, m = Plan.load(a.plan), load_model(a.model, a.seq_len)
     cluster = load_cluster(a.cluster) if a.cluster else None
-    options = train_options(a, cluster, plan)
+    options = train_options(a, m, cluster, plan)
     chip_map = parse_chip_map(a.chip_map, cluster)
     if finished(a):
         return 0
@@ -206,7 +207,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from .engine.config import TrainOptions
     m = load_model(a.model, a.seq_len)
     batch = Plan.load(a.plan).global_batch if a.plan else a.global_batch
-    opts = TrainOptions(**train_options(a))
+    opts = TrainOptions(**train_options(a, m))
     if finished(a):
         return 0
     t0 = time.perf_counter()
