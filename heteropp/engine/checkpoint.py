@@ -10,7 +10,8 @@ rate schedule, loss scale, data source and a SHA-256 of every file.
 A checkpoint is written into `step-NNNNNNNN.partial/` and renamed to `step-NNNNNNNN/` by rank 0 once every
 rank's files and trainer.json are complete, so a crash mid-save leaves the previous checkpoint loadable and
 the broken one recognisably incomplete; older complete checkpoints are removed only after a newer one is
-complete. With `async_save` the files are written by DCP's background thread while training goes on.
+complete. With `async_save` the files are written by DCP's background thread while the next step trains, and
+the checkpoint is complete before that step is logged (`settle`).
 """
 from __future__ import annotations
 
@@ -153,10 +154,15 @@ class Checkpointer:
             dcp.save(sd, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
             self._finish(partial, meta)
 
-    def poll(self) -> None:
-        """Finish a background save whose files are all written (call once per step)."""
-        if self.pending is not None and self.pending[0].done():
-            self.wait()
+    def settle(self) -> None:
+        """Complete the background save started after the previous step, waiting for it if need be; every rank
+        calls this before the next step is logged. A save so overlaps one step at most, and a failure at any
+        moment loses at most one checkpoint interval (unsettled, a save still being written when a host died
+        left the checkpoint before it as the newest: one interval and the steps since the save)."""
+        if self.pending is None:
+            return
+        self.wait()
+        self._barrier()  # rank 0 renamed the checkpoint into place before any rank logs the step
 
     def wait(self) -> None:
         if self.pending is None:

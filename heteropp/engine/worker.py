@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..model import StageModel
+from ..model.grads import grad_of
 from ..plan import Plan
 from .config import RunConfig
 from .build import TORCH_DTYPES, build_chunks, make_optimizer, resume
@@ -41,7 +42,7 @@ def _shards(models: list[StageModel], grad: bool) -> dict[str, tuple[torch.Tenso
     """name -> (this rank's gradient or weight, TP shard dimension or None, TP ranks sharing that shard), over
     the stage's chunks (names carry global layer indices): what a test needs to line the shard up with the
     reference's full tensor."""
-    return {n: ((p.grad if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
+    return {n: ((grad_of(p) if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
             for model in models for n, p in model.named_parameters()}
 
 
@@ -122,12 +123,13 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             loss = total.item()
         peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log else None
         slow = watch.observe(k, ex.compute_s, d == 0 and t == 0)
+        if ckpt is not None:
+            ckpt.settle()  # the previous step's checkpoint is complete before this step counts as done
         dt = time.perf_counter() - t0
         losses.append(loss)
         rates.append(tokens / dt)
         log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, opt.scaler, slow)
         if ckpt is not None:
-            ckpt.poll()
             if step == cfg.steps or (opts.save_every and step % opts.save_every == 0):
                 trainer = {"opt_step": opt.t, "seed": cfg.seed, "dtype": opts.dtype, "data": opts.data,
                            "hf_config": opts.hf_config,
