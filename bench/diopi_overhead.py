@@ -58,7 +58,7 @@ def workloads(lib) -> dict[str, tuple[Callable, Callable]]:
 
 def device_workloads(lib, backend: str) -> dict[str, tuple[Callable, Callable, Callable]]:
     """name -> (torch on the CPU, the library call, the same torch call on the diopi device)."""
-    from ditorch_diopi import device
+    from diopi_bindings import device
 
     device.enable(lib, backend=backend)
     a, b, out = torch.randn(16), torch.randn(16), torch.empty(16)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.calls < 5:  # the warm-up runs calls // 5 times and divides by it
         ap.error(f"--rounds must be >= 1 and --calls >= 5, got --rounds {args.rounds} --calls {args.calls}")
-    from ditorch_diopi.library import load
+    from diopi_bindings.library import load
 
     torch.set_num_threads(1)
     lib = load(args.library)

@@ -51,7 +51,7 @@ def train_tiny(device: str, steps: int = 3, layers: int = 2, sequences: int = 4,
 
 def measure(backend: str, library: str | None, layers: int, steps: int) -> dict:
     """One backend in this process: plain CPU steps, then the same steps on the diopi device."""
-    from ditorch_diopi import device
+    from diopi_bindings import device
     from ditorch_precision.loss import loss_check
 
     lib = device.enable(library, backend=backend)

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # The project's import names, each of which says whose it is: generic names (`bench`, `precision`,
 # `tests`...) collide with other distributions' top-level names.
-OURS = {"ditorch", "dicomm", "ditorch_diopi", "ditorch_precision", "heteropp"}
+OURS = {"ditorch", "dicomm", "diopi_bindings", "ditorch_precision", "heteropp"}
 
 
 @pytest.fixture(scope="module")

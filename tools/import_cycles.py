@@ -10,11 +10,13 @@ import ast
 import sys
 from pathlib import Path
 
-PACKAGES = ("ditorch", "dicomm", "ditorch_diopi", "ditorch_precision", "heteropp", "bench")
+PACKAGES = ("ditorch", "dicomm", "diopi_bindings", "ditorch_precision", "heteropp", "bench")
+# An import name whose files live under a directory of another path (pyproject.toml's wheel.packages).
+DIRECTORIES = {"ditorch_precision": "precision/ditorch_precision"}
 
 
-def _module_name(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+def _module_name(root: Path, path: Path, package: str) -> str:
+    parts = [package, *path.relative_to(root / DIRECTORIES.get(package, package)).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -55,11 +57,12 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
     """module -> project modules it imports (package __init__ modules excluded)."""
     files: dict[str, Path] = {}
     for package in packages:
-        if not (root / package / "__init__.py").is_file():  # a renamed package must not drop out unseen
-            raise FileNotFoundError(f"{root / package}: no such package; update PACKAGES in {Path(__file__).name}")
-        for path in sorted((root / package).rglob("*.py")):
+        directory = root / DIRECTORIES.get(package, package)
+        if not (directory / "__init__.py").is_file():  # a renamed package must not drop out unseen
+            raise FileNotFoundError(f"{directory}: no such package; update PACKAGES in {Path(__file__).name}")
+        for path in sorted(directory.rglob("*.py")):
             if path.name != "__init__.py":
-                files[_module_name(root, path)] = path
+                files[_module_name(root, path, package)] = path
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         imported = _imports(ast.parse(path.read_text(), str(path)), name)

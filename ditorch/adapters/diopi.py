@@ -1,9 +1,9 @@
-"""Any operator library exporting the DIOPI ABI, as the ``diopi`` device (ditorch_diopi).
+"""Any operator library exporting the DIOPI ABI, as the ``diopi`` device (diopi_bindings).
 
 For a chip whose vendor ships an operator library but no torch plug-in: ``DIOPI_LIBRARY=path/to/lib.so``
 makes the device available (chosen after every native accelerator, before the CPU);
 ``DITORCH_VENDOR=diopi`` without ``DIOPI_LIBRARY`` uses the CPU reference library; so does a process that
-called ``ditorch_diopi.device.enable(...)`` itself.
+called ``diopi_bindings.device.enable(...)`` itself.
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ LIBRARY_ENV = "DIOPI_LIBRARY"
 def _detect() -> str | None:
     path = os.environ.get(LIBRARY_ENV)
     requested = os.environ.get(VENDOR_ENV, "").strip().lower() in ADAPTER.names()
-    loaded = sys.modules.get("ditorch_diopi.device")
-    if loaded is not None and loaded.is_enabled():  # enabled in code: ditorch_diopi.device.enable(lib)
+    loaded = sys.modules.get("diopi_bindings.device")
+    if loaded is not None and loaded.is_enabled():  # enabled in code: diopi_bindings.device.enable(lib)
         return None
     if not path and not requested:
-        return f"{LIBRARY_ENV} is not set (nor ditorch_diopi.device.enable() called)"
+        return f"{LIBRARY_ENV} is not set (nor diopi_bindings.device.enable() called)"
     try:
-        from ditorch_diopi import device
+        from diopi_bindings import device
     except ImportError as exc:
-        return f"ditorch_diopi is not importable: {exc}"
+        return f"diopi_bindings is not importable: {exc}"
     try:  # not enabled yet: checked above, and importing the module enables nothing
         device.enable(path or None)  # registers the "diopi" device type with torch
     except Exception as exc:  # a malformed library: say why, never raise from detection
@@ -43,7 +43,7 @@ def _runtime(device_type: str):
         calls (synchronize) need a C++ device guard, which only the native device has."""
 
         def _accel(self):
-            from ditorch_diopi import device
+            from diopi_bindings import device
 
             return super()._accel() if device.backend() == "native" else None
 
@@ -57,7 +57,7 @@ ADAPTER = Adapter(
     detect=_detect,
     priority=900,
     aliases=("dipu",),
-    package="ditorch_diopi",
+    package="diopi_bindings",
     description="an operator library through the DIOPI ABI",
     runtime_factory=_runtime,
 )

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ditorch_diopi.abi import INCLUDE_DIR
-from ditorch_diopi.build import build_reference
-from ditorch_diopi.library import reference_library_path
+from diopi_bindings.abi import INCLUDE_DIR
+from diopi_bindings.build import build_reference
+from diopi_bindings.library import reference_library_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ PLANTED_WRONG_ALLOCATING = "aten::nonzero"  # its output is allocated through th
 
 
 def symbol(op: str) -> str:
-    from ditorch_diopi.schema import BY_NAME
+    from diopi_bindings.schema import BY_NAME
 
     return BY_NAME[op].symbol
 
@@ -109,7 +109,7 @@ def enable_error(library: str, env: dict[str, str] | None = None, prelude: str =
     return run_python(f"""
         import json, torch
         {prelude}
-        from ditorch_diopi import device
+        from diopi_bindings import device
         try:
             device.enable({library!r}{kwargs})
             print(json.dumps({{"error": None}}))

@@ -11,7 +11,7 @@ from diopi_testlib import run_python
 
 TRAIN_COMPILED = """
     import json, torch
-    from ditorch_diopi import device
+    from diopi_bindings import device
     device.enable({library!r}, backend="native")
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.set_num_threads(1)

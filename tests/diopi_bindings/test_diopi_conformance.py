@@ -9,10 +9,10 @@ import pytest
 import torch
 from diopi_testlib import METADATA_C, OMITTED, PLANTED_WRONG, PLANTED_WRONG_ALLOCATING, compile_c_library
 
-from ditorch_diopi.conformance.cli import main
-from ditorch_diopi.conformance.device_memory import RUNTIME_OP
-from ditorch_diopi.conformance.runner import OUTLIER_SHARE, _judge
-from ditorch_diopi.schema import BY_NAME
+from diopi_bindings.conformance.cli import main
+from diopi_bindings.conformance.device_memory import RUNTIME_OP
+from diopi_bindings.conformance.runner import OUTLIER_SHARE, _judge
+from diopi_bindings.schema import BY_NAME
 
 
 def test_reference_library_passes_every_case(reference_path, tmp_path, capsys):
@@ -52,7 +52,7 @@ def test_a_wrong_kernel_allocating_its_output_fails_exactly_the_cases_with_a_res
     assert main(["--impl", str(variant_path), "--ops", PLANTED_WRONG_ALLOCATING, "--json", str(report), "-q"]) == 1
     cases = json.loads(report.read_text())["cases"]
     failed = {(c["dtype"], c["case"]) for c in cases if c["status"] != "pass"}
-    from ditorch_diopi.conformance.cases import _dtype_name, cases_for
+    from diopi_bindings.conformance.cases import _dtype_name, cases_for
 
     with_result = {(_dtype_name(c.dtype), c.label) for c in cases_for(PLANTED_WRONG_ALLOCATING)
                    if torch.nonzero(c.inputs["self"]).numel() > 0}

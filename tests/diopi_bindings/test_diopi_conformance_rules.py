@@ -12,11 +12,11 @@ import pytest
 import torch
 from diopi_testlib import METADATA_C, compile_c_library
 
-from ditorch_diopi.abi import DTYPE_NAMES
-from ditorch_diopi.conformance.cases import cases_for
-from ditorch_diopi.conformance.cli import main
-from ditorch_diopi.conformance.runner import judge_case
-from ditorch_diopi.schema import BY_NAME
+from diopi_bindings.abi import DTYPE_NAMES
+from diopi_bindings.conformance.cases import cases_for
+from diopi_bindings.conformance.cli import main
+from diopi_bindings.conformance.runner import judge_case
+from diopi_bindings.schema import BY_NAME
 
 # Loads and stores of every floating dtype through a tensor's strides, in double.
 _IO_C = METADATA_C % {"abi": "DIOPI_ABI_VERSION"} + r"""

@@ -10,7 +10,7 @@ from diopi_testlib import OPERATOR_CHECKS, PARTIAL_OMITTED, enable_error, run_py
 def test_operators_match_the_cpu_and_run_in_the_library(reference_path):
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         a, b = torch.randn(6, 5), torch.randn(5)
@@ -34,7 +34,7 @@ def test_operators_match_the_cpu_and_run_in_the_library(reference_path):
 def test_scalar_out_and_inplace_overloads_reach_the_schema_operator(reference_path):
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         a, b, v = torch.randn(6, 5), torch.randn(5), torch.rand(6, 5)
@@ -71,7 +71,7 @@ def test_operators_that_resize_or_restride_a_device_tensor_update_its_sizes(refe
     the sizes and strides plain CPU torch gives, not the ones it had before."""
     got = run_python(f"""
         import json, warnings, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         warnings.simplefilter("ignore")  # torch warns when out= of the wrong non-empty shape is resized
         a, b = torch.randn(4, 3), torch.randn(3)
@@ -100,7 +100,7 @@ def test_repeated_signatures_with_other_arguments_get_their_own_result_shapes(re
     a flag or a number's type must still get the shapes and dtypes plain CPU torch gives."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         x, i = torch.randn(3, 4), torch.arange(12).reshape(3, 4)
         results = {{}}
@@ -123,7 +123,7 @@ def test_list_masking_and_number_power_operators_run_in_the_library(reference_pa
     equal to plain CPU torch; pow_ with a number exponent still reaches pow.Tensor_Scalar, not pow.Scalar."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         a, b, s = torch.randn(2, 3, 4), torch.randn(2, 3, 2), torch.randn(2, 6, 6)
@@ -155,7 +155,7 @@ def test_allocations_fills_whole_reductions_and_item_are_not_cpu_fallbacks(refer
     back. Values, shapes, strides and dtypes as plain CPU torch."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         torch.manual_seed(0)
         x = torch.randn(3, 4).t()
@@ -192,7 +192,7 @@ def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_pat
     got = run_python(f"""
         import json, logging, torch
         logging.basicConfig(level=logging.INFO)
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="python")
         x = torch.linspace(0, 3, 7)
         outs = [torch.tan(x.to("diopi")).cpu() for _ in range(3)]
@@ -206,7 +206,7 @@ def test_an_operator_the_library_lacks_runs_on_the_cpu_logged_once(reference_pat
 
 TRAIN = """
     import json, torch
-    from ditorch_diopi import device
+    from diopi_bindings import device
     device.enable({library!r}, backend={backend!r})
     from bench.diopi_train import train_tiny
     from ditorch_precision.loss import loss_check
@@ -266,7 +266,7 @@ def test_the_meta_cache_keys_apart_calls_whose_result_sizes_differ():
     """Calls that share a meta-cache key must get the same result sizes from torch's own meta kernels; a
     float that sets sizes (arange's end, interpolate's scale factors) must be part of the key, a float
     that scales values (alpha, an optimizer's step size) need not be."""
-    from ditorch_diopi.device.router import _meta_key
+    from diopi_bindings.device.router import _meta_key
 
     aten = torch.ops.aten
     x, img = torch.randn(3, 4), torch.randn(1, 2, 4, 4)

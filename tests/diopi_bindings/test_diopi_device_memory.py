@@ -10,11 +10,11 @@ import pytest
 import torch
 from diopi_testlib import METADATA_C, compile_c_library
 
-from ditorch_diopi.build import build_reference
-from ditorch_diopi.conformance.cli import main
-from ditorch_diopi.conformance.device_memory import RUNTIME_OP
-from ditorch_diopi.device_memory import DeviceMemory
-from ditorch_diopi.library import DiopiLibrary, OperatorError
+from diopi_bindings.build import build_reference
+from diopi_bindings.conformance.cli import main
+from diopi_bindings.conformance.device_memory import RUNTIME_OP
+from diopi_bindings.device_memory import DeviceMemory
+from diopi_bindings.library import DiopiLibrary, OperatorError
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ def test_malformed_library_is_refused_by_import_ditorch(tmp_path):
 def test_use_vendor_after_enabling_the_device_in_code(reference_path):
     got = run_python(f"""
         import json, torch, ditorch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         before = ditorch.device.type
         device.enable({str(reference_path)!r})
         ditorch.use_vendor("dipu")

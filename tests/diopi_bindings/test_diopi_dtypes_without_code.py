@@ -41,7 +41,7 @@ CHECKS = """
 def test_dtypes_without_a_diopi_code_run_on_the_cpu(reference_path, backend):
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend={backend!r})
 {CHECKS}
     """)
@@ -56,7 +56,7 @@ def test_conjugate_and_negative_views_copy_to_and_from_the_native_device(referen
     with a clone that copies through _copy_from again, without end (a crash)."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         z = torch.tensor([[1 + 2j, 3 - 4j, -5j], [0.5, -1 + 1j, 2j]], dtype=torch.complex64)
         d = z.to("diopi")
@@ -88,7 +88,7 @@ def test_views_in_another_dtype_on_the_native_device(reference_path):
     the base in the base's dtype, with the view's sizes and strides (out of bounds, or other values)."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         z = torch.tensor([[1 + 2j, 3 - 4j, -5j], [0.5, -1 + 1j, 2j]], dtype=torch.complex64)
         f = torch.arange(12, dtype=torch.float32) - 5.5

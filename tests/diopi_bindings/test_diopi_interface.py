@@ -9,16 +9,16 @@ import subprocess
 import pytest
 from diopi_testlib import METADATA_C, compile_c_library
 
-from ditorch_diopi import gen_header
-from ditorch_diopi.abi import ABI_VERSION, INCLUDE_DIR
-from ditorch_diopi.device_memory import SIGNATURES
-from ditorch_diopi.library import DiopiLibrary
-from ditorch_diopi.schema import INPUT_KINDS, OPS, OUTPUT_KINDS
+from diopi_bindings import gen_header
+from diopi_bindings.abi import ABI_VERSION, INCLUDE_DIR
+from diopi_bindings.device_memory import SIGNATURES
+from diopi_bindings.library import DiopiLibrary
+from diopi_bindings.schema import INPUT_KINDS, OPS, OUTPUT_KINDS
 
 
 def test_committed_header_is_generated_from_the_schema():
     assert gen_header.main(["--check"]) == 0, (
-        "functions.h differs from the schema: run python -m ditorch_diopi.gen_header")
+        "functions.h differs from the schema: run python -m diopi_bindings.gen_header")
 
 
 def test_every_schema_operator_has_a_prototype_with_outputs_first():

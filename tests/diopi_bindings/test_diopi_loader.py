@@ -6,7 +6,7 @@ import pytest
 import torch
 from diopi_testlib import METADATA_C, compile_c_library
 
-from ditorch_diopi.library import DiopiLibrary, LibraryError, OperatorError, load
+from diopi_bindings.library import DiopiLibrary, LibraryError, OperatorError, load
 
 
 def test_reference_reports_vendor_and_version(reference_path):

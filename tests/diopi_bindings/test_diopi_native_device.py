@@ -21,8 +21,8 @@ def _packets(ops: dict[str, int]) -> set[str]:
 def test_devices_have_their_own_memory_and_copies_are_byte_exact(reference_path):
     got = run_python(f"""
         import ctypes, json, torch
-        from ditorch_diopi import device
-        from ditorch_diopi.device_memory import DeviceMemory
+        from diopi_bindings import device
+        from diopi_bindings.device_memory import DeviceMemory
         lib = device.enable({str(reference_path)!r}, backend="native")
         mem = DeviceMemory.of(lib)
         cpu = torch.randn(33, 17, dtype=torch.float64)
@@ -73,7 +73,7 @@ def test_devices_have_their_own_memory_and_copies_are_byte_exact(reference_path)
 def test_generators_give_the_cpu_stream_for_the_same_seed(reference_path):
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         g = torch.Generator(device="diopi").manual_seed(5)
         x = torch.randn(1000, device="diopi", generator=g).cpu()
@@ -103,7 +103,7 @@ def test_operators_run_in_the_library_on_device_memory(reference_path):
     got = run_python(f"""
         import json, logging, torch
         logging.basicConfig(level=logging.INFO)
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         torch.manual_seed(0)
         a, b = torch.randn(6, 5), torch.randn(5)
@@ -152,7 +152,7 @@ def test_the_device_can_be_enabled_after_a_backward_pass(reference_path):
         # float64: the library computes in double, so the CPU reference agrees to rounding
         w = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
         (w * w).sum().backward()                    # the autograd engine starts before the device exists
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         x = torch.randn(5, 4, dtype=torch.float64)
         wd = w.detach().to("diopi").requires_grad_()
@@ -183,7 +183,7 @@ def test_the_conformance_suite_passes_on_native_device_memory(reference_path, tm
     report = tmp_path / "native.json"
     got = run_python(f"""
         import json
-        from ditorch_diopi.conformance.cli import main
+        from diopi_bindings.conformance.cli import main
         code = main(["--impl", {str(reference_path)!r}, "--device", "native", "-q", "--json", {str(report)!r}]
                     + (["--quick"] if {quick} else []))
         print(json.dumps({{"code": code}}))
@@ -202,7 +202,7 @@ def test_ditorch_trains_on_the_native_device_through_the_unified_name(reference_
     got = run_python("""
         import json, torch
         import ditorch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         x = torch.randn(2, 3, device="device:1")
         g = torch.Generator(device="device")
         lin = torch.nn.Linear(3, 2).to("device")
@@ -226,7 +226,7 @@ def test_auto_picks_the_native_device_only_for_a_library_with_device_memory(refe
     lib = compile_c_library(tmp_path, "nomem", METADATA_C % {"abi": "DIOPI_ABI_VERSION"})
     code = """
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({path!r})
         print(json.dumps({{"backend": device.backend(), "device": str(torch.ones(1, device="diopi").device)}}))
     """
@@ -277,7 +277,7 @@ MASK_CHECKS = """
 def _mask_indexing(reference_path, backend: str) -> dict:
     return run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend={backend!r})
 {MASK_CHECKS}
     """)
@@ -348,7 +348,7 @@ def test_masked_select_and_nonzero_out_run_in_the_library(reference_path, backen
     and empty results; a mask that does not broadcast gets torch's error (from the CPU)."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend={backend!r})
 {SELECT_CHECKS}
     """)
@@ -365,7 +365,7 @@ def test_random_operators_without_a_generator_argument_draw_from_the_device_gene
     fresh CPU generator with the same seed drawing the same Bernoulli mask."""
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         x = torch.ones(2000, device="diopi")
         torch.manual_seed(0)
@@ -392,7 +392,7 @@ def test_random_operators_are_thread_safe(reference_path):
     stream in order; the CPU thread's numbers are the CPU stream untouched by the device's draws."""
     got = run_python(f"""
         import json, sys, threading, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable({str(reference_path)!r}, backend="native")
         sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: races show within the run
         N, CHUNK = 150, 64
@@ -454,7 +454,7 @@ def test_every_aten_random_operator_without_a_generator_argument_gets_the_device
     device generator explicit, so none borrows the CPU's default generator. Reference: ATen's own tags and
     dispatch table."""
     import torch
-    from ditorch_diopi.device.native_router import _WITH_GENERATOR
+    from diopi_bindings.device.native_router import _WITH_GENERATOR
 
     reachable = set()
     for name in dir(torch.ops.aten):
@@ -482,7 +482,7 @@ def test_the_caching_allocator_reuses_freed_blocks_and_never_referenced_ones(ref
     library's live-block count drops); the statistics agree with the sizes allocated."""
     got = run_python(f"""
         import ctypes, json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         lib = device.enable({str(reference_path)!r}, backend="native")
         mallocs = lambda: lib._dll.diopiref_malloc_calls()
         live = lambda: lib._dll.diopiref_live_blocks()
@@ -532,7 +532,7 @@ def test_the_caching_allocator_reuses_freed_blocks_and_never_referenced_ones(ref
 def test_without_caching_every_free_goes_to_the_library(reference_path):
     got = run_python(f"""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         lib = device.enable({str(reference_path)!r}, backend="native")
         torch.diopi.set_caching(False)
         before = lib._dll.diopiref_malloc_calls()

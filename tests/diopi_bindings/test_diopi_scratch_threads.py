@@ -31,7 +31,7 @@ diopiError_t diopi_aten_exp(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
 
 
 def test_scratch_is_dropped_when_its_call_returns_while_another_thread_calls(tmp_path):
-    from ditorch_diopi.library import DiopiLibrary
+    from diopi_bindings.library import DiopiLibrary
 
     lib = DiopiLibrary(compile_c_library(tmp_path, "scratch", SOURCE))
     dll = lib._dll

@@ -14,7 +14,7 @@ from diopi_testlib import run_python
 TRAIN = """
 import json, sys
 import torch, torch.nn as nn, torch.nn.functional as F
-from ditorch_diopi import device
+from diopi_bindings import device
 device.enable(None, backend=sys.argv[1])
 
 class Block(nn.Module):
@@ -101,7 +101,7 @@ def test_a_llama_step_with_adamw_runs_every_operator_in_the_library(backend, tmp
 def test_copies_are_counted_whoever_makes_them():
     got = run_python("""
         import json, torch
-        from ditorch_diopi import device
+        from diopi_bindings import device
         device.enable(None, backend="native")
 
         def delta(fn):

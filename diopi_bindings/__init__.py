@@ -1,0 +1,1 @@
+"""diopi_bindings package."""

@@ -1,0 +1,232 @@
+"""The native diopi device: PrivateUse1 made a device in C++ (``diopi_bindings._C_device``) over the
+library's device-memory functions, with the compute operators routed from its boxed fallback.
+
+Compared with the host-memory stand-in: tensors have real storages of this device (allocated by
+``diopi_device_malloc``), several devices (``"diopi:1"`` is another device with its own memory), a
+default generator per device (``torch.Generator(device="diopi")`` works), and the device can be
+enabled after the process already ran a backward pass on the CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from diopi_bindings.device.module_base import DeviceModuleBase
+from diopi_bindings.device.native_router import NativeRouter
+from diopi_bindings.device.router import DEVICE_TYPE
+from diopi_bindings.device_memory import DeviceMemory
+from diopi_bindings.library import DiopiLibrary
+from diopi_bindings.schema import BY_NAME
+
+
+class NativeDeviceError(RuntimeError):
+    """The native device cannot serve this library or this process."""
+
+
+def _runtime() -> Any:
+    from diopi_bindings import _C_device
+
+    return _C_device
+
+
+class NativeDeviceModule(DeviceModuleBase):
+    """``torch.diopi`` for the native device: the runtime calls torch and ditorch look up."""
+
+    tensors_without_storage = False
+
+    class Stream:  # one stream per device: the library's operators complete before they return
+        def __init__(self, device: Any = None, priority: int = 0) -> None:
+            index = torch.device(device).index if device is not None else None
+            self.device = torch.device(DEVICE_TYPE, _runtime().current_device() if index is None else index)
+
+        def synchronize(self) -> None:
+            _runtime().synchronize(self.device.index)
+
+        def wait_stream(self, other: object) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    @staticmethod
+    @contextlib.contextmanager
+    def device(index: Any) -> Iterator[None]:
+        previous = _runtime().current_device()
+        NativeDeviceModule.set_device(index)
+        try:
+            yield
+        finally:
+            _runtime().set_device(previous)
+
+    @staticmethod
+    def device_count() -> int:
+        return int(_runtime().device_count())
+
+    @staticmethod
+    def current_device() -> int:
+        return int(_runtime().current_device())
+
+    @staticmethod
+    def set_device(index: Any) -> None:
+        if isinstance(index, (str, torch.device)):
+            index = torch.device(index).index or 0
+        _runtime().set_device(int(index))
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        index = _index(device)
+        _runtime().synchronize(index)
+
+    @staticmethod
+    def current_stream(device: Any = None) -> "NativeDeviceModule.Stream":
+        return NativeDeviceModule.Stream(torch.device(DEVICE_TYPE, _index(device)))
+
+    @staticmethod
+    def default_generator(index: int) -> torch.Generator:
+        return _runtime().default_generator(int(index))
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        NativeDeviceModule.default_generator(_runtime().current_device()).manual_seed(int(seed))
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        for i in range(NativeDeviceModule.device_count()):
+            NativeDeviceModule.default_generator(i).manual_seed(int(seed))
+
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return NativeDeviceModule.default_generator(_index(device)).get_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        NativeDeviceModule.default_generator(_index(device)).set_state(state)
+
+    # Memory: the extension's caching allocator, whose statistics torch.accelerator reads.
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict[str, Any]:
+        return dict(torch.accelerator.memory_stats(_index(device)))
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return torch.accelerator.memory_allocated(_index(device))
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        return torch.accelerator.max_memory_allocated(_index(device))
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        return torch.accelerator.memory_reserved(_index(device))
+
+    @staticmethod
+    def max_memory_reserved(device: Any = None) -> int:
+        return torch.accelerator.max_memory_reserved(_index(device))
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        torch.accelerator.reset_peak_memory_stats(_index(device))
+
+    @staticmethod
+    def empty_cache() -> None:
+        _runtime().empty_cache()
+
+    @staticmethod
+    def set_caching(on: bool) -> None:
+        """Keep freed blocks for reuse (the default), or give them back to the library at once (this empties
+        the cache)."""
+        _runtime().set_caching(bool(on))
+
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return int(_runtime().current_device())
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return int(_runtime().current_device()) if index is None else int(index)
+
+
+_fallback: torch.library.Library | None = None
+_router: NativeRouter | None = None
+
+
+def enable_native(lib: DiopiLibrary) -> NativeRouter:
+    """Attach ``lib`` to PrivateUse1 (renamed ``diopi``); once per process."""
+    global _fallback, _router
+    if _router is not None:
+        if _router.library.path != lib.path:
+            raise NativeDeviceError(f"the native diopi device already serves {_router.library.path}; one library "
+                                    f"per process")
+        return _router
+    memory = DeviceMemory.of(lib)
+    if memory is None:
+        raise NativeDeviceError(
+            f"{lib.path} does not export {', '.join(DeviceMemory.missing(lib))}: the native diopi device needs "
+            f"the device-memory functions of diopi/diopirt.h (use the host-memory device instead: "
+            f"DIOPI_DEVICE_BACKEND=python)")
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", DEVICE_TYPE):
+        raise NativeDeviceError(f"PrivateUse1 is already the {current!r} device in this process (a vendor plug-in "
+                                f"claimed it); the diopi device needs it")
+    if hasattr(torch, DEVICE_TYPE) and not isinstance(getattr(torch, DEVICE_TYPE), NativeDeviceModule):
+        raise NativeDeviceError("the host-memory diopi device is already enabled in this process")
+    runtime = _runtime()
+    addresses = memory.addresses()
+    addresses["diopi_last_error"] = _address(lib._dll.diopi_last_error)
+    runtime.attach(addresses)
+    if current != DEVICE_TYPE:
+        torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
+    torch._register_device_module(DEVICE_TYPE, NativeDeviceModule())
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    router = NativeRouter(lib, runtime)
+
+    def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+        return router.dispatch(op, args, kwargs)
+
+    everything = torch.library.Library("_", "IMPL")
+    everything.fallback(fallback, "PrivateUse1")
+    _fallback, _router = everything, router
+    _registrations.append(_register_composites(lib, router))
+    return router
+
+
+# Served by the extension's copies, never by the library's operators of the same name.
+_MEMORY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::clone"})
+
+
+def _register_composites(lib: DiopiLibrary, router: NativeRouter) -> torch.library.Library:
+    """Schema operators whose ATen kernel is a composite for every backend (embedding is index_select,
+    _safe_softmax a masked softmax) never reach a backend's fallback: register the router for them on
+    PrivateUse1 itself, so the library's kernel serves them."""
+    registration = torch.library.Library("aten", "IMPL")
+    for name in BY_NAME:
+        if (not name.startswith("aten::") or name in _MEMORY_OPS or not lib.implements(name)
+                or torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
+                or not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")):
+            continue
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        func = getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+        def kernel(*args: Any, _func: Any = func, **kwargs: Any) -> Any:
+            return router.dispatch(_func, args, kwargs)
+
+        registration.impl(name.removeprefix("aten::"), kernel, "PrivateUse1")
+    return registration
+
+
+_registrations: list[torch.library.Library] = []
+
+
+def _address(fn: Any) -> int:
+    import ctypes
+
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+
+
+def native_router() -> NativeRouter | None:
+    return _router

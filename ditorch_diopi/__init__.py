@@ -1,1 +1,0 @@
-"""ditorch_diopi package."""
