@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..spec import InfeasibleError
 from .costs import StageSpec
 
 Progress = Callable[[str], None]
@@ -33,3 +34,7 @@ class SearchResult:
     # it); the plans themselves carry the time a user reads (search.reported)
     objective_s: float | None = None
     work: int = 0  # units of search work spent (limits.BOUND_CELLS_PER_UNIT): the same on any machine
+
+
+class NothingFaster(InfeasibleError):
+    """A search told to beat a time (search_auto's beat_s) found that no plan of its space can."""

@@ -54,6 +54,21 @@ def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: st
                     params)
 
 
+def compute_floor(cm: CostModel, stages: list[StageSpec], dp: int) -> float:
+    """A lower bound on the simulated iteration time under any schedule of these (physical) stages, at a
+    fraction of a simulation's cost: stage k cannot start before the first micro-batch's forwards through
+    the stages before it and their transfers, then computes every micro-batch's forward and backward, then
+    updates."""
+    st, es = stage_times(cm, stages, dp)
+    b, lat = micro_batches(cm.train, dp), latencies(cm, stages)
+    best, before = 0.0, 0.0
+    for k, t in enumerate(st):
+        best = max(best, before + b * (t.fwd + t.bwd) + t.update)
+        if k < len(es):
+            before += t.fwd + es[k] + lat[k]
+    return best
+
+
 def latencies(cm: CostModel, stages: list[StageSpec]) -> list[float]:
     """Per boundary, the message latency between the two stages' chip types."""
     return [cm.latency(a.chip, b.chip) for a, b in zip(stages, stages[1:])]

@@ -12,7 +12,8 @@ from .analytic import analytic_profile
 from .costs import CostModel, StageSpec, micro_batches, virtual_stages
 from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
-from .candidates import Candidate, Progress, SearchResult
+from .plan_sim import compute_floor
+from .candidates import Candidate, NothingFaster, Progress, SearchResult
 from .search import longest_plan_actions, reported, search_auto
 
 
@@ -39,51 +40,76 @@ def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
                limits: Limits = DEFAULT_LIMITS, idle: str = "auto", baselines: bool = True,
-               rounded: bool = True) -> SearchResult:
+               rounded: bool = True, beat_s: float = math.inf) -> SearchResult:
     """The plans of `algo`; `auto`'s best is then never slower, by simulation, than any of the baselines
     (baselines.py: h2, subsets of the chip types, rounded counts, a FLOPs-proportional split) unless
-    `baselines` is off (the baselines' own sub-searches)."""
-    res = _run_search(pb, algo, group_size, progress, limits, idle)
+    `baselines` is off (the baselines' own sub-searches). `beat_s` (auto, a schedule without parameters):
+    only plans that may run faster are searched, and NothingFaster is raised where none does."""
+    if math.isfinite(beat_s) and (algo != "auto" or kind(pb.train.schedule).params):
+        raise ValueError(f"run_search: beat_s with algo {algo!r} and schedule {pb.train.schedule}; expected auto "
+                         "and a schedule without parameters")
+    try:
+        res: SearchResult | None = _run_search(pb, algo, group_size, progress, limits, idle, beat_s)
+    except NothingFaster:
+        if not baselines:
+            raise
+        res = None
     if algo == "auto" and baselines:
-        res = never_worse(pb, res, group_size, limits, idle, progress, rounded)
+        return never_worse(pb, res, group_size, limits, idle, progress, rounded, beat_s)
+    assert res is not None
     return res
 
 
-def never_worse(pb: Problem, res: SearchResult, group_size: int, limits: Limits, idle: str,
-                progress: Progress | None = None, rounded: bool = True) -> SearchResult:
+def never_worse(pb: Problem, res: SearchResult | None, group_size: int, limits: Limits, idle: str,
+                progress: Progress | None = None, rounded: bool = True, beat_s: float = math.inf) -> SearchResult:
     """`res` with its best plan replaced by the fastest baseline (baselines.candidates) where one
     simulates faster, with each one's best schedule parameters (best_params, as to_plan times the plan);
-    the search's plan then leads the runners-up."""
+    the search's plan then leads the runners-up. Work skipped: a baseline whose compute alone
+    (plan_sim.compute_floor, a lower bound of its simulated time) cannot beat the fastest plan so far is not
+    simulated; a sub-cluster's search is told that time
+    (search_auto's beat_s) and searches only plans that may beat it. `res` None: the search found no plan
+    faster than `beat_s`; NothingFaster where no baseline is either."""
     from . import baselines as bl
-    try:
-        t = best_params(pb, res.best)[2]
-    except InfeasibleError:
-        t = math.inf
+    t = math.inf
+    if res is not None:
+        try:
+            t = best_params(pb, res.best)[2]
+        except InfeasibleError:
+            pass
     best: Candidate | None = None
-    fastest = [t]  # read by the baselines to skip sub-clusters whose bound cannot beat it
+    fastest = [min(t, beat_s)]  # read by the baselines to skip sub-clusters whose bound cannot beat it
+    cutoff = not kind(pb.train.schedule).params  # sub-searches told the time to beat (search_auto's beat_s)
+    interleaves = "chunks" in kind(pb.train.schedule).params  # simulated on virtual stages: no floor taken
+
     def plan(sub: Problem, lim: Limits, with_baselines: bool) -> SearchResult:
-        return run_search(sub, "auto", group_size, limits=lim, idle=idle, baselines=with_baselines, rounded=False)
+        return run_search(sub, "auto", group_size, limits=lim, idle=idle, baselines=with_baselines, rounded=False,
+                          beat_s=fastest[0] if cutoff else math.inf)
 
     def sub_problem(cl: Cluster) -> Problem:
         return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
 
     for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, lambda: fastest[0], rounded):
+        if not interleaves and compute_floor(pb.cm, cand.stages, cand.dp) >= fastest[0]:
+            continue  # cannot be faster: not simulated
         try:
             q, _, tc = best_params(pb, cand)
         except InfeasibleError:
             continue
         if tc < fastest[0] * (1 - 1e-9):
             best, fastest[0] = replace(cand, time_s=tc, params=q or None), tc
-    t = fastest[0]
     if best is None:
+        if res is None:
+            raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
         return res
     if progress:
-        progress(f"a baseline simulates faster than the search's plan: {best.label} at {t:.4f} s")
+        progress(f"a baseline simulates faster than the search's plan: {best.label} at {fastest[0]:.4f} s")
+    if res is None:
+        return SearchResult(best, [])
     return replace(res, best=best, runners_up=[res.best, *res.runners_up][:RERANK_FIRST - 1])
 
 
 def _run_search(pb: Problem, algo: str, group_size: int, progress: Progress | None, limits: Limits,
-                idle: str) -> SearchResult:
+                idle: str, beat_s: float = math.inf) -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         res = search_h2(pb.cm, group_size, progress=progress)
@@ -95,9 +121,9 @@ def _run_search(pb: Problem, algo: str, group_size: int, progress: Progress | No
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
     if not kind(pb.train.schedule).params and not small_enough_to_simulate(pb):
-        return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle)
+        return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle, beat_s=beat_s)
     res = search_auto(pb.cm, group_size, RERANK_POOL, progress=progress, limits=limits, idle=idle,
-                      margin=POOL_MARGIN)
+                      margin=POOL_MARGIN, beat_s=beat_s)
     return rank_with_params(pb, res)
 
 

@@ -22,10 +22,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..schedules import kind
 from ..spec import InfeasibleError
 from .accuracy import error_factor, objective_widen
 from .costs import CostModel, StageSpec, micro_batches
-from .candidates import Candidate, Progress, SearchResult
+from .candidates import Candidate, NothingFaster, Progress, SearchResult
 from .dpspace import DpSpace, cheap_bounds, type_choices
 from .frontier import Chunk, Entry, Frontier, Level
 from .h2 import h2_candidates
@@ -48,8 +49,10 @@ class _Top:
     (a 1 ms link's, HARP Setting 1: objective 0.885 s, simulated 1.23 s), so pruning at the best objective
     dropped faster plans."""
 
-    def __init__(self, keep: int, widen: dict[int, float]) -> None:
+    def __init__(self, keep: int, widen: dict[int, float], beyond: dict[int, float] | None = None) -> None:
         self.keep, self.slack, self.widen, self.items = keep, 0.0, widen, []
+        # per dp, the objective from which a plan cannot beat the caller's `beat_s` (search_auto)
+        self.beyond = beyond or {dp: math.inf for dp in widen}
         self.fastest: Candidate | None = None
         self.fastest_s = math.inf  # its full estimate
 
@@ -58,12 +61,14 @@ class _Top:
 
     def cut(self, dp: int) -> float:
         own = self._own()
-        return max(own, self.fastest_s * self.widen[dp]) if self.fastest is not None else own
+        own = max(own, self.fastest_s * self.widen[dp]) if self.fastest is not None else own
+        return min(own, self.beyond[dp])
 
     @property
     def bound(self) -> float:
         """The loosest cut over every dp."""
-        return max([self._own(), *(self.cut(dp) for dp in self.widen)])
+        own = min(self._own(), max(self.beyond.values(), default=math.inf))
+        return max([own, *(self.cut(dp) for dp in self.widen)])
 
     def add(self, c: Candidate) -> None:
         self.items.append(c)
@@ -96,7 +101,7 @@ FULL_PRICING_CHIPS = 512
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
                 progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto",
-                margin: float = 0.0) -> SearchResult:
+                margin: float = 0.0, beat_s: float = math.inf) -> SearchResult:
     """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
     RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it), and every plan
     kept is returned with the time a user reads and ranked by it (reported: simulated, else the full
@@ -112,7 +117,11 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
     re-rank margin is kept on the heap, and a second phase collects it only when the optimum is cheap
     enough to simulate (otherwise the margin would cost search time for a re-rank that never runs), or
-    when the caller asks for a margin."""
+    when the caller asks for a margin.
+
+    `beat_s`: a simulated time the caller has already (baselines.py); plans that cannot run faster are not
+    searched (their objective is at least beat_s times accuracy.objective_widen), and NothingFaster is raised
+    when no plan can. Only for a schedule searched as itself (no parameters to choose afterwards)."""
     if idle not in IDLE_MODES:
         raise ValueError(f"search_auto: idle={idle!r}; expected one of {', '.join(IDLE_MODES)}")
     t0 = time.perf_counter()
@@ -129,7 +138,13 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     share = _forward_share(cm)
     widen = {dp: objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
                                  micro_batches(cm.train, dp)) if priced else 1.0 for dp in dps}
-    top = _Top(max(refined, runners_up + 1), widen)
+    beyond = None
+    if math.isfinite(beat_s):
+        if kind(cm.train.schedule).params:
+            raise ValueError(f"search_auto: beat_s with {cm.train.schedule}, whose parameters the search does not see")
+        beyond = {dp: beat_s * objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
+                                               micro_batches(cm.train, dp)) for dp in dps}
+    top = _Top(max(refined, runners_up + 1), widen, beyond)
     fulls: dict[tuple, float] = {}  # full estimates of the plans priced, by _sig
     stats = {"evaluated": 0, "pruned": 0, "work": 0}  # work: units of limits.BOUND_CELLS_PER_UNIT
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
@@ -164,7 +179,10 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
 
     def later(e: Entry) -> bool:
         """Worth keeping: may beat the incumbent, or (for the second phase) within the re-rank margin."""
-        return not top.items or e.bound < max(top.cut(e.space.dp), top.items[0].time_s * (1 + max(wide, margin)))
+        if not top.items:
+            return e.bound < top.cut(e.space.dp)
+        near = top.items[0].time_s * (1 + max(wide, margin))
+        return e.bound < min(max(top.cut(e.space.dp), near), top.beyond[e.space.dp])
 
     def push(e: Entry) -> None:
         if later(e):
@@ -275,6 +293,8 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         o = np.argsort(lb, kind="stable")
         push(Entry(float(lb[o[0]]), Level.CHUNK, space, chunk=Chunk(lb[o], idx[o], 0, CHUNK)))
     drain()
+    if not top.items and beyond is not None:
+        raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
     near_slack = wide if _affordable(cm, top.items[0]) and not bounded else 0.0  # the simulator re-ranks these
