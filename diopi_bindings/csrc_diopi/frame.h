@@ -1,0 +1,67 @@
+// The arguments of one routed call: the ATen operator's boxed arguments on the stack, read as the DIOPI
+// parameter each fills (the generated trampolines in dispatch_table.gen.cpp call these accessors). A tensor
+// handle is the address of an at::Tensor that outlives the call (diopirt.cpp reads it back).
+#pragma once
+
+#include <ATen/core/stack.h>
+#include <diopi/functions.h>
+
+#include <array>
+#include <deque>
+#include <vector>
+
+struct diopiContext {
+  c10::Device device{c10::DeviceType::PrivateUse1, 0};
+  diopiStreamHandle_t stream = nullptr;  // the device has no streams: a call completes before it returns
+  std::deque<at::Tensor> required;       // diopiRequireTensor/Buffer; freed when the call ends
+};
+
+namespace diopi_bindings {
+
+inline diopiTensorHandle_t handle(at::Tensor& t) { return reinterpret_cast<diopiTensorHandle_t>(&t); }
+inline const at::Tensor& tensor(diopiConstTensorHandle_t h) { return *reinterpret_cast<const at::Tensor*>(h); }
+inline at::Tensor& tensor(diopiTensorHandle_t h) { return *reinterpret_cast<at::Tensor*>(h); }
+
+diopiDtype_t to_diopi(c10::ScalarType type);  // diopi_dtype_unsupported where DIOPI has none
+c10::ScalarType from_diopi(diopiDtype_t type);  // throws on a dtype torch has not
+
+class Frame {
+ public:
+  Frame(diopiContext* ctx, torch::jit::Stack& stack, size_t first, std::vector<at::Tensor>& outs)
+      : ctx_(ctx), stack_(stack), first_(first), outs_(outs) {}
+
+  diopiContextHandle_t ctx() { return ctx_; }
+  diopiTensorHandle_t out(size_t i) { return handle(outs_.at(i)); }
+  diopiTensorHandle_t mut(size_t i) { return handle(arg(i).toTensor()); }
+  diopiConstTensorHandle_t in(size_t i) {
+    c10::IValue& v = arg(i);
+    return v.isTensor() && v.toTensor().defined() ? handle(v.toTensor()) : nullptr;
+  }
+  const diopiScalar_t* scalar(size_t i);
+  int64_t i64(size_t i) { return arg(i).toInt(); }
+  double f64(size_t i) { return arg(i).toDouble(); }
+  float f32(size_t i) { return static_cast<float>(arg(i).toDouble()); }
+  bool boolean(size_t i) { return arg(i).toBool(); }
+  diopiSize_t size(size_t i);  // None: empty
+
+ private:
+  c10::IValue& arg(size_t i) { return stack_[first_ + i]; }
+  diopiContext* ctx_;
+  torch::jit::Stack& stack_;
+  size_t first_;
+  std::vector<at::Tensor>& outs_;
+  std::array<diopiScalar_t, 8> scalars_{};
+  size_t scalar_count_ = 0;
+  std::deque<std::vector<int64_t>> lists_;
+};
+
+struct Route {
+  const char* name;      // "aten::add"
+  const char* overload;  // "Tensor", "" for the default overload
+  const char* diopi;     // "diopiAdd"
+  diopiError_t (*call)(void* fn, Frame& f);
+};
+extern const Route kRoutes[];
+extern const size_t kRouteCount;
+
+}  // namespace diopi_bindings

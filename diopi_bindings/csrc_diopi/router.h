@@ -1,0 +1,24 @@
+// Registers the generated routes of the attached library on PrivateUse1 and reports their counts.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace diopi_bindings {
+
+// Registers a kernel for every route whose DIOPI function `library` (a dlopen handle) exports; returns the
+// ATen overloads registered. Once per process.
+std::vector<std::string> register_routes(void* library, const char* (*last_error)());
+
+struct RouteCount {
+  std::string aten;
+  std::string diopi;
+  int64_t routed;
+  int64_t fallback;
+};
+std::vector<RouteCount> route_counts();  // the routes called so far
+
+}  // namespace diopi_bindings

@@ -1,0 +1,163 @@
+"""Generate the C++ routing table of ``_C_diopi`` from diopi_functions.yaml: ``python -m diopi_bindings.gen_dispatch``
+(``--check`` exits 1 when the committed file differs).
+
+Each entry becomes a trampoline that reads the ATen arguments from the boxed stack (csrc_diopi/frame.h),
+converts each to the type of the DIOPI parameter it fills (read from include/deeplink/diopi/functions.h) and
+calls the library's function through a pointer of the prototype's own type, so a table entry that does not fit
+its prototype fails to compile. A functional overload's out= overloads are routed with the same call.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+HERE = Path(__file__).resolve().parent
+TABLE = HERE / "diopi_functions.yaml"
+FUNCTIONS_H = HERE / "include" / "deeplink" / "diopi" / "functions.h"
+OUTPUT = HERE / "csrc_diopi" / "dispatch_table.gen.cpp"
+
+# DIOPI parameter type -> the Frame accessor that converts an ATen argument to it.
+_CONVERT = {
+    "diopiConstTensorHandle_t": "in",
+    "diopiTensorHandle_t": "mut",
+    "const diopiScalar_t*": "scalar",
+    "int64_t": "i64",
+    "double": "f64",
+    "float": "f32",
+    "bool": "boolean",
+    "diopiSize_t": "size",
+}
+
+
+class TableError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Route:
+    aten: str          # overload name, "add.out"
+    diopi: str         # function name
+    arguments: tuple[str, ...]  # C++ expressions, in the prototype's order
+
+
+def prototypes(text: str) -> dict[str, list[str]]:
+    """DIOPI function name -> its parameter types, from functions.h."""
+    found: dict[str, list[str]] = {}
+    for name, params in re.findall(r"diopiError_t\s+(diopi\w+)\s*\(([^;]*?)\)\s*;", text, re.S):
+        types = []
+        for param in params.split(","):
+            words = " ".join(param.split())
+            types.append(re.sub(r"\s*\w+$", "", words).replace(" *", "*"))
+        found[name] = types
+    return found
+
+
+def _schema(overload: str) -> torch._C.FunctionSchema:
+    name, _, variant = overload.partition(".")
+    for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
+        if schema.overload_name == variant:
+            return schema
+    raise TableError(f"{overload}: no such ATen overload in torch {torch.__version__}")
+
+
+def _out_variants(functional: torch._C.FunctionSchema) -> list[str]:
+    """The out= overloads of a functional schema: the same inputs plus written keyword-only outputs."""
+    inputs = [(a.name, str(a.type)) for a in functional.arguments]
+    found = []
+    for schema in torch._C._jit_get_schemas_for_operator(functional.name):
+        outs = [a for a in schema.arguments if a.is_out]
+        rest = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+        if outs and rest == inputs and len(outs) == len(functional.returns):
+            found.append(f"{functional.name.split('::')[1]}.{schema.overload_name}")
+    return found
+
+
+def _arguments(entry: str, call_args: list[str], types: list[str], schema: torch._C.FunctionSchema) -> tuple[str, ...]:
+    if len(call_args) != len(types):
+        raise TableError(f"{entry}: {len(call_args)} arguments for {len(types)} parameters")
+    names = [a.name for a in schema.arguments]
+    out: list[str] = []
+    for token, ctype in zip(call_args, types):
+        if token == "ctx":
+            out.append("f.ctx()")
+        elif re.fullmatch(r"out\d*", token) and token not in names:
+            if ctype != "diopiTensorHandle_t":
+                raise TableError(f"{entry}: {token} fills a {ctype} parameter")
+            out.append(f"f.out({int(token[3:] or 0)})")
+        elif token in names:
+            accessor = _CONVERT.get(ctype)
+            if accessor is None:
+                raise TableError(f"{entry}: no conversion from an ATen argument to {ctype}")
+            out.append(f"f.{accessor}({names.index(token)})")
+        else:
+            out.append(token)  # a literal
+    return tuple(out)
+
+
+def routes(table_text: str, functions_text: str) -> list[Route]:
+    protos = prototypes(functions_text)
+    found: list[Route] = []
+    seen: set[str] = set()
+    for item in yaml.safe_load(table_text):
+        entry, call = item["aten"], item["diopi"]
+        match = re.fullmatch(r"\s*(diopi\w+)\s*\((.*)\)\s*", call)
+        if not match:
+            raise TableError(f"{entry}: {call!r} is not a call")
+        fn, args = match.group(1), [a.strip() for a in match.group(2).split(",")]
+        if fn not in protos:
+            raise TableError(f"{entry}: {fn} is not declared in functions.h")
+        schema = _schema(entry)
+        variants = [entry] + (_out_variants(schema) if item.get("out_variant", True) else [])
+        for overload in variants:
+            if overload in seen:
+                raise TableError(f"{overload}: routed twice")
+            seen.add(overload)
+            found.append(Route(overload, fn, _arguments(entry, args, protos[fn], _schema(overload))))
+    return found
+
+
+def render(found: list[Route]) -> str:
+    lines = ["// Generated by python -m diopi_bindings.gen_dispatch from diopi_functions.yaml; do not edit.",
+             '#include "frame.h"', "", "namespace diopi_bindings {", "", "namespace {", ""]
+    for i, r in enumerate(found):
+        lines.append(f"diopiError_t call_{i}(void* fn, Frame& f) {{  // aten::{r.aten}")
+        lines.append(f"  return reinterpret_cast<decltype(&::{r.diopi})>(fn)({', '.join(r.arguments)});")
+        lines.append("}")
+    lines += ["", "}  // namespace", "", "const Route kRoutes[] = {"]
+    lines += [f'    {{"aten::{r.aten.split(".")[0]}", "{r.aten.partition(".")[2]}", "{r.diopi}", &call_{i}}},'
+              for i, r in enumerate(found)]
+    lines += ["};", "const size_t kRouteCount = sizeof(kRoutes) / sizeof(kRoutes[0]);", "",
+              "}  // namespace diopi_bindings", ""]
+    return "\n".join(lines)
+
+
+def generate() -> str:
+    return render(routes(TABLE.read_text(), FUNCTIONS_H.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
+    args = parser.parse_args(argv)
+    try:
+        text = generate()
+    except TableError as exc:
+        print(f"diopi_functions.yaml: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
+            print(f"{OUTPUT.name} is out of date: run python -m diopi_bindings.gen_dispatch", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""A vendor library written against DIOPI as DeepLink defines it (deeplink_vendor/vendor.cpp: opaque handles
+read through diopiGetTensor*, scratch from diopiRequireBuffer, tagged scalars, functions named diopiAdd,
+diopiAddmm, ...), built here against include/deeplink with no shim, attached to the native device: the ATen
+overloads of diopi_functions.yaml it implements run in it (C++ routing), results against plain CPU torch; a
+library built for another DIOPI major version, or none, is refused with a message saying so."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diopi_bindings import gen_dispatch
+from diopi_bindings.deeplink import INCLUDE_DIR
+from diopi_testlib import run_python
+
+VENDOR_SOURCE = Path(__file__).resolve().parent / "deeplink_vendor" / "vendor.cpp"
+
+
+def build_vendor(directory: Path, name: str, *defines: str) -> Path:
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    out = directory / f"lib{name}.so"
+    subprocess.run([compiler, "-std=c++17", "-shared", "-fPIC", "-O1", f"-I{INCLUDE_DIR}", *defines,
+                    str(VENDOR_SOURCE), "-o", str(out)], check=True, capture_output=True, text=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vendor(tmp_path_factory) -> Path:
+    return build_vendor(tmp_path_factory.mktemp("deeplink"), "vendor")
+
+
+ATTACH = """
+    import json, torch
+    from diopi_bindings import device, deeplink
+    device.enable(backend="native")
+"""
+
+
+def test_a_library_written_against_diopi_trains_a_linear_relu_softmax_step(vendor: Path) -> None:
+    got = run_python(ATTACH + f"""
+    info = deeplink.attach({str(vendor)!r})
+    torch.manual_seed(0)
+    d = torch.device("diopi")
+    lin = torch.nn.Linear(7, 5)
+    x = torch.randn(6, 7, requires_grad=True)
+    lin_d = torch.nn.Linear(7, 5).to(d)
+    lin_d.load_state_dict(lin.state_dict())
+    x_d = x.detach().to(d).requires_grad_()
+    def step(layer, inp):
+        h = torch.nn.functional.silu(layer(inp)).relu()
+        loss = (torch.softmax(h, -1) * 3.0).sum()
+        loss.backward()
+        return h
+    h, h_d = step(lin, x), step(lin_d, x_d)
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 2)
+    o = torch.empty(0, device=d)
+    torch.add(a.to(d), 1.5, out=o)  # an out= overload, resized by the router
+    cases = {{
+        "hidden": (h_d.cpu(), h),
+        "x.grad": (x_d.grad.cpu(), x.grad),
+        "weight.grad": (lin_d.weight.grad.cpu(), lin.weight.grad),
+        "bias.grad": (lin_d.bias.grad.cpu(), lin.bias.grad),
+        "bmm": (torch.bmm(a.to(d), b.to(d)).cpu(), torch.bmm(a, b)),
+        "add.out": (o.cpu(), a + 1.5),
+        "transposed mul": ((a.to(d).transpose(1, 2) * 2).cpu(), a.transpose(1, 2) * 2),
+    }}
+    errors = {{k: float((g - r).abs().max()) for k, (g, r) in cases.items()}}
+    print(json.dumps({{"info": {{k: info[k] for k in ("version", "vendor")}}, "errors": errors,
+                      "routed": dict(deeplink.routed_ops()), "declined": dict(deeplink.fallback_ops()),
+                      "python_routed": dict(device.routed_ops()), "python_fallbacks": dict(device.fallback_ops())}}))
+    """)
+    assert got["info"] == {"version": "DIOPI Version: 1.0.0", "vendor": "test-vendor"}
+    assert all(err < 1e-5 for err in got["errors"].values()), got["errors"]
+    for op in ("aten::addmm", "aten::mm", "aten::silu", "aten::silu_backward", "aten::relu",
+               "aten::threshold_backward", "aten::_softmax", "aten::_softmax_backward_data", "aten::bmm",
+               "aten::mul.Tensor", "aten::add.out"):
+        assert got["routed"].get(op, 0) > 0, (op, got["routed"])
+    assert got["declined"] == {}
+    # Nothing the vendor implements went through the device's Python router or to the CPU.
+    assert not {"aten::addmm", "aten::mm", "aten::relu", "aten::_softmax"} & (
+        set(got["python_routed"]) | set(got["python_fallbacks"]))
+
+
+def test_an_operator_the_library_declines_runs_on_the_cpu_and_is_counted(vendor: Path) -> None:
+    got = run_python(ATTACH + f"""
+    deeplink.attach({str(vendor)!r})
+    a = torch.randn(4, 6, dtype=torch.float64)
+    s64 = a.to("diopi").sum(1)           # the vendor answers diopiNoImplement for float64
+    s32 = a.float().to("diopi").sum(1)   # and computes float32
+    print(json.dumps({{"err64": float((s64.cpu() - a.sum(1)).abs().max()),
+                      "err32": float((s32.cpu() - a.float().sum(1)).abs().max()),
+                      "routed": dict(deeplink.routed_ops()), "declined": dict(deeplink.fallback_ops())}}))
+    """)
+    assert got["err64"] < 1e-12 and got["err32"] < 1e-5
+    assert got["declined"] == {"aten::sum.dim_IntList": 1}
+    assert got["routed"]["aten::sum.dim_IntList"] == 1
+
+
+ATTACH_ERROR = ATTACH + """
+    try:
+        deeplink.attach({path!r})
+        print(json.dumps({{"error": None}}))
+    except deeplink.DiopiLoadError as exc:
+        print(json.dumps({{"error": str(exc)}}))
+"""
+
+
+def test_a_library_of_another_diopi_major_version_is_refused(tmp_path: Path) -> None:
+    other = build_vendor(tmp_path, "v2", '-DVENDOR_VERSION="DIOPI Version: 2.0.0"')
+    error = run_python(ATTACH_ERROR.format(path=str(other)))["error"]
+    assert error is not None and "DIOPI Version: 2.0.0" in error and "DIOPI 1.x" in error, error
+
+
+def test_a_library_without_diopi_get_version_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "plain.c"
+    source.write_text("int diopiAdd(void) { return 0; }\n")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    plain = tmp_path / "libplain.so"
+    subprocess.run([compiler, "-shared", "-fPIC", str(source), "-o", str(plain)], check=True)
+    error = run_python(ATTACH_ERROR.format(path=str(plain)))["error"]
+    assert error is not None and "not a DIOPI library" in error and "diopiGetVersion" in error, error
+    missing = run_python(ATTACH_ERROR.format(path=str(tmp_path / "absent.so")))["error"]
+    assert missing is not None and "no such file" in missing
+
+
+def test_the_generated_routing_table_is_current() -> None:
+    done = subprocess.run([sys.executable, "-m", "diopi_bindings.gen_dispatch", "--check"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_functional_entry_routes_its_out_overloads() -> None:
+    found = {r.aten for r in gen_dispatch.routes(gen_dispatch.TABLE.read_text(),
+                                                 gen_dispatch.FUNCTIONS_H.read_text())}
+    for overload in ("add.out", "threshold_backward.grad_input", "silu_backward.grad_input", "_softmax.out",
+                     "addmm.out", "sum.IntList_out", "mul.Scalar_out"):
+        assert overload in found, overload
+
+
+def test_a_table_entry_that_does_not_fit_its_prototype_is_an_error() -> None:
+    functions = gen_dispatch.FUNCTIONS_H.read_text()
+    with pytest.raises(gen_dispatch.TableError, match="3 arguments for 4 parameters"):
+        gen_dispatch.routes("- aten: mul.Tensor\n  diopi: diopiMul(ctx, out, self)\n", functions)
+    with pytest.raises(gen_dispatch.TableError, match="not declared"):
+        gen_dispatch.routes("- aten: mul.Tensor\n  diopi: diopiMultiply(ctx, out, self, other)\n", functions)
+    with pytest.raises(gen_dispatch.TableError, match="no such ATen overload"):
+        gen_dispatch.routes("- aten: mul.Nope\n  diopi: diopiMul(ctx, out, self, other)\n", functions)
