@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -146,15 +147,17 @@ def run(exp: str, repeats: int, eff: dict[str, float] | None) -> dict:
     cl, m, tr = EXPERIMENTS[exp]
     row: dict = {"experiment": exp}
     for algo in ("h2", "auto"):
-        times, res = [], None
+        times, cpus, res = [], [], None
         for _ in range(repeats):
             cm = problem(cl, m, tr, eff)  # fresh caches: every run pays for its own cost-model work
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = run_search(cm_problem(cm), algo)
             times.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
         best = res.best
         sim = simulate_stages(cm, best.stages, best.dp).iteration_time_s
-        r = {"search_s": statistics.median(times), "iteration_s": best.time_s, "simulated_s": sim, "dp": best.dp,
+        r = {"search_s": statistics.median(times), "cpu_s": statistics.median(cpus), "iteration_s": best.time_s,
+             "simulated_s": sim, "dp": best.dp,
              "stages": [[s.chip, s.tp, s.layers, s.recompute] for s in best.stages], "tgs": tgs(cm, sim)}
         if all(c.name in TABLE6_TGS for c in cm.cluster.chips):
             r["hetero_speedup_ratio"] = (
@@ -187,14 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     eff = calibrate() if a.calibrate else None
     rows = []
-    print(f"{'exp':>8} | {'h2 search':>9} {'auto search':>11} {'paper':>6} | {'h2 sim s':>9} {'auto sim s':>10} | "
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'exp':>8} | {'h2 search':>9} {'auto search':>11} {'auto cpu':>8} {'paper':>6} | {'h2 sim s':>9} "
+          f"{'auto sim s':>10} | "
           f"{'h2 ratio':>8} {'auto ratio':>10} {'paper':>6} | {'uniform/auto':>12} {'paper':>6}")
     for exp in a.exp:
         r = run(exp, a.repeats, eff)
         rows.append(r)
         f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
         print(
-            f"{exp:>8} | {r['h2']['search_s']:>9.3f} {r['auto']['search_s']:>11.3f} "
+            f"{exp:>8} | {r['h2']['search_s']:>9.3f} {r['auto']['search_s']:>11.3f} {r['auto']['cpu_s']:>8.3f} "
             f"{f(r['paper_search_s'], '>6.2f')} | "
             f"{r['h2']['simulated_s']:>9.3f} {r['auto']['simulated_s']:>10.3f} | "
             f"{f(r['h2'].get('hetero_speedup_ratio'), '>8.3f')} {f(r['auto'].get('hetero_speedup_ratio'), '>10.3f')} "

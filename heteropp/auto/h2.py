@@ -74,9 +74,9 @@ def _h2_cost(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bool], 
 def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, progress: Progress | None,
          tie_recompute: list[int] | None = None, prune: bool = True,
          beat: float = math.inf) -> tuple[list[tuple[float, int, list]], int]:
-    """The feasible (cost, dp, config) leaves sorted by cost (ties in the order found), and how many were
-    evaluated. With `prune`, a branch whose least possible cost (_least_cost) is above the best leaf found
-    so far, or at least `beat`, is not entered: the first leaf returned is the one the full DFS returns
+    """The feasible (cost, dp, config) leaves sorted by cost (ties in the order of the DFS over dps in
+    order), and how many were evaluated. With `prune`, a branch whose least possible cost (_Bound) is above
+    the best leaf found so far, or above `beat`, is not entered: the first leaf returned is the one the full DFS returns
     first (no leaf it skips costs as little), at a fraction of the leaves (Exp-B: 186,144 without)."""
     found: list[tuple[float, int, list]] = []
     evaluated = 0
@@ -90,21 +90,28 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
         return caps[key]
 
     best = beat
+    # every dp's bound first; the DFS then visits the dps from the least bound up, so that a good leaf
+    # comes early and prunes the rest, and ranks the leaves as the DFS in dp order finds them
+    shapes = []
     for di, dp in enumerate(dps):
-        b = micro_batches(cm.train, dp)
-        if progress:
-            progress(f"h2: dp={dp} ({di + 1}/{len(dps)})")
         if any(e.chips % dp for e in ents):
             continue
+        b = micro_batches(cm.train, dp)
         opts = [[t for t in tp_sizes(chips[e.chip], *counts) if not (e.chips // dp) % t] for e in ents]
         bound = _Bound(cm, ents, opts, dp, b, caps_of, group_rule, tie_recompute is not None)
+        shapes.append((bound.least([], []) if prune else 0.0, di, dp, b, opts, bound))
+    order: dict[int, tuple[int, int]] = {}  # id of a found leaf's config -> (dp index, leaf index)
+    for _, di, dp, b, opts, bound in sorted(shapes, key=lambda x: x[:2]):
+        if progress:
+            progress(f"h2: dp={dp} ({di + 1}/{len(dps)})")
+        leaf = 0
 
         # the closure is called only within this iteration, so binding dp, b, tps, rs as arguments is for
         # clarity, not correctness
         def rec(i: int, dp: int, b: int, tps: list[int], rs: list[bool], opts: list[list[int]] = opts,
-                bound: _Bound = bound) -> None:
-            nonlocal evaluated, best
-            if prune and i and bound.least(tps, rs) > best * (1 + 1e-9):
+                bound: _Bound = bound, di: int = di) -> None:
+            nonlocal evaluated, best, leaf
+            if prune and bound.least(tps, rs) > best * (1 + 1e-9):
                 return
             if i == len(ents):
                 evaluated += 1
@@ -112,7 +119,10 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                 ls = _shard_layers(cm, ents, tps, rs, spps, dp, b, sum(spps), caps_of)
                 if ls is not None:
                     cost = _h2_cost(cm, ents, tps, rs, spps, ls, dp, b)
-                    found.append((cost, dp, [list(tps), list(rs), spps, ls]))
+                    cfg = [list(tps), list(rs), spps, ls]
+                    found.append((cost, dp, cfg))
+                    order[id(cfg)] = (di, leaf)
+                    leaf += 1
                     best = min(best, cost)
                 return
             e = ents[i]
@@ -123,11 +133,11 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                 same = [rs[j] for j in range(i) if ents[j].chip == e.chip] if tie_recompute is not None else []
                 for r in ([same[0]] if same else [False, True]):
                     tps.append(t), rs.append(r)
-                    rec(i + 1, dp, b, tps, rs, opts, bound)
+                    rec(i + 1, dp, b, tps, rs, opts, bound, di)
                     tps.pop(), rs.pop()
 
         rec(0, dp, b, [], [])
-    found.sort(key=lambda x: x[0])
+    found.sort(key=lambda x: (x[0], order[id(x[2])]))
     return found, evaluated
 
 
