@@ -1,9 +1,10 @@
 """One peer never writes outside what the receiver posted, whatever it sends (issue 27, point 1).
 
 A hostile client holding the handshake key (a same-uid process reading the job's store, with no
-DICOMM_JOB_SECRET) claims rank 2, which has not connected yet, announces a message for rank 0's
-posted 16-byte receive, and once cleared to send sends a data frame whose offset + bytes wraps
-around 2^64. The receive sits inside a larger array so that a write outside it is seen, not
+DICOMM_JOB_SECRET) claims rank 2, which never starts, writes rank 2's address card naming its own
+pid (what such a process can do: the documented gap without a secret), announces a message for
+rank 0's posted 16-byte receive, and once cleared to send sends a data frame whose offset + bytes
+wraps around 2^64. The receive sits inside a larger array so that a write outside it is seen, not
 merely a crash. Real communicators in real processes, real TCP sockets."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,26 @@ from tests.dicomm.multiproc import run_ranks
 INTRUDER = Path(__file__).with_name("intruder.py")
 TAG = 9
 GUARD = 1 << 17  # bytes on each side of the receive buffer: more than any K below
+
+
+def _wait_polling(store, key: str) -> None:
+    # Not store.wait: a waiting TCPStore client holds its socket, and the engine reads the card
+    # of the connection it holds through the same client meanwhile.
+    while not store.check([key]):
+        time.sleep(0.05)
+
+
+def _intrude(store, args: list[str], src: int) -> dict:
+    """Runs the intruder claiming rank `src` and, as it connects, writes rank src's card naming the
+    intruder's pid (and no address): rank 0 holds the connection until that card is read."""
+    proc = subprocess.Popen([sys.executable, str(INTRUDER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    card = store.get("dicomm/card/0").decode().splitlines()
+    card = [ln for ln in card if ln and not ln.startswith(("addr.", "pid="))]
+    store.set(f"dicomm/card/{src}", "\n".join(card + [f"pid={proc.pid}"]) + "\n")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _forged_data_job(rank, world, store, k):
@@ -38,7 +60,7 @@ def _forged_data_job(rank, world, store, k):
         buf[:] = 0
         r = c.irecv(ptr(buf), 16, 2, tag=TAG)
         store.set("posted", "1")
-        store.wait(["attacked"])
+        _wait_polling(store, "attacked")
         try:
             r.wait()
             out["error"] = None
@@ -53,9 +75,7 @@ def _forged_data_job(rank, world, store, k):
         card = dict(line.split("=", 1) for line in store.get("dicomm/card/0").decode().splitlines() if line)
         token = store.get("dicomm/token").decode()
         args = ["tcp-data", card["addr.tcp"], token, "", "2", "0", str(TAG), str(k)]
-        done = subprocess.run([sys.executable, str(INTRUDER), *args], capture_output=True, text=True, timeout=30)
-        assert done.returncode == 0, done.stderr
-        out["intruder"] = json.loads(done.stdout.strip().splitlines()[-1])
+        out["intruder"] = _intrude(store, args, 2)
         store.set("attacked", "1")
     out["after"] = exchange(c, rank)  # rank 0 and rank 1 still talk
     store.set(f"done{rank}", "1")
@@ -95,7 +115,7 @@ def _fuzzed_job(rank, world, store, seed):
             arenas[src] = np.full(2 * 256 + CAPACITY, 0x5A, np.uint8)
             recvs[src] = c.irecv(ptr(arenas[src][256:256 + CAPACITY]), CAPACITY, src, tag=TAG)
         store.set("posted", "1")
-        store.wait(["attacked"])
+        _wait_polling(store, "attacked")
         for src in range(2, world):
             case = {"src": src, "sent": json.loads(store.get(f"sent{src}").decode())}
             try:
@@ -114,9 +134,7 @@ def _fuzzed_job(rank, world, store, seed):
         token = store.get("dicomm/token").decode()
         for src in range(2, world):
             args = ["tcp-fuzz", card["addr.tcp"], token, "", str(src), "0", str(TAG), str(seed + src)]
-            done = subprocess.run([sys.executable, str(INTRUDER), *args], capture_output=True, text=True, timeout=30)
-            assert done.returncode == 0, done.stderr
-            store.set(f"sent{src}", done.stdout.strip().splitlines()[-1])
+            store.set(f"sent{src}", json.dumps(_intrude(store, args, src)))
         store.set("attacked", "1")
     # Meanwhile and after, ranks 0 and 1 move real data: it must arrive exactly.
     for i in range(3):

@@ -39,7 +39,37 @@ Token Bootstrap::agree_on_token() {
   }
 }
 
-void Bootstrap::publish(const Card& card) { store_->set(scope_ + "card/" + std::to_string(rank_), card.encode()); }
+// The signature covers the round and the rank as well as the card: a card signed for one rank or
+// round cannot be replayed as another's.
+std::string card_mac_hex(const std::string& key, const std::string& scope, int rank, const std::string& body) {
+  const std::string msg = "dicomm card\n" + scope + "\n" + std::to_string(rank) + "\n" + body;
+  const Digest d = hmac_sha256(key, msg.data(), msg.size());
+  return hex_of(d.data(), d.size());
+}
+
+std::string verified_card_text(const std::string& text, const std::string& key, const std::string& scope, int rank) {
+  // The signature is the last line; the card is everything before it, byte for byte.
+  const std::string tag = "mac=";
+  const size_t at = text.size() >= 2 ? text.rfind("\n" + tag, text.size() - 2) : std::string::npos;
+  const std::string body = at == std::string::npos ? "" : text.substr(0, at + 1);
+  std::string mac = at == std::string::npos ? "" : text.substr(at + 1 + tag.size());
+  if (!mac.empty() && mac.back() == '\n') mac.pop_back();
+  const std::string want = card_mac_hex(key, scope, rank, body);
+  if (mac.size() == want.size() &&
+      digests_equal(reinterpret_cast<const uint8_t*>(mac.data()), reinterpret_cast<const uint8_t*>(want.data()),
+                    want.size()))
+    return body;
+  throw PeerError("the address card of rank " + std::to_string(rank) + " in the store is " +
+                  (mac.empty() ? "not signed" : "signed with another key") +
+                  ", but this job has a DICOMM_JOB_SECRET: it was forged or replaced by someone who can write "
+                  "the store (or rank " + std::to_string(rank) + " runs with a different secret); refused");
+}
+
+void Bootstrap::publish(const Card& card) {
+  std::string text = card.encode();
+  if (!card_key_.empty()) text += "mac=" + card_mac_hex(card_key_, scope_, rank_, text) + "\n";
+  store_->set(scope_ + "card/" + std::to_string(rank_), text);
+}
 
 Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
   std::shared_ptr<Store> store = store_;
@@ -60,6 +90,7 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
                          " (did it create its communicator?)");
     }
   }
+  if (!card_key_.empty()) text = verified_card_text(text, card_key_, scope_, peer);
   try {
     return Card::decode(text);
   } catch (const ValueError& e) {

@@ -31,8 +31,14 @@ class Bootstrap {
   const std::string& scope() const { return scope_; }  // "dicomm/" or "dicomm/<attempt>.<n>/"
   // Rank 0 draws and publishes the token; the others wait for it.
   Token agree_on_token();
+  // With DICOMM_JOB_SECRET the cards are signed: `key` is the handshake key (token + secret), and
+  // a card whose signature is missing or wrong is refused (whoever can write the store can replace
+  // a card, but cannot sign one without the secret). Without a secret, `key` is empty and cards are
+  // unsigned: what a card claims is checked against the kernel's word on each connection instead.
+  void sign_cards_with(std::string key) { card_key_ = std::move(key); }
   void publish(const Card& card);
-  // Throws TimeoutError / ValueError naming the peer; gives up (PeerError) once `*stop` is set.
+  // Throws TimeoutError / ValueError naming the peer, PeerError for a card not signed with the
+  // job's key; gives up (PeerError) once `*stop` is set.
   Card fetch(int peer, const std::atomic<bool>* stop = nullptr);
   void release_store() { store_.reset(); }
 
@@ -41,6 +47,13 @@ class Bootstrap {
   int rank_;
   std::chrono::milliseconds timeout_;
   std::string scope_ = "dicomm/";
+  std::string card_key_;  // empty: cards are not signed
 };
+
+// A signed card is its text followed by the line "mac=<hex>\n" (with a secret; see sign_cards_with).
+std::string card_mac_hex(const std::string& key, const std::string& scope, int rank, const std::string& body);
+// The card text of `rank` without its signature line; throws PeerError naming the rank when the
+// signature is missing or wrong. The text is untrusted (tests/cxx/fuzz/fuzz_handshake.cpp).
+std::string verified_card_text(const std::string& text, const std::string& key, const std::string& scope, int rank);
 
 }  // namespace dicomm

@@ -52,19 +52,7 @@ transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_poin
   if (card.boot_id.empty()) card = bootstrap_.fetch(peer, &stopping_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Peer& p = peers_[peer];
-    p.card = card;
-    p.card_known = true;
-    if (card.same_kernel(card_)) note_local_locked(p);
-    // Connections accepted before the card was known are checked now.
-    for (auto it = p.recv.begin(); it != p.recv.end();) {
-      std::string why = impostor_locked(p, **it);
-      if (why.empty()) { ++it; continue; }
-      graveyard_.push_back(std::move(*it));
-      it = p.recv.erase(it);
-      on_rejected(why);
-    }
-    watch_process_locked(peer, p);  // from now on its exit is noticed, connected or not
+    if (!peers_[peer].card_known) learn_card_locked(peer, card);
   }
   transport::Transport& t = choose_transport(peer, card);
   std::unique_ptr<transport::SendConn> conn;
@@ -118,6 +106,86 @@ void Engine::connect_all() {
   }
 }
 
+void Engine::learn_card_locked(int peer, const Card& card) {
+  Peer& p = peers_[peer];
+  p.card = card;
+  p.card_known = true;
+  if (card.same_kernel(card_)) note_local_locked(p);
+  settle_held_locked(p);
+  watch_process_locked(peer, p);  // from now on its exit is noticed, connected or not
+}
+
+// The card is known: each held connection is the rank's process or an impostor. The first genuine
+// one is admitted; a later one claiming the same rank is refused as any second connection is.
+void Engine::settle_held_locked(Peer& p) {
+  std::vector<std::shared_ptr<transport::RecvConn>> held;
+  held.swap(p.held);
+  held_ -= static_cast<int>(held.size());
+  for (auto& conn : held) {
+    std::string why = impostor_locked(p, *conn);
+    if (why.empty() && !p.recv.empty())
+      why = "a second connection claiming rank " + std::to_string(conn->peer()) + ", which already has a live one";
+    if (!why.empty()) {
+      graveyard_.push_back(std::move(conn));
+      on_rejected(why);
+      continue;
+    }
+    admit_locked(p, std::move(conn));
+  }
+  poller_->wake();  // a sleeping poller now has these connections to watch, or none to skip
+}
+
+// The card reader: while some peer has held connections and no card, read its card (blocking,
+// without the engine lock, under the peer's connecting lock as connection_to does).
+void Engine::read_held_cards() {
+  for (;;) {
+    int peer = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int q = 0; q < size_ && peer < 0; ++q)
+        if (!peers_[q].held.empty() && !peers_[q].card_known) peer = q;
+      if (peer < 0 || stopping_ || closed_) {
+        card_reader_running_ = false;
+        return;
+      }
+    }
+    std::lock_guard<std::mutex> connecting(*peers_[peer].connecting);
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      known = peers_[peer].card_known;
+    }
+    Card card;
+    std::string failure;
+    if (!known) {
+      try {
+        card = bootstrap_.fetch(peer, &stopping_);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& p = peers_[peer];
+    if (p.card_known) continue;  // connection_to read it meanwhile (and settled the held ones)
+    if (failure.empty()) {
+      learn_card_locked(peer, card);
+      continue;
+    }
+    // No card to check them against: they never deliver.
+    held_ -= static_cast<int>(p.held.size());
+    for (auto& conn : p.held) {
+      graveyard_.push_back(std::move(conn));
+      on_rejected("a connection claiming rank " + std::to_string(peer) +
+                  " from this host, whose process could not be checked against the rank's card: " + failure);
+    }
+    p.held.clear();
+    if (stopping_) {
+      card_reader_running_ = false;
+      return;
+    }
+  }
+}
+
 void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
   Peer& p = peers_[conn->peer()];
   // One live connection per rank: a second one claiming the same rank is an impostor (or a bug)
@@ -128,11 +196,27 @@ void Engine::on_accept(std::shared_ptr<transport::RecvConn> conn) {
                 ", which already has a live one");
     return;
   }
+  // From a process on this host, before the rank's card was read: whether it is the rank's
+  // process is not known yet, so nothing it sends is delivered until the card says so.
+  if (conn->peer_pid() && !p.card_known && !closed_) {
+    p.held.push_back(std::move(conn));
+    ++held_;
+    if (!card_reader_running_) {
+      if (card_reader_.joinable()) card_reader_.join();  // the last run has returned (or is returning)
+      card_reader_running_ = true;
+      card_reader_ = std::thread([this] { read_held_cards(); });
+    }
+    return;
+  }
   if (std::string why = impostor_locked(p, *conn); !why.empty()) {
     graveyard_.push_back(std::move(conn));
     on_rejected(why);
     return;
   }
+  admit_locked(p, std::move(conn));
+}
+
+void Engine::admit_locked(Peer& p, std::shared_ptr<transport::RecvConn> conn) {
   ++counters_.connections_accepted;
   transport::Transport* t = transport_named(conn->transport_name());
   if (!p.transport && t) set_transport_locked(p, *t);

@@ -52,6 +52,7 @@ Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& 
   ctx.size = size;
   bootstrap_.enter_round();
   ctx.key = handshake_key(bootstrap_.agree_on_token(), config_.job_secret);
+  if (!config_.job_secret.empty()) bootstrap_.sign_cards_with(ctx.key);
   ctx.sink = this;
   ctx.poller = poller_.get();
   ctx.handshake_timeout = config_.handshake_timeout;

@@ -78,6 +78,10 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::unique_ptr<CreditNote> credit_note;  // before `send`: it outlives the connection it is posted on
     std::unique_ptr<transport::SendConn> send;
     std::vector<std::shared_ptr<transport::RecvConn>> recv;
+    // Connections from a process on this host that arrived before the peer's card was read: not
+    // progressed (nothing they carry is delivered) until the card says whether that process is
+    // the rank (settle_held_locked).
+    std::vector<std::shared_ptr<transport::RecvConn>> held;
     // Not owned: one of transports_, which live as long as the engine. Null until first contact
     // (set_transport_locked), which also copies the two capabilities read on every message.
     transport::Transport* transport = nullptr;
@@ -104,6 +108,15 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void on_accept(std::shared_ptr<transport::RecvConn> conn) override;
   void on_rejected(const std::string& why) override;
   std::string impostor_locked(const Peer& p, const transport::RecvConn& conn) const;  // "" if not
+  void admit_locked(Peer& p, std::shared_ptr<transport::RecvConn> conn);  // checked: it may deliver
+  // connections.cpp: the peer's card is known from now on; held connections are admitted or refused.
+  void learn_card_locked(int peer, const Card& card);
+  void settle_held_locked(Peer& p);
+  void read_held_cards();  // the card reader thread: cards of peers with held connections
+  std::thread card_reader_;
+  bool card_reader_running_ = false;
+  std::atomic<int> held_{0};  // held connections, all peers: the pollers must not spin on them
+  void sleep_in_poller(int ms);  // lock NOT held
   std::chrono::steady_clock::time_point rejections_logged_at_{};
   int64_t rejections_unlogged_ = 0;
   void on_message(transport::RecvConn& conn, const transport::Header& hdr, const void* payload) override;

@@ -29,6 +29,9 @@ void Engine::peer_lost(int peer, const std::string& why) {
   if (p.send) graveyard_.push_back(std::move(p.send));
   for (auto& c : p.recv) graveyard_.push_back(std::move(c));
   p.recv.clear();
+  held_ -= static_cast<int>(p.held.size());
+  for (auto& c : p.held) graveyard_.push_back(std::move(c));
+  p.held.clear();
   queues_.drop_rendezvous_from(peer);  // buffered eager messages stay receivable
   std::string text = "rank " + std::to_string(peer) + " is gone: " + why;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
@@ -179,6 +182,16 @@ void Engine::close() {
     idle_cv_.notify_all();
   }
   poller_->wake();
+  {
+    // The card reader stops within a store slice once stopping_ is set; it takes mu_, so not held here.
+    std::unique_lock<std::mutex> lock(mu_);
+    std::thread reader = std::move(card_reader_);
+    lock.unlock();
+    if (reader.joinable()) {
+      if (reader.get_id() == std::this_thread::get_id()) reader.detach();
+      else reader.join();
+    }
+  }
   if (progress_thread_.joinable()) {
     if (progress_thread_.get_id() == std::this_thread::get_id()) progress_thread_.detach();
     else progress_thread_.join();

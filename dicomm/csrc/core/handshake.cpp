@@ -75,12 +75,14 @@ Nonce random_nonce() {
   return n;
 }
 
-std::string token_hex(const Token& t) {
+std::string hex_of(const uint8_t* p, size_t n) {
   static const char* digits = "0123456789abcdef";
   std::string s;
-  for (uint8_t b : t) { s += digits[b >> 4]; s += digits[b & 15]; }
+  for (size_t i = 0; i < n; ++i) { s += digits[p[i] >> 4]; s += digits[p[i] & 15]; }
   return s;
 }
+
+std::string token_hex(const Token& t) { return hex_of(t.data(), t.size()); }
 
 Token token_from_hex(const std::string& hex) {
   Token t{};

@@ -64,6 +64,7 @@ std::string check_hello(const Hello& h, const std::string& key, const Nonce& cha
 
 Token random_token();
 Nonce random_nonce();
+std::string hex_of(const uint8_t* p, size_t n);  // lower-case, two digits a byte
 std::string token_hex(const Token& t);
 Token token_from_hex(const std::string& hex);  // throws ValueError
 

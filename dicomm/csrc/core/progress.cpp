@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <sched.h>
 #include <sys/sysinfo.h>
+#include <thread>
 
 #include "core/engine.h"
 #include "core/log.h"
@@ -246,7 +247,7 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
       ++driving_;
       lock.unlock();
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
-      poller_->wait(static_cast<int>(ms));
+      sleep_in_poller(static_cast<int>(ms));
       lock.lock();
       caller_polling_ = false;
       stop_driving(Clock::now());
@@ -306,6 +307,16 @@ void Engine::time_out(P2PRequest& r, std::chrono::milliseconds timeout) {
                      state);
 }
 
+// A held connection (connections.cpp) is not read, so its descriptor may stay readable: while
+// there is one, sleep in steps of a millisecond rather than spin on epoll.
+void Engine::sleep_in_poller(int ms) {
+  if (held_.load() == 0) {
+    poller_->wait(ms);
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(ms, 1)));
+}
+
 void Engine::progress_loop() {
   std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
   for (;;) {
@@ -343,7 +354,7 @@ void Engine::progress_loop_locked(std::unique_lock<std::mutex>& lock) {
     }
     if (!arm_locked()) continue;
     lock.unlock();
-    poller_->wait(kSleepMs);
+    sleep_in_poller(kSleepMs);
     lock.lock();
     if (driving_ == 0) disarm_locked();
   }

@@ -1,11 +1,12 @@
 // Fuzz target: what a listener reads before it trusts anyone, and what a rank reads from the store.
 // The input's bytes arrive on a real Unix socket in pieces (HelloReader, transport/socket.h) and the
 // hello is then judged (check_hello, core/handshake.h); the same bytes are decoded as an address
-// card (Card::decode, core/card.h), which is untrusted data from the store. Neither may read or
-// write outside what it holds, whatever the bytes.
+// card (Card::decode, core/card.h), which is untrusted data from the store, and as a signed card
+// (verified_card_text, core/bootstrap.h). None may read or write outside what it holds, whatever the bytes.
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/bootstrap.h"
 #include "core/card.h"
 #include "fuzz_main.h"
 #include "transport/socket.h"
@@ -18,6 +19,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Card c = Card::decode(std::string(reinterpret_cast<const char*>(data), size));
     (void)c.encode();
   } catch (const ValueError&) {
+  }
+  try {
+    (void)verified_card_text(std::string(reinterpret_cast<const char*>(data), size), "key", "dicomm/", 1);
+  } catch (const PeerError&) {
   }
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) return 0;

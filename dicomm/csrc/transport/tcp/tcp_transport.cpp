@@ -7,6 +7,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <ifaddrs.h>
+#include <iterator>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -195,23 +196,24 @@ bool TcpTransport::progress() {
     }
     std::string what = "tcp connection from rank " + std::to_string(src);
     auto stream = std::make_unique<TcpStream>(std::move(a.fd), ctx_.poller, what);
-    // A rank's first connection is the only one: a second that claims the same rank (another
-    // stream count, a stream index already taken) is refused and never touches the first.
-    auto conn = recv_conns_[src].lock();
-    bool fresh = !conn;
     // The connecting process, so that the engine can hold it to the pid of the rank's card, as it
     // does over shared memory (a process of the job's user that read the store is no rank).
     const int64_t pid = uid >= 0 ? pid_holding_socket(inode) : 0;
+    // A process's first connection claiming a rank is the only one: a second that claims the same
+    // rank (another stream count, a stream index already taken) is refused and never touches the first.
+    for (auto it = recv_conns_.begin(); it != recv_conns_.end();) it = it->second.expired() ? recv_conns_.erase(it) : std::next(it);
+    auto& slot = recv_conns_[{src, pid}];
+    auto conn = slot.lock();
+    bool fresh = !conn;
     if (fresh) conn = std::make_shared<TcpRecvConn>(src, a.hello.nstreams, ctx_.sink, pid);
-    if (conn->nstreams() != a.hello.nstreams || (pid && conn->peer_pid() && pid != conn->peer_pid()) ||
-        !conn->attach(a.hello.stream, std::move(stream))) {
+    if (conn->nstreams() != a.hello.nstreams || !conn->attach(a.hello.stream, std::move(stream))) {
       ctx_.sink->on_rejected("a second tcp connection claiming rank " + std::to_string(src) + " (stream " +
                              std::to_string(a.hello.stream) + " of " + std::to_string(a.hello.nstreams) +
                              "), which already has a live one");
       continue;
     }
     if (fresh) {
-      recv_conns_[src] = conn;
+      slot = conn;
       ctx_.sink->on_accept(conn);
     }
   }

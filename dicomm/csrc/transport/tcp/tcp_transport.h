@@ -28,7 +28,10 @@ class TcpTransport : public Transport {
   int nstreams_;
   size_t chunk_bytes_;
   std::unique_ptr<Acceptor> acceptor_;
-  std::map<int, std::weak_ptr<TcpRecvConn>> recv_conns_;  // by source rank, while streams arrive
+  // By source rank and connecting process (0: another host), while streams arrive: streams from
+  // another process of this host make a connection of their own, which the engine holds to the
+  // rank's card (an impostor that came first must not lock the rank itself out).
+  std::map<std::pair<int, int64_t>, std::weak_ptr<TcpRecvConn>> recv_conns_;
 };
 
 }  // namespace dicomm::transport::tcp
