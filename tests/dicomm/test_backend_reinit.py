@@ -63,3 +63,50 @@ def test_a_meta_tensor_is_refused_naming_its_device():
     err, got = run_ranks(_send_meta, 2, timeout=60)
     assert "meta" in err and "send" in err, err
     assert got == [1.0] * 4
+
+
+def _meta_through_every_api(rank, ws, store, backend):
+    """Each public API with meta tensors: what it answers (or raises), then a real all_reduce."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=datetime.timedelta(seconds=20))
+    peer = 1 - rank
+
+    def meta(n=4):
+        return torch.empty(n, device="meta")
+
+    calls = {
+        "send/recv": lambda: dist.send(meta(), peer) if rank == 0 else dist.recv(meta(), 0),
+        "isend/irecv": lambda: (dist.isend(meta(), peer) if rank == 0 else dist.irecv(meta(), 0)).wait(),
+        "batch_isend_irecv": lambda: [w.wait() for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, meta(), peer), dist.P2POp(dist.irecv, meta(), peer)])],
+        "all_reduce": lambda: dist.all_reduce(meta()),
+        "broadcast": lambda: dist.broadcast(meta(), 0),
+        "all_gather": lambda: dist.all_gather([meta(), meta()], meta()),
+        "all_gather_single": lambda: dist.all_gather_single(meta(8), meta()),
+        "reduce_scatter_single": lambda: dist.reduce_scatter_single(meta(), meta(8)),
+        "all_to_all_single": lambda: dist.all_to_all_single(meta(), meta()),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "returned"
+        except (RuntimeError, ValueError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    out["all_reduce after"] = t.tolist()
+    dist.destroy_process_group()
+    return out
+
+
+def test_meta_tensors_through_every_api_behave_as_on_gloo():
+    """torch's own Meta kernels answer every c10d call on meta tensors before any backend sees them
+    (batch_isend_irecv is refused by torch: no backend for device meta), on gloo as on dicomm; no
+    call hangs, and the group works afterwards. Only a call on the backend object itself reaches
+    dicomm, which refuses it naming the device (above)."""
+    gloo = run_ranks(_meta_through_every_api, 2, "gloo", timeout=90)
+    dicomm = run_ranks(_meta_through_every_api, 2, "dicomm", timeout=90)
+    assert dicomm == gloo
+    assert gloo[0]["all_reduce after"] == [3.0, 3.0]
