@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from ..model import StageModel
-from ..model.grads import grad_of
 from ..plan import Plan
 from .config import RunConfig
 from .build import TORCH_DTYPES, build_chunks, make_optimizer, resume
@@ -42,7 +41,7 @@ def _shards(models: list[StageModel], grad: bool) -> dict[str, tuple[torch.Tenso
     """name -> (this rank's gradient or weight, TP shard dimension or None, TP ranks sharing that shard), over
     the stage's chunks (names carry global layer indices): what a test needs to line the shard up with the
     reference's full tensor."""
-    return {n: ((grad_of(p) if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
+    return {n: ((p.grad if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
             for model in models for n, p in model.named_parameters()}
 
 
