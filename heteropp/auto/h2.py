@@ -12,6 +12,7 @@ and rerun the DFS; recompute stays per type as in 4.3.1.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -170,56 +171,65 @@ class _Bound:
         self.best: dict[tuple[int, int], tuple[float, float, int]] = {}
         self.seen: dict[tuple, tuple[float, float, int]] = {}
 
-    def _entity(self, i: int, t: int, r: bool, n: int) -> tuple[float, float, int]:
+    def _entity(self, i: int, t: int, r: bool, n: int) -> tuple[float, float, int, float]:
+        """(tau, s / tau, the most layers, the level its stages fill at) of entity i at (t, r)."""
         key = (self.ents[i].chip, self.ents[i].chips, t, r, n)
         if key not in self.seen:
             e, s = self.ents[i], self.ents[i].chips // self.dp // t
             tau = self.cm.coef(e.chip, t, r, self.dp).tau
-            self.seen[key] = (tau, s / tau, s * self.caps_of(e.chip, t, r, self.dp, n, False, False, zero1=False))
+            cap = s * self.caps_of(e.chip, t, r, self.dp, n, False, False, zero1=False)
+            self.seen[key] = (tau, s / tau, cap, cap * tau / s)
         return self.seen[key]
 
-    def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> tuple[float, float, int]:
+    def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> tuple[float, float, int, float]:
         key = (i, n, tmax, rs)
         if key not in self.best:
             xs = [self._entity(i, t, r, n) for t in self.opts[i] if t <= tmax for r in rs]
-            self.best[key] = (min((x[0] for x in xs), default=math.inf), max((x[1] for x in xs), default=0.0),
+            tau, rate, cap = (min((x[0] for x in xs), default=math.inf), max((x[1] for x in xs), default=0.0),
                               max((x[2] for x in xs), default=0))
+            self.best[key] = (tau, rate, cap, cap / rate if rate > 0 else math.inf)
         return self.best[key]
 
     def least(self, tps: list[int], rs: list[bool]) -> float:
-        k, L = len(tps), self.L
-        n = self.in_flight(sum(e.chips // self.dp // t for e, t in zip(self.ents, tps)) + self.rest_stages[k])
-        parts = [self._entity(i, t, r, n) for i, (t, r) in enumerate(zip(tps, rs))]
-        last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
-        first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
-        for e, t, r in zip(self.ents, tps, rs):
-            last_tp[e.chip] = t
-            first_r.setdefault(e.chip, r)
-        for i in range(k, len(self.ents)):
-            c = self.ents[i].chip
-            tmax = last_tp.get(c, 1 << 30) if self.group_rule else 1 << 30
-            flags = (first_r[c],) if self.tied and c in first_r else (False, True)
-            parts.append(self._free(i, n, tmax, flags))
-        if sum(c for _, _, c in parts) < L:
+        k, L, ents, dp = len(tps), self.L, self.ents, self.dp
+        n = self.in_flight(sum(e.chips // dp // t for e, t in zip(ents, tps)) + self.rest_stages[k])
+        entity, free = self._entity, self._free
+        parts = [entity(i, t, r, n) for i, (t, r) in enumerate(zip(tps, rs))]
+        if self.group_rule or self.tied:
+            last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
+            first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
+            for e, t, r in zip(ents, tps, rs):
+                last_tp[e.chip] = t
+                first_r.setdefault(e.chip, r)
+            for i in range(k, len(ents)):
+                c = ents[i].chip
+                tmax = last_tp.get(c, ANY_TP) if self.group_rule else ANY_TP
+                parts.append(free(i, n, tmax, (first_r[c],) if self.tied and c in first_r else BOTH))
+        else:
+            parts += [free(i, n, ANY_TP, BOTH) for i in range(k, len(ents))]
+        if sum(p[2] for p in parts) < L:
             return math.inf
         # the level Z: entities fill at rate s / tau until their cap, in order of the level they cap at
-        left, rate, z = float(L), sum(r for _, r, _ in parts), 0.0
-        for _, r, c in sorted((p for p in parts if p[1] > 0), key=lambda x: x[2] / x[1]):
-            at = c / r
-            if rate * (at - z) >= left:
+        left, rate, z = float(L), sum(p[1] for p in parts), 0.0
+        for _, r, _, at in sorted(parts, key=_LEVEL):
+            if r <= 0 or rate * (at - z) >= left:
                 break
             left -= rate * (at - z)
             z, rate = at, rate - r
         if rate > 0:
             z += left / rate
         total, left = 0.0, L
-        for tau, _, c in sorted(parts):
-            take = min(c, left)
-            total += take * tau
-            left -= take
-            if left <= 0:
+        for tau, _, c, _ in sorted(parts):
+            if c >= left:
+                total += left * tau
                 break
+            total += c * tau
+            left -= c
         return (self.b - 1) * z + total
+
+
+ANY_TP, BOTH = 1 << 30, (False, True)  # _Bound: no TP limit, either recompute flag
+_LEVEL = operator.itemgetter(3)
 
 
 def _to_stages(ents: list[Entity], cfg: list) -> list[StageSpec]:
