@@ -1,0 +1,148 @@
+"""Shared pieces of the elastic tests: a `heteropp run --elastic` over emulated hosts (one torch elastic agent per
+host, processes over loopback, gloo) that a test kills and restarts hosts of, and the check of a resumed round
+against resuming its checkpoint on its plan by hand."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from heteropp.engine import RunConfig, launch
+from heteropp.engine.elastic_launch import AGENT_ENV, kill_host
+from heteropp.plan import Plan
+from heteropp.spec import PRESETS
+
+REPO = Path(__file__).resolve().parents[2]
+TWO_CPU = REPO / "examples/clusters/two-cpu.yaml"
+# the plan given to `heteropp run`: every round re-plans, so only its global batch and schedule matter
+PLAN = {"version": 2, "stages": [{"chip": "small", "tp": 2, "layers": 3}, {"chip": "big", "tp": 2, "layers": 5}],
+        "dp": 1, "micro_batch_size": 1, "micro_batches": 8, "schedule": "1f1b"}
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for x in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            out.append(json.loads(x))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return out
+
+
+class ElasticRun:
+    """One run; `hosts` as `--hosts` takes it (None: the cluster spec's hosts)."""
+
+    def __init__(self, tmp: Path, steps: int, every: int, hosts: str | None = None, timeout_s: int = 30,
+                 max_restarts: int = 3) -> None:
+        self.tmp, self.steps, self.every = tmp, steps, every
+        self.ck, self.log = tmp / "ck", tmp / "run.jsonl"
+        plan = tmp / "plan.json"
+        plan.write_text(json.dumps(PLAN))
+        cmd = [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
+               "--cluster", str(TWO_CPU), "--steps", str(steps), "--checkpoint-dir", str(self.ck),
+               "--save-every", str(every), "--keep-checkpoints", "100", "--loss-log", str(self.log),
+               "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", str(max_restarts)]
+        if hosts:
+            cmd += ["--hosts", hosts]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.extra: list[subprocess.Popen] = []  # hosts this test started again
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in lines(self.ck / "elastic.jsonl") if kind is None or e["event"] == kind]
+
+    def rounds(self) -> list[dict[str, Any]]:
+        return self.events("round")
+
+    def steps_logged(self, after: float = 0.0) -> list[dict[str, Any]]:
+        """The loss log's records of steps that ended after `after` (a resumed round rewrites the log)."""
+        return [r for r in lines(self.log) if r["time"] > after]
+
+    def wait(self, cond: Callable[[], Any], what: str, timeout: float = 240) -> Any:
+        deadline = time.time() + timeout
+        while not (got := cond()):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.close()
+                raise AssertionError(f"the run ended or stalled waiting for {what}:\n{self.output()[-4000:]}")
+            time.sleep(0.05)
+        return got
+
+    def wait_step(self, step: int, after: float = 0.0) -> float:
+        """Waits until `step` is logged by a round that trained after `after`; returns the time it was."""
+        rec = self.wait(lambda: next((r for r in self.steps_logged(after) if r["step"] >= step), None),
+                        f"step {step}")
+        return float(rec["time"])
+
+    def wait_round(self, after: float) -> dict[str, Any]:
+        """The first round whose workers started after `after`, once it has logged a step."""
+        rnd = self.wait(lambda: next((r for r in self.rounds() if r["started"] > after), None), "a new round")
+        self.wait(lambda: self.steps_logged(rnd["time"]), "the new round's first step")
+        return rnd
+
+    def host(self, chip: str) -> dict[str, Any]:
+        """The newest host_started event of that chip type (its agent's pid and torchrun command)."""
+        return [e for e in self.events("host_started") if e["chip"] == chip][-1]
+
+    def kill(self, host: dict[str, Any]) -> float:
+        at = time.time()
+        kill_host(host["pid"])
+        return at
+
+    def restart(self, host: dict[str, Any], chip: str | None = None) -> float:
+        """Starts that host again with its torchrun command, as another chip type if `chip` is given."""
+        cmd = list(host["command"])
+        if chip is not None:
+            cmd[cmd.index("--chip") + 1] = chip
+        at = time.time()
+        self.extra.append(subprocess.Popen(cmd, env={**os.environ, **AGENT_ENV}, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, start_new_session=True))
+        return at
+
+    def output(self) -> str:
+        if not hasattr(self, "_out"):
+            self._out = self.proc.communicate()[0] if self.proc.poll() is not None else ""
+        return self._out
+
+    def finish(self, timeout: float = 300) -> dict[int, float]:
+        """Waits for the run's end (exit 0); returns its losses by step, every step present once."""
+        try:
+            self._out = self.proc.communicate(timeout=timeout)[0]
+        finally:
+            self.close()
+        assert self.proc.returncode == 0, self._out[-4000:]
+        got = {r["step"]: r["loss"] for r in lines(self.log)}
+        assert sorted(got) == list(range(1, self.steps + 1)), sorted(got)
+        return got
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # the launcher takes its hosts down
+            self.proc.wait(timeout=30)
+        for p in self.extra:
+            if p.poll() is None:
+                kill_host(p.pid)
+                p.wait(timeout=30)
+
+    def complete(self) -> list[int]:
+        return sorted(int(p.name[5:]) for p in self.ck.glob("step-*") if p.name[5:].isdigit())
+
+    def check_by_hand(self, rnd: dict[str, Any], got: dict[int, float], upto: int | None = None) -> None:
+        """The steps round `rnd` trained (resume_from + 1 .. upto) equal, value for value, a run resumed by hand
+        from the checkpoint it resumed from, on the plan it used."""
+        start, upto = rnd["resume_from"], upto or self.steps
+        hand = self.tmp / f"hand-{rnd['round']}"
+        shutil.copytree(self.ck / f"step-{start:08d}", hand / f"step-{start:08d}")
+        plan = Plan.load(self.ck / f"plan-round{rnd['round']}.json")
+        log = hand / "loss.jsonl"
+        # up to `upto` only: the learning rate is constant, so the run's length changes no step before it
+        cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(PRESETS["tiny"]), steps=upto,
+                        backend="gloo", chip_map={"big": "cpu", "small": "cpu"}, loss_log=str(log),
+                        options={"checkpoint_dir": str(hand), "resume": True})
+        launch(cfg)
+        by_hand = {r["step"]: r["loss"] for r in lines(log) if start < r["step"] <= upto}
+        assert sorted(by_hand) == list(range(start + 1, upto + 1))
+        assert {s: got[s] for s in by_hand} == by_hand, (rnd, {s: (got[s], by_hand[s]) for s in by_hand})
