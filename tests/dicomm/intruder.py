@@ -22,7 +22,7 @@ then prints {"handshake": it sent its proof, "got": whether <needle> arrived (on
 shared segment passed to it), "hung_up": the connector closed a connection on it}; it stops at the
 first of these or after <seconds>.
 
-    python intruder.py <listen-tcp|listen-shm> <token hex> <secret or ''> <needle> <seconds>
+    python intruder.py <listen-tcp|listen-shm> <token hex> <secret or ''> <needle> <seconds> [tcp address to bind]
 """
 from __future__ import annotations
 
@@ -257,12 +257,13 @@ def _serve_one(conn: socket.socket, kind: str, key: bytes, needle: bytes, second
         out["hung_up"] = True
 
 
-def play_listener(kind: str, token: bytes, secret: bytes, needle: bytes, seconds: float) -> dict:
+def play_listener(kind: str, token: bytes, secret: bytes, needle: bytes, seconds: float,
+                  host: str = "127.0.0.1") -> dict:
     import threading
 
     if kind == "listen-tcp":
-        srv = socket.create_server(("127.0.0.1", 0))
-        address = f"127.0.0.1:{srv.getsockname()[1]}"
+        srv = socket.create_server((host, 0))
+        address = f"{host}:{srv.getsockname()[1]}"
     else:
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         name = f"dicomm-impostor-{os.getpid()}"
@@ -289,8 +290,8 @@ def play_listener(kind: str, token: bytes, secret: bytes, needle: bytes, seconds
 
 def main(argv: list[str]) -> int:
     if argv[0].startswith("listen-"):
-        kind, token_hex, secret, needle, seconds = argv
-        out = play_listener(kind, bytes.fromhex(token_hex), secret.encode(), needle.encode(), float(seconds))
+        kind, token_hex, secret, needle, seconds, *host = argv
+        out = play_listener(kind, bytes.fromhex(token_hex), secret.encode(), needle.encode(), float(seconds), *host)
         print(json.dumps(out), flush=True)
         return 0
     transport, address, token_hex, secret, src, dst, tag, value = argv
