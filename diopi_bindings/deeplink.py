@@ -40,6 +40,13 @@ def attach(path: str | Path) -> dict[str, Any]:
         raise DiopiLoadError(str(exc).splitlines()[0]) from None
 
 
+def reference_path() -> Path:
+    """The reference library under DIOPI's names (``libdiopi_reference_deeplink.so``, built with the package)."""
+    from diopi_bindings.library import reference_library_path
+
+    return reference_library_path().with_name("libdiopi_reference_deeplink.so")
+
+
 def route_table() -> list[tuple[str, str]]:
     """Every (ATen overload, DIOPI function) the generated table routes."""
     from diopi_bindings import _C_diopi

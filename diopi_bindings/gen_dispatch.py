@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import yaml
@@ -32,6 +33,7 @@ _CONVERT = {
     "float": "f32",
     "bool": "boolean",
     "diopiSize_t": "size",
+    "diopiConstTensorHandle_t*": "tensors",
 }
 
 
@@ -44,6 +46,7 @@ class Route:
     aten: str          # overload name, "add.out"
     diopi: str         # function name
     arguments: tuple[str, ...]  # C++ expressions, in the prototype's order
+    condition: str = ""  # C++ test the call needs, else the CPU serves it
 
 
 def prototypes(text: str) -> dict[str, list[str]]:
@@ -56,6 +59,28 @@ def prototypes(text: str) -> dict[str, list[str]]:
             types.append(re.sub(r"\s*\w+$", "", words).replace(" *", "*"))
         found[name] = types
     return found
+
+
+def split_arguments(text: str) -> list[str]:
+    """A call's arguments, split at the commas outside parentheses."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return parts + [current.strip()]
+
+
+def _condition(entry: str, when: str, schema: torch._C.FunctionSchema) -> str:
+    """``when: NAME == NUMBER``: the C++ test; a call that fails it runs on the CPU."""
+    match = re.fullmatch(r"\s*(\w+)\s*==\s*(-?[\d.]+)\s*", when)
+    names = [a.name for a in schema.arguments]
+    if not match or match.group(1) not in names:
+        raise TableError(f"{entry}: when: {when!r} is not NAME == NUMBER over its arguments")
+    return f"f.number({names.index(match.group(1))}) == {match.group(2)}"
 
 
 def _schema(overload: str) -> torch._C.FunctionSchema:
@@ -86,10 +111,18 @@ def _arguments(entry: str, call_args: list[str], types: list[str], schema: torch
     for token, ctype in zip(call_args, types):
         if token == "ctx":
             out.append("f.ctx()")
-        elif re.fullmatch(r"out\d*", token) and token not in names:
-            if ctype != "diopiTensorHandle_t":
+        elif re.fullmatch(r"out\d*", token):  # a result (for an out= overload, its out argument)
+            if ctype not in ("diopiTensorHandle_t", "diopiTensorHandle_t*"):
                 raise TableError(f"{entry}: {token} fills a {ctype} parameter")
-            out.append(f"f.out({int(token[3:] or 0)})")
+            # diopiTensorHandle_t*: the library allocates the result (diopiRequireTensor) and returns it there
+            accessor = "out" if ctype == "diopiTensorHandle_t" else "allocated"
+            out.append(f"f.{accessor}({int(token[3:] or 0)})")
+        elif (length := re.fullmatch(r"len\((\w+)\)", token)) and length.group(1) in names:
+            out.append(f"f.count({names.index(length.group(1))})")
+        elif (at := re.fullmatch(r"(len\()?at\((\w+),\s*(\w+)\)\)?", token)) and {*at.group(2, 3)} <= set(names):
+            # at(index, dim): the index list [None] * dim + [index] (index_add as an accumulating index_put)
+            index, dim = names.index(at.group(2)), names.index(at.group(3))
+            out.append(f"f.at_count({dim})" if at.group(1) else f"f.at({index}, {dim})")
         elif token in names:
             accessor = _CONVERT.get(ctype)
             if accessor is None:
@@ -109,7 +142,7 @@ def routes(table_text: str, functions_text: str) -> list[Route]:
         match = re.fullmatch(r"\s*(diopi\w+)\s*\((.*)\)\s*", call)
         if not match:
             raise TableError(f"{entry}: {call!r} is not a call")
-        fn, args = match.group(1), [a.strip() for a in match.group(2).split(",")]
+        fn, args = match.group(1), split_arguments(match.group(2))
         if fn not in protos:
             raise TableError(f"{entry}: {fn} is not declared in functions.h")
         schema = _schema(entry)
@@ -118,7 +151,9 @@ def routes(table_text: str, functions_text: str) -> list[Route]:
             if overload in seen:
                 raise TableError(f"{overload}: routed twice")
             seen.add(overload)
-            found.append(Route(overload, fn, _arguments(entry, args, protos[fn], _schema(overload))))
+            schema = _schema(overload)
+            condition = _condition(entry, item["when"], schema) if "when" in item else ""
+            found.append(Route(overload, fn, _arguments(entry, args, protos[fn], schema), condition))
     return found
 
 
@@ -127,6 +162,8 @@ def render(found: list[Route]) -> str:
              '#include "frame.h"', "", "namespace diopi_bindings {", "", "namespace {", ""]
     for i, r in enumerate(found):
         lines.append(f"diopiError_t call_{i}(void* fn, Frame& f) {{  // aten::{r.aten}")
+        if r.condition:
+            lines.append(f"  if (!({r.condition})) return diopiForceFallbackToCPU;")
         lines.append(f"  return reinterpret_cast<decltype(&::{r.diopi})>(fn)({', '.join(r.arguments)});")
         lines.append("}")
     lines += ["", "}  // namespace", "", "const Route kRoutes[] = {"]
@@ -141,22 +178,27 @@ def generate() -> str:
     return render(routes(TABLE.read_text(), FUNCTIONS_H.read_text()))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_or_check(generate_text: Callable[[], str], output: Path, module: str, argv: list[str] | None) -> int:
+    """The command line of a generator: write ``output``, or with ``--check`` exit 1 when it is stale."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
     args = parser.parse_args(argv)
     try:
-        text = generate()
+        text = generate_text()
     except TableError as exc:
         print(f"diopi_functions.yaml: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT.name} is out of date: run python -m diopi_bindings.gen_dispatch", file=sys.stderr)
+        if not output.is_file() or output.read_text() != text:
+            print(f"{output.name} is out of date: run python -m {module}", file=sys.stderr)
             return 1
         return 0
-    OUTPUT.write_text(text)
+    output.write_text(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_or_check(generate, OUTPUT, "diopi_bindings.gen_dispatch", argv)
 
 
 if __name__ == "__main__":

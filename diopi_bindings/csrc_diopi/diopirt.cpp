@@ -79,6 +79,29 @@ diopiSize_t Frame::size(size_t i) {
   return diopiSize_t{list.data(), static_cast<int64_t>(list.size())};
 }
 
+diopiConstTensorHandle_t* Frame::tensors(size_t i) {
+  std::vector<diopiConstTensorHandle_t>& list = handles_.emplace_back();
+  for (const c10::IValue& v : arg(i).toListRef()) {
+    list.push_back(v.isTensor() && v.toTensor().defined() ? handle(const_cast<at::Tensor&>(v.toTensor())) : nullptr);
+  }
+  return list.data();
+}
+
+diopiConstTensorHandle_t* Frame::at(size_t index, size_t dim) {
+  std::vector<diopiConstTensorHandle_t>& list = handles_.emplace_back(static_cast<size_t>(normalized_dim(dim)), nullptr);
+  list.push_back(handle(arg(index).toTensor()));
+  return list.data();
+}
+
+diopiTensorHandle_t* Frame::allocated(size_t i) {
+  TORCH_CHECK(i < allocated_.size(), "diopi: result ", i, " out of range");
+  return &allocated_[i];
+}
+
+const at::Tensor* Frame::result(size_t i) const {
+  return i < allocated_.size() && allocated_[i] != nullptr ? &tensor(allocated_[i]) : nullptr;
+}
+
 }  // namespace diopi_bindings
 
 using diopi_bindings::tensor;

@@ -43,9 +43,22 @@ class Frame {
   float f32(size_t i) { return static_cast<float>(arg(i).toDouble()); }
   bool boolean(size_t i) { return arg(i).toBool(); }
   diopiSize_t size(size_t i);  // None: empty
+  diopiConstTensorHandle_t* tensors(size_t i);  // a tensor list (None entries NULL)
+  int64_t count(size_t i) { return static_cast<int64_t>(arg(i).toListRef().size()); }
+  // [NULL] * dim + [index]: the indices of an index_put that adds along dim (dim normalised by argument 0's rank).
+  diopiConstTensorHandle_t* at(size_t index, size_t dim);
+  int64_t at_count(size_t dim) { return normalized_dim(dim) + 1; }
+  double number(size_t i) { return arg(i).toScalar().toDouble(); }  // a Scalar or number argument
+  // A result the library allocates: where it stores the handle. Read back by result(i) after the call.
+  diopiTensorHandle_t* allocated(size_t i);
+  const at::Tensor* result(size_t i) const;  // null when the library allocated no result i
 
  private:
   c10::IValue& arg(size_t i) { return stack_[first_ + i]; }
+  int64_t normalized_dim(size_t dim) {
+    const int64_t d = arg(dim).toInt();
+    return d < 0 ? d + arg(0).toTensor().dim() : d;
+  }
   diopiContext* ctx_;
   torch::jit::Stack& stack_;
   size_t first_;
@@ -53,6 +66,8 @@ class Frame {
   std::array<diopiScalar_t, 8> scalars_{};
   size_t scalar_count_ = 0;
   std::deque<std::vector<int64_t>> lists_;
+  std::deque<std::vector<diopiConstTensorHandle_t>> handles_;
+  std::array<diopiTensorHandle_t, 4> allocated_{};
 };
 
 struct Route {

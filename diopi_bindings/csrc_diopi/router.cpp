@@ -125,6 +125,15 @@ class DiopiKernel final : public c10::OperatorKernel {
       TORCH_CHECK(false, "diopi: ", route.diopi, " (", route.name, route.overload[0] ? "." : "", route.overload,
                   ") failed with error ", static_cast<int>(code), ": ", message != nullptr ? message : "(no message)");
     }
+    for (size_t r = 0; r < outs.size(); ++r) {  // results the library allocated itself
+      if (const at::Tensor* made = frame.result(r)) {
+        if (schema.returns()[r].alias_info() != nullptr) {
+          outs[r].resize_(made->sizes()).copy_(*made);
+        } else {
+          outs[r] = *made;
+        }
+      }
+    }
     g_counts[index_].routed.fetch_add(1, std::memory_order_relaxed);
     torch::jit::drop(*stack, n);
     for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
