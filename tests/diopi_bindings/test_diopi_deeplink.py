@@ -183,7 +183,25 @@ def test_a_llama_step_with_adamw_runs_in_the_reference_under_diopi_names() -> No
     # forward (embedding, rotary tables, attention, SwiGLU, RMSNorm, loss), backward, and AdamW's update
     for op in ("aten::embedding", "aten::mm", "aten::bmm", "aten::addmm.out", "aten::silu", "aten::silu_backward",
                "aten::_softmax_backward_data", "aten::cos", "aten::sin", "aten::cat", "aten::rsqrt", "aten::gather",
-               "aten::index_add_", "aten::_index_put_impl_", "aten::max.dim", "aten::log", "aten::where.self",
+               "aten::_index_put_impl_", "aten::max.dim", "aten::log", "aten::where.self",
                "aten::addcdiv_", "aten::addcmul_", "aten::lerp.Scalar_out", "aten::sqrt.out"):
         assert got["routed"].get(op, 0) > 0, (op, sorted(got["routed"]))
     assert got["copies"]["host to device"] > 0 and got["copies"]["device to host (item)"] == 3
+
+
+def test_index_add_runs_as_an_accumulating_index_put_and_other_alphas_on_the_cpu() -> None:
+    got = run_python(ATTACH + """
+    deeplink.attach(deeplink.reference_path())
+    torch.manual_seed(0)
+    base, src = torch.randn(5, 4, 3), torch.randn(5, 6, 3)
+    index = torch.tensor([0, 3, 3, 1, 0, 2])
+    d = torch.device("diopi")
+    one = base.to(d).index_add_(1, index.to(d), src.to(d))  # repeated rows accumulate
+    two = torch.index_add(base.to(d), -2, index.to(d), src.to(d), alpha=2.5)
+    print(json.dumps({"one": float((one.cpu() - base.index_add(1, index, src)).abs().max()),
+                      "two": float((two.cpu() - base.index_add(-2, index, src, alpha=2.5)).abs().max()),
+                      "routed": dict(deeplink.routed_ops()), "declined": dict(deeplink.fallback_ops())}))
+    """)
+    assert got["one"] < 1e-6 and got["two"] < 1e-6, got
+    assert got["routed"] == {"aten::index_add_": 1}, got["routed"]
+    assert got["declined"] == {"aten::index_add": 1}, got["declined"]  # alpha 2.5: the CPU
