@@ -1,0 +1,163 @@
+"""A 64 MiB fp32 all_reduce on dicomm against its memory-traffic bound, at 2, 3 and 4 ranks.
+
+The bound (derivation in docs/benchmarks.md, "all_reduce against its memory-traffic bound"): with p
+ranks of N bytes each, an all_reduce must at least read every rank's input once and write every
+rank's output once, and move what it reduces between processes. With blocks of N/p reduced by
+their owner, chunks small enough to stay in cache between the copy that brings them and the sum
+that reads them, and the result copied back, each rank's memory traffic is at least
+(3p - 1) / p * N bytes, so the whole host moves (3p - 1) * N. The host's memory bandwidth is measured
+in the same processes at the same moment: all p ranks copy N bytes at once (2N of traffic each),
+taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p) * t_copy.
+
+Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
+reported: medians, and the CPU time of all ranks (every thread) per call beside the wall time.
+
+    python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass
+class Config:
+    nbytes: int
+    iters: int
+    warmup: int
+    op_timeout: float = 120.0
+
+
+def _cpu_seconds() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this rank, progress threads included
+    return u.ru_utime + u.ru_stime
+
+
+def _slowest(times: list[float]):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _rank(rank: int, world: int, store, cfg: Config) -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("dicomm", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=cfg.op_timeout))
+    count = cfg.nbytes // 4
+    buf = torch.full((count,), float(rank + 1))
+    src, dst = torch.rand(count), torch.empty(count)
+    copies, reduces, cpu = [], [], []
+    for i in range(cfg.warmup + cfg.iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dst.copy_(src)  # every rank at once: what the host's memory gives p concurrent copies
+        t1 = time.perf_counter()
+        dist.barrier()
+        c0, t2 = _cpu_seconds(), time.perf_counter()
+        dist.all_reduce(buf)
+        t3, c1 = time.perf_counter(), _cpu_seconds()
+        if i >= cfg.warmup:
+            copies.append(t1 - t0)
+            reduces.append(t3 - t2)
+            cpu.append(c1 - c0)
+        buf.fill_(float(rank + 1))  # sums never grow; not timed
+    exact = bool(torch.all(buf == float(rank + 1)))  # refilled: check one last call's result instead
+    dist.all_reduce(buf)
+    exact = exact and bool(torch.all(buf == float(world * (world + 1) // 2)))
+    copies, reduces = _slowest(copies), _slowest(reduces)
+    cpu_t = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(cpu_t)  # all ranks' CPU time per call
+    ok = torch.tensor([int(exact)])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    dist.destroy_process_group()
+    return {"copy_s": copies, "all_reduce_s": reduces, "cpu_s": cpu_t.tolist(), "exact": bool(ok.item())}
+
+
+def bound_factor(p: int) -> float:
+    """The bound over t_copy: (3p - 1) N of traffic at 2pN per t_copy."""
+    return (3 * p - 1) / (2 * p)
+
+
+def measure(ranks: list[int], cfg: Config, contention: int, repeat: int) -> list[dict]:
+    """One row per rank count and repetition (the rank counts alternate within a repetition)."""
+    from dicomm.bench.contention import cpu_hogs
+    from dicomm.bench.launch import machine_info, run_ranks
+
+    rows = []
+    with cpu_hogs(contention):
+        for rep in range(repeat):
+            for p in ranks:
+                out = run_ranks(_rank, p, cfg, timeout=cfg.op_timeout * 4)
+                copy, ar, cpu = (statistics.median(out[k]) for k in ("copy_s", "all_reduce_s", "cpu_s"))
+                bound = bound_factor(p) * copy
+                rows.append({"ranks": p, "repetition": rep, "bytes": cfg.nbytes, "iters": cfg.iters,
+                             "contention": contention, "copy_ms": copy * 1e3, "bound_ms": bound * 1e3,
+                             "all_reduce_ms": ar * 1e3, "cpu_ms_all_ranks": cpu * 1e3, "ratio": ar / bound,
+                             "exact": out["exact"], "machine": machine_info()})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Per rank count: the medians over the repetitions, and the range of the ratio."""
+    lines = ["| ranks | hogs/core | runs | copy (all ranks at once) ms | bound ms | all_reduce ms | CPU ms (all ranks) "
+             "| all_reduce / bound (range) | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p in sorted({r["ranks"] for r in rows}):
+        mine = [r for r in rows if r["ranks"] == p]
+        med = {k: statistics.median(r[k] for r in mine)
+               for k in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "ratio")}
+        ratios = [r["ratio"] for r in mine]
+        loads = [r["machine"]["loadavg_1_5_15min"][0] for r in mine]
+        lines.append(f"| {p} | {mine[0]['contention']} | {len(mine)} | {med['copy_ms']:.1f} | {med['bound_ms']:.1f} | "
+                     f"{med['all_reduce_ms']:.1f} | {med['cpu_ms_all_ranks']:.1f} | {med['ratio']:.2f} "
+                     f"({min(ratios):.2f}-{max(ratios):.2f}) | {min(loads)}-{max(loads)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="2,3,4", help="comma list of rank counts (default 2,3,4)")
+    ap.add_argument("--mib", type=int, default=64, help="buffer size in MiB (default 64)")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per rank count (default 20)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    ap.add_argument("--contention", type=int, default=0, help="busy processes per CPU (default 0)")
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole measurement (default 3)")
+    ap.add_argument("--json", help="write the rows as JSON")
+    args = ap.parse_args(argv)
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+    except ValueError:
+        ap.error(f"--ranks wants a comma list of integers, got {args.ranks!r}")
+    if any(p < 2 for p in ranks) or args.mib < 1 or args.iters < 1 or args.warmup < 0 or args.contention < 0 \
+            or args.repeat < 1:
+        ap.error("--ranks >= 2 each, --mib >= 1, --iters >= 1, --warmup >= 0, --contention >= 0, --repeat >= 1")
+    cfg = Config(args.mib * MIB, args.iters, args.warmup)
+    rows = measure(ranks, cfg, args.contention, args.repeat)
+    print(table(rows))
+    if not all(r["exact"] for r in rows):
+        print("an all_reduce result was wrong", file=sys.stderr)
+        return 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
