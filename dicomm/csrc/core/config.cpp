@@ -22,7 +22,7 @@ const std::vector<Knob> kTable = {
     {"DICOMM_HANDSHAKE_TIMEOUT_MS", K::kInteger, "5000", 1, 3600000, "", "ms",
      "how long an accepted connection may take to complete its handshake"},
     {"DICOMM_JOB_SECRET", K::kText, "", 0, 0, "", "",
-     "a secret every rank of the job shares, mixed into the handshake key"},
+     "a secret every rank of the job shares: mixed into the handshake key, and the address cards are signed with it"},
     {"DICOMM_LOG_LEVEL", K::kChoice, "warn", 0, 0, "error|warn|info|debug", "", "what the engine logs to stderr"},
     // Progress
     {"DICOMM_SPIN_US", K::kInteger, "100", 0, 10000000, "", "us",
