@@ -11,9 +11,10 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
   up to `ALL_SUBSETS_TYPES` types; beyond, each type alone, and the types ranked by their FLOPs taken 2,
   3, ... at a time (on clusters of more than `LARGE_CHIPS` chips, 2 and 3 at a time: each sub-search
   costs about what the search does);
-* **rounded counts**: the cluster with each type's count rounded down to a multiple of 2^j (chips
-  dropped, so a count one above a round number plans at least as well as the round number does; on
-  clusters of more than `LARGE_CHIPS` chips, multiples of 8 only; a rounded cluster is planned with its
+* **rounded counts**: the cluster with each type's count rounded down to a multiple of 2^j, j = 1 .. 9
+  (chips dropped, so a count one above a round number plans at least as well as the round number does,
+  and a count whose every dp leaves chips over plans as the counts each dp can use do; on clusters of
+  more than `LARGE_CHIPS` chips, multiples of 8 only; a rounded cluster is planned with its
   other baselines, not its own roundings);
 * **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
   order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp.
@@ -45,7 +46,10 @@ ALL_SUBSETS_TYPES = 4  # every proper subset of up to this many types (14 for 4)
 H2_MAX_TYPES = 4
 H2_MAX_CHIPS = 2432  # the paper's largest experiment (Exp-D); 3 x 1,024 chips took minutes
 SUB_WORK_SHARE = 8  # each sub-search's work budget: the search's over this
-ROUNDINGS = (3, 6, 9)  # counts rounded down to multiples of 2^j (8, 64, 512 chips)
+# counts rounded down to multiples of 2^j (2 to 512 chips): a plan of dp replicas uses a multiple of dp chips
+# of each type, and the dps are the global batch's divisors, powers of two in practice
+ROUNDINGS = tuple(range(1, 10))
+LARGE_ROUNDINGS = (3,)  # on clusters of more than LARGE_CHIPS chips: multiples of 8 only
 LARGE_CHIPS = 8192  # beyond, fewer sub-searches (100,000 chips x 8 types: ~1.3 s of CPU each)
 FLOPS_DPS = 4  # the FLOPs-proportional split at the smallest dps that fit (each one simulation)
 
@@ -78,7 +82,7 @@ def rounded_counts(cl: Cluster) -> list[dict[str, int]]:
     kept), where that drops chips; distinct ones only. A cluster of N + k chips of a type, N a multiple of
     2^j and k < 2^j, so gets the plan of N chips, which the planner returns for N itself."""
     out: list[dict[str, int]] = []
-    for j in ROUNDINGS if cl.total_chips <= LARGE_CHIPS else ROUNDINGS[:1]:
+    for j in ROUNDINGS if cl.total_chips <= LARGE_CHIPS else LARGE_ROUNDINGS:
         g = 1 << j
         counts = {c.name: c.count // g * g if c.count >= g else c.count for c in cl.chips}
         if all(counts[c.name] == c.count for c in cl.chips) or counts in out:

@@ -1,7 +1,10 @@
 """More chips never give a slower plan, and fewer never give a plan slower than the larger cluster's
 plan where that plan still fits (issue 30: 10,240 chips of 6 types planned at 3.4 s, one chip fewer or
 eight more at 9.0 s with 60% of the chips, although the 10,240-chip plan was valid there). Each cluster
-is planned at N - 1, N, N + 1 and N + 8 chips of its first type; times are the plans' simulated ones."""
+is planned at N - 1, N, N + 1 and N + 8 chips of its first type; times are the plans' simulated ones. The
+last two clusters' N is no round number: 19 H200 planned at 28.3 s where 18 planned at 24.0 s, and 108
+chips of type A slower than 100 (14.87 s against 14.57 s), before counts were rounded down to every power
+of two (baselines.ROUNDINGS)."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +18,8 @@ from heteropp.spec import TrainSpec, cluster_from_dict, load_model
 CLUSTERS = {
     "3 types, 10 Gbps / 2 ms links": slow_links([64, 32, 32]),
     "H200 and 2 others": scale_cluster([64, 32, 16], types=[H200, *SCALE_TYPES[:2]]),
+    "19 H200 and 12 others": scale_cluster([19, 12], types=[H200, SCALE_TYPES[3]]),
+    "100, 36 and 20 of 3 types": scale_cluster([100, 36, 20]),
 }
 
 
@@ -35,7 +40,8 @@ def test_more_chips_never_plan_slower_and_fewer_no_slower_than_a_plan_that_still
     first = spec["chips"][0]["name"]
     t = {k: _planned(spec, n + k) for k in (-1, 0, 1, 8)}
     base, used = t[0]
-    for k in (1, 8):
-        assert t[k][0] <= base * (1 + 1e-9), f"{n + k} chips: {t[k][0]:.4f} s, {n} chips: {base:.4f} s"
+    for fewer, more in ((-1, 0), (0, 1), (0, 8)):
+        a, b = t[fewer][0], t[more][0]
+        assert b <= a * (1 + 1e-9), f"{n + more} chips: {b:.4f} s, {n + fewer} chips: {a:.4f} s"
     if used.get(first, 0) <= n - 1:  # the N-chip plan leaves one idle: it runs on N - 1 chips
         assert t[-1][0] <= base * (1 + 1e-9), f"{n - 1} chips: {t[-1][0]:.4f} s, {n} chips: {base:.4f} s"
