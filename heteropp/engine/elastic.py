@@ -19,6 +19,11 @@ and restart theirs, and each round's workers then:
 Rank 0 of each round appends the round's events to `<checkpoint_dir>/elastic.jsonl`: when the round's workers
 started, the chips found, the plan, the time the re-plan took, the step resumed from and when the first step
 on the new plan ended; a rank that sees a peer die records when it noticed and what it saw.
+
+A straggler is a fault too: when a stage is found slow (heteropp.engine.straggler), rank 0 re-plans once per
+round for its chip type slowed by the measured factor, and when the predicted gain over the remaining steps
+exceeds the cost of a restart, the round ends (every rank exits with EXIT_REPLAN, its agent restarts it) and
+the next round plans with that chip type's speed (`<checkpoint_dir>/chip-speeds.json`).
 """
 from __future__ import annotations
 
@@ -40,8 +45,15 @@ from ..plan import Plan
 from ..spec import Cluster, InfeasibleError, ModelSpec, SpecError, cluster_from_dict, train_from_dict
 from .checkpoint import complete_checkpoints
 from .config import RunConfig
+from .straggler import StragglerWatch
 
 EVENTS = "elastic.jsonl"
+SPEEDS = "chip-speeds.json"  # chip type -> the fraction of the cluster spec's peak it was measured at
+EXIT_REPLAN = 75  # a round's workers end with this when a straggler re-plan pays
+# A restart's cost beyond what the round measured of its own start: the agent notices the exit (0.2 s monitor)
+# and the rendezvous closes 1 s after its last member joined (elastic_launch.RDZV_CONF).
+RDZV_S = 1.2
+REJUDGE = 1.25  # a straggler judged not worth a re-plan is judged again once it is this much slower still
 
 
 def record(cfg: RunConfig, event: str, **fields: Any) -> None:
@@ -70,6 +82,95 @@ def live_cluster(cluster: Cluster, chips: list[str]) -> Cluster:
     return dataclasses.replace(cluster, chips=kept,
                                links={k: v for k, v in cluster.links.items() if set(k) <= names},
                                link_latency={k: v for k, v in cluster.link_latency.items() if set(k) <= names})
+
+
+def slowed(cluster: Cluster, speeds: dict[str, float]) -> Cluster:
+    """The cluster with each chip type's peak TFLOPS times its measured speed (1: as the spec says)."""
+    return dataclasses.replace(cluster, chips=tuple(
+        dataclasses.replace(c, peak_tflops=c.peak_tflops * speeds.get(c.name, 1.0)) for c in cluster.chips))
+
+
+def read_speeds(cfg: RunConfig) -> dict[str, float]:
+    path = Path(cfg.opts.checkpoint_dir or ".") / SPEEDS
+    return {str(k): float(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def describe(plan: Plan) -> list[str]:
+    return [f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "")
+            for s in plan.stages] + [f"dp {plan.dp}"]
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (imports included), from /proc."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    return up - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class StragglerReplan:
+    """StragglerWatch's policy in an elastic round: judged at the first step that finds a straggler, and again
+    only when the straggler has slowed by another REJUDGE since (the gain only shrinks as the steps left do,
+    unless the chip slows further; a throttled chip's windowed factor climbs over a few steps).
+    Gain: the measured step time times (1 - the new plan's predicted time / the running plan's, both on the
+    cluster with the straggler's chip type slowed by its measured factor), over the steps left. Cost: this
+    round's own start as measured (process start to its first step: imports, rendezvous groups, plan, model,
+    checkpoint load) plus the rendezvous' settings (RDZV_S), plus the steps since the newest complete
+    checkpoint, which are trained again."""
+    cfg: RunConfig
+    cluster: Cluster  # the chips present, at the speeds this round planned with
+    speeds: dict[str, float]
+    train: dict[str, Any]
+    plan: Plan
+    start: int  # the step this round resumed from
+    born: float  # when this process started (time.time())
+    judged: float = 0.0  # the slowdown last judged
+
+    def __call__(self, watch: StragglerWatch, slow: dict[int, float]) -> None:
+        if max(slow.values()) < self.judged * REJUDGE:
+            return
+        self.judged = max(slow.values())
+        verdict: list[Any] = [None]
+        if dist.get_rank() == 0:
+            verdict[0] = self.judge(watch, slow, self.start + watch.calls)
+            record(self.cfg, "straggler", **verdict[0])
+        dist.broadcast_object_list(verdict, 0)
+        if verdict[0]["replan"]:
+            if dist.get_rank() == 0:
+                path = Path(self.cfg.opts.checkpoint_dir or ".") / SPEEDS
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(verdict[0]["speeds"]))
+                os.replace(tmp, path)
+            dist.barrier()  # the speeds are in place before any agent starts the next round
+            raise SystemExit(EXIT_REPLAN)
+
+    def judge(self, watch: StragglerWatch, slow: dict[int, float], step: int) -> dict[str, Any]:
+        from ..auto.plan_sim import simulate_plan
+        from ..auto.planning import make_problem
+        k = max(slow, key=lambda i: slow[i])
+        chip, factor = self.plan.stages[k].chip, slow[k]
+        speeds = {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}
+        slower = slowed(self.cluster, {chip: 1 / factor})
+        m = self.cfg.model_spec
+        now = simulate_plan(make_problem(slower, m, train_from_dict(self.train, "<training>", m.seq_len)).cm,
+                            self.plan).iteration_time_s
+        try:
+            new: Plan | None = replan(slower, m, self.train)
+        except (InfeasibleError, SpecError):
+            new = None
+        step_s, left = watch.step_s(), self.cfg.steps - step
+        done = complete_checkpoints(self.cfg.opts.checkpoint_dir) if self.cfg.opts.checkpoint_dir else []
+        redo = step - (int(done[-1].name.split("-")[1]) if done else 0)
+        setup = watch.first_at - self.born
+        gain = step_s * (1 - new.iteration_time_s / now) * left if new is not None and new.iteration_time_s else 0.0
+        cost = setup + RDZV_S + redo * step_s
+        return {"stage": k, "chip": chip, "slowdown": round(factor, 3), "step": step, "step_s": round(step_s, 4),
+                "predicted_now_s": now, "predicted_new_s": new.iteration_time_s if new else None,
+                "new_plan": describe(new) if new else None, "steps_left": left, "gain_s": round(gain, 3),
+                "cost_s": round(cost, 3), "round_setup_s": round(setup, 3), "redo_steps": redo,
+                "speeds": speeds, "replan": gain > cost}
 
 
 def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> Plan:
@@ -121,6 +222,7 @@ def assign(plan: Plan, chips: list[str]) -> list[int]:
 def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> int:
     world_rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     started = time.time()
+    born = started - process_age_s()
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("gloo", timeout=timeout)  # the control group: torch's env:// rendezvous
@@ -129,10 +231,11 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
     dist.all_gather_object(chips, chip)
     m = cfg.model_spec
     decided: list[Any] = [None]
+    speeds = read_speeds(cfg)  # chip types measured slow by an earlier round
     if world_rank == 0:
         t0 = time.perf_counter()
         try:
-            plan = replan(live_cluster(cluster, chips), m, train)
+            plan = replan(slowed(live_cluster(cluster, chips), speeds), m, train)
             decided[0] = {"plan": plan.to_dict(), "round": uuid.uuid4().hex, "plan_s": time.perf_counter() - t0}
         except (InfeasibleError, SpecError) as e:
             decided[0] = {"error": f"{e}; the smallest cluster that fits: {smallest_fit(cluster, m, train)}"}
@@ -162,15 +265,15 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
         plan.save(root / f"plan-round{rounds}.json")
         record(cfg, "round", round=rounds, started=round(started, 3), chips=dict(collections.Counter(chips)),
                world=world,
-               plan=[f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "")
-                     for s in plan.stages] + [f"dp {plan.dp}"], ranks=plan.world_size,
-               plan_s=round(decided[0]["plan_s"], 4),
-               resume_from=int(done[-1].name.split("-")[1]) if done else 0)
+               plan=describe(plan), ranks=plan.world_size, plan_s=round(decided[0]["plan_s"], 4),
+               resume_from=int(done[-1].name.split("-")[1]) if done else 0, **({"speeds": speeds} if speeds else {}))
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
     dist.init_process_group(cfg.backend, store=dist.PrefixStore(prefix, store), rank=rank,
                             world_size=plan.world_size, timeout=timeout)
     from .worker import _is_peer_failure, run_rank
+    StragglerWatch.policy = StragglerReplan(cfg, slowed(live_cluster(cluster, chips), speeds), speeds, train, plan,
+                                            int(done[-1].name.split("-")[1]) if done else 0, born)
     try:
         run_rank(cfg, plan, rank)
     except Exception as e:

@@ -5,11 +5,17 @@ The prediction's absolute scale may be off for every chip alike (a loaded host, 
 stage's ratio measured / predicted is judged against the median ratio of the other stages (ResiHP's
 normalisation; a one-stage plan has nothing to compare with),
 and over the median of a window of steps, so one long step or micro-batch is no alarm: a stage is a straggler
-when its windowed ratio exceeds `threshold` times the others' median."""
+when its windowed ratio exceeds `threshold` times the others' median.
+
+What happens then is the round's: `StragglerWatch.policy` (None: report only) is called with the stragglers
+found at each step that finds some; an elastic round (heteropp.engine.elastic) sets one that re-plans when
+that pays."""
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -20,6 +26,9 @@ WINDOW, THRESHOLD = 5, 1.5
 
 
 class StragglerWatch:
+    # called as policy(watch, stragglers) on every rank alike (the stragglers come from one all-reduce)
+    policy: ClassVar[Callable[["StragglerWatch", dict[int, float]], Any] | None] = None
+
     def __init__(self, plan: Plan, window: int = WINDOW, threshold: float = THRESHOLD) -> None:
         self.plan, self.threshold = plan, threshold
         n, p = len(plan.stages), plan.devices
@@ -30,11 +39,22 @@ class StragglerWatch:
             ests = [plan.stages[vs].est_time_s for vs in range(k, n, p)]
             self.predicted.append(sum(ests) * plan.micro_batches if all(ests) else None)  # type: ignore[arg-type]
         self.history: deque[list[float]] = deque(maxlen=window)
+        self.calls = 0  # steps observed
+        self.first_at = 0.0  # when the first step was observed (time.time())
+        self.ends: deque[float] = deque(maxlen=window + 1)  # when each of the last steps was observed
+
+    def step_s(self) -> float:
+        """The median wall time of a step over the window (0 before two steps)."""
+        e = list(self.ends)
+        return statistics.median(b - a for a, b in zip(e, e[1:])) if len(e) > 1 else 0.0
 
     def observe(self, stage: int, compute_s: float, lead: bool) -> dict[int, float]:
         """Every rank calls this once per step (one small MAX all-reduce over the world); returns
         {stage: slowdown vs the median stage} for the stages judged stragglers now. A plan without estimates
         (every rank sees the same plan) is not judged, and costs no collective."""
+        self.calls += 1
+        self.first_at = self.first_at or time.time()
+        self.ends.append(time.perf_counter())
         if None in self.predicted or self.plan.devices < 2:
             return {}
         v = torch.zeros(self.plan.devices, dtype=torch.float64)
@@ -53,4 +73,6 @@ class StragglerWatch:
             mid = statistics.median(others) if others else 0.0
             if mid > 0 and r / mid > self.threshold:
                 out[k] = r / mid
+        if out and StragglerWatch.policy is not None:
+            StragglerWatch.policy(self, out)
         return out

@@ -134,14 +134,18 @@ class ElasticRun:
         """The steps round `rnd` trained (resume_from + 1 .. upto) equal, value for value, a run resumed by hand
         from the checkpoint it resumed from, on the plan it used."""
         start, upto = rnd["resume_from"], upto or self.steps
+        if upto <= start:  # the next round resumed from the same checkpoint: none of this round's steps stayed
+            return
         hand = self.tmp / f"hand-{rnd['round']}"
-        shutil.copytree(self.ck / f"step-{start:08d}", hand / f"step-{start:08d}")
+        hand.mkdir()
+        if start:  # else the round started afresh
+            shutil.copytree(self.ck / f"step-{start:08d}", hand / f"step-{start:08d}")
         plan = Plan.load(self.ck / f"plan-round{rnd['round']}.json")
         log = hand / "loss.jsonl"
         # up to `upto` only: the learning rate is constant, so the run's length changes no step before it
         cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(PRESETS["tiny"]), steps=upto,
                         backend="gloo", chip_map={"big": "cpu", "small": "cpu"}, loss_log=str(log),
-                        options={"checkpoint_dir": str(hand), "resume": True})
+                        options={"checkpoint_dir": str(hand), "resume": bool(start)})
         launch(cfg)
         by_hand = {r["step"]: r["loss"] for r in lines(log) if start < r["step"] <= upto}
         assert sorted(by_hand) == list(range(start + 1, upto + 1))

@@ -4,10 +4,17 @@ even run raises no alarm."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+
+import pytest
 
 from heteropp.engine import RunConfig, launch
+from heteropp.engine.elastic_launch import process_tree
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec import PRESETS
+
+from .elastic_run import ElasticRun
 
 STEPS = 7
 
@@ -29,3 +36,66 @@ def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
     assert "stragglers" not in slowed[0]  # judged over a window of steps, not one
     even = _run(tmp_path, "even")
     assert not any("stragglers" in r for r in even)
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (root)
+
+
+def _throttle(pids: list[int], name: str, share: float) -> Path:
+    """Moves `pids` into a new cpu cgroup limited to `share` of one core; its children are born inside it."""
+    group = CPU_CGROUP / name
+    group.mkdir()
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
+    for p in pids:
+        try:
+            (group / "cgroup.procs").write_text(str(p))
+        except ProcessLookupError:
+            pass
+    return group
+
+
+def _release(group: Path) -> None:
+    for p in (group / "cgroup.procs").read_text().split():
+        try:
+            (CPU_CGROUP / "cgroup.procs").write_text(p)
+        except (ProcessLookupError, OSError):
+            pass
+    group.rmdir()
+
+
+@pytest.mark.skipif(not os.access(CPU_CGROUP, os.W_OK), reason="needs cgroup v1's cpu controller, writable (root)")
+@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1",
+                    reason="3-4 min on 2 cores (a throttled host restarts slowly): set HETEROPP_LONG_TESTS=1")
+def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart(tmp_path) -> None:
+    """`heteropp run --elastic` over two emulated hosts (torch elastic agents, gloo over loopback); the `small`
+    host's agent and workers are throttled to a tenth of a core with a cpu cgroup while it trains (its
+    restarted workers are born inside it). Its stage is found slow, rank 0 judges a re-plan worth its restart
+    (many steps left), the round ends, and the next one plans with `small` at its measured speed (judged
+    again as the slowdown climbs): the last round puts fewer layers on `small` than the first, or none. Each
+    round's steps equal running its plan by hand from the checkpoint it resumed from (or afresh)."""
+    run = ElasticRun(tmp_path, steps=40, every=4)
+    group = None
+    try:
+        run.wait_step(3)
+        group = _throttle(process_tree(run.host("small")["pid"]), f"heteropp-test-{os.getpid()}", 0.1)
+        verdict = run.wait(lambda: next((e for e in run.events("straggler") if e["replan"]), None),
+                           "a verdict to re-plan", timeout=300)
+        run.wait_round(verdict["time"])
+        got = run.finish()
+    finally:
+        run.close()
+        if group is not None:
+            _release(group)
+    assert verdict["chip"] == "small" and verdict["slowdown"] > 1.5, verdict
+    assert verdict["gain_s"] > verdict["cost_s"] > 0, verdict
+    rounds = run.rounds()
+    assert len(rounds) >= 2 and all(r["chips"] == {"big": 2, "small": 2} for r in rounds)
+    assert rounds[-1]["speeds"]["small"] <= verdict["speeds"]["small"] < 1
+
+    def on_small(r: dict) -> int:
+        return sum(s.layers for s in Plan.load(run.ck / f"plan-round{r['round']}.json").stages if s.chip == "small")
+
+    assert on_small(rounds[-1]) < on_small(rounds[0]), [r["plan"] for r in rounds]
+    for r, nxt in zip(rounds[1:], rounds[2:] + [None]):
+        run.check_by_hand(r, got, upto=nxt["resume_from"] if nxt else None)
