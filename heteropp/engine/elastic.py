@@ -147,30 +147,34 @@ class StragglerReplan:
             raise SystemExit(EXIT_REPLAN)
 
     def judge(self, watch: StragglerWatch, slow: dict[int, float], step: int) -> dict[str, Any]:
-        from ..auto.plan_sim import simulate_plan
-        from ..auto.planning import make_problem
         k = max(slow, key=lambda i: slow[i])
         chip, factor = self.plan.stages[k].chip, slow[k]
-        speeds = {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}
-        slower = slowed(self.cluster, {chip: 1 / factor})
-        m = self.cfg.model_spec
-        now = simulate_plan(make_problem(slower, m, train_from_dict(self.train, "<training>", m.seq_len)).cm,
-                            self.plan).iteration_time_s
-        try:
-            new: Plan | None = replan(slower, m, self.train)
-        except (InfeasibleError, SpecError):
-            new = None
-        step_s, left = watch.step_s(), self.cfg.steps - step
         done = complete_checkpoints(self.cfg.opts.checkpoint_dir) if self.cfg.opts.checkpoint_dir else []
         redo = step - (int(done[-1].name.split("-")[1]) if done else 0)
-        setup = watch.first_at - self.born
-        gain = step_s * (1 - new.iteration_time_s / now) * left if new is not None and new.iteration_time_s else 0.0
-        cost = setup + RDZV_S + redo * step_s
-        return {"stage": k, "chip": chip, "slowdown": round(factor, 3), "step": step, "step_s": round(step_s, 4),
-                "predicted_now_s": now, "predicted_new_s": new.iteration_time_s if new else None,
-                "new_plan": describe(new) if new else None, "steps_left": left, "gain_s": round(gain, 3),
-                "cost_s": round(cost, 3), "round_setup_s": round(setup, 3), "redo_steps": redo,
-                "speeds": speeds, "replan": gain > cost}
+        v = replan_verdict(self.cluster, self.cfg.model_spec, self.train, self.plan, chip, factor, watch.step_s(),
+                           self.cfg.steps - step, watch.first_at - self.born, redo)
+        return {"stage": k, "chip": chip, "slowdown": round(factor, 3), "step": step, **v,
+                "speeds": {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}}
+
+
+def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: Plan, chip: str, factor: float,
+                   step_s: float, left: int, setup_s: float, redo: int) -> dict[str, Any]:
+    """Whether re-planning for `chip` slowed by `factor` pays over `left` steps (StragglerReplan's rule)."""
+    from ..auto.plan_sim import simulate_plan
+    from ..auto.planning import make_problem
+    slower = slowed(cluster, {chip: 1 / factor})
+    now = simulate_plan(make_problem(slower, m, train_from_dict(train, "<training>", m.seq_len)).cm,
+                        plan).iteration_time_s
+    try:
+        new: Plan | None = replan(slower, m, train)
+    except (InfeasibleError, SpecError):
+        new = None
+    gain = step_s * (1 - new.iteration_time_s / now) * left if new is not None and new.iteration_time_s else 0.0
+    cost = setup_s + RDZV_S + redo * step_s
+    return {"step_s": round(step_s, 4), "predicted_now_s": now,
+            "predicted_new_s": new.iteration_time_s if new else None, "new_plan": describe(new) if new else None,
+            "steps_left": left, "gain_s": round(gain, 3), "cost_s": round(cost, 3), "round_setup_s": round(setup_s, 3),
+            "redo_steps": redo, "replan": gain > cost}
 
 
 def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> Plan:

@@ -14,7 +14,7 @@ from heteropp.engine.elastic_launch import process_tree
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec import PRESETS
 
-from .elastic_run import ElasticRun
+from .elastic_run import TWO_CPU, ElasticRun
 
 STEPS = 7
 
@@ -99,3 +99,29 @@ def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart
     assert on_small(rounds[-1]) < on_small(rounds[0]), [r["plan"] for r in rounds]
     for r, nxt in zip(rounds[1:], rounds[2:] + [None]):
         run.check_by_hand(r, got, upto=nxt["resume_from"] if nxt else None)
+
+
+def test_a_re_plan_pays_only_for_a_real_slowdown_and_enough_steps_left() -> None:
+    """The re-plan rule of an elastic round, in this process: HeteroAuto's plan for two-cpu's 2 big + 2 small
+    chips, then the `small` type found slower by a factor. The measured numbers are given (step time 1 s, a
+    restart of 10 s, 2 steps to redo)."""
+    from heteropp.engine.elastic import RDZV_S, live_cluster, replan, replan_verdict
+    from heteropp.spec import load_cluster
+    cluster = live_cluster(load_cluster(TWO_CPU), ["big", "big", "small", "small"])
+    train = {"global_batch": 8, "micro_batch_size": 1, "dtype": "fp32", "schedule": "1f1b"}
+    m = PRESETS["tiny"]
+    plan = replan(cluster, m, train)
+    assert "small" in {s.chip for s in plan.stages}
+
+    def verdict(factor: float, left: int) -> dict:
+        return replan_verdict(cluster, m, train, plan, "small", factor, 1.0, left, 10.0, 2)
+
+    # not slower than planned: the planner's own plan again, nothing to gain however long the run
+    assert verdict(1.0, 10_000)["gain_s"] <= 0 and not verdict(1.0, 10_000)["replan"]
+    slow = verdict(10.0, 1000)
+    assert slow["replan"] and slow["cost_s"] == 10.0 + RDZV_S + 2 * 1.0
+    assert "small" not in " ".join(slow["new_plan"][:-1])  # 10x slower: the plan leaves `small` idle
+    # the gain is per step left: too few steps left do not pay for the restart
+    per_step = slow["gain_s"] / 1000
+    few = int(slow["cost_s"] / per_step)
+    assert not verdict(10.0, few)["replan"] and verdict(10.0, few + 1)["replan"]
