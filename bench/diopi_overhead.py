@@ -6,7 +6,7 @@ library (the reference by default), in alternating blocks; medians of the per-ca
 repeats one set of tensors (a training loop's steady state), "new shapes" alternates two shapes so that
 every call rewrites its handles. The overhead is the difference; the target is 5 us or less.
 
-``--device native|python``: also an operation on the diopi device (the ATen dispatch, the router and the
+``--device native|python|diopi``: also an operation on the diopi device (the ATen dispatch, the router and the
 library call: what a model pays per operator), against the same operation on the CPU and against the
 library call alone (the library's kernel with the binding: the floor the device can reach).
 """
@@ -58,9 +58,11 @@ def workloads(lib) -> dict[str, tuple[Callable, Callable]]:
 
 def device_workloads(lib, backend: str) -> dict[str, tuple[Callable, Callable, Callable]]:
     """name -> (torch on the CPU, the library call, the same torch call on the diopi device)."""
-    from diopi_bindings import device
+    from diopi_bindings import deeplink, device
 
-    device.enable(lib, backend=backend)
+    device.enable(lib, backend="native" if backend == "diopi" else backend)
+    if backend == "diopi":  # the reference under DIOPI's names, routed in C++
+        deeplink.attach(deeplink.reference_path())
     a, b, out = torch.randn(16), torch.randn(16), torch.empty(16)
     m, n, mo = torch.randn(4, 4), torch.randn(4, 4), torch.empty(4, 4)
     da, db, dout, dm, dn, dmo = (t.to("diopi") for t in (a, b, out, m, n, mo))
@@ -92,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--library", help="DIOPI library (default: $DIOPI_LIBRARY, else the reference)")
     ap.add_argument("--json", help="write the numbers here")
-    ap.add_argument("--device", choices=("native", "python"),
-                    help="also time operations on the diopi device of this backend")
+    ap.add_argument("--device", choices=("native", "python", "diopi"),
+                    help="also time operations on the diopi device of this backend (diopi: the native device with "
+                         "the reference attached under DIOPI's names)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.calls < 5:  # the warm-up runs calls // 5 times and divides by it
         ap.error(f"--rounds must be >= 1 and --calls >= 5, got --rounds {args.rounds} --calls {args.calls}")

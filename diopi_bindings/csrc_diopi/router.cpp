@@ -10,9 +10,11 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "frame.h"
 
@@ -61,6 +63,107 @@ c10::ScalarType first_device_dtype(const torch::jit::Stack& stack, size_t first,
   return otherwise;
 }
 
+// Result shapes, strides and dtypes come from the meta kernel, which for many operators is Python
+// (torch._refs): cached per (route, argument shapes, strides, dtypes, ints, bools, lists), so a training loop pays
+// it once per distinct call. Float arguments are left out of the key (a learning rate changes every step and never
+// a shape), except for an operator whose only tensors are its outputs (arange: its bounds make its size).
+struct ResultMeta {
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+};
+using MetaKey = std::vector<int64_t>;
+struct MetaKeyHash {
+  size_t operator()(const MetaKey& key) const noexcept {
+    size_t h = 1469598103934665603ull;
+    for (int64_t v : key) h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+std::mutex g_meta_mutex;
+std::unordered_map<MetaKey, std::vector<ResultMeta>, MetaKeyHash> g_meta_cache;
+constexpr size_t kMetaCacheLimit = 1 << 16;
+
+void key_tensor(MetaKey& key, const at::Tensor& t) {
+  if (!t.defined()) {
+    key.push_back(-1);
+    return;
+  }
+  key.push_back(t.dim());
+  key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+  key.insert(key.end(), t.strides().begin(), t.strides().end());
+  key.push_back(static_cast<int64_t>(t.scalar_type()) * 64 + static_cast<int64_t>(t.device().type()) * 2 +
+                (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0));
+}
+
+MetaKey meta_key(size_t route, const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first) {
+  const size_t n = schema.arguments().size();
+  bool reads_a_tensor = false;
+  for (size_t i = 0; i < n; ++i) {
+    const auto* alias = schema.arguments()[i].alias_info();
+    if (stack[first + i].isTensor() && (alias == nullptr || !alias->isWrite())) reads_a_tensor = true;
+  }
+  MetaKey key{static_cast<int64_t>(route)};
+  for (size_t i = first; i < first + n; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      key_tensor(key, v.toTensor());
+    } else if (v.isTensorList() || v.isList()) {
+      const auto list = v.toListRef();
+      key.push_back(-2);
+      key.push_back(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& item : list) {
+        if (item.isTensor()) key_tensor(key, item.toTensor());
+        else if (item.isInt()) key.push_back(item.toInt());
+        else key.push_back(item.isNone() ? -7 : -9);
+      }
+    } else if (v.isInt()) {
+      key.push_back(-3);
+      key.push_back(v.toInt());
+    } else if (v.isDouble()) {
+      key.push_back(-4);
+      double d = reads_a_tensor ? 0.0 : v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      key.push_back(bits);
+    } else if (v.isBool()) {
+      key.push_back(v.toBool() ? -51 : -50);
+    } else if (v.isNone()) {
+      key.push_back(-7);
+    } else if (v.isString()) {
+      key.push_back(-8);
+      key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    } else {
+      key.push_back(-9);  // another kind (a dtype, a layout): by its tag
+      key.push_back(static_cast<int64_t>(v.tagKind().size()));
+    }
+  }
+  return key;
+}
+
+std::vector<ResultMeta> result_meta(const c10::OperatorHandle& op, size_t route, const torch::jit::Stack& stack,
+                                    size_t first) {
+  const c10::FunctionSchema& schema = op.schema();
+  MetaKey key = meta_key(route, schema, stack, first);
+  {
+    std::lock_guard<std::mutex> lock(g_meta_mutex);
+    auto it = g_meta_cache.find(key);
+    if (it != g_meta_cache.end()) return it->second;
+  }
+  torch::jit::Stack meta;
+  meta.reserve(schema.arguments().size());
+  for (size_t i = first; i < stack.size(); ++i) meta.push_back(to_meta(stack[i]));
+  op.callBoxed(meta);
+  std::vector<ResultMeta> out;
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    const at::Tensor& t = meta.at(r).toTensor();
+    out.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+  }
+  std::lock_guard<std::mutex> lock(g_meta_mutex);
+  if (g_meta_cache.size() >= kMetaCacheLimit) g_meta_cache.clear();
+  g_meta_cache.emplace(std::move(key), out);
+  return out;
+}
+
 // The written argument a return aliases (an in-place self, an out= tensor).
 size_t written_argument(const c10::FunctionSchema& schema, const c10::AliasInfo& alias) {
   const auto& args = schema.arguments();
@@ -83,23 +186,19 @@ class DiopiKernel final : public c10::OperatorKernel {
     const size_t n = schema.arguments().size();
     const size_t first = stack->size() - n;
 
-    torch::jit::Stack meta;
-    meta.reserve(n);
-    for (size_t i = first; i < stack->size(); ++i) meta.push_back(to_meta((*stack)[i]));
-    op.callBoxed(meta);
-
+    const std::vector<ResultMeta> metas = result_meta(op, index_, *stack, first);
     const c10::Device device = device_of(*stack, first);
     std::vector<at::Tensor> outs;
     outs.reserve(schema.returns().size());
     for (size_t r = 0; r < schema.returns().size(); ++r) {
-      const at::Tensor& shape = meta.at(r).toTensor();
+      const ResultMeta& shape = metas[r];
       const c10::AliasInfo* alias = schema.returns()[r].alias_info();
       if (alias != nullptr) {
         at::Tensor& target = (*stack)[first + written_argument(schema, *alias)].toTensor();
-        if (target.sizes() != shape.sizes()) target.resize_(shape.sizes());
+        if (target.sizes() != c10::IntArrayRef(shape.sizes)) target.resize_(shape.sizes);
         outs.push_back(target);
       } else {
-        outs.push_back(at::empty_strided(shape.sizes(), shape.strides(), shape.options().device(device)));
+        outs.push_back(at::empty_strided(shape.sizes, shape.strides, at::TensorOptions().dtype(shape.dtype).device(device)));
       }
     }
 
