@@ -150,17 +150,22 @@ def test_simulating_a_plan_of_whole_stages_as_interleaved_takes_the_default_chun
     assert got["schedule"] == "interleaved" and kind("interleaved").chunks(got["schedule_params"]) == 1
 
 
-def test_simulating_as_interleaved_a_plan_whose_micro_batches_are_not_in_groups_of_its_stages(capsys):
-    """HARP's 1F1B plan has 12 stages and 128 micro-batches: interleaved 1F1B cannot run it. The simulate
-    command says so and exits 2 (it raised the schedule builder's error as a traceback)."""
-    plan = EX / "plans" / "harp-setting-1.json"
-    stages = len(json.loads(plan.read_text())["stages"])
-    assert 128 % stages, "the example plan's stages divide its micro-batches: pick another plan"
+def test_simulating_as_interleaved_a_plan_whose_micro_batches_are_not_in_groups_of_its_stages(tmp_path, capsys):
+    """HARP's 1F1B example plan cut to 3 stages: 32 micro-batches per replica, which interleaved 1F1B
+    cannot run in groups of 3. The simulate command says so and exits 2 (it raised the schedule builder's
+    error as a traceback)."""
+    example = json.loads((EX / "plans" / "harp-setting-1.json").read_text())
+    layers = sum(s["layers"] for s in example["stages"])
+    counts = (layers - 2 * (layers // 3), layers // 3, layers // 3)
+    stages = [{**example["stages"][0], "layers": n, "first_layer": sum(counts[:k])} for k, n in enumerate(counts)]
+    plan = tmp_path / "three-stages.json"
+    plan.write_text(json.dumps({**{k: v for k, v in example.items() if k != "chips_used"}, "stages": stages}))
+    assert example["micro_batches"] % 3, "the example plan's micro-batches come in groups of 3: pick another cut"
     assert main(["simulate", str(plan), "--cluster", str(EX / "clusters" / "harp.yaml"), "--model",
                  str(EX / "models" / "gpt-harp.yaml"), "--train", str(EX / "training" / "harp.yaml"),
                  "--schedule", "interleaved"]) == 2
     err = capsys.readouterr().err
-    assert "harp-setting-1.json" in err and "cannot run the plan" in err and f"{stages} stages" in err
+    assert "three-stages.json" in err and "cannot run the plan" in err and "3 stages" in err
 
 
 # issue 30: each of these gave a traceback, a plan of nonsense or silently took a value
