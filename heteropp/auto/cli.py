@@ -5,7 +5,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 
 from ..argtypes import at_least, positive
 from ..plan import SCHEDULES, Plan
@@ -47,15 +46,15 @@ def _writable(path: str | None, flag: str) -> None:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from .explain import explain, table
-    from .limits import Limits
-    from .planning import load_problem, run_search, to_plan
+    from .front_door import Budget
+    from .front_door import plan as plan_of
+    from .planning import load_problem
     _writable(a.json, "--json")
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
-    t0 = time.perf_counter()
-    res = run_search(pb, a.algo, a.group_size, _progress if a.progress else None,
-                     Limits(work=a.work_budget, time_cap_s=a.time_cap), a.idle, baselines=a.baselines)
-    dt = time.perf_counter() - t0
-    plan = to_plan(pb, res.best, dt, a.algo, res)
+    budget = Budget(work=a.work_budget, time_cap_s=a.time_cap, baselines=a.baselines, idle=a.idle,
+                    group_size=a.group_size)
+    out = plan_of(pb, budget, a.algo, _progress if a.progress else None)
+    plan, res = out.plan, out.search
     print(table(plan))
     if res.bounded:
         gap = ""
@@ -116,15 +115,16 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from .planning import load_problem, run_search, to_plan
+    from .front_door import Budget
+    from .front_door import plan as plan_of
+    from .planning import load_problem
     _writable(a.json, "--json")
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     rows = {}
     for algo in ("h2", "auto"):
-        t0 = time.perf_counter()
-        res = run_search(pb, algo, a.group_size)
-        dt = time.perf_counter() - t0
-        sim = to_plan(pb, res.best, dt, algo, res).iteration_time_s  # the plan's schedule and parameters
+        out = plan_of(pb, Budget(group_size=a.group_size), algo)
+        res, dt = out.search, out.search_time_s
+        sim = out.plan.iteration_time_s  # the plan's schedule and parameters
         rows[algo] = {"search_time_s": dt, "iteration_time_s": res.best.time_s, "simulated_s": sim, "dp": res.best.dp,
                       "stages": len(res.best.stages)}
         print(f"{algo:>5}: search {dt:.3f} s, estimated {res.best.time_s:.4f} s, simulated {sim:.4f} s, "
