@@ -54,6 +54,7 @@ EXIT_REPLAN = 75  # a round's workers end with this when a straggler re-plan pay
 # and the rendezvous closes 1 s after its last member joined (elastic_launch.RDZV_CONF).
 RDZV_S = 1.2
 REJUDGE = 1.25  # a straggler judged not worth a re-plan is judged again once it is this much slower still
+PERSIST = 5  # steps in a row a straggler must be found on before a re-plan is judged
 
 
 def record(cfg: RunConfig, event: str, **fields: Any) -> None:
@@ -111,9 +112,9 @@ def process_age_s() -> float:
 
 @dataclasses.dataclass
 class StragglerReplan:
-    """StragglerWatch's policy in an elastic round: judged at the first step that finds a straggler, and again
-    only when the straggler has slowed by another REJUDGE since (the gain only shrinks as the steps left do,
-    unless the chip slows further; a throttled chip's windowed factor climbs over a few steps).
+    """StragglerWatch's policy in an elastic round: judged once a straggler has been found PERSIST steps in a
+    row, and again only when the straggler has slowed by another REJUDGE since (the gain only shrinks as the
+    steps left do, unless the chip slows further; a throttled chip's windowed factor climbs over a few steps).
     Gain: the measured step time times (1 - the new plan's predicted time / the running plan's, both on the
     cluster with the straggler's chip type slowed by its measured factor), over the steps left. Cost: this
     round's own start as measured (process start to its first step: imports, rendezvous groups, plan, model,
@@ -127,9 +128,14 @@ class StragglerReplan:
     start: int  # the step this round resumed from
     born: float  # when this process started (time.time())
     judged: float = 0.0  # the slowdown last judged
+    streak: int = 0  # consecutive steps that found a straggler
+    last: int = -1  # the watch's step count when one was last found
 
     def __call__(self, watch: StragglerWatch, slow: dict[int, float]) -> None:
-        if max(slow.values()) < self.judged * REJUDGE:
+        self.streak = self.streak + 1 if watch.calls == self.last + 1 else 1
+        self.last = watch.calls
+        # a slowdown that lasts: a loaded machine slows a round's first steps unevenly (seen: 2.9x for 13 steps)
+        if self.streak < PERSIST or max(slow.values()) < self.judged * REJUDGE:
             return
         self.judged = max(slow.values())
         verdict: list[Any] = [None]

@@ -46,6 +46,35 @@ def kill_host(pid: int) -> None:
             pass
 
 
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
+
+
+def throttle_host(pid: int, name: str, share: float) -> Path:
+    """Slow an emulated host down as a throttled machine: its agent and every process under it move into a new
+    cpu cgroup (v1; root) limited to `share` of one core; workers its agent starts later are born inside it.
+    Returns the cgroup, for release_host."""
+    group = CPU_CGROUP / name
+    group.mkdir()
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
+    for p in process_tree(pid):
+        try:
+            (group / "cgroup.procs").write_text(str(p))
+        except ProcessLookupError:
+            pass
+    return group
+
+
+def release_host(group: Path) -> None:
+    """Move the processes of a throttle_host cgroup back to the root cgroup and remove it."""
+    for p in (group / "cgroup.procs").read_text().split():
+        try:
+            (CPU_CGROUP / "cgroup.procs").write_text(p)
+        except OSError:  # gone meanwhile
+            pass
+    group.rmdir()
+
+
 # Every rendezvous round gets a fresh store for its workers: with the store shared across rounds (torch's
 # default), keys of the previous round's process groups are still there and a new round's gloo group
 # connects to ranks that are gone ("connectFullMesh failed ... Connection refused").

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from heteropp.engine import RunConfig, launch
-from heteropp.engine.elastic_launch import process_tree
+from heteropp.engine.elastic_launch import CPU_CGROUP, release_host, throttle_host
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec import PRESETS
 
@@ -38,32 +37,6 @@ def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
     assert not any("stragglers" in r for r in even)
 
 
-CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (root)
-
-
-def _throttle(pids: list[int], name: str, share: float) -> Path:
-    """Moves `pids` into a new cpu cgroup limited to `share` of one core; its children are born inside it."""
-    group = CPU_CGROUP / name
-    group.mkdir()
-    (group / "cpu.cfs_period_us").write_text("100000")
-    (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
-    for p in pids:
-        try:
-            (group / "cgroup.procs").write_text(str(p))
-        except ProcessLookupError:
-            pass
-    return group
-
-
-def _release(group: Path) -> None:
-    for p in (group / "cgroup.procs").read_text().split():
-        try:
-            (CPU_CGROUP / "cgroup.procs").write_text(p)
-        except (ProcessLookupError, OSError):
-            pass
-    group.rmdir()
-
-
 @pytest.mark.skipif(not os.access(CPU_CGROUP, os.W_OK), reason="needs cgroup v1's cpu controller, writable (root)")
 @pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1",
                     reason="3-4 min on 2 cores (a throttled host restarts slowly): set HETEROPP_LONG_TESTS=1")
@@ -78,7 +51,7 @@ def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart
     group = None
     try:
         run.wait_step(3)
-        group = _throttle(process_tree(run.host("small")["pid"]), f"heteropp-test-{os.getpid()}", 0.1)
+        group = throttle_host(run.host("small")["pid"], f"heteropp-test-{os.getpid()}", 0.1)
         verdict = run.wait(lambda: next((e for e in run.events("straggler") if e["replan"]), None),
                            "a verdict to re-plan", timeout=300)
         run.wait_round(verdict["time"])
@@ -86,7 +59,7 @@ def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart
     finally:
         run.close()
         if group is not None:
-            _release(group)
+            release_host(group)
     assert verdict["chip"] == "small" and verdict["slowdown"] > 1.5, verdict
     assert verdict["gain_s"] > verdict["cost_s"] > 0, verdict
     rounds = run.rounds()
