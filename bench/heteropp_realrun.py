@@ -17,9 +17,11 @@ numbers come from outside the engine:
   writing, final wait) is inside it; also median and mean step intervals (log call to log call) and the
   CPU time of all ranks over the window. With --rounds the runs repeat, each round starting at another
   run, and the table shows medians over rounds.
-- memory: the same plan, --memory-steps steps, peak per stage (ru_maxrss of its ranks minus the idle
-  baseline) in fp32 and bf16 against `simulate_plan`'s `peak_memory_bytes` (HeteroAuto's memory model,
-  analytic profile).
+- memory: the same plan, --memory-steps steps, peak per stage (ru_maxrss of its ranks minus the rank's
+  resident set right before its stage was built: the interpreter, torch and the process groups, which a
+  chip's memory reserve covers; what the step log's peak_memory_gb reports on CPU) in fp32 and bf16 against
+  `simulate_plan`'s `peak_memory_bytes` (HeteroAuto's memory model, analytic profile), on the medium model and
+  the big one (the fixed part of a process's memory shows against 5x the weights).
 - data: the no-checkpoint run against the same plan reading a token file (`heteropp data prepare` of the
   repository's docs with a tokenizer trained on them).
 
@@ -233,8 +235,8 @@ def stage_peaks(ranks: list[dict[str, Any]], stages: int) -> list[dict[str, floa
     out = []
     for k in range(stages):
         mine = [r for r in ranks if r["stage"] == k]
-        top = max(mine, key=lambda r: r["maxrss"] - r["idle"]["VmRSS"])
-        out.append({"maxrss": top["maxrss"], "idle": top["idle"]["VmRSS"],
+        top = max(mine, key=lambda r: r["maxrss"] - r["before_load"]["VmRSS"])
+        out.append({"maxrss": top["maxrss"], "idle": top["idle"]["VmRSS"], "before_load": top["before_load"]["VmRSS"],
                     "after_load_hwm": top["after_load"]["VmHWM"], "shard_bytes": top["shard_bytes"]})
     return out
 
@@ -333,21 +335,26 @@ def main(argv: list[str] | None = None) -> int:
             out["runs"] = {k: {**w[k], "rounds": [{**x, "ranks": r} for x, r in zip(per[k], runs[k])]}
                            for k in names}
         if "memory" in parts:
-            mem = {}
-            rows = []
-            for dtype in ("fp32", "bf16"):
-                ranks = run(d, plan, a.memory_steps, dtype=dtype)
-                meas, pred = stage_peaks(ranks, len(plan.stages)), predicted_peaks(d, plan, dtype)
-                mem[dtype] = {"measured": meas, "predicted_bytes": pred}
-                for k, (x, p) in enumerate(zip(meas, pred)):
-                    net = x["maxrss"] - x["idle"]
-                    params = x["shard_bytes"] / (4 if dtype == "fp32" else 2)
-                    rows.append([dtype, k, params / 1e6, x["idle"] / GB, x["maxrss"] / GB, net / GB, p / GB,
-                                 f"{100 * (p / net - 1):+.1f}%", (x["after_load_hwm"] - x["idle"]) / GB])
-            print(f"memory model vs measured after {a.memory_steps} steps (CPU: ru_maxrss minus the idle rank's "
-                  f"RSS); load {os.getloadavg()}")
-            print(table(["dtype", "stage", "params M", "idle RSS GB", "ru_maxrss GB", "measured (peak - idle) GB",
-                         "predicted GB", "predicted vs measured", "peak at load - idle GB"], rows))
+            sizes = {"medium": (d, plan)}
+            if not a.smoke:  # the fixed part of a process's memory shows against a model of 5x the weights
+                db = write_hf(tmp / "big", big)
+                sizes["big"] = (db, plan_of([big["num_hidden_layers"] // 2] * 2, a.micro_batches))
+            mem, rows = {}, []
+            for size, (md, mplan) in sizes.items():
+                for dtype in ("fp32", "bf16"):
+                    ranks = run(md, mplan, a.memory_steps, dtype=dtype)
+                    meas, pred = stage_peaks(ranks, len(mplan.stages)), predicted_peaks(md, mplan, dtype)
+                    mem[f"{size} {dtype}"] = {"measured": meas, "predicted_bytes": pred}
+                    for k, (x, p) in enumerate(zip(meas, pred)):
+                        net = x["maxrss"] - x["before_load"]
+                        params = x["shard_bytes"] / (4 if dtype == "fp32" else 2)
+                        rows.append([size, dtype, k, params / 1e6, x["before_load"] / GB, net / GB, p / GB,
+                                     f"{100 * (p / net - 1):+.1f}%", (net - p) / 1e6])
+            print(f"memory model vs measured after {a.memory_steps} steps (CPU: ru_maxrss minus the rank's RSS "
+                  f"before its stage was built); load {os.getloadavg()}")
+            print(table(["model", "dtype", "stage", "params M", "RSS before the stage GB",
+                         "measured (peak - before) GB", "predicted GB", "predicted vs measured",
+                         "measured - predicted MB"], rows))
             out["memory"] = mem
     after = machine()
     print(f"nproc {before['nproc']}, {before['cpu']}, load {before['loadavg']} -> {after['loadavg']}")

@@ -105,8 +105,10 @@ class CostModel:
         self.cluster, self.model, self.train, self.profile = cluster, model, train, profile
         nb = train.bytes_per_value
         self.act_msg = nb * train.micro_batch_size * model.seq_len * model.hidden  # one boundary activation
-        opt = 12 if nb == 2 else 8  # fp32 master copy + two Adam moments, or just the moments in fp32
-        self._param_b, self._opt_b = 2 * nb, opt
+        # What heteropp's ZeroAdamW holds per parameter: the weight in the compute dtype and its gradient in
+        # fp32 (fp32 accumulation and reduction; the weights and gradients are views of two flat buffers), and
+        # in its ZeRO-1 shard the two fp32 Adam moments, plus an fp32 master copy when the weights are bf16/fp16.
+        self._param_b, self._opt_b = nb + 4, (12 if nb == 2 else 8)
         self._chip = {c.name: c for c in cluster.chips}
         self.coef = lru_cache(maxsize=None)(self._coef)
         self.end = lru_cache(maxsize=None)(self._end)

@@ -5,8 +5,9 @@ scalars when `torch.utils.tensorboard` can be imported.
 Fields: time (seconds since the epoch when the step ended), loss, lr, grad_norm (null unless clipping computes
 it), step_s, tokens_per_s, mfu (model FLOPs per second over the plan's summed peak, when the cluster spec
 gives peaks), peak_memory_gb (per stage: the largest of its ranks' peaks: the accelerator's allocator peak, or
-the process's peak RSS on CPU) and skipped and loss_scale (fp16: steps the loss scaler skipped so far, the
-scale of the next step)."""
+on CPU the process's peak resident set above what it held before the stage was built: the interpreter, torch
+and the process groups are what a chip's memory reserve covers, not the stage) and skipped and loss_scale
+(fp16: steps the loss scaler skipped so far, the scale of the next step)."""
 from __future__ import annotations
 
 import json
@@ -30,13 +31,32 @@ def model_flops(m: ModelSpec, tokens: int) -> float:
     return 3.0 * (m.layers * m.layer_flops_fwd(tokens) + m.head_flops_fwd(tokens))
 
 
+_rss_before_stage = 0.0
+
+
+def resident_bytes() -> float:
+    """This process's resident set now (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return float(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def mark_stage_start() -> None:
+    """Call right before the stage's model is built: CPU peaks are counted from here."""
+    global _rss_before_stage
+    _rss_before_stage = resident_bytes()
+
+
 def _peak_bytes(device: torch.device) -> float:
     if device.type != "cpu":
         try:
             return float(torch.accelerator.max_memory_allocated(device))  # type: ignore[attr-defined]
         except Exception:
             pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
+    return max(0.0, peak - _rss_before_stage)
 
 
 def stage_peaks(g: Groups, plan: Plan, stage: int, contributes: bool) -> list[float]:

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .hostmem import release_freed_memory
+
 
 @dataclass
 class LossScaler:
@@ -41,6 +43,20 @@ class LossScaler:
             self.clean_steps += 1
             if self.clean_steps % self.growth_interval == 0:
                 self.scale *= 2
+
+
+_CHUNK = 1 << 16  # elements per fp64 / bool temporary in the norm and overflow checks (512 KiB at most)
+
+
+@torch.no_grad()
+def _after_accumulate(p: torch.Tensor) -> None:
+    """Autograd accumulated into p.grad: note it, and move a gradient that is not the main_grad itself (bf16/fp16
+    parameters: fp32 main_grad) into the main_grad, freeing it."""
+    main = p.main_grad  # type: ignore[attr-defined]
+    p.got_grad = True  # type: ignore[attr-defined]
+    if p.grad is not None and p.grad.data_ptr() != main.data_ptr():
+        main.add_(p.grad)
+        p.grad = None if main.dtype != p.dtype else main
 
 
 class ZeroAdamW:
@@ -72,43 +88,66 @@ class ZeroAdamW:
         # state in at least fp32 (fp64 stays fp64)
         self.state_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         sd = self.state_dtype
+        self.lo = dp_rank * self.shard
+        # The parameters and their gradients live in two flat buffers (padding zero) and are views of them,
+        # so the model's weights and gradients are held once: the weights in their dtype (the update writes
+        # them in place and the DP all-gather fills them), the gradients in the state dtype (fp32 reduction;
+        # see heteropp.model.grads). The buffers are kept across steps: temporaries of this size made afresh
+        # every step come from mmap on glibc, and faulting their pages in made a step 4-5x slower.
+        self._w = self._bind_weights(torch.zeros(self.padded, device=dev, dtype=dtype))
+        release_freed_memory()  # the parameters' own storage, now unused, before the state is allocated
+        # fp32 master weights of this shard when the parameters are low precision; None: the parameters are
+        # their own master
+        self.master = self._w[self.lo:self.lo + self.shard].to(sd) if sd != dtype else None
         self.m = torch.zeros(self.shard, device=dev, dtype=sd)
         self.v = torch.zeros(self.shard, device=dev, dtype=sd)
-        # Flat gradients (in the state dtype: fp32 reduction), weights in the parameters' dtype (padding zero)
-        # and two shard-sized scratch buffers, kept across steps: temporaries of this size made afresh every
-        # step come from mmap on glibc once they pass its threshold, and faulting their pages in made a step
-        # 4-5x slower, by turns (3.5 vs 17 ms per layer of the benchmark model on CPU).
         self._grads = torch.zeros(self.padded, device=dev, dtype=sd)
-        self._w = torch.zeros(self.padded, device=dev, dtype=dtype)
-        self._num = torch.empty(self.shard, device=dev, dtype=sd)
-        self._den = torch.empty(self.shard, device=dev, dtype=sd)
-        self.lo = dp_rank * self.shard
-        # fp32 master weights of this shard when the parameters are low precision; None: the parameters are
-        # their own master (refilled from them every step)
-        self.master: torch.Tensor | None = None
-        if sd != dtype:
-            full = self._fill(torch.zeros(self.padded, device=dev, dtype=sd), [p.detach() for p in params])
-            self.master = full[self.lo:self.lo + self.shard].clone()
-            self._low = torch.empty(self.shard, device=dev, dtype=dtype)
+        self._bind_grads()
         self.t = 0
-        # runs [a, b) of this shard that weight decay applies to
-        flags = decay if decay is not None else [True] * len(params)
-        self._decay_runs: list[tuple[int, int]] = []
+        # runs [a, b) of this shard that weight decay applies to, and that this rank counts in the norm
+        self._decay_runs = self._runs(decay if decay is not None else [True] * len(params))
+        self._owned_runs = self._runs(owned if owned is not None else [True] * len(params))
+
+    def _runs(self, flags: list[bool]) -> list[tuple[int, int]]:
+        """The maximal runs [a, b) of this rank's shard covered by parameters whose flag is set."""
+        runs: list[tuple[int, int]] = []
         off = 0
-        for p, f in zip(params, flags):
+        for p, f in zip(self.params, flags):
             a, b = max(off, self.lo) - self.lo, min(off + p.numel(), self.lo + self.shard) - self.lo
             if f and a < b:
-                if self._decay_runs and self._decay_runs[-1][1] == a:
-                    a = self._decay_runs.pop()[0]
-                self._decay_runs.append((a, b))
+                if runs and runs[-1][1] == a:
+                    a = runs.pop()[0]
+                runs.append((a, b))
             off += p.numel()
-        self.owned_shard = None  # this rank's slice of the 0/1 ownership mask (float64), kept only when clipping
-        if clip_norm is not None:
-            owned = owned if owned is not None else [True] * len(params)
-            mask = self._fill(torch.zeros(self.padded, dtype=torch.float64, device=dev),
-                              [torch.full((p.numel(),), float(o), dtype=torch.float64, device=dev)
-                               for p, o in zip(params, owned)])
-            self.owned_shard = mask[self.lo:self.lo + self.shard].clone()
+        return runs
+
+    @torch.no_grad()
+    def _bind_weights(self, flat: torch.Tensor) -> torch.Tensor:
+        off = 0
+        for p in self.params:
+            view = flat[off:off + p.numel()].view_as(p)
+            view.copy_(p.detach())
+            p.data = view
+            off += p.numel()
+        return flat
+
+    def _bind_grads(self) -> None:
+        off = 0
+        low = self.state_dtype != self.dtype
+        for p in self.params:
+            main = self._grads[off:off + p.numel()].view_as(p)
+            p.got_grad = p.grad is not None  # type: ignore[attr-defined]
+            if p.grad is not None:  # a gradient from before the optimizer existed is kept
+                main.copy_(p.grad)
+            p.main_grad = main  # type: ignore[attr-defined]
+            if low:
+                p.grad = None
+            else:
+                p.grad = main
+            if not getattr(p, "grad_hooked", False):  # once per parameter, whichever optimizer binds it later
+                p.register_post_accumulate_grad_hook(_after_accumulate)
+                p.grad_hooked = True  # type: ignore[attr-defined]
+            off += p.numel()
 
     def _fill(self, flat: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
         """`flat` with the tensors copied in, in order (its padding stays zero)."""
@@ -119,16 +158,29 @@ class ZeroAdamW:
         return flat
 
     def zero_grad(self) -> None:
+        self._grads.zero_()
         for p in self.params:
-            p.grad = None
+            p.got_grad = False
+            p.grad = None if self.state_dtype != self.dtype else p.main_grad
+
+    @torch.no_grad()
+    def _take_assigned_grads(self) -> None:
+        """A gradient assigned to `p.grad` directly (not accumulated by backward) replaces the accumulated one."""
+        for p in self.params:
+            g = p.grad
+            if g is not None and not (g.data_ptr() == p.main_grad.data_ptr() and g.dtype == p.main_grad.dtype):
+                p.main_grad.copy_(g)
+                p.got_grad = True
+                p.grad = None if self.state_dtype != self.dtype else p.main_grad
 
     @torch.no_grad()
     def step(self) -> bool:
         """One update; False when fp16's loss scaler found an overflow and the step was skipped."""
-        missing = [i for i, p in enumerate(self.params) if p.grad is None]
+        self._take_assigned_grads()
+        missing = [i for i, p in enumerate(self.params) if not p.got_grad]
         if missing:
             raise RuntimeError(f"parameters {missing} got no gradient this step")
-        grads = self._fill(self._grads, [p.grad for p in self.params])
+        grads = self._grads
         if self.dp_size > 1:
             dist.all_reduce(grads, group=self.group)
         g = grads[self.lo:self.lo + self.shard]
@@ -140,11 +192,7 @@ class ZeroAdamW:
             self.scaler.update(False)
         if self.clip_norm is not None:
             g.mul_(self._clip_coef(g))
-        if self.master is None:
-            w = self._fill(self._w, [p.detach() for p in self.params])
-            mine = w[self.lo:self.lo + self.shard]
-        else:
-            mine = self.master
+        mine = self.master if self.master is not None else self._w[self.lo:self.lo + self.shard]
         self.t += 1
         lr, (b1, b2) = self.lr, self.betas
         # torch.optim.AdamW's single-tensor update, operation for operation
@@ -153,29 +201,33 @@ class ZeroAdamW:
         self.m.lerp_(g, 1 - b1)
         self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
         step_size = lr / (1 - b1 ** self.t)
-        den = torch.sqrt(self.v, out=self._den).div_((1 - b2 ** self.t) ** 0.5).add_(self.eps)
+        # the gradient shard is spent: it holds the denominator, then the all-gather's input
+        den = torch.sqrt(self.v, out=g).div_((1 - b2 ** self.t) ** 0.5).add_(self.eps)
         mine.addcdiv_(self.m, den, value=-step_size)
         if self.master is not None:
             self._w[self.lo:self.lo + self.shard].copy_(mine)  # the low-precision rounding of the master
         if self.dp_size > 1:
-            src = self._low if self.master is not None else self._num
-            src.copy_(self._w[self.lo:self.lo + self.shard])  # the input apart from the outputs it is gathered into
+            # the input apart from the outputs it is gathered into: the spent gradient shard's bytes
+            src = g.view(self.dtype)[:self.shard]
+            src.copy_(self._w[self.lo:self.lo + self.shard])
             dist.all_gather(list(self._w.split(self.shard)), src, group=self.group)
-        off = 0
-        for p in self.params:
-            p.copy_(self._w[off:off + p.numel()].view_as(p))
-            off += p.numel()
         return True
 
     def _overflow(self, g: torch.Tensor) -> bool:
         """Any inf or NaN in any rank's gradients (every rank must skip the same steps)."""
-        bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0])
+        finite = all(bool(torch.isfinite(c).all()) for c in g.split(_CHUNK))  # a bool copy a chunk at a time
+        bad = torch.tensor([0.0 if finite else 1.0])
         if self.distributed_norm:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.norm_group)
         return bad.item() > 0
 
     def _clip_coef(self, g: torch.Tensor) -> float:
-        sumsq = (g.double().square() * self.owned_shard).sum().reshape(1).cpu()
+        # in fp64, a chunk at a time (a whole fp64 copy of the shard would be the step's largest allocation)
+        total = torch.zeros((), dtype=torch.float64, device=g.device)
+        for a, b in self._owned_runs:
+            for c in g[a:b].split(_CHUNK):
+                total += c.double().square().sum()
+        sumsq = total.reshape(1).cpu()
         if self.distributed_norm:
             dist.all_reduce(sumsq, group=self.norm_group)
         self.last_norm = math.sqrt(sumsq.item())

@@ -8,6 +8,7 @@ import time
 import torch
 
 from ..model import TPGroup
+from ..model.grads import grad_of
 from ..spec import ModelSpec
 from .build import build_chunks, make_optimizer, resume, schedule
 from .checkpoint import Checkpointer, slots
@@ -44,7 +45,7 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
         loss = model.loss(model(batch[:, :-1]), batch[:, 1:])
         (loss * scale).backward()
         if grads is not None:
-            grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+            grads.append({n: grad_of(p).detach().clone() for n, p in model.named_parameters()})
         opt.step()
         norms.append(opt.last_norm)
         losses.append(loss.item())

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..model.grads import grad_of
 from ..model.init import global_slice
 from .topology import Groups
 
@@ -25,8 +26,12 @@ def sync_tied_grads(named: list[tuple[str, nn.Parameter]], g: Groups, replica: i
     for p in ends:
         _, dim, a, b = global_slice(p, g.tp.rank, g.tp.size)
         rows = slice(a, b) if dim is not None else slice(None)
-        buf[rows] += p.grad.float().cpu()
-        spans.append((p, rows))
+        grad = grad_of(p)
+        buf[rows] += grad.float().cpu()
+        spans.append((grad, rows))
     dist.all_reduce(buf, group=g.tie)
-    for p, rows in spans:
-        p.grad = (buf[rows] if replica == 0 else torch.zeros_like(buf[rows])).to(p.grad.device, p.grad.dtype)
+    for grad, rows in spans:  # in place: the gradient is a view of the optimizer's flat buffer
+        if replica == 0:
+            grad.copy_(buf[rows])
+        else:
+            grad.zero_()

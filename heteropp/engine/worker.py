@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..model import StageModel
+from ..model.grads import grad_of
 from ..plan import Plan
 from .config import RunConfig
 from .build import TORCH_DTYPES, build_chunks, make_optimizer, resume
@@ -27,7 +28,7 @@ from .build import schedule as schedule_lr
 from .checkpoint import Checkpointer, slots
 from .data import Batches
 from .executor import StageExecutor
-from .metrics import StepLog, stage_peaks
+from .metrics import StepLog, mark_stage_start, stage_peaks
 from .straggler import StragglerWatch
 from .tied import sync_tied_grads
 from .p2p import P2P
@@ -41,7 +42,7 @@ def _shards(models: list[StageModel], grad: bool) -> dict[str, tuple[torch.Tenso
     """name -> (this rank's gradient or weight, TP shard dimension or None, TP ranks sharing that shard), over
     the stage's chunks (names carry global layer indices): what a test needs to line the shard up with the
     reference's full tensor."""
-    return {n: ((p.grad if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
+    return {n: ((grad_of(p) if grad else p).detach().cpu().clone(), p.shard_dim, getattr(p, "tp_replicas", 1))
             for model in models for n, p in model.named_parameters()}
 
 
@@ -61,6 +62,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     rows = plan.micro_batch_size // st.inner_dp  # this replica's slice of every micro-batch
     first_row = g.coord.inner * rows
     n, p = len(plan.stages), plan.devices
+    mark_stage_start()
     chunks = build_chunks(m, [(plan.stages[vs].layer_range, vs == 0, vs == n - 1, plan.stages[vs].recompute)
                               for vs in range(k, n, p)], g.tp, cfg.seed, opts, g.device)
     model = chunks[-1]  # the chunk that holds the head on the last stage

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .grads import accumulate, accumulate_linear
 from .init import full_init, shard
 from .parallel import TPGroup, copy_to_tp, reduce_from_tp
 
@@ -40,13 +41,11 @@ class WeightGradStore:
 
 
 def _accumulate(w: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
-    dw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-    w.grad = dw if w.grad is None else w.grad + dw
+    accumulate_linear(w, g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1]))
 
 
 def _accumulate_bias(b: torch.Tensor, g: torch.Tensor) -> None:
-    db = g.reshape(-1, g.shape[-1]).sum(0)
-    b.grad = db if b.grad is None else b.grad + db
+    accumulate(b, g.reshape(-1, g.shape[-1]).sum(0))
 
 
 class _Linear(torch.autograd.Function):

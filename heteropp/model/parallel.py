@@ -7,6 +7,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .grads import grad_of
+
 
 @dataclass(frozen=True)
 class TPGroup:
@@ -58,18 +60,18 @@ def sync_replicated_grads(params: list[torch.Tensor], tp: TPGroup) -> None:
     """Sum the gradients of parameters that `replicas` consecutive TP ranks hold identically (each rank's
     gradient covers only its own query heads). One all-reduce over the TP group for all of them: every
     rank writes its gradient into its replica set's slot of a zeroed buffer, so each slot sums its set."""
-    shared = [p for p in params if getattr(p, "tp_replicas", 1) > 1 and p.grad is not None]
+    shared = [(p, gp) for p in params if getattr(p, "tp_replicas", 1) > 1 and (gp := grad_of(p)) is not None]
     if not shared or tp.size == 1:
         return
-    reps = {p.tp_replicas for p in shared}
+    reps = {p.tp_replicas for p, _ in shared}
     if len(reps) != 1:
         raise ValueError(f"replicated parameters of one stage disagree on their replica count: {sorted(reps)}")
     slots = tp.size // reps.pop()
-    flat = torch.cat([p.grad.reshape(-1) for p in shared])
+    flat = torch.cat([gp.reshape(-1) for _, gp in shared])
     buf = torch.zeros(slots, flat.numel(), dtype=flat.dtype, device=flat.device)
     buf[tp.rank * slots // tp.size] = flat
     tp.all_reduce(buf)
     summed, offset = buf[tp.rank * slots // tp.size], 0
-    for p in shared:
-        p.grad = summed[offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    for _, gp in shared:
+        gp.copy_(summed[offset:offset + gp.numel()].view_as(gp))  # in place: it may be a view of a flat buffer
+        offset += gp.numel()

@@ -5,8 +5,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .grads import accumulate_rows
 from .init import full_init, shard
 from .parallel import TPGroup, reduce_from_tp
+
+
+class _Lookup(torch.autograd.Function):
+    """nn.functional.embedding whose backward adds the rows' gradients straight into the weight's gradient
+    (autograd's embedding backward makes a dense gradient of the whole table first)."""
+
+    @staticmethod
+    def forward(ctx, tokens: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(tokens)
+        ctx.param = w  # the parameter itself, not a saved alias (see _Linear)
+        return nn.functional.embedding(tokens, w)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (tokens,) = ctx.saved_tensors
+        accumulate_rows(ctx.param, tokens.reshape(-1), g.reshape(-1, g.shape[-1]))
+        return None, None
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -20,10 +38,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return nn.functional.embedding(tokens, self.weight)
+            return _Lookup.apply(tokens, self.weight)
         local = tokens - self.tp.rank * self.per_rank
         outside = (local < 0) | (local >= self.per_rank)
-        out = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
+        out = _Lookup.apply(local.masked_fill(outside, 0), self.weight)
         return reduce_from_tp(out.masked_fill(outside.unsqueeze(-1), 0.0), self.tp)
 
 
@@ -32,26 +50,29 @@ class _VocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+        # One fp32 tokens x vocabulary buffer beside the logits, worked in place (shifted, then exp, then the
+        # softmax that backward turns into the gradient): these are the largest tensors of the last stage.
         ctx.shape = logits.shape
-        logits = logits.reshape(-1, logits.shape[-1]).float()
+        logits = logits.reshape(-1, logits.shape[-1])
         target = target.reshape(-1)
-        vmax = tp.all_reduce(logits.max(dim=-1).values, op=dist.ReduceOp.MAX)
-        shifted = logits - vmax.unsqueeze(-1)
-        exp = shifted.exp()
-        sum_exp = tp.all_reduce(exp.sum(dim=-1))
+        vmax = tp.all_reduce(logits.max(dim=-1).values.float(), op=dist.ReduceOp.MAX)
+        shifted = logits.float() - vmax.unsqueeze(-1) if logits.dtype == torch.float32 else \
+            logits.float().sub_(vmax.unsqueeze(-1))
         local = target - tp.rank * logits.shape[-1]
         inside = (local >= 0) & (local < logits.shape[-1])
         idx = local.clamp(0, logits.shape[-1] - 1)
         picked = shifted.gather(1, idx.unsqueeze(1)).squeeze(1) * inside
         picked = tp.all_reduce(picked)
-        softmax = exp / sum_exp.unsqueeze(-1)
+        exp = shifted.exp_()
+        sum_exp = tp.all_reduce(exp.sum(dim=-1))
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, idx, inside)
         return (sum_exp.log() - picked).mean()
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         softmax, idx, inside = ctx.saved_tensors
-        grad = softmax.clone()
+        grad = softmax  # in place: the softmax is needed by this one backward only
         grad[torch.arange(len(idx)), idx] -= inside.to(grad.dtype)
         return grad.mul_(g / len(idx)).view(ctx.shape), None, None
 
