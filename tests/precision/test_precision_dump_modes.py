@@ -160,3 +160,27 @@ def test_a_capture_marks_which_random_ops_drew(tmp_path):
 
 def aten_tagged_random(name: str) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(torch.ops.aten, name).default.tags
+
+
+def test_tensor_stats_against_float64_on_nonfinite_integer_and_16_bit_tensors():
+    """The statistics of a stats capture (one aminmax, a float64 copy's sum and dot product) against
+    plain float64 torch over the finite values, with NaN/Inf counted apart."""
+    from ditorch_precision.summaries import tensor_stats
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1000, generator=g) * 3
+    with_nan = base.clone()
+    with_nan[[3, 500]] = float("nan")
+    with_nan[7] = float("-inf")
+    for t, nan, inf in ((base, 0, 0), (with_nan, 2, 1), (base.bfloat16(), 0, 0), (torch.arange(-5, 9), 0, 0),
+                        (torch.full((4,), float("inf")), 0, 4)):
+        s = tensor_stats(t)
+        assert (s["nan"], s["inf"], s["numel"]) == (nan, inf, t.numel())
+        x = t.double()
+        x = x[x.isfinite()]
+        if not x.numel():
+            assert "mean" not in s
+            continue
+        assert (s["min"], s["max"]) == (float(x.min()), float(x.max()))
+        assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15)
+        assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12)
