@@ -2,10 +2,14 @@
 veth pair whose both ends are shaped with `tc` (token bucket: the cross-cluster link's rate). Ranks run inside their
 cluster's namespace (`ip netns exec`), so the only traffic between clusters crosses that link, on
 addresses of namespaces created here. Needs root, `ip` and `tc`; `two_clusters` raises Unavailable with
-the reason otherwise. Delay shaping (netem) is used when the kernel has it."""
+the reason otherwise. Delay shaping (netem) is used when the kernel has it. The two ends take the first two
+host addresses of a subnet: `subnet=`, else $HETEROPP_NETNS_SUBNET, else a 10.x.y.0/24 picked from the pid
+(choose one where it would clash with a network of this host)."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import itertools
 import json
 import os
 import shutil
@@ -40,18 +44,42 @@ def _tc(ns: str, *args: str) -> bool:
     return subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True).returncode == 0
 
 
+SUBNET_ENV = "HETEROPP_NETNS_SUBNET"
+
+
+def end_addresses(subnet: str | None = None) -> tuple[str, str, int]:
+    """The two ends' addresses and the prefix length: the first two hosts of `subnet` (IPv4, CIDR, at least
+    two hosts), of $HETEROPP_NETNS_SUBNET when not given, else of a 10.x.y.0/24 picked from the pid."""
+    where = "subnet" if subnet is not None else SUBNET_ENV
+    subnet = subnet if subnet is not None else os.environ.get(SUBNET_ENV)
+    if subnet is None:
+        subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}.0/24"
+    try:
+        net = ipaddress.IPv4Network(subnet, strict=False)
+    except ValueError as e:
+        raise ValueError(f"{where}: {subnet!r} is not an IPv4 network ({e}); expected CIDR such as "
+                         "10.201.7.0/24") from None
+    hosts = list(itertools.islice(net.hosts(), 2))
+    if len(hosts) < 2 or net.prefixlen > 30:
+        raise ValueError(f"{where}: {subnet!r} has fewer than two host addresses; expected a prefix of /30 or "
+                         "shorter")
+    return str(hosts[0]), str(hosts[1]), net.prefixlen
+
+
 @contextlib.contextmanager
-def two_clusters(rate: str = "1gbit", delay: str = "1ms") -> Iterator[tuple[Cluster, Cluster, bool]]:
-    """(cluster A, cluster B, whether the delay could be emulated); the namespaces are removed on exit."""
+def two_clusters(rate: str = "1gbit", delay: str = "1ms",
+                 subnet: str | None = None) -> Iterator[tuple[Cluster, Cluster, bool]]:
+    """(cluster A, cluster B, whether the delay could be emulated); the namespaces are removed on exit.
+    `subnet`: the link's addresses (end_addresses)."""
+    first, second, prefix = end_addresses(subnet)
     if os.geteuid() != 0:
         raise Unavailable("network namespaces need root")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise Unavailable(f"`{tool}` is not installed")
     tag = f"{os.getpid() % 100000}"
-    net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
-    a = Cluster(f"hpA{tag}", f"hpa{tag}", f"{net}.1")
-    b = Cluster(f"hpB{tag}", f"hpb{tag}", f"{net}.2")
+    a = Cluster(f"hpA{tag}", f"hpa{tag}", first)
+    b = Cluster(f"hpB{tag}", f"hpb{tag}", second)
     made: list[str] = []
     try:
         for c in (a, b):
@@ -61,7 +89,7 @@ def two_clusters(rate: str = "1gbit", delay: str = "1ms") -> Iterator[tuple[Clus
         delayed = True
         for c in (a, b):
             _ip("link", "set", c.ifname, "netns", c.netns)
-            _ip("-n", c.netns, "addr", "add", f"{c.address}/24", "dev", c.ifname)
+            _ip("-n", c.netns, "addr", "add", f"{c.address}/{prefix}", "dev", c.ifname)
             _ip("-n", c.netns, "link", "set", c.ifname, "up")
             _ip("-n", c.netns, "link", "set", "lo", "up")
             if not _tc(c.netns, "qdisc", "add", "dev", c.ifname, "root", "netem", "delay", delay, "rate", rate):

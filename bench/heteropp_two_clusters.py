@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.heteropp_netns import Unavailable, run_across, two_clusters
+from bench.heteropp_netns import Unavailable, end_addresses, run_across, two_clusters
 from heteropp.auto.simulator import StageTimes, simulate
 from heteropp.engine import RunConfig
 from heteropp.plan import Plan, StagePlan
@@ -119,11 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--json")
+    ap.add_argument("--subnet", help="the emulated link's IPv4 network, CIDR (default: $HETEROPP_NETNS_SUBNET, "
+                    "else a 10.x.y.0/24 from the pid; bench/heteropp_netns.py)")
     ap.add_argument("--plans", action="store_true", help="HeteroAuto's plans with the link priced and ignored")
     a = ap.parse_args(argv)
+    try:
+        end_addresses(a.subnet)
+    except ValueError as e:
+        ap.error(f"--subnet: {e}")
     if a.plans:
         try:
-            with two_clusters(rate=a.rate) as clusters, tempfile.TemporaryDirectory() as tmp:
+            with two_clusters(rate=a.rate, subnet=a.subnet) as clusters, tempfile.TemporaryDirectory() as tmp:
                 out = compare_plans(a, clusters, Path(tmp))
         except Unavailable as e:
             print(f"skipped: {e}")
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                                       timeout_s=300)
     transfer = MODEL.seq_len * MODEL.hidden * 4 / rate_bytes_s(a.rate)
     try:
-        with two_clusters(rate=a.rate) as clusters, tempfile.TemporaryDirectory() as tmp:
+        with two_clusters(rate=a.rate, subnet=a.subnet) as clusters, tempfile.TemporaryDirectory() as tmp:
             timing = Path(tmp) / "timing"
             timing.mkdir()
             run_across(Path(tmp), cfg(plan, ["1f1b"]), clusters, {"HETEROPP_TIMING": str(timing)})
