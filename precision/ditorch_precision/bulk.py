@@ -42,6 +42,10 @@ class PendingWrites:
                 leaves = self._items[key][0]
                 leaves[i] = leaves[i].clone()
 
+    def storages(self) -> set[int]:
+        """The storage addresses of the held tensors that are the program's own (not copies)."""
+        return set(self._held)
+
     def take(self) -> dict:
         """The held payloads by key (and forget them)."""
         for entries in self._held.values():

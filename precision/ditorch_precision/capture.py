@@ -27,6 +27,7 @@ from .signature import signature
 from .summaries import MODES, summarise
 from .unwritten import ALLOCATORS, Unwritten
 from .tool import Tool
+from .writer import BackgroundWriter
 
 log = logging.getLogger("precision")
 
@@ -80,7 +81,8 @@ class Capture(Tool):
     index, no tensor files) or "checksum" (per output: a hash of its bytes).
     ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
     ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
-    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile. Without it, a
+    through ``Dump``); it holds up to a step's captured tensors in memory meanwhile, and
+    ``background=True`` (the default) saves the part files on a thread of their own. Without it, a
     tensor an earlier op's file holds, unchanged since (same tensor, same version counter), is
     written as a reference to that file, not again."""
 
@@ -88,7 +90,7 @@ class Capture(Tool):
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
                  save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20,
-                 module_outputs: bool = True, mode: str = "full", **kwargs) -> None:
+                 module_outputs: bool = True, mode: str = "full", background: bool = True, **kwargs) -> None:
         if mode not in MODES:
             raise ValueError(f"capture mode {mode!r}; expected one of {', '.join(MODES)}")
         self.wants_module_outputs = module_outputs
@@ -98,6 +100,8 @@ class Capture(Tool):
         self._n_module_records = 0
         self.bulk, self.bulk_bytes = bulk, bulk_bytes
         self._pending = PendingWrites() if bulk else None
+        self.background = background and bulk and mode == "full"
+        self._writer: BackgroundWriter | None = None
         self._n_parts = 0
         self.path_template = path
         self.path = path
@@ -122,6 +126,8 @@ class Capture(Tool):
         os.makedirs(os.path.join(self.path, "tensors"), exist_ok=True)
         self._index = open(os.path.join(self.path, INDEX), "w")
         self._t0 = time.time()
+        if self.background:  # CRC32 kept there: off the training thread, and no global option toggled
+            self._writer = BackgroundWriter(lambda payload, path: torch.save(payload, path))
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
@@ -347,11 +353,13 @@ class Capture(Tool):
     def _dispatch(self, func, args, kwargs):
         if self.transfers.waiting:
             self.transfers.before_op(op_info(func), args, kwargs, self.quiet)
-        if self._pending or self._written or self._storage_files:  # every op that writes a held or named tensor
-            info = op_info(func)
+        if self._pending or self._written or self._storage_files or self._writer:  # every op that writes a
+            info = op_info(func)                                                    # held or named tensor
             if info.mutates:
                 with self.quiet():
                     written = info.written_tensors(args, kwargs)
+                    if self._writer:  # a part being written holds it
+                        self._writer.wait_for(written)
                     if self._pending:
                         self._pending.guard(written)
                     for t in written:  # also through an alias with its own version counter (``.data``)
@@ -369,8 +377,13 @@ class Capture(Tool):
     def flush(self) -> None:
         """Bulk mode: write the held tensors now."""
         if self._pending:
+            path = os.path.join(self.path, self._part_name())
             with self.quiet():  # also called from an optimizer hook, where the mode is active
-                _save(self._pending.take(), os.path.join(self.path, self._part_name()))
+                if self._writer is not None:
+                    storages = self._pending.storages()
+                    self._writer.submit(path, self._pending.take(), storages)
+                else:
+                    _save(self._pending.take(), path)
             self._n_parts += 1
 
     def on_step(self) -> None:
@@ -378,6 +391,9 @@ class Capture(Tool):
 
     def finish(self) -> None:
         self.flush()
+        if self._writer is not None:  # every part handed over is on disk before meta.json says the capture is whole
+            writer, self._writer = self._writer, None
+            writer.close()
         self.transfers.resolve_all(self.quiet)
         if self.transfers.records:
             write_transfers(self.path, self.transfers.records)
