@@ -218,11 +218,17 @@ class Dump:
 
     def file_path(self, rec: dict) -> str:
         """The record's tensor file, which must lie inside the capture directory."""
-        root = os.path.realpath(self.path)
+        # checked once per file name: realpath walks every component with a system call
+        checked = self.__dict__.setdefault("_checked_files", {})
+        path = checked.get(rec["file"])
+        if path is not None:
+            return path
+        root = self.__dict__.get("_root") or self.__dict__.setdefault("_root", os.path.realpath(self.path))
         path = os.path.realpath(os.path.join(root, rec["file"]))
         if os.path.commonpath([root, path]) != root:
             raise DumpError(f"{self.path}: op {rec['op']} #{rec['index']} names file {rec['file']!r} outside the "
                             "capture directory; refusing to read it")
+        checked[rec["file"]] = path
         return path
 
     def load(self, rec: dict) -> dict | None:
