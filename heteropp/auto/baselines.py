@@ -71,7 +71,7 @@ def type_subsets(cl: Cluster) -> list[tuple[str, ...]]:
     if n <= ALL_SUBSETS_TYPES:
         return [s for k in range(1, n) for s in itertools.combinations(names, k)]
     flops = sorted(cl.chips, key=lambda c: (-c.count * c.peak_tflops * c.efficiency, c.name))
-    out = [(c.name,) for c in cl.chips]
+    out: list[tuple[str, ...]] = [(c.name,) for c in cl.chips]
     most = n if cl.total_chips <= LARGE_CHIPS else min(n, 4)
     out += [tuple(c.name for c in flops[:k]) for k in range(2, most)]
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
-from typing import Iterator
+from typing import Any, Iterator
 
 from .costs import StageSpec, micro_batches, virtual_stages
 from .plan_sim import simulate_stages
@@ -17,7 +17,8 @@ from .space import dp_candidates
 WARMUP_STEPS = 4  # H-1F1B: every extra warm-up 0 .. WARMUP_STEPS - 1 per boundary
 
 
-def schedule_options(schedule: str, stages: list[StageSpec], b: int) -> Iterator[tuple[dict, list[StageSpec]]]:
+def schedule_options(schedule: str, stages: list[StageSpec],
+                     b: int) -> Iterator[tuple[dict[str, Any], list[StageSpec]]]:
     """Every parameter value of `schedule` on `stages`, with the stages the simulator runs: interleaved
     1F1B's chunks up to the smallest stage's layers (when the micro-batches come in groups of the stages),
     H-1F1B's extra warm-ups, or the schedule's one option without parameters."""
@@ -33,13 +34,13 @@ def schedule_options(schedule: str, stages: list[StageSpec], b: int) -> Iterator
         yield {}, stages
 
 
-def brute_force(pb: Problem) -> tuple[float, int, list[StageSpec], dict]:
+def brute_force(pb: Problem) -> tuple[float, int, list[StageSpec], dict[str, Any]]:
     """The least simulated time of any plan of one-chip stages (tp 1) with any parameters that fit in
     memory, with its dp, stages and parameters (inf and no stages when none fits). A stage recomputes only
     where it does not fit otherwise: recompute adds compute and no transfer, and a stage's memory depends on
     its own flag alone, so that choice loses no plan."""
     cm, sched = pb.cm, pb.train.schedule
-    best: tuple[float, int, list[StageSpec], dict] = (math.inf, 0, [], {})
+    best: tuple[float, int, list[StageSpec], dict[str, Any]] = (math.inf, 0, [], {})
     for dp, b, seq in one_chip_sequences(pb):
         caps = [cm.cluster.chip(c).usable_bytes for c in seq]
         for split in compositions(cm.model.layers, len(seq)):

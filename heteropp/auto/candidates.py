@@ -3,7 +3,7 @@ with its statistics and, for a bounded search, the limits that applied and a low
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..spec import InfeasibleError
 from .costs import StageSpec
@@ -18,7 +18,7 @@ class Candidate:
     stages: list[StageSpec]
     label: str = ""
     # schedule parameters the re-rank's local search found (planning.refine), tried next to the usual options
-    params: dict | None = None
+    params: dict[str, Any] | None = None
 
 
 @dataclass

@@ -94,14 +94,15 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     except ScheduleError as e:  # the schedule cannot run this plan (interleaved: micro-batches vs stages)
         raise SpecError(a.plan, "stages", f"schedule {name!r} cannot run the plan: {e}",
                         f"a plan that {name!r} runs, or another --schedule") from None
-    out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
-           "peak_memory_gb": [m / 1e9 for m in r.peak_memory_bytes], "schedule": name,
-           "schedule_params": plan.schedule_params}
+    peaks = [m / 1e9 for m in r.peak_memory_bytes]
+    out = {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction, "peak_memory_gb": peaks,
+           "schedule": name, "schedule_params": plan.schedule_params}
     print(f"simulated iteration {r.iteration_time_s:.4f} s, bubble {100 * r.bubble_fraction:.1f}%"
           + (f", {name} {plan.schedule_params}" if plan.schedule_params else ""))
-    for i, (m, st) in enumerate(zip(out["peak_memory_gb"], plan.stages)):
+    for i, (peak, st) in enumerate(zip(peaks, plan.stages)):
         cap = pb.cluster.chip(st.chip).usable_bytes / 1e9
-        print(f"  stage {i}: peak {m:.2f} GB" + (f" EXCEEDS the {cap:.2f} GB usable on {st.chip}" if m > cap else ""))
+        print(f"  stage {i}: peak {peak:.2f} GB"
+              + (f" EXCEEDS the {cap:.2f} GB usable on {st.chip}" if peak > cap else ""))
     if a.png:
         from .timeline import write_png
         print(write_png(r, a.png) or f"wrote {a.png}")
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
-        return a.fn(a)
+        code: int = a.fn(a)
+        return code
     except (SpecError, InfeasibleError) as e:
         print(f"heteroauto: error: {e}", file=sys.stderr)
         return 2

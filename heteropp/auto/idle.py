@@ -58,12 +58,17 @@ def search_idle(cm: CostModel, limits: Limits = DEFAULT_LIMITS, progress: Progre
             for c in chips:
                 ok = [t for t in tp_sizes(c, *counts) if t * dp <= c.count]
                 if not ok:
-                    tps.append(0), caps.append(0), rates.append(0.0), fills.append(math.inf)
+                    tps.append(0)
+                    caps.append(0)
+                    rates.append(0.0)
+                    fills.append(math.inf)
                     continue
                 cost = {t: max(b * cm.coef(c.name, t, False, dp).tau - cm.coef(c.name, t, False, dp).beta, 1e-300)
                         for t in ok}
                 t = max(ok) if policy == "largest" else min(ok, key=lambda x: cost[x] * x)
-                tps.append(t), caps.append(min(L, c.count // (dp * t))), rates.append(1 / cost[t])
+                tps.append(t)
+                caps.append(min(L, c.count // (dp * t)))
+                rates.append(1 / cost[t])
                 fills.append(cm.coef(c.name, t, False, dp).beta)
             for depth in sorted({min(d, L) for d in DEPTHS}):
                 for fastest in (True, False):
@@ -100,7 +105,7 @@ def search_idle(cm: CostModel, limits: Limits = DEFAULT_LIMITS, progress: Progre
         if res is None:
             continue
         stages = [StageSpec(ch, t, n, r) for (ch, t), n, r in zip(seq, res.layers, res.recompute)]
-        used = {}
+        used: dict[str, int] = {}
         for ch, t in seq:
             used[ch] = used.get(ch, 0) + t * dp
         label = f"dp={dp} idle " + " ".join(f"{c.name}:{c.count - used.get(c.name, 0)}" for c in chips)

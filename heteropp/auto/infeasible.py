@@ -32,14 +32,14 @@ def explain_infeasible(cm: CostModel, idle: bool = False) -> str:
                        f"model allows (the TP rule: heads, kv_heads, ffn and vocab)")
     fewest = {dp: sum(min(s for _, s in o) for o in opts.values()) for dp, opts in options.items() if not unsplit[dp]}
     if min(fewest.values()) > L and not idle:
-        dp = min(fewest, key=fewest.get)
+        dp = min(fewest, key=lambda d: fewest[d])
         return head + (f"every chip serves in a stage and every stage holds at least one layer, but the fewest "
                        f"stages any data-parallel size allows is {fewest[dp]} (dp={dp}, each type at its largest "
                        f"TP size), more than the {L} layers")
     most = {dp: sum(max(s * cm.max_layers(n, t, True, dp, 1, False, False) for t, s in o) for n, o in opts.items())
             for dp, opts in options.items() if not unsplit[dp]}
     if max(most.values()) < L:
-        dp = max(most, key=most.get)
+        dp = max(most, key=lambda d: most[d])
         return head + (f"memory: even with recompute and one micro-batch in flight the chips hold at most "
                        f"{most[dp]} layers (dp={dp}), fewer than the {L} layers ({usable})")
     for which, first in (("embedding", True), ("output head", False)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .costs import CostModel, micro_batches
 from .space import tp_counts, tp_sizes
@@ -62,7 +63,7 @@ def type_orders(memory: list[float], limit: int) -> tuple[list[tuple[int, ...]],
     return list(seen), True
 
 
-def trim_choices(choices: list[list], budget: int) -> bool:
+def trim_choices(choices: list[list[Any]], budget: int) -> bool:
     """Cut the longest per-type choice lists (in place, keeping their first entries: whole types before
     groups) until their product fits `budget`; True when anything was cut."""
     cut = False

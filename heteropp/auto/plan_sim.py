@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..plan import Plan
 from ..schedules import h1f1b_extra, harp_launch_extra, kind
@@ -15,7 +16,7 @@ def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[S
     return cm.stage_times(stages, dp)
 
 
-def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str) -> dict:
+def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str) -> dict[str, Any]:
     """Parameters of a schedule that takes some, derived from the plan's costs (H-1F1B: HARP's extra
     warm-up per boundary from its transfer time over the bottleneck stage's compute)."""
     if "extra_warmup" not in kind(schedule).params:
@@ -33,12 +34,13 @@ def launch_warmup(cm: CostModel, stages: list[StageSpec], dp: int) -> list[int]:
 
 
 def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
-                    keep_timeline: bool = False, limit: float = math.inf, params: dict | None = None) -> SimResult:
+                    keep_timeline: bool = False, limit: float = math.inf,
+                    params: dict[str, Any] | None = None) -> SimResult:
     """`params`: the schedule's parameters; derived from the costs (schedule_params) when it needs some
     and none are given."""
     st, es = stage_times(cm, stages, dp)
     name, b = schedule or cm.train.schedule, micro_batches(cm.train, dp)
-    sched: str | list = name
+    sched: str | list[Any] = name
     if kind(name).params:
         params = params or schedule_params(cm, stages, dp, name)
         sched = built_schedule(name, len(stages) // kind(name).chunks(params), b, params)
@@ -46,7 +48,7 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
 
 
 def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str | None = None,
-                   params: dict | None = None) -> float:
+                   params: dict[str, Any] | None = None) -> float:
     """The simulated iteration time alone (makespan.py: the same recurrence, no event loop); `stages`:
     the virtual stages where the schedule interleaves."""
     st, es = stage_times(cm, stages, dp)

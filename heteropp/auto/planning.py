@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..plan import Plan, StagePlan
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec, load_cluster, load_model, load_train
@@ -209,7 +209,7 @@ def with_params_timed(pb: Problem, res: SearchResult) -> SearchResult:
     return replace(res, best=timed[0], runners_up=timed[1:], objective_s=res.best.time_s)
 
 
-def _moves(pb: Problem, cand: Candidate, params: dict) -> Iterator[Candidate]:
+def _moves(pb: Problem, cand: Candidate, params: dict[str, Any]) -> Iterator[Candidate]:
     """`cand` one layer away, each fitting in memory: one layer moved from one stage to another (every stage
     keeps a layer; the stage that gains it recomputes where it then fits only so, the one that loses it
     stops recomputing where it then fits without). Each carries `params`, the best found so far, as an
@@ -238,7 +238,7 @@ def _warmup_steps(pb: Problem, cand: Candidate, extra: list[int] | None, moved: 
                 yield trial
 
 
-def _layer_moves(pb: Problem, cand: Candidate, params: dict, gap: int) -> Iterator[Candidate]:
+def _layer_moves(pb: Problem, cand: Candidate, params: dict[str, Any], gap: int) -> Iterator[Candidate]:
     """_moves' layer moves between stages `gap` apart, either way."""
     cm, dp = pb.cm, cand.dp
     b = micro_batches(pb.train, dp)
@@ -340,13 +340,13 @@ WARMUP_SCALES = (0.0, 0.5, 1.0, 1.5, 2.0)  # H-1F1B options: HARP's extra warm-u
 MAX_CHUNKS = 4  # interleaved 1F1B options: 1 .. this many model chunks per stage
 
 
-def choose_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec]]:
+def choose_params(pb: Problem, cand: Candidate) -> tuple[dict[str, Any], list[StageSpec]]:
     """best_params without the simulated time."""
     params, stages, _ = best_params(pb, cand)
     return params, stages
 
 
-def best_params(pb: Problem, cand: Candidate) -> tuple[dict, list[StageSpec], float]:
+def best_params(pb: Problem, cand: Candidate) -> tuple[dict[str, Any], list[StageSpec], float]:
     """The parameters of the plan's schedule and the stages the plan lists (virtual stages when it
     interleaves), the option (param_options) the simulator finds fastest. Ties go to the smaller option.
     Also returns its simulated time."""
@@ -371,7 +371,7 @@ def least_estimate(pb: Problem, cand: Candidate) -> float:
                               sched, round_trips=True, params=q).iteration_time_s for q, st in options)
 
 
-def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSpec]]]:
+def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict[str, Any], list[StageSpec]]]:
     """The parameter options of the plan's schedule that fit in memory, with the stages the simulator runs
     for each (empty for a schedule without parameters): H-1F1B's extra warm-up as HARP's paper rule scaled
     by WARMUP_SCALES (0: plain 1F1B), as HARP's code launches it (launch_warmup: none on fast boundaries),
@@ -382,7 +382,7 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
     from .plan_sim import launch_warmup, schedule_params
     sk, cm, dp = kind(pb.train.schedule), pb.cm, cand.dp
     b, p = micro_batches(pb.train, dp), len(cand.stages)
-    options: list[tuple[dict, list[StageSpec]]] = []
+    options: list[tuple[dict[str, Any], list[StageSpec]]] = []
     if "extra_warmup" in sk.params:
         rule = schedule_params(cm, cand.stages, dp, pb.train.schedule)["extra_warmup"]
         seen: list[list[int]] = []
@@ -413,7 +413,7 @@ def param_options(pb: Problem, cand: Candidate) -> list[tuple[dict, list[StageSp
     return options
 
 
-def recompute_to_fit(pb: Problem, cand: Candidate, params: dict) -> list[StageSpec] | None:
+def recompute_to_fit(pb: Problem, cand: Candidate, params: dict[str, Any]) -> list[StageSpec] | None:
     """The plan's stages with recompute turned on where a stage does not fit its in-flight activations under
     `params` otherwise (interleaved 1F1B holds more than the 1F1B the search checked; a stage's memory
     depends on its own flag alone), or None where one does not fit even so."""
@@ -432,7 +432,8 @@ def recompute_to_fit(pb: Problem, cand: Candidate, params: dict) -> list[StageSp
     return None
 
 
-def warmup_within_memory(pb: Problem, cand: Candidate, extra: list[int] | None = None) -> tuple[dict, list[float]]:
+def warmup_within_memory(pb: Problem, cand: Candidate,
+                         extra: list[int] | None = None) -> tuple[dict[str, Any], list[float]]:
     """H-1F1B's parameters for the searched plan (`extra`, by default HARP's extra warm-up per boundary
     from the costs), each boundary's extra cut back, largest first, until every stage holds its in-flight
     activations within its usable memory; and the stages' memory then."""

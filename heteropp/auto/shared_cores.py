@@ -19,7 +19,7 @@ as many cores as ranks the result equals simulator.simulate's iteration time.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..schedules import Action, Schedule
 from ..schedules.actions import deps_done
@@ -63,14 +63,14 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
     pos = [0] * p
     updated = [False] * p
     finish = [0.0] * p
-    running: dict[int, list] = {}  # stage -> [action (None: the update), remaining work in seconds alone]
+    running: dict[int, list[Any]] = {}  # stage -> [action (None: the update), remaining work in seconds alone]
     done: set[tuple[int, str, int]] = set()
     arrive: dict[tuple[int, str, int], float] = {}
     fwd_chan = [0.0] * max(p - 1, 0)
     bwd_chan = [0.0] * max(p - 1, 0)
     now = 0.0
 
-    def startable(s: int) -> list | None:
+    def startable(s: int) -> list[Any] | None:
         if pos[s] == len(sched[s]):
             if updated[s]:
                 return None
