@@ -47,7 +47,9 @@ def _shard_layers(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bo
         return None
     w = [s / tau for s, tau in zip(spps, taus)]
     ls = [min(c, max(s, round(L * x / sum(w)))) for c, s, x in zip(caps, spps, w)]
-    stage_t = lambda i, nl: math.ceil(nl / spps[i]) * taus[i]  # noqa: E731
+    def stage_t(i: int, nl: int) -> float:
+        return math.ceil(nl / spps[i]) * taus[i]
+
     while sum(ls) > L:
         i = max((i for i in range(len(ls)) if ls[i] > spps[i]), key=lambda i: stage_t(i, ls[i]))
         ls[i] -= 1
@@ -74,20 +76,22 @@ def _h2_cost(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bool], 
 
 def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, progress: Progress | None,
          tie_recompute: list[int] | None = None, prune: bool = True,
-         beat: float = math.inf) -> tuple[list[tuple[float, int, list]], int]:
+         beat: float = math.inf) -> tuple[list[tuple[float, int, list[Any]]], int]:
     """The feasible (cost, dp, config) leaves sorted by cost (ties in the order of the DFS over dps in
     order), and how many were evaluated. With `prune`, a branch whose least possible cost (_Bound) is above
     the best leaf found so far, or above `beat`, is not entered: the first leaf returned is the one the full DFS returns
     first (no leaf it skips costs as little), at a fraction of the leaves (Exp-B: 186,144 without)."""
-    found: list[tuple[float, int, list]] = []
+    found: list[tuple[float, int, list[Any]]] = []
     evaluated = 0
     chips = {c.name: c for c in cm.cluster.chips}
     counts = tp_counts(cm.model)
-    caps: dict[tuple, int] = {}
+    caps: dict[tuple[Any, ...], int] = {}
 
-    def caps_of(*key: Any, zero1: bool) -> int:
+    def caps_of(chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
+                zero1: bool) -> int:
+        key = (chip, tp, recompute, dp, n, first, last, zero1)
         if key not in caps:
-            caps[key] = cm.max_layers(*key, zero1=zero1)
+            caps[key] = cm.max_layers(chip, tp, recompute, dp, n, first, last, zero1=zero1)
         return caps[key]
 
     best = beat
@@ -133,13 +137,18 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                     continue
                 same = [rs[j] for j in range(i) if ents[j].chip == e.chip] if tie_recompute is not None else []
                 for r in ([same[0]] if same else [False, True]):
-                    tps.append(t), rs.append(r)
+                    tps.append(t)
+                    rs.append(r)
                     rec(i + 1, dp, b, tps, rs, opts, bound, di)
-                    tps.pop(), rs.pop()
+                    tps.pop()
+                    rs.pop()
 
         rec(0, dp, b, [], [])
     found.sort(key=lambda x: (x[0], order[id(x[2])]))
     return found, evaluated
+
+
+Part = tuple[float, float, int, float]  # _Bound's per entity: tau, s / tau, most layers, the level it caps at
 
 
 class _Bound:
@@ -165,13 +174,16 @@ class _Bound:
         self.rest_stages = [sum(fewest[i:]) for i in range(len(ents) + 1)]
         held = [sk.in_flight(0, q, b, {}) for q in range(1, self.L + 1)]
         floor = [min(held[q:]) for q in range(self.L)]
-        self.in_flight = lambda p: floor[p - 1] if 1 <= p <= self.L else sk.in_flight(0, p, b, {})
+        self.floor, self.sk = floor, sk
         # per entity over its options: (least tau, most s / tau, most layers) at each in-flight floor n
         self.opts = opts
-        self.best: dict[tuple[int, int], tuple[float, float, int]] = {}
-        self.seen: dict[tuple, tuple[float, float, int]] = {}
+        self.best: dict[tuple[int, int, int, tuple[bool, ...]], Part] = {}
+        self.seen: dict[tuple[str, int, int, bool, int], Part] = {}
 
-    def _entity(self, i: int, t: int, r: bool, n: int) -> tuple[float, float, int, float]:
+    def in_flight(self, p: int) -> int:
+        return self.floor[p - 1] if 1 <= p <= self.L else self.sk.in_flight(0, p, self.b, {})
+
+    def _entity(self, i: int, t: int, r: bool, n: int) -> Part:
         """(tau, s / tau, the most layers, the level its stages fill at) of entity i at (t, r)."""
         key = (self.ents[i].chip, self.ents[i].chips, t, r, n)
         if key not in self.seen:
@@ -181,7 +193,7 @@ class _Bound:
             self.seen[key] = (tau, s / tau, cap, cap * tau / s)
         return self.seen[key]
 
-    def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> tuple[float, float, int, float]:
+    def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> Part:
         key = (i, n, tmax, rs)
         if key not in self.best:
             xs = [self._entity(i, t, r, n) for t in self.opts[i] if t <= tmax for r in rs]
@@ -211,20 +223,20 @@ class _Bound:
             return math.inf
         # the level Z: entities fill at rate s / tau until their cap, in order of the level they cap at
         left, rate, z = float(L), sum(p[1] for p in parts), 0.0
-        for _, r, _, at in sorted(parts, key=_LEVEL):
-            if r <= 0 or rate * (at - z) >= left:
+        for _, fill, _, at in sorted(parts, key=_LEVEL):
+            if fill <= 0 or rate * (at - z) >= left:
                 break
             left -= rate * (at - z)
-            z, rate = at, rate - r
+            z, rate = at, rate - fill
         if rate > 0:
             z += left / rate
-        total, left = 0.0, L
-        for tau, _, c, _ in sorted(parts):
-            if c >= left:
-                total += left * tau
+        total, short = 0.0, L
+        for tau, _, cap, _ in sorted(parts):
+            if cap >= short:
+                total += short * tau
                 break
-            total += c * tau
-            left -= c
+            total += cap * tau
+            short -= cap
         return (self.b - 1) * z + total
 
 
@@ -232,7 +244,7 @@ ANY_TP, BOTH = 1 << 30, (False, True)  # _Bound: no TP limit, either recompute f
 _LEVEL = operator.itemgetter(3)
 
 
-def _to_stages(ents: list[Entity], cfg: list) -> list[StageSpec]:
+def _to_stages(ents: list[Entity], cfg: list[Any]) -> list[StageSpec]:
     tps, rs, spps, ls = cfg
     out = []
     for e, t, r, s, nl in zip(ents, tps, rs, spps, ls):
