@@ -106,7 +106,8 @@ def _keys(path: Path) -> list[str]:
     return list(_header(path))
 
 
-def _read_slice(path: Path, e: _Entry, dim: int | None, a: int, b: int, out: torch.Tensor) -> int:
+def _read_slice(path: Path, e: _Entry, dim: int | None, a: int, b: int, out: torch.Tensor,
+                scratch: torch.Tensor) -> int:
     """Copy e[..., a:b along dim] (the whole tensor when dim is None) into `out`; returns the bytes read. Whole
     rows of the tensor viewed as (rows, row length), restricted to rows [a, b) for dim 0, a block at a time."""
     lead = e.shape[0] if e.shape else 1
@@ -115,7 +116,7 @@ def _read_slice(path: Path, e: _Entry, dim: int | None, a: int, b: int, out: tor
         row *= d
     r0, r1 = (a, b) if dim == 0 else (0, lead)
     item = e.dtype.itemsize
-    per = max(1, BLOCK_BYTES // max(1, row * item))
+    per = max(1, scratch.numel() // max(1, row * item))
     dst = out.reshape(r1 - r0, -1) if dim in (None, 0) else out.reshape(lead, -1)
     cols = slice(None) if dim in (None, 0) else None
     inner = 1
@@ -129,7 +130,8 @@ def _read_slice(path: Path, e: _Entry, dim: int | None, a: int, b: int, out: tor
     with open(path, "rb", buffering=0) as f:
         for r in range(r0, r1, per):
             k = min(per, r1 - r)
-            buf = torch.empty(k * row * item, dtype=torch.uint8)
+            buf = scratch[:k * row * item] if k * row * item <= scratch.numel() else \
+                torch.empty(k * row * item, dtype=torch.uint8)  # one row longer than the block
             got = os.preadv(f.fileno(), [memoryview(buf.numpy())], e.start + r * row * item)
             if got != k * row * item:
                 raise SpecError(str(path), "<file>", f"not a readable safetensors file (short read at row {r})",
@@ -150,6 +152,7 @@ def load_hf_weights(models: list[nn.Module], m: ModelSpec, directory: str | Path
         raise SpecError(str(directory), "<weights>", "no model.safetensors or model.safetensors.index.json",
                         "a HF model directory with safetensors weights (or train from a fresh initialisation)")
     headers: dict[Path, dict[str, _Entry]] = {}
+    scratch = torch.empty(BLOCK_BYTES, dtype=torch.uint8)  # one block for the whole load, given back after
     read = 0
     for model in models:
         for name, p in model.named_parameters():
@@ -167,5 +170,5 @@ def load_hf_weights(models: list[nn.Module], m: ModelSpec, directory: str | Path
             if e.shape != tuple(full):
                 raise SpecError(str(path), key, f"shape {list(e.shape)}",
                                 f"{list(full)} as config.json describes the model")
-            read += _read_slice(path, e, dim, a, b, p.data)
+            read += _read_slice(path, e, dim, a, b, p.data, scratch)
     return read
