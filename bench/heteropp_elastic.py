@@ -112,7 +112,7 @@ def override_conf(cmd: list[str], conf: str) -> list[str]:
 class Run:
     """One elastic run of two hosts; `hosts` maps chip -> (agent pid, command, env)."""
 
-    def __init__(self, work: Path, variant: str, steps: int, every: int, conf: str = "") -> None:
+    def __init__(self, work: Path, variant: str, steps: int, every: int, conf: str = "", timeout_s: int = 30) -> None:
         self.work, self.variant = work, variant
         self.ck, self.log = work / "ck", work / "loss.jsonl"
         plan = work / "plan.json"
@@ -120,7 +120,7 @@ class Run:
         args = [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
                 "--cluster", str(CLUSTER), "--steps", str(steps), "--checkpoint-dir", str(self.ck),
                 "--save-every", str(every), "--keep-checkpoints", "100", "--loss-log", str(self.log),
-                "--backend", "gloo", "--timeout", "30", "--max-restarts", "5"]
+                "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", "5"]
         self.out = open(work / "run.out", "w")
         self.procs: list[subprocess.Popen] = []
         if variant == "loopback":

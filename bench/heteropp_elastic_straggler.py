@@ -4,8 +4,8 @@ what the step time is before, during and after.
 Each repetition starts `heteropp run --elastic` for the tiny model over two emulated hosts (2 `big` + 2 `small`
 processes on loopback, examples/clusters/two-cpu.yaml, as bench.heteropp_elastic's loopback variant), and after
 step 3 throttles the `small` host (its torch elastic agent and workers, and the workers it starts later) to
-`--share` of one core with a cpu cgroup (v1, root). From the run's records (elastic.jsonl, the loss log) and the
-throttle time measured here:
+`--share` of one core with a cpu cgroup (v1, root); the run has `--timeout 120`, as its restarted workers are
+slow to join. From the run's records (elastic.jsonl, the loss log) and the throttle time measured here:
 
 - flagged: the first step logged with a straggler - throttle
 - verdict: the `straggler` event that chose to re-plan - throttle (earlier verdicts not to are counted)
@@ -40,7 +40,9 @@ def one(steps: int, every: int, share: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="heteropp-straggler-"))
     load0, cpu0 = os.getloadavg()[0], resource.getrusage(resource.RUSAGE_CHILDREN)
     t_start = time.time()
-    run = Run(work, "loopback", steps, every)
+    # the throttled host's restarted workers import torch at its share of a core: their round waits for them
+    # up to --timeout (30 s was too short at load 11)
+    run = Run(work, "loopback", steps, every, timeout_s=120)
     row: dict[str, Any] = {"share": share}
     group = None
     try:

@@ -47,7 +47,8 @@ def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart
     (many steps left), the round ends, and the next one plans with `small` at its measured speed (judged
     again as the slowdown climbs): the last round puts fewer layers on `small` than the first, or none. Each
     round's steps equal running its plan by hand from the checkpoint it resumed from (or afresh)."""
-    run = ElasticRun(tmp_path, steps=40, every=4)
+    # a round waits --timeout for its workers: the throttled host's restarted ones import torch at 0.1 core
+    run = ElasticRun(tmp_path, steps=40, every=4, timeout_s=120)
     group = None
     try:
         run.wait_step(3)
