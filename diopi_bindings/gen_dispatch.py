@@ -117,6 +117,8 @@ def _arguments(entry: str, call_args: list[str], types: list[str], schema: torch
             # diopiTensorHandle_t*: the library allocates the result (diopiRequireTensor) and returns it there
             accessor = "out" if ctype == "diopiTensorHandle_t" else "allocated"
             out.append(f"f.{accessor}({int(token[3:] or 0)})")
+        elif (number := re.fullmatch(r"scalar\((-?[\d.]+)\)", token)) and ctype == "const diopiScalar_t*":
+            out.append(f"f.constant({float(number.group(1))!r})")
         elif (length := re.fullmatch(r"len\((\w+)\)", token)) and length.group(1) in names:
             out.append(f"f.count({names.index(length.group(1))})")
         elif (at := re.fullmatch(r"(len\()?at\((\w+),\s*(\w+)\)\)?", token)) and {*at.group(2, 3)} <= set(names):

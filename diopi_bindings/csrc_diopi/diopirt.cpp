@@ -72,6 +72,14 @@ const diopiScalar_t* Frame::scalar(size_t i) {
   return &s;
 }
 
+const diopiScalar_t* Frame::constant(double value) {
+  TORCH_CHECK(scalar_count_ < scalars_.size(), "diopi: more than 8 scalar arguments");
+  diopiScalar_t& s = scalars_[scalar_count_++];
+  s.stype = diopi_dtype_float64;
+  s.fval = value;
+  return &s;
+}
+
 diopiSize_t Frame::size(size_t i) {
   const c10::IValue& v = arg(i);
   if (v.isNone()) return diopiSize_t{nullptr, 0};

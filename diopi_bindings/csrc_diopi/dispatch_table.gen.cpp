@@ -113,222 +113,225 @@ diopiError_t call_34(void* fn, Frame& f) {  // aten::exp.out
 diopiError_t call_35(void* fn, Frame& f) {  // aten::fill_.Scalar
   return reinterpret_cast<decltype(&::diopiFill)>(fn)(f.ctx(), f.mut(0), f.scalar(1));
 }
-diopiError_t call_36(void* fn, Frame& f) {  // aten::relu
+diopiError_t call_36(void* fn, Frame& f) {  // aten::zero_
+  return reinterpret_cast<decltype(&::diopiFill)>(fn)(f.ctx(), f.mut(0), f.constant(0.0));
+}
+diopiError_t call_37(void* fn, Frame& f) {  // aten::relu
   return reinterpret_cast<decltype(&::diopiRelu)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_37(void* fn, Frame& f) {  // aten::relu.out
+diopiError_t call_38(void* fn, Frame& f) {  // aten::relu.out
   return reinterpret_cast<decltype(&::diopiRelu)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_38(void* fn, Frame& f) {  // aten::relu_
+diopiError_t call_39(void* fn, Frame& f) {  // aten::relu_
   return reinterpret_cast<decltype(&::diopiReluInp)>(fn)(f.ctx(), f.mut(0));
 }
-diopiError_t call_39(void* fn, Frame& f) {  // aten::threshold_backward
+diopiError_t call_40(void* fn, Frame& f) {  // aten::threshold_backward
   return reinterpret_cast<decltype(&::diopiThresholdBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.scalar(2));
 }
-diopiError_t call_40(void* fn, Frame& f) {  // aten::threshold_backward.grad_input
+diopiError_t call_41(void* fn, Frame& f) {  // aten::threshold_backward.grad_input
   return reinterpret_cast<decltype(&::diopiThresholdBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.scalar(2));
 }
-diopiError_t call_41(void* fn, Frame& f) {  // aten::silu
+diopiError_t call_42(void* fn, Frame& f) {  // aten::silu
   return reinterpret_cast<decltype(&::diopiSilu)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_42(void* fn, Frame& f) {  // aten::silu.out
+diopiError_t call_43(void* fn, Frame& f) {  // aten::silu.out
   return reinterpret_cast<decltype(&::diopiSilu)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_43(void* fn, Frame& f) {  // aten::silu_backward
+diopiError_t call_44(void* fn, Frame& f) {  // aten::silu_backward
   return reinterpret_cast<decltype(&::diopiSiluBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_44(void* fn, Frame& f) {  // aten::silu_backward.grad_input
+diopiError_t call_45(void* fn, Frame& f) {  // aten::silu_backward.grad_input
   return reinterpret_cast<decltype(&::diopiSiluBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_45(void* fn, Frame& f) {  // aten::_softmax
+diopiError_t call_46(void* fn, Frame& f) {  // aten::_softmax
   return reinterpret_cast<decltype(&::diopiSoftmax)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1));
 }
-diopiError_t call_46(void* fn, Frame& f) {  // aten::_softmax.out
+diopiError_t call_47(void* fn, Frame& f) {  // aten::_softmax.out
   return reinterpret_cast<decltype(&::diopiSoftmax)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1));
 }
-diopiError_t call_47(void* fn, Frame& f) {  // aten::_softmax_backward_data
+diopiError_t call_48(void* fn, Frame& f) {  // aten::_softmax_backward_data
   return reinterpret_cast<decltype(&::diopiSoftmaxBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2));
 }
-diopiError_t call_48(void* fn, Frame& f) {  // aten::_softmax_backward_data.out
+diopiError_t call_49(void* fn, Frame& f) {  // aten::_softmax_backward_data.out
   return reinterpret_cast<decltype(&::diopiSoftmaxBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2));
 }
-diopiError_t call_49(void* fn, Frame& f) {  // aten::_log_softmax
+diopiError_t call_50(void* fn, Frame& f) {  // aten::_log_softmax
   return reinterpret_cast<decltype(&::diopiLogSoftmax)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1));
 }
-diopiError_t call_50(void* fn, Frame& f) {  // aten::_log_softmax.out
+diopiError_t call_51(void* fn, Frame& f) {  // aten::_log_softmax.out
   return reinterpret_cast<decltype(&::diopiLogSoftmax)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1));
 }
-diopiError_t call_51(void* fn, Frame& f) {  // aten::_log_softmax_backward_data
+diopiError_t call_52(void* fn, Frame& f) {  // aten::_log_softmax_backward_data
   return reinterpret_cast<decltype(&::diopiLogSoftmaxBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2));
 }
-diopiError_t call_52(void* fn, Frame& f) {  // aten::_log_softmax_backward_data.out
+diopiError_t call_53(void* fn, Frame& f) {  // aten::_log_softmax_backward_data.out
   return reinterpret_cast<decltype(&::diopiLogSoftmaxBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2));
 }
-diopiError_t call_53(void* fn, Frame& f) {  // aten::mm
+diopiError_t call_54(void* fn, Frame& f) {  // aten::mm
   return reinterpret_cast<decltype(&::diopiMm)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_54(void* fn, Frame& f) {  // aten::mm.out
+diopiError_t call_55(void* fn, Frame& f) {  // aten::mm.out
   return reinterpret_cast<decltype(&::diopiMm)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_55(void* fn, Frame& f) {  // aten::bmm
+diopiError_t call_56(void* fn, Frame& f) {  // aten::bmm
   return reinterpret_cast<decltype(&::diopiBmm)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_56(void* fn, Frame& f) {  // aten::bmm.out
+diopiError_t call_57(void* fn, Frame& f) {  // aten::bmm.out
   return reinterpret_cast<decltype(&::diopiBmm)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_57(void* fn, Frame& f) {  // aten::addmm
+diopiError_t call_58(void* fn, Frame& f) {  // aten::addmm
   return reinterpret_cast<decltype(&::diopiAddmm)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2), f.scalar(3), f.scalar(4));
 }
-diopiError_t call_58(void* fn, Frame& f) {  // aten::addmm.out
+diopiError_t call_59(void* fn, Frame& f) {  // aten::addmm.out
   return reinterpret_cast<decltype(&::diopiAddmm)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2), f.scalar(3), f.scalar(4));
 }
-diopiError_t call_59(void* fn, Frame& f) {  // aten::sum.dim_IntList
+diopiError_t call_60(void* fn, Frame& f) {  // aten::sum.dim_IntList
   return reinterpret_cast<decltype(&::diopiSum)>(fn)(f.ctx(), f.out(0), f.in(0), f.size(1));
 }
-diopiError_t call_60(void* fn, Frame& f) {  // aten::sum.IntList_out
+diopiError_t call_61(void* fn, Frame& f) {  // aten::sum.IntList_out
   return reinterpret_cast<decltype(&::diopiSum)>(fn)(f.ctx(), f.out(0), f.in(0), f.size(1));
 }
-diopiError_t call_61(void* fn, Frame& f) {  // aten::mean.dim
+diopiError_t call_62(void* fn, Frame& f) {  // aten::mean.dim
   return reinterpret_cast<decltype(&::diopiMean)>(fn)(f.ctx(), f.out(0), f.in(0), f.size(1));
 }
-diopiError_t call_62(void* fn, Frame& f) {  // aten::mean.out
+diopiError_t call_63(void* fn, Frame& f) {  // aten::mean.out
   return reinterpret_cast<decltype(&::diopiMean)>(fn)(f.ctx(), f.out(0), f.in(0), f.size(1));
 }
-diopiError_t call_63(void* fn, Frame& f) {  // aten::div_.Tensor
+diopiError_t call_64(void* fn, Frame& f) {  // aten::div_.Tensor
   return reinterpret_cast<decltype(&::diopiDivInp)>(fn)(f.ctx(), f.mut(0), f.in(1), RoundModeNone);
 }
-diopiError_t call_64(void* fn, Frame& f) {  // aten::exp_
+diopiError_t call_65(void* fn, Frame& f) {  // aten::exp_
   return reinterpret_cast<decltype(&::diopiExpInp)>(fn)(f.ctx(), f.mut(0));
 }
-diopiError_t call_65(void* fn, Frame& f) {  // aten::pow.Scalar
+diopiError_t call_66(void* fn, Frame& f) {  // aten::pow.Scalar
   return reinterpret_cast<decltype(&::diopiPowScalar)>(fn)(f.ctx(), f.out(0), f.scalar(0), f.in(1));
 }
-diopiError_t call_66(void* fn, Frame& f) {  // aten::pow.Scalar_out
+diopiError_t call_67(void* fn, Frame& f) {  // aten::pow.Scalar_out
   return reinterpret_cast<decltype(&::diopiPowScalar)>(fn)(f.ctx(), f.out(0), f.scalar(0), f.in(1));
 }
-diopiError_t call_67(void* fn, Frame& f) {  // aten::log
+diopiError_t call_68(void* fn, Frame& f) {  // aten::log
   return reinterpret_cast<decltype(&::diopiLog)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_68(void* fn, Frame& f) {  // aten::log.out
+diopiError_t call_69(void* fn, Frame& f) {  // aten::log.out
   return reinterpret_cast<decltype(&::diopiLog)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_69(void* fn, Frame& f) {  // aten::cos
+diopiError_t call_70(void* fn, Frame& f) {  // aten::cos
   return reinterpret_cast<decltype(&::diopiCos)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_70(void* fn, Frame& f) {  // aten::cos.out
+diopiError_t call_71(void* fn, Frame& f) {  // aten::cos.out
   return reinterpret_cast<decltype(&::diopiCos)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_71(void* fn, Frame& f) {  // aten::sin
+diopiError_t call_72(void* fn, Frame& f) {  // aten::sin
   return reinterpret_cast<decltype(&::diopiSin)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_72(void* fn, Frame& f) {  // aten::sin.out
+diopiError_t call_73(void* fn, Frame& f) {  // aten::sin.out
   return reinterpret_cast<decltype(&::diopiSin)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_73(void* fn, Frame& f) {  // aten::reciprocal
+diopiError_t call_74(void* fn, Frame& f) {  // aten::reciprocal
   return reinterpret_cast<decltype(&::diopiReciprocal)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_74(void* fn, Frame& f) {  // aten::reciprocal.out
+diopiError_t call_75(void* fn, Frame& f) {  // aten::reciprocal.out
   return reinterpret_cast<decltype(&::diopiReciprocal)>(fn)(f.ctx(), f.out(0), f.in(0));
 }
-diopiError_t call_75(void* fn, Frame& f) {  // aten::lerp.Scalar
+diopiError_t call_76(void* fn, Frame& f) {  // aten::lerp.Scalar
   return reinterpret_cast<decltype(&::diopiLerpScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.scalar(2));
 }
-diopiError_t call_76(void* fn, Frame& f) {  // aten::lerp.Scalar_out
+diopiError_t call_77(void* fn, Frame& f) {  // aten::lerp.Scalar_out
   return reinterpret_cast<decltype(&::diopiLerpScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.scalar(2));
 }
-diopiError_t call_77(void* fn, Frame& f) {  // aten::clamp
+diopiError_t call_78(void* fn, Frame& f) {  // aten::clamp
   return reinterpret_cast<decltype(&::diopiClampScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.scalar(1), f.scalar(2));
 }
-diopiError_t call_78(void* fn, Frame& f) {  // aten::clamp.out
+diopiError_t call_79(void* fn, Frame& f) {  // aten::clamp.out
   return reinterpret_cast<decltype(&::diopiClampScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.scalar(1), f.scalar(2));
 }
-diopiError_t call_79(void* fn, Frame& f) {  // aten::ge.Scalar
+diopiError_t call_80(void* fn, Frame& f) {  // aten::ge.Scalar
   return reinterpret_cast<decltype(&::diopiGeScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.scalar(1));
 }
-diopiError_t call_80(void* fn, Frame& f) {  // aten::ge.Scalar_out
+diopiError_t call_81(void* fn, Frame& f) {  // aten::ge.Scalar_out
   return reinterpret_cast<decltype(&::diopiGeScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.scalar(1));
 }
-diopiError_t call_81(void* fn, Frame& f) {  // aten::lt.Scalar
+diopiError_t call_82(void* fn, Frame& f) {  // aten::lt.Scalar
   return reinterpret_cast<decltype(&::diopiLtScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.scalar(1));
 }
-diopiError_t call_82(void* fn, Frame& f) {  // aten::lt.Scalar_out
+diopiError_t call_83(void* fn, Frame& f) {  // aten::lt.Scalar_out
   return reinterpret_cast<decltype(&::diopiLtScalar)>(fn)(f.ctx(), f.out(0), f.in(0), f.scalar(1));
 }
-diopiError_t call_83(void* fn, Frame& f) {  // aten::bitwise_and.Tensor
+diopiError_t call_84(void* fn, Frame& f) {  // aten::bitwise_and.Tensor
   return reinterpret_cast<decltype(&::diopiBitwiseAnd)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_84(void* fn, Frame& f) {  // aten::bitwise_and.Tensor_out
+diopiError_t call_85(void* fn, Frame& f) {  // aten::bitwise_and.Tensor_out
   return reinterpret_cast<decltype(&::diopiBitwiseAnd)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
 }
-diopiError_t call_85(void* fn, Frame& f) {  // aten::where.self
+diopiError_t call_86(void* fn, Frame& f) {  // aten::where.self
   return reinterpret_cast<decltype(&::diopiWhere)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2));
 }
-diopiError_t call_86(void* fn, Frame& f) {  // aten::where.self_out
+diopiError_t call_87(void* fn, Frame& f) {  // aten::where.self_out
   return reinterpret_cast<decltype(&::diopiWhere)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2));
 }
-diopiError_t call_87(void* fn, Frame& f) {  // aten::cat
+diopiError_t call_88(void* fn, Frame& f) {  // aten::cat
   return reinterpret_cast<decltype(&::diopiCat)>(fn)(f.ctx(), f.out(0), f.tensors(0), f.count(0), f.i64(1));
 }
-diopiError_t call_88(void* fn, Frame& f) {  // aten::cat.out
+diopiError_t call_89(void* fn, Frame& f) {  // aten::cat.out
   return reinterpret_cast<decltype(&::diopiCat)>(fn)(f.ctx(), f.out(0), f.tensors(0), f.count(0), f.i64(1));
 }
-diopiError_t call_89(void* fn, Frame& f) {  // aten::tril
+diopiError_t call_90(void* fn, Frame& f) {  // aten::tril
   return reinterpret_cast<decltype(&::diopiTril)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1));
 }
-diopiError_t call_90(void* fn, Frame& f) {  // aten::tril.out
+diopiError_t call_91(void* fn, Frame& f) {  // aten::tril.out
   return reinterpret_cast<decltype(&::diopiTril)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1));
 }
-diopiError_t call_91(void* fn, Frame& f) {  // aten::gather
+diopiError_t call_92(void* fn, Frame& f) {  // aten::gather
   return reinterpret_cast<decltype(&::diopiGather)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1), f.in(2));
 }
-diopiError_t call_92(void* fn, Frame& f) {  // aten::gather.out
+diopiError_t call_93(void* fn, Frame& f) {  // aten::gather.out
   return reinterpret_cast<decltype(&::diopiGather)>(fn)(f.ctx(), f.out(0), f.in(0), f.i64(1), f.in(2));
 }
-diopiError_t call_93(void* fn, Frame& f) {  // aten::index.Tensor
+diopiError_t call_94(void* fn, Frame& f) {  // aten::index.Tensor
   return reinterpret_cast<decltype(&::diopiIndex)>(fn)(f.ctx(), f.allocated(0), f.in(0), f.tensors(1), f.count(1));
 }
-diopiError_t call_94(void* fn, Frame& f) {  // aten::index.Tensor_out
+diopiError_t call_95(void* fn, Frame& f) {  // aten::index.Tensor_out
   return reinterpret_cast<decltype(&::diopiIndex)>(fn)(f.ctx(), f.allocated(0), f.in(0), f.tensors(1), f.count(1));
 }
-diopiError_t call_95(void* fn, Frame& f) {  // aten::_index_put_impl_
+diopiError_t call_96(void* fn, Frame& f) {  // aten::_index_put_impl_
   return reinterpret_cast<decltype(&::diopiIndexPutInp)>(fn)(f.ctx(), f.mut(0), f.in(2), f.tensors(1), f.count(1), f.boolean(3));
 }
-diopiError_t call_96(void* fn, Frame& f) {  // aten::slice_backward
+diopiError_t call_97(void* fn, Frame& f) {  // aten::slice_backward
   return reinterpret_cast<decltype(&::diopiSliceBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.size(1), f.i64(2), f.i64(3), f.i64(4), f.i64(5));
 }
-diopiError_t call_97(void* fn, Frame& f) {  // aten::slice_backward.out
+diopiError_t call_98(void* fn, Frame& f) {  // aten::slice_backward.out
   return reinterpret_cast<decltype(&::diopiSliceBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.size(1), f.i64(2), f.i64(3), f.i64(4), f.i64(5));
 }
-diopiError_t call_98(void* fn, Frame& f) {  // aten::embedding
+diopiError_t call_99(void* fn, Frame& f) {  // aten::embedding
   return reinterpret_cast<decltype(&::diopiEmbedding)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2), f.boolean(3), f.boolean(4));
 }
-diopiError_t call_99(void* fn, Frame& f) {  // aten::embedding.out
+diopiError_t call_100(void* fn, Frame& f) {  // aten::embedding.out
   return reinterpret_cast<decltype(&::diopiEmbedding)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2), f.boolean(3), f.boolean(4));
 }
-diopiError_t call_100(void* fn, Frame& f) {  // aten::embedding_dense_backward
+diopiError_t call_101(void* fn, Frame& f) {  // aten::embedding_dense_backward
   return reinterpret_cast<decltype(&::diopiEmbeddingBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2), f.i64(3), f.boolean(4), false);
 }
-diopiError_t call_101(void* fn, Frame& f) {  // aten::embedding_dense_backward.out
+diopiError_t call_102(void* fn, Frame& f) {  // aten::embedding_dense_backward.out
   return reinterpret_cast<decltype(&::diopiEmbeddingBackward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.i64(2), f.i64(3), f.boolean(4), false);
 }
-diopiError_t call_102(void* fn, Frame& f) {  // aten::max.dim
+diopiError_t call_103(void* fn, Frame& f) {  // aten::max.dim
   return reinterpret_cast<decltype(&::diopiMax)>(fn)(f.ctx(), f.out(0), f.out(1), f.in(0), f.i64(1));
 }
-diopiError_t call_103(void* fn, Frame& f) {  // aten::max.dim_max
+diopiError_t call_104(void* fn, Frame& f) {  // aten::max.dim_max
   return reinterpret_cast<decltype(&::diopiMax)>(fn)(f.ctx(), f.out(0), f.out(1), f.in(0), f.i64(1));
 }
-diopiError_t call_104(void* fn, Frame& f) {  // aten::arange.start_out
+diopiError_t call_105(void* fn, Frame& f) {  // aten::arange.start_out
   return reinterpret_cast<decltype(&::diopiArange)>(fn)(f.ctx(), f.out(0), f.scalar(0), f.scalar(1), f.scalar(2));
 }
-diopiError_t call_105(void* fn, Frame& f) {  // aten::index_add_
+diopiError_t call_106(void* fn, Frame& f) {  // aten::index_add_
   if (!(f.number(4) == 1)) return diopiForceFallbackToCPU;
   return reinterpret_cast<decltype(&::diopiIndexPutInp)>(fn)(f.ctx(), f.mut(0), f.in(3), f.at(2, 1), f.at_count(1), true);
 }
-diopiError_t call_106(void* fn, Frame& f) {  // aten::index_add
+diopiError_t call_107(void* fn, Frame& f) {  // aten::index_add
   if (!(f.number(4) == 1)) return diopiForceFallbackToCPU;
   return reinterpret_cast<decltype(&::diopiIndexPut)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(3), f.at(2, 1), f.at_count(1), true);
 }
-diopiError_t call_107(void* fn, Frame& f) {  // aten::index_add.out
+diopiError_t call_108(void* fn, Frame& f) {  // aten::index_add.out
   if (!(f.number(4) == 1)) return diopiForceFallbackToCPU;
   return reinterpret_cast<decltype(&::diopiIndexPut)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(3), f.at(2, 1), f.at_count(1), true);
 }
@@ -372,78 +375,79 @@ const Route kRoutes[] = {
     {"aten::exp", "", "diopiExp", &call_33},
     {"aten::exp", "out", "diopiExp", &call_34},
     {"aten::fill_", "Scalar", "diopiFill", &call_35},
-    {"aten::relu", "", "diopiRelu", &call_36},
-    {"aten::relu", "out", "diopiRelu", &call_37},
-    {"aten::relu_", "", "diopiReluInp", &call_38},
-    {"aten::threshold_backward", "", "diopiThresholdBackward", &call_39},
-    {"aten::threshold_backward", "grad_input", "diopiThresholdBackward", &call_40},
-    {"aten::silu", "", "diopiSilu", &call_41},
-    {"aten::silu", "out", "diopiSilu", &call_42},
-    {"aten::silu_backward", "", "diopiSiluBackward", &call_43},
-    {"aten::silu_backward", "grad_input", "diopiSiluBackward", &call_44},
-    {"aten::_softmax", "", "diopiSoftmax", &call_45},
-    {"aten::_softmax", "out", "diopiSoftmax", &call_46},
-    {"aten::_softmax_backward_data", "", "diopiSoftmaxBackward", &call_47},
-    {"aten::_softmax_backward_data", "out", "diopiSoftmaxBackward", &call_48},
-    {"aten::_log_softmax", "", "diopiLogSoftmax", &call_49},
-    {"aten::_log_softmax", "out", "diopiLogSoftmax", &call_50},
-    {"aten::_log_softmax_backward_data", "", "diopiLogSoftmaxBackward", &call_51},
-    {"aten::_log_softmax_backward_data", "out", "diopiLogSoftmaxBackward", &call_52},
-    {"aten::mm", "", "diopiMm", &call_53},
-    {"aten::mm", "out", "diopiMm", &call_54},
-    {"aten::bmm", "", "diopiBmm", &call_55},
-    {"aten::bmm", "out", "diopiBmm", &call_56},
-    {"aten::addmm", "", "diopiAddmm", &call_57},
-    {"aten::addmm", "out", "diopiAddmm", &call_58},
-    {"aten::sum", "dim_IntList", "diopiSum", &call_59},
-    {"aten::sum", "IntList_out", "diopiSum", &call_60},
-    {"aten::mean", "dim", "diopiMean", &call_61},
-    {"aten::mean", "out", "diopiMean", &call_62},
-    {"aten::div_", "Tensor", "diopiDivInp", &call_63},
-    {"aten::exp_", "", "diopiExpInp", &call_64},
-    {"aten::pow", "Scalar", "diopiPowScalar", &call_65},
-    {"aten::pow", "Scalar_out", "diopiPowScalar", &call_66},
-    {"aten::log", "", "diopiLog", &call_67},
-    {"aten::log", "out", "diopiLog", &call_68},
-    {"aten::cos", "", "diopiCos", &call_69},
-    {"aten::cos", "out", "diopiCos", &call_70},
-    {"aten::sin", "", "diopiSin", &call_71},
-    {"aten::sin", "out", "diopiSin", &call_72},
-    {"aten::reciprocal", "", "diopiReciprocal", &call_73},
-    {"aten::reciprocal", "out", "diopiReciprocal", &call_74},
-    {"aten::lerp", "Scalar", "diopiLerpScalar", &call_75},
-    {"aten::lerp", "Scalar_out", "diopiLerpScalar", &call_76},
-    {"aten::clamp", "", "diopiClampScalar", &call_77},
-    {"aten::clamp", "out", "diopiClampScalar", &call_78},
-    {"aten::ge", "Scalar", "diopiGeScalar", &call_79},
-    {"aten::ge", "Scalar_out", "diopiGeScalar", &call_80},
-    {"aten::lt", "Scalar", "diopiLtScalar", &call_81},
-    {"aten::lt", "Scalar_out", "diopiLtScalar", &call_82},
-    {"aten::bitwise_and", "Tensor", "diopiBitwiseAnd", &call_83},
-    {"aten::bitwise_and", "Tensor_out", "diopiBitwiseAnd", &call_84},
-    {"aten::where", "self", "diopiWhere", &call_85},
-    {"aten::where", "self_out", "diopiWhere", &call_86},
-    {"aten::cat", "", "diopiCat", &call_87},
-    {"aten::cat", "out", "diopiCat", &call_88},
-    {"aten::tril", "", "diopiTril", &call_89},
-    {"aten::tril", "out", "diopiTril", &call_90},
-    {"aten::gather", "", "diopiGather", &call_91},
-    {"aten::gather", "out", "diopiGather", &call_92},
-    {"aten::index", "Tensor", "diopiIndex", &call_93},
-    {"aten::index", "Tensor_out", "diopiIndex", &call_94},
-    {"aten::_index_put_impl_", "", "diopiIndexPutInp", &call_95},
-    {"aten::slice_backward", "", "diopiSliceBackward", &call_96},
-    {"aten::slice_backward", "out", "diopiSliceBackward", &call_97},
-    {"aten::embedding", "", "diopiEmbedding", &call_98},
-    {"aten::embedding", "out", "diopiEmbedding", &call_99},
-    {"aten::embedding_dense_backward", "", "diopiEmbeddingBackward", &call_100},
-    {"aten::embedding_dense_backward", "out", "diopiEmbeddingBackward", &call_101},
-    {"aten::max", "dim", "diopiMax", &call_102},
-    {"aten::max", "dim_max", "diopiMax", &call_103},
-    {"aten::arange", "start_out", "diopiArange", &call_104},
-    {"aten::index_add_", "", "diopiIndexPutInp", &call_105},
-    {"aten::index_add", "", "diopiIndexPut", &call_106},
-    {"aten::index_add", "out", "diopiIndexPut", &call_107},
+    {"aten::zero_", "", "diopiFill", &call_36},
+    {"aten::relu", "", "diopiRelu", &call_37},
+    {"aten::relu", "out", "diopiRelu", &call_38},
+    {"aten::relu_", "", "diopiReluInp", &call_39},
+    {"aten::threshold_backward", "", "diopiThresholdBackward", &call_40},
+    {"aten::threshold_backward", "grad_input", "diopiThresholdBackward", &call_41},
+    {"aten::silu", "", "diopiSilu", &call_42},
+    {"aten::silu", "out", "diopiSilu", &call_43},
+    {"aten::silu_backward", "", "diopiSiluBackward", &call_44},
+    {"aten::silu_backward", "grad_input", "diopiSiluBackward", &call_45},
+    {"aten::_softmax", "", "diopiSoftmax", &call_46},
+    {"aten::_softmax", "out", "diopiSoftmax", &call_47},
+    {"aten::_softmax_backward_data", "", "diopiSoftmaxBackward", &call_48},
+    {"aten::_softmax_backward_data", "out", "diopiSoftmaxBackward", &call_49},
+    {"aten::_log_softmax", "", "diopiLogSoftmax", &call_50},
+    {"aten::_log_softmax", "out", "diopiLogSoftmax", &call_51},
+    {"aten::_log_softmax_backward_data", "", "diopiLogSoftmaxBackward", &call_52},
+    {"aten::_log_softmax_backward_data", "out", "diopiLogSoftmaxBackward", &call_53},
+    {"aten::mm", "", "diopiMm", &call_54},
+    {"aten::mm", "out", "diopiMm", &call_55},
+    {"aten::bmm", "", "diopiBmm", &call_56},
+    {"aten::bmm", "out", "diopiBmm", &call_57},
+    {"aten::addmm", "", "diopiAddmm", &call_58},
+    {"aten::addmm", "out", "diopiAddmm", &call_59},
+    {"aten::sum", "dim_IntList", "diopiSum", &call_60},
+    {"aten::sum", "IntList_out", "diopiSum", &call_61},
+    {"aten::mean", "dim", "diopiMean", &call_62},
+    {"aten::mean", "out", "diopiMean", &call_63},
+    {"aten::div_", "Tensor", "diopiDivInp", &call_64},
+    {"aten::exp_", "", "diopiExpInp", &call_65},
+    {"aten::pow", "Scalar", "diopiPowScalar", &call_66},
+    {"aten::pow", "Scalar_out", "diopiPowScalar", &call_67},
+    {"aten::log", "", "diopiLog", &call_68},
+    {"aten::log", "out", "diopiLog", &call_69},
+    {"aten::cos", "", "diopiCos", &call_70},
+    {"aten::cos", "out", "diopiCos", &call_71},
+    {"aten::sin", "", "diopiSin", &call_72},
+    {"aten::sin", "out", "diopiSin", &call_73},
+    {"aten::reciprocal", "", "diopiReciprocal", &call_74},
+    {"aten::reciprocal", "out", "diopiReciprocal", &call_75},
+    {"aten::lerp", "Scalar", "diopiLerpScalar", &call_76},
+    {"aten::lerp", "Scalar_out", "diopiLerpScalar", &call_77},
+    {"aten::clamp", "", "diopiClampScalar", &call_78},
+    {"aten::clamp", "out", "diopiClampScalar", &call_79},
+    {"aten::ge", "Scalar", "diopiGeScalar", &call_80},
+    {"aten::ge", "Scalar_out", "diopiGeScalar", &call_81},
+    {"aten::lt", "Scalar", "diopiLtScalar", &call_82},
+    {"aten::lt", "Scalar_out", "diopiLtScalar", &call_83},
+    {"aten::bitwise_and", "Tensor", "diopiBitwiseAnd", &call_84},
+    {"aten::bitwise_and", "Tensor_out", "diopiBitwiseAnd", &call_85},
+    {"aten::where", "self", "diopiWhere", &call_86},
+    {"aten::where", "self_out", "diopiWhere", &call_87},
+    {"aten::cat", "", "diopiCat", &call_88},
+    {"aten::cat", "out", "diopiCat", &call_89},
+    {"aten::tril", "", "diopiTril", &call_90},
+    {"aten::tril", "out", "diopiTril", &call_91},
+    {"aten::gather", "", "diopiGather", &call_92},
+    {"aten::gather", "out", "diopiGather", &call_93},
+    {"aten::index", "Tensor", "diopiIndex", &call_94},
+    {"aten::index", "Tensor_out", "diopiIndex", &call_95},
+    {"aten::_index_put_impl_", "", "diopiIndexPutInp", &call_96},
+    {"aten::slice_backward", "", "diopiSliceBackward", &call_97},
+    {"aten::slice_backward", "out", "diopiSliceBackward", &call_98},
+    {"aten::embedding", "", "diopiEmbedding", &call_99},
+    {"aten::embedding", "out", "diopiEmbedding", &call_100},
+    {"aten::embedding_dense_backward", "", "diopiEmbeddingBackward", &call_101},
+    {"aten::embedding_dense_backward", "out", "diopiEmbeddingBackward", &call_102},
+    {"aten::max", "dim", "diopiMax", &call_103},
+    {"aten::max", "dim_max", "diopiMax", &call_104},
+    {"aten::arange", "start_out", "diopiArange", &call_105},
+    {"aten::index_add_", "", "diopiIndexPutInp", &call_106},
+    {"aten::index_add", "", "diopiIndexPut", &call_107},
+    {"aten::index_add", "out", "diopiIndexPut", &call_108},
 };
 const size_t kRouteCount = sizeof(kRoutes) / sizeof(kRoutes[0]);
 

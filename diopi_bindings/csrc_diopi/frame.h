@@ -38,6 +38,7 @@ class Frame {
     return v.isTensor() && v.toTensor().defined() ? handle(v.toTensor()) : nullptr;
   }
   const diopiScalar_t* scalar(size_t i);
+  const diopiScalar_t* constant(double value);  // a float64 scalar the table writes (zero_: fill with 0.0)
   int64_t i64(size_t i) { return arg(i).toInt(); }
   double f64(size_t i) { return arg(i).toDouble(); }
   float f32(size_t i) { return static_cast<float>(arg(i).toDouble()); }

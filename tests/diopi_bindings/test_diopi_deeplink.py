@@ -90,13 +90,19 @@ def test_an_operator_the_library_declines_runs_on_the_cpu_and_is_counted(vendor:
     got = run_python(ATTACH + f"""
     deeplink.attach({str(vendor)!r})
     a = torch.randn(4, 6, dtype=torch.float64)
-    s64 = a.to("diopi").sum(1)           # the vendor answers diopiNoImplement for float64
+    da = a.to("diopi")
+    before = dict(device.copy_ops())
+    s64 = da.sum(1)                      # the vendor answers diopiNoImplement for float64
+    during = dict(device.copy_ops())
     s32 = a.float().to("diopi").sum(1)   # and computes float32
     print(json.dumps({{"err64": float((s64.cpu() - a.sum(1)).abs().max()),
                       "err32": float((s32.cpu() - a.float().sum(1)).abs().max()),
+                      "copies": {{k: during.get(k, 0) - before.get(k, 0) for k in during}},
                       "routed": dict(deeplink.routed_ops()), "declined": dict(deeplink.fallback_ops())}}))
     """)
     assert got["err64"] < 1e-12 and got["err32"] < 1e-5
+    # the CPU run's operand went to the host and its result back: both counted as the device's copies
+    assert got["copies"].get("device to host", 0) >= 1 and got["copies"].get("host to device", 0) >= 1, got["copies"]
     assert got["declined"] == {"aten::sum.dim_IntList": 1}
     assert got["routed"]["aten::sum.dim_IntList"] == 1
 
@@ -114,6 +120,30 @@ def test_a_library_of_another_diopi_major_version_is_refused(tmp_path: Path) -> 
     other = build_vendor(tmp_path, "v2", '-DVENDOR_VERSION="DIOPI Version: 2.0.0"')
     error = run_python(ATTACH_ERROR.format(path=str(other)))["error"]
     assert error is not None and "DIOPI Version: 2.0.0" in error and "DIOPI 1.x" in error, error
+
+
+def test_attach_outside_the_native_device_or_twice_is_refused(vendor: Path) -> None:
+    got = run_python(f"""
+    import json, torch
+    from diopi_bindings import device, deeplink
+    errors = []
+    device.enable(backend="python")
+    try:
+        deeplink.attach({str(vendor)!r})
+    except deeplink.DiopiLoadError as exc:
+        errors.append(str(exc))
+    print(json.dumps({{"errors": errors}}))
+    """)
+    assert len(got["errors"]) == 1 and "backend='native'" in got["errors"][0], got
+    twice = run_python(ATTACH + f"""
+    deeplink.attach({str(vendor)!r})
+    try:
+        deeplink.attach({str(vendor)!r})
+        print(json.dumps({{"error": None}}))
+    except deeplink.DiopiLoadError as exc:
+        print(json.dumps({{"error": str(exc)}}))
+    """)
+    assert twice["error"] is not None and "already attached" in twice["error"], twice
 
 
 def test_a_library_without_diopi_get_version_is_refused(tmp_path: Path) -> None:
