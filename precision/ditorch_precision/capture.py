@@ -19,6 +19,7 @@ from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .opinfo import op_info
+from .part_file import writable, write_part
 from .point_to_point import TransferLog, write_transfers
 from .records import OpRecord
 from .reference import without_randomness
@@ -40,6 +41,14 @@ def _save(obj, path: str) -> None:
         torch.save(obj, path)
     finally:
         torch.serialization.set_crc32_options(crc)
+
+
+def _save_part(payloads: dict, path: str) -> None:
+    """A bulk capture's part: its own layout (part_file) when every tensor fits it, else torch's."""
+    if writable(payloads):
+        write_part(payloads, path)
+    else:
+        _save(payloads, path)
 
 
 def _json_plain(tree) -> bool:
@@ -80,7 +89,7 @@ class Capture(Tool):
     ``mode``: "full" (tensors), "stats" (per output: min, max, mean, norm, NaN/Inf counts in the
     index, no tensor files) or "checksum" (per output: a hash of its bytes).
     ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
-    ``bulk_bytes`` held), so a tensor several ops read is written once (format version 2, read
+    ``bulk_bytes`` held), so a tensor several ops read is written once (see part_file, read
     through ``Dump``); it holds up to a step's captured tensors in memory meanwhile, and
     ``background=True`` (the default) saves the part files on a thread of their own. Without it, a
     tensor an earlier op's file holds, unchanged since (same tensor, same version counter), is
@@ -126,8 +135,8 @@ class Capture(Tool):
         os.makedirs(os.path.join(self.path, "tensors"), exist_ok=True)
         self._index = open(os.path.join(self.path, INDEX), "w")
         self._t0 = time.time()
-        if self.background:  # CRC32 kept there: off the training thread, and no global option toggled
-            self._writer = BackgroundWriter(lambda payload, path: torch.save(payload, path))
+        if self.background:
+            self._writer = BackgroundWriter(_save_part)
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
@@ -348,7 +357,7 @@ class Capture(Tool):
 
     # bulk mode ---------------------------------------------------------------------------------
     def _part_name(self) -> str:
-        return os.path.join("tensors", f"part{self._n_parts:05d}.pt")
+        return os.path.join("tensors", f"part{self._n_parts:05d}.bin")
 
     def _dispatch(self, func, args, kwargs):
         if self.transfers.waiting:
@@ -383,7 +392,7 @@ class Capture(Tool):
                     storages = self._pending.storages()
                     self._writer.submit(path, self._pending.take(), storages)
                 else:
-                    _save(self._pending.take(), path)
+                    _save_part(self._pending.take(), path)
             self._n_parts += 1
 
     def on_step(self) -> None:

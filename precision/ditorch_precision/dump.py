@@ -1,7 +1,7 @@
 """The capture format: DIR/meta.json, DIR/index.jsonl (one record per op), DIR/tensors/NNNNNN.pt
-(inputs and outputs of one op, saved with torch.save). With ``bulk``: DIR/tensors/partNNNNN.pt
-holds many ops (a step's, usually), each under its record's ``key``; a tensor several of them read
-is stored once.
+(inputs and outputs of one op, saved with torch.save). With ``bulk``: DIR/tensors/partNNNNN.bin
+(ditorch_precision.part_file; before version 6 a torch zip file, partNNNNN.pt) holds many ops (a
+step's, usually), each under its record's ``key``; a tensor several of them read is stored once.
 
 A capture directory is data from elsewhere: it is read with ``torch.load(weights_only=True)`` (no
 unpickling of arbitrary objects), so the files hold only tensors, containers and plain values;
@@ -18,10 +18,13 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .part_file import PartFile, PartFileError, view_of
+
 FORMAT = "precision-capture"
 # 1 and 2 held pickled Python objects, which are no longer loaded; 4: a per-op file may name a tensor
-# an earlier file holds (REF) instead of holding it again.
-VERSION = 5
+# an earlier file holds (REF) instead of holding it again; 6: a bulk capture's parts in their own layout
+# (part_file), no longer torch zip files (still read).
+VERSION = 6
 INDEX = "index.jsonl"
 META = "meta.json"
 
@@ -246,7 +249,7 @@ class Dump:
         key = rec.get("key")
         try:
             data = _safe_load(path) if key is None else self._part(path)[key]
-        except (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as exc:
+        except (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError, PartFileError) as exc:
             raise DumpError(f"{path}: cannot load tensors of op {rec['op']} #{rec['index']} ({_first_line(exc)}); "
                             "captures are read with torch.load(weights_only=True) and must hold only tensors and "
                             "plain values (captures of precision before format version 3 must be taken again)") from exc
@@ -292,9 +295,16 @@ class Dump:
 
     def _part(self, path: str) -> dict:
         # A part file holds many ops: mapped, not read, and kept while ops are read from it in order.
+        # (format version 6: the part file's own layout, see part_file; a torch zip file before)
         cached = self.__dict__.get("_open_part")
         if cached is None or cached[0] != path:
-            cached = self.__dict__["_open_part"] = (path, _safe_load(path, mmap=True))
+            with open(path, "rb") as f:
+                zipped = f.read(2) == b"PK"
+            try:
+                part = _safe_load(path, mmap=True) if zipped else PartFile(path)
+            except PartFileError as exc:
+                raise DumpError(str(exc)) from exc
+            cached = self.__dict__["_open_part"] = (path, part)
         return cached[1]
 
 
@@ -363,21 +373,11 @@ def _record_problem(rec) -> str | None:
 
 
 def _view_of(base: torch.Tensor, view, where: str) -> torch.Tensor:
-    """The tensor (size, stride, offset) on ``base``'s storage; refused unless it lies inside it."""
-    def ints(v) -> bool:
-        return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
-
-    if not (isinstance(view, list) and len(view) == 3 and ints(view[0]) and ints(view[1])
-            and len(view[0]) == len(view[1]) and isinstance(view[2], int) and not isinstance(view[2], bool)):
-        raise DumpError(f"{where}: bad view {view!r:.80}; expected [sizes], [strides] and an offset")
-    size, stride, offset = view
-    n = base.untyped_storage().nbytes() // base.element_size()
-    if any(d < 0 for d in size) or any(st < 0 for st in stride) or offset < 0:
-        raise DumpError(f"{where}: bad view {view!r:.80}: negative sizes, strides or offset")
-    last = offset + sum((d - 1) * st for d, st in zip(size, stride)) if all(size) else offset - 1
-    if last >= n:
-        raise DumpError(f"{where}: view {view!r:.80} reaches element {last} of a storage of {n}")
-    return torch.as_strided(base, size, stride, offset)
+    """The tensor (size, stride, offset) on the storage of ``base`` (a tensor saved whole)."""
+    try:
+        return view_of(base, view, where)
+    except PartFileError as exc:
+        raise DumpError(str(exc)) from exc
 
 
 class DumpWriter:
