@@ -288,8 +288,8 @@ class Capture(Tool):
                     log.warning("capture: size cap of %d bytes reached at op %s #%d; later ops are indexed "
                                 "without tensors", self.max_bytes, rec.op, rec.index)
                 self.n_dropped += 1
+        # Buffered, flushed each step: a capture without meta.json (written last) is refused anyway.
         self._index.write(json.dumps(entry) + "\n")
-        self._index.flush()
         self.n_records += 1
         if self._pending is not None and self._pending.nbytes >= self.bulk_bytes:
             self.flush()
@@ -397,6 +397,8 @@ class Capture(Tool):
 
     def on_step(self) -> None:
         self.flush()
+        if self._index is not None:
+            self._index.flush()
 
     def finish(self) -> None:
         self.flush()
