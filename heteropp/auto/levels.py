@@ -17,6 +17,7 @@ is skipped where the fill is already infinite; the values are the same, the nump
 from __future__ import annotations
 
 import math
+from enum import IntEnum
 
 import numpy as np
 
@@ -74,13 +75,28 @@ def level(caps: np.ndarray, bpoff: np.ndarray, slr: np.ndarray, rate: np.ndarray
     return np.where(~hit.any(axis=2) | lacks, np.inf, x)  # any: hit at j
 
 
+class Slot(IntEnum):
+    """The per-slot fields of a row block, in the order Pass.of stacks them: the own cost's offset and
+    per-layer slopes (without, with recompute), the most layers (without, with recompute), the padding
+    mark, the update level's terms (level's bpoff, slr, rate, yoff, in that order), and the fill share."""
+    A0 = 0
+    A = 1
+    A1 = 2
+    M0 = 3
+    M1 = 4
+    PAD = 5
+    BPOFF = 6
+    SLR = 7
+    RATE = 8
+    YOFF = 9
+    BS = 10
+
+
 class Pass:
     """A row block's per-slot fields (one array: taking rows for a pass is one gather) and the parts of
     the fill and the update level that do not depend on the caps (shared by every pass of the block).
     A pass evaluates g levels per row at once: caps (R, g, n) against fields (R, 1, n), so the grid's
     levels need no copies of the rows."""
-
-    A0, A, A1, M0, M1, PAD, BPOFF, SLR, RATE, YOFF, BS = range(11)
 
     def __init__(self, s: np.ndarray, v: np.ndarray, order: np.ndarray, L: int, a0: bool) -> None:
         self.s, self.v, self.L = s[:, :, None, :], v[:, :, None], L  # slots (field, row, 1, slot); rows
@@ -97,7 +113,9 @@ class Pass:
         bpoff, slr, rate, yoff, one = upd
         # padding never lacks a layer; a row with more stages than layers always does
         pad = np.where(r.real, np.where((p > L)[:, None], -np.inf, 0.0), np.inf)
-        s = np.stack((r.a0, r.a, r.a1, r.m0, r.m1, pad, bpoff, slr, rate, yoff, r.beta.ravel()[flat]))
+        fields = {Slot.A0: r.a0, Slot.A: r.a, Slot.A1: r.a1, Slot.M0: r.m0, Slot.M1: r.m1, Slot.PAD: pad,
+                  Slot.BPOFF: bpoff, Slot.SLR: slr, Slot.RATE: rate, Slot.YOFF: yoff, Slot.BS: r.beta.ravel()[flat]}
+        s = np.stack([fields[f] for f in Slot])
         v = np.stack(((L - p).astype(np.float64), np.where(r.real, r.beta, 0.0).sum(axis=1), one, r.const))
         return cls(s, v, order, L, bool(r.a0.any()))
 
@@ -107,12 +125,12 @@ class Pass:
     def zcaps(self, z: np.ndarray) -> np.ndarray:
         """Most layers per stage with own <= z (levels z (R, g), finite; padding slots get 0)."""
         s = self.s
-        t = z[:, :, None] - s[self.A0] if self.a0 else z[:, :, None]
-        c0 = np.floor(t / s[self.A] + EPS)
-        np.minimum(c0, s[self.M0], out=c0)
-        c1 = np.floor(t / s[self.A1] + EPS)
-        np.minimum(c1, s[self.M1], out=c1)
-        cap = np.where(c1 > s[self.M0], c1, c0)
+        t = z[:, :, None] - s[Slot.A0] if self.a0 else z[:, :, None]
+        c0 = np.floor(t / s[Slot.A] + EPS)
+        np.minimum(c0, s[Slot.M0], out=c0)
+        c1 = np.floor(t / s[Slot.A1] + EPS)
+        np.minimum(c1, s[Slot.M1], out=c1)
+        cap = np.where(c1 > s[Slot.M0], c1, c0)
         return np.maximum(cap, 0.0, out=cap)
 
     def fill(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +139,7 @@ class Pass:
         without room for one layer."""
         s, lp = self.s, self.v[0]
         R, g, n = caps.shape
-        lacks = (caps + s[self.PAD]).min(axis=2) < 1
+        lacks = (caps + s[Slot.PAD]).min(axis=2) < 1
         at = self._at.get(g)
         if at is None:  # reused by a refinement's passes while its rows stay open
             at = self._at[g] = self.order + (np.arange(R * g) * n).reshape(R, g, 1)
@@ -129,7 +147,7 @@ class Pass:
         cum = room.cumsum(2)
         take = lp[:, :, None] - (cum - room)
         np.minimum(np.maximum(take, 0.0, out=take), room, out=take)
-        f = self.v[1] + (s[self.BS] * take).sum(axis=2)
+        f = self.v[1] + (s[Slot.BS] * take).sum(axis=2)
         return np.where((cum[:, :, -1] < lp) | lacks, np.inf, f), lacks
 
     def rest(self, caps: np.ndarray, known: np.ndarray | None = None) -> np.ndarray:
@@ -144,12 +162,12 @@ class Pass:
             live &= ~known
         k = np.count_nonzero(live)
         if k >= 0.9 * f.size:  # too few to skip to pay for the copies
-            return f + level(caps, *s[self.BPOFF:self.YOFF + 1], v[2], lacks, self.L) + v[3]
+            return f + level(caps, *s[Slot.BPOFF:Slot.YOFF + 1], v[2], lacks, self.L) + v[3]
         w = np.empty(f.shape)
         w.fill(np.inf)
         if k:
             rows, at = live.nonzero()
-            w[rows, at] = level(caps[rows, at][:, None], *s[self.BPOFF:self.YOFF + 1, rows], v[2][rows],
+            w[rows, at] = level(caps[rows, at][:, None], *s[Slot.BPOFF:Slot.YOFF + 1, rows], v[2][rows],
                                 lacks[rows, at][:, None], self.L)[:, 0]
         return f + w + v[3]
 
