@@ -16,7 +16,8 @@ from pathlib import Path
 
 from heteropp.auto.brute_force import brute_force
 from heteropp.auto.costs import CostModel
-from heteropp.auto.planning import Problem, run_search, to_plan
+from heteropp.auto.front_door import plan as planned
+from heteropp.auto.planning import Problem
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
 from heteropp.schedules import kind
 from heteropp.spec import InfeasibleError, ModelSpec, TrainSpec, cluster_from_dict
@@ -63,7 +64,7 @@ def measure(instances: int, seed: int, schedules: tuple[str, ...] = SCHEDULES) -
             pb = random_problem(rng, sched)
             t0 = time.perf_counter()
             try:
-                plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
+                plan = planned(pb).plan
             except InfeasibleError:
                 plan = None
             slowest = max(slowest, time.perf_counter() - t0)

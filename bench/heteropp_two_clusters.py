@@ -72,7 +72,9 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
     from heteropp.auto.analytic import analytic_profile
     from heteropp.auto.costs import CostModel
     from heteropp.auto.plan_sim import plan_stages, schedule_params, simulate_stages
-    from heteropp.auto.planning import Problem, run_search, to_plan
+    from heteropp.auto.front_door import Budget
+    from heteropp.auto.front_door import plan as planned
+    from heteropp.auto.planning import Problem
     from heteropp.spec import TrainSpec, cluster_from_dict
     train = TrainSpec(global_batch=a.micro_batches, micro_batch_size=1, dtype="fp32", schedule="1f1b")
     priced_cl = cluster_from_dict(cluster_spec(rate_bytes_s(a.rate) / 1e9, True), "priced")
@@ -82,7 +84,7 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
         cl = cluster_from_dict(cluster_spec(rate_bytes_s(a.rate) / 1e9, priced), label)
         cm = CostModel(cl, MODEL, train, analytic_profile(cl, MODEL, train))
         pb = Problem(cl, MODEL, train, cm)
-        plan = to_plan(pb, run_search(pb, idle="always").best, None, "auto")  # B may stay idle
+        plan = planned(pb, Budget(idle="always")).plan  # B may stay idle
         stages = plan_stages(plan)
         params = schedule_params(priced_cm, stages, plan.dp, "h1f1b")
         sim = {
