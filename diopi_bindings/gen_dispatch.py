@@ -34,6 +34,7 @@ _CONVERT = {
     "bool": "boolean",
     "diopiSize_t": "size",
     "diopiConstTensorHandle_t*": "tensors",
+    "diopiReduction_t": "reduction",
 }
 
 

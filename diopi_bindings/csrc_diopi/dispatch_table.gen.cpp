@@ -335,6 +335,24 @@ diopiError_t call_108(void* fn, Frame& f) {  // aten::index_add.out
   if (!(f.number(4) == 1)) return diopiForceFallbackToCPU;
   return reinterpret_cast<decltype(&::diopiIndexPut)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(3), f.at(2, 1), f.at_count(1), true);
 }
+diopiError_t call_109(void* fn, Frame& f) {  // aten::le.Tensor
+  return reinterpret_cast<decltype(&::diopiLe)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
+}
+diopiError_t call_110(void* fn, Frame& f) {  // aten::le.Tensor_out
+  return reinterpret_cast<decltype(&::diopiLe)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1));
+}
+diopiError_t call_111(void* fn, Frame& f) {  // aten::nll_loss_forward
+  return reinterpret_cast<decltype(&::diopiNLLLossV2)>(fn)(f.ctx(), f.out(0), f.out(1), f.in(0), f.in(1), f.in(2), f.reduction(3), f.i64(4));
+}
+diopiError_t call_112(void* fn, Frame& f) {  // aten::nll_loss_forward.output
+  return reinterpret_cast<decltype(&::diopiNLLLossV2)>(fn)(f.ctx(), f.out(0), f.out(1), f.in(0), f.in(1), f.in(2), f.reduction(3), f.i64(4));
+}
+diopiError_t call_113(void* fn, Frame& f) {  // aten::nll_loss_backward
+  return reinterpret_cast<decltype(&::diopiNLLLossV2Backward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2), f.in(3), f.in(6), f.reduction(4), f.i64(5));
+}
+diopiError_t call_114(void* fn, Frame& f) {  // aten::nll_loss_backward.grad_input
+  return reinterpret_cast<decltype(&::diopiNLLLossV2Backward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2), f.in(3), f.in(6), f.reduction(4), f.i64(5));
+}
 
 }  // namespace
 
@@ -448,6 +466,12 @@ const Route kRoutes[] = {
     {"aten::index_add_", "", "diopiIndexPutInp", &call_106},
     {"aten::index_add", "", "diopiIndexPut", &call_107},
     {"aten::index_add", "out", "diopiIndexPut", &call_108},
+    {"aten::le", "Tensor", "diopiLe", &call_109},
+    {"aten::le", "Tensor_out", "diopiLe", &call_110},
+    {"aten::nll_loss_forward", "", "diopiNLLLossV2", &call_111},
+    {"aten::nll_loss_forward", "output", "diopiNLLLossV2", &call_112},
+    {"aten::nll_loss_backward", "", "diopiNLLLossV2Backward", &call_113},
+    {"aten::nll_loss_backward", "grad_input", "diopiNLLLossV2Backward", &call_114},
 };
 const size_t kRouteCount = sizeof(kRoutes) / sizeof(kRoutes[0]);
 

@@ -43,6 +43,8 @@ class Frame {
   double f64(size_t i) { return arg(i).toDouble(); }
   float f32(size_t i) { return static_cast<float>(arg(i).toDouble()); }
   bool boolean(size_t i) { return arg(i).toBool(); }
+  // ATen's reduction int (0 none, 1 mean, 2 sum) is DIOPI's numbering
+  diopiReduction_t reduction(size_t i) { return static_cast<diopiReduction_t>(arg(i).toInt()); }
   diopiSize_t size(size_t i);  // None: empty
   diopiConstTensorHandle_t* tensors(size_t i);  // a tensor list (None entries NULL)
   int64_t count(size_t i) { return static_cast<int64_t>(arg(i).toListRef().size()); }

@@ -235,3 +235,31 @@ def test_index_add_runs_as_an_accumulating_index_put_and_other_alphas_on_the_cpu
     assert got["one"] < 1e-6 and got["two"] < 1e-6, got
     assert got["routed"] == {"aten::index_add_": 1}, got["routed"]
     assert got["declined"] == {"aten::index_add": 1}, got["declined"]  # alpha 2.5: the CPU
+
+
+def test_a_transformers_llama_trains_with_torch_adamw_through_diopi() -> None:
+    got = run_python(ATTACH + """
+    from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+    deeplink.attach(deeplink.reference_path())
+    torch.set_num_threads(1)
+    size = HFLlamaSize()
+    batches = hf_batches(size, 3)
+    curves = {}
+    for attn in ("eager", "sdpa"):
+        ref = hf_train(make_hf_llama(size, attn=attn), batches)
+        got = hf_train(make_hf_llama(size, attn=attn).to("diopi"), [b.to("diopi") for b in batches])
+        curves[attn] = max(abs(a - b) for a, b in zip(ref, got))
+    x = torch.tensor([[1.0, float("nan"), 3.0], [0.0, 5.0, -1.0]])
+    y = torch.tensor([2.0, 2.0, 3.0])
+    le = (x.to("diopi") <= y.to("diopi")).cpu().tolist() == (x <= y).tolist()
+    print(json.dumps({"curves": curves, "le": le, "routed": dict(deeplink.routed_ops()),
+                      "python_routed": dict(device.routed_ops()), "cpu": dict(device.fallback_ops()),
+                      "declined": dict(deeplink.fallback_ops())}))
+    """, timeout=600)
+    assert all(err < 1e-4 for err in got["curves"].values()), got["curves"]
+    assert got["le"]
+    assert got["cpu"] == {} and got["declined"] == {}, (got["cpu"], got["declined"])
+    assert set(got["python_routed"]) <= {"aten::_safe_softmax"}, got["python_routed"]
+    for op in ("aten::nll_loss_forward", "aten::nll_loss_backward", "aten::le.Tensor", "aten::_log_softmax",
+               "aten::_log_softmax_backward_data", "aten::embedding_dense_backward"):
+        assert got["routed"].get(op, 0) > 0, (op, sorted(got["routed"]))

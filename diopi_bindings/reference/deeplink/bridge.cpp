@@ -221,3 +221,72 @@ extern "C" diopiError_t diopiIndex(diopiContextHandle_t ctx, diopiTensorHandle_t
   if (c.status() != diopiSuccess) return c.status();
   return c.finish(legacy::diopi_aten_index_Tensor(c.context(), result, self, list));
 }
+
+namespace {
+
+// One element of a strided tensor as a double (the dtypes a comparison reads).
+bool read(const char* base, diopiDtype_t dtype, int64_t offset, double* value) {
+  switch (dtype) {
+    case diopi_dtype_float64: *value = reinterpret_cast<const double*>(base)[offset]; return true;
+    case diopi_dtype_float32: *value = reinterpret_cast<const float*>(base)[offset]; return true;
+    case diopi_dtype_int64: *value = static_cast<double>(reinterpret_cast<const int64_t*>(base)[offset]); return true;
+    case diopi_dtype_int32: *value = reinterpret_cast<const int32_t*>(base)[offset]; return true;
+    case diopi_dtype_bool: *value = reinterpret_cast<const bool*>(base)[offset] ? 1.0 : 0.0; return true;
+    case diopi_dtype_bfloat16: {
+      const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(base)[offset]) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      *value = f;
+      return true;
+    }
+    default: return false;
+  }
+}
+
+struct Strided {
+  const char* data = nullptr;
+  diopiSize_t shape{}, stride{};
+  diopiDtype_t dtype = diopi_dtype_unsupported;
+  explicit Strided(diopiConstTensorHandle_t t) {
+    const void* p = nullptr;
+    diopiGetTensorDataConst(t, &p);
+    data = static_cast<const char*>(p);
+    diopiGetTensorShape(t, &shape);
+    diopiGetTensorStride(t, &stride);
+    diopiGetTensorDtype(t, &dtype);
+  }
+  // The element at `index` of a broadcast shape of rank `rank` (this shape aligned to its right).
+  int64_t offset(const std::vector<int64_t>& index) const {
+    int64_t off = 0;
+    const size_t skip = index.size() - static_cast<size_t>(shape.len);
+    for (int64_t d = 0; d < shape.len; ++d) off += (shape.data[d] == 1 ? 0 : index[skip + d]) * stride.data[d];
+    return off;
+  }
+};
+
+}  // namespace
+
+// The reference has no le kernel of its own: out (bool) = input <= other, broadcast, NaN false.
+extern "C" diopiError_t diopiLe(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                                diopiConstTensorHandle_t other) {
+  const Strided a(input), b(other), o(out);
+  if (o.dtype != diopi_dtype_bool) return diopiDtypeNotSupported;
+  void* raw = nullptr;
+  diopiGetTensorData(out, &raw);
+  bool* dst = static_cast<bool*>(raw);
+  int64_t numel = 0;
+  diopiGetTensorNumel(out, &numel);
+  std::vector<int64_t> index(static_cast<size_t>(o.shape.len), 0);
+  for (int64_t n = 0; n < numel; ++n) {
+    double x, y;
+    if (!read(a.data, a.dtype, a.offset(index), &x) || !read(b.data, b.dtype, b.offset(index), &y)) {
+      return diopiDtypeNotSupported;
+    }
+    dst[o.offset(index)] = x <= y;
+    for (int64_t d = o.shape.len - 1; d >= 0; --d) {
+      if (++index[d] < o.shape.data[d]) break;
+      index[d] = 0;
+    }
+  }
+  return diopiSuccess;
+}

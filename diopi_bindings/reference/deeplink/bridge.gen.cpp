@@ -564,3 +564,30 @@ extern "C" diopiError_t diopiIndexPut(diopiContextHandle_t ctx, diopiTensorHandl
   if (c.status() != diopiSuccess) return c.status();
   return c.finish(legacy::diopi_aten_index_put(c.context(), a0, a1, a2, a3, a4));
 }
+
+extern "C" diopiError_t diopiNLLLossV2(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t total_weight, diopiConstTensorHandle_t input, diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight, diopiReduction_t reduction, int64_t ignore_index) {  // aten::nll_loss_forward
+  bridge::Call c(ctx);
+  auto a0 = c.view(out);
+  auto a1 = c.view(total_weight);
+  auto a2 = c.view(input);
+  auto a3 = c.view(target);
+  auto a4 = c.view(weight);
+  auto a5 = reduction;
+  auto a6 = ignore_index;
+  if (c.status() != diopiSuccess) return c.status();
+  return c.finish(legacy::diopi_aten_nll_loss_forward(c.context(), a0, a1, a2, a3, a4, a5, a6));
+}
+
+extern "C" diopiError_t diopiNLLLossV2Backward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input, diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input, diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight, diopiConstTensorHandle_t total_weight, diopiReduction_t reduction, int64_t ignore_index) {  // aten::nll_loss_backward
+  bridge::Call c(ctx);
+  auto a0 = c.view(grad_input);
+  auto a1 = c.view(grad_output);
+  auto a2 = c.view(input);
+  auto a3 = c.view(target);
+  auto a4 = c.view(weight);
+  auto a5 = c.view(total_weight);
+  auto a6 = reduction;
+  auto a7 = ignore_index;
+  if (c.status() != diopiSuccess) return c.status();
+  return c.finish(legacy::diopi_aten_nll_loss_backward(c.context(), a0, a1, a2, a3, a4, a5, a6, a7));
+}

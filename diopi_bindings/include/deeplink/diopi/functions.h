@@ -75,6 +75,8 @@ DIOPI_API diopiError_t diopiGeScalar(diopiContextHandle_t ctx, diopiTensorHandle
                                      const diopiScalar_t* other);
 DIOPI_API diopiError_t diopiLtScalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                                      const diopiScalar_t* other);
+DIOPI_API diopiError_t diopiLe(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                               diopiConstTensorHandle_t other);
 DIOPI_API diopiError_t diopiBitwiseAnd(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                                        diopiConstTensorHandle_t other);
 DIOPI_API diopiError_t diopiWhere(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t condition,
@@ -126,6 +128,17 @@ DIOPI_API diopiError_t diopiLogSoftmax(diopiContextHandle_t ctx, diopiTensorHand
 DIOPI_API diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
                                                diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
                                                int64_t dim);
+
+/* The negative log-likelihood loss with its total weight (the V2 forms: total_weight is the sum of the weights of
+ * the targets counted, what the mean divides by). weight NULL: all ones. */
+DIOPI_API diopiError_t diopiNLLLossV2(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t total_weight,
+                                      diopiConstTensorHandle_t input, diopiConstTensorHandle_t target,
+                                      diopiConstTensorHandle_t weight, diopiReduction_t reduction, int64_t ignore_index);
+DIOPI_API diopiError_t diopiNLLLossV2Backward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                              diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                              diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight,
+                                              diopiConstTensorHandle_t total_weight, diopiReduction_t reduction,
+                                              int64_t ignore_index);
 
 /* Matrix products. */
 DIOPI_API diopiError_t diopiMm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
