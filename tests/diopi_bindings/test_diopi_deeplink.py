@@ -122,6 +122,22 @@ def test_a_library_of_another_diopi_major_version_is_refused(tmp_path: Path) -> 
     assert error is not None and "DIOPI Version: 2.0.0" in error and "DIOPI 1.x" in error, error
 
 
+def test_a_failing_library_call_raises_naming_the_function_and_the_librarys_message(vendor: Path) -> None:
+    got = run_python(ATTACH + f"""
+    deeplink.attach({str(vendor)!r})
+    a = torch.randn(3).to("diopi")
+    try:
+        a - a
+        print(json.dumps({{"error": None}}))
+    except RuntimeError as exc:
+        after = (a + a).cpu().tolist() == (2 * a).cpu().tolist()
+        print(json.dumps({{"error": str(exc).splitlines()[0], "after": after}}))
+    """)
+    error = got["error"]
+    assert error is not None and "diopiSub (aten::sub.Tensor) failed with error 1" in error, error
+    assert "sub is broken on purpose" in error and got["after"]  # the device keeps working
+
+
 def test_attach_outside_the_native_device_or_twice_is_refused(vendor: Path) -> None:
     got = run_python(f"""
     import json, torch

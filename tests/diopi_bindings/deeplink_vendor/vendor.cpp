@@ -1,7 +1,8 @@
 // A small operator library as a vendor writes it against DIOPI (DeepLink's <diopi/functions.h>): it reads
 // tensors only through the runtime's accessors, asks the framework for scratch memory, and computes in double
 // over any strides. No diopi_bindings header beyond DIOPI's own. float64 sums are declined (diopiNoImplement)
-// so the framework's CPU path is exercised. VENDOR_VERSION overrides the version it reports.
+// so the framework's CPU path is exercised, and diopiSub always fails (diopiErrorOccurred, with a message) so the
+// framework's error path is. VENDOR_VERSION overrides the version it reports.
 #include <diopi/functions.h>
 
 #include <cmath>
@@ -143,7 +144,12 @@ extern "C" {
 const char* diopiGetVersion() { return VENDOR_VERSION; }
 const char* diopiGetVendorName() { return "test-vendor"; }
 const char* diopiGetImplVersion() { return "0.1"; }
-const char* diopiGetLastErrorString() { return "test-vendor: see the error code"; }
+const char* diopiGetLastErrorString() { return "test-vendor: sub is broken on purpose"; }
+
+diopiError_t diopiSub(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {
+  return diopiErrorOccurred;
+}
 
 diopiError_t diopiAdd(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                       diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {
