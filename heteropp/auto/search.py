@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from typing import Any, TypeVar
 from dataclasses import replace
 
 import numpy as np
@@ -50,7 +51,8 @@ class _Top:
     dropped faster plans."""
 
     def __init__(self, keep: int, widen: dict[int, float], beyond: dict[int, float] | None = None) -> None:
-        self.keep, self.slack, self.widen, self.items = keep, 0.0, widen, []
+        self.keep, self.slack, self.widen = keep, 0.0, widen
+        self.items: list[Candidate] = []
         # per dp, the objective from which a plan cannot beat the caller's `beat_s` (search_auto)
         self.beyond = beyond or {dp: math.inf for dp in widen}
         self.fastest: Candidate | None = None
@@ -145,8 +147,9 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         beyond = {dp: beat_s * objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
                                                micro_batches(cm.train, dp)) for dp in dps}
     top = _Top(max(refined, runners_up + 1), widen, beyond)
-    fulls: dict[tuple, float] = {}  # full estimates of the plans priced, by _sig
+    fulls: dict[Sig, float] = {}  # full estimates of the plans priced, by _sig
     stats = {"evaluated": 0, "pruned": 0, "work": 0}  # work: units of limits.BOUND_CELLS_PER_UNIT
+    open_bound: list[float] = []  # where the budget stopped the best-first search: the least bound left open
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     per_dp, grouped = {}, False
     for dp in dps:
@@ -175,14 +178,14 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         except InfeasibleError:
             raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
     frontier = Frontier()
-    done: set = set()
+    done: set[tuple[int, tuple[int, ...], bytes]] = set()
 
     def later(e: Entry) -> bool:
         """Worth keeping: may beat the incumbent, or (for the second phase) within the re-rank margin."""
         if not top.items:
             return e.bound < top.cut(e.space.dp)
         near = top.items[0].time_s * (1 + max(wide, margin))
-        return e.bound < min(max(top.cut(e.space.dp), near), top.beyond[e.space.dp])
+        return bool(e.bound < min(max(top.cut(e.space.dp), near), top.beyond[e.space.dp]))
 
     def push(e: Entry) -> None:
         if later(e):
@@ -264,18 +267,19 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
                             f"elsewhere)")
                     bounded.append(f"{what} (best-first search stopped with bounds from {frontier.least():.4f} s "
                                    f"open)")
-                    stats["open_bound"] = frontier.least()
+                    open_bound[:] = [frontier.least()]
                 break
             e = frontier.pop()
             if e.bound >= top.cut(e.space.dp):
                 aside.append(e)
                 continue
             if e.level is Level.ORDER:
+                assert e.order is not None and e.combo is not None
                 split(e.space, e.order, e.combo)
             elif e.level is Level.CHUNK:
-                chunks([(x.space, x.chunk) for x in frontier.pop_more(e, top.bound, BATCH)])
+                chunks([(x.space, _given(x.chunk)) for x in frontier.pop_more(e, top.bound, BATCH)])
             else:
-                expand([(x.space, x.combo) for x in frontier.pop_more(e, top.bound, BATCH)])
+                expand([(x.space, _given(x.combo)) for x in frontier.pop_more(e, top.bound, BATCH)])
         for e in aside:
             frontier.push(e)
 
@@ -303,7 +307,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         drain(collect=True)
     stats["pruned"] += len(frontier)
     items = top.kept()
-    sims: dict[tuple, float] = {}
+    sims: dict[Sig, float] = {}
     if rerank:
         near = [c for c in items if c.time_s <= items[0].time_s * (1 + near_slack)]
         items = _rerank(cm, near, group_size, sims) + [c for c in items if c not in near]
@@ -327,22 +331,32 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         if other is not None and other.best.time_s < first:
             other = _reported_result(cm, other) if rerank else replace(other, objective_s=other.best.time_s)
             other.bounded = bounded + other.bounded
-            other.lower_bound_s = min(other.lower_bound_s, relaxed_bound(cm, dps))
+            low_idle = relaxed_bound(cm, dps)
+            other.lower_bound_s = low_idle if other.lower_bound_s is None else min(other.lower_bound_s, low_idle)
             other.search_time_s = time.perf_counter() - t0
             other.work += stats["work"]
             return other
     low = None
     if bounded:
         low = relaxed_bound(cm, dps)
-        if len(bounded) == 1 and "open_bound" in stats:  # only the budget stopped it: the heap bounds the rest
-            low = max(low, min(stats["open_bound"], top.items[0].time_s) / max(widen.values()))
+        if len(bounded) == 1 and open_bound:  # only the budget stopped it: the heap bounds the rest
+            low = max(low, min(open_bound[0], top.items[0].time_s) / max(widen.values()))
         if progress:
             progress(f"bounded search: best {items[0].time_s:.4f} s, no plan below {low:.4f} s")
     return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"],
                         time.perf_counter() - t0, bounded, low, objective, stats["work"])
 
 
-def _cells(parts: list) -> int:
+T = TypeVar("T")
+
+
+def _given(x: T | None) -> T:
+    """A frontier entry's field its level always sets."""
+    assert x is not None
+    return x
+
+
+def _cells(parts: list[Any]) -> int:
     """Work units of bounding these stage matrices (rows x stage slots)."""
     return -(-sum(int(p.a0.size) for p in parts) // BOUND_CELLS_PER_UNIT)
 
@@ -370,7 +384,7 @@ def _forward_share(cm: CostModel) -> float:
     return max(shares, default=1.0)
 
 
-def _fewest_stages(cm: CostModel, dp: int) -> int:
+def _fewest_stages(cm: CostModel, dp: int) -> float:
     """The fewest pipeline stages at dp when every chip serves (each type at its largest TP size that
     splits its per-replica chips); a dp with more stages than layers has no plan."""
     counts, total = tp_counts(cm.model), 0
@@ -397,8 +411,8 @@ def _rerank_slack(cm: CostModel, dps: list[int]) -> float:
     return RERANK_SLACK_SMALL if longest_plan_actions(cm, dps) * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
 
 
-def reported(cm: CostModel, cands: list[Candidate], simulated: dict[tuple, float] | None = None,
-             estimated: dict[tuple, float] | None = None) -> list[Candidate]:
+def reported(cm: CostModel, cands: list[Candidate], simulated: dict[Sig, float] | None = None,
+             estimated: dict[Sig, float] | None = None) -> list[Candidate]:
     """The plans as returned, each carrying the time a user reads and ranked by it: the simulator's where the
     re-rank simulated it (`simulated`, by _sig), else the cost model's full estimate (round trips and whole
     passes priced, within accuracy.ESTIMATE_BOUNDS of the simulator), not the search's objective, which
@@ -435,12 +449,14 @@ def _reported_result(cm: CostModel, res: SearchResult) -> SearchResult:
 
 
 def _rerank(cm: CostModel, cands: list[Candidate], group_size: int,
-            simulated: dict[tuple, float]) -> list[Candidate]:
+            simulated: dict[Sig, float]) -> list[Candidate]:
     """Simulate the near-optimal plans in model order while the budget lasts, plus h2's layer sharding of
     the best plan's dp and TP sizes (the model's 1F1B estimate can misjudge near-ties that the paper's
     heuristic happens to get right); each is timed by the simulator's recurrence (makespan.py)."""
     from .plan_sim import iteration_time
-    pool, seen, spent = [], set(), 0
+    pool: list[Candidate] = []
+    seen: set[Sig] = set()
+    spent = 0
     h2 = h2_candidates(cm, cands[0].dp, _runs(cands[0].stages), group_size)
     for c in cands[:1] + h2 + cands[1:]:
         sig = _sig(c)
@@ -458,7 +474,10 @@ def _rerank(cm: CostModel, cands: list[Candidate], group_size: int,
     return ranked + [c for c in cands if _sig(c) not in seen]
 
 
-def _sig(c: Candidate) -> tuple:
+Sig = tuple[int, tuple[tuple[str, int, int, bool, int], ...]]  # a plan's dp and stages (_sig)
+
+
+def _sig(c: Candidate) -> Sig:
     return c.dp, tuple((s.chip, s.tp, s.layers, s.recompute, s.inner_dp) for s in c.stages)
 
 
