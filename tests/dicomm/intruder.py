@@ -26,6 +26,7 @@ first of these or after <seconds>.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
@@ -198,8 +199,11 @@ def attack_tcp(address: str, token: bytes, secret: bytes, src: int, dst: int, ta
 def attack_shm(address: str, token: bytes, secret: bytes, src: int, dst: int, tag: int, value: int) -> dict:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect("\0" + address)
-    memfd = os.memfd_create("x")
+    # Sealed against shrinking, as a rank's own segment is: an unsealed one is refused before any
+    # check of who sent it, and the intruder would test nothing else.
+    memfd = os.memfd_create("x", os.MFD_ALLOW_SEALING)
     os.ftruncate(memfd, SEGMENT_BYTES)
+    fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     seg = mmap.mmap(memfd, SEGMENT_BYTES)
     accepted = handshake(sock, token, secret, "shm", src, dst, fds=(memfd,))
     payload = struct.pack("<q", value)
