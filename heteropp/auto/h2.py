@@ -203,41 +203,49 @@ class _Bound:
         return self.best[key]
 
     def least(self, tps: list[int], rs: list[bool]) -> float:
-        k, L, ents, dp = len(tps), self.L, self.ents, self.dp
+        k, ents, dp = len(tps), self.ents, self.dp
         n = self.in_flight(sum(e.chips // dp // t for e, t in zip(ents, tps)) + self.rest_stages[k])
         entity, free = self._entity, self._free
         parts = [entity(i, t, r, n) for i, (t, r) in enumerate(zip(tps, rs))]
+        last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
+        first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
         if self.group_rule or self.tied:
-            last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
-            first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
             for e, t, r in zip(ents, tps, rs):
                 last_tp[e.chip] = t
                 first_r.setdefault(e.chip, r)
-            for i in range(k, len(ents)):
-                c = ents[i].chip
-                tmax = last_tp.get(c, ANY_TP) if self.group_rule else ANY_TP
-                parts.append(free(i, n, tmax, (first_r[c],) if self.tied and c in first_r else BOTH))
-        else:
-            parts += [free(i, n, ANY_TP, BOTH) for i in range(k, len(ents))]
-        if sum(p[2] for p in parts) < L:
-            return math.inf
-        # the level Z: entities fill at rate s / tau until their cap, in order of the level they cap at
-        left, rate, z = float(L), sum(p[1] for p in parts), 0.0
-        for _, fill, _, at in sorted(parts, key=_LEVEL):
-            if fill <= 0 or rate * (at - z) >= left:
-                break
-            left -= rate * (at - z)
-            z, rate = at, rate - fill
-        if rate > 0:
-            z += left / rate
-        total, short = 0.0, L
-        for tau, _, cap, _ in sorted(parts):
-            if cap >= short:
-                total += short * tau
-                break
-            total += cap * tau
-            short -= cap
-        return (self.b - 1) * z + total
+        rest = range(k, len(ents))
+        tmax = [last_tp.get(ents[i].chip, ANY_TP) if self.group_rule else ANY_TP for i in rest]
+        left = {ents[i].chip for i in rest}
+        if len(left) == 1 and (self.tied or len(rest) == 1) and not left & first_r.keys():
+            # the rest is one type whose recompute flag is still open: the least over that one flag, as a
+            # memory-bound type's flag trades its rate against its room
+            return min(_level_and_total(parts + [free(i, n, m, (r,)) for i, m in zip(rest, tmax)], self.L, self.b)
+                       for r in BOTH)
+        flags = [(first_r[ents[i].chip],) if self.tied and ents[i].chip in first_r else BOTH for i in rest]
+        return _level_and_total(parts + [free(i, n, m, f) for i, m, f in zip(rest, tmax, flags)], self.L, self.b)
+
+
+def _level_and_total(parts: list[Part], L: int, b: int) -> float:
+    """_Bound's least cost of these entities' parts (see _Bound)."""
+    if sum(p[2] for p in parts) < L:
+        return math.inf
+    # the level Z: entities fill at rate s / tau until their cap, in order of the level they cap at
+    left, rate, z = float(L), sum(p[1] for p in parts), 0.0
+    for _, fill, _, at in sorted(parts, key=_LEVEL):
+        if fill <= 0 or rate * (at - z) >= left:
+            break
+        left -= rate * (at - z)
+        z, rate = at, rate - fill
+    if rate > 0:
+        z += left / rate
+    total, short = 0.0, L
+    for tau, _, cap, _ in sorted(parts):
+        if cap >= short:
+            total += short * tau
+            break
+        total += cap * tau
+        short -= cap
+    return (b - 1) * z + total
 
 
 ANY_TP, BOTH = 1 << 30, (False, True)  # _Bound: no TP limit, either recompute flag
