@@ -37,6 +37,18 @@ class DiopiTensor(torch.Tensor):
         t.host = host
         return t
 
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        return torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        """``p.data = t`` makes p alias t (an optimizer binding parameters to views of one flat buffer): the
+        wrapper takes t's sizes and strides from torch, and its memory, the host tensor, here."""
+        torch.Tensor.data.__set__(self, new)  # type: ignore[attr-defined]
+        if isinstance(new, DiopiTensor):
+            self.host = new.host
+
     def __repr__(self, **kwargs: Any) -> str:  # printing goes through the host copy
         return f"{self.host!r}".replace("tensor(", "diopi_tensor(", 1)
 

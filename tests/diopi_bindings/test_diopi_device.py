@@ -227,6 +227,23 @@ TRAIN = """
 """
 
 
+def test_assigning_data_makes_a_parameter_alias_the_new_tensor(reference_path):
+    # ZeroAdamW binds every parameter to a view of one flat buffer (p.data = view) and updates the buffer
+    got = run_python(f"""
+        import json, torch
+        from diopi_bindings import device
+        device.enable({str(reference_path)!r}, backend="python")
+        flat = torch.zeros(6, device="diopi")
+        p = torch.nn.Parameter(torch.zeros(2, device="diopi"))
+        view = flat[1:3].view_as(p)
+        view.copy_(torch.ones(2))
+        p.data = view
+        flat.add_(1)
+        print(json.dumps({{"p": p.detach().cpu().tolist(), "flat": flat.cpu().tolist()}}))
+    """)
+    assert got["p"] == [2.0, 2.0] and got["flat"] == [1.0, 2.0, 2.0, 1.0, 1.0, 1.0], got
+
+
 def test_tiny_llama_trains_like_plain_torch(reference_path):
     got = run_python(TRAIN.format(library=str(reference_path), autocompare=True, backend="python"))
     assert got["passed"], (got["ref"], got["got"])
