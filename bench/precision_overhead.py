@@ -112,8 +112,9 @@ def measure(names: list[str], rounds: int, steps: int, cfg: HFLlamaSize = CFG) -
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# peak memory: the process's own high-water mark (VmHWM); ru_maxrss would start at the parent's size
 _COMPARE = """
-import resource, sys, time, torch
+import sys, time, torch
 torch.set_num_threads(1)
 from ditorch_precision import compare_dumps
 if len(sys.argv) > 2:
@@ -121,9 +122,10 @@ if len(sys.argv) > 2:
     report = compare_dumps(sys.argv[1], sys.argv[2])
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert report.passed, "an honest pair must pass"
-    print(len(report.ops), wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    print(len(report.ops), wall, cpu, end=" ")
 else:
-    print(0, 0, 0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    print(0, 0, 0, end=" ")
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))
 """
 
 
