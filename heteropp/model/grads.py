@@ -7,7 +7,7 @@ and then freed, so gradients accumulate over the micro-batches in fp32 whatever 
 Parameters without a `main_grad` (no ZeroAdamW bound to them) keep torch's plain `p.grad`.
 
 The weight gradients the model computes itself go into `main_grad` without a temporary of the weight's size
-where they can (a linear layer's in one addmm, an embedding's by index_add): on the vocabulary-sized
+where they can (a linear layer's in one addmm, an embedding's by an accumulating index_put): on the vocabulary-sized
 matrices such a temporary was the step's largest allocation beyond the state."""
 from __future__ import annotations
 
@@ -43,9 +43,10 @@ def accumulate_rows(p: torch.Tensor, index: torch.Tensor, g: torch.Tensor) -> No
     """p's gradient rows `index` += g (an embedding's weight gradient: one row of g per looked-up token)."""
     main = getattr(p, "main_grad", None)
     if main is None:
-        accumulate(p, torch.zeros_like(p).index_add_(0, index, g.to(p.dtype)))
+        accumulate(p, torch.zeros_like(p).index_put_((index,), g.to(p.dtype), accumulate=True))
         return
-    main.index_add_(0, index, g.to(main.dtype))
+    # index_put_ with accumulate rather than index_add_: the same sums, and an operator DIOPI libraries have
+    main.index_put_((index,), g.to(main.dtype), accumulate=True)
     p.got_grad = True  # type: ignore[attr-defined]
 
 
