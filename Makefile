@@ -25,16 +25,18 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC) $(DIOPI_SRC)
 	  $(PY) -m pip install -q --no-build-isolation -e ".[test]"'
 	touch $@
 
-# The two longest suites have their own target, test-long: the Soft-RoCE guest under QEMU (~6 min) and the
-# engine's tests under ThreadSanitizer (~3.5 min); `make test` keeps everything else.
-LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan
+# The longest suites have their own target, test-long: the Soft-RoCE guest under QEMU (~6 min), the
+# engine's tests under ThreadSanitizer (~3.5 min) and heteropp's elastic fault and straggler re-plan runs
+# (HETEROPP_LONG_TESTS=1, ~7 min); `make test` keeps everything else.
+LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
+	tests/heteropp/test_heteropp_elastic_faults.py tests/heteropp/test_heteropp_straggler.py
 
 test: setup
 	$(PY) -m pytest -q tests --ignore=tests/rdma \
 	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan
 
 test-long: setup
-	$(PY) -m pytest -q $(LONG_TESTS)
+	HETEROPP_LONG_TESTS=1 $(PY) -m pytest -q $(LONG_TESTS)
 
 # The RDMA tests alone: a Soft-RoCE guest under QEMU (see docs/rdma.md; a few minutes).
 test-rdma: setup
