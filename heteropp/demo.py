@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out or tempfile.mkdtemp(prefix="heteropp-demo-"))
     out.mkdir(parents=True, exist_ok=True)
 
-    from .auto.planning import load_problem, run_search, to_plan
+    from .auto import plan as heteroauto_plan
+    from .auto.planning import load_problem
     from .spec import load_model
     _say(f"1/4 profiling the {a.model} model on this host's devices" + (" (skipped: analytic)" if a.analytic else ""))
     t0 = time.perf_counter()
@@ -76,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _say("2/4 planning with HeteroAuto")
     pb = load_problem(a.cluster, a.model, a.train, prof)
-    t0 = time.perf_counter()
-    res = run_search(pb)
-    plan = to_plan(pb, res.best, time.perf_counter() - t0, "auto")
+    plan = heteroauto_plan(pb).plan
     plan.save(out / "plan.json")
     for i, s in enumerate(plan.stages):
         _say(f"    stage {i}: {s.chip:>6} tp {s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"

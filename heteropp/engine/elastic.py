@@ -185,11 +185,9 @@ def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: 
 
 def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> Plan:
     """HeteroAuto's plan for the chips present; InfeasibleError names what is missing."""
-    from ..auto.planning import make_problem, run_search, to_plan
-    pb = make_problem(cluster, m, train_from_dict(train, "<training>", m.seq_len))
-    t0 = time.perf_counter()
-    res = run_search(pb)
-    return to_plan(pb, res.best, time.perf_counter() - t0, "auto")
+    from ..auto import plan as heteroauto_plan
+    from ..auto.planning import make_problem
+    return heteroauto_plan(make_problem(cluster, m, train_from_dict(train, "<training>", m.seq_len))).plan
 
 
 def smallest_fit(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> str:
