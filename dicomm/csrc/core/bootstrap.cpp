@@ -51,7 +51,7 @@ std::string verified_card_text(const std::string& text, const std::string& key, 
   // The signature is the last line; the card is everything before it, byte for byte.
   const std::string tag = "mac=";
   const size_t at = text.size() >= 2 ? text.rfind("\n" + tag, text.size() - 2) : std::string::npos;
-  const std::string body = at == std::string::npos ? "" : text.substr(0, at + 1);
+  std::string body = at == std::string::npos ? "" : text.substr(0, at + 1);
   std::string mac = at == std::string::npos ? "" : text.substr(at + 1 + tag.size());
   if (!mac.empty() && mac.back() == '\n') mac.pop_back();
   const std::string want = card_mac_hex(key, scope, rank, body);
