@@ -24,4 +24,5 @@ def test_an_unknown_backend_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         diopi_train.main(["--backends", "python,cuda"])
     assert exit_info.value.code == 2
-    assert "--backends takes a comma-separated subset of python, native, diopi, got 'python,cuda'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--backends takes a comma-separated subset of python, native, diopi, got 'python,cuda'" in err
