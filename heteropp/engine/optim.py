@@ -133,17 +133,13 @@ class ZeroAdamW:
 
     def _bind_grads(self) -> None:
         off = 0
-        low = self.state_dtype != self.dtype
         for p in self.params:
             main = self._grads[off:off + p.numel()].view_as(p)
             p.got_grad = p.grad is not None  # type: ignore[attr-defined]
             if p.grad is not None:  # a gradient from before the optimizer existed is kept
                 main.copy_(p.grad)
             p.main_grad = main  # type: ignore[attr-defined]
-            if low:
-                p.grad = None
-            else:
-                p.grad = main
+            self._rest_grad(p)
             if not getattr(p, "grad_hooked", False):  # once per parameter, whichever optimizer binds it later
                 p.register_post_accumulate_grad_hook(_after_accumulate)
                 p.grad_hooked = True  # type: ignore[attr-defined]
@@ -157,11 +153,16 @@ class ZeroAdamW:
             off += t.numel()
         return flat
 
+    def _rest_grad(self, p: nn.Parameter) -> None:
+        """p.grad between backwards: the main_grad itself in fp32 (autograd adds into it), else None (each
+        low-precision gradient is folded into the fp32 main_grad as it arrives)."""
+        p.grad = None if self.state_dtype != self.dtype else p.main_grad  # type: ignore[attr-defined]
+
     def zero_grad(self) -> None:
         self._grads.zero_()
         for p in self.params:
-            p.got_grad = False
-            p.grad = None if self.state_dtype != self.dtype else p.main_grad
+            p.got_grad = False  # type: ignore[attr-defined]
+            self._rest_grad(p)
 
     @torch.no_grad()
     def _take_assigned_grads(self) -> None:
@@ -171,7 +172,7 @@ class ZeroAdamW:
             if g is not None and not (g.data_ptr() == p.main_grad.data_ptr() and g.dtype == p.main_grad.dtype):
                 p.main_grad.copy_(g)
                 p.got_grad = True
-                p.grad = None if self.state_dtype != self.dtype else p.main_grad
+                self._rest_grad(p)
 
     @torch.no_grad()
     def step(self) -> bool:
@@ -247,8 +248,7 @@ class ZeroAdamW:
         if self.master is not None:
             weights = self._gathered(self.master)
         else:
-            weights = self._fill(torch.zeros(self.padded, dtype=self.state_dtype, device=self.m.device),
-                                 [p.detach() for p in self.params])
+            weights = self._w.clone()  # the parameters are views of it (a copy: training goes on writing it)
         m, v = self._gathered(self.m), self._gathered(self.v)
         out: dict[str, list[torch.Tensor]] = {"master": [], "exp_avg": [], "exp_avg_sq": []}
         off = 0
@@ -269,8 +269,5 @@ class ZeroAdamW:
         self._fill(flat, master)
         if self.master is not None:
             self.master.copy_(flat[self.lo:self.lo + self.shard])
-        off = 0
-        for p in self.params:
-            p.copy_(flat[off:off + p.numel()].view_as(p))
-            off += p.numel()
+        self._w.copy_(flat)  # every parameter at once: they are views of it
         self.t = step
