@@ -12,6 +12,8 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .mixed_precision import MixedPrecision
+
 PARAMS_OP = "optimizer::params"  # a module record: an optimizer's parameters after its step
 
 # Ops that compute the same thing by different kernels; the first of each group names it.
@@ -35,6 +37,7 @@ class Equivalences:
         self._canon: dict[str, str] = {}
         # op -> names of arguments whose differences between the runs are known to be benign
         self.ignored_arguments: dict[str, frozenset[str]] = {}
+        self.mixed_precision = MixedPrecision()  # dtypes the runs store differently by design
         for g in groups:
             self.add(g)
 
@@ -50,7 +53,8 @@ class Equivalences:
     @classmethod
     def load(cls, path: str | None) -> "Equivalences":
         """The defaults, extended by a JSON file ``{"equivalent": [["aten::a", "aten::b"], ...],
-        "ignore_arguments": {"aten::a": ["name", ...]}}`` (both keys optional)."""
+        "ignore_arguments": {"aten::a": ["name", ...]}, "mixed_precision": ["float32", "bfloat16"]}``
+        (each key optional; ``ditorch_precision.mixed_precision``)."""
         eq = cls()
         if path is None:
             return eq
@@ -61,10 +65,13 @@ class Equivalences:
             raise ValueError(f"{path}: unreadable equivalence table ({exc})") from None
         groups = data.get("equivalent", []) if isinstance(data, dict) else None
         ignored = data.get("ignore_arguments", {}) if isinstance(data, dict) else None
-        if not isinstance(groups, list) or not isinstance(ignored, dict) or not (set(data) & {"equivalent",
-                                                                                              "ignore_arguments"}):
+        keys = {"equivalent", "ignore_arguments", "mixed_precision"}
+        if not isinstance(groups, list) or not isinstance(ignored, dict) or not set(data) & keys:
             raise ValueError(f"{path}: expected {{\"equivalent\": [[\"aten::a\", \"aten::b\"], ...], "
-                             f"\"ignore_arguments\": {{\"aten::a\": [\"name\", ...]}}}}")
+                             f"\"ignore_arguments\": {{\"aten::a\": [\"name\", ...]}}, "
+                             f"\"mixed_precision\": [\"float32\", \"bfloat16\"]}} (each key optional)")
+        if "mixed_precision" in data:
+            eq.mixed_precision = MixedPrecision.parse(data["mixed_precision"], path)
         for op, names in ignored.items():
             if "::" not in op or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise ValueError(f"{path}: ignore_arguments entry {op!r}: {names!r}; expected an op name like "
@@ -105,6 +112,9 @@ class Alignment:
     module_pairs: list[tuple[dict, dict]] = field(default_factory=list)  # module records, paired
     unmatched_modules_a: list[dict] = field(default_factory=list)  # module records the other run lacks
     unmatched_modules_b: list[dict] = field(default_factory=list)
+    # casts between the dtypes of a declared mixed-precision policy: not aligned (one run needs them)
+    casts_a: list[dict] = field(default_factory=list)
+    casts_b: list[dict] = field(default_factory=list)
 
 
 def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None = None) -> Alignment:
@@ -114,10 +124,12 @@ def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None 
     ops_b: dict = defaultdict(list)
     mods_a: dict = defaultdict(list)
     mods_b: dict = defaultdict(list)
-    for recs, ops, mods in ((records_a, ops_a, mods_a), (records_b, ops_b, mods_b)):
+    for recs, ops, mods, casts in ((records_a, ops_a, mods_a, out.casts_a), (records_b, ops_b, mods_b, out.casts_b)):
         for r in sorted(recs, key=lambda r: r["index"]):
             if r.get("kind", "op") == "module":
                 mods[(*group_key(r), r["op"])].append(r)
+            elif eq.mixed_precision.is_cast(r):
+                casts.append(r)
             else:
                 ops[group_key(r)].append(r)
     for key in list(ops_a) + [k for k in ops_b if k not in ops_a]:

@@ -208,6 +208,8 @@ def argument_differences(ra: dict, rb: dict, da: dict | None, db: dict | None, e
     if sa is None or sb is None:
         return out
     ignored = eq.ignored_arguments.get(ra["op"], frozenset()) | eq.ignored_arguments.get(rb["op"], frozenset())
+    if eq.mixed_precision:  # the declared dtypes (and their finfo constants) are one
+        sa, sb = eq.mixed_precision.canonical(sa), eq.mixed_precision.canonical(sb)
     if ra["op"] != rb["op"]:  # other schemas: a name both have is the same option only for plain values
         sa, sb = ({k: v for k, v in s.items() if not _holds_tensors(v)} for s in (sa, sb))
     return out + differences(sa, sb, only_shared=ra["op"] != rb["op"], ignored=ignored)
@@ -427,6 +429,14 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
         report.unmatched.append(_row(ra, "unmatched", "alignment", "module record only in A") | {"run": "A"})
     for rb in al.unmatched_modules_b:
         report.unmatched.append(_row(rb, "unmatched", "alignment", "module record only in B") | {"run": "B"})
+    policy = options.equivalences.mixed_precision
+    for ra in al.casts_a:  # judged where they run, like a region's own ops
+        row = self_check(a, ra, options)
+        row["detail"] = f"a cast of the mixed-precision policy ({policy.describe()}), {row['detail']}"
+        report.ops.append(row)
+    for rb in al.casts_b:
+        report.unmatched.append(_row(rb, "unmatched", "mixed_precision",
+                                     f"a cast of the mixed-precision policy ({policy.describe()}) in B") | {"run": "B"})
     # A region's unmatched ops of A are judged against their own float64 replay (immune to inherited
     # drift); its module records directly, which tells a fault apart only before the first divergence.
     own_ops: dict = {}
