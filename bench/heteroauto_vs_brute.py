@@ -27,17 +27,25 @@ MORE_SCHEDULES = ("gpipe", "zbh1")  # on request (--schedules)
 TYPES = ("X", "Y", "Z")
 
 
-def random_problem(rng: random.Random, schedule: str) -> Problem:
-    """Three one-chip-per-node types (1 or 2 chips, 8 to 20 GB) with hand-set per-layer times (X 1.0, the
-    others 0.5 to 1.5 of it; one layer's weights, gradients and optimizer state 1.6 GB, activations 1 GB
-    per micro-batch), every pair joined by its own link."""
-    chips = [{"name": n, "count": rng.randint(1, 2), "memory_gb": rng.choice([8.0, 12.0, 20.0]),
+# (chips per type, memory in GB, link bandwidths in GB/s, layers) of the default instances and of the
+# tight ones (--tight: slow links and tight memory, where idle chips, any dp and interleaved types win)
+FAMILIES = {"default": ((1, 2), (8.0, 12.0, 20.0), (0.02, 0.05, 0.2, 2.0), (4, 7)),
+            "tight": ((1, 3), (4.0, 6.0, 8.0), (0.005, 0.02), (4, 7)),
+            "tight-small": ((1, 2), (4.0, 6.0, 8.0), (0.005, 0.02), (4, 5))}
+
+
+def random_problem(rng: random.Random, schedule: str, family: str = "default") -> Problem:
+    """Three one-chip-per-node types (default: 1 or 2 chips, 8 to 20 GB; FAMILIES) with hand-set per-layer
+    times (X 1.0, the others 0.5 to 1.5 of it; one layer's weights, gradients and optimizer state 1.6 GB,
+    activations 1 GB per micro-batch), every pair joined by its own link."""
+    counts, mems, bandwidths, layer_range = FAMILIES[family]
+    chips = [{"name": n, "count": rng.randint(*counts), "memory_gb": rng.choice(mems),
               "peak_tflops": 100, "chips_per_node": 1, "tp_max": 1, "intra_node_bw": 100, "network_bw": 10.0,
               "memory_fraction": 1.0} for n in TYPES]
     speed = {"X": 1.0, "Y": rng.choice([0.5, 0.8, 1.2]), "Z": rng.choice([0.5, 0.8, 1.5])}
-    links = [{"between": [a, c], "bandwidth": rng.choice([0.02, 0.05, 0.2, 2.0])}
+    links = [{"between": [a, c], "bandwidth": rng.choice(bandwidths)}
              for a, c in (("X", "Y"), ("X", "Z"), ("Y", "Z"))]
-    layers, gb = rng.randint(4, 7), rng.choice([4, 6, 8])
+    layers, gb = rng.randint(*layer_range), rng.choice([4, 6, 8])
     cluster = cluster_from_dict({"name": "small", "chips": chips, "links": links}, "bench")
     model = ModelSpec("m", layers=layers, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
     train = TrainSpec(global_batch=gb, micro_batch_size=1, dtype="bf16", zero1=True, schedule=schedule)

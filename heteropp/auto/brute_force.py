@@ -1,6 +1,11 @@
 """The brute force over (plan, schedule parameters), each simulated: every dp, order of chip types, layer
 split and parameter value of one-chip stages (tp 1). The planner's plans are measured against it on small
-instances (tests/heteroauto, bench/heteroauto_vs_brute.py); exponential, for a handful of chips only."""
+instances (tests/heteroauto, bench/heteroauto_vs_brute.py); exponential, for a handful of chips only.
+
+`brute_force` covers the plans that use every chip with each type contiguous along the pipeline;
+`brute_force(pb, extended=True)` the larger space of issue 30 item 4: any dp that divides the micro-batch
+count, any number of each type's chips per replica (the rest idle), in any order along the pipeline
+(types interleaved: X Y X)."""
 from __future__ import annotations
 
 import itertools
@@ -34,14 +39,15 @@ def schedule_options(schedule: str, stages: list[StageSpec],
         yield {}, stages
 
 
-def brute_force(pb: Problem) -> tuple[float, int, list[StageSpec], dict[str, Any]]:
+def brute_force(pb: Problem, extended: bool = False) -> tuple[float, int, list[StageSpec], dict[str, Any]]:
     """The least simulated time of any plan of one-chip stages (tp 1) with any parameters that fit in
-    memory, with its dp, stages and parameters (inf and no stages when none fits). A stage recomputes only
+    memory, with its dp, stages and parameters (inf and no stages when none fits); `extended`: over
+    extended_sequences instead of one_chip_sequences. A stage recomputes only
     where it does not fit otherwise: recompute adds compute and no transfer, and a stage's memory depends on
     its own flag alone, so that choice loses no plan."""
     cm, sched = pb.cm, pb.train.schedule
     best: tuple[float, int, list[StageSpec], dict[str, Any]] = (math.inf, 0, [], {})
-    for dp, b, seq in one_chip_sequences(pb):
+    for dp, b, seq in (extended_sequences if extended else one_chip_sequences)(pb):
         caps = [cm.cluster.chip(c).usable_bytes for c in seq]
         for split in compositions(cm.model.layers, len(seq)):
             plain = [StageSpec(c, 1, n, False) for c, n in zip(seq, split)]
@@ -69,3 +75,21 @@ def one_chip_sequences(pb: Problem) -> Iterator[tuple[int, int, list[str]]]:
             seq = [n for n in order for _ in range(counts[n] // dp)]
             if len(seq) <= cm.model.layers:
                 yield dp, b, seq
+
+
+def extended_sequences(pb: Problem) -> Iterator[tuple[int, int, list[str]]]:
+    """(dp, micro-batches per replica, the chip of each stage) of one-chip stages: every dp that divides the
+    micro-batch count, every count n_c of each type per replica with dp n_c chips of it at most (the rest
+    idle), every distinct order of those stages along the pipeline, at least one stage and no more than the
+    layers."""
+    cm = pb.cm
+    counts = {c.name: c.count for c in cm.cluster.chips}
+    total = cm.train.micro_batches_total
+    for dp in (d for d in range(1, total + 1) if total % d == 0):
+        b = total // dp
+        for per in itertools.product(*(range(n // dp + 1) for n in counts.values())):
+            if not 0 < sum(per) <= cm.model.layers:
+                continue
+            pool = [n for n, k in zip(counts, per) for _ in range(k)]
+            for seq in sorted(set(itertools.permutations(pool))):
+                yield dp, b, list(seq)

@@ -14,6 +14,7 @@ from .limits import DEFAULT_LIMITS, Limits
 from .profiles import Profile
 from .plan_sim import compute_floor
 from .candidates import Candidate, NothingFaster, Progress, SearchResult
+from .extended import extended_candidates
 from .search import longest_plan_actions, reported, search_auto
 
 
@@ -40,16 +41,18 @@ def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,
                limits: Limits = DEFAULT_LIMITS, idle: str = "auto", baselines: bool = True,
-               rounded: bool = True, beat_s: float = math.inf) -> SearchResult:
+               rounded: bool = True, beat_s: float = math.inf, extended: bool = True) -> SearchResult:
     """The plans of `algo`; `auto`'s best is then never slower, by simulation, than any of the baselines
     (baselines.py: h2, subsets of the chip types, rounded counts, a FLOPs-proportional split) unless
     `baselines` is off (the baselines' own sub-searches). `beat_s` (auto, a schedule without parameters):
-    only plans that may run faster are searched, and NothingFaster is raised where none does."""
+    only plans that may run faster are searched, and NothingFaster is raised where none does. `extended`:
+    on a small instance also the larger space's plans (extended.py: idle chips anywhere, any dp, types
+    interleaved); off for the baselines' sub-clusters, whose plans that space already holds."""
     if math.isfinite(beat_s) and (algo != "auto" or kind(pb.train.schedule).params):
         raise ValueError(f"run_search: beat_s with algo {algo!r} and schedule {pb.train.schedule}; expected auto "
                          "and a schedule without parameters")
     try:
-        res: SearchResult | None = _run_search(pb, algo, group_size, progress, limits, idle, beat_s)
+        res: SearchResult | None = _run_search(pb, algo, group_size, progress, limits, idle, beat_s, extended)
     except NothingFaster:
         if not baselines:
             raise
@@ -83,7 +86,7 @@ def never_worse(pb: Problem, res: SearchResult | None, group_size: int, limits: 
 
     def plan(sub: Problem, lim: Limits, with_baselines: bool) -> SearchResult:
         return run_search(sub, "auto", group_size, limits=lim, idle=idle, baselines=with_baselines, rounded=False,
-                          beat_s=fastest[0] if cutoff else math.inf)
+                          beat_s=fastest[0] if cutoff else math.inf, extended=False)
 
     def sub_problem(cl: Cluster) -> Problem:
         return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
@@ -109,7 +112,7 @@ def never_worse(pb: Problem, res: SearchResult | None, group_size: int, limits: 
 
 
 def _run_search(pb: Problem, algo: str, group_size: int, progress: Progress | None, limits: Limits,
-                idle: str, beat_s: float = math.inf) -> SearchResult:
+                idle: str, beat_s: float = math.inf, extended: bool = True) -> SearchResult:
     if algo == "h2":
         from .h2 import search_h2
         res = search_h2(pb.cm, group_size, progress=progress)
@@ -122,8 +125,16 @@ def _run_search(pb: Problem, algo: str, group_size: int, progress: Progress | No
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
     if not kind(pb.train.schedule).params and not small_enough_to_simulate(pb):
         return search_auto(pb.cm, group_size, progress=progress, limits=limits, idle=idle, beat_s=beat_s)
-    res = search_auto(pb.cm, group_size, RERANK_POOL, progress=progress, limits=limits, idle=idle,
-                      margin=POOL_MARGIN, beat_s=beat_s)
+    more = extended_candidates(pb.cm) if extended and idle != "never" else []
+    try:
+        res = search_auto(pb.cm, group_size, RERANK_POOL, progress=progress, limits=limits, idle=idle,
+                          margin=POOL_MARGIN, beat_s=beat_s)
+    except InfeasibleError:  # NothingFaster included: the larger space may still hold a plan
+        if not more:
+            raise
+        res = SearchResult(more[0], more[1:])
+    else:  # after the search's own plans, so its best and next three are always re-ranked
+        res = replace(res, runners_up=[*res.runners_up, *more])
     return rank_with_params(pb, res)
 
 
