@@ -29,6 +29,7 @@ from .checkpoint import Checkpointer, slots
 from .data import Batches
 from .executor import StageExecutor
 from .metrics import StepLog, mark_stage_start, stage_peaks
+from .snapshot import RoundHooks
 from .straggler import StragglerWatch
 from .tied import sync_tied_grads
 from .p2p import P2P
@@ -76,7 +77,9 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     if opts.checkpoint_dir:
         ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, t, st.tp, d, tied_copy), ckpt_pg,
                             opts.keep_checkpoints, opts.async_save)
-    start = resume(opt, ckpt, opts) if ckpt is not None and opts.resume else 0
+    hooks = RoundHooks.current  # an elastic round's (memory snapshots, phase times); None otherwise
+    source = hooks.source(ckpt) if hooks is not None and ckpt is not None else ckpt
+    start = resume(opt, source, opts) if source is not None and opts.resume else 0
     p2p = P2P(rank, k, cfg.timeout_s, g.p2p_cpu)
     ex = StageExecutor(chunks, plan, g, p2p, (rows, m.seq_len, m.hidden), cfg.recv_window,
                        act_dtype=TORCH_DTYPES[opts.dtype])
@@ -130,13 +133,14 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         losses.append(loss)
         rates.append(tokens / dt)
         log.step(step, loss, opt.lr, opt.last_norm, dt, peaks, opt.scaler, slow)
+        trainer = {"opt_step": opt.t, "seed": cfg.seed, "dtype": opts.dtype, "data": opts.data,
+                   "hf_config": opts.hf_config, "lr_schedule": dataclasses.asdict(sched),
+                   "loss_scale": opt.scaler.scale if opt.scaler else None,
+                   "skipped": opt.scaler.skipped if opt.scaler else 0}
+        if hooks is not None and ckpt is not None:
+            hooks.after_step(step, opt, ckpt, trainer)
         if ckpt is not None:
             if step == cfg.steps or (opts.save_every and step % opts.save_every == 0):
-                trainer = {"opt_step": opt.t, "seed": cfg.seed, "dtype": opts.dtype, "data": opts.data,
-                           "hf_config": opts.hf_config,
-                           "lr_schedule": dataclasses.asdict(sched),
-                           "loss_scale": opt.scaler.scale if opt.scaler else None,
-                           "skipped": opt.scaler.skipped if opt.scaler else 0}
                 ckpt.save(step, opt.full_state(), trainer)
     if ckpt is not None:
         ckpt.wait()
