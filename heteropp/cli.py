@@ -178,7 +178,8 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
     cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                       chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
                       options=options)
-    data = {**cfg.__dict__, "elastic": {"cluster": load_mapping(a.cluster), "train": train}}
+    data = {**cfg.__dict__, "elastic": {"cluster": load_mapping(a.cluster), "train": train,
+                                        "snapshot_every": a.snapshot_every}}
     path = a.write_config or str(Path(a.checkpoint_dir) / "elastic-config.json")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -188,7 +189,8 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
         print(f"wrote {path}; on each host run:")
         cmd = agent_command(path, "<CHIP>", 0, f"1:{len(hosts)}", "<ADDR>:<PORT>", "<RUN_ID>", a.max_restarts)
         env = " ".join(f"{k}={v}" for k, v in AGENT_ENV.items()) + " DICOMM_JOB_SECRET=<one secret for every host>"
-        print(f"  {env} " + " ".join(cmd).replace("--nproc-per-node=0", "--nproc-per-node=<N>"))
+        keeper = "python -m heteropp.engine.snapshot_keeper --listen <HOST_ADDR>:0 -- "  # memory snapshots
+        print(f"  {env} {keeper}" + " ".join(cmd).replace("--nproc-per-node=0", "--nproc-per-node=<N>"))
         return 0
     print(f"heteropp run --elastic: {len(hosts)} hosts ({', '.join(f'{c} x{n}' for c, n in hosts)}), "
           f"checkpoints in {a.checkpoint_dir}", flush=True)
@@ -276,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--hosts", help="with --elastic on this machine: emulated hosts as CHIP:PROCESSES,... "
                    "(default: the cluster spec's nodes)")
     r.add_argument("--max-restarts", type=at_least(0), default=3, help="with --elastic: restarts per host agent")
+    r.add_argument("--snapshot-every", type=at_least(0), default=1,
+                   help="with --elastic: every this many steps each rank's state is also held in memory by its "
+                   "host's and the next host's snapshot keeper, and a round resumes from there when it is at least "
+                   "as new as the disk checkpoint (default 1; 0: off)")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per rank: stage, TP/DP position, device")
     r.set_defaults(fn=cmd_run)
 
