@@ -27,18 +27,20 @@ import argparse
 import json
 import os
 import random
+import secrets
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from heteropp.engine.elastic_launch import AGENT_ENV, agent_command, kill_host
+from heteropp.engine.elastic_launch import AGENT_ENV, agent_command, host_command, kill_host, process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "examples" / "clusters" / "two-cpu.yaml"
@@ -112,7 +114,8 @@ def override_conf(cmd: list[str], conf: str) -> list[str]:
 class Run:
     """One elastic run of two hosts; `hosts` maps chip -> (agent pid, command, env)."""
 
-    def __init__(self, work: Path, variant: str, steps: int, every: int, conf: str = "", timeout_s: int = 30) -> None:
+    def __init__(self, work: Path, variant: str, steps: int, every: int, conf: str = "", timeout_s: int = 30,
+                 snapshot_every: int = 1) -> None:
         self.work, self.variant = work, variant
         self.ck, self.log = work / "ck", work / "loss.jsonl"
         plan = work / "plan.json"
@@ -120,15 +123,18 @@ class Run:
         args = [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
                 "--cluster", str(CLUSTER), "--steps", str(steps), "--checkpoint-dir", str(self.ck),
                 "--save-every", str(every), "--keep-checkpoints", "100", "--loss-log", str(self.log),
-                "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", "5"]
+                "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", "5",
+                "--snapshot-every", str(snapshot_every)]
         self.out = open(work / "run.out", "w")
         self.procs: list[subprocess.Popen] = []
+        # the job's secret, given so that the host started again here is one of the job (snapshot keepers)
+        self.env = {**os.environ, "DICOMM_JOB_SECRET": secrets.token_hex(16)}
         if variant == "loopback":
-            self.main = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT)
+            self.main = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, env=self.env)
             self.procs.append(self.main)
             started = _wait(lambda: [e for e in _lines(self.ck / "elastic.jsonl") if e["event"] == "host_started"]
                             if len(_lines(self.ck / "elastic.jsonl")) >= 2 else None, "the hosts", self.main, 60)
-            self.hosts = {e["chip"]: (e["pid"], e["command"], {**os.environ, **AGENT_ENV}) for e in started}
+            self.hosts = {e["chip"]: (e["pid"], e["command"], {**self.env, **AGENT_ENV}) for e in started}
             return
         # netns: the config as `--write-config` writes it, then the store and the agents by hand
         cfg = work / "run.json"
@@ -147,8 +153,8 @@ class Run:
         for i, chip in enumerate(("big", "small")):
             cmd = agent_command(str(cfg), chip, 2, "1:2", f"{ADDR[0]}:{port}", run_id, 5)
             cmd = [c.replace("--local-addr=127.0.0.1", f"--local-addr={ADDR[i]}") for c in cmd]
-            env = {**os.environ, **AGENT_ENV, "GLOO_SOCKET_IFNAME": VETH[i]}
-            cmd = ["ip", "netns", "exec", NS[i], *override_conf(cmd, conf)]
+            env = {**self.env, **AGENT_ENV, "GLOO_SOCKET_IFNAME": VETH[i]}
+            cmd = ["ip", "netns", "exec", NS[i], *host_command(override_conf(cmd, conf), f"{ADDR[i]}:0")]
             p = subprocess.Popen(cmd, env=env, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
             self.procs.append(p)
             self.hosts[chip] = (p.pid, cmd, env)  # `ip netns exec` execs the command: the pid is the agent's
@@ -187,12 +193,51 @@ def steps_of(log: Path) -> list[dict[str, Any]]:
     return _lines(log)
 
 
-def one(variant: str, steps: int, every: int, rng: random.Random, come_back: bool, conf: str) -> dict[str, Any]:
+def workers(host_pid: int) -> set[int]:
+    """The elastic worker processes under a host (its keeper, agent and workers)."""
+    out = set()
+    for p in process_tree(host_pid):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"heteropp.engine.elastic" in cmd and b"torch.distributed.run" not in cmd:
+            out.add(p)
+    return out
+
+
+class WorkerWatch(threading.Thread):
+    """Watches a surviving host from the moment of the kill: when its workers of that moment are all gone (its
+    agent stopped them) and when its next workers appear (the agent's new rendezvous round is complete)."""
+
+    def __init__(self, host_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.old = host_pid, workers(host_pid)
+        self.stopped: float | None = None
+        self.spawned: float | None = None
+        self.done = False
+
+    def run(self) -> None:
+        while not self.done and (self.stopped is None or self.spawned is None):
+            now, at = workers(self.pid), time.time()
+            if self.stopped is None and not self.old & now:
+                self.stopped = at
+            if self.spawned is None and now - self.old:
+                self.spawned = at
+            time.sleep(0.01)
+
+
+# the round's start as the survivors' new rank 0 recorded it (elastic.jsonl "resumed"), seconds after the kill
+PHASES = ("imported", "control", "planned", "pg", "load_start", "load_end", "first_step_end")
+
+
+def one(variant: str, steps: int, every: int, rng: random.Random, come_back: bool, conf: str,
+        snapshot_every: int = 1) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="heteropp-elastic-"))
     load0, cpu0 = os.getloadavg()[0], resource.getrusage(resource.RUSAGE_CHILDREN)
     t_start = time.time()
-    run = Run(work, variant, steps, every, conf)
-    row: dict[str, Any] = {"variant": variant, "rdzv_conf_override": conf}
+    run = Run(work, variant, steps, every, conf, snapshot_every=snapshot_every)
+    row: dict[str, Any] = {"variant": variant, "rdzv_conf_override": conf, "snapshot_every": snapshot_every}
     try:
         ev = run.ck / "elastic.jsonl"
         first_round = _wait(lambda: next((e for e in _lines(ev) if e["event"] == "round"), None), "round 1",
@@ -208,6 +253,8 @@ def one(variant: str, steps: int, every: int, rng: random.Random, come_back: boo
               300)
         killed_step = max(r["step"] for r in steps_of(run.log))
         newest = complete(run.ck)[-1]
+        watch = WorkerWatch(run.hosts["big"][0])
+        watch.start()
         kill_at = time.time()
         kill_host(run.hosts["small"][0])
         rnd = _wait(lambda: next((e for e in _lines(ev) if e["event"] == "round" and e["started"] > kill_at), None),
@@ -215,6 +262,13 @@ def one(variant: str, steps: int, every: int, rng: random.Random, come_back: boo
         first = _wait(lambda: next((r for r in steps_of(run.log) if r["time"] > kill_at), None),
                       "a step after the kill", run.main, 300)
         fail = [e["time"] for e in _lines(ev) if e["event"] == "peer_failure" and e["time"] >= kill_at]
+        resumed = _wait(lambda: next((e for e in _lines(ev) if e["event"] == "resumed" and e["time"] > kill_at),
+                                     None), "the new round's resumed event", run.main, 60)
+        watch.done = True
+        row.update({f"{k}_s": round(resumed[k] - kill_at, 3) for k in PHASES if k in resumed},
+                   workers_stopped_s=round(watch.stopped - kill_at, 3) if watch.stopped else None,
+                   workers_spawned_s=round(watch.spawned - kill_at, 3) if watch.spawned else None,
+                   resume_source=resumed["source"])
         row = {**row, "killed_at_step": killed_step, "newest_checkpoint_at_kill": newest,
                "resume_from": rnd["resume_from"],
                "chips_after": rnd["chips"], "plan_after": rnd["plan"],
@@ -259,8 +313,9 @@ def one(variant: str, steps: int, every: int, rng: random.Random, come_back: boo
     return row
 
 
-KEYS = ("detection_s", "replan_s", "round_start_s", "plan_decided_s", "setup_after_plan_s", "first_step_s", "mttr_s",
-        "work_lost_steps", "come_back_s", "startup_s")
+KEYS = ("detection_s", "workers_stopped_s", "workers_spawned_s", "imported_s", "control_s", "planned_s", "pg_s",
+        "load_start_s", "load_end_s", "first_step_end_s", "replan_s", "first_step_s", "mttr_s", "work_lost_steps",
+        "come_back_s", "startup_s")
 
 
 def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -279,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rdzv-conf", default="",
                     help="KEY=VALUE,... put into the --rdzv-conf of the agents this bench starts itself (the "
                          "returned host; both hosts of netns), e.g. keep_alive_max_attempt=5")
+    ap.add_argument("--snapshot-every", type=int, default=1,
+                    help="in-memory snapshots every this many steps (0: off, every round resumes from disk)")
     ap.add_argument("--json", help="write every repetition and the medians here")
     a = ap.parse_args(argv)
     if a.reps < 1 or a.steps < 4 * a.save_every:
@@ -295,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             netns_up()
         try:
             for i in range(a.reps):
-                r = one(v, a.steps, a.save_every, rng, not a.no_come_back, a.rdzv_conf)
+                r = one(v, a.steps, a.save_every, rng, not a.no_come_back, a.rdzv_conf, a.snapshot_every)
                 rows.append(r)
                 print(f"{v} #{i + 1}: " + ", ".join(f"{k} {r.get(k)}" for k in KEYS + ("load_before", "cpu_s")),
                       flush=True)

@@ -102,8 +102,9 @@ def main(argv: list[str]) -> int:
         # a round has started training once its plan is decided (rank 0 writes the round event then)
         r = wait(f"round {k}", lambda: next((e for e in lines(path) if e["event"] == "round" and e["round"] == k),
                                             None))
+        memory = " (in memory)" if r.get("resume_source") == "memory" else ""  # a snapshot a keeper held
         print(f"round {k}: chips {r['chips']}, plan {' | '.join(r['plan'])}, re-planned in {r['plan_s']:.2f} s, "
-              f"resumed from step {r['resume_from']}")
+              f"resumed from step {r['resume_from']}{memory}")
     elif cmd == "rounds" and len(argv) == 3:
         steps = lines(argv[2])
         rounds = [e for e in lines(path) if e["event"] == "round"]

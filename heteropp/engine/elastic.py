@@ -45,6 +45,8 @@ from ..plan import Plan
 from ..spec import Cluster, InfeasibleError, ModelSpec, SpecError, cluster_from_dict, train_from_dict
 from .checkpoint import complete_checkpoints
 from .config import RunConfig
+from .snapshot import RoundHooks, choose, hosts_of, peer_of
+from .snapshot_keeper import KEEPER_ENV
 from .straggler import StragglerWatch
 
 EVENTS = "elastic.jsonl"
@@ -227,16 +229,21 @@ def assign(plan: Plan, chips: list[str]) -> list[int]:
     return order
 
 
-def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> int:
+def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snapshot_every: int = 0) -> int:
     world_rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     started = time.time()
     born = started - process_age_s()
+    # when each phase of the round's start ended (unix seconds): rank 0 records them with its first step
+    phases = {"born": round(born, 3), "imported": round(started, 3)}
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("gloo", timeout=timeout)  # the control group: torch's env:// rendezvous
     store = dist.distributed_c10d._get_default_store()
-    chips: list[Any] = [None] * world
-    dist.all_gather_object(chips, chip)
+    found: list[Any] = [None] * world
+    dist.all_gather_object(found, (chip, os.environ.get(KEEPER_ENV)))
+    chips = [c for c, _ in found]
+    keepers = hosts_of([k for _, k in found])  # the snapshot keepers of the hosts present
+    phases["control"] = time.time()
     m = cfg.model_spec
     decided: list[Any] = [None]
     speeds = read_speeds(cfg)  # chip types measured slow by an earlier round
@@ -244,11 +251,16 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
         t0 = time.perf_counter()
         try:
             plan = replan(slowed(live_cluster(cluster, chips), speeds), m, train)
-            decided[0] = {"plan": plan.to_dict(), "round": uuid.uuid4().hex, "plan_s": time.perf_counter() - t0}
+            decided[0] = {"plan": plan.to_dict(), "round": uuid.uuid4().hex, "plan_s": time.perf_counter() - t0,
+                          "round_t": time.time()}
+            if snapshot_every and keepers:  # a whole snapshot in memory at least as new as the disk's
+                done = complete_checkpoints(cfg.opts.checkpoint_dir) if cfg.opts.checkpoint_dir else []
+                decided[0]["snapshot"] = choose(keepers, int(done[-1].name.split("-")[1]) if done else 0)
         except (InfeasibleError, SpecError) as e:
             decided[0] = {"error": f"{e}; the smallest cluster that fits: {smallest_fit(cluster, m, train)}"}
     dist.broadcast_object_list(decided, 0)
     dist.destroy_process_group()
+    phases["planned"] = time.time()
     if "error" in decided[0]:
         # no plan fits what is left: the round fails before touching the checkpoint (the agents retry until
         # their restarts are spent or a host joins; `heteropp run --elastic` then reports this error)
@@ -260,7 +272,9 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
     cfg = dataclasses.replace(cfg, plan=plan.to_dict(), chip_map={**{c.name: c.device for c in cluster.chips},
                                                                   **cfg.chip_map})
     done = complete_checkpoints(cfg.opts.checkpoint_dir) if cfg.opts.checkpoint_dir else []
-    cfg.options = {**cfg.options, "resume": bool(done)}
+    snap = decided[0].get("snapshot")
+    cfg.options = {**cfg.options, "resume": bool(done) or snap is not None}
+    resume_step = snap["step"] if snap else int(done[-1].name.split("-")[1]) if done else 0
     prefix = f"heteropp/{decided[0]['round']}"
     if world_rank not in order:  # idle in this plan: wait for the round's end (or be restarted by the agent)
         store.wait([f"{prefix}/done"], datetime.timedelta(days=365))
@@ -274,14 +288,24 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
         record(cfg, "round", round=rounds, started=round(started, 3), chips=dict(collections.Counter(chips)),
                world=world,
                plan=describe(plan), ranks=plan.world_size, plan_s=round(decided[0]["plan_s"], 4),
-               resume_from=int(done[-1].name.split("-")[1]) if done else 0, **({"speeds": speeds} if speeds else {}))
+               resume_from=resume_step,
+               resume_source="memory" if snap else "disk" if done else "start",
+               **({"speeds": speeds} if speeds else {}))
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
     dist.init_process_group(cfg.backend, store=dist.PrefixStore(prefix, store), rank=rank,
                             world_size=plan.world_size, timeout=timeout)
+    phases["pg"] = time.time()
     from .worker import _is_peer_failure, run_rank
+    mine = os.environ.get(KEEPER_ENV)
+    RoundHooks.current = RoundHooks(
+        decided[0]["round"], decided[0]["round_t"], rank, plan.world_size,
+        [k for k in (mine, peer_of(mine, keepers) if mine else None) if k], snapshot_every, snap, phases,
+        lambda ph, source, step, fallback: record(cfg, "resumed", source=source, step=step,
+                                                  **({"memory_refused": fallback} if fallback else {}),
+                                                  **{k: round(v, 3) for k, v in ph.items()}))
     StragglerWatch.policy = StragglerReplan(cfg, slowed(live_cluster(cluster, chips), speeds), speeds, train, plan,
-                                            int(done[-1].name.split("-")[1]) if done else 0, born)
+                                            resume_step, born)
     try:
         run_rank(cfg, plan, rank)
     except Exception as e:
@@ -289,6 +313,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str) -> i
             record(cfg, "peer_failure", rank=world_rank, error=str(e).splitlines()[0][:300])
         raise
     finally:
+        RoundHooks.current.close()
         dist.destroy_process_group()
     if rank == 0:
         store.set(f"{prefix}/done", "1")
@@ -308,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.chip:
         raise SystemExit("heteropp elastic: give this host's chip type with --chip or HETEROPP_CHIP")
     cfg = RunConfig(**data)
-    return run(cfg, cluster_from_dict(elastic["cluster"], "<cluster>"), elastic["train"], a.chip)
+    return run(cfg, cluster_from_dict(elastic["cluster"], "<cluster>"), elastic["train"], a.chip,
+               int(elastic.get("snapshot_every", 0)))
 
 
 if __name__ == "__main__":

@@ -97,9 +97,19 @@ def agent_command(config: str, chip: str, nproc: int, nnodes: str, endpoint: str
             "--config", config, "--chip", chip]
 
 
+KEEPER = Path(__file__).with_name("snapshot_keeper.py")
+
+
+def host_command(agent: list[str], listen: str) -> list[str]:
+    """An emulated host: its snapshot keeper (listening at `listen`), which runs the host's agent as its child,
+    so killing the keeper's process tree takes the whole host down. A script, not `-m`: no torch to import."""
+    return [sys.executable, str(KEEPER), "--listen", listen, "--", *agent]
+
+
 def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, events: Path | None,
                  min_nodes: int = 1) -> int:
-    """Start the hosts' agents and wait for them; returns the first non-zero exit code, or 0."""
+    """Start the hosts (each a snapshot keeper and its agent) and wait for them; returns the first non-zero exit
+    code, or 0."""
     from torch.distributed import TCPStore
     port = _free_port()
     # the rendezvous store lives here, apart from every emulated host
@@ -110,8 +120,8 @@ def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, e
     env = {**os.environ, **AGENT_ENV, "DICOMM_JOB_SECRET": os.environ.get("DICOMM_JOB_SECRET") or secrets.token_hex(16)}
     procs = []
     for i, (chip, n) in enumerate(hosts):
-        cmd = agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}", run_id,
-                            max_restarts)
+        cmd = host_command(agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}",
+                                         run_id, max_restarts), "127.0.0.1:0")
         p = subprocess.Popen(cmd, env=env, start_new_session=True)
         procs.append(p)
         if events is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -35,10 +36,11 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 class ElasticRun:
-    """One run; `hosts` as `--hosts` takes it (None: the cluster spec's hosts)."""
+    """One run; `hosts` as `--hosts` takes it (None: the cluster spec's hosts); in-memory snapshots every
+    `snapshot_every` steps (0: none, every round resumes from the disk checkpoint)."""
 
     def __init__(self, tmp: Path, steps: int, every: int, hosts: str | None = None, timeout_s: int = 30,
-                 max_restarts: int = 3) -> None:
+                 max_restarts: int = 3, snapshot_every: int = 0) -> None:
         self.tmp, self.steps, self.every = tmp, steps, every
         self.ck, self.log = tmp / "ck", tmp / "run.jsonl"
         plan = tmp / "plan.json"
@@ -46,10 +48,14 @@ class ElasticRun:
         cmd = [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
                "--cluster", str(TWO_CPU), "--steps", str(steps), "--checkpoint-dir", str(self.ck),
                "--save-every", str(every), "--keep-checkpoints", "100", "--loss-log", str(self.log),
-               "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", str(max_restarts)]
+               "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", str(max_restarts),
+               "--snapshot-every", str(snapshot_every)]
         if hosts:
             cmd += ["--hosts", hosts]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # the job's secret, set here so that a host this test starts again is one of the job (its snapshot
+        # keeper and its ranks show it; the launcher keeps a secret it is given)
+        self.env = {**os.environ, "DICOMM_JOB_SECRET": secrets.token_hex(16)}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
         self.extra: list[subprocess.Popen] = []  # hosts this test started again
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
@@ -98,7 +104,7 @@ class ElasticRun:
         if chip is not None:
             cmd[cmd.index("--chip") + 1] = chip
         at = time.time()
-        self.extra.append(subprocess.Popen(cmd, env={**os.environ, **AGENT_ENV}, stdout=subprocess.DEVNULL,
+        self.extra.append(subprocess.Popen(cmd, env={**self.env, **AGENT_ENV}, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL, start_new_session=True))
         return at
 

@@ -2,9 +2,11 @@
 host on this machine (processes over loopback stand in for two hosts of two chip types). One host is SIGKILLed
 with its workers mid-run: the survivors' agent restarts them, they re-plan with HeteroAuto for the chips left,
 resume from the newest checkpoint and go on; the host then comes back reading its chips as the other type and is
-absorbed at the next round, re-planned with that type. Each round's curve equals resuming its checkpoint on its
-plan by hand, value for value, and the whole follows the uninterrupted single-process reference within the
-paper's MRE of 1.5%."""
+absorbed at the next round, re-planned with that type. Every rank's state is also held in memory by its host's
+snapshot keeper and the other host's (a snapshot at each checkpoint's step here), so each new round resumes from
+memory, the lost host's state from the other host's keeper. Each round's curve equals resuming the disk
+checkpoint of the same step on its plan by hand, value for value, and the whole follows the uninterrupted
+single-process reference within the paper's MRE of 1.5%."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,7 @@ def _losses(path: Path) -> dict[int, float]:
 
 def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp_path) -> None:
     # enough steps that round 2 is still training when the restarted agent (seconds to import torch) joins
-    run = ElasticRun(tmp_path, steps=STEPS, every=EVERY)
+    run = ElasticRun(tmp_path, steps=STEPS, every=EVERY, snapshot_every=EVERY)
     run.wait_step(EVERY + 1)  # right after a save's next step: the worst moment for work lost
     killed_step = max(r["step"] for r in run.steps_logged())
     small = run.host("small")
@@ -43,12 +45,17 @@ def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp
     second = run.wait_round(killed)
     assert second["chips"] == {"big": 2} and second["started"] > killed
     assert EVERY <= second["resume_from"] <= killed_step and killed_step - second["resume_from"] <= EVERY
+    # from the snapshot in memory (the lost host's part from the survivor's keeper), not the disk
+    assert second["resume_source"] == "memory", second
+    resumed = next(e for e in run.events("resumed") if e["time"] > second["time"])
+    assert resumed["source"] == "memory" and resumed["step"] == second["resume_from"]
     assert any(e["event"] == "peer_failure" and e["time"] >= killed for e in run.events())
     run.wait_step(second["resume_from"] + EVERY + 1, after=second["time"])
     back = run.restart(small, chip="big")  # the same host, its chips now read as `big`
     third = run.wait_round(back)
     got = run.finish()
     assert [r["chips"] for r in run.rounds()] == [{"big": 2, "small": 2}, {"big": 2}, {"big": 4}]
+    assert third["resume_source"] == "memory", third
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{second['round']}.json").stages} == {"big"}
     # the re-plan counted the returned chips as `big` (the cluster spec's numbers for that type)
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{third['round']}.json").stages} == {"big"}

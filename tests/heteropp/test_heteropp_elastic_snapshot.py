@@ -1,0 +1,220 @@
+"""In-memory snapshots of elastic training (heteropp.engine.snapshot, snapshot_keeper): real keeper processes on
+loopback (each, as on an emulated host, running a stand-in for the host's agent as its child), the state pieces
+of one plan read back onto another plan's slices and compared with slicing the whole tensors directly, a
+snapshot whole while one copy of every rank's state is left and not once both are gone, and every malformed
+frame refused with its reason (a fuzzed parser, and a keeper that goes on serving after a bad frame)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from heteropp.engine.checkpoint import Slot
+from heteropp.engine.snapshot import MemorySource, ask, choose, hosts_of, peer_of
+from heteropp.engine.snapshot_keeper import (KEEPER_ENV, MAGIC, PREFIX, ProtocolError, Store, parse_header,
+                                             parse_prefix, read_frame, write_frame)
+
+KEEPER = Path(__file__).resolve().parents[2] / "heteropp/engine/snapshot_keeper.py"
+
+
+class Keeper:
+    """A keeper process whose child (the agent's stand-in) writes down the address the keeper gave it."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        where = tmp / f"{name}.addr"
+        child = f"import os, time; open({str(where)!r}, 'w').write(os.environ[{KEEPER_ENV!r}]); time.sleep(600)"
+        self.proc = subprocess.Popen([sys.executable, str(KEEPER), "--listen", "127.0.0.1:0", "--keep", "2", "--",
+                                      sys.executable, "-c", child], start_new_session=True)
+        deadline = time.time() + 30
+        while not (where.exists() and where.read_text()):
+            assert self.proc.poll() is None and time.time() < deadline, "the keeper did not start its child"
+            time.sleep(0.02)
+        self.addr = where.read_text()
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the host: keeper and child
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def keepers(tmp_path, monkeypatch):
+    monkeypatch.delenv("DICOMM_JOB_SECRET", raising=False)  # no job secret: the keepers' token is empty
+    made: list[Keeper] = []
+    yield lambda n: [made.append(Keeper(tmp_path, f"k{len(made)}")) or made[-1] for _ in range(n)]
+    for k in made:
+        if k.proc.poll() is None:
+            k.kill()
+
+
+# a model of three parameters: a column-split weight (dim 0), a row-split weight (dim 1), a norm (whole)
+FULL = {"w1": (8, 4, 0), "w2": (4, 6, 1), "norm": (6, None, None)}
+KINDS = ("master", "exp_avg", "exp_avg_sq")
+
+
+def whole_tensors(seed: int) -> dict[tuple[str, str], torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, (a, b, _) in FULL.items():
+        for kind in KINDS:
+            out[(key, kind)] = torch.randn((a, b) if b else (a,), generator=g)
+    return out
+
+
+def slots_of(tp_rank: int, tp: int) -> list[Slot]:
+    """One rank's slots at TP `tp` (the norm written by TP rank 0 only, as heteropp's slots do)."""
+    out = []
+    for i, (key, (a, b, dim)) in enumerate(FULL.items()):
+        full = (a, b) if b else (a,)
+        if dim is None:
+            shape, start = full, 0
+        else:
+            n = full[dim] // tp
+            shape, start = tuple(n if d == dim else s for d, s in enumerate(full)), tp_rank * n
+        writes = dim is not None or tp_rank == 0
+        out.append(Slot(key, torch.nn.Parameter(torch.zeros(shape)), i, full, dim, start, writes))
+    return out
+
+
+def local(s: Slot, whole: torch.Tensor) -> torch.Tensor:
+    return whole if s.dim is None else whole.narrow(s.dim, s.start, s.param.shape[s.dim])
+
+
+def put(addr: str, rnd: str, step: int, rank: int, ranks: int, sl: list[Slot], whole: dict) -> None:
+    pieces, blobs, off = [], [], 0
+    for s in sl:
+        if not s.writes:
+            continue
+        for kind in KINDS:
+            t = local(s, whole[(s.key, kind)]).contiguous()
+            pieces.append({"key": s.key, "kind": kind, "dtype": "float32", "shape": list(t.shape), "full": list(s.full),
+                           "dim": s.dim, "start": s.start, "offset": off, "nbytes": t.numel() * 4})
+            blobs.append(t.numpy().tobytes())
+            off += t.numel() * 4
+    meta = {"opt_step": step, "lr_schedule": {"lr": 0.003}} if rank == 0 else None
+    ask(addr, {"op": "put", "round": rnd, "round_t": 1.0, "step": step, "rank": rank, "ranks": ranks, "meta": meta,
+               "pieces": pieces}, b"".join(blobs))
+
+
+def test_a_snapshot_of_one_plan_loads_onto_another_plans_slices(keepers) -> None:
+    k0, k1 = keepers(2)
+    whole = whole_tensors(0)
+    for r in range(2):  # plan A: TP 2, rank r's state on its own host's keeper and the other's
+        for k in (k0, k1):
+            put(k.addr, "roundA", 6, r, 2, slots_of(r, 2), whole)
+    snap = choose([k0.addr, k1.addr], newer_than=4)
+    assert snap is not None and snap["step"] == 6 and snap["meta"]["opt_step"] == 6
+    for tp in (1, 4):  # plan B: each rank's slices of another TP size
+        for r in range(tp):
+            sl = slots_of(r, tp)
+            state = {kind: [torch.full_like(s.param, float("nan")) for s in sl] for kind in KINDS}
+            meta = MemorySource(snap, sl).load(state)
+            assert meta["step"] == 6
+            for s in sl:
+                for kind in KINDS:
+                    assert torch.equal(state[kind][s.index], local(s, whole[(s.key, kind)])), (tp, r, s.key, kind)
+
+
+def test_a_snapshot_is_whole_while_one_copy_of_each_rank_is_left_and_the_disk_is_taken_once_both_are_gone(
+        keepers) -> None:
+    hosts = keepers(3)
+    addrs = [k.addr for k in hosts]
+    assert hosts_of([addrs[0], addrs[0], addrs[1], None, addrs[2]]) == addrs
+    whole = whole_tensors(1)
+    for r, h in enumerate(addrs):  # rank r on host r: its own keeper and the next host's
+        for addr in (h, peer_of(h, addrs)):
+            put(addr, "roundA", 8, r, 3, slots_of(r, 1) if r == 0 else [], whole)
+    assert choose(addrs, newer_than=8)["step"] == 8
+    assert choose(addrs, newer_than=9) is None  # the disk checkpoint is newer
+    hosts[1].kill()  # rank 1's copies: host 1 (gone) and host 2; rank 0's: host 0 and host 1 (gone)
+    snap = choose(addrs, newer_than=0)
+    assert snap is not None
+    assert {r: sorted(w) for r, w in snap["where"].items()} == {"0": [addrs[0]], "1": [addrs[2]],
+                                                                "2": sorted([addrs[2], addrs[0]])}
+    hosts[2].kill()  # rank 1's second copy
+    assert choose(addrs, newer_than=0) is None
+
+
+def test_a_keeper_keeps_the_newest_snapshots_only() -> None:
+    st = Store(keep=2, max_bytes=1 << 20)
+    for step in (1, 2, 3):
+        st.put({"round": "r", "round_t": 0.0, "step": step, "rank": 0, "ranks": 1, "meta": {}, "pieces": []},
+               bytearray())
+    assert [h["step"] for h in st.index()] == [2, 3]
+    with pytest.raises(ProtocolError, match="exceed this keeper's 1048576"):
+        st.put({"round": "r", "round_t": 0.0, "step": 4, "rank": 0, "ranks": 1, "meta": {}, "pieces": [
+            {"key": "w", "kind": "master", "dtype": "float32", "shape": [1 << 19], "full": [1 << 19],
+             "dim": None, "start": 0, "offset": 0, "nbytes": 1 << 21}]}, bytearray(1 << 21))
+
+
+def _valid_put() -> bytes:
+    t = torch.arange(6, dtype=torch.float32)
+    h = json.dumps({"op": "put", "round": "r", "round_t": 0.0, "step": 2, "rank": 0, "ranks": 1, "meta": {},
+                    "pieces": [{"key": "w", "kind": "master", "dtype": "float32", "shape": [2, 3], "full": [4, 3],
+                                "dim": 0, "start": 2, "offset": 0, "nbytes": 24}]}).encode()
+    return PREFIX.pack(MAGIC, len(h), 24) + h + t.numpy().tobytes()
+
+
+def _parse(frame: bytes, store: Store) -> None:
+    """What a keeper does with a frame's bytes, up to storing it."""
+    hlen, plen = parse_prefix(frame[:PREFIX.size], store.max_bytes)
+    body = frame[PREFIX.size:]
+    if len(body) != hlen + plen:
+        raise ProtocolError("short")  # a socket would wait for the rest; nothing is read past the lengths
+    store.put(parse_header(body[:hlen]), bytearray(body[hlen:]))
+
+
+def test_fuzzed_frames_are_refused_with_protocol_errors_only() -> None:
+    rng = random.Random(0)
+    good = _valid_put()
+    _parse(good, Store(2, 1 << 20))
+    refused = 0
+    for i in range(4000):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            j = rng.randrange(len(b))
+            b[j] = rng.randrange(256)
+        if i % 5 == 0:  # and some lengths rewritten outright
+            struct.pack_into(">IQ", b, 4, rng.choice([0, 1, len(b), 1 << 31]), rng.choice([0, 23, 25, 1 << 60]))
+        try:
+            _parse(bytes(b), Store(2, 1 << 20))
+        except ProtocolError:
+            refused += 1
+    assert refused > 1000  # most mutations break something; none raised anything else
+
+
+def _raw(addr: str, data: bytes) -> dict:
+    host, _, port = addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        return read_frame(s, 1 << 20)[0]
+
+
+def test_a_keeper_answers_a_bad_frame_with_its_reason_and_goes_on(keepers) -> None:
+    (k,) = keepers(1)
+    assert "bad magic" in _raw(k.addr, b"GET / HTTP/1.1\r\n\r\n")["error"]
+    assert "header length 4294967295" in _raw(k.addr, PREFIX.pack(MAGIC, 2**32 - 1, 0))["error"]
+    assert "exceeds the limit" in _raw(k.addr, PREFIX.pack(MAGIC, 2, 1 << 62))["error"]
+    h = b'{"op": "put"'
+    assert "not JSON" in _raw(k.addr, PREFIX.pack(MAGIC, len(h), 0) + h)["error"]
+    h = json.dumps({"op": "put", "round": "r", "round_t": 0, "step": 1, "rank": 0, "ranks": 1, "meta": None,
+                    "pieces": [{"key": "w", "kind": "master", "dtype": "float32", "shape": [4], "full": [4],
+                                "dim": None, "start": 0, "offset": 8, "nbytes": 16}]}).encode()
+    assert "outside a payload of 16" in _raw(k.addr, PREFIX.pack(MAGIC, len(h), 16) + h + bytes(16))["error"]
+    h = json.dumps({"op": "index", "token": "0" * 64}).encode()
+    assert "wrong token" in _raw(k.addr, PREFIX.pack(MAGIC, len(h), 0) + h)["error"]
+    reply, _ = ask(k.addr, {"op": "index"})  # still serving
+    assert reply["snapshots"] == []
+    host, _, port = k.addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        write_frame(s, {"op": "nothing", "token": ""})
+        assert "unknown op 'nothing'" in read_frame(s, 1 << 20)[0]["error"]
