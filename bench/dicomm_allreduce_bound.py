@@ -10,9 +10,13 @@ in the same processes at the same moment: all p ranks copy N bytes at once (2N o
 taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p) * t_copy.
 
 Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
-reported: medians, and the CPU time of all ranks (every thread) per call beside the wall time.
+reported: medians, and the CPU time and context switches (voluntary: a wait that slept; involuntary:
+the scheduler took the CPU) of all ranks (every thread) per call beside the wall time. `--algorithm
+both` runs the direct algorithm and the ring back to back (DICOMM_ALL_REDUCE_DIRECT_RANKS), so the
+two are compared under the same load.
 
-    python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1] [--json FILE]
+    python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1]
+        [--algorithm direct|ring|both] [--json FILE]
 """
 from __future__ import annotations
 
@@ -36,9 +40,10 @@ class Config:
     op_timeout: float = 120.0
 
 
-def _cpu_seconds() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this rank, progress threads included
-    return u.ru_utime + u.ru_stime
+def _usage() -> tuple[float, int, int]:
+    """CPU seconds, voluntary and involuntary context switches of every thread of this rank."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime, u.ru_nvcsw, u.ru_nivcsw
 
 
 def _slowest(times: list[float]):
@@ -61,31 +66,35 @@ def _rank(rank: int, world: int, store, cfg: Config) -> dict:
     count = cfg.nbytes // 4
     buf = torch.full((count,), float(rank + 1))
     src, dst = torch.rand(count), torch.empty(count)
-    copies, reduces, cpu = [], [], []
+    copies, reduces, cpu, vcsw, ivcsw = [], [], [], [], []
     for i in range(cfg.warmup + cfg.iters):
         dist.barrier()
         t0 = time.perf_counter()
         dst.copy_(src)  # every rank at once: what the host's memory gives p concurrent copies
         t1 = time.perf_counter()
         dist.barrier()
-        c0, t2 = _cpu_seconds(), time.perf_counter()
+        u0, t2 = _usage(), time.perf_counter()
         dist.all_reduce(buf)
-        t3, c1 = time.perf_counter(), _cpu_seconds()
+        t3, u1 = time.perf_counter(), _usage()
         if i >= cfg.warmup:
             copies.append(t1 - t0)
             reduces.append(t3 - t2)
-            cpu.append(c1 - c0)
+            cpu.append(u1[0] - u0[0])
+            vcsw.append(u1[1] - u0[1])
+            ivcsw.append(u1[2] - u0[2])
         buf.fill_(float(rank + 1))  # sums never grow; not timed
     exact = bool(torch.all(buf == float(rank + 1)))  # refilled: check one last call's result instead
     dist.all_reduce(buf)
     exact = exact and bool(torch.all(buf == float(world * (world + 1) // 2)))
     copies, reduces = _slowest(copies), _slowest(reduces)
-    cpu_t = torch.tensor(cpu, dtype=torch.float64)
-    dist.all_reduce(cpu_t)  # all ranks' CPU time per call
+    cpu_t = torch.tensor([cpu, vcsw, ivcsw], dtype=torch.float64)
+    dist.all_reduce(cpu_t)  # all ranks' CPU time and context switches per call
     ok = torch.tensor([int(exact)])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     dist.destroy_process_group()
-    return {"copy_s": copies, "all_reduce_s": reduces, "cpu_s": cpu_t.tolist(), "exact": bool(ok.item())}
+    cpu_s, vcsw_n, ivcsw_n = cpu_t.tolist()
+    return {"copy_s": copies, "all_reduce_s": reduces, "cpu_s": cpu_s, "vcsw": vcsw_n, "ivcsw": ivcsw_n,
+            "exact": bool(ok.item())}
 
 
 def bound_factor(p: int) -> float:
@@ -93,38 +102,58 @@ def bound_factor(p: int) -> float:
     return (3 * p - 1) / (2 * p)
 
 
-def measure(ranks: list[int], cfg: Config, contention: int, repeat: int) -> list[dict]:
-    """One row per rank count and repetition (the rank counts alternate within a repetition)."""
+# The knob that picks the algorithm of a large all_reduce (docs/dicomm-config.md).
+_DIRECT_RANKS = {"direct": "8", "ring": "0"}
+_MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw")
+
+
+def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
+            algorithms: tuple[str, ...] = ("direct",)) -> list[dict]:
+    """One row per algorithm, rank count and repetition (they alternate within a repetition)."""
     from dicomm.bench.contention import cpu_hogs
     from dicomm.bench.launch import machine_info, run_ranks
 
     rows = []
-    with cpu_hogs(contention):
-        for rep in range(repeat):
-            for p in ranks:
-                out = run_ranks(_rank, p, cfg, timeout=cfg.op_timeout * 4)
-                copy, ar, cpu = (statistics.median(out[k]) for k in ("copy_s", "all_reduce_s", "cpu_s"))
-                bound = bound_factor(p) * copy
-                rows.append({"ranks": p, "repetition": rep, "bytes": cfg.nbytes, "iters": cfg.iters,
-                             "contention": contention, "copy_ms": copy * 1e3, "bound_ms": bound * 1e3,
-                             "all_reduce_ms": ar * 1e3, "cpu_ms_all_ranks": cpu * 1e3, "ratio": ar / bound,
-                             "exact": out["exact"], "machine": machine_info()})
+    saved = os.environ.get("DICOMM_ALL_REDUCE_DIRECT_RANKS")
+    try:
+        with cpu_hogs(contention):
+            for rep in range(repeat):
+                for p in ranks:
+                    for algorithm in algorithms:
+                        os.environ["DICOMM_ALL_REDUCE_DIRECT_RANKS"] = _DIRECT_RANKS[algorithm]  # forked ranks read it
+                        out = run_ranks(_rank, p, cfg, timeout=cfg.op_timeout * 4)
+                        med = {k: statistics.median(out[k]) for k in _MEDIANS}
+                        bound = bound_factor(p) * med["copy_s"]
+                        rows.append({"algorithm": algorithm, "ranks": p, "repetition": rep, "bytes": cfg.nbytes,
+                                     "iters": cfg.iters, "contention": contention, "copy_ms": med["copy_s"] * 1e3,
+                                     "bound_ms": bound * 1e3, "all_reduce_ms": med["all_reduce_s"] * 1e3,
+                                     "cpu_ms_all_ranks": med["cpu_s"] * 1e3, "vcsw_all_ranks": med["vcsw"],
+                                     "ivcsw_all_ranks": med["ivcsw"], "ratio": med["all_reduce_s"] / bound,
+                                     "exact": out["exact"], "machine": machine_info()})
+    finally:
+        if saved is None:
+            os.environ.pop("DICOMM_ALL_REDUCE_DIRECT_RANKS", None)
+        else:
+            os.environ["DICOMM_ALL_REDUCE_DIRECT_RANKS"] = saved
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    """Per rank count: the medians over the repetitions, and the range of the ratio."""
-    lines = ["| ranks | hogs/core | runs | copy (all ranks at once) ms | bound ms | all_reduce ms | CPU ms (all ranks) "
-             "| all_reduce / bound (range) | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for p in sorted({r["ranks"] for r in rows}):
-        mine = [r for r in rows if r["ranks"] == p]
-        med = {k: statistics.median(r[k] for r in mine)
-               for k in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "ratio")}
+    """Per algorithm and rank count: the medians over the repetitions, and the range of the ratio."""
+    lines = ["| algorithm | ranks | hogs/core | runs | copy (all ranks at once) ms | bound ms | all_reduce ms "
+             "| CPU ms (all ranks) | context switches vol./invol. (all ranks) | all_reduce / bound (range) "
+             "| load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for algorithm, p in sorted({(r.get("algorithm", "direct"), r["ranks"]) for r in rows}):
+        mine = [r for r in rows if r.get("algorithm", "direct") == algorithm and r["ranks"] == p]
+        med = {k: statistics.median(r.get(k, 0) for r in mine)
+               for k in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "vcsw_all_ranks",
+                         "ivcsw_all_ranks", "ratio")}
         ratios = [r["ratio"] for r in mine]
         loads = [r["machine"]["loadavg_1_5_15min"][0] for r in mine]
-        lines.append(f"| {p} | {mine[0]['contention']} | {len(mine)} | {med['copy_ms']:.1f} | {med['bound_ms']:.1f} | "
-                     f"{med['all_reduce_ms']:.1f} | {med['cpu_ms_all_ranks']:.1f} | {med['ratio']:.2f} "
+        lines.append(f"| {algorithm} | {p} | {mine[0]['contention']} | {len(mine)} | {med['copy_ms']:.1f} | "
+                     f"{med['bound_ms']:.1f} | {med['all_reduce_ms']:.1f} | {med['cpu_ms_all_ranks']:.1f} | "
+                     f"{med['vcsw_all_ranks']:.0f} / {med['ivcsw_all_ranks']:.0f} | {med['ratio']:.2f} "
                      f"({min(ratios):.2f}-{max(ratios):.2f}) | {min(loads)}-{max(loads)} |")
     return "\n".join(lines)
 
@@ -137,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--contention", type=int, default=0, help="busy processes per CPU (default 0)")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole measurement (default 3)")
+    ap.add_argument("--algorithm", choices=("direct", "ring", "both"), default="direct",
+                    help="the all_reduce algorithm (default direct, the engine's own choice up to 8 ranks); "
+                         "both: each back to back")
     ap.add_argument("--json", help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
@@ -147,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             or args.repeat < 1:
         ap.error("--ranks >= 2 each, --mib >= 1, --iters >= 1, --warmup >= 0, --contention >= 0, --repeat >= 1")
     cfg = Config(args.mib * MIB, args.iters, args.warmup)
-    rows = measure(ranks, cfg, args.contention, args.repeat)
+    algorithms = ("direct", "ring") if args.algorithm == "both" else (args.algorithm,)
+    rows = measure(ranks, cfg, args.contention, args.repeat, algorithms)
     print(table(rows))
     if not all(r["exact"] for r in rows):
         print("an all_reduce result was wrong", file=sys.stderr)

@@ -110,3 +110,58 @@ def test_all_reduce_ring_on_every_dtype(world):
     """Tiny thresholds: the pipelined ring, many chunks and partial last chunks on every dtype
     and op, with counts that do not divide by the world size."""
     _assert_all_ok(run_ranks(_tiny_thresholds, world, timeout=120, env=TINY_THRESHOLDS))
+
+
+# Above the 256 KiB threshold of a large all_reduce, several 512 KiB chunks and a partial last one, in
+# counts that do not divide by the world size.
+RANK_ORDER_SIZES = (300_007, 65_536 * 2 + 1)
+
+
+def _rank_order_inputs(seed: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    return (torch.randn(numel, generator=g) * 10 ** (rank % 3)).to(dtype)  # magnitudes apart: order shows
+
+
+def _rank_order_cases(rank, world, store):
+    comm = open_comm(rank, world, store)
+    out = []
+    for i, numel in enumerate(RANK_ORDER_SIZES):
+        for dtype, name, op in ((torch.float32, "float32", "sum"), (torch.float32, "float32", "avg"),
+                                (torch.bfloat16, "bfloat16", "sum")):
+            buf = _rank_order_inputs(i, rank, numel, dtype)
+            comm.all_reduce(buf.data_ptr(), numel, name, op).wait()
+            out.append((i, numel, str(dtype), op, buf.float().numpy()))
+    close_comm(comm)
+    return out
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_large_all_reduce_reduces_every_element_in_rank_order(world):
+    """Random floats of different magnitudes (rounding depends on the order of the sum): a large
+    all_reduce holds, on every rank, exactly torch's sequential sum x0 + x1 + ... in rank order in the
+    same dtype (AVG: that sum divided by the world size), whichever rank reduced which block. The
+    ring summed each block starting at a different rank, so its bits depended on the block."""
+    results = run_ranks(_rank_order_cases, world, timeout=120)
+    dtypes = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16}
+    for case, (i, numel, dtype, op, _) in enumerate(results[0]):
+        xs = [_rank_order_inputs(i, q, numel, dtypes[dtype]) for q in range(world)]
+        expected = xs[0]
+        for x in xs[1:]:
+            expected = expected + x
+        if op == "avg":
+            expected = expected / world
+        for rank, res in enumerate(results):
+            got = torch.from_numpy(res[case][4]).to(dtypes[dtype])
+            bits = torch.int16 if dtype == "torch.bfloat16" else torch.int32
+            wrong = got.view(bits) != expected.view(bits)
+            assert not wrong.any(), (f"rank {rank} of {world}: all_reduce({numel} x {dtype}, {op}) differs from "
+                                     f"the rank-order sum at {int(wrong.sum())} elements, first at "
+                                     f"{int(wrong.nonzero()[0])}")
+
+
+@pytest.mark.parametrize("world", [3])
+def test_all_reduce_ring_stays_exact(world):
+    """DICOMM_ALL_REDUCE_DIRECT_RANKS=0 keeps large all_reduces on the ring (the algorithm of more
+    than 8 ranks): the dtype x op matrix at tiny thresholds, many chunks, counts that do not divide."""
+    env = dict(TINY_THRESHOLDS, DICOMM_ALL_REDUCE_DIRECT_RANKS="0")
+    _assert_all_ok(run_ranks(_tiny_thresholds, world, timeout=120, env=env))

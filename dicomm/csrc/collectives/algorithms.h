@@ -15,6 +15,8 @@ void all_reduce_recursive_doubling(Session& s, uint8_t* buf, size_t count, DataT
                                    ReduceOp op);
 // all_reduce.cpp: ring reduce-scatter chained into ring all-gather (ring.h).
 void all_reduce_ring(Session& s, uint8_t* buf, size_t count, DataType dtype, ReduceOp op);
+// all_reduce_direct.cpp: every rank reduces its own block from every peer, then gathers the others'.
+void all_reduce_direct(Session& s, uint8_t* buf, size_t count, DataType dtype, ReduceOp op);
 
 // tree.cpp: binomial trees rooted at `root`, for latency-bound sizes.
 void broadcast_binomial(Session& s, uint8_t* buf, size_t nbytes, int root);

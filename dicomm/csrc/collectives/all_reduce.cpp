@@ -27,11 +27,14 @@ RequestPtr all_reduce(Communicator& comm, void* buf, size_t count, DataType dtyp
   check_buffer(reinterpret_cast<uintptr_t>(buf), count, "buf");
   Signature sig{CollectiveKind::kAllReduce, dtype, op, count};
   auto* data = static_cast<uint8_t*>(buf);
-  const bool ring = count * dtype_size(dtype) >= Tuning::of(comm.config()).all_reduce_ring_bytes &&
-                    count >= static_cast<size_t>(comm.size());
+  const Tuning tuning = Tuning::of(comm.config());
+  const bool large = count * dtype_size(dtype) >= tuning.all_reduce_ring_bytes &&
+                     count >= static_cast<size_t>(comm.size());
+  const bool direct = comm.size() <= tuning.all_reduce_direct_ranks;
   return launch(comm, sig, [=](Session& s) {
     if (s.size() == 1) return;  // AVG over one rank divides by one
-    if (ring) all_reduce_ring(s, data, count, dtype, op);
+    if (large && direct) all_reduce_direct(s, data, count, dtype, op);
+    else if (large) all_reduce_ring(s, data, count, dtype, op);
     else all_reduce_recursive_doubling(s, data, count, dtype, op);
   });
 }

@@ -67,6 +67,8 @@ const std::vector<Knob> kTable = {
     {"DICOMM_COLL_CHUNK_BYTES", K::kInteger, "524288", 1, 1L << 40, "", "bytes", "the pipeline unit of ring and chain algorithms"},
     {"DICOMM_COLL_SMALL_BYTES", K::kInteger, "", 0, 1L << 40, "", "bytes",
      "below this size every collective takes its small-message algorithm; unset: per collective (docs/architecture.md)"},
+    {"DICOMM_ALL_REDUCE_DIRECT_RANKS", K::kInteger, "8", 0, 1 << 20, "", "ranks",
+     "a large all_reduce of at most this many ranks takes the direct algorithm (each rank reduces its own block from every peer), of more the ring; 0: always the ring"},
     {"DICOMM_REDUCE_KERNELS", K::kChoice, "auto", 0, 0, "auto|generic", "", "generic: the portable reduction kernels even where AVX2 runs"},
 };
 
@@ -234,6 +236,7 @@ EngineConfig build(const Options& options, const Source& src) {
   c.ib_force_staging = src.flag("DICOMM_IB_FORCE_STAGING");
   c.coll_chunk_bytes = static_cast<size_t>(src.integer("DICOMM_COLL_CHUNK_BYTES"));
   if (auto n = src.optional_integer("DICOMM_COLL_SMALL_BYTES")) c.coll_small_bytes = static_cast<size_t>(*n);
+  c.all_reduce_direct_ranks = static_cast<int>(src.integer("DICOMM_ALL_REDUCE_DIRECT_RANKS"));
   return c;
 }
 
