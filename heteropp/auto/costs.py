@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Any
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
 from ..schedules.registry import kind
@@ -92,7 +93,7 @@ class Estimate:
     bottleneck: str  # "stage k" or "link k->k+1"
     fill_drain_s: float
     feasible: bool
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def in_flight(schedule: str, k: int, p: int, b: int) -> int:
@@ -293,7 +294,7 @@ class CostModel:
         return out
 
     def evaluate(self, stages: list[StageSpec], dp: int, b: int, schedule: str | None = None,
-                 round_trips: bool = False, params: dict | None = None) -> Estimate:
+                 round_trips: bool = False, params: dict[str, Any] | None = None) -> Estimate:
         """`round_trips`: price alternating schedules by the chains of alternating.py instead of the
         steady-state term, and add the whole passes (pass_term): maxima over runs of stages that the
         search's layer split cannot take apart. Without them the estimate is the search's objective.
@@ -315,8 +316,13 @@ class CostModel:
             n = kind(schedule).in_flight(k, p, b, params or {})
             f = (self.profile.get(s.chip, s.tp).fwd_s * s.layers + (self.end(s.chip, s.tp, sdp, "first").time / 3
                  if k == 0 else 0.0) + (self.end(s.chip, s.tp, sdp, "last").time / 3 if k == p - 1 else 0.0)) * share
-            fs.append(f), bs.append(bt - f)
-            cs.append(t), us.append(u), beta.append(bt), own.append(b * t - bt), ns.append(n)
+            fs.append(f)
+            bs.append(bt - f)
+            cs.append(t)
+            us.append(u)
+            beta.append(bt)
+            own.append(b * t - bt)
+            ns.append(n)
             mems.append(self.memory(s.chip, s.tp, s.recompute, sdp, s.layers, n, k == 0, k == p - 1, share=share))
             caps.append(self._chip[s.chip].usable_bytes)
         # a boundary of inner_dp replicas spreads over inner_dp x tp NICs (as plan_sim.stage_times prices it)
@@ -329,9 +335,9 @@ class CostModel:
         v = sk.chunks(params or {})
         wrap = None
         if v > 1:  # interleaved: a micro-batch crosses each boundary v times, the last stage -> first v - 1 times
-            a, c = stages[-1], stages[0]
-            wrap = (v, self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp),
-                    self.latency(a.chip, c.chip))
+            back, front = stages[-1], stages[0]
+            wrap = (v, self.boundary(back.chip, back.tp * back.inner_dp, front.chip, front.tp * front.inner_dp, dp),
+                    self.latency(back.chip, front.chip))
         link_own = [b * v * e - 2 * e for e in es] + ([b * (v - 1) * wrap[1] - 2 * wrap[1]] if wrap else [])
         # latency is pipelined: it only adds to fill and drain
         fill = sum(beta) + 2 * v * (sum(es) + sum(lats)) + (2 * (v - 1) * (wrap[1] + wrap[2]) if wrap else 0.0)

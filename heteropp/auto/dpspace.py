@@ -10,6 +10,8 @@ is a (chip, tp) pair), and the stage matrices whose bounds levels.py computes.
 """
 from __future__ import annotations
 
+from typing import Iterable, cast
+
 import numpy as np
 
 from .bounds import integral_level, water_level_many
@@ -52,16 +54,21 @@ class DpSpace:
         self._tables()
         self._emat: np.ndarray | None = None
         self._lmat: np.ndarray | None = None
-        self._ends: dict = {}
+        self._ends: dict[tuple[bool, bool, int], tuple[np.ndarray, np.ndarray]] = {}
         self._embv: np.ndarray | None = None
-        self._nflight: dict = {}
+        self._nflight: dict[int, np.ndarray] = {}
         self._runs: dict[int, np.ndarray] = {}
         self.defers = kind(self.sched).defers_weight_grads  # weight passes off the drain chain (no drain gaps)
+
+    @staticmethod
+    def _pad(v: Iterable[float], x: float) -> np.ndarray:
+        """A per-kind column with the padding kind's value `x` last."""
+        return np.array(list(v) + [x], dtype=np.float64)
 
     def _tables(self) -> None:
         """Per-kind columns with a padding kind last (index len(kinds))."""
         ks, cm, dp = self.kinds, self.cm, self.dp
-        pad = lambda v, x: np.array(list(v) + [x], dtype=np.float64)  # noqa: E731
+        pad = self._pad
         self.A, self.A1 = pad((k.own_floor for k in ks), np.inf), pad((k.own[1] for k in ks), np.inf)
         self.BETA, self.UPS = pad((k.fill[0] for k in ks), 0.0), pad((k.upd for k in ks), 0.0)
         self.BWD = pad((cm.coef(c, t, False, dp).bwd for c, t in self.ids), 0.0)
@@ -103,10 +110,12 @@ class DpSpace:
     def combo_terms(self, width: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The combinations (rows of choice indices) and the per-type inputs of their cheap bound (runs
         padded to `width` per type)."""
-        per_type, runs_of = [], []
+        per_type: list[np.ndarray] = []
+        runs_of: list[np.ndarray] = []
         width = width or self.run_width()
         for name, runs_list in zip(self.names, self.choices):
-            rows, rr = [], np.zeros((len(runs_list), width, 3))
+            rows: list[tuple[float, ...]] = []
+            rr = np.zeros((len(runs_list), width, 3))
             rr[:, :, 0] = np.inf
             for i, runs in enumerate(runs_list):
                 kds = [(self.kinds[self.kid[(name, t)]], s) for t, s in runs]
@@ -122,10 +131,13 @@ class DpSpace:
             return np.zeros((0, len(sizes)), dtype=np.int64), {}
         idx = np.indices(sizes).reshape(len(sizes), -1).T
         cols = [per_type[i][idx[:, i]] for i in range(len(per_type))]
-        get = lambda j: np.stack([c[:, j] for c in cols], axis=1)  # noqa: E731
-        runs = np.concatenate([runs_of[i][idx[:, i]] for i in range(len(per_type))], axis=1)
+
+        def get(j: int) -> np.ndarray:
+            return np.stack([c[:, j] for c in cols], axis=1)
+
+        run_cols = np.concatenate([runs_of[i][idx[:, i]] for i in range(len(per_type))], axis=1)
         return idx, dict(rate=get(0), cap=get(1), bmin=get(2), stages=get(3).sum(axis=1), fill=get(4), one=get(5),
-                         runs=runs)
+                         runs=run_cols)
 
     # --- stage matrices ---------------------------------------------------------------------------------
     def lmat(self) -> np.ndarray:
@@ -149,7 +161,7 @@ class DpSpace:
             self._emat = e
         return self._emat
 
-    def _gather(self, kid: np.ndarray, n: np.ndarray) -> dict:
+    def _gather(self, kid: np.ndarray, n: np.ndarray) -> dict[str, np.ndarray]:
         real = kid < len(self.kinds)
         n = np.minimum(n, self.nmax)
         return dict(a=self.A[kid], a1=self.A1[kid], m0=self.M0[kid, n], m1=self.M1[kid, n], beta=self.BETA[kid],
@@ -196,7 +208,7 @@ class DpSpace:
                 o = stage_opt(self.cm, *self.ids[k], self.dp, self.b, n, first, last)
                 tab[k] = (o.a0, o.y0, o.m0, o.m1, o.b0)
                 have[k] = True
-        return tab[kid].T
+        return cast(np.ndarray, tab[kid].T)
 
     def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> StageTerms:
         """Exact stage matrix of each order of types (rows), end stages and links included."""
@@ -233,7 +245,7 @@ def cheap_bounds(spaces: list[DpSpace]) -> list[tuple[np.ndarray, np.ndarray]]:
     if spaces and len(spaces[0].names) * max(widths) < 8:  # row sums of fewer than 8 terms run in order:
         widths = [max(widths)] * len(spaces)  # padding them with zeros changes no value, saves a pass
     terms = [sp.combo_terms(w) for sp, w in zip(spaces, widths)]
-    out: list = [(np.zeros(0), idx) for idx, _ in terms]
+    out: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0), idx) for idx, _ in terms]
     by_w: dict[int, list[int]] = {}
     for i, (_, t) in enumerate(terms):
         if t:

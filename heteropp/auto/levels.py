@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from enum import IntEnum
+from typing import cast
 
 import numpy as np
 
@@ -28,7 +29,10 @@ GRID = 4
 REFINE = 10
 
 
-def level_fields(slope: np.ndarray, off: np.ndarray, real: np.ndarray) -> tuple:
+Fields = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # level_fields: bpoff, slr, rate, yoff, one
+
+
+def level_fields(slope: np.ndarray, off: np.ndarray, real: np.ndarray) -> Fields:
     """The caps-free inputs of `level` for stages with val_k(l) = off_k + slope_k * l: breakpoint offset
     (padding sorts first), slope, rate and offset over the slope where the slope is positive, and each
     row's one-layer level."""
@@ -102,10 +106,10 @@ class Pass:
         self.s, self.v, self.L = s[:, :, None, :], v[:, :, None], L  # slots (field, row, 1, slot); rows
         self.order = order[:, None, :]  # fill order of the slots
         self.a0 = a0  # any own offset (order rows' end stages); free rows have none
-        self._at: dict = {}  # per number of levels: flat positions of the slots in fill order
+        self._at: dict[int, np.ndarray] = {}  # per number of levels: flat positions of the slots in fill order
 
     @classmethod
-    def of(cls, r: StageTerms, L: int, upd: tuple) -> "Pass":
+    def of(cls, r: StageTerms, L: int, upd: Fields) -> "Pass":
         """upd: level_fields of the update terms."""
         order = np.argsort(np.where(r.real, r.beta, np.inf), axis=1)  # slots cheapest fill first
         flat = order + (np.arange(len(order)) * order.shape[1])[:, None]
@@ -131,7 +135,7 @@ class Pass:
         c1 = np.floor(t / s[Slot.A1] + EPS)
         np.minimum(c1, s[Slot.M1], out=c1)
         cap = np.where(c1 > s[Slot.M0], c1, c0)
-        return np.maximum(cap, 0.0, out=cap)
+        return cast(np.ndarray, np.maximum(cap, 0.0, out=cap))
 
     def fill(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Least fill under per-stage caps (R, g, n): every stage takes a layer, the rest go to the
@@ -162,14 +166,16 @@ class Pass:
             live &= ~known
         k = np.count_nonzero(live)
         if k >= 0.9 * f.size:  # too few to skip to pay for the copies
-            return f + level(caps, *s[Slot.BPOFF:Slot.YOFF + 1], v[2], lacks, self.L) + v[3]
+            return cast(np.ndarray, f + level(caps, s[Slot.BPOFF], s[Slot.SLR], s[Slot.RATE], s[Slot.YOFF], v[2],
+                                              lacks, self.L) + v[3])
         w = np.empty(f.shape)
         w.fill(np.inf)
         if k:
             rows, at = live.nonzero()
-            w[rows, at] = level(caps[rows, at][:, None], *s[Slot.BPOFF:Slot.YOFF + 1, rows], v[2][rows],
-                                lacks[rows, at][:, None], self.L)[:, 0]
-        return f + w + v[3]
+            w[rows, at] = level(caps[rows, at][:, None], s[Slot.BPOFF, rows], s[Slot.SLR, rows],
+                                s[Slot.RATE, rows], s[Slot.YOFF, rows], v[2][rows], lacks[rows, at][:, None],
+                                self.L)[:, 0]
+        return cast(np.ndarray, f + w + v[3])
 
 
 def lower_bound(r: StageTerms, L: int, best: float, refine: int = REFINE) -> np.ndarray:
@@ -178,13 +184,13 @@ def lower_bound(r: StageTerms, L: int, best: float, refine: int = REFINE) -> np.
     # the fields of the own terms and of the update terms in one pass (elementwise: the same values as
     # two passes), (R, 2, n): own first
     both = level_fields(np.stack((r.a, r.ups), axis=1), np.stack((r.a0, r.y0), axis=1), r.real[:, None])
-    ps = Pass.of(r, L, tuple(x[:, 1] for x in both))
+    ps = Pass.of(r, L, (both[0][:, 1], both[1][:, 1], both[2][:, 1], both[3][:, 1], both[4][:, 1]))
     full = full_of(r)[:, None, :]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         f_inf, lacks = ps.fill(full)
         # the least bottleneck level z0 (own slopes) and the least update level, both at full caps, as
         # the two levels of one level pass
-        lv = level(np.broadcast_to(full, (len(r.lam), 2, full.shape[2])), *both[:4],
+        lv = level(np.broadcast_to(full, (len(r.lam), 2, full.shape[2])), both[0], both[1], both[2], both[3],
                    both[4], np.stack(((r.real & (full[:, 0] < 1)).any(axis=1), lacks[:, 0]), axis=1), L)
         one_own = np.where(r.m0 >= 1, r.a, r.a1)
         z0 = np.maximum(lv[:, 0], np.max(np.where(r.real, r.a0 + one_own, -np.inf), axis=1))
@@ -269,7 +275,7 @@ def bound_parts(parts: list[StageTerms], L: int, best: float, refine: int = REFI
             groups[-1].append(i)
         else:
             groups.append([i])
-    out: list = [None] * len(parts)
+    out: list[np.ndarray] = [np.empty(0)] * len(parts)
     for g in groups:
         v = lower_bound(concat([parts[i] for i in g]), L, best, refine)
         at = 0

@@ -22,21 +22,21 @@ from torch import nn
 
 from ..model import StageModel, TPGroup, WeightGradStore
 from ..plan import tp_split_error
-from ..spec import load_model
+from ..spec import ModelSpec, load_model
 from .profiles import ChipProfile, Profile, TPProfile
 
 
 class _LocalTP(TPGroup):
     """One rank's shard of a TP group, alone: shapes as in the group, collectives skipped (timed apart)."""
 
-    def all_reduce(self, t: torch.Tensor, op=None) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, op: object = None) -> torch.Tensor:
         return t
 
 
 class _Net(nn.Module):
     """The engine's own stage (embedding, `depth` decoder blocks, head and loss) at one TP rank's shard."""
 
-    def __init__(self, m, tp: TPGroup, depth: int, recompute: bool) -> None:
+    def __init__(self, m: ModelSpec, tp: TPGroup, depth: int, recompute: bool) -> None:
         super().__init__()
         self.tp = tp
         self.stage = StageModel(m, range(depth), tp, seed=0, first=True, last=True, recompute=recompute)
@@ -77,10 +77,9 @@ _NO_TP = TPGroup()  # size 1: no collectives
 def _repeat(run: Callable[[], tuple[float, ...]], min_time_s: float, tp: TPGroup = _NO_TP) -> tuple[float, ...]:
     """Mean of `run`'s timings over as many calls as it takes for their sum to reach `min_time_s`, so that a
     tiny layer is never timed below the clock's resolution."""
-    total, n = None, 0
-    while n == 0 or _more(sum(total) < min_time_s, tp):
-        got = run()
-        total = got if total is None else tuple(a + b for a, b in zip(total, got))
+    total, n = run(), 1
+    while _more(sum(total) < min_time_s, tp):
+        total = tuple(a + b for a, b in zip(total, run()))
         n += 1
     return tuple(t / n for t in total)
 
@@ -111,7 +110,7 @@ def _timer(net: _Net, tokens: torch.Tensor, dev: torch.device,
             t2 = time.perf_counter()
             store.flush()
             _sync(dev)
-            out = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+            out: tuple[float, ...] = (t1 - t0, t2 - t1, time.perf_counter() - t2)
         else:
             loss.backward()
             _sync(dev)
@@ -200,18 +199,19 @@ def profile_model(model: str, tps: list[int], device: str = "cpu", chip: str = "
         torch.set_num_threads(threads)
 
 
-def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: int, repeats: int,
+def _profile(m: ModelSpec, tps: list[int], dev: torch.device, chip: str, micro_batch_size: int, repeats: int,
              depths: tuple[int, int], progress: Callable[[str], None] | None, min_time_s: float, stat: str,
              tp_group: TPGroup | None) -> Profile:
     torch.manual_seed(0)
-    entries, flops = {}, {}
+    entries: dict[int, TPProfile] = {}
+    flops: dict[str, list[float]] = {}
     d1, d2 = depths
     for tp in tps:
         if (why := tp_split_error(tp, m.heads, m.kv_heads, m.ffn, m.vocab)) is not None:
             raise ValueError(f"cannot profile {m.name}: {why[0]}; expected a tp that is {why[1]}")
         tokens = torch.randint(0, m.vocab, (micro_batch_size, m.seq_len), device=dev)
         group = tp_group if tp_group is not None and tp_group.size == tp else _LocalTP(0, tp)
-        res = {}
+        res: dict[tuple[bool, int], tuple[float, ...]] = {}
         nets = {rc: {d: _Net(m, group, d, rc).to(dev) for d in (d1, d2)} for rc in (False, True)}
         for rc in (False, True):
             if progress:
@@ -219,7 +219,8 @@ def _profile(m, tps: list[int], dev: torch.device, chip: str, micro_batch_size: 
             got = _time_depths(nets[rc], tokens, repeats, min_time_s, dev, stat)
             res.update({(rc, d): v for d, v in got.items()})
 
-        def per(rc: bool, i: int, res: dict = res) -> float:  # `res` bound now, though used only in this iteration
+        # `res` bound now, though used only in this iteration
+        def per(rc: bool, i: int, res: dict[tuple[bool, int], tuple[float, ...]] = res) -> float:
             return max((res[(rc, d2)][i] - res[(rc, d1)][i]) / (d2 - d1), 0.0)
 
         fwd, bwd, act = per(False, 0), per(False, 1), per(False, 2)

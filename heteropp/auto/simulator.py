@@ -45,7 +45,7 @@ def _built(schedule: str, p: int, m: int) -> Schedule:
     return sched
 
 
-class CheckedSchedule(list):
+class CheckedSchedule(list[list[Action]]):
     """An action list that schedules.validate has passed (built_schedule's, shared: never changed)."""
 
 
@@ -55,13 +55,13 @@ def built_schedule(name: str, p: int, m: int, params: Mapping[str, Any]) -> Sche
     return _built_with(name, p, m, frozen_params(params))
 
 
-def frozen_params(params: Mapping[str, Any]) -> tuple:
+def frozen_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Schedule parameters as a hashable key (lists become tuples)."""
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
 
 
 @lru_cache(maxsize=256)
-def _built_with(name: str, p: int, m: int, frozen: tuple) -> CheckedSchedule:
+def _built_with(name: str, p: int, m: int, frozen: tuple[tuple[str, Any], ...]) -> CheckedSchedule:
     sched = build(name, p, m, {k: list(v) if isinstance(v, tuple) else v for k, v in frozen})
     validate(sched, m)
     return CheckedSchedule(sched)
@@ -111,7 +111,7 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
     last = p * v - 1
     arrive: dict[tuple[int, str, int], float] = {}
     pos = [0] * p
-    live = [0] * p
+    live = [0.0] * p
     peak = [st.static_bytes + st.transient_bytes for st in stages]
     busy = [0.0] * p
     timeline: list[tuple[int, str, int, float, float]] = []

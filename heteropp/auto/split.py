@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -72,7 +73,7 @@ def _fill_floor(opts: list[StageTerms], caps: list[int], L: int) -> float:
         rest -= add
         if not rest:
             break
-    return total
+    return cast(float, total)
 
 
 def _start_level(at_one: float, offs: list[float], slopes: list[float], L: int) -> float:
@@ -112,6 +113,8 @@ def _olevel(opts: list[StageTerms], full: list[int], L: int) -> float | None:
                 held += c
         if held >= L:
             return z
+        if nxt is None:  # every stage at its cap below L layers: the check on entry rules it out
+            raise AssertionError("_olevel: no breakpoint left below L layers")
         z = nxt
 
 
@@ -144,6 +147,8 @@ def _ylevel(y0s: list[float], ups: list[float], full: list[int], caps: list[int]
                 held += c
         if held >= L:
             return z
+        if nxt is None:  # as in _olevel
+            raise AssertionError("_ylevel: no breakpoint left below L layers")
         z = nxt
 
 
@@ -155,8 +160,11 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
     if p > L or min(full) < 1 or sum(full) < L:
         return None
     y_sl, y_off = [o.ups for o in opts], [o.y0 for o in opts]
-    z = _olevel(opts, full, L)
+    z0 = _olevel(opts, full, L)
     w_floor = _ylevel(y_off, y_sl, full, full, L)
+    if z0 is None or w_floor is None:  # ruled out by the check above
+        return None
+    z = z0
     floor_fill = _fill_floor(opts, full, L)
     best: SplitResult | None = None
     best_t = bound

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,15 +37,19 @@ class StageKind:
         return self.own_floor if self.m0[n] >= 1 else self.own[1] if self.mmax[n] >= 1 else math.inf
 
 
+def _col(v: list[float]) -> np.ndarray:
+    """A column of float64s, one row per stage kind."""
+    return np.array(v, dtype=np.float64).reshape(-1, 1)
+
+
 def stage_kinds(cm: CostModel, ids: list[tuple[str, int]], dp: int, b: int, pmax: int) -> list[StageKind]:
     """The StageKind of every (chip, tp) in ids, the memory tables of all of them in one go."""
     c0s = [cm.coef(chip, tp, False, dp) for chip, tp in ids]
     c1s = [cm.coef(chip, tp, True, dp) for chip, tp in ids]
-    col = lambda v: np.array(v, dtype=np.float64).reshape(-1, 1)  # noqa: E731
-    room = col([cm.cluster.chip(chip).usable_bytes for chip, _ in ids])
+    room = _col([cm.cluster.chip(chip).usable_bytes for chip, _ in ids])
     n = np.arange(pmax + 1, dtype=np.float64)
-    m0, m1 = (np.floor(np.maximum(room - col([c.transient for c in cs]), 0.0)
-                       / (col([c.static for c in cs]) + n * col([c.act for c in cs]))) for cs in (c0s, c1s))
+    m0, m1 = (np.floor(np.maximum(room - _col([c.transient for c in cs]), 0.0)
+                       / (_col([c.static for c in cs]) + n * _col([c.act for c in cs]))) for cs in (c0s, c1s))
     m0[:, 0] = m1[:, 0] = 0.0  # closed form of CostModel.max_layers for interior stages
     m = np.maximum(m0, m1)
     cum = np.cumsum(m, axis=1)
@@ -81,24 +85,25 @@ class StageTerms:
     lam: Any = None
     const: Any = None
 
+    # the methods read one stage's Python numbers (the fields are Any for the array form): cast, not converted
     def mode(self, nl: int) -> int:
         return 0 if nl <= self.m0 else 1
 
     def ok(self, nl: int) -> bool:
-        return nl <= self.m0 or nl <= self.m1
+        return cast(bool, nl <= self.m0 or nl <= self.m1)
 
     def own(self, nl: int) -> float:
-        return self.a0 + (self.a if nl <= self.m0 else self.a1) * nl
+        return cast(float, self.a0 + (self.a if nl <= self.m0 else self.a1) * nl)
 
     def phi(self, nl: int) -> float:
-        return self.b0 + (self.beta if nl <= self.m0 else self.beta1) * nl
+        return cast(float, self.b0 + (self.beta if nl <= self.m0 else self.beta1) * nl)
 
     def y(self, nl: int) -> float:
-        return self.y0 + self.ups * nl
+        return cast(float, self.y0 + self.ups * nl)
 
     @property
     def lmax(self) -> int:
-        return max(self.m0, self.m1)
+        return cast(int, max(self.m0, self.m1))
 
     def cap(self, z: float) -> int:
         """Most layers with own <= z (0 when not even one)."""
@@ -106,11 +111,11 @@ class StageTerms:
         if c0 >= self.m0 and self.m1 > self.m0:
             c1 = self.m1 if self.a1 <= 0 else min(self.m1, math.floor((z - self.a0) / self.a1 + 1e-12))
             if c1 > self.m0:
-                return c1
-        return max(c0, 0)
+                return cast(int, c1)
+        return cast(int, max(c0, 0))
 
     def ycap(self, w: float) -> int:
         """Most layers with y <= w (a division: y is linear)."""
         if self.ups <= 0:
             return self.lmax if w >= self.y0 - 1e-12 else 0
-        return max(0, math.floor((w - self.y0) / self.ups + 1e-12))
+        return cast(int, max(0, math.floor((w - self.y0) / self.ups + 1e-12)))
