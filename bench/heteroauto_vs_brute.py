@@ -4,6 +4,10 @@ layers, 4 to 8 micro-batches, links of 0.02 to 2 GB/s. Prints, per schedule, the
 slower the planner's plan simulates than the brute force's), where it is and how many instances have one.
 
     python -m bench.heteroauto_vs_brute [--instances 30] [--seed 0] [--schedules h1f1b zbh1 ...] [--json FILE]
+        [--family default|tight|tight-small] [--extended]
+
+`--extended`: against the brute force over the larger space (idle chips anywhere, any dp, types
+interleaved; brute_force(extended=True)) instead of the contiguous one.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ TYPES = ("X", "Y", "Z")
 
 
 # (chips per type, memory in GB, link bandwidths in GB/s, layers) of the default instances and of the
-# tight ones (--tight: slow links and tight memory, where idle chips, any dp and interleaved types win)
+# tight ones (--family tight: slow links and tight memory, where idle chips, any dp and interleaved types win)
 FAMILIES = {"default": ((1, 2), (8.0, 12.0, 20.0), (0.02, 0.05, 0.2, 2.0), (4, 7)),
             "tight": ((1, 3), (4.0, 6.0, 8.0), (0.005, 0.02), (4, 7)),
             "tight-small": ((1, 2), (4.0, 6.0, 8.0), (0.005, 0.02), (4, 5))}
@@ -58,7 +62,8 @@ def random_problem(rng: random.Random, schedule: str, family: str = "default") -
     return Problem(cluster, model, train, CostModel(cluster, model, searched, profile))
 
 
-def measure(instances: int, seed: int, schedules: tuple[str, ...] = SCHEDULES) -> dict:
+def measure(instances: int, seed: int, schedules: tuple[str, ...] = SCHEDULES, family: str = "default",
+            extended: bool = False) -> dict:
     """Per schedule: the instances both sides can run, the worst gap and its instance, the least gap over
     the planner's plans that use every chip, as the brute force's do (below 0 only where the plan does not
     fit), how many plans leave chips idle and run faster than the brute force's best (the baselines' types
@@ -69,16 +74,17 @@ def measure(instances: int, seed: int, schedules: tuple[str, ...] = SCHEDULES) -
         rng = random.Random(seed)
         gaps, slowest, idle_wins = [], 0.0, 0
         for i in range(instances):
-            pb = random_problem(rng, sched)
+            pb = random_problem(rng, sched, family)
             t0 = time.perf_counter()
             try:
                 plan = planned(pb).plan
             except InfeasibleError:
                 plan = None
             slowest = max(slowest, time.perf_counter() - t0)
-            best = brute_force(pb)[0]
+            best = brute_force(pb, extended)[0]
             if plan is not None and best < float("inf"):
-                if sum(plan.chips_used().values()) < pb.cluster.total_chips and plan.iteration_time_s < best:
+                if (not extended and sum(plan.chips_used().values()) < pb.cluster.total_chips
+                        and plan.iteration_time_s < best):
                     idle_wins += 1  # outside the brute force's space (every chip in a one-chip stage)
                     continue
                 gaps.append((plan.iteration_time_s / best - 1, i))
@@ -96,10 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--schedules", nargs="+", choices=SCHEDULES + MORE_SCHEDULES, default=list(SCHEDULES))
     ap.add_argument("--json")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="default")
+    ap.add_argument("--extended", action="store_true", help="the brute force over the larger space")
     a = ap.parse_args(argv)
     if a.instances < 1:
         ap.error(f"--instances must be at least 1, got {a.instances}")
-    res = measure(a.instances, a.seed, tuple(a.schedules))
+    res = measure(a.instances, a.seed, tuple(a.schedules), a.family, a.extended)
     print("| schedule | instances | worst gap | at instance | instances over 0.1% | longest planning |")
     print("|---|---|---|---|---|---|")
     for sched, v in res.items():
