@@ -151,7 +151,7 @@ class Run:
         time.sleep(3)
         self.hosts = {}
         for i, chip in enumerate(("big", "small")):
-            cmd = agent_command(str(cfg), chip, 2, "1:2", f"{ADDR[0]}:{port}", run_id, 5)
+            cmd = agent_command(str(cfg), chip, 2, "1:2", f"{ADDR[0]}:{port}", run_id, 5, spawn=True)
             cmd = [c.replace("--local-addr=127.0.0.1", f"--local-addr={ADDR[i]}") for c in cmd]
             env = {**self.env, **AGENT_ENV, "GLOO_SOCKET_IFNAME": VETH[i]}
             cmd = ["ip", "netns", "exec", NS[i], *host_command(override_conf(cmd, conf), f"{ADDR[i]}:0")]
@@ -194,14 +194,17 @@ def steps_of(log: Path) -> list[dict[str, Any]]:
 
 
 def workers(host_pid: int) -> set[int]:
-    """The elastic worker processes under a host (its keeper, agent and workers)."""
+    """The worker processes the agent under a host started (not the keeper, agent or warm process)."""
     out = set()
     for p in process_tree(host_pid):
         try:
             cmd = Path(f"/proc/{p}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"heteropp.engine.elastic" in cmd and b"torch.distributed.run" not in cmd:
+        args = cmd.split(b"\0")
+        # the agent's children: the worker module, or its stand-in that the host's warm process forks it for
+        if (b"heteropp.engine.elastic" in args or any(a.endswith(b"elastic_spawn.py") for a in args)) \
+                and b"torch.distributed.run" not in args:
             out.add(p)
     return out
 

@@ -33,6 +33,7 @@ import dataclasses
 import datetime
 import json
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -45,6 +46,7 @@ from ..plan import Plan
 from ..spec import Cluster, InfeasibleError, ModelSpec, SpecError, cluster_from_dict, train_from_dict
 from .checkpoint import complete_checkpoints
 from .config import RunConfig
+from .elastic_spawn import SPAWNED_ENV
 from .snapshot import RoundHooks, choose, hosts_of, peer_of
 from .snapshot_keeper import KEEPER_ENV
 from .straggler import StragglerWatch
@@ -232,7 +234,8 @@ def assign(plan: Plan, chips: list[str]) -> list[int]:
 def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snapshot_every: int = 0) -> int:
     world_rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     started = time.time()
-    born = started - process_age_s()
+    # when the agent started this worker: its stand-in's start (elastic_spawn), else this process's
+    born = float(os.environ.get(SPAWNED_ENV) or started - process_age_s())
     # when each phase of the round's start ended (unix seconds): rank 0 records them with its first step
     phases = {"born": round(born, 3), "imported": round(started, 3)}
     torch.set_num_threads(1)
@@ -311,6 +314,11 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
     except Exception as e:
         if _is_peer_failure(e):
             record(cfg, "peer_failure", rank=world_rank, error=str(e).splitlines()[0][:300])
+            # the round is over: exit now, so the agent sees it at its next look (an orderly exit tears down
+            # the process groups, a snapshot being sent and torch, seen to take 2 s on a loaded host)
+            print(f"heteropp elastic: rank {world_rank}: {str(e).splitlines()[0][:300]}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
         raise
     finally:
         RoundHooks.current.close()

@@ -16,10 +16,11 @@ import time
 import uuid
 from pathlib import Path
 
-# Rendezvous settings for a quick re-plan: a host that stops its heartbeat for 5 s is gone (shorter, a busy
-# host's own agent misses beats, is taken for dead and its round splits off), and a round
-# starts 1 s after its last member joined.
-RDZV_CONF = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=5,close_timeout=5"
+# Rendezvous settings for a quick re-plan: a host that stops its heartbeat for 3 s is gone (the survivors wait
+# that long for the next round; at 2 s a busy host's own agent missed beats, was taken for dead and its round
+# split off, at 3 s no split was seen at load 10-15), and a round starts 1 s after its last member joined (the
+# least: torch takes whole seconds, and a returned host must have time to join the same round).
+RDZV_CONF = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3,close_timeout=5"
 
 
 def process_tree(pid: int) -> list[int]:
@@ -87,14 +88,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SPAWN = Path(__file__).with_name("elastic_spawn.py")
+
+
 def agent_command(config: str, chip: str, nproc: int, nnodes: str, endpoint: str, run_id: str, max_restarts: int,
-                  is_host: bool = False) -> list[str]:
-    """The torchrun command of one host."""
+                  is_host: bool = False, spawn: bool = False) -> list[str]:
+    """The torchrun command of one host; with `spawn` its workers are forked by the host's warm process (the
+    keeper's zygote: elastic_spawn.py, by its path in this installation) instead of each importing torch."""
+    entry = [str(SPAWN)] if spawn else ["-m", "heteropp.engine.elastic"]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={str(is_host).lower()},{RDZV_CONF}",
-            "--monitor-interval=0.2", "--local-addr=127.0.0.1", "-m", "heteropp.engine.elastic",
-            "--config", config, "--chip", chip]
+            "--monitor-interval=0.2", "--local-addr=127.0.0.1", *entry, "--config", config, "--chip", chip]
 
 
 KEEPER = Path(__file__).with_name("snapshot_keeper.py")
@@ -121,7 +126,7 @@ def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, e
     procs = []
     for i, (chip, n) in enumerate(hosts):
         cmd = host_command(agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}",
-                                         run_id, max_restarts), "127.0.0.1:0")
+                                         run_id, max_restarts, spawn=True), "127.0.0.1:0")
         p = subprocess.Popen(cmd, env=env, start_new_session=True)
         procs.append(p)
         if events is not None:

@@ -2,9 +2,10 @@
 own host's, and a peer host's), so that a round after a failure resumes from memory instead of the disk
 checkpoint. It outlives the host's workers, which torch's elastic agent restarts at every membership change: it
 runs the host's agent (torchrun) as its child and tells it, and so every worker, where it listens
-(HETEROPP_SNAPSHOT_KEEPER=ADDR:PORT).
+(HETEROPP_SNAPSHOT_KEEPER=ADDR:PORT). It also starts the host's warm process for new workers
+(heteropp.engine.elastic_zygote; HETEROPP_ZYGOTE names its socket).
 
-    python heteropp/engine/snapshot_keeper.py --listen ADDR[:PORT] [--keep 3] -- torchrun ...
+    python heteropp/engine/snapshot_keeper.py --listen ADDR[:PORT] [--keep 3] [--no-zygote] -- torchrun ...
 
 It imports neither torch nor heteropp (it runs as a script: a host starts it in a fraction of a second) and
 holds bytes only. The wire format, one frame per message, both ways:
@@ -29,8 +30,10 @@ import signal
 import socket
 import socketserver
 import struct
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Any
 
@@ -40,6 +43,7 @@ MAX_HEADER = 1 << 24
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 DTYPE_BYTES = {"float32": 4}
 KEEPER_ENV = "HETEROPP_SNAPSHOT_KEEPER"
+ZYGOTE_ENV = "HETEROPP_ZYGOTE"  # heteropp.engine.elastic_spawn's: the host's warm process for new workers
 TOKEN_ENV = "DICOMM_JOB_SECRET"  # the job's secret: a keeper answers only ranks of its job
 
 
@@ -253,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "(port 0 or none: any free one)")
     ap.add_argument("--keep", type=int, default=3, help="snapshots (round, step) held (default 3)")
     ap.add_argument("--max-bytes", type=int, default=16 << 30, help="bytes held at most (default 16 GiB)")
+    ap.add_argument("--no-zygote", action="store_true",
+                    help="start no warm process for the host's workers (heteropp.engine.elastic_zygote): each new "
+                    "worker imports torch itself")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the agent's command (torchrun ...)")
     a = ap.parse_args(argv)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -264,7 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     server = Server((host, int(port)), Store(a.keep, a.max_bytes))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     where = f"{host}:{server.server_address[1]}"
-    child = subprocess.Popen(cmd, env={**os.environ, KEEPER_ENV: where})
+    env = {**os.environ, KEEPER_ENV: where}
+    zygote, private = None, None
+    if not a.no_zygote:  # the host's warm process, beside the agent: new workers fork from it
+        private = tempfile.mkdtemp(prefix="heteropp-zygote-")  # only this user enters it
+        env[ZYGOTE_ENV] = os.path.join(private, "zygote.sock")
+        zygote = subprocess.Popen([sys.executable, "-u", "-m", "heteropp.engine.elastic_zygote", env[ZYGOTE_ENV]])
+    child = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)
@@ -273,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(s, forward)
     code = child.wait()
     server.shutdown()
+    if zygote is not None:
+        zygote.kill()
+        zygote.wait()
+        shutil.rmtree(private or "", ignore_errors=True)
     if code < 0:  # the agent died of a signal: so does its host
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

@@ -218,3 +218,23 @@ def test_a_keeper_answers_a_bad_frame_with_its_reason_and_goes_on(keepers) -> No
     with socket.create_connection((host, int(port)), timeout=10) as s:
         write_frame(s, {"op": "nothing", "token": ""})
         assert "unknown op 'nothing'" in read_frame(s, 1 << 20)[0]["error"]
+
+
+@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="1-2 min on 2 cores: HETEROPP_LONG_TESTS=1")
+def test_a_round_resumes_from_the_disk_when_both_copies_of_a_stage_are_gone(tmp_path) -> None:
+    """`heteropp run --elastic` over three emulated hosts (a `big` host of two processes, two `small` hosts of one,
+    loopback, gloo), snapshots every step. Both `small` hosts die at once: in the ring of hosts one of them held
+    the other's second copy, so that rank's state is in no keeper left and the round resumes from the newest
+    disk checkpoint, as resuming it by hand does."""
+    from .elastic_run import ElasticRun
+    run = ElasticRun(tmp_path, steps=10, every=2, hosts="big:2,small:1,small:1", snapshot_every=1)
+    run.wait_step(3)
+    small = [h for h in run.events("host_started") if h["chip"] == "small"]
+    killed = run.kill(small[0])
+    run.kill(small[1])
+    second = run.wait_round(killed)
+    got = run.finish()
+    assert second["chips"] == {"big": 2} and second["resume_source"] == "disk", second
+    resumed = next(e for e in run.events("resumed") if e["time"] > second["time"])
+    assert resumed["source"] == "disk" and resumed["step"] == second["resume_from"]
+    run.check_by_hand(second, got)
