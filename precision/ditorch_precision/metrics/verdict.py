@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -124,18 +124,24 @@ def compare_error_ratio(
     *,
     k: float = DEFAULT_RATIO_K,
     reference_fp64: torch.Tensor | None = None,
+    integers_from_replay: bool = False,
 ) -> Verdict:
     """The error-ratio rule: max|device - fp64| <= k * max(max|reference - ref_fp64|, half an ulp
     of the largest |fp64| in the device dtype): the reference is credited at least the rounding
     error any result in that dtype has, so a reference that happens to be exact (or nearly: a
     reduction's luck) does not demand an exact device.
     ``reference_fp64`` is the float64 result on the reference run's own inputs (default: ``fp64``).
-    NaN/Inf positions of the device must match the reference run's."""
+    NaN/Inf positions of the device must match the reference run's. An integer or bool result must
+    equal the reference run's, or with ``integers_from_replay`` (the runs' inputs differ, so the
+    reference's result is another computation's) its own replay ``fp64``."""
     reference_fp64 = fp64 if reference_fp64 is None else reference_fp64
     for other in (reference, fp64, reference_fp64):
         if (v := _shape_verdict(device, other)) is not None:
             return v
     if not _is_float(device):
+        if integers_from_replay:
+            v = _exact_verdict(device, fp64)
+            return replace(v, detail=f"{v.detail} with its own replay (its inputs differ from the reference's)")
         return _exact_verdict(device, reference)
     # NaN/Inf positions: the full statistics only when either side holds one (one pass each otherwise)
     if not (_all_finite(device) and _all_finite(reference)):
@@ -212,9 +218,11 @@ def compare_trees(actual, expected, **kwargs) -> TreeVerdict:
     return TreeVerdict([compare_tensors(x, y, **kwargs) for x, y in zip(a, e)])
 
 
-def compare_trees_ratio(device, reference, fp64, *, k: float = DEFAULT_RATIO_K, reference_fp64=None) -> TreeVerdict:
+def compare_trees_ratio(device, reference, fp64, *, k: float = DEFAULT_RATIO_K, reference_fp64=None,
+                        integers_from_replay: bool = False) -> TreeVerdict:
     d, r, f = tensor_leaves(device), tensor_leaves(reference), tensor_leaves(fp64)
     rf = f if reference_fp64 is None else tensor_leaves(reference_fp64)
     if not (len(d) == len(r) == len(f) == len(rf)):
         return TreeVerdict([Verdict(False, "shape", f"output tensor counts differ: {len(d)}, {len(r)}, {len(f)}")])
-    return TreeVerdict([compare_error_ratio(x, y, z, k=k, reference_fp64=w) for x, y, z, w in zip(d, r, f, rf)])
+    return TreeVerdict([compare_error_ratio(x, y, z, k=k, reference_fp64=w, integers_from_replay=integers_from_replay)
+                        for x, y, z, w in zip(d, r, f, rf)])
