@@ -238,6 +238,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
     born = float(os.environ.get(SPAWNED_ENV) or started - process_age_s())
     # when each phase of the round's start ended (unix seconds): rank 0 records them with its first step
     phases = {"born": round(born, 3), "imported": round(started, 3)}
+    warm = os.environ.get("HETEROPP_WARM_START") == "1"  # forked by the host's warm process (elastic_zygote)
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("gloo", timeout=timeout)  # the control group: torch's env:// rendezvous
@@ -292,7 +293,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
                world=world,
                plan=describe(plan), ranks=plan.world_size, plan_s=round(decided[0]["plan_s"], 4),
                resume_from=resume_step,
-               resume_source="memory" if snap else "disk" if done else "start",
+               resume_source="memory" if snap else "disk" if done else "start", warm_start=warm,
                **({"speeds": speeds} if speeds else {}))
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend

@@ -20,6 +20,8 @@ import sys
 import threading
 import traceback
 
+WARM_ENV = "HETEROPP_WARM_START"
+
 
 def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     """In the forked child: become the worker the request describes, and die with its requester."""
@@ -31,6 +33,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ[WARM_ENV] = "1"  # the worker says so in its round's events
         sys.argv = ["heteropp.engine.elastic", *request["argv"]]
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)

@@ -47,6 +47,8 @@ def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp
     assert EVERY <= second["resume_from"] <= killed_step and killed_step - second["resume_from"] <= EVERY
     # from the snapshot in memory (the lost host's part from the survivor's keeper), not the disk
     assert second["resume_source"] == "memory", second
+    # its workers were forked by the host's warm process, not started afresh (importing torch)
+    assert second["warm_start"], second
     resumed = next(e for e in run.events("resumed") if e["time"] > second["time"])
     assert resumed["source"] == "memory" and resumed["step"] == second["resume_from"]
     assert any(e["event"] == "peer_failure" and e["time"] >= killed for e in run.events())
