@@ -48,3 +48,18 @@ def gloo_job(tmp_path_factory) -> dict:
     assert p.returncode == 0, p.stderr[-3000:]  # a send/recv under the tools used to hang here
     assert subgroup.returncode == 0, subgroup_err[-3000:]
     return {name: root / name for name in ("collectives", "ref", "fault", "subgroup")}
+
+
+@pytest.fixture(scope="session")
+def launch_gloo():
+    """Runs ``python -m MODULE ROOT WORLD PORT *ARGS`` (an example that spawns a real gloo job), its
+    store served from this process (see gloo_job), and asserts it succeeded."""
+    def launch(module: str, root, world: int, *args: str) -> None:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=300))
+        env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        p = subprocess.run([sys.executable, "-m", module, str(root), str(world), str(store.port), *args],
+                           capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+
+    return launch

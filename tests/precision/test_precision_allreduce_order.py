@@ -6,14 +6,9 @@ in layer 1's down-projection mm (rank 1 at step 0, rank 2 at step 1, in one run)
 their rank at their step, the honest rank 0 stays quiet. References:
 plain torch (the runs' weights after step 0 differ, their losses agree) and the fault's place. A
 real 3-process gloo job (loopback)."""
-import datetime
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
 from ditorch_precision.diff import compare_ranks
@@ -24,16 +19,10 @@ DOWN = "DistributedDataParallel.module.model.layers.1.mlp.down_proj"
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(tmp_path_factory, launch_gloo):
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("allreduce_order")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=300))  # held here: see conftest.gloo_job
-    env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_allreduce_order", str(root), "3",
-                        str(store.port), "--steps", str(STEPS), "--faults"],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
+    launch_gloo("ditorch_precision.examples.dist_allreduce_order", root, 3, "--steps", str(STEPS), "--faults")
     return root
 
 

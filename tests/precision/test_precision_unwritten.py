@@ -3,15 +3,10 @@ as 0 by a capture, through any view, so no rule compares the allocator's leftove
 gloo job under torch's DistributedDataParallel (its gradient buckets are ``aten::empty`` viewed with
 ``as_strided``), a fault on rank 1 only: rank 0 has no failures and the first divergence is rank 1's.
 References: the planted fault's place, and torch itself (what the program wrote)."""
-import datetime
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ditorch_precision import Capture, compare_dumps
 from ditorch_precision.cli import main
@@ -75,15 +70,10 @@ def test_a_fault_in_written_bytes_of_a_bucket_is_still_found(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ddp_job(tmp_path_factory):
+def ddp_job(tmp_path_factory, launch_gloo):
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("ddp")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=300))  # held here: see conftest.gloo_job
-    env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    p = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_ddp", str(root), "2", str(store.port),
-                        "--fault-rank", "1"], capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
+    launch_gloo("ditorch_precision.examples.dist_ddp", root, 2, "--fault-rank", "1")
     return root
 
 
