@@ -101,6 +101,148 @@ FULL_PRICING_ACTIONS = 5_000  # stage x micro-batch pairs up to which the search
 FULL_PRICING_CHIPS = 512
 
 
+class BestFirst:
+    """The best-first search over one frontier (frontier.py) of three levels, each bound below the next:
+    chunks of TP combinations in increasing cheap bound, combinations with their tight order-free bound, and
+    orders of chip types with their exact bound, whose pop gets the exact layer split. The plans go to `top`
+    (_Top: the best by objective and the incumbent by full time, whose cuts prune); the work done is counted
+    in units of limits.BOUND_CELLS_PER_UNIT (`work`), never seconds, so the same inputs stop at the same
+    state on any machine under any load. Only the optional wall-clock cap (`deadline`) does not."""
+
+    def __init__(self, cm: CostModel, names: list[str], orders: list[tuple[int, ...]], top: _Top,
+                 widen: dict[int, float], priced: bool, near_margin: float, limits: Limits, deadline: float,
+                 bounded: list[str], progress: Progress | None) -> None:
+        self.cm, self.L, self.names, self.orders = cm, cm.model.layers, names, orders
+        self.top, self.widen, self.priced = top, widen, priced
+        self.near_margin = near_margin  # the second phase keeps what falls within it of the optimum
+        self.limits, self.deadline, self.progress = limits, deadline, progress
+        self.bounded = bounded  # the caller's list of the limits that cut the space: appended to
+        self.frontier = Frontier()
+        self.done: set[tuple[int, tuple[int, ...], bytes]] = set()
+        self.fulls: dict[Sig, float] = {}  # full estimates of the plans priced, by _sig
+        self.evaluated = self.pruned = self.work = 0
+        self.open_bound: float | None = None  # where the budget stopped the search: the least bound left open
+
+    def later(self, e: Entry) -> bool:
+        """Worth keeping: may beat the incumbent, or (for the second phase) within the re-rank margin."""
+        top = self.top
+        if not top.items:
+            return e.bound < top.cut(e.space.dp)
+        near = top.items[0].time_s * (1 + self.near_margin)
+        return bool(e.bound < min(max(top.cut(e.space.dp), near), top.beyond[e.space.dp]))
+
+    def push(self, e: Entry) -> None:
+        if self.later(e):
+            self.frontier.push(e)
+        else:
+            self.pruned += 1
+
+    def split(self, space: DpSpace, order: tuple[int, ...], combo: np.ndarray) -> None:
+        """The exact layer split of one order of one combination, offered to `top`."""
+        cm, top = self.cm, self.top
+        sig = (space.dp, order, combo.tobytes())
+        if sig in self.done:
+            return
+        runs = [(self.names[i], t, s) for i in order for t, s in space.choices[i][combo[i]]]
+        seq = [(c, t) for c, t, s in runs for _ in range(s)]
+        opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
+        self.evaluated += 1
+        self.work += len(seq)
+        bound = top.cut(space.dp)
+        res = best_split(opts, self.L, lam, const, bound)
+        if res is None:  # nothing below `bound`: that is its lower bound for the second phase
+            if math.isfinite(bound):
+                self.push(Entry(bound, Level.ORDER, space, combo, order))
+            return
+        self.done.add(sig)
+        stages = [StageSpec(ch, t, nl, r) for (ch, t), nl, r in zip(seq, res.layers, res.recompute)]
+        label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
+        cand = Candidate(res.total, space.dp, stages, label)
+        top.add(cand)
+        if self.priced and res.total < top.fastest_s * self.widen[space.dp]:  # its full time may beat the incumbent's
+            full = cm.evaluate(stages, space.dp, space.b, round_trips=True).iteration_time_s
+            self.work += len(stages)
+            self.fulls[_sig(cand)] = full
+            top.offer(cand, full)
+        if self.progress and self.evaluated % 200 == 0:
+            self.progress(f"{self.evaluated} configurations split, best {top.items[0].time_s:.3f} s")
+
+    def expand(self, items: list[tuple[DpSpace, np.ndarray]]) -> None:
+        """Bound every order of the combinations exactly (one numpy pass); queue those that may beat the best."""
+        rows = [sp.order_rows(c, self.orders) for sp, c in items]
+        self.work += _cells(rows)
+        ob = bound_parts(rows, self.L, self.top.bound)
+        for (space, combo), vs in zip(items, ob.reshape(len(items), len(self.orders)).tolist()):
+            for o, v in zip(self.orders, vs):
+                self.push(Entry(v, Level.ORDER, space, combo, o))
+
+    def chunks(self, items: list[tuple[DpSpace, Chunk]]) -> None:
+        """Tight order-free bounds for the rows of some chunks below the best; the rest waits on the heap."""
+        parts, owners = [], []
+        for space, ch in items:
+            lb, idx, start, size = ch.lb, ch.idx, ch.start, ch.size
+            end = min(start + size, len(lb))
+            cut = start + int(np.searchsorted(lb[start:end], self.top.cut(space.dp)))
+            if cut > start:
+                parts.append(space.free_rows(idx[start:cut]))
+                owners += [(space, c) for c in idx[start:cut]]
+            if cut < end:
+                self.push(Entry(float(lb[cut]), Level.CHUNK, space, chunk=Chunk(lb, idx, cut, end - cut)))
+            if end < len(lb):
+                self.push(Entry(float(lb[end]), Level.CHUNK, space, chunk=Chunk(lb, idx, end, 2 * size)))
+        if parts:
+            self.work += _cells(parts)
+            tight = bound_parts(parts, self.L, self.top.bound, FREE_REFINE)
+            for v, (space, combo) in zip(tight.tolist(), owners):
+                self.push(Entry(v, Level.COMBO, space, combo))
+
+    def start(self, spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]]) -> None:
+        """An incumbent first (so that every bound after it is computed against it): the best-bounded order
+        of the combination with the least tight bound among each dp's cheapest few. Then every dp's
+        combinations enter the frontier as one chunk, in increasing cheap bound."""
+        L, orders = self.L, self.orders
+        firsts = [(space, idx[np.argsort(lb, kind="stable")[:CHUNK]]) for space, lb, idx in spaces]
+        tight = bound_parts([sp.free_rows(rows) for sp, rows in firsts], L, math.inf, 0)
+        owners = [(sp, c) for sp, rows in firsts for c in rows]
+        space0, combo0 = owners[int(np.argmin(tight))]
+        ob = lower_bound(space0.order_rows(combo0, orders), L, math.inf, 0)
+        self.split(space0, orders[int(np.argmin(ob))], combo0)
+        for space, lb, idx in spaces:
+            o = np.argsort(lb, kind="stable")
+            self.push(Entry(float(lb[o[0]]), Level.CHUNK, space, chunk=Chunk(lb[o], idx[o], 0, CHUNK)))
+
+    def drain(self, collect: bool = False) -> None:
+        """Best-first until no bound beats the best plan (within top.slack) or the work budget is spent;
+        `collect`: only gathering plans within a margin of an optimum already found, so the budget stops it
+        without bounding it."""
+        top, frontier, limits = self.top, self.frontier, self.limits
+        aside: list[Entry] = []  # above their own dp's cut, below another's: back on the heap at the end
+        while frontier.least() < top.bound:
+            over = self.work >= limits.work
+            if top.items and (over or time.perf_counter() > self.deadline):
+                if not collect:
+                    what = (f"work budget {limits.work:,} units" if over else
+                            f"time cap {limits.time_cap_s:g} s (wall clock: another machine or load may stop "
+                            f"elsewhere)")
+                    self.bounded.append(f"{what} (best-first search stopped with bounds from "
+                                        f"{frontier.least():.4f} s open)")
+                    self.open_bound = frontier.least()
+                break
+            e = frontier.pop()
+            if e.bound >= top.cut(e.space.dp):
+                aside.append(e)
+                continue
+            if e.level is Level.ORDER:
+                assert e.order is not None and e.combo is not None
+                self.split(e.space, e.order, e.combo)
+            elif e.level is Level.CHUNK:
+                self.chunks([(x.space, _given(x.chunk)) for x in frontier.pop_more(e, top.bound, BATCH)])
+            else:
+                self.expand([(x.space, _given(x.combo)) for x in frontier.pop_more(e, top.bound, BATCH)])
+        for e in aside:
+            frontier.push(e)
+
+
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
                 progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto",
                 margin: float = 0.0, beat_s: float = math.inf) -> SearchResult:
@@ -147,9 +289,6 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         beyond = {dp: beat_s * objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
                                                micro_batches(cm.train, dp)) for dp in dps}
     top = _Top(max(refined, runners_up + 1), widen, beyond)
-    fulls: dict[Sig, float] = {}  # full estimates of the plans priced, by _sig
-    stats = {"evaluated": 0, "pruned": 0, "work": 0}  # work: units of limits.BOUND_CELLS_PER_UNIT
-    open_bound: list[float] = []  # where the budget stopped the best-first search: the least bound left open
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     per_dp, grouped = {}, False
     for dp in dps:
@@ -177,126 +316,10 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             return _reported_result(cm, res) if rerank else replace(res, objective_s=res.best.time_s)
         except InfeasibleError:
             raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
-    frontier = Frontier()
-    done: set[tuple[int, tuple[int, ...], bytes]] = set()
-
-    def later(e: Entry) -> bool:
-        """Worth keeping: may beat the incumbent, or (for the second phase) within the re-rank margin."""
-        if not top.items:
-            return e.bound < top.cut(e.space.dp)
-        near = top.items[0].time_s * (1 + max(wide, margin))
-        return bool(e.bound < min(max(top.cut(e.space.dp), near), top.beyond[e.space.dp]))
-
-    def push(e: Entry) -> None:
-        if later(e):
-            frontier.push(e)
-        else:
-            stats["pruned"] += 1
-
-    def split(space: DpSpace, order: tuple[int, ...], combo: np.ndarray) -> None:
-        sig = (space.dp, order, combo.tobytes())
-        if sig in done:
-            return
-        runs = [(names[i], t, s) for i in order for t, s in space.choices[i][combo[i]]]
-        seq = [(c, t) for c, t, s in runs for _ in range(s)]
-        opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
-        stats["evaluated"] += 1
-        stats["work"] += len(seq)
-        bound = top.cut(space.dp)
-        res = best_split(opts, L, lam, const, bound)
-        if res is None:  # nothing below `bound`: that is its lower bound for the second phase
-            if math.isfinite(bound):
-                push(Entry(bound, Level.ORDER, space, combo, order))
-            return
-        done.add(sig)
-        stages = [StageSpec(ch, t, nl, r) for (ch, t), nl, r in zip(seq, res.layers, res.recompute)]
-        label = f"dp={space.dp} " + " ".join(f"{c}:tp{t}x{s}" for c, t, s in runs)
-        cand = Candidate(res.total, space.dp, stages, label)
-        top.add(cand)
-        if priced and res.total < top.fastest_s * widen[space.dp]:  # its full time may beat the incumbent's
-            full = cm.evaluate(stages, space.dp, space.b, round_trips=True).iteration_time_s
-            stats["work"] += len(stages)
-            fulls[_sig(cand)] = full
-            top.offer(cand, full)
-        if progress and stats["evaluated"] % 200 == 0:
-            progress(f"{stats['evaluated']} configurations split, best {top.items[0].time_s:.3f} s")
-
-    def expand(items: list[tuple[DpSpace, np.ndarray]]) -> None:
-        """Bound every order of the combinations exactly (one numpy pass); queue those that may beat the best."""
-        rows = [sp.order_rows(c, orders) for sp, c in items]
-        stats["work"] += _cells(rows)
-        ob = bound_parts(rows, L, top.bound)
-        for (space, combo), vs in zip(items, ob.reshape(len(items), len(orders)).tolist()):
-            for o, v in zip(orders, vs):
-                push(Entry(v, Level.ORDER, space, combo, o))
-
-    def chunks(items: list[tuple[DpSpace, Chunk]]) -> None:
-        """Tight order-free bounds for the rows of some chunks below the best; the rest waits on the heap."""
-        parts, owners = [], []
-        for space, ch in items:
-            lb, idx, start, size = ch.lb, ch.idx, ch.start, ch.size
-            end = min(start + size, len(lb))
-            cut = start + int(np.searchsorted(lb[start:end], top.cut(space.dp)))
-            if cut > start:
-                parts.append(space.free_rows(idx[start:cut]))
-                owners += [(space, c) for c in idx[start:cut]]
-            if cut < end:
-                push(Entry(float(lb[cut]), Level.CHUNK, space, chunk=Chunk(lb, idx, cut, end - cut)))
-            if end < len(lb):
-                push(Entry(float(lb[end]), Level.CHUNK, space, chunk=Chunk(lb, idx, end, 2 * size)))
-        if parts:
-            stats["work"] += _cells(parts)
-            tight = bound_parts(parts, L, top.bound, FREE_REFINE)
-            for v, (space, combo) in zip(tight.tolist(), owners):
-                push(Entry(v, Level.COMBO, space, combo))
-
     deadline = t0 + limits.time_cap_s if limits.time_cap_s is not None else math.inf
-
-    def drain(collect: bool = False) -> None:
-        """Best-first until no bound beats the best plan (within top.slack) or the work budget is spent;
-        `collect`: only gathering plans within a margin of an optimum already found, so the budget stops it
-        without bounding it. The budget counts work, not seconds: the same inputs stop at the same state
-        on any machine under any load. Only the optional wall-clock cap (limits.time_cap_s) does not."""
-        aside: list[Entry] = []  # above their own dp's cut, below another's: back on the heap at the end
-        while frontier.least() < top.bound:
-            over = stats["work"] >= limits.work
-            if top.items and (over or time.perf_counter() > deadline):
-                if not collect:
-                    what = (f"work budget {limits.work:,} units" if over else
-                            f"time cap {limits.time_cap_s:g} s (wall clock: another machine or load may stop "
-                            f"elsewhere)")
-                    bounded.append(f"{what} (best-first search stopped with bounds from {frontier.least():.4f} s "
-                                   f"open)")
-                    open_bound[:] = [frontier.least()]
-                break
-            e = frontier.pop()
-            if e.bound >= top.cut(e.space.dp):
-                aside.append(e)
-                continue
-            if e.level is Level.ORDER:
-                assert e.order is not None and e.combo is not None
-                split(e.space, e.order, e.combo)
-            elif e.level is Level.CHUNK:
-                chunks([(x.space, _given(x.chunk)) for x in frontier.pop_more(e, top.bound, BATCH)])
-            else:
-                expand([(x.space, _given(x.combo)) for x in frontier.pop_more(e, top.bound, BATCH)])
-        for e in aside:
-            frontier.push(e)
-
-    # An incumbent first (so that every bound below is computed against it): the best-bounded order of the
-    # combination with the least tight bound among each dp's cheapest few.
-    firsts = [(space, idx[np.argsort(lb, kind="stable")[:CHUNK]]) for space, lb, idx in spaces]
-    tight = bound_parts([sp.free_rows(rows) for sp, rows in firsts], L, math.inf, 0)
-    owners = [(sp, c) for sp, rows in firsts for c in rows]
-    space0, combo0 = owners[int(np.argmin(tight))]
-    ob = lower_bound(space0.order_rows(combo0, orders), L, math.inf, 0)
-    split(space0, orders[int(np.argmin(ob))], combo0)
-    # Best-first over three levels, each bound below the next: chunks of combinations in increasing cheap
-    # bound (the chunk's first), combinations with their tight order-free bound, orders with their exact bound.
-    for space, lb, idx in spaces:
-        o = np.argsort(lb, kind="stable")
-        push(Entry(float(lb[o[0]]), Level.CHUNK, space, chunk=Chunk(lb[o], idx[o], 0, CHUNK)))
-    drain()
+    bf = BestFirst(cm, names, orders, top, widen, priced, max(wide, margin), limits, deadline, bounded, progress)
+    bf.start(spaces)
+    bf.drain()
     if not top.items and beyond is not None:
         raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
     if not top.items:
@@ -304,8 +327,8 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     near_slack = wide if _affordable(cm, top.items[0]) and not bounded else 0.0  # the simulator re-ranks these
     if max(near_slack, margin) and not bounded:
         top.slack = max(near_slack, margin)
-        drain(collect=True)
-    stats["pruned"] += len(frontier)
+        bf.drain(collect=True)
+    bf.pruned += len(bf.frontier)
     items = top.kept()
     sims: dict[Sig, float] = {}
     if rerank:
@@ -318,11 +341,11 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         items = sorted(split_rows, key=lambda c: c.time_s)
     objective, first = min(c.time_s for c in items), items[0].time_s
     if rerank:
-        items = reported(cm, items, sims, fulls)
+        items = reported(cm, items, sims, bf.fulls)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         cap = None if limits.time_cap_s is None else max(limits.time_cap_s - (time.perf_counter() - t0), 0.0)
         try:
-            other = search_idle(cm, replace(limits, work=max(limits.work - stats["work"], 0), time_cap_s=cap),
+            other = search_idle(cm, replace(limits, work=max(limits.work - bf.work, 0), time_cap_s=cap),
                                 progress, runners_up)
         except InfeasibleError:
             other = None
@@ -334,17 +357,17 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             low_idle = relaxed_bound(cm, dps)
             other.lower_bound_s = low_idle if other.lower_bound_s is None else min(other.lower_bound_s, low_idle)
             other.search_time_s = time.perf_counter() - t0
-            other.work += stats["work"]
+            other.work += bf.work
             return other
     low = None
     if bounded:
         low = relaxed_bound(cm, dps)
-        if len(bounded) == 1 and open_bound:  # only the budget stopped it: the heap bounds the rest
-            low = max(low, min(open_bound[0], top.items[0].time_s) / max(widen.values()))
+        if len(bounded) == 1 and bf.open_bound is not None:  # only the budget stopped it: the heap bounds the rest
+            low = max(low, min(bf.open_bound, top.items[0].time_s) / max(widen.values()))
         if progress:
             progress(f"bounded search: best {items[0].time_s:.4f} s, no plan below {low:.4f} s")
-    return SearchResult(items[0], items[1:runners_up + 1], stats["evaluated"], stats["pruned"],
-                        time.perf_counter() - t0, bounded, low, objective, stats["work"])
+    return SearchResult(items[0], items[1:runners_up + 1], bf.evaluated, bf.pruned,
+                        time.perf_counter() - t0, bounded, low, objective, bf.work)
 
 
 T = TypeVar("T")
