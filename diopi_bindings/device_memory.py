@@ -25,6 +25,11 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     "diopi_device_synchronize": (_I32,),
 }
 
+# Optional, all or none (diopirt.h): a library whose operators run asynchronously on streams.
+STREAM_FUNCTIONS = ("diopi_stream_create", "diopi_stream_destroy", "diopi_stream_synchronize", "diopi_stream_query",
+                    "diopi_memcpy_h2d_async", "diopi_memcpy_d2h_async", "diopi_event_create", "diopi_event_destroy",
+                    "diopi_event_record", "diopi_event_query", "diopi_event_synchronize", "diopi_stream_wait_event")
+
 
 class DeviceMemory:
     """The device-memory functions of one library (``DeviceMemory.of(lib)`` is None without them)."""
@@ -50,7 +55,11 @@ class DeviceMemory:
 
     def addresses(self) -> dict[str, int]:
         """The C function pointers, for the C++ device."""
-        return {name: int(ctypes.cast(fn, ctypes.c_void_p).value or 0) for name, fn in self._fn.items()}
+        out = {name: int(ctypes.cast(fn, ctypes.c_void_p).value or 0) for name, fn in self._fn.items()}
+        for name in STREAM_FUNCTIONS:  # the C++ device checks that all or none are there
+            if hasattr(self.lib._dll, name):
+                out[name] = int(ctypes.cast(getattr(self.lib._dll, name), ctypes.c_void_p).value or 0)
+        return out
 
     def _check(self, name: str, code: int) -> None:
         if code:

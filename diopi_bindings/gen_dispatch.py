@@ -35,6 +35,7 @@ _CONVERT = {
     "diopiSize_t": "size",
     "diopiConstTensorHandle_t*": "tensors",
     "diopiReduction_t": "reduction",
+    "diopiGeneratorHandle_t": "generator",
 }
 
 
@@ -126,6 +127,8 @@ def _arguments(entry: str, call_args: list[str], types: list[str], schema: torch
             # at(index, dim): the index list [None] * dim + [index] (index_add as an accumulating index_put)
             index, dim = names.index(at.group(2)), names.index(at.group(3))
             out.append(f"f.at_count({dim})" if at.group(1) else f"f.at({index}, {dim})")
+        elif token == "default_generator" and ctype == "diopiGeneratorHandle_t":
+            out.append("f.default_generator()")
         elif token in names:
             accessor = _CONVERT.get(ctype)
             if accessor is None:

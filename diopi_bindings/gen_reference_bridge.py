@@ -18,7 +18,8 @@ from diopi_bindings.gen_dispatch import FUNCTIONS_H, HERE, TABLE, TableError, sp
 from diopi_bindings.schema import BY_NAME, OpSchema
 
 OUTPUT = HERE / "reference" / "deeplink" / "bridge.gen.cpp"
-HANDWRITTEN = {"diopiIndex", "diopiLe"}  # bridge.cpp: Index allocates its result; the reference has no le kernel
+# bridge.cpp: Index allocates its result; the reference has no le kernel. random.cpp: no random kernels.
+HANDWRITTEN = {"diopiIndex", "diopiLe", "diopiNormalInp", "diopiUniformInp", "diopiDropout"}
 # ATen overloads the reference serves with another operator's kernel.
 SAME_KERNEL = {"_index_put_impl_": "aten::index_put", "index_add": "aten::index_put", "index_add_": "aten::index_put",
                "arange.start_out": "aten::arange.start_step",

@@ -61,7 +61,14 @@ class DiopiLibrary:
         try:
             self._dll = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as exc:
-            raise LibraryError(f"cannot load DIOPI library {self.path!r}: {exc}") from None
+            if "undefined symbol: diopi" not in str(exc) or not _export_deeplink_runtime():
+                raise LibraryError(f"cannot load DIOPI library {self.path!r}: {exc}") from None
+            # A library whose operators are DeepLink's DIOPI too (its runtime and its kernels in one file)
+            # references the DIOPI runtime functions: they are global now.
+            try:
+                self._dll = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            except OSError as again:
+                raise LibraryError(f"cannot load DIOPI library {self.path!r}: {again}") from None
         missing = [name for name in _REQUIRED if not hasattr(self._dll, name)]
         if missing:
             raise LibraryError(
@@ -221,6 +228,18 @@ def reference_library_path() -> Path:
     if candidate.is_file():
         return candidate
     raise LibraryError("the DIOPI reference library is not built: run `make setup`")
+
+
+def _export_deeplink_runtime() -> bool:
+    """Make the DeepLink DIOPI runtime (diopi_bindings._C_diopi, which needs torch) global; False without it."""
+    try:
+        import torch  # noqa: F401 (the extension links libtorch)
+
+        from diopi_bindings import _C_diopi
+    except ImportError:
+        return False
+    _C_diopi.export_runtime()
+    return True
 
 
 def load(path: str | os.PathLike | None = None) -> DiopiLibrary:

@@ -2,7 +2,10 @@
 // synchronize the device), so a freed block goes to a per-device free list keyed by its rounded size and
 // the next allocation of that size takes it back without calling the library. A block returns to the
 // list only when torch drops the last reference to its storage (the DataPtr's deleter), so memory still
-// referenced is never handed out. One stream per device and synchronous operators: no stream tracking.
+// referenced is never handed out. No stream tracking: work on one stream runs in the order it was queued,
+// so a block freed and taken again on the same stream is safe; memory used on another stream must be
+// synchronized before torch drops it (record_stream is not supported). A block goes back to the library
+// only once the device is idle (diopi_device_synchronize).
 // empty_cache() gives the cached blocks back to the library; a failed malloc empties the device's cache
 // and tries once more. Statistics follow c10::CachingDeviceAllocator's, so torch.accelerator's memory
 // functions work on this device.
@@ -16,6 +19,7 @@
 
 #include "device.h"
 #include "runtime.h"
+#include "streams.h"
 
 namespace diopi_bindings {
 
@@ -161,6 +165,8 @@ class CachingAllocator final : public c10::DeviceAllocator {
 
   // Frees a block in the library (outside the lock: the library may take its time).
   void free_block(Block* block) {
+    // Queued work may still use the block: the library gets it back once the device is idle.
+    if (has_streams()) (void)runtime().device_synchronize(block->device);
     const diopiError_t code = runtime().device_free(block->device, block->ptr);
     if (code != DIOPI_SUCCESS) report_refused_free(code);
     std::lock_guard<std::mutex> lock(mutex_);

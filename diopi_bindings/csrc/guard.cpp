@@ -1,11 +1,12 @@
-// The device guard: the current device is the library's (diopi_set_device/get_device). The library's
-// operators complete before they return, so there is one stream per device and events are no-ops.
+// The device guard: the current device is the library's (diopi_set_device/get_device); streams and events
+// are the library's when it exports them (streams.cpp), else one stream per device and complete events.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <memory>
 
 #include "device.h"
 #include "runtime.h"
+#include "streams.h"
 
 namespace diopi_bindings {
 
@@ -33,21 +34,38 @@ struct DeviceGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (attached() && device.index() >= 0 && device.index() < device_count()) (void)runtime().set_device(device.index());
   }
 
-  c10::Stream getStream(c10::Device device) const override { return c10::Stream(c10::Stream::DEFAULT, device); }
+  // Streams are the library's (streams.cpp): id 0 the default, 1..kPoolSize a pool.
+  c10::Stream getStream(c10::Device device) const override {
+    return c10::Stream(c10::Stream::UNSAFE, device, current_stream_id(device.index()));
+  }
   c10::Stream getDefaultStream(c10::Device device) const override { return c10::Stream(c10::Stream::DEFAULT, device); }
-  c10::Stream exchangeStream(c10::Stream stream) const override { return c10::Stream(c10::Stream::DEFAULT, stream.device()); }
-
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override {
+    return c10::Stream(c10::Stream::UNSAFE, device, next_pool_stream(device.index()));
+  }
+  c10::Stream getNewStream(c10::Device device, int) const override { return getStreamFromGlobalPool(device, false); }
+  c10::Stream exchangeStream(c10::Stream stream) const override {
+    const c10::Stream old = getStream(stream.device());
+    set_current_stream_id(stream.device_index(), stream.id());
+    return old;
+  }
+  void* getStreamNativeHandle(const c10::Stream stream) const override {
+    return stream_handle(stream.device_index(), stream.id());
+  }
   c10::DeviceIndex deviceCount() const noexcept override { return static_cast<c10::DeviceIndex>(device_count()); }
 
-  // Synchronous operators: an event is recorded as soon as it is asked for.
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {
-    *event = nullptr;
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+    record_event(event, stream.device_index(), stream.id());
   }
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override { return true; }
-  bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream& stream) const override { synchronizeDevice(stream.device_index()); }
-  void synchronizeEvent(void*) const override {}
+  void block(void* event, const c10::Stream& stream) const override {
+    wait_event(event, stream.device_index(), stream.id());
+  }
+  bool queryEvent(void* event) const override { return query_event(event); }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { destroy_event(event); }
+  bool queryStream(const c10::Stream& stream) const override { return query_stream(stream.device_index(), stream.id()); }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    synchronize_stream(stream.device_index(), stream.id());
+  }
+  void synchronizeEvent(void* event) const override { synchronize_event(event); }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     check_index(index);
     check(runtime().device_synchronize(index), "diopi_device_synchronize");

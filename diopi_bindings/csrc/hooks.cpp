@@ -1,9 +1,12 @@
 // PrivateUse1 hooks: availability, device count, and one default generator per device. A device
-// generator is the CPU generator's algorithm (mt19937 + the same seeding) tagged with this device:
-// random operators run on the CPU with its state (router.py), so a seed gives the CPU's stream.
+// generator is the CPU generator's algorithm (mt19937 + the same seeding) tagged with this device, so a
+// seed gives the CPU's stream to random operators run on the CPU with its state (router.py), plus the
+// (seed, offset) counter that DIOPI random functions draw by.
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -14,12 +17,56 @@ namespace diopi_bindings {
 
 namespace {
 
+// Two streams of numbers under one seed: the CPU algorithm's state, for random operators run on the CPU
+// with this generator's state (router.py), and a counter (offset) that DIOPI random functions draw by
+// (diopiGeneratorGetSeedAndOffset/SetSeedAndOffset). Seeding resets both; the state tensor is the CPU
+// layout followed by the offset (8 bytes), and a CPU-sized state sets the CPU part only.
 class DeviceGenerator final : public at::CPUGeneratorImpl {
  public:
   explicit DeviceGenerator(c10::DeviceIndex index) {
     device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
     key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
   }
+  void set_current_seed(uint64_t seed) override {
+    at::CPUGeneratorImpl::set_current_seed(seed);
+    offset_ = 0;
+  }
+  uint64_t seed() override {
+    offset_ = 0;
+    return at::CPUGeneratorImpl::seed();
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    const at::Tensor cpu(at::CPUGeneratorImpl::get_state());
+    at::Tensor state = at::empty({cpu.numel() + kOffsetBytes}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(state.data_ptr(), cpu.const_data_ptr(), static_cast<size_t>(cpu.numel()));
+    std::memcpy(static_cast<uint8_t*>(state.data_ptr()) + cpu.numel(), &offset_, kOffsetBytes);
+    return state.getIntrusivePtr();
+  }
+
+  void set_state(const c10::TensorImpl& new_state) override {
+    static const int64_t cpu_bytes = at::Tensor(at::CPUGeneratorImpl().get_state()).numel();
+    const int64_t n = new_state.numel();
+    TORCH_CHECK(new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && (n == cpu_bytes || n == cpu_bytes + kOffsetBytes),
+                "diopi: a generator state is ", cpu_bytes + kOffsetBytes, " bytes (uint8), or ", cpu_bytes,
+                " for the CPU part alone; got ", n);
+    const auto* bytes = static_cast<const uint8_t*>(new_state.data());
+    at::Tensor cpu = at::empty({cpu_bytes}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(cpu.data_ptr(), bytes, static_cast<size_t>(cpu_bytes));
+    at::CPUGeneratorImpl::set_state(*cpu.unsafeGetTensorImpl());
+    if (n == cpu_bytes + kOffsetBytes) std::memcpy(&offset_, bytes + cpu_bytes, kOffsetBytes);
+  }
+
+ private:
+  static constexpr int64_t kOffsetBytes = sizeof(uint64_t);
+  DeviceGenerator* clone_impl() const override {
+    auto* copy = new DeviceGenerator(device_.index());
+    copy->set_state(*get_state());
+    return copy;
+  }
+  uint64_t offset_ = 0;
 };
 
 c10::DeviceIndex resolve(c10::DeviceIndex index) {
@@ -54,6 +101,11 @@ struct DeviceHooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Generator getNewGenerator(c10::DeviceIndex index) const override { return new_generator(index); }
+
+  // "Pinned" host memory (what a non_blocking copy to the host allocates) is plain host memory: the
+  // runtime's async copies take any host pointer, and the framework keeps it alive until the copy ran.
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetAllocator(c10::DeviceType::CPU); }
+  bool isPinnedPtr(const void*) const override { return false; }
 
   at::Device getDeviceFromPtr(void*) const override {
     TORCH_CHECK(false, "diopi: device tensors from foreign pointers (from_blob) are not supported");

@@ -1,5 +1,5 @@
 // The memory kernels of the device: allocation, views, resize_, set_, and copies through the
-// library's memcpy. Every other operator reaches the boxed fallback (Python, router.py), which runs
+// library's memcpy (synchronous ones after the current stream, non_blocking ones queued on it). Every other operator reaches the boxed fallback (Python, router.py), which runs
 // it in the library or on the CPU.
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/adaption.h>
@@ -20,6 +20,7 @@
 
 #include "device.h"
 #include "runtime.h"
+#include "streams.h"
 
 namespace diopi_bindings {
 
@@ -153,6 +154,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   g_copies[src_dev && dst_dev ? kDeviceToDevice : dst_dev ? kHostToDevice : kDeviceToHost].fetch_add(1);
   const int64_t nbytes = static_cast<int64_t>(self.nbytes());
   if (plain(self, dst)) {  // one transfer
+    // non_blocking between host and device: queued on the current stream (a library with streams), the
+    // host side held until the stream reaches it; the caller synchronizes before reading a host result.
+    if (non_blocking && has_streams() && src_dev != dst_dev) {
+      if (dst_dev)
+        copy_h2d_async(dst.device().index(), dst.data_ptr(), self.data_ptr(), nbytes, self.storage());
+      else
+        copy_d2h_async(self.device().index(), dst.data_ptr(), self.data_ptr(), nbytes, dst.storage());
+      return dst;
+    }
     if (src_dev && dst_dev)
       copy_d2d(dst.device().index(), dst.data_ptr(), self.device().index(), self.data_ptr(), nbytes);
     else if (dst_dev)

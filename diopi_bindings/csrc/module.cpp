@@ -11,6 +11,7 @@
 
 #include "device.h"
 #include "runtime.h"
+#include "streams.h"
 
 namespace py = pybind11;
 
@@ -26,6 +27,36 @@ void take(const std::map<std::string, uintptr_t>& addresses, const char* name, F
   slot = reinterpret_cast<Fn>(it->second);
 }
 
+// The stream and event functions: all of them, or none (then the library completes calls before returning).
+void take_streams(const std::map<std::string, uintptr_t>& addresses, RuntimeTable& table) {
+  static const char* const kNames[] = {"diopi_stream_create", "diopi_stream_destroy", "diopi_stream_synchronize",
+                                       "diopi_stream_query", "diopi_memcpy_h2d_async", "diopi_memcpy_d2h_async",
+                                       "diopi_event_create", "diopi_event_destroy", "diopi_event_record",
+                                       "diopi_event_query", "diopi_event_synchronize", "diopi_stream_wait_event"};
+  std::string missing;
+  size_t present = 0;
+  for (const char* name : kNames) {
+    auto it = addresses.find(name);
+    if (it != addresses.end() && it->second != 0) ++present;
+    else missing += std::string(missing.empty() ? "" : ", ") + name;
+  }
+  if (present == 0) return;
+  TORCH_CHECK(missing.empty(), "diopi: the library exports some stream and event functions but not ", missing,
+              " (diopi/diopirt.h: all of them, or none)");
+  take(addresses, "diopi_stream_create", table.stream_create);
+  take(addresses, "diopi_stream_destroy", table.stream_destroy);
+  take(addresses, "diopi_stream_synchronize", table.stream_synchronize);
+  take(addresses, "diopi_stream_query", table.stream_query);
+  take(addresses, "diopi_memcpy_h2d_async", table.memcpy_h2d_async);
+  take(addresses, "diopi_memcpy_d2h_async", table.memcpy_d2h_async);
+  take(addresses, "diopi_event_create", table.event_create);
+  take(addresses, "diopi_event_destroy", table.event_destroy);
+  take(addresses, "diopi_event_record", table.event_record);
+  take(addresses, "diopi_event_query", table.event_query);
+  take(addresses, "diopi_event_synchronize", table.event_synchronize);
+  take(addresses, "diopi_stream_wait_event", table.stream_wait_event);
+}
+
 void attach_library(const std::map<std::string, uintptr_t>& addresses) {
   RuntimeTable table;
   take(addresses, "diopi_device_count", table.device_count);
@@ -38,6 +69,7 @@ void attach_library(const std::map<std::string, uintptr_t>& addresses) {
   take(addresses, "diopi_memcpy_d2d", table.memcpy_d2d);
   take(addresses, "diopi_device_synchronize", table.device_synchronize);
   take(addresses, "diopi_last_error", table.last_error);
+  take_streams(addresses, table);
   int32_t count = 0;
   const diopiError_t code = table.device_count(&count);
   TORCH_CHECK(code == DIOPI_SUCCESS, "diopi: diopi_device_count failed (error ", static_cast<int>(code), ")");
@@ -66,6 +98,10 @@ PYBIND11_MODULE(_C_device, m) {
     check_index(static_cast<c10::DeviceIndex>(index));
     check(runtime().device_synchronize(index), "diopi_device_synchronize");
   });
+  m.def("has_streams", []() { return has_streams(); },
+        "Whether the library exports streams and events (its operators may run asynchronously).");
+  m.def("synchronize_current_stream", [](int index) { synchronize_current_stream(static_cast<c10::DeviceIndex>(index)); },
+        "Wait for the calling thread's current stream of the device (a no-op without library streams).");
   m.def("set_caching", [](bool on) { set_caching(on); },
         "Whether freed device memory is kept for reuse (default) or given back to the library at once.");
   m.def("empty_cache", []() { empty_cache(); }, "Give every cached block back to the library.");

@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include "streams.h"
+
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -52,15 +54,22 @@ void set_current_device(c10::DeviceIndex index) {
 }
 
 void copy_h2d(c10::DeviceIndex device, void* dst, const void* src, int64_t nbytes) {
-  if (nbytes > 0) check(runtime().memcpy_h2d(device, dst, src, nbytes), "diopi_memcpy_h2d");
+  if (nbytes <= 0) return;
+  synchronize_current_stream(device);
+  check(runtime().memcpy_h2d(device, dst, src, nbytes), "diopi_memcpy_h2d");
 }
 
 void copy_d2h(c10::DeviceIndex device, void* dst, const void* src, int64_t nbytes) {
-  if (nbytes > 0) check(runtime().memcpy_d2h(device, dst, src, nbytes), "diopi_memcpy_d2h");
+  if (nbytes <= 0) return;
+  synchronize_current_stream(device);
+  check(runtime().memcpy_d2h(device, dst, src, nbytes), "diopi_memcpy_d2h");
 }
 
 void copy_d2d(c10::DeviceIndex dst_device, void* dst, c10::DeviceIndex src_device, const void* src, int64_t nbytes) {
-  if (nbytes > 0) check(runtime().memcpy_d2d(dst_device, dst, src_device, src, nbytes), "diopi_memcpy_d2d");
+  if (nbytes <= 0) return;
+  synchronize_current_stream(src_device);
+  if (dst_device != src_device) synchronize_current_stream(dst_device);
+  check(runtime().memcpy_d2d(dst_device, dst, src_device, src, nbytes), "diopi_memcpy_d2d");
 }
 
 }  // namespace diopi_bindings

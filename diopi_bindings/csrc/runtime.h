@@ -23,6 +23,19 @@ struct RuntimeTable {
   diopiError_t (*memcpy_d2d)(int32_t, void*, int32_t, const void*, int64_t) = nullptr;
   diopiError_t (*device_synchronize)(int32_t) = nullptr;
   const char* (*last_error)() = nullptr;
+  // Streams and events: all set, or all null (a library whose operators complete before they return).
+  diopiError_t (*stream_create)(int32_t, void**) = nullptr;
+  diopiError_t (*stream_destroy)(int32_t, void*) = nullptr;
+  diopiError_t (*stream_synchronize)(int32_t, void*) = nullptr;
+  diopiError_t (*stream_query)(int32_t, void*, int32_t*) = nullptr;
+  diopiError_t (*memcpy_h2d_async)(int32_t, void*, const void*, int64_t, void*) = nullptr;
+  diopiError_t (*memcpy_d2h_async)(int32_t, void*, const void*, int64_t, void*) = nullptr;
+  diopiError_t (*event_create)(int32_t, void**) = nullptr;
+  diopiError_t (*event_destroy)(int32_t, void*) = nullptr;
+  diopiError_t (*event_record)(int32_t, void*, void*) = nullptr;
+  diopiError_t (*event_query)(int32_t, void*, int32_t*) = nullptr;
+  diopiError_t (*event_synchronize)(int32_t, void*) = nullptr;
+  diopiError_t (*stream_wait_event)(int32_t, void*, void*) = nullptr;
 };
 
 // The attached library's table; throws if none is attached.
@@ -38,7 +51,8 @@ c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
 void check_index(c10::DeviceIndex index);
 
-// Copies through the library (nbytes may be 0).
+// Copies through the library (nbytes may be 0), after the current stream of the devices involved
+// reached the copy (streams.cpp): the host sees the work queued before.
 void copy_h2d(c10::DeviceIndex device, void* dst, const void* src, int64_t nbytes);
 void copy_d2h(c10::DeviceIndex device, void* dst, const void* src, int64_t nbytes);
 void copy_d2d(c10::DeviceIndex dst_device, void* dst, c10::DeviceIndex src_device, const void* src, int64_t nbytes);

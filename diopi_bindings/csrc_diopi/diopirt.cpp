@@ -3,6 +3,7 @@
 // visibility; module.cpp makes this module's symbols global before it loads a library, so the library's
 // undefined references bind here. No exception crosses into the library: a failure is diopiErrorOccurred.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 
 #include "frame.h"
@@ -99,6 +100,20 @@ diopiConstTensorHandle_t* Frame::at(size_t index, size_t dim) {
   std::vector<diopiConstTensorHandle_t>& list = handles_.emplace_back(static_cast<size_t>(normalized_dim(dim)), nullptr);
   list.push_back(handle(arg(index).toTensor()));
   return list.data();
+}
+
+diopiGeneratorHandle_t Frame::generator(size_t i) {
+  const c10::IValue& v = arg(i);
+  if (v.isNone()) return default_generator();
+  at::Generator& gen = generators_.emplace_back(v.toGenerator());
+  locks_.emplace_back(gen.mutex());
+  return reinterpret_cast<diopiGeneratorHandle_t>(&gen);
+}
+
+diopiGeneratorHandle_t Frame::default_generator() {
+  at::Generator& gen = generators_.emplace_back(at::globalContext().defaultGenerator(ctx_->device));
+  locks_.emplace_back(gen.mutex());
+  return reinterpret_cast<diopiGeneratorHandle_t>(&gen);
 }
 
 diopiTensorHandle_t* Frame::allocated(size_t i) {

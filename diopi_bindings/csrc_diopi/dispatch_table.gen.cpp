@@ -353,6 +353,18 @@ diopiError_t call_113(void* fn, Frame& f) {  // aten::nll_loss_backward
 diopiError_t call_114(void* fn, Frame& f) {  // aten::nll_loss_backward.grad_input
   return reinterpret_cast<decltype(&::diopiNLLLossV2Backward)>(fn)(f.ctx(), f.out(0), f.in(0), f.in(1), f.in(2), f.in(3), f.in(6), f.reduction(4), f.i64(5));
 }
+diopiError_t call_115(void* fn, Frame& f) {  // aten::normal_
+  return reinterpret_cast<decltype(&::diopiNormalInp)>(fn)(f.ctx(), f.mut(0), f.f64(1), f.f64(2), f.generator(3));
+}
+diopiError_t call_116(void* fn, Frame& f) {  // aten::uniform_
+  return reinterpret_cast<decltype(&::diopiUniformInp)>(fn)(f.ctx(), f.mut(0), f.f64(1), f.f64(2), f.generator(3));
+}
+diopiError_t call_117(void* fn, Frame& f) {  // aten::native_dropout
+  return reinterpret_cast<decltype(&::diopiDropout)>(fn)(f.ctx(), f.out(0), f.out(1), f.in(0), f.f64(1), f.boolean(2), f.default_generator());
+}
+diopiError_t call_118(void* fn, Frame& f) {  // aten::native_dropout.out
+  return reinterpret_cast<decltype(&::diopiDropout)>(fn)(f.ctx(), f.out(0), f.out(1), f.in(0), f.f64(1), f.boolean(2), f.default_generator());
+}
 
 }  // namespace
 
@@ -472,6 +484,10 @@ const Route kRoutes[] = {
     {"aten::nll_loss_forward", "output", "diopiNLLLossV2", &call_112},
     {"aten::nll_loss_backward", "", "diopiNLLLossV2Backward", &call_113},
     {"aten::nll_loss_backward", "grad_input", "diopiNLLLossV2Backward", &call_114},
+    {"aten::normal_", "", "diopiNormalInp", &call_115},
+    {"aten::uniform_", "", "diopiUniformInp", &call_116},
+    {"aten::native_dropout", "", "diopiDropout", &call_117},
+    {"aten::native_dropout", "out", "diopiDropout", &call_118},
 };
 const size_t kRouteCount = sizeof(kRoutes) / sizeof(kRoutes[0]);
 

@@ -3,16 +3,18 @@
 // handle is the address of an at::Tensor that outlives the call (diopirt.cpp reads it back).
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/stack.h>
 #include <diopi/functions.h>
 
 #include <array>
 #include <deque>
+#include <mutex>
 #include <vector>
 
 struct diopiContext {
   c10::Device device{c10::DeviceType::PrivateUse1, 0};
-  diopiStreamHandle_t stream = nullptr;  // the device has no streams: a call completes before it returns
+  diopiStreamHandle_t stream = nullptr;  // the calling thread's current stream (NULL: the device has none)
   std::deque<at::Tensor> required;       // diopiRequireTensor/Buffer; freed when the call ends
 };
 
@@ -52,6 +54,9 @@ class Frame {
   diopiConstTensorHandle_t* at(size_t index, size_t dim);
   int64_t at_count(size_t dim) { return normalized_dim(dim) + 1; }
   double number(size_t i) { return arg(i).toScalar().toDouble(); }  // a Scalar or number argument
+  // A Generator? argument (None: the device's default generator), locked for the call.
+  diopiGeneratorHandle_t generator(size_t i);
+  diopiGeneratorHandle_t default_generator();
   // A result the library allocates: where it stores the handle. Read back by result(i) after the call.
   diopiTensorHandle_t* allocated(size_t i);
   const at::Tensor* result(size_t i) const;  // null when the library allocated no result i
@@ -71,6 +76,8 @@ class Frame {
   std::deque<std::vector<int64_t>> lists_;
   std::deque<std::vector<diopiConstTensorHandle_t>> handles_;
   std::array<diopiTensorHandle_t, 4> allocated_{};
+  std::deque<at::Generator> generators_;
+  std::deque<std::unique_lock<std::mutex>> locks_;  // released before generators_ goes
 };
 
 struct Route {

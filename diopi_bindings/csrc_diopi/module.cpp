@@ -70,6 +70,8 @@ PYBIND11_MODULE(_C_diopi, m) {
   m.doc() = "ATen routed to a DIOPI operator library (DeepLink's interface) on the diopi device";
   m.def("attach", &attach, py::arg("path"),
         "Load a DIOPI library, check its version and route the table's ATen overloads it implements; once per process.");
+  m.def("export_runtime", &export_runtime,
+        "Make the DIOPI runtime functions (diopiGetTensorData, ...) global, so a library loaded later binds to them.");
   m.def("route_counts", []() {
     py::list out;
     for (const RouteCount& c : route_counts()) out.append(py::make_tuple(c.aten, c.diopi, c.routed, c.fallback));

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/native/CPUFallback.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -212,6 +213,9 @@ class DiopiKernel final : public c10::OperatorKernel {
     }
     diopiContext ctx;
     ctx.device = device;
+    // The calling thread's current stream of the device (the library's handle; NULL without streams).
+    const c10::impl::DeviceGuardImplInterface* guard = c10::impl::getDeviceGuardImpl(device.type());
+    ctx.stream = guard->getStreamNativeHandle(guard->getStream(device));
     Frame frame(&ctx, *stack, first, outs);
     const diopiError_t code = route.call(g_functions[index_], frame);
     if (code == diopiNoImplement || code == diopiForceFallbackToCPU || code == diopiDtypeNotSupported) {

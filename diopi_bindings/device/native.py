@@ -37,19 +37,31 @@ class NativeDeviceModule(DeviceModuleBase):
 
     tensors_without_storage = False
 
-    class Stream:  # one stream per device: the library's operators complete before they return
-        def __init__(self, device: Any = None, priority: int = 0) -> None:
-            index = torch.device(device).index if device is not None else None
-            self.device = torch.device(DEVICE_TYPE, _runtime().current_device() if index is None else index)
+    # The library's streams and events when it exports them (torch.Stream / torch.Event over the device
+    # guard, csrc/streams.cpp); else one stream per device and events complete when recorded.
+    class Stream(torch.Stream):
+        def __new__(cls, device: Any = None, priority: int = 0) -> "NativeDeviceModule.Stream":
+            return super().__new__(cls, device=torch.device(DEVICE_TYPE, _index(device)), priority=priority)
 
-        def synchronize(self) -> None:
-            _runtime().synchronize(self.device.index)
+    class Event(torch.Event):
+        def __new__(cls, enable_timing: bool = False, blocking: bool = False,
+                    interprocess: bool = False) -> "NativeDeviceModule.Event":
+            if enable_timing:  # the runtime interface has no device timer
+                return DeviceModuleBase.Event(enable_timing, blocking, interprocess)  # type: ignore[return-value]
+            return super().__new__(cls, device=DEVICE_TYPE, blocking=blocking, interprocess=interprocess)
 
-        def wait_stream(self, other: object) -> None:
-            pass
-
-        def query(self) -> bool:
-            return True
+    @staticmethod
+    @contextlib.contextmanager
+    def stream(stream: Any = None) -> Iterator[Any]:
+        if stream is None:
+            yield stream
+            return
+        previous = torch.accelerator.current_stream(stream.device)
+        torch.accelerator.set_stream(stream)
+        try:
+            yield stream
+        finally:
+            torch.accelerator.set_stream(previous)
 
     @staticmethod
     @contextlib.contextmanager
@@ -81,8 +93,13 @@ class NativeDeviceModule(DeviceModuleBase):
         _runtime().synchronize(index)
 
     @staticmethod
-    def current_stream(device: Any = None) -> "NativeDeviceModule.Stream":
-        return NativeDeviceModule.Stream(torch.device(DEVICE_TYPE, _index(device)))
+    def current_stream(device: Any = None) -> torch.Stream:
+        return torch.accelerator.current_stream(torch.device(DEVICE_TYPE, _index(device)))
+
+    @staticmethod
+    def has_streams() -> bool:
+        """Whether the library runs operators asynchronously on its own streams (diopi_stream_*)."""
+        return bool(_runtime().has_streams())
 
     @staticmethod
     def default_generator(index: int) -> torch.Generator:

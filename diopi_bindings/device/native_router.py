@@ -78,13 +78,21 @@ _WITH_GENERATOR: dict[Any, Callable[..., Any]] = {
 }
 
 
+def _cpu_part(state: torch.Tensor) -> torch.Tensor:
+    """The CPU algorithm's part of a device generator's state (the rest is the DIOPI counter, hooks.cpp)."""
+    return state[:_CPU_STATE_BYTES]
+
+
+_CPU_STATE_BYTES = torch.Generator().get_state().numel()
+
+
 def _with_device_stream(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
                         device_generator: torch.Generator) -> Any:
     """``func`` on the CPU drawing from ``device_generator``'s stream, which then advances."""
     explicit = _WITH_GENERATOR.get(func)
     with _RANDOM:
         cpu = torch.Generator()
-        cpu.set_state(device_generator.get_state())
+        cpu.set_state(_cpu_part(device_generator.get_state()))
         if explicit is not None:
             out = explicit(cpu, *args, **kwargs)
             device_generator.set_state(cpu.get_state())
@@ -150,6 +158,9 @@ class NativeRouter(Router):
         return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device)
 
     def _run(self, op: OpSchema, abi_args: list, device: Any) -> tuple[torch.Tensor, ...] | None:
+        # This ABI's operators run synchronously (no stream): work queued on the device's current
+        # stream by DeepLink DIOPI operators finishes first (a no-op without library streams).
+        self.runtime.synchronize_current_stream(device.index)
         previous = self.runtime.current_device()
         if device.index == previous:
             return self.library.call(op, *abi_args)
@@ -248,7 +259,7 @@ class NativeRouter(Router):
     def _cpu_generator(device_generator: torch.Generator,
                        generators: list[tuple[torch.Generator, torch.Generator]]) -> torch.Generator:
         cpu = torch.Generator()
-        cpu.set_state(device_generator.get_state())
+        cpu.set_state(_cpu_part(device_generator.get_state()))
         generators.append((device_generator, cpu))
         return cpu
 

@@ -152,6 +152,97 @@ DIOPI_API diopiError_t diopi_device_synchronize(int32_t device) {
   return diopi_ref::guarded(__func__, [&] { check_device(device); });
 }
 
+}  // extern "C"
+
+// Streams and events: the reference runs every call to completion before it returns, so a stream is a
+// token of its device, synchronizing is a check of the arguments, and an event is complete when recorded.
+namespace {
+struct Token {
+  int32_t device;
+};
+void check_token(int32_t device, const void* token, const char* what) {
+  check_device(device);
+  if (token == nullptr) diopi_ref::fail(DIOPI_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  if (static_cast<const Token*>(token)->device != device)
+    diopi_ref::fail(DIOPI_ERR_INVALID_ARGUMENT, std::string(what) + " belongs to another device");
+}
+void* new_token(int32_t device, void** out) {
+  check_device(device);
+  if (out == nullptr) diopi_ref::fail(DIOPI_ERR_INVALID_ARGUMENT, "the result pointer is NULL");
+  *out = new Token{device};
+  return *out;
+}
+void set_done(int32_t* done) {
+  if (done == nullptr) diopi_ref::fail(DIOPI_ERR_INVALID_ARGUMENT, "done is NULL");
+  *done = 1;
+}
+}  // namespace
+
+extern "C" {
+
+DIOPI_API diopiError_t diopi_stream_create(int32_t device, void** stream) {
+  return diopi_ref::guarded(__func__, [&] { new_token(device, stream); });
+}
+DIOPI_API diopiError_t diopi_stream_destroy(int32_t device, void* stream) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, stream, "stream");
+    delete static_cast<Token*>(stream);
+  });
+}
+DIOPI_API diopiError_t diopi_stream_synchronize(int32_t device, void* stream) {
+  return diopi_ref::guarded(__func__, [&] { check_token(device, stream, "stream"); });
+}
+DIOPI_API diopiError_t diopi_stream_query(int32_t device, void* stream, int32_t* done) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, stream, "stream");
+    set_done(done);
+  });
+}
+DIOPI_API diopiError_t diopi_memcpy_h2d_async(int32_t device, void* dst, const void* src, int64_t nbytes, void* stream) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, stream, "stream");
+    check_range(device, dst, nbytes, "dst");
+    copy("diopi_memcpy_h2d_async", dst, src, nbytes);
+  });
+}
+DIOPI_API diopiError_t diopi_memcpy_d2h_async(int32_t device, void* dst, const void* src, int64_t nbytes, void* stream) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, stream, "stream");
+    check_range(device, src, nbytes, "src");
+    copy("diopi_memcpy_d2h_async", dst, src, nbytes);
+  });
+}
+DIOPI_API diopiError_t diopi_event_create(int32_t device, void** event) {
+  return diopi_ref::guarded(__func__, [&] { new_token(device, event); });
+}
+DIOPI_API diopiError_t diopi_event_destroy(int32_t device, void* event) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, event, "event");
+    delete static_cast<Token*>(event);
+  });
+}
+DIOPI_API diopiError_t diopi_event_record(int32_t device, void* event, void* stream) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, event, "event");
+    check_token(device, stream, "stream");
+  });
+}
+DIOPI_API diopiError_t diopi_event_query(int32_t device, void* event, int32_t* done) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, event, "event");
+    set_done(done);
+  });
+}
+DIOPI_API diopiError_t diopi_event_synchronize(int32_t device, void* event) {
+  return diopi_ref::guarded(__func__, [&] { check_token(device, event, "event"); });
+}
+DIOPI_API diopiError_t diopi_stream_wait_event(int32_t device, void* stream, void* event) {
+  return diopi_ref::guarded(__func__, [&] {
+    check_token(device, stream, "stream");
+    check_token(device, event, "event");
+  });
+}
+
 // Not part of the ABI (no diopi_ prefix): how often diopi_device_malloc succeeded and how many blocks are
 // live, so tests can see a framework's caching allocator at work.
 DIOPI_API int64_t diopiref_malloc_calls(void) {

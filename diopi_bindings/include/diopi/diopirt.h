@@ -125,6 +125,31 @@ DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_memcpy_d2d(int32_t dst_device, v
                                                            const void* src, int64_t nbytes);
 DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_device_synchronize(int32_t device);
 
+/* Streams and events (optional, all or none; additive, the ABI version is unchanged). A library that
+ * exports them may run its operators asynchronously: the framework passes the calling thread's current
+ * stream of the device to every DeepLink DIOPI operator (diopiGetStream) and, before the host reads or
+ * writes device memory through the synchronous diopi_memcpy_* above, and before it calls an operator of
+ * this ABI (whose diopiContext.stream stays NULL: it completes before it returns), synchronizes that stream. Work on one stream runs in the order it was queued. diopi_device_synchronize waits for every
+ * stream of the device. A library without them completes each call before it returns (streams are NULL).
+ * diopi_stream_query and diopi_event_query set *done to 1 when everything queued before is complete. */
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_stream_create(int32_t device, void** stream);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_stream_destroy(int32_t device, void* stream);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_stream_synchronize(int32_t device, void* stream);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_stream_query(int32_t device, void* stream, int32_t* done);
+/* Queued on `stream`: the host memory must stay valid until the stream reaches the copy. */
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_memcpy_h2d_async(int32_t device, void* dst, const void* src,
+                                                                 int64_t nbytes, void* stream);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_memcpy_d2h_async(int32_t device, void* dst, const void* src,
+                                                                 int64_t nbytes, void* stream);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_event_create(int32_t device, void** event);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_event_destroy(int32_t device, void* event);
+/* Marks the point of `stream` reached by the work queued so far. */
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_event_record(int32_t device, void* event, void* stream);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_event_query(int32_t device, void* event, int32_t* done);
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_event_synchronize(int32_t device, void* event);
+/* Work queued on `stream` after this call starts once the event's point is reached. */
+DIOPI_API DIOPI_RUNTIME_WEAK diopiError_t diopi_stream_wait_event(int32_t device, void* stream, void* event);
+
 #ifdef __cplusplus
 }
 #endif

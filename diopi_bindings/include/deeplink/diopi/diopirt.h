@@ -124,7 +124,10 @@ extern DIOPI_RT_API diopiError_t diopiGetTensorStorageOffset(diopiConstTensorHan
 extern DIOPI_RT_API diopiError_t diopiGetTensorStorageNbytes(diopiConstTensorHandle_t th, size_t* nbytes);
 extern DIOPI_RT_API diopiError_t diopiGetTensorDeviceIndex(diopiConstTensorHandle_t th, diopiDeviceIndex_t* index);
 
-/* The call's stream (NULL: the device has no streams; work is complete when the operator returns). */
+/* The call's stream: the calling thread's current stream of the call's device, as the device runtime made it
+ * (diopi_stream_create). A library may queue its work there and return: the framework synchronizes the
+ * stream before the host reads or writes device memory. NULL when the runtime has no streams: then the work
+ * is complete when the operator returns. */
 extern DIOPI_RT_API diopiError_t diopiGetStream(diopiContextHandle_t ctx, diopiStreamHandle_t* stream);
 /* A tensor owned by the framework until the call returns (stride NULL: contiguous), on the call's device
  * (diopi_device) or in host memory (diopi_host). */

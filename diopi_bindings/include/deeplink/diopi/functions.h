@@ -164,6 +164,18 @@ DIOPI_API diopiError_t diopiAdamW(diopiContextHandle_t ctx, diopiTensorHandle_t 
                                   diopiTensorHandle_t max_exp_avg_sq, float lr, float beta1, float beta2, float eps,
                                   float weight_decay, int64_t step, bool amsgrad);
 
+/* Random numbers: `generator` is the device generator the call draws from; a function reads its
+ * (seed, offset) with diopiGeneratorGetSeedAndOffset and stores the advanced offset with
+ * diopiGeneratorSetSeedAndOffset (the framework holds the generator's lock for the call). */
+DIOPI_API diopiError_t diopiNormalInp(diopiContextHandle_t ctx, diopiTensorHandle_t inout, double mean, double std,
+                                      diopiGeneratorHandle_t generator);
+DIOPI_API diopiError_t diopiUniformInp(diopiContextHandle_t ctx, diopiTensorHandle_t inout, double from, double to,
+                                       diopiGeneratorHandle_t generator);
+/* mask: the kept elements (bool); out = input * mask / (1 - p) when train, else input. */
+DIOPI_API diopiError_t diopiDropout(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t mask,
+                                    diopiConstTensorHandle_t input, double p, bool train,
+                                    diopiGeneratorHandle_t generator);
+
 #if defined(__cplusplus)
 }
 #endif
