@@ -11,16 +11,45 @@ chunk c feeds stage 0's chunk c + 1). Every schedule without chunks has v = 1 an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-COMPUTE = ("F", "B", "I", "W")
-COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+
+class Op(str, Enum):
+    """What an action does. A str as well (Op.F == "F", the same hash), so that tables keyed by the letters
+    and plans, timelines and JSON written with them read the same."""
+    F = "F"  # forward
+    B = "B"  # full backward
+    I = "I"  # noqa: E741 (the schedules' name): input-gradient backward
+    W = "W"  # weight-gradient backward
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+COMPUTE = (Op.F, Op.B, Op.I, Op.W)
+COMM = (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 
 
 @dataclass(frozen=True)
 class Action:
-    op: str
+    op: Op  # a letter ("F") is taken and made the Op; any other string is refused here
     mb: int
     chunk: int = 0  # the stage's model chunk (interleaved schedules)
+
+    def __post_init__(self) -> None:
+        if type(self.op) is not Op:
+            try:
+                object.__setattr__(self, "op", Op(self.op))
+            except ValueError:
+                raise ValueError(f"unknown action op {self.op!r}; expected one of "
+                                 f"{', '.join(o.value for o in Op)}") from None
 
     def __str__(self) -> str:
         return f"{self.op}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
@@ -30,7 +59,7 @@ class Action:
         for op in COMM + COMPUTE:
             mb, _, chunk = text[len(op):].partition(".")
             if text.startswith(op) and mb.isdigit() and (chunk.isdigit() or not chunk and "." not in text):
-                return cls(op, int(mb), int(chunk or 0))
+                return cls(Op(op), int(mb), int(chunk or 0))
         raise ValueError(f"cannot parse action {text!r}; expected e.g. F3, B0, I2, W2, SEND_F1, RECV_B4, F3.1 "
                          "(micro-batch 3 of chunk 1)")
 
@@ -53,15 +82,15 @@ def with_comms(sched: Schedule) -> Schedule:
         lst: list[Action] = []
         for a in acts:
             vs = a.chunk * p + s
-            if a.op == "F" and vs > 0:
-                lst.append(Action("RECV_F", a.mb, a.chunk))
-            if a.op in ("B", "I") and vs < last:
-                lst.append(Action("RECV_B", a.mb, a.chunk))
+            if a.op == Op.F and vs > 0:
+                lst.append(Action(Op.RECV_F, a.mb, a.chunk))
+            if a.op in (Op.B, Op.I) and vs < last:
+                lst.append(Action(Op.RECV_B, a.mb, a.chunk))
             lst.append(a)
-            if a.op == "F" and vs < last:
-                lst.append(Action("SEND_F", a.mb, a.chunk))
-            if a.op in ("B", "I") and vs > 0:
-                lst.append(Action("SEND_B", a.mb, a.chunk))
+            if a.op == Op.F and vs < last:
+                lst.append(Action(Op.SEND_F, a.mb, a.chunk))
+            if a.op in (Op.B, Op.I) and vs > 0:
+                lst.append(Action(Op.SEND_B, a.mb, a.chunk))
         out.append(lst)
     return out
 

@@ -1,11 +1,11 @@
 """GPipe, 1F1B, H-1F1B and ZB-H1 as per-stage compute-action lists (registry.py names them)."""
 from __future__ import annotations
 
-from .actions import Action, Schedule, ScheduleError
+from .actions import Action, Op, Schedule, ScheduleError
 
 
 def gpipe(p: int, m: int) -> Schedule:
-    return [[Action("F", i) for i in range(m)] + [Action("B", i) for i in range(m)] for _ in range(p)]
+    return [[Action(Op.F, i) for i in range(m)] + [Action(Op.B, i) for i in range(m)] for _ in range(p)]
 
 
 def h_1f1b(p: int, m: int, extra_warmup: list[int]) -> Schedule:
@@ -16,12 +16,12 @@ def h_1f1b(p: int, m: int, extra_warmup: list[int]) -> Schedule:
     out: Schedule = []
     for s in range(p):
         warm = min(sum(1 + x for x in extra_warmup[s:]), m)
-        acts = [Action("F", i) for i in range(warm)]
+        acts = [Action(Op.F, i) for i in range(warm)]
         f, b = warm, 0
         while f < m:
-            acts += [Action("F", f), Action("B", b)]
+            acts += [Action(Op.F, f), Action(Op.B, b)]
             f, b = f + 1, b + 1
-        acts += [Action("B", i) for i in range(b, m)]
+        acts += [Action(Op.B, i) for i in range(b, m)]
         out.append(acts)
     return out
 
@@ -37,22 +37,22 @@ def zb_h1(p: int, m: int) -> Schedule:
     out: Schedule = []
     for s in range(p):
         warm = min(p - 1 - s, m)
-        acts = [Action("F", i) for i in range(warm)]
+        acts = [Action(Op.F, i) for i in range(warm)]
         pending: list[int] = []
         f, b = warm, 0
         hold = min(s, m)
         while f < m:
-            acts += [Action("F", f), Action("I", b)]
+            acts += [Action(Op.F, f), Action(Op.I, b)]
             pending.append(b)
             if len(pending) > hold:
-                acts.append(Action("W", pending.pop(0)))
+                acts.append(Action(Op.W, pending.pop(0)))
             f, b = f + 1, b + 1
         for i in range(b, m):
-            acts.append(Action("I", i))
+            acts.append(Action(Op.I, i))
             pending.append(i)
             if len(pending) > hold:
-                acts.append(Action("W", pending.pop(0)))
-        acts += [Action("W", i) for i in pending]
+                acts.append(Action(Op.W, pending.pop(0)))
+        acts += [Action(Op.W, i) for i in pending]
         out.append(acts)
     return out
 
@@ -74,10 +74,10 @@ def interleaved_1f1b(p: int, m: int, chunks: int) -> Schedule:
     out: Schedule = []
     for s in range(p):
         warm = min((p - s - 1) * 2 + (v - 1) * p, total)
-        acts = [Action("F", *step(i, False)) for i in range(warm)]
+        acts = [Action(Op.F, *step(i, False)) for i in range(warm)]
         for i in range(total - warm):
-            acts += [Action("F", *step(warm + i, False)), Action("B", *step(i, True))]
-        acts += [Action("B", *step(i, True)) for i in range(total - warm, total)]
+            acts += [Action(Op.F, *step(warm + i, False)), Action(Op.B, *step(i, True))]
+        acts += [Action(Op.B, *step(i, True)) for i in range(total - warm, total)]
         out.append(acts)
     return out
 

@@ -110,3 +110,16 @@ def test_schedules_validate_and_reject():
     with pytest.raises(ScheduleError, match="deadlock"):
         validate(dead, 2)
     assert Action.parse("SEND_F12") == Action("SEND_F", 12)
+
+
+def test_action_op_is_an_enum_and_refuses_an_unknown_letter():
+    """Every action's op is an Op member, from a generator, a parse or a letter, and still reads as its
+    letter (tables keyed by letters, plan and timeline text); an op outside the list is refused when the
+    action is made, naming the ones expected."""
+    from heteropp.schedules import Op
+    acts = [a for name in ("gpipe", "1f1b", "zbh1") for st in with_comms(build(name, 3, 4)) for a in st]
+    acts += [Action.parse("RECV_B3.1"), Action("W", 2)]
+    assert all(type(a.op) is Op for a in acts)
+    assert Action("F", 3).op is Op.F and {"F": 1}[Op.F] == 1 and f"{Action(Op.I, 2, 1)}" == "I2.1"
+    with pytest.raises(ValueError, match="unknown action op 'X'; expected one of F, B, I, W, SEND_F"):
+        Action("X", 0)
