@@ -4,6 +4,6 @@ from .generators import gpipe, h_1f1b, one_f_one_b, zb_h1
 from .registry import (NAMES, REGISTRY, ScheduleKind, build, h1f1b_extra, harp_launch_extra, kind, missing_params,
                        params_error)
 
-__all__ = ["Action", "Op", "Schedule", "ScheduleError", "validate", "with_comms", "build", "gpipe", "h_1f1b", "one_f_one_b",
-           "zb_h1", "NAMES", "REGISTRY", "ScheduleKind", "h1f1b_extra", "harp_launch_extra", "kind", "missing_params",
-           "params_error"]
+__all__ = ["Action", "Op", "Schedule", "ScheduleError", "validate", "with_comms", "build", "gpipe", "h_1f1b",
+           "one_f_one_b", "zb_h1", "NAMES", "REGISTRY", "ScheduleKind", "h1f1b_extra", "harp_launch_extra", "kind",
+           "missing_params", "params_error"]
