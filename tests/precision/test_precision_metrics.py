@@ -9,6 +9,7 @@ import torch
 from ditorch_precision.metrics import (
     compare_error_ratio,
     compare_tensors,
+    compare_trees_ratio,
     default_tolerance,
     error_stats,
     floor_tolerance,
@@ -183,3 +184,25 @@ def test_minus_inf_and_the_lowest_finite_are_one_mask_only_where_a_softmax_agree
         assert v.passed == same, (what, v.detail)
         if same:
             assert v.stats.masked == int(torch.isinf(a).sum() + torch.isinf(e).sum())
+
+
+def test_a_passing_error_ratio_verdict_carries_the_errors_a_full_one_would():
+    """compare's common case: a passing op's row shows max_abs and max_rel against its float64 replay,
+    the same values the full statistics (numpy, float64) give, without the rest of them; a failing
+    one carries them all. Reference: error_stats of the same tensors."""
+    g = torch.Generator().manual_seed(0)
+    fp64 = torch.randn(1000, generator=g, dtype=torch.float64)
+    fp64[3] = float("inf")
+    device = fp64.float()
+    device[5] = torch.nextafter(device[5], torch.tensor(10.0))  # one ulp: an honest rounding
+    reference = fp64.float()
+    v = compare_error_ratio(device, reference, fp64)
+    full = error_stats(device, fp64)
+    assert v.passed and v.stats is None
+    assert v.errors == {"max_abs": full.max_abs, "max_rel": pytest.approx(full.max_rel, rel=1e-12)}
+    s = compare_trees_ratio([device], [reference], [fp64]).summary()
+    assert s["max_abs"] == full.max_abs and "cosine" not in s
+    bad = compare_error_ratio(device * (1 + 1e-3), reference, fp64)
+    assert not bad.passed and bad.stats is not None and bad.stats.cosine < 1
+    empty = torch.zeros(0)
+    assert compare_error_ratio(empty, empty, empty.double()).errors == {"max_abs": 0.0, "max_rel": 0.0}

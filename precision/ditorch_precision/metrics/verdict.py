@@ -32,9 +32,13 @@ class Verdict:
     stats: ErrorStats | None = None
     tolerance: Tolerance | None = None
     ratio: float | None = None  # device error / reference error, for the error_ratio rule
+    # a passing error-ratio verdict's errors against float64 ({"max_abs", "max_rel"}) in place of stats
+    errors: dict | None = None
 
     def to_dict(self) -> dict:
         out = {"passed": self.passed, "rule": self.rule, "detail": self.detail, "ratio": jsonable(self.ratio)}
+        if self.errors is not None:
+            out["errors"] = {k: jsonable(v) for k, v in self.errors.items()}
         out["tolerance"] = self.tolerance.to_dict() if self.tolerance else None
         out["stats"] = {k: jsonable(v) for k, v in self.stats.to_dict().items()} if self.stats else None
         return out
@@ -112,9 +116,22 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 def _max_abs_error(x: torch.Tensor, ref64: torch.Tensor) -> float:
+    return _errors(x, ref64)[0]
+
+
+def _errors(x: torch.Tensor, ref64: torch.Tensor, tiny: float | None = None) -> tuple[float, float | None]:
+    """max |x - ref64| and (given ``tiny``) max |x - ref64| / max(|ref64|, tiny), over positions
+    finite in both: ``error_stats``'s max_abs and max_rel, in torch and without its other passes."""
     x64 = x.detach().to("cpu", torch.float64)
     finite = x64.isfinite() & ref64.isfinite()
-    return float((x64 - ref64).abs()[finite].max()) if bool(finite.any()) else 0.0
+    if not x64.numel() or not bool(finite.all()):
+        if not x64.numel() or not bool(finite.any()):
+            return 0.0, None if tiny is None else 0.0
+        x64, ref64 = x64[finite], ref64[finite]
+    diff = (x64 - ref64).abs()
+    if tiny is None:
+        return float(diff.max()), None
+    return float(diff.max()), float((diff / ref64.abs().clamp_min(tiny)).max())
 
 
 def compare_error_ratio(
@@ -148,7 +165,7 @@ def compare_error_ratio(
         if (v := _nan_inf_verdict(error_stats(device, reference))) is not None:
             return v
     ref64 = fp64.detach().to("cpu", torch.float64)
-    err_dev = _max_abs_error(device, ref64)
+    err_dev, rel_dev = _errors(device, ref64, torch.finfo(device.dtype).tiny if device.dtype.is_floating_point else 1.0)
     err_ref = _max_abs_error(reference, reference_fp64.detach().to("cpu", torch.float64))
     finite = ref64[ref64.isfinite()]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
@@ -157,6 +174,8 @@ def compare_error_ratio(
     ratio = err_dev / err_ref if err_ref > 0 else (0.0 if err_dev == 0 else math.inf)
     passed = err_dev <= k * max(err_ref, floor)
     detail = f"device error {err_dev:.3g} vs reference error {err_ref:.3g} (k={k:g}, floor {floor:.3g})"
+    if passed:  # the common case: the full statistics (several numpy passes) only where they explain a failure
+        return Verdict(passed, "error_ratio", detail, None, None, ratio, {"max_abs": err_dev, "max_rel": rel_dev})
     return Verdict(passed, "error_ratio", detail, error_stats(device, fp64), None, ratio)
 
 
@@ -198,6 +217,11 @@ class TreeVerdict:
                 within_0_1pct=min(s.within_0_1pct for s in stats),
                 within_0_5pct=min(s.within_0_5pct for s in stats),
             )
+        errors = [v.errors for v in self.verdicts if v.errors is not None]
+        for key in ("max_abs", "max_rel") if errors else ():  # passing error-ratio verdicts
+            values = [e[key] for e in errors if e.get(key) is not None] + [out[key] for key in [key] if key in out]
+            if values:
+                out[key] = jsonable(max(values))
         ratios = [v.ratio for v in self.verdicts if v.ratio is not None]
         if ratios:
             out["ratio"] = jsonable(max(ratios))
