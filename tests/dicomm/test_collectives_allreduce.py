@@ -135,13 +135,17 @@ def _rank_order_cases(rank, world, store):
     return out
 
 
+# The direct algorithm for every large all_reduce of these world sizes (the default is the ring).
+DIRECT = {"DICOMM_ALL_REDUCE_DIRECT_RANKS": "8"}
+
+
 @pytest.mark.parametrize("world", [3, 4])
-def test_large_all_reduce_reduces_every_element_in_rank_order(world):
+def test_direct_all_reduce_reduces_every_element_in_rank_order(world):
     """Random floats of different magnitudes (rounding depends on the order of the sum): a large
-    all_reduce holds, on every rank, exactly torch's sequential sum x0 + x1 + ... in rank order in the
-    same dtype (AVG: that sum divided by the world size), whichever rank reduced which block. The
-    ring summed each block starting at a different rank, so its bits depended on the block."""
-    results = run_ranks(_rank_order_cases, world, timeout=120)
+    all_reduce by the direct algorithm holds, on every rank, exactly torch's sequential sum
+    x0 + x1 + ... in rank order in the same dtype (AVG: that sum divided by the world size), whichever
+    rank reduced which block. The ring sums each block starting at a different rank."""
+    results = run_ranks(_rank_order_cases, world, timeout=120, env=DIRECT)
     dtypes = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16}
     for case, (i, numel, dtype, op, _) in enumerate(results[0]):
         xs = [_rank_order_inputs(i, q, numel, dtypes[dtype]) for q in range(world)]
@@ -159,9 +163,8 @@ def test_large_all_reduce_reduces_every_element_in_rank_order(world):
                                      f"{int(wrong.nonzero()[0])}")
 
 
-@pytest.mark.parametrize("world", [3])
-def test_all_reduce_ring_stays_exact(world):
-    """DICOMM_ALL_REDUCE_DIRECT_RANKS=0 keeps large all_reduces on the ring (the algorithm of more
-    than 8 ranks): the dtype x op matrix at tiny thresholds, many chunks, counts that do not divide."""
-    env = dict(TINY_THRESHOLDS, DICOMM_ALL_REDUCE_DIRECT_RANKS="0")
-    _assert_all_ok(run_ranks(_tiny_thresholds, world, timeout=120, env=env))
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_direct_all_reduce_on_every_dtype(world):
+    """The direct algorithm at tiny thresholds: many chunks and partial last chunks on every dtype and
+    op, with counts that do not divide by the world size."""
+    _assert_all_ok(run_ranks(_tiny_thresholds, world, timeout=120, env=dict(TINY_THRESHOLDS, **DIRECT)))

@@ -18,7 +18,7 @@ struct Tuning {
   size_t reduce_ring_bytes = 256 << 10;      // below: binomial tree
   size_t all_gather_ring_bytes = 1 << 20;    // total bytes; below: direct exchange
   size_t reduce_scatter_ring_bytes = 256 << 10;  // per-rank bytes; below: direct exchange
-  int all_reduce_direct_ranks = 8;  // large all_reduce: direct up to this many ranks, ring beyond
+  int all_reduce_direct_ranks = 0;  // large all_reduce: direct up to this many ranks, ring beyond
 
   static Tuning of(const EngineConfig& config);
 };

@@ -67,8 +67,8 @@ const std::vector<Knob> kTable = {
     {"DICOMM_COLL_CHUNK_BYTES", K::kInteger, "524288", 1, 1L << 40, "", "bytes", "the pipeline unit of ring and chain algorithms"},
     {"DICOMM_COLL_SMALL_BYTES", K::kInteger, "", 0, 1L << 40, "", "bytes",
      "below this size every collective takes its small-message algorithm; unset: per collective (docs/architecture.md)"},
-    {"DICOMM_ALL_REDUCE_DIRECT_RANKS", K::kInteger, "8", 0, 1 << 20, "", "ranks",
-     "a large all_reduce of at most this many ranks takes the direct algorithm (each rank reduces its own block from every peer), of more the ring; 0: always the ring"},
+    {"DICOMM_ALL_REDUCE_DIRECT_RANKS", K::kInteger, "0", 0, 1 << 20, "", "ranks",
+     "a large all_reduce of at most this many ranks takes the direct algorithm (each rank reduces its own block from every peer, in rank order), of more the ring; 0: always the ring"},
     {"DICOMM_REDUCE_KERNELS", K::kChoice, "auto", 0, 0, "auto|generic", "", "generic: the portable reduction kernels even where AVX2 runs"},
 };
 

@@ -83,7 +83,7 @@ struct EngineConfig {
   // Collectives (collectives/tuning.h)
   size_t coll_chunk_bytes = size_t{512} << 10;
   std::optional<size_t> coll_small_bytes;
-  int all_reduce_direct_ranks = 8;
+  int all_reduce_direct_ranks = 0;
 
   // Options first (`transport`, and `settings`: knobs of the table by name), then the environment;
   // checks every knob in the table and every setting's name. Throws ValueError.
