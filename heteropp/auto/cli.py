@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from ..argtypes import at_least, positive
 from ..plan import SCHEDULES, Plan
@@ -50,10 +51,16 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .front_door import plan as plan_of
     from .planning import load_problem
     _writable(a.json, "--json")
+    if a.micro_batch_sizes is not None and a.profile:
+        raise SpecError(a.profile, "--micro-batch-sizes", "a measured profile holds the times of one micro-batch "
+                        "size", "no --profile (the analytic profile, rebuilt for each size) or no --micro-batch-sizes")
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     budget = Budget(work=a.work_budget, time_cap_s=a.time_cap, baselines=a.baselines, idle=a.idle,
                     group_size=a.group_size)
-    out = plan_of(pb, budget, a.algo, _progress if a.progress else None)
+    if a.micro_batch_sizes is not None:
+        out = _sized(a, pb, budget)
+    else:
+        out = plan_of(pb, budget, a.algo, _progress if a.progress else None)
     plan, res = out.plan, out.search
     print(table(plan))
     if res.bounded:
@@ -147,6 +154,29 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
+def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
+    """cmd_plan's plan with the micro-batch size searched (micro_batch.py) over --micro-batch-sizes."""
+    from .micro_batch import candidate_sizes, plan_micro_batch
+    flag = "--micro-batch-sizes"
+    if a.micro_batch_sizes == "auto":
+        sizes = candidate_sizes(pb.train)
+    else:
+        try:
+            sizes = [int(x) for x in a.micro_batch_sizes.split(",")]
+        except ValueError:
+            raise SpecError("<command line>", flag, f"got {a.micro_batch_sizes!r}",
+                            "auto, or sizes separated by commas (1,2,4)") from None
+        bad = [x for x in sizes if x < 1 or pb.train.global_batch % x]
+        if bad:
+            raise SpecError("<command line>", flag, f"got {bad[0]}",
+                            f"positive divisors of the global batch ({pb.train.global_batch} sequences)")
+    sized = plan_micro_batch(pb.cluster, pb.model, pb.train, sizes, budget, a.algo,
+                             _progress if a.progress else None)
+    tried = ", ".join(f"{s}: {t:.4f} s" if t < float("inf") else f"{s}: none fits" for s, t in sized.times.items())
+    print(f"micro-batch sizes tried (iteration time): {tried}")
+    return sized.result
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="heteroauto", description="Plan heterogeneous pipeline-parallel training.")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -166,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-cap", "--time-budget", dest="time_cap", type=positive, default=None,
                    help="optional wall-clock cap in seconds: may stop the search earlier, which then says so "
                    "(the plan may then differ between machines or loads)")
+    p.add_argument("--micro-batch-sizes", help="search the micro-batch size: auto (powers of two up to 16 that divide "
+                   "the global batch) or sizes separated by commas; the training spec's size is then not used")
     p.add_argument(
         "--idle",
         choices=IDLE_MODES,
