@@ -19,6 +19,8 @@ from diopi_bindings.schema import BY_NAME, OpSchema
 
 OUTPUT = HERE / "reference" / "deeplink" / "bridge.gen.cpp"
 # bridge.cpp: Index allocates its result; the reference has no le kernel. random.cpp: no random kernels.
+# fast_matmul.cpp: float32 products tried before the reference kernel (which declines nothing of theirs).
+FAST = {"diopiMm", "diopiBmm", "diopiAddmm"}
 HANDWRITTEN = {"diopiIndex", "diopiLe", "diopiNormalInp", "diopiUniformInp", "diopiDropout"}
 # ATen overloads the reference serves with another operator's kernel.
 SAME_KERNEL = {"_index_put_impl_": "aten::index_put", "index_add": "aten::index_put", "index_add_": "aten::index_put",
@@ -109,7 +111,9 @@ def bridge(fn: str, params: list[tuple[str, str]], tokens: list[str], kernel: Op
     checks = [f"  if ({name} != {tok}) return diopiNoImplement;" for tok, (ctype, name) in zip(tokens, params)
               if tok in ("RoundModeNone", "false", "true") and name not in consumed]
     signature = ", ".join(f"{ctype} {name}" for ctype, name in params)
-    body = [f"extern \"C\" diopiError_t {fn}({signature}) {{  // {kernel.aten}", *checks,
+    fast = ([f"  if (const diopiError_t code = fast::{fn}({', '.join(name for _, name in params)}); "
+             f"code != diopiNoImplement) return code;"] if fn in FAST else [])
+    body = [f"extern \"C\" diopiError_t {fn}({signature}) {{  // {kernel.aten}", *checks, *fast,
             "  bridge::Call c(ctx);"]
     body += [f"  auto a{i} = {expr};" for i, expr in enumerate(args)]
     body += ["  if (c.status() != diopiSuccess) return c.status();",

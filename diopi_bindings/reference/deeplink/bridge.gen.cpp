@@ -294,6 +294,7 @@ extern "C" diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t ctx, diopiT
 }
 
 extern "C" diopiError_t diopiMm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiConstTensorHandle_t mat2) {  // aten::mm
+  if (const diopiError_t code = fast::diopiMm(ctx, out, input, mat2); code != diopiNoImplement) return code;
   bridge::Call c(ctx);
   auto a0 = c.view(out);
   auto a1 = c.view(input);
@@ -303,6 +304,7 @@ extern "C" diopiError_t diopiMm(diopiContextHandle_t ctx, diopiTensorHandle_t ou
 }
 
 extern "C" diopiError_t diopiBmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiConstTensorHandle_t mat2) {  // aten::bmm
+  if (const diopiError_t code = fast::diopiBmm(ctx, out, input, mat2); code != diopiNoImplement) return code;
   bridge::Call c(ctx);
   auto a0 = c.view(out);
   auto a1 = c.view(input);
@@ -312,6 +314,7 @@ extern "C" diopiError_t diopiBmm(diopiContextHandle_t ctx, diopiTensorHandle_t o
 }
 
 extern "C" diopiError_t diopiAddmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, const diopiScalar_t* beta, const diopiScalar_t* alpha) {  // aten::addmm
+  if (const diopiError_t code = fast::diopiAddmm(ctx, out, input, mat1, mat2, beta, alpha); code != diopiNoImplement) return code;
   bridge::Call c(ctx);
   auto a0 = c.view(out);
   auto a1 = c.view(input);

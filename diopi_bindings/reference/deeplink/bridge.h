@@ -56,3 +56,14 @@ bool index_shape(diopiConstTensorHandle_t input, const diopiConstTensorHandle_t*
                  std::vector<int64_t>& shape);
 
 }  // namespace bridge
+
+// float32 fast paths tried first (fast_matmul.cpp); diopiNoImplement: the reference kernel serves the call.
+namespace fast {
+diopiError_t diopiMm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                     diopiConstTensorHandle_t mat2);
+diopiError_t diopiBmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t mat2);
+diopiError_t diopiAddmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                        diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, const diopiScalar_t* beta,
+                        const diopiScalar_t* alpha);
+}  // namespace fast
