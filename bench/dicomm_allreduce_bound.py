@@ -12,11 +12,12 @@ taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p)
 Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
 reported: medians, and the CPU time and context switches (voluntary: a wait that slept; involuntary:
 the scheduler took the CPU) of all ranks (every thread) per call beside the wall time. `--algorithm
-both` runs the direct algorithm and the ring back to back (DICOMM_ALL_REDUCE_DIRECT_RANKS), so the
-two are compared under the same load.
+both` runs the ring and the direct algorithm back to back (DICOMM_ALL_REDUCE_DIRECT_RANKS), so the
+two are compared under the same load. `--thp` backs the ranks' tensors with transparent huge pages
+(torch's THP_MEM_ALLOC_ENABLE=1): cross-memory attach then pins one page per 2 MiB instead of 512.
 
     python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1]
-        [--algorithm direct|ring|both] [--json FILE]
+        [--algorithm ring|direct|both] [--thp] [--json FILE]
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
                         out = run_ranks(_rank, p, cfg, timeout=cfg.op_timeout * 4)
                         med = {k: statistics.median(out[k]) for k in _MEDIANS}
                         bound = bound_factor(p) * med["copy_s"]
-                        rows.append({"algorithm": algorithm, "ranks": p, "repetition": rep, "bytes": cfg.nbytes,
+                        rows.append({"algorithm": algorithm, "thp": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
+                                     "ranks": p, "repetition": rep, "bytes": cfg.nbytes,
                                      "iters": cfg.iters, "contention": contention, "copy_ms": med["copy_s"] * 1e3,
                                      "bound_ms": bound * 1e3, "all_reduce_ms": med["all_reduce_s"] * 1e3,
                                      "cpu_ms_all_ranks": med["cpu_s"] * 1e3, "vcsw_all_ranks": med["vcsw"],
@@ -144,8 +146,11 @@ def table(rows: list[dict]) -> str:
              "| CPU ms (all ranks) | context switches vol./invol. (all ranks) | all_reduce / bound (range) "
              "| load (1 min) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for algorithm, p in sorted({(r.get("algorithm", "direct"), r["ranks"]) for r in rows}):
-        mine = [r for r in rows if r.get("algorithm", "direct") == algorithm and r["ranks"] == p]
+    def label(r: dict) -> str:
+        return r.get("algorithm", "ring") + (" + THP" if r.get("thp") else "")
+
+    for algorithm, p in sorted({(label(r), r["ranks"]) for r in rows}):
+        mine = [r for r in rows if label(r) == algorithm and r["ranks"] == p]
         med = {k: statistics.median(r.get(k, 0) for r in mine)
                for k in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "vcsw_all_ranks",
                          "ivcsw_all_ranks", "ratio")}
@@ -166,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--contention", type=int, default=0, help="busy processes per CPU (default 0)")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole measurement (default 3)")
-    ap.add_argument("--algorithm", choices=("direct", "ring", "both"), default="direct",
-                    help="the all_reduce algorithm (default direct, the engine's own choice up to 8 ranks); "
-                         "both: each back to back")
+    ap.add_argument("--algorithm", choices=("ring", "direct", "both"), default="ring",
+                    help="the all_reduce algorithm (default ring, the engine's default); both: each back to back")
+    ap.add_argument("--thp", action="store_true",
+                    help="the ranks' tensors in transparent huge pages (THP_MEM_ALLOC_ENABLE=1)")
     ap.add_argument("--json", help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
@@ -179,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             or args.repeat < 1:
         ap.error("--ranks >= 2 each, --mib >= 1, --iters >= 1, --warmup >= 0, --contention >= 0, --repeat >= 1")
     cfg = Config(args.mib * MIB, args.iters, args.warmup)
-    algorithms = ("direct", "ring") if args.algorithm == "both" else (args.algorithm,)
+    if args.thp:  # read by torch's CPU allocator once, at its first allocation: before torch is imported
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+    algorithms = ("ring", "direct") if args.algorithm == "both" else (args.algorithm,)
     rows = measure(ranks, cfg, args.contention, args.repeat, algorithms)
     print(table(rows))
     if not all(r["exact"] for r in rows):
