@@ -35,9 +35,13 @@ def attach(path: str | Path) -> dict[str, Any]:
     from diopi_bindings import _C_diopi
 
     try:
-        return dict(_C_diopi.attach(str(file)))
+        info = dict(_C_diopi.attach(str(file)))
     except RuntimeError as exc:
         raise DiopiLoadError(str(exc).splitlines()[0]) from None
+    from diopi_bindings.device.native import leave_composites_to_aten
+
+    info["composites_to_aten"] = leave_composites_to_aten(list(info["routed"]))
+    return info
 
 
 def reference_path() -> Path:

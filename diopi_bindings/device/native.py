@@ -216,13 +216,14 @@ def enable_native(lib: DiopiLibrary) -> NativeRouter:
 _MEMORY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::clone"})
 
 
-def _register_composites(lib: DiopiLibrary, router: NativeRouter) -> torch.library.Library:
+def _register_composites(lib: DiopiLibrary, router: NativeRouter,
+                         skip: frozenset[str] = frozenset()) -> torch.library.Library:
     """Schema operators whose ATen kernel is a composite for every backend (embedding is index_select,
     _safe_softmax a masked softmax) never reach a backend's fallback: register the router for them on
-    PrivateUse1 itself, so the library's kernel serves them."""
+    PrivateUse1 itself, so the library's kernel serves them (except those in ``skip``)."""
     registration = torch.library.Library("aten", "IMPL")
     for name in BY_NAME:
-        if (not name.startswith("aten::") or name in _MEMORY_OPS or not lib.implements(name)
+        if (not name.startswith("aten::") or name in _MEMORY_OPS or not lib.implements(name) or name in skip
                 or torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
                 or not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")):
             continue
@@ -237,6 +238,30 @@ def _register_composites(lib: DiopiLibrary, router: NativeRouter) -> torch.libra
 
 
 _registrations: list[torch.library.Library] = []
+
+
+def leave_composites_to_aten(routed_in_cpp: list[str]) -> list[str]:
+    """After a DeepLink DIOPI library is attached: the schema composites whose ATen composite reaches an
+    overload now routed in C++ (arange.start_step is empty + arange.start_out) run ATen's composite instead of
+    the Python router. Returns them."""
+    if _router is None or not _registrations:
+        return []
+    out_forms = {name.split(".")[0] for name in routed_in_cpp if _is_out_form(name)}
+    composites = {name for name in BY_NAME if name.startswith("aten::")
+                  and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")
+                  and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")}
+    # (and those routed in C++ themselves: registering the router again would take them back)
+    skip = frozenset(name for name in composites if name.split(".")[0] in out_forms or name in routed_in_cpp)
+    if skip:
+        _registrations.pop()._destroy()
+        _registrations.append(_register_composites(_router.library, _router, skip))
+    return sorted(skip)
+
+
+def _is_out_form(name: str) -> bool:
+    packet, _, overload = name.removeprefix("aten::").partition(".")
+    schema = getattr(getattr(torch.ops.aten, packet), overload or "default")._schema
+    return any(a.is_out for a in schema.arguments)
 
 
 def _address(fn: Any) -> int:

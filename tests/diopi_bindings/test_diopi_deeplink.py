@@ -194,9 +194,9 @@ def test_a_table_entry_that_does_not_fit_its_prototype_is_an_error() -> None:
 
 
 # What still reaches the reference through the device's own (Python) router in a LLaMA step, and why: DIOPI has
-# no safe softmax (a fully masked row gives zeros), and the device's factories (zeros, ones, arange) are Python
-# kernels that fill through the reference's own ABI. None of them runs on the CPU.
-NOT_DIOPI = {"aten::_safe_softmax", "aten::arange.start_step", "aten::fill_.Scalar"}
+# no safe softmax (a fully masked row gives zeros). arange is ATen's composite (empty + arange.start_out, routed
+# in C++), zeros and ones fill through diopiFill. None of them runs on the CPU.
+NOT_DIOPI = {"aten::_safe_softmax"}
 
 
 def test_a_llama_step_with_adamw_runs_in_the_reference_under_diopi_names() -> None:
