@@ -51,10 +51,10 @@ def tools(tmp: str) -> dict:
     return {
         "plain": lambda r: None,
         "dispatch mode only": lambda r: Tool(),  # every tool's floor: the mode, module and step tracking
-        f"capture({MLP})": lambda r: Capture(f"{tmp}/cap{r}", Selector.build(modules=MLP)),
+        f"capture({MLP})": lambda r: Capture(f"{tmp}/cap{r}", Selector.build(modules=MLP), bulk=False),
         f"capture({MLP}, bulk)": lambda r: Capture(f"{tmp}/bulk{r}", Selector.build(modules=MLP), bulk=True),
         "capture(all ops, stats)": lambda r: Capture(f"{tmp}/stats{r}", mode="stats"),
-        "capture(all ops)": lambda r: Capture(f"{tmp}/all{r}", max_bytes=None),
+        "capture(all ops)": lambda r: Capture(f"{tmp}/all{r}", max_bytes=None, bulk=False),
         "capture(all ops, bulk)": lambda r: Capture(f"{tmp}/allbulk{r}", max_bytes=None, bulk=True),
         "capture(all ops, bulk, no background)": lambda r: Capture(f"{tmp}/allsync{r}", max_bytes=None, bulk=True,
                                                                    background=False),

@@ -88,17 +88,18 @@ class Capture(Tool):
     ``max_bytes`` caps the tensor bytes written; past it, ops are still indexed (``file: null``).
     ``mode``: "full" (tensors), "stats" (per output: min, max, mean, norm, NaN/Inf counts in the
     index, no tensor files) or "checksum" (per output: a hash of its bytes).
-    ``bulk=True``: the ops' tensors are held and written together, one file per step (or per
+    ``bulk=True`` (the default: one file per op costs a file creation per op, the floor of a
+    per-op capture): the ops' tensors are held and written together, one file per step (or per
     ``bulk_bytes`` held), so a tensor several ops read is written once (see part_file, read
     through ``Dump``); it holds up to a step's captured tensors in memory meanwhile, and
-    ``background=True`` (the default) saves the part files on a thread of their own. Without it, a
-    tensor an earlier op's file holds, unchanged since (same tensor, same version counter), is
-    written as a reference to that file, not again."""
+    ``background=True`` (the default) saves the part files on a thread of their own. With
+    ``bulk=False``, one file per op: a tensor an earlier op's file holds, unchanged since (same
+    tensor, same version counter), is written as a reference to that file, not again."""
 
     name = "capture"
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
-                 save_tensors: bool = True, bulk: bool = False, bulk_bytes: int = 256 << 20,
+                 save_tensors: bool = True, bulk: bool = True, bulk_bytes: int = 256 << 20,
                  module_outputs: bool = True, mode: str = "full", background: bool = True, **kwargs) -> None:
         if mode not in MODES:
             raise ValueError(f"capture mode {mode!r}; expected one of {', '.join(MODES)}")

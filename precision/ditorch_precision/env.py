@@ -4,7 +4,8 @@ imported, or with ``python -m ditorch_precision.run --tool NAME script.py``.
 Variables: PRECISION_TOOL (capture, autocompare, overflow_check, op_timer, dtype_cast, fallback;
 comma-separated to stack), PRECISION_OUT (output directory, default ./precision_out),
 PRECISION_OPS, PRECISION_EXCLUDE_OPS, PRECISION_MODULES (comma-separated fnmatch patterns),
-PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES, PRECISION_BULK=1 and
+PRECISION_STEPS, PRECISION_RANKS ('0,2-4'), PRECISION_PHASES, PRECISION_MAX_BYTES,
+PRECISION_BULK=0 (capture: one file per op instead of one part file per step, the default) and
 PRECISION_MODE=full|stats|checksum (capture), PRECISION_CALLSITE=1, PRECISION_API=1 (record each op's
 torch-level call), PRECISION_APIS (select by torch-level call: 'torch.nn.functional.linear', 'F.linear',
 'linear'), PRECISION_SYNC=0 (autocompare and overflow_check without per-op synchronisation),
@@ -88,7 +89,7 @@ def make_tool(name: str, cfg: dict) -> Tool:
     if name == "capture":
         max_bytes = _checked(cfg, "max_bytes", 1 << 30)
         return Capture(os.path.join(out, "capture", "rank{rank}"), selector, max_bytes=max_bytes,
-                       bulk=_checked(cfg, "bulk", False), mode=_checked(cfg, "mode", "full"), **common)
+                       bulk=_checked(cfg, "bulk", True), mode=_checked(cfg, "mode", "full"), **common)
     if name == "autocompare":
         return AutoCompare(selector, device=str(_checked(cfg, "device", "cpu")), sync=_checked(cfg, "sync", True),
                            tolerances=_checked(cfg, "tol"),

@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--callsite", action="store_const", const="1")
     p.add_argument("--api", action="store_const", const="1", help="record each op's torch-level call")
     p.add_argument("--bulk", action="store_const", const="1",
-                   help="capture: write each step's tensors together, a tensor several ops read once")
+                   help="capture: write each step's tensors together, a tensor several ops read once (the default)")
+    p.add_argument("--no-bulk", dest="bulk", action="store_const", const="0",
+                   help="capture: one tensor file per op instead of one part file per step")
     p.add_argument("--no-sync", dest="sync", action="store_const", const="0",
                    help="autocompare without extra device synchronisations")
     p.add_argument("script")

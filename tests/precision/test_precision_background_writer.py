@@ -52,7 +52,7 @@ def _same_capture(bg: Dump, ref: Dump) -> None:
 
 def test_background_writer_loses_nothing_after_a_normal_exit(tmp_path):
     _train(tmp_path / "bg", 3, bulk=True)
-    _train(tmp_path / "ref", 3)
+    _train(tmp_path / "ref", 3, bulk=False)
     bg, ref = Dump.open(str(tmp_path / "bg")), Dump.open(str(tmp_path / "ref"))
     assert len({r["file"] for r in bg.records}) == 3  # one part per step, each written off the training thread
     _same_capture(bg, ref)
@@ -62,7 +62,7 @@ def test_background_writer_loses_nothing_after_an_exception_in_the_training_loop
     with pytest.raises(Stop):
         _train(tmp_path / "bg", 3, fail_in_step=2, bulk=True)
     with pytest.raises(Stop):
-        _train(tmp_path / "ref", 3, fail_in_step=2)
+        _train(tmp_path / "ref", 3, fail_in_step=2, bulk=False)
     bg, ref = Dump.open(str(tmp_path / "bg")), Dump.open(str(tmp_path / "ref"))
     assert {r["step"] for r in bg.records} == {0, 1, 2}  # the interrupted step's forward and backward too
     _same_capture(bg, ref)

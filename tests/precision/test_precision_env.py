@@ -49,3 +49,26 @@ def test_tool_flag_runs_a_script_and_restores_torch(tmp_path, capsys):
     rows = [json.loads(line) for line in open(tmp_path / "o" / "autocompare_rank0.jsonl")]
     assert [(r["op"], r["status"]) for r in rows] == [("aten::mm", "pass"), ("aten::sum", "pass")]
     assert "autocompare: 2 ops compared, 0 failed" in capsys.readouterr().err
+
+
+def test_capture_writes_part_files_by_default_and_per_op_files_on_request(tmp_path):
+    """The default capture format is the bulk one (a part file per step: a file per op cost most of
+    a per-op capture); --no-bulk (PRECISION_BULK=0) keeps one file per op. Both hold the same
+    tensors (reference: the two formats read back, and torch's own result)."""
+    from ditorch_precision import Capture, Dump
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    for name, flags in (("default", []), ("per_op", ["--no-bulk"])):
+        assert run.main(["--tool", "capture", "--out", str(tmp_path / name), *flags, str(script), "0.5"]) == 0
+    default, per_op = (Dump.open(str(tmp_path / name / "capture" / "rank0")) for name in ("default", "per_op"))
+    assert default.meta["bulk"] is True and per_op.meta["bulk"] is False
+    assert {f.split(".")[-1] for f in os.listdir(os.path.join(default.path, "tensors"))} == {"bin"}
+    assert all(f.endswith(".pt") for f in os.listdir(os.path.join(per_op.path, "tensors")))
+    mm = [next(r for r in d.records if r["op"] == "aten::mm") for d in (default, per_op)]
+    outs = [d.load(r)["outputs"] for d, r in zip((default, per_op), mm)]
+    torch.testing.assert_close(outs[0], torch.full((3, 3), 3.0), rtol=0, atol=0)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    with Capture(str(tmp_path / "api")):
+        torch.ones(2) * 2
+    assert Dump.open(str(tmp_path / "api")).meta["bulk"] is True

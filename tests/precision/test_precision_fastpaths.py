@@ -228,7 +228,7 @@ def test_an_outer_tool_sees_only_the_programs_ops(inner):
 
 def test_capture_in_bulk_reads_back_what_per_op_files_hold(tmp_path):
     sel = Selector.build(modules="layers.1.mlp")
-    with Capture(str(tmp_path / "per_op"), sel):
+    with Capture(str(tmp_path / "per_op"), sel, bulk=False):
         train(2, CFG, optimizer="adamw")
     with Capture(str(tmp_path / "bulk"), sel, bulk=True) as bulk:
         train(2, CFG, optimizer="adamw")
@@ -262,7 +262,7 @@ def test_capture_in_bulk_keeps_a_held_tensor_from_a_later_in_place_write(tmp_pat
 
 def test_capture_per_op_writes_a_tensor_several_ops_read_once(tmp_path):
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
-    with Capture(str(tmp_path / "c"), Selector.build(ops="sin,cos,mul")):
+    with Capture(str(tmp_path / "c"), Selector.build(ops="sin,cos,mul"), bulk=False):
         y = x.sin()
         z = y.cos()  # reads y, which sin's file already holds
         w = y * z
@@ -297,7 +297,7 @@ def test_capture_per_op_writes_again_a_tensor_changed_behind_its_version_counter
 def test_capture_module_outputs_an_op_file_holds_are_named_in_the_index(tmp_path):
     lin = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)
-    with Capture(str(tmp_path / "c"), Selector.build(modules="Linear")):
+    with Capture(str(tmp_path / "c"), Selector.build(modules="Linear"), bulk=False):
         y = lin(x)
         y.sum().backward()
     dump = Dump.open(str(tmp_path / "c"))
@@ -313,7 +313,7 @@ def test_capture_per_op_names_views_of_written_tensors_without_a_file(tmp_path):
     view's as (file, tensor, size, stride, offset). A write to the base afterwards makes the next view
     be written again. Reference: plain torch."""
     x = torch.randn(4, 6)
-    with Capture(str(tmp_path / "c"), Selector.build(ops="*")):
+    with Capture(str(tmp_path / "c"), Selector.build(ops="*"), bulk=False):
         y = x.exp()
         v = y.t()  # a view covering y's storage
         s = y[1:3, 2:5]  # a view of part of it
