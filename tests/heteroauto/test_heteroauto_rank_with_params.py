@@ -51,7 +51,9 @@ def test_a_plan_the_search_does_not_rank_first_wins_with_its_parameters_as_the_b
     pb = with_schedule(cm, "h1f1b")
     best = brute_force(pb)[0]
     plan = to_plan(pb, run_search(pb, progress=None).best, None, "auto")
-    assert plan.iteration_time_s == pytest.approx(best, rel=1e-9)
+    assert plan.iteration_time_s <= best * (1 + 1e-9)
+    # the larger space (extended.py) holds a faster plan still, Y on both sides of Z: 34.02 s against 35.01
+    assert plan.iteration_time_s == pytest.approx(brute_force(pb, extended=True)[0], rel=1e-9)
     # the plan ranked first without parameters (by the objective, or as returned, by the full 1F1B estimate)
     # is 2.3% slower with its best parameters; the re-rank with parameters finds the brute force's
     for rerank in (False, True):
@@ -82,9 +84,10 @@ def test_a_layer_split_the_search_does_not_rank_first_wins_with_its_parameters(s
 def test_no_plan_beats_the_brute_force_on_the_benchmarks_instances():
     """bench/heteroauto_vs_brute.py's first 8 interleaved instances of seed 0: the planner's plan is never
     faster than the brute force over plans that fit (on instance 6 it was, 30.02 s against 34.02 s, with
-    a stage holding interleaving's in-flight count in 9.2 GB of 8)."""
+    a stage holding interleaving's in-flight count in 9.2 GB of 8). The brute force of the larger space,
+    which the planner's plans now come from (idle chips, types interleaved)."""
     from bench.heteroauto_vs_brute import measure
-    res = measure(8, 0, ("interleaved",))["interleaved"]
+    res = measure(8, 0, ("interleaved",), extended=True)["interleaved"]
     assert res["instances"] >= 2
     assert res["least_gap"] >= -1e-9
 

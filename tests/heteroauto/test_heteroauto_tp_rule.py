@@ -71,8 +71,10 @@ def test_planner_proposes_no_tp_the_engine_rejects(algo, m):
     res = run_search(pb, algo, group_size=4)
     plan = to_plan(pb, res.best, res.search_time_s, algo)
     assert all(s.tp in (1, 2) for s in plan.stages), [s.tp for s in plan.stages]
+    # the plan may leave chips idle (one TP-2 stage on 2 of the 4 chips: the slow network makes a second stage
+    # 100x slower), never use more than there are
     plan.validate("<plan>", num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
-                  world_size=4)
+                  available={"A": 4})
     for s in plan.stages:
         assert check_tp(m, s.tp) is None
 
