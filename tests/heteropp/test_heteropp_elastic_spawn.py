@@ -1,0 +1,116 @@
+"""A host's warm process for elastic workers (heteropp.engine.elastic_zygote) and the stand-in the agent starts
+(heteropp/engine/elastic_spawn.py), as real processes: the stand-in's exit status and output are the worker's
+(against the same command started the ordinary way, `python -m heteropp.engine.elastic`), a signal the agent
+sends the stand-in reaches the worker and ends both, and a worker whose stand-in is killed kills itself."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from heteropp.engine import RunConfig
+from heteropp.engine.elastic_launch import SPAWN
+from heteropp.spec import PRESETS
+from heteropp.spec.io import load_mapping
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out |= {int(c) for c in f.read().split()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    sock = str(tmp_path_factory.mktemp("zygote") / "z.sock")
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "heteropp.engine.elastic_zygote", sock])
+    deadline = time.time() + 180
+    while not os.path.exists(sock):  # it listens once torch and the worker are imported
+        assert proc.poll() is None and time.time() < deadline, "the zygote did not come up"
+        time.sleep(0.05)
+    yield proc, sock
+    proc.kill()
+    proc.wait()
+
+
+def stand_in(sock: str, args: list[str], **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SPAWN), *args], env={**os.environ, "HETEROPP_ZYGOTE": sock, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_stand_in_exits_as_the_worker_does_and_shows_its_output(zygote, tmp_path) -> None:
+    _, sock = zygote
+    env = {k: v for k, v in os.environ.items() if k != "HETEROPP_CHIP"}
+    # no chip type given: heteropp's own message on stderr and a failing status (one ordinary start: seconds)
+    for args in (["--config", str(_blocking_config(tmp_path))],):
+        ordinary = subprocess.run([sys.executable, "-m", "heteropp.engine.elastic", *args], env=env,
+                                  capture_output=True, text=True, timeout=300)
+        p = subprocess.Popen([sys.executable, str(SPAWN), *args], env={**env, "HETEROPP_ZYGOTE": sock},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == ordinary.returncode != 0, (args, err)
+        assert ordinary.stderr.strip().splitlines()[-1] == err.strip().splitlines()[-1], (ordinary.stderr, err)
+
+
+def _blocking_config(tmp: Path) -> Path:
+    """A worker that waits in the control group's rendezvous (rank 1 of 2, nobody at the master's port)."""
+    plan = {"version": 2, "stages": [{"chip": "big", "tp": 1, "layers": 8}], "dp": 1, "micro_batch_size": 1,
+            "micro_batches": 2}
+    cfg = RunConfig(plan=plan, model=RunConfig.model_dict(PRESETS["tiny"]), backend="gloo", timeout_s=120,
+                    options={"checkpoint_dir": str(tmp / "ck")})
+    path = tmp / "run.json"
+    path.write_text(json.dumps({**cfg.__dict__, "elastic": {
+        "cluster": load_mapping(str(REPO / "examples/clusters/two-cpu.yaml")),
+        "train": {"global_batch": 2, "micro_batch_size": 1}}}))
+    return path
+
+
+def _worker_of(zpid: int, before: set[int]) -> int:
+    deadline = time.time() + 60
+    while not (new := children(zpid) - before):
+        assert time.time() < deadline, "the zygote forked no worker"
+        time.sleep(0.02)
+    return new.pop()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("how", ["sigterm the stand-in", "sigkill the stand-in"])
+def test_the_agents_signal_reaches_the_worker_and_a_dead_stand_in_takes_it_along(zygote, tmp_path, how) -> None:
+    zp, sock = zygote
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_RANK": "1"}
+    before = children(zp.pid)
+    p = stand_in(sock, ["--config", str(_blocking_config(tmp_path)), "--chip", "big"], **env)
+    worker = _worker_of(zp.pid, before)
+    time.sleep(0.5)
+    assert p.poll() is None and not _gone(worker), "the worker did not wait for its peers"
+    if how == "sigterm the stand-in":
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+        assert p.returncode == -signal.SIGTERM  # the worker died of it, and so did its stand-in
+    else:
+        p.kill()
+        p.wait(timeout=60)
+    deadline = time.time() + 60
+    while not _gone(worker):
+        assert time.time() < deadline, f"the worker {worker} outlived its stand-in ({how})"
+        time.sleep(0.05)
