@@ -29,7 +29,8 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC) $(DIOPI_SRC)
 # engine's tests under ThreadSanitizer (~3.5 min) and heteropp's elastic fault and straggler re-plan runs
 # (HETEROPP_LONG_TESTS=1, ~7 min); `make test` keeps everything else.
 LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
-	tests/heteropp/test_heteropp_elastic_faults.py tests/heteropp/test_heteropp_straggler.py
+	tests/heteropp/test_heteropp_elastic_faults.py tests/heteropp/test_heteropp_straggler.py \
+	tests/heteropp/test_heteropp_elastic_snapshot.py::test_a_round_resumes_from_the_disk_when_both_copies_of_a_stage_are_gone
 
 test: setup
 	$(PY) -m pytest -q tests --ignore=tests/rdma \
