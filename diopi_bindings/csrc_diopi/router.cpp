@@ -267,6 +267,7 @@ std::vector<std::string> register_routes(void* library, const char* (*last_error
     lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<DiopiKernel>(i)));
     routed.push_back(std::string(kRoutes[i].name) + (kRoutes[i].overload[0] ? "." : "") + kRoutes[i].overload);
   }
+  if (register_safe_softmax(*lib, library)) routed.emplace_back("aten::_safe_softmax");
   return routed;
 }
 
@@ -280,6 +281,8 @@ std::vector<RouteCount> route_counts() {
     out.push_back({std::string(kRoutes[i].name) + (kRoutes[i].overload[0] ? "." : "") + kRoutes[i].overload,
                    kRoutes[i].diopi, routed, fallback});
   }
+  if (const int64_t n = safe_softmax_calls())
+    out.push_back({"aten::_safe_softmax", "diopiSoftmax, diopiMax, diopiLtScalar, diopiWhere", n, 0});
   return out;
 }
 

@@ -22,3 +22,15 @@ struct RouteCount {
 std::vector<RouteCount> route_counts();  // the routes called so far
 
 }  // namespace diopi_bindings
+
+namespace torch {
+class Library;
+}
+
+namespace diopi_bindings {
+
+// aten::_safe_softmax composed of routed operators (safe_softmax.cpp), when the library exports them.
+bool register_safe_softmax(torch::Library& lib, void* library);
+int64_t safe_softmax_calls();
+
+}  // namespace diopi_bindings
