@@ -1,4 +1,5 @@
-"""Runtime of the CPU: one device, no caching allocator, host-timed events."""
+"""Runtime of the CPU: one device, host-timed events, memory statistics from a counting layer over torch's CPU
+allocator (`ditorch.cpu_memory`; 0 where it is not built or is switched off)."""
 from __future__ import annotations
 
 import contextlib
@@ -6,6 +7,8 @@ import time
 from typing import Any
 
 import torch
+
+from ditorch import cpu_memory
 
 
 class CpuEvent:
@@ -40,11 +43,15 @@ class CpuEvent:
 
 
 class CpuRuntime:
-    """The CPU as a device: index 0 only; memory statistics are 0 (no device allocator to ask)."""
+    """The CPU as a device: index 0 only; memory statistics are the live tensor storage counted since the
+    runtime was created. There is no cache, so reserved equals allocated and `empty_cache` has nothing to do."""
 
     device_type = "cpu"
     Stream = torch.cpu.Stream
     Event = CpuEvent
+
+    def __init__(self) -> None:
+        cpu_memory.install()
 
     def is_available(self) -> bool:
         return True
@@ -69,19 +76,19 @@ class CpuRuntime:
         return torch.cpu.stream(stream)
 
     def memory_allocated(self, index: int | None = None) -> int:
-        return 0
+        return cpu_memory.allocated()
 
     def max_memory_allocated(self, index: int | None = None) -> int:
-        return 0
+        return cpu_memory.peak()
 
     def memory_reserved(self, index: int | None = None) -> int:
-        return 0
+        return cpu_memory.allocated()
 
     def max_memory_reserved(self, index: int | None = None) -> int:
-        return 0
+        return cpu_memory.peak()
 
     def reset_peak_memory_stats(self, index: int | None = None) -> None:
-        return None
+        cpu_memory.reset_peak()
 
     def empty_cache(self) -> None:
         return None

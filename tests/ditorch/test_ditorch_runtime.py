@@ -9,6 +9,8 @@ import torch
 
 import ditorch
 
+from ditorch_testutil import run_python
+
 pytestmark = pytest.mark.skipif(
     ditorch.current_adapter().name != "cpu", reason="these expectations are for the CPU adapter"
 )
@@ -48,12 +50,39 @@ def test_streams_and_events(shim):
     assert torch.equal(x, torch.full((3,), 2.0))
 
 
-def test_memory_statistics_are_integers(shim):
+def test_memory_statistics_count_the_storage_of_live_tensors(shim):
+    """On the CPU, memory_allocated and its peak are what they are on an accelerator: the bytes of live
+    tensor storage (reference: the tensors' own nbytes), not the resident set. They used to be 0."""
     d = ditorch.device
-    for call in (d.memory_allocated, d.max_memory_allocated, d.memory_reserved, d.max_memory_reserved):
-        assert call() == 0 and call(0) == 0  # the CPU has no device allocator to report
+    before = d.memory_allocated()
+    x = torch.zeros(1000, 250, device="device")  # 1,000,000 bytes
+    assert d.memory_allocated() - before == x.untyped_storage().nbytes() == 1_000_000
+    assert d.memory_allocated(0) == d.memory_reserved() == d.memory_allocated()
     d.reset_peak_memory_stats()
+    y = torch.ones(2000, 250, device="device") * 3  # a temporary of 2 MB beside the result's 2 MB
+    peak = 1_000_000 + 2 * y.untyped_storage().nbytes()
+    # (+ the multiplication's scalar, wrapped in a tensor of a few bytes)
+    assert 0 <= d.max_memory_allocated() - before - peak <= 64
+    del y
+    assert d.memory_allocated() - before == 1_000_000 and 0 <= d.max_memory_reserved() - before - peak <= 64
+    z = x.view(250, 1000)  # a view allocates nothing
+    assert d.memory_allocated() - before == 1_000_000 and z.untyped_storage().data_ptr() == x.data_ptr()
+    c = x._lazy_clone()  # copy-on-write clones need a plain data pointer, as torch's own allocator gives
+    c.add_(1)
+    assert torch.equal(c, torch.ones(1000, 250))
+    assert d.memory_allocated() - before == 2_000_000
+    del x, z, c
+    assert d.memory_allocated() == before
     d.empty_cache()
+
+
+def test_memory_statistics_switched_off_stay_zero():
+    got = run_python(
+        "import ditorch, torch; x = torch.ones(1000, 1000, device='device'); "
+        "print(ditorch.device.memory_allocated(), ditorch.device.max_memory_allocated())",
+        env={"DITORCH_CPU_MEMORY_STATS": "0"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["0", "0"]
 
 
 def test_manual_seed_matches_torch(shim):
