@@ -122,8 +122,9 @@ class StragglerReplan:
     Gain: the measured step time times (1 - the new plan's predicted time / the running plan's, both on the
     cluster with the straggler's chip type slowed by its measured factor), over the steps left. Cost: this
     round's own start as measured (process start to its first step: imports, rendezvous groups, plan, model,
-    checkpoint load) plus the rendezvous' settings (RDZV_S), plus the steps since the newest complete
-    checkpoint, which are trained again."""
+    checkpoint load) plus the rendezvous' settings (RDZV_S), plus the steps trained again: those since the
+    newest in-memory snapshot sent whole (the one of the step before: a rank that exits waits for its own
+    snapshot to be sent) or, without snapshots, since the newest complete checkpoint."""
     cfg: RunConfig
     cluster: Cluster  # the chips present, at the speeds this round planned with
     speeds: dict[str, float]
@@ -131,6 +132,7 @@ class StragglerReplan:
     plan: Plan
     start: int  # the step this round resumed from
     born: float  # when this process started (time.time())
+    snapshot_every: int = 0  # the round's in-memory snapshots (0: none)
     judged: float = 0.0  # the slowdown last judged
     streak: int = 0  # consecutive steps that found a straggler
     last: int = -1  # the watch's step count when one was last found
@@ -161,6 +163,8 @@ class StragglerReplan:
         chip, factor = self.plan.stages[k].chip, slow[k]
         done = complete_checkpoints(self.cfg.opts.checkpoint_dir) if self.cfg.opts.checkpoint_dir else []
         redo = step - (int(done[-1].name.split("-")[1]) if done else 0)
+        if self.snapshot_every:  # `step` is not logged yet: the snapshots up to step - 1 are held
+            redo = min(redo, step - (step - 1) // self.snapshot_every * self.snapshot_every)
         v = replan_verdict(self.cluster, self.cfg.model_spec, self.train, self.plan, chip, factor, watch.step_s(),
                            self.cfg.steps - step, watch.first_at - self.born, redo)
         return {"stage": k, "chip": chip, "slowdown": round(factor, 3), "step": step, **v,
@@ -309,7 +313,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
                                                   **({"memory_refused": fallback} if fallback else {}),
                                                   **{k: round(v, 3) for k, v in ph.items()}))
     StragglerWatch.policy = StragglerReplan(cfg, slowed(live_cluster(cluster, chips), speeds), speeds, train, plan,
-                                            resume_step, born)
+                                            resume_step, born, snapshot_every)
     try:
         run_rank(cfg, plan, rank)
     except Exception as e:

@@ -99,3 +99,26 @@ def test_a_re_plan_pays_only_for_a_real_slowdown_and_enough_steps_left() -> None
     per_step = slow["gain_s"] / 1000
     few = int(slow["cost_s"] / per_step)
     assert not verdict(10.0, few)["replan"] and verdict(10.0, few + 1)["replan"]
+
+
+def test_a_restarts_cost_counts_the_steps_since_the_newest_snapshot_not_the_disk_checkpoint(tmp_path) -> None:
+    """The steps a straggler re-plan trains again, judged at step 9 with the newest disk checkpoint at step 4:
+    without snapshots 5 (steps 5-9); with a snapshot every step 1 (step 8's is held: only step 9 is lost); every
+    3 steps, 3 (step 6's). In this process: HeteroAuto's plan for two-cpu's chips, a checkpoint directory."""
+    import time as _time
+
+    from heteropp.engine.elastic import StragglerReplan, live_cluster, replan
+    from heteropp.engine.straggler import StragglerWatch
+    from heteropp.spec import load_cluster
+    cluster = live_cluster(load_cluster(TWO_CPU), ["big", "big", "small", "small"])
+    train = {"global_batch": 8, "micro_batch_size": 1, "dtype": "fp32", "schedule": "1f1b"}
+    plan = replan(cluster, PRESETS["tiny"], train)
+    ck = tmp_path / "ck" / "step-00000004"
+    ck.mkdir(parents=True)
+    (ck / "trainer.json").write_text("{}")
+    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(PRESETS["tiny"]), steps=40,
+                    options={"checkpoint_dir": str(ck.parent)})
+    k = next(i for i, s in enumerate(plan.stages) if s.chip == "small")
+    for every, redo in ((0, 5), (1, 1), (3, 3)):
+        policy = StragglerReplan(cfg, cluster, {}, train, plan, 0, _time.time(), every)
+        assert policy.judge(StragglerWatch(plan), {k: 3.0}, 9)["redo_steps"] == redo, every
