@@ -23,7 +23,7 @@ from .space import divisors, tp_counts, tp_sizes
 from .split import best_split
 from .stageopts import stage_opts
 
-MAX_SEQUENCES = 3_000  # stage sequences over every dp at most (a bound counted first); beyond, none (~0.2 ms each)
+MAX_SEQUENCES = 3_000  # stage sequences over every dp at most (a bound counted first); beyond, none (~0.1-0.2 ms each)
 MAX_STAGES = 16  # stages per replica beyond which the count is not even taken
 KEEP = 64  # plans by objective handed to the re-rank
 
