@@ -4,9 +4,10 @@ scalars when `torch.utils.tensorboard` can be imported.
 
 Fields: time (seconds since the epoch when the step ended), loss, lr, grad_norm (null unless clipping computes
 it), step_s, tokens_per_s, mfu (model FLOPs per second over the plan's summed peak, when the cluster spec
-gives peaks), peak_memory_gb (per stage: the largest of its ranks' peaks: the accelerator's allocator peak, or
-on CPU the process's peak resident set above what it held before the stage was built: the interpreter, torch
-and the process groups are what a chip's memory reserve covers, not the stage) and skipped and loss_scale
+gives peaks), peak_memory_gb (per stage: the largest of its ranks' peaks of tensor memory above what the rank held
+before the stage was built: the accelerator's allocator peak, on CPU the same figure from ditorch's counting layer
+over torch's CPU allocator, or, without it, the process's peak resident set; the interpreter, torch, the process
+groups and the C heap's free lists are what a chip's memory reserve covers, not the stage) and skipped and loss_scale
 (fp16: steps the loss scaler skipped so far, the scale of the next step)."""
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ditorch import cpu_memory
 
 from ..plan import Plan
 from ..spec import ModelSpec
@@ -32,6 +34,7 @@ def model_flops(m: ModelSpec, tokens: int) -> float:
 
 
 _rss_before_stage = 0.0
+_allocated_before_stage = 0
 
 
 def resident_bytes() -> float:
@@ -45,16 +48,27 @@ def resident_bytes() -> float:
 
 def mark_stage_start() -> None:
     """Call right before the stage's model is built: CPU peaks are counted from here."""
-    global _rss_before_stage
+    global _rss_before_stage, _allocated_before_stage
     _rss_before_stage = resident_bytes()
+    if cpu_memory.install():
+        cpu_memory.reset_peak()
+        _allocated_before_stage = cpu_memory.allocated()
 
 
-def _peak_bytes(device: torch.device) -> float:
+def peak_bytes(device: torch.device) -> float:
     if device.type != "cpu":
         try:
             return float(torch.accelerator.max_memory_allocated(device))  # type: ignore[attr-defined]
         except Exception:
             pass
+    if cpu_memory.active():
+        return max(0.0, float(cpu_memory.peak() - _allocated_before_stage))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
+    return max(0.0, peak - _rss_before_stage)
+
+
+def peak_resident_bytes() -> float:
+    """This process's peak resident set above what it held before the stage was built (CPU's other figure)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
     return max(0.0, peak - _rss_before_stage)
 
@@ -62,7 +76,7 @@ def _peak_bytes(device: torch.device) -> float:
 def stage_peaks(g: Groups, plan: Plan, stage: int, contributes: bool) -> list[float]:
     """Each stage's peak memory in GB, gathered on every rank (one small MAX all-reduce over the world)."""
     v = torch.zeros(plan.devices, dtype=torch.float64)
-    v[stage] = _peak_bytes(g.device) / 1e9
+    v[stage] = peak_bytes(g.device) / 1e9
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(v, op=dist.ReduceOp.MAX)
     return v.tolist()

@@ -1,6 +1,7 @@
 """Decoder layer: RMSNorm, rotary embeddings, grouped-query attention and SwiGLU, sharded over a TP group."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -10,6 +11,31 @@ from ..spec import ModelSpec
 from .init import full_init
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .parallel import TPGroup, copy_to_tp
+
+
+class _RMSNorm(torch.autograd.Function):
+    """weight * (x * rsqrt(mean(x^2) + eps)) with the normalisation in fp32, as transformers' LLaMA computes it,
+    keeping for backward only the input and one fp32 scale per row (autograd's own graph of these operations
+    keeps the input, the fp32 normalised rows and the output: 3 copies of the row where Megatron's accounting,
+    and HeteroAuto's memory model, count 2 with the next layer's saved input)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        h = x.float()
+        rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (h * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        h = x.float()
+        n = h * rstd
+        grad_w = (g * n.to(x.dtype)).reshape(-1, g.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
+        gn = (g * weight).float()  # the gradient of the fp32 normalised rows
+        # d/dh of h * (mean(h^2) + eps)^-1/2: rstd * (gn - n * mean(gn * n))
+        grad_x = (rstd * (gn - n * (gn * n).mean(-1, keepdim=True))).to(x.dtype)
+        return grad_x, grad_w, None
 
 
 class RMSNorm(nn.Module):
@@ -22,17 +48,26 @@ class RMSNorm(nn.Module):
         self.weight.shard_dim = None  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return _RMSNorm.apply(x, self.weight, self.eps)
+
+
+@functools.lru_cache(maxsize=16)
+def _angles(s: int, d: int, theta: float, dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, computed once and shared by every layer (the multiplications keep
+    them for backward: one pair for the model, not a pair per layer and per micro-batch). Made outside
+    inference mode, so that a first call under it does not hand later training steps inference tensors."""
+    with torch.inference_mode(False):
+        freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d)
+        angles = torch.outer(torch.arange(s, dtype=torch.float32, device=device), freqs)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     """Rotate pairs (first half, second half) of each head by a position-dependent angle. x: [b, h, s, d].
     Angles in fp32, applied in x's dtype."""
     s, d = x.shape[-2], x.shape[-1]
-    freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).float() / d)
-    angles = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), freqs)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos, sin = _angles(s, d, float(theta), x.dtype, x.device)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -66,10 +101,29 @@ class Attention(nn.Module):
         k = self.wk(x, copied=True).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
         v = self.wv(x, copied=True).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
         q, k = rotary(q, self.theta), rotary(k, self.theta)
-        rep = self.heads // self.kv_heads  # each local kv head serves `rep` local query heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(b, s, self.heads * self.hd))
+        # each local kv head serves heads // kv_heads local query heads; the kernel reads them in place
+        # (expanding k and v first would keep expanded copies for backward)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                       enable_gqa=self.heads != self.kv_heads)
+        # [b, s, heads, hd] as a view of the attention's output, which the attention keeps for backward
+        # anyway: the projection keeps the same storage instead of a reshaped copy
+        return self.wo(y.transpose(1, 2))
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up keeping only gate and up for backward (silu is recomputed there); autograd's own graph
+    of the two operations also keeps silu(gate), a third tensor of the feed-forward width."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return nn.functional.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        # the operations autograd runs for silu(gate) * up, in the same order (the same rounding)
+        return torch.ops.aten.silu_backward(g * up, gate), g * nn.functional.silu(gate)
 
 
 class FeedForward(nn.Module):
@@ -85,7 +139,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp(x, self.tp)
-        return self.down(nn.functional.silu(self.gate(x, copied=True)) * self.up(x, copied=True))
+        return self.down(_SwiGLU.apply(self.gate(x, copied=True), self.up(x, copied=True)))
 
 
 class Block(nn.Module):

@@ -41,7 +41,7 @@ class WeightGradStore:
 
 
 def _accumulate(w: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
-    accumulate_linear(w, g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1]))
+    accumulate_linear(w, g.reshape(-1, g.shape[-1]), x.reshape(-1, w.shape[-1]))
 
 
 def _accumulate_bias(b: torch.Tensor, g: torch.Tensor) -> None:
@@ -49,7 +49,10 @@ def _accumulate_bias(b: torch.Tensor, g: torch.Tensor) -> None:
 
 
 class _Linear(torch.autograd.Function):
-    """y = x W^T (+ b); backward computes dx now and dW (db) now or later (when a WeightGradStore is open)."""
+    """y = x W^T (+ b); backward computes dx now and dW (db) now or later (when a WeightGradStore is open).
+
+    x may end in two dimensions that together are the input features ([b, s, heads, head_dim], a transposed
+    view of the attention's output): it is kept for backward as given, so no reshaped copy outlives the call."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,6 +60,8 @@ class _Linear(torch.autograd.Function):
         # The parameters themselves, not their saved copies: under checkpointing saved tensors come back as
         # aliases, and a gradient put on an alias would be lost.
         ctx.param, ctx.bias = w, b
+        if x.shape[-1] != w.shape[-1]:
+            x = x.flatten(-2)
         # addmm as nn.Linear does it (the same kernel and rounding as transformers' projections)
         return x @ w.t() if b is None else torch.nn.functional.linear(x, w, b)
 
@@ -74,7 +79,7 @@ class _Linear(torch.autograd.Function):
             weight_grads()
         else:
             store.queue.append(weight_grads)
-        return g @ w, None, None
+        return (g @ w).view(x.shape), None, None
 
 
 class _ParallelLinear(nn.Module):

@@ -64,3 +64,52 @@ def test_the_state_a_stage_holds_is_what_heteroauto_counts(dtype: str, tp: int, 
     # ZeRO pads the flat buffers to a multiple of dp elements: a few bytes
     assert held == pytest.approx(predicted, rel=2e-3), (
         f"{dtype} tp {tp} dp {dp} {where}: the stage holds {held} bytes, the memory model counts {predicted:.0f}")
+
+
+def _saved_bytes(chunk: StageModel, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps for backward over one forward of `chunk`: activations
+    only (parameters and constants, leaves that need no gradient, apart)."""
+    params = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in params and not (t.is_leaf and not t.requires_grad):
+            kept[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = chunk(x)
+    del y
+    return sum(kept.values())
+
+
+SAVED_MODELS = {
+    "gqa": ModelSpec("gqa", layers=4, hidden=128, heads=8, kv_heads=2, ffn=344, vocab=512, seq_len=32),
+    "mha-bias": ModelSpec("mha", layers=4, hidden=128, heads=4, kv_heads=4, ffn=256, vocab=512, seq_len=32,
+                          qkv_bias=True),
+}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(SAVED_MODELS))
+def test_what_a_layer_keeps_for_backward_is_what_heteroauto_counts(name: str, dtype: str, recompute: bool) -> None:
+    """A layer's activations kept for backward (found by torch's saved-tensor hooks) equal the memory model's
+    activation bytes (checkpoint bytes under recompute) within the few bytes per row the model leaves out
+    (the attention's log-sum-exp, the norms' scales). The engine used to keep 46% more (fp32, 63% in bf16):
+    the norms' fp32 rows and outputs, expanded key/value heads, a reshaped copy of the attention output and
+    silu(gate), all of which autograd's own graph of those operations keeps."""
+    m = SAVED_MODELS[name]
+    torch_dtype = TORCH_DTYPES[dtype]
+    layers = 2
+    chunk = StageModel(m, range(1, 1 + layers), TPGroup(rank=0, size=1), seed=0, first=False, last=False,
+                       recompute=recompute).to(dtype=torch_dtype)
+    x = torch.randn(2, m.seq_len, m.hidden, dtype=torch_dtype, requires_grad=True)
+    _saved_bytes(chunk, x)  # once first: the rotary angles are computed and cached for every later forward
+    kept = _saved_bytes(chunk, x)
+    tokens, nb = 2 * m.seq_len, torch_dtype.itemsize
+    per_layer = (m.checkpoint_bytes if recompute else m.activation_bytes)(tokens, 1, nb)
+    assert kept == pytest.approx(layers * per_layer, rel=0.01), (
+        f"{name} {dtype} recompute={recompute}: {layers} layers keep {kept} bytes for backward, the memory model "
+        f"counts {layers * per_layer:.0f}")

@@ -89,3 +89,36 @@ def test_malformed_action_lists_are_rejected_before_running(actions, error) -> N
     p = plan([(1, 2, False), (1, 2, False)], micro_batches=2)
     with pytest.raises(ScheduleError, match=error):
         compile_schedule(p, actions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_norm_and_swiglu_gradients_equal_autograds_of_the_plain_formulas(dtype: torch.dtype) -> None:
+    """The layer's RMSNorm and SwiGLU keep less for backward than autograd's graph of the same operations
+    would; their gradients are still those of the plain formulas, by autograd, within rounding (the norm
+    normalises in fp32 whatever the input's dtype, as transformers' LLaMA does; SwiGLU bit for bit)."""
+    from heteropp.model.layers import RMSNorm, _SwiGLU
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, dtype=dtype, requires_grad=True)
+    norm = RMSNorm(16, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    g = torch.randn(3, 5, 16, dtype=dtype)
+
+    def plain_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+
+    got = torch.autograd.grad(norm(x), (x, norm.weight), g)
+    want = torch.autograd.grad(plain_norm(x, norm.weight), (x, norm.weight), g)
+    tol = {torch.float64: 1e-6, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    gate, up = torch.randn(4, 24, dtype=dtype, requires_grad=True), torch.randn(4, 24, dtype=dtype, requires_grad=True)
+    h = torch.randn(4, 24, dtype=dtype)
+    got = torch.autograd.grad(_SwiGLU.apply(gate, up), (gate, up), h)
+    want = torch.autograd.grad(torch.nn.functional.silu(gate) * up, (gate, up), h)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same operations in the same order
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(_SwiGLU.apply, (gate, up))
