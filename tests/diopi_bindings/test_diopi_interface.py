@@ -11,7 +11,7 @@ from diopi_testlib import METADATA_C, compile_c_library
 
 from diopi_bindings import gen_header
 from diopi_bindings.abi import ABI_VERSION, INCLUDE_DIR
-from diopi_bindings.device_memory import SIGNATURES
+from diopi_bindings.device_memory import SIGNATURES, STREAM_FUNCTIONS
 from diopi_bindings.library import DiopiLibrary
 from diopi_bindings.schema import INPUT_KINDS, OPS, OUTPUT_KINDS
 
@@ -51,7 +51,8 @@ def test_reference_library_exports_the_whole_schema(reference_path):
     if exported.returncode == 0:
         names = {line.split()[-1] for line in exported.stdout.splitlines() if line.split()[-2] in ("T", "W")}
         assert {n for n in names if n.startswith("diopi_")} == {op.symbol for op in OPS} | {
-            "diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "diopi_last_error"} | set(SIGNATURES)
+            "diopi_abi_version", "diopi_vendor_name", "diopi_impl_version", "diopi_last_error"} | set(SIGNATURES) | set(
+            STREAM_FUNCTIONS)
 
 
 def test_a_library_may_implement_any_subset(tmp_path):
