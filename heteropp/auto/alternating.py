@@ -153,31 +153,15 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
         reach.append(reach[-1] + hop[i - 1] + fs[i])
 
     waits = _drain_waits(fs, bs, ws, es, lats, spans, b, held)
+    flight = [min(sp, b) for sp in spans]  # n_i
+    fb = [f + x for f, x in zip(fs, bs)]
+    drain_down = [(n - 1) * below[i] for i, n in enumerate(flight)]
 
-    def tail(i: int, x: int) -> float:
-        """From the end of stage i's forward x (x >= n_i - 1) to the end of its last backward: stage i
-        alternates its backward x - n_i + 1 (and a weight pass from backward held[i] on) with forwards up
-        to b - 1, then drains n_i backwards, the last one after the round trip of forward b - 1 through the
-        later stages (r_i)."""
-        n = min(spans[i], b)
-        if x < n - 1 or x > b - 1:
-            return -math.inf
-
-        def weights(lo: int, hi: int) -> int:  # backwards y in lo..hi followed by a weight pass (y >= held)
-            return max(0, hi - max(lo, held[i]) + 1)
-
-        alt = (b - 1 - x) * (fs[i] + bs[i]) + weights(x - n + 1, b - 1 - n) * ws[i]
-        return alt + waits[i] + bs[i]
-
-    def tail_down(i: int, x: int) -> float:
-        """As tail, but from backward b - n_i (right after forward b - 1) the drain's flow shop down to the
-        end of stage 0's last backward."""
-        n = min(spans[i], b)
-        if x < n - 1 or x > b - 1:
-            return -math.inf
-        alt = (b - 1 - x) * (fs[i] + bs[i]) + max(0, b - 1 - n - max(x - n + 1, held[i]) + 1) * ws[i]
-        return alt + bs[i] + (n - 1) * below[i] + post[i]
-
+    # A stage i reached by stage k's forward x (x >= n_i - 1) runs to the end of its last backward: it
+    # alternates its backward x - n_i + 1 (and a weight pass from backward held[i] on) with forwards up to
+    # b - 1, then drains n_i backwards, the last one after the round trip of forward b - 1 through the later
+    # stages (waits[i]): "tail". Or, from backward b - n_i (right after forward b - 1), its drain goes down
+    # to stage 0's last backward as a flow shop: "tail down". Both start with the same alternation term.
     for k in range(p - 1):
         if b <= spans[k]:
             continue
@@ -191,11 +175,12 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j (the
             # last cycle's backward leg passes them all; without a cycle, only stage k's own steps count)
             paced = range(k, j + 1) if n else range(k, k + 1)
-            t += max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
+            pace = max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
+            t += pace
             yield k, t, (k, j, -1, False)
             q = min(spans[k], b) - 1  # or stage k's own steps up to its drain, whose flow shop goes down
             if k and q and b - 1 - q > n * d:
-                t -= max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
+                t -= pace
                 yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], (k, j, -1, True)
             # or after m <= n cycles stage k's next forward y = m d + n_k leaves the cycle for a stage i
             # beyond k, whose own steps and drain follow (a slow link's cycles, then the later stages'
@@ -210,8 +195,16 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
                 lead = first_back[k] + m * cycle + max(0, m - -(-held[k] // d)) * ws[k]
                 lead += (ws[k] if m * d >= held[k] else 0.0) + fs[k] - reach[k]
                 for i in range(k + 1, p):
-                    yield i, lead + reach[i] + tail(i, x), (k, j, i, False)
-                    yield 0, lead + reach[i] + tail_down(i, x), (k, j, i, True)
+                    # tail and tail down (above) written out, not called: O(p^3) of them make most of a long
+                    # plan's estimate. Where x is out of stage i's range neither exists (-inf, which no
+                    # reader takes): not yielded
+                    ni = flight[i]
+                    if x < ni - 1 or x > b - 1:
+                        continue
+                    alt = (b - 1 - x) * fb[i] + max(0, b - 1 - ni - max(x - ni + 1, held[i]) + 1) * ws[i]
+                    at = lead + reach[i]
+                    yield i, at + (alt + waits[i] + bs[i]), (k, j, i, False)
+                    yield 0, at + (alt + bs[i] + drain_down[i] + post[i]), (k, j, i, True)
 
 
 def _round_trip_list(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
