@@ -1,11 +1,12 @@
 // Direct all_reduce: a reduce-scatter in which every rank pulls its own block's chunks straight
 // from each peer and reduces them, chained into an all-gather in which every rank pulls each
 // owner's reduced chunks into place. Over shared memory with cross-memory attach the receiver
-// copies out of the sender's buffer, so each byte crosses memory as often as the bound in
-// docs/benchmarks.md allows: foreign chunks land in cache-sized scratch and are summed there, the
-// owner writes its result once, the others copy it once. There are two dependent stages instead
-// of the ring's 2(p - 1), so a rank that is not running delays its peers by one chunk, not a ring
-// step; and the data a rank contributes is read by its peers whether it runs or not.
+// copies out of the sender's buffer, so each byte crosses memory as often as the bound of
+// algorithms that pull their results (docs/benchmarks.md) allows: foreign chunks land in
+// cache-sized scratch and are summed there, the owner writes its result once, the others copy it
+// once. There are two dependent stages instead of the ring's 2(p - 1), and the data a rank
+// contributes is read by its peers whether it runs or not. Not the default: on a 2-core host it
+// was no faster than the ring (docs/architecture.md).
 //
 // Every element is reduced in rank order (x0 op x1 op ... op x(p-1)), so every rank holds the
 // same bits whatever the operation.
