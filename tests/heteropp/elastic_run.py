@@ -124,6 +124,11 @@ class ElasticRun:
         assert sorted(got) == list(range(1, self.steps + 1)), sorted(got)
         return got
 
+    def stop(self) -> dict[int, float]:
+        """Stops the run (the launcher takes its hosts down); returns its losses by step, the latest line of each."""
+        self.close()
+        return {r["step"]: r["loss"] for r in lines(self.log)}
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()  # the launcher takes its hosts down
@@ -145,7 +150,13 @@ class ElasticRun:
         hand = self.tmp / f"hand-{rnd['round']}"
         hand.mkdir()
         if start:  # else the round started afresh
-            shutil.copytree(self.ck / f"step-{start:08d}", hand / f"step-{start:08d}")
+            # the run's checkpoint of that step; a round resumed from a memory snapshot of a step whose disk
+            # checkpoint never completed (a restart came first) starts from the by-hand run of the round before,
+            # which ended at that step and saved it
+            src = self.ck / f"step-{start:08d}"
+            if not (src / "trainer.json").exists():
+                src = next(self.tmp.glob(f"hand-*/step-{start:08d}"))
+            shutil.copytree(src, hand / f"step-{start:08d}")
         plan = Plan.load(self.ck / f"plan-round{rnd['round']}.json")
         log = hand / "loss.jsonl"
         # up to `upto` only: the learning rate is constant, so the run's length changes no step before it

@@ -24,7 +24,9 @@ from heteropp.spec import PRESETS
 from .elastic_run import ElasticRun
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, EVERY = 40, 4
+# a run too long to end while the returned host starts (its agent imports torch: 10-30 s); the test stops it
+# once round 3 has trained a few steps (the learning rate is constant: a longer run changes no step before)
+STEPS, EVERY = 1000, 4
 
 
 def _events(path: Path) -> list[dict]:
@@ -36,7 +38,6 @@ def _losses(path: Path) -> dict[int, float]:
 
 
 def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp_path) -> None:
-    # enough steps that round 2 is still training when the restarted agent (seconds to import torch) joins
     run = ElasticRun(tmp_path, steps=STEPS, every=EVERY, snapshot_every=EVERY)
     run.wait_step(EVERY + 1)  # right after a save's next step: the worst moment for work lost
     killed_step = max(r["step"] for r in run.steps_logged())
@@ -55,16 +56,19 @@ def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp
     run.wait_step(second["resume_from"] + EVERY + 1, after=second["time"])
     back = run.restart(small, chip="big")  # the same host, its chips now read as `big`
     third = run.wait_round(back)
-    got = run.finish()
+    last = third["resume_from"] + 3
+    run.wait_step(last, after=third["time"])
+    got = run.stop()
+    assert sorted(got)[:last] == list(range(1, last + 1))
     assert [r["chips"] for r in run.rounds()] == [{"big": 2, "small": 2}, {"big": 2}, {"big": 4}]
     assert third["resume_source"] == "memory", third
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{second['round']}.json").stages} == {"big"}
     # the re-plan counted the returned chips as `big` (the cluster spec's numbers for that type)
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{third['round']}.json").stages} == {"big"}
     run.check_by_hand(second, got, upto=third["resume_from"])
-    run.check_by_hand(third, got)
-    want = train_reference(PRESETS["tiny"], STEPS, 8, verbose=False)["losses"]
-    mre = sum(abs(got[s] - w) / w for s, w in enumerate(want, 1)) / STEPS
+    run.check_by_hand(third, got, upto=last)
+    want = train_reference(PRESETS["tiny"], last, 8, verbose=False)["losses"]
+    mre = sum(abs(got[s] - w) / w for s, w in enumerate(want, 1)) / last
     assert mre < 0.015, mre
 
 
