@@ -228,6 +228,8 @@ class RoundHooks:
                 log.warning("snapshot of step %d to %s: %s", header["step"], addr, e)
 
     def wait(self) -> None:
+        """Until this rank's snapshot in flight is sent: worker.train calls it before the step's all-reduce over
+        every rank (the straggler watch's), so a snapshot of step s is whole before step s + 1 is logged."""
         if self.pending is not None:
             self.pending.result()
             self.pending = None

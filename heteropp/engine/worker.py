@@ -126,6 +126,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                 dist.all_reduce(total, group=g.dp)
             loss = total.item()
         peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log else None
+        if hooks is not None:
+            hooks.wait()  # the previous step's snapshot is sent before the all-reduce below lets this step count
         slow = watch.observe(k, ex.compute_s, d == 0 and t == 0)
         if ckpt is not None:
             ckpt.settle()  # the previous step's checkpoint is complete before this step counts as done
