@@ -15,6 +15,7 @@ times the round's phases for elastic.jsonl.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import socket
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import Checkpointer, Slot
-from .snapshot_keeper import KINDS, read_frame, token, write_frame
+from .snapshot_keeper import KINDS, new_nonce, proof, read_frame, write_frame
 
 log = logging.getLogger("heteropp")
 CONNECT_S = 2.0  # a keeper that does not answer within this is taken for gone
@@ -35,14 +36,20 @@ MAX_REPLY = 1 << 40
 
 def ask(addr: str, header: dict[str, Any], payload: bytes = b"",
         timeout: float = 30.0) -> tuple[dict[str, Any], bytearray]:
-    """One request to the keeper at ADDR:PORT; raises OSError if it is unreachable, RuntimeError if it refuses."""
+    """One request to the keeper at ADDR:PORT; raises OSError if it is unreachable, RuntimeError if it refuses or
+    cannot prove it holds the job's key (then nothing it sent is used)."""
     host, _, port = addr.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=CONNECT_S) as s:
         s.settimeout(timeout)
-        write_frame(s, {**header, "token": token()}, payload)
+        hello, _ = read_frame(s, 0)
+        theirs, mine = str(hello.get("nonce", "")), new_nonce()
+        write_frame(s, {**header, "nonce": mine, "proof": proof("rank", theirs, mine)}, payload)
         reply, data = read_frame(s, MAX_REPLY)
     if not reply.get("ok"):
         raise RuntimeError(f"snapshot keeper {addr}: {reply.get('error')}")
+    if not hmac.compare_digest(str(reply.get("proof", "")), proof("keeper", theirs, mine)):
+        raise RuntimeError(f"snapshot keeper {addr} did not prove it holds this job's key (DICOMM_JOB_SECRET): "
+                           f"its reply is not used")
     return reply, data
 
 

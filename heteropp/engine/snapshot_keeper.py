@@ -12,6 +12,14 @@ holds bytes only. The wire format, one frame per message, both ways:
 
     b"HPSK" | header length (u32, big-endian) | payload length (u64) | header (a JSON object, UTF-8) | payload
 
+A connection starts with the keeper's hello frame (`nonce`, 16 random bytes in hex). A rank's first request
+carries its own `nonce` and `proof` = HMAC-SHA256(job key, "rank" | keeper nonce | rank nonce), checked before
+the request's payload is read (an unauthenticated peer cannot make a keeper read or hold its bytes); every reply
+carries the keeper's `proof` = HMAC-SHA256(job key, "keeper" | keeper nonce | rank nonce), which the rank checks
+before it believes a snapshot (a process that does not know the key cannot pose as a keeper and hand out
+state). The job key is derived from `DICOMM_JOB_SECRET`; without a secret both proofs are empty and any local
+process can talk to a keeper.
+
 Requests (header `op`): `put` (a rank's state after a step: `round`, `round_t`, `step`, `rank`, `ranks`, `meta`
 and `pieces`, each piece naming its place in the payload), `index` (every snapshot held, pieces without
 bytes) and `get` (some pieces of one rank's snapshot, their bytes as the payload). Nothing in a frame is trusted
@@ -51,10 +59,22 @@ class ProtocolError(ValueError):
     """A frame that is not one this protocol writes."""
 
 
-def token() -> str:
-    """What a rank shows a keeper: derived from the job's secret (empty without one)."""
+def job_key() -> bytes:
+    """The key both sides prove they hold: derived from the job's secret (empty without one)."""
     secret = os.environ.get(TOKEN_ENV, "")
-    return hashlib.sha256(b"heteropp-snapshot:" + secret.encode()).hexdigest() if secret else ""
+    return hashlib.sha256(b"heteropp-snapshot:" + secret.encode()).digest() if secret else b""
+
+
+def proof(role: str, keeper_nonce: str, rank_nonce: str) -> str:
+    """HMAC of the role and both nonces under the job key ("" without a secret)."""
+    key = job_key()
+    if not key:
+        return ""
+    return hmac.new(key, f"{role}|{keeper_nonce}|{rank_nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def new_nonce() -> str:
+    return os.urandom(16).hex()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -92,9 +112,14 @@ def parse_header(raw: bytes | bytearray) -> dict[str, Any]:
     return header
 
 
-def read_frame(sock: socket.socket, max_payload: int) -> tuple[dict[str, Any], bytearray]:
+def read_head(sock: socket.socket, max_payload: int) -> tuple[dict[str, Any], int]:
+    """A frame's header and its payload's length (not read yet)."""
     hlen, plen = parse_prefix(bytes(_recv_exact(sock, PREFIX.size)), max_payload)
-    header = parse_header(_recv_exact(sock, hlen))
+    return parse_header(_recv_exact(sock, hlen)), plen
+
+
+def read_frame(sock: socket.socket, max_payload: int) -> tuple[dict[str, Any], bytearray]:
+    header, plen = read_head(sock, max_payload)
     return header, _recv_exact(sock, plen)
 
 
@@ -210,17 +235,25 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         store: Store = self.server.store  # type: ignore[attr-defined]
         sock: socket.socket = self.request
+        mine = new_nonce()
+        self.answer, authed = "", False  # the keeper's proof, once the rank has proved itself
+        self._reply(sock, {"ok": True, "nonce": mine})
         while True:
             try:
-                h, payload = read_frame(sock, store.max_bytes)
+                h, plen = read_head(sock, store.max_bytes)
+                if not authed:  # the first request: proved before its payload is read
+                    theirs = h.get("nonce")
+                    if not isinstance(theirs, str) or not hmac.compare_digest(str(h.get("proof", "")),
+                                                                             proof("rank", mine, theirs)):
+                        raise ProtocolError("wrong proof: not a rank of this keeper's job (DICOMM_JOB_SECRET)")
+                    self.answer, authed = proof("keeper", mine, theirs), True
+                payload = _recv_exact(sock, plen)
             except (ConnectionError, OSError):
                 return
             except ProtocolError as e:
                 self._reply(sock, {"ok": False, "error": str(e)})
                 return  # the stream cannot be trusted past a bad frame
             try:
-                if not hmac.compare_digest(str(h.get("token", "")), token()):
-                    raise ProtocolError("wrong token: not a rank of this keeper's job")
                 op = h.get("op")
                 if op == "put":
                     store.put(h, payload)
@@ -234,10 +267,9 @@ class _Handler(socketserver.BaseRequestHandler):
             except ProtocolError as e:
                 self._reply(sock, {"ok": False, "error": str(e)})
 
-    @staticmethod
-    def _reply(sock: socket.socket, header: dict[str, Any], payload: bytes = b"") -> None:
+    def _reply(self, sock: socket.socket, header: dict[str, Any], payload: bytes = b"") -> None:
         try:
-            write_frame(sock, header, payload)
+            write_frame(sock, {**header, "proof": self.answer} if self.answer else header, payload)
         except OSError:
             pass
 

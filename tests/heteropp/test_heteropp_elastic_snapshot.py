@@ -13,6 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -193,10 +194,17 @@ def test_fuzzed_frames_are_refused_with_protocol_errors_only() -> None:
 
 
 def _raw(addr: str, data: bytes) -> dict:
+    """Send raw bytes after the keeper's hello; its first answer."""
     host, _, port = addr.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
+        assert "nonce" in read_frame(s, 0)[0]
         s.sendall(data)
         return read_frame(s, 1 << 20)[0]
+
+
+def _frame(header: dict, payload_len: int = 0) -> bytes:
+    h = json.dumps({"nonce": "n", "proof": "", **header}).encode()  # no secret: the proofs are empty
+    return PREFIX.pack(MAGIC, len(h), payload_len) + h
 
 
 def test_a_keeper_answers_a_bad_frame_with_its_reason_and_goes_on(keepers) -> None:
@@ -206,18 +214,53 @@ def test_a_keeper_answers_a_bad_frame_with_its_reason_and_goes_on(keepers) -> No
     assert "exceeds the limit" in _raw(k.addr, PREFIX.pack(MAGIC, 2, 1 << 62))["error"]
     h = b'{"op": "put"'
     assert "not JSON" in _raw(k.addr, PREFIX.pack(MAGIC, len(h), 0) + h)["error"]
-    h = json.dumps({"op": "put", "round": "r", "round_t": 0, "step": 1, "rank": 0, "ranks": 1, "meta": None,
-                    "pieces": [{"key": "w", "kind": "master", "dtype": "float32", "shape": [4], "full": [4],
-                                "dim": None, "start": 0, "offset": 8, "nbytes": 16}]}).encode()
-    assert "outside a payload of 16" in _raw(k.addr, PREFIX.pack(MAGIC, len(h), 16) + h + bytes(16))["error"]
-    h = json.dumps({"op": "index", "token": "0" * 64}).encode()
-    assert "wrong token" in _raw(k.addr, PREFIX.pack(MAGIC, len(h), 0) + h)["error"]
+    put = {"op": "put", "round": "r", "round_t": 0, "step": 1, "rank": 0, "ranks": 1, "meta": None,
+           "pieces": [{"key": "w", "kind": "master", "dtype": "float32", "shape": [4], "full": [4],
+                       "dim": None, "start": 0, "offset": 8, "nbytes": 16}]}
+    assert "outside a payload of 16" in _raw(k.addr, _frame(put, 16) + bytes(16))["error"]
+    assert "wrong proof" in _raw(k.addr, _frame({"op": "index", "proof": "0" * 64}))["error"]
     reply, _ = ask(k.addr, {"op": "index"})  # still serving
     assert reply["snapshots"] == []
     host, _, port = k.addr.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        write_frame(s, {"op": "nothing", "token": ""})
+        read_frame(s, 0)
+        write_frame(s, {"op": "nothing", "nonce": "n", "proof": ""})
         assert "unknown op 'nothing'" in read_frame(s, 1 << 20)[0]["error"]
+
+
+def test_keeper_and_rank_each_prove_the_job_key_before_any_state_moves(keepers, monkeypatch) -> None:
+    """With a job secret, a rank proves the key (HMAC over both nonces) before the keeper reads a byte of its
+    payload, and the keeper proves it back before a rank believes what it hands out. Before, a keeper read a
+    whole frame (up to --max-bytes) before looking at a token sent in clear, and a rank trusted any listener."""
+    monkeypatch.setenv("DICOMM_JOB_SECRET", "the job's secret")
+    (k,) = keepers(1)
+    assert ask(k.addr, {"op": "index"})[0]["snapshots"] == []  # the same secret: both proofs hold
+    # another secret: refused before the 1 GiB payload the frame announces is read (none is ever sent)
+    monkeypatch.setenv("DICOMM_JOB_SECRET", "another job's secret")
+    with pytest.raises(RuntimeError, match="wrong proof"):
+        ask(k.addr, {"op": "index"})
+    host, _, port = k.addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        read_frame(s, 0)
+        s.sendall(_frame({"op": "put", "proof": "0" * 64}, 1 << 30))
+        assert "wrong proof" in read_frame(s, 1 << 20)[0]["error"]
+    # a listener that does not know the key cannot pose as a keeper: its answer is not used
+    monkeypatch.setenv("DICOMM_JOB_SECRET", "the job's secret")
+    fake = socket.create_server(("127.0.0.1", 0))
+
+    def pose() -> None:
+        conn, _ = fake.accept()
+        with conn:
+            write_frame(conn, {"ok": True, "nonce": "abc"})
+            read_frame(conn, 1 << 20)
+            write_frame(conn, {"ok": True, "snapshots": [{"forged": True}], "proof": "f" * 64})
+
+    t = threading.Thread(target=pose, daemon=True)
+    t.start()
+    with pytest.raises(RuntimeError, match="did not prove it holds this job's key"):
+        ask(f"127.0.0.1:{fake.getsockname()[1]}", {"op": "index"})
+    t.join(timeout=10)
+    fake.close()
 
 
 @pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="1-2 min on 2 cores: HETEROPP_LONG_TESTS=1")
