@@ -75,6 +75,14 @@ def _read_events(cfg: RunConfig) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def chip_counts(cluster: Cluster, chips: list[str]) -> dict[str, int]:
+    """How many chips of each type are present, in the cluster spec's order (not the order the ranks arrived
+    in: a round's record must not depend on which host joined first)."""
+    counts = collections.Counter(chips)
+    known = [c.name for c in cluster.chips]
+    return {name: counts[name] for name in known + sorted(set(counts) - set(known)) if counts[name]}
+
+
 def live_cluster(cluster: Cluster, chips: list[str]) -> Cluster:
     """The cluster spec's chip types with the counts present (types with none dropped)."""
     counts = collections.Counter(chips)
@@ -273,7 +281,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
         # no plan fits what is left: the round fails before touching the checkpoint (the agents retry until
         # their restarts are spent or a host joins; `heteropp run --elastic` then reports this error)
         if world_rank == 0:
-            record(cfg, "no_plan", chips=dict(collections.Counter(chips)), error=decided[0]["error"])
+            record(cfg, "no_plan", chips=chip_counts(cluster, chips), error=decided[0]["error"])
         raise SystemExit(f"heteropp elastic: no plan for the chips present: {decided[0]['error']}")
     plan = Plan.from_dict(decided[0]["plan"])
     order = assign(plan, chips)
@@ -293,7 +301,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
         root = Path(cfg.opts.checkpoint_dir or ".")
         root.mkdir(parents=True, exist_ok=True)  # torchrun on a host: nothing made it before
         plan.save(root / f"plan-round{rounds}.json")
-        record(cfg, "round", round=rounds, started=round(started, 3), chips=dict(collections.Counter(chips)),
+        record(cfg, "round", round=rounds, started=round(started, 3), chips=chip_counts(cluster, chips),
                world=world,
                plan=describe(plan), ranks=plan.world_size, plan_s=round(decided[0]["plan_s"], 4),
                resume_from=resume_step,
