@@ -41,7 +41,7 @@ def _library() -> Any:
     import torch  # noqa: F401  (c10, which the library links, must be loaded first)
 
     lib = ctypes.CDLL(str(path))
-    for name in ("ditorch_cpu_memory_allocated", "ditorch_cpu_memory_peak", "ditorch_cpu_memory_allocations"):
+    for name in ("ditorch_cpu_memory_allocated", "ditorch_cpu_memory_peak"):
         getattr(lib, name).restype = ctypes.c_int64
     return lib
 
@@ -71,11 +71,6 @@ def allocated() -> int:
 def peak() -> int:
     """The largest `allocated()` since the layer was installed or the last `reset_peak()`."""
     return int(_library().ditorch_cpu_memory_peak()) if active() else 0
-
-
-def allocations() -> int:
-    """How many storages the layer has counted (a cheap check that it sees torch's allocations)."""
-    return int(_library().ditorch_cpu_memory_allocations()) if active() else 0
 
 
 def reset_peak() -> None:

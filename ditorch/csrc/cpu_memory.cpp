@@ -30,7 +30,6 @@ static_assert(sizeof(Header) <= kHeader, "the header must fit in front of the da
 
 std::atomic<std::int64_t> g_current{0};
 std::atomic<std::int64_t> g_peak{0};
-std::atomic<std::int64_t> g_allocations{0};
 
 void count_in(std::size_t n) {
   const auto now = g_current.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed) +
@@ -38,7 +37,6 @@ void count_in(std::size_t n) {
   auto peak = g_peak.load(std::memory_order_relaxed);
   while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 
 void release(void* data) {
@@ -73,8 +71,6 @@ class CountingCPUAllocator final : public c10::Allocator {
     default_copy_data(dest, src, count);
   }
 
-  c10::Allocator* inner() const { return inner_; }
-
  private:
   c10::Allocator* inner_;
 };
@@ -108,10 +104,6 @@ __attribute__((visibility("default"))) std::int64_t ditorch_cpu_memory_allocated
 
 __attribute__((visibility("default"))) std::int64_t ditorch_cpu_memory_peak() {
   return g_peak.load(std::memory_order_relaxed);
-}
-
-__attribute__((visibility("default"))) std::int64_t ditorch_cpu_memory_allocations() {
-  return g_allocations.load(std::memory_order_relaxed);
 }
 
 // The peak restarts from what is allocated now (torch.cuda.reset_peak_memory_stats's meaning).

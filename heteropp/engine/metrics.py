@@ -67,11 +67,6 @@ def peak_bytes(device: torch.device) -> float:
     return max(0.0, peak - _rss_before_stage)
 
 
-def peak_resident_bytes() -> float:
-    """This process's peak resident set above what it held before the stage was built (CPU's other figure)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
-    return max(0.0, peak - _rss_before_stage)
-
 
 def stage_peaks(g: Groups, plan: Plan, stage: int, contributes: bool) -> list[float]:
     """Each stage's peak memory in GB, gathered on every rank (one small MAX all-reduce over the world)."""

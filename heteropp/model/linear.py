@@ -60,8 +60,8 @@ class _Linear(torch.autograd.Function):
         # The parameters themselves, not their saved copies: under checkpointing saved tensors come back as
         # aliases, and a gradient put on an alias would be lost.
         ctx.param, ctx.bias = w, b
-        if x.shape[-1] != w.shape[-1]:
-            x = x.flatten(-2)
+        if x.dim() == 4 and x.shape[-1] != w.shape[-1] and x.shape[-2] * x.shape[-1] == w.shape[-1]:
+            x = x.flatten(-2)  # any other shape goes to the product as it is (and fails there if wrong)
         # addmm as nn.Linear does it (the same kernel and rounding as transformers' projections)
         return x @ w.t() if b is None else torch.nn.functional.linear(x, w, b)
 

@@ -122,3 +122,16 @@ def test_norm_and_swiglu_gradients_equal_autograds_of_the_plain_formulas(dtype: 
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same operations in the same order
     if dtype == torch.float64:
         assert torch.autograd.gradcheck(_SwiGLU.apply, (gate, up))
+
+
+def test_a_linear_takes_heads_as_its_input_features_only_from_a_4d_view() -> None:
+    """The output projection may take the attention's output as [b, s, heads, head_dim] (its last two dims are
+    the input features) and then equals nn.functional.linear of the flattened rows; an input whose last dim is
+    simply wrong is an error, never silently re-read as another shape."""
+    lin = RowParallelLinear(8, 3, TPGroup(rank=0, size=1), seed=0, layer=0, name="attn.wo", std=0.02)
+    heads = torch.randn(2, 5, 4, 2, requires_grad=True)
+    torch.testing.assert_close(lin(heads), torch.nn.functional.linear(heads.detach().reshape(2, 5, 8), lin.weight))
+    lin(heads).sum().backward()
+    assert heads.grad is not None and heads.grad.shape == heads.shape
+    with pytest.raises(RuntimeError):
+        lin(torch.randn(2, 2, 4))  # 2 x 4 = 8 features, but a 3-d input whose last dim is 4: a wrong shape
