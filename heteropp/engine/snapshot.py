@@ -99,6 +99,15 @@ def _region(p: dict[str, Any] | Slot, shape: list[int] | tuple[int, ...], dim: i
     return (start, start + shape[dim]) if own == dim else (0, full[dim])
 
 
+def _overlap(s: Slot, shape: list[int], p: dict[str, Any]) -> tuple[int | None, int, int, int, int]:
+    """(dim, lo, hi, lo_t, lo_p): where piece `p` and this rank's slot `s` (of `shape`) share values along the
+    dimension they are split on; hi <= lo when they share none."""
+    dim = s.dim if s.dim is not None else p["dim"]
+    lo_t, hi_t = _region(s, shape, dim)
+    lo_p, hi_p = _region(p, p["shape"], dim)
+    return dim, max(lo_t, lo_p), min(hi_t, hi_p), lo_t, lo_p
+
+
 class MemorySource:
     """A whole snapshot as Checkpointer.load's stand-in for `resume`: fills this rank's slices from the keepers."""
 
@@ -107,20 +116,23 @@ class MemorySource:
 
     def load(self, opt_state: dict[str, list[torch.Tensor]]) -> dict[str, Any]:
         snap = self.snap
-        need: dict[str, list[tuple[int, dict[str, Any]]]] = {}  # rank -> (index, piece) overlapping a slot here
+        need: dict[str, set[int]] = {}  # rank -> indices of its pieces that overlap a slot here
         by_key: dict[tuple[str, str], list[tuple[str, int]]] = {}
         for r, pieces in snap["pieces"].items():
             for i, p in enumerate(pieces):
                 by_key.setdefault((p["key"], p["kind"]), []).append((r, i))
-        wanted = {(s.key, kind) for s in self.slots for kind in KINDS}
-        for k in wanted:
-            if k not in by_key:
-                raise RuntimeError(f"the snapshot of step {snap['step']} has no {k[1]} of {k[0]}")
-            for r, i in by_key[k]:
-                need.setdefault(r, []).append((i, snap["pieces"][r][i]))
+        for sl in self.slots:
+            for kind in KINDS:
+                if (sl.key, kind) not in by_key:
+                    raise RuntimeError(f"the snapshot of step {snap['step']} has no {kind} of {sl.key}")
+                shape = list(opt_state[kind][sl.index].shape)
+                for r, i in by_key[(sl.key, kind)]:
+                    _, lo, hi, _, _ = _overlap(sl, shape, snap["pieces"][r][i])
+                    if hi > lo:
+                        need.setdefault(r, set()).add(i)
         got: dict[tuple[str, str], list[tuple[dict[str, Any], torch.Tensor]]] = {}
-        for r, items in need.items():
-            reply, data = self._fetch(r, [i for i, _ in items])
+        for r, indices in need.items():
+            reply, data = self._fetch(r, sorted(indices))
             for p in reply["pieces"]:
                 t = torch.frombuffer(data, dtype=torch.float32, count=p["nbytes"] // 4, offset=p["offset"]) \
                     if p["nbytes"] else torch.empty(0)
@@ -129,11 +141,8 @@ class MemorySource:
             for kind in KINDS:
                 target = opt_state[kind][s.index]
                 covered = 0
-                for p, t in got[(s.key, kind)]:
-                    dim = s.dim if s.dim is not None else p["dim"]
-                    lo_t, hi_t = _region(s, list(target.shape), dim)
-                    lo_p, hi_p = _region(p, p["shape"], dim)
-                    lo, hi = max(lo_t, lo_p), min(hi_t, hi_p)
+                for p, t in got.get((s.key, kind), []):
+                    dim, lo, hi, lo_t, lo_p = _overlap(s, list(target.shape), p)
                     if hi <= lo:
                         continue
                     if dim is None:

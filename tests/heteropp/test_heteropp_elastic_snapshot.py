@@ -114,12 +114,24 @@ def test_a_snapshot_of_one_plan_loads_onto_another_plans_slices(keepers) -> None
             put(k.addr, "roundA", 6, r, 2, slots_of(r, 2), whole)
     snap = choose([k0.addr, k1.addr], newer_than=4)
     assert snap is not None and snap["step"] == 6 and snap["meta"]["opt_step"] == 6
+    class Counted(MemorySource):  # the pieces a rank asks the keepers for
+        fetched: list[int] = []
+
+        def _fetch(self, rank, indices):  # type: ignore[no-untyped-def]
+            self.fetched.extend(indices)
+            return super()._fetch(rank, indices)
+
     for tp in (1, 4):  # plan B: each rank's slices of another TP size
         for r in range(tp):
             sl = slots_of(r, tp)
             state = {kind: [torch.full_like(s.param, float("nan")) for s in sl] for kind in KINDS}
-            meta = MemorySource(snap, sl).load(state)
+            src = Counted(snap, sl)
+            src.fetched = []
+            meta = src.load(state)
             assert meta["step"] == 6
+            # only what overlaps its slices: at TP 4 each split weight's quarter lies in one TP-2 half, the norm
+            # is on rank 0 alone: 3 parameters x 3 kinds (fetching every rank's piece of a key would be 15)
+            assert len(src.fetched) == (15 if tp == 1 else 9), (tp, r, src.fetched)
             for s in sl:
                 for kind in KINDS:
                     assert torch.equal(state[kind][s.index], local(s, whole[(s.key, kind)])), (tp, r, s.key, kind)
