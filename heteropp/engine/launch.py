@@ -30,4 +30,8 @@ def launch(cfg: RunConfig) -> dict[int, Any]:
     # environment of a fork server started by an earlier job): without one a process of the same user that
     # reads the store could take a rank's place. A secret the user set is kept.
     cfg = dataclasses.replace(cfg, job_secret=os.environ.get("DICOMM_JOB_SECRET") or secrets.token_hex(16))
+    # Large CPU tensors in transparent huge pages: dicomm's copies between ranks pin one page per 2 MiB
+    # instead of 512 (docs/benchmarks.md). torch reads this once, at a process's first allocation, so it
+    # goes into the environment the fork server and its ranks start from; a value the user set is kept.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     return elastic_launch(lc, worker)(cfg)

@@ -153,7 +153,23 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             "bytes_sent": dict(p2p.bytes_sent), "start_step": start,
             # which job secret this rank's backend used, as a digest (tests: fresh for every job)
             "secret_digest": hashlib.sha256(os.environ.get("DICOMM_JOB_SECRET", "").encode()).hexdigest()[:12],
+            # torch's huge-page allocator at work in this rank (launch sets THP_MEM_ALLOC_ENABLE)
+            "huge_page_tensors": _huge_pages_advised(torch.empty(1 << 20)),
             "skipped_steps": opt.scaler.skipped if opt.scaler else 0}
+
+
+def _huge_pages_advised(tensor: torch.Tensor) -> bool:
+    """Whether the mapping holding `tensor` is advised for transparent huge pages ("hg" in its VmFlags)."""
+    address, inside = tensor.data_ptr(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and not head.endswith(":"):  # a mapping's first line: "start-end perms ..."
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return "hg" in line.split()[1:]
+    return False
 
 
 def worker(cfg: RunConfig) -> dict[str, Any]:

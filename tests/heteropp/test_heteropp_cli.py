@@ -90,3 +90,17 @@ def test_every_heteropp_job_gets_its_own_dicomm_secret(monkeypatch) -> None:
         digests.append(seen.pop())
     empty = hashlib.sha256(b"").hexdigest()[:12]
     assert empty not in digests and digests[0] != digests[1]
+
+
+def test_heteropp_ranks_allocate_in_huge_pages(monkeypatch) -> None:
+    """dicomm's copies between ranks cost least when tensors are in transparent huge pages: `heteropp run`
+    sets THP_MEM_ALLOC_ENABLE=1 for its ranks unless the user set it (then the user's value holds)."""
+    from heteropp.engine import RunConfig, launch
+    from tests.heteropp.heteropp_helpers import MODEL, plan
+
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "")  # recorded, so the test's own setting is undone after it
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE")
+    p = plan([(1, 2, False), (1, 2, False)], micro_batches=2)
+    res = launch(RunConfig(plan=p.to_dict(), model=RunConfig.model_dict(MODEL), steps=1, backend="dicomm",
+                           chip_map={"A": "cpu", "B": "cpu"}))
+    assert [r[p.schedule]["huge_page_tensors"] for r in res.values()] == [True] * p.world_size
