@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .schedules.registry import NAMES, kind, params_error
 from .spec.errors import SpecError
+from .spec.placement import PlacementError, StageBlock, place
 
 SCHEDULES = NAMES  # every registered schedule (heteropp/schedules/registry.py)
 PLAN_VERSION = 2
@@ -135,10 +136,12 @@ class Plan:
 
     def validate(self, source: str = "<plan>", *, num_layers: int | None = None, heads: int | None = None,
                  kv_heads: int | None = None, ffn: int | None = None, vocab: int | None = None,
-                 world_size: int | None = None, available: Mapping[str, int] | None = None) -> "Plan":
+                 world_size: int | None = None, available: Mapping[str, int] | None = None,
+                 nodes: Mapping[str, Sequence[int]] | None = None) -> "Plan":
         """Raise SpecError naming the field for anything the engine could not run; the model counts given
-        are checked against each stage's TP size by the shared rule (tp_split_error), and `available`
-        (chips per type of the cluster the plan is for) against the chips the plan uses."""
+        are checked against each stage's TP size by the shared rule (tp_split_error), `available`
+        (chips per type of the cluster the plan is for) against the chips the plan uses, and `nodes` (each
+        type's node sizes, ChipType.node_sizes) against its TP groups: a TP group never spans nodes."""
         if not self.stages:
             raise SpecError(source, "stages", "empty", "at least one stage")
         for name, v in (
@@ -193,7 +196,19 @@ class Plan:
                             f"the world size {world_size}")
         if available is not None:
             self._check_chips(source, available)
+        if nodes is not None:
+            self.placement(nodes, source)
         return self
+
+    def placement(self, nodes: Mapping[str, Sequence[int]], source: str = "<plan>") -> list[list[int]]:
+        """Per stage (group of chips), the node of each of its TP groups (spec/placement.py), in replica order;
+        SpecError naming the stage whose TP group fits in no node of its type."""
+        blocks = [StageBlock(s.chip, s.tp, self.stage_dp(k)) for k, s in enumerate(self.stages[:self.devices])]
+        try:
+            return place(nodes, blocks)
+        except PlacementError as e:
+            raise SpecError(source, f"stages[{e.stage}].tp", str(e),
+                            "TP groups that fit in the chip type's nodes (a smaller tp, or fewer replicas)") from e
 
     def _check_chips(self, source: str, available: Mapping[str, int]) -> None:
         for i, s in enumerate(self.stages):

@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import Any, Iterator
 
+from ..spec import InfeasibleError
 from .costs import StageSpec, micro_batches, virtual_stages
 from .plan_sim import simulate_stages
 from .planning import Problem
@@ -58,7 +59,10 @@ def brute_force(pb: Problem, extended: bool = False) -> tuple[float, int, list[S
                     continue
                 stages = [replace(s, recompute=m0 > c) for s, m0, c in zip(plain, mems[0], caps)]
                 run = virtual_stages(stages, q["chunks"]) if "chunks" in q else stages
-                t = simulate_stages(cm, run, dp, sched, params=q).iteration_time_s
+                try:
+                    t = simulate_stages(cm, run, dp, sched, params=q).iteration_time_s
+                except InfeasibleError:  # a TP group that fits in no node (spec/placement.py)
+                    continue
                 if t < best[0]:
                     best = (t, dp, stages, q)
     return best

@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec
+from ..spec.placement import StageBlock, place
 from ..schedules.registry import kind
 from .alternating import last_backward_ends, round_trip_bound, stage_bound
 from .chains import chain_bound
@@ -120,11 +121,13 @@ class CostModel:
     def _static_per_param(self, dp: int, zero1: bool) -> float:
         return self._param_b + self._opt_b / (dp if zero1 else 1)
 
-    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int) -> float:
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int, one_node: bool | None = None) -> float:
         """ZeRO-1 reduce-scatter + all-gather moves the same bytes as an all-reduce; over the node's own
-        fabric when the stage's tp * dp chips fit in one node (ranks are laid out stage by stage)."""
+        fabric when the stage's tp * dp chips fit in one node (ranks are laid out stage by stage), or, given
+        `one_node`, when its placement (spec/placement.py) put them in one node."""
         c = self._chip[chip]
-        bw = c.intra_node_bw if tp * dp <= c.chips_per_node else c.network_bw
+        inside = tp * dp <= c.chips_per_node if one_node is None else one_node
+        bw = c.intra_node_bw if inside else c.network_bw
         return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, bw)
 
     def _layer_params(self, tp: int) -> float:
@@ -204,13 +207,38 @@ class CostModel:
         return max(0, int(room // per)) if room >= per else 0
 
     # --- the stages as the simulator runs them ------------------------------------------------------
-    def stage_times(self, stages: list[StageSpec], dp: int) -> tuple[list[StageTimes], list[float]]:
+    def placed_one_node(self, stages: list[StageSpec], dp: int) -> list[bool | None]:
+        """Per (physical) stage of a chip type whose nodes the spec lists, whether its placement puts all its
+        replicas in one node (None for the other types: the rule of _grad_sync). Raises PlacementError (an
+        InfeasibleError) where a TP group fits in no node."""
+        listed = {c.name: c.nodes for c in self.cluster.chips if c.nodes}
+        if not listed:
+            return [None] * len(stages)
+        mine = [k for k, s in enumerate(stages) if s.chip in listed]
+        nodes = place(listed, [StageBlock(stages[k].chip, stages[k].tp, dp * stages[k].inner_dp) for k in mine])
+        out: list[bool | None] = [None] * len(stages)
+        for k, where in zip(mine, nodes):
+            out[k] = len(set(where)) == 1
+        return out
+
+    def _placed_sync_delta(self, s: StageSpec, sdp: int, one_node: bool, ends: tuple[str, ...]) -> float:
+        """What a stage's gradient all-reduces take on its placed nodes beyond what the coefficients charge."""
+        params = [(s.layers, self._layer_params(s.tp))]
+        params += [(1, (self.profile.embed_params if w == "first" else self.profile.head_params) / s.tp) for w in ends]
+        return sum(n * (self._grad_sync(s.chip, q, sdp, s.tp, one_node) - self._grad_sync(s.chip, q, sdp, s.tp))
+                   for n, q in params)
+
+    def stage_times(self, stages: list[StageSpec], dp: int, chunks: int = 1) -> tuple[list[StageTimes], list[float]]:
         """Per-stage times and bytes, and per-boundary transfer times. A stage with inner_dp = i computes 1/i
         of every micro-batch (times and activations scaled by 1/i, linear in the rows) and reduces gradients
         over dp * i replicas; its boundaries are priced as if its TP group were i times larger (the
         send/recv spread over i times the NICs; the all-gather is over-counted: it runs in each TP group on
-        1/i of the rows)."""
+        1/i of the rows). `chunks`: the stages are the virtual stages of an interleaved schedule (the first
+        len / chunks are the physical ones). A chip type whose nodes the spec lists has its stages placed
+        (spec/placement.py): a stage spread over nodes syncs its gradients over the network."""
         p = len(stages)
+        phys = max(p // chunks, 1)
+        one_node = self.placed_one_node(stages[:phys], dp)
         out = []
         for k, s in enumerate(stages):
             pr = self.profile.get(s.chip, s.tp)
@@ -226,6 +254,10 @@ class CostModel:
                     # embedding/head work split 1:2 between forward and backward, none of it deferred
                     fwd, bwd, upd = fwd + e.time * share / 3, bwd + 2 * e.time * share / 3, upd + e.upd
                     static, transient = static + e.static, transient + e.transient * share
+            placed = one_node[k % phys]
+            if placed is not None:
+                upd += self._placed_sync_delta(s, sdp, placed, tuple(w for f, w in ((k == 0, "first"),
+                                                                                     (k == p - 1, "last")) if f))
             out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s * share, update=upd,
                                   static_bytes=static, act_bytes=s.layers * c.act * share, transient_bytes=transient))
         es = [self.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp, dp)
@@ -363,7 +395,7 @@ class CostModel:
             # no closed form covers the schedule's round trips (interleaved: its virtual stages wrap around):
             # the longest chains of its actions as the simulator runs them, each link's queue in turn
             run = virtual_stages(stages, v)
-            times, links = self.stage_times(run, dp)
+            times, links = self.stage_times(run, dp, v)
             lat_v = [self.latency(a.chip, c.chip) for a, c in zip(run, run[1:])]
             t, where = chain_bound(times, links, b, schedule, lat_v, params)
             return Estimate(iteration_time_s=t, stage_time_s=cs, stage_update_s=us, stage_memory_bytes=mems,

@@ -5,15 +5,18 @@ import math
 from typing import Any
 
 from ..plan import Plan
+from ..spec.placement import PlacementError
 from ..schedules import h1f1b_extra, harp_launch_extra, kind
 from .costs import CostModel, StageSpec, micro_batches
 from .makespan import makespan
 from .simulator import SimResult, StageTimes, built_schedule, simulate
 
 
-def stage_times(cm: CostModel, stages: list[StageSpec], dp: int) -> tuple[list[StageTimes], list[float]]:
-    """The stages' times and bytes as the simulator runs them (CostModel.stage_times)."""
-    return cm.stage_times(stages, dp)
+def stage_times(cm: CostModel, stages: list[StageSpec], dp: int,
+                chunks: int = 1) -> tuple[list[StageTimes], list[float]]:
+    """The stages' times and bytes as the simulator runs them (CostModel.stage_times); `chunks`: the stages
+    are an interleaved schedule's virtual stages."""
+    return cm.stage_times(stages, dp, chunks)
 
 
 def schedule_params(cm: CostModel, stages: list[StageSpec], dp: int, schedule: str) -> dict[str, Any]:
@@ -38,12 +41,14 @@ def simulate_stages(cm: CostModel, stages: list[StageSpec], dp: int, schedule: s
                     params: dict[str, Any] | None = None) -> SimResult:
     """`params`: the schedule's parameters; derived from the costs (schedule_params) when it needs some
     and none are given."""
-    st, es = stage_times(cm, stages, dp)
     name, b = schedule or cm.train.schedule, micro_batches(cm.train, dp)
     sched: str | list[Any] = name
+    chunks = 1
     if kind(name).params:
         params = params or schedule_params(cm, stages, dp, name)
-        sched = built_schedule(name, len(stages) // kind(name).chunks(params), b, params)
+        chunks = kind(name).chunks(params)
+        sched = built_schedule(name, len(stages) // chunks, b, params)
+    st, es = stage_times(cm, stages, dp, chunks)
     return simulate(st, es, b, sched, keep_timeline, limit, latencies(cm, stages))
 
 
@@ -51,17 +56,21 @@ def iteration_time(cm: CostModel, stages: list[StageSpec], dp: int, schedule: st
                    params: dict[str, Any] | None = None) -> float:
     """The simulated iteration time alone (makespan.py: the same recurrence, no event loop); `stages`:
     the virtual stages where the schedule interleaves."""
-    st, es = stage_times(cm, stages, dp)
-    return makespan(st, es, micro_batches(cm.train, dp), schedule or cm.train.schedule, latencies(cm, stages),
-                    params)
+    name = schedule or cm.train.schedule
+    chunks = kind(name).chunks(params) if params is not None and kind(name).params else 1
+    st, es = stage_times(cm, stages, dp, chunks)
+    return makespan(st, es, micro_batches(cm.train, dp), name, latencies(cm, stages), params)
 
 
 def compute_floor(cm: CostModel, stages: list[StageSpec], dp: int) -> float:
     """A lower bound on the simulated iteration time under any schedule of these (physical) stages, at a
     fraction of a simulation's cost: stage k cannot start before the first micro-batch's forwards through
     the stages before it and their transfers, then computes every micro-batch's forward and backward, then
-    updates."""
-    st, es = stage_times(cm, stages, dp)
+    updates. inf where a TP group fits in no node (no time of such a plan exists)."""
+    try:
+        st, es = stage_times(cm, stages, dp)
+    except PlacementError:
+        return math.inf
     b, lat = micro_batches(cm.train, dp), latencies(cm, stages)
     best, before = 0.0, 0.0
     for k, t in enumerate(st):

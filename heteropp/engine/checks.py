@@ -9,12 +9,14 @@ from .topology import resolve_chip
 
 
 def check_run(plan: Plan, m: ModelSpec, source: str, chip_map: dict[str, str], schedules: list,
-              world_size: int | None = None, available: dict[str, int] | None = None) -> None:
+              world_size: int | None = None, available: dict[str, int] | None = None,
+              nodes: dict[str, tuple[int, ...]] | None = None) -> None:
     """Raise SpecError (or ScheduleError) naming the field, stage or schedule that cannot run; `available`
-    (chips per type of the cluster given) bounds the chips the plan may use."""
+    (chips per type of the cluster given) bounds the chips the plan may use, `nodes` (each type's node
+    sizes) its TP groups (spec/placement.py: a TP group never spans nodes)."""
     # Every stage's TP size is checked here by the shared rule (tp_split_error), the one StageModel applies.
     plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
-                  world_size=world_size, available=available)
+                  world_size=world_size, available=available, nodes=nodes)
     for i, s in enumerate(plan.stages):
         try:
             resolve_chip(s.chip, chip_map)

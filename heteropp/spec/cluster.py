@@ -1,4 +1,8 @@
-"""Cluster spec: chip types (count, memory, peak TFLOPS, node shape, bandwidths) and cross-group links."""
+"""Cluster spec: chip types (count, memory, peak TFLOPS, node shape, bandwidths) and cross-group links.
+
+A type's nodes are either `count` chips in nodes of `chips_per_node` (the last one holding the rest) or
+listed one by one, `nodes: [8, 4, 4]` (HexiScale's one 8-GPU and two 4-GPU machines): then the count is
+their sum and the largest node bounds its tensor parallelism."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,6 +30,15 @@ class ChipType:
     hbm_bw: float = 1500.0  # for the memory-bound optimizer step in the analytic profile
     device: str = "cpu"  # ditorch device type the engine maps this chip to
     network_latency_s: float = 0.0  # one message between nodes, on top of its bytes / network_bw
+    nodes: tuple[int, ...] = ()  # chips of each node where the spec lists them (`nodes:`); () = uniform nodes
+
+    @property
+    def node_sizes(self) -> tuple[int, ...]:
+        """Chips of each node: as listed, else `count // chips_per_node` full nodes and one with the rest."""
+        if self.nodes:
+            return self.nodes
+        full, rest = divmod(self.count, self.chips_per_node)
+        return (self.chips_per_node,) * full + ((rest,) if rest else ())
 
     @property
     def usable_bytes(self) -> float:
@@ -62,7 +75,7 @@ class Cluster:
         return sum(c.count for c in self.chips)
 
 
-_CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "tp_max", "intra_node_bw",
+_CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "nodes", "tp_max", "intra_node_bw",
               "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device", "network_latency"}
 
 
@@ -80,6 +93,28 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def _node_shape(c: Fields, raw: dict[str, Any]) -> tuple[int, int, tuple[int, ...]]:
+    """(count, chips_per_node, listed nodes) of one chip type: `nodes` or `count` + `chips_per_node`."""
+    if "nodes" not in raw:
+        return c.int("count", max=MAX_COUNT), c.int("chips_per_node", max=MAX_COUNT), ()
+    if "chips_per_node" in raw:
+        raise c.err("chips_per_node", "given together with nodes",
+                    "one of the two: nodes lists every node's chips, chips_per_node makes them all alike")
+    sizes = c.list("nodes")
+    if not sizes:
+        raise c.err("nodes", "empty list", "the chips of each node, e.g. [8, 4, 4]")
+    for i, n in enumerate(sizes):
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_COUNT:
+            raise c.err(f"nodes[{i}]", f"got {n!r}", f"an integer from 1 to {MAX_COUNT} (the chips of one node)")
+    total = sum(sizes)
+    if total > MAX_COUNT:
+        raise c.err("nodes", f"{total} chips in all", f"at most {MAX_COUNT} chips of one type")
+    if "count" in raw and c.int("count", max=MAX_COUNT) != total:
+        raise c.err("count", f"got {raw['count']!r} but nodes {sizes} hold {total} chips",
+                    "the nodes' sum, or leave count out")
+    return total, max(sizes), tuple(sizes)
+
+
 def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluster:
     f = Fields(data, source)
     f.unknown({"name", "chips", "links"})
@@ -89,16 +124,18 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
             raise SpecError(source, f"chips[{i}]", f"got {type(raw).__name__}", "a mapping")
         c = Fields(raw, source, f"chips[{i}].")
         c.unknown(_CHIP_KEYS)
-        cpn = c.int("chips_per_node", max=MAX_COUNT)
-        tp_max = c.int("tp_max", cpn, max=MAX_COUNT)
+        count, cpn, nodes = _node_shape(c, raw)
+        # listed nodes: TP up to the largest power of two that fits the largest node
+        tp_max = c.int("tp_max", 1 << (cpn.bit_length() - 1) if nodes else cpn, max=MAX_COUNT)
         if not _power_of_two(tp_max):
             raise c.err("tp_max", f"got {tp_max}", "a power of two")
         if tp_max > cpn:
-            raise c.err("tp_max", f"{tp_max} exceeds chips_per_node={cpn}", "tensor parallelism inside one node")
+            where = f"the largest node's {cpn} chips" if nodes else f"chips_per_node={cpn}"
+            raise c.err("tp_max", f"{tp_max} exceeds {where}", "tensor parallelism inside one node")
         chips.append(
             ChipType(
                 name=c.str("name"),
-                count=c.int("count", max=MAX_COUNT),
+                count=count,
                 memory_gb=c.float("memory_gb", lo=MEMORY_GB[0], hi=MEMORY_GB[1]),
                 peak_tflops=c.float("peak_tflops", lo=TFLOPS[0], hi=TFLOPS[1]),
                 chips_per_node=cpn,
@@ -110,6 +147,7 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
                 hbm_bw=c.bandwidth("hbm_bw", 1500.0, lo=BANDWIDTH[0], hi=BANDWIDTH[1]),
                 device=c.str("device", "cpu"),
                 network_latency_s=c.duration("network_latency"),
+                nodes=nodes,
             )
         )
     if not chips:

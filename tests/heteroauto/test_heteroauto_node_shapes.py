@@ -1,0 +1,149 @@
+"""One chip type in nodes of different sizes (issue 30 item 4: HexiScale S3's one 8-GPU and two 4-GPU
+machines), written `nodes: [8, 4, 4]`. A TP group never spans nodes, and a stage whose replicas spread over
+nodes all-reduces its gradients over the network. References: an exhaustive assignment of TP groups to
+nodes (placement), the brute force over every plan run by the event-loop simulator (the planner), the
+ring all-reduce written out by hand (the cost). Hand-set profiles stand in for measured chips; the
+simulator stands in for the cluster."""
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from heteropp.auto.brute_force import brute_force
+from heteropp.auto.cli import main
+from heteropp.auto.costs import CostModel, StageSpec
+from heteropp.auto.front_door import plan
+from heteropp.auto.planning import Problem
+from heteropp.auto.plan_sim import stage_times
+from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
+from heteropp.plan import Plan, StagePlan
+from heteropp.spec import ModelSpec, SpecError, TrainSpec, cluster_from_dict
+from heteropp.spec.placement import PlacementError, StageBlock, place
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+CHIP = {"name": "X", "memory_gb": 80, "peak_tflops": 100, "intra_node_bw": 100, "network_bw": 0.5,
+        "memory_fraction": 1.0}
+LAYER_PARAMS = 100_000_000
+
+
+def _problem(shape: dict, tp_max: int = 1) -> Problem:
+    chip = {**CHIP, "tp_max": tp_max, **shape}
+    cluster = cluster_from_dict({"name": "n", "chips": [chip]}, "test")
+    model = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
+    train = TrainSpec(global_batch=8, micro_batch_size=1, dtype="bf16", zero1=True, schedule="1f1b")
+    t = TPProfile(fwd_s=0.1, bwd_s=0.2, recompute_s=0.1, wgrad_s=0.1, act_bytes=1e8, ckpt_bytes=1e7, optim_s=0.01,
+                  head_s=0.1)
+    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER_PARAMS, embed_params=10_000_000,
+                   head_params=10_000_000, chips={"X": ChipProfile({t_: t for t_ in (1, 2, 4) if t_ <= tp_max})})
+    return Problem(cluster, model, train, CostModel(cluster, model, train, prof))
+
+
+def test_a_type_in_nodes_of_different_sizes_reads_as_its_nodes():
+    c = cluster_from_dict({"chips": [{**CHIP, "nodes": [8, 4, 4]}]}, "test").chips[0]
+    assert (c.count, c.node_sizes, c.tp_max, c.chips_per_node) == (16, (8, 4, 4), 8, 8)
+    old = cluster_from_dict({"chips": [{**CHIP, "count": 10, "chips_per_node": 4}]}, "test").chips[0]
+    assert old.node_sizes == (4, 4, 2)
+
+
+@pytest.mark.parametrize("extra,field,words", [
+    ({"nodes": [8, 4, 4], "count": 12}, "chips[0].count", "hold 16 chips"),
+    ({"nodes": [8, 4], "chips_per_node": 8}, "chips[0].chips_per_node", "one of the two"),
+    ({"nodes": []}, "chips[0].nodes", "the chips of each node"),
+    ({"nodes": [4, 0]}, "chips[0].nodes[1]", "from 1 to"),
+    ({"nodes": [4, "x"]}, "chips[0].nodes[1]", "from 1 to"),
+    ({"nodes": [4, 4], "tp_max": 8}, "chips[0].tp_max", "largest node's 4 chips"),
+    ({"nodes": 8}, "chips[0].nodes", "a list"),
+])
+def test_bad_node_shapes_name_the_field(extra, field, words):
+    with pytest.raises(SpecError) as e:
+        cluster_from_dict({"chips": [{**CHIP, **extra}]}, "test")
+    assert e.value.field == field and words in str(e.value), str(e.value)
+
+
+def test_the_cli_exits_2_on_a_bad_node_shape(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("chips:\n  - {name: A, nodes: [2, 2], count: 5, memory_gb: 4, peak_tflops: 1, "
+                    "intra_node_bw: 5, network_bw: 2}\n")
+    assert main(["plan", "--cluster", str(path), "--model", "tiny", "--train", str(EX / "training" / "tiny.yaml"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "'chips[0].count'" in err and "Traceback" not in err, err
+
+
+def _fits_exhaustively(nodes: list[int], groups: list[int]) -> bool:
+    """Whether some assignment of the TP groups (sizes) to nodes keeps every node within its chips."""
+    for where in itertools.product(range(len(nodes)), repeat=len(groups)):
+        used = [0] * len(nodes)
+        for g, n in zip(groups, where):
+            used[n] += g
+        if all(u <= c for u, c in zip(used, nodes)):
+            return True
+    return False
+
+
+def test_placement_fits_exactly_when_some_assignment_does():
+    """On random node shapes and stages, place() succeeds exactly when an exhaustive search finds an
+    assignment, and what it returns keeps every TP group in one node within the node's chips."""
+    rng = random.Random(0)
+    for _ in range(300):
+        nodes = [rng.randint(1, 8) for _ in range(rng.randint(1, 3))]
+        stages = [StageBlock("X", rng.choice([1, 2, 4]), rng.randint(1, 2)) for _ in range(rng.randint(1, 3))]
+        groups = [s.tp for s in stages for _ in range(s.replicas)]
+        expect = _fits_exhaustively(nodes, groups)
+        try:
+            where = place({"X": nodes}, stages)
+        except PlacementError:
+            assert not expect, (nodes, stages)
+            continue
+        assert expect, (nodes, stages)
+        used = [0] * len(nodes)
+        for s, w in zip(stages, where):
+            for n in w:
+                used[n] += s.tp
+        assert all(u <= c for u, c in zip(used, nodes)), (nodes, stages, where)
+
+
+def test_a_stage_spread_over_nodes_syncs_its_gradients_over_the_network():
+    """dp 2 on nodes [2, 1, 1]: the first stage's replicas share the 2-chip node, the second's sit on the
+    two 1-chip nodes; their update differs by the ring all-reduce at network vs node bandwidth."""
+    pb = _problem({"nodes": [2, 1, 1]})
+    st, _ = stage_times(pb.cm, [StageSpec("X", 1, 2, False), StageSpec("X", 1, 2, False)], 2)
+    nbytes = 2 * (2 * LAYER_PARAMS + 10_000_000)  # bf16 gradients of two layers and the embedding / the head
+    ring = 2 * (2 - 1) / 2 * nbytes
+    optim = 2 * 0.01 / 2 + 0.01 * 10_000_000 / LAYER_PARAMS / 2  # ZeRO-1: half the optimizer step
+    assert st[0].update == pytest.approx(ring / (100 * 1e9) + optim, rel=1e-9)
+    assert st[1].update == pytest.approx(ring / (0.5 * 1e9) + optim, rel=1e-9)
+
+
+@pytest.mark.parametrize("shape,dp,layers", [
+    ({"nodes": [2, 1, 1]}, 2, [3, 1]),  # one stage on the 2-chip node; the lighter one spread
+    ({"count": 4, "chips_per_node": 4}, 4, [4]),  # one node: every chip a replica
+    ({"nodes": [1, 1, 1, 1]}, 1, [1, 1, 1, 1]),  # every sync over the network: a pipeline of four
+])
+def test_node_shapes_change_the_best_plan_and_the_planner_finds_it(shape, dp, layers):
+    """Four chips of one type on a 0.5 GB/s network: the best plan depends on how the chips sit in nodes,
+    and the planner's plan simulates as fast as the brute force's best."""
+    pb = _problem(shape)
+    best, best_dp, best_stages, _ = brute_force(pb, extended=True)
+    assert (best_dp, [s.layers for s in best_stages]) == (dp, layers)
+    got = plan(pb).plan
+    assert got.iteration_time_s <= best * (1 + 1e-9)
+    got.validate(num_layers=4, nodes={c.name: c.node_sizes for c in pb.cluster.chips})
+
+
+def test_a_plan_whose_tp_groups_fit_no_node_is_refused_naming_the_stage():
+    """nodes [4, 2, 2] hold one TP-4 group: a plan with two is refused (the count alone, 8 chips, allows it),
+    and the planner never returns one."""
+    nodes = {"X": (4, 2, 2)}
+    two = Plan([StagePlan("X", 4, 2), StagePlan("X", 4, 2)], dp=1, micro_batch_size=1, micro_batches=8)
+    two.validate(available={"X": 8})
+    with pytest.raises(SpecError) as e:
+        two.validate(nodes=nodes)
+    assert e.value.field.startswith("stages[") and e.value.field.endswith("].tp"), str(e.value)
+    Plan([StagePlan("X", 4, 2), StagePlan("X", 2, 1), StagePlan("X", 2, 1)], dp=1, micro_batch_size=1,
+         micro_batches=8).validate(nodes=nodes)
+    got = plan(_problem({"nodes": [4, 2, 2]}, tp_max=4)).plan
+    got.validate(num_layers=4, nodes=nodes)
