@@ -118,11 +118,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.elastic:
         return run_elastic(a, plan, m, cluster, chip_map, options)
     available = {c.name: c.count for c in cluster.chips} if cluster else None
+    nodes = {c.name: c.node_sizes for c in cluster.chips} if cluster else None
     if a.write_config:
         from .engine.checks import check_run
         if a.schedule:
             override_schedule(plan, a.schedule)
-        check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available)
+        check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available, nodes)
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                           chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
                           options=options)
@@ -133,7 +134,7 @@ def cmd_run(a: argparse.Namespace) -> int:
               f"-m heteropp.engine.worker --config {a.write_config}")
         return 0
     from .engine.checks import check_run
-    check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size, available)
+    check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size, available, nodes)
     print(f"heteropp: {len(plan.stages)} stages "
           + " | ".join(f"{s.chip} tp{s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"
                        + (" rc" if s.recompute else "") for s in plan.stages)
@@ -171,9 +172,7 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
                             "e.g. " + ",".join(f"{c.name}:{c.chips_per_node}" for c in cluster.chips))
         hosts.append((chip, int(n)))
     if not hosts:
-        for c in cluster.chips:
-            full, rest = divmod(c.count, c.chips_per_node)
-            hosts += [(c.name, c.chips_per_node)] * full + ([(c.name, rest)] if rest else [])
+        hosts = [(c.name, n) for c in cluster.chips for n in c.node_sizes]
     options = {**options, "async_save": True}
     cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                       chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
