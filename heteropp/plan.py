@@ -12,6 +12,13 @@ by stage: stage k, replica r (= outer replica * inner_dp_k + inner replica), tp 
 Under the interleaved schedule each group of chips holds `schedule_params.chunks` model chunks: `stages`
 then lists the virtual stages in pipeline order, virtual stage i on the chips of stage i % p (`Plan.chunks`,
 `Plan.devices`). Version 2 added `inner_dp`; a plan of another version is rejected with what to do.
+
+Replicas with different pipelines (HexiScale; HetAuto's outer x inner) are written `replicas`: a list of
+groups, each `dp` identical pipelines of its own `stages` taking its own `micro_batches` (the global batch
+is their sum times micro_batch_size), in place of the top-level `stages`, `dp` and `micro_batches` (which
+then mirror the first group in memory; `Plan.groups` lists every group as a plan of one stage list). A
+layer's gradients are reduced over every rank that holds it, in every group, so a layer has the same TP
+size in every group. Only schedules without parameters (1f1b, gpipe, zbh1) take such plans.
 """
 from __future__ import annotations
 
@@ -68,6 +75,16 @@ class StagePlan:
 
 
 @dataclass
+class ReplicaGroup:
+    """`dp` identical pipelines of `stages`, each taking `micro_batches` micro-batches per iteration: one
+    group of a plan whose replicas run different pipelines (Plan.replicas)."""
+
+    stages: list[StagePlan]
+    micro_batches: int
+    dp: int = 1
+
+
+@dataclass
 class Plan:
     stages: list[StagePlan]
     dp: int
@@ -82,15 +99,33 @@ class Plan:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form estimates (bubble, per-stage detail)
     schedule_params: dict[str, Any] = field(default_factory=dict)  # e.g. h1f1b's extra_warmup per boundary
     version: int = PLAN_VERSION
+    replicas: list[ReplicaGroup] = field(default_factory=list)  # replicas with different pipelines; [] = all alike
+
+    @classmethod
+    def of_replicas(cls, groups: list[ReplicaGroup], micro_batch_size: int, **kw: Any) -> "Plan":
+        """A plan whose replica groups run different pipelines (the top-level fields mirror the first)."""
+        g = groups[0]
+        return cls(stages=g.stages, dp=g.dp, micro_batch_size=micro_batch_size, micro_batches=g.micro_batches,
+                   replicas=groups, **kw)
+
+    @property
+    def groups(self) -> list["Plan"]:
+        """Every replica group as a plan of one stage list (this plan itself when all replicas are alike)."""
+        if not self.replicas:
+            return [self]
+        return [Plan(stages=g.stages, dp=g.dp, micro_batch_size=self.micro_batch_size, micro_batches=g.micro_batches,
+                     schedule=self.schedule, model=self.model, num_layers=self.num_layers,
+                     schedule_params=self.schedule_params, version=self.version) for g in self.replicas]
 
     def __post_init__(self) -> None:
-        first = 0
-        for s in self.stages:
-            if not (_is_int(s.layers) and _is_int(s.first_layer)):
-                break  # malformed: validate() names the field instead of a TypeError here
-            if s.first_layer < 0:
-                s.first_layer = first
-            first = s.first_layer + s.layers
+        for stages in [self.stages] + [g.stages for g in self.replicas if isinstance(g, ReplicaGroup)]:
+            first = 0
+            for s in stages:
+                if not (_is_int(s.layers) and _is_int(s.first_layer)):
+                    break  # malformed: validate() names the field instead of a TypeError here
+                if s.first_layer < 0:
+                    s.first_layer = first
+                first = s.first_layer + s.layers
 
     @property
     def chunks(self) -> int:
@@ -115,16 +150,21 @@ class Plan:
 
     @property
     def world_size(self) -> int:
+        if self.replicas:
+            return sum(g.world_size for g in self.groups)
         return sum(self.stage_ranks(k) for k in range(self.devices))
 
     @property
     def global_batch(self) -> int:
+        if self.replicas:
+            return sum(g.global_batch for g in self.groups)
         return self.dp * self.micro_batches * self.micro_batch_size
 
     def chips_used(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for k, s in enumerate(self.stages[:self.devices]):
-            out[s.chip] = out.get(s.chip, 0) + self.stage_ranks(k)
+        for g in self.groups:
+            for k, s in enumerate(g.stages[:g.devices]):
+                out[s.chip] = out.get(s.chip, 0) + g.stage_ranks(k)
         return out
 
     def rank_offsets(self) -> list[int]:
@@ -142,6 +182,9 @@ class Plan:
         are checked against each stage's TP size by the shared rule (tp_split_error), `available`
         (chips per type of the cluster the plan is for) against the chips the plan uses, and `nodes` (each
         type's node sizes, ChipType.node_sizes) against its TP groups: a TP group never spans nodes."""
+        if self.replicas:
+            return self._validate_groups(source, num_layers, heads, kv_heads, ffn, vocab, world_size, available,
+                                         nodes)
         if not self.stages:
             raise SpecError(source, "stages", "empty", "at least one stage")
         for name, v in (
@@ -191,9 +234,13 @@ class Plan:
         total = num_layers if num_layers is not None else self.num_layers
         if total is not None and expect != total:
             raise SpecError(source, "stages[*].layers", f"layers sum to {expect}", f"the model's {total} layers")
+        return self._check_cluster(source, "stages[*].tp * dp * inner_dp", world_size, available, nodes)
+
+    def _check_cluster(self, source: str, ranks_field: str, world_size: int | None,
+                       available: Mapping[str, int] | None, nodes: Mapping[str, Sequence[int]] | None) -> "Plan":
+        """The plan against the world size, the cluster's chips per type and their nodes."""
         if world_size is not None and self.world_size != world_size:
-            raise SpecError(source, "stages[*].tp * dp * inner_dp", f"plan needs {self.world_size} ranks",
-                            f"the world size {world_size}")
+            raise SpecError(source, ranks_field, f"plan needs {self.world_size} ranks", f"the world size {world_size}")
         if available is not None:
             self._check_chips(source, available)
         if nodes is not None:
@@ -201,14 +248,52 @@ class Plan:
         return self
 
     def placement(self, nodes: Mapping[str, Sequence[int]], source: str = "<plan>") -> list[list[int]]:
-        """Per stage (group of chips), the node of each of its TP groups (spec/placement.py), in replica order;
-        SpecError naming the stage whose TP group fits in no node of its type."""
-        blocks = [StageBlock(s.chip, s.tp, self.stage_dp(k)) for k, s in enumerate(self.stages[:self.devices])]
+        """Per stage (group of chips; every replica group's in turn), the node of each of its TP groups
+        (spec/placement.py), in replica order; SpecError naming the stage whose TP group fits in no node."""
+        names, blocks = [], []
+        for i, g in enumerate(self.groups):
+            for k, s in enumerate(g.stages[:g.devices]):
+                names.append(f"replicas[{i}].stages[{k}]" if self.replicas else f"stages[{k}]")
+                blocks.append(StageBlock(s.chip, s.tp, g.stage_dp(k)))
         try:
             return place(nodes, blocks)
         except PlacementError as e:
-            raise SpecError(source, f"stages[{e.stage}].tp", str(e),
+            raise SpecError(source, f"{names[e.stage]}.tp", str(e).replace(f"stage {e.stage}", names[e.stage]),
                             "TP groups that fit in the chip type's nodes (a smaller tp, or fewer replicas)") from e
+
+    def _validate_groups(self, source: str, num_layers: int | None, heads: int | None, kv_heads: int | None,
+                         ffn: int | None, vocab: int | None, world_size: int | None,
+                         available: Mapping[str, int] | None, nodes: Mapping[str, Sequence[int]] | None) -> "Plan":
+        """validate() of a plan whose replica groups differ: each group as a plan of its own, then what the
+        groups share (the schedule, each layer's TP size, the chips and nodes)."""
+        if not isinstance(self.replicas, list) or not all(isinstance(g, ReplicaGroup) for g in self.replicas):
+            raise SpecError(source, "replicas", f"got {self.replicas!r}", "a list of replica groups")
+        if self.schedule in SCHEDULES and kind(self.schedule).params:
+            raise SpecError(source, "schedule", f"{self.schedule!r} with replicas that differ",
+                            "a schedule without parameters (1f1b, gpipe, zbh1): each group would need its own")
+        total = num_layers if num_layers is not None else self.num_layers
+        tp_of: dict[int, tuple[int, int]] = {}  # layer -> (tp, the group that set it)
+        for i, g in enumerate(self.groups):
+            try:
+                g.validate(source, num_layers=total, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
+            except SpecError as e:
+                raise SpecError(source, f"replicas[{i}].{e.field}", e.problem, e.expected) from None
+            if total is None and i and sum(s.layers for s in g.stages) != len(tp_of):
+                raise SpecError(source, f"replicas[{i}].stages[*].layers", "a different layer count than replicas[0]",
+                                "every group holding the whole model")
+            for k, s in enumerate(g.stages):
+                for layer in s.layer_range:
+                    tp, first = tp_of.setdefault(layer, (s.tp, i))
+                    if tp != s.tp:
+                        raise SpecError(source, f"replicas[{i}].stages[{k}].tp",
+                                        f"layer {layer} at tp={s.tp}, but at tp={tp} in replicas[{first}]",
+                                        "the same TP size for a layer in every group (its gradients are reduced "
+                                        "shard by shard over every rank that holds it)")
+        g0 = self.replicas[0]
+        if (self.stages, self.dp, self.micro_batches) != (g0.stages, g0.dp, g0.micro_batches):
+            raise SpecError(source, "stages", "differs from replicas[0]", "the first group's stages, dp and "
+                            "micro_batches (or only `replicas`)")
+        return self._check_cluster(source, "replicas[*]", world_size, available, nodes)
 
     def _check_chips(self, source: str, available: Mapping[str, int]) -> None:
         for i, s in enumerate(self.stages):
@@ -223,38 +308,75 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["chips_used"] = self.chips_used()
+        if self.replicas:
+            for key in ("stages", "dp", "micro_batches"):
+                del d[key]  # the groups say it
+        else:
+            del d["replicas"]
         return d
+
+    @staticmethod
+    def _stages_from(raw: Any, source: str, at: str) -> list[StagePlan]:
+        if not isinstance(raw, list):
+            raise SpecError(source, at, f"got {type(raw).__name__}", "a list")
+        stages = []
+        allowed = {f for f in StagePlan.__dataclass_fields__}
+        for i, s in enumerate(raw):
+            if not isinstance(s, dict):
+                raise SpecError(source, f"{at}[{i}]", f"got {type(s).__name__}", "a mapping")
+            for k in ("chip", "tp", "layers"):
+                if k not in s:
+                    raise SpecError(source, f"{at}[{i}].{k}", "missing", "a value")
+            extra = set(s) - allowed
+            if extra:
+                raise SpecError(
+                    source, f"{at}[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed))
+                )
+            stages.append(StagePlan(**s))
+        return stages
+
+    @classmethod
+    def _groups_from(cls, data: dict[str, Any], source: str) -> list[ReplicaGroup]:
+        """The replica groups of a plan file that lists them (`replicas`)."""
+        for key in ("stages", "dp", "micro_batches"):
+            if key in data:
+                raise SpecError(source, key, "given together with replicas", "either replicas (each group's "
+                                "stages, micro_batches and dp) or one stage list for every replica")
+        raw = data["replicas"]
+        if not isinstance(raw, list) or not raw:
+            raise SpecError(source, "replicas", f"got {raw!r}", "a non-empty list of replica groups")
+        groups = []
+        for i, g in enumerate(raw):
+            if not isinstance(g, dict):
+                raise SpecError(source, f"replicas[{i}]", f"got {type(g).__name__}", "a mapping")
+            extra = set(g) - {"stages", "micro_batches", "dp"}
+            if extra:
+                raise SpecError(source, f"replicas[{i}].{sorted(extra)[0]}", "unknown field",
+                                "one of dp, micro_batches, stages")
+            for key in ("stages", "micro_batches"):
+                if key not in g:
+                    raise SpecError(source, f"replicas[{i}].{key}", "missing", "a value")
+            groups.append(ReplicaGroup(cls._stages_from(g["stages"], source, f"replicas[{i}].stages"),
+                                       g["micro_batches"], g.get("dp", 1)))
+        return groups
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<plan>") -> "Plan":
         if not isinstance(data, dict):
             raise SpecError(source, "<top level>", f"got {type(data).__name__}", "a mapping")
-        for key in ("stages", "dp", "micro_batches"):
-            if key not in data:
-                raise SpecError(source, key, "missing", "a value")
-        if not isinstance(data["stages"], list):
-            raise SpecError(source, "stages", f"got {type(data['stages']).__name__}", "a list")
-        stages = []
-        allowed = {f for f in StagePlan.__dataclass_fields__}
-        for i, s in enumerate(data["stages"]):
-            if not isinstance(s, dict):
-                raise SpecError(source, f"stages[{i}]", f"got {type(s).__name__}", "a mapping")
-            for k in ("chip", "tp", "layers"):
-                if k not in s:
-                    raise SpecError(source, f"stages[{i}].{k}", "missing", "a value")
-            extra = set(s) - allowed
-            if extra:
-                raise SpecError(
-                    source, f"stages[{i}].{sorted(extra)[0]}", "unknown field", "one of " + ", ".join(sorted(allowed))
-                )
-            stages.append(StagePlan(**s))
         top = {f for f in cls.__dataclass_fields__} | {"chips_used"}
         extra = set(data) - top
         if extra:
             raise SpecError(source, sorted(extra)[0], "unknown field", "one of " + ", ".join(sorted(top)))
-        kw = {k: v for k, v in data.items() if k not in ("stages", "chips_used")}
+        kw = {k: v for k, v in data.items() if k not in ("stages", "chips_used", "replicas")}
         kw.setdefault("micro_batch_size", 1)
-        plan = cls(stages=stages, **kw).validate(source)
+        if "replicas" in data:
+            plan = cls.of_replicas(cls._groups_from(data, source), **kw).validate(source)
+        else:
+            for key in ("stages", "dp", "micro_batches"):
+                if key not in data:
+                    raise SpecError(source, key, "missing", "a value")
+            plan = cls(stages=cls._stages_from(data["stages"], source, "stages"), **kw).validate(source)
         if "chips_used" in data and data["chips_used"] != plan.chips_used():
             # written by to_dict from the stages: a different value means one of them was edited
             raise SpecError(source, "chips_used", f"got {data['chips_used']!r}",

@@ -145,6 +145,27 @@ class CostModel:
         nbytes = self.train.bytes_per_value * m.kv_heads * 2 * m.hidden * m.head_dim
         return ring_allreduce_s(nbytes, tp, self._chip[chip].intra_node_bw)
 
+    def part_update(self, part: int | str, chips: frozenset[str], chip: str, tp: int, ranks: int) -> float:
+        """One rank's update of a layer (`part` its index), "embed" or "head" whose gradients are reduced over
+        `ranks` ranks per TP shard on chip types `chips` (replica groups with different pipelines): the ring
+        all-reduce (one type: as _grad_sync prices it; several: at the slowest network, an explicit link
+        shared by the tp shards' rings), its optimizer step (a ZeRO-1 shard among those ranks) and, for a
+        layer, the replicated key/value heads' sum."""
+        layer = self._layer_params(tp)
+        params = layer if isinstance(part, int) else (
+            self.profile.embed_params if part == "embed" else self.profile.head_params) / tp
+        if len(chips) == 1:
+            sync = self._grad_sync(chip, params, ranks, tp)
+        else:
+            bw = min(self._chip[c].network_bw for c in chips)
+            for a in chips:
+                for b in chips:
+                    if a < b and (link := self.cluster.link_bw(a, b)) is not None:
+                        bw = min(bw, link / tp)
+            sync = ring_allreduce_s(self.train.bytes_per_value * params, ranks, bw)
+        optim = self.profile.get(chip, tp).optim_s * params / layer / (ranks if self.train.zero1 else 1)
+        return sync + optim + (self._replica_sync(chip, tp) if isinstance(part, int) else 0.0)
+
     def _coef(self, chip: str, tp: int, recompute: bool, dp: int, zero1: bool | None = None,
               schedule: str | None = None) -> StageCoef:
         zero1 = self.train.zero1 if zero1 is None else zero1

@@ -90,6 +90,8 @@ def plan_stages(plan: Plan) -> list[StageSpec]:
 
 
 def simulate_plan(cm: CostModel, plan: Plan, schedule: str | None = None, keep_timeline: bool = False) -> SimResult:
+    if plan.replicas:
+        raise ValueError("a plan whose replicas run different pipelines is priced by replica_sim.simulate_groups")
     name = schedule or plan.schedule
     return simulate_stages(cm, plan_stages(plan), plan.dp, name, keep_timeline,
                            params=plan.schedule_params if name == plan.schedule else None)

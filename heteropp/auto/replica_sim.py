@@ -1,0 +1,90 @@
+"""The simulated iteration time of a plan whose replica groups run different pipelines (Plan.replicas).
+
+Each group's pipeline runs its micro-batches through the event-loop simulator (simulator.py) without the
+update; a boundary's explicit link between two chip types is shared by every pipeline, of any group,
+that crosses it. Then every layer (and the embedding, and the head) reduces its gradients over every
+rank that holds it, in every group: a ring all-reduce over those ranks, shard by shard (a layer has one TP
+size in every group), that starts once the last of its holding stages has finished its backwards. A
+stage runs its layers' all-reduces one after another, then its optimizer step (its ZeRO-1 shard among
+those ranks); the iteration ends with the last stage's. A plan of one group is priced the same way as
+plan_sim.simulate_plan prices it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..plan import Plan
+from ..schedules import kind
+from .costs import CostModel, StageSpec
+from .plan_sim import latencies, plan_stages
+from .simulator import simulate
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One stage of one group that holds a layer (or the embedding or head)."""
+    group: int
+    stage: int
+    chip: str
+    tp: int
+    ranks: int  # per TP shard: the group's pipelines times the stage's inner replicas
+
+
+@dataclass
+class GroupsResult:
+    iteration_time_s: float
+    compute_end_s: list[list[float]]  # per group, per stage: its last compute action's end
+    stage_end_s: list[list[float]]  # per group, per stage: after its all-reduces and optimizer step
+    peak_memory_bytes: list[list[float]]
+
+
+def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
+    """The iteration time of `plan` (any plan; one of one group is priced as plan_sim prices it)."""
+    groups = plan.groups
+    if kind(plan.schedule).params:
+        raise ValueError(f"schedule {plan.schedule!r}: replica groups take a schedule without parameters")
+    specs = [plan_stages(g) for g in groups]
+    crossing: dict[frozenset[str], int] = {}  # pipelines that cross a link between two chip types
+    for g, st in zip(groups, specs):
+        for pair in {frozenset((a.chip, b.chip)) for a, b in zip(st, st[1:]) if a.chip != b.chip}:
+            crossing[pair] = crossing.get(pair, 0) + g.dp
+    ends, peaks = [], []
+    for g, st in zip(groups, specs):
+        times, _ = cm.stage_times(st, g.dp)
+        es = [cm.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp,
+                          crossing.get(frozenset((a.chip, b.chip)), g.dp)) for a, b in zip(st, st[1:])]
+        res = simulate([replace(t, update=0.0) for t in times], es, g.micro_batches, plan.schedule,
+                       keep_timeline=True, latency_s=latencies(cm, st))
+        done = [0.0] * len(st)
+        for stage, _, _, _, end in res.timeline:
+            done[stage] = max(done[stage], end)
+        ends.append(done)
+        peaks.append(res.peak_memory_bytes)
+    holders = _holders(groups, specs)
+    start = {part: max(ends[h.group][h.stage] for h in hs) for part, hs in holders.items()}
+    stage_end = [list(e) for e in ends]
+    for part, hs in holders.items():
+        for h in hs:
+            stage_end[h.group][h.stage] = max(stage_end[h.group][h.stage], start[part])
+    for part, hs in holders.items():
+        ranks = sum(h.ranks for h in hs)
+        chips = frozenset(h.chip for h in hs)
+        for h in hs:
+            stage_end[h.group][h.stage] += cm.part_update(part, chips, h.chip, h.tp, ranks)
+    t = max(max(e) for e in stage_end)
+    return GroupsResult(t, ends, stage_end, peaks)
+
+
+def _holders(groups: list[Plan], specs: list[list[StageSpec]]) -> dict[int | str, list[Holder]]:
+    """Per layer (its index), "embed" and "head": the stages that hold it."""
+    out: dict[int | str, list[Holder]] = {}
+    for i, (g, st) in enumerate(zip(groups, specs)):
+        for k, s in enumerate(g.stages):
+            h = Holder(i, k, s.chip, s.tp, g.dp * s.inner_dp)
+            for layer in s.layer_range:
+                out.setdefault(layer, []).append(h)
+            if k == 0:
+                out.setdefault("embed", []).append(h)
+            if k == len(st) - 1:
+                out.setdefault("head", []).append(h)
+    return out

@@ -1,0 +1,137 @@
+"""Plans whose replicas run different pipelines (issue 30 item 4; HexiScale S3, HetAuto's outer x inner):
+the chip types split into groups, each group planned alone as its own replicas with its share of the
+global batch, the groups' plans joined into one plan (Plan.replicas) and priced by replica_sim.
+
+A split is every partition of the chip types into two groups or more (at most MAX_TYPES types: Bell
+numbers grow fast). Each group is first planned with the whole global batch; its share is then in
+proportion to its throughput (micro-batches per second at that plan), rounded to whole micro-batches
+(largest remainders), and moved one micro-batch at a time between groups while that makes the joined plan
+faster. Groups whose plans give one layer different TP sizes cannot be joined (a layer's gradients are
+reduced shard by shard), and are skipped.
+
+The engine does not train such plans yet (heteropp run refuses them); `heteroauto plan --per-replica`
+offers them, and only then.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Iterator
+
+from ..plan import Plan, ReplicaGroup
+from ..schedules import kind
+from ..spec import InfeasibleError, SpecError
+from .baselines import sub_cluster
+from .front_door import Budget, plan
+from .planning import Problem, make_problem
+from .replica_sim import simulate_groups
+
+MAX_TYPES = 5  # 52 partitions of the types at most
+MAX_MOVES = 16  # micro-batches moved between groups, one at a time, while that is faster
+
+
+def partitions(items: list[str]) -> Iterator[list[list[str]]]:
+    """Every partition of `items` into non-empty groups (in a fixed order)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for p in partitions(rest):
+        yield [[first], *p]
+        for i in range(len(p)):
+            yield [*p[:i], [first, *p[i]], *p[i + 1:]]
+
+
+def best_per_replica(pb: Problem, budget: Budget | None = None) -> Plan | None:
+    """The fastest joined plan over every split of the chip types into two groups or more, its time the
+    replica simulator's (None where no split gives one, or the cluster has one type or more than MAX_TYPES,
+    or the schedule takes parameters)."""
+    names = [c.name for c in pb.cluster.chips]
+    if len(names) < 2 or len(names) > MAX_TYPES or kind(pb.train.schedule).params:
+        return None
+    budget = budget or Budget(baselines=False)
+    best: Plan | None = None
+    for split in partitions(names):
+        if len(split) < 2:
+            continue
+        got = _join_split(pb, split, budget)
+        if got is not None and (best is None or got.iteration_time_s < best.iteration_time_s):  # type: ignore[operator]
+            best = got
+    return best
+
+
+def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budget) -> Plan | None:
+    """The plan of the chip types `types` alone with `micro_batches` of the global batch, or None."""
+    cl = sub_cluster(pb.cluster, {c.name: c.count for c in pb.cluster.chips if c.name in types})
+    train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size)
+    try:
+        return plan(make_problem(cl, pb.model, train, pb.cm.profile), budget).plan
+    except (InfeasibleError, SpecError):
+        return None
+
+
+def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | None:
+    total = pb.train.micro_batches_total
+    if total < len(split):
+        return None
+    whole = [_group_plan(pb, types, total, budget) for types in split]
+    if any(p is None or not p.iteration_time_s for p in whole):
+        return None
+    rates = [total / p.iteration_time_s for p in whole]  # type: ignore[union-attr,operator]
+    shares = _rounded([total * r / sum(rates) for r in rates], total)
+    cache: dict[tuple[int, ...], Plan | None] = {}
+
+    def joined(sh: tuple[int, ...]) -> Plan | None:
+        if sh not in cache:
+            cache[sh] = _joined(pb, split, sh, budget) if min(sh) >= 1 else None
+        return cache[sh]
+
+    cur = tuple(shares)
+    best = joined(cur)
+    for _ in range(MAX_MOVES):
+        if best is None:
+            break
+        moves = [tuple(n + (i == a) - (i == b) for i, n in enumerate(cur))
+                 for a in range(len(cur)) for b in range(len(cur)) if a != b]
+        timed = [(p.iteration_time_s, m) for m in moves if (p := joined(m)) is not None]
+        if not timed or min(timed)[0] >= best.iteration_time_s:  # type: ignore[operator]
+            break
+        cur = min(timed)[1]
+        best = joined(cur)
+    return best
+
+
+def _rounded(exact: list[float], total: int) -> list[int]:
+    """Whole micro-batches summing to `total`, at least one each, by largest remainders."""
+    out = [max(1, math.floor(x)) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: (out[i] - exact[i], i))
+    i = 0
+    while sum(out) < total:
+        out[order[i % len(order)]] += 1
+        i += 1
+    while sum(out) > total:
+        j = max(range(len(out)), key=lambda k: (out[k] - exact[k], -k))
+        if out[j] == 1:
+            break
+        out[j] -= 1
+    return out
+
+
+def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget: Budget) -> Plan | None:
+    """Each group planned with its share, joined; None where a group has no plan or the groups disagree
+    on a layer's TP size."""
+    groups = []
+    for types, n in zip(split, shares):
+        p = _group_plan(pb, types, n, budget)
+        if p is None:
+            return None
+        groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))
+    joined = Plan.of_replicas(groups, pb.train.micro_batch_size, schedule=pb.train.schedule,
+                              model=pb.model.name, num_layers=pb.model.layers, algo="per-replica")
+    try:
+        joined.validate(num_layers=pb.model.layers, available={c.name: c.count for c in pb.cluster.chips},
+                        nodes={c.name: c.node_sizes for c in pb.cluster.chips})
+    except SpecError:
+        return None
+    joined.iteration_time_s = simulate_groups(pb.cm, joined).iteration_time_s
+    return joined

@@ -1,0 +1,149 @@
+"""Replicas with different pipelines (issue 30 item 4; HexiScale S3, HetAuto's outer x inner): the plan
+schema's `replicas`, their simulated time (replica_sim) and the planner's per-replica candidates
+(replicas.py). References: the event-loop simulator of one stage list (plan_sim), the ring all-reduce and
+the one-stage pipeline written out by hand, and a brute force over every share of the global batch.
+Hand-set profiles stand in for measured chips; the simulator stands in for the cluster."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.heteroauto_vs_brute import random_problem
+from heteropp.auto.brute_force import brute_force
+from heteropp.auto.costs import CostModel
+from heteropp.auto.front_door import Budget
+from heteropp.auto.plan_sim import simulate_plan
+from heteropp.auto.planning import Problem
+from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
+from heteropp.auto.replica_sim import simulate_groups
+from heteropp.auto.replicas import _joined, best_per_replica, partitions
+from heteropp.engine.checks import check_run
+from heteropp.plan import Plan, ReplicaGroup, StagePlan
+from heteropp.spec import ModelSpec, SpecError, TrainSpec, cluster_from_dict
+
+LAYER_PARAMS, END_PARAMS = 10_000_000, 1_000_000
+
+
+def _two_types(link: float = 0.5) -> Problem:
+    """One X and one Y chip (Y 1.5x slower) in nodes of their own, joined by `link` GB/s; 4 layers, 8
+    micro-batches of one sequence."""
+    chips = [{"name": n, "count": 1, "memory_gb": 80, "peak_tflops": 100, "chips_per_node": 1, "tp_max": 1,
+              "intra_node_bw": 100, "network_bw": 10.0, "memory_fraction": 1.0} for n in "XY"]
+    cluster = cluster_from_dict({"name": "two", "chips": chips, "links": [{"between": ["X", "Y"],
+                                                                           "bandwidth": link}]}, "test")
+    model = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
+    train = TrainSpec(global_batch=8, micro_batch_size=1, dtype="bf16", zero1=True, schedule="1f1b")
+    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER_PARAMS, embed_params=END_PARAMS,
+                   head_params=END_PARAMS,
+                   chips={n: ChipProfile({1: TPProfile(fwd_s=f, bwd_s=2 * f, recompute_s=f, wgrad_s=f, act_bytes=1e8,
+                                                       ckpt_bytes=1e7, optim_s=0.01, head_s=f)})
+                          for n, f in (("X", 0.1), ("Y", 0.15))})
+    return Problem(cluster, model, train, CostModel(cluster, model, train, prof))
+
+
+def _per_type(x_mb: int, y_mb: int) -> Plan:
+    return Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 4)], x_mb), ReplicaGroup([StagePlan("Y", 1, 4)], y_mb)],
+                            1, schedule="1f1b", num_layers=4)
+
+
+def test_a_plan_of_replica_groups_round_trips_and_counts_every_group():
+    p = Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 2), StagePlan("X", 1, 2)], 3, dp=2),
+                          ReplicaGroup([StagePlan("Y", 1, 1), StagePlan("Y", 1, 3)], 2)], 1, schedule="1f1b")
+    d = p.to_dict()
+    assert "stages" not in d and len(d["replicas"]) == 2
+    back = Plan.from_dict(d)
+    assert back.to_dict() == d
+    assert (back.global_batch, back.world_size, back.chips_used()) == (2 * 3 + 2, 6, {"X": 4, "Y": 2})
+    assert [s.first_layer for s in back.groups[1].stages] == [0, 1]
+
+
+@pytest.mark.parametrize("edit,field,words", [
+    (lambda d: d["replicas"][1]["stages"][0].update(tp=2), "replicas[1].stages[0].tp", "layer 0 at tp=2"),
+    (lambda d: d.update(stages=[]), "stages", "given together with replicas"),
+    (lambda d: d.update(schedule="h1f1b"), "schedule", "without parameters"),
+    (lambda d: d["replicas"][1]["stages"][0].update(layers=2), "replicas[1].stages[*].layers", "layers sum to 2"),
+    (lambda d: d["replicas"][0].update(micro_batches=0), "replicas[0].micro_batches", "got 0"),
+    (lambda d: d.update(replicas=[]), "replicas", "non-empty"),
+    (lambda d: d["replicas"][0].update(pipelines=2), "replicas[0].pipelines", "unknown field"),
+])
+def test_bad_replica_groups_name_the_field(edit, field, words):
+    d = _per_type(5, 3).to_dict()
+    for g in d["replicas"]:
+        for s in g["stages"]:
+            s.pop("first_layer")
+    d.pop("chips_used")
+    edit(d)
+    with pytest.raises(SpecError) as e:
+        Plan.from_dict(d)
+    assert e.value.field == field and words in str(e.value), str(e.value)
+
+
+def test_the_chips_of_every_group_count_against_the_cluster():
+    with pytest.raises(SpecError) as e:
+        Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 4)], 4), ReplicaGroup([StagePlan("X", 1, 4)], 4)], 1,
+                         schedule="1f1b").validate(available={"X": 1})
+    assert "plan uses 2 chips of type 'X'" in str(e.value)
+
+
+def test_one_group_and_identical_groups_simulate_as_one_stage_list():
+    """A plan of one stage list, and the same plan written as two identical groups of one pipeline each,
+    take the event-loop simulator's time of the stage list at dp 2 (links shared by both pipelines)."""
+    rng = random.Random(3)
+    checked = 0
+    while checked < 4:
+        pb = random_problem(rng, "1f1b", "default")
+        mb, layers = pb.train.micro_batches_total, pb.model.layers
+        if mb % 2 or min(c.count for c in pb.cluster.chips) < 2:
+            continue
+        stages = [StagePlan("X", 1, layers // 2), StagePlan("Z", 1, layers - layers // 2)]
+        one = Plan(stages, dp=2, micro_batch_size=1, micro_batches=mb // 2, schedule="1f1b")
+        two = Plan.of_replicas([ReplicaGroup([StagePlan(s.chip, s.tp, s.layers) for s in stages], mb // 2)
+                                for _ in range(2)], 1, schedule="1f1b")
+        want = simulate_plan(pb.cm, one).iteration_time_s
+        assert simulate_groups(pb.cm, one).iteration_time_s == pytest.approx(want, rel=1e-12)
+        assert simulate_groups(pb.cm, two).iteration_time_s == pytest.approx(want, rel=1e-12)
+        checked += 1
+
+
+def test_two_different_groups_take_the_slowest_group_then_each_layers_all_reduce():
+    """X alone with 5 micro-batches, Y alone with 3: each a one-stage pipeline (every micro-batch's forward
+    and backward in turn), then every layer, the embedding and the head all-reduced between the two chips
+    over the 0.5 GB/s link (the slower of it and the 10 GB/s network), then half the optimizer step."""
+    pb = _two_types(0.5)
+    # 4 layers' forward and backward (3 f), the embedding's and the head's (head_s = f)
+    per_mb = {c: 4 * 3 * f + pb.cm.profile.get(c, 1).embed_s + f for c, f in (("X", 0.1), ("Y", 0.15))}
+    compute = max(5 * per_mb["X"], 3 * per_mb["Y"])
+    ring = lambda params: 2 * (2 - 1) / 2 * 2 * params / 0.5e9  # noqa: E731 (bf16 gradients, 2 ranks)
+    sync = 4 * ring(LAYER_PARAMS) + 2 * ring(END_PARAMS)
+    optim = (4 + 2 * END_PARAMS / LAYER_PARAMS) * 0.01 / 2
+    got = simulate_groups(pb.cm, _per_type(5, 3)).iteration_time_s
+    assert got == pytest.approx(compute + sync + optim, rel=1e-9)
+
+
+def test_the_per_replica_plan_beats_every_single_stage_list_and_equals_the_brute_force_over_shares():
+    """With a 0.5 GB/s link, X and Y each training its own replica (the batch split 5:3) is faster than any
+    plan of one stage list for every replica (the brute force over the larger space: either type alone,
+    both in one pipeline, idle chips, any dp); the candidate equals the best over every share."""
+    pb = _two_types(0.5)
+    single = brute_force(pb, extended=True)[0]
+    got = best_per_replica(pb)
+    assert got is not None and got.iteration_time_s < single * 0.95, (got, single)
+    shares = [_joined(pb, [["X"], ["Y"]], (n, 8 - n), Budget(baselines=False)) for n in range(1, 8)]
+    assert got.iteration_time_s == pytest.approx(min(p.iteration_time_s for p in shares if p), rel=1e-12)
+    got.validate(num_layers=4, available={"X": 1, "Y": 1})
+    assert [g.micro_batches for g in got.replicas] == [5, 3]
+
+
+def test_the_engine_refuses_a_plan_of_replica_groups_naming_the_field():
+    pb = _two_types()
+    with pytest.raises(SpecError) as e:
+        check_run(_per_type(5, 3), pb.model, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
+    assert e.value.field == "replicas" and "does not train" in str(e.value)
+
+
+def test_partitions_are_every_set_partition():
+    """Bell numbers 1, 2, 5, 15, 52, each partition once."""
+    for n, bell in zip(range(1, 6), (1, 2, 5, 15, 52)):
+        got = [tuple(sorted(tuple(sorted(g)) for g in p)) for p in partitions(list("abcde"[:n]))]
+        assert len(got) == len(set(got)) == bell
