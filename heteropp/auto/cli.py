@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
 from ..argtypes import at_least, positive
@@ -62,6 +63,17 @@ def cmd_plan(a: argparse.Namespace) -> int:
     else:
         out = plan_of(pb, budget, a.algo, _progress if a.progress else None)
     plan, res = out.plan, out.search
+    if a.per_replica:
+        from .replicas import best_per_replica, describe
+        joined = best_per_replica(pb, replace(budget, baselines=False))
+        if joined is not None and joined.iteration_time_s < plan.iteration_time_s:
+            joined.search_time_s = plan.search_time_s
+            print(describe(joined))
+            if a.json:
+                joined.save(a.json)
+                print(f"wrote {a.json} (replica groups: for `heteroauto simulate`; `heteropp run` refuses them)")
+            return 0
+        print("per-replica: no split of the chip types into replica groups is faster than one stage list")
     print(table(plan))
     if res.bounded:
         gap = ""
@@ -87,7 +99,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
     m = pb.model
     plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
-                  available={c.name: c.count for c in pb.cluster.chips})
+                  available={c.name: c.count for c in pb.cluster.chips},
+                  nodes={c.name: c.node_sizes for c in pb.cluster.chips})
+    if plan.replicas:
+        return _simulate_groups(a, pb, plan)
     name = a.schedule or plan.schedule
     if name != plan.schedule:
         plan.schedule, plan.schedule_params = name, schedule_params(pb.cm, plan_stages(plan), plan.dp, name)
@@ -119,6 +134,24 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if a.write_plan:
         plan.save(a.write_plan)
         print(f"wrote {a.write_plan}")
+    return 0
+
+
+def _simulate_groups(a: argparse.Namespace, pb: Any, plan: Plan) -> int:
+    """cmd_simulate of a plan whose replica groups run different pipelines (replica_sim)."""
+    from .replica_sim import simulate_groups
+    for flag in ("schedule", "png", "write_plan"):
+        if getattr(a, flag):
+            raise SpecError(a.plan, "--" + flag.replace("_", "-"), "not available for a plan of replica groups",
+                            "the plan's own schedule, no timeline")
+    r = simulate_groups(pb.cm, plan)
+    print(f"simulated iteration {r.iteration_time_s:.4f} s over {len(plan.replicas)} replica groups")
+    for i, (ends, done) in enumerate(zip(r.compute_end_s, r.stage_end_s)):
+        print(f"  group {i}: compute ends {max(ends):.4f} s, after the all-reduces {max(done):.4f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"iteration_time_s": r.iteration_time_s, "schedule": plan.schedule,
+                       "peak_memory_gb": [[m / 1e9 for m in g] for g in r.peak_memory_bytes]}, f, indent=2)
     return 0
 
 
@@ -198,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the plan may then differ between machines or loads)")
     p.add_argument("--micro-batch-sizes", help="search the micro-batch size: auto (powers of two up to 16 that divide "
                    "the global batch) or sizes separated by commas; the training spec's size is then not used")
+    p.add_argument("--per-replica", action="store_true",
+                   help="also plan replica groups with different pipelines (every split of the chip types, each "
+                   "planned alone with its share of the batch); `heteropp run` does not train such plans")
     p.add_argument(
         "--idle",
         choices=IDLE_MODES,
