@@ -135,3 +135,15 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
         return None
     joined.iteration_time_s = simulate_groups(pb.cm, joined).iteration_time_s
     return joined
+
+
+def describe(p: Plan) -> str:
+    """A plan of replica groups as lines of text: each group's pipelines, micro-batches and stages."""
+    rows = []
+    for i, g in enumerate(p.groups):
+        stages = " | ".join(f"{s.chip} tp{s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"
+                            + (" rc" if s.recompute else "") for s in g.stages)
+        rows.append(f"group {i}: dp={g.dp} micro-batches={g.micro_batches} x {p.micro_batch_size}: {stages}")
+    rows.append(f"replica groups, schedule={p.schedule} chips={p.chips_used()}: simulated iteration time "
+                f"{p.iteration_time_s or 0:.4f} s (heteropp run does not train plans of replica groups)")
+    return "\n".join(rows)

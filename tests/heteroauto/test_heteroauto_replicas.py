@@ -5,7 +5,9 @@ the one-stage pipeline written out by hand, and a brute force over every share o
 Hand-set profiles stand in for measured chips; the simulator stands in for the cluster."""
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +149,32 @@ def test_partitions_are_every_set_partition():
     for n, bell in zip(range(1, 6), (1, 2, 5, 15, 52)):
         got = [tuple(sorted(tuple(sorted(g)) for g in p)) for p in partitions(list("abcde"[:n]))]
         assert len(got) == len(set(got)) == bell
+
+
+def test_the_cli_plans_replica_groups_on_request_simulates_them_and_heteropp_run_refuses_them(tmp_path, capsys):
+    """Two chips of A and two of B (0.6x A's speed) over a 1 GB/s link, the analytic profile: with
+    --per-replica the plan is two replica groups (A with 5 micro-batches, B with 3), faster than the plan
+    of one stage list; `heteroauto simulate` prices the file as the planner did; `heteropp run` exits 2."""
+    from heteropp.auto.cli import main
+    from heteropp.cli import main as run_main
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("chips:\n"
+                       "  - {name: A, count: 2, memory_gb: 16, peak_tflops: 0.001, chips_per_node: 2, "
+                       "intra_node_bw: 50, network_bw: 5}\n"
+                       "  - {name: B, count: 2, memory_gb: 16, peak_tflops: 0.0006, chips_per_node: 2, "
+                       "intra_node_bw: 50, network_bw: 5}\n"
+                       "links:\n  - {between: [A, B], bandwidth: 1}\n")
+    train = str(Path(__file__).resolve().parents[2] / "examples" / "training" / "tiny.yaml")
+    inputs = ["--cluster", str(cluster), "--model", "tiny", "--train", train]
+    single, joined = tmp_path / "single.json", tmp_path / "joined.json"
+    assert main(["plan", *inputs, "--no-progress", "--json", str(single)]) == 0
+    assert main(["plan", *inputs, "--no-progress", "--per-replica", "--json", str(joined)]) == 0
+    got = Plan.load(joined)
+    assert [g.micro_batches for g in got.replicas] == [5, 3]
+    assert got.iteration_time_s < Plan.load(single).iteration_time_s
+    out = tmp_path / "sim.json"
+    assert main(["simulate", str(joined), *inputs, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["iteration_time_s"] == pytest.approx(got.iteration_time_s, rel=1e-12)
+    capsys.readouterr()
+    assert run_main(["run", "--plan", str(joined), "--model", "tiny", "--steps", "1"]) == 2
+    assert "'replicas'" in capsys.readouterr().err
