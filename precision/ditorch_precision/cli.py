@@ -23,8 +23,29 @@ def _fmt(v) -> str:
     return "-" if v is None else str(v)
 
 
-def _print_diff(report, rows: int, show_all: bool) -> None:
+class _Unmatched:
+    """What the summary prints of the unmatched rows, gathered as a streamed compare hands them
+    over (its report keeps none): op names per region, the first module records without a partner."""
+
+    def __init__(self, rows=()) -> None:
+        self.names: dict[tuple, set[str]] = {}  # (run, module, phase) -> op names
+        self.modules: list[dict] = []
+        self.n_modules = 0
+        for r in rows:
+            self.add(r)
+
+    def add(self, row: dict) -> None:
+        if row["op"].startswith(("module::", "optimizer::")):
+            self.n_modules += 1
+            if len(self.modules) < 5:
+                self.modules.append(row)
+        else:
+            self.names.setdefault((row["run"], row["module"], row["phase"]), set()).add(row["op"])
+
+
+def _print_diff(report, rows: int, show_all: bool, unmatched: _Unmatched | None = None) -> None:
     d = report.to_dict()
+    unmatched = unmatched or _Unmatched(report.unmatched)
     cols = ("index", "op", "phase", "module", "status", "rule", "max_abs", "max_rel", "cosine", "max_ulp")
     shown = report.ops if show_all else report.failed[:rows]
     if shown:
@@ -34,20 +55,22 @@ def _print_diff(report, rows: int, show_all: bool) -> None:
                            for c in cols))
     print(f"{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped, "
           f"{d['n_unmatched']} unmatched")
+    if d["streamed"]:
+        verdicts = {k.removeprefix("region:"): n for k, n in report.counts.items() if k.startswith("region:")}
+        if verdicts:
+            print("regions whose op sequences differ: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+                  + ("; those that fail or cannot be judged:" if d["regions"] else ""))
     for region in d["regions"]:
-        ops_a = sorted({r["op"] for r in report.unmatched if r["run"] == "A" and r["module"] == region["module"]
-                        and r["phase"] == region["phase"]})
-        ops_b = sorted({r["op"] for r in report.unmatched if r["run"] == "B" and r["module"] == region["module"]
-                        and r["phase"] == region["phase"]})
+        ops_a = sorted(unmatched.names.get(("A", region["module"], region["phase"]), ()))
+        ops_b = sorted(unmatched.names.get(("B", region["module"], region["phase"]), ()))
         print(f"region {region['module'] or '(no module)'} ({region['phase']}, step {region['step']}): op sequences "
               f"differ (only in A: {', '.join(ops_a) or '-'}; only in B: {', '.join(ops_b) or '-'}); "
               f"{region['verdict']}: {region['n_ops_checked']} of A's ops against their float64 replay, "
               f"{region['n_module_records']} module records; {region['detail']}")
-    modules = [r for r in report.unmatched if r["op"].startswith(("module::", "optimizer::"))]
-    if modules:
-        print(f"{len(modules)} module records without a partner: "
+    if unmatched.n_modules:
+        print(f"{unmatched.n_modules} module records without a partner: "
               + ", ".join(f"{r['op']} {r['module']} ({r['phase']}, step {r['step']}, only in {r['run']})"
-                          for r in modules[:5]) + (" ..." if len(modules) > 5 else ""))
+                          for r in unmatched.modules) + (" ..." if unmatched.n_modules > 5 else ""))
     fd = d["first_divergence"]
     if fd:
         print(f"first divergence: {fd['op']} #{fd['index']} ({fd['phase']}, module {fd['module']}, step "
@@ -88,7 +111,26 @@ def cmd_compare(args) -> int:
                                  _tolerances(args), args.align, Equivalences.load(args.map))
         if rank_dirs(args.dump_a) is not None or rank_dirs(args.dump_b) is not None:
             return _compare_ranks(args, options)
-        report = compare_dumps(args.dump_a, args.dump_b, options=options)
+        # Streamed (memory bounded whatever the captures' length) unless every row is asked for.
+        stream = not (args.json or args.html or args.all)
+        unmatched = _Unmatched()
+        table = None
+        if stream and args.csv:
+            from .report import DiffCsv
+
+            table = DiffCsv(args.csv)
+
+        def on_row(kind: str, row: dict) -> None:
+            if kind == "op" and table is not None:
+                table.write(row)
+            elif kind == "unmatched":
+                unmatched.add(row)
+
+        try:
+            report = compare_dumps(args.dump_a, args.dump_b, options=options, on_row=on_row if stream else None)
+        finally:
+            if table is not None:
+                table.close()
     except (DumpError, ValueError) as exc:
         return _input_error(args, str(exc))
     d = report.to_dict()
@@ -96,7 +138,7 @@ def cmd_compare(args) -> int:
         what = "no ops" if not d["n_ops"] else f"all {d['n_ops']} ops were skipped"
         return _input_error(args, f"nothing was compared ({what}): check that the captures selected the same ops "
                                   "and saved their tensors (size cap, save_tensors)")
-    if args.csv:
+    if args.csv and not stream:
         from .report import write_diff_csv
 
         write_diff_csv(report, args.csv)
@@ -108,7 +150,7 @@ def cmd_compare(args) -> int:
     if args.json:
         print(json.dumps(d, indent=1))
     else:
-        _print_diff(report, args.rows, args.all)
+        _print_diff(report, args.rows, args.all, unmatched if stream else None)
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
@@ -26,6 +28,11 @@ from .signature import differences, signature
 _ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
 
 
+# A streamed report (``on_row``) keeps only this many failing rows and failed or unjudged regions:
+# the first divergence is among them, the counts cover all.
+KEPT_WHEN_STREAMED = 1000
+
+
 @dataclass
 class DiffReport:
     dump_a: str
@@ -33,6 +40,28 @@ class DiffReport:
     ops: list[dict] = field(default_factory=list)  # one record per op, in call order
     unmatched: list[dict] = field(default_factory=list)  # ops of one run that the other has no match for
     regions: list[dict] = field(default_factory=list)  # modules whose op sequences differ, judged as modules
+    # Streaming (see compare_dumps): each row goes to on_row(kind, row), kind "op", "unmatched" or
+    # "region"; the lists above then keep only failures (KEPT_WHEN_STREAMED of each).
+    on_row: Callable[[str, dict], None] | None = None
+    counts: Counter = field(default_factory=Counter)  # "op:<status>", "unmatched", "region:<verdict>"
+
+    def add(self, ops: list[dict], unmatched: Sequence[dict] = (), regions: Sequence[dict] = ()) -> None:
+        """Rows of a part of the run, in call order (each part after the ones before it)."""
+        self.counts.update(f"op:{r['status']}" for r in ops)
+        self.counts["unmatched"] += len(unmatched)
+        self.counts.update(f"region:{r['verdict']}" for r in regions)
+        if self.on_row is None:
+            self.ops.extend(ops)
+            self.unmatched.extend(unmatched)
+            self.regions.extend(regions)
+            return
+        for kind, rows in (("op", ops), ("unmatched", unmatched), ("region", regions)):
+            for r in rows:
+                self.on_row(kind, r)
+        room = KEPT_WHEN_STREAMED - len(self.ops)
+        self.ops.extend([r for r in ops if r["status"] == "fail"][:max(room, 0)])
+        room = KEPT_WHEN_STREAMED - len(self.regions)
+        self.regions.extend([r for r in regions if r["verdict"] in ("fail", "unjudged")][:max(room, 0)])
 
     @property
     def failed(self) -> list[dict]:
@@ -49,17 +78,17 @@ class DiffReport:
 
     @property
     def passed(self) -> bool:
-        return not self.failed and not self.unjudged
+        return not self.counts["op:fail"] and not self.counts["region:unjudged"]
 
     def to_dict(self) -> dict:
-        def count(status: str) -> int:
-            return sum(r["status"] == status for r in self.ops)
-
-        return {"dump_a": self.dump_a, "dump_b": self.dump_b, "passed": self.passed, "n_ops": len(self.ops),
-                "n_passed": count("pass"), "n_failed": count("fail"), "n_skipped": count("skipped"),
-                "n_drift": count("drift"), "n_unmatched": len(self.unmatched),
-                "n_unjudged_regions": len(self.unjudged), "first_divergence": self.first_divergence,
-                "ops": self.ops, "unmatched": self.unmatched, "regions": self.regions}
+        c = self.counts
+        return {"dump_a": self.dump_a, "dump_b": self.dump_b, "passed": self.passed,
+                "n_ops": sum(n for k, n in c.items() if k.startswith("op:")),
+                "n_passed": c["op:pass"], "n_failed": c["op:fail"], "n_skipped": c["op:skipped"],
+                "n_drift": c["op:drift"], "n_unmatched": c["unmatched"],
+                "n_unjudged_regions": c["region:unjudged"], "first_divergence": self.first_divergence,
+                "streamed": self.on_row is not None, "ops": self.ops, "unmatched": self.unmatched,
+                "regions": self.regions}
 
 
 def _row(rec: dict, status: str, rule: str, detail: str, verdict: TreeVerdict | None = None) -> dict:
@@ -317,12 +346,18 @@ def _zero(tree, masks: dict[int, torch.Tensor]):
 
 
 def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: float | None = None,
-                  ratio_k: float | None = None, options: CompareOptions | None = None) -> DiffReport:
+                  ratio_k: float | None = None, options: CompareOptions | None = None,
+                  on_row: Callable[[str, dict], None] | None = None) -> DiffReport:
     """Compare capture A (device) against capture B (reference), aligned by structure (see
     ditorch_precision.align; ``options.align="index"``: by call index, as both runs must then run the same ops).
 
     ``options`` (default: the auto rule); the older keywords still work: ``ratio_k`` asks for the
-    error-ratio rule with that k, ``rtol``/``atol`` for allclose with those tolerances."""
+    error-ratio rule with that k, ``rtol``/``atol`` for allclose with those tolerances.
+
+    The captures' index records are read a step at a time (where each capture's steps follow one
+    another, as a training loop writes them; else whole). ``on_row(kind, row)``: every row is handed
+    over as its step is judged ("op", "unmatched" or "region") and the report keeps only the
+    counts and the failures, so memory does not grow with the number of ops."""
     if options is None:
         if ratio_k is not None:
             options = CompareOptions("error_ratio", ratio_k, ToleranceTable(rtol=rtol, atol=atol))
@@ -332,7 +367,7 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
             options = CompareOptions()
     a, b = Dump.open(dump_a), Dump.open(dump_b)
     check_tolerance_keys(options.tolerances, a, b)
-    report = DiffReport(dump_a, dump_b)
+    report = DiffReport(dump_a, dump_b, on_row=on_row)
     with torch.no_grad():
         if options.align == "index":
             _compare_by_index(a, b, options, report)
@@ -347,29 +382,27 @@ def check_tolerance_keys(table: ToleranceTable, *dumps: Dump) -> None:
         return
     ops, dtypes = set(), set()
     for dump in dumps:
-        for r in dump.op_records:
-            ops.add(r["op"])
-            for o in r.get("outputs") or ():
-                dtype = getattr(torch, o.get("dtype", ""), None) if isinstance(o, dict) else None
-                if isinstance(dtype, torch.dtype):
-                    dtypes.add(dtype)
+        ops |= dump.ops
+        dtypes |= {d for d in map(lambda name: getattr(torch, name, None), dump.dtypes) if isinstance(d, torch.dtype)}
     table.check_keys(ops, dtypes, where="the captures")
 
 
 def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
     ia, ib = a.by_index(), b.by_index()
+    rows: list[dict] = []
     for index in sorted(set(ia) | set(ib)):
         ra, rb = ia.get(index), ib.get(index)
         if ra is None or rb is None:
             present = ra or rb
             where = "A" if ra is None else "B"
-            report.ops.append(_row(present, "fail", "alignment", f"op #{index} {present['op']} missing in {where}"))
+            rows.append(_row(present, "fail", "alignment", f"op #{index} {present['op']} missing in {where}"))
             continue
         if ra["op"] != rb["op"] or ra.get("overload") != rb.get("overload"):
-            report.ops.append(_row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index "
-                                   f"{ra['index']}: the runs took different paths"))
+            rows.append(_row(ra, "fail", "alignment", f"op {ra['op']} in A but {rb['op']} in B at index "
+                             f"{ra['index']}: the runs took different paths"))
             continue
-        report.ops.append(compare_records(a, b, ra, rb, options))
+        rows.append(compare_records(a, b, ra, rb, options))
+    report.add(rows)
 
 
 def self_check(a: Dump, ra: dict, opts: CompareOptions) -> dict:
@@ -423,30 +456,72 @@ def _region_verdict(rows: list[dict]) -> tuple[str, str]:
                         "unmatched ops could be replayed")
 
 
+def _step_pairs(a: Dump, b: Dump):
+    """(A's records, B's records) of each step, in step order: the unit of alignment (its key
+    starts with the step), read one step at a time; both captures whole, once, when either's steps
+    do not follow one another (a loop that set the step by hand)."""
+    if not (a.in_step_order and b.in_step_order):
+        yield a.records, b.records
+        return
+    chunks_a, chunks_b = a.step_chunks(), b.step_chunks()
+    ca, cb = next(chunks_a, None), next(chunks_b, None)
+    while ca is not None or cb is not None:
+        if cb is None or (ca is not None and ca[0] < cb[0]):
+            yield ca[1], []
+            ca = next(chunks_a, None)
+        elif ca is None or cb[0] < ca[0]:
+            yield [], cb[1]
+            cb = next(chunks_b, None)
+        else:
+            yield ca[1], cb[1]
+            ca, cb = next(chunks_a, None), next(chunks_b, None)
+
+
+@dataclass
+class _Carried:
+    """What the judging of a step takes from the steps before it."""
+
+    first_fail: int | None = None  # call index of the earliest failure so far
+    first_draw: int | None = None  # of the earliest op of A that drew other random numbers
+    upstream: "_Upstream" = field(default_factory=lambda: _Upstream())
+
+
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
-    al = align(a.records, b.records, options.equivalences)
+    carried = _Carried()
+    for records_a, records_b in _step_pairs(a, b):
+        _compare_step(a, b, records_a, records_b, options, report, carried)
+
+
+def _earliest(*values: int | None) -> int | None:
+    return min((v for v in values if v is not None), default=None)
+
+
+def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict], options: CompareOptions,
+                  report: DiffReport, carried: _Carried) -> None:
+    """The rows of one step (or of the whole runs: see _step_pairs), added to ``report``."""
+    al = align(records_a, records_b, options.equivalences)
     # Inside a region (another implementation of a module) ops pair where their outputs' shapes
     # happen to agree: what they were called with differs by design, and the region's module
     # records judge it.
     in_region = set(al.regions)
-    report.ops.extend(compare_records(a, b, ra, rb, options, arguments=group_key(ra) not in in_region)
-                      for ra, rb in al.pairs)
+    ops = [compare_records(a, b, ra, rb, options, arguments=group_key(ra) not in in_region) for ra, rb in al.pairs]
+    unmatched = []
     for ra in al.unmatched_a:
-        report.unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
+        unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
     for rb in al.unmatched_b:
-        report.unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
+        unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
     for ra in al.unmatched_modules_a:
-        report.unmatched.append(_row(ra, "unmatched", "alignment", "module record only in A") | {"run": "A"})
+        unmatched.append(_row(ra, "unmatched", "alignment", "module record only in A") | {"run": "A"})
     for rb in al.unmatched_modules_b:
-        report.unmatched.append(_row(rb, "unmatched", "alignment", "module record only in B") | {"run": "B"})
+        unmatched.append(_row(rb, "unmatched", "alignment", "module record only in B") | {"run": "B"})
     policy = options.equivalences.mixed_precision
     for ra in al.casts_a:  # judged where they run, like a region's own ops
         row = self_check(a, ra, options)
         row["detail"] = f"a cast of the mixed-precision policy ({policy.describe()}), {row['detail']}"
-        report.ops.append(row)
+        ops.append(row)
     for rb in al.casts_b:
-        report.unmatched.append(_row(rb, "unmatched", "mixed_precision",
-                                     f"a cast of the mixed-precision policy ({policy.describe()}) in B") | {"run": "B"})
+        unmatched.append(_row(rb, "unmatched", "mixed_precision",
+                              f"a cast of the mixed-precision policy ({policy.describe()}) in B") | {"run": "B"})
     # A region's unmatched ops of A are judged against their own float64 replay (immune to inherited
     # drift); its module records directly, which tells a fault apart only before the first divergence.
     own_ops: dict = {}
@@ -457,23 +532,22 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
         name = f"{region[2] or '(no module)'} ({region[1]}, step {region[0]})"
         rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_ops.get(region, [])]
         rows.extend(({"region": name}, ra, rb) for ra, rb in region_module_records(al, region))
-    first_fail = min([r["index"] for r in report.ops if r["status"] == "fail"]
-                     + [r["index"] for rows in region_rows.values() for r in rows
-                        if isinstance(r, dict) and r["status"] == "fail"], default=None)
+    own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
+    first_fail = _earliest(carried.first_fail, *(r["index"] for r in ops + own_rows if r["status"] == "fail"))
     # Random draws (A's ops that drew, judged by their contracts or skipped) differ between runs by
     # design (another seed, device or kernel draws other numbers): module records after the first
     # are compared like those after a divergence.
-    first_draw = min([r["index"] for r in report.ops + [r for rows in region_rows.values() for r in rows
-                                                        if isinstance(r, dict)] if _drew(r)], default=None)
+    first_draw = _earliest(carried.first_draw, *(r["index"] for r in ops + own_rows if _drew(r)))
     # module records in call order: the first that fails before any divergence is one
     pending = sorted(((region, item) for region, rows in region_rows.items() for item in rows
                       if isinstance(item, tuple)), key=lambda x: x[1][1]["index"])
-    upstream = _Upstream(report.ops, in_region)
+    upstream = carried.upstream
+    upstream.add_step(ops, in_region)
     for region, (tag, ra, rb) in pending:
         row = compare_records(a, b, ra, rb, options) | tag
         if (row["status"] == "fail" and row["rule"] == "allclose" and (first_fail is None or ra["index"] < first_fail)
                 and (first_draw is None or ra["index"] < first_draw)):
-            upstream.judge(row, _region_start(a.records, region))  # else drift below: other draws may explain it
+            upstream.judge(row, _region_start(records_a, region))  # else drift below: other draws may explain it
         if ra["op"] == PARAMS_OP:
             upstream.weights(row)
         if row["status"] == "fail":
@@ -486,26 +560,28 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
             else:
                 first_fail = ra["index"]
         region_rows[region].append(row)
+    carried.first_fail, carried.first_draw = first_fail, first_draw
     # a region's ops that were paired (a random op judged on its own draws, say) count too: a
     # module record that differs after the divergence is not drift when an op inside it failed
     paired_fails: dict = {}
-    for r in report.ops:
+    for r in ops:
         if r["status"] == "fail":
             paired_fails.setdefault(group_key(r), []).append(r)
+    regions = []
     for region, rows in region_rows.items():
         rows = [r for r in rows if not isinstance(r, tuple)]
         verdict, detail = _region_verdict(paired_fails.get(region, []) + rows)
         step, phase, module = region
-        report.regions.append({"step": step, "phase": phase, "module": module, "verdict": verdict, "detail": detail,
-                               "n_module_records": sum(r["op"].startswith(("module::", "optimizer::")) for r in rows),
-                               "n_ops_checked": sum(r["status"] in ("pass", "fail") and "::" in r["op"]
-                                                    and not r["op"].startswith(("module::", "optimizer::"))
-                                                    for r in rows)})
-        report.ops.extend(rows)
+        regions.append({"step": step, "phase": phase, "module": module, "verdict": verdict, "detail": detail,
+                        "n_module_records": sum(r["op"].startswith(("module::", "optimizer::")) for r in rows),
+                        "n_ops_checked": sum(r["status"] in ("pass", "fail") and "::" in r["op"]
+                                             and not r["op"].startswith(("module::", "optimizer::")) for r in rows)})
+        ops.extend(rows)
     # at one index: ops, then module records, outer modules first (a module and its last child
     # return together; the region is the module)
-    report.ops.sort(key=lambda r: (r["index"], r["op"].startswith(("module::", "optimizer::")),
-                                   (r["module"] or "").count(".")))
+    ops.sort(key=lambda r: (r["index"], r["op"].startswith(("module::", "optimizer::")),
+                            (r["module"] or "").count(".")))
+    report.add(ops, unmatched, regions)
 
 
 # A module record is compared directly with the reference's, so after the runs' weights or
@@ -519,15 +595,24 @@ DRIFT_GROWTH = 4.0
 
 
 class _Upstream:
-    """The drift the runs carry at each point of the call order (see DRIFT_WINDOW)."""
+    """The drift the runs carry at each point of the call order (see DRIFT_WINDOW), built a step
+    at a time: of the steps before, only what a later query can use is kept."""
 
-    def __init__(self, rows: list[dict], in_region: set) -> None:
+    def __init__(self) -> None:
+        self._index: list[int] = []
+        self._drift: list[float] = []
+        self._weights: list[tuple[int, float]] = []  # (index, drift) of the parameters after a step
+
+    def add_step(self, rows: list[dict], in_region: set) -> None:
+        """A step's paired ops (its queries come after every earlier step's records)."""
+        del self._index[:-DRIFT_WINDOW], self._drift[:-DRIFT_WINDOW]
+        if self._weights:  # every earlier step's weights precede this step's queries: their largest is enough
+            self._weights = [max(self._weights, key=lambda w: w[1])]
         eligible = sorted((r["index"], r["drift"]) for r in rows
                           if r["status"] == "pass" and math.isfinite(r.get("drift", math.inf))
                           and group_key(r) not in in_region and not r["op"].startswith(("module::", "optimizer::")))
-        self._index = [i for i, _ in eligible]
-        self._drift = [d for _, d in eligible]
-        self._weights: list[tuple[int, float]] = []  # (index, drift) of the parameters after a step
+        self._index += [i for i, _ in eligible]
+        self._drift += [d for _, d in eligible]
         for r in rows:  # paired optimizer ops (the same kernels in both runs) measure the weights too
             if r["phase"] == "optimizer" and r["status"] == "pass" and math.isfinite(r.get("drift", math.inf)):
                 self._weights.append((r["index"], r["drift"]))
@@ -625,7 +710,7 @@ def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None)
     for rank in sorted(ra):
         dump = Dump.open(ra[rank])
         with torch.no_grad():
-            stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in dump.op_records
-                     if is_collective(r["op"]) and r["op"] not in PLUMBING]
+            stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in dump.iter_records()
+                     if r.get("kind", "op") == "op" and is_collective(r["op"]) and r["op"] not in PLUMBING]
         per_rank[rank] = [s for s in stats if s is not None] + load_transfers(ra[rank])
     return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])

@@ -160,11 +160,15 @@ def tree_nbytes(tree) -> int:
 
 @dataclass
 class Dump:
-    """A capture directory opened for reading."""
+    """A capture directory opened for reading. Its index is checked whole on opening but not held:
+    ``iter_records`` and ``step_chunks`` read it again line by line (a compare's memory does not
+    grow with the number of ops); ``records`` loads it whole, once, for the callers that need it."""
 
     path: str
     meta: dict
-    records: list[dict]
+    ops: frozenset = frozenset()  # op names of the op records
+    dtypes: frozenset = frozenset()  # dtypes (names) of their outputs
+    in_step_order: bool = True  # records grouped by step, steps increasing (see step_chunks)
 
     @classmethod
     def open(cls, path: str) -> "Dump":
@@ -186,8 +190,28 @@ class Dump:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             got = meta.get("format") if isinstance(meta, dict) else meta
             raise DumpError(f"{meta_path}: format {got!r}, expected {FORMAT!r}")
-        records = []
-        with open(index) as f:
+        dump = cls(path, meta)
+        ops, dtypes, steps = set(), set(), []
+        for rec in dump.iter_records():  # every line checked now, not midway through a compare
+            if rec.get("kind", "op") == "op":
+                ops.add(rec["op"])
+                dtypes.update(o["dtype"] for o in rec.get("outputs") or () if isinstance(o, dict)
+                              and isinstance(o.get("dtype"), str))
+            step = rec.get("step")
+            if not steps or steps[-1] != step:
+                steps.append(step)
+        dump.ops, dump.dtypes = frozenset(ops), frozenset(dtypes)
+        dump.in_step_order = all(isinstance(s, int) for s in steps) and all(x < y for x, y in zip(steps, steps[1:]))
+        return dump
+
+    def iter_records(self):
+        """The index records, read and checked line by line."""
+        index = os.path.join(self.path, INDEX)
+        try:
+            f = open(index)
+        except OSError as exc:
+            raise DumpError(f"{index}: unreadable ({exc})") from exc
+        with f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -198,8 +222,28 @@ class Dump:
                 problem = _record_problem(rec)
                 if problem:
                     raise DumpError(f"{index}:{lineno}: {problem}")
-                records.append(rec)
-        return cls(path, meta, records)
+                yield rec
+
+    def step_chunks(self):
+        """(step, records) for each run of consecutive records of one step, in index order."""
+        chunk: list[dict] = []
+        step = None
+        for rec in self.iter_records():
+            if chunk and rec.get("step") != step:
+                yield step, chunk
+                chunk = []
+            step = rec.get("step")
+            chunk.append(rec)
+        if chunk:
+            yield step, chunk
+
+    @property
+    def records(self) -> list[dict]:
+        """Every index record, loaded once and held."""
+        held = self.__dict__.get("_records")
+        if held is None:
+            held = self.__dict__["_records"] = list(self.iter_records())
+        return held
 
     @property
     def op_records(self) -> list[dict]:

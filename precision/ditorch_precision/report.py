@@ -16,10 +16,30 @@ DIFF_COLUMNS = ("index", "op", "overload", "phase", "module", "step", "rank", "s
 
 
 def write_diff_csv(report: DiffReport, path: str) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=DIFF_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(report.ops)
+    with DiffCsv(path) as out:
+        for row in report.ops:
+            out.write(row)
+
+
+class DiffCsv:
+    """The per-op table written row by row (a streamed compare's ``on_row``)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=DIFF_COLUMNS, extrasaction="ignore")
+        self._writer.writeheader()
+
+    def write(self, row: dict) -> None:
+        self._writer.writerow(row)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "DiffCsv":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 RANK_COLUMNS = ("rank", "n_ops", "n_passed", "n_failed", "n_skipped", "n_drift", "n_unmatched",
