@@ -105,11 +105,41 @@ def test_all_reduce_default_thresholds(world):
             assert torch.equal(m[: n // 2], torch.arange(n // 2, dtype=torch.float32))
 
 
+# The ring for every large all_reduce (the push algorithm is the default between ranks of one host).
+RING = {"DICOMM_ALL_REDUCE_PUSH": "0"}
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_all_reduce_ring_on_every_dtype(world):
     """Tiny thresholds: the pipelined ring, many chunks and partial last chunks on every dtype
     and op, with counts that do not divide by the world size."""
+    _assert_all_ok(run_ranks(_tiny_thresholds, world, timeout=120, env=dict(TINY_THRESHOLDS, **RING)))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_push_all_reduce_on_every_dtype(world):
+    """The push algorithm (the default between ranks of one host) at tiny thresholds: many chunks and a
+    partial last one on every dtype and op, counts that do not divide by the world size."""
     _assert_all_ok(run_ranks(_tiny_thresholds, world, timeout=120, env=TINY_THRESHOLDS))
+
+
+def _one_rank_without_cross_memory_attach(rank, world, store):
+    from dicomm import _C
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    settings = {"DICOMM_SHM_CMA": "0"} if rank == 0 else {}  # rank 0 cannot reach its peers' memory
+    comm = _C.Communicator(dist.PrefixStore("coll", store), rank, world, timeout_s=20.0, settings=settings)
+    checked = _run_cases(comm, rank, world, _large_cases()[:3])
+    close_comm(comm)
+    return checked
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_push_all_reduce_falls_back_together_when_one_rank_cannot_reach_the_others(world):
+    """One rank without cross-memory attach: every rank takes the ring instead (deciding apart would hang
+    or mix algorithms), and the results stay exact."""
+    _assert_all_ok(run_ranks(_one_rank_without_cross_memory_attach, world, timeout=120))
 
 
 # Above the 256 KiB threshold of a large all_reduce, several 512 KiB chunks and a partial last one, in
@@ -135,17 +165,20 @@ def _rank_order_cases(rank, world, store):
     return out
 
 
-# The direct algorithm for every large all_reduce of these world sizes (the default is the ring).
-DIRECT = {"DICOMM_ALL_REDUCE_DIRECT_RANKS": "8"}
+# The direct algorithm for every large all_reduce of these world sizes (the default is the push algorithm
+# on one host, the ring elsewhere).
+DIRECT = {"DICOMM_ALL_REDUCE_DIRECT_RANKS": "8", "DICOMM_ALL_REDUCE_PUSH": "0"}
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_direct_all_reduce_reduces_every_element_in_rank_order(world):
+@pytest.mark.parametrize("algorithm,env", [("direct", DIRECT), ("push, the default on one host", {})])
+def test_large_all_reduce_reduces_every_element_in_rank_order(world, algorithm, env):
     """Random floats of different magnitudes (rounding depends on the order of the sum): a large
-    all_reduce by the direct algorithm holds, on every rank, exactly torch's sequential sum
+    all_reduce by the direct or the push algorithm holds, on every rank, exactly torch's sequential sum
     x0 + x1 + ... in rank order in the same dtype (AVG: that sum divided by the world size), whichever
-    rank reduced which block. The ring sums each block starting at a different rank."""
-    results = run_ranks(_rank_order_cases, world, timeout=120, env=DIRECT)
+    rank reduced which block, from the communicator's first call on. The ring sums each block starting
+    at a different rank."""
+    results = run_ranks(_rank_order_cases, world, timeout=120, env=env)
     dtypes = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16}
     for case, (i, numel, dtype, op, _) in enumerate(results[0]):
         xs = [_rank_order_inputs(i, q, numel, dtypes[dtype]) for q in range(world)]
@@ -158,8 +191,8 @@ def test_direct_all_reduce_reduces_every_element_in_rank_order(world):
             got = torch.from_numpy(res[case][4]).to(dtypes[dtype])
             bits = torch.int16 if dtype == "torch.bfloat16" else torch.int32
             wrong = got.view(bits) != expected.view(bits)
-            assert not wrong.any(), (f"rank {rank} of {world}: all_reduce({numel} x {dtype}, {op}) differs from "
-                                     f"the rank-order sum at {int(wrong.sum())} elements, first at "
+            assert not wrong.any(), (f"{algorithm}, rank {rank} of {world}: all_reduce({numel} x {dtype}, {op}) "
+                                     f"differs from the rank-order sum at {int(wrong.sum())} elements, first at "
                                      f"{int(wrong.nonzero()[0])}")
 
 

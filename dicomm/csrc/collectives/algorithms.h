@@ -17,6 +17,9 @@ void all_reduce_recursive_doubling(Session& s, uint8_t* buf, size_t count, DataT
 void all_reduce_ring(Session& s, uint8_t* buf, size_t count, DataType dtype, ReduceOp op);
 // all_reduce_direct.cpp: every rank reduces its own block from every peer, then gathers the others'.
 void all_reduce_direct(Session& s, uint8_t* buf, size_t count, DataType dtype, ReduceOp op);
+// all_reduce_push.cpp: on one host, every rank reduces its own block out of its peers' memory and
+// writes it into theirs. False, having moved no data, where some rank cannot reach every peer's memory.
+bool all_reduce_push(Session& s, uint8_t* buf, size_t count, DataType dtype, ReduceOp op);
 
 // tree.cpp: binomial trees rooted at `root`, for latency-bound sizes.
 void broadcast_binomial(Session& s, uint8_t* buf, size_t nbytes, int root);

@@ -31,8 +31,10 @@ RequestPtr all_reduce(Communicator& comm, void* buf, size_t count, DataType dtyp
   const bool large = count * dtype_size(dtype) >= tuning.all_reduce_ring_bytes &&
                      count >= static_cast<size_t>(comm.size());
   const bool direct = comm.size() <= tuning.all_reduce_direct_ranks;
+  const bool push = tuning.all_reduce_push;
   return launch(comm, sig, [=](Session& s) {
     if (s.size() == 1) return;  // AVG over one rank divides by one
+    if (large && push && all_reduce_push(s, data, count, dtype, op)) return;
     if (large && direct) all_reduce_direct(s, data, count, dtype, op);
     else if (large) all_reduce_ring(s, data, count, dtype, op);
     else all_reduce_recursive_doubling(s, data, count, dtype, op);

@@ -36,6 +36,7 @@ class Session {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Tuning& tuning() const { return tuning_; }  // the communicator's
+  int64_t cma_pid(int peer) const { return comm_.cma_pid(peer); }  // Communicator::cma_pid
 
   // Tag = collective_tag(seq, step). Both sides of a message must use the same step.
   Transfer send(int peer, const void* buf, size_t bytes, uint32_t step);

@@ -19,6 +19,7 @@ struct Tuning {
   size_t all_gather_ring_bytes = 1 << 20;    // total bytes; below: direct exchange
   size_t reduce_scatter_ring_bytes = 256 << 10;  // per-rank bytes; below: direct exchange
   int all_reduce_direct_ranks = 0;  // large all_reduce: direct up to this many ranks, ring beyond
+  bool all_reduce_push = true;      // large all_reduce on one host: the push algorithm where it can
 
   static Tuning of(const EngineConfig& config);
 };

@@ -57,6 +57,7 @@ RequestPtr Communicator::irecv(void* buf, size_t bytes, int peer, Tag tag, uint6
 }
 
 std::string Communicator::transport_of(int peer) const { return engine_->transport_of(peer); }
+int64_t Communicator::cma_pid(int peer) const { return engine_->cma_pid(peer); }
 std::map<std::string, int64_t> Communicator::stats() const { return engine_->stats(); }
 
 void Communicator::abort(const std::string& reason) { abort_with(reason, ErrorKind::kPeer); }

@@ -56,6 +56,10 @@ class Communicator {
 
   // Transport serving `peer`: "self", "shm", "tcp" (later "verbs"), or "" before first contact.
   std::string transport_of(int peer) const;
+  // The pid of `peer`'s process when every connection it opened to this rank so far is shared memory
+  // whose sender's memory this rank may read and write (cross-memory attach); -1 before it opened one,
+  // 0 otherwise. The pid is the kernel's (SO_PEERCRED), not one the peer claimed.
+  int64_t cma_pid(int peer) const;
   // Counters: "rejected_connections", "connections", bytes sent/received, ...
   std::map<std::string, int64_t> stats() const;
 

@@ -84,6 +84,7 @@ struct EngineConfig {
   size_t coll_chunk_bytes = size_t{512} << 10;
   std::optional<size_t> coll_small_bytes;
   int all_reduce_direct_ranks = 0;
+  bool all_reduce_push = true;
 
   // Options first (`transport`, and `settings`: knobs of the table by name), then the environment;
   // checks every knob in the table and every setting's name. Throws ValueError.

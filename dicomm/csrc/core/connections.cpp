@@ -264,4 +264,16 @@ std::string Engine::path_of_locked(const Peer& p) const {
   return p.transport->describe_path(p.send.get(), p.recv);
 }
 
+int64_t Engine::cma_pid(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const Peer& p = peers_[peer];
+  if (p.dead) return 0;
+  if (p.recv.empty()) return -1;  // not connected yet
+  const int64_t pid = p.recv.front()->cma_pid();
+  for (const auto& conn : p.recv)
+    if (conn->cma_pid() != pid) return 0;  // every connection from one process, each with the right
+  return pid;
+}
+
 }  // namespace dicomm

@@ -114,6 +114,9 @@ class RecvConn : public Conn {
  public:
   // The connecting process as the kernel saw it (shared memory: SO_PEERCRED), 0 when unknown.
   virtual int64_t peer_pid() const { return 0; }
+  // The peer's pid where this side may read and write the peer's memory (cross-memory attach, probed
+  // when the connection was accepted), else 0.
+  virtual int64_t cma_pid() const { return 0; }
   // Gives a matched receive's buffer back to its owner: the rest of the message is read and
   // dropped (or, verbs, no longer read: the reads already posted are awaited), `op` is never
   // completed. False where the transport cannot (shm's sender may be writing into it): its data

@@ -77,6 +77,7 @@ class ShmRecvConn : public RecvConn {
   int peer() const override { return peer_; }
   const char* transport_name() const override { return "shm"; }
   int64_t peer_pid() const override { return peer_pid_; }
+  int64_t cma_pid() const override { return cma_ ? peer_pid_ : 0; }
   bool progress(bool thorough) override;
   bool busy() const override { return !pulls_.empty() || !unsent_acks_.empty(); }
   bool arm() override;
