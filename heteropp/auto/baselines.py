@@ -7,7 +7,7 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
 * **h2**: the paper's algorithm (`h2.search_h2`), where its two-stage DFS stays cheap (at most
   `H2_MAX_TYPES` chip types and `H2_MAX_CHIPS` chips);
 * **subsets of chip types**: the cluster with only some types, the others idle, searched as a cluster of
-  its own (its plan is valid on the whole cluster) by the search and its re-rank. Every proper subset
+  its own (its plan is valid on the whole cluster) by the search and its ranking. Every proper subset
   up to `ALL_SUBSETS_TYPES` types; beyond, each type alone, and the types ranked by their FLOPs taken 2,
   3, ... at a time (on clusters of more than `LARGE_CHIPS` chips, 2 and 3 at a time: each sub-search
   costs about what the search does);
@@ -165,7 +165,7 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Pl
         if relaxed_bound(spb.cm, dps) >= best_s():
             continue
         try:
-            # a subset: the search and its re-rank (planning.run_search without baselines) on a share of
+            # a subset: the search and its ranking (planning.run_search without baselines) on a share of
             # the budget; rounded counts: as the planner plans that cluster itself
             # (a rounded cluster's own roundings are not planned again: each level multiplied the cost)
             res = plan(spb, limits, True) if whole else plan(spb, sub, False)

@@ -17,7 +17,7 @@ class Candidate:
     dp: int
     stages: list[StageSpec]
     label: str = ""
-    # schedule parameters the re-rank's local search found (planning.refine), tried next to the usual options
+    # schedule parameters the ranking's local search found (pricing.refine), tried next to the usual options
     params: dict[str, Any] | None = None
 
 

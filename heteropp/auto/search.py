@@ -25,7 +25,7 @@ import numpy as np
 
 from ..schedules import kind
 from ..spec import InfeasibleError
-from .accuracy import error_factor, objective_widen
+from .accuracy import objective_widen
 from .costs import CostModel, StageSpec, micro_batches
 from .candidates import Candidate, NothingFaster, Progress, SearchResult
 from .dpspace import DpSpace, cheap_bounds, type_choices
@@ -35,6 +35,8 @@ from .infeasible import explain_infeasible
 from .inner_dp import with_inner_dp
 from .levels import bound_parts, lower_bound
 from .idle import search_idle
+from .problem import Problem
+from .ranking import Ranking
 from .limits import BOUND_CELLS_PER_UNIT, DEFAULT_LIMITS, IDLE_MODES, Limits, relaxed_bound, trim_choices, type_orders
 from .space import dp_candidates, tp_counts, tp_sizes
 from .split import best_split
@@ -94,9 +96,9 @@ BATCH = 16  # heap entries of one kind bounded together: a numpy pass costs abou
 RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the model cannot separate
 RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
 RERANK_KEEP = 8
-RERANK_SIMS = 5  # simulations at most: the best, h2's sharding of it, the next few by the model
-REPORT_SLACK = 0.30  # above the objective's largest overpricing measured (+27%, bench.heteroauto_vs_brute's instances)
-RERANK_MAX_ACTIONS = 4_000  # stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
+# the near-tie margin's second phase runs where half the kept plans, each as long as the optimum, stay within
+# these stage x micro-batch pairs: the model is loose only for short, few-micro-batch pipelines
+RERANK_MAX_ACTIONS = 4_000
 FULL_PRICING_ACTIONS = 5_000  # stage x micro-batch pairs up to which the search prunes by full times (_priceable)
 FULL_PRICING_CHIPS = 512
 
@@ -119,7 +121,6 @@ class BestFirst:
         self.bounded = bounded  # the caller's list of the limits that cut the space: appended to
         self.frontier = Frontier()
         self.done: set[tuple[int, tuple[int, ...], bytes]] = set()
-        self.fulls: dict[Sig, float] = {}  # full estimates of the plans priced, by _sig
         self.evaluated = self.pruned = self.work = 0
         self.open_bound: float | None = None  # where the budget stopped the search: the least bound left open
 
@@ -162,7 +163,6 @@ class BestFirst:
         if self.priced and res.total < top.fastest_s * self.widen[space.dp]:  # its full time may beat the incumbent's
             full = cm.evaluate(stages, space.dp, space.b, round_trips=True).iteration_time_s
             self.work += len(stages)
-            self.fulls[_sig(cand)] = full
             top.offer(cand, full)
         if self.progress and self.evaluated % 200 == 0:
             self.progress(f"{self.evaluated} configurations split, best {top.items[0].time_s:.3f} s")
@@ -245,23 +245,24 @@ class BestFirst:
 
 def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, rerank: bool = True,
                 progress: Progress | None = None, limits: Limits = DEFAULT_LIMITS, idle: str = "auto",
-                margin: float = 0.0, beat_s: float = math.inf) -> SearchResult:
-    """The cost model's optimum; with `rerank`, the simulator then picks among the plans within
-    RERANK_SLACK of it (the model is an estimate of the schedule, the simulator executes it), and every plan
-    kept is returned with the time a user reads and ranked by it (reported: simulated, else the full
-    estimate); without, the plans carry and are ranked by the search's objective (SearchResult.objective_s
-    is its least either way).
+                margin: float = 0.0, beat_s: float = math.inf, unranked: bool = False) -> SearchResult:
+    """The cost model's optimum. With `rerank`, it also keeps the plans within RERANK_SLACK of it (the model
+    is an estimate of the schedule, the simulator executes it) and puts every plan it kept through the one
+    ranking step (ranking.py: priced by simulation, the fastest first, each carrying its simulated time);
+    `unranked` then returns them unranked, for a caller that adds more candidates to the pool
+    (planning.run_search). Without `rerank`, the plans carry and are ranked by the search's objective
+    (SearchResult.objective_s is its least either way).
     `idle`: "auto" searches plans that leave chips idle (idle.py) when no plan uses every chip or the
-    search was bounded,
-    "always" also when one does (the better plan wins), "never" not at all.
+    search was bounded, "always" also when one does, "never" not at all. Their plans join the kept ones
+    (the result's statistics are those of the better by the objective).
 
-    `margin`: also return, as runners-up (at most `runners_up`), the plans within this relative margin of the
-    optimum, for a caller that re-ranks them (planning.rank_with_params); collected within the time budget.
+    `margin`: also keep the plans within this relative margin of the optimum (at most `runners_up`), for the
+    ranking; collected within the work budget.
 
     Two phases: the first prunes against the best plan itself and finds the optimum; what falls within the
-    re-rank margin is kept on the heap, and a second phase collects it only when the optimum is cheap
-    enough to simulate (otherwise the margin would cost search time for a re-rank that never runs), or
-    when the caller asks for a margin.
+    margin is kept on the heap, and a second phase collects it only when the optimum is cheap enough to
+    simulate (otherwise the margin would cost search time for plans the ranking never prices), or when the
+    caller asks for a margin.
 
     `beat_s`: a simulated time the caller has already (baselines.py); plans that cannot run faster are not
     searched (their objective is at least beat_s times accuracy.objective_widen), and NothingFaster is raised
@@ -313,7 +314,8 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
             raise InfeasibleError(explain_infeasible(cm))
         try:
             res = search_idle(cm, limits, progress, runners_up)
-            return _reported_result(cm, res) if rerank else replace(res, objective_s=res.best.time_s)
+            res = replace(res, objective_s=res.best.time_s)
+            return ranked(cm, res, group_size, runners_up) if rerank and not unranked else res
         except InfeasibleError:
             raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
     deadline = t0 + limits.time_cap_s if limits.time_cap_s is not None else math.inf
@@ -330,44 +332,56 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
         bf.drain(collect=True)
     bf.pruned += len(bf.frontier)
     items = top.kept()
-    sims: dict[Sig, float] = {}
-    if rerank:
-        near = [c for c in items if c.time_s <= items[0].time_s * (1 + near_slack)]
-        items = _rerank(cm, near, group_size, sims) + [c for c in items if c not in near]
     # per-stage data parallelism on the kept plans (the plans a margin adds stay as found); a plan it
     # improves may overtake the ones before it
     split_rows = [with_inner_dp(cm, c) for c in items[:refined]] + items[refined:]
     if any(a is not c for a, c in zip(split_rows, items)):
         items = sorted(split_rows, key=lambda c: c.time_s)
-    objective, first = min(c.time_s for c in items), items[0].time_s
-    if rerank:
-        items = reported(cm, items, sims, bf.fulls)
+    objective = min(c.time_s for c in items)
+    pool = items if rerank else items[:runners_up + 1]
+    low = relaxed_bound(cm, dps) if bounded else None
+    if bounded and len(bounded) == 1 and bf.open_bound is not None and low is not None:
+        # only the budget stopped it: the heap bounds the rest
+        low = max(low, min(bf.open_bound, top.items[0].time_s) / max(widen.values()))
+    res = SearchResult(pool[0], pool[1:], bf.evaluated, bf.pruned, time.perf_counter() - t0, bounded, low,
+                       objective, bf.work)
     if idle == "always" or (idle == "auto" and bounded):  # a bounded search may miss what idle chips gain
         cap = None if limits.time_cap_s is None else max(limits.time_cap_s - (time.perf_counter() - t0), 0.0)
         try:
-            other = search_idle(cm, replace(limits, work=max(limits.work - bf.work, 0), time_cap_s=cap),
-                                progress, runners_up)
+            other: SearchResult | None = search_idle(
+                cm, replace(limits, work=max(limits.work - bf.work, 0), time_cap_s=cap), progress, runners_up)
         except InfeasibleError:
             other = None
-        # idle chips win by the objective, as the search ranks; only the winner's plans are priced (an
-        # idle-chip plan can run hundreds of stages, whose full estimate costs more than the search)
-        if other is not None and other.best.time_s < first:
-            other = _reported_result(cm, other) if rerank else replace(other, objective_s=other.best.time_s)
-            other.bounded = bounded + other.bounded
-            low_idle = relaxed_bound(cm, dps)
-            other.lower_bound_s = low_idle if other.lower_bound_s is None else min(other.lower_bound_s, low_idle)
-            other.search_time_s = time.perf_counter() - t0
-            other.work += bf.work
-            return other
-    low = None
-    if bounded:
-        low = relaxed_bound(cm, dps)
-        if len(bounded) == 1 and bf.open_bound is not None:  # only the budget stopped it: the heap bounds the rest
-            low = max(low, min(bf.open_bound, top.items[0].time_s) / max(widen.values()))
-        if progress:
-            progress(f"bounded search: best {items[0].time_s:.4f} s, no plan below {low:.4f} s")
-    return SearchResult(items[0], items[1:runners_up + 1], bf.evaluated, bf.pruned,
-                        time.perf_counter() - t0, bounded, low, objective, bf.work)
+        if other is not None:
+            # both go to the ranking (ranking.py); the result's statistics are the objective's winner's
+            idle_plans = [other.best, *other.runners_up]
+            if other.best.time_s < objective:
+                low_idle = relaxed_bound(cm, dps)
+                res = replace(other, runners_up=[*other.runners_up, *pool], bounded=bounded + other.bounded,
+                              lower_bound_s=low_idle if other.lower_bound_s is None
+                              else min(other.lower_bound_s, low_idle),
+                              objective_s=other.best.time_s, work=other.work + bf.work)
+            else:
+                res = replace(res, runners_up=[*res.runners_up, *idle_plans])
+    res.search_time_s = time.perf_counter() - t0
+    if progress and res.bounded and res.lower_bound_s is not None:
+        progress(f"bounded search: best {res.best.time_s:.4f} s, no plan below {res.lower_bound_s:.4f} s")
+    return ranked(cm, res, group_size, runners_up) if rerank and not unranked else res
+
+
+def ranked(cm: CostModel, res: SearchResult, group_size: int = 128, runners_up: int = 3) -> SearchResult:
+    """The search's plans through the one ranking step (ranking.py), with h2's layer sharding of its best
+    plan's dp and TP sizes (the paper's heuristic can win a near-tie the objective misjudges): fastest by
+    simulation first, each carrying its simulated time; at most `runners_up` after the best."""
+    rk = Ranking(Problem(cm.cluster, cm.model, cm.train, cm))
+    rk.offer([res.best, *h2_candidates(cm, res.best.dp, _runs(res.best.stages), group_size), *res.runners_up])
+    rk.polish()
+    got = rk.ranked()
+    if not got:
+        return res
+    res = replace(res, best=got[0], runners_up=got[1:runners_up + 1],
+                  objective_s=res.objective_s if res.objective_s is not None else res.best.time_s)
+    return rk.noted(res)
 
 
 T = TypeVar("T")
@@ -432,76 +446,6 @@ def _affordable(cm: CostModel, best: Candidate) -> bool:
 def _rerank_slack(cm: CostModel, dps: list[int]) -> float:
     """The wide margin only where simulating every kept plan surely stays within the re-rank budget."""
     return RERANK_SLACK_SMALL if longest_plan_actions(cm, dps) * RERANK_KEEP <= RERANK_MAX_ACTIONS else RERANK_SLACK
-
-
-def reported(cm: CostModel, cands: list[Candidate], simulated: dict[Sig, float] | None = None,
-             estimated: dict[Sig, float] | None = None) -> list[Candidate]:
-    """The plans as returned, each carrying the time a user reads and ranked by it: the simulator's where the
-    re-rank simulated it (`simulated`, by _sig), else the cost model's full estimate (round trips and whole
-    passes priced, within accuracy.ESTIMATE_BOUNDS of the simulator), not the search's objective, which
-    leaves those out and overprices short pipelines at few micro-batches by up to ~27%. The objective bounds
-    the search; this orders the plans it kept, so a plan it priced high but that runs faster comes first.
-    `cands`: in the order found, the first the search's (or its re-rank's) best. A plan whose objective is
-    more than REPORT_SLACK above the first's is left out: the objective overprices by less than that, and the
-    full estimate of a long plan (hundreds of stages, hundreds of micro-batches) costs more than the search."""
-    simulated, estimated = simulated or {}, estimated or {}
-    out: list[Candidate] = []
-    for c in cands:
-        known = estimated.get(_sig(c))  # priced by the search already (its incumbent)
-        if out and known is None and c.time_s > cands[0].time_s * (1 + REPORT_SLACK):
-            continue
-        t = simulated.get(_sig(c), known)
-        if t is None:
-            b = micro_batches(cm.train, c.dp)
-            t = cm.evaluate(c.stages, c.dp, b, round_trips=True).iteration_time_s
-        out.append(replace(c, time_s=t))
-    # the first plan as found stays first unless another's time is below it by more than the model's error
-    # (near-ties the model cannot separate keep the order the search and its re-rank gave them)
-    ranked = sorted(out, key=lambda c: c.time_s)
-    if out and ranked[0].time_s * error_factor(cm.train.schedule) >= out[0].time_s:
-        return out
-    return ranked
-
-
-def _reported_result(cm: CostModel, res: SearchResult) -> SearchResult:
-    """search_idle's result with its plans as reported."""
-    items = [res.best, *res.runners_up]
-    objective = min(c.time_s for c in items)
-    items = reported(cm, items)
-    return replace(res, best=items[0], runners_up=items[1:], objective_s=objective)
-
-
-def _rerank(cm: CostModel, cands: list[Candidate], group_size: int,
-            simulated: dict[Sig, float]) -> list[Candidate]:
-    """Simulate the near-optimal plans in model order while the budget lasts, plus h2's layer sharding of
-    the best plan's dp and TP sizes (the model's 1F1B estimate can misjudge near-ties that the paper's
-    heuristic happens to get right); each is timed by the simulator's recurrence (makespan.py)."""
-    from .plan_sim import iteration_time
-    pool: list[Candidate] = []
-    seen: set[Sig] = set()
-    spent = 0
-    h2 = h2_candidates(cm, cands[0].dp, _runs(cands[0].stages), group_size)
-    for c in cands[:1] + h2 + cands[1:]:
-        sig = _sig(c)
-        if sig not in seen and spent + _cost(cm, c) <= RERANK_MAX_ACTIONS and len(pool) < RERANK_SIMS:
-            seen.add(sig)
-            pool.append(c)
-            spent += _cost(cm, c)
-    if len(pool) < 2:
-        return cands
-    sims = [iteration_time(cm, c.stages, c.dp) for c in pool]
-    for c, t in zip(pool, sims):
-        c.label += f" simulated {t:.4f} s"
-        simulated[_sig(c)] = t
-    ranked = [c for _, c in sorted(zip(sims, pool), key=lambda x: x[0])]
-    return ranked + [c for c in cands if _sig(c) not in seen]
-
-
-Sig = tuple[int, tuple[tuple[str, int, int, bool, int], ...]]  # a plan's dp and stages (_sig)
-
-
-def _sig(c: Candidate) -> Sig:
-    return c.dp, tuple((s.chip, s.tp, s.layers, s.recompute, s.inner_dp) for s in c.stages)
 
 
 def _runs(stages: list[StageSpec]) -> list[tuple[str, int, int]]:
