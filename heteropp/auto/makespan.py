@@ -11,11 +11,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Collection, Mapping
 
-from ..schedules.actions import chunks_of, deps_done, mark_done
+from ..schedules.actions import Op, chunks_of, deps_done, mark_done
 from ..schedules.registry import kind
 from .simulator import StageTimes, _built, _built_with, frozen_params
 
-_OPS = {"F": 0, "B": 1, "I": 2, "W": 3}
+_OPS = {Op.F: 0, Op.B: 1, Op.I: 2, Op.W: 3}
 
 
 @lru_cache(maxsize=256)
@@ -26,7 +26,7 @@ def program(schedule: str, p: int, m: int,
     built = _built_with(schedule, p, m, frozen) if frozen else _built(schedule, p, m)
     sched = [[a for a in acts if a.op in _OPS] for acts in built]
     v = chunks_of(sched)
-    done: set[tuple[int, str, int]] = set()
+    done: set[tuple[int, Op, int]] = set()
     pos, out = [0] * p, list[tuple[int, int, int, int]]()
     while len(out) < sum(map(len, sched)):
         for s in range(p):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..schedules import Action, Schedule
-from ..schedules.actions import deps_done
+from ..schedules.actions import Op, deps_done
 from .simulator import StageTimes, schedule_of
 
 _EPS = 1e-12
@@ -31,7 +31,7 @@ _EPS = 1e-12
 def _duration(st: StageTimes, a: Action | None) -> float:
     if a is None:
         return st.update
-    return {"F": st.fwd, "B": st.bwd, "I": st.bwd - st.wgrad, "W": st.wgrad}[a.op]
+    return {Op.F: st.fwd, Op.B: st.bwd, Op.I: st.bwd - st.wgrad, Op.W: st.wgrad}[a.op]
 
 
 def _slowdown_fn(slowdown: Sequence[float] | None, cores: float) -> Callable[[int], float]:
@@ -64,8 +64,8 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
     updated = [False] * p
     finish = [0.0] * p
     running: dict[int, list[Any]] = {}  # stage -> [action (None: the update), remaining work in seconds alone]
-    done: set[tuple[int, str, int]] = set()
-    arrive: dict[tuple[int, str, int], float] = {}
+    done: set[tuple[int, Op, int]] = set()
+    arrive: dict[tuple[int, Op, int], float] = {}
     fwd_chan = [0.0] * max(p - 1, 0)
     bwd_chan = [0.0] * max(p - 1, 0)
     now = 0.0
@@ -80,10 +80,10 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
         if not deps_done(a, s, p, done):
             return None
         key = None  # the transfer this action waits for, if any
-        if a.op == "F" and s > 0:
-            key = (s, "F", a.mb)
-        elif a.op in ("B", "I") and s < p - 1:
-            key = (s, "B", a.mb)
+        if a.op is Op.F and s > 0:
+            key = (s, Op.F, a.mb)
+        elif a.op in (Op.B, Op.I) and s < p - 1:
+            key = (s, Op.B, a.mb)
         if key is not None and arrive[key] > now + _EPS:
             return None
         return [a, _duration(stages[s], a)]
@@ -93,16 +93,16 @@ def simulate_shared_cores(stages: list[StageTimes], boundary_s: list[float], mic
             finish[s] = now
             return
         pos[s] += 1
-        key = "B" if a.op == "I" else a.op
+        key = Op.B if a.op is Op.I else a.op
         done.add((s, key, a.mb))
-        if a.op == "I":
-            done.add((s, "I", a.mb))
-        if a.op == "F" and s < p - 1:
+        if a.op is Op.I:
+            done.add((s, Op.I, a.mb))
+        if a.op is Op.F and s < p - 1:
             fwd_chan[s] = max(now, fwd_chan[s]) + boundary_s[s]
-            arrive[(s + 1, "F", a.mb)] = fwd_chan[s]
-        if a.op in ("B", "I") and s > 0:
+            arrive[(s + 1, Op.F, a.mb)] = fwd_chan[s]
+        if a.op in (Op.B, Op.I) and s > 0:
             bwd_chan[s - 1] = max(now, bwd_chan[s - 1]) + boundary_s[s - 1]
-            arrive[(s - 1, "B", a.mb)] = bwd_chan[s - 1]
+            arrive[(s - 1, Op.B, a.mb)] = bwd_chan[s - 1]
 
     while True:
         for s in range(p):

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from ..schedules import Action, Schedule, build, validate
-from ..schedules.actions import chunks_of, deps_done, mark_done
+from ..schedules.actions import Op, chunks_of, deps_done, mark_done
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,14 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
     fwd_chan = [0.0] * p  # channel k: stage k -> k+1 (mod p)
     bwd_chan = [0.0] * p  # channel k: stage k+1 (mod p) -> k
     last = p * v - 1
-    arrive: dict[tuple[int, str, int], float] = {}
+    arrive: dict[tuple[int, Op, int], float] = {}
     pos = [0] * p
     live = [0.0] * p
     peak = [st.static_bytes + st.transient_bytes for st in stages]
     busy = [0.0] * p
     timeline: list[tuple[int, str, int, float, float]] = []
     remaining = sum(len(s) for s in sched)
-    done_keys: set[tuple[int, str, int]] = set()
+    done_keys: set[tuple[int, Op, int]] = set()
     while remaining:
         progressed = False
         for s in range(p):
@@ -127,11 +127,11 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
                 vs = a.chunk * p + s
                 st = vstages[vs]
                 ready = free[s]
-                if a.op == "F" and vs > 0:
-                    ready = max(ready, arrive[(vs, "F", a.mb)])
-                elif a.op in ("B", "I") and vs < last:
-                    ready = max(ready, arrive[(vs, "B", a.mb)])
-                dur = {"F": st.fwd, "B": st.bwd, "I": st.bwd - st.wgrad, "W": st.wgrad}[a.op]
+                if a.op is Op.F and vs > 0:
+                    ready = max(ready, arrive[(vs, Op.F, a.mb)])
+                elif a.op in (Op.B, Op.I) and vs < last:
+                    ready = max(ready, arrive[(vs, Op.B, a.mb)])
+                dur = {Op.F: st.fwd, Op.B: st.bwd, Op.I: st.bwd - st.wgrad, Op.W: st.wgrad}[a.op]
                 end = ready + dur
                 free[s] = end
                 if end + stages[s].update > limit:
@@ -141,21 +141,21 @@ def simulate(stages: list[StageTimes], boundary_s: list[float], micro_batches: i
                     timeline.append((s, a.op, a.mb, ready, end))
                 mark_done(a, s, p, done_keys)
                 # memory: activations live from F until the pass that last reads them
-                if a.op == "F":
+                if a.op is Op.F:
                     live[s] += st.act_bytes
                     peak[s] = max(peak[s], stages[s].static_bytes + live[s] + stages[s].transient_bytes)
-                elif a.op in ("B", "W"):
+                elif a.op in (Op.B, Op.W):
                     live[s] -= st.act_bytes
                 # point-to-point transfers (virtual boundary vs on the link from stage s to the next)
-                if a.op == "F" and vs < last:
+                if a.op is Op.F and vs < last:
                     start = max(end, fwd_chan[s])
                     fwd_chan[s] = start + boundary_s[vs]
-                    arrive[(vs + 1, "F", a.mb)] = fwd_chan[s] + lat[vs]
-                if a.op in ("B", "I") and vs > 0:
+                    arrive[(vs + 1, Op.F, a.mb)] = fwd_chan[s] + lat[vs]
+                if a.op in (Op.B, Op.I) and vs > 0:
                     prev = (s - 1) % p
                     start = max(end, bwd_chan[prev])
                     bwd_chan[prev] = start + boundary_s[vs - 1]
-                    arrive[(vs - 1, "B", a.mb)] = bwd_chan[prev] + lat[vs - 1]
+                    arrive[(vs - 1, Op.B, a.mb)] = bwd_chan[prev] + lat[vs - 1]
                 pos[s] += 1
                 remaining -= 1
                 progressed = True

@@ -104,7 +104,7 @@ def validate(sched: Schedule, micro_batches: int) -> None:
     cannot deadlock (checked by executing the dependency order with zero durations)."""
     p, v = len(sched), chunks_of(sched)
     for s, acts in enumerate(sched):
-        seen: dict[tuple[str, int, int], int] = {}
+        seen: dict[tuple[Op, int, int], int] = {}
         for i, a in enumerate(acts):
             if a.op not in COMPUTE + COMM:
                 raise ScheduleError(f"stage {s} action {i}: unknown op {a.op!r}; expected one of {COMPUTE + COMM}")
@@ -113,7 +113,7 @@ def validate(sched: Schedule, micro_batches: int) -> None:
             if (a.op, a.mb, a.chunk) in seen:
                 raise ScheduleError(f"stage {s}: {a} appears twice")
             seen[(a.op, a.mb, a.chunk)] = i
-        by_chunk: list[dict[tuple[str, int], int]] = [{} for _ in range(v)]
+        by_chunk: list[dict[tuple[Op, int], int]] = [{} for _ in range(v)]
         for (op, mb, ch), i in seen.items():
             if 0 <= ch < v:
                 by_chunk[ch][(op, mb)] = i
@@ -122,23 +122,23 @@ def validate(sched: Schedule, micro_batches: int) -> None:
     _check_deadlock([[a for a in acts if a.op in COMPUTE] for acts in sched], p)
 
 
-def _check_micro_batch(s: int, m: int, seen: dict[tuple[str, int], int]) -> None:
+def _check_micro_batch(s: int, m: int, seen: dict[tuple[Op, int], int]) -> None:
     """One micro-batch of one chunk on stage s: F once, then B, or I followed by W."""
-    if ("F", m) not in seen:
+    if (Op.F, m) not in seen:
         raise ScheduleError(f"stage {s}: micro-batch {m} has no forward F{m}")
-    has_b, has_i, has_w = ("B", m) in seen, ("I", m) in seen, ("W", m) in seen
+    has_b, has_i, has_w = (Op.B, m) in seen, (Op.I, m) in seen, (Op.W, m) in seen
     if has_b == (has_i or has_w) or has_i != has_w:
         raise ScheduleError(f"stage {s}: micro-batch {m} needs either B{m} or both I{m} and W{m}")
-    bk = seen[("B", m)] if has_b else seen[("I", m)]
-    if bk < seen[("F", m)]:
+    bk = seen[(Op.B, m)] if has_b else seen[(Op.I, m)]
+    if bk < seen[(Op.F, m)]:
         raise ScheduleError(f"stage {s}: backward of micro-batch {m} before its forward F{m}")
-    if has_w and seen[("W", m)] < seen[("I", m)]:
+    if has_w and seen[(Op.W, m)] < seen[(Op.I, m)]:
         raise ScheduleError(f"stage {s}: W{m} before I{m}")
 
 
 def _check_deadlock(sched: Schedule, p: int) -> None:
     v = chunks_of(sched)
-    done: set[tuple[int, str, int]] = set()
+    done: set[tuple[int, Op, int]] = set()
     pos = [0] * p
     progress = True
     while progress:
@@ -156,20 +156,20 @@ def _check_deadlock(sched: Schedule, p: int) -> None:
         raise ScheduleError("deadlock: " + "; ".join(stuck))
 
 
-def mark_done(a: Action, s: int, p: int, done: set[tuple[int, str, int]]) -> None:
+def mark_done(a: Action, s: int, p: int, done: set[tuple[int, Op, int]]) -> None:
     """Record a finished compute action under its virtual stage ("B" marks B or I, "I" also I)."""
     vs = a.chunk * p + s
-    done.add((vs, "B" if a.op == "I" else a.op, a.mb))
-    if a.op == "I":
-        done.add((vs, "I", a.mb))
+    done.add((vs, Op.B if a.op is Op.I else a.op, a.mb))
+    if a.op is Op.I:
+        done.add((vs, Op.I, a.mb))
 
 
-def deps_done(a: Action, s: int, p: int, done: set[tuple[int, str, int]], chunks: int = 1) -> bool:
+def deps_done(a: Action, s: int, p: int, done: set[tuple[int, Op, int]], chunks: int = 1) -> bool:
     """Cross-stage and local dependencies of one compute action, by virtual stage (= s without chunks;
-    "B" in `done` marks B or I finished)."""
+    Op.B in `done` marks B or I finished)."""
     vs, last = a.chunk * p + s, p * chunks - 1
-    if a.op == "F":
-        return vs == 0 or (vs - 1, "F", a.mb) in done
-    if a.op in ("B", "I"):
-        return (vs, "F", a.mb) in done and (vs == last or (vs + 1, "B", a.mb) in done)
-    return (vs, "I", a.mb) in done  # W
+    if a.op is Op.F:
+        return vs == 0 or (vs - 1, Op.F, a.mb) in done
+    if a.op in (Op.B, Op.I):
+        return (vs, Op.F, a.mb) in done and (vs == last or (vs + 1, Op.B, a.mb) in done)
+    return (vs, Op.I, a.mb) in done  # W
