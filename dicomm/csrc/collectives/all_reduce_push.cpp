@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
+#include "collectives/huge_pages.h"
 #include "collectives/partition.h"
 #include "collectives/tuning.h"
 #include "reduce/reduce.h"
@@ -101,8 +102,10 @@ bool all_reduce_push(Session& s, uint8_t* buf, size_t count, DataType dtype, Red
   const int p = s.size(), r = s.rank();
   const size_t esize = dtype_size(dtype);
   std::vector<int64_t> pid(p, 0);
+  const Can own = reach(s, pid);
+  if (own != kCannot) collapse_into_huge_pages(buf, count * esize);  // before peers pin it
   const uint64_t address = reinterpret_cast<uint64_t>(buf);
-  std::vector<Reach> theirs = exchange(s, Reach{address, reach(s, pid)});
+  std::vector<Reach> theirs = exchange(s, Reach{address, own});
   Can can = decide(theirs);
   // Before every rank had connected to every other: the exchange just did, so ask once more.
   if (can == kUnknown) can = decide(theirs = exchange(s, Reach{address, reach(s, pid)}));
