@@ -12,12 +12,14 @@ taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p)
 Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
 reported: medians, and the CPU time and context switches (voluntary: a wait that slept; involuntary:
 the scheduler took the CPU) of all ranks (every thread) per call beside the wall time. `--algorithm
-both` runs the ring and the direct algorithm back to back (DICOMM_ALL_REDUCE_DIRECT_RANKS), so the
-two are compared under the same load. `--thp` backs the ranks' tensors with transparent huge pages
-(torch's THP_MEM_ALLOC_ENABLE=1): cross-memory attach then pins one page per 2 MiB instead of 512.
+all` runs the push algorithm (the default on one host), the ring and the direct algorithm back to back
+(DICOMM_ALL_REDUCE_PUSH, DICOMM_ALL_REDUCE_DIRECT_RANKS), so they are compared under the same load.
+`--thp` backs the ranks' tensors with transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1):
+cross-memory attach then pins one page per 2 MiB instead of 512 (the push algorithm folds its buffer
+into huge pages itself).
 
     python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1]
-        [--algorithm ring|direct|both] [--thp] [--json FILE]
+        [--algorithm push|ring|direct|all] [--thp] [--json FILE]
 """
 from __future__ import annotations
 
@@ -103,25 +105,27 @@ def bound_factor(p: int) -> float:
     return (3 * p - 1) / (2 * p)
 
 
-# The knob that picks the algorithm of a large all_reduce (docs/dicomm-config.md).
-_DIRECT_RANKS = {"direct": "8", "ring": "0"}
+# The knobs that pick the algorithm of a large all_reduce (docs/dicomm-config.md).
+_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+          "ring": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+          "direct": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "8"}}
 _MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw")
 
 
 def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
-            algorithms: tuple[str, ...] = ("direct",)) -> list[dict]:
+            algorithms: tuple[str, ...] = ("push",)) -> list[dict]:
     """One row per algorithm, rank count and repetition (they alternate within a repetition)."""
     from dicomm.bench.contention import cpu_hogs
     from dicomm.bench.launch import machine_info, run_ranks
 
     rows = []
-    saved = os.environ.get("DICOMM_ALL_REDUCE_DIRECT_RANKS")
+    saved = {k: os.environ.get(k) for k in _KNOBS["push"]}
     try:
         with cpu_hogs(contention):
             for rep in range(repeat):
                 for p in ranks:
                     for algorithm in algorithms:
-                        os.environ["DICOMM_ALL_REDUCE_DIRECT_RANKS"] = _DIRECT_RANKS[algorithm]  # forked ranks read it
+                        os.environ.update(_KNOBS[algorithm])  # forked ranks read them
                         out = run_ranks(_rank, p, cfg, timeout=cfg.op_timeout * 4)
                         med = {k: statistics.median(out[k]) for k in _MEDIANS}
                         bound = bound_factor(p) * med["copy_s"]
@@ -133,10 +137,11 @@ def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
                                      "ivcsw_all_ranks": med["ivcsw"], "ratio": med["all_reduce_s"] / bound,
                                      "exact": out["exact"], "machine": machine_info()})
     finally:
-        if saved is None:
-            os.environ.pop("DICOMM_ALL_REDUCE_DIRECT_RANKS", None)
-        else:
-            os.environ["DICOMM_ALL_REDUCE_DIRECT_RANKS"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return rows
 
 
@@ -147,7 +152,7 @@ def table(rows: list[dict]) -> str:
              "| load (1 min) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     def label(r: dict) -> str:
-        return r.get("algorithm", "ring") + (" + THP" if r.get("thp") else "")
+        return r.get("algorithm", "push") + (" + THP" if r.get("thp") else "")
 
     for algorithm, p in sorted({(label(r), r["ranks"]) for r in rows}):
         mine = [r for r in rows if label(r) == algorithm and r["ranks"] == p]
@@ -171,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--contention", type=int, default=0, help="busy processes per CPU (default 0)")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole measurement (default 3)")
-    ap.add_argument("--algorithm", choices=("ring", "direct", "both"), default="ring",
-                    help="the all_reduce algorithm (default ring, the engine's default); both: each back to back")
+    ap.add_argument("--algorithm", choices=("push", "ring", "direct", "all"), default="push",
+                    help="the all_reduce algorithm (default push, the engine's default on one host); all: each "
+                         "back to back")
     ap.add_argument("--thp", action="store_true",
                     help="the ranks' tensors in transparent huge pages (THP_MEM_ALLOC_ENABLE=1)")
     ap.add_argument("--json", help="write the rows as JSON")
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(args.mib * MIB, args.iters, args.warmup)
     if args.thp:  # read by torch's CPU allocator once, at its first allocation: before torch is imported
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
-    algorithms = ("ring", "direct") if args.algorithm == "both" else (args.algorithm,)
+    algorithms = ("push", "ring", "direct") if args.algorithm == "all" else (args.algorithm,)
     rows = measure(ranks, cfg, args.contention, args.repeat, algorithms)
     print(table(rows))
     if not all(r["exact"] for r in rows):

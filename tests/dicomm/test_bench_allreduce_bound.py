@@ -1,5 +1,5 @@
 """bench.dicomm_allreduce_bound end to end with a tiny buffer: real rank processes on this host's
-CPU, the ring and the direct algorithm back to back; only the results' exactness and the rows'
+CPU, the push, the ring and the direct algorithm back to back; only the results' exactness and the rows'
 shape are checked, never the speed.
 """
 import json
@@ -20,22 +20,22 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_both_algorithms_run_back_to_back_and_reduce_exactly(tmp_path):
+def test_every_algorithm_runs_back_to_back_and_reduces_exactly(tmp_path):
     out = tmp_path / "rows.json"
     p = _bench("--ranks", "3", "--mib", "1", "--iters", "2", "--warmup", "1", "--repeat", "1",
-               "--algorithm", "both", "--json", str(out))
+               "--algorithm", "all", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert sorted(r["algorithm"] for r in rows) == ["direct", "ring"]
+    assert sorted(r["algorithm"] for r in rows) == ["direct", "push", "ring"]
     for r in rows:
         assert r["exact"] and r["ranks"] == 3 and r["thp"] is False
         for field in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "ratio"):
             assert math.isfinite(r[field]) and r[field] > 0, (field, r)
         assert r["vcsw_all_ranks"] >= 0 and r["ivcsw_all_ranks"] >= 0
-    assert "| direct | 3 |" in p.stdout and "| ring | 3 |" in p.stdout
+    assert "| direct | 3 |" in p.stdout and "| ring | 3 |" in p.stdout and "| push | 3 |" in p.stdout
 
 
 def test_an_unknown_algorithm_is_refused_with_the_choices():
     p = _bench("--algorithm", "tree")
     assert p.returncode == 2
-    assert "--algorithm" in p.stderr and "ring" in p.stderr and "direct" in p.stderr
+    assert "--algorithm" in p.stderr and all(a in p.stderr for a in ("push", "ring", "direct"))
