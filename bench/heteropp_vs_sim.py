@@ -145,8 +145,10 @@ def _run_ranks(target, m: ModelSpec, procs: int, *args) -> list:
     `m`'s spec and a file store for their gloo group; returns what they put on the queue, in arrival order."""
     with tempfile.TemporaryDirectory() as tmp:
         model_file, store = os.path.join(tmp, "model.json"), os.path.join(tmp, "store")
+        spec = dataclasses.asdict(m)
+        head_dim = spec.pop("explicit_head_dim")  # the spec file's name for it is head_dim
         with open(model_file, "w") as f:
-            json.dump(dataclasses.asdict(m), f)
+            json.dump(spec if head_dim is None else {**spec, "head_dim": head_dim}, f)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         ps = [ctx.Process(target=target, args=(model_file, *args, r, procs, store, q)) for r in range(procs)]
