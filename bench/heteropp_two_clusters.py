@@ -9,7 +9,14 @@ the simulator's prediction from the same run's measured stage times and the link
 may stay idle) twice, with the link
 priced (the cluster spec's `links` entry at --rate) and ignored (no entry: the types share the fabric),
 and each plan runs across the emulated link under 1F1B and H-1F1B (the warm-up derived from the priced
-costs); reported: the plan, its simulated time under each schedule, the measured step time.
+costs); reported: the plan, its simulated time under each schedule, the measured step time, and the median
+|simulated - measured| / measured over them. `--profile measured` (the default): both chip types get the
+profile measured on this host first (bench.heteropp_vs_sim.stage_alone_profile: TP 1 alone, TP 2 as a
+real pair, the processes' point-to-point, TP all-reduce and ZeRO-1 step times; the emulated hosts share
+this host's cores, so A and B are one chip here), and the prediction is the schedule under processor
+sharing of the host's cores with their measured slowdown (heteropp.auto.shared_cores), a boundary between
+the two types taking an activation over --rate; `--profile analytic`: the chip specs' analytic profile and
+the plain simulator, as the planner sees them.
 
 1F1B runs first with per-action timing (HETEROPP_TIMING); its median forward and backward per stage and
 the link's transfer time (activation bytes / rate) give H-1F1B's extra warm-up (HARP's rule) and both
@@ -19,10 +26,13 @@ is reported next to the prediction. Needs root, `ip` and `tc` (exits with the re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.heteropp_netns import Unavailable, end_addresses, run_across, two_clusters
 from heteropp.auto.simulator import StageTimes, simulate
@@ -65,6 +75,48 @@ def cluster_spec(rate_gbs: float, priced: bool) -> dict:
     return spec
 
 
+def measured_profile(repeats: int) -> tuple[Any, dict, list[float]]:
+    """This host's profile of MODEL for both chip types (one chip here), the processes' communication times,
+    and the slowdown with 1..4 ranks computing at once (bench.heteropp_vs_sim)."""
+    from bench.heteropp_vs_sim import measure_slowdown, stage_alone_profile
+    from heteropp.auto.profiles import ChipProfile
+    alone, comm = stage_alone_profile(MODEL, repeats)
+    cpu = alone.chips["cpu"]
+    return dataclasses.replace(alone, chips={"A": cpu, "B": ChipProfile(dict(cpu.tp))}), comm, \
+        measure_slowdown(MODEL, 4)
+
+
+def shared_prediction(cl: Any, train: Any, prof: Any, comm: dict, slowdown: list[float], plan: Plan,
+                      schedule: str, params: dict, rate: float) -> float:
+    """The plan's step under processor sharing of this host's cores (measured slowdown), its compute and
+    the processes' communication measured (with_comm), a boundary between A and B one activation over the
+    link's `rate` (bytes/s) shared by the dp pipelines, one inside a type the processes' measured send."""
+    import os
+
+    from bench.heteropp_vs_sim import MeasuredCosts, with_comm
+    from heteropp.auto.costs import micro_batches
+    from heteropp.auto.plan_sim import plan_stages
+    from heteropp.auto.profiles import ChipProfile
+    from heteropp.auto.shared_cores import simulate_shared_cores
+    from heteropp.auto.simulator import built_schedule
+
+    folded = with_comm(dataclasses.replace(prof, chips={"cpu": prof.chips["A"]}), comm, plan.dp)
+    both = dataclasses.replace(folded, chips={"A": folded.chips["cpu"], "B": ChipProfile(dict(folded.chips["cpu"].tp))})
+    act = MODEL.seq_len * MODEL.hidden * 4 * plan.micro_batch_size
+
+    class LinkCosts(MeasuredCosts):
+        def _boundary(self, x: str, tx: int, y: str, ty: int, dp: int) -> float:
+            return self.p2p_s if x == y else max(self.p2p_s, dp * act / rate)
+
+    cm = LinkCosts(cl, MODEL, dataclasses.replace(train, schedule=schedule), both, p2p_s=comm["p2p_s"])
+    st, es = cm.stage_times(plan_stages(plan), plan.dp)
+    b = micro_batches(cm.train, plan.dp)
+    sched = built_schedule(schedule, len(plan.stages), b, params) if params else schedule
+    ranks = [plan.stage_ranks(k) for k in range(len(plan.stages))]
+    return simulate_shared_cores(st, es, b, sched, ranks, float(os.cpu_count() or 1), slowdown,
+                                 [s.tp for s in plan.stages])
+
+
 def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
     """HeteroAuto's plans with the link priced and ignored, each run under 1F1B and H-1F1B."""
     from dataclasses import asdict
@@ -78,19 +130,30 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
     from heteropp.spec import TrainSpec, cluster_from_dict
     train = TrainSpec(global_batch=a.micro_batches, micro_batch_size=1, dtype="fp32", schedule="1f1b")
     priced_cl = cluster_from_dict(cluster_spec(rate_bytes_s(a.rate) / 1e9, True), "priced")
-    priced_cm = CostModel(priced_cl, MODEL, train, analytic_profile(priced_cl, MODEL, train))
-    out = {}
+    measured = a.profile == "measured"
+    if measured:
+        prof, comm, slowdown = measured_profile(a.repeats)
+        print("measured profile: tp1 fwd {:.4f} s, bwd {:.4f} s per layer; slowdown with 1-4 ranks {}".format(
+            prof.chips["A"].tp[1].fwd_s, prof.chips["A"].tp[1].bwd_s, ", ".join(f"{x:.2f}" for x in slowdown)),
+            flush=True)
+    priced_cm = CostModel(priced_cl, MODEL, train, prof if measured else analytic_profile(priced_cl, MODEL, train))
+    out: dict[str, Any] = {"profile": a.profile}
+    errors = []
     for label, priced in (("priced", True), ("ignored", False)):
         cl = cluster_from_dict(cluster_spec(rate_bytes_s(a.rate) / 1e9, priced), label)
-        cm = CostModel(cl, MODEL, train, analytic_profile(cl, MODEL, train))
+        cm = CostModel(cl, MODEL, train, prof if measured else analytic_profile(cl, MODEL, train))
         pb = Problem(cl, MODEL, train, cm)
         plan = planned(pb, Budget(idle="always")).plan  # B may stay idle
         stages = plan_stages(plan)
         params = schedule_params(priced_cm, stages, plan.dp, "h1f1b")
-        sim = {
-            s: simulate_stages(priced_cm, stages, plan.dp, s, params=params if s == "h1f1b" else None).iteration_time_s
-            for s in ("1f1b", "h1f1b")
-        }
+        if measured:
+            sim = {s: shared_prediction(priced_cl, train, prof, comm, slowdown, plan, s,
+                                        params if s == "h1f1b" else {}, rate_bytes_s(a.rate))
+                   for s in ("1f1b", "h1f1b")}
+        else:
+            sim = {s: simulate_stages(priced_cm, stages, plan.dp, s,
+                                      params=params if s == "h1f1b" else None).iteration_time_s
+                   for s in ("1f1b", "h1f1b")}
         plan.schedule, plan.schedule_params = "h1f1b", params
         cfg = RunConfig(
             plan=plan.to_dict(),
@@ -110,8 +173,15 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
             "measured_s": {n: statistics.median(tokens / x["tokens_per_s"] for x in v[1:]) for n, v in steps.items()},
         }
         desc = " | ".join(f"{s.chip} tp{s.tp} x{s.layers}" for s in plan.stages)
+        meas = out[label]["measured_s"]
+        out[label]["error"] = {n: sim[n] / meas[n] - 1 for n in sim}
+        errors += [abs(e) for e in out[label]["error"].values()]
         print(f"links {label:>7}: {desc}, dp {plan.dp}; " + ", ".join(
-            f"{n} simulated {sim[n]:.3f} s measured {out[label]['measured_s'][n]:.3f} s" for n in sim), flush=True)
+            f"{n} simulated {sim[n]:.3f} s measured {meas[n]:.3f} s ({100 * out[label]['error'][n]:+.1f}%)"
+            for n in sim), flush=True)
+    out["median_abs_error"] = statistics.median(errors)
+    print(f"median |simulated - measured| / measured over the plans and schedules: "
+          f"{100 * out['median_abs_error']:.1f}% ({a.profile} profile)", flush=True)
     return out
 
 
@@ -124,12 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subnet", help="the emulated link's IPv4 network, CIDR (default: $HETEROPP_NETNS_SUBNET, "
                     "else a 10.x.y.0/24 from the pid; bench/heteropp_netns.py)")
     ap.add_argument("--plans", action="store_true", help="HeteroAuto's plans with the link priced and ignored")
+    ap.add_argument("--profile", choices=("measured", "analytic"), default="measured",
+                    help="--plans: the profile measured on this host first (default), or the analytic one")
+    ap.add_argument("--repeats", type=int, default=7, help="--plans --profile measured: profiler repeats")
     a = ap.parse_args(argv)
     try:
         end_addresses(a.subnet)
     except ValueError as e:
         ap.error(f"--subnet: {e}")
     if a.plans:
+        load = list(os.getloadavg())
         try:
             with two_clusters(rate=a.rate, subnet=a.subnet) as clusters, tempfile.TemporaryDirectory() as tmp:
                 out = compare_plans(a, clusters, Path(tmp))
@@ -137,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped: {e}")
             return 0
         if a.json:
-            Path(a.json).write_text(json.dumps({"rate": a.rate, "plans": out}, indent=2) + "\n")
+            Path(a.json).write_text(json.dumps({"rate": a.rate, "plans": out, "load_before": load,
+                                                "load_after": list(os.getloadavg())}, indent=2) + "\n")
         return 0
     plan = Plan([StagePlan("A", 1, 2), StagePlan("B", 1, 2)], dp=1, micro_batch_size=1,
                 micro_batches=a.micro_batches, num_layers=MODEL.layers)
