@@ -109,7 +109,7 @@ def cmd_compare(args) -> int:
     try:
         options = CompareOptions(rule, args.error_ratio if args.error_ratio is not None else DEFAULT_RATIO_K,
                                  _tolerances(args), args.align, Equivalences.load(args.map))
-        if rank_dirs(args.dump_a) is not None or rank_dirs(args.dump_b) is not None:
+        if args.tp_shards or rank_dirs(args.dump_a) is not None or rank_dirs(args.dump_b) is not None:
             return _compare_ranks(args, options)
         # Streamed (memory bounded whatever the captures' length) unless every row is asked for.
         stream = not (args.json or args.html or args.all)
@@ -159,7 +159,7 @@ def _compare_ranks(args, options) -> int:
     ranks, one summary."""
     from .diff import compare_ranks
 
-    result = compare_ranks(args.dump_a, args.dump_b, options)
+    result = compare_ranks(args.dump_a, args.dump_b, options, tp_shards=args.tp_shards)
     d = result.to_dict()
     if d["n_passed"] + d["n_failed"] == 0 and not d["collectives"]:
         return _input_error(args, "nothing was compared: every op of every rank was skipped")
@@ -286,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--map", metavar="FILE.json",
                    help='more equivalent ops, {"equivalent": [["aten::a", "aten::b"], ...]}, over the built-in '
                         "table (the attention kernels of each device, fused Adam/AdamW)")
+    c.add_argument("--tp-shards", action="store_true",
+                   help="DUMP_A's ranks are one tensor-parallel group and DUMP_B one rank of the same model: each "
+                        "rank of A against B, module records and parameters that A holds in slices gathered across "
+                        "A's ranks")
     c.add_argument("--rows", type=_count, default=20, help="failing rows to print (default 20)")
     c.add_argument("--all", action="store_true", help="print every op, not only failures")
     c.add_argument("--json", action="store_true", help="JSON: first_divergence and one record per op")

@@ -6,7 +6,7 @@ import math
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -23,6 +23,7 @@ from .point_to_point import load_transfers
 from .random_contracts import contract_verdict
 from .summaries import compare_summaries, tensor_checksum
 from .reference import run_reference, skip_reason, without_randomness
+from .shards import TPShards
 from .signature import differences, signature
 
 _ID_FIELDS = ("index", "op", "overload", "api", "phase", "module", "step", "rank")
@@ -116,6 +117,8 @@ class CompareOptions:
     tolerances: ToleranceTable = ToleranceTable()
     align: str = "structure"  # or "index"
     equivalences: Equivalences = field(default_factory=Equivalences)
+    # A run of one TP group against a run of one rank: module records gathered across A's ranks
+    shards: TPShards | None = None
 
 
 def _replay_func(ra: dict, da: dict, db: dict):
@@ -181,7 +184,9 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions, 
     if is_collective(ra["op"]):
         return _row(ra, "skipped", "skipped", "collective: judged across ranks (compare the runs' rank directories)")
     da, db = a.load(ra), b.load(rb)
-    row = _judge(a, b, ra, rb, da, db, opts)
+    if opts.shards is not None and ra.get("kind") == "module" and da is not None and db is not None:
+        da = {**da, "outputs": opts.shards.gather(ra, tensor_leaves(da["outputs"]), tensor_leaves(db["outputs"]))}
+    row = _judge(a, b, ra, rb, da, db, opts, in_region=not arguments)
     changed = argument_differences(ra, rb, da, db, opts.equivalences) if arguments else []
     if changed:  # the cause comes first; the outputs' statistics stay in the row
         row.update(status="fail", rule="arguments", detail="; ".join(changed)
@@ -250,7 +255,8 @@ def _holds_tensors(value) -> bool:
     return isinstance(value, dict) and "shape" in value
 
 
-def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | None, opts: CompareOptions) -> dict:
+def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | None, opts: CompareOptions,
+           in_region: bool = False) -> dict:
     if da is None or db is None:
         summary = compare_summaries(ra, rb)
         if summary is not None:  # stats or checksum captures
@@ -286,8 +292,9 @@ def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | Non
         if unwritten:
             out_a, out_b, fa, fb = (_zero(t, unwritten) for t in (out_a, out_b, fa, fb))
         # an integer result (an index, a count, DDP's bucket assignment) is judged against its own
-        # replay where the runs' inputs differ (drift, or a setting's effect): else it equals B's
-        own = any(not t.is_floating_point() for t in tensor_leaves(out_a)) and not _same_inputs(da, db)
+        # replay where the runs' inputs differ (drift, or a setting's effect) or inside a region (its
+        # arguments differ by design: a TP rank's vocabulary range): else it equals B's
+        own = any(not t.is_floating_point() for t in tensor_leaves(out_a)) and (in_region or not _same_inputs(da, db))
         verdict = compare_trees_ratio(out_a, out_b, fa, k=opts.ratio_k, reference_fp64=fb, integers_from_replay=own)
     else:
         if unwritten:
@@ -696,16 +703,29 @@ class RankReport:
                 "collectives": self.collectives, "per_rank": per_rank}
 
 
-def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None) -> RankReport:
+def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None, *,
+                  tp_shards: bool = False) -> RankReport:
     """Compare two runs rank by rank (their rank{r} capture directories); the collectives of run A
     are judged by their cross-rank invariants on A's own captured inputs, so drift from another
-    rank's fault is not blamed on them."""
+    rank's fault is not blamed on them. ``tp_shards``: A's ranks are one tensor-parallel group and
+    B is one rank of the same model (ditorch_precision.shards): every rank of A against B's."""
     ra, rb = rank_dirs(dir_a), rank_dirs(dir_b)
     if ra is None or rb is None:
         raise DumpError(f"{dir_a if ra is None else dir_b}: no rank{{r}} capture directories")
-    if set(ra) != set(rb):
-        raise DumpError(f"the runs have different ranks: {sorted(ra)} in {dir_a}, {sorted(rb)} in {dir_b}")
-    reports = {rank: compare_dumps(ra[rank], rb[rank], options=options) for rank in sorted(ra)}
+    options = options or CompareOptions()
+    if tp_shards:
+        if len(rb) != 1 or len(ra) < 2:
+            raise DumpError(f"a tensor-parallel compare takes a run of several ranks against a run of one: "
+                            f"{len(ra)} rank(s) in {dir_a}, {len(rb)} in {dir_b}")
+        dumps = [Dump.open(ra[rank]) for rank in sorted(ra)]
+        (only,) = rb.values()
+        reports = {rank: compare_dumps(ra[rank], only, options=replace(options, shards=TPShards(dumps, i)))
+                   for i, rank in enumerate(sorted(ra))}
+    elif set(ra) != set(rb):
+        raise DumpError(f"the runs have different ranks: {sorted(ra)} in {dir_a}, {sorted(rb)} in {dir_b} (a "
+                        "tensor-parallel run against a run of one rank: tp_shards, --tp-shards)")
+    else:
+        reports = {rank: compare_dumps(ra[rank], rb[rank], options=options) for rank in sorted(ra)}
     per_rank = {}
     for rank in sorted(ra):
         dump = Dump.open(ra[rank])
@@ -713,4 +733,36 @@ def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None)
             stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in dump.iter_records()
                      if r.get("kind", "op") == "op" and is_collective(r["op"]) and r["op"] not in PLUMBING]
         per_rank[rank] = [s for s in stats if s is not None] + load_transfers(ra[rank])
+    _after_other_ranks(reports)
     return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])
+
+
+_RECORDS = ("module::", "optimizer::")
+
+
+def _after_other_ranks(reports: dict[int, DiffReport]) -> None:
+    """A module record that fails after another rank's first divergence (a later call index of the
+    same step, or a later step) may carry that rank's error, which a collective hands on (a
+    row-parallel layer's all-reduce, DDP's gradient sum): drift, as after a divergence of its own
+    rank. The ranks' call indices are comparable: they run the same ops. Ops are judged against
+    their own replay and stay as they are."""
+    firsts = {rank: r.first_divergence for rank, r in reports.items() if r.first_divergence}
+    for rank, report in reports.items():
+        other = min(((f.get("step") or 0, f["index"], r) for r, f in firsts.items() if r != rank), default=None)
+        if other is None:
+            continue
+        step, index, source = other
+        for row in report.ops:
+            if row["status"] == "fail" and row["op"].startswith(_RECORDS) and (row.get("step") or 0, row["index"]) > (
+                    step, index):
+                report.counts["op:fail"] -= 1
+                report.counts["op:drift"] += 1
+                row.update(status="drift", detail=f"differs after the first divergence of rank {source} (#{index}, "
+                                                  f"step {step}), which a collective may carry: {row['detail']}")
+        for region in report.regions:
+            name = f"{region['module'] or '(no module)'} ({region['phase']}, step {region['step']})"
+            if region["verdict"] == "fail" and not any(r["status"] == "fail" and r.get("region") == name
+                                                       and r.get("step") == region["step"] for r in report.ops):
+                report.counts["region:fail"] -= 1
+                report.counts["region:drift"] += 1
+                region.update(verdict="drift", detail=f"its records differ after rank {source}'s first divergence")
