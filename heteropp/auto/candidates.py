@@ -19,6 +19,8 @@ class Candidate:
     label: str = ""
     # schedule parameters the ranking's local search found (pricing.refine), tried next to the usual options
     params: dict[str, Any] | None = None
+    # sequences per micro-batch, where the size is searched (micro_batch.py); None: the problem's own
+    micro_batch_size: int | None = None
 
 
 @dataclass

@@ -20,11 +20,15 @@ def _progress(msg: str) -> None:
     print(f"[heteroauto] {msg}", file=sys.stderr, flush=True)
 
 
-def _add_inputs(p: argparse.ArgumentParser) -> None:
+def _add_inputs(p: argparse.ArgumentParser, sizes: bool = False) -> None:
     p.add_argument("--cluster", required=True, help="cluster spec (YAML/JSON)")
     p.add_argument("--model", required=True, help="model preset (tiny, h2-100b) or spec file")
     p.add_argument("--train", required=True, help="training spec (YAML/JSON)")
-    p.add_argument("--profile", help="profile JSON from `heteroauto profile` (default: analytic from chip specs)")
+    if sizes:  # plan: one measured profile per micro-batch size searched
+        p.add_argument("--profile", action="append", help="profile JSON from `heteroauto profile` (default: analytic "
+                       "from chip specs); with --micro-batch-sizes, once per size searched")
+    else:
+        p.add_argument("--profile", help="profile JSON from `heteroauto profile` (default: analytic from chip specs)")
     p.add_argument("--group-size", type=at_least(1), default=128, help="chips per group in the two-stage refinement")
 
 
@@ -52,10 +56,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .front_door import plan as plan_of
     from .planning import load_problem
     _writable(a.json, "--json")
-    if a.micro_batch_sizes is not None and a.profile:
-        raise SpecError(a.profile, "--micro-batch-sizes", "a measured profile holds the times of one micro-batch "
-                        "size", "no --profile (the analytic profile, rebuilt for each size) or no --micro-batch-sizes")
-    pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    profiles = a.profile or []
+    if len(profiles) > 1 and a.micro_batch_sizes is None:
+        raise SpecError(profiles[1], "--profile", f"{len(profiles)} profiles without --micro-batch-sizes",
+                        "one profile, or one per micro-batch size with --micro-batch-sizes")
+    pb = load_problem(a.cluster, a.model, a.train, profiles[0] if len(profiles) == 1 else None)
     budget = Budget(work=a.work_budget, time_cap_s=a.time_cap, baselines=a.baselines, idle=a.idle,
                     group_size=a.group_size)
     if a.micro_batch_sizes is not None:
@@ -191,8 +196,10 @@ def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
     """cmd_plan's plan with the micro-batch size searched (micro_batch.py) over --micro-batch-sizes."""
     from .micro_batch import candidate_sizes, plan_micro_batch
     flag = "--micro-batch-sizes"
-    if a.micro_batch_sizes == "auto":
-        sizes = candidate_sizes(pb.train)
+    measured = _profiles(a.profile) if a.profile else None
+    if a.micro_batch_sizes == "auto":  # with measured profiles: the sizes they hold that divide the global batch
+        sizes = candidate_sizes(pb.train) if measured is None else [
+            x for x in sorted(measured) if pb.train.global_batch % x == 0]
     else:
         try:
             sizes = [int(x) for x in a.micro_batch_sizes.split(",")]
@@ -203,11 +210,31 @@ def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
         if bad:
             raise SpecError("<command line>", flag, f"got {bad[0]}",
                             f"positive divisors of the global batch ({pb.train.global_batch} sequences)")
+    if measured is not None:
+        missing = [x for x in sizes if x not in measured]
+        if missing or not sizes:
+            raise SpecError(a.profile[0], flag, f"no profile of micro-batch size {', '.join(map(str, missing))} "
+                            f"(the profiles hold {', '.join(map(str, sorted(measured)))}, global batch "
+                            f"{pb.train.global_batch})", "one --profile per size searched (heteroauto profile "
+                            "--micro-batch-size), or sizes the profiles hold")
     sized = plan_micro_batch(pb.cluster, pb.model, pb.train, sizes, budget, a.algo,
-                             _progress if a.progress else None)
-    tried = ", ".join(f"{s}: {t:.4f} s" if t < float("inf") else f"{s}: none fits" for s, t in sized.times.items())
+                             _progress if a.progress else None, measured)
+    tried = ", ".join(f"{s}: {t:.4f} s" if t < float("inf") else f"{s}: none faster" for s, t in sized.times.items())
     print(f"micro-batch sizes tried (iteration time): {tried}")
     return sized.result
+
+
+def _profiles(paths: list[str]) -> dict[int, Any]:
+    """The measured profiles by their micro-batch size, no size twice."""
+    from .profiles import Profile
+    out: dict[int, Any] = {}
+    for path in paths:
+        prof = Profile.load(path)
+        if prof.micro_batch_size in out:
+            raise SpecError(path, "micro_batch_size", f"a second profile of micro-batch size {prof.micro_batch_size}",
+                            "one profile per micro-batch size")
+        out[prof.micro_batch_size] = prof
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="search the best plan")
-    _add_inputs(p)
+    _add_inputs(p, sizes=True)
     p.add_argument("--algo", choices=("auto", "h2"), default="auto")
     p.add_argument("--json", help="write the plan here")
     p.add_argument("--explain", action="store_true", help="bottleneck, memory headroom, runners-up")

@@ -80,6 +80,42 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
     return rk.noted(res)
 
 
+def run_sized(problems: dict[int, Problem], group_size: int = 128, progress: Progress | None = None,
+              limits: Limits = DEFAULT_LIMITS, idle: str = "auto", baselines: bool = True,
+              rank_actions: int = RANK_ACTIONS) -> tuple[Problem, SearchResult, dict[int, float]]:
+    """`auto` with the micro-batch size searched: `problems` holds one problem per size (micro_batch.py), and
+    every size's candidates (its search's, and unless `baselines` is off its baselines') go into one pool,
+    priced under their own size by the one ranking step. Under a schedule without parameters, a size's
+    search is told the fastest time so far and searches only plans that may beat it. Returns the winner's
+    problem, the result (the winner's size's search statistics) and per size the fastest plan priced (inf:
+    none fits, or none could beat the winner)."""
+    sizes = sorted(problems)
+    rk = Ranking(problems[sizes[0]], rank_actions)
+    cutoff = not kind(problems[sizes[0]].train.schedule).params
+    results: dict[int, SearchResult] = {}
+    why: list[str] = []
+    for size in sizes:
+        pb = problems[size]
+        try:
+            results[size] = _searched(pb, group_size, progress, limits, idle, rk.best_s if cutoff else math.inf,
+                                      True, rk)
+        except NothingFaster:
+            pass
+        except InfeasibleError as e:
+            why.append(f"{size}: {e}")
+        if baselines:
+            _offer_baselines(pb, rk, group_size, limits, idle, True, math.inf, rank_actions)
+    rk.polish()
+    ranked = rk.ranked()
+    if not ranked:
+        raise InfeasibleError("no micro-batch size gives a plan: " + "; ".join(why))
+    pb = rk.problem(ranked[0])
+    size = pb.train.micro_batch_size
+    times = {s: min((c.time_s for c in ranked if rk.problem(c) is problems[s]), default=math.inf) for s in sizes}
+    res = results.get(size) or SearchResult(ranked[0], [])
+    return pb, rk.noted(replace(res, best=ranked[0], runners_up=ranked[1:RERANK_FIRST])), times
+
+
 def _searched(pb: Problem, group_size: int, progress: Progress | None, limits: Limits, idle: str,
               beat_s: float, extended: bool, rk: Ranking) -> SearchResult:
     """The search's result, its plans offered to `rk`: its kept plans (on an instance small enough to
@@ -96,11 +132,11 @@ def _searched(pb: Problem, group_size: int, progress: Progress | None, limits: L
         if not more:
             raise
         res = SearchResult(more[0], more[1:])
-        rk.offer(more)
+        rk.offer(more, pb)
         return res
     h2 = h2_candidates(pb.cm, res.best.dp, _runs(res.best.stages), group_size)
     # the search's best and next three before the rest: the pool's order breaks ties
-    rk.offer([*[res.best, *res.runners_up][:RERANK_FIRST], *h2, *res.runners_up[RERANK_FIRST - 1:], *more])
+    rk.offer([*[res.best, *res.runners_up][:RERANK_FIRST], *h2, *res.runners_up[RERANK_FIRST - 1:], *more], pb)
     return res
 
 
@@ -136,7 +172,7 @@ def _offer_baselines(pb: Problem, rk: Ranking, group_size: int, limits: Limits, 
         return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
 
     for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, fastest, rounded):
-        rk.offer([cand])
+        rk.offer([cand], pb)
 
 
 def small_enough_to_simulate(pb: Problem) -> bool:

@@ -41,11 +41,12 @@ RANK_ACTIONS = 200_000
 SUB_SHARE = 8  # a subset of the chip types planned as a baseline ranks with 1 / this of the budget
 TIE = 1e-9  # relative: a plan must be faster than the fastest by more than this to replace it
 
-Sig = tuple[int, tuple[tuple[str, int, int, bool, int], ...]]  # a plan's dp and stages
+# a plan's micro-batch size (where searched), dp and stages
+Sig = tuple[int | None, int, tuple[tuple[str, int, int, bool, int], ...]]
 
 
 def sig(c: Candidate) -> Sig:
-    return c.dp, tuple((s.chip, s.tp, s.layers, s.recompute, s.inner_dp) for s in c.stages)
+    return c.micro_batch_size, c.dp, tuple((s.chip, s.tp, s.layers, s.recompute, s.inner_dp) for s in c.stages)
 
 
 def forward_share(pb: Problem) -> float:
@@ -84,7 +85,9 @@ class Ranking:
     """The pool as it is priced. `offer` adds candidates (the pool may grow: the baselines' sub-clusters
     are told the fastest time so far, `best_s`, and skip what cannot beat it); `polish` spends what is
     left of the budget on the local search; `ranked` gives the plans fastest first, each carrying its
-    simulated time and parameters."""
+    simulated time and parameters. Where the micro-batch size is searched, each size's plans are offered
+    with that size's problem (`offer(pb=)`); they carry the size and are priced under it (the global batch
+    is the same at every size, so the times compare)."""
     pb: Problem
     budget: int = RANK_ACTIONS
     spent: int = 0
@@ -94,25 +97,37 @@ class Ranking:
     skipped: int = 0  # floors at or above the fastest: cannot win
     unpriced: int = 0  # floors below it that the budget left unpriced
     open_floor: float = math.inf  # the least of those floors
-    share: float = -1.0
+    shares: dict[int | None, float] = field(default_factory=dict)
+    problems: dict[int | None, Problem] = field(default_factory=dict)  # by micro-batch size, where searched
 
     @property
     def best_s(self) -> float:
         return min((t for t, _, _ in self.priced), default=math.inf)
 
-    def offer(self, cands: Iterable[Candidate]) -> None:
-        """Price the new candidates in increasing floor while a floor is below the fastest time."""
-        pb = self.pb
-        if self.share < 0:
-            self.share = forward_share(pb)
+    def problem(self, c: Candidate) -> Problem:
+        """The problem `c` is priced under: its micro-batch size's where it carries one."""
+        return self.pb if c.micro_batch_size is None else self.problems[c.micro_batch_size]
+
+    def offer(self, cands: Iterable[Candidate], pb: Problem | None = None) -> None:
+        """Price the new candidates in increasing floor while a floor is below the fastest time. `pb`: the
+        problem of another micro-batch size, whose plans they are."""
+        size = None
+        if pb is not None and pb is not self.pb:
+            size = pb.train.micro_batch_size
+            self.problems[size] = pb
+        pb = pb or self.pb
+        if size not in self.shares:
+            self.shares[size] = forward_share(pb)
         pool: list[tuple[float, int, Candidate]] = []
         for c in cands:
+            if size is not None:
+                c = replace(c, micro_batch_size=size)
             s = sig(c)
             if s in self.seen:
                 continue
             self.seen.add(s)
             self.offered += 1
-            low = floor(pb, c, self.share)
+            low = floor(pb, c, self.shares[size])
             if math.isfinite(low):
                 pool.append((low, self.offered, c))
         pool.sort(key=lambda x: x[:2])
@@ -130,7 +145,7 @@ class Ranking:
 
     def price(self, c: Candidate, i: int) -> None:
         try:
-            q, _, t = best_params(self.pb, c)
+            q, _, t = best_params(self.problem(c), c)
         except InfeasibleError:
             return
         self.priced.append((t, i, replace(c, time_s=t, params=q or None)))
@@ -143,7 +158,7 @@ class Ranking:
             left = self.budget - self.spent
             if left <= 0:
                 break
-            t2, better, rest = refine(self.pb, c, left)
+            t2, better, rest = refine(self.problem(c), c, left)
             self.spent += left - rest
             if t2 < t:
                 self.priced.append((t2, i, replace(better, time_s=t2)))

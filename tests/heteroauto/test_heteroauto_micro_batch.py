@@ -10,10 +10,12 @@ from dataclasses import replace
 
 import pytest
 
+from heteropp.auto.analytic import analytic_profile
 from heteropp.auto.brute_force import brute_force
 from heteropp.auto.cli import main
 from heteropp.auto.micro_batch import candidate_sizes, plan_micro_batch
 from heteropp.auto.planning import make_problem
+from heteropp.auto.profiles import ChipProfile
 from heteropp.spec import ModelSpec, TrainSpec, cluster_from_dict
 
 
@@ -47,17 +49,60 @@ def test_a_size_that_does_not_divide_the_global_batch_is_refused():
         plan_micro_batch(cl, MODEL, TRAIN, [1, 3])
 
 
-def test_cli_searches_the_size_and_refuses_it_with_a_measured_profile(tmp_path, capsys):
+def _measured(cl, slow: int) -> dict:
+    """Profiles per size as `heteroauto profile` writes them, here the analytic ones with size `slow`'s
+    compute three times slower (a size a chip runs badly, which no analytic profile predicts)."""
+    out = {}
+    for s in candidate_sizes(TRAIN):
+        prof = analytic_profile(cl, MODEL, replace(TRAIN, micro_batch_size=s))
+        if s == slow:
+            prof.chips = {c: ChipProfile({t: replace(p, fwd_s=3 * p.fwd_s, bwd_s=3 * p.bwd_s, wgrad_s=3 * p.wgrad_s)
+                                          for t, p in cp.tp.items()}) for c, cp in prof.chips.items()}
+        out[s] = prof
+    return out
+
+
+def test_measured_profiles_give_each_size_its_own_times():
+    """With one measured profile per size, each size is priced under its own profile: the brute force with
+    those profiles is the reference. Size 4, the analytic optimum, runs three times slower here, and the
+    searched size moves to the brute force's optimum under the measured times (failed before: a measured
+    profile could not be used with the size searched)."""
+    cl = cluster_from_dict(CLUSTER, "test")
+    profiles = _measured(cl, slow=4)
+    refs = {s: brute_force(make_problem(cl, MODEL, replace(TRAIN, micro_batch_size=s), profiles[s]))[0]
+            for s in profiles}
+    got = plan_micro_batch(cl, MODEL, TRAIN, sorted(profiles), profiles=profiles)
+    assert got.result.plan.micro_batch_size == min(refs, key=refs.__getitem__) != 4
+    assert got.result.plan.iteration_time_s == pytest.approx(min(refs.values()), rel=1e-9)
+
+
+def test_a_size_without_a_measured_profile_is_refused():
+    cl = cluster_from_dict(CLUSTER, "test")
+    profiles = _measured(cl, slow=4)
+    del profiles[2]
+    with pytest.raises(ValueError, match="micro-batch sizes 2: no measured profile of that size"):
+        plan_micro_batch(cl, MODEL, TRAIN, [1, 2, 4], profiles=profiles)
+
+
+def test_cli_searches_the_size_with_the_analytic_or_measured_profiles(tmp_path, capsys):
     spec = {"layers": 6, "hidden": 2048, "heads": 8, "kv_heads": 8, "ffn": 4096, "vocab": 1000, "seq_len": 512}
     files = {"cluster.json": CLUSTER, "model.json": spec,
-             "train.json": {"global_batch": 16, "micro_batch_size": 1, "dtype": "bf16"}, "profile.json": {}}
+             "train.json": {"global_batch": 16, "micro_batch_size": 1, "dtype": "bf16"}}
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
+    profiles = _measured(cluster_from_dict(CLUSTER, "test"), slow=4)
+    for s, prof in profiles.items():
+        prof.save(tmp_path / f"profile-{s}.json")
     args = ["plan", "--cluster", str(tmp_path / "cluster.json"), "--model", str(tmp_path / "model.json"),
             "--train", str(tmp_path / "train.json"), "--no-progress"]
     assert main(args + ["--micro-batch-sizes", "1,4", "--json", str(tmp_path / "plan.json")]) == 0
     assert json.loads((tmp_path / "plan.json").read_text())["micro_batch_size"] == 4
     assert main(args + ["--micro-batch-sizes", "1,3"]) == 2
     assert "positive divisors of the global batch (16 sequences)" in capsys.readouterr().err
-    assert main(args + ["--micro-batch-sizes", "auto", "--profile", str(tmp_path / "profile.json")]) == 2
-    assert "holds the times of one micro-batch size" in capsys.readouterr().err
+    measured = [x for s in (1, 2, 4) for x in ("--profile", str(tmp_path / f"profile-{s}.json"))]
+    assert main(args + ["--micro-batch-sizes", "auto", *measured, "--json", str(tmp_path / "measured.json")]) == 0
+    assert json.loads((tmp_path / "measured.json").read_text())["micro_batch_size"] == 2
+    assert main(args + ["--micro-batch-sizes", "1,8", *measured]) == 2
+    assert "no profile of micro-batch size 8 (the profiles hold 1, 2, 4" in capsys.readouterr().err
+    assert main(args + measured) == 2  # several profiles, no size searched
+    assert "3 profiles without --micro-batch-sizes" in capsys.readouterr().err
