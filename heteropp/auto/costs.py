@@ -112,6 +112,7 @@ class CostModel:
         # in its ZeRO-1 shard the two fp32 Adam moments, plus an fp32 master copy when the weights are bf16/fp16.
         self._param_b, self._opt_b = nb + 4, (12 if nb == 2 else 8)
         self._chip = {c.name: c for c in cluster.chips}
+        self._listed_nodes = {c.name: c.nodes for c in cluster.chips if c.nodes}  # types the spec lists nodes of
         self.coef = lru_cache(maxsize=None)(self._coef)
         self.end = lru_cache(maxsize=None)(self._end)
         self.boundary = lru_cache(maxsize=None)(self._boundary)
@@ -232,7 +233,7 @@ class CostModel:
         """Per (physical) stage of a chip type whose nodes the spec lists, whether its placement puts all its
         replicas in one node (None for the other types: the rule of _grad_sync). Raises PlacementError (an
         InfeasibleError) where a TP group fits in no node."""
-        listed = {c.name: c.nodes for c in self.cluster.chips if c.nodes}
+        listed = self._listed_nodes
         if not listed:
             return [None] * len(stages)
         mine = [k for k, s in enumerate(stages) if s.chip in listed]
