@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..schedules import kind
 from ..spec import InfeasibleError
@@ -71,14 +71,16 @@ def _layer_moves(pb: Problem, cand: Candidate, params: dict[str, Any], gap: int)
                 yield Candidate(est.iteration_time_s, dp, st, cand.label, params)
 
 
-def refine(pb: Problem, cand: Candidate, budget: int) -> tuple[float, Candidate, int]:
+def refine(pb: Problem, cand: Candidate, budget: int,
+           floor: Callable[[Candidate], float] | None = None) -> tuple[float, Candidate, int]:
     """Hill-climb from `cand` by single steps, while a step makes it faster and `budget` (simulated actions)
     lasts: H-1F1B's extra warm-up of one boundary one more or one less, or where none is faster one step of
     it moved to another boundary (_warmup_steps), each timed alone; where none is faster, one layer moved
     (_moves), each timed with its best parameters (best_params); the fastest step of a round is taken. The
     search's layer split is the best under its parameter-free objective, not under the schedule's
-    parameters, and H-1F1B's options set every boundary by one rule. Returns the time, the candidate
-    (carrying its parameters) and the budget left."""
+    parameters, and H-1F1B's options set every boundary by one rule. `floor`: a lower bound of a step's
+    simulated time (ranking.floor); a layer move whose bound cannot beat the round's best is not simulated.
+    Returns the time, the candidate (carrying its parameters) and the budget left."""
     from .plan_sim import iteration_time
     params, _, time_s = best_params(pb, cand)
     cand = replace(cand, params=params)
@@ -97,6 +99,8 @@ def refine(pb: Problem, cand: Candidate, budget: int) -> tuple[float, Candidate,
                 best = (t, replace(cand, params={"extra_warmup": trial}))
         if best is None:
             for nb in _moves(pb, cand, params):
+                if floor is not None and floor(nb) >= (time_s if best is None else best[0]) * (1 - 1e-9):
+                    continue  # cannot be the round's fastest step
                 budget -= len(nb.stages) * b * (WARMUP_OR_CHUNK_OPTIONS + 1)
                 if budget < 0:
                     return time_s, cand, 0

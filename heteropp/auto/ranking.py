@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..schedules import kind
 from ..spec import InfeasibleError
@@ -58,19 +58,22 @@ def forward_share(pb: Problem) -> float:
     return max(shares, default=1.0)
 
 
-def floor(pb: Problem, c: Candidate, share: float) -> float:
+def floor(pb: Problem, c: Candidate, share: float, objective: float | None = None) -> float:
     """A lower bound of `c`'s simulated time under the problem's schedule with its best parameters (the
-    module's docstring); inf where the plan does not fit in memory."""
+    module's docstring); inf where the plan does not fit in memory. `objective`: the search's objective of
+    `c`, known to fit, where the caller has it."""
     cm, b, sched = pb.cm, micro_batches(pb.train, c.dp), pb.train.schedule
-    est = cm.evaluate(c.stages, c.dp, b)  # the search's objective, under the schedule it searches as
-    if not est.feasible:
-        return math.inf
+    if objective is None:
+        est = cm.evaluate(c.stages, c.dp, b)  # the search's objective, under the schedule it searches as
+        if not est.feasible:
+            return math.inf
+        objective = est.iteration_time_s
     if "chunks" in kind(sched).params:  # virtual stages start before the physical one ahead finishes
         st, _ = stage_times(cm, c.stages, c.dp)
         return max(b * (t.fwd + t.bwd) + t.update for t in st)
     low = compute_floor(cm, c.stages, c.dp)
     if not kind(sched).params:  # the objective's bound holds for the schedule it was computed under
-        low = max(low, est.iteration_time_s / objective_widen(sched, share, len(c.stages), b))
+        low = max(low, objective / objective_widen(sched, share, len(c.stages), b))
     return low
 
 
@@ -158,10 +161,15 @@ class Ranking:
             left = self.budget - self.spent
             if left <= 0:
                 break
-            t2, better, rest = refine(self.problem(c), c, left)
+            t2, better, rest = refine(self.problem(c), c, left, self.move_floor(c))
             self.spent += left - rest
             if t2 < t:
                 self.priced.append((t2, i, replace(better, time_s=t2)))
+
+    def move_floor(self, c: Candidate) -> Callable[[Candidate], float]:
+        """The floor of a layer move from `c` (pricing.refine), which carries its objective."""
+        pb, share = self.problem(c), self.shares[c.micro_batch_size]
+        return lambda nb: floor(pb, nb, share, nb.time_s)
 
     def ranked(self) -> list[Candidate]:
         return [c for _, _, c in sorted(self.priced, key=lambda x: x[:2])]
