@@ -243,7 +243,12 @@ class CostModel:
             out[k] = len(set(where)) == 1
         return out
 
-    def _placed_sync_delta(self, s: StageSpec, sdp: int, one_node: bool, ends: tuple[str, ...]) -> float:
+    @property
+    def lists_nodes(self) -> bool:
+        """Whether some chip type's spec lists its nodes (then placement decides where gradients sync)."""
+        return bool(self._listed_nodes)
+
+    def placed_sync_delta(self, s: StageSpec, sdp: int, one_node: bool, ends: tuple[str, ...]) -> float:
         """What a stage's gradient all-reduces take on its placed nodes beyond what the coefficients charge."""
         params = [(s.layers, self._layer_params(s.tp))]
         params += [(1, (self.profile.embed_params if w == "first" else self.profile.head_params) / s.tp) for w in ends]
@@ -278,7 +283,7 @@ class CostModel:
                     static, transient = static + e.static, transient + e.transient * share
             placed = one_node[k % phys]
             if placed is not None:
-                upd += self._placed_sync_delta(s, sdp, placed, tuple(w for f, w in ((k == 0, "first"),
+                upd += self.placed_sync_delta(s, sdp, placed, tuple(w for f, w in ((k == 0, "first"),
                                                                                      (k == p - 1, "last")) if f))
             out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s * share, update=upd,
                                   static_bytes=static, act_bytes=s.layers * c.act * share, transient_bytes=transient))
