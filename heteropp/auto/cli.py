@@ -76,7 +76,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             print(describe(joined))
             if a.json:
                 joined.save(a.json)
-                print(f"wrote {a.json} (replica groups: for `heteroauto simulate`; `heteropp run` refuses them)")
+                print(f"wrote {a.json} (replica groups: `heteropp run` trains them without checkpoints)")
             return 0
         print("per-replica: no split of the chip types into replica groups is faster than one stage list")
     print(table(plan))
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the global batch) or sizes separated by commas; the training spec's size is then not used")
     p.add_argument("--per-replica", action="store_true",
                    help="also plan replica groups with different pipelines (every split of the chip types, each "
-                   "planned alone with its share of the batch); `heteropp run` does not train such plans")
+                   "planned alone with its share of the batch); `heteropp run` trains them without checkpoints")
     p.add_argument(
         "--idle",
         choices=IDLE_MODES,

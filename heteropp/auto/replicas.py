@@ -9,8 +9,8 @@ proportion to its throughput (micro-batches per second at that plan), rounded to
 faster. Groups whose plans give one layer different TP sizes cannot be joined (a layer's gradients are
 reduced shard by shard), and are skipped.
 
-The engine does not train such plans yet (heteropp run refuses them); `heteroauto plan --per-replica`
-offers them, and only then.
+The engine trains such plans (engine/replica_groups.py; without checkpoints, re-planning or tied
+embeddings); `heteroauto plan --per-replica` offers them, and only then.
 """
 from __future__ import annotations
 
@@ -145,5 +145,5 @@ def describe(p: Plan) -> str:
                             + (" rc" if s.recompute else "") for s in g.stages)
         rows.append(f"group {i}: dp={g.dp} micro-batches={g.micro_batches} x {p.micro_batch_size}: {stages}")
     rows.append(f"replica groups, schedule={p.schedule} chips={p.chips_used()}: simulated iteration time "
-                f"{p.iteration_time_s or 0:.4f} s (heteropp run does not train plans of replica groups)")
+                f"{p.iteration_time_s or 0:.4f} s")
     return "\n".join(rows)

@@ -72,13 +72,10 @@ class Groups:
     tie: Any = None
 
 
-def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: str, timeout_s: float,
-                 tied: bool = False) -> Groups:
-    """Every rank creates every group, in the same order (torch requires it), and keeps its own. `tied`: the
-    model's output head is its embedding; with more than one stage the two stages' ranks get a group (over the
-    point-to-point backend, which spans chip types) to sum the two copies' gradients."""
+def stage_groups(plan: Plan, rank: int, chip_map: dict[str, str], timeout_s: float) -> tuple[Any, Any]:
+    """Creates the TP and DP groups of every stage of `plan`; returns this rank's (None where it has none,
+    or holds no rank of `plan`: another replica group's, Plan.replicas)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    me = coord_of(plan, rank)
     mine_tp = mine_dp = None
     for k, s in enumerate(plan.stages[:plan.devices]):
         backend = resolve_chip(s.chip, chip_map).backend
@@ -92,6 +89,17 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
             g = dist.new_group(ranks, backend=backend, timeout=timeout) if plan.stage_dp(k) > 1 else None
             if rank in ranks:
                 mine_dp = g
+    return mine_tp, mine_dp
+
+
+def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: str, timeout_s: float,
+                 tied: bool = False) -> Groups:
+    """Every rank creates every group, in the same order (torch requires it), and keeps its own. `tied`: the
+    model's output head is its embedding; with more than one stage the two stages' ranks get a group (over the
+    point-to-point backend, which spans chip types) to sum the two copies' gradients."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    me = coord_of(plan, rank)
+    mine_tp, mine_dp = stage_groups(plan, rank, chip_map, timeout_s)
     tie = None
     if tied and len(plan.stages) > 1:
         ends = sorted({0, (len(plan.stages) - 1) % plan.devices})

@@ -34,7 +34,8 @@ from .straggler import StragglerWatch
 from .tied import sync_tied_grads
 from .p2p import P2P
 from .schedule import compile_schedule
-from .topology import Groups, build_groups
+from .replica_groups import GroupPlan, HolderGroups, build_holder_groups, group_of, group_plans, sum_holder_grads
+from .topology import Groups, build_groups, stage_groups
 
 log = logging.getLogger("heteropp")
 
@@ -56,7 +57,8 @@ def _owned(p: torch.nn.Parameter, tp_rank: int) -> bool:
 
 
 def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]], rank: int,
-          ckpt_pg: Any = None) -> dict[str, Any]:
+          ckpt_pg: Any = None, hg: HolderGroups | None = None) -> dict[str, Any]:
+    """`hg`: this rank's place in a plan of replica groups (replica_groups.py), `plan` then its group's."""
     m, opts = cfg.model_spec, cfg.opts
     k, d, t = g.coord.stage, g.coord.replica, g.coord.tp_rank
     st = plan.stages[k]
@@ -70,8 +72,12 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     named = [(name, q) for c in chunks for name, q in c.named_parameters()]
     tied_copy = m.tie_embeddings and n > 1  # the last stage's head is a copy of the embedding
     owned = [_owned(q, t) and not (tied_copy and name == "head.weight") for name, q in named]
-    opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, g.dp, d, plan.stage_dp(k), owned,
-                         dist.get_world_size() > 1)
+    if hg is None:
+        opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, g.dp, d, plan.stage_dp(k), owned,
+                             dist.get_world_size() > 1)
+    else:  # whole optimizer state on every holder; the norm counts the first group's first replica
+        opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, None, 0, 1,
+                             [o and hg.index == 0 and d == 0 for o in owned], dist.get_world_size() > 1)
     sched = schedule_lr(cfg.lr, cfg.steps, opts)
     ckpt = None
     if opts.checkpoint_dir:
@@ -88,16 +94,21 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     watch = StragglerWatch(plan)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
-    lead = model.last and d == 0 and t == 0
+    lead = model.last and d == 0 and t == 0 and (hg is None or hg.index == 0)
+    global_batch = plan.global_batch if hg is None else hg.micro_batches * plan.micro_batch_size
+    seq_base = 0 if hg is None else hg.seq_base
+    # the loss is a mean over this rank's rows of every micro-batch, scaled so that every rank holding
+    # a stage's parameters sums to the global mean: micro-batches of the whole plan times inner replicas
+    shares = plan.micro_batches * plan.stage_dp(k) if hg is None else hg.micro_batches * st.inner_dp
     path = cfg.loss_log
     if path and len(cfg.schedule_list()) > 1:  # one log per schedule: run.jsonl -> run.zbh1.jsonl
         stem, dot, ext = path.rpartition(".")
         path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
-    log = StepLog(path if lead else None, start, m, plan.global_batch, cfg.steps, label, opts.peak_flops, echo=lead)
+    log = StepLog(path if lead else None, start, m, global_batch, cfg.steps, label, opts.peak_flops, echo=lead)
     losses, rates, norms = [], [], []
     grads: list[dict[str, tuple[torch.Tensor, int | None, int]]] | None = [] if cfg.collect_grads else None
-    tokens = plan.global_batch * m.seq_len
-    data = Batches(m, cfg.seed, plan.global_batch, opts.data)
+    tokens = global_batch * m.seq_len
+    data = Batches(m, cfg.seed, global_batch, opts.data)
     for step in range(start + 1, cfg.steps + 1):
         if rank == cfg.fail_rank and step == cfg.fail_step:
             if cfg.fail_kill:
@@ -106,26 +117,28 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         t0 = time.perf_counter()
         mbs = []
         for i in range(plan.micro_batches):
-            lo = (g.coord.outer * plan.micro_batches + i) * plan.micro_batch_size + first_row
+            lo = seq_base + (g.coord.outer * plan.micro_batches + i) * plan.micro_batch_size + first_row
             mbs.append(data.rows(step, lo, lo + rows))
         opt.zero_grad()
         opt.lr = sched.at(step)
         scale = opt.scaler.scale if opt.scaler is not None else 1.0
-        # the loss is a mean over this replica's rows: scaled so that the stage's replicas sum to the global mean
-        loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs],
-                      scale / (plan.micro_batches * plan.stage_dp(k))) / scale
+        loss = ex.run(actions, [b[:, :-1] for b in mbs], [b[:, 1:] for b in mbs], scale / shares) / scale
         if tied_copy:
             sync_tied_grads(named, g, d)
         if grads is not None:
             grads.append(_shards(chunks, grad=True))
+        if hg is not None:
+            sum_holder_grads(named, hg)
         opt.step()
         norms.append(opt.last_norm)
         if model.last:
             total = torch.tensor([loss], dtype=torch.float64)
-            if plan.stage_dp(k) > 1:
+            if hg is not None:
+                dist.all_reduce(total, group=hg.loss)
+            elif plan.stage_dp(k) > 1:
                 dist.all_reduce(total, group=g.dp)
             loss = total.item()
-        peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log else None
+        peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log and hg is None else None
         if hooks is not None:
             hooks.wait()  # the previous step's snapshot is sent before the all-reduce below lets this step count
         slow = watch.observe(k, ex.compute_s, d == 0 and t == 0)
@@ -148,7 +161,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         ckpt.wait()
     log.close()
     params = _shards(chunks, grad=False) if cfg.collect_params else None
-    return {"coord": (k, d, t), "device": g.device.type, "losses": losses if model.last else None,
+    return {"coord": (k, d, t), "group": 0 if hg is None else hg.index, "device": g.device.type,
+            "losses": losses if model.last else None,
             "tokens_per_s": rates, "grads": grads, "params": params, "grad_norms": norms,
             "bytes_sent": dict(p2p.bytes_sent), "start_step": start,
             # which job secret this rank's backend used, as a digest (tests: fresh for every job)
@@ -206,14 +220,28 @@ def run_rank(cfg: RunConfig, plan: Plan, rank: int) -> dict[str, Any]:
     schedule, the closing barrier; a result per schedule."""
     m = cfg.model_spec
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    hg = None
+    if plan.replicas:
+        if cfg.opts.checkpoint_dir or m.tie_embeddings:
+            raise ValueError("a plan of replica groups trains without checkpoints and tied embeddings "
+                             "(heteropp run refuses both before starting)")
+        groups = group_plans(plan)
+        index = group_of(groups, rank)
+        for gp in groups[:index]:  # every rank creates every group's groups, in order
+            stage_groups(gp, rank, cfg.chip_map, cfg.timeout_s)
+        plan, rest = groups[index], groups[index + 1:]
     g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s, tied=m.tie_embeddings)
+    if isinstance(plan, GroupPlan):
+        for gp in rest:
+            stage_groups(gp, rank, cfg.chip_map, cfg.timeout_s)
+        hg = build_holder_groups(cfg.plan_obj, groups, rank, cfg.backend, cfg.timeout_s)
     # checkpoints talk over their own group: DCP's background thread must not share the training's
     ckpt_pg = dist.new_group(backend="gloo", timeout=timeout) if cfg.opts.checkpoint_dir else None
     st = plan.stages[g.coord.stage]
     log.info("rank %d: stage %d (%s, layers %d-%d%s) tp %d/%d dp %d/%d on %s, p2p %s", rank, g.coord.stage,
              st.chip, st.first_layer, st.first_layer + st.layers - 1, ", recompute" if st.recompute else "",
              g.coord.tp_rank, st.tp, g.coord.replica, plan.stage_dp(g.coord.stage), g.device, cfg.backend)
-    out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank, ckpt_pg)
+    out = {(s if isinstance(s, str) else "custom"): train(cfg, plan, g, s, rank, ckpt_pg, hg)
            for s in cfg.schedule_list()}
     dist.barrier()
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -137,11 +138,13 @@ def test_the_per_replica_plan_beats_every_single_stage_list_and_equals_the_brute
     assert [g.micro_batches for g in got.replicas] == [5, 3]
 
 
-def test_the_engine_refuses_a_plan_of_replica_groups_naming_the_field():
+def test_the_engine_refuses_replica_groups_only_with_a_tied_head_naming_the_field():
     pb = _two_types()
+    check_run(_per_type(5, 3), pb.model, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
+    tied = replace(pb.model, tie_embeddings=True)
     with pytest.raises(SpecError) as e:
-        check_run(_per_type(5, 3), pb.model, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
-    assert e.value.field == "replicas" and "does not train" in str(e.value)
+        check_run(_per_type(5, 3), tied, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
+    assert e.value.field == "replicas" and "embedding" in str(e.value)
 
 
 def test_partitions_are_every_set_partition():
@@ -151,10 +154,11 @@ def test_partitions_are_every_set_partition():
         assert len(got) == len(set(got)) == bell
 
 
-def test_the_cli_plans_replica_groups_on_request_simulates_them_and_heteropp_run_refuses_them(tmp_path, capsys):
+def test_the_cli_plans_replica_groups_on_request_simulates_them_and_heteropp_run_takes_them(tmp_path, capsys):
     """Two chips of A and two of B (0.6x A's speed) over a 1 GB/s link, the analytic profile: with
     --per-replica the plan is two replica groups (A with 5 micro-batches, B with 3), faster than the plan
-    of one stage list; `heteroauto simulate` prices the file as the planner did; `heteropp run` exits 2."""
+    of one stage list; `heteroauto simulate` prices the file as the planner did; `heteropp run` writes its run
+    configuration and exits 2 naming the field with --checkpoint-dir."""
     from heteropp.auto.cli import main
     from heteropp.cli import main as run_main
     cluster = tmp_path / "two.yaml"
@@ -175,6 +179,9 @@ def test_the_cli_plans_replica_groups_on_request_simulates_them_and_heteropp_run
     out = tmp_path / "sim.json"
     assert main(["simulate", str(joined), *inputs, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["iteration_time_s"] == pytest.approx(got.iteration_time_s, rel=1e-12)
+    run = ["run", "--plan", str(joined), "--model", "tiny", "--steps", "1", "--chip-map", "A=cpu,B=cpu"]
+    assert run_main([*run, "--write-config", str(tmp_path / "run.json")]) == 0
+    assert len(json.loads((tmp_path / "run.json").read_text())["plan"]["replicas"]) == 2
     capsys.readouterr()
-    assert run_main(["run", "--plan", str(joined), "--model", "tiny", "--steps", "1"]) == 2
+    assert run_main([*run, "--checkpoint-dir", str(tmp_path / "ck")]) == 2
     assert "'replicas'" in capsys.readouterr().err

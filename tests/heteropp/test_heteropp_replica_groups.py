@@ -1,0 +1,72 @@
+"""A plan whose replica groups run different pipelines (Plan.replicas) trained by the engine in real
+processes, against the single-process reference on the same global batch: the losses of every step (each
+after the previous step's update) and every parameter after the last step, held identically by every rank
+that holds it. Processes on one host stand in for chips of two types; gloo stands in for the vendors'
+collective libraries and for the point-to-point backend."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from heteropp.engine import RunConfig, launch, train_reference
+from heteropp.plan import Plan, ReplicaGroup, StagePlan
+from tests.heteropp.heteropp_helpers import MODEL, check_losses, mismatches
+
+STEPS = 3
+
+PLANS = {
+    # A: two stages of 2 layers, 3 micro-batches; B: 1 + 3 layers, 5 micro-batches
+    "tp1 2|2 + 1|3": Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 2), StagePlan("A", 1, 2)], 3),
+                                       ReplicaGroup([StagePlan("B", 1, 1), StagePlan("B", 1, 3)], 5)], 1,
+                                      schedule="1f1b", num_layers=MODEL.layers),
+    # layers 0-1 at TP 2 and 2-3 at TP 1 in both; A cut 2|2, B cut 1|1|2 in two pipelines of 2 micro-batches
+    "tp2 2|2 + dp2 1|1|2": Plan.of_replicas(
+        [ReplicaGroup([StagePlan("A", 2, 2), StagePlan("A", 1, 2)], 4),
+         ReplicaGroup([StagePlan("B", 2, 1), StagePlan("B", 2, 1), StagePlan("B", 1, 2)], 2, dp=2)], 1,
+        schedule="1f1b", num_layers=MODEL.layers),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _run(name: str, clip: float | None) -> dict:
+    cfg = RunConfig(plan=PLANS[name].to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, schedules=["1f1b"],
+                    backend="gloo", chip_map={"A": "cpu", "B": "cpu"}, collect_params=True, timeout_s=120,
+                    clip_grad=clip)
+    return launch(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(sequences: int, clip: float | None) -> dict:
+    return train_reference(MODEL, STEPS, sequences, clip_grad=clip, collect_params=True, verbose=False)
+
+
+def _full_params(results: dict) -> dict[str, torch.Tensor]:
+    """Every parameter after the last step: each holder's TP shards joined (per group, pipeline and stage),
+    every holder's full tensor checked equal to the first's."""
+    shards: dict[tuple[int, int, int, str], dict[int, tuple[torch.Tensor, int | None, int]]] = {}
+    for r in results.values():
+        k, d, t = r["1f1b"]["coord"]
+        for name, shard in r["1f1b"]["params"].items():
+            shards.setdefault((r["1f1b"]["group"], k, d, name), {})[t] = shard
+    out: dict[str, torch.Tensor] = {}
+    for (group, k, d, name), tps in sorted(shards.items(), key=lambda kv: str(kv[0])):
+        _, dim, replicas = tps[0]
+        full = tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)[::replicas]], dim)
+        if name in out:
+            assert torch.equal(full, out[name]), f"{name}: group {group} stage {k} replica {d} differs"
+        out[name] = full
+    return out
+
+
+@pytest.mark.parametrize("name,clip", [(n, None) for n in PLANS] + [("tp1 2|2 + 1|3", 0.05)])
+def test_replica_groups_train_as_the_reference(name: str, clip: float | None) -> None:
+    """`clip`: gradients clipped to that global norm (each layer counted once, not once per holder)."""
+    plan = PLANS[name]
+    res, want = _run(name, clip), _reference(plan.global_batch, clip)
+    got = [r["1f1b"]["losses"] for r in res.values() if r["1f1b"]["losses"] is not None]
+    assert got, "no rank of a last stage reported losses"
+    for losses in got:  # every last stage of every group reports the global loss
+        check_losses(losses, want["losses"], name)
+    assert not mismatches(_full_params(res), want["params"])
