@@ -7,7 +7,8 @@ rank that holds it, in every group: a ring all-reduce over those ranks, shard by
 size in every group), that starts once the last of its holding stages has finished its backwards. A
 stage runs its layers' all-reduces one after another, then its optimizer step (its ZeRO-1 shard among
 those ranks); the iteration ends with the last stage's. A plan of one group is priced the same way as
-plan_sim.simulate_plan prices it.
+plan_sim.simulate_plan prices it. The engine keeps a replica group's optimizer state whole on every holder
+(engine/replica_groups.py), so a plan of replica groups is priced, memory included, without ZeRO-1.
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class GroupsResult:
 def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
     """The iteration time of `plan` (any plan; one of one group is priced as plan_sim prices it)."""
     groups = plan.groups
+    if plan.replicas and cm.train.zero1:  # as the engine runs replica groups: no ZeRO-1 sharding
+        cm = CostModel(cm.cluster, cm.model, replace(cm.train, zero1=False), cm.profile)
     if kind(plan.schedule).params:
         raise ValueError(f"schedule {plan.schedule!r}: replica groups take a schedule without parameters")
     specs = [plan_stages(g) for g in groups]

@@ -63,7 +63,8 @@ def best_per_replica(pb: Problem, budget: Budget | None = None) -> Plan | None:
 def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budget) -> Plan | None:
     """The plan of the chip types `types` alone with `micro_batches` of the global batch, or None."""
     cl = sub_cluster(pb.cluster, {c.name: c.count for c in pb.cluster.chips if c.name in types})
-    train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size)
+    # without ZeRO-1: the engine keeps a replica group's optimizer state whole on every holder
+    train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size, zero1=False)
     try:
         return plan(make_problem(cl, pb.model, train, pb.cm.profile), budget).plan
     except (InfeasibleError, SpecError):
