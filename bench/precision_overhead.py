@@ -15,9 +15,10 @@ writes the numbers.
 all per-op overhead.
 
 --compare: the cost of ``compare_dumps`` on two captures of every op of --steps honest steps (the
-same model and data twice, per-op files and bulk parts): each compare in a process of its own, so
-its CPU time and peak resident memory are its own; op pairs per second of CPU time; the peak of a
-process that only imports the package beside it."""
+same model and data twice, per-op files and bulk parts), streamed (``on_row``, as precision-diff
+compare runs it): each compare in a process of its own, so its CPU time and peak resident memory
+are its own; op pairs per second of CPU time; the peak of a process that only imports the package
+beside it."""
 from __future__ import annotations
 
 import argparse
@@ -119,10 +120,10 @@ torch.set_num_threads(1)
 from ditorch_precision import compare_dumps
 if len(sys.argv) > 2:
     t0, c0 = time.perf_counter(), time.process_time()
-    report = compare_dumps(sys.argv[1], sys.argv[2])
+    report = compare_dumps(sys.argv[1], sys.argv[2], on_row=lambda kind, row: None)  # streamed, as the CLI does
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert report.passed, "an honest pair must pass"
-    print(len(report.ops), wall, cpu, end=" ")
+    print(report.to_dict()["n_ops"], wall, cpu, end=" ")
 else:
     print(0, 0, 0, end=" ")
 print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))
