@@ -33,7 +33,7 @@ class SearchResult:
     bounded: list[str] = field(default_factory=list)  # the limits that cut the space; empty: exact
     lower_bound_s: float | None = None  # no plan of the full space is faster (set when bounded)
     # the least of the search's objective over the plans it kept (its optimum when exact; lower_bound_s bounds
-    # it); the plans themselves carry the time a user reads (search.reported)
+    # it); the plans themselves carry the time a user reads (ranking.py: simulated)
     objective_s: float | None = None
     work: int = 0  # units of search work spent (limits.BOUND_CELLS_PER_UNIT): the same on any machine
 

@@ -69,7 +69,7 @@ def test_a_search_told_a_time_to_beat_and_the_floor_that_skips_simulations(seed)
     uncut = _searched(pb)
     if uncut is None:
         return
-    for c in [uncut.best, *uncut.runners_up]:  # the floor never_worse skips a baseline by
+    for c in [uncut.best, *uncut.runners_up]:  # the floor the ranking skips a baseline by
         assert compute_floor(pb.cm, c.stages, c.dp) <= iteration_time(pb.cm, c.stages, c.dp) * (1 + 1e-12)
     t = best_params(pb, uncut.best)[2]
     same = run_search(pb, baselines=False, beat_s=t * 1.001)
