@@ -60,7 +60,7 @@ def _full_params(results: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("name,clip", [(n, None) for n in PLANS] + [("tp1 2|2 + 1|3", 0.05)])
+@pytest.mark.parametrize("name,clip", [("tp1 2|2 + 1|3", 0.05), ("tp2 2|2 + dp2 1|1|2", None)])
 def test_replica_groups_train_as_the_reference(name: str, clip: float | None) -> None:
     """`clip`: gradients clipped to that global norm (each layer counted once, not once per holder)."""
     plan = PLANS[name]
