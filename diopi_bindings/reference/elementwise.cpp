@@ -1,7 +1,7 @@
 // Elementwise arithmetic and activations with their backward kernels (torch broadcasting).
 #include <cmath>
-#include <functional>
 
+#include "strided.h"
 #include "tensor_io.h"
 
 using namespace diopi_ref;
@@ -12,12 +12,15 @@ constexpr double kSqrt2 = 1.4142135623730951, kSqrt2OverPi = 0.7978845608028654,
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-diopiError_t unary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
-                   const std::function<double(double)>& f) {
+// f computes in double: operands of one floating dtype go through the strided loop (strided.h), the rest
+// through double buffers; both round each result once, so they give the same bits.
+template <class F>
+diopiError_t unary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self, F f) {
   return guarded(symbol, [&] {
     need(out, "out"), need(self, "self");
     require_float({out, self});
     require_shape(out, shape_of(self), "out");
+    if (elementwise_strided(symbol, out, shape_of(self), f, self)) return;
     Buffer x = read(self);
     for (double& v : x) v = f(v);
     write_output(out, x, symbol);
@@ -25,14 +28,15 @@ diopiError_t unary(const char* symbol, diopiTensorHandle_t out, diopiConstTensor
 }
 
 // integers: add, sub and mul also take int32/int64 (index arithmetic), exact below 2^53 in double.
+template <class F>
 diopiError_t binary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t a,
-                    diopiConstTensorHandle_t b, const std::function<double(double, double)>& f,
-                    bool integers = false) {
+                    diopiConstTensorHandle_t b, F f, bool integers = false) {
   return guarded(symbol, [&] {
     need(out, "out"), need(a, "first input"), need(b, "second input");
     if (!integers) require_float({out, a, b});
     const Shape shape = broadcast_shapes(shape_of(a), shape_of(b));
     require_shape(out, shape, "out");
+    if (elementwise_strided(symbol, out, shape, f, a, b)) return;
     Buffer x = read(a, shape);
     const Buffer y = read(b, shape);
     for (size_t i = 0; i < x.size(); ++i) x[i] = f(x[i], y[i]);
@@ -108,6 +112,9 @@ diopiError_t diopi_aten_gelu(diopiContextHandle_t, diopiTensorHandle_t out, diop
 
 diopiError_t diopi_aten_pow_Tensor_Scalar(diopiContextHandle_t, diopiTensorHandle_t out,
                                           diopiConstTensorHandle_t self, double exponent) {
+  // x * x: exact in double for float32/16 inputs (so equal to pow), torch's own kernel for exponent 2 (RMSNorm
+  // squares every activation)
+  if (exponent == 2.0) return unary(__func__, out, self, [](double x) { return x * x; });
   return unary(__func__, out, self, [exponent](double x) { return std::pow(x, exponent); });
 }
 
@@ -143,9 +150,11 @@ diopiError_t diopi_aten_addcmul(diopiContextHandle_t, diopiTensorHandle_t out, d
     require_float({out, self, tensor1, tensor2});
     const Shape shape = broadcast_shapes(broadcast_shapes(shape_of(self), shape_of(tensor1)), shape_of(tensor2));
     require_shape(out, shape, "out");
+    const auto f = [value](double x, double a, double b) { return x + value * a * b; };
+    if (elementwise_strided(kernel_name(__func__), out, shape, f, self, tensor1, tensor2)) return;
     Buffer x = read(self, shape);
     const Buffer a = read(tensor1, shape), b = read(tensor2, shape);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += value * a[i] * b[i];
+    for (size_t i = 0; i < x.size(); ++i) x[i] = f(x[i], a[i], b[i]);
     WRITE(out, x);
   });
 }
@@ -182,9 +191,11 @@ diopiError_t diopi_aten_addcdiv(diopiContextHandle_t, diopiTensorHandle_t out, d
     require_float({out, self, tensor1, tensor2});
     const Shape shape = broadcast_shapes(broadcast_shapes(shape_of(self), shape_of(tensor1)), shape_of(tensor2));
     require_shape(out, shape, "out");
+    const auto f = [value](double x, double a, double b) { return x + value * a / b; };
+    if (elementwise_strided(kernel_name(__func__), out, shape, f, self, tensor1, tensor2)) return;
     Buffer x = read(self, shape);
     const Buffer a = read(tensor1, shape), b = read(tensor2, shape);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += value * a[i] / b[i];
+    for (size_t i = 0; i < x.size(); ++i) x[i] = f(x[i], a[i], b[i]);
     WRITE(out, x);
   });
 }

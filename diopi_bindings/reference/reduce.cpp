@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "strided.h"
 #include "tensor_io.h"
 
 using namespace diopi_ref;
@@ -14,17 +15,42 @@ void require_out_shape(diopiConstTensorHandle_t out, const Reduction& r, bool ke
   require_shape(out, keepdim ? r.out_shape : r.out_shape_squeezed, "out");
 }
 
+// acc[slot] += x over self's elements in row-major order, as the buffered path adds them (the same bits),
+// read in place through self's strides; false for a dtype that is not floating.
+bool sum_strided(diopiConstTensorHandle_t self, const Reduction& r, Buffer& acc) {
+  Shape shape = shape_of(self);
+  std::array<Shape, 2> strides{Shape(self->strides, self->strides + self->ndim), r.slot_strides};
+  coalesce(shape, strides);
+  return with_float_type(self->dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* x = static_cast<const T*>(self->data);
+    double* a = acc.data();
+    walk(shape, strides, [&](const std::array<int64_t, 2>& off, int64_t len, const std::array<int64_t, 2>& st) {
+      if (st[1] == 0) {  // a run inside one group: one running sum, in order
+        double s = a[off[1]];
+        for (int64_t i = 0; i < len; ++i) s += load_double(x + off[0] + i * st[0]);
+        a[off[1]] = s;
+        return;
+      }
+      for (int64_t i = 0; i < len; ++i) a[off[1] + i * st[1]] += load_double(x + off[0] + i * st[0]);
+    });
+  });
+}
+
 // Sum of each reduction group; with `mean`, divided by the group size.
 diopiError_t sum_kernel(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self, diopiSize_t dim,
                         bool keepdim, bool mean) {
   return guarded(symbol, [&] {
     need(out, "out"), need(self, "self");
     require_float({out, self});
-    const Reduction r = reduction(shape_of(self), dims_of(dim));
+    const Reduction r = reduction(shape_of(self), dims_of(dim), /*with_slots=*/false);
     require_out_shape(out, r, keepdim);
-    const Buffer x = read(self);
     Buffer acc(size_t(numel(r.out_shape)), 0.0);
-    for (size_t i = 0; i < x.size(); ++i) acc[r.slot[i]] += x[i];
+    if (!sum_strided(self, r, acc)) {
+      const Buffer x = read(self);
+      const Reduction slots = reduction(shape_of(self), dims_of(dim));
+      for (size_t i = 0; i < x.size(); ++i) acc[slots.slot[i]] += x[i];
+    }
     if (mean)
       for (double& v : acc) v /= double(r.group_size);  // 0/0: NaN, as torch gives for an empty mean
     write_output(out, acc, symbol);

@@ -73,10 +73,11 @@ void write_output(diopiTensorHandle_t t, const Buffer& values, const char* symbo
 struct Reduction {
   Shape out_shape;          // with keepdim
   Shape out_shape_squeezed; // without
-  std::vector<int64_t> slot;
+  std::vector<int64_t> slot;  // filled only with_slots
+  Shape slot_strides;          // per input dim, the step of its slot (0 for a reduced dim)
   int64_t group_size = 1;
 };
-Reduction reduction(const Shape& shape, const std::vector<int64_t>& dims);
+Reduction reduction(const Shape& shape, const std::vector<int64_t>& dims, bool with_slots = true);
 
 // outer x length x inner split around one dim, for softmax-like kernels.
 struct Split {
