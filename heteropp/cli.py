@@ -121,7 +121,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.elastic:
         return run_elastic(a, plan, m, cluster, chip_map, options)
     available = {c.name: c.count for c in cluster.chips} if cluster else None
-    nodes = {c.name: c.node_sizes for c in cluster.chips} if cluster else None
+    nodes = {c.name: c.nodes for c in cluster.chips if c.nodes} if cluster else None  # the listed ones
     if a.write_config:
         from .engine.checks import check_run
         if a.schedule:

@@ -248,11 +248,14 @@ class Plan:
         return self
 
     def placement(self, nodes: Mapping[str, Sequence[int]], source: str = "<plan>") -> list[list[int]]:
-        """Per stage (group of chips; every replica group's in turn), the node of each of its TP groups
-        (spec/placement.py), in replica order; SpecError naming the stage whose TP group fits in no node."""
+        """Per stage (group of chips; every replica group's in turn) of a chip type in `nodes`, the node of each
+        of its TP groups (spec/placement.py), in replica order; SpecError naming the stage whose TP group fits
+        in no node. Stages of other types are left out."""
         names, blocks = [], []
         for i, g in enumerate(self.groups):
             for k, s in enumerate(g.stages[:g.devices]):
+                if s.chip not in nodes:
+                    continue
                 names.append(f"replicas[{i}].stages[{k}]" if self.replicas else f"stages[{k}]")
                 blocks.append(StageBlock(s.chip, s.tp, g.stage_dp(k)))
         try:

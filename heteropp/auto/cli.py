@@ -105,7 +105,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     m = pb.model
     plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
                   available={c.name: c.count for c in pb.cluster.chips},
-                  nodes={c.name: c.node_sizes for c in pb.cluster.chips})
+                  nodes={c.name: c.nodes for c in pb.cluster.chips if c.nodes})
     if plan.replicas:
         return _simulate_groups(a, pb, plan)
     name = a.schedule or plan.schedule

@@ -131,7 +131,7 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
                               model=pb.model.name, num_layers=pb.model.layers, algo="per-replica")
     try:
         joined.validate(num_layers=pb.model.layers, available={c.name: c.count for c in pb.cluster.chips},
-                        nodes={c.name: c.node_sizes for c in pb.cluster.chips})
+                        nodes={c.name: c.nodes for c in pb.cluster.chips if c.nodes})
     except SpecError:
         return None
     joined.iteration_time_s = simulate_groups(pb.cm, joined).iteration_time_s
