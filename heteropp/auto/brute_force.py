@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from ..spec import InfeasibleError
 from .costs import StageSpec, micro_batches, virtual_stages
+from .extended import sequences
 from .plan_sim import simulate_stages
 from .planning import Problem
 from .reference import compositions
@@ -40,18 +41,22 @@ def schedule_options(schedule: str, stages: list[StageSpec],
         yield {}, stages
 
 
-def brute_force(pb: Problem, extended: bool = False) -> tuple[float, int, list[StageSpec], dict[str, Any]]:
+def brute_force(pb: Problem, extended: bool = False,
+                tp: bool = False) -> tuple[float, int, list[StageSpec], dict[str, Any]]:
     """The least simulated time of any plan of one-chip stages (tp 1) with any parameters that fit in
     memory, with its dp, stages and parameters (inf and no stages when none fits); `extended`: over
-    extended_sequences instead of one_chip_sequences. A stage recomputes only
+    extended_sequences instead of one_chip_sequences; `tp`: the larger space with every TP size a type
+    allows (tp_sequences; a plan whose TP group fits in no node is left out). A stage recomputes only
     where it does not fit otherwise: recompute adds compute and no transfer, and a stage's memory depends on
     its own flag alone, so that choice loses no plan."""
     cm, sched = pb.cm, pb.train.schedule
     best: tuple[float, int, list[StageSpec], dict[str, Any]] = (math.inf, 0, [], {})
-    for dp, b, seq in (extended_sequences if extended else one_chip_sequences)(pb):
-        caps = [cm.cluster.chip(c).usable_bytes for c in seq]
-        for split in compositions(cm.model.layers, len(seq)):
-            plain = [StageSpec(c, 1, n, False) for c, n in zip(seq, split)]
+    chosen = tp_sequences(pb) if tp else ((dp, b, [(c, 1) for c in seq]) for dp, b, seq in
+                                          (extended_sequences if extended else one_chip_sequences)(pb))
+    for dp, b, typed in chosen:
+        caps = [cm.cluster.chip(c).usable_bytes for c, _ in typed]
+        for split in compositions(cm.model.layers, len(typed)):
+            plain = [StageSpec(c, t, n, False) for (c, t), n in zip(typed, split)]
             for q, _ in schedule_options(sched, plain, b):
                 mems = [cm.evaluate([replace(s, recompute=r) for s in plain], dp, b, sched,
                                     params=q).stage_memory_bytes for r in (False, True)]
@@ -66,6 +71,17 @@ def brute_force(pb: Problem, extended: bool = False) -> tuple[float, int, list[S
                 if t < best[0]:
                     best = (t, dp, stages, q)
     return best
+
+
+def tp_sequences(pb: Problem) -> Iterator[tuple[int, int, list[tuple[str, int]]]]:
+    """(dp, micro-batches per replica, the (chip, tp) of each stage) of the larger space with TP: every dp
+    that divides the micro-batch count, every sequence of stages of any TP size the model and the type
+    allow using at most count // dp chips of each type (extended.sequences), in any order."""
+    cm = pb.cm
+    total = cm.train.micro_batches_total
+    for dp in (d for d in range(1, total + 1) if total % d == 0):
+        for seq in sequences(cm, dp):
+            yield dp, total // dp, seq
 
 
 def one_chip_sequences(pb: Problem) -> Iterator[tuple[int, int, list[str]]]:

@@ -184,3 +184,36 @@ def test_the_search_splits_layers_knowing_which_stage_spreads_over_nodes(index, 
     got = plan(pb).plan
     assert got.iteration_time_s <= best * (1 + 1e-9), f"{100 * (got.iteration_time_s / best - 1):.1f}% slower"
     got.validate(num_layers=pb.model.layers, nodes={c.name: c.node_sizes for c in pb.cluster.chips})
+
+
+def _tp_problem(shape: dict, net: float) -> Problem:
+    """Eight chips of one type, TP 1, 2 or 4 (TP t computes 1/t of a layer, 10% slower beyond 1), 4 layers,
+    4 micro-batches."""
+    chip = {**CHIP, "tp_max": 4, "network_bw": net, **shape}
+    cluster = cluster_from_dict({"name": "n", "chips": [chip]}, "test")
+    model = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
+    train = TrainSpec(global_batch=4, micro_batch_size=1, dtype="bf16", zero1=True, schedule="1f1b")
+    slower = {1: 1.0, 2: 1.1, 4: 1.1}
+    tps = {t: TPProfile(fwd_s=0.1 / t * slower[t], bwd_s=0.2 / t * slower[t], recompute_s=0.1 / t, wgrad_s=0.1 / t,
+                        act_bytes=1e8 / t, ckpt_bytes=1e7, optim_s=0.01 / t, head_s=0.1 / t) for t in (1, 2, 4)}
+    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER_PARAMS, embed_params=10_000_000,
+                   head_params=10_000_000, chips={"X": ChipProfile(tps)})
+    return Problem(cluster, model, train, CostModel(cluster, model, train, prof))
+
+
+@pytest.mark.parametrize("shape,net,dp,stages", [
+    ({"nodes": [4, 2, 2]}, 0.2, 1, [(2, 1), (2, 1), (4, 2)]),  # one TP-4 group: the rest at TP 2
+    ({"count": 8, "chips_per_node": 4}, 0.2, 1, [(4, 2), (4, 2)]),
+    ({"nodes": [2, 2, 2, 2], "tp_max": 2}, 0.2, 1, [(2, 1)] * 4),
+    ({"nodes": [4, 2, 2]}, 1.0, 2, [(2, 3), (2, 1)]),
+    ({"count": 8, "chips_per_node": 4}, 1.0, 2, [(4, 4)]),
+])
+def test_node_shapes_decide_the_tp_groups_and_the_planner_equals_the_tp_brute_force(shape, net, dp, stages):
+    """With TP, the node shapes decide which TP groups exist; the brute force over every (chip, tp) stage
+    sequence at every dp (plans whose TP group fits in no node left out) and the planner agree."""
+    pb = _tp_problem(shape, net)
+    best, best_dp, best_stages, _ = brute_force(pb, tp=True)
+    assert (best_dp, [(s.tp, s.layers) for s in best_stages]) == (dp, stages)
+    got = plan(pb).plan
+    assert got.iteration_time_s <= best * (1 + 1e-9)
+    got.validate(num_layers=4, nodes={c.name: c.node_sizes for c in pb.cluster.chips})
