@@ -25,7 +25,7 @@ from .records import OpRecord
 from .reference import without_randomness
 from .selection import Selector
 from .signature import signature
-from .summaries import MODES, summarise
+from .summaries import MODES, StatsReuse, summarise
 from .unwritten import ALLOCATORS, Unwritten
 from .tool import Tool
 from .writer import BackgroundWriter
@@ -130,6 +130,7 @@ class Capture(Tool):
         self._storage_files_limit = 1024
         self.transfers = TransferLog()
         self._unwritten = Unwritten()  # what empty* allocated and no op has written since
+        self._stats = StatsReuse() if mode == "stats" else None
 
     def start(self) -> None:
         self.path = self.path_template.format(rank=self.rank.get())
@@ -253,7 +254,9 @@ class Capture(Tool):
         if is_collective(rec.op):
             entry["reduce_op"] = reduce_op_name(args)
             entry["group"] = group_ranks(rec.op, args)  # its roots and pieces are ranks of this group
-        if self.mode != "full":  # leftovers count as 0 in both runs' summaries
+        if self._stats is not None and not unwritten:
+            entry.update(self._stats.stats(rec.op, args, out, writes=not refs))  # refs: it writes nothing
+        elif self.mode != "full":  # leftovers count as 0 in both runs' summaries
             entry.update(summarise(self.mode, _zeroed(out, unwritten.get("outputs", []))))
         if not self.save_tensors and kind == "op":  # no file holds the arguments: a compare reads them here
             entry["signature"] = signature(rec.op, rec.overload, args, kwargs)
@@ -397,6 +400,8 @@ class Capture(Tool):
             self._n_parts += 1
 
     def on_step(self) -> None:
+        if self._stats is not None:
+            self._stats.clear()
         self.flush()
         if self._index is not None:
             self._index.flush()

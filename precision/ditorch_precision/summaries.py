@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -64,6 +65,52 @@ def summarise(mode: str, out) -> dict:
     if mode == "stats":
         return {"stats": [tensor_stats(t) for t in _tensors(out)]}
     return {"checksums": [tensor_checksum(t) for t in _tensors(out)]}
+
+
+# Views whose output holds exactly the elements of their first argument, each once, in another
+# shape or order: their statistics (min, max, sum, sum of squares, NaN/Inf counts) are the input's.
+SAME_ELEMENTS = frozenset({"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::t", "aten::transpose",
+                           "aten::permute", "aten::detach", "aten::alias", "aten::squeeze", "aten::unsqueeze"})
+
+
+class StatsReuse:
+    """A stats capture computes each tensor's statistics once: a tensor seen again unchanged (a
+    module's output is an op's output; same object, same version counter) and a view that holds
+    exactly its input's elements (``SAME_ELEMENTS``, a third of the elements a LLaMA step's ops
+    return) take the statistics already computed. Exact: the same numbers ``tensor_stats`` gives.
+    ``clear`` (each step) bounds what it keeps."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[weakref.ref, int, dict]] = {}  # id -> (tensor, version, stats)
+
+    def clear(self) -> None:
+        self._known.clear()
+
+    def _get(self, t: torch.Tensor) -> dict | None:
+        hit = self._known.get(id(t))
+        return hit[2] if hit is not None and hit[0]() is t and hit[1] == t._version else None
+
+    def stats(self, op: str, args, out, writes: bool = False) -> dict:
+        """The ``stats`` index field of an op (or module record, ``op`` its name) returning ``out``.
+        ``writes``: the op wrote an argument, whose version counter moves only once the op has
+        returned: its outputs' statistics are computed, and not kept."""
+        tensors = _tensors(out)
+        if writes:
+            return {"stats": [tensor_stats(t) for t in tensors]}
+        source = args[0] if op in SAME_ELEMENTS and args and isinstance(args[0], torch.Tensor) else None
+        found = []
+        for t in tensors:
+            s = self._get(t)
+            if s is None and source is not None and len(tensors) == 1 and source.dtype == t.dtype \
+                    and source.numel() == t.numel():
+                s = self._get(source)
+            if s is None:
+                s = tensor_stats(t)
+            # weakly: the program's tensors are freed as they would be (an id freed and reused is told
+            # apart by the reference)
+            self._known[id(t)] = (weakref.ref(t), t._version, s)
+            found.append(s)
+        return {"stats": found}
 
 
 def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:

@@ -184,3 +184,41 @@ def test_tensor_stats_against_float64_on_nonfinite_integer_and_16_bit_tensors():
         assert (s["min"], s["max"]) == (float(x.min()), float(x.max()))
         assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15)
         assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12)
+
+
+def _stats_program() -> None:
+    """Views of tensors before and after in-place writes, and module outputs that are op outputs."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 8)
+    y = x.t()
+    x.mul_(2)  # y's values change with x's: a view taken now must not reuse what was computed before
+    z = y.reshape(48).unsqueeze(0)
+    x.add_(1)
+    torch.nn.functional.relu(z.transpose(0, 1).detach())
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh())
+    model(x.view(2, 3, 8)).sum().backward()
+
+
+def test_stats_capture_views_and_module_records_against_float64_of_the_full_capture(tmp_path):
+    """A stats capture reuses statistics it computed (views holding their input's elements, a
+    module's output that is an op's output): every record's statistics against float64 torch over
+    the tensors a full capture of the same program saved at that op."""
+    with Capture(str(tmp_path / "stats"), mode="stats"):
+        _stats_program()
+    with Capture(str(tmp_path / "full")):
+        _stats_program()
+    stats, full = Dump.open(str(tmp_path / "stats")), Dump.open(str(tmp_path / "full"))
+    assert [(r["index"], r["op"]) for r in stats.records] == [(r["index"], r["op"]) for r in full.records]
+    ops = set()
+    for rs, rf in zip(stats.records, full.records):
+        if rs.get("unwritten"):  # leftovers of an empty* count as 0 there (test_precision_unwritten)
+            continue
+        outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]
+        assert len(rs["stats"]) == len(outs), rs["op"]
+        for s, t in zip(rs["stats"], outs):
+            x = t.double()
+            assert (s["min"], s["max"], s["numel"]) == (float(x.min()), float(x.max()), x.numel()), rs["op"]
+            assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15), rs["op"]
+            assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12), rs["op"]
+        ops.add(rs["op"])
+    assert {"aten::t", "aten::view", "aten::unsqueeze", "aten::transpose", "module::output"} <= ops
