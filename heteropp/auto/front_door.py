@@ -10,6 +10,7 @@ from ..plan import Plan
 from .candidates import Progress, SearchResult
 from .limits import DEFAULT_WORK, IDLE_MODES, Limits
 from .planning import Problem, run_search, to_plan
+from .ranking import RANK_ACTIONS
 
 
 @dataclass(frozen=True)
@@ -19,12 +20,14 @@ class Budget:
     experiment and HARP setting exact. `time_cap_s`: an optional wall-clock cap on top, which makes the plan
     depend on the machine's load (a result it cut says so in SearchResult.bounded). `baselines`: check the
     plan against the cheap baselines (baselines.py) and return the fastest; `idle`: limits.IDLE_MODES;
-    `group_size`: h2's chips per group (the paper's 128)."""
+    `group_size`: h2's chips per group (the paper's 128). `rank_actions`: the one ranking step's budget
+    (ranking.py: simulated actions for pricing the pool of candidates and the local search)."""
     work: int = DEFAULT_WORK
     time_cap_s: float | None = None
     baselines: bool = True
     idle: str = "auto"
     group_size: int = 128
+    rank_actions: int = RANK_ACTIONS
 
     def __post_init__(self) -> None:
         if self.work < 1:
@@ -33,6 +36,9 @@ class Budget:
             raise ValueError(f"Budget.time_cap_s: {self.time_cap_s}; expected seconds above 0, or None")
         if self.idle not in IDLE_MODES:
             raise ValueError(f"Budget.idle: {self.idle!r}; expected one of {', '.join(IDLE_MODES)}")
+        if self.rank_actions < 1:
+            raise ValueError(f"Budget.rank_actions: {self.rank_actions}; expected a positive number of simulated "
+                             "actions")
         if self.group_size < 1:
             raise ValueError(f"Budget.group_size: {self.group_size}; expected at least 1 chip")
 
@@ -57,6 +63,6 @@ def plan(problem: Problem, budget: Budget = DEFAULT_BUDGET, algo: str = "auto",
     """The best plan `algo` finds for `problem` within `budget` ("auto"; "h2": the paper's algorithm)."""
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_search(problem, algo, budget.group_size, progress, budget.limits, budget.idle,
-                     baselines=budget.baselines)
+                     baselines=budget.baselines, rank_actions=budget.rank_actions)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     return PlanResult(to_plan(problem, res.best, dt, algo, res), res, dt, cpu)

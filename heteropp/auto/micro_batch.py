@@ -58,7 +58,8 @@ def plan_micro_batch(cluster: Cluster, model: ModelSpec, train: TrainSpec, sizes
     if algo != "auto":
         return _each_size(problems, budget, algo, progress)
     t0, c0 = time.perf_counter(), time.process_time()
-    pb, res, times = run_sized(problems, budget.group_size, progress, budget.limits, budget.idle, budget.baselines)
+    pb, res, times = run_sized(problems, budget.group_size, progress, budget.limits, budget.idle, budget.baselines,
+                               budget.rank_actions)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     if progress:
         for s, t in times.items():

@@ -102,3 +102,15 @@ def test_a_ranking_budget_that_stops_the_pricing_says_so_with_a_lower_bound():
     whole = run_search(pb, baselines=False)
     assert not any(b.startswith("ranking budget") for b in whole.bounded)
     assert whole.best.time_s <= cut.best.time_s * (1 + 1e-12)
+
+
+def test_the_front_door_takes_the_ranking_budget_and_refuses_a_bad_one():
+    from heteropp.auto.front_door import Budget, plan
+    with pytest.raises(ValueError, match="Budget.rank_actions: 0; expected a positive number of simulated actions"):
+        Budget(rank_actions=0)
+    pb = cm_problem(problem(*EXPERIMENTS["Exp-A-2"], None))
+    small = plan(pb, Budget(baselines=False, rank_actions=1))  # one plan priced (the first always is)
+    assert any(b.startswith("ranking budget 1 simulated actions") for b in small.search.bounded)
+    assert small.search.lower_bound_s <= small.plan.iteration_time_s
+    whole = plan(pb, Budget(baselines=False))
+    assert whole.plan.iteration_time_s <= small.plan.iteration_time_s
