@@ -14,7 +14,8 @@ costs); reported: the plan, its simulated time under each schedule, the measured
 profile measured on this host first (bench.heteropp_vs_sim.stage_alone_profile: TP 1 alone, TP 2 as a
 real pair, the processes' point-to-point, TP all-reduce and ZeRO-1 step times; the emulated hosts share
 this host's cores, so A and B are one chip here), and the prediction is the schedule under processor
-sharing of the host's cores with their measured slowdown (heteropp.auto.shared_cores), a boundary between
+sharing of the host's cores with their slowdown measured right before and after each plan's run, averaged
+(heteropp.auto.shared_cores), a boundary between
 the two types taking an activation over --rate; `--profile analytic`: the chip specs' analytic profile and
 the plain simulator, as the planner sees them.
 
@@ -75,15 +76,14 @@ def cluster_spec(rate_gbs: float, priced: bool) -> dict:
     return spec
 
 
-def measured_profile(repeats: int) -> tuple[Any, dict, list[float]]:
-    """This host's profile of MODEL for both chip types (one chip here), the processes' communication times,
-    and the slowdown with 1..4 ranks computing at once (bench.heteropp_vs_sim)."""
-    from bench.heteropp_vs_sim import measure_slowdown, stage_alone_profile
+def measured_profile(repeats: int) -> tuple[Any, dict]:
+    """This host's profile of MODEL for both chip types (one chip here) and the processes' communication
+    times (bench.heteropp_vs_sim)."""
+    from bench.heteropp_vs_sim import stage_alone_profile
     from heteropp.auto.profiles import ChipProfile
     alone, comm = stage_alone_profile(MODEL, repeats)
     cpu = alone.chips["cpu"]
-    return dataclasses.replace(alone, chips={"A": cpu, "B": ChipProfile(dict(cpu.tp))}), comm, \
-        measure_slowdown(MODEL, 4)
+    return dataclasses.replace(alone, chips={"A": cpu, "B": ChipProfile(dict(cpu.tp))}), comm
 
 
 def shared_prediction(cl: Any, train: Any, prof: Any, comm: dict, slowdown: list[float], plan: Plan,
@@ -132,10 +132,10 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
     priced_cl = cluster_from_dict(cluster_spec(rate_bytes_s(a.rate) / 1e9, True), "priced")
     measured = a.profile == "measured"
     if measured:
-        prof, comm, slowdown = measured_profile(a.repeats)
-        print("measured profile: tp1 fwd {:.4f} s, bwd {:.4f} s per layer; slowdown with 1-4 ranks {}".format(
-            prof.chips["A"].tp[1].fwd_s, prof.chips["A"].tp[1].bwd_s, ", ".join(f"{x:.2f}" for x in slowdown)),
-            flush=True)
+        from bench.heteropp_vs_sim import measure_slowdown
+        prof, comm = measured_profile(a.repeats)
+        print(f"measured profile: tp1 fwd {prof.chips['A'].tp[1].fwd_s:.4f} s, bwd {prof.chips['A'].tp[1].bwd_s:.4f} s "
+              "per layer", flush=True)
     priced_cm = CostModel(priced_cl, MODEL, train, prof if measured else analytic_profile(priced_cl, MODEL, train))
     out: dict[str, Any] = {"profile": a.profile}
     errors = []
@@ -146,14 +146,12 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
         plan = planned(pb, Budget(idle="always")).plan  # B may stay idle
         stages = plan_stages(plan)
         params = schedule_params(priced_cm, stages, plan.dp, "h1f1b")
-        if measured:
-            sim = {s: shared_prediction(priced_cl, train, prof, comm, slowdown, plan, s,
-                                        params if s == "h1f1b" else {}, rate_bytes_s(a.rate))
-                   for s in ("1f1b", "h1f1b")}
-        else:
+        if not measured:
             sim = {s: simulate_stages(priced_cm, stages, plan.dp, s,
                                       params=params if s == "h1f1b" else None).iteration_time_s
                    for s in ("1f1b", "h1f1b")}
+        else:  # the host's slowdown right before and right after the run: the load moves over minutes
+            before = measure_slowdown(MODEL, plan.world_size)
         plan.schedule, plan.schedule_params = "h1f1b", params
         cfg = RunConfig(
             plan=plan.to_dict(),
@@ -166,10 +164,19 @@ def compare_plans(a: argparse.Namespace, clusters, tmp: Path) -> dict:
         )
         tokens = plan.global_batch * MODEL.seq_len
         steps = run_across(tmp, cfg, clusters)
+        if measured:
+            after = measure_slowdown(MODEL, plan.world_size)
+            slowdown = [(x + y) / 2 for x, y in zip(before, after)]
+            print("slowdown with 1.. ranks computing at once, before / after the run: "
+                  + ", ".join(f"{x:.2f}/{y:.2f}" for x, y in zip(before, after)), flush=True)
+            sim = {s: shared_prediction(priced_cl, train, prof, comm, slowdown, plan, s,
+                                        params if s == "h1f1b" else {}, rate_bytes_s(a.rate))
+                   for s in ("1f1b", "h1f1b")}
         out[label] = {
             "plan": [asdict(s) for s in plan.stages],
             "dp": plan.dp,
             "simulated_s": sim,
+            **({"slowdown_before_after": [before, after]} if measured else {}),
             "measured_s": {n: statistics.median(tokens / x["tokens_per_s"] for x in v[1:]) for n, v in steps.items()},
         }
         desc = " | ".join(f"{s.chip} tp{s.tp} x{s.layers}" for s in plan.stages)
