@@ -9,7 +9,7 @@ import pytest
 from ditorch_precision.cli import main
 from ditorch_precision.diff import compare_ranks
 from ditorch_precision.dump import DumpError
-from ditorch_precision.examples.heteropp_tp import FAULTY
+from ditorch_precision.examples.heteropp_tp import FAULTY, PATH
 
 STEPS = 2
 COLUMN_PARALLEL = ("attn.wq", "attn.wk", "attn.wv", "ffn.gate", "ffn.up")
@@ -56,9 +56,9 @@ def test_a_fault_in_one_tp_op_is_found_on_its_rank_at_every_step(runs):
     assert not result.passed
     failed = {rank: [(r["op"], r["module"], r["step"]) for r in report.failed]
               for rank, report in result.reports.items()}
-    assert failed == {0: [], 1: [("aten::mm", FAULTY, step) for step in range(STEPS)]}
+    assert failed == {0: [], 1: [("aten::mm", PATH + FAULTY, step) for step in range(STEPS)]}
     first = result.first_divergence
-    assert (first["rank"], first["op"], first["module"], first["step"]) == (1, "aten::mm", FAULTY, 0)
+    assert (first["rank"], first["op"], first["module"], first["step"]) == (1, "aten::mm", PATH + FAULTY, 0)
 
 
 def test_a_tp_compare_needs_its_flag_and_a_run_of_one_rank(runs, capsys):

@@ -2,10 +2,11 @@
 the tensor-parallel layers have other shapes (each TP rank holds half of every projection) and whose
 row-parallel outputs are summed in another order (two partial sums, then an all-reduce).
 
-``python -m ditorch_precision.examples.heteropp_tp OUT WORLD PORT [--steps N] [--fault-rank R]``
+``python -m ditorch_precision.examples.heteropp_tp OUT WORLD PORT [--steps N] [--fault-rank R] [--fault-module M]``
 (WORLD must be 2) writes OUT/tp1/capture/rank0/ (one process, no process group), OUT/tp2/capture/
 rank{0,1}/ (two gloo processes, one TP group) and, with ``--fault-rank``, OUT/fault/capture/rank{0,1}/:
-the TP 2 run with layer 0's feed-forward down projection (a row-parallel ``mm``) 1e-3 off on rank R at
+the TP 2 run with layer 0's feed-forward down projection (a row-parallel ``mm``; ``--fault-module``:
+another of layer 0's projections, such as the column-parallel ``attn.wq``) 1e-3 off on rank R at
 every step. Every run is a full heteropp ``StageModel`` (one stage, all layers) with torch's AdamW,
 the same seed, so the same full weights before they are sharded, and the same tokens on every rank."""
 from __future__ import annotations
@@ -25,7 +26,8 @@ from heteropp.spec import ModelSpec
 
 MODEL = ModelSpec(name="tp-pair", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64, seq_len=8)
 BATCH = 2
-FAULTY = "StageModel.layers.0.ffn.down"  # the module path a capture records for the planted op
+FAULTY = "ffn.down"  # the default planted module, in layer 0
+PATH = "StageModel.layers.0."  # the module path a capture records for layer 0's modules
 
 
 def batches(steps: int) -> list[torch.Tensor]:
@@ -33,10 +35,10 @@ def batches(steps: int) -> list[torch.Tensor]:
     return [torch.randint(0, MODEL.vocab, (BATCH, MODEL.seq_len + 1), generator=g) for _ in range(steps)]
 
 
-def train(path: str, tp: TPGroup, steps: int, fault: bool = False) -> list[float]:
+def train(path: str, tp: TPGroup, steps: int, fault: str | None = None) -> list[float]:
     model = StageModel(MODEL, range(MODEL.layers), tp, seed=0, first=True, last=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    plant = wrong_kernel("mm", 1 + 1e-3, inside=model.layers["0"].ffn.down) if fault else nullcontext()
+    plant = wrong_kernel("mm", 1 + 1e-3, inside=model.layers["0"].get_submodule(fault)) if fault else nullcontext()
     losses = []
     with plant, Capture(path, bulk=True):
         for ids in batches(steps):
@@ -48,13 +50,14 @@ def train(path: str, tp: TPGroup, steps: int, fault: bool = False) -> list[float
     return losses
 
 
-def worker(rank: int, world: int, port: int, out: str, steps: int, fault_rank: int | None) -> None:
+def worker(rank: int, world: int, port: int, out: str, steps: int, fault_rank: int | None, fault_module: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     tp = TPGroup(rank=rank, size=world, group=dist.group.WORLD)
     losses = {"tp2": train(os.path.join(out, "tp2", "capture", f"rank{rank}"), tp, steps)}
     if fault_rank is not None:
-        losses["fault"] = train(os.path.join(out, "fault", "capture", f"rank{rank}"), tp, steps, rank == fault_rank)
+        losses["fault"] = train(os.path.join(out, "fault", "capture", f"rank{rank}"), tp, steps,
+                                fault_module if rank == fault_rank else None)
     _write_losses(out, f"rank{rank}", losses)
     dist.barrier()
     dist.destroy_process_group()
@@ -73,11 +76,14 @@ def main() -> None:
     p.add_argument("port", type=int)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--fault-rank", type=int, choices=(0, 1))
+    p.add_argument("--fault-module", default=FAULTY, choices=("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.gate",
+                                                                "ffn.up", "ffn.down"))
     a = p.parse_args()
     torch.set_num_threads(1)
     os.makedirs(a.out, exist_ok=True)
     _write_losses(a.out, "tp1", {"tp1": train(os.path.join(a.out, "tp1", "capture", "rank0"), TPGroup(), a.steps)})
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.steps, a.fault_rank), nprocs=a.world)
+    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.steps, a.fault_rank, a.fault_module),
+                                nprocs=a.world)
 
 
 if __name__ == "__main__":
