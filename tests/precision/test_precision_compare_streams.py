@@ -108,3 +108,30 @@ def test_compare_memory_does_not_grow_with_the_number_of_ops(tmp_path, one_threa
     rows, status, n_failed, first, cli_peak = _compare(tmp_path / "aL", tmp_path / "bL", str(tmp_path / "long.csv"))
     assert rows == n_long and status == 1 and n_failed == 1 and first == faulty
     assert cli_peak - short_peak < index_bytes / 8, (short_peak, cli_peak, index_bytes)
+
+
+def test_steps_set_by_hand_out_of_order_are_compared_whole(tmp_path):
+    """A loop that sets the step by hand may number its records out of order (here 0, 1, 0): such a
+    capture is read whole, and its records still pair by (step, phase, module). The planted change
+    (one op's max, in the second "step 0") is found there."""
+    from ditorch_precision import compare_dumps
+    from ditorch_precision.dump import Dump
+
+    for run in "ab":
+        torch.manual_seed(0)
+        x = torch.randn(32, 8)
+        with Capture(str(tmp_path / run), mode="stats") as cap:
+            for step in (0, 1, 0):
+                cap.step(step)
+                torch.tanh(x @ x.t()).sum()
+    assert not Dump.open(str(tmp_path / "a")).in_step_order
+    lines = (tmp_path / "a" / "index.jsonl").read_text().splitlines()
+    mms = [i for i, line in enumerate(lines) if json.loads(line)["op"] == "aten::mm"]
+    rec = json.loads(lines[mms[-1]])
+    assert rec["step"] == 0
+    rec["stats"][0]["max"] *= 1 + 1e-3
+    lines[mms[-1]] = json.dumps(rec)
+    (tmp_path / "a" / "index.jsonl").write_text("\n".join(lines) + "\n")
+    report = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"), on_row=lambda kind, row: None)
+    assert [(r["op"], r["index"]) for r in report.failed] == [("aten::mm", rec["index"])]
+    assert report.to_dict()["n_ops"] == sum(json.loads(line).get("kind", "op") == "op" for line in lines)
