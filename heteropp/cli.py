@@ -138,11 +138,12 @@ def cmd_run(a: argparse.Namespace) -> int:
         return 0
     from .engine.checks import check_run
     check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size, available, nodes)
-    print(f"heteropp: {len(plan.stages)} stages "
-          + " | ".join(f"{s.chip} tp{s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"
-                       + (" rc" if s.recompute else "") for s in plan.stages)
-          + f", dp {plan.dp}, {plan.micro_batches} micro-batches, {a.schedule or plan.schedule}, p2p {a.backend}, "
-          f"{plan.world_size} processes", flush=True)
+    print("heteropp: " + "; ".join(  # every replica group's pipeline (one for a plan of one stage list)
+        f"{len(g.stages)} stages "
+        + " | ".join(f"{s.chip} tp{s.tp} layers {s.first_layer}-{s.first_layer + s.layers - 1}"
+                     + (" rc" if s.recompute else "") for s in g.stages)
+        + f", dp {g.dp}, {g.micro_batches} micro-batches" for g in plan.groups)
+        + f", {a.schedule or plan.schedule}, p2p {a.backend}, {plan.world_size} processes", flush=True)
     r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
                  loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan,
                  recv_window=a.recv_window, clip_grad=a.clip_grad, options=options)
