@@ -13,8 +13,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_meta,
-                   tree_nbytes)
+from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_in,
+                   tensors_meta, tree_nbytes)
 from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
@@ -181,7 +181,7 @@ class Capture(Tool):
     def _masks(self, tree, masks: list | None = None) -> list:
         """[(k, mask)] for the k-th tensor of ``tree`` holding elements no op has written since an
         ``empty*`` (``masks``: taken before the op)."""
-        tensors = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+        tensors = tensors_in(tree)
         found = masks if masks is not None else [self._unwritten.mask(t) for t in tensors]
         return [(k, m) for k, m in enumerate(found) if m is not None]
 
@@ -194,7 +194,7 @@ class Capture(Tool):
         if (sel.ops is not None or not sel.module_ok(path) or (sel.steps is not None and step not in sel.steps)
                 or (sel.ranks is not None and rank not in sel.ranks)):
             return
-        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        tensors = tensors_in(output)
         if not tensors:
             return
         if sel.phases is None or "forward" in sel.phases:

@@ -39,8 +39,35 @@ def tensor_meta(x: Any) -> Any:
     return None
 
 
+def tensors_in(tree) -> list[torch.Tensor]:
+    """The tensors ``tree_leaves`` finds, in its order: plain lists, tuples and dicts (an op's
+    arguments and outputs) walked here, a few times cheaper per op than torch's pytree; any other
+    container (a named tuple, a return type, a model's output class: pytree knows which of them it
+    opens) handed to pytree."""
+    found: list[torch.Tensor] = []
+    _walk(tree, found)
+    return found
+
+
+def _walk(x, found: list) -> None:
+    # A function of the module, not a closure: a closure that calls itself is a reference cycle,
+    # which would keep ``found`` (the program's tensors) alive until the garbage collector runs
+    # (autograd then copies a gradient it could have taken over, an op the program never ran).
+    kind = type(x)
+    if kind is list or kind is tuple:
+        for v in x:
+            _walk(v, found)
+    elif kind is dict:
+        for v in x.values():
+            _walk(v, found)
+    elif isinstance(x, torch.Tensor):
+        found.append(x)
+    elif isinstance(x, (list, tuple, dict)) or hasattr(x, "__dict__"):
+        found.extend(t for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
 def tensors_meta(tree) -> list:
-    return [tensor_meta(t) for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return [tensor_meta(t) for t in tensors_in(tree)]
 
 
 # Tag of an argument stored as a dict {TAG: kind, ...}: ATen arguments are never dicts.

@@ -7,8 +7,8 @@ import math
 import weakref
 
 import torch
-from torch.utils._pytree import tree_leaves
 
+from .dump import tensors_in
 from .metrics import default_tolerance
 
 MODES = ("full", "stats", "checksum")
@@ -16,7 +16,7 @@ _STATS = ("min", "max", "mean", "norm")
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return tensors_in(tree)
 
 
 def tensor_stats(t: torch.Tensor) -> dict:

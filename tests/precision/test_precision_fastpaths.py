@@ -352,3 +352,22 @@ def test_a_view_of_a_storage_written_where_no_tool_sees_is_saved_again(tmp_path)
     d = Dump.open(str(tmp_path))
     rec = [r for r in d.op_records if r["op"] == "aten::sum"][-1]
     assert torch.equal(d.load(rec)["args"][0], (x * 6)[2:5])
+
+
+def test_tensors_in_finds_the_tensors_pytree_finds_in_its_order():
+    """Capture's walk of an op's arguments and outputs against torch's pytree (the reference):
+    the same tensor objects, in the same order, through tuples, lists, dicts, named tuples and
+    torch's return types."""
+    import collections
+
+    from torch.utils._pytree import tree_leaves
+
+    from ditorch_precision.dump import tensors_in
+
+    a, b, c = torch.ones(1), torch.zeros(2), torch.ones(3)
+    pair = collections.namedtuple("pair", "x y")
+    for tree in (((a, [b, {"k": c, "j": a}]), {"z": b, "a": c}), (pair(c, a), torch.Size([2, 3]), 3, None, "s"),
+                 torch.max(torch.randn(3, 4), 1), collections.OrderedDict(q=b, r=(c, a)), a, [], {}):
+        expected = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+        got = tensors_in(tree)
+        assert len(got) == len(expected) and all(x is y for x, y in zip(got, expected)), tree
