@@ -64,7 +64,8 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
     rk.offer(more)
     if baselines:
         _offer_baselines(pb, rk, group_size, limits, idle, rounded, beat_s, rank_actions)
-    rk.polish()
+    if _simulable(pb):
+        rk.polish()
     ranked = rk.ranked()
     if not ranked:
         if res is None:
@@ -105,7 +106,8 @@ def run_sized(problems: dict[int, Problem], group_size: int = 128, progress: Pro
             why.append(f"{size}: {e}")
         if baselines:
             _offer_baselines(pb, rk, group_size, limits, idle, True, math.inf, rank_actions)
-    rk.polish()
+    if _simulable(problems[sizes[0]]):
+        rk.polish()
     ranked = rk.ranked()
     if not ranked:
         raise InfeasibleError("no micro-batch size gives a plan: " + "; ".join(why))
@@ -123,7 +125,7 @@ def _searched(pb: Problem, group_size: int, progress: Progress | None, limits: L
     best, the idle-chip plans it found, and on a small instance the larger space's plans."""
     from .h2 import h2_candidates
     from .search import _runs
-    small = bool(kind(pb.train.schedule).params) or small_enough_to_simulate(pb)
+    small = _simulable(pb)
     more = extended_candidates(pb.cm) if extended and idle != "never" else []
     try:
         res = search_auto(pb.cm, group_size, RERANK_POOL if small else 3, progress=progress, limits=limits,
@@ -173,6 +175,12 @@ def _offer_baselines(pb: Problem, rk: Ranking, group_size: int, limits: Limits, 
 
     for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, fastest, rounded):
         rk.offer([cand], pb)
+
+
+def _simulable(pb: Problem) -> bool:
+    """Where the ranking gets the search's wide pool and runs its local search: a schedule with parameters
+    (which the search does not see), or an instance small enough to simulate that pool."""
+    return bool(kind(pb.train.schedule).params) or small_enough_to_simulate(pb)
 
 
 def small_enough_to_simulate(pb: Problem) -> bool:

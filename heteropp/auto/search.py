@@ -372,10 +372,10 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
 def ranked(cm: CostModel, res: SearchResult, group_size: int = 128, runners_up: int = 3) -> SearchResult:
     """The search's plans through the one ranking step (ranking.py), with h2's layer sharding of its best
     plan's dp and TP sizes (the paper's heuristic can win a near-tie the objective misjudges): fastest by
-    simulation first, each carrying its simulated time; at most `runners_up` after the best."""
+    simulation first, each carrying its simulated time; at most `runners_up` after the best. Priced only:
+    the local search runs where planning.run_search ranks (on instances small enough to simulate)."""
     rk = Ranking(Problem(cm.cluster, cm.model, cm.train, cm))
     rk.offer([res.best, *h2_candidates(cm, res.best.dp, _runs(res.best.stages), group_size), *res.runners_up])
-    rk.polish()
     got = rk.ranked()
     if not got:
         return res
