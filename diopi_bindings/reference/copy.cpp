@@ -2,6 +2,7 @@
 // concatenation, and the backward of slicing (the gradient placed into zeros).
 #include <algorithm>
 
+#include "strided.h"
 #include "tensor_io.h"
 
 using namespace diopi_ref;
@@ -52,6 +53,7 @@ diopiError_t diopi_aten_copy_(diopiContextHandle_t, diopiTensorHandle_t self, di
 diopiError_t diopi_aten_fill__Scalar(diopiContextHandle_t, diopiTensorHandle_t self, double value) {
   return guarded(__func__, [&] {
     need(self, "self");
+    if (!planted_wrong(kernel_name(__func__)) && fill_strided(self, value)) return;
     WRITE(self, Buffer(size_t(numel(shape_of(self))), value));
   });
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "strided.h"
 #include "tensor_io.h"
 
 using namespace diopi_ref;
@@ -46,13 +47,82 @@ Buffer softmax_backward(const Buffer& g, const Buffer& y, const Shape& shape, in
   return gi;
 }
 
+// The common case, (log-)softmax over the last dim of dense tensors of one floating dtype: rows read and
+// written in place, each exp computed once and kept for the row (the same values as softmax() above, in the
+// same order, so the same bits). False where the buffered path must serve.
+bool softmax_rows(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t dim, bool log,
+                  bool safe) {
+  if (planted_wrong(symbol) || out->dtype != self->dtype || self->ndim == 0 || dim != self->ndim - 1 ||
+      !contiguous(self) || !contiguous(out))
+    return false;
+  bool ok = true;
+  const bool is_float = with_float_type(out->dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (partly_overlap(out, self, int64_t(sizeof(T)))) {
+      ok = false;
+      return;
+    }
+    const int64_t n = self->shape[dim], rows = n ? numel(shape_of(self)) / n : 0;
+    std::vector<double> e(static_cast<size_t>(n));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* x = static_cast<const T*>(self->data) + r * n;
+      T* y = static_cast<T*>(out->data) + r * n;
+      double m = kNegInf, z = 0.0;
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, load_double(x + i));
+      if (safe && m == kNegInf) {
+        for (int64_t i = 0; i < n; ++i) store_double(y + i, 0.0);
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) z += (e[size_t(i)] = std::exp(load_double(x + i) - m));
+      if (log) {
+        const double lz = std::log(z);
+        for (int64_t i = 0; i < n; ++i) store_double(y + i, load_double(x + i) - m - lz);
+      } else {
+        for (int64_t i = 0; i < n; ++i) store_double(y + i, e[size_t(i)] / z);
+      }
+    }
+  });
+  return is_float && ok;
+}
+
+// softmax_backward() above over the last dim of dense tensors of one floating dtype, in place; false otherwise.
+bool softmax_backward_rows(const char* symbol, diopiTensorHandle_t gi, diopiConstTensorHandle_t g,
+                           diopiConstTensorHandle_t y, int64_t dim, bool log) {
+  if (planted_wrong(symbol) || gi->dtype != g->dtype || gi->dtype != y->dtype || y->ndim == 0 ||
+      dim != y->ndim - 1 || !contiguous(gi) || !contiguous(g) || !contiguous(y))
+    return false;
+  bool ok = true;
+  const bool is_float = with_float_type(gi->dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (partly_overlap(gi, g, int64_t(sizeof(T))) || partly_overlap(gi, y, int64_t(sizeof(T)))) {
+      ok = false;
+      return;
+    }
+    const int64_t n = y->shape[dim], rows = n ? numel(shape_of(y)) / n : 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gr = static_cast<const T*>(g->data) + r * n;
+      const T* yr = static_cast<const T*>(y->data) + r * n;
+      T* out = static_cast<T*>(gi->data) + r * n;
+      double dot = 0.0;
+      for (int64_t i = 0; i < n; ++i) dot += log ? load_double(gr + i) : load_double(gr + i) * load_double(yr + i);
+      for (int64_t i = 0; i < n; ++i) {
+        const double gv = load_double(gr + i), yv = load_double(yr + i);
+        store_double(out + i, log ? gv - std::exp(yv) * dot : yv * (gv - dot));
+      }
+    }
+  });
+  return is_float && ok;
+}
+
 diopiError_t softmax_kernel(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t dim,
                             bool log) {
   return guarded(symbol, [&] {
     need(out, "out"), need(self, "self");
     require_float({out, self});
     require_shape(out, shape_of(self), "out");
-    write_output(out, softmax(read(self), shape_of(self), normalize_dim(dim, self->ndim), log), symbol);
+    const int64_t d = normalize_dim(dim, self->ndim);
+    if (softmax_rows(symbol, out, self, d, log, false)) return;
+    write_output(out, softmax(read(self), shape_of(self), d, log), symbol);
   });
 }
 
@@ -65,9 +135,9 @@ diopiError_t softmax_backward_kernel(const char* symbol, diopiTensorHandle_t gra
     const Shape shape = shape_of(output);
     require_shape(grad_output, shape, "grad_output");
     require_shape(grad_input, shape, "grad_input");
-    write_output(grad_input,
-                 softmax_backward(read(grad_output), read(output), shape, normalize_dim(dim, output->ndim), log),
-                 symbol);
+    const int64_t d = normalize_dim(dim, output->ndim);
+    if (softmax_backward_rows(symbol, grad_input, grad_output, output, d, log)) return;
+    write_output(grad_input, softmax_backward(read(grad_output), read(output), shape, d, log), symbol);
   });
 }
 
@@ -127,7 +197,9 @@ diopiError_t diopi_aten__safe_softmax(diopiContextHandle_t, diopiTensorHandle_t 
     need(out, "out"), need(self, "self");
     require_float({out, self});
     require_shape(out, shape_of(self), "out");
-    WRITE(out, softmax(read(self), shape_of(self), normalize_dim(dim, self->ndim), false, true));
+    const int64_t d = normalize_dim(dim, self->ndim);
+    if (softmax_rows(kernel_name(__func__), out, self, d, false, true)) return;
+    WRITE(out, softmax(read(self), shape_of(self), d, false, true));
   });
 }
 

@@ -121,6 +121,43 @@ inline std::pair<const char*, const char*> byte_span(diopiConstTensorHandle_t t,
   return {base + lo * element_size, base + (hi + 1) * element_size};
 }
 
+// Whether t's elements lie in row-major order without gaps (a dense tensor).
+inline bool contiguous(diopiConstTensorHandle_t t) {
+  int64_t expected = 1;
+  for (int64_t d = t->ndim; d-- > 0;) {
+    if (t->shape[d] != 1 && t->strides[d] != expected) return false;
+    expected *= t->shape[d];
+  }
+  return true;
+}
+
+// Whether tensors a and b of one element size share a byte without being the same elements (data and strides).
+inline bool partly_overlap(diopiConstTensorHandle_t a, diopiConstTensorHandle_t b, int64_t element_size) {
+  const auto [ab, ae] = byte_span(a, element_size);
+  const auto [bb, be] = byte_span(b, element_size);
+  if (!(ab < be && bb < ae)) return false;
+  if (a->data != b->data || a->ndim != b->ndim) return true;
+  for (int64_t d = 0; d < a->ndim; ++d)
+    if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->strides[d] != b->strides[d])) return true;
+  return false;
+}
+
+// t = value on every element, in place; false for a dtype that is not floating.
+inline bool fill_strided(diopiTensorHandle_t t, double value) {
+  Shape shape(t->shape, t->shape + t->ndim);
+  std::array<Shape, 1> strides{Shape(t->strides, t->strides + t->ndim)};
+  coalesce(shape, strides);
+  return with_float_type(t->dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T one;
+    store_double(&one, value);
+    T* p = static_cast<T*>(t->data);
+    walk(shape, strides, [&](const std::array<int64_t, 1>& off, int64_t len, const std::array<int64_t, 1>& st) {
+      for (int64_t i = 0; i < len; ++i) p[off[0] + i * st[0]] = one;
+    });
+  });
+}
+
 // out = f(inputs...) elementwise over `shape` (the broadcast shape, which out has), without buffers.
 // False (nothing written) where the buffered path must serve.
 template <class F, class... In>

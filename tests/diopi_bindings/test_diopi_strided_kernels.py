@@ -4,7 +4,9 @@ attached) against float64 CPU torch on the same inputs, rounded once to the resu
 both the strided and the buffered path compute: bit-equal for + - * / (float32, bfloat16, float16),
 within one rounding for the transcendental ones (the double libm against torch's float64), sums within
 the float64 accumulation's error. Layouts: dense, transposed, broadcast from [n, 1] and [m], a 0-dim
-operand, an expanded operand, in place (the output is an input), and an out= that is a strided slice."""
+operand, an expanded operand, in place (the output is an input), and an out= that is a strided slice; softmax,
+log_softmax and the softmax backward over rows of 1,100 (float32, bfloat16); fill_ and zero_ of strided
+slices."""
 from __future__ import annotations
 
 from diopi_testlib import run_python
@@ -56,6 +58,24 @@ def test_strided_elementwise_and_sums_match_float64_torch_rounded_once() -> None
     check("silu transposed", torch.nn.functional.silu(x.t().contiguous().to(d).t()), X * torch.sigmoid(X), ulps=1)
     check("rsqrt", torch.rsqrt(x.abs().to(d)), torch.rsqrt(X.abs()), ulps=1)
     check("pow 2", x.to(d).pow(2), X * X)
+    for dtype in (torch.float32, torch.bfloat16):  # rows in place over the last dim, each exp once
+        z = (3 * torch.randn(9, 1100)).to(dtype)
+        Z = z.double()
+        tag = str(dtype).split(".")[1]
+        check(f"softmax {tag}", torch.softmax(z.to(d), -1), torch.softmax(Z, -1), ulps=1)
+        check(f"log_softmax {tag}", torch.log_softmax(z.to(d), -1), torch.log_softmax(Z, -1), ulps=1)
+        zd = z.to(d).requires_grad_()
+        g = torch.randn(9, 1100).to(dtype)
+        y = torch.softmax(zd, -1)
+        y.backward(g.to(d))
+        Y = y.detach().cpu().double()  # the backward reads the rounded forward result, as on the device
+        check(f"softmax backward {tag}", zd.grad, Y * (g.double() - (g.double() * Y).sum(-1, keepdim=True)), ulps=1)
+    f = torch.randn(6, 40).to(d)
+    f[:, ::3].fill_(0.3)
+    f[1:4].zero_()
+    got_f = f.cpu()
+    filled = bool((got_f[1:4] == 0).all()) and bool((got_f[[0, 4, 5]][:, ::3] == torch.tensor(0.3)).all())
+    worst["fill_ strided"] = 0.0 if filled else 1.0
     for dims in ((1,), (0,), (0, 1)):
         got = x.t().contiguous().to(d).t().sum(dims, keepdim=True)  # a transposed read
         exact = X.sum(dims, keepdim=True)

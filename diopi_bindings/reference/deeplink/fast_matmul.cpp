@@ -59,9 +59,47 @@ bool overlap(const Info& x, const Info& y) {
 
 constexpr int64_t kBlockK = 64, kBlockN = 256;
 
+typedef float Lanes __attribute__((vector_size(32)));  // 8 floats: one AVX register, two SSE ones
+// The helpers below are always inlined into each clone of product, so no vector crosses a call (-Wpsabi
+// warns of the calling convention of 32-byte vectors, which is never used).
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+__attribute__((always_inline)) inline Lanes load8(const float* p) {
+  Lanes v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+__attribute__((always_inline)) inline void store8(float* p, const Lanes& v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// out[i..i+3][j..j+15] += a[i..i+3][p0..p1) @ b[p0..p1)[j..j+15], kept in registers over p: the inner kernel
+// of product, which loads and stores out once per block of k instead of once per element of k.
+__attribute__((always_inline)) inline void block4x16(const Matrix& a, const float* B, int64_t m, float* out, int64_t i, int64_t j, int64_t p0,
+                      int64_t p1) {
+  Lanes acc[4][2];
+  for (int r = 0; r < 4; ++r) {
+    acc[r][0] = load8(out + (i + r) * m + j);
+    acc[r][1] = load8(out + (i + r) * m + j + 8);
+  }
+  for (int64_t p = p0; p < p1; ++p) {
+    const Lanes b0 = load8(B + p * m + j), b1 = load8(B + p * m + j + 8);
+    for (int r = 0; r < 4; ++r) {
+      const float x = a.data[(i + r) * a.row_stride + p * a.col_stride];
+      acc[r][0] += x * b0;
+      acc[r][1] += x * b1;
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    store8(out + (i + r) * m + j, acc[r][0]);
+    store8(out + (i + r) * m + j + 8, acc[r][1]);
+  }
+}
+
 // out (rows x cols, row-major, dense) = a @ b; b packed row-major first when it is not. Built twice, for
-// x86-64-v3 (AVX2, FMA) and for the baseline; the loader picks the first the CPU runs (GCC function multiversioning).
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void product(const Matrix& a, const Matrix& b, float* __restrict out, std::vector<float>& packed) {
+// x86-64-v3 (AVX2, FMA) and for the baseline; the loader picks the first the CPU runs (GCC function
+// multiversioning). Every element accumulates its k terms in order, in float32.
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void product(const Matrix& a, const Matrix& b,
+                                                                         float* __restrict out,
+                                                                         std::vector<float>& packed) {
   const int64_t n = a.rows, k = a.cols, m = b.cols;
   const float* B = b.data;
   if (!(b.col_stride == 1 && b.row_stride == m)) {
@@ -75,21 +113,19 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void product(const M
     const int64_t p1 = std::min(k, p0 + kBlockK);
     for (int64_t j0 = 0; j0 < m; j0 += kBlockN) {
       const int64_t j1 = std::min(m, j0 + kBlockN);
-      for (int64_t i = 0; i < n; ++i) {
-        float* __restrict row = out + i * m;
-        const float* arow = a.data + i * a.row_stride;
-        int64_t p = p0;
-        for (; p + 4 <= p1; p += 4) {  // four rows of b per pass: a quarter of the loads and stores of row
-          const float x0 = arow[p * a.col_stride], x1 = arow[(p + 1) * a.col_stride],
-                      x2 = arow[(p + 2) * a.col_stride], x3 = arow[(p + 3) * a.col_stride];
-          const float *__restrict b0 = B + p * m, *__restrict b1 = b0 + m, *__restrict b2 = b1 + m,
-                                  *__restrict b3 = b2 + m;
-          for (int64_t j = j0; j < j1; ++j) row[j] += x0 * b0[j] + x1 * b1[j] + x2 * b2[j] + x3 * b3[j];
-        }
-        for (; p < p1; ++p) {
-          const float x = arow[p * a.col_stride];
+      const int64_t j16 = j0 + (j1 - j0) / 16 * 16;  // columns the 4x16 kernel covers
+      int64_t i = 0;
+      for (; i + 4 <= n; i += 4)
+        for (int64_t j = j0; j < j16; j += 16) block4x16(a, B, m, out, i, j, p0, p1);
+      // the rest: rows past the last group of 4 (all columns), and the columns past j16 (rows of the groups)
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t from = r < i ? j16 : j0;
+        if (from >= j1) continue;
+        float* __restrict row = out + r * m;
+        for (int64_t p = p0; p < p1; ++p) {
+          const float x = a.data[r * a.row_stride + p * a.col_stride];
           const float* __restrict brow = B + p * m;
-          for (int64_t j = j0; j < j1; ++j) row[j] += x * brow[j];
+          for (int64_t j = from; j < j1; ++j) row[j] += x * brow[j];
         }
       }
     }
