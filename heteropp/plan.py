@@ -242,7 +242,7 @@ class Plan:
         if world_size is not None and self.world_size != world_size:
             raise SpecError(source, ranks_field, f"plan needs {self.world_size} ranks", f"the world size {world_size}")
         if available is not None:
-            self._check_chips(source, available)
+            self._check_chips(source, available, ranks_field)
         if nodes is not None:
             self.placement(nodes, source)
         return self
@@ -296,16 +296,22 @@ class Plan:
         if (self.stages, self.dp, self.micro_batches) != (g0.stages, g0.dp, g0.micro_batches):
             raise SpecError(source, "stages", "differs from replicas[0]", "the first group's stages, dp and "
                             "micro_batches (or only `replicas`)")
-        return self._check_cluster(source, "replicas[*]", world_size, available, nodes)
+        return self._check_cluster(source, "replicas[*].stages[*].tp * dp * inner_dp", world_size, available, nodes)
 
-    def _check_chips(self, source: str, available: Mapping[str, int]) -> None:
-        for i, s in enumerate(self.stages):
+    def stage_names(self) -> list[tuple[str, StagePlan]]:
+        """Every stage of every replica group with the field that names it in the plan file."""
+        if not self.replicas:
+            return [(f"stages[{k}]", s) for k, s in enumerate(self.stages)]
+        return [(f"replicas[{i}].stages[{k}]", s) for i, g in enumerate(self.replicas) for k, s in enumerate(g.stages)]
+
+    def _check_chips(self, source: str, available: Mapping[str, int], chips_field: str) -> None:
+        for name, s in self.stage_names():
             if s.chip not in available:
-                raise SpecError(source, f"stages[{i}].chip", f"chip type {s.chip!r} is not in the cluster",
+                raise SpecError(source, f"{name}.chip", f"chip type {s.chip!r} is not in the cluster",
                                 "one of " + ", ".join(available))
         for chip, n in self.chips_used().items():
             if n > available[chip]:
-                raise SpecError(source, "stages[*].tp * dp * inner_dp", f"plan uses {n} chips of type {chip!r}",
+                raise SpecError(source, chips_field, f"plan uses {n} chips of type {chip!r}",
                                 f"at most the cluster's {available[chip]}")
 
     def to_dict(self) -> dict[str, Any]:

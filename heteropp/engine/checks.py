@@ -20,11 +20,11 @@ def check_run(plan: Plan, m: ModelSpec, source: str, chip_map: dict[str, str], s
     # Every stage's TP size is checked here by the shared rule (tp_split_error), the one StageModel applies.
     plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
                   world_size=world_size, available=available, nodes=nodes)
-    for i, s in enumerate(plan.stages):
+    for name, s in plan.stage_names():
         try:
             resolve_chip(s.chip, chip_map)
         except ValueError as e:
-            raise SpecError(source, f"stages[{i}].chip", str(e), "a chip type ditorch knows") from None
+            raise SpecError(source, f"{name}.chip", str(e), "a chip type ditorch knows") from None
     for sched in schedules:
         for group in plan.groups:
             compile_schedule(group, sched)

@@ -89,6 +89,25 @@ def test_the_chips_of_every_group_count_against_the_cluster():
     assert "plan uses 2 chips of type 'X'" in str(e.value)
 
 
+def test_a_chip_type_of_a_later_group_is_checked_against_the_cluster_and_the_chip_map():
+    """Every group's stages name chip types the cluster has and the engine can map, not only the first's."""
+    plan = Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 4)], 4), ReplicaGroup([StagePlan("Q", 1, 4)], 4)], 1,
+                            schedule="1f1b")
+    with pytest.raises(SpecError) as e:
+        plan.validate(available={"X": 1, "Y": 1})
+    assert e.value.field == "replicas[1].stages[0].chip" and "'Q' is not in the cluster" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        check_run(plan, _two_types().model, "plan.json", {"X": "cpu"}, ["1f1b"])
+    assert e.value.field == "replicas[1].stages[0].chip" and "'Q'" in str(e.value), str(e.value)
+
+
+def test_too_many_chips_of_a_type_name_the_replica_groups():
+    with pytest.raises(SpecError) as e:
+        Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 4)], 4, dp=2), ReplicaGroup([StagePlan("Y", 1, 4)], 4)], 1,
+                         schedule="1f1b").validate(available={"X": 1, "Y": 1})
+    assert e.value.field == "replicas[*].stages[*].tp * dp * inner_dp", e.value.field
+
+
 def test_one_group_and_identical_groups_simulate_as_one_stage_list():
     """A plan of one stage list takes the event-loop simulator's time of the stage list at dp 2; the same
     plan written as two identical groups of one pipeline each takes it without ZeRO-1 (the engine keeps a
