@@ -110,10 +110,8 @@ def _rounded(exact: list[float], total: int) -> list[int]:
     while sum(out) < total:
         out[order[i % len(order)]] += 1
         i += 1
-    while sum(out) > total:
-        j = max(range(len(out)), key=lambda k: (out[k] - exact[k], -k))
-        if out[j] == 1:
-            break
+    while sum(out) > total:  # the groups raised to one micro-batch took it from the others (total >= groups)
+        j = max((k for k in range(len(out)) if out[k] > 1), key=lambda k: (out[k] - exact[k], -k))
         out[j] -= 1
     return out
 

@@ -20,7 +20,7 @@ from heteropp.auto.plan_sim import simulate_plan
 from heteropp.auto.planning import Problem
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
 from heteropp.auto.replica_sim import simulate_groups
-from heteropp.auto.replicas import _joined, best_per_replica, partitions
+from heteropp.auto.replicas import _join_split, _joined, best_per_replica, partitions
 from heteropp.engine.checks import check_run
 from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec import ModelSpec, SpecError, TrainSpec, cluster_from_dict
@@ -31,17 +31,21 @@ LAYER_PARAMS, END_PARAMS = 10_000_000, 1_000_000
 def _two_types(link: float = 0.5) -> Problem:
     """One X and one Y chip (Y 1.5x slower) in nodes of their own, joined by `link` GB/s; 4 layers, 8
     micro-batches of one sequence."""
+    return _one_chip_each({"X": 0.1, "Y": 0.15}, [{"between": ["X", "Y"], "bandwidth": link}])
+
+
+def _one_chip_each(forward_s: dict[str, float], links: list[dict]) -> Problem:
+    """One chip of each type (a layer's forward taking forward_s[type]) in a node of its own."""
     chips = [{"name": n, "count": 1, "memory_gb": 80, "peak_tflops": 100, "chips_per_node": 1, "tp_max": 1,
-              "intra_node_bw": 100, "network_bw": 10.0, "memory_fraction": 1.0} for n in "XY"]
-    cluster = cluster_from_dict({"name": "two", "chips": chips, "links": [{"between": ["X", "Y"],
-                                                                           "bandwidth": link}]}, "test")
+              "intra_node_bw": 100, "network_bw": 10.0, "memory_fraction": 1.0} for n in forward_s]
+    cluster = cluster_from_dict({"name": "types", "chips": chips, "links": links}, "test")
     model = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128)
     train = TrainSpec(global_batch=8, micro_batch_size=1, dtype="bf16", zero1=True, schedule="1f1b")
     prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER_PARAMS, embed_params=END_PARAMS,
                    head_params=END_PARAMS,
                    chips={n: ChipProfile({1: TPProfile(fwd_s=f, bwd_s=2 * f, recompute_s=f, wgrad_s=f, act_bytes=1e8,
                                                        ckpt_bytes=1e7, optim_s=0.01, head_s=f)})
-                          for n, f in (("X", 0.1), ("Y", 0.15))})
+                          for n, f in forward_s.items()})
     return Problem(cluster, model, train, CostModel(cluster, model, train, prof))
 
 
@@ -167,6 +171,16 @@ def test_the_engine_refuses_replica_groups_only_with_a_tied_head_naming_the_fiel
     with pytest.raises(SpecError) as e:
         check_run(_per_type(5, 3), tied, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
     assert e.value.field == "replicas" and "embedding" in str(e.value)
+
+
+def test_every_split_into_replica_groups_trains_the_whole_global_batch():
+    """X with Y and Z 30 times slower: by throughput Y and Z would take a quarter of a micro-batch each, and
+    every group takes at least one; the shares still add up to the training spec's 8 micro-batches."""
+    pb = _one_chip_each({"X": 0.1, "Y": 3.0, "Z": 3.0}, [])
+    for split in partitions(["X", "Y", "Z"]):
+        if len(split) > 1:
+            got = _join_split(pb, split, Budget(baselines=False))
+            assert got is not None and got.global_batch == pb.train.global_batch, (split, got and got.replicas)
 
 
 def test_partitions_are_every_set_partition():
