@@ -113,11 +113,15 @@ def build_holder_groups(plan: Plan, groups: list[GroupPlan], rank: int, backend:
 
 
 def sum_holder_grads(named: list[tuple[str, torch.nn.Parameter]], hg: HolderGroups) -> None:
-    """Each parameter's gradient summed over every rank that holds it, in place (the optimizer's buffer)."""
+    """Each parameter's gradient summed over every rank that holds it, in place (the optimizer's buffer):
+    one all-reduce per part, its parameters' gradients side by side (as replica_sim prices it). Every
+    holder lists a part's parameters in the same order (the model's), and the parts in the same order."""
+    by_part: dict[int | str, list[torch.Tensor]] = {}
     for name, p in named:
-        pg = hg.parts.get(part_of(name))
-        if pg is not None:
-            grad = grad_of(p)
-            buf = grad.float().contiguous()
-            dist.all_reduce(buf, group=pg)
-            grad.copy_(buf)
+        if hg.parts.get(part_of(name)) is not None:
+            by_part.setdefault(part_of(name), []).append(grad_of(p))
+    for part, grads in by_part.items():
+        buf = torch.cat([g.reshape(-1).float() for g in grads])
+        dist.all_reduce(buf, group=hg.parts[part])
+        for g, piece in zip(grads, buf.split([g.numel() for g in grads])):
+            g.copy_(piece.view_as(g))
