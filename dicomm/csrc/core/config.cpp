@@ -68,7 +68,7 @@ const std::vector<Knob> kTable = {
     {"DICOMM_COLL_SMALL_BYTES", K::kInteger, "", 0, 1L << 40, "", "bytes",
      "below this size every collective takes its small-message algorithm; unset: per collective (docs/architecture.md)"},
     {"DICOMM_ALL_REDUCE_DIRECT_RANKS", K::kInteger, "0", 0, 1 << 20, "", "ranks",
-     "a large all_reduce of at most this many ranks takes the direct algorithm (each rank reduces its own block from every peer, in rank order), of more the ring; 0: always the ring"},
+     "where the push algorithm does not run, a large all_reduce of at most this many ranks takes the direct algorithm (each rank reduces its own block from every peer, in rank order), of more the ring; 0: always the ring"},
     {"DICOMM_ALL_REDUCE_PUSH", K::kFlag, "1", 0, 0, "", "",
      "1: a large all_reduce whose ranks can all read and write each other's memory (one host, cross-memory attach) takes the push algorithm (each rank reduces its own block out of its peers' buffers and writes it into theirs, in rank order); 0, or where some rank cannot: the ring or the direct algorithm"},
     {"DICOMM_REDUCE_KERNELS", K::kChoice, "auto", 0, 0, "auto|generic", "", "generic: the portable reduction kernels even where AVX2 runs"},
