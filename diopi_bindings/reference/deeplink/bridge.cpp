@@ -71,7 +71,7 @@ Call::Call(diopiContextHandle_t context) : ctx(context) {
 
 legacy::diopiTensor* Call::view(diopiConstTensorHandle_t t) {
   if (t == nullptr) return nullptr;
-  legacy::diopiTensor& v = views_.emplace_back();
+  legacy::diopiTensor& v = views_.add();
   const void* data = nullptr;
   diopiSize_t shape{}, stride{};
   diopiDtype_t dtype = diopi_dtype_unsupported;
@@ -91,7 +91,7 @@ legacy::diopiTensor* Call::view(diopiConstTensorHandle_t t) {
 }
 
 legacy::diopiTensorList_t Call::list(const diopiConstTensorHandle_t* tensors, int64_t count) {
-  std::vector<legacy::diopiConstTensorHandle_t>& out = lists_.emplace_back();
+  std::vector<legacy::diopiConstTensorHandle_t>& out = lists_.emplace_front();
   for (int64_t i = 0; i < count; ++i) out.push_back(view(tensors[i]));
   return legacy::diopiTensorList_t{out.data(), count};
 }
@@ -99,8 +99,8 @@ legacy::diopiTensorList_t Call::list(const diopiConstTensorHandle_t* tensors, in
 legacy::diopiTensor* Call::scalar_like(const diopiScalar_t* s, diopiConstTensorHandle_t like) {
   diopiDtype_t dtype = diopi_dtype_float64;
   if (like != nullptr) diopiGetTensorDtype(like, &dtype);
-  legacy::diopiTensor& v = views_.emplace_back();
-  double& slot = scalar_storage_.emplace_back(0.0);  // 8 bytes: room for any dtype below
+  legacy::diopiTensor& v = views_.add();
+  double& slot = scalar_storage_.add();  // 8 bytes: room for any dtype below
   const double x = value(s, 0.0);
   switch (dtype) {
     case diopi_dtype_float64: slot = x; break;

@@ -14,12 +14,30 @@ namespace legacy {
 #undef DIOPI_API
 #define DIOPI_API DIOPI_ATTR_WEAK
 
+#include <array>
 #include <cstdint>
-#include <deque>
+#include <forward_list>
 #include <limits>
 #include <vector>
 
 namespace bridge {
+
+// Up to N objects in place, more on the heap, none of them ever moved (the reference keeps pointers to them).
+// A call converts a handful of arguments: no allocation per call in the common case (std::deque allocates
+// even when empty).
+template <class T, size_t N>
+class Stable {
+ public:
+  T& add() {
+    if (used_ < N) return inline_[used_++] = T{};
+    return more_.emplace_front();
+  }
+
+ private:
+  std::array<T, N> inline_{};
+  size_t used_ = 0;
+  std::forward_list<T> more_;
+};
 
 // The arguments of one call, converted: views of DIOPI tensors in the reference's struct, tensor lists,
 // scalars made 0-dim tensors, and a reference context whose allocations go to diopiRequireTensor/Buffer.
@@ -42,9 +60,9 @@ class Call {
 
  private:
   legacy::diopiContext lctx_{};
-  std::deque<legacy::diopiTensor> views_;
-  std::deque<std::vector<legacy::diopiConstTensorHandle_t>> lists_;
-  std::deque<double> scalar_storage_;
+  Stable<legacy::diopiTensor, 8> views_;
+  std::forward_list<std::vector<legacy::diopiConstTensorHandle_t>> lists_;
+  Stable<double, 4> scalar_storage_;
   diopiError_t status_ = diopiSuccess;
 };
 
