@@ -146,17 +146,19 @@ class CostModel:
         nbytes = self.train.bytes_per_value * m.kv_heads * 2 * m.hidden * m.head_dim
         return ring_allreduce_s(nbytes, tp, self._chip[chip].intra_node_bw)
 
-    def part_update(self, part: int | str, chips: frozenset[str], chip: str, tp: int, ranks: int) -> float:
+    def part_update(self, part: int | str, chips: frozenset[str], chip: str, tp: int, ranks: int,
+                    one_node: bool | None = None) -> float:
         """One rank's update of a layer (`part` its index), "embed" or "head" whose gradients are reduced over
         `ranks` ranks per TP shard on chip types `chips` (replica groups with different pipelines): the ring
-        all-reduce (one type: as _grad_sync prices it; several: at the slowest network, an explicit link
+        all-reduce (one type: as _grad_sync prices it, `one_node` whether the placement put every holder in
+        one node where the spec lists the type's nodes; several: at the slowest network, an explicit link
         shared by the tp shards' rings), its optimizer step (a ZeRO-1 shard among those ranks) and, for a
         layer, the replicated key/value heads' sum."""
         layer = self._layer_params(tp)
         params = layer if isinstance(part, int) else (
             self.profile.embed_params if part == "embed" else self.profile.head_params) / tp
         if len(chips) == 1:
-            sync = self._grad_sync(chip, params, ranks, tp)
+            sync = self._grad_sync(chip, params, ranks, tp, one_node)
         else:
             bw = min(self._chip[c].network_bw for c in chips)
             for a in chips:

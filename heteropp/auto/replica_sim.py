@@ -1,12 +1,13 @@
 """The simulated iteration time of a plan whose replica groups run different pipelines (Plan.replicas).
 
 Each group's pipeline runs its micro-batches through the event-loop simulator (simulator.py) without the
-update; a boundary's explicit link between two chip types is shared by every pipeline, of any group,
-that crosses it. Then every layer (and the embedding, and the head) reduces its gradients over every
-rank that holds it, in every group: a ring all-reduce over those ranks, shard by shard (a layer has one TP
-size in every group), that starts once the last of its holding stages has finished its backwards. A
-stage runs its layers' all-reduces one after another, then its optimizer step (its ZeRO-1 shard among
-those ranks); the iteration ends with the last stage's. A plan of one group is priced the same way as
+update; a boundary's explicit link between two chip types is shared by every pipeline, of any group, that
+crosses it. Then every layer (and the embedding, and the head) reduces its gradients over every rank that
+holds it, in every group: a ring all-reduce over those ranks, shard by shard (a layer has one TP size in
+every group; inside one node only where every group's stages, placed together, put all its holders in one
+node of a type whose nodes the spec lists), that starts once the last of its holding stages has finished its
+backwards. A stage runs its layers' all-reduces one after another, then its optimizer step (its ZeRO-1 shard
+among those ranks); the iteration ends with the last stage's. A plan of one group is priced the same way as
 plan_sim.simulate_plan prices it. The engine keeps a replica group's optimizer state whole on every holder
 (engine/replica_groups.py), so a plan of replica groups is priced, memory included, without ZeRO-1.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from ..plan import Plan
 from ..schedules import kind
+from ..spec.placement import StageBlock, place
 from .costs import CostModel, StageSpec
 from .plan_sim import latencies, plan_stages
 from .simulator import simulate
@@ -64,6 +66,7 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
         ends.append(done)
         peaks.append(res.peak_memory_bytes)
     holders = _holders(groups, specs)
+    nodes = _placed_nodes(cm, groups)
     start = {part: max(ends[h.group][h.stage] for h in hs) for part, hs in holders.items()}
     stage_end = [list(e) for e in ends]
     for part, hs in holders.items():
@@ -72,10 +75,22 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
     for part, hs in holders.items():
         ranks = sum(h.ranks for h in hs)
         chips = frozenset(h.chip for h in hs)
+        placed = [nodes[h.group, h.stage] for h in hs if (h.group, h.stage) in nodes]
+        one_node = len({n for w in placed for n in w}) == 1 if len(placed) == len(hs) else None
         for h in hs:
-            stage_end[h.group][h.stage] += cm.part_update(part, chips, h.chip, h.tp, ranks)
+            stage_end[h.group][h.stage] += cm.part_update(part, chips, h.chip, h.tp, ranks, one_node)
     t = max(max(e) for e in stage_end)
     return GroupsResult(t, ends, stage_end, peaks)
+
+
+def _placed_nodes(cm: CostModel, groups: list[Plan]) -> dict[tuple[int, int], list[int]]:
+    """(group, stage) -> the node of each of its TP groups, for the stages of a chip type whose nodes the
+    spec lists, every group's stages placed together (spec/placement.py; PlacementError where they do not
+    fit); the other stages are left out."""
+    listed = {c.name: c.nodes for c in cm.cluster.chips if c.nodes}
+    keys = [(i, k) for i, g in enumerate(groups) for k, s in enumerate(g.stages) if s.chip in listed]
+    blocks = [StageBlock(groups[i].stages[k].chip, groups[i].stages[k].tp, groups[i].stage_dp(k)) for i, k in keys]
+    return dict(zip(keys, place(listed, blocks))) if keys else {}
 
 
 def _holders(groups: list[Plan], specs: list[list[StageSpec]]) -> dict[int | str, list[Holder]]:

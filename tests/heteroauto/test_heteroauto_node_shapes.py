@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,10 @@ from heteropp.auto.cli import main
 from heteropp.auto.costs import CostModel, StageSpec
 from heteropp.auto.front_door import plan
 from heteropp.auto.planning import Problem
-from heteropp.auto.plan_sim import stage_times
+from heteropp.auto.plan_sim import simulate_plan, stage_times
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
-from heteropp.plan import Plan, StagePlan
+from heteropp.auto.replica_sim import simulate_groups
+from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec import ModelSpec, SpecError, TrainSpec, cluster_from_dict
 from heteropp.spec.placement import PlacementError, StageBlock, place
 
@@ -116,6 +118,23 @@ def test_a_stage_spread_over_nodes_syncs_its_gradients_over_the_network():
     optim = 2 * 0.01 / 2 + 0.01 * 10_000_000 / LAYER_PARAMS / 2  # ZeRO-1: half the optimizer step
     assert st[0].update == pytest.approx(ring / (100 * 1e9) + optim, rel=1e-9)
     assert st[1].update == pytest.approx(ring / (0.5 * 1e9) + optim, rel=1e-9)
+
+
+def test_replica_groups_sync_each_layer_over_the_nodes_its_holders_are_placed_on():
+    """The replica simulator prices a layer's all-reduce on the placement of every stage holding it: a plan
+    of one stage list on nodes [2, 1, 1] (one stage in the 2-chip node, one spread) as plan_sim prices it;
+    two pipelines written as replica groups, every layer's two holders then on two nodes, as the stage
+    list on four 1-chip nodes (every sync over the network), both without ZeRO-1 as the engine runs groups."""
+    stages = [StagePlan("X", 1, 2), StagePlan("X", 1, 2)]
+    one = Plan(stages, dp=2, micro_batch_size=1, micro_batches=4, schedule="1f1b")
+    two = Plan.of_replicas([ReplicaGroup([replace(s) for s in stages], 4) for _ in range(2)], 1, schedule="1f1b")
+    pb = _problem({"nodes": [2, 1, 1]})
+    assert simulate_groups(pb.cm, one).iteration_time_s == pytest.approx(
+        simulate_plan(pb.cm, one).iteration_time_s, rel=1e-12)
+    spread = _problem({"nodes": [1, 1, 1, 1]})
+    whole = CostModel(spread.cluster, spread.model, replace(spread.train, zero1=False), spread.cm.profile)
+    assert simulate_groups(pb.cm, two).iteration_time_s == pytest.approx(
+        simulate_plan(whole, one).iteration_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("shape,dp,layers", [
