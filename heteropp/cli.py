@@ -78,7 +78,7 @@ def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None =
     peak = None
     if cluster is not None and plan is not None:
         chips = {c.name: c.peak_tflops for c in cluster.chips}
-        peak = sum(chips.get(s.chip, 0.0) * s.tp * plan.dp * s.inner_dp for s in plan.stages[:plan.devices]) * 1e12
+        peak = sum(chips.get(chip, 0.0) * n for chip, n in plan.chips_used().items()) * 1e12  # every group's
     return {"dtype": a.dtype, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps, "lr_decay": a.lr_decay,
             "min_lr": a.min_lr, "init_from": init_from, "data": a.data, "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,

@@ -70,3 +70,23 @@ def test_replica_groups_train_as_the_reference(name: str, clip: float | None) ->
     for losses in got:  # every last stage of every group reports the global loss
         check_losses(losses, want["losses"], name)
     assert not mismatches(_full_params(res), want["params"])
+
+
+def test_the_peak_flops_behind_the_logged_mfu_count_every_groups_chips(tmp_path):
+    """`heteropp run --cluster`: the peak the utilisation is measured against is every chip the plan uses,
+    in every group (here 2 A chips of 3 TFLOPS and 2 B chips of 1), not only the first group's."""
+    import json
+
+    from heteropp.cli import main
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("chips:\n"
+                       "  - {name: A, count: 2, memory_gb: 16, peak_tflops: 3, chips_per_node: 2, intra_node_bw: 50, "
+                       "network_bw: 5}\n"
+                       "  - {name: B, count: 2, memory_gb: 16, peak_tflops: 1, chips_per_node: 2, intra_node_bw: 50, "
+                       "network_bw: 5}\n")
+    plan = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8)], 4, dp=2),
+                             ReplicaGroup([StagePlan("B", 1, 2), StagePlan("B", 1, 6)], 4)], 1, schedule="1f1b")
+    plan.save(tmp_path / "plan.json")
+    assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny", "--cluster", str(cluster),
+                 "--chip-map", "A=cpu,B=cpu", "--write-config", str(tmp_path / "run.json")]) == 0
+    assert json.loads((tmp_path / "run.json").read_text())["options"]["peak_flops"] == (2 * 3 + 2 * 1) * 1e12
