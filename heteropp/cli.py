@@ -177,6 +177,8 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
         hosts.append((chip, int(n)))
     if not hosts:
         hosts = [(c.name, n) for c in cluster.chips for n in c.node_sizes]
+        # a host per node: a TP group must sit in one, as `run --cluster` checks (the types listing their nodes)
+        plan.placement({c.name: c.nodes for c in cluster.chips if c.nodes}, a.plan)
     options = {**options, "async_save": True}
     cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                       chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,

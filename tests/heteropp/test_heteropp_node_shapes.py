@@ -36,3 +36,16 @@ def test_a_plan_whose_tp_group_fits_the_two_chip_node_is_accepted(tmp_path, caps
     assert main(["run", "--plan", plan, "--model", "tiny", "--steps", "1", "--cluster", cluster,
                  "--write-config", str(out)]) == 0, capsys.readouterr().err
     assert json.loads(out.read_text())["plan"]["stages"][1]["tp"] == 2
+
+
+def test_elastic_runs_refuse_the_same_plan_before_starting_a_host_per_node(tmp_path, capsys):
+    """`--elastic` starts one emulated host per listed node: the plan with two TP-2 groups is refused there
+    too (a TP group would span two hosts), and the one that fits is written."""
+    cluster, plan = _files(tmp_path, [2, 2])
+    run = ["run", "--plan", plan, "--model", "tiny", "--steps", "1", "--cluster", cluster, "--elastic",
+           "--checkpoint-dir", str(tmp_path / "ck"), "--write-config", str(tmp_path / "elastic.json")]
+    assert main(run) == 2
+    err = capsys.readouterr().err
+    assert "stages[1].tp" in err and "fits in no node" in err and "Traceback" not in err, err
+    _, fits = _files(tmp_path, [1, 2, 1])
+    assert main([*run[:2], fits, *run[3:]]) == 0, capsys.readouterr().err
