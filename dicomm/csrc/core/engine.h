@@ -134,6 +134,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void watch_process_locked(int peer, Peer& p);  // same-host peer: a pidfd on its process
   bool check_processes_locked();                 // peers whose process exited are lost
   void unwatch_process_locked(Peer& p);
+  void exited_locked(int peer, const std::string& why);  // its process is gone: read what it sent, then lose it
   // Abort notices: a reserved tag on the ordinary connections (liveness.cpp).
   void connect_for_notice();  // before an abort that tells the peers (failure.cpp)
   void send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq);

@@ -30,7 +30,9 @@ void Engine::watch_process_locked(int peer, Peer& p) {
     return;
   int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(p.card.pid), 0));
   if (fd < 0) {
-    if (errno == ESRCH) peer_lost(peer, "its process (pid " + std::to_string(p.card.pid) + ") no longer exists");
+    // A peer that sent its last messages and exited before its card was read: they wait on the
+    // connections just admitted, so read them before the peer is lost.
+    if (errno == ESRCH) exited_locked(peer, "its process (pid " + std::to_string(p.card.pid) + ") no longer exists");
     return;  // ENOSYS (kernel < 5.3): the sockets' EOF is all there is
   }
   p.pidfd = fd;
@@ -42,6 +44,19 @@ void Engine::unwatch_process_locked(Peer& p) {
   poller_->remove(p.pidfd);
   ::close(p.pidfd);
   p.pidfd = -1;
+}
+
+void Engine::exited_locked(int peer, const std::string& why) {
+  // What it sent before it went is still ours: drain its connections first (an EOF there ends it
+  // the usual way).
+  try {
+    for (auto& c : peers_[peer].recv)
+      while (c->progress(true)) {
+      }
+  } catch (const PeerError& e) {
+    peer_lost(peer, e.what());
+  }
+  peer_lost(peer, why);
 }
 
 bool Engine::check_processes_locked() {
@@ -58,18 +73,8 @@ bool Engine::check_processes_locked() {
     if (n == 0 || poll(fds, static_cast<nfds_t>(n), 0) <= 0) continue;
     for (int i = 0; i < n; ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
-      Peer& p = peers_[peers[i]];
-      // What it sent before it went is still ours: drain its connections first (an EOF there
-      // ends it the usual way).
-      try {
-        for (auto& c : p.recv)
-          while (c->progress(true)) {
-          }
-      } catch (const PeerError& e) {
-        peer_lost(peers[i], e.what());
-      }
-      peer_lost(peers[i], "its process (pid " + std::to_string(p.card.pid) +
-                              ") exited; connections that a forked child inherited stayed open");
+      exited_locked(peers[i], "its process (pid " + std::to_string(peers_[peers[i]].card.pid) +
+                                  ") exited; connections that a forked child inherited stayed open");
       did = true;
     }
   }
