@@ -60,6 +60,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     if len(profiles) > 1 and a.micro_batch_sizes is None:
         raise SpecError(profiles[1], "--profile", f"{len(profiles)} profiles without --micro-batch-sizes",
                         "one profile, or one per micro-batch size with --micro-batch-sizes")
+    if a.per_replica and a.micro_batch_sizes is not None:
+        raise SpecError("<command line>", "--per-replica", "with --micro-batch-sizes",
+                        "one of the two: replica groups are planned at the training spec's micro-batch size")
     pb = load_problem(a.cluster, a.model, a.train, profiles[0] if len(profiles) == 1 else None)
     budget = Budget(work=a.work_budget, time_cap_s=a.time_cap, baselines=a.baselines, idle=a.idle,
                     group_size=a.group_size)

@@ -221,3 +221,15 @@ def test_the_cli_plans_replica_groups_on_request_simulates_them_and_heteropp_run
     capsys.readouterr()
     assert run_main([*run, "--checkpoint-dir", str(tmp_path / "ck")]) == 2
     assert "'replicas'" in capsys.readouterr().err
+
+
+def test_per_replica_with_a_searched_micro_batch_size_exits_2_naming_the_flag(capsys):
+    """Replica groups are planned at the training spec's micro-batch size, under its one profile: with the
+    size searched (and a profile per size) the two plans would be compared across sizes and profiles."""
+    from heteropp.auto.cli import main
+    ex = Path(__file__).resolve().parents[2] / "examples"
+    assert main(["plan", "--cluster", str(ex / "clusters" / "two-cpu.yaml"), "--model", "tiny", "--train",
+                 str(ex / "training" / "tiny.yaml"), "--no-progress", "--per-replica",
+                 "--micro-batch-sizes", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert "'--per-replica'" in err and "--micro-batch-sizes" in err and "Traceback" not in err, err
