@@ -2,20 +2,25 @@
 // synchronize the device), so a freed block goes to a per-device free list keyed by its rounded size and
 // the next allocation of that size takes it back without calling the library. A block returns to the
 // list only when torch drops the last reference to its storage (the DataPtr's deleter), so memory still
-// referenced is never handed out. No stream tracking: work on one stream runs in the order it was queued,
-// so a block freed and taken again on the same stream is safe; memory used on another stream must be
-// synchronized before torch drops it (record_stream is not supported). A block goes back to the library
-// only once the device is idle (diopi_device_synchronize).
+// referenced is never handed out. Streams, as CUDA's caching allocator has them: a block belongs to the stream
+// it was allocated on and is cached for that stream only (work on one stream runs in the order it was
+// queued, so what reuses the block there runs after whatever used it); Tensor.record_stream(s) adds a stream
+// that uses the block, and when such a block is freed an event is recorded on each of those streams: the
+// block is reused only once every event has completed (polled at the next allocation). A block goes back to
+// the library only once the device is idle (diopi_device_synchronize).
 // empty_cache() gives the cached blocks back to the library; a failed malloc empties the device's cache
 // and tries once more. Statistics follow c10::CachingDeviceAllocator's, so torch.accelerator's memory
 // functions work on this device.
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "device.h"
 #include "runtime.h"
@@ -47,7 +52,18 @@ struct Block {
   c10::DeviceIndex device;
   size_t size;       // rounded: what the library allocated
   size_t requested;  // what torch asked for
+  c10::StreamId stream = 0;            // allocated on, cached for
+  std::vector<c10::StreamId> uses{};   // other streams that used it (record_stream)
 };
+
+// A freed block that other streams used: reusable once each of their events has completed.
+struct Pending {
+  Block* block;
+  std::vector<void*> events;
+};
+
+// (stream, rounded size): the free lists' key
+using CacheKey = std::pair<c10::StreamId, size_t>;
 
 void report_refused_free(diopiError_t code) {
   const char* message = runtime().last_error ? runtime().last_error() : "";
@@ -60,8 +76,10 @@ class CachingAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex device = current_device();
     const size_t size = round_size(nbytes);
-    Block* block = take_cached(device, size);
-    if (block == nullptr) block = new Block{malloc_or_retry(device, size), device, size, 0};
+    const c10::StreamId stream = current_stream_id(device);
+    settle_pending(device);
+    Block* block = take_cached(device, stream, size);
+    if (block == nullptr) block = new Block{malloc_or_retry(device, size), device, size, 0, stream};
     block->requested = nbytes;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -90,7 +108,18 @@ class CachingAllocator final : public c10::DeviceAllocator {
     for (c10::DeviceIndex d = 0; d < static_cast<c10::DeviceIndex>(device_count()); ++d) empty_device(d);
   }
 
-  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}  // one stream per device
+  // A stream other than the block's own that uses it: the block waits for that stream when freed.
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    if (ptr.get_deleter() != &CachingAllocator::release || !has_streams()) return;  // not ours, or no streams
+    auto* block = static_cast<Block*>(ptr.get_context());
+    TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1 && stream.device_index() == block->device,
+                "diopi: record_stream with a stream of ", stream.device(), " for memory of diopi:",
+                static_cast<int>(block->device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stream.id() != block->stream &&
+        std::find(block->uses.begin(), block->uses.end(), stream.id()) == block->uses.end())
+      block->uses.push_back(stream.id());
+  }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     check_index(device);
@@ -127,10 +156,10 @@ class CachingAllocator final : public c10::DeviceAllocator {
   // The deleter of every DataPtr: back to the free list (or to the library when caching is off).
   static void release(void* context);
 
-  Block* take_cached(c10::DeviceIndex device, size_t size) {
+  Block* take_cached(c10::DeviceIndex device, c10::StreamId stream, size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& cached = free_[device];
-    auto it = cached.find(size);
+    auto it = cached.find({stream, size});
     if (it == cached.end()) return nullptr;
     Block* block = it->second;
     cached.erase(it);
@@ -180,17 +209,47 @@ class CachingAllocator final : public c10::DeviceAllocator {
   }
 
   void empty_device(c10::DeviceIndex device) {
-    std::multimap<size_t, Block*> cached;
+    std::multimap<CacheKey, Block*> cached;
+    std::vector<Pending> pending;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       cached.swap(free_[device]);
+      pending.swap(pending_[device]);
     }
     for (auto& entry : cached) free_block(entry.second);
+    for (Pending& p : pending) {  // free_block waits for the whole device first
+      free_block(p.block);
+      for (void* event : p.events) destroy_event(event);
+    }
+  }
+
+  // Freed blocks whose streams have all passed their events go to the free lists.
+  void settle_pending(c10::DeviceIndex device) {
+    std::vector<Pending> pending;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (pending_[device].empty()) return;
+      pending.swap(pending_[device]);
+    }
+    std::vector<Pending> waiting;
+    std::vector<Block*> ready;
+    for (Pending& p : pending) {  // the library's queries, outside the lock
+      if (std::all_of(p.events.begin(), p.events.end(), [](void* e) { return query_event(e); })) {
+        for (void* event : p.events) destroy_event(event);
+        ready.push_back(p.block);
+      } else {
+        waiting.push_back(std::move(p));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Block* block : ready) free_[device].emplace(CacheKey{block->stream, block->size}, block);
+    for (Pending& p : waiting) pending_[device].push_back(std::move(p));
   }
 
   std::mutex mutex_;
   bool caching_ = true;
-  std::array<std::multimap<size_t, Block*>, 64> free_;  // per device: rounded size -> cached block
+  std::array<std::multimap<CacheKey, Block*>, 64> free_;  // per device: (stream, rounded size) -> cached block
+  std::array<std::vector<Pending>, 64> pending_;         // per device: freed, waiting for other streams
   std::array<DeviceStats, 64> stats_;
 };
 
@@ -213,10 +272,22 @@ void CachingAllocator::release(void* context) {
       stats.active_bytes[type].decrease(block->size);
       stats.requested_bytes[type].decrease(block->requested);
     }
-    if (allocator_.caching_) {
-      allocator_.free_[block->device].emplace(block->size, block);
+    if (allocator_.caching_ && block->uses.empty()) {
+      allocator_.free_[block->device].emplace(CacheKey{block->stream, block->size}, block);
       return;
     }
+  }
+  if (!block->uses.empty() && allocator_.caching_) {  // an event on each stream that used it; reused once they pass
+    Pending pending{block, {}};
+    for (c10::StreamId stream : block->uses) {
+      void* event = nullptr;
+      record_event(&event, block->device, stream);
+      pending.events.push_back(event);
+    }
+    block->uses.clear();
+    std::lock_guard<std::mutex> lock(allocator_.mutex_);
+    allocator_.pending_[block->device].push_back(std::move(pending));
+    return;
   }
   allocator_.free_block(block);
 }

@@ -10,6 +10,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/view_native.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -190,6 +191,11 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// Tensor.record_stream(s): the caching allocator holds the storage's block for s when it is freed.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  static_cast<c10::DeviceAllocator*>(device_allocator())->recordStream(self.storage().data_ptr(), stream);
+}
+
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   g_copies[kItem].fetch_add(1);
   HostStage stage(self, true);
@@ -215,6 +221,7 @@ void register_kernels() {
   library->impl("_copy_from", TORCH_FN(copy_from));
   library->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   library->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  library->impl("record_stream", TORCH_FN(record_stream));
   // torch's fallback for conjugate and negative views resolves them with a clone, which copies through
   // _copy_from again, without end: the copies take the views as they are and resolve them on the host.
   for (const c10::DispatchKey key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {

@@ -121,3 +121,34 @@ def test_a_second_stream_async_copies_and_events_order_the_work(async_vendor: Pa
     """)
     assert got["async_h2d"] and got["on_side"] and got["handles_differ"], got
     assert got["q"] == 0 and got["h"] == 0, got
+
+
+def test_memory_recorded_on_another_stream_is_not_reused_before_that_stream_passes(async_vendor: Path) -> None:
+    """x is read by work queued on a side stream (held); x.record_stream(side), then x is dropped. A tensor of
+    the same size allocated on the default stream must not get x's block while side's read is pending: with
+    the block reused, the default stream's fill (run first) would overwrite x before side reads it."""
+    got = run_python(ATTACH.format(lib=str(async_vendor)) + """
+    x = torch.full((4096,), 2.0).to(d)        # synchronous copy: done before the workers are held
+    x_ptr = x.data_ptr()
+    vendor.asyncvendor_hold(1)
+    default = torch.diopi.current_stream()
+    side = torch.diopi.Stream()
+    side.wait_stream(default)
+    with torch.diopi.stream(side):
+        y = x * x                              # diopiMul queued on side: reads x later
+    x.record_stream(side)
+    del x                                      # freed while side's read is pending
+    w = torch.empty(4096, device=d)            # the default stream's allocation of the same size
+    reused = w.data_ptr() == x_ptr
+    w.fill_(7.0)                               # queued on the default stream
+    default.synchronize()                      # runs the fill first (side is still held)
+    side.synchronize()
+    with torch.diopi.stream(side):
+        got_y = y.cpu()
+    later = torch.empty(4096, device=d)        # side has passed its event: the block is free again
+    print(json.dumps({"reused": reused, "y": float((got_y - 4.0).abs().max()),
+                      "reused_later": later.data_ptr() == x_ptr, "routed": dict(deeplink.routed_ops())}))
+    """)
+    assert got["routed"].get("aten::mul.Tensor") == 1, got  # y really was queued on side
+    assert not got["reused"] and got["y"] == 0, got
+    assert got["reused_later"], got
