@@ -188,6 +188,21 @@ bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shap
     std::array<const T*, N> p;
     for (size_t k = 0; k < N; ++k) p[k] = static_cast<const T*>(in[k]->data);
     walk(s, strides, [&](const std::array<int64_t, N + 1>& off, int64_t len, const std::array<int64_t, N + 1>& st) {
+      if constexpr (N == 2) {  // one operand constant along the run (x * rms in RMSNorm, a 0-dim scalar)
+        if (st[0] == 1 && ((st[1] == 1 && st[2] == 0) || (st[1] == 0 && st[2] == 1))) {
+          T* oo = o + off[0];
+          if (st[2] == 0) {
+            const T* a = p[0] + off[1];
+            const double b = load_double(p[1] + off[2]);
+            for (int64_t i = 0; i < len; ++i) store_double(oo + i, f(load_double(a + i), b));
+          } else {
+            const double a = load_double(p[0] + off[1]);
+            const T* b = p[1] + off[2];
+            for (int64_t i = 0; i < len; ++i) store_double(oo + i, f(a, load_double(b + i)));
+          }
+          return;
+        }
+      }
       bool dense = st[0] == 1;
       for (size_t k = 1; k <= N; ++k) dense = dense && st[k] == 1;
       if (dense) {  // the common case: one stride-1 loop the compiler can vectorize
