@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "fast_exp.h"
 #include "strided.h"
 #include "tensor_io.h"
 
@@ -48,8 +49,9 @@ Buffer softmax_backward(const Buffer& g, const Buffer& y, const Shape& shape, in
 }
 
 // The common case, (log-)softmax over the last dim of dense tensors of one floating dtype: rows read and
-// written in place, each exp computed once and kept for the row (the same values as softmax() above, in the
-// same order, so the same bits). False where the buffered path must serve.
+// written in place, each exp computed once and kept for the row. Float64 rows give the same bits as softmax()
+// above; float32/bf16/fp16 rows take exp in float32 arithmetic (fast_exp.h, <= 2 ulp), the rest as above.
+// False where the buffered path must serve.
 bool softmax_rows(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t self, int64_t dim, bool log,
                   bool safe) {
   if (planted_wrong(symbol) || out->dtype != self->dtype || self->ndim == 0 || dim != self->ndim - 1 ||
@@ -73,7 +75,8 @@ bool softmax_rows(const char* symbol, diopiTensorHandle_t out, diopiConstTensorH
         for (int64_t i = 0; i < n; ++i) store_double(y + i, 0.0);
         continue;
       }
-      for (int64_t i = 0; i < n; ++i) z += (e[size_t(i)] = std::exp(load_double(x + i) - m));
+      for (int64_t i = 0; i < n; ++i) e[size_t(i)] = exp_as<T>(load_double(x + i) - m);  // vectorizes
+      for (int64_t i = 0; i < n; ++i) z += e[size_t(i)];  // in order: the same sum as softmax() above
       if (log) {
         const double lz = std::log(z);
         for (int64_t i = 0; i < n; ++i) store_double(y + i, load_double(x + i) - m - lz);
@@ -107,7 +110,7 @@ bool softmax_backward_rows(const char* symbol, diopiTensorHandle_t gi, diopiCons
       for (int64_t i = 0; i < n; ++i) dot += log ? load_double(gr + i) : load_double(gr + i) * load_double(yr + i);
       for (int64_t i = 0; i < n; ++i) {
         const double gv = load_double(gr + i), yv = load_double(yr + i);
-        store_double(out + i, log ? gv - std::exp(yv) * dot : yv * (gv - dot));
+        store_double(out + i, log ? gv - exp_as<T>(yv) * dot : yv * (gv - dot));
       }
     }
   });

@@ -1,5 +1,6 @@
 // Elementwise loops over strided tensors in place, without the double buffers of tensor_io.h: each element
-// is loaded, computed in double and rounded once, exactly as the buffered path does, so both give the same
+// is loaded, computed in double (a kernel may take the element type: the exp family, fast_exp.h) and rounded
+// once, exactly as the buffered path does, so both give the same
 // bits (the conformance suite judges one and the other alike). Serves operands of one floating dtype; the
 // buffered path keeps everything else (integers, mixed dtypes, a test build's planted kernels, an output that
 // overlaps an input other than element for element).
@@ -158,10 +159,28 @@ inline bool fill_strided(diopiTensorHandle_t t, double value) {
   });
 }
 
+// A kernel's f takes doubles, or (const T*, doubles...) when it computes differently per element type (the exp
+// family: float32 arithmetic for float32/bf16/fp16, fast_exp.h); typed<T>(f) is f as a function of doubles.
+template <class T, class F>
+auto typed(F& f) {
+  return [&f](auto... v) {
+    if constexpr (std::is_invocable_v<F&, const T*, decltype(v)...>) return f(static_cast<const T*>(nullptr), v...);
+    else return f(v...);
+  };
+}
+
+// The buffered path's f for out's dtype (the same per-type arithmetic as the strided loop): calls
+// body(typed<T>(f)), with T double for a dtype that is not floating.
+template <class F, class Body>
+void with_typed(diopiDtype_t dtype, F& f, Body&& body) {
+  if (!with_float_type(dtype, [&](auto* tag) { body(typed<std::remove_pointer_t<decltype(tag)>>(f)); }))
+    body(typed<double>(f));
+}
+
 // out = f(inputs...) elementwise over `shape` (the broadcast shape, which out has), without buffers.
 // False (nothing written) where the buffered path must serve.
 template <class F, class... In>
-bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shape& shape, F&& f, In... inputs) {
+bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shape& shape, F&& f_any, In... inputs) {
   constexpr size_t N = sizeof...(In);
   const std::array<diopiConstTensorHandle_t, N> in{inputs...};
   for (diopiConstTensorHandle_t t : in)
@@ -184,6 +203,7 @@ bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shap
     if (!ok) return;
     Shape s = shape;
     coalesce(s, strides);
+    const auto f = typed<T>(f_any);
     T* o = static_cast<T*>(out->data);
     std::array<const T*, N> p;
     for (size_t k = 0; k < N; ++k) p[k] = static_cast<const T*>(in[k]->data);

@@ -2,7 +2,10 @@
 (reference/strided.h) instead of through double buffers. Checked on the device (DIOPI-named reference
 attached) against float64 CPU torch on the same inputs, rounded once to the result's dtype, which is what
 both the strided and the buffered path compute: bit-equal for + - * / (float32, bfloat16, float16),
-within one rounding for the transcendental ones (the double libm against torch's float64), sums within
+within one rounding for rsqrt (the double libm against torch's float64) and for the exp family (silu,
+softmax, log_softmax and the softmax backward: their exp is float32 arithmetic, reference/fast_exp.h, <= 2
+ulp on its own, test_diopi_fast_exp.py; softmax's kernels stay within one unit of the exact result, silu,
+whose sigmoid is float32 throughout, within two), sums within
 the float64 accumulation's error. Layouts: dense, transposed, broadcast from [n, 1] and [m], a 0-dim
 operand, an expanded operand, in place (the output is an input), and an out= that is a strided slice; softmax,
 log_softmax and the softmax backward over rows of 1,100 (float32, bfloat16); fill_ and zero_ of strided
@@ -55,7 +58,9 @@ def test_strided_elementwise_and_sums_match_float64_torch_rounded_once() -> None
 
     x = torch.randn(33, 70)
     X = x.double()
-    check("silu transposed", torch.nn.functional.silu(x.t().contiguous().to(d).t()), X * torch.sigmoid(X), ulps=1)
+    # silu's sigmoid is float32 arithmetic (fast_exp.h's exp, <= 1 ulp, then 1 / (1 + e) rounded): the documented
+    # bound is 2 units, not one rounding of the float64 result
+    check("silu transposed", torch.nn.functional.silu(x.t().contiguous().to(d).t()), X * torch.sigmoid(X), ulps=2)
     check("rsqrt", torch.rsqrt(x.abs().to(d)), torch.rsqrt(X.abs()), ulps=1)
     check("pow 2", x.to(d).pow(2), X * X)
     for dtype in (torch.float32, torch.bfloat16):  # rows in place over the last dim, each exp once
