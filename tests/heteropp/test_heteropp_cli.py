@@ -92,15 +92,30 @@ def test_every_heteropp_job_gets_its_own_dicomm_secret(monkeypatch) -> None:
     assert empty not in digests and digests[0] != digests[1]
 
 
-def test_heteropp_ranks_allocate_in_huge_pages(monkeypatch) -> None:
-    """dicomm's copies between ranks cost least when tensors are in transparent huge pages: `heteropp run`
-    sets THP_MEM_ALLOC_ENABLE=1 for its ranks unless the user set it (then the user's value holds)."""
-    from heteropp.engine import RunConfig, launch
-    from tests.heteropp.heteropp_helpers import MODEL, plan
+_LAUNCH_AND_REPORT_HUGE_PAGES = """
+from heteropp.engine import RunConfig, launch
+from tests.heteropp.heteropp_helpers import MODEL, plan
+p = plan([(1, 2, False), (1, 2, False)], micro_batches=2)
+res = launch(RunConfig(plan=p.to_dict(), model=RunConfig.model_dict(MODEL), steps=1, backend="dicomm",
+                       chip_map={"A": "cpu", "B": "cpu"}))
+print("HUGE", [r[p.schedule]["huge_page_tensors"] for r in res.values()])
+"""
 
-    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "")  # recorded, so the test's own setting is undone after it
-    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE")
-    p = plan([(1, 2, False), (1, 2, False)], micro_batches=2)
-    res = launch(RunConfig(plan=p.to_dict(), model=RunConfig.model_dict(MODEL), steps=1, backend="dicomm",
-                           chip_map={"A": "cpu", "B": "cpu"}))
-    assert [r[p.schedule]["huge_page_tensors"] for r in res.values()] == [True] * p.world_size
+
+@pytest.mark.parametrize("user_value, expected", [(None, True), ("0", False)])
+def test_heteropp_ranks_allocate_in_huge_pages(user_value, expected) -> None:
+    """dicomm's copies between ranks cost least when tensors are in transparent huge pages: `heteropp run`
+    sets THP_MEM_ALLOC_ENABLE=1 for its ranks unless the user set it (then the user's value holds). Each
+    launch runs in a fresh process, as `heteropp run` does: ranks fork from the process's fork server,
+    whose environment is the one it started with (docs/architecture.md)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if user_value is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = user_value
+    out = subprocess.run([sys.executable, "-c", _LAUNCH_AND_REPORT_HUGE_PAGES], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"HUGE {[expected, expected]}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
