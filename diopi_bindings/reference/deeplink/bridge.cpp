@@ -1,5 +1,6 @@
 // What the generated DIOPI functions of the reference share (bridge.h).
 #include "bridge.h"
+#include "../float_bits.h"
 
 #include <algorithm>
 #include <cmath>
@@ -107,11 +108,8 @@ legacy::diopiTensor* Call::scalar_like(const diopiScalar_t* s, diopiConstTensorH
     case diopi_dtype_float32: { const float f = static_cast<float>(x); std::memcpy(&slot, &f, sizeof f); break; }
     case diopi_dtype_int64: { const int64_t i = static_cast<int64_t>(x); std::memcpy(&slot, &i, sizeof i); break; }
     case diopi_dtype_int32: { const int32_t i = static_cast<int32_t>(x); std::memcpy(&slot, &i, sizeof i); break; }
-    case diopi_dtype_bfloat16: {  // round to nearest even
-      const float f = static_cast<float>(x);
-      uint32_t bits;
-      std::memcpy(&bits, &f, sizeof bits);
-      const uint16_t b = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+    case diopi_dtype_bfloat16: {
+      const uint16_t b = diopi_ref::float_to_bf16(static_cast<float>(x));
       std::memcpy(&slot, &b, sizeof b);
       break;
     }
@@ -232,13 +230,7 @@ bool read(const char* base, diopiDtype_t dtype, int64_t offset, double* value) {
     case diopi_dtype_int64: *value = static_cast<double>(reinterpret_cast<const int64_t*>(base)[offset]); return true;
     case diopi_dtype_int32: *value = reinterpret_cast<const int32_t*>(base)[offset]; return true;
     case diopi_dtype_bool: *value = reinterpret_cast<const bool*>(base)[offset] ? 1.0 : 0.0; return true;
-    case diopi_dtype_bfloat16: {
-      const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(base)[offset]) << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      *value = f;
-      return true;
-    }
+    case diopi_dtype_bfloat16: *value = diopi_ref::bf16_to_float(reinterpret_cast<const uint16_t*>(base)[offset]); return true;
     default: return false;
   }
 }

@@ -5,6 +5,8 @@
 // (diopiDtypeNotSupported: the framework runs the operator on the CPU with the generator's state).
 #include <diopi/functions.h>
 
+#include "../float_bits.h"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -60,12 +62,8 @@ struct Out {
       reinterpret_cast<double*>(data)[offset] = v;
     } else if (dtype == diopi_dtype_float32) {
       reinterpret_cast<float*>(data)[offset] = static_cast<float>(v);
-    } else {  // bfloat16, rounded to nearest even
-      const float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, sizeof bits);
-      bits += 0x7fff + ((bits >> 16) & 1);
-      reinterpret_cast<uint16_t*>(data)[offset] = static_cast<uint16_t>(bits >> 16);
+    } else {  // bfloat16
+      reinterpret_cast<uint16_t*>(data)[offset] = diopi_ref::float_to_bf16(static_cast<float>(v));
     }
   }
 };
@@ -75,10 +73,7 @@ double get(diopiConstTensorHandle_t t, diopiDtype_t dtype, int64_t offset) {
   diopiGetTensorDataConst(t, &p);
   if (dtype == diopi_dtype_float64) return static_cast<const double*>(p)[offset];
   if (dtype == diopi_dtype_float32) return static_cast<const float*>(p)[offset];
-  const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[offset]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return diopi_ref::bf16_to_float(static_cast<const uint16_t*>(p)[offset]);
 }
 
 // Fills `out` with f(seed, first counter, element number) and advances the generator by `per` * numel.
