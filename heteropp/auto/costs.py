@@ -117,6 +117,9 @@ class CostModel:
         self.end = lru_cache(maxsize=None)(self._end)
         self.boundary = lru_cache(maxsize=None)(self._boundary)
         self.latency = lru_cache(maxsize=None)(cluster.latency_s)  # (chip a, chip b) -> seconds per message
+        # asked thousands of times per search with a few dozen distinct arguments (h2's DFS, stage options)
+        self.max_layers = lru_cache(maxsize=None)(self._max_layers)
+        self._layer_params = lru_cache(maxsize=None)(self._one_layer_params)
 
     # --- per-layer coefficients -------------------------------------------------------------------
     def _static_per_param(self, dp: int, zero1: bool) -> float:
@@ -131,7 +134,7 @@ class CostModel:
         bw = c.intra_node_bw if inside else c.network_bw
         return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, bw)
 
-    def _layer_params(self, tp: int) -> float:
+    def _one_layer_params(self, tp: int) -> float:
         """Weights of one layer on one of `tp` ranks: the profile's whole-layer count, scaled by the model's
         TP-group total over its layer count (replicated key/value heads, whole norms on every rank; a
         measured profile's times already include replication, its parameter count does not), split evenly."""
@@ -221,8 +224,8 @@ class CostModel:
                 mem += e.static + e.transient * share
         return mem
 
-    def max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
-                   zero1: bool | None = None) -> int:
+    def _max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
+                    zero1: bool | None = None) -> int:
         """Most layers a stage can hold in memory (0 when not even one fits)."""
         c = self.coef(chip, tp, recompute, dp, zero1)
         base = self.memory(chip, tp, recompute, dp, 0, n, first, last, zero1)

@@ -186,9 +186,11 @@ class DpSpace:
     def _flight_grid(self, p: np.ndarray, rel: np.ndarray) -> np.ndarray:
         """The registry's in-flight count of the stage `rel` from the end of a `p`-stage pipeline, per cell
         (evaluated once per distinct pair: a few dozen)."""
-        pairs, inverse = np.unique(np.stack([p.ravel(), np.maximum(rel, 1).ravel()]), axis=1, return_inverse=True)
-        vals = np.array([in_flight(self.sched, int(q - r), int(q), self.b) for q, r in pairs.T.tolist()])
-        return vals[inverse.ravel()].reshape(rel.shape)
+        r = np.maximum(rel, 1)
+        span = int(r.max(initial=1)) + 1  # (p, r) as one integer: a 1-d unique (unique over axis 1 sorts rows)
+        codes, inverse = np.unique((p * span + r).ravel(), return_inverse=True)
+        vals = np.array([in_flight(self.sched, q // span - q % span, q // span, self.b) for q in codes.tolist()])
+        return vals[inverse].reshape(rel.shape)
 
     def _emb(self) -> np.ndarray:
         """The embedding's backward share of every kind (on the first stage's drain gap)."""
