@@ -116,6 +116,20 @@ def reference(per_rank: list[torch.Tensor], dtype: str, op: str) -> torch.Tensor
     return torch.from_numpy(np.ascontiguousarray(out))
 
 
+def rank_order_inputs(seed: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random floats whose magnitudes differ by rank, so that the order of a sum shows in its rounding."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    return (torch.randn(numel, generator=g) * 10 ** (rank % 3)).to(dtype)
+
+
+def rank_order_sum(per_rank: list[torch.Tensor], op: str) -> torch.Tensor:
+    """torch's sequential sum x0 + x1 + ... in rank order, in the inputs' dtype (avg: divided by the count)."""
+    out = per_rank[0]
+    for x in per_rank[1:]:
+        out = out + x
+    return out / len(per_rank) if op == "avg" else out
+
+
 def same(got: torch.Tensor, expected: torch.Tensor) -> bool:
     """Bit-for-bit equal values, NaN equal to NaN (and +0 to -0)."""
     if got.dtype.is_floating_point:

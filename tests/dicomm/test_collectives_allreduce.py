@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.dicomm.collectives_util import (DTYPES, OPS, TINY_THRESHOLDS, close_comm,
-                                           describe_difference, inputs, open_comm, reference,
-                                           same, valid)
+                                           describe_difference, inputs, open_comm, rank_order_inputs,
+                                           rank_order_sum, reference, same, valid)
 from tests.dicomm.multiproc import run_ranks
 
 pytest.importorskip("dicomm._C")
@@ -147,18 +147,13 @@ def test_push_all_reduce_falls_back_together_when_one_rank_cannot_reach_the_othe
 RANK_ORDER_SIZES = (300_007, 65_536 * 2 + 1)
 
 
-def _rank_order_inputs(seed: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed * 1009 + rank)
-    return (torch.randn(numel, generator=g) * 10 ** (rank % 3)).to(dtype)  # magnitudes apart: order shows
-
-
 def _rank_order_cases(rank, world, store):
     comm = open_comm(rank, world, store)
     out = []
     for i, numel in enumerate(RANK_ORDER_SIZES):
         for dtype, name, op in ((torch.float32, "float32", "sum"), (torch.float32, "float32", "avg"),
                                 (torch.bfloat16, "bfloat16", "sum")):
-            buf = _rank_order_inputs(i, rank, numel, dtype)
+            buf = rank_order_inputs(i, rank, numel, dtype)
             comm.all_reduce(buf.data_ptr(), numel, name, op).wait()
             out.append((i, numel, str(dtype), op, buf.float().numpy()))
     close_comm(comm)
@@ -181,12 +176,7 @@ def test_large_all_reduce_reduces_every_element_in_rank_order(world, algorithm, 
     results = run_ranks(_rank_order_cases, world, timeout=120, env=env)
     dtypes = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16}
     for case, (i, numel, dtype, op, _) in enumerate(results[0]):
-        xs = [_rank_order_inputs(i, q, numel, dtypes[dtype]) for q in range(world)]
-        expected = xs[0]
-        for x in xs[1:]:
-            expected = expected + x
-        if op == "avg":
-            expected = expected / world
+        expected = rank_order_sum([rank_order_inputs(i, q, numel, dtypes[dtype]) for q in range(world)], op)
         for rank, res in enumerate(results):
             got = torch.from_numpy(res[case][4]).to(dtypes[dtype])
             bits = torch.int16 if dtype == "torch.bfloat16" else torch.int32

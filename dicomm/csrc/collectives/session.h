@@ -37,6 +37,7 @@ class Session {
   int size() const { return size_; }
   const Tuning& tuning() const { return tuning_; }  // the communicator's
   int64_t cma_pid(int peer) const { return comm_.cma_pid(peer); }  // Communicator::cma_pid
+  WorkStealing& work_stealing() { return comm_.work_stealing(); }  // the communicator's
 
   // Tag = collective_tag(seq, step). Both sides of a message must use the same step.
   Transfer send(int peer, const void* buf, size_t bytes, uint32_t step);

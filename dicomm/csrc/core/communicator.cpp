@@ -1,6 +1,7 @@
 #include "core/communicator.h"
 
 #include "collectives/executor.h"
+#include "collectives/work_stealing.h"
 #include "core/engine.h"
 
 namespace dicomm {
@@ -36,6 +37,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   engine_ = std::make_shared<Engine>(std::move(store), rank, size, options);
   engine_->start();
   collectives_ = std::make_unique<CollectiveExecutor>();
+  work_stealing_ = std::make_unique<WorkStealing>();
 }
 
 Communicator::~Communicator() {
@@ -58,7 +60,11 @@ RequestPtr Communicator::irecv(void* buf, size_t bytes, int peer, Tag tag, uint6
 
 std::string Communicator::transport_of(int peer) const { return engine_->transport_of(peer); }
 int64_t Communicator::cma_pid(int peer) const { return engine_->cma_pid(peer); }
-std::map<std::string, int64_t> Communicator::stats() const { return engine_->stats(); }
+std::map<std::string, int64_t> Communicator::stats() const {
+  auto out = engine_->stats();
+  out["all_reduce_chunks_stolen"] = work_stealing_->chunks_stolen.load();
+  return out;
+}
 
 void Communicator::abort(const std::string& reason) { abort_with(reason, ErrorKind::kPeer); }
 void Communicator::abort_with(const std::string& reason, ErrorKind kind, uint64_t collective_seq) {

@@ -21,6 +21,7 @@
 namespace dicomm {
 
 class CollectiveExecutor;  // collectives/executor.h
+class WorkStealing;        // collectives/work_stealing.h
 class Engine;              // the engine's private state (core/)
 struct EngineConfig;       // core/config.h
 
@@ -60,7 +61,8 @@ class Communicator {
   // whose sender's memory this rank may read and write (cross-memory attach); -1 before it opened one,
   // 0 otherwise. The pid is the kernel's (SO_PEERCRED), not one the peer claimed.
   int64_t cma_pid(int peer) const;
-  // Counters: "rejected_connections", "connections", bytes sent/received, ...
+  // Counters: "rejected_connections", "connections", bytes sent/received, ..., and the collectives'
+  // "all_reduce_chunks_stolen".
   std::map<std::string, int64_t> stats() const;
 
   // Fails every pending request with PeerError(reason); later calls fail immediately. The peers are
@@ -80,10 +82,13 @@ class Communicator {
   RequestPtr submit_collective(const std::string& what, std::function<void(uint64_t seq)> body);
   // Turns a meta word into text for error messages (set by the collectives layer).
   static std::function<std::string(uint64_t)> describe_meta;
+  // What the push all_reduce keeps between calls (its claim words); used on the collective thread.
+  WorkStealing& work_stealing() { return *work_stealing_; }
 
  private:
   std::shared_ptr<Engine> engine_;  // shared: requests keep it alive after the communicator is gone
   std::unique_ptr<CollectiveExecutor> collectives_;
+  std::unique_ptr<WorkStealing> work_stealing_;
   std::atomic<uint64_t> next_collective_seq_{0};
   std::atomic<bool> closed_{false};
 };

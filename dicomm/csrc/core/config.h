@@ -85,6 +85,8 @@ struct EngineConfig {
   std::optional<size_t> coll_small_bytes;
   int all_reduce_direct_ranks = 0;
   bool all_reduce_push = true;
+  bool all_reduce_steal = true;
+  unsigned all_reduce_push_delay_ms = 0;
 
   // Options first (`transport`, and `settings`: knobs of the table by name), then the environment;
   // checks every knob in the table and every setting's name. Throws ValueError.
