@@ -91,6 +91,10 @@ class DpSpace:
             self.slots.append((kid, rel))
             self.seqs.append([kid[i, :n] for i, n in enumerate(lens)])
 
+    def stages(self, combo: np.ndarray) -> int:
+        """The stage count of a combination (rows of choice indices: one per type)."""
+        return sum(len(self.seqs[i][c]) for i, c in enumerate(combo.tolist()))
+
     # --- the cheap bound over all combinations --------------------------------------------------------
     def _run_flight(self, s: int) -> np.ndarray:
         """In-flight counts of a run of s stages at the end of an s-stage pipeline: the fewest any longer

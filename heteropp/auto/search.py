@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 from dataclasses import replace
 
 import numpy as np
@@ -50,23 +50,42 @@ class _Top:
     because the objective overprices a plan's full time by at most the factor `widen[dp]`
     (accuracy.objective_widen). The objective alone is no bound of the full time: it leaves round trips out
     (a 1 ms link's, HARP Setting 1: objective 0.885 s, simulated 1.23 s), so pruning at the best objective
-    dropped faster plans."""
+    dropped faster plans.
 
-    def __init__(self, keep: int, widen: dict[int, float], beyond: dict[int, float] | None = None) -> None:
-        self.keep, self.slack, self.widen = keep, 0.0, widen
-        self.items: list[Candidate] = []
+    The factor grows with the plan's stage count p: `stretch(dp, p)`. Where the caller knows the stage count
+    of what it prunes (a combination of TP choices fixes it), `cut(dp, p)` uses it; otherwise the most
+    stages the dp allows, `pmax[dp]` (`widen[dp]`, `beyond[dp]`)."""
+
+    def __init__(self, keep: int, stretch: Callable[[int, int], float], pmax: dict[int, int], priced: bool,
+                 beat_s: float = math.inf) -> None:
+        self.keep, self.slack, self.pmax, self.priced, self.beat_s = keep, 0.0, pmax, priced, beat_s
+        self._stretch = stretch
+        self._at: dict[tuple[int, int], tuple[float, float]] = {}  # (dp, p) -> (widen, beyond)
+        self.widen = {dp: self.factors(dp)[0] for dp in pmax}
         # per dp, the objective from which a plan cannot beat the caller's `beat_s` (search_auto)
-        self.beyond = beyond or {dp: math.inf for dp in widen}
+        self.beyond = {dp: self.factors(dp)[1] for dp in pmax}
+        self.items: list[Candidate] = []
         self.fastest: Candidate | None = None
         self.fastest_s = math.inf  # its full estimate
+
+    def factors(self, dp: int, p: int | None = None) -> tuple[float, float]:
+        """(widen, beyond) for plans of `p` stages at dp (at most pmax[dp] when None)."""
+        key = (dp, self.pmax[dp] if p is None else min(p, self.pmax[dp]))
+        got = self._at.get(key)
+        if got is None:
+            w = self._stretch(*key)
+            got = self._at[key] = (w if self.priced else 1.0, self.beat_s * w if math.isfinite(self.beat_s)
+                                   else math.inf)
+        return got
 
     def _own(self) -> float:
         return self.items[0].time_s * (1 + self.slack) if self.items else math.inf
 
-    def cut(self, dp: int) -> float:
+    def cut(self, dp: int, p: int | None = None) -> float:
+        widen, beyond = self.factors(dp, p)
         own = self._own()
-        own = max(own, self.fastest_s * self.widen[dp]) if self.fastest is not None else own
-        return min(own, self.beyond[dp])
+        own = max(own, self.fastest_s * widen) if self.fastest is not None else own
+        return min(own, beyond)
 
     @property
     def bound(self) -> float:
@@ -126,11 +145,11 @@ class BestFirst:
 
     def later(self, e: Entry) -> bool:
         """Worth keeping: may beat the incumbent, or (for the second phase) within the re-rank margin."""
-        top = self.top
+        top, p = self.top, _stages(e)
         if not top.items:
-            return e.bound < top.cut(e.space.dp)
+            return e.bound < top.cut(e.space.dp, p)
         near = top.items[0].time_s * (1 + self.near_margin)
-        return bool(e.bound < min(max(top.cut(e.space.dp), near), top.beyond[e.space.dp]))
+        return bool(e.bound < min(max(top.cut(e.space.dp, p), near), top.factors(e.space.dp, p)[1]))
 
     def push(self, e: Entry) -> None:
         if self.later(e):
@@ -149,7 +168,7 @@ class BestFirst:
         opts, lam, const = stage_opts(cm, seq, space.dp, space.b)
         self.evaluated += 1
         self.work += len(seq)
-        bound = top.cut(space.dp)
+        bound = top.cut(space.dp, len(seq))
         res = best_split(opts, self.L, lam, const, bound)
         if res is None:  # nothing below `bound`: that is its lower bound for the second phase
             if math.isfinite(bound):
@@ -229,7 +248,7 @@ class BestFirst:
                     self.open_bound = frontier.least()
                 break
             e = frontier.pop()
-            if e.bound >= top.cut(e.space.dp):
+            if e.bound >= top.cut(e.space.dp, _stages(e)):
                 aside.append(e)
                 continue
             if e.level is Level.ORDER:
@@ -281,15 +300,15 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     # beyond, against the best objective, as a bounded search would
     priced = _priceable(cm, dps)
     share = _forward_share(cm)
-    widen = {dp: objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
-                                 micro_batches(cm.train, dp)) if priced else 1.0 for dp in dps}
-    beyond = None
-    if math.isfinite(beat_s):
-        if kind(cm.train.schedule).params:
-            raise ValueError(f"search_auto: beat_s with {cm.train.schedule}, whose parameters the search does not see")
-        beyond = {dp: beat_s * objective_widen(cm.train.schedule, share, min(L, cm.cluster.total_chips // dp),
-                                               micro_batches(cm.train, dp)) for dp in dps}
-    top = _Top(max(refined, runners_up + 1), widen, beyond)
+    if math.isfinite(beat_s) and kind(cm.train.schedule).params:
+        raise ValueError(f"search_auto: beat_s with {cm.train.schedule}, whose parameters the search does not see")
+
+    def stretch(dp: int, p: int) -> float:
+        return objective_widen(cm.train.schedule, share, p, micro_batches(cm.train, dp))
+
+    top = _Top(max(refined, runners_up + 1), stretch, {dp: min(L, cm.cluster.total_chips // dp) for dp in dps},
+               priced, beat_s)
+    widen = top.widen
     spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]] = []
     per_dp, grouped = {}, False
     for dp in dps:
@@ -322,7 +341,7 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     bf = BestFirst(cm, names, orders, top, widen, priced, max(wide, margin), limits, deadline, bounded, progress)
     bf.start(spaces)
     bf.drain()
-    if not top.items and beyond is not None:
+    if not top.items and math.isfinite(beat_s):
         raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
     if not top.items:
         raise InfeasibleError(explain_infeasible(cm))
@@ -391,6 +410,11 @@ def _given(x: T | None) -> T:
     """A frontier entry's field its level always sets."""
     assert x is not None
     return x
+
+
+def _stages(e: Entry) -> int | None:
+    """The stage count of an entry's plans: its combination's (COMBO, ORDER); None for a CHUNK's rows."""
+    return None if e.combo is None else e.space.stages(e.combo)
 
 
 def _cells(parts: list[Any]) -> int:
