@@ -12,14 +12,15 @@ taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p)
 Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
 reported: medians, and the CPU time and context switches (voluntary: a wait that slept; involuntary:
 the scheduler took the CPU) of all ranks (every thread) per call beside the wall time. `--algorithm
-all` runs the push algorithm (the default on one host), the ring and the direct algorithm back to back
-(DICOMM_ALL_REDUCE_PUSH, DICOMM_ALL_REDUCE_DIRECT_RANKS), so they are compared under the same load.
+all` runs the push algorithm (the default on one host), the push algorithm without work stealing, the
+ring and the direct algorithm back to back (DICOMM_ALL_REDUCE_PUSH, DICOMM_ALL_REDUCE_STEAL,
+DICOMM_ALL_REDUCE_DIRECT_RANKS), so they are compared under the same load; a comma list runs those named.
 `--thp` backs the ranks' tensors with transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1):
 cross-memory attach then pins one page per 2 MiB instead of 512 (the push algorithm folds its buffer
 into huge pages itself).
 
     python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1]
-        [--algorithm push|ring|direct|all] [--thp] [--json FILE]
+        [--algorithm push|push-nosteal|ring|direct|all|A,B,...] [--thp] [--json FILE]
 """
 from __future__ import annotations
 
@@ -89,15 +90,19 @@ def _rank(rank: int, world: int, store, cfg: Config) -> dict:
     exact = bool(torch.all(buf == float(rank + 1)))  # refilled: check one last call's result instead
     dist.all_reduce(buf)
     exact = exact and bool(torch.all(buf == float(world * (world + 1) // 2)))
+    from dicomm.backend import communicator_of
+
+    # Chunks that ranks done with their own block took from a late one, per call (all ranks).
+    stolen = communicator_of(dist.group.WORLD).stats()["all_reduce_chunks_stolen"] / (cfg.warmup + cfg.iters + 1)
     copies, reduces = _slowest(copies), _slowest(reduces)
-    cpu_t = torch.tensor([cpu, vcsw, ivcsw], dtype=torch.float64)
+    cpu_t = torch.tensor([cpu, vcsw, ivcsw, [stolen] * len(cpu)], dtype=torch.float64)
     dist.all_reduce(cpu_t)  # all ranks' CPU time and context switches per call
     ok = torch.tensor([int(exact)])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     dist.destroy_process_group()
-    cpu_s, vcsw_n, ivcsw_n = cpu_t.tolist()
+    cpu_s, vcsw_n, ivcsw_n, stolen_n = cpu_t.tolist()
     return {"copy_s": copies, "all_reduce_s": reduces, "cpu_s": cpu_s, "vcsw": vcsw_n, "ivcsw": ivcsw_n,
-            "exact": bool(ok.item())}
+            "stolen": stolen_n, "exact": bool(ok.item())}
 
 
 def bound_factor(p: int) -> float:
@@ -106,10 +111,12 @@ def bound_factor(p: int) -> float:
 
 
 # The knobs that pick the algorithm of a large all_reduce (docs/dicomm-config.md).
-_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "1", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+          "push-nosteal": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "0",
+                           "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "ring": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "direct": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "8"}}
-_MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw")
+_MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw", "stolen")
 
 
 def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
@@ -119,13 +126,15 @@ def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
     from dicomm.bench.launch import machine_info, run_ranks
 
     rows = []
-    saved = {k: os.environ.get(k) for k in _KNOBS["push"]}
+    saved = {k: os.environ.get(k) for knobs in _KNOBS.values() for k in knobs}
     try:
         with cpu_hogs(contention):
             for rep in range(repeat):
                 for p in ranks:
                     for algorithm in algorithms:
-                        os.environ.update(_KNOBS[algorithm])  # forked ranks read them
+                        for k in saved:  # forked ranks read them
+                            os.environ.pop(k, None)
+                        os.environ.update(_KNOBS[algorithm])
                         out = run_ranks(_rank, p, cfg, timeout=cfg.op_timeout * 4)
                         med = {k: statistics.median(out[k]) for k in _MEDIANS}
                         bound = bound_factor(p) * med["copy_s"]
@@ -134,7 +143,8 @@ def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
                                      "iters": cfg.iters, "contention": contention, "copy_ms": med["copy_s"] * 1e3,
                                      "bound_ms": bound * 1e3, "all_reduce_ms": med["all_reduce_s"] * 1e3,
                                      "cpu_ms_all_ranks": med["cpu_s"] * 1e3, "vcsw_all_ranks": med["vcsw"],
-                                     "ivcsw_all_ranks": med["ivcsw"], "ratio": med["all_reduce_s"] / bound,
+                                     "ivcsw_all_ranks": med["ivcsw"], "chunks_stolen_per_call": med["stolen"],
+                                     "ratio": med["all_reduce_s"] / bound,
                                      "exact": out["exact"], "machine": machine_info()})
     finally:
         for k, v in saved.items():
@@ -148,9 +158,9 @@ def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
 def table(rows: list[dict]) -> str:
     """Per algorithm and rank count: the medians over the repetitions, and the range of the ratio."""
     lines = ["| algorithm | ranks | hogs/core | runs | copy (all ranks at once) ms | bound ms | all_reduce ms "
-             "| CPU ms (all ranks) | context switches vol./invol. (all ranks) | all_reduce / bound (range) "
-             "| load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU ms (all ranks) | context switches vol./invol. (all ranks) | chunks stolen per call "
+             "| all_reduce / bound (range) | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     def label(r: dict) -> str:
         return r.get("algorithm", "push") + (" + THP" if r.get("thp") else "")
 
@@ -158,12 +168,13 @@ def table(rows: list[dict]) -> str:
         mine = [r for r in rows if label(r) == algorithm and r["ranks"] == p]
         med = {k: statistics.median(r.get(k, 0) for r in mine)
                for k in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "vcsw_all_ranks",
-                         "ivcsw_all_ranks", "ratio")}
+                         "ivcsw_all_ranks", "chunks_stolen_per_call", "ratio")}
         ratios = [r["ratio"] for r in mine]
         loads = [r["machine"]["loadavg_1_5_15min"][0] for r in mine]
         lines.append(f"| {algorithm} | {p} | {mine[0]['contention']} | {len(mine)} | {med['copy_ms']:.1f} | "
                      f"{med['bound_ms']:.1f} | {med['all_reduce_ms']:.1f} | {med['cpu_ms_all_ranks']:.1f} | "
-                     f"{med['vcsw_all_ranks']:.0f} / {med['ivcsw_all_ranks']:.0f} | {med['ratio']:.2f} "
+                     f"{med['vcsw_all_ranks']:.0f} / {med['ivcsw_all_ranks']:.0f} | "
+                     f"{med['chunks_stolen_per_call']:.1f} | {med['ratio']:.2f} "
                      f"({min(ratios):.2f}-{max(ratios):.2f}) | {min(loads)}-{max(loads)} |")
     return "\n".join(lines)
 
@@ -176,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--contention", type=int, default=0, help="busy processes per CPU (default 0)")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole measurement (default 3)")
-    ap.add_argument("--algorithm", choices=("push", "ring", "direct", "all"), default="push",
-                    help="the all_reduce algorithm (default push, the engine's default on one host); all: each "
-                         "back to back")
+    ap.add_argument("--algorithm", default="push",
+                    help=f"the all_reduce algorithm, or a comma list of them run back to back: {', '.join(_KNOBS)} "
+                         "(push without work stealing), or all (default push, the engine's default on one host)")
     ap.add_argument("--thp", action="store_true",
                     help="the ranks' tensors in transparent huge pages (THP_MEM_ALLOC_ENABLE=1)")
     ap.add_argument("--json", help="write the rows as JSON")
@@ -193,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(args.mib * MIB, args.iters, args.warmup)
     if args.thp:  # read by torch's CPU allocator once, at its first allocation: before torch is imported
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
-    algorithms = ("push", "ring", "direct") if args.algorithm == "all" else (args.algorithm,)
+    algorithms = tuple(_KNOBS) if args.algorithm == "all" else tuple(args.algorithm.split(","))
+    if not all(a in _KNOBS for a in algorithms):
+        ap.error(f"--algorithm wants {', '.join(_KNOBS)}, a comma list of them, or all; got {args.algorithm!r}")
     rows = measure(ranks, cfg, args.contention, args.repeat, algorithms)
     print(table(rows))
     if not all(r["exact"] for r in rows):
