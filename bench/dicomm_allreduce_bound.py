@@ -111,7 +111,8 @@ def bound_factor(p: int) -> float:
 
 
 # The knobs that pick the algorithm of a large all_reduce (docs/dicomm-config.md).
-_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "1", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "1",
+                   "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "push-nosteal": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "0",
                            "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "ring": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},

@@ -1,6 +1,6 @@
 """bench.dicomm_allreduce_bound end to end with a tiny buffer: real rank processes on this host's
-CPU, the push algorithm with and without work stealing, the ring and the direct algorithm back to back; only the results' exactness and the rows'
-shape are checked, never the speed.
+CPU, the push algorithm with and without work stealing, the ring and the direct algorithm back to
+back; only the results' exactness and the rows' shape are checked, never the speed.
 """
 import json
 import math
