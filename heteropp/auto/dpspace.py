@@ -95,6 +95,13 @@ class DpSpace:
         """The stage count of a combination (rows of choice indices: one per type)."""
         return sum(len(self.seqs[i][c]) for i, c in enumerate(combo.tolist()))
 
+    def stage_counts(self, idx: np.ndarray) -> np.ndarray:
+        """The stage count of each combination (rows of choice indices)."""
+        out = np.zeros(len(idx), dtype=np.int64)
+        for i, seqs in enumerate(self.seqs):
+            out += np.array([len(q) for q in seqs], dtype=np.int64)[idx[:, i]]
+        return out
+
     # --- the cheap bound over all combinations --------------------------------------------------------
     def _run_flight(self, s: int) -> np.ndarray:
         """In-flight counts of a run of s stages at the end of an s-stage pipeline: the fewest any longer

@@ -324,10 +324,18 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     every = [space for space in every if all(space.choices)]
     if progress and bounded:
         progress("search space bounded: " + "; ".join(bounded))
+    fits = False
     for space, (lb, idx) in zip(every, cheap_bounds(every)):
         keep = np.isfinite(lb)
+        fits |= bool(keep.any())
+        if math.isfinite(beat_s) and keep.any():  # what cannot beat the caller's time at its own stage count
+            counts = space.stage_counts(idx)
+            beyond = {p: top.factors(space.dp, p)[1] for p in np.unique(counts).tolist()}
+            keep &= lb < np.array([beyond[p] for p in counts.tolist()])
         if keep.any():
             spaces.append((space, lb[keep], idx[keep]))
+    if fits and not spaces:
+        raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
     if not spaces:
         if idle == "never":
             raise InfeasibleError(explain_infeasible(cm))
