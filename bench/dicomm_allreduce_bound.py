@@ -122,7 +122,8 @@ _MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw", "stolen")
 
 def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
             algorithms: tuple[str, ...] = ("push",)) -> list[dict]:
-    """One row per algorithm, rank count and repetition (they alternate within a repetition)."""
+    """One row per algorithm, rank count and repetition (they alternate within a repetition, in turns
+    forward and backward)."""
     from dicomm.bench.contention import cpu_hogs
     from dicomm.bench.launch import machine_info, run_ranks
 
@@ -132,7 +133,8 @@ def measure(ranks: list[int], cfg: Config, contention: int, repeat: int,
         with cpu_hogs(contention):
             for rep in range(repeat):
                 for p in ranks:
-                    for algorithm in algorithms:
+                    # Every other repetition in reverse, so that no algorithm always runs first.
+                    for algorithm in algorithms if rep % 2 == 0 else algorithms[::-1]:
                         for k in saved:  # forked ranks read them
                             os.environ.pop(k, None)
                         os.environ.update(_KNOBS[algorithm])
