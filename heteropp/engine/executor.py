@@ -22,11 +22,14 @@ import torch
 from ..model import StageModel, WeightGradStore
 from ..model.parallel import sync_replicated_grads
 from ..plan import Plan
-from ..schedules import Action
+from ..schedules import Action, Op
+from ..schedules.actions import COMPUTE
 from .config import DEFAULT_RECV_WINDOW
 from .p2p import P2P, Pending
 from .reshard import BatchSplit, Boundary
 from .topology import Groups, rank_of
+
+_RECV = (Op.RECV_F, Op.RECV_B)
 
 
 class StageExecutor:
@@ -58,7 +61,7 @@ class StageExecutor:
         """Message id of the transfer an action sends or receives: micro-batch and receiving virtual stage
         (several chunks' transfers share a pair of ranks)."""
         vs = self._virtual(a)
-        to = vs if a.op.startswith("RECV") else vs + 1 if a.op == "SEND_F" else vs - 1
+        to = vs if a.op in _RECV else vs + 1 if a.op is Op.SEND_F else vs - 1
         return a.mb * self.n + to
 
     def _split(self, peer_stage: int) -> BatchSplit:
@@ -75,7 +78,7 @@ class StageExecutor:
     def _post(self, a: Action) -> list[tuple[Pending, torch.Size]]:
         """Receives for every segment of rows this rank shares with a peer slice (one segment unless the
         two stages split micro-batches differently)."""
-        fwd = a.op == "RECV_F"
+        fwd = a.op is Op.RECV_F
         peer = self.peer["F" if fwd else "B"]
         b = Boundary(self.plan.stages[peer].tp, self.plan.stages[self.k].tp)
         out = []
@@ -93,7 +96,7 @@ class StageExecutor:
         return segs[0] if len(segs) == 1 else torch.cat(segs)
 
     def _send(self, t: torch.Tensor, a: Action) -> None:
-        fwd = a.op == "SEND_F"
+        fwd = a.op is Op.SEND_F
         peer = self.to["F" if fwd else "B"]
         b = Boundary(self.plan.stages[self.k].tp, self.plan.stages[peer].tp)
         split = self._split(peer)
@@ -109,7 +112,7 @@ class StageExecutor:
     # -- one step -----------------------------------------------------------------------------------
     def run(self, actions: list[Action], inputs: list[torch.Tensor], targets: list[torch.Tensor],
             loss_scale: float) -> float:
-        recvs = [a for a in actions if a.op in ("RECV_F", "RECV_B")]
+        recvs = [a for a in actions if a.op in _RECV]
         posted: dict[tuple[str, int, int], list[tuple[Pending, torch.Size]]] = {}
         ahead = 0  # recvs[:ahead] have been posted
 
@@ -134,37 +137,37 @@ class StageExecutor:
             m, key = a.mb, (a.chunk, a.mb)
             model = self.models[a.chunk]
             t0 = time.perf_counter()
-            if a.op in ("RECV_F", "RECV_B"):
+            if a.op in _RECV:
                 consumed += 1
                 post_until(consumed + self.recv_window)  # this one, and the window beyond it
                 pend = posted.pop((a.op, m, a.chunk))
-                if a.op == "RECV_F":
+                if a.op is Op.RECV_F:
                     x_in[key] = self._receive(pend, self.peer["F"]).requires_grad_()
                 else:
                     grad_out[key] = self._receive(pend, self.peer["B"])
-            elif a.op == "F":
+            elif a.op is Op.F:
                 x = inputs[m].to(self.g.device) if model.first else x_in[key]
                 y = model(x)
                 if model.last:
                     y = model.loss(y, targets[m].to(self.g.device)) * loss_scale
                     loss_sum += y.item()
                 out[key] = y
-            elif a.op == "SEND_F":
+            elif a.op is Op.SEND_F:
                 self._send(out[key], a)
-            elif a.op in ("B", "I"):
+            elif a.op in (Op.B, Op.I):
                 store = stores.setdefault(key, WeightGradStore())
                 y = out.pop(key)
                 grad = None if model.last else grad_out.pop(key)
-                if a.op == "I":
+                if a.op is Op.I:
                     with store:
                         torch.autograd.backward(y, grad)
                 else:
                     torch.autograd.backward(y, grad)
-            elif a.op == "W":
+            elif a.op is Op.W:
                 stores.pop(key).flush()
-            elif a.op == "SEND_B":
+            elif a.op is Op.SEND_B:
                 self._send(x_in.pop(key).grad, a)
-            if a.op in ("F", "B", "I", "W"):
+            if a.op in COMPUTE:
                 if self.delay_s:
                     time.sleep(self.delay_s)
                 self.compute_s += time.perf_counter() - t0

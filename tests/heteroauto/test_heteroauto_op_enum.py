@@ -1,13 +1,13 @@
-"""Action.op is an Op enum (heteropp/schedules/actions.py), and the planner and the schedules compare it with
-the enum's members, not with letters: a misspelt letter ("f", "SEND") compared with a str enum is silently
-False, where a misspelt member fails on import."""
+"""Action.op is an Op enum (heteropp/schedules/actions.py), and the planner, the schedules and the engine that
+runs them compare it with the enum's members, not with letters: a misspelt letter ("f", "SEND") compared
+with a str enum is silently False, where a misspelt member fails on import."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "heteropp"
-CHECKED = ("auto", "schedules")
+CHECKED = ("auto", "schedules", "engine")
 
 
 def _letters(node: ast.expr) -> list[str]:
