@@ -7,8 +7,8 @@ from splitting finer).
 The best-first search (search.py) covers each type as one contiguous run of every one of its chips. Here
 every stage sequence of the larger space is enumerated where there are few (`MAX_SEQUENCES`, counted
 before any is built), each gets the exact layer split and recompute under the search's objective
-(split.py), and the `KEEP` best by that objective go to the simulator's re-rank and its local search
-(planning.rank_with_params), which the search's own plans go to as well. Beyond `MAX_SEQUENCES` the larger
+(split.py), and the `KEEP` best by that objective go to the one ranking step (ranking.py: priced by the
+simulator, then its local search), which the search's own plans go to as well. Beyond `MAX_SEQUENCES` the larger
 space is not searched (the search's own space and the baselines' sub-clusters and rounded counts remain).
 """
 from __future__ import annotations

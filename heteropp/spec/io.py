@@ -28,6 +28,21 @@ def _mapping(pairs: list[tuple[Any, Any]]) -> _Mapping:
     return out
 
 
+def _kind(v: Any) -> str:
+    """What a parsed value is, in the file's terms (not the parser's class names: "_Mapping", "NoneType")."""
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, bool):
+        return "true or false"
+    if isinstance(v, (int, float)):
+        return "a number"
+    return "null" if v is None else type(v).__name__
+
+
 def _yaml_loader() -> Any:
     import yaml
 
@@ -66,7 +81,7 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     except Exception as e:  # parse errors from either parser
         raise SpecError(str(path), "<file>", f"cannot parse: {e}", "valid YAML or JSON") from e
     if not isinstance(data, dict):
-        raise SpecError(str(path), "<top level>", f"got {type(data).__name__}", "a mapping")
+        raise SpecError(str(path), "<top level>", f"got {_kind(data)}", "a mapping")
     return data
 
 
@@ -188,13 +203,13 @@ class Fields:
     def sub(self, key: builtins.str, *, required: builtins.bool = True) -> "Fields":
         v = self._get(key, {}, required)
         if not isinstance(v, dict):
-            raise self.err(key, f"got {type(v).__name__}", "a mapping")
+            raise self.err(key, f"got {_kind(v)}", "a mapping")
         return Fields(v, self.source, f"{self.path(key)}.")
 
     def list(self, key: builtins.str, *, required: builtins.bool = True) -> builtins.list[Any]:
         v = self._get(key, [], required)
         if not isinstance(v, list):
-            raise self.err(key, f"got {type(v).__name__}", "a list")
+            raise self.err(key, f"got {_kind(v)}", "a list")
         return v
 
     def unknown(self, allowed: set[builtins.str]) -> None:

@@ -216,6 +216,17 @@ def test_a_key_given_twice_inside_a_list_names_its_path(tmp_path, capsys):
            "'chips[0].count'", "given twice")
 
 
+@pytest.mark.parametrize("chips,got", [("{name: A, count: 2}", "got a mapping"), ("A", "got a string"),
+                                       ("4", "got a number"), ("true", "got true or false")])
+def test_a_list_field_given_something_else_names_it_in_the_files_terms(tmp_path, capsys, chips, got):
+    """Not the parser's class names (a mapping was reported as "got _Mapping")."""
+    p = tmp_path / "cluster.yaml"
+    p.write_text(f"chips: {chips}\n")
+    err = _fails(["plan", "--cluster", str(p), "--model", "tiny", "--train", TRAIN, "--no-progress"], capsys,
+                 "'chips'", got, "a list")
+    assert "_Mapping" not in err and "dict" not in err
+
+
 @pytest.mark.parametrize("flag", ["--group-size"])
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_a_group_size_below_one(capsys, flag, value):
