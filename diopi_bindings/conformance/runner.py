@@ -24,6 +24,9 @@ rtol replaces the element rtol and raises the mean and bias bounds to at least i
 
 Each operator runs in a forked child process: a kernel that crashes fails the case it crashed in
 ("crash", with the signal), and the operator's remaining cases run in a new child.
+
+The library is one of the project's ABI (``library.DiopiLibrary``) or one written to DeepLink's DIOPI
+(``diopi_named.DiopiNamedLibrary``: the same cases through the native device's DIOPI routes).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 
 from diopi_bindings.conformance.cases import Case, _dtype_name, cases_for
+from diopi_bindings.conformance.diopi_named import Declined, DiopiNamedLibrary
 from diopi_bindings.conformance.vendor import VendorFile
 from diopi_bindings.library import DiopiLibrary, OperatorError
 from diopi_bindings.schema import BY_NAME
@@ -62,7 +66,13 @@ BIAS_ULPS = {torch.float64: 1e5, torch.float32: 2.0, torch.float16: 0.125, torch
 
 PASS, FAIL, ERROR, NOT_IMPLEMENTED, SKIPPED = "pass", "fail", "error", "not implemented", "skipped"
 CRASH, TIMEOUT = "crash", "timeout"
+# A DIOPI library answered diopiNoImplement, diopiForceFallbackToCPU or diopiDtypeNotSupported: the case ran
+# on the CPU and is not judged (listed in the summary, as a skip is).
+DECLINED = "declined"
 FAILING = (FAIL, ERROR, CRASH, TIMEOUT)
+
+# A library of the project's ABI, or one written to DeepLink's DIOPI (diopi_named.py).
+Library = DiopiLibrary | DiopiNamedLibrary
 
 
 @dataclass
@@ -73,10 +83,11 @@ class CaseResult:
     status: str
     detail: str = ""
     verdicts: dict[str, dict] = field(default_factory=dict)
+    function: str = ""  # the library's function the case called (diopi_aten_neg, diopiSoftmax)
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "case": self.case, "dtype": self.dtype, "status": self.status, "detail": self.detail,
-                "verdicts": self.verdicts}
+                "verdicts": self.verdicts, "function": self.function}
 
 
 def _to64(value: Any) -> Any:
@@ -246,10 +257,10 @@ def _to_host(value: Any) -> Any:
     return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
-def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.device | None = None) -> CaseResult:
+def run_case(lib: Library, case: Case, vendor: VendorFile, device: torch.device | None = None) -> CaseResult:
     """One case; ``device``: run it on tensors of that device (the native diopi device), same layouts."""
     op, dtype = case.op, _dtype_name(case.dtype)
-    result = CaseResult(op.aten, case.label, dtype, PASS)
+    result = CaseResult(op.aten, case.label, dtype, PASS, function=_function(lib, op.aten))
     expected = prepare(case).expected
     assert expected is not None and case.magnitudes is not None
     outputs = {}
@@ -267,6 +278,9 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.de
         made = lib.call(op, *args)
     except OperatorError as exc:
         result.status, result.detail = ERROR, str(exc)
+        return result
+    except Declined as exc:
+        result.status, result.detail = DECLINED, str(exc)
         return result
     for arg, tensor in zip([a for a in op.outputs if a.is_allocated], made or ()):
         if device is not None and tensor.device != device:
@@ -289,13 +303,19 @@ def run_case(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.de
     return result
 
 
-def _guarded(lib: DiopiLibrary, case: Case, vendor: VendorFile, device: torch.device | None) -> CaseResult:
+def _guarded(lib: Library, case: Case, vendor: VendorFile, device: torch.device | None) -> CaseResult:
     """run_case, with an exception of the framework's own side (a reference, a copy) as the case's error."""
     try:
         return run_case(lib, case, vendor, device)
     except Exception as exc:  # noqa: BLE001 (any failure is this case's, the run goes on)
         return CaseResult(case.op.aten, case.label, _dtype_name(case.dtype), ERROR,
-                          f"{type(exc).__name__}: {exc}")
+                          f"{type(exc).__name__}: {exc}", function=_function(lib, case.op.aten))
+
+
+def _function(lib: Any, op: str) -> str:
+    """The library function a case of ``op`` calls: the project's ABI symbol, or a DIOPI function's name."""
+    named = getattr(lib, "function", None)
+    return named(op) if named is not None else BY_NAME[op].symbol
 
 
 def _signal_name(number: int) -> str:
@@ -305,7 +325,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _in_children(lib: DiopiLibrary, cases: list[Case], vendor: VendorFile, device: torch.device | None,
+def _in_children(lib: Library, cases: list[Case], vendor: VendorFile, device: torch.device | None,
                  case_timeout: float) -> list[CaseResult]:
     """``cases`` run in forked children, one after the other: a child that dies (a crash in a kernel)
     or runs past ``case_timeout`` seconds in one case fails that case, and a new child runs the rest."""
@@ -362,24 +382,31 @@ def _in_children(lib: DiopiLibrary, cases: list[Case], vendor: VendorFile, devic
             status_name, detail = CRASH, f"the process died of {_signal_name(sig)} in this case"
         else:
             status_name, detail = CRASH, f"the process exited with status {os.WEXITSTATUS(status)} in this case"
-        results.append(CaseResult(case.op.aten, case.label, _dtype_name(case.dtype), status_name, detail))
+        results.append(CaseResult(case.op.aten, case.label, _dtype_name(case.dtype), status_name,
+                                  f"{detail} ({_function(lib, case.op.aten)})", function=_function(lib, case.op.aten)))
         start = started + 1
     return results
 
 
-def run(lib: DiopiLibrary, ops: list[str] | None = None, vendor: VendorFile | None = None,
+def run(lib: Library, ops: list[str] | None = None, vendor: VendorFile | None = None,
         progress: Any = None, quick: bool = False, device: torch.device | None = None,
         isolate: bool = True, case_timeout: float = 600.0) -> list[CaseResult]:
     """Every case of ``ops`` (default: the whole schema; ``quick``: no large cases, the long ones kept).
-    A missing function is "not implemented". ``isolate``: each operator's cases in forked children."""
+    A missing function is "not implemented"; an operator a DIOPI library cannot be asked for (no DIOPI
+    function in the table) is skipped. ``isolate``: each operator's cases in forked children."""
     vendor = vendor or VendorFile()
     isolate = isolate and hasattr(os, "fork")
     results = []
+    unroutable = getattr(lib, "unroutable", {})
     for name in ops or list(BY_NAME):
         op = BY_NAME[name]
+        if name in unroutable:
+            results.append(CaseResult(name, "*", ",".join(op.dtypes), SKIPPED, unroutable[name]))
+            continue
         if not lib.implements(name):
             results.append(CaseResult(name, "*", ",".join(op.dtypes), NOT_IMPLEMENTED,
-                                      f"{lib.vendor} does not export {op.symbol}"))
+                                      f"{lib.vendor} does not export {_function(lib, name)}",
+                                      function=_function(lib, name)))
             continue
         to_run = []
         for case in cases_for(name, quick=quick):

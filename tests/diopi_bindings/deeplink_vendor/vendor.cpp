@@ -2,7 +2,10 @@
 // tensors only through the runtime's accessors, asks the framework for scratch memory, and computes in double
 // over any strides. No diopi_bindings header beyond DIOPI's own. float64 sums are declined (diopiNoImplement)
 // so the framework's CPU path is exercised, and diopiSub always fails (diopiErrorOccurred, with a message) so the
-// framework's error path is. VENDOR_VERSION overrides the version it reports.
+// framework's error path is. VENDOR_VERSION overrides the version it reports. It computes float32 and float64
+// and declines other dtypes (diopiDtypeNotSupported). Two faults can be planted for the conformance suite:
+// PLANT_SOFTMAX_LONG_ROWS (softmax 0.1% too large on rows longer than 1,000) and PLANT_RELU_SEGFAULT (relu
+// dereferences NULL on a 0-dim input).
 #include <diopi/functions.h>
 
 #include <cmath>
@@ -52,6 +55,12 @@ struct View {
   bool floating() const { return dtype == diopi_dtype_float32 || dtype == diopi_dtype_float64; }
 };
 
+bool all_floating(std::initializer_list<diopiConstTensorHandle_t> tensors) {
+  for (auto t : tensors)
+    if (t != nullptr && !View(t).floating()) return false;
+  return true;
+}
+
 bool next(std::vector<int64_t>& index, const std::vector<int64_t>& shape) {
   for (size_t d = shape.size(); d-- > 0;) {
     if (++index[d] < shape[d]) return true;
@@ -86,6 +95,7 @@ diopiError_t elementwise(diopiTensorHandle_t out, std::vector<diopiConstTensorHa
 // out = beta * bias + alpha * (a @ b); the product is accumulated in framework scratch memory.
 diopiError_t matmul(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t bias,
                     diopiConstTensorHandle_t a, diopiConstTensorHandle_t b, double beta, double alpha) {
+  if (!all_floating({out, bias, a, b})) return diopiDtypeNotSupported;
   View o(out), x(a), y(b);
   const size_t batched = o.shape.size() == 3;
   const int64_t B = batched ? o.shape[0] : 1, M = o.shape[batched], N = o.shape[batched + 1], K = x.shape[batched + 1];
@@ -119,6 +129,9 @@ diopiError_t rows(diopiTensorHandle_t out, int64_t dim, std::vector<diopiConstTe
   View o(out);
   std::vector<View> in;
   for (auto t : inputs) in.emplace_back(t);
+  if (!o.floating()) return diopiDtypeNotSupported;
+  for (const View& v : in) if (!v.floating()) return diopiDtypeNotSupported;
+  if (o.numel == 0) return diopiSuccess;
   const int64_t nd = static_cast<int64_t>(o.shape.size());
   if (dim < 0) dim += nd;
   std::vector<int64_t> outer = o.shape;
@@ -193,6 +206,9 @@ diopiError_t diopiAddmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopi
 }
 
 diopiError_t diopiRelu(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+#ifdef PLANT_RELU_SEGFAULT
+  if (View(input).shape.empty()) *static_cast<volatile int*>(nullptr) = 1;
+#endif
   return elementwise(out, {input}, [](const std::vector<double>& x) { return x[0] > 0 ? x[0] : 0.0; });
 }
 
@@ -223,6 +239,10 @@ diopiError_t diopiSoftmax(diopiContextHandle_t ctx, diopiTensorHandle_t out, dio
     for (double v : x[0]) top = std::max(top, v);
     for (size_t i = 0; i < y.size(); ++i) sum += (y[i] = std::exp(x[0][i] - top));
     for (double& v : y) v /= sum;
+#ifdef PLANT_SOFTMAX_LONG_ROWS
+    if (y.size() > 1000)
+      for (double& v : y) v *= 1.001;
+#endif
   });
 }
 
@@ -240,6 +260,7 @@ diopiError_t diopiSum(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiCo
                       diopiSize_t dim) {
   View in(input), o(out);
   if (in.dtype == diopi_dtype_float64) return diopiNoImplement;  // the framework's CPU path serves it
+  if (!in.floating() || !o.floating()) return diopiDtypeNotSupported;
   std::vector<bool> reduced(in.shape.size(), dim.len == 0);
   for (int64_t k = 0; k < dim.len; ++k) {
     int64_t d = dim.data[k];
