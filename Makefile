@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # A CPU build, pinned: an unpinned torch would pull gigabytes of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
-CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch ditorch/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch ditorch/csrc precision/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
 DIOPI_SRC := $(shell find diopi_bindings/reference diopi_bindings/include diopi_bindings/csrc diopi_bindings/csrc_diopi -name '*.cpp' -o -name '*.h' -o -name CMakeLists.txt 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
