@@ -54,7 +54,9 @@ def tools(tmp: str) -> dict:
         "dispatch mode only": lambda r: Tool(),  # every tool's floor: the mode, module and step tracking
         f"capture({MLP})": lambda r: Capture(f"{tmp}/cap{r}", Selector.build(modules=MLP), bulk=False),
         f"capture({MLP}, bulk)": lambda r: Capture(f"{tmp}/bulk{r}", Selector.build(modules=MLP), bulk=True),
+        # hook="auto": the C++ op observer where the package's C++ module is built (see meta.json's "hook")
         "capture(all ops, stats)": lambda r: Capture(f"{tmp}/stats{r}", mode="stats"),
+        "capture(all ops, stats, python hook)": lambda r: Capture(f"{tmp}/statspy{r}", mode="stats", hook="python"),
         "capture(all ops)": lambda r: Capture(f"{tmp}/all{r}", max_bytes=None, bulk=False),
         "capture(all ops, bulk)": lambda r: Capture(f"{tmp}/allbulk{r}", max_bytes=None, bulk=True),
         "capture(all ops, bulk, no background)": lambda r: Capture(f"{tmp}/allsync{r}", max_bytes=None, bulk=True,

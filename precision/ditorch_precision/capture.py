@@ -18,6 +18,7 @@ from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, sna
 from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
+from .native_hook import HOOKS, NativeHook, choose
 from .opinfo import op_info
 from .part_file import writable, write_part
 from .point_to_point import TransferLog, write_transfers
@@ -94,13 +95,20 @@ class Capture(Tool):
     through ``Dump``); it holds up to a step's captured tensors in memory meanwhile, and
     ``background=True`` (the default) saves the part files on a thread of their own. With
     ``bulk=False``, one file per op: a tensor an earlier op's file holds, unchanged since (same
-    tensor, same version counter), is written as a reference to that file, not again."""
+    tensor, same version counter), is written as a reference to that file, not again.
+
+    ``hook``: what shows the capture each op. "python": a dispatch mode (every mode and selection);
+    "cpp": the C++ observer (``native_hook``; mode "stats" with no selection, no call sites, no
+    torch.distributed: each op's statistics in one fused C++ pass, no Python per op); "auto" (the
+    default): "cpp" where it can run, else "python". ``hook_used`` and meta.json's ``hook`` say
+    which one ran, and the log says why not "cpp"."""
 
     name = "capture"
 
     def __init__(self, path: str, selector: Selector | None = None, *, max_bytes: int | None = 1 << 30,
                  save_tensors: bool = True, bulk: bool = True, bulk_bytes: int = 256 << 20,
-                 module_outputs: bool = True, mode: str = "full", background: bool = True, **kwargs) -> None:
+                 module_outputs: bool = True, mode: str = "full", background: bool = True, hook: str = "auto",
+                 **kwargs) -> None:
         if mode not in MODES:
             raise ValueError(f"capture mode {mode!r}; expected one of {', '.join(MODES)}")
         self.wants_module_outputs = module_outputs
@@ -131,14 +139,39 @@ class Capture(Tool):
         self.transfers = TransferLog()
         self._unwritten = Unwritten()  # what empty* allocated and no op has written since
         self._stats = StatsReuse() if mode == "stats" else None
+        if hook not in HOOKS:  # here, not on entry
+            raise ValueError(f"capture hook {hook!r}; expected one of {', '.join(HOOKS)}")
+        self.hook = hook
+        self.hook_used: str | None = None
+        self._native: NativeHook | None = None
 
     def start(self) -> None:
+        self.hook_used, why = choose(self, self.hook)
+        if self.hook_used == "python" and self.hook == "auto" and self.mode == "stats":
+            log.info("capture: Python op hook (%s)", why)
         self.path = self.path_template.format(rank=self.rank.get())
         os.makedirs(os.path.join(self.path, "tensors"), exist_ok=True)
         self._index = open(os.path.join(self.path, INDEX), "w")
         self._t0 = time.time()
         if self.background:
             self._writer = BackgroundWriter(_save_part)
+
+    # the C++ op hook -----------------------------------------------------------------------------
+    def _op_hook(self):
+        if self.hook_used != "cpp":
+            return super()._op_hook()
+        self._native = NativeHook(self)
+        return self._native
+
+    def drain_native(self) -> None:
+        """Write the index lines the C++ observer holds (in call order, so before a module record)."""
+        if self._native is None:
+            return
+        lines = self._native.observer.drain()
+        self.n_ops = self._native.observer.count()
+        if lines and self._index is not None:
+            self._index.write("\n".join(lines) + "\n")
+            self.n_records += len(lines)
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
@@ -224,6 +257,7 @@ class Capture(Tool):
             self._module_record("module::grad", "backward", path, step, self.rank.get(), [grad])
 
     def _module_record(self, op: str, phase: str, path: str, step: int, rank: int, tensors: list) -> None:
+        self.drain_native()
         rec = OpRecord(self.n_ops, op, "default", phase, path, step, rank)
         name = f"m{self._n_module_records:07d}"
         self._n_module_records += 1
@@ -400,6 +434,9 @@ class Capture(Tool):
             self._n_parts += 1
 
     def on_step(self) -> None:
+        self.drain_native()
+        if self._native is not None:
+            self._native.observer.set_step(self.steps.step)
         if self._stats is not None:
             self._stats.clear()
         self.flush()
@@ -407,6 +444,8 @@ class Capture(Tool):
             self._index.flush()
 
     def finish(self) -> None:
+        self.drain_native()
+        self._native = None
         self.flush()
         if self._writer is not None:  # every part handed over is on disk before meta.json says the capture is whole
             writer, self._writer = self._writer, None
@@ -419,6 +458,7 @@ class Capture(Tool):
             self._index = None
         meta = {
             "format": FORMAT, "version": VERSION, "bulk": self.bulk, "mode": self.mode, "rank": self.rank.get(),
+            "hook": self.hook_used,
             "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,

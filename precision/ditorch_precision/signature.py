@@ -50,19 +50,49 @@ def _schema(op: str, overload: str | None):
         return None
 
 
+# c10's enum values of layouts and memory formats
+_LAYOUTS = ("strided", "sparse_coo", "sparse_csr", "_mkldnn", "sparse_csc", "sparse_bsr", "sparse_bsc", "jagged")
+_MEMORY_FORMATS = ("contiguous_format", "preserve_format", "channels_last", "channels_last_3d")
+# c10::ScalarType's values, in order (a dtype default such as randint's dtype=long reads as an int)
+_DTYPE_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex32", "complex64",
+                "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16", "quint4x2", "quint2x4", "bits1x8",
+                "bits2x4", "bits4x2", "bits8", "bits16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
+                "float8_e4m3fnuz", "uint16", "uint32", "uint64")
+
+
+def _dtype_name(code: int) -> str | int:
+    """The name of the dtype whose c10 enum value is ``code``; the int itself if none has it."""
+    return _DTYPE_NAMES[code] if 0 <= code < len(_DTYPE_NAMES) else code
+
+
+def _typed(x, real_type) -> Any:
+    """An int where the schema means a dtype, layout or memory format, as its name."""
+    kind = str(real_type).removeprefix("Optional[").removesuffix("]")
+    if isinstance(x, int) and not isinstance(x, bool):
+        if kind == "ScalarType":
+            return _dtype_name(x)
+        if kind == "Layout" and 0 <= x < len(_LAYOUTS):
+            return _LAYOUTS[x]
+        if kind == "MemoryFormat" and 0 <= x < len(_MEMORY_FORMATS):
+            return _MEMORY_FORMATS[x]
+    return _value(x)
+
+
 def signature(op: str, overload: str | None, args, kwargs) -> dict[str, Any]:
     """{argument name: value} of one call (positional arguments named by the op's schema; by
     position, ``arg2``, for an op this torch does not know)."""
     schema = _schema(op, overload)
     names = [a.name for a in schema.arguments] if schema is not None else []
+    types = {a.name: a.real_type for a in schema.arguments} if schema is not None else {}
     out: dict[str, Any] = {}
     for i, a in enumerate(args):
-        out[names[i] if i < len(names) else f"arg{i}"] = _value(a)
+        name = names[i] if i < len(names) else f"arg{i}"
+        out[name] = _typed(a, types.get(name))
     for k, v in kwargs.items():
-        out[k] = _value(v)
+        out[k] = _typed(v, types.get(k))
     for a in schema.arguments if schema is not None else ():
         if a.name not in out and a.has_default_value():  # a default left out is the default given
-            out[a.name] = _value(a.default_value)
+            out[a.name] = _typed(a.default_value, a.real_type)
     return {k: v for k, v in out.items() if k not in IGNORED and v is not None}
 
 

@@ -8,6 +8,7 @@ import weakref
 
 import torch
 
+from . import native
 from .dump import tensors_in
 from .metrics import default_tolerance
 
@@ -20,10 +21,18 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 def tensor_stats(t: torch.Tensor) -> dict:
-    """min, max, mean, L2 norm (float64 sums, over finite values) and NaN/Inf counts of one tensor."""
+    """min, max, mean, L2 norm (float64 sums, over finite values) and NaN/Inf counts of one tensor:
+    CPU tensors in one fused pass of the C++ module (``native``), others (or without it) in torch
+    with a float64 copy."""
     x = t.detach()
     out: dict = {"dtype": str(x.dtype).removeprefix("torch."), "numel": x.numel()}
     if not x.numel() or x.is_complex() or x.dtype == torch.bool or not (x.is_floating_point() or x.dtype in _INTS):
+        return out
+    fused = native.fused_stats(x)
+    if fused is not None:  # one pass in the tensor's own dtype, float64 accumulators, no copy
+        _, out["nan"], out["inf"], finite, lo_, hi_, total, squares = fused
+        if finite:
+            out.update(min=lo_, max=hi_, mean=total / finite, norm=math.sqrt(squares))
         return out
     # Few passes and one host read: min and max (NaN propagates through them, an Inf shows as one),
     # then the sum and the sum of squares of a float64 copy (a float64 dot product: as exact, and

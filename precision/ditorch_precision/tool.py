@@ -11,6 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from . import native_hook
 from .opinfo import op_info
 from .records import OpRecord, callsite
 from .selection import Selector, SelectionError, closest, op_aliases
@@ -90,7 +91,7 @@ class Tool:
             stack.callback(self.finish)
             if self.with_api:
                 stack.enter_context(_ApiMode(self._api_stack))
-            stack.enter_context(_Mode(self))
+            stack.enter_context(self._op_hook())
         except BaseException:
             stack.close()
             raise
@@ -188,6 +189,11 @@ class Tool:
             rec.callsite = callsite()
         return self.handle(rec, func, args, kwargs)
 
+    def _op_hook(self):
+        """The context that shows this tool the program's ops: the Python dispatch mode, which
+        calls ``_dispatch`` for each (a capture may install its C++ observer instead)."""
+        return _Mode(self)
+
     def handle(self, rec: OpRecord, func, args, kwargs):
         return func(*args, **kwargs)
 
@@ -195,7 +201,11 @@ class Tool:
     def quiet():
         """A block whose ops no tool sees: a tool's own copies and checks are not the program's ops
         (the op itself still goes through the outer tools when tools are stacked). Inside a mode's
-        own handler that mode is already off, so with no other mode there is nothing to do."""
+        own handler that mode is already off, so with no other mode there is nothing to do. A
+        capture's C++ observer (native_hook) is paused instead."""
+        held = native_hook.paused()
+        if held is not None:
+            return held
         if torch._C._len_torch_dispatch_stack() == 0:
             return _NOTHING
         return _disable_current_modes()

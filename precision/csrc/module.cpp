@@ -1,0 +1,49 @@
+// The `ditorch_precision._C` module: the fused statistics pass and the C++ op observer of a stats
+// capture. Built against torch's own pybind11, so tensors and dtypes cross as torch's objects.
+#include <torch/csrc/utils/pybind.h>
+
+#include "fused_stats.h"
+#include "op_observer.h"
+
+namespace py = pybind11;
+using ditorch_precision::FusedStats;
+using ditorch_precision::OpObserver;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ditorch_precision's C++ parts: fused tensor statistics and the op observer of a stats capture";
+
+  m.def(
+      "fused_stats",
+      [](const at::Tensor& t) -> py::object {
+        FusedStats s;
+        {
+          py::gil_scoped_release release;
+          s = ditorch_precision::fused_stats(t);
+        }
+        if (!s.supported) return py::none();
+        return py::make_tuple(s.numel, s.nan, s.inf, s.finite, s.lo, s.hi, s.sum, s.sumsq);
+      },
+      py::arg("tensor"),
+      "(numel, nan, inf, finite, min, max, sum, sum of squares) of a strided CPU tensor of a floating or "
+      "integer dtype, in one pass with float64 accumulators (min .. sum of squares over the finite values); "
+      "None for any other tensor");
+
+  py::class_<OpObserver>(m, "OpObserver")
+      .def(py::init<>())
+      .def("start", [](OpObserver& o) {
+        if (OpObserver::current() != nullptr && OpObserver::current() != &o)
+          throw std::runtime_error("another C++ op observer is active; one C++-hooked capture at a time");
+        o.start();
+      })
+      .def("stop", &OpObserver::stop)
+      .def("push_module", &OpObserver::push_module)
+      .def("pop_module", &OpObserver::pop_module)
+      .def("set_optimizer", &OpObserver::set_optimizer)
+      .def("set_step", &OpObserver::set_step)
+      .def("set_rank", &OpObserver::set_rank)
+      .def("pause", &OpObserver::pause)
+      .def("resume", &OpObserver::resume)
+      .def("drain", &OpObserver::drain)
+      .def("count", &OpObserver::count)
+      .def("set_dtype_name", &OpObserver::set_dtype_name);
+}

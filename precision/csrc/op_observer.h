@@ -1,0 +1,75 @@
+// The C++ op observer of a stats capture: a RecordFunction callback on this thread (and on the
+// autograd threads that inherit its state) that sees the ATen ops a Python dispatch mode would see,
+// and per op writes its capture index line (name, call number, phase, module, step, rank, argument
+// metadata and values, and each output's fused statistics) into a buffer Python drains.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ditorch_precision {
+
+struct OpFacts;  // what the observer reads once from an op's schema (op_observer.cpp)
+
+class OpObserver {
+ public:
+  OpObserver();
+  ~OpObserver();
+  OpObserver(const OpObserver&) = delete;
+  OpObserver& operator=(const OpObserver&) = delete;
+
+  void start();  // adds the callback on the calling thread (once)
+  void stop();   // removes it
+
+  // Context Python keeps current: the module stack (forward hooks), optimizer, step, rank.
+  void push_module(std::string path);
+  void pop_module();
+  void set_optimizer(bool on) { in_optimizer_ = on; }
+  void set_step(int64_t step) { step_ = step; }
+  void set_rank(int64_t rank) { rank_ = rank; }
+  // A tool's own ops (quiet blocks) are not the program's: paused while > 0.
+  void pause() { ++paused_; }
+  void resume() { --paused_; }
+
+  std::vector<std::string> drain();  // the index lines written since the last drain, in call order
+  int64_t count() const { return count_; }  // ops seen (the call numbers handed out)
+
+  // Names of the dtypes as the index writes them (torch.float32 -> "float32"), set from Python.
+  void set_dtype_name(c10::ScalarType dtype, std::string name);
+
+  // The observer the callbacks report to (one at a time: Python allows one C++-hooked capture).
+  static OpObserver*& current();
+
+  // Called by the RecordFunction callbacks.
+  std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn);
+  void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx);
+
+ private:
+  const OpFacts* facts(const at::RecordFunction& fn);
+  std::string dtype_name(c10::ScalarType dtype) const;
+  void tensor_meta(std::string& out, const at::Tensor& t, bool with_device) const;
+  void value(std::string& out, const c10::IValue& v, const c10::TypePtr& type, bool& written) const;
+  void signature(std::string& out, const OpFacts& op, c10::ArrayRef<const c10::IValue> inputs) const;
+  void stats(std::string& out, const at::Tensor& t, bool zeroed) const;  // zeroed: as if all 0
+  std::string current_module(bool in_backward) const;
+
+  at::CallbackHandle handle_ = 0;
+  std::atomic<int64_t> count_{0};
+  std::atomic<int> paused_{0};
+  std::atomic<bool> in_optimizer_{false};
+  std::atomic<int64_t> step_{0}, rank_{0};
+  std::vector<std::string> modules_;
+  mutable std::mutex mutex_;  // lines_ (backward may run on an autograd thread)
+  std::vector<std::pair<int64_t, std::string>> lines_;  // (call number, index line)
+  std::map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
+  std::mutex facts_mutex_;
+  std::vector<std::string> dtype_names_;
+};
+
+}  // namespace ditorch_precision

@@ -1,0 +1,113 @@
+"""A stats capture's op hook in C++ (``native``'s OpObserver): the ops a Python dispatch mode would
+show are seen by a RecordFunction callback instead, which writes each op's index line (its
+statistics from one fused pass over each output) into a buffer the capture drains. The Python
+per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own) is gone; what stays
+in Python is per module and per step: the module stack and the optimizer phase are handed over by
+hooks of their own.
+
+``choose(capture, wanted)`` says which hook a capture runs ("cpp" or "python") and, for "python",
+why; ``NativeHook`` is the context that installs the C++ one."""
+from __future__ import annotations
+
+import torch
+import torch.nn.modules.module as nn_module
+import torch.optim.optimizer as optim_hooks
+
+from . import native
+
+HOOKS = ("auto", "cpp", "python")
+
+
+def why_python(capture) -> str | None:
+    """Why ``capture`` cannot run on the C++ observer, or None when it can."""
+    sel = capture.selector
+    if not native.available():
+        return f"the C++ module is not available ({native.why_not()})"
+    if capture.mode != "stats":
+        return f"mode {capture.mode!r}: the C++ observer writes statistics only (mode 'stats')"
+    if any(v is not None for v in (sel.ops, sel.exclude_ops, sel.modules, sel.steps, sel.ranks, sel.phases,
+                                   sel.apis)):
+        return "a selection is set: the C++ observer records every op"
+    if capture.with_callsite or capture.with_api:
+        return "call sites or torch-level calls are recorded: those are Python frames"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return ("torch.distributed is initialised: collectives and uninitialised buckets (DDP) are "
+                "tracked by the Python path")
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return "another dispatch mode is active: its own ops would be seen as the program's"
+    return None
+
+
+def choose(capture, wanted: str) -> tuple[str, str | None]:
+    """("cpp" | "python", why Python) for ``wanted`` in HOOKS; "cpp" that cannot run raises."""
+    if wanted not in HOOKS:
+        raise ValueError(f"capture hook {wanted!r}; expected one of {', '.join(HOOKS)}")
+    if wanted == "python":
+        return "python", "asked for"
+    reason = why_python(capture)
+    if reason is None:
+        return "cpp", None
+    if wanted == "cpp":
+        raise ValueError(f"capture hook 'cpp' cannot run: {reason}")
+    return "python", reason
+
+
+class NativeHook:
+    """Installs ``capture``'s OpObserver on this thread, with the module, optimizer and step context
+    it reads; on exit removes it and hands its last lines to the capture."""
+
+    def __init__(self, capture) -> None:
+        self.capture = capture
+        self.observer = native.op_observer()
+        self._handles: list = []
+
+    def __enter__(self) -> "NativeHook":
+        cap, obs = self.capture, self.observer
+        obs.set_rank(cap.rank.get())
+        obs.set_step(cap.steps.step)
+        tracker = cap.modules
+        # Registered after the tool's own trackers, so they run after them: the path is named, and
+        # (on return) the module record is written, before the observer's stack moves.
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(lambda m, a: obs.push_module(tracker.stack[-1][0])),
+            nn_module.register_module_forward_hook(lambda m, a, o: obs.pop_module(), always_call=True),
+            optim_hooks.register_optimizer_step_pre_hook(lambda o, a, k: obs.set_optimizer(True)),
+            optim_hooks.register_optimizer_step_post_hook(lambda o, a, k: obs.set_optimizer(False)),
+        ]
+        obs.start()
+        global _ACTIVE
+        _ACTIVE = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _ACTIVE
+        _ACTIVE = None
+        self.observer.stop()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.capture.drain_native()
+
+
+
+_ACTIVE: NativeHook | None = None  # the observer installed (one at a time)
+
+
+def paused():
+    """A context in which the active C++ observer sees no op (a tool's own work, ``Tool.quiet``),
+    or None when none is active."""
+    return _Paused(_ACTIVE.observer) if _ACTIVE is not None else None
+
+
+class _Paused:
+    """A capture's own ops (its quiet blocks) are not the program's."""
+
+    def __init__(self, observer) -> None:
+        self.observer = observer
+
+    def __enter__(self):
+        self.observer.pause()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.observer.resume()

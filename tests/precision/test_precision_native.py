@@ -1,0 +1,169 @@
+"""The package's C++ module: the fused statistics pass against float64 torch (and exact sums), and
+a stats capture through the C++ op observer against one through the Python dispatch mode on a
+HuggingFace Llama training run (CPU float32 standing in for the device; the Python hook is the
+reference, and a planted 1e-4 fault must be found at the same op)."""
+import json
+import math
+import os
+from collections import Counter
+
+import pytest
+import torch
+
+from ditorch_precision import Capture, Selector, compare_dumps, native
+from ditorch_precision.dump import Dump
+from ditorch_precision.examples.faults import wrong_kernel
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from ditorch_precision.signature import signature
+from ditorch_precision.summaries import tensor_stats
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not native.available(), reason=f"C++ module not built: {native.why_not()}")]
+
+
+def _reference(t: torch.Tensor):
+    """(nan, inf, finite, min, max, sum, sum of squares) in float64, the sums exact (math.fsum)."""
+    x = t.detach().to(torch.float64).reshape(-1)
+    keep = x[torch.isfinite(x)]
+    vals = keep.tolist()
+    lo_hi = (min(vals), max(vals)) if vals else (None, None)
+    return (int(x.isnan().sum()), int(x.isinf().sum()), len(vals), *lo_hi, math.fsum(vals),
+            math.fsum(v * v for v in vals))
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(37, 53, generator=g) * 3
+    with_bad = base.clone()
+    with_bad[3, 4], with_bad[10, 0], with_bad[36, 52] = float("nan"), float("inf"), float("-inf")
+    all_bad = torch.full((5,), float("nan"))
+    all_bad[1] = float("inf")
+    out = {}
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for name, t in (("plain", base), ("nan_inf", with_bad)):
+            x = t.to(dtype)
+            out[f"{dtype}-{name}"] = x
+            out[f"{dtype}-{name}-transposed"] = x.t()
+            out[f"{dtype}-{name}-strided"] = x[1::3, 2::5]
+            out[f"{dtype}-{name}-offset"] = x[5:, 7:]
+        out[f"{dtype}-all-nonfinite"] = all_bad.to(dtype)
+    out["float32-expanded"] = torch.randn(1, 7, generator=g).expand(9, 7)
+    out["float32-0dim"] = torch.tensor(2.5)
+    out["float32-permuted-3d"] = torch.randn(4, 5, 6, generator=g).permute(2, 0, 1)[::2]
+    out["float64-large"] = torch.tensor([1e200, -3e199, 5.0], dtype=torch.float64)
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        out[f"{dtype}"] = torch.randint(0, 100, (17, 3), generator=g).to(dtype)[::2]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_tensors()))
+def test_fused_stats_equal_float64_torch(name):
+    t = _tensors()[name]
+    got = native.fused_stats(t)
+    assert got is not None
+    numel, nan, inf, finite, lo, hi, total, squares = got
+    r_nan, r_inf, r_finite, r_lo, r_hi, r_sum, r_sq = _reference(t)
+    assert (numel, nan, inf, finite) == (t.numel(), r_nan, r_inf, r_finite)
+    if finite:
+        assert (lo, hi) == (r_lo, r_hi)  # exact: the tensor's own values
+        assert total == pytest.approx(r_sum, rel=1e-13, abs=1e-13 * math.sqrt(r_sq))
+        assert squares == pytest.approx(r_sq, rel=1e-13)
+    # the index's numbers (tensor_stats) against torch's float64 reductions
+    s = tensor_stats(t)
+    if finite:
+        x = t.detach().double()
+        x = x[torch.isfinite(x)]
+        assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15)
+        assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12)
+    else:
+        assert "mean" not in s and (s["nan"], s["inf"]) == (r_nan, r_inf)
+
+
+def test_fused_stats_refuses_what_it_does_not_read():
+    assert native.fused_stats(torch.ones(3, dtype=torch.bool)) is None
+    assert native.fused_stats(torch.ones(3, dtype=torch.complex64)) is None
+    assert native.fused_stats(torch.ones(2, 2).to_sparse()) is None
+    assert native.fused_stats(torch.empty(0))[:4] == (0, 0, 0, 0)
+
+
+SIZE = HFLlamaSize()
+FAULTY = "LlamaForCausalLM.model.layers.0.mlp.down_proj"
+
+
+def _capture(path, hook, fault=False, steps=2):
+    model = make_hf_llama(SIZE)
+    plant = wrong_kernel("mm", 1 + 1e-4 if fault else 1.0, inside=model.model.layers[0].mlp.down_proj)
+    with plant, Capture(str(path), mode="stats", hook=hook) as cap:
+        hf_train(model, hf_batches(SIZE, steps))
+    assert cap.hook_used == hook
+    with open(os.path.join(path, "meta.json")) as f:
+        assert json.load(f)["hook"] == hook
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hooks")
+    torch.set_num_threads(1)
+    return {"python": _capture(root / "python", "python"), "cpp": _capture(root / "cpp", "cpp"),
+            "cpp_bad": _capture(root / "cpp_bad", "cpp", fault=True)}
+
+
+def test_a_cpp_hooked_capture_compares_equal_to_a_python_hooked_one(hooked):
+    report = compare_dumps(hooked["cpp"], hooked["python"])
+    d = report.to_dict()
+    assert report.passed and d["n_failed"] == 0
+    # the ops a dispatch mode itself causes (detaches of saved results, gradient sums it makes
+    # out of place) are the only unmatched ones: the rest is paired and judged
+    assert d["n_passed"] > 0.9 * len(Dump.open(hooked["cpp"]).op_records)
+    # every matmul is seen in the same phase and module by both hooks (backward: from the autograd
+    # node's module tag; optimizer phase from the optimizer hooks)
+    keys = {}
+    for hook in ("python", "cpp"):
+        recs = Dump.open(hooked[hook]).op_records
+        keys[hook] = Counter((r["op"], r["phase"], r["module"], r["step"]) for r in recs
+                             if r["op"] in ("aten::mm", "aten::bmm", "aten::_foreach_mul_", "aten::_fused_adamw_"))
+        assert {k[1] for k in keys[hook]} >= {"forward", "backward"}
+    assert keys["cpp"] == keys["python"]
+    # arguments are compared as before: the same signatures for the same ops
+    sig = {hook: [r["signature"] for r in Dump.open(hooked[hook]).op_records if r["op"] == "aten::mm"]
+           for hook in ("python", "cpp")}
+    assert sig["cpp"] == sig["python"] and sig["cpp"]
+
+
+def test_a_planted_fault_is_found_at_the_same_op_through_the_cpp_hook(hooked):
+    for reference in ("cpp", "python"):
+        fd = compare_dumps(hooked["cpp_bad"], hooked[reference]).first_divergence
+        assert (fd["op"], fd["module"], fd["rule"], fd["step"]) == ("aten::mm", FAULTY, "stats", 0)
+
+
+def test_an_op_that_raises_is_not_recorded_and_the_capture_goes_on(tmp_path):
+    with Capture(str(tmp_path / "c"), mode="stats", hook="cpp"):
+        a = torch.ones(2, 3)
+        with pytest.raises(RuntimeError):
+            torch.mm(a, a)  # shapes do not fit
+        torch.mm(a, a.t())
+    ops = [r["op"] for r in Dump.open(str(tmp_path / "c")).op_records]
+    assert ops == ["aten::ones", "aten::t", "aten::mm"]
+
+
+def test_the_hook_is_chosen_and_a_cpp_hook_that_cannot_run_says_why(tmp_path):
+    with pytest.raises(ValueError, match="hook 'nope'"):
+        Capture(str(tmp_path / "a"), hook="nope")
+    with pytest.raises(ValueError, match="mode 'full'"):
+        with Capture(str(tmp_path / "b"), hook="cpp"):
+            pass
+    with pytest.raises(ValueError, match="selection"):
+        with Capture(str(tmp_path / "c"), mode="stats", hook="cpp", selector=Selector.build(modules="x")):
+            pass
+    with Capture(str(tmp_path / "d"), mode="stats", selector=Selector.build(steps="0")) as cap:
+        torch.ones(2).sum()
+    assert cap.hook_used == "python" and Dump.open(str(tmp_path / "d")).meta["hook"] == "python"
+
+
+def test_a_dtype_default_is_named_as_a_dtype():
+    # randint's dtype defaults to long, which the schema gives as an int: "int64", as a dtype passed
+    # explicitly reads (it read 4)
+    sig = signature("aten::randint", "low_generator", (0, 64, [2, 8]), {"generator": None})
+    assert sig["dtype"] == str(torch.int64).removeprefix("torch.")
+    assert signature("aten::empty", "memory_format", ([2],), {"dtype": torch.bfloat16})["dtype"] == "bfloat16"
