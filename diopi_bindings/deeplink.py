@@ -33,12 +33,15 @@ def attach(path: str | Path) -> dict[str, Any]:
         raise DiopiLoadError(f"{file}: no such file (expected a shared library built against "
                              f"{INCLUDE_DIR}/diopi/functions.h)")
     from diopi_bindings import _C_diopi
+    from diopi_bindings.device.native import drop_library_ops, leave_composites_to_aten, routed_in_cpp
 
+    drop_library_ops()  # the own-ABI library's kernels come back below, without the overloads routed in C++
     try:
         info = dict(_C_diopi.attach(str(file)))
     except RuntimeError as exc:
+        routed_in_cpp([])
         raise DiopiLoadError(str(exc).splitlines()[0]) from None
-    from diopi_bindings.device.native import leave_composites_to_aten
+    routed_in_cpp(list(info["routed"]))
 
     info["composites_to_aten"] = leave_composites_to_aten(list(info["routed"]))
     return info

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cpu_fallback.h"
 #include "frame.h"
 #include "router.h"
 
@@ -77,6 +78,30 @@ PYBIND11_MODULE(_C_diopi, m) {
     for (const RouteCount& c : route_counts()) out.append(py::make_tuple(c.aten, c.diopi, c.routed, c.fallback));
     return out;
   }, "(aten overload, DIOPI function, calls served by the library, calls that fell back to the CPU) per route used.");
+  m.def("register_fallback", [](py::function first_fallback) {
+    // Leaked on purpose: called from any thread for as long as the process lives, never destroyed at exit.
+    auto* callback = new py::object(std::move(first_fallback));
+    register_fallback([callback](const std::string& name) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*callback)(name);
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("diopi: the fallback's log");
+      }
+    });
+  }, py::arg("first_fallback"),
+        "Make the C++ CPU fallback PrivateUse1's boxed fallback; first_fallback(overload) is called the first time an "
+        "overload falls back. Once per process.");
+  m.def("fallback_counts", []() {
+    py::dict out;
+    for (const auto& [name, n] : fallback_counts()) out[py::str(name)] = n;
+    return out;
+  }, "ATen overload -> calls the device's fallback ran on the CPU.");
+  m.def("fallback_copies", []() {
+    py::dict out;
+    for (const auto& [reason, n] : fallback_copies()) out[py::str(reason)] = n;
+    return out;
+  }, "Reason -> tensor copies the CPU fallback made (inputs to the host, results and written arguments back).");
   m.def("route_table", []() {
     py::list out;
     for (size_t i = 0; i < kRouteCount; ++i) {

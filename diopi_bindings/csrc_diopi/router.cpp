@@ -1,12 +1,11 @@
 // The boxed kernel every routed ATen overload gets on PrivateUse1: result shapes and dtypes from the meta
 // kernel, results allocated on the device, the library's DIOPI function called through the generated
-// trampoline, and the CPU (at::native::cpu_fallback) where the library answers diopiNoImplement,
+// trampoline, and the CPU (the device's fallback, cpu_fallback.h) where the library answers diopiNoImplement,
 // diopiForceFallbackToCPU or diopiDtypeNotSupported. Counts per overload: calls the library served, calls
 // that fell back.
 #include "router.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/CPUFallback.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -17,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "cpu_fallback.h"
 #include "frame.h"
 
 namespace diopi_bindings {
@@ -31,20 +31,6 @@ struct Counts {
 std::vector<void*> g_functions;          // per route: the library's function, or null
 std::unique_ptr<Counts[]> g_counts;
 const char* (*g_last_error)() = nullptr;
-
-c10::IValue to_meta(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    if (!t.defined()) return v;
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-  }
-  if (v.isTensorList()) {
-    std::vector<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorVector()) list.push_back(to_meta(t).toTensor());
-    return c10::IValue(list);
-  }
-  return v;
-}
 
 c10::Device device_of(const torch::jit::Stack& stack, size_t first) {
   for (size_t i = first; i < stack.size(); ++i) {
@@ -220,7 +206,7 @@ class DiopiKernel final : public c10::OperatorKernel {
     const diopiError_t code = route.call(g_functions[index_], frame);
     if (code == diopiNoImplement || code == diopiForceFallbackToCPU || code == diopiDtypeNotSupported) {
       g_counts[index_].fallback.fetch_add(1, std::memory_order_relaxed);
-      at::native::cpu_fallback(op, stack);
+      cpu_fallback(op, stack, false);  // counted as this route's declined call
       return;
     }
     if (code != diopiSuccess) {

@@ -262,15 +262,16 @@ def routed_ops() -> Counter:
 
 
 def fallback_ops() -> Counter:
-    """ATen operators that ran on the CPU instead, with call counts."""
-    return current_router().fallbacks
+    """ATen operators that ran on the CPU instead, with call counts (a snapshot)."""
+    return current_router().fallback_counts()
 
 
 def copy_ops() -> Counter:
     """Copies between the CPU and the device, with counts (a snapshot). The native device counts every
     tensor copy by direction ("host to device", "device to host", "device to device", "device to host
-    (item)"), whoever made it, and names the router's share ("fallback to host", "fallback to device":
-    the CPU fallback's inputs and results; "operand to device": a CPU scalar tensor moved for a call).
+    (item)"), whoever made it, and names the fallbacks' share ("fallback to host": the CPU fallback's
+    inputs; "fallback to device": its results and the written arguments it copied back; "operand to
+    device": a CPU scalar tensor moved for a call).
     The host-memory device counts the ATen copies that cross (``aten::_to_copy``, ``aten::copy_``,
     ``aten::_local_scalar_dense``) and "to device"."""
     return current_router().copy_counts()

@@ -1,5 +1,6 @@
 """The native diopi device: PrivateUse1 made a device in C++ (``diopi_bindings._C_device``) over the
-library's device-memory functions, with the compute operators routed from its boxed fallback.
+library's device-memory functions. The library's operators get the router as their kernel (registered once, per
+ATen overload); every other operator reaches the boxed fallback in C++ (``_C_diopi``, cpu_fallback.cpp).
 
 Compared with the host-memory stand-in: tensors have real storages of this device (allocated by
 ``diopi_device_malloc``), several devices (``"diopi:1"`` is another device with its own memory), a
@@ -9,6 +10,7 @@ enabled after the process already ran a backward pass on the CPU.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,8 @@ from diopi_bindings.device.router import DEVICE_TYPE
 from diopi_bindings.device_memory import DeviceMemory
 from diopi_bindings.library import DiopiLibrary
 from diopi_bindings.schema import BY_NAME
+
+logger = logging.getLogger("diopi_bindings")
 
 
 class NativeDeviceError(RuntimeError):
@@ -168,13 +172,12 @@ def _index(device: Any) -> int:
     return int(_runtime().current_device()) if index is None else int(index)
 
 
-_fallback: torch.library.Library | None = None
 _router: NativeRouter | None = None
 
 
 def enable_native(lib: DiopiLibrary) -> NativeRouter:
     """Attach ``lib`` to PrivateUse1 (renamed ``diopi``); once per process."""
-    global _fallback, _router
+    global _router
     if _router is not None:
         if _router.library.path != lib.path:
             raise NativeDeviceError(f"the native diopi device already serves {_router.library.path}; one library "
@@ -201,15 +204,74 @@ def enable_native(lib: DiopiLibrary) -> NativeRouter:
     torch._register_device_module(DEVICE_TYPE, NativeDeviceModule())
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     router = NativeRouter(lib, runtime)
+    _router = router
+    from diopi_bindings import _C_diopi
 
-    def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
-        return router.dispatch(op, args, kwargs)
-
-    everything = torch.library.Library("_", "IMPL")
-    everything.fallback(fallback, "PrivateUse1")
-    _fallback, _router = everything, router
+    # Every operator without a kernel of its own runs in C++ (csrc_diopi/cpu_fallback.cpp): views as metadata,
+    # the rest on the CPU. Python only says once per operator that it fell back.
+    _C_diopi.register_fallback(_log_first_fallback)
+    _library_ops.append(_register_library_ops(router))
     _registrations.append(_register_composites(lib, router))
     return router
+
+
+def _log_first_fallback(name: str) -> None:
+    vendor = _router.library.vendor if _router is not None else "the library"
+    logger.info("diopi: %s runs on the CPU (%s does not implement it)", name, vendor)
+
+
+# Kernels of the (own-ABI) library's operators, registered per ATen overload (_register_library_ops).
+_library_ops: list[torch.library.Library] = []
+
+
+def _reaches_the_fallback(name: str) -> bool:
+    """Whether PrivateUse1 has no kernel of its own for ``name`` (no direct one, no composite)."""
+    return not any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _OWN_KERNEL_KEYS)
+
+
+_OWN_KERNEL_KEYS = ("PrivateUse1", "CompositeImplicitAutograd", "CompositeExplicitAutograd",
+                    "CompositeExplicitAutogradNonFunctional")
+
+
+def _register_library_ops(router: NativeRouter, skip: frozenset[str] = frozenset()) -> torch.library.Library:
+    """The ATen overloads the library serves that would reach the device's fallback: each gets the router as its
+    PrivateUse1 kernel (set-up, once; every other overload stays with the C++ fallback). ``skip``: overloads
+    routed in C++ to a DeepLink DIOPI library instead."""
+    registration = torch.library.Library("aten", "IMPL")
+    for name in torch._C._dispatch_get_all_op_names():
+        if (not name.startswith("aten::") or name in skip or name in _MEMORY_OPS
+                or not _reaches_the_fallback(name)):
+            continue
+        func = _overload(name)
+        if func is None or not router.serves(func):
+            continue
+
+        def kernel(*args: Any, _func: Any = func, **kwargs: Any) -> Any:
+            return router.dispatch(_func, args, kwargs)
+
+        registration.impl(name.removeprefix("aten::"), kernel, "PrivateUse1")
+    return registration
+
+
+def _overload(name: str) -> Any:
+    packet, _, overload = name.removeprefix("aten::").partition(".")
+    try:
+        return getattr(getattr(torch.ops.aten, packet), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def routed_in_cpp(routed: list[str]) -> None:
+    """After a DeepLink DIOPI library took ``routed`` (ATen overloads): the own-ABI library's kernels are
+    registered again without them. The caller dropped them first (drop_library_ops), so C++ registers no kernel
+    over a Python one."""
+    if _router is not None:
+        _library_ops.append(_register_library_ops(_router, frozenset(routed)))
+
+
+def drop_library_ops() -> None:
+    while _library_ops:
+        _library_ops.pop()._destroy()
 
 
 # Served by the extension's copies, never by the library's operators of the same name.

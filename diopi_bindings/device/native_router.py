@@ -1,13 +1,14 @@
 """The router of the native device (``_C_device``): the same resolution and argument binding as the
 host-memory stand-in (router.py), on tensors whose memory the library allocated.
 
-The C++ extension serves allocation, views, ``resize_``/``set_`` and copies; every other operator
-reaches this router through the boxed fallback of PrivateUse1. An operator the library implements
-runs there on device memory (outputs allocated on the device from the meta kernel). A view operator
-becomes ``as_strided`` of its input with the meta kernel's sizes, strides and offset. Everything else
-runs on the CPU: inputs copied to the host, the operator run, written arguments copied back (resized
-if the operator resized them) and results moved to the device; logged once per operator. Random
-operators run on the CPU with the state of the device's generator, which they advance.
+The C++ extension serves allocation, views, ``resize_``/``set_`` and copies; the ATen overloads the
+library implements (``serves``) get this router as their PrivateUse1 kernel, registered once at set-up
+(native.py); every other operator reaches the boxed fallback in C++ (csrc_diopi/cpu_fallback.cpp). An
+operator of the library runs there on device memory (outputs allocated on the device from the meta
+kernel). When the library declines a call (a dtype it lacks, arguments its ABI cannot carry), the call
+runs on the CPU here: inputs copied to the host, the operator run, written arguments copied back
+(resized if the operator resized them) and results moved to the device; logged once per operator.
+Random operators run on the CPU with the state of the device's generator, which they advance.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from diopi_bindings.device.router import (
     _CPU,
+    _MASKED_SELECT,
     _METADATA_OPS,
     DEVICE_TYPE,
     Router,
@@ -144,11 +146,35 @@ class NativeRouter(Router):
             return value.to(device)
         return value
 
+    def serves(self, func: torch._ops.OpOverload) -> bool:
+        """Whether ``func`` is the library's to run (its kernel is this router); views and every operator the
+        library lacks are the C++ fallback's."""
+        if _is_view(func) or func._schema.name in _METADATA_OPS:
+            return False
+        if func is _ZERO:
+            return self.resolve(_FILL)[0] is not None
+        if func in _MASKED_SELECT:
+            return all(self.resolve(f)[0] is not None for f in (torch.ops.aten.nonzero.default,
+                                                                torch.ops.aten.index.Tensor))
+        return self.resolve(func)[0] is not None
+
     def copy_counts(self) -> Counter[str]:
         """Every tensor copy of the device by direction (counted in C++: .to(), .cpu(), .item(), the CPU
-        fallback's and the router's own), and the router's share of them by reason."""
+        fallback's and the router's own), and by reason: the C++ fallback's and the router's own."""
+        from diopi_bindings import _C_diopi
+
         out = Counter({k: int(v) for k, v in self.runtime.copy_counts().items() if v})
+        out.update({k: int(v) for k, v in _C_diopi.fallback_copies().items() if v})
         out.update(self.copies)
+        return out
+
+    def fallback_counts(self) -> Counter[str]:
+        """Calls run on the CPU per ATen overload: the C++ fallback's (operators the library lacks) and the
+        router's own (an operator of the library that declined these arguments)."""
+        from diopi_bindings import _C_diopi
+
+        out = Counter({k: int(v) for k, v in _C_diopi.fallback_counts().items()})
+        out.update(self.fallbacks)
         return out
 
     def _library_device(self, device: Any) -> torch.device:
@@ -242,6 +268,7 @@ class NativeRouter(Router):
                 original, copy = on_cpu[id(value)]
                 if original.shape != copy.shape:  # an out= the operator resized
                     original.resize_(copy.shape)
+                self.copies["fallback to device"] += 1
                 original.copy_(copy)
 
         def to_device(x: Any) -> Any:

@@ -196,6 +196,10 @@ class Router:
         """Copies between the CPU and the device so far (copy_ops())."""
         return Counter(self.copies)
 
+    def fallback_counts(self) -> Counter[str]:
+        """Calls run on the CPU so far, per ATen overload (fallback_ops())."""
+        return Counter(self.fallbacks)
+
     def route(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """The library's operator for ``func`` if it serves these arguments, else the CPU (logged once)."""
         if func is _STACK:
