@@ -1,7 +1,9 @@
 // Elementwise arithmetic and activations with their backward kernels (torch broadcasting).
 #include <cmath>
 
+#include "dense_float.h"
 #include "fast_exp.h"
+#include "silu_math.h"
 #include "strided.h"
 #include "tensor_io.h"
 
@@ -10,13 +12,6 @@ using namespace diopi_ref;
 namespace {
 
 constexpr double kSqrt2 = 1.4142135623730951, kSqrt2OverPi = 0.7978845608028654, kGeluC = 0.044715;
-
-// float32 arithmetic for float32/bf16/fp16 elements (T; exp from fast_exp.h), exact for float64
-template <class T>
-double sigmoid(double x) {
-  if constexpr (std::is_same_v<std::remove_cv_t<T>, double>) return 1.0 / (1.0 + std::exp(-x));
-  else return double(1.0f / (1.0f + fast_exp(-x)));
-}
 
 // f computes in double: operands of one floating dtype go through the strided loop (strided.h), the rest
 // through double buffers; both round each result once, so they give the same bits.
@@ -109,13 +104,16 @@ diopiError_t diopi_aten_rsqrt(diopiContextHandle_t, diopiTensorHandle_t out, dio
 
 diopiError_t diopi_aten_sigmoid(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
   return unary(__func__, out, self,
-               [](auto* tag, double x) { return sigmoid<std::remove_pointer_t<decltype(tag)>>(x); });
+               [](auto* tag, double x) { return sigmoid_of<std::remove_pointer_t<decltype(tag)>>(x); });
 }
 
 diopiError_t diopi_aten_silu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
-  return unary(__func__, out, self, [](auto* tag, double x) {
-    return x * sigmoid<std::remove_pointer_t<decltype(tag)>>(x);
-  });
+  if (out != nullptr && self != nullptr && dense_float32(out, {self}) && !planted_wrong(__func__)) {
+    silu_float32(static_cast<const float*>(self->data), static_cast<float*>(out->data), numel(shape_of(out)));
+    return DIOPI_SUCCESS;
+  }
+  return unary(__func__, out, self,
+               [](auto* tag, double x) { return silu_of<std::remove_pointer_t<decltype(tag)>>(x); });
 }
 
 diopiError_t diopi_aten_gelu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
@@ -175,10 +173,14 @@ diopiError_t diopi_aten_addcmul(diopiContextHandle_t, diopiTensorHandle_t out, d
 
 diopiError_t diopi_aten_silu_backward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
                                       diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t self) {
-  // the exact double sigmoid: with fast_exp this two-operand loop did not vectorize and ran slower than libm
-  return binary(__func__, grad_input, grad_output, self, [](double g, double x) {
-    const double s = sigmoid<double>(x);
-    return g * s * (1.0 + x * (1.0 - s));
+  if (grad_input != nullptr && grad_output != nullptr && self != nullptr &&
+      dense_float32(grad_input, {grad_output, self}) && !planted_wrong(__func__)) {
+    silu_backward_float32(static_cast<const float*>(grad_output->data), static_cast<const float*>(self->data),
+                          static_cast<float*>(grad_input->data), numel(shape_of(grad_input)));
+    return DIOPI_SUCCESS;
+  }
+  return binary(__func__, grad_input, grad_output, self, [](auto* tag, double g, double x) {
+    return silu_grad_of<std::remove_pointer_t<decltype(tag)>>(g, x);
   });
 }
 

@@ -1,0 +1,42 @@
+// The dense float32 loops of dense_float.h. Each is built for x86-64-v3 and for the baseline (target_clones, as
+// deeplink/fast_matmul.cpp); this file is compiled with -ffp-contract=off (CMakeLists.txt) so the AVX2 clone
+// fuses no multiply-add the baseline and the strided loop do not: the same bits on every CPU and layout.
+#include "dense_float.h"
+
+#include "silu_math.h"
+
+namespace diopi_ref {
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_float32(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float(silu_of<float>(double(x[i])));
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_backward_float32(const float* g, const float* x,
+                                                                                      float* g_in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g_in[i] = float(silu_grad_of<float>(double(g[i]), double(x[i])));
+}
+
+// Two passes a row: the maximum and whether there is a NaN (branch-free, vectorized), then the first index of
+// the maximum (or of the first NaN).
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void max_rows_float32(const float* x, int64_t rows,
+                                                                                 int64_t length, float* values,
+                                                                                 int64_t* indices) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * length;
+    float m = row[0];
+    int nan = 0;
+    for (int64_t i = 0; i < length; ++i) {
+      nan |= row[i] != row[i];
+      m = row[i] > m ? row[i] : m;
+    }
+    int64_t at = 0;
+    if (nan) {
+      while (row[at] == row[at]) ++at;
+    } else {
+      while (row[at] != m) ++at;
+    }
+    values[r] = row[at], indices[r] = at;
+  }
+}
+
+}  // namespace diopi_ref
