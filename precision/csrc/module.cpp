@@ -43,6 +43,7 @@ PYBIND11_MODULE(_C, m) {
       .def("set_rank", &OpObserver::set_rank)
       .def("pause", &OpObserver::pause)
       .def("resume", &OpObserver::resume)
+      .def("module_record", &OpObserver::module_record)
       .def("drain", &OpObserver::drain)
       .def("count", &OpObserver::count)
       .def("set_dtype_name", &OpObserver::set_dtype_name);

@@ -67,8 +67,15 @@ const char* const kAutogradOnly[] = {"aten::detach_", "aten::set_data", "aten::d
                                      "aten::retains_grad", "aten::requires_grad_", "aten::_backward"};
 const char* const kIgnored[] = {"device", "pin_memory", "non_blocking", "memory_format"};
 
-void put_string(std::string& out, const std::string& s) {
+void put_string(std::string& out, std::string_view s) {
   out += '"';
+  bool plain = true;
+  for (unsigned char c : s) plain = plain && c != '"' && c != '\\' && c >= 0x20;
+  if (plain) {
+    out.append(s.data(), s.size());
+    out += '"';
+    return;
+  }
   for (unsigned char c : s) {
     if (c == '"' || c == '\\') {
       out += '\\';
@@ -97,12 +104,15 @@ void put_double(std::string& out, double v) {
   }
   char buf[64];
   auto res = std::to_chars(buf, buf + sizeof buf, v);
-  std::string text(buf, res.ptr);
-  if (text.find_first_of(".e") == std::string::npos) text += ".0";
-  out += text;
+  out.append(buf, res.ptr);
+  if (std::string_view(buf, res.ptr - buf).find_first_of(".e") == std::string_view::npos) out += ".0";
 }
 
-void put_int(std::string& out, int64_t v) { out += std::to_string(v); }
+void put_int(std::string& out, int64_t v) {
+  char buf[24];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, res.ptr);
+}
 
 // A signature's float: non-finite values as text ("inf"), as signature._value writes them.
 void put_arg_double(std::string& out, double v) {
@@ -158,7 +168,8 @@ bool wrapped_number(const at::Tensor& t) {
   return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number();
 }
 
-void each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
+template <typename F>
+void each_tensor(const c10::IValue& v, const F& f) {
   if (v.isTensor()) {
     if (v.toTensor().defined() && !wrapped_number(v.toTensor())) f(v.toTensor());
   } else if (v.isTensorList()) {
@@ -211,7 +222,7 @@ void OpObserver::pop_module() {
   if (!modules_.empty()) modules_.pop_back();
 }
 
-std::vector<std::string> OpObserver::drain() {
+std::pair<std::string, int64_t> OpObserver::drain() {
   std::vector<std::pair<int64_t, std::string>> held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -220,10 +231,15 @@ std::vector<std::string> OpObserver::drain() {
   // In call order: an op an autograd kernel calls (a detach of a saved result) ends before the op
   // that called it. Drained between ops (at module and step boundaries), so no op is split.
   std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::string> out;
-  out.reserve(held.size());
-  for (auto& h : held) out.push_back(std::move(h.second));
-  return out;
+  size_t size = 0;
+  for (const auto& h : held) size += h.second.size() + 1;
+  std::string text;
+  text.reserve(size);
+  for (const auto& h : held) {
+    text += h.second;
+    text += '\n';
+  }
+  return {std::move(text), static_cast<int64_t>(held.size())};
 }
 
 void OpObserver::set_dtype_name(c10::ScalarType dtype, std::string name) {
@@ -232,7 +248,7 @@ void OpObserver::set_dtype_name(c10::ScalarType dtype, std::string name) {
   dtype_names_[i] = std::move(name);
 }
 
-std::string OpObserver::dtype_name(c10::ScalarType dtype) const {
+std::string_view OpObserver::dtype_name(c10::ScalarType dtype) const {
   auto i = static_cast<size_t>(dtype);
   if (i < dtype_names_.size() && !dtype_names_[i].empty()) return dtype_names_[i];
   return c10::toString(dtype);
@@ -288,7 +304,10 @@ void OpObserver::tensor_meta(std::string& out, const at::Tensor& t, bool with_de
   put_string(out, dtype_name(t.scalar_type()));
   if (with_device) {
     out += ", \"device\": ";
-    put_string(out, t.device().str());
+    if (t.device().is_cpu())
+      out += "\"cpu\"";
+    else
+      put_string(out, t.device().str());
   }
   out += '}';
 }
@@ -329,8 +348,7 @@ void OpObserver::value(std::string& out, const c10::IValue& v, const c10::TypePt
     const int64_t i = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
     const char* name = nullptr;
     if (kind == c10::TypeKind::ScalarTypeType) {
-      std::string n = dtype_name(static_cast<c10::ScalarType>(i));
-      put_string(out, n);
+      put_string(out, dtype_name(static_cast<c10::ScalarType>(i)));
       return;
     }
     if (kind == c10::TypeKind::LayoutType) name = layout_name(i);
@@ -349,7 +367,7 @@ void OpObserver::value(std::string& out, const c10::IValue& v, const c10::TypePt
     put_arg_double(out, c.imag());
     out += ']';
   } else if (v.isString()) {
-    put_string(out, std::string(v.toStringRef()));
+    put_string(out, v.toStringRef());
   } else if (v.isList() || v.isTuple()) {
     const auto elem = element_type(type);
     out += '[';
@@ -358,9 +376,12 @@ void OpObserver::value(std::string& out, const c10::IValue& v, const c10::TypePt
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out += ", ";
       bool w = false;
-      std::string one;
-      value(one, items[i], elem, w);
-      out += w ? one : "null";
+      const size_t mark = out.size();
+      value(out, items[i], elem, w);
+      if (!w) {
+        out.resize(mark);
+        out += "null";
+      }
     }
     out += ']';
   } else {
@@ -373,15 +394,17 @@ void OpObserver::signature(std::string& out, const OpFacts& op, c10::ArrayRef<co
   bool first = true;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if ((i < op.arg_ignored.size() && op.arg_ignored[i]) || static_cast<int>(i) == op.hidden_arg) continue;
-    std::string one;
-    bool written = false;
-    value(one, inputs[i], i < op.arg_types.size() ? op.arg_types[i] : nullptr, written);
-    if (!written) continue;
+    const size_t mark = out.size();  // the argument is written, then taken back if it has no value
     if (!first) out += ", ";
-    first = false;
     put_string(out, i < op.arg_names.size() ? op.arg_names[i] : "arg" + std::to_string(i));
     out += ": ";
-    out += one;
+    bool written = false;
+    value(out, inputs[i], i < op.arg_types.size() ? op.arg_types[i] : nullptr, written);
+    if (!written) {
+      out.resize(mark);
+      continue;
+    }
+    first = false;
   }
   out += '}';
 }
@@ -422,20 +445,65 @@ void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed) const
   out += '}';
 }
 
+// Whether a node has metadata, without creating it (Node::metadata() makes an empty one, a Python
+// dict, for every node asked): through a member pointer to the protected field.
+struct NodeAccess : torch::autograd::Node {
+  static bool has_metadata(torch::autograd::Node* node) {
+    return (node->*(&NodeAccess::anomaly_metadata_)) != nullptr;
+  }
+};
+
 std::string OpObserver::current_module(bool in_backward) const {
   if (!modules_.empty()) return modules_.back();
   if (!in_backward) return {};
   auto node = torch::autograd::get_current_node();
-  if (!node) return {};
+  if (!node || !NodeAccess::has_metadata(node.get())) return {};  // untagged: no module
   pybind11::gil_scoped_acquire gil;
   // In a Python process the engine is the Python engine, whose node metadata is always a
   // PyAnomalyMetadata (the dict tracking.ModuleTracker tags); its type info is not exported.
   auto* meta = static_cast<torch::autograd::PyAnomalyMetadata*>(node->metadata());
   if (meta == nullptr) return {};
-  PyObject* path = PyDict_GetItemString(meta->dict(), "ditorch_precision.module");
+  static PyObject* key = PyUnicode_InternFromString("ditorch_precision.module");  // made once, under the GIL
+  PyObject* path = PyDict_GetItem(meta->dict(), key);
   if (path == nullptr || !PyUnicode_Check(path)) return {};
   const char* text = PyUnicode_AsUTF8(path);
   return text ? std::string(text) : std::string();
+}
+
+void OpObserver::module_record(const std::string& op, const std::string& phase, const std::string& module,
+                               int64_t step, const std::vector<at::Tensor>& tensors) {
+  InHook in_hook;  // a device tensor's float64 copy is no op of the program
+  const int64_t index = count_;
+  std::string out;
+  out.reserve(256);
+  out += "{\"index\": ";
+  put_int(out, index);
+  out += ", \"op\": ";
+  put_string(out, op);
+  out += ", \"overload\": \"default\", \"phase\": ";
+  put_string(out, phase);
+  out += ", \"module\": ";
+  if (module.empty())
+    out += "null";
+  else
+    put_string(out, module);
+  out += ", \"step\": ";
+  put_int(out, step);
+  out += ", \"rank\": ";
+  put_int(out, rank_);
+  out += ", \"callsite\": null, \"api\": null, \"kind\": \"module\", \"inputs\": [], \"outputs\": [";
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i) out += ", ";
+    tensor_meta(out, tensors[i], true);
+  }
+  out += "], \"file\": null, \"stats\": [";
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i) out += ", ";
+    stats(out, tensors[i], false);
+  }
+  out += "]}";
+  std::lock_guard<std::mutex> lock(mutex_);
+  lines_.emplace_back(index, std::move(out));
 }
 
 // Which calls a Python dispatch mode would show, told apart without one:

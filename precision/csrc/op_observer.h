@@ -11,6 +11,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace ditorch_precision {
@@ -37,7 +39,13 @@ class OpObserver {
   void pause() { ++paused_; }
   void resume() { --paused_; }
 
-  std::vector<std::string> drain();  // the index lines written since the last drain, in call order
+  // A module record (capture's module outputs, their gradients, the parameters after a step): the
+  // index line of `tensors` under `op` ("module::output"), numbered as the next op, in the buffer.
+  void module_record(const std::string& op, const std::string& phase, const std::string& module, int64_t step,
+                     const std::vector<at::Tensor>& tensors);
+
+  // The index lines written since the last drain, in call order, each ending in a newline; and how many.
+  std::pair<std::string, int64_t> drain();
   int64_t count() const { return count_; }  // ops seen (the call numbers handed out)
 
   // Names of the dtypes as the index writes them (torch.float32 -> "float32"), set from Python.
@@ -52,7 +60,7 @@ class OpObserver {
 
  private:
   const OpFacts* facts(const at::RecordFunction& fn);
-  std::string dtype_name(c10::ScalarType dtype) const;
+  std::string_view dtype_name(c10::ScalarType dtype) const;
   void tensor_meta(std::string& out, const at::Tensor& t, bool with_device) const;
   void value(std::string& out, const c10::IValue& v, const c10::TypePtr& type, bool& written) const;
   void signature(std::string& out, const OpFacts& op, c10::ArrayRef<const c10::IValue> inputs) const;
@@ -67,7 +75,7 @@ class OpObserver {
   std::vector<std::string> modules_;
   mutable std::mutex mutex_;  // lines_ (backward may run on an autograd thread)
   std::vector<std::pair<int64_t, std::string>> lines_;  // (call number, index line)
-  std::map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
+  std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
   std::mutex facts_mutex_;
   std::vector<std::string> dtype_names_;
 };

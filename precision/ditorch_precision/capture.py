@@ -167,11 +167,11 @@ class Capture(Tool):
         """Write the index lines the C++ observer holds (in call order, so before a module record)."""
         if self._native is None:
             return
-        lines = self._native.observer.drain()
+        text, n = self._native.observer.drain()
         self.n_ops = self._native.observer.count()
-        if lines and self._index is not None:
-            self._index.write("\n".join(lines) + "\n")
-            self.n_records += len(lines)
+        if n and self._index is not None:
+            self._index.write(text)
+            self.n_records += n
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
@@ -257,7 +257,9 @@ class Capture(Tool):
             self._module_record("module::grad", "backward", path, step, self.rank.get(), [grad])
 
     def _module_record(self, op: str, phase: str, path: str, step: int, rank: int, tensors: list) -> None:
-        self.drain_native()
+        if self._native is not None:  # written in C++, in call order with the ops
+            self._native.observer.module_record(op, phase, path or "", step, tensors)
+            return
         rec = OpRecord(self.n_ops, op, "default", phase, path, step, rank)
         name = f"m{self._n_module_records:07d}"
         self._n_module_records += 1
