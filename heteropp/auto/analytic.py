@@ -10,6 +10,11 @@ def ring_allreduce_s(nbytes: float, n: int, bw_gbs: float) -> float:
     return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / (bw_gbs * 1e9)
 
 
+def ring_allgather_s(nbytes: float, n: int, bw_gbs: float) -> float:
+    """A ring all-gather of `nbytes` in all (each of the n ranks contributes nbytes / n)."""
+    return 0.0 if n <= 1 else (n - 1) / n * nbytes / (bw_gbs * 1e9)
+
+
 def tp_profile(model: ModelSpec, train: TrainSpec, peak_tflops: float, efficiency: float, intra_bw: float,
                hbm_bw: float, tp: int) -> TPProfile:
     tokens = train.micro_batch_size * model.seq_len

@@ -35,7 +35,7 @@ from ..spec.placement import StageBlock, place
 from ..schedules.registry import kind
 from .alternating import last_backward_ends, round_trip_bound, stage_bound
 from .chains import chain_bound
-from .analytic import ring_allreduce_s
+from .analytic import ring_allgather_s, ring_allreduce_s
 from .profiles import Profile
 from .simulator import StageTimes
 
@@ -111,6 +111,9 @@ class CostModel:
         # fp32 (fp32 accumulation and reduction; the weights and gradients are views of two flat buffers), and
         # in its ZeRO-1 shard the two fp32 Adam moments, plus an fp32 master copy when the weights are bf16/fp16.
         self._param_b, self._opt_b = nb + 4, (12 if nb == 2 else 8)
+        # What its data-parallel update sends per parameter: the gradient buffer's element (fp32, or the weights'
+        # own dtype when wider) all-reduced, and with ZeRO-1 the updated weight all-gathered in the compute dtype
+        self._grad_b, self._weight_b = max(nb, 4), nb
         self._chip = {c.name: c for c in cluster.chips}
         self._listed_nodes = {c.name: c.nodes for c in cluster.chips if c.nodes}  # types the spec lists nodes of
         self.coef = lru_cache(maxsize=None)(self._coef)
@@ -125,14 +128,18 @@ class CostModel:
     def _static_per_param(self, dp: int, zero1: bool) -> float:
         return self._param_b + self._opt_b / (dp if zero1 else 1)
 
-    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int, one_node: bool | None = None) -> float:
-        """ZeRO-1 reduce-scatter + all-gather moves the same bytes as an all-reduce; over the node's own
-        fabric when the stage's tp * dp chips fit in one node (ranks are laid out stage by stage), or, given
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int, one_node: bool | None = None,
+                   zero1: bool | None = None) -> float:
+        """What the engine's optimizer (heteropp/engine/optim.py) sends: the fp32 gradients all-reduced and,
+        sharded by ZeRO-1, the updated weights all-gathered in the compute dtype; over the node's own fabric
+        when the stage's tp * dp chips fit in one node (ranks are laid out stage by stage), or, given
         `one_node`, when its placement (spec/placement.py) put them in one node."""
+        zero1 = self.train.zero1 if zero1 is None else zero1
         c = self._chip[chip]
         inside = tp * dp <= c.chips_per_node if one_node is None else one_node
         bw = c.intra_node_bw if inside else c.network_bw
-        return ring_allreduce_s(self.train.bytes_per_value * params_per_chip, dp, bw)
+        gather = ring_allgather_s(self._weight_b * params_per_chip, dp, bw) if zero1 else 0.0
+        return ring_allreduce_s(self._grad_b * params_per_chip, dp, bw) + gather
 
     def _one_layer_params(self, tp: int) -> float:
         """Weights of one layer on one of `tp` ranks: the profile's whole-layer count, scaled by the model's
@@ -146,7 +153,7 @@ class CostModel:
         m = self.model
         if m.kv_replicas(tp) == 1:
             return 0.0
-        nbytes = self.train.bytes_per_value * m.kv_heads * 2 * m.hidden * m.head_dim
+        nbytes = self._grad_b * m.kv_heads * 2 * m.hidden * m.head_dim  # the fp32 gradient buffer's slices
         return ring_allreduce_s(nbytes, tp, self._chip[chip].intra_node_bw)
 
     def part_update(self, part: int | str, chips: frozenset[str], chip: str, tp: int, ranks: int,
@@ -155,8 +162,9 @@ class CostModel:
         `ranks` ranks per TP shard on chip types `chips` (replica groups with different pipelines): the ring
         all-reduce (one type: as _grad_sync prices it, `one_node` whether the placement put every holder in
         one node where the spec lists the type's nodes; several: at the slowest network, an explicit link
-        shared by the tp shards' rings), its optimizer step (a ZeRO-1 shard among those ranks) and, for a
-        layer, the replicated key/value heads' sum."""
+        shared by the tp shards' rings; fp32 gradients, and with ZeRO-1 the weights all-gathered), its
+        optimizer step (a ZeRO-1 shard among those ranks) and, for a layer, the replicated key/value heads'
+        sum. replica_sim prices plans of replica groups without ZeRO-1, as the engine runs them."""
         layer = self._layer_params(tp)
         params = layer if isinstance(part, int) else (
             self.profile.embed_params if part == "embed" else self.profile.head_params) / tp
@@ -168,7 +176,9 @@ class CostModel:
                 for b in chips:
                     if a < b and (link := self.cluster.link_bw(a, b)) is not None:
                         bw = min(bw, link / tp)
-            sync = ring_allreduce_s(self.train.bytes_per_value * params, ranks, bw)
+            sync = ring_allreduce_s(self._grad_b * params, ranks, bw)
+            if self.train.zero1:
+                sync += ring_allgather_s(self._weight_b * params, ranks, bw)
         optim = self.profile.get(chip, tp).optim_s * params / layer / (ranks if self.train.zero1 else 1)
         return sync + optim + (self._replica_sync(chip, tp) if isinstance(part, int) else 0.0)
 
@@ -180,7 +190,8 @@ class CostModel:
         tau = pr.fwd_s + pr.bwd_s + (pr.recompute_s if recompute else 0.0)
         beta = tau - pr.wgrad_s if kind(schedule).defers_weight_grads else tau
         params = self._layer_params(tp)
-        upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s / (dp if zero1 else 1) + self._replica_sync(chip, tp)
+        upd = self._grad_sync(chip, params, dp, tp, zero1=zero1) + pr.optim_s / (dp if zero1 else 1) + \
+            self._replica_sync(chip, tp)
         return StageCoef(tau=tau, beta=beta, upd=upd, bwd=pr.bwd_s, static=params * self._static_per_param(dp, zero1),
                          act=pr.ckpt_bytes if recompute else pr.act_bytes,
                          transient=pr.act_bytes if recompute else 0.0)
@@ -192,7 +203,7 @@ class CostModel:
             params, t, tr = self.profile.embed_params / tp, pr.embed_s, 0.0
         else:
             params, t, tr = self.profile.head_params / tp, pr.head_s, pr.head_act_bytes
-        upd = self._grad_sync(chip, params, dp, tp) + pr.optim_s * params / self._layer_params(tp) / (
+        upd = self._grad_sync(chip, params, dp, tp, zero1=zero1) + pr.optim_s * params / self._layer_params(tp) / (
             dp if zero1 else 1
         )
         return EndCoef(time=t, beta=t, upd=upd, static=params * self._static_per_param(dp, zero1), transient=tr)

@@ -96,9 +96,10 @@ def test_replication_is_charged():
     assert m.layer_flops_fwd(tokens, 2) == m.layer_flops_fwd(tokens)
     assert m.activation_bytes(tokens, 8) == 2 * tokens * (4 * h + (2 * h + 3 * m.ffn) / 8 + 2 * hd)
     assert cm._replica_sync("A", 2) == 0.0 and cm._replica_sync("A", 8) > 0.0
-    # by hand, from sync_replicated_grads: a bf16 buffer of one slot per distinct K/V head, each slot one
-    # rank's K and V weights, ring all-reduced over the 8 ranks at the node's 100 GB/s
-    nbytes = 2 * m.kv_heads * kv_weights
+    # by hand, from sync_replicated_grads: a buffer of one slot per distinct K/V head, each slot one rank's K
+    # and V weight gradients in the optimizer's fp32 gradient buffer (grad_of: the main_grad, with bf16
+    # weights too), ring all-reduced over the 8 ranks at the node's 100 GB/s
+    nbytes = 4 * m.kv_heads * kv_weights
     assert cm._replica_sync("A", 8) == pytest.approx(2 * 7 / 8 * nbytes / 100e9, rel=1e-12)
     pr = cm.profile.get("A", 8)
     want = cm._grad_sync("A", m.layer_params_per_rank(8), 2, 8) + pr.optim_s / 2 + cm._replica_sync("A", 8)

@@ -62,9 +62,11 @@ def test_cost_model_adds_latency_to_fill_only():
 
 
 def test_dp_gradient_sync_inside_a_node_runs_at_the_node_bandwidth():
-    """By hand: a ring all-reduce of n bytes over d ranks moves 2 (d - 1) / d n bytes per rank; a stage of
+    """By hand: a ring all-reduce of n bytes over d ranks moves 2 (d - 1) / d n bytes per rank, a ring
+    all-gather (d - 1) / d n (the engine's ZeRO-1 step: fp32 gradients, then bf16 weights); a stage of
     tp * dp chips within one node (chips_per_node 2 here) uses intra_node_bw (100 GB/s), else network_bw."""
     cm = make_problem([chip("X", 8, 40.0, tp_max=2, net=10.0)], {"X": 1.0}, layers=4, gb=8)
-    n = 1e9
-    assert cm._grad_sync("X", n / 2, 2, 1) == pytest.approx(2 * 1 / 2 * n / 100e9)  # 2 chips: one node
-    assert cm._grad_sync("X", n / 2, 2, 2) == pytest.approx(2 * 1 / 2 * n / 10e9)  # 4 chips: two nodes
+    params = 5e8
+    moved = 2 * 1 / 2 * 4 * params + 1 / 2 * 2 * params
+    assert cm._grad_sync("X", params, 2, 1) == pytest.approx(moved / 100e9)  # 2 chips: one node
+    assert cm._grad_sync("X", params, 2, 2) == pytest.approx(moved / 10e9)  # 4 chips: two nodes

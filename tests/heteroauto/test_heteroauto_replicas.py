@@ -143,7 +143,7 @@ def test_two_different_groups_take_the_slowest_group_then_each_layers_all_reduce
     # 4 layers' forward and backward (3 f), the embedding's and the head's (head_s = f)
     per_mb = {c: 4 * 3 * f + pb.cm.profile.get(c, 1).embed_s + f for c, f in (("X", 0.1), ("Y", 0.15))}
     compute = max(5 * per_mb["X"], 3 * per_mb["Y"])
-    ring = lambda params: 2 * (2 - 1) / 2 * 2 * params / 0.5e9  # noqa: E731 (bf16 gradients, 2 ranks)
+    ring = lambda params: 2 * (2 - 1) / 2 * 4 * params / 0.5e9  # noqa: E731 (the engine's fp32 gradients, 2 ranks)
     sync = 4 * ring(LAYER_PARAMS) + 2 * ring(END_PARAMS)
     optim = (4 + 2 * END_PARAMS / LAYER_PARAMS) * 0.01
     got = simulate_groups(pb.cm, _per_type(5, 3)).iteration_time_s

@@ -71,18 +71,19 @@ def test_auto_never_worse_than_h2(name):
 
 def test_h2_hand_worked_example():
     """Two types of 2 chips, tp_max 1, 6 layers, global batch 4, no memory pressure. Per layer:
-    X tau = 3 s (f=1, b=2), Y tau = 1.5 s; optimizer 0.01 s / dp; gradient sync at dp=2 is
-    2*(1/2) * 2 B * 1e8 params / 10 GB/s = 0.02 s.
+    X tau = 3 s (f=1, b=2), Y tau = 1.5 s; optimizer 0.01 s / dp; the engine's ZeRO-1 step at dp=2 sends
+    the fp32 gradients, 2*(1/2) * 4 B * 1e8 params / 10 GB/s = 0.04 s, and the bf16 weights,
+    (1/2) * 2 B * 1e8 / 10 GB/s = 0.01 s.
     dp=1 (b=4, s_pp 2+2): equal compute l_X = 6*(2/3)/(2/3+2/1.5) = 2, l_Y = 4, one and two layers per
       stage, T_X = T_Y = 3; cost max(4*3+0.01+9, 4*3+0.02+9) = 21.02.
-    dp=2 (b=2, s_pp 1+1): l_X = 6*(1/3)/(1/3+1/1.5) = 2, l_Y = 4, T_X = T_Y = 6, update 0.025 s per layer;
-      cost max(2*6+0.05+6, 2*6+0.1+6) = 18.1 -> chosen."""
+    dp=2 (b=2, s_pp 1+1): l_X = 6*(1/3)/(1/3+1/1.5) = 2, l_Y = 4, T_X = T_Y = 6, update 0.055 s per layer;
+      cost max(2*6+0.11+6, 2*6+0.22+6) = 18.22 -> chosen."""
     cm = make_problem([chip("X", 2, 40.0, tp_max=1), chip("Y", 2, 30.0, tp_max=1)], {"X": 1.0, "Y": 0.5},
                       layers=6, gb=4)
     r = search_h2(cm, two_stage=False)
     assert r.best.dp == 2
     assert [(s.chip, s.tp, s.layers, s.recompute) for s in r.best.stages] == [("X", 1, 2, False), ("Y", 1, 4, False)]
-    assert r.best.label == "h2 cost 18.1000 s"
+    assert r.best.label == "h2 cost 18.2200 s"
 
 
 def test_h2_orders_types_by_memory():
