@@ -3,6 +3,8 @@
 // fuses no multiply-add the baseline and the strided loop do not: the same bits on every CPU and layout.
 #include "dense_float.h"
 
+#include <cmath>
+
 #include "silu_math.h"
 
 namespace diopi_ref {
@@ -14,6 +16,27 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_float32(co
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_backward_float32(const float* g, const float* x,
                                                                                       float* g_in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g_in[i] = float(silu_grad_of<float>(double(g[i]), double(x[i])));
+}
+
+// ivdep: an output may be an input, element for element (in place); no element depends on another.
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_float32(DenseOp op, float* y,
+                                                                                    const float* a, const float* b,
+                                                                                    const float* c, int64_t n,
+                                                                                    double s) {
+#define DENSE_LOOP(expr)                     \
+  _Pragma("GCC ivdep") for (int64_t i = 0; i < n; ++i) y[i] = float(expr); \
+  break;
+  switch (op) {
+    case DenseOp::kAdd: DENSE_LOOP(double(a[i]) + s * double(b[i]))
+    case DenseOp::kSub: DENSE_LOOP(double(a[i]) - s * double(b[i]))
+    case DenseOp::kMul: DENSE_LOOP(double(a[i]) * double(b[i]))
+    case DenseOp::kDiv: DENSE_LOOP(double(a[i]) / double(b[i]))
+    case DenseOp::kLerp: DENSE_LOOP(double(a[i]) + s * (double(b[i]) - double(a[i])))
+    case DenseOp::kSqrt: DENSE_LOOP(std::sqrt(double(a[i])))
+    case DenseOp::kAddcmul: DENSE_LOOP(double(a[i]) + s * double(b[i]) * double(c[i]))
+    case DenseOp::kAddcdiv: DENSE_LOOP(double(a[i]) + s * double(b[i]) / double(c[i]))
+  }
+#undef DENSE_LOOP
 }
 
 // Two passes a row: the maximum and whether there is a NaN (branch-free, vectorized), then the first index of
