@@ -24,6 +24,7 @@ struct OpFacts {
   bool random = false;     // tagged nondeterministic_seeded
   bool allocator = false;  // empty*: its output is uninitialised memory
   bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
+  bool same_elements = false;  // a view whose output holds exactly its first argument's elements
   // Recorded under another name: aten::_reshape_alias, which reshape calls only where no Python
   // dispatch mode is active (under one it calls view): written as view, without its stride.
   std::string shown_name, shown_overload;
@@ -55,6 +56,7 @@ struct Pending : at::ObserverContext {
   int uncaught = 0;
   int64_t index = 0;
   bool allocator = false;
+  at::Tensor source;  // a same-elements view's input
   std::string line;
 };
 
@@ -65,6 +67,10 @@ const char* const kAllocators[] = {"aten::empty", "aten::empty_like", "aten::emp
 const char* const kAutogradOnly[] = {"aten::detach_", "aten::set_data", "aten::data", "aten::_version",
                                      "aten::is_leaf", "aten::output_nr", "aten::retain_grad",
                                      "aten::retains_grad", "aten::requires_grad_", "aten::_backward"};
+// As summaries.SAME_ELEMENTS: views whose output holds exactly the elements of their first argument.
+const char* const kSameElements[] = {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::t",
+                                     "aten::transpose", "aten::permute", "aten::detach", "aten::alias",
+                                     "aten::squeeze", "aten::unsqueeze"};
 const char* const kIgnored[] = {"device", "pin_memory", "non_blocking", "memory_format"};
 
 void put_string(std::string& out, std::string_view s) {
@@ -271,6 +277,7 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   f->random = handle->hasTag(at::Tag::nondeterministic_seeded);
   for (const char* a : kAllocators) f->allocator = f->allocator || f->name == a;
   f->counted_only = f->name.rfind("profiler::", 0) == 0;
+  for (const char* a : kSameElements) f->same_elements = f->same_elements || f->name == a;
   f->shown_name = f->name;
   f->shown_overload = f->overload;
   if (f->name == "aten::_reshape_alias") {
@@ -410,7 +417,31 @@ void OpObserver::signature(std::string& out, const OpFacts& op, c10::ArrayRef<co
 }
 
 // One output's statistics as summaries.tensor_stats writes them.
-void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed) const {
+void OpObserver::set_step(int64_t step) {
+  step_ = step;
+  std::lock_guard<std::mutex> lock(known_mutex_);
+  known_.clear();
+}
+
+const FusedStats* OpObserver::known(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->is_inference()) return nullptr;  // no version counter
+  auto it = known_.find(impl);
+  if (it == known_.end() || it->second.ref.expired() || it->second.version != impl->version_counter().current_version())
+    return nullptr;
+  return &it->second.stats;
+}
+
+void OpObserver::remember(const at::Tensor& t, const FusedStats& s) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->is_inference() || !s.supported) return;
+  if (known_.size() >= (1u << 16)) known_.clear();  // a loop that never steps
+  known_.insert_or_assign(
+      impl, Known{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+                  static_cast<int64_t>(impl->version_counter().current_version()), s});
+}
+
+void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed, const at::Tensor* source) {
   out += "{\"dtype\": ";
   put_string(out, dtype_name(t.scalar_type()));
   out += ", \"numel\": ";
@@ -423,7 +454,11 @@ void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed) const
   if (zeroed) {
     s.finite = t.numel();
   } else {
-    s = fused_stats(t);
+    std::lock_guard<std::mutex> lock(known_mutex_);
+    const FusedStats* hit = known(t);
+    if (hit == nullptr && source != nullptr) hit = known(*source);
+    s = hit != nullptr ? *hit : fused_stats(t);
+    remember(t, s);
   }
   if (!s.supported && !zeroed) {  // a device tensor or a dtype the pass does not read: a float64 copy on the CPU
     s = fused_stats(t.detach().to(at::kCPU, at::kDouble));
@@ -530,6 +565,7 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   auto p = std::make_unique<Pending>(true);
   p->uncaught = std::uncaught_exceptions();
   p->allocator = op->allocator;
+  if (op->same_elements && !fn.inputs().empty() && fn.inputs()[0].isTensor()) p->source = fn.inputs()[0].toTensor();
   const int64_t index = count_++;
   p->index = index;
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
@@ -605,7 +641,9 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   out += "\"stats\": [";
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (i) out += ", ";
-    stats(out, outputs[i], unwritten > 0);
+    const bool same = p->source.defined() && outputs.size() == 1 && p->source.numel() == outputs[i].numel() &&
+                      p->source.scalar_type() == outputs[i].scalar_type();
+    stats(out, outputs[i], unwritten > 0, same ? &p->source : nullptr);
   }
   out += "]}";
   std::lock_guard<std::mutex> lock(mutex_);

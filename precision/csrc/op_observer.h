@@ -5,6 +5,8 @@
 #pragma once
 
 #include <ATen/record_function.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
@@ -14,6 +16,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "fused_stats.h"
 
 namespace ditorch_precision {
 
@@ -33,7 +37,8 @@ class OpObserver {
   void push_module(std::string path);
   void pop_module();
   void set_optimizer(bool on) { in_optimizer_ = on; }
-  void set_step(int64_t step) { step_ = step; }
+  // A new step: the statistics kept for reuse are dropped (they bound its memory).
+  void set_step(int64_t step);
   void set_rank(int64_t rank) { rank_ = rank; }
   // A tool's own ops (quiet blocks) are not the program's: paused while > 0.
   void pause() { ++paused_; }
@@ -64,7 +69,11 @@ class OpObserver {
   void tensor_meta(std::string& out, const at::Tensor& t, bool with_device) const;
   void value(std::string& out, const c10::IValue& v, const c10::TypePtr& type, bool& written) const;
   void signature(std::string& out, const OpFacts& op, c10::ArrayRef<const c10::IValue> inputs) const;
-  void stats(std::string& out, const at::Tensor& t, bool zeroed) const;  // zeroed: as if all 0
+  // zeroed: as if all 0; source: a tensor holding exactly t's elements (a view's input), whose
+  // statistics are t's if known
+  void stats(std::string& out, const at::Tensor& t, bool zeroed, const at::Tensor* source = nullptr);
+  const FusedStats* known(const at::Tensor& t);
+  void remember(const at::Tensor& t, const FusedStats& s);
   std::string current_module(bool in_backward) const;
 
   at::CallbackHandle handle_ = 0;
@@ -78,6 +87,17 @@ class OpObserver {
   std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
   std::mutex facts_mutex_;
   std::vector<std::string> dtype_names_;
+  // Statistics computed this step, by tensor: a tensor seen again unchanged (a module's output is an
+  // op's output) or a view holding exactly its input's elements takes them instead of a pass.
+  // Weak references: the program's tensors are freed as they would be, and an entry's address is
+  // not reused while it is held. Checked by the version counter (a write moves it).
+  struct Known {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> ref;
+    int64_t version;
+    FusedStats stats;
+  };
+  std::unordered_map<const c10::TensorImpl*, Known> known_;
+  std::mutex known_mutex_;
 };
 
 }  // namespace ditorch_precision

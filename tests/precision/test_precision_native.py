@@ -167,3 +167,38 @@ def test_a_dtype_default_is_named_as_a_dtype():
     sig = signature("aten::randint", "low_generator", (0, 64, [2, 8]), {"generator": None})
     assert sig["dtype"] == str(torch.int64).removeprefix("torch.")
     assert signature("aten::empty", "memory_format", ([2],), {"dtype": torch.bfloat16})["dtype"] == "bfloat16"
+
+
+def test_reused_statistics_of_views_and_module_records_against_float64_of_the_full_capture(tmp_path):
+    """The C++ hook computes a tensor's statistics once per step (a view holding its input's
+    elements, a module's output that is an op's output) and must not reuse them after an in-place
+    write: every op and module record of the program of test_precision_dump_modes against float64
+    torch over the tensors a full capture (Python hook) saved at the same op. The two hooks' op
+    sequences differ by what a dispatch mode itself causes, so records are paired where they agree."""
+    from difflib import SequenceMatcher
+
+    from test_precision_dump_modes import _stats_program
+
+    with Capture(str(tmp_path / "stats"), mode="stats", hook="cpp"):
+        _stats_program()
+    with Capture(str(tmp_path / "full")):
+        _stats_program()
+    stats, full = Dump.open(str(tmp_path / "stats")).records, Dump.open(str(tmp_path / "full"))
+    fulls = full.records
+    blocks = SequenceMatcher(None, [r["op"] for r in stats], [r["op"] for r in fulls], autojunk=False)
+    pairs = [(stats[b.a + k], fulls[b.b + k]) for b in blocks.get_matching_blocks() for k in range(b.size)]
+    assert len(pairs) > 0.8 * len(stats)
+    checked = Counter()
+    for rs, rf in pairs:
+        if rs.get("unwritten"):
+            continue
+        outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]
+        assert len(rs["stats"]) == len(outs), rs["op"]
+        for s, t in zip(rs["stats"], outs):
+            x = t.double()
+            assert (s["min"], s["max"], s["numel"]) == (float(x.min()), float(x.max()), x.numel()), rs["op"]
+            assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15), rs["op"]
+            assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12), rs["op"]
+        checked[rs["op"]] += 1
+    # the views taken after in-place writes, and the module records, were among those checked
+    assert checked["aten::t"] and checked["aten::_unsafe_view"] + checked["aten::view"] and checked["module::output"]
