@@ -194,6 +194,11 @@ std::pair<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double
   return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
 }
 
+// ATen's random operators without a generator argument that this fallback can receive and the CPU can run: each
+// runs with the device generator explicit (none borrows the CPU's default generator). A test checks the list
+// against ATen's tags and dispatch table.
+constexpr std::array<const char*, 2> kDrawExplicitly{"aten::native_dropout", "aten::_scaled_dot_product_flash_attention_for_cpu"};
+
 int argument_index(const c10::FunctionSchema& schema, const char* name) {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
@@ -263,7 +268,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool 
   }
   const std::vector<c10::IValue> host_args(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
 
-  if (generator_arg < 0 && schema.name() == "aten::native_dropout" && schema.overload_name().empty()) {
+  if (generator_arg < 0 && schema.name() == kDrawExplicitly[0] && schema.overload_name().empty()) {
     const at::Generator generator = trip.lend(at::globalContext().defaultGenerator(device));
     auto [output, mask] = native_dropout(host_args[0].toTensor(), host_args[1].toDouble(),
                                          host_args[2].toOptional<bool>(), generator);
@@ -271,7 +276,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool 
     stack->emplace_back(std::move(output));
     stack->emplace_back(std::move(mask));
   } else if (generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded) &&
-             schema.name() != "aten::_scaled_dot_product_flash_attention_for_cpu") {
+             schema.name() != kDrawExplicitly[1]) {  // flash attention on the CPU refuses dropout: it draws nothing
     // A random operator without a generator argument (another library's) draws from the CPU's default generator:
     // lend it the device generator's state for the call, and give the CPU its own back. A thread drawing from the
     // CPU's default generator meanwhile is not protected (torch has no per-thread default).
@@ -352,6 +357,8 @@ std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return {g_counts.begin(), g_counts.end()};
 }
+
+std::vector<std::string> draw_explicitly() { return {kDrawExplicitly.begin(), kDrawExplicitly.end()}; }
 
 std::vector<std::pair<std::string, int64_t>> fallback_copies() {
   std::vector<std::pair<std::string, int64_t>> out;

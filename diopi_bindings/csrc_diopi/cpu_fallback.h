@@ -27,6 +27,9 @@ void register_fallback(std::function<void(const std::string&)> first_fallback);
 // An argument as the meta kernel takes it: tensors (and lists of them) on the meta device, a device the meta one.
 c10::IValue to_meta(const c10::IValue& v);
 
+// The random operators without a generator argument that run with the device generator explicit.
+std::vector<std::string> draw_explicitly();
+
 std::vector<std::pair<std::string, int64_t>> fallback_counts();   // overload -> calls run on the CPU
 std::vector<std::pair<std::string, int64_t>> fallback_copies();   // reason -> tensor copies
 

@@ -121,3 +121,25 @@ def test_random_operators_draw_from_the_device_generator_as_the_cpu_does_from_it
     """)
     assert got == {"default": [True, True], "streams_differ": True, "explicit": True, "noise": True,
                    "_stderr": got["_stderr"]}, got
+
+
+def test_a_call_the_library_declines_runs_through_the_same_fallback() -> None:
+    # int8 has no DIOPI code: the own-ABI reference's add declines it, and the router hands the call to the C++
+    # fallback; every written-back result is counted.
+    got = run_python("""
+    import json, torch
+    from diopi_bindings import device
+    device.enable(backend="native")
+    a = torch.arange(6, dtype=torch.int8).reshape(2, 3)
+    d, o = a.to("diopi"), torch.empty(0, dtype=torch.int8, device="diopi")
+    before = device.copy_ops()
+    r = d + d
+    d.add_(d)
+    torch.add(r, r, out=o)
+    after = device.copy_ops()
+    print(json.dumps({"equal": [torch.equal(r.cpu(), a + a), torch.equal(d.cpu(), a + a), torch.equal(o.cpu(), 4 * a)],
+                      "ops": dict(device.fallback_ops()),
+                      "back": after["fallback to device"] - before.get("fallback to device", 0)}))
+    """)
+    assert got["equal"] == [True, True, True]
+    assert got["ops"] == {"aten::add.out": 3} and got["back"] == 3, got
