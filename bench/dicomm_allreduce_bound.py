@@ -12,7 +12,7 @@ taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p)
 Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
 reported: medians, and the CPU time and context switches (voluntary: a wait that slept; involuntary:
 the scheduler took the CPU) of all ranks (every thread) per call beside the wall time. `--algorithm
-all` runs the push algorithm (the default on one host), the push algorithm without work stealing, the
+all` runs the push algorithm (the default on one host), the push algorithm with work stealing, the
 ring and the direct algorithm back to back (DICOMM_ALL_REDUCE_PUSH, DICOMM_ALL_REDUCE_STEAL,
 DICOMM_ALL_REDUCE_DIRECT_RANKS), so they are compared under the same load; a comma list runs those named.
 `--thp` backs the ranks' tensors with transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1):
@@ -20,7 +20,7 @@ cross-memory attach then pins one page per 2 MiB instead of 512 (the push algori
 into huge pages itself).
 
     python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1]
-        [--algorithm push|push-nosteal|ring|direct|all|A,B,...] [--thp] [--json FILE]
+        [--algorithm push|push-steal|ring|direct|all|A,B,...] [--thp] [--json FILE]
 """
 from __future__ import annotations
 
@@ -111,10 +111,10 @@ def bound_factor(p: int) -> float:
 
 
 # The knobs that pick the algorithm of a large all_reduce (docs/dicomm-config.md).
-_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "1",
+_KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "0",
                    "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
-          "push-nosteal": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "0",
-                           "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+          "push-steal": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "1",
+                         "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "ring": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "direct": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "8"}}
 _MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw", "stolen")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole measurement (default 3)")
     ap.add_argument("--algorithm", default="push",
                     help=f"the all_reduce algorithm, or a comma list of them run back to back: {', '.join(_KNOBS)} "
-                         "(push without work stealing), or all (default push, the engine's default on one host)")
+                         "(push-steal: with work stealing), or all (default push, the engine's default on one host)")
     ap.add_argument("--thp", action="store_true",
                     help="the ranks' tensors in transparent huge pages (THP_MEM_ALLOC_ENABLE=1)")
     ap.add_argument("--json", help="write the rows as JSON")

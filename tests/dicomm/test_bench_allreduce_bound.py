@@ -26,13 +26,13 @@ def test_every_algorithm_runs_back_to_back_and_reduces_exactly(tmp_path):
                "--algorithm", "all", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert sorted(r["algorithm"] for r in rows) == ["direct", "push", "push-nosteal", "ring"]
+    assert sorted(r["algorithm"] for r in rows) == ["direct", "push", "push-steal", "ring"]
     for r in rows:
         assert r["exact"] and r["ranks"] == 3 and r["thp"] is False
         for field in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "ratio"):
             assert math.isfinite(r[field]) and r[field] > 0, (field, r)
         assert r["vcsw_all_ranks"] >= 0 and r["ivcsw_all_ranks"] >= 0
-    assert all(f"| {a} | 3 |" in p.stdout for a in ("direct", "ring", "push", "push-nosteal"))
+    assert all(f"| {a} | 3 |" in p.stdout for a in ("direct", "ring", "push", "push-steal"))
 
 
 def test_an_unknown_algorithm_is_refused_with_the_choices():

@@ -1,8 +1,9 @@
-"""Work stealing in the push all_reduce: a rank left behind (here one that waits on purpose,
-DICOMM_ALL_REDUCE_PUSH_DELAY_MS, as a descheduled rank would) has its block reduced by the others,
-which the communicator's "all_reduce_chunks_stolen" counter shows, and every element is still the
-rank-order sum, bit for bit, whoever reduced it. References: torch's sequential sum in rank order, and
-the exact float64 / modulo-2**64 reference of collectives_util (never dicomm's kernels).
+"""Work stealing in the push all_reduce (DICOMM_ALL_REDUCE_STEAL=1; off by default): a rank left
+behind (here one that waits on purpose, DICOMM_ALL_REDUCE_PUSH_DELAY_MS, as a descheduled rank would)
+has its block reduced by the others, which the communicator's "all_reduce_chunks_stolen" counter
+shows, and every element is still the rank-order sum, bit for bit, whoever reduced it. References:
+torch's sequential sum in rank order, and the exact float64 / modulo-2**64 reference of
+collectives_util (never dicomm's kernels).
 
 Processes on one host stand in for nodes; the shared-memory transport stands in for the network.
 """
@@ -19,7 +20,7 @@ pytest.importorskip("dicomm._C")
 
 LATE_RANK = 1
 NUMEL = 1_000_003  # 4 MiB of float32: several 512 KiB chunks per block, a count no world size divides
-CALLS = 3
+CALLS = 2
 
 
 def _open(rank, world, store, delay_ms, settings):
@@ -27,7 +28,7 @@ def _open(rank, world, store, delay_ms, settings):
     from dicomm import _C
 
     torch.set_num_threads(1)
-    settings = dict(settings)
+    settings = {"DICOMM_ALL_REDUCE_STEAL": "1", **settings}
     if rank == LATE_RANK:
         settings["DICOMM_ALL_REDUCE_PUSH_DELAY_MS"] = str(delay_ms)
     return _C.Communicator(dist.PrefixStore("steal", store), rank, world, timeout_s=30.0, settings=settings)
@@ -68,8 +69,8 @@ def test_ranks_done_with_their_block_reduce_a_late_ranks_chunks(world):
 
 
 def test_without_stealing_the_late_rank_reduces_its_own_block():
-    """DICOMM_ALL_REDUCE_STEAL=0 (the switch the benchmark compares against): nobody steals, and the
-    result is the same rank-order sum."""
+    """DICOMM_ALL_REDUCE_STEAL=0 (the default): nobody steals, the late rank reduces its own block, and
+    the result is the same rank-order sum."""
     results = run_ranks(_late_rank, 3, {"DICOMM_ALL_REDUCE_STEAL": "0"}, timeout=120)
     assert [s for s, _ in results] == [0, 0, 0]
     _check_rank_order(results, 3)

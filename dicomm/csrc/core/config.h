@@ -85,7 +85,7 @@ struct EngineConfig {
   std::optional<size_t> coll_small_bytes;
   int all_reduce_direct_ranks = 0;
   bool all_reduce_push = true;
-  bool all_reduce_steal = true;
+  bool all_reduce_steal = false;
   unsigned all_reduce_push_delay_ms = 0;
 
   // Options first (`transport`, and `settings`: knobs of the table by name), then the environment;
