@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "dense_ops.h"
 #include "strided.h"
 
 namespace diopi_ref {
@@ -34,13 +35,6 @@ inline bool apart(diopiConstTensorHandle_t a, int64_t a_size, diopiConstTensorHa
 void silu_float32(const float* x, float* y, int64_t n);
 // g_in = silu'(x) * g over n elements, as elementwise.cpp's silu_backward for float32.
 void silu_backward_float32(const float* g, const float* x, float* g_in, int64_t n);
-
-// The elementwise kernels of elementwise.cpp over dense float32 operands, each computed in double and rounded
-// once by the same expression as there: y = a + s b, a - s b, a * b, a / b, a + s (b - a) (lerp), sqrt(a),
-// a + s b c (addcmul), a + s b / c (addcdiv). y may be one of the operands (the same elements).
-enum class DenseOp { kAdd, kSub, kMul, kDiv, kLerp, kSqrt, kAddcmul, kAddcdiv };
-void elementwise_float32(DenseOp op, float* y, const float* a, const float* b, const float* c, int64_t n,
-                         double s);
 
 // The maximum of each of `rows` rows of `length` floats and its first index (a NaN wins: the first NaN), as
 // reduce.cpp's max.dim over its last dim; exact, so the same results as its buffered path.

@@ -31,15 +31,16 @@ diopiError_t unary(const char* symbol, diopiTensorHandle_t out, diopiConstTensor
 }
 
 // integers: add, sub and mul also take int32/int64 (index arithmetic), exact below 2^53 in double.
+// run: the kernel's dense float32 loop (dense_ops.h) for the strided loop's runs; f's expression.
 template <class F>
 diopiError_t binary(const char* symbol, diopiTensorHandle_t out, diopiConstTensorHandle_t a,
-                    diopiConstTensorHandle_t b, F f, bool integers = false) {
+                    diopiConstTensorHandle_t b, F f, bool integers = false, DenseRun run = {}) {
   return guarded(symbol, [&] {
     need(out, "out"), need(a, "first input"), need(b, "second input");
     if (!integers) require_float({out, a, b});
     const Shape shape = broadcast_shapes(shape_of(a), shape_of(b));
     require_shape(out, shape, "out");
-    if (elementwise_strided(symbol, out, shape, f, a, b)) return;
+    if (elementwise_strided_run(run, symbol, out, shape, f, a, b)) return;
     Buffer x = read(a, shape);
     const Buffer y = read(b, shape);
     with_typed(out->dtype, f, [&](auto g) {
@@ -87,25 +88,29 @@ extern "C" {
 diopiError_t diopi_aten_add_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other, double alpha) {
   if (dense(__func__, DenseOp::kAdd, out, self, other, nullptr, alpha)) return DIOPI_SUCCESS;
-  return binary(__func__, out, self, other, [alpha](double a, double b) { return a + alpha * b; }, true);
+  return binary(__func__, out, self, other, [alpha](double a, double b) { return a + alpha * b; }, true,
+                DenseRun{true, DenseOp::kAdd, alpha});
 }
 
 diopiError_t diopi_aten_sub_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other, double alpha) {
   if (dense(__func__, DenseOp::kSub, out, self, other, nullptr, alpha)) return DIOPI_SUCCESS;
-  return binary(__func__, out, self, other, [alpha](double a, double b) { return a - alpha * b; }, true);
+  return binary(__func__, out, self, other, [alpha](double a, double b) { return a - alpha * b; }, true,
+                DenseRun{true, DenseOp::kSub, alpha});
 }
 
 diopiError_t diopi_aten_mul_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other) {
   if (dense(__func__, DenseOp::kMul, out, self, other)) return DIOPI_SUCCESS;
-  return binary(__func__, out, self, other, [](double a, double b) { return a * b; }, true);
+  return binary(__func__, out, self, other, [](double a, double b) { return a * b; }, true,
+                DenseRun{true, DenseOp::kMul, 0.0});
 }
 
 diopiError_t diopi_aten_div_Tensor(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self,
                                    diopiConstTensorHandle_t other) {
   if (dense(__func__, DenseOp::kDiv, out, self, other)) return DIOPI_SUCCESS;
-  return binary(__func__, out, self, other, [](double a, double b) { return a / b; });
+  return binary(__func__, out, self, other, [](double a, double b) { return a / b; }, false,
+                DenseRun{true, DenseOp::kDiv, 0.0});
 }
 
 diopiError_t diopi_aten_neg(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {

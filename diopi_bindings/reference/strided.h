@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dense_ops.h"
 #include "float_bits.h"
 #include "tensor_io.h"
 
@@ -178,9 +179,11 @@ void with_typed(diopiDtype_t dtype, F& f, Body&& body) {
 }
 
 // out = f(inputs...) elementwise over `shape` (the broadcast shape, which out has), without buffers.
-// False (nothing written) where the buffered path must serve.
+// False (nothing written) where the buffered path must serve. `run`: float32 runs of two operands go through
+// dense_ops.h's loop for the kernel (its expression is f's), built for AVX2 too.
 template <class F, class... In>
-bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shape& shape, F&& f_any, In... inputs) {
+bool elementwise_strided_run(const DenseRun& run, const char* symbol, diopiTensorHandle_t out, const Shape& shape,
+                             F&& f_any, In... inputs) {
   constexpr size_t N = sizeof...(In);
   const std::array<diopiConstTensorHandle_t, N> in{inputs...};
   for (diopiConstTensorHandle_t t : in)
@@ -232,6 +235,12 @@ bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shap
           for (int64_t i = 0; i < len; ++i) store_double(oo + i, f(load_double(a + i)));
         } else if constexpr (N == 2) {
           const T *a = p[0] + off[1], *b = p[1] + off[2];
+          if constexpr (std::is_same_v<T, float>) {
+            if (run.on && len >= 32) {  // shorter runs: the call costs more than the wider vectors save
+              elementwise_float32(run.op, oo, a, b, nullptr, len, run.s);
+              return;
+            }
+          }
           for (int64_t i = 0; i < len; ++i) store_double(oo + i, f(load_double(a + i), load_double(b + i)));
         } else {
           const T *a = p[0] + off[1], *b = p[1] + off[2], *c = p[2] + off[3];
@@ -254,6 +263,11 @@ bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shap
     });
   });
   return is_float && ok;
+}
+
+template <class F, class... In>
+bool elementwise_strided(const char* symbol, diopiTensorHandle_t out, const Shape& shape, F&& f_any, In... inputs) {
+  return elementwise_strided_run(DenseRun{}, symbol, out, shape, f_any, inputs...);
 }
 
 }  // namespace diopi_ref
