@@ -245,7 +245,14 @@ std::pair<std::string, int64_t> OpObserver::drain() {
     text += h.second;
     text += '\n';
   }
-  return {std::move(text), static_cast<int64_t>(held.size())};
+  const auto n = static_cast<int64_t>(held.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& h : held) {  // their buffers serve the next lines
+    if (spare_.size() >= 4096) break;
+    h.second.clear();
+    spare_.push_back(std::move(h.second));
+  }
+  return {std::move(text), n};
 }
 
 void OpObserver::set_dtype_name(c10::ScalarType dtype, std::string name) {
@@ -541,6 +548,11 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
   lines_.emplace_back(index, std::move(out));
 }
 
+// Inside a recorded op's kernel: below autograd (ADInplaceOrView excluded).
+bool OpObserver::nested() const {
+  return tl_depth > 0 && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+}
+
 // Which calls a Python dispatch mode would show, told apart without one:
 // - a composite op is decomposed above the Python key: its parts are shown, not it;
 // - a call made with the Python key excluded (tensor construction from data) is not shown;
@@ -552,9 +564,9 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
   const OpFacts* op = facts(fn);
   if (op == nullptr || op->composite) return nullptr;
-  if (tl_depth > 0 && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+  if (nested()) {  // no context (an allocation per inner call): on_end finds it nested again
     ++tl_depth;
-    return std::make_unique<Pending>(false);
+    return nullptr;
   }
   if (op->counted_only) {
     ++count_;
@@ -563,6 +575,13 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   ++tl_depth;
   InHook in_hook;
   auto p = std::make_unique<Pending>(true);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!spare_.empty()) {  // a line's buffer from an earlier drain: no allocation
+      p->line = std::move(spare_.back());
+      spare_.pop_back();
+    }
+  }
   p->uncaught = std::uncaught_exceptions();
   p->allocator = op->allocator;
   if (op->same_elements && !fn.inputs().empty() && fn.inputs()[0].isTensor()) p->source = fn.inputs()[0].toTensor();
@@ -615,7 +634,16 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
 }
 
 void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
-  if (ctx == nullptr) return;
+  if (ctx == nullptr) {
+    // Not recorded. Nested (counted in tl_depth by on_start) iff on_start's tests give the same
+    // answers now: the dispatch-key guards and the pause are scoped around the call.
+    if (tl_in_hook || paused_.load(std::memory_order_relaxed) > 0 ||
+        c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))
+      return;
+    const OpFacts* op = facts(fn);
+    if (op != nullptr && !op->composite && nested()) --tl_depth;
+    return;
+  }
   --tl_depth;
   auto* p = static_cast<Pending*>(ctx);
   if (!p->recorded || std::uncaught_exceptions() > p->uncaught) return;  // nested, or the op raised

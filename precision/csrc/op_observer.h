@@ -75,6 +75,7 @@ class OpObserver {
   const FusedStats* known(const at::Tensor& t);
   void remember(const at::Tensor& t, const FusedStats& s);
   std::string current_module(bool in_backward) const;
+  bool nested() const;
 
   at::CallbackHandle handle_ = 0;
   std::atomic<int64_t> count_{0};
@@ -84,6 +85,7 @@ class OpObserver {
   std::vector<std::string> modules_;
   mutable std::mutex mutex_;  // lines_ (backward may run on an autograd thread)
   std::vector<std::pair<int64_t, std::string>> lines_;  // (call number, index line)
+  std::vector<std::string> spare_;  // drained lines' buffers, cleared, kept for their capacity
   std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
   std::mutex facts_mutex_;
   std::vector<std::string> dtype_names_;

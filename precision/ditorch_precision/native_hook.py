@@ -33,6 +33,8 @@ def why_python(capture) -> str | None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return ("torch.distributed is initialised: collectives and uninitialised buckets (DDP) are "
                 "tracked by the Python path")
+    if _ACTIVE is not None:
+        return "another capture holds the C++ observer (one at a time)"
     if torch._C._len_torch_dispatch_stack() > 0:
         return "another dispatch mode is active: its own ops would be seen as the program's"
     return None

@@ -204,8 +204,11 @@ class Tool:
         own handler that mode is already off, so with no other mode there is nothing to do. A
         capture's C++ observer (native_hook) is paused instead."""
         held = native_hook.paused()
-        if held is not None:
-            return held
         if torch._C._len_torch_dispatch_stack() == 0:
-            return _NOTHING
-        return _disable_current_modes()
+            return held if held is not None else _NOTHING
+        if held is None:
+            return _disable_current_modes()
+        both = ExitStack()  # a Python tool stacked with a C++-hooked capture: both see nothing
+        both.enter_context(held)
+        both.enter_context(_disable_current_modes())
+        return both

@@ -159,6 +159,9 @@ def test_the_hook_is_chosen_and_a_cpp_hook_that_cannot_run_says_why(tmp_path):
     with Capture(str(tmp_path / "d"), mode="stats", selector=Selector.build(steps="0")) as cap:
         torch.ones(2).sum()
     assert cap.hook_used == "python" and Dump.open(str(tmp_path / "d")).meta["hook"] == "python"
+    with Capture(str(tmp_path / "e"), mode="stats") as outer, Capture(str(tmp_path / "f"), mode="stats") as inner:
+        torch.ones(2).sum()
+    assert (outer.hook_used, inner.hook_used) == ("cpp", "python")
 
 
 def test_a_dtype_default_is_named_as_a_dtype():
