@@ -36,6 +36,7 @@ PYBIND11_MODULE(_C, m) {
         o.start();
       })
       .def("stop", &OpObserver::stop)
+      .def("tag", &OpObserver::tag)
       .def("push_module", &OpObserver::push_module)
       .def("pop_module", &OpObserver::pop_module)
       .def("set_optimizer", &OpObserver::set_optimizer)

@@ -4,13 +4,13 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/node.h>
-#include <torch/csrc/autograd/python_anomaly_mode.h>
 
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <unordered_set>
 
 #include "fused_stats.h"
 
@@ -220,6 +220,24 @@ void OpObserver::stop() {
 OpObserver*& OpObserver::current() {
   static OpObserver* active = nullptr;
   return active;
+}
+
+void OpObserver::tag(const std::vector<at::Tensor>& outputs, const std::string& path, uint64_t seq_start) {
+  std::lock_guard<std::mutex> lock(tags_mutex_);
+  auto id = path_ids_.try_emplace(path, static_cast<int>(paths_.size()));
+  if (id.second) paths_.push_back(path);
+  if (node_paths_.size() >= (1u << 22)) node_paths_.clear();  // bounded: forwards long gone
+  std::vector<torch::autograd::Node*> todo;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& t : outputs)
+    if (t.defined() && t.grad_fn()) todo.push_back(t.grad_fn().get());
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second || node->sequence_nr() < seq_start) continue;
+    node_paths_.try_emplace(node->sequence_nr(), id.first->second);
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
 }
 
 void OpObserver::push_module(std::string path) { modules_.push_back(std::move(path)); }
@@ -487,29 +505,14 @@ void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed, const
   out += '}';
 }
 
-// Whether a node has metadata, without creating it (Node::metadata() makes an empty one, a Python
-// dict, for every node asked): through a member pointer to the protected field.
-struct NodeAccess : torch::autograd::Node {
-  static bool has_metadata(torch::autograd::Node* node) {
-    return (node->*(&NodeAccess::anomaly_metadata_)) != nullptr;
-  }
-};
-
 std::string OpObserver::current_module(bool in_backward) const {
   if (!modules_.empty()) return modules_.back();
   if (!in_backward) return {};
   auto node = torch::autograd::get_current_node();
-  if (!node || !NodeAccess::has_metadata(node.get())) return {};  // untagged: no module
-  pybind11::gil_scoped_acquire gil;
-  // In a Python process the engine is the Python engine, whose node metadata is always a
-  // PyAnomalyMetadata (the dict tracking.ModuleTracker tags); its type info is not exported.
-  auto* meta = static_cast<torch::autograd::PyAnomalyMetadata*>(node->metadata());
-  if (meta == nullptr) return {};
-  static PyObject* key = PyUnicode_InternFromString("ditorch_precision.module");  // made once, under the GIL
-  PyObject* path = PyDict_GetItem(meta->dict(), key);
-  if (path == nullptr || !PyUnicode_Check(path)) return {};
-  const char* text = PyUnicode_AsUTF8(path);
-  return text ? std::string(text) : std::string();
+  if (!node) return {};
+  std::lock_guard<std::mutex> lock(tags_mutex_);
+  auto it = node_paths_.find(node->sequence_nr());
+  return it == node_paths_.end() ? std::string() : paths_[it->second];
 }
 
 void OpObserver::module_record(const std::string& op, const std::string& phase, const std::string& module,

@@ -34,6 +34,11 @@ class OpObserver {
   void stop();   // removes it
 
   // Context Python keeps current: the module stack (forward hooks), optimizer, step, rank.
+  // The module path of the autograd nodes a module's forward created (sequence number >= seq_start,
+  // reachable from its outputs; the first path given to a node stays, as inner modules return
+  // first): the module of the ops its backward runs, as tracking.ModuleTracker tags them for the
+  // Python hook, kept here by sequence number (never reused within a thread), without Python.
+  void tag(const std::vector<at::Tensor>& outputs, const std::string& path, uint64_t seq_start);
   void push_module(std::string path);
   void pop_module();
   void set_optimizer(bool on) { in_optimizer_ = on; }
@@ -83,6 +88,10 @@ class OpObserver {
   std::atomic<bool> in_optimizer_{false};
   std::atomic<int64_t> step_{0}, rank_{0};
   std::vector<std::string> modules_;
+  std::unordered_map<uint64_t, int> node_paths_;  // autograd node sequence number -> index in paths_
+  std::unordered_map<std::string, int> path_ids_;
+  std::vector<std::string> paths_;
+  mutable std::mutex tags_mutex_;
   mutable std::mutex mutex_;  // lines_ (backward may run on an autograd thread)
   std::vector<std::pair<int64_t, std::string>> lines_;  // (call number, index line)
   std::vector<std::string> spare_;  // drained lines' buffers, cleared, kept for their capacity

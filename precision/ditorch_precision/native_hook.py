@@ -2,8 +2,9 @@
 show are seen by a RecordFunction callback instead, which writes each op's index line (its
 statistics from one fused pass over each output) into a buffer the capture drains. The Python
 per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own) is gone; what stays
-in Python is per module and per step: the module stack and the optimizer phase are handed over by
-hooks of their own.
+in Python is per module and per step: the module stack, the tags of the autograd nodes each module
+created (kept in C++ by sequence number: the module of a backward op) and the optimizer phase are
+handed over by hooks of their own.
 
 ``choose(capture, wanted)`` says which hook a capture runs ("cpp" or "python") and, for "python",
 why; ``NativeHook`` is the context that installs the C++ one."""
@@ -14,6 +15,7 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_hooks
 
 from . import native
+from .dump import tensors_in
 
 HOOKS = ("auto", "cpp", "python")
 
@@ -76,6 +78,7 @@ class NativeHook:
             optim_hooks.register_optimizer_step_pre_hook(lambda o, a, k: obs.set_optimizer(True)),
             optim_hooks.register_optimizer_step_post_hook(lambda o, a, k: obs.set_optimizer(False)),
         ]
+        tracker.tagger = lambda output, path, seq: obs.tag(tensors_in(output), path, seq)
         obs.start()
         global _ACTIVE
         _ACTIVE = self
@@ -85,6 +88,7 @@ class NativeHook:
         global _ACTIVE
         _ACTIVE = None
         self.observer.stop()
+        self.capture.modules.tagger = self.capture.modules._tag
         for h in self._handles:
             h.remove()
         self._handles = []

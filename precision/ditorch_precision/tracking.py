@@ -25,6 +25,9 @@ class ModuleTracker:
         self._roots: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self._handles: list = []
         self._seen: set[str] = set()  # every path named (kept after the modules are gone)
+        # tags the autograd nodes a module created as (output, path, sequence number at its entry);
+        # a capture's C++ observer keeps the tags itself (native_hook)
+        self.tagger = self._tag
 
     def __enter__(self) -> "ModuleTracker":
         self._handles = [
@@ -63,7 +66,7 @@ class ModuleTracker:
             return
         path, seq_start = self.stack.pop()
         if torch.is_grad_enabled():
-            self._tag(output, path, seq_start)
+            self.tagger(output, path, seq_start)
         if self.on_output is not None:
             self.on_output(path, output)
 
