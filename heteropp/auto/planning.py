@@ -56,7 +56,8 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
     rk = Ranking(pb, rank_actions)
     try:
-        res: SearchResult | None = _searched(pb, group_size, progress, limits, idle, beat_s, extended, rk)
+        res: SearchResult | None = _searched(pb, group_size, progress, limits, idle, beat_s, extended, rk,
+                                             baselines)
     except NothingFaster:
         if not baselines:
             raise
@@ -99,7 +100,7 @@ def run_sized(problems: dict[int, Problem], group_size: int = 128, progress: Pro
         pb = problems[size]
         try:
             results[size] = _searched(pb, group_size, progress, limits, idle, rk.best_s if cutoff else math.inf,
-                                      True, rk)
+                                      True, rk, baselines)
         except NothingFaster:
             pass
         except InfeasibleError as e:
@@ -119,10 +120,12 @@ def run_sized(problems: dict[int, Problem], group_size: int = 128, progress: Pro
 
 
 def _searched(pb: Problem, group_size: int, progress: Progress | None, limits: Limits, idle: str,
-              beat_s: float, extended: bool, rk: Ranking) -> SearchResult:
+              beat_s: float, extended: bool, rk: Ranking, with_idle: bool = False) -> SearchResult:
     """The search's result, its plans offered to `rk`: its kept plans (on an instance small enough to
     simulate them, those within POOL_MARGIN of its optimum, at most RERANK_POOL), h2's sharding of its
-    best, the idle-chip plans it found, and on a small instance the larger space's plans."""
+    best, the idle-chip plans it found, and on a small instance the larger space's plans; `with_idle` (the
+    planner and its rounded-count baselines, not a type subset's sub-search), on a cluster of up to
+    IDLE_OFFER_CHIPS chips too large for that, the idle-chip search's plans."""
     from .h2 import h2_candidates
     from .search import _runs
     small = _simulable(pb)
@@ -139,7 +142,20 @@ def _searched(pb: Problem, group_size: int, progress: Progress | None, limits: L
     h2 = h2_candidates(pb.cm, res.best.dp, _runs(res.best.stages), group_size)
     # the search's best and next three before the rest: the pool's order breaks ties
     rk.offer([*[res.best, *res.runners_up][:RERANK_FIRST], *h2, *res.runners_up[RERANK_FIRST - 1:], *more], pb)
+    if with_idle and idle == "auto" and not small and pb.cluster.total_chips <= IDLE_OFFER_CHIPS:
+        rk.offer(_idle_plans(pb, limits), pb)
     return res
+
+
+def _idle_plans(pb: Problem, limits: Limits) -> list[Candidate]:
+    """The idle-chip search's plans (idle.py), for the ranking to simulate: the search's objective, which
+    leaves round trips out, can misjudge a dp by more than the margin within which it keeps plans."""
+    from .idle import search_idle
+    try:
+        res = search_idle(pb.cm, limits)
+    except InfeasibleError:
+        return []
+    return [res.best, *res.runners_up]
 
 
 def _h2(pb: Problem, group_size: int, progress: Progress | None) -> SearchResult:
@@ -203,6 +219,11 @@ RERANK_POOL = 24  # plans the search hands to the ranking at most, on a small in
 # trips nor warm-up, which parameters change by more than the estimate's error
 POOL_MARGIN = 0.25
 RERANK_ACTIONS = 100_000  # small_enough_to_simulate: RERANK_POOL plans' simulations within this many actions
+# the planner and its rounded-count baselines also offer the idle-chip plans to the ranking on clusters of up
+# to this many chips too large to simulate the search's wide pool (small ones get the larger space instead):
+# 100 + 36 + 20 chips of 3 types planned 2.5% slower than 99 + 36 + 20, whose plan (dp 2, the same chips)
+# the search's objective put 4.8% above its simulated time
+IDLE_OFFER_CHIPS = 512
 def with_params_timed(pb: Problem, res: SearchResult) -> SearchResult:
     """`res`'s plans in its own order, each carrying its parameters and its simulated time with them
     (best_params, as to_plan writes them); a runner-up the schedule cannot run drops out."""
