@@ -222,12 +222,52 @@ int written_argument(const c10::FunctionSchema& schema, const c10::AliasInfo* al
 
 void write_back(const at::Tensor& original, const at::Tensor& host) {
   if (!on_device(original)) return;
-  if (!original.sizes().equals(host.sizes())) original.resize_(host.sizes());  // an out= the operator resized
+  if (!original.sizes().equals(host.sizes())) {  // an out= the operator resized, to its inputs' layout as on the CPU
+    original.resize_(host.sizes());
+    if (host.is_non_overlapping_and_dense() && !original.strides().equals(host.strides())) {
+      original.as_strided_(host.sizes(), host.strides());
+    }
+  }
   if (host.numel() > 0) g_copies[kToDevice].fetch_add(1, std::memory_order_relaxed);
   original.copy_(host);
 }
 
 void counted_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The CPU's default generator with a device generator's state, for a random operator that has no generator
+// argument. The device generator gets the advanced state when the call returns (commit); the CPU gets its own
+// state back in any case, a failed call included.
+class BorrowedCpuGenerator {
+ public:
+  explicit BorrowedCpuGenerator(const c10::Device& device)
+      : device_generator_(at::globalContext().defaultGenerator(device)),
+        device_lock_(device_generator_.mutex()),
+        cpu_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(cpu_.mutex());
+    saved_ = cpu_.get_state();
+    cpu_.set_state(HostTrip::cpu_part(device_generator_));
+  }
+  BorrowedCpuGenerator(const BorrowedCpuGenerator&) = delete;
+  BorrowedCpuGenerator& operator=(const BorrowedCpuGenerator&) = delete;
+
+  void commit() {
+    std::lock_guard<std::mutex> lock(cpu_.mutex());
+    device_generator_.set_state(cpu_.get_state());
+  }
+
+  ~BorrowedCpuGenerator() {
+    std::lock_guard<std::mutex> lock(cpu_.mutex());
+    cpu_.set_state(saved_);  // a state the CPU generator gave: it cannot be refused
+  }
+
+ private:
+  at::Generator device_generator_;
+  std::lock_guard<std::mutex> device_lock_;
+  at::Generator cpu_;
+  at::Tensor saved_;
+};
+
+void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 }  // namespace
 
@@ -255,7 +295,21 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool 
     return;
   }
   if (count) count_call(schema);
+  try {
+    run_on_host(op, stack);
+  } catch (c10::Error& e) {  // torch's own error (its type kept), with the operator and the fallback named
+    e.add_context("diopi: " + overload_name(schema) + " ran on the CPU (the diopi device's CPU fallback)");
+    throw;
+  }
+}
 
+namespace {
+
+// cpu_fallback's trip to the host: inputs copied, the CPU kernel, written arguments and results back.
+void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t first = stack->size() - n;
   const std::vector<c10::IValue> originals(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   HostTrip trip;
   for (size_t i = first; i < first + n; ++i) (*stack)[i] = trip.to_host((*stack)[i]);
@@ -278,21 +332,11 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool 
   } else if (generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded) &&
              schema.name() != kDrawExplicitly[1]) {  // flash attention on the CPU refuses dropout: it draws nothing
     // A random operator without a generator argument (another library's) draws from the CPU's default generator:
-    // lend it the device generator's state for the call, and give the CPU its own back. A thread drawing from the
-    // CPU's default generator meanwhile is not protected (torch has no per-thread default).
-    at::Generator device_generator = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(device_generator.mutex());
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    at::Tensor saved;
-    {
-      std::lock_guard<std::mutex> cpu_lock(cpu.mutex());
-      saved = cpu.get_state();
-      cpu.set_state(HostTrip::cpu_part(device_generator));
-    }
+    // lend it the device generator's state for the call. A thread drawing from the CPU's default generator
+    // meanwhile is not protected (torch has no per-thread default).
+    BorrowedCpuGenerator borrowed(device);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-    std::lock_guard<std::mutex> cpu_lock(cpu.mutex());
-    device_generator.set_state(cpu.get_state());
-    cpu.set_state(saved);
+    borrowed.commit();
   } else {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
@@ -336,8 +380,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool 
   }
 }
 
-namespace {
 void counted_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { cpu_fallback(op, stack, true); }
+
 }  // namespace
 
 void register_fallback(std::function<void(const std::string&)> first_fallback) {

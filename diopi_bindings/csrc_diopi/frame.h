@@ -57,6 +57,8 @@ class Frame {
   // A Generator? argument (None: the device's default generator), locked for the call.
   diopiGeneratorHandle_t generator(size_t i);
   diopiGeneratorHandle_t default_generator();
+  // Unlocks the generators: a declined call drew nothing, and the CPU fallback lends them to the CPU.
+  void release_generators() { locks_.clear(); }
   // A result the library allocates: where it stores the handle. Read back by result(i) after the call.
   diopiTensorHandle_t* allocated(size_t i);
   const at::Tensor* result(size_t i) const;  // null when the library allocated no result i

@@ -206,6 +206,7 @@ class DiopiKernel final : public c10::OperatorKernel {
     const diopiError_t code = route.call(g_functions[index_], frame);
     if (code == diopiNoImplement || code == diopiForceFallbackToCPU || code == diopiDtypeNotSupported) {
       g_counts[index_].fallback.fetch_add(1, std::memory_order_relaxed);
+      frame.release_generators();  // the fallback locks them again (a second lock by this thread would hang)
       cpu_fallback(op, stack, false);  // counted as this route's declined call
       return;
     }

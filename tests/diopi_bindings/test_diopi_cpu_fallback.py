@@ -143,3 +143,90 @@ def test_a_call_the_library_declines_runs_through_the_same_fallback() -> None:
     """)
     assert got["equal"] == [True, True, True]
     assert got["ops"] == {"aten::add.out": 3} and got["back"] == 3, got
+
+
+def test_a_random_call_the_library_declines_runs_on_the_cpu_from_the_device_generator() -> None:
+    # The DIOPI-named reference declines float16 draws and dropout outside training: the route has locked the
+    # device generator for the call, and the fallback lends that same generator to the CPU (it hung before: the
+    # generator's mutex taken twice by one thread).
+    got = run_python(SETUP + """
+    torch.manual_seed(7)  # seeds the CPU's and the device's default generators alike
+    ones = torch.ones(64, dtype=torch.float16)
+    on_device = [torch.empty(64, dtype=torch.float16, device=d).normal_().cpu(),
+                 torch.empty(64, dtype=torch.float16, device=d).uniform_(-1, 1).cpu(),
+                 *[t.cpu() for t in torch.ops.aten.native_dropout(ones.to(d), 0.5, True)],
+                 *[t.cpu() for t in torch.ops.aten.native_dropout(ones.to(d), 0.5, False)]]
+    torch.manual_seed(7)
+    on_cpu = [torch.empty(64, dtype=torch.float16).normal_(), torch.empty(64, dtype=torch.float16).uniform_(-1, 1),
+              *torch.ops.aten.native_dropout(ones, 0.5, True), *torch.ops.aten.native_dropout(ones, 0.5, False)]
+    print(json.dumps({"equal": [torch.equal(a, b) for a, b in zip(on_device, on_cpu)],
+                      "declined": dict(deeplink.fallback_ops())}))
+    """, timeout=120)
+    assert got["equal"] == [True] * 6, got["equal"]
+    assert got["declined"] == {"aten::normal_": 1, "aten::uniform_": 1, "aten::native_dropout": 2}, got["declined"]
+
+
+def test_an_operator_that_fails_on_the_cpu_is_named_and_writes_nothing() -> None:
+    # logit into an int64 out= fails in the CPU kernel: the error is torch's own, with the operator and the fallback
+    # named; the caller's out= keeps its values.
+    got = run_python(SETUP + """
+    x = torch.rand(3, 4)
+
+    def error(out):
+        try:
+            torch.logit(x.to(out.device), out=out)
+        except RuntimeError as exc:
+            return str(exc)
+
+    out = torch.full((3, 4), 7, dtype=torch.int64, device=d)
+    print(json.dumps({"device": error(out), "cpu": error(torch.full((3, 4), 7, dtype=torch.int64)),
+                      "kept": torch.equal(out.cpu(), torch.full((3, 4), 7))}))
+    """)
+    assert got["cpu"] and got["cpu"].splitlines()[0] in got["device"], got
+    assert "aten::logit.out" in got["device"] and "on the CPU" in got["device"], got["device"]
+    assert got["kept"]
+
+
+def test_a_failing_random_operator_leaves_the_cpu_generator_as_it_was() -> None:
+    # A seeded operator without a generator argument (another namespace's) draws from the CPU's default generator,
+    # which the fallback lends the device generator's state for the call; when its CPU kernel raises, the CPU's own
+    # state must come back all the same (before, the CPU generator kept the device's state and the failed draws).
+    got = run_python(SETUP + """
+    lib = torch.library.Library("diopi_fallback_test", "DEF")
+    lib.define("noisy(Tensor x) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+
+    def noisy(x):
+        torch.rand(16)
+        raise ValueError("noisy refuses")
+
+    lib.impl("noisy", noisy, "CPU")
+    torch.manual_seed(11)
+    expected = torch.rand(4)
+    torch.manual_seed(11)
+    try:
+        torch.ops.diopi_fallback_test.noisy(torch.ones(3, device=d))
+        raised = ""
+    except ValueError as exc:
+        raised = str(exc)
+    print(json.dumps({"raised": raised, "cpu_stream_kept": torch.equal(torch.rand(4), expected)}))
+    """)
+    assert "noisy refuses" in got["raised"], got
+    assert got["cpu_stream_kept"], got
+
+
+def test_an_out_argument_the_operator_resizes_gets_the_cpu_layout() -> None:
+    # An out= of the wrong shape is resized by the operator, with the layout of its inputs (a transposed input, a
+    # transposed out); on the device the same strides as on the CPU.
+    got = run_python(SETUP + """
+    x = torch.rand(3, 4)
+    layouts = []
+    for out_shape in ((0,), (5,)):
+        outs = [torch.empty(out_shape, device=d), torch.empty(out_shape)]
+        for out in outs:
+            torch.atan2(x.to(out.device).t(), x.to(out.device).t(), out=out)
+        layouts.append([list(outs[0].stride()), list(outs[1].stride()), torch.equal(outs[0].cpu(), outs[1])])
+    print(json.dumps({"layouts": layouts, "ops": dict(device.fallback_ops())}))
+    """)
+    for device_stride, cpu_stride, equal in got["layouts"]:
+        assert device_stride == cpu_stride and equal, got["layouts"]
+    assert got["ops"] == {"aten::atan2.out": 2}, got["ops"]
