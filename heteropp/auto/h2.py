@@ -179,6 +179,9 @@ class _Bound:
         self.opts = opts
         self.best: dict[tuple[int, int, int, tuple[bool, ...]], Part] = {}
         self.seen: dict[tuple[str, int, int, bool, int], Part] = {}
+        self.rest_memo: dict[tuple[Any, ...], tuple[list[Part], ...]] = {}
+        # the chip types of entities k.. in order (a memo key's TP limits and flags are theirs)
+        self.rest_chips = [list(dict.fromkeys(e.chip for e in ents[k:])) for k in range(len(ents) + 1)]
 
     def in_flight(self, p: int) -> int:
         return self.floor[p - 1] if 1 <= p <= self.L else self.sk.in_flight(0, p, self.b, {})
@@ -204,25 +207,42 @@ class _Bound:
 
     def least(self, tps: list[int], rs: list[bool]) -> float:
         k, ents, dp = len(tps), self.ents, self.dp
-        n = self.in_flight(sum(e.chips // dp // t for e, t in zip(ents, tps)) + self.rest_stages[k])
-        entity, free = self._entity, self._free
-        parts = [entity(i, t, r, n) for i, (t, r) in enumerate(zip(tps, rs))]
-        last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
-        first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
+        p = self.rest_stages[k]
+        for e, t in zip(ents, tps):
+            p += e.chips // dp // t
+        n = self.in_flight(p)
+        entity = self._entity
+        parts = [entity(i, t, rs[i], n) for i, t in enumerate(tps)]
         if self.group_rule or self.tied:
+            last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
+            first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
             for e, t, r in zip(ents, tps, rs):
                 last_tp[e.chip] = t
                 first_r.setdefault(e.chip, r)
+            key: tuple[Any, ...] = (k, n, tuple(last_tp.get(c) for c in self.rest_chips[k]) if self.group_rule else (),
+                                    tuple(first_r.get(c) for c in self.rest_chips[k]))
+        else:
+            last_tp, first_r, key = {}, {}, (k, n)
+        # the rest's parts depend only on this key (the DFS asks for the same ones at every sibling)
+        rest_parts = self.rest_memo.get(key)
+        if rest_parts is None:
+            rest_parts = self.rest_memo[key] = self._rest(k, n, last_tp, first_r)
+        if len(rest_parts) == 2:
+            return min(_level_and_total(parts + rp, self.L, self.b) for rp in rest_parts)
+        return _level_and_total(parts + rest_parts[0], self.L, self.b)
+
+    def _rest(self, k: int, n: int, last_tp: dict[str, int], first_r: dict[str, bool]) -> tuple[list[Part], ...]:
+        """The parts of entities k.. at their best (one list), or where the rest is one type whose recompute
+        flag is still open, one list per flag."""
+        ents, free = self.ents, self._free
         rest = range(k, len(ents))
         tmax = [last_tp.get(ents[i].chip, ANY_TP) if self.group_rule else ANY_TP for i in rest]
         left = {ents[i].chip for i in rest}
         if len(left) == 1 and (self.tied or len(rest) == 1) and not left & first_r.keys():
-            # the rest is one type whose recompute flag is still open: the least over that one flag, as a
-            # memory-bound type's flag trades its rate against its room
-            return min(_level_and_total(parts + [free(i, n, m, (r,)) for i, m in zip(rest, tmax)], self.L, self.b)
-                       for r in BOTH)
+            # the least over that one flag, as a memory-bound type's flag trades its rate against its room
+            return tuple([free(i, n, m, (r,)) for i, m in zip(rest, tmax)] for r in BOTH)
         flags = [(first_r[ents[i].chip],) if self.tied and ents[i].chip in first_r else BOTH for i in rest]
-        return _level_and_total(parts + [free(i, n, m, f) for i, m, f in zip(rest, tmax, flags)], self.L, self.b)
+        return ([free(i, n, m, f) for i, m, f in zip(rest, tmax, flags)],)
 
 
 def _level_and_total(parts: list[Part], L: int, b: int) -> float:
