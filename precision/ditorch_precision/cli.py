@@ -48,6 +48,8 @@ def _print_diff(report, rows: int, show_all: bool, unmatched: _Unmatched | None 
     unmatched = unmatched or _Unmatched(report.unmatched)
     cols = ("index", "op", "phase", "module", "status", "rule", "max_abs", "max_rel", "cosine", "max_ulp")
     shown = report.ops if show_all else report.failed[:rows]
+    for note in report.notes:
+        print(f"note: {note}")
     if shown:
         print(" ".join(f"{c:<10}" if c not in ("op", "module") else f"{c:<28}" for c in cols))
         for r in shown:
@@ -174,6 +176,8 @@ def _compare_ranks(args, options) -> int:
     if args.json:
         print(json.dumps(d, indent=1))
     else:
+        for note in d["notes"]:
+            print(f"note: {note}")
         for rank in d["ranks"]:
             r = d["per_rank"][rank]
             print(f"rank {rank}: {r['n_ops']} ops: {r['n_passed']} pass, {r['n_failed']} fail, "

@@ -45,6 +45,7 @@ class DiffReport:
     # "region"; the lists above then keep only failures (KEPT_WHEN_STREAMED of each).
     on_row: Callable[[str, dict], None] | None = None
     counts: Counter = field(default_factory=Counter)  # "op:<status>", "unmatched", "region:<verdict>"
+    notes: list[str] = field(default_factory=list)  # what the reader must know before the numbers
 
     def add(self, ops: list[dict], unmatched: Sequence[dict] = (), regions: Sequence[dict] = ()) -> None:
         """Rows of a part of the run, in call order (each part after the ones before it)."""
@@ -88,7 +89,7 @@ class DiffReport:
                 "n_passed": c["op:pass"], "n_failed": c["op:fail"], "n_skipped": c["op:skipped"],
                 "n_drift": c["op:drift"], "n_unmatched": c["unmatched"],
                 "n_unjudged_regions": c["region:unjudged"], "first_divergence": self.first_divergence,
-                "streamed": self.on_row is not None, "ops": self.ops, "unmatched": self.unmatched,
+                "notes": self.notes, "streamed": self.on_row is not None, "ops": self.ops, "unmatched": self.unmatched,
                 "regions": self.regions}
 
 
@@ -374,13 +375,27 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
             options = CompareOptions()
     a, b = Dump.open(dump_a), Dump.open(dump_b)
     check_tolerance_keys(options.tolerances, a, b)
-    report = DiffReport(dump_a, dump_b, on_row=on_row)
+    report = DiffReport(dump_a, dump_b, on_row=on_row, notes=[n for n in [hooks_differ(a, b, options.align)] if n])
     with torch.no_grad():
         if options.align == "index":
             _compare_by_index(a, b, options, report)
         else:
             _compare_by_structure(a, b, options, report)
     return report
+
+
+def hooks_differ(a: Dump, b: Dump, align: str) -> str | None:
+    """The captures were recorded through different op hooks (meta.json "hook"; a capture made
+    before the C++ hook existed has none and went through the Python dispatch mode): their op
+    sequences differ by the ops the dispatch mode itself causes, so a part of the ops is unmatched
+    (counted, not judged) or, aligned by index, misaligned."""
+    hook_a, hook_b = (str(d.meta.get("hook", "python")) for d in (a, b))
+    if hook_a == hook_b:
+        return None
+    effect = ("call indices differ, so ops are misaligned" if align == "index" else
+              "the ops only one hook records are unmatched: counted, not judged")
+    return (f"the captures were recorded through different op hooks (A: {hook_a!r}, B: {hook_b!r}); their op "
+            f"sequences differ and {effect}. Capture both with the same hook (Capture(hook=...)) for an exact match")
 
 
 def check_tolerance_keys(table: ToleranceTable, *dumps: Dump) -> None:
@@ -694,11 +709,21 @@ class RankReport:
         firsts += [c for c in self.collectives if c["status"] == "fail"]
         return min(firsts, key=lambda f: (f.get("step") or 0, f.get("index") or 0, f.get("rank") or 0), default=None)
 
+    @property
+    def notes(self) -> list[str]:
+        """The ranks' notes, each once, prefixed with the ranks it concerns."""
+        ranks: dict[str, list[int]] = {}
+        for rank, r in sorted(self.reports.items()):
+            for note in r.notes:
+                ranks.setdefault(note, []).append(rank)
+        return [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {note}" for note, rs in ranks.items()]
+
     def to_dict(self) -> dict:
         per_rank = {rank: r.to_dict() for rank, r in self.reports.items()}
         total = lambda key: sum(d[key] for d in per_rank.values())  # noqa: E731
-        return {"passed": self.passed, "ranks": sorted(self.reports), "first_divergence": self.first_divergence,
-                "n_ops": total("n_ops"), "n_passed": total("n_passed"), "n_failed": total("n_failed"),
+        return {"passed": self.passed, "ranks": sorted(self.reports), "notes": self.notes,
+                "first_divergence": self.first_divergence, "n_ops": total("n_ops"), "n_passed": total("n_passed"),
+                "n_failed": total("n_failed"),
                 "n_skipped": total("n_skipped"), "n_unmatched": total("n_unmatched"),
                 "collectives": self.collectives, "per_rank": per_rank}
 

@@ -181,7 +181,8 @@ def loss_html(report: LossReport) -> str:
 def diff_html(report: DiffReport, max_rows: int = 500, title: str | None = None) -> str:
     d = report.to_dict()
     fd = d["first_divergence"]
-    body = f"<p>{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped.</p>"
+    body = "".join(f"<p><b>Note</b>: {html.escape(note)}</p>" for note in d["notes"])
+    body += f"<p>{d['n_ops']} ops: {d['n_passed']} pass, {d['n_failed']} fail, {d['n_skipped']} skipped.</p>"
     if fd:
         body += (f"<p><b>First divergence</b>: {html.escape(fd['op'])} #{fd['index']} ({fd['phase']}, module "
                  f"{html.escape(str(fd['module']))}): {html.escape(fd['rule'])}: {html.escape(fd['detail'])}</p>")

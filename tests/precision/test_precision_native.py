@@ -2,6 +2,7 @@
 a stats capture through the C++ op observer against one through the Python dispatch mode on a
 HuggingFace Llama training run (CPU float32 standing in for the device; the Python hook is the
 reference, and a planted 1e-4 fault must be found at the same op)."""
+import html
 import json
 import math
 import os
@@ -11,9 +12,11 @@ import pytest
 import torch
 
 from ditorch_precision import Capture, Selector, compare_dumps, native
+from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from ditorch_precision.report import diff_html
 from ditorch_precision.signature import signature
 from ditorch_precision.summaries import tensor_stats
 
@@ -135,6 +138,29 @@ def test_a_planted_fault_is_found_at_the_same_op_through_the_cpp_hook(hooked):
     for reference in ("cpp", "python"):
         fd = compare_dumps(hooked["cpp_bad"], hooked[reference]).first_divergence
         assert (fd["op"], fd["module"], fd["rule"], fd["step"]) == ("aten::mm", FAULTY, "stats", 0)
+
+
+def test_a_compare_of_captures_made_through_different_hooks_says_so_first(hooked, capsys):
+    # the hooks' op sequences differ (ops the dispatch mode itself causes): the unmatched ops are
+    # only counted, so the report names the hooks before anything else
+    hooks = {}
+    for name in ("cpp", "python"):
+        with open(os.path.join(hooked[name], "meta.json")) as f:
+            hooks[name] = json.load(f)["hook"]
+    assert hooks == {"cpp": "cpp", "python": "python"}
+    report = compare_dumps(hooked["cpp"], hooked["python"])
+    (note,) = report.notes
+    assert "'cpp'" in note and "'python'" in note and "unmatched" in note
+    assert report.to_dict()["notes"] == [note]
+    assert compare_dumps(hooked["cpp_bad"], hooked["cpp"]).notes == []
+    assert main(["compare", hooked["cpp"], hooked["python"]]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"note: {note}"
+    assert main(["compare", hooked["cpp"], hooked["python"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == [note]
+    assert f"<b>Note</b>: {html.escape(note)}" in diff_html(report)
+    assert main(["compare", hooked["cpp_bad"], hooked["cpp"]]) == 1
+    assert not any(line.startswith("note:") for line in capsys.readouterr().out.splitlines())
 
 
 def test_an_op_that_raises_is_not_recorded_and_the_capture_goes_on(tmp_path):
