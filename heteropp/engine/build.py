@@ -42,7 +42,7 @@ def make_optimizer(named: list[tuple[str, torch.nn.Parameter]], lr: float, opts:
     """AdamW with weight decay on matrices only (norms and biases are 1-D: no decay, as Megatron and HF do)."""
     return ZeroAdamW([p for _, p in named], lr, dp, dp_rank, dp_size, weight_decay=opts.weight_decay, clip_norm=clip,
                      owned=owned, distributed_norm=distributed, decay=[p.ndim > 1 for _, p in named],
-                     scaler=LossScaler() if opts.dtype == "fp16" else None)
+                     scaler=LossScaler() if opts.dtype == "fp16" else None, zero1=opts.zero1)
 
 
 def resume(opt: ZeroAdamW, ckpt: Checkpointer, opts: TrainOptions) -> int:

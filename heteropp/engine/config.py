@@ -17,6 +17,7 @@ class TrainOptions:
     checkpoints. Shared by the engine's workers and the single-process reference."""
     dtype: str = "fp32"  # parameters and activations; fp32 master weights and optimizer state otherwise
     weight_decay: float = 0.01  # not applied to norms and biases
+    zero1: bool = True  # shard the optimizer state over each DP group (False: every DP rank holds it whole)
     warmup_steps: int = 0
     lr_decay: str = "constant"  # constant, linear or cosine (to min_lr at the run's last step)
     min_lr: float = 0.0

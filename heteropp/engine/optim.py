@@ -3,6 +3,8 @@
 Gradients are all-reduced inside the DP group (chips of one type), each rank updates its shard, and the
 updated shards are all-gathered. Adam is elementwise, so a sharded update equals the unsharded one; the
 update is torch.optim.AdamW's (single-tensor) sequence of operations, so at dp 1 it matches it bit for bit.
+Without ZeRO-1 (`zero1=False`, the training spec's `zero1: false`) every DP rank keeps the whole optimizer
+state and, after the same all-reduce, applies the whole update itself: no all-gather, as HeteroAuto prices it.
 
 Mixed precision (Megatron's scheme): with bf16 or fp16 parameters the optimizer keeps fp32 master weights
 for its shard, reduces gradients in fp32 and keeps fp32 moments; the model's low-precision weights are the
@@ -64,22 +66,24 @@ class ZeroAdamW:
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.01,
                  clip_norm: float | None = None, owned: list[bool] | None = None, norm_group: Any = None,
                  distributed_norm: bool = False, decay: list[bool] | None = None,
-                 scaler: LossScaler | None = None) -> None:
+                 scaler: LossScaler | None = None, zero1: bool = True) -> None:
         """`clip_norm`: scale gradients so their global L2 norm is at most this (None: no clipping).
         `owned[i]`: whether this rank counts parameter i in the norm (False for a TP replica's copy).
         `distributed_norm`: the norm spans ranks (all-reduced over `norm_group`, None = the world).
         `decay[i]`: whether weight decay applies to parameter i (None: to all).
-        `scaler`: fp16's dynamic loss scale (the loss was multiplied by scaler.scale)."""
+        `scaler`: fp16's dynamic loss scale (the loss was multiplied by scaler.scale).
+        `zero1`: shard the optimizer state over the DP group (False: every DP rank holds and updates it whole)."""
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be positive, got {clip_norm}")
         self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
         self.clip_norm, self.norm_group, self.distributed_norm = clip_norm, norm_group, distributed_norm
         self.scaler = scaler
         self.last_norm: float | None = None
-        self.group, self.dp_rank, self.dp_size = dp_group, dp_rank, dp_size
+        self.group, self.dp_rank, self.dp_size, self.zero1 = dp_group, dp_rank, dp_size, zero1
         total = sum(p.numel() for p in params)
-        self.shard = -(-total // dp_size)
-        self.padded = self.shard * dp_size
+        parts = dp_size if zero1 else 1  # shards of the optimizer state; without ZeRO-1 one, on every DP rank
+        self.shard = -(-total // parts)
+        self.padded = self.shard * parts
         dev, dtype = params[0].device, params[0].dtype
         if other := sorted({str(p.dtype) for p in params} - {str(dtype)}):
             raise ValueError(f"ZeroAdamW keeps one flat buffer, so every parameter must have one dtype: got {dtype} "
@@ -88,7 +92,7 @@ class ZeroAdamW:
         # state in at least fp32 (fp64 stays fp64)
         self.state_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         sd = self.state_dtype
-        self.lo = dp_rank * self.shard
+        self.lo = (dp_rank if zero1 else 0) * self.shard
         # The parameters and their gradients live in two flat buffers (padding zero) and are views of them,
         # so the model's weights and gradients are held once: the weights in their dtype (the update writes
         # them in place and the DP all-gather fills them), the gradients in the state dtype (fp32 reduction;
@@ -106,7 +110,10 @@ class ZeroAdamW:
         self.t = 0
         # runs [a, b) of this shard that weight decay applies to, and that this rank counts in the norm
         self._decay_runs = self._runs(decay if decay is not None else [True] * len(params))
-        self._owned_runs = self._runs(owned if owned is not None else [True] * len(params))
+        owned = owned if owned is not None else [True] * len(params)
+        if not zero1 and dp_rank > 0:  # every DP rank holds the whole gradient: the norm counts DP rank 0's
+            owned = [False] * len(params)
+        self._owned_runs = self._runs(owned)
 
     def _runs(self, flags: list[bool]) -> list[tuple[int, int]]:
         """The maximal runs [a, b) of this rank's shard covered by parameters whose flag is set."""
@@ -207,7 +214,7 @@ class ZeroAdamW:
         mine.addcdiv_(self.m, den, value=-step_size)
         if self.master is not None:
             self._w[self.lo:self.lo + self.shard].copy_(mine)  # the low-precision rounding of the master
-        if self.dp_size > 1:
+        if self.zero1 and self.dp_size > 1:
             # the input apart from the outputs it is gathered into: the spent gradient shard's bytes
             src = g.view(self.dtype)[:self.shard]
             src.copy_(self._w[self.lo:self.lo + self.shard])
@@ -236,7 +243,7 @@ class ZeroAdamW:
 
     # -- checkpoints: per-parameter state, whole over the DP group ----------------------------------
     def _gathered(self, shard: torch.Tensor) -> torch.Tensor:
-        if self.dp_size == 1:
+        if self.dp_size == 1 or not self.zero1:
             return shard
         full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
         dist.all_gather(list(full.split(self.shard)), shard.contiguous(), group=self.group)
@@ -244,7 +251,7 @@ class ZeroAdamW:
 
     def full_state(self) -> dict[str, list[torch.Tensor]]:
         """Per parameter (in `params` order): the master weight (fp32 or the parameter itself), Adam's two
-        moments, each whole (gathered over the DP group: a collective, every DP rank must call it)."""
+        moments, each whole (under ZeRO-1 gathered over the DP group: a collective, every DP rank must call it)."""
         if self.master is not None:
             weights = self._gathered(self.master)
         else:

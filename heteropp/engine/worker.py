@@ -169,7 +169,9 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             "secret_digest": hashlib.sha256(os.environ.get("DICOMM_JOB_SECRET", "").encode()).hexdigest()[:12],
             # torch's huge-page allocator at work in this rank (launch sets THP_MEM_ALLOC_ENABLE)
             "huge_page_tensors": _huge_pages_advised(torch.empty(1 << 20)),
-            "skipped_steps": opt.scaler.skipped if opt.scaler else 0}
+            "skipped_steps": opt.scaler.skipped if opt.scaler else 0,
+            # elements of Adam's first moment this rank keeps: 1/dp of its stage's under ZeRO-1, else all
+            "optim_state_elems": opt.m.numel()}
 
 
 def _huge_pages_advised(tensor: torch.Tensor) -> bool:

@@ -1,10 +1,11 @@
-"""The cost model prices the bytes the engine's data-parallel update sends (issue 30): ZeroAdamW all-reduces
-the gradients in its fp32 gradient buffer (bf16 and fp16 weights too) and, sharded (ZeRO-1), all-gathers
-the updated weights in their own dtype; a part of a plan of replica groups is all-reduced in fp32 among its
-holders, each keeping the whole optimizer state (replica_sim prices those plans without ZeRO-1: no
-all-gather, the whole step). The element sizes come from the engine's own buffers (an optimizer built as
-the engine builds it); the reference is the ring all-reduce and all-gather written out by hand. Hand-set
-profiles stand in for measured chips."""
+"""The cost model prices the bytes the engine's data-parallel update sends (issue 30): ZeroAdamW all-reduces the
+gradients in its fp32 gradient buffer (bf16 and fp16 weights too) and, sharded (ZeRO-1), all-gathers the
+updated weights in their own dtype; a part of a plan of replica groups is all-reduced in fp32 among its
+holders, each keeping the whole optimizer state (replica_sim prices those plans without ZeRO-1: no all-gather,
+the whole step), as are stages of a `zero1: false` spec, whose every DP rank holds and steps the whole
+optimizer state. The element sizes and the share of the state a rank steps come from the engine's own buffers
+(an optimizer built as the engine builds it); the reference is the ring all-reduce and all-gather written out
+by hand. Hand-set profiles stand in for measured chips."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -29,6 +30,14 @@ def _engine_bytes(dtype: str) -> tuple[int, int]:
     return p.main_grad.element_size(), p.element_size()  # type: ignore[attr-defined]
 
 
+def _engine_state_share(dp: int, zero1: bool) -> float:
+    """The share of a stage's parameters whose Adam state and update one of `dp` engine ranks holds and
+    steps (built without a process group: construction talks to no one)."""
+    p = nn.Parameter(torch.zeros(1 << 12))
+    opt = ZeroAdamW([p], 1e-3, dp_rank=0, dp_size=dp, zero1=zero1)
+    return opt.m.numel() / p.numel()
+
+
 def _model(dtype: str, zero1: bool = True) -> CostModel:
     cm = make_problem([chip("X", 8, 80.0, tp_max=1, net=NETWORK_GBS), chip("Y", 8, 80.0, tp_max=1, net=NETWORK_GBS)],
                       {"X": 1.0, "Y": 1.0}, layers=4, gb=8)
@@ -46,7 +55,7 @@ def test_a_stage_update_prices_the_gradient_all_reduce_and_weight_all_gather_the
     bw = NETWORK_GBS * 1e9
     all_reduce = 2 * (dp - 1) / dp * params * grad_b / bw
     all_gather = (dp - 1) / dp * params * weight_b / bw if zero1 else 0.0
-    optim = cm.profile.get("X", 1).optim_s / (dp if zero1 else 1)  # ZeRO-1: each rank steps its shard
+    optim = cm.profile.get("X", 1).optim_s * _engine_state_share(dp, zero1)  # the part each rank steps
     assert cm.coef("X", 1, False, dp).upd == pytest.approx(all_reduce + all_gather + optim, rel=1e-12)
 
 

@@ -1,0 +1,75 @@
+"""`zero1: false` as HeteroAuto prices it: every data-parallel rank keeps the whole fp32 optimizer state and
+applies the whole update after the gradient all-reduce (no all-gather). Real processes (two stages, dp 2;
+CPU tensors and gloo stand in for chips and their collective library): each rank's Adam state holds its
+whole stage, and the losses and final parameters equal the single-process reference's and the ZeRO-1
+run's. Checkpoints written either way resume the other way, as the reference continues."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from heteropp.engine import launch, train_reference
+from heteropp.engine.config import TrainOptions
+from tests.heteropp.heteropp_helpers import MODEL, check_losses, config, full_params, losses, mismatches, plan
+
+STEPS, LR = 3, 3e-3
+RTOL_UPDATED = 1e-4  # after optimizer steps, as test_heteropp_multistep.py (its comment says why)
+CLIP = 0.05  # below this model's gradient norm, so every step clips (the norm counts each element once)
+PLAN = plan([(1, 2, False), (1, 2, False)], dp=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _run(zero1: bool, clip: float | None = None) -> dict:
+    return launch(config(PLAN, ("1f1b",), steps=STEPS, lr=LR, clip_grad=clip, collect_params=True,
+                         options={"zero1": zero1}))
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(clip: float | None = None) -> dict:
+    return train_reference(MODEL, STEPS, PLAN.global_batch, lr=LR, clip_grad=clip, collect_params=True,
+                           verbose=False)
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_each_dp_rank_keeps_the_whole_optimizer_state_only_without_zero1(zero1: bool) -> None:
+    res = _run(zero1)
+    assert len(res) == 4
+    for rank, r in res.items():
+        stage = sum(t.numel() for t, _, _ in r["1f1b"]["params"].values())  # TP 1: the rank holds its stage
+        want = stage if not zero1 else -(-stage // 2)
+        assert r["1f1b"]["optim_state_elems"] == want, (
+            f"rank {rank} zero1={zero1}: Adam state of {r['1f1b']['optim_state_elems']} elements, want {want}")
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_losses_and_final_parameters_equal_the_reference(zero1: bool) -> None:
+    want = _reference()
+    check_losses(losses(_run(zero1), "1f1b"), want["losses"], f"zero1={zero1}", rtol=RTOL_UPDATED)
+    assert not mismatches(full_params(_run(zero1), "1f1b"), want["params"], rtol=RTOL_UPDATED)
+
+
+def test_without_zero1_clipping_counts_each_gradient_element_once() -> None:
+    """Every DP rank holds the whole gradient: the global norm is the reference's, not dp times its square."""
+    want = _reference(CLIP)
+    assert all(n > CLIP for n in want["grad_norms"]), "the test must clip"
+    check_losses(losses(_run(False, CLIP), "1f1b"), want["losses"], "zero1=False clipped", rtol=RTOL_UPDATED)
+    assert not mismatches(full_params(_run(False, CLIP), "1f1b"), want["params"], rtol=RTOL_UPDATED)
+
+
+def test_without_zero1_the_final_parameters_equal_the_zero1_runs() -> None:
+    assert not mismatches(full_params(_run(False), "1f1b"), full_params(_run(True), "1f1b"), rtol=RTOL_UPDATED)
+
+
+@pytest.mark.parametrize("saved,resumed", [(False, True), (True, False)])
+def test_a_checkpoint_saved_one_way_resumes_the_other(tmp_path, saved: bool, resumed: bool) -> None:
+    """Saved after STEPS steps with zero1 `saved`, one more step with `resumed`: the reference's STEPS + 1."""
+    ck = str(tmp_path / "ck")
+    launch(config(PLAN, ("1f1b",), steps=STEPS, lr=LR,
+                  options={"zero1": saved, "checkpoint_dir": ck}))
+    res = launch(config(PLAN, ("1f1b",), steps=STEPS + 1, lr=LR, collect_params=True,
+                        options={"zero1": resumed, "checkpoint_dir": ck, "resume": True}))
+    want = train_reference(MODEL, STEPS + 1, PLAN.global_batch, lr=LR, collect_params=True, verbose=False,
+                           opts=TrainOptions())
+    check_losses(losses(res, "1f1b"), want["losses"][STEPS:], f"{saved}->{resumed}", rtol=RTOL_UPDATED)
+    assert not mismatches(full_params(res, "1f1b"), want["params"], rtol=RTOL_UPDATED)
