@@ -94,6 +94,10 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
             caps[key] = cm.max_layers(chip, tp, recompute, dp, n, first, last, zero1=zero1)
         return caps[key]
 
+    # per entity, the last and the first earlier entity of its type (-1: none): the group rule's TP limit
+    # and the tied recompute flag
+    last_of = [max((j for j in range(i) if ents[j].chip == e.chip), default=-1) for i, e in enumerate(ents)]
+    first_of = [min((j for j in range(i) if ents[j].chip == e.chip), default=-1) for i, e in enumerate(ents)]
     best = beat
     # every dp's bound first; the DFS then visits the dps from the least bound up, so that a good leaf
     # comes early and prunes the rest, and ranks the leaves as the DFS in dp order finds them
@@ -130,13 +134,11 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                     leaf += 1
                     best = min(best, cost)
                 return
-            e = ents[i]
-            prev = [tps[j] for j in range(i) if ents[j].chip == e.chip]
+            last, first = last_of[i], first_of[i]
             for t in opts[i]:
-                if group_rule and prev and t > prev[-1]:
+                if group_rule and last >= 0 and t > tps[last]:
                     continue
-                same = [rs[j] for j in range(i) if ents[j].chip == e.chip] if tie_recompute is not None else []
-                for r in ([same[0]] if same else [False, True]):
+                for r in ((rs[first],) if tie_recompute is not None and first >= 0 else BOTH):
                     tps.append(t)
                     rs.append(r)
                     rec(i + 1, dp, b, tps, rs, opts, bound, di)
