@@ -230,3 +230,25 @@ def test_an_out_argument_the_operator_resizes_gets_the_cpu_layout() -> None:
     for device_stride, cpu_stride, equal in got["layouts"]:
         assert device_stride == cpu_stride and equal, got["layouts"]
     assert got["ops"] == {"aten::atan2.out": 2}, got["ops"]
+
+
+def test_a_python_number_in_a_declined_call_promotes_as_on_the_cpu() -> None:
+    # int8 has no DIOPI code: the reference declines these calls and they run on the CPU. The Python number must
+    # reach the CPU as the number it was (before, the route had cast it to int8: int8 + 2.5 gave int8 + 2).
+    got = run_python(SETUP + """
+    a = torch.arange(-3, 3, dtype=torch.int8)
+
+    def run(f, x):
+        try:
+            r = f(x)
+            return [str(r.dtype), r.cpu().tolist()]
+        except RuntimeError:  # int8 += 2.5: refused (by the meta kernel on the device, the CPU kernel on the CPU)
+            return "error"
+
+    cases = [lambda t: t + 2.5, lambda t: t * 1.5, lambda t: 2.5 - t, lambda t: t + 3, lambda t: t.clone().add_(2.5),
+             lambda t: torch.where(t > 0, t, 1.5)]
+    print(json.dumps({"device": [run(f, a.to(d)) for f in cases], "cpu": [run(f, a) for f in cases],
+                      "declined": sum(deeplink.fallback_ops().values())}))
+    """)
+    assert got["device"] == got["cpu"], (got["device"], got["cpu"])
+    assert got["declined"] >= 4, got["declined"]
