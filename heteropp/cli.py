@@ -79,8 +79,9 @@ def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None =
     if cluster is not None and plan is not None:
         chips = {c.name: c.peak_tflops for c in cluster.chips}
         peak = sum(chips.get(chip, 0.0) * n for chip, n in plan.chips_used().items()) * 1e12  # every group's
-    return {"dtype": a.dtype, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps, "lr_decay": a.lr_decay,
-            "min_lr": a.min_lr, "init_from": init_from, "data": a.data, "checkpoint_dir": a.checkpoint_dir,
+    return {"dtype": a.dtype, "zero1": a.zero1, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps,
+            "lr_decay": a.lr_decay, "min_lr": a.min_lr, "init_from": init_from, "data": a.data,
+            "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
             "reset_optimizer": a.reset_optimizer, "hf_config": original,
             "peak_flops": peak or None}
@@ -165,7 +166,8 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
     if cluster is None or not a.checkpoint_dir:
         raise SpecError("--elastic", "--cluster" if cluster is None else "--checkpoint-dir", "missing",
                         "--cluster (the chip types to re-plan over) and --checkpoint-dir (where rounds resume from)")
-    train = {"global_batch": plan.global_batch, "micro_batch_size": plan.micro_batch_size, "dtype": a.dtype}
+    train = {"global_batch": plan.global_batch, "micro_batch_size": plan.micro_batch_size, "dtype": a.dtype,
+             "zero1": a.zero1}  # re-plans price the optimizer as the engine runs it
     if plan.schedule in ("1f1b", "gpipe", "zbh1"):
         train["schedule"] = plan.schedule
     hosts: list[tuple[str, int]] = []
@@ -252,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                        help="weights and activations (bf16/fp16 keep fp32 master weights and optimizer state)")
         p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's (never on norms and biases)")
+        p.add_argument("--no-zero1", dest="zero1", action="store_false",
+                       help="every data-parallel rank keeps the whole optimizer state and applies the whole update "
+                       "(a training spec's zero1: false); default: ZeRO-1, the state sharded over each DP group")
         p.add_argument("--warmup-steps", type=at_least(0), default=0)
         p.add_argument("--lr-decay", choices=("constant", "linear", "cosine"), default="constant")
         p.add_argument("--min-lr", type=float, default=0.0, help="where the decay ends (at the last step)")

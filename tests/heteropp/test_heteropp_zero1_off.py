@@ -6,9 +6,11 @@ run's. Checkpoints written either way resume the other way, as the reference con
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 
+from heteropp.cli import main
 from heteropp.engine import launch, train_reference
 from heteropp.engine.config import TrainOptions
 from tests.heteropp.heteropp_helpers import MODEL, check_losses, config, full_params, losses, mismatches, plan
@@ -73,3 +75,15 @@ def test_a_checkpoint_saved_one_way_resumes_the_other(tmp_path, saved: bool, res
                            opts=TrainOptions())
     check_losses(losses(res, "1f1b"), want["losses"][STEPS:], f"{saved}->{resumed}", rtol=RTOL_UPDATED)
     assert not mismatches(full_params(res, "1f1b"), want["params"], rtol=RTOL_UPDATED)
+
+
+@pytest.mark.parametrize("flag,want", [([], True), (["--no-zero1"], False)])
+def test_heteropp_run_passes_zero1_to_the_workers(tmp_path, flag: list[str], want: bool) -> None:
+    """`heteropp run --no-zero1` is a training spec's `zero1: false`: the workers' options carry it."""
+    path, out = tmp_path / "plan.json", tmp_path / "run.json"
+    p = plan([(1, 4, False), (1, 4, False)], dp=2)
+    p.num_layers = None
+    path.write_text(json.dumps(p.to_dict()))
+    assert main(["run", "--plan", str(path), "--model", "tiny", "--steps", "1", "--chip-map", "A=cpu,B=cpu",
+                 *flag, "--write-config", str(out)]) == 0
+    assert json.loads(out.read_text())["options"]["zero1"] is want
