@@ -59,6 +59,9 @@ def tools(tmp: str) -> dict:
         "capture(all ops, stats, python hook)": lambda r: Capture(f"{tmp}/statspy{r}", mode="stats", hook="python"),
         "capture(all ops)": lambda r: Capture(f"{tmp}/all{r}", max_bytes=None, bulk=False),
         "capture(all ops, bulk)": lambda r: Capture(f"{tmp}/allbulk{r}", max_bytes=None, bulk=True),
+        # the per-op path alone (index lines with argument signatures, no tensors saved): what a
+        # full capture costs apart from keeping and writing the tensors
+        "capture(all ops, index only)": lambda r: Capture(f"{tmp}/index{r}", max_bytes=None, save_tensors=False),
         "capture(all ops, bulk, no background)": lambda r: Capture(f"{tmp}/allsync{r}", max_bytes=None, bulk=True,
                                                                    background=False),
         "overflow_check": lambda r: OverflowCheck(),
