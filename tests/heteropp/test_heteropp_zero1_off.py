@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,18 @@ def test_heteropp_run_passes_zero1_to_the_workers(tmp_path, flag: list[str], wan
     assert main(["run", "--plan", str(path), "--model", "tiny", "--steps", "1", "--chip-map", "A=cpu,B=cpu",
                  *flag, "--write-config", str(out)]) == 0
     assert json.loads(out.read_text())["options"]["zero1"] is want
+
+
+def test_an_elastic_run_replans_with_the_zero1_it_trains_with(tmp_path) -> None:
+    """`--elastic --no-zero1`: the training spec its re-planning reads says zero1: false, so HeteroAuto prices the
+    whole optimizer state and step the workers will hold."""
+    from heteropp.spec.training import train_from_dict
+    path, out = tmp_path / "plan.json", tmp_path / "elastic.json"
+    path.write_text(json.dumps({"version": 2, "stages": [{"chip": "big", "tp": 1, "layers": 8}], "dp": 1,
+                                "micro_batch_size": 1, "micro_batches": 2}))
+    cluster = Path(__file__).resolve().parents[2] / "examples/clusters/two-cpu.yaml"
+    assert main(["run", "--elastic", "--no-zero1", "--plan", str(path), "--model", "tiny", "--cluster", str(cluster),
+                 "--checkpoint-dir", str(tmp_path / "ck"), "--write-config", str(out)]) == 0
+    cfg = json.loads(out.read_text())
+    assert cfg["options"]["zero1"] is False
+    assert train_from_dict(cfg["elastic"]["train"]).zero1 is False
