@@ -282,6 +282,13 @@ c10::IValue to_meta(const c10::IValue& v) {
     for (const at::Tensor& t : v.toTensorVector()) list.push_back(to_meta(t).toTensor());
     return c10::IValue(list);
   }
+  if (v.isList()) {  // Tensor?[] (index's indices): its tensors too, None entries kept
+    const c10::List<c10::IValue> list = v.toList();
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (const c10::IValue& item : list) out.push_back(to_meta(item));
+    return c10::IValue(out);
+  }
   if (v.isDevice()) return c10::IValue(c10::Device(c10::kMeta));
   return v;
 }

@@ -55,9 +55,10 @@ c10::ScalarType from_diopi(diopiDtype_t type) {
 }
 
 const diopiScalar_t* Frame::scalar(size_t i) {
+  const c10::IValue& v = arg(i);
+  if (v.isNone()) return nullptr;  // an absent Scalar? (clamp's min or max): DIOPI takes NULL
   TORCH_CHECK(scalar_count_ < scalars_.size(), "diopi: more than 8 scalar arguments");
   diopiScalar_t& s = scalars_[scalar_count_++];
-  const c10::IValue& v = arg(i);
   const c10::Scalar value = v.toScalar();
   if (value.isFloatingPoint()) {
     s.stype = diopi_dtype_float64;

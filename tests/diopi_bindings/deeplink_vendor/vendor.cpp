@@ -220,6 +220,15 @@ diopiError_t diopiThresholdBackward(diopiContextHandle_t ctx, diopiTensorHandle_
                      [t](const std::vector<double>& x) { return x[1] <= t ? 0.0 : x[0]; });
 }
 
+// DIOPI's clamp takes a NULL min or max for an absent bound (torch.clamp(x, min=0)).
+diopiError_t diopiClampScalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                              const diopiScalar_t* min, const diopiScalar_t* max) {
+  const double lo = min != nullptr ? value(min) : -INFINITY, hi = max != nullptr ? value(max) : INFINITY;
+  return elementwise(out, {input}, [lo, hi](const std::vector<double>& x) {
+    return std::isnan(x[0]) ? x[0] : std::min(std::max(x[0], lo), hi);
+  });
+}
+
 diopiError_t diopiSilu(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
   return elementwise(out, {input}, [](const std::vector<double>& x) { return x[0] / (1.0 + std::exp(-x[0])); });
 }
