@@ -6,6 +6,7 @@ import html
 import json
 import math
 import os
+import shutil
 from collections import Counter
 
 import pytest
@@ -161,6 +162,17 @@ def test_a_compare_of_captures_made_through_different_hooks_says_so_first(hooked
     assert f"<b>Note</b>: {html.escape(note)}" in diff_html(report)
     assert main(["compare", hooked["cpp_bad"], hooked["cpp"]]) == 1
     assert not any(line.startswith("note:") for line in capsys.readouterr().out.splitlines())
+
+
+
+def test_a_multi_rank_compare_names_the_ranks_captured_through_other_hooks(hooked, tmp_path, capsys):
+    for run, hooks in (("a", ("cpp", "cpp")), ("b", ("python", "cpp"))):
+        for rank, hook in enumerate(hooks):
+            shutil.copytree(hooked[hook], tmp_path / run / f"rank{rank}")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("note: rank 0: ") and "(A: 'cpp', B: 'python')" in out[0]
+    assert not out[1].startswith("note:")
 
 
 def test_an_op_that_raises_is_not_recorded_and_the_capture_goes_on(tmp_path):
