@@ -11,6 +11,7 @@ and rerun the DFS; recompute stays per type as in 4.3.1.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import time
@@ -175,7 +176,7 @@ class _Bound:
         fewest = [e.chips // dp // max(o, default=1) for e, o in zip(ents, opts)]
         self.rest_stages = [sum(fewest[i:]) for i in range(len(ents) + 1)]
         held = [sk.in_flight(0, q, b, {}) for q in range(1, self.L + 1)]
-        floor = [min(held[q:]) for q in range(self.L)]
+        floor = list(itertools.accumulate(reversed(held), min))[::-1]  # floor[q] = min(held[q:])
         self.floor, self.sk = floor, sk
         # per entity over its options: (least tau, most s / tau, most layers) at each in-flight floor n
         self.opts = opts
@@ -310,7 +311,6 @@ def h2_candidate(cm: CostModel, dp: int, runs: list[tuple[str, int, int]]) -> Ca
     """What h2 would plan for fixed dp and per-entity (chip, tp, stages) runs: its type order (memory
     descending), its per-type recompute choice under its own cost, its layer sharding; None when that
     does not fit the full memory model."""
-    import itertools
     rank = {c.name: i for i, c in enumerate(sorted(cm.cluster.chips, key=lambda c: -c.memory_gb))}
     runs = sorted(runs, key=lambda r: rank[r[0]])  # stable: a type's groups keep their order
     ents = [Entity(c, s * t * dp) for c, t, s in runs]
