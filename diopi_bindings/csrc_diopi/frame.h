@@ -44,7 +44,8 @@ class Frame {
   int64_t i64(size_t i) { return arg(i).toInt(); }
   double f64(size_t i) { return arg(i).toDouble(); }
   float f32(size_t i) { return static_cast<float>(arg(i).toDouble()); }
-  bool boolean(size_t i) { return arg(i).toBool(); }
+  // An absent bool? is true: the table's only one is native_dropout's train, which ATen reads None as training.
+  bool boolean(size_t i) { return arg(i).isNone() || arg(i).toBool(); }
   // ATen's reduction int (0 none, 1 mean, 2 sum) is DIOPI's numbering
   diopiReduction_t reduction(size_t i) { return static_cast<diopiReduction_t>(arg(i).toInt()); }
   diopiSize_t size(size_t i);  // None: empty
