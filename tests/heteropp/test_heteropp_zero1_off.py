@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,18 @@ CLIP = 0.05  # below this model's gradient norm, so every step clips (the norm c
 PLAN = plan([(1, 2, False), (1, 2, False)], dp=2)
 
 
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the unclipped runs leave their last step's checkpoint (the resume test starts from it)."""
+    return tmp_path_factory.mktemp("zero1")
+
+
 @functools.lru_cache(maxsize=None)
-def _run(zero1: bool, clip: float | None = None) -> dict:
-    return launch(config(PLAN, ("1f1b",), steps=STEPS, lr=LR, clip_grad=clip, collect_params=True,
-                         options={"zero1": zero1}))
+def _run(zero1: bool, root: Path, clip: float | None = None) -> dict:
+    options: dict = {"zero1": zero1}
+    if clip is None:
+        options["checkpoint_dir"] = str(root / f"zero1-{zero1}")
+    return launch(config(PLAN, ("1f1b",), steps=STEPS, lr=LR, clip_grad=clip, collect_params=True, options=options))
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,8 +44,8 @@ def _reference(clip: float | None = None) -> dict:
 
 
 @pytest.mark.parametrize("zero1", [False, True])
-def test_each_dp_rank_keeps_the_whole_optimizer_state_only_without_zero1(zero1: bool) -> None:
-    res = _run(zero1)
+def test_each_dp_rank_keeps_the_whole_optimizer_state_only_without_zero1(root: Path, zero1: bool) -> None:
+    res = _run(zero1, root)
     assert len(res) == 4
     for rank, r in res.items():
         stage = sum(t.numel() for t, _, _ in r["1f1b"]["params"].values())  # TP 1: the rank holds its stage
@@ -46,30 +55,33 @@ def test_each_dp_rank_keeps_the_whole_optimizer_state_only_without_zero1(zero1: 
 
 
 @pytest.mark.parametrize("zero1", [False, True])
-def test_losses_and_final_parameters_equal_the_reference(zero1: bool) -> None:
+def test_losses_and_final_parameters_equal_the_reference(root: Path, zero1: bool) -> None:
     want = _reference()
-    check_losses(losses(_run(zero1), "1f1b"), want["losses"], f"zero1={zero1}", rtol=RTOL_UPDATED)
-    assert not mismatches(full_params(_run(zero1), "1f1b"), want["params"], rtol=RTOL_UPDATED)
+    check_losses(losses(_run(zero1, root), "1f1b"), want["losses"], f"zero1={zero1}", rtol=RTOL_UPDATED)
+    assert not mismatches(full_params(_run(zero1, root), "1f1b"), want["params"], rtol=RTOL_UPDATED)
 
 
-def test_without_zero1_clipping_counts_each_gradient_element_once() -> None:
+def test_without_zero1_clipping_counts_each_gradient_element_once(root: Path) -> None:
     """Every DP rank holds the whole gradient: the global norm is the reference's, not dp times its square."""
     want = _reference(CLIP)
     assert all(n > CLIP for n in want["grad_norms"]), "the test must clip"
-    check_losses(losses(_run(False, CLIP), "1f1b"), want["losses"], "zero1=False clipped", rtol=RTOL_UPDATED)
-    assert not mismatches(full_params(_run(False, CLIP), "1f1b"), want["params"], rtol=RTOL_UPDATED)
+    res = _run(False, root, CLIP)
+    check_losses(losses(res, "1f1b"), want["losses"], "zero1=False clipped", rtol=RTOL_UPDATED)
+    assert not mismatches(full_params(res, "1f1b"), want["params"], rtol=RTOL_UPDATED)
 
 
-def test_without_zero1_the_final_parameters_equal_the_zero1_runs() -> None:
-    assert not mismatches(full_params(_run(False), "1f1b"), full_params(_run(True), "1f1b"), rtol=RTOL_UPDATED)
+def test_without_zero1_the_final_parameters_equal_the_zero1_runs(root: Path) -> None:
+    off, on = full_params(_run(False, root), "1f1b"), full_params(_run(True, root), "1f1b")
+    assert not mismatches(off, on, rtol=RTOL_UPDATED)
 
 
 @pytest.mark.parametrize("saved,resumed", [(False, True), (True, False)])
-def test_a_checkpoint_saved_one_way_resumes_the_other(tmp_path, saved: bool, resumed: bool) -> None:
+def test_a_checkpoint_saved_one_way_resumes_the_other(root: Path, tmp_path: Path, saved: bool,
+                                                      resumed: bool) -> None:
     """Saved after STEPS steps with zero1 `saved`, one more step with `resumed`: the reference's STEPS + 1."""
+    _run(saved, root)
     ck = str(tmp_path / "ck")
-    launch(config(PLAN, ("1f1b",), steps=STEPS, lr=LR,
-                  options={"zero1": saved, "checkpoint_dir": ck}))
+    shutil.copytree(root / f"zero1-{saved}", ck)  # the resumed run saves its own step into it
     res = launch(config(PLAN, ("1f1b",), steps=STEPS + 1, lr=LR, collect_params=True,
                         options={"zero1": resumed, "checkpoint_dir": ck, "resume": True}))
     want = train_reference(MODEL, STEPS + 1, PLAN.global_batch, lr=LR, collect_params=True, verbose=False,
