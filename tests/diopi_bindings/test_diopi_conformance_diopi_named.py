@@ -94,9 +94,6 @@ def test_a_diopi_named_library_is_refused_on_host_memory(honest: Path) -> None:
 ADAPTED = ("aten::max.dim", "aten::embedding_dense_backward", "aten::index_put", "aten::index.Tensor", "aten::clamp",
            "aten::arange.start_step", "aten::fill_.Scalar", "aten::_log_softmax_backward_data", "aten::addmm",
            "aten::cat", "aten::add.Tensor", "aten::nll_loss_forward")
-# The router's faults the suite finds (csrc_diopi, not the library): clamp with an absent bound on integer
-# tensors reaches Frame::scalar with None ("IValue is not a Scalar"), as torch.clamp(x, min=0) on the device does.
-ROUTER_FAULTS = {"aten::clamp": "IValue is not a Scalar"}
 
 
 def _reference_report(tmp_path: Path, *ops: str) -> dict:
@@ -105,20 +102,13 @@ def _reference_report(tmp_path: Path, *ops: str) -> dict:
     report = tmp_path / "reference.json"
     code = conformance(deeplink.reference_path(), report, "--quick", *(("--ops", *ops) if ops else ()))
     data = json.loads(report.read_text())
-    assert code == (1 if set(ROUTER_FAULTS) & set(ops or data["operators"]) else 0), data["summary"]
-    for op, message in ROUTER_FAULTS.items():
-        if op in data["operators"]:  # only the faulty calls, named with their message; the rest pass
-            bad = [c for c in data["cases"] if c["op"] == op and c["status"] != "pass"]
-            assert bad and all(c["status"] == "error" and message in c["detail"] and c["dtype"] in ("int64", "int32")
-                               for c in bad)
-            data["operators"].pop(op)
+    assert code == 0, data["summary"]
     return data
 
 
 def test_the_reference_under_diopi_names_passes_the_adapted_operators(tmp_path: Path) -> None:
     data = _reference_report(tmp_path, *ADAPTED)
-    assert {op: row["verdict"] for op, row in data["operators"].items()} == {
-        op: "pass" for op in ADAPTED if op not in ROUTER_FAULTS}
+    assert {op: row["verdict"] for op, row in data["operators"].items()} == {op: "pass" for op in ADAPTED}
     assert not data["declined"]
 
 
