@@ -112,9 +112,11 @@ def bound_factor(p: int) -> float:
 
 # The knobs that pick the algorithm of a large all_reduce (docs/dicomm-config.md).
 _KNOBS = {"push": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "0",
-                   "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+                   "DICOMM_ALL_REDUCE_FUSED": "1", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+          "push-pairwise": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "0",
+                            "DICOMM_ALL_REDUCE_FUSED": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "push-steal": {"DICOMM_ALL_REDUCE_PUSH": "1", "DICOMM_ALL_REDUCE_STEAL": "1",
-                         "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
+                         "DICOMM_ALL_REDUCE_FUSED": "1", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "ring": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "0"},
           "direct": {"DICOMM_ALL_REDUCE_PUSH": "0", "DICOMM_ALL_REDUCE_DIRECT_RANKS": "8"}}
 _MEDIANS = ("copy_s", "all_reduce_s", "cpu_s", "vcsw", "ivcsw", "stolen")

@@ -166,10 +166,12 @@ DIRECT = {"DICOMM_ALL_REDUCE_DIRECT_RANKS": "8", "DICOMM_ALL_REDUCE_PUSH": "0"}
 
 
 @pytest.mark.parametrize("world", [3, 4])
-@pytest.mark.parametrize("algorithm,env", [("direct", DIRECT), ("push, the default on one host", {})])
+@pytest.mark.parametrize("algorithm,env", [("direct", DIRECT), ("push, the default on one host", {}),
+                                           ("push, pairwise combines", {"DICOMM_ALL_REDUCE_FUSED": "0"})])
 def test_large_all_reduce_reduces_every_element_in_rank_order(world, algorithm, env):
     """Random floats of different magnitudes (rounding depends on the order of the sum): a large
-    all_reduce by the direct or the push algorithm holds, on every rank, exactly torch's sequential sum
+    all_reduce by the direct or the push algorithm (one fused pass over a chunk's inputs, the default, or
+    a pairwise pass per peer) holds, on every rank, exactly torch's sequential sum
     x0 + x1 + ... in rank order in the same dtype (AVG: that sum divided by the world size), whichever
     rank reduced which block, from the communicator's first call on. The ring sums each block starting
     at a different rank."""

@@ -53,6 +53,9 @@ struct Reach {
 
 constexpr uint64_t kMaxCall = uint64_t{1} << 62;
 
+// The fused combine keeps one chunk per rank in scratch; beyond this many ranks, pairwise passes.
+constexpr int kMaxFusedRanks = 16;
+
 // Blocks (one per rank) and their chunks, and each chunk's claim word: all of a call's chunks fit the
 // claim words (chunks grow past the chunk size where they would not).
 class Layout {
@@ -185,28 +188,45 @@ bool all_reduce_push(Session& s, uint8_t* buf, size_t count, DataType dtype, Red
   ws.next_call = std::min(call, kMaxCall) + 1;
 
   const Layout layout(count, esize, p, s.tuning().chunk_bytes);
-  // Two landing slots (the next peer's chunk lands while the last one is still an operand) and the
-  // running sum; all cache-sized.
-  uint8_t* slots[2] = {s.scratch(layout.max_chunk_bytes), s.scratch(layout.max_chunk_bytes)};
-  uint8_t* partial = s.scratch(layout.max_chunk_bytes);
+  // Fused: every peer's chunk lands in a slot of its own, then one pass combines all p inputs into
+  // the output (reduction::combine_many). Else two landing slots (the next peer's chunk lands while
+  // the last one is still an operand) and a running sum, combined a pair at a time. Cache-sized.
+  // At 2 ranks one pairwise pass is already one pass.
+  const bool fused = s.tuning().all_reduce_fused && p > 2 && p <= kMaxFusedRanks;
+  std::vector<uint8_t*> slots(fused ? p : 2);
+  for (int q = 0; q < static_cast<int>(slots.size()); ++q)
+    if (!fused || q != r) slots[q] = s.scratch(layout.max_chunk_bytes);
+  uint8_t* partial = fused ? nullptr : s.scratch(layout.max_chunk_bytes);
+  std::vector<const void*> inputs(p);
   auto reduce = [&](int block, size_t k) {
     const size_t len = layout.length(block, k), bytes = len * esize, at = layout.offset(block, k) * esize;
     uint8_t* out = buf + at;
-    const uint8_t* acc = nullptr;
-    for (int q = 0; q < p; ++q) {
-      uint8_t* src = out;  // this rank's own contribution is read in place
-      if (q != r) {
-        src = slots[q % 2];
-        cross_copy(false, pid[q], q, src, theirs[q].address + at, bytes);
+    if (fused) {
+      for (int q = 0; q < p; ++q) {
+        inputs[q] = out;  // this rank's own contribution is read in place
+        if (q != r) {
+          cross_copy(false, pid[q], q, slots[q], theirs[q].address + at, bytes);
+          inputs[q] = slots[q];
+        }
       }
-      if (q == 0) {
-        acc = src;
-        continue;
+      reduction::combine_many(out, inputs.data(), p, len, dtype, op);
+    } else {
+      const uint8_t* acc = nullptr;
+      for (int q = 0; q < p; ++q) {
+        uint8_t* src = out;
+        if (q != r) {
+          src = slots[q % 2];
+          cross_copy(false, pid[q], q, src, theirs[q].address + at, bytes);
+        }
+        if (q == 0) {
+          acc = src;
+          continue;
+        }
+        // The last step writes out, which may be an operand: each element is read before it is written.
+        uint8_t* dst = q + 1 < p ? partial : out;
+        reduction::combine(dst, acc, src, len, dtype, op);
+        acc = dst;
       }
-      // The last step writes out, which may be an operand: each element is read before it is written.
-      uint8_t* dst = q + 1 < p ? partial : out;
-      reduction::combine(dst, acc, src, len, dtype, op);
-      acc = dst;
     }
     if (op == ReduceOp::kAvg) reduction::divide(out, len, dtype, p);
     for (int i = 1; i < p; ++i) {

@@ -10,6 +10,7 @@ Tuning Tuning::of(const EngineConfig& config) {
   t.all_reduce_direct_ranks = config.all_reduce_direct_ranks;
   t.all_reduce_push = config.all_reduce_push;
   t.all_reduce_steal = config.all_reduce_steal;
+  t.all_reduce_fused = config.all_reduce_fused;
   t.all_reduce_push_delay_ms = config.all_reduce_push_delay_ms;
   if (const auto small = config.coll_small_bytes) {
     t.all_reduce_ring_bytes = t.broadcast_chain_bytes = t.reduce_ring_bytes = *small;

@@ -21,6 +21,7 @@ struct Tuning {
   int all_reduce_direct_ranks = 0;  // large all_reduce: direct up to this many ranks, ring beyond
   bool all_reduce_push = true;      // large all_reduce on one host: the push algorithm where it can
   bool all_reduce_steal = false;    // the push algorithm: ranks done with their block take others' chunks
+  bool all_reduce_fused = true;     // the push algorithm: one pass over a chunk's p inputs, not p - 1
   unsigned all_reduce_push_delay_ms = 0;  // testing: this rank waits so long before its first chunk
 
   static Tuning of(const EngineConfig& config);

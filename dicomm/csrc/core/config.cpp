@@ -73,6 +73,8 @@ const std::vector<Knob> kTable = {
      "1: a large all_reduce whose ranks can all read and write each other's memory (one host, cross-memory attach) takes the push algorithm (each rank reduces its own block out of its peers' buffers and writes it into theirs, in rank order); 0, or where some rank cannot: the ring or the direct algorithm"},
     {"DICOMM_ALL_REDUCE_STEAL", K::kFlag, "0", 0, 0, "", "",
      "1: in the push algorithm a rank done with its own block reduces the chunks its peers have not started (work stealing; every element still in rank order; no gain measured on a loaded 2-core host, docs/benchmarks.md); 0: each rank reduces its own block alone"},
+    {"DICOMM_ALL_REDUCE_FUSED", K::kFlag, "1", 0, 0, "", "",
+     "1: the push algorithm combines a chunk's inputs of every rank in one pass (up to 16 ranks; the same bits as pairwise, in rank order); 0: one pairwise pass per peer"},
     {"DICOMM_ALL_REDUCE_PUSH_DELAY_MS", K::kInteger, "0", 0, 60000, "", "ms",
      "testing: in the push algorithm this rank waits so long before it reduces its first chunk, as a descheduled rank would"},
     {"DICOMM_REDUCE_KERNELS", K::kChoice, "auto", 0, 0, "auto|generic", "", "generic: the portable reduction kernels even where AVX2 runs"},
@@ -245,6 +247,7 @@ EngineConfig build(const Options& options, const Source& src) {
   c.all_reduce_direct_ranks = static_cast<int>(src.integer("DICOMM_ALL_REDUCE_DIRECT_RANKS"));
   c.all_reduce_push = src.flag("DICOMM_ALL_REDUCE_PUSH");
   c.all_reduce_steal = src.flag("DICOMM_ALL_REDUCE_STEAL");
+  c.all_reduce_fused = src.flag("DICOMM_ALL_REDUCE_FUSED");
   c.all_reduce_push_delay_ms = static_cast<unsigned>(src.integer("DICOMM_ALL_REDUCE_PUSH_DELAY_MS"));
   return c;
 }

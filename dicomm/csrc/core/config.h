@@ -86,6 +86,7 @@ struct EngineConfig {
   int all_reduce_direct_ranks = 0;
   bool all_reduce_push = true;
   bool all_reduce_steal = false;
+  bool all_reduce_fused = true;
   unsigned all_reduce_push_delay_ms = 0;
 
   // Options first (`transport`, and `settings`: knobs of the table by name), then the environment;

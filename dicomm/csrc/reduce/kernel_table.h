@@ -11,10 +11,13 @@ constexpr int kNumOps = 8;      // ReduceOp values
 
 using CombineFn = void (*)(void* out, const void* a, const void* b, size_t count);
 using DivideFn = void (*)(void* buf, size_t count, int64_t divisor);
+// out[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[n-1][i]), n >= 2, in one pass.
+using CombineManyFn = void (*)(void* out, const void* const* srcs, int n, size_t count);
 
 struct KernelTable {
   CombineFn combine[kNumDtypes][kNumOps];  // nullptr where the pair is undefined
   DivideFn divide[kNumDtypes];             // nullptr for bool
+  CombineManyFn combine_many[kNumDtypes][kNumOps];  // nullptr where the pair is undefined
 };
 
 const KernelTable& generic_kernels();

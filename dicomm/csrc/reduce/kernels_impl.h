@@ -68,6 +68,28 @@ void combine_loop(void* out, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = Op::apply(x[i], y[i]);
 }
 
+// Many inputs in one pass: a block of the running result stays in L1 while every input's block is
+// folded in, in input order, so each input is read once and the output written once (p - 1 pairwise
+// passes read and write the running result p - 2 more times). The output may be any input: a block
+// is read whole before it is written.
+template <typename T, typename Op>
+void combine_many_loop(void* out, const void* const* srcs, int n, size_t count) {
+  constexpr size_t kBlock = 4096 / sizeof(T);  // 4 KiB of running result
+  T* o = static_cast<T*>(out);
+  T acc[kBlock];
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t m = std::min(kBlock, count - start);
+    const T* x = static_cast<const T*>(srcs[0]) + start;
+    const T* y = static_cast<const T*>(srcs[1]) + start;
+    for (size_t i = 0; i < m; ++i) acc[i] = Op::apply(x[i], y[i]);
+    for (int q = 2; q < n; ++q) {
+      const T* z = static_cast<const T*>(srcs[q]) + start;
+      for (size_t i = 0; i < m; ++i) acc[i] = Op::apply(acc[i], z[i]);
+    }
+    std::copy(acc, acc + m, o + start);
+  }
+}
+
 struct Bf16Convert {
   static void to_float(const uint16_t* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
@@ -91,6 +113,27 @@ void combine_half(void* out, const void* a, const void* b, size_t n) {
     Convert::to_float(y + start, fy, m);
     for (size_t i = 0; i < m; ++i) fx[i] = Op::apply(fx[i], fy[i]);
     Convert::from_float(fx, o + start, m);
+  }
+}
+
+// 16-bit floats, many inputs: the running result is rounded to 16 bits after every step, as a
+// sequence of pairwise combines (and torch's x0 + x1 + ... on 16-bit tensors) rounds it.
+template <typename Convert, typename Op>
+void combine_many_half(void* out, const void* const* srcs, int n, size_t count) {
+  constexpr size_t kBlock = 512;
+  uint16_t* o = static_cast<uint16_t*>(out);
+  float acc[kBlock], next[kBlock];
+  uint16_t rounded[kBlock];
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t m = std::min(kBlock, count - start);
+    Convert::to_float(static_cast<const uint16_t*>(srcs[0]) + start, acc, m);
+    for (int q = 1; q < n; ++q) {
+      Convert::to_float(static_cast<const uint16_t*>(srcs[q]) + start, next, m);
+      for (size_t i = 0; i < m; ++i) acc[i] = Op::apply(acc[i], next[i]);
+      Convert::from_float(acc, rounded, m);
+      if (q + 1 < n) Convert::to_float(rounded, acc, m);
+    }
+    std::copy(rounded, rounded + m, o + start);
   }
 }
 
@@ -127,6 +170,10 @@ void fill_float(KernelTable& t, int dtype) {
   t.combine[dtype][2] = combine_loop<T, Product>;
   t.combine[dtype][3] = combine_loop<T, Min>;
   t.combine[dtype][4] = combine_loop<T, Max>;
+  t.combine_many[dtype][0] = t.combine_many[dtype][1] = combine_many_loop<T, Sum>;
+  t.combine_many[dtype][2] = combine_many_loop<T, Product>;
+  t.combine_many[dtype][3] = combine_many_loop<T, Min>;
+  t.combine_many[dtype][4] = combine_many_loop<T, Max>;
   t.divide[dtype] = divide_loop<T>;
 }
 
@@ -137,6 +184,9 @@ void fill_integer(KernelTable& t, int dtype) {
   t.combine[dtype][5] = combine_loop<T, Band>;
   t.combine[dtype][6] = combine_loop<T, Bor>;
   t.combine[dtype][7] = combine_loop<T, Bxor>;
+  t.combine_many[dtype][5] = combine_many_loop<T, Band>;
+  t.combine_many[dtype][6] = combine_many_loop<T, Bor>;
+  t.combine_many[dtype][7] = combine_many_loop<T, Bxor>;
 }
 
 template <typename Convert>
@@ -145,6 +195,10 @@ void fill_half(KernelTable& t, int dtype) {
   t.combine[dtype][2] = combine_half<Convert, Product>;
   t.combine[dtype][3] = combine_half<Convert, Min>;
   t.combine[dtype][4] = combine_half<Convert, Max>;
+  t.combine_many[dtype][0] = t.combine_many[dtype][1] = combine_many_half<Convert, Sum>;
+  t.combine_many[dtype][2] = combine_many_half<Convert, Product>;
+  t.combine_many[dtype][3] = combine_many_half<Convert, Min>;
+  t.combine_many[dtype][4] = combine_many_half<Convert, Max>;
   t.divide[dtype] = divide_half<Convert>;
 }
 
@@ -168,6 +222,13 @@ KernelTable make_table() {
   t.combine[9][5] = combine_loop<uint8_t, LogicalAnd>;   // band
   t.combine[9][6] = combine_loop<uint8_t, LogicalOr>;    // bor
   t.combine[9][7] = combine_loop<uint8_t, LogicalXor>;   // bxor
+  t.combine_many[9][0] = combine_many_loop<uint8_t, LogicalOr>;
+  t.combine_many[9][2] = combine_many_loop<uint8_t, LogicalAnd>;
+  t.combine_many[9][3] = combine_many_loop<uint8_t, LogicalAnd>;
+  t.combine_many[9][4] = combine_many_loop<uint8_t, LogicalOr>;
+  t.combine_many[9][5] = combine_many_loop<uint8_t, LogicalAnd>;
+  t.combine_many[9][6] = combine_many_loop<uint8_t, LogicalOr>;
+  t.combine_many[9][7] = combine_many_loop<uint8_t, LogicalXor>;
   return t;
 }
 

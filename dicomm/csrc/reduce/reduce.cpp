@@ -57,6 +57,13 @@ void combine(void* out, const void* a, const void* b, size_t count, DataType dty
   kernels().combine[static_cast<int>(dtype)][static_cast<int>(op)](out, a, b, count);
 }
 
+void combine_many(void* out, const void* const* srcs, int n, size_t count, DataType dtype, ReduceOp op) {
+  check_supported(dtype, op);
+  if (n < 2) throw ValueError("combine_many needs at least 2 inputs, got " + std::to_string(n));
+  if (count == 0) return;
+  kernels().combine_many[static_cast<int>(dtype)][static_cast<int>(op)](out, srcs, n, count);
+}
+
 void divide(void* buf, size_t count, DataType dtype, int64_t divisor) {
   if (dtype == DataType::kBool) throw ValueError("cannot divide a bool buffer");
   if (divisor <= 0) throw ValueError("divisor must be positive, got " + std::to_string(divisor));

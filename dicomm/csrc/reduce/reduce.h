@@ -21,6 +21,10 @@ void check_supported(DataType dtype, ReduceOp op);
 // bit-for-bit across ranks pass the lower rank's data as `a`.
 void combine(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
 
+// out = op(...op(op(srcs[0], srcs[1]), srcs[2])..., srcs[n-1]) element-wise, n >= 2, bit for bit what
+// n - 1 pairwise combines in that order give, but in one pass over the data. `out` may be any input.
+void combine_many(void* out, const void* const* srcs, int n, size_t count, DataType dtype, ReduceOp op);
+
 // AVG's final step: buf[i] /= divisor. Floats divide and round; integers truncate toward zero
 // (like torch.div(rounding_mode="trunc")), so an integer average of a wrapped sum is wrapped too.
 void divide(void* buf, size_t count, DataType dtype, int64_t divisor);
