@@ -52,6 +52,13 @@ REFERENCE_ONLY = """
     for pad in (-1, 1):
         cases[f"embedding_dense_backward.out padding_idx={pad}"] = (
             bwd_out(grad.to(d), idx.to(d), pad), torch.ops.aten.embedding_dense_backward(grad, idx, 7, pad, False))
+    def refusal(g, i):  # an out= of another dtype than the result's: torch's own kernel refuses it
+        try:
+            torch.ops.aten.embedding_dense_backward.out(g, i, 7, -1, False, out=torch.empty(0, dtype=torch.float64,
+                                                                                            device=g.device))
+        except RuntimeError as exc:
+            return str(exc).splitlines()[0]
+    refused = {"device": refusal(grad.to(d), idx.to(d)), "cpu": refusal(grad, idx)}
     out, mask = torch.ops.aten.native_dropout(a.to(d), 0.0, None)
     want_out, want_mask = torch.ops.aten.native_dropout(a, 0.0, None)
     cases["native_dropout(p=0, train=None)"] = (out, want_out)
@@ -60,7 +67,8 @@ REFERENCE_ONLY = """
 
 REPORT = """
     print(json.dumps({"equal": {k: same(g, w) for k, (g, w) in cases.items()},
-                      "routed": dict(deeplink.routed_ops()), "declined": dict(deeplink.fallback_ops())}))
+                      "routed": dict(deeplink.routed_ops()), "declined": dict(deeplink.fallback_ops()),
+                      "refused": globals().get("refused")}))
 """
 
 
@@ -73,6 +81,8 @@ def test_absent_arguments_and_out_forms_route_to_the_reference_under_diopi_names
     assert got["routed"]["aten::index.Tensor_out"] == 3, got["routed"]
     assert got["routed"]["aten::embedding_dense_backward.out"] == 2, got["routed"]
     assert got["routed"]["aten::native_dropout"] == 1, got["routed"]
+    wanted = "expected out tensor to have dtype float, but got double instead"
+    assert all(wanted in message.lower() for message in got["refused"].values()), got["refused"]
     assert not got["declined"], got["declined"]
 
 
