@@ -12,15 +12,16 @@ taking t_copy; the bound is then (3p - 1) * N / (2pN / t_copy) = (3p - 1) / (2p)
 Each sample is the slowest rank's time of one call (the ranks start together after a barrier);
 reported: medians, and the CPU time and context switches (voluntary: a wait that slept; involuntary:
 the scheduler took the CPU) of all ranks (every thread) per call beside the wall time. `--algorithm
-all` runs the push algorithm (the default on one host), the push algorithm with work stealing, the
-ring and the direct algorithm back to back (DICOMM_ALL_REDUCE_PUSH, DICOMM_ALL_REDUCE_STEAL,
+all` runs the push algorithm (the default on one host), the push algorithm with pairwise combines
+instead of one fused pass, the push algorithm with work stealing, the ring and the direct algorithm back
+to back (DICOMM_ALL_REDUCE_PUSH, DICOMM_ALL_REDUCE_FUSED, DICOMM_ALL_REDUCE_STEAL,
 DICOMM_ALL_REDUCE_DIRECT_RANKS), so they are compared under the same load; a comma list runs those named.
 `--thp` backs the ranks' tensors with transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1):
 cross-memory attach then pins one page per 2 MiB instead of 512 (the push algorithm folds its buffer
 into huge pages itself).
 
     python -m bench.dicomm_allreduce_bound [--ranks 2,3,4] [--iters 20] [--repeat 3] [--contention 1]
-        [--algorithm push|push-steal|ring|direct|all|A,B,...] [--thp] [--json FILE]
+        [--algorithm push|push-pairwise|push-steal|ring|direct|all|A,B,...] [--thp] [--json FILE]
 """
 from __future__ import annotations
 

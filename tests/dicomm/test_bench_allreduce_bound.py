@@ -1,5 +1,5 @@
 """bench.dicomm_allreduce_bound end to end with a tiny buffer: real rank processes on this host's
-CPU, the push algorithm with and without work stealing, the ring and the direct algorithm back to
+CPU, the push algorithm (fused combine, pairwise combines, work stealing), the ring and the direct algorithm back to
 back; only the results' exactness and the rows' shape are checked, never the speed.
 """
 import json
@@ -26,13 +26,13 @@ def test_every_algorithm_runs_back_to_back_and_reduces_exactly(tmp_path):
                "--algorithm", "all", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert sorted(r["algorithm"] for r in rows) == ["direct", "push", "push-steal", "ring"]
+    assert sorted(r["algorithm"] for r in rows) == ["direct", "push", "push-pairwise", "push-steal", "ring"]
     for r in rows:
         assert r["exact"] and r["ranks"] == 3 and r["thp"] is False
         for field in ("copy_ms", "bound_ms", "all_reduce_ms", "cpu_ms_all_ranks", "ratio"):
             assert math.isfinite(r[field]) and r[field] > 0, (field, r)
         assert r["vcsw_all_ranks"] >= 0 and r["ivcsw_all_ranks"] >= 0
-    assert all(f"| {a} | 3 |" in p.stdout for a in ("direct", "ring", "push", "push-steal"))
+    assert all(f"| {a} | 3 |" in p.stdout for a in ("direct", "ring", "push", "push-pairwise", "push-steal"))
 
 
 def test_an_unknown_algorithm_is_refused_with_the_choices():
