@@ -52,6 +52,19 @@ def _run_config(plan: Plan, m: ModelSpec, *, recv_window: int | None, **fields):
                      **({} if recv_window is None else {"recv_window": recv_window}))
 
 
+def zero1_of(a: argparse.Namespace, plan: Plan | None) -> bool:
+    """Whether the run shards the optimizer state (ZeRO-1): an explicit --zero1 / --no-zero1 wins, else the
+    plan's `zero1` (what HeteroAuto priced it with), else true. A flag against the plan is said on stderr: the
+    run then differs from what was priced (optimizer memory, the all-gather)."""
+    if a.zero1 is None:
+        return plan.zero1 if plan is not None else True
+    if plan is not None and a.zero1 != plan.zero1:
+        print(f"heteropp: {'--zero1' if a.zero1 else '--no-zero1'} overrides the plan's zero1: "
+              f"{str(plan.zero1).lower()}; the run differs from what was priced (optimizer memory and all-gather)",
+              file=sys.stderr)
+    return a.zero1
+
+
 def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None = None,
                   plan: Plan | None = None) -> dict:
     """TrainOptions fields from the command line, checked before any process starts."""
@@ -79,7 +92,8 @@ def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None =
     if cluster is not None and plan is not None:
         chips = {c.name: c.peak_tflops for c in cluster.chips}
         peak = sum(chips.get(chip, 0.0) * n for chip, n in plan.chips_used().items()) * 1e12  # every group's
-    return {"dtype": a.dtype, "zero1": a.zero1, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps,
+    zero1 = zero1_of(a, plan)
+    return {"dtype": a.dtype, "zero1": zero1, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps,
             "lr_decay": a.lr_decay, "min_lr": a.min_lr, "init_from": init_from, "data": a.data,
             "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
@@ -167,7 +181,7 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
         raise SpecError("--elastic", "--cluster" if cluster is None else "--checkpoint-dir", "missing",
                         "--cluster (the chip types to re-plan over) and --checkpoint-dir (where rounds resume from)")
     train = {"global_batch": plan.global_batch, "micro_batch_size": plan.micro_batch_size, "dtype": a.dtype,
-             "zero1": a.zero1}  # re-plans price the optimizer as the engine runs it
+             "zero1": options["zero1"]}  # re-plans price the optimizer as the engine runs it
     if plan.schedule in ("1f1b", "gpipe", "zbh1"):
         train["schedule"] = plan.schedule
     hosts: list[tuple[str, int]] = []
@@ -254,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                        help="weights and activations (bf16/fp16 keep fp32 master weights and optimizer state)")
         p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's (never on norms and biases)")
-        p.add_argument("--no-zero1", dest="zero1", action="store_false",
-                       help="every data-parallel rank keeps the whole optimizer state and applies the whole update "
-                       "(a training spec's zero1: false); default: ZeRO-1, the state sharded over each DP group")
+        p.add_argument("--zero1", action=argparse.BooleanOptionalAction, default=None,
+                       help="--no-zero1: every data-parallel rank keeps the whole optimizer state and applies the "
+                       "whole update (a training spec's zero1: false); --zero1: the state sharded over each DP group. "
+                       "Default: the plan's zero1 (what it was priced with; true when the plan does not say)")
         p.add_argument("--warmup-steps", type=at_least(0), default=0)
         p.add_argument("--lr-decay", choices=("constant", "linear", "cosine"), default="constant")
         p.add_argument("--min-lr", type=float, default=0.0, help="where the decay ends (at the last step)")

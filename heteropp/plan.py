@@ -100,6 +100,8 @@ class Plan:
     schedule_params: dict[str, Any] = field(default_factory=dict)  # e.g. h1f1b's extra_warmup per boundary
     version: int = PLAN_VERSION
     replicas: list[ReplicaGroup] = field(default_factory=list)  # replicas with different pipelines; [] = all alike
+    # the training spec's zero1 the plan was priced with; a plan written before the field trained with ZeRO-1
+    zero1: bool = True
 
     @classmethod
     def of_replicas(cls, groups: list[ReplicaGroup], micro_batch_size: int, **kw: Any) -> "Plan":
@@ -182,6 +184,8 @@ class Plan:
         are checked against each stage's TP size by the shared rule (tp_split_error), `available`
         (chips per type of the cluster the plan is for) against the chips the plan uses, and `nodes` (each
         type's node sizes, ChipType.node_sizes) against its TP groups: a TP group never spans nodes."""
+        if not isinstance(self.zero1, bool):
+            raise SpecError(source, "zero1", f"got {self.zero1!r}", "true or false (default true: ZeRO-1)")
         if self.replicas:
             return self._validate_groups(source, num_layers, heads, kv_heads, ffn, vocab, world_size, available,
                                          nodes)

@@ -261,7 +261,7 @@ def to_plan(pb: Problem, cand: Candidate, search_time_s: float | None, algo: str
               for i, s in enumerate(written)]
     return Plan(stages=stages, dp=cand.dp, micro_batch_size=pb.train.micro_batch_size, micro_batches=b,
                 schedule=pb.train.schedule, schedule_params=params, model=pb.model.name, num_layers=pb.model.layers,
-                iteration_time_s=sim, search_time_s=search_time_s, algo=algo,
+                zero1=pb.train.zero1, iteration_time_s=sim, search_time_s=search_time_s, algo=algo,
                 extra={"model_estimate_s": est.iteration_time_s, "bottleneck": est.bottleneck,
                        "fill_drain_s": est.fill_drain_s,
                        "boundary_s": est.boundary_s,

@@ -126,7 +126,8 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
             return None
         groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))
     joined = Plan.of_replicas(groups, pb.train.micro_batch_size, schedule=pb.train.schedule,
-                              model=pb.model.name, num_layers=pb.model.layers, algo="per-replica")
+                              model=pb.model.name, num_layers=pb.model.layers, algo="per-replica",
+                              zero1=False)  # as priced and run: each holder keeps its layers' whole state
     try:
         joined.validate(num_layers=pb.model.layers, available={c.name: c.count for c in pb.cluster.chips},
                         nodes={c.name: c.nodes for c in pb.cluster.chips if c.nodes})

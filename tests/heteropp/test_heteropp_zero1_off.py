@@ -115,3 +115,20 @@ def test_an_elastic_run_replans_with_the_zero1_it_trains_with(tmp_path) -> None:
     cfg = json.loads(out.read_text())
     assert cfg["options"]["zero1"] is False
     assert train_from_dict(cfg["elastic"]["train"]).zero1 is False
+
+
+@pytest.mark.parametrize("recorded,flag,want", [(False, [], False), (True, [], True), (False, ["--zero1"], True),
+                                                (True, ["--no-zero1"], False), (False, ["--no-zero1"], False)])
+def test_heteropp_run_trains_with_the_plans_zero1_unless_a_flag_says_otherwise(
+        tmp_path, capsys, recorded: bool, flag: list[str], want: bool) -> None:
+    """A plan records the zero1 HeteroAuto priced it with; `run --plan` trains with it, and an explicit
+    --zero1 / --no-zero1 wins, saying the run then differs from what was priced."""
+    path, out = tmp_path / "plan.json", tmp_path / "run.json"
+    p = plan([(1, 4, False), (1, 4, False)], dp=2)
+    p.num_layers = None
+    path.write_text(json.dumps({**p.to_dict(), "zero1": recorded}))
+    assert main(["run", "--plan", str(path), "--model", "tiny", "--steps", "1", "--chip-map", "A=cpu,B=cpu",
+                 *flag, "--write-config", str(out)]) == 0
+    assert json.loads(out.read_text())["options"]["zero1"] is want
+    err = capsys.readouterr().err
+    assert ("differs from what was priced" in err) is (want != recorded), err
