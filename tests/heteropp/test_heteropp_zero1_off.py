@@ -132,3 +132,19 @@ def test_heteropp_run_trains_with_the_plans_zero1_unless_a_flag_says_otherwise(
     assert json.loads(out.read_text())["options"]["zero1"] is want
     err = capsys.readouterr().err
     assert ("differs from what was priced" in err) is (want != recorded), err
+
+
+def test_a_plan_heteroauto_priced_without_zero1_trains_without_it(tmp_path, capsys) -> None:
+    """`heteroauto plan` with a training spec's zero1: false, then `heteropp run --plan` with no flag: the
+    workers hold the whole optimizer state, as the plan was priced."""
+    from heteropp.auto.cli import main as heteroauto
+    ex = Path(__file__).resolve().parents[2] / "examples"
+    train, path, out = tmp_path / "train.yaml", tmp_path / "plan.json", tmp_path / "run.json"
+    train.write_text((ex / "training" / "tiny.yaml").read_text().replace("zero1: true", "zero1: false"))
+    cluster = str(ex / "clusters" / "two-cpu.yaml")
+    assert heteroauto(["plan", "--cluster", cluster, "--model", "tiny", "--train", str(train), "--json", str(path),
+                       "--no-progress"]) == 0
+    assert main(["run", "--plan", str(path), "--model", "tiny", "--steps", "1", "--cluster", cluster,
+                 "--write-config", str(out)]) == 0
+    assert json.loads(out.read_text())["options"]["zero1"] is False
+    assert "differs from what was priced" not in capsys.readouterr().err
