@@ -162,6 +162,7 @@ def test_the_per_replica_plan_beats_every_single_stage_list_and_equals_the_brute
     assert got.iteration_time_s == pytest.approx(min(p.iteration_time_s for p in shares if p), rel=1e-12)
     got.validate(num_layers=4, available={"X": 1, "Y": 1})
     assert [g.micro_batches for g in got.replicas] == [5, 3]
+    assert got.zero1 is False  # as replica_sim prices it and the engine runs it, although the spec says true
 
 
 def test_the_engine_refuses_replica_groups_only_with_a_tied_head_naming_the_field():
