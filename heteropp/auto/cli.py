@@ -100,11 +100,15 @@ def cmd_plan(a: argparse.Namespace) -> int:
 def cmd_simulate(a: argparse.Namespace) -> int:
     from ..schedules import ScheduleError, kind, missing_params
     from .plan_sim import plan_stages, schedule_params, simulate_plan
-    from .planning import load_problem
+    from .planning import load_problem, make_problem
     for path, flag in ((a.json, "--json"), (a.png, "--png"), (a.write_plan, "--write-plan")):
         _writable(path, flag)
     plan = Plan.load(a.plan)
     pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    if plan.zero1 != pb.train.zero1:  # price the plan as `heteropp run --plan` trains it: with the plan's zero1
+        print(f"heteroauto: the plan records zero1: {str(plan.zero1).lower()}, the training spec says "
+              f"{str(pb.train.zero1).lower()}: simulating the plan's", file=sys.stderr)
+        pb = make_problem(pb.cluster, pb.model, replace(pb.train, zero1=plan.zero1), pb.cm.profile)
     m = pb.model
     plan.validate(a.plan, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
                   available={c.name: c.count for c in pb.cluster.chips},

@@ -38,3 +38,31 @@ def test_a_plan_whose_zero1_is_not_a_bool_is_refused() -> None:
     with pytest.raises(SpecError, match="zero1") as e:
         Plan.from_dict(bad)
     assert "true or false" in str(e.value)
+
+
+def test_simulate_prices_the_plans_zero1_whatever_the_training_spec_says(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`heteropp run --plan` trains with the plan's zero1, so `simulate` prices that one; the reference is the
+    same plan simulated under a training spec that agrees with it (dp 2, where ZeRO-1 changes the price)."""
+    plan = {"version": 2, "stages": [{"chip": "big", "tp": 1, "layers": 8}], "dp": 2, "micro_batch_size": 1,
+            "micro_batches": 4, "schedule": "1f1b", "zero1": False}
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    times = {}
+    for spec_zero1 in (False, True):
+        train = tmp_path / f"train_{spec_zero1}.yaml"
+        train.write_text((EX / "training" / "tiny.yaml").read_text()
+                         .replace("zero1: true", f"zero1: {str(spec_zero1).lower()}"))
+        out = tmp_path / f"sim_{spec_zero1}.json"
+        assert main(["simulate", str(plan_path), "--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny",
+                     "--train", str(train), "--json", str(out)]) == 0
+        times[spec_zero1] = json.loads(out.read_text())["iteration_time_s"]
+        err = capsys.readouterr().err
+        assert ("the plan records zero1: false" in err) is spec_zero1
+    assert times[True] == times[False]
+    # the same plan with ZeRO-1 is priced differently, so the equality above is not a coincidence
+    plan_path.write_text(json.dumps({**plan, "zero1": True}))
+    out = tmp_path / "sim_zero1.json"
+    assert main(["simulate", str(plan_path), "--cluster", str(EX / "clusters" / "two-cpu.yaml"), "--model", "tiny",
+                 "--train", str(tmp_path / "train_True.yaml"), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["iteration_time_s"] != times[False]
