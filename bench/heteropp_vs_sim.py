@@ -253,7 +253,8 @@ class MeasuredCosts(CostModel):
     def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:
         return self.p2p_s
 
-    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int) -> float:
+    def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int, one_node: bool | None = None,
+                   zero1: bool | None = None) -> float:
         return 0.0  # inside the measured ZeRO-1 step (with_comm)
 
 
