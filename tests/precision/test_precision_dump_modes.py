@@ -14,6 +14,8 @@ from ditorch_precision.dump import Dump
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 
+from stats_reference import assert_stats_are_float64_of
+
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -217,12 +219,6 @@ def test_stats_capture_views_and_module_records_against_float64_of_the_full_capt
     for rs, rf in zip(stats.records, full.records):
         if rs.get("unwritten"):  # leftovers of an empty* count as 0 there (test_precision_unwritten)
             continue
-        outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]
-        assert len(rs["stats"]) == len(outs), rs["op"]
-        for s, t in zip(rs["stats"], outs):
-            x = t.double()
-            assert (s["min"], s["max"], s["numel"]) == (float(x.min()), float(x.max()), x.numel()), rs["op"]
-            assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15), rs["op"]
-            assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12), rs["op"]
+        assert_stats_are_float64_of(rs, rf, full)
         ops.add(rs["op"])
     assert {"aten::t", "aten::view", "aten::unsqueeze", "aten::transpose", "module::output"} <= ops

@@ -21,6 +21,8 @@ from ditorch_precision.report import diff_html
 from ditorch_precision.signature import signature
 from ditorch_precision.summaries import tensor_stats
 
+from stats_reference import assert_stats_are_float64_of
+
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not native.available(), reason=f"C++ module not built: {native.why_not()}")]
 
@@ -233,13 +235,7 @@ def test_reused_statistics_of_views_and_module_records_against_float64_of_the_fu
     for rs, rf in pairs:
         if rs.get("unwritten"):
             continue
-        outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]
-        assert len(rs["stats"]) == len(outs), rs["op"]
-        for s, t in zip(rs["stats"], outs):
-            x = t.double()
-            assert (s["min"], s["max"], s["numel"]) == (float(x.min()), float(x.max()), x.numel()), rs["op"]
-            assert s["mean"] == pytest.approx(float(x.mean()), rel=1e-12, abs=1e-15), rs["op"]
-            assert s["norm"] == pytest.approx(float(x.norm()), rel=1e-12), rs["op"]
+        assert_stats_are_float64_of(rs, rf, full)
         checked[rs["op"]] += 1
     # the views taken after in-place writes, and the module records, were among those checked
     assert checked["aten::t"] and checked["aten::_unsafe_view"] + checked["aten::view"] and checked["module::output"]
