@@ -515,17 +515,15 @@ std::string OpObserver::current_module(bool in_backward) const {
   return it == node_paths_.end() ? std::string() : paths_[it->second];
 }
 
-void OpObserver::module_record(const std::string& op, const std::string& phase, const std::string& module,
-                               int64_t step, const std::vector<at::Tensor>& tensors) {
-  InHook in_hook;  // a device tensor's float64 copy is no op of the program
-  const int64_t index = count_;
-  std::string out;
-  out.reserve(256);
+void OpObserver::line_head(std::string& out, int64_t index, std::string_view op, std::string_view overload,
+                           std::string_view phase, const std::string& module, int64_t step) const {
   out += "{\"index\": ";
   put_int(out, index);
   out += ", \"op\": ";
   put_string(out, op);
-  out += ", \"overload\": \"default\", \"phase\": ";
+  out += ", \"overload\": ";
+  put_string(out, overload);
+  out += ", \"phase\": ";
   put_string(out, phase);
   out += ", \"module\": ";
   if (module.empty())
@@ -536,7 +534,17 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
   put_int(out, step);
   out += ", \"rank\": ";
   put_int(out, rank_);
-  out += ", \"callsite\": null, \"api\": null, \"kind\": \"module\", \"inputs\": [], \"outputs\": [";
+  out += ", \"callsite\": null, \"api\": null";
+}
+
+void OpObserver::module_record(const std::string& op, const std::string& phase, const std::string& module,
+                               int64_t step, const std::vector<at::Tensor>& tensors) {
+  InHook in_hook;  // a device tensor's float64 copy is no op of the program
+  const int64_t index = count_;
+  std::string out;
+  out.reserve(256);
+  line_head(out, index, op, "default", phase, module, step);
+  out += ", \"kind\": \"module\", \"inputs\": [], \"outputs\": [";
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (i) out += ", ";
     tensor_meta(out, tensors[i], true);
@@ -595,25 +603,8 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
                                                                  : "forward";
   std::string& out = p->line;
   out.reserve(512);
-  out += "{\"index\": ";
-  put_int(out, index);
-  out += ", \"op\": ";
-  put_string(out, op->shown_name);
-  out += ", \"overload\": ";
-  put_string(out, op->shown_overload);
-  out += ", \"phase\": \"";
-  out += phase;
-  out += "\", \"module\": ";
-  std::string module = current_module(in_backward);
-  if (module.empty())
-    out += "null";
-  else
-    put_string(out, module);
-  out += ", \"step\": ";
-  put_int(out, step_);
-  out += ", \"rank\": ";
-  put_int(out, rank_);
-  out += ", \"callsite\": null, \"api\": null, \"inputs\": [";
+  line_head(out, index, op->shown_name, op->shown_overload, phase, current_module(in_backward), step_);
+  out += ", \"inputs\": [";
   const auto inputs = fn.inputs();
   bool first = true;
   for (const auto& v : inputs) {

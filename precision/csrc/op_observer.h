@@ -80,6 +80,9 @@ class OpObserver {
   const FusedStats* known(const at::Tensor& t);
   void remember(const at::Tensor& t, const FusedStats& s);
   std::string current_module(bool in_backward) const;
+  // An index line's opening fields, shared by op and module records: index .. "api": null.
+  void line_head(std::string& out, int64_t index, std::string_view op, std::string_view overload,
+                 std::string_view phase, const std::string& module, int64_t step) const;
   bool nested() const;
 
   at::CallbackHandle handle_ = 0;
