@@ -7,6 +7,10 @@ plans do not).
 
     python -m bench.heteroauto_plan_check --json before.json      # on the code before the change
     python -m bench.heteroauto_plan_check --compare before.json   # after: exit 1 naming what differs
+
+`--expected` writes the plans of TEST_PROBLEMS, a subset planned in a few seconds, without CPU times, to
+EXPECTED: tests/heteroauto/test_heteroauto_plan_guard.py plans them again under `make test` and compares.
+Regenerate it only for a change meant to alter plans (and say which plans changed, and why, in its commit).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Iterable
 
 from bench.heteroauto_search import EXPERIMENTS, cm_problem, problem
 from bench.heteroauto_vs_brute import random_problem
@@ -25,32 +30,44 @@ from heteropp.spec import InfeasibleError
 CALIBRATED = Path(__file__).resolve().parents[1] / "docs" / "heteroauto-bench.json"
 RANDOM_SCHEDULES = ("1f1b", "h1f1b", "interleaved", "zbh1")
 RANDOM_SEED, RANDOM_INSTANCES = 5, 6
+EXPECTED = Path(__file__).resolve().parents[1] / "tests" / "heteroauto" / "data" / "plan_check_expected.json"
+# the problems the test plans: every random instance, and one each of the paper's clusters and HARP that plan
+# in well under a second (Exp-D and the uncalibrated Exp-B take about one each)
+TEST_PROBLEMS = ("Exp-A-1", "Exp-A-2-calibrated", "Exp-B-2-calibrated", "Exp-C-1-calibrated", "HARP-calibrated",
+                 *(f"random-{s}-{i}" for s in RANDOM_SCHEDULES for i in range(RANDOM_INSTANCES)))
 
 
-def problems() -> dict[str, Problem]:
+def problems(names: Iterable[str] | None = None) -> dict[str, Problem]:
+    """The problems by name (`names`: only these; a random instance's generator runs up to it)."""
+    want = None if names is None else set(names)
     eff = json.loads(CALIBRATED.read_text()).get("efficiency") if CALIBRATED.exists() else None
     out = {}
     for tag, e in (("", None), ("-calibrated", eff)):
         if tag and not e:
             continue
         for name, (c, m, t) in EXPERIMENTS.items():
-            out[name + tag] = cm_problem(problem(c, m, t, e))
+            if want is None or name + tag in want:
+                out[name + tag] = cm_problem(problem(c, m, t, e))
     for sched in RANDOM_SCHEDULES:
         rng = random.Random(RANDOM_SEED)
         for i in range(RANDOM_INSTANCES):
-            out[f"random-{sched}-{i}"] = random_problem(rng, sched)
+            pb = random_problem(rng, sched)
+            if want is None or f"random-{sched}-{i}" in want:
+                out[f"random-{sched}-{i}"] = pb
+    if want is not None and want - out.keys():
+        raise ValueError(f"unknown problems {sorted(want - out.keys())}; expected some of {sorted(problems())}")
     return out
 
 
-def planned(pb: Problem) -> dict:
+def planned(pb: Problem, cpu: bool = True) -> dict:
     try:
         r = plan(pb)
     except InfeasibleError as e:
         return {"infeasible": str(e)}
     d = r.plan.to_dict()
     d.pop("search_time_s", None)
-    return {"plan": d, "runners_up": [[c.label, c.time_s] for c in r.search.runners_up],
-            "work": r.search.work, "cpu_s": r.cpu_time_s}
+    out = {"plan": d, "runners_up": [[c.label, c.time_s] for c in r.search.runners_up], "work": r.search.work}
+    return {**out, "cpu_s": r.cpu_time_s} if cpu else out
 
 
 def differences(old: dict, new: dict) -> list[str]:
@@ -64,9 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the plans here")
     ap.add_argument("--compare", help="plans written before: exit 1 when any differs")
+    ap.add_argument("--expected", action="store_true",
+                    help="write the plans of TEST_PROBLEMS, without CPU times, to tests/heteroauto/data/")
     a = ap.parse_args(argv)
     if a.compare and not Path(a.compare).is_file():
         ap.error(f"--compare {a.compare}: no such file; expected the --json output of an earlier run")
+    if a.expected:
+        every = problems()
+        EXPECTED.parent.mkdir(exist_ok=True)
+        EXPECTED.write_text(json.dumps({n: planned(every[n], cpu=False) for n in TEST_PROBLEMS}, indent=1,
+                                       sort_keys=True) + "\n")
+        print(f"{len(TEST_PROBLEMS)} problems written to {EXPECTED.name}")
+        return 0
     out = {name: planned(pb) for name, pb in problems().items()}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
