@@ -1,10 +1,12 @@
 """Two emulated clusters on this machine (tests and benchmarks): one network namespace per cluster, joined by a
-veth pair whose both ends are shaped with `tc` (token bucket: the cross-cluster link's rate). Ranks run inside their
+veth pair whose both ends are shaped with `tc` (the cross-cluster link's rate). Ranks run inside their
 cluster's namespace (`ip netns exec`), so the only traffic between clusters crosses that link, on
 addresses of namespaces created here. Needs root, `ip` and `tc`; `two_clusters` raises Unavailable with
-the reason otherwise. Delay shaping (netem) is used when the kernel has it. The two ends take the first two
-host addresses of a subnet: `subnet=`, else $HETEROPP_NETNS_SUBNET, else a 10.x.y.0/24 picked from the pid
-(choose one where it would clash with a network of this host)."""
+the reason otherwise. Delay shaping (netem) is used when the kernel has it, else a token bucket (tbf) whose
+bucket holds about a millisecond of traffic (link_burst_bytes): a bucket as large as a message would let that
+message pass at memory speed, so the ranks would not see a link of the rate the cluster spec prices. The two
+ends take the first two host addresses of a subnet: `subnet=`, else $HETEROPP_NETNS_SUBNET, else a 10.x.y.0/24
+picked from the pid (choose one where it would clash with a network of this host)."""
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +47,34 @@ def _tc(ns: str, *args: str) -> bool:
 
 
 SUBNET_ENV = "HETEROPP_NETNS_SUBNET"
+_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_FRAME_BYTES = 1514  # the largest Ethernet frame on the veth (MTU 1500 and its header): the bucket must hold one
+
+
+def rate_bytes_s(rate: str) -> float:
+    """A tc rate written as a number and kbit, mbit or gbit, in bytes per second; ValueError otherwise."""
+    for unit, scale in _RATE_UNITS.items():
+        if rate.endswith(unit):
+            try:
+                value = float(rate[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale / 8
+    raise ValueError(f"expected a positive rate such as 50mbit or 1gbit, got {rate!r}")
+
+
+def wire_bytes(payload: int) -> int:
+    """What a message of `payload` bytes costs a shaped link over TCP: its bytes and a header per full frame
+    (Ethernet 14, IPv4 20, TCP with timestamps 32 bytes, so 1448 payload bytes a frame): about 4.6% more."""
+    mss = _FRAME_BYTES - 14 - 20 - 32
+    return payload + -(-payload // mss) * (_FRAME_BYTES - mss)
+
+
+def link_burst_bytes(rate: str) -> int:
+    """The token bucket of a link shaped to `rate`: a millisecond of traffic, at least two full frames. A message
+    then takes its bytes over the rate to within a millisecond, as on a link of that rate."""
+    return max(round(rate_bytes_s(rate) / 1000), 2 * _FRAME_BYTES)
 
 
 def end_addresses(subnet: str | None = None) -> tuple[str, str, int]:
@@ -94,8 +124,8 @@ def two_clusters(rate: str = "1gbit", delay: str = "1ms",
             _ip("-n", c.netns, "link", "set", "lo", "up")
             if not _tc(c.netns, "qdisc", "add", "dev", c.ifname, "root", "netem", "delay", delay, "rate", rate):
                 delayed = False
-                if not _tc(c.netns, "qdisc", "add", "dev", c.ifname, "root", "tbf", "rate", rate, "burst", "256kb",
-                           "latency", "100ms"):
+                if not _tc(c.netns, "qdisc", "add", "dev", c.ifname, "root", "tbf", "rate", rate, "burst",
+                           str(link_burst_bytes(rate)), "latency", "1s"):  # a queue of a second: no drops
                     raise Unavailable("tc can shape neither with netem nor with tbf here")
         yield a, b, delayed
     finally:

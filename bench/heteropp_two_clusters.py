@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.heteropp_netns import Unavailable, end_addresses, run_across, two_clusters
+from bench.heteropp_netns import Unavailable, end_addresses, rate_bytes_s, run_across, two_clusters, wire_bytes
 from heteropp.auto.simulator import StageTimes, simulate
 from heteropp.engine import RunConfig
 from heteropp.plan import Plan, StagePlan
@@ -43,14 +43,6 @@ from heteropp.schedules import build, h1f1b_extra
 from heteropp.spec import ModelSpec
 
 MODEL = ModelSpec("bench-2c", layers=4, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512, seq_len=256)
-_RATE = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
-
-def rate_bytes_s(rate: str) -> float:
-    for unit, scale in _RATE.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * scale / 8
-    raise SystemExit(f"--rate: expected e.g. 50mbit or 1gbit, got {rate!r}")
 
 
 def stage_times(timing_dir: Path) -> list[tuple[float, float]]:
@@ -90,7 +82,8 @@ def shared_prediction(cl: Any, train: Any, prof: Any, comm: dict, slowdown: list
                       schedule: str, params: dict, rate: float) -> float:
     """The plan's step under processor sharing of this host's cores (measured slowdown), its compute and
     the processes' communication measured (with_comm), a boundary between A and B one activation over the
-    link's `rate` (bytes/s) shared by the dp pipelines, one inside a type the processes' measured send."""
+    link's `rate` (bytes/s, its TCP framing counted: wire_bytes) shared by the dp pipelines, one inside a type
+    the processes' measured send."""
     import os
 
     from bench.heteropp_vs_sim import MeasuredCosts, with_comm
@@ -102,7 +95,7 @@ def shared_prediction(cl: Any, train: Any, prof: Any, comm: dict, slowdown: list
 
     folded = with_comm(dataclasses.replace(prof, chips={"cpu": prof.chips["A"]}), comm, plan.dp)
     both = dataclasses.replace(folded, chips={"A": folded.chips["cpu"], "B": ChipProfile(dict(folded.chips["cpu"].tp))})
-    act = MODEL.seq_len * MODEL.hidden * 4 * plan.micro_batch_size
+    act = wire_bytes(MODEL.seq_len * MODEL.hidden * 4 * plan.micro_batch_size)
 
     class LinkCosts(MeasuredCosts):
         def _boundary(self, x: str, tx: int, y: str, ty: int, dp: int) -> float:
@@ -209,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         end_addresses(a.subnet)
     except ValueError as e:
         ap.error(f"--subnet: {e}")
+    try:
+        rate_bytes_s(a.rate)
+    except ValueError as e:
+        ap.error(f"--rate: {e}")
     if a.plans:
         load = list(os.getloadavg())
         try:
