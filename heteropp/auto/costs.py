@@ -122,6 +122,7 @@ class CostModel:
         self.latency = lru_cache(maxsize=None)(cluster.latency_s)  # (chip a, chip b) -> seconds per message
         # asked thousands of times per search with a few dozen distinct arguments (h2's DFS, stage options)
         self.max_layers = lru_cache(maxsize=None)(self._max_layers)
+        self._room = lru_cache(maxsize=None)(self._room_of)
         self._layer_params = lru_cache(maxsize=None)(self._one_layer_params)
 
     # --- per-layer coefficients -------------------------------------------------------------------
@@ -238,11 +239,17 @@ class CostModel:
     def _max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
                     zero1: bool | None = None) -> int:
         """Most layers a stage can hold in memory (0 when not even one fits)."""
-        c = self.coef(chip, tp, recompute, dp, zero1)
-        base = self.memory(chip, tp, recompute, dp, 0, n, first, last, zero1)
-        room = self._chip[chip].usable_bytes - base
-        per = c.static + n * c.act
+        room, static, act = self._room(chip, tp, recompute, dp, first, last, zero1)
+        per = static + n * act
         return max(0, int(room // per)) if room >= per else 0
+
+    def _room_of(self, chip: str, tp: int, recompute: bool, dp: int, first: bool, last: bool,
+                 zero1: bool | None) -> tuple[float, float, float]:
+        """_max_layers' terms that do not depend on the in-flight count (h2's DFS asks for a thousand
+        counts): the memory left beside a stage of no layers, and a layer's static and per-micro-batch bytes."""
+        c = self.coef(chip, tp, recompute, dp, zero1)
+        return (self._chip[chip].usable_bytes - self.memory(chip, tp, recompute, dp, 0, 0, first, last, zero1),
+                c.static, c.act)
 
     # --- the stages as the simulator runs them ------------------------------------------------------
     def placed_one_node(self, stages: list[StageSpec], dp: int) -> list[bool | None]:
