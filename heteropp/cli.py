@@ -142,14 +142,26 @@ def cmd_run(a: argparse.Namespace) -> int:
         if a.schedule:
             override_schedule(plan, a.schedule)
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available, nodes)
+        from .engine.node_ranks import launch_nodes, ranks_by_node
+        # with the cluster's nodes, each torchrun node's workers take the ranks the node rule puts there
+        run_nodes = None if cluster is None or plan.replicas else \
+            launch_nodes(plan, [(c.name, n) for c in cluster.chips for n in c.node_sizes])
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                           chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
-                          options=options)
+                          options=options, nodes=run_nodes)
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
-        print(f"wrote {a.write_config}; run it with: DICOMM_JOB_SECRET=$(python -c 'import secrets; "
-              f"print(secrets.token_hex(16))') torchrun --nproc-per-node={plan.world_size} "
-              f"-m heteropp.engine.worker --config {a.write_config}")
+        secret = "DICOMM_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')"
+        if run_nodes is None:
+            print(f"wrote {a.write_config}; run it with: {secret} torchrun --nproc-per-node={plan.world_size} "
+                  f"-m heteropp.engine.worker --config {a.write_config}")
+            return 0
+        per_node = ranks_by_node(plan, run_nodes)
+        print(f"wrote {a.write_config}; on node i of these {len(run_nodes)}, with one DICOMM_JOB_SECRET for all:")
+        for i, ((chip, chips), ranks) in enumerate(zip(run_nodes, per_node)):
+            print(f"  node {i} ({chip}, {chips} chips, plan ranks {ranks}): torchrun --nnodes={len(run_nodes)} "
+                  f"--node-rank={i} --nproc-per-node={len(ranks)} --master-addr=<node 0's address> "
+                  f"--master-port=<port> -m heteropp.engine.worker --config {a.write_config}")
         return 0
     from .engine.checks import check_run
     check_run(plan, m, a.plan, chip_map, [a.schedule or plan.schedule], a.world_size, available, nodes)

@@ -65,6 +65,9 @@ class RunConfig:
     options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
     # dicomm's DICOMM_JOB_SECRET for the ranks of this job (set by the launcher; never written to a file)
     job_secret: str | None = None
+    # [chip type, chips] per torchrun node in node-rank order: a worker takes the plan rank the node rule puts on
+    # its node and local rank (node_ranks.py); None: torchrun's RANK
+    nodes: list[list[Any]] | None = None
 
     @property
     def opts(self) -> TrainOptions:

@@ -29,6 +29,7 @@ from .checkpoint import Checkpointer, slots
 from .data import Batches
 from .executor import StageExecutor
 from .metrics import StepLog, mark_stage_start, stage_peaks
+from .node_ranks import torchrun_rank
 from .snapshot import RoundHooks
 from .straggler import StragglerWatch
 from .tied import sync_tied_grads
@@ -191,6 +192,8 @@ def _huge_pages_advised(tensor: torch.Tensor) -> bool:
 def worker(cfg: RunConfig) -> dict[str, Any]:
     """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.nodes is not None and "GROUP_RANK" in os.environ:  # torchrun: the rank the node rule gives
+        rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ)
     # Ctrl-C reaches every rank with the launcher: stop at once, quietly (a checkpoint being written stays
     # .partial; the launcher says why it stopped)
     signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))

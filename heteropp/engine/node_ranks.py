@@ -1,0 +1,74 @@
+"""Which plan rank a worker started by torchrun takes, so that ranks follow the node rule.
+
+torchrun numbers a run's workers node by node in rendezvous order (RANK), knowing nothing of the plan; the
+plan numbers its ranks stage by stage (topology.py). Left at that, a TP group placed inside one node by the
+node rule (spec/placement.py: the cost model, the brute force and `run --cluster` assume it) could run on
+ranks of two hosts. A run config that lists its nodes (RunConfig.nodes: chip type and chips per node, in
+node-rank order, as `heteropp run --write-config --cluster` writes them) makes every worker take, from
+torchrun's GROUP_RANK and LOCAL_RANK, the plan rank the node rule puts on its node; a launch whose nodes
+differ from the list (node count, processes on a node) is refused, naming the node, before any group forms.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from ..plan import Plan
+from ..spec.errors import SpecError
+
+
+def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[int]]:
+    """Per node of `nodes` ((chip type, chips), in node-rank order), the plan ranks the node rule puts on it,
+    ascending. SpecError naming the node list when a stage's chip type has no node there, or a TP group fits
+    in none."""
+    if plan.replicas:
+        raise SpecError("plan", "replicas", "a plan of replica groups is not placed by node under torchrun",
+                        "a plan of one stage list, or a run config without nodes")
+    sizes: dict[str, list[int]] = {}
+    where: dict[tuple[str, int], int] = {}  # (chip type, its j-th node) -> index in `nodes`
+    for i, node in enumerate(nodes):
+        chip, n = node
+        if not isinstance(chip, str) or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError("nodes", f"nodes[{i}]", f"got {list(node)!r}", "[chip type, chips >= 1]")
+        where[(chip, len(sizes.setdefault(chip, [])))] = i
+        sizes[chip].append(n)
+    for k in range(plan.devices):
+        if plan.stages[k].chip not in sizes:
+            raise SpecError("nodes", f"stages[{k}].chip", f"{plan.stages[k].chip!r} has no node in the list",
+                            "a node of every chip type the plan uses")
+    placed = plan.placement(sizes, "nodes")
+    offsets = plan.rank_offsets()
+    out: list[list[int]] = [[] for _ in nodes]
+    for k, groups in enumerate(placed):
+        tp = plan.stages[k].tp
+        for replica, j in enumerate(groups):
+            first = offsets[k] + replica * tp
+            out[where[(plan.stages[k].chip, j)]] += range(first, first + tp)
+    return [sorted(r) for r in out]
+
+
+def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[str, str]) -> int:
+    """This worker's plan rank from torchrun's environment (GROUP_RANK: the node, LOCAL_RANK: the process on
+    it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE); SpecError naming the node when the launch differs from
+    `nodes`."""
+    per_node = ranks_by_node(plan, nodes)
+    node, local = int(env["GROUP_RANK"]), int(env["LOCAL_RANK"])
+    count, procs = int(env.get("GROUP_WORLD_SIZE", len(nodes))), int(env.get("LOCAL_WORLD_SIZE", len(per_node[0])))
+    layout = ", ".join(f"node {i}: {len(r)} x {nodes[i][0]}" for i, r in enumerate(per_node))
+    if count != len(nodes):
+        raise SpecError("torchrun", "--nnodes", f"{count} nodes joined", f"the run's {len(nodes)} ({layout})")
+    if not 0 <= node < len(nodes):
+        raise SpecError("torchrun", "GROUP_RANK", f"got {node}", f"a node of the run's {len(nodes)} ({layout})")
+    want = len(per_node[node])
+    if procs != want:
+        raise SpecError("torchrun", f"node {node} --nproc-per-node", f"{procs} processes on node {node}",
+                        f"{want}: the plan ranks {per_node[node]} the node rule puts on node {node}, a "
+                        f"{nodes[node][0]} node of {nodes[node][1]} chips ({layout}); start node i with "
+                        "--node-rank i")
+    return per_node[node][local]
+
+
+def launch_nodes(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[object]]:
+    """The nodes of `nodes` ((chip type, chips), the cluster's, in its order) the node rule puts ranks on, each
+    as [chip type, chips]: RunConfig.nodes for a torchrun launch (a node left idle starts no agent)."""
+    per_node = ranks_by_node(plan, nodes)
+    return [[node[0], node[1]] for node, ranks in zip(nodes, per_node) if ranks]

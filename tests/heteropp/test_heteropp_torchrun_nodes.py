@@ -1,0 +1,112 @@
+"""Under torchrun, ranks follow the node rule (heteropp/engine/node_ranks.py). Two real torchrun agents on
+this machine's loopback stand in for two hosts (static rendezvous, --node-rank 0 and 1): node 0 has one chip
+of type A, node 1 two. A plan of a TP-2 stage then a TP-1 stage must run its TP-2 group on node 1, the only
+node it fits in (derived by hand), while torchrun alone numbers node 0's worker rank 0, which the plan gives
+to the TP-2 stage: its group would span the two hosts (what ran before: node 0 reported stage 0, node 1
+stages 0 and 1). With the node list in the config, each agent's workers report the stage the hand placement
+gives their node, and the loss is the single-process reference's. A launch with the nodes' process counts
+swapped is refused naming the node."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from heteropp.engine import RunConfig
+from heteropp.engine.node_ranks import ranks_by_node, torchrun_rank
+from heteropp.plan import Plan, StagePlan
+from heteropp.spec.errors import SpecError
+from tests.heteropp.heteropp_helpers import MODEL, check_losses, reference
+
+STEPS = 2
+PLAN = Plan([StagePlan("A", 2, 2), StagePlan("A", 1, 2, first_layer=2)], dp=1, micro_batch_size=1,
+            micro_batches=2, num_layers=MODEL.layers)
+NODES = [["A", 1], ["A", 2]]  # node 0: one chip, node 1: two
+_STAGE_LINE = re.compile(r"rank (\d+): stage (\d+) ")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path, nodes: list[list[object]] | None, procs: list[int]) -> list[subprocess.CompletedProcess]:
+    """One torchrun agent per node (static rendezvous on loopback), `procs[i]` workers on node i."""
+    cfg = RunConfig(plan=PLAN.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, backend="gloo",
+                    chip_map={"A": "cpu"}, timeout_s=60, verbose=True, loss_log=str(tmp_path / "loss.jsonl"),
+                    nodes=nodes)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cfg.__dict__))
+    port = _port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(procs)),
+                                "--node-rank", str(i), f"--nproc-per-node={n}", "--master-addr", "127.0.0.1",
+                                "--master-port", str(port), "--max-restarts", "0", "-m", "heteropp.engine.worker",
+                                "--config", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True) for i, n in enumerate(procs)]
+    out = []
+    for a in agents:
+        text, _ = a.communicate(timeout=300)
+        out.append(subprocess.CompletedProcess(a.args, a.returncode, text))
+    return out
+
+
+def _stages_per_node(runs: list[subprocess.CompletedProcess]) -> list[list[int]]:
+    for r in runs:
+        assert r.returncode == 0, r.stdout[-3000:]
+    return [sorted(int(m.group(2)) for m in _STAGE_LINE.finditer(r.stdout)) for r in runs]
+
+
+def test_the_node_rule_by_hand():
+    """The TP-2 stage (plan ranks 0 and 1) fits only node 1; the TP-1 stage (rank 2) takes node 0."""
+    assert ranks_by_node(PLAN, NODES) == [[2], [0, 1]]
+
+
+def test_under_torchrun_a_tp_group_runs_on_one_node(tmp_path):
+    runs = _launch(tmp_path, NODES, [1, 2])
+    assert _stages_per_node(runs) == [[1], [0, 0]]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "loss.jsonl").read_text().splitlines()]
+    check_losses(losses, reference(PLAN.global_batch)["losses"][:STEPS], "torchrun by node")
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"GROUP_RANK": "0", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+     "2 processes on node 0 .*expected 1: the plan ranks \\[2\\]"),
+    ({"GROUP_RANK": "0", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "1"},
+     "--nnodes.*3 nodes joined.*the run's 2"),
+])
+def test_a_launch_that_differs_from_the_nodes_is_refused_naming_the_node(env, says):
+    """torchrun's environment for node 0 with the two nodes' process counts swapped, and a third node."""
+    with pytest.raises(SpecError, match=says):
+        torchrun_rank(PLAN, NODES, env)
+
+
+def test_a_tp_group_that_fits_no_listed_node_is_refused_naming_the_stage():
+    with pytest.raises(SpecError, match=r"stages\[0\]\.tp"):
+        ranks_by_node(PLAN, [["A", 1], ["A", 1], ["A", 1]])
+
+
+def test_write_config_with_the_cluster_lists_the_nodes_and_each_nodes_command(tmp_path, capsys):
+    """`heteropp run --write-config --cluster`: the config carries the nodes the plan uses, in the cluster's
+    order, and each node's torchrun command starts as many workers as the node rule puts there."""
+    from heteropp.cli import main
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("chips:\n  - {name: A, nodes: [1, 2, 2], memory_gb: 4, peak_tflops: 1, intra_node_bw: 5, "
+                       "network_bw: 2, device: cpu}\n")
+    PLAN.save(tmp_path / "plan.json")
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({k: v for k, v in RunConfig.model_dict(MODEL).items() if k != "explicit_head_dim"}))
+    out = tmp_path / "run.json"
+    assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", str(model), "--steps", "1",
+                 "--cluster", str(cluster), "--write-config", str(out)]) == 0, capsys.readouterr().err
+    # by hand: the TP-2 group takes the first two-chip node, the TP-1 stage the one-chip node; one node idle
+    assert json.loads(out.read_text())["nodes"] == [["A", 1], ["A", 2]]
+    said = capsys.readouterr().out
+    assert "--nnodes=2 --node-rank=0 --nproc-per-node=1" in said
+    assert "--nnodes=2 --node-rank=1 --nproc-per-node=2" in said
