@@ -61,9 +61,9 @@ def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[st
     want = len(per_node[node])
     if procs != want:
         raise SpecError("torchrun", f"node {node} --nproc-per-node", f"{procs} processes on node {node}",
-                        f"{want}: the plan ranks {per_node[node]} the node rule puts on node {node}, a "
-                        f"{nodes[node][0]} node of {nodes[node][1]} chips ({layout}); start node i with "
-                        "--node-rank i")
+                        f"{want}: the plan ranks {per_node[node]}, which the node rule puts on node {node} "
+                        f"({nodes[node][1]} {nodes[node][0]} chips; the run's nodes: {layout}); start node i "
+                        "with --node-rank i and its count of processes")
     return per_node[node][local]
 
 

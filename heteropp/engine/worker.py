@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from ..model import StageModel
 from ..model.grads import grad_of
 from ..plan import Plan
+from ..spec.errors import SpecError
 from .config import RunConfig
 from .build import TORCH_DTYPES, build_chunks, make_optimizer, resume
 from .build import schedule as schedule_lr
@@ -193,7 +195,11 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if cfg.nodes is not None and "GROUP_RANK" in os.environ:  # torchrun: the rank the node rule gives
-        rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ)
+        try:
+            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ)
+        except SpecError as e:  # the launch does not match the config's nodes: say which, no traceback
+            print(f"heteropp worker: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
     # Ctrl-C reaches every rank with the launcher: stop at once, quietly (a checkpoint being written stays
     # .partial; the launcher says why it stopped)
     signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))

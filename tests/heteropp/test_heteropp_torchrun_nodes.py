@@ -75,9 +75,21 @@ def test_under_torchrun_a_tp_group_runs_on_one_node(tmp_path):
     check_losses(losses, reference(PLAN.global_batch)["losses"][:STEPS], "torchrun by node")
 
 
+def test_under_torchrun_a_launch_with_the_nodes_swapped_is_refused_naming_the_node(tmp_path):
+    """Two workers on node 0 and one on node 1: every worker exits 2 before any process group forms, the
+    message naming its node and the ranks the node rule puts there, without a traceback of ours (torchrun's
+    agent then prints its own ChildFailedError)."""
+    runs = _launch(tmp_path, NODES, [2, 1])
+    assert [r.returncode for r in runs] == [1, 1]  # torchrun's agent reports its failed workers with 1
+    assert "--nproc-per-node': 2 processes on node 0" in runs[0].stdout, runs[0].stdout[-2000:]
+    assert "--nproc-per-node': 1 processes on node 1" in runs[1].stdout, runs[1].stdout[-2000:]
+    assert "expected 2: the plan ranks [0, 1], which the node rule puts on node 1" in runs[1].stdout
+    assert not any("heteropp/engine/" in r.stdout for r in runs)  # no frame of the engine's
+
+
 @pytest.mark.parametrize("env, says", [
     ({"GROUP_RANK": "0", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
-     "2 processes on node 0 .*expected 1: the plan ranks \\[2\\]"),
+     "2 processes on node 0 .*expected 1: the plan ranks \\[2\\], which the node rule puts on node 0"),
     ({"GROUP_RANK": "0", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "1"},
      "--nnodes.*3 nodes joined.*the run's 2"),
 ])
