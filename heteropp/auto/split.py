@@ -26,20 +26,33 @@ class SplitResult:
     recompute: list[bool]
 
 
-def _min_fill(opts: list[StageTerms], caps: list[int], L: int) -> tuple[float, list[int]] | None:
-    """Cheapest sum phi_k(l_k) with 1 <= l_k <= caps[k] and sum l_k = L."""
+Linear = tuple[list[int], list[float], list[float]]  # per stage: m0, b0, beta (_min_fill's linear case)
+
+
+def _linear(opts: list[StageTerms]) -> Linear:
+    return [o.m0 for o in opts], [o.b0 for o in opts], [o.beta for o in opts]
+
+
+def _min_fill(opts: list[StageTerms], caps: list[int], L: int, order: list[int] | None = None,
+              linear: Linear | None = None) -> tuple[float, list[int]] | None:
+    """Cheapest sum phi_k(l_k) with 1 <= l_k <= caps[k] and sum l_k = L. `order` (_by_beta) and `linear`
+    (_linear): the caller's, who asks for many caps of one sequence."""
     if sum(caps) < L or min(caps) < 1:
         return None
-    if all(c <= o.m0 for o, c in zip(opts, caps)):  # linear costs: fill the cheapest stages first
+    m0s, b0s, betas = _linear(opts) if linear is None else linear
+    if all([c <= m for c, m in zip(caps, m0s)]):  # linear costs: fill the cheapest stages first
         ls = [1] * len(opts)
         rest = L - len(opts)
-        for k in sorted(range(len(opts)), key=lambda k: opts[k].beta):
-            add = min(rest, caps[k] - 1)
+        for k in _by_beta(opts) if order is None else order:
+            add = caps[k] - 1
+            if rest <= add:  # min(rest, caps[k] - 1)
+                add = rest
             ls[k] += add
             rest -= add
             if not rest:
                 break
-        return sum(o.phi(nl) for o, nl in zip(opts, ls)), ls
+        # StageTerms.phi with every stage within m0 (the same arithmetic)
+        return sum([b0 + beta * nl for b0, beta, nl in zip(b0s, betas, ls)]), ls
     inf = float("inf")
     f = np.full(L + 1, inf)
     f[0] = 0.0
@@ -63,11 +76,16 @@ def _min_fill(opts: list[StageTerms], caps: list[int], L: int) -> tuple[float, l
     return float(f[L]), ls[::-1]
 
 
-def _fill_floor(opts: list[StageTerms], caps: list[int], L: int) -> float:
-    """A lower bound on any fill under `caps`: phi_k(l) >= b0 + beta * l, greedy."""
+def _by_beta(opts: list[StageTerms]) -> list[int]:
+    """The stages in increasing fill cost per layer (ties in stage order): the greedy fills' order."""
+    return sorted(range(len(opts)), key=lambda k: opts[k].beta)
+
+
+def _fill_floor(opts: list[StageTerms], caps: list[int], L: int, order: list[int] | None = None) -> float:
+    """A lower bound on any fill under `caps`: phi_k(l) >= b0 + beta * l, greedy (`order`: _by_beta)."""
     total = sum(o.b0 + o.beta for o in opts)
     rest = L - len(opts)
-    for k in sorted(range(len(opts)), key=lambda k: opts[k].beta):
+    for k in _by_beta(opts) if order is None else order:
         add = min(rest, caps[k] - 1)
         total += add * opts[k].beta
         rest -= add
@@ -165,24 +183,44 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
     if z0 is None or w_floor is None:  # ruled out by the check above
         return None
     z = z0
-    floor_fill = _fill_floor(opts, full, L)
+    order = _by_beta(opts)
+    floor_fill = _fill_floor(opts, full, L, order)
     best: SplitResult | None = None
     best_t = bound
+    # the update level's loop is the hot one (100,000 chips: seconds): StageTerms.ycap, own and y inlined
+    # over tuples of each stage's numbers, the same arithmetic in the same order
+    ys = list(zip(y_off, y_sl, full))
+    owns = [(o.a0, o.a, o.a1, o.m0) for o in opts]
+    linear = _linear(opts)
+    rising = all(u > 0 for u in y_sl)  # every update grows with the layers (the usual case): one comprehension
+    floor = math.floor
     while max(z, lam) + w_floor + floor_fill + const < best_t:
         zcaps = [o.cap(z) for o in opts]
         w = _ylevel(y_off, y_sl, full, zcaps, L)
-        zfloor = _fill_floor(opts, zcaps, L)
+        zfloor = _fill_floor(opts, zcaps, L, order)
         while w is not None and max(z, lam) + w + zfloor + const < best_t:
-            caps = [min(c, o.ycap(w)) for o, c in zip(opts, zcaps)]
-            got = _min_fill(opts, caps, L)
+            if rising:  # min(c, max(0, floor(...))), c >= 0
+                caps = [c if c <= (yc := floor((w - y0) / u + 1e-12)) else yc if yc > 0 else 0
+                        for (y0, u, _), c in zip(ys, zcaps)]
+            else:
+                caps = []
+                for (y0, u, lmax), c in zip(ys, zcaps):
+                    if u <= 0:
+                        yc = lmax if w >= y0 - 1e-12 else 0
+                    else:
+                        yc = floor((w - y0) / u + 1e-12)
+                        if yc < 0:
+                            yc = 0
+                    caps.append(c if c <= yc else yc)  # min(c, yc), the first of equals
+            got = _min_fill(opts, caps, L, order, linear)
             if got is not None:
                 ls = got[1]
-                t = max(max(o.own(nl) for o, nl in zip(opts, ls)), lam) + max(o.y(nl) for o, nl in zip(opts, ls)) \
-                    + got[0] + const
+                t = max(max([a0 + (a if nl <= m0 else a1) * nl for (a0, a, a1, m0), nl in zip(owns, ls)]), lam) \
+                    + max([y0 + u * nl for (y0, u, _), nl in zip(ys, ls)]) + got[0] + const
                 if t < best_t:
                     best_t = t
                     best = SplitResult(t, ls, [o.mode(nl) == 1 for o, nl in zip(opts, ls)])
-            nxt = [o.y(c + 1) for o, c, zc in zip(opts, caps, zcaps) if c < zc]
+            nxt = [y0 + u * (c + 1) for (y0, u, _), c, zc in zip(ys, caps, zcaps) if c < zc]
             if not nxt:
                 break
             w = min(nxt)
