@@ -203,15 +203,7 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
                 caps = [c if c <= (yc := floor((w - y0) / u + 1e-12)) else yc if yc > 0 else 0
                         for (y0, u, _), c in zip(ys, zcaps)]
             else:
-                caps = []
-                for (y0, u, lmax), c in zip(ys, zcaps):
-                    if u <= 0:
-                        yc = lmax if w >= y0 - 1e-12 else 0
-                    else:
-                        yc = floor((w - y0) / u + 1e-12)
-                        if yc < 0:
-                            yc = 0
-                    caps.append(c if c <= yc else yc)  # min(c, yc), the first of equals
+                caps = [min(c, o.ycap(w)) for o, c in zip(opts, zcaps)]
             got = _min_fill(opts, caps, L, order, linear)
             if got is not None:
                 ls = got[1]
