@@ -59,13 +59,8 @@ c10::ScalarType promoted_dtype(const c10::FunctionSchema& schema, const torch::j
 }
 
 // Result shapes, strides and dtypes come from the meta kernel, which for many operators is Python
-// (torch._refs): cached per (route, argument shapes, strides, dtypes, ints, bools, lists), so a training loop pays
-// it once per distinct call. Float arguments are left out of the key (a learning rate changes every step and never
-// a shape), except for an operator whose only tensors are its outputs (arange: its bounds make its size).
-struct ResultMeta {
-  std::vector<int64_t> sizes, strides;
-  c10::ScalarType dtype;
-};
+// (torch._refs): cached (result_meta). Float arguments are left out of the key (a learning rate changes every step
+// and never a shape), except for an operator whose only tensors are its outputs (arange: its bounds make its size).
 using MetaKey = std::vector<int64_t>;
 struct MetaKeyHash {
   size_t operator()(const MetaKey& key) const noexcept {
@@ -90,14 +85,14 @@ void key_tensor(MetaKey& key, const at::Tensor& t) {
                 (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0));
 }
 
-MetaKey meta_key(size_t route, const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first) {
+MetaKey meta_key(int64_t route, const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first) {
   const size_t n = schema.arguments().size();
   bool reads_a_tensor = false;
   for (size_t i = 0; i < n; ++i) {
     const auto* alias = schema.arguments()[i].alias_info();
     if (stack[first + i].isTensor() && (alias == nullptr || !alias->isWrite())) reads_a_tensor = true;
   }
-  MetaKey key{static_cast<int64_t>(route)};
+  MetaKey key{route};
   for (size_t i = first; i < first + n; ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
@@ -175,7 +170,9 @@ bool functional_meta(const c10::FunctionSchema& schema, const torch::jit::Stack&
   return false;
 }
 
-std::vector<ResultMeta> result_meta(const c10::OperatorHandle& op, size_t route, const torch::jit::Stack& stack,
+}  // namespace
+
+std::vector<ResultMeta> result_meta(const c10::OperatorHandle& op, int64_t route, const torch::jit::Stack& stack,
                                     size_t first) {
   const c10::FunctionSchema& schema = op.schema();
   MetaKey key = meta_key(route, schema, stack, first);
@@ -194,14 +191,21 @@ std::vector<ResultMeta> result_meta(const c10::OperatorHandle& op, size_t route,
   }
   std::vector<ResultMeta> out;
   for (size_t r = 0; r < schema.returns().size(); ++r) {
-    const at::Tensor& t = meta.at(r).toTensor();
-    out.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+    const c10::IValue& v = meta.at(r);
+    if (!v.isTensor() || !v.toTensor().defined()) {  // an absent optional result
+      out.push_back({false, {}, {}, c10::ScalarType::Undefined});
+      continue;
+    }
+    const at::Tensor& t = v.toTensor();
+    out.push_back({true, t.sizes().vec(), t.strides().vec(), t.scalar_type()});
   }
   std::lock_guard<std::mutex> lock(g_meta_mutex);
   if (g_meta_cache.size() >= kMetaCacheLimit) g_meta_cache.clear();
   g_meta_cache.emplace(std::move(key), out);
   return out;
 }
+
+namespace {
 
 // The written argument a return aliases (an in-place self, an out= tensor).
 size_t written_argument(const c10::FunctionSchema& schema, const c10::AliasInfo& alias) {
@@ -225,12 +229,13 @@ class DiopiKernel final : public c10::OperatorKernel {
     const size_t n = schema.arguments().size();
     const size_t first = stack->size() - n;
 
-    const std::vector<ResultMeta> metas = result_meta(op, index_, *stack, first);
+    const std::vector<ResultMeta> metas = result_meta(op, static_cast<int64_t>(index_), *stack, first);
     const c10::Device device = device_of(*stack, first);
     std::vector<at::Tensor> outs;
     outs.reserve(schema.returns().size());
     for (size_t r = 0; r < schema.returns().size(); ++r) {
       const ResultMeta& shape = metas[r];
+      TORCH_CHECK(shape.defined, "diopi: ", schema.name(), " returned no result ", r, " from its meta kernel");
       const c10::AliasInfo* alias = schema.returns()[r].alias_info();
       if (alias != nullptr) {
         at::Tensor& target = (*stack)[first + written_argument(schema, *alias)].toTensor();
