@@ -16,6 +16,8 @@ namespace py = pybind11;
 
 namespace diopi_bindings {
 
+void bind_own_routes(py::module& m);  // own_router_module.cpp
+
 namespace {
 
 // This module's own symbols (the DIOPI runtime) made global, so the library's references bind to them.
@@ -70,6 +72,7 @@ py::dict attach(const std::string& path) {
 PYBIND11_MODULE(_C_diopi, m) {
   using namespace diopi_bindings;
   m.doc() = "ATen routed to a DIOPI operator library (DeepLink's interface) on the diopi device";
+  bind_own_routes(m);
   m.def("attach", &attach, py::arg("path"),
         "Load a DIOPI library, check its version and route the table's ATen overloads it implements; once per process.");
   m.def("export_runtime", &export_runtime,
