@@ -109,6 +109,10 @@ class DiopiLibrary:
     def implements(self, op: str) -> bool:
         return op in self.functions
 
+    def address(self, op: str) -> int:
+        """The address of the library's function for schema operator ``op`` (the C++ routes call it)."""
+        return int(ctypes.cast(self.functions[op], ctypes.c_void_p).value or 0)
+
     def last_error(self) -> str:
         return self._dll.diopi_last_error().decode(errors="replace")
 

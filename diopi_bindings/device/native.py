@@ -1,6 +1,7 @@
 """The native diopi device: PrivateUse1 made a device in C++ (``diopi_bindings._C_device``) over the
-library's device-memory functions. The library's operators get the router as their kernel (registered once, per
-ATen overload); every other operator reaches the boxed fallback in C++ (``_C_diopi``, cpu_fallback.cpp).
+library's device-memory functions. The library's operators get a C++ kernel each (``_C_diopi``, own_router.cpp),
+registered once per ATen overload from the router's plan; every other operator reaches the boxed fallback in C++
+(``_C_diopi``, cpu_fallback.cpp).
 
 Compared with the host-memory stand-in: tensors have real storages of this device (allocated by
 ``diopi_device_malloc``), several devices (``"diopi:1"`` is another device with its own memory), a
@@ -220,8 +221,31 @@ def _log_first_fallback(name: str) -> None:
     logger.info("diopi: %s runs on the CPU (%s does not implement it)", name, vendor)
 
 
+def _log_declined(name: str, reason: str) -> None:
+    """The first call of ``name`` that the library's route sent to the CPU (reason empty: the library lacks it)."""
+    vendor = _router.library.vendor if _router is not None else "the library"
+    logger.info("diopi: %s runs on the CPU (%s)", name, reason or f"{vendor} does not implement it")
+
+
+class _Routes:
+    """C++ kernels of the own-ABI library's overloads (csrc_diopi/own_router.cpp), registered from the router's plans
+    and unregistered by ``_destroy`` (the interface of torch.library.Library the callers use)."""
+
+    def __init__(self, router: NativeRouter, funcs: list[Any]) -> None:
+        from diopi_bindings import _C_diopi
+
+        plans = [router.route_plan(func) for func in funcs]
+        self._handle = _C_diopi.register_own_routes(plans, _address(router.library._dll.diopi_last_error),
+                                                    _log_declined)
+
+    def _destroy(self) -> None:
+        from diopi_bindings import _C_diopi
+
+        _C_diopi.drop_own_routes(self._handle)
+
+
 # Kernels of the (own-ABI) library's operators, registered per ATen overload (_register_library_ops).
-_library_ops: list[torch.library.Library] = []
+_library_ops: list[_Routes] = []
 
 
 def _reaches_the_fallback(name: str) -> bool:
@@ -233,24 +257,19 @@ _OWN_KERNEL_KEYS = ("PrivateUse1", "CompositeImplicitAutograd", "CompositeExplic
                     "CompositeExplicitAutogradNonFunctional")
 
 
-def _register_library_ops(router: NativeRouter, skip: frozenset[str] = frozenset()) -> torch.library.Library:
-    """The ATen overloads the library serves that would reach the device's fallback: each gets the router as its
-    PrivateUse1 kernel (set-up, once; every other overload stays with the C++ fallback). ``skip``: overloads
+def _register_library_ops(router: NativeRouter, skip: frozenset[str] = frozenset()) -> _Routes:
+    """The ATen overloads the library serves that would reach the device's fallback: each gets its C++ route as
+    its PrivateUse1 kernel (set-up, once; every other overload stays with the C++ fallback). ``skip``: overloads
     routed in C++ to a DeepLink DIOPI library instead."""
-    registration = torch.library.Library("aten", "IMPL")
+    funcs = []
     for name in torch._C._dispatch_get_all_op_names():
         if (not name.startswith("aten::") or name in skip or name in _MEMORY_OPS
                 or not _reaches_the_fallback(name)):
             continue
         func = _overload(name)
-        if func is None or not router.serves(func):
-            continue
-
-        def kernel(*args: Any, _func: Any = func, **kwargs: Any) -> Any:
-            return router.dispatch(_func, args, kwargs)
-
-        registration.impl(name.removeprefix("aten::"), kernel, "PrivateUse1")
-    return registration
+        if func is not None and router.serves(func):
+            funcs.append(func)
+    return _Routes(router, funcs)
 
 
 def _overload(name: str) -> Any:
@@ -278,41 +297,35 @@ def drop_library_ops() -> None:
 _MEMORY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::clone"})
 
 
-def _register_composites(lib: DiopiLibrary, router: NativeRouter,
-                         skip: frozenset[str] = frozenset()) -> torch.library.Library:
+def _register_composites(lib: DiopiLibrary, router: NativeRouter, skip: frozenset[str] = frozenset()) -> _Routes:
     """Schema operators whose ATen kernel is a composite for every backend (embedding is index_select,
-    _safe_softmax a masked softmax) never reach a backend's fallback: register the router for them on
+    _safe_softmax a masked softmax) never reach a backend's fallback: register their C++ routes on
     PrivateUse1 itself, so the library's kernel serves them (except those in ``skip``)."""
-    registration = torch.library.Library("aten", "IMPL")
+    funcs = []
     for name in BY_NAME:
         if (not name.startswith("aten::") or name in _MEMORY_OPS or not lib.implements(name) or name in skip
                 or torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
                 or not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")):
             continue
         packet, _, overload = name.removeprefix("aten::").partition(".")
-        func = getattr(getattr(torch.ops.aten, packet), overload or "default")
-
-        def kernel(*args: Any, _func: Any = func, **kwargs: Any) -> Any:
-            return router.dispatch(_func, args, kwargs)
-
-        registration.impl(name.removeprefix("aten::"), kernel, "PrivateUse1")
-    return registration
+        funcs.append(getattr(getattr(torch.ops.aten, packet), overload or "default"))
+    return _Routes(router, funcs)
 
 
-_registrations: list[torch.library.Library] = []
+_registrations: list[_Routes] = []
 
 
 def leave_composites_to_aten(routed_in_cpp: list[str]) -> list[str]:
     """After a DeepLink DIOPI library is attached: the schema composites whose ATen composite reaches an
     overload now routed in C++ (arange.start_step is empty + arange.start_out) run ATen's composite instead of
-    the Python router. Returns them."""
+    the own-ABI library's route. Returns them."""
     if _router is None or not _registrations:
         return []
     out_forms = {name.split(".")[0] for name in routed_in_cpp if _is_out_form(name)}
     composites = {name for name in BY_NAME if name.startswith("aten::")
                   and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")
                   and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")}
-    # (and those routed in C++ themselves: registering the router again would take them back)
+    # (and those routed to the DIOPI library themselves: registering the own route again would take them back)
     skip = frozenset(name for name in composites if name.split(".")[0] in out_forms or name in routed_in_cpp)
     if skip:
         _registrations.pop()._destroy()

@@ -1,12 +1,12 @@
-"""The router of the native device (``_C_device``): the same resolution and argument binding as the
-host-memory stand-in (router.py), on tensors whose memory the library allocated.
+"""The router of the native device (``_C_device``): which ATen overloads the own-ABI library serves, and how, resolved
+once per overload by the same rules as the host-memory stand-in (router.py); the calls themselves run in C++.
 
-The C++ extension serves allocation, views, ``resize_``/``set_`` and copies; the ATen overloads the
-library implements (``serves``) get this router as their PrivateUse1 kernel, registered once at set-up
-(native.py); every other operator reaches the boxed fallback in C++ (csrc_diopi/cpu_fallback.cpp). An
-operator of the library runs there on device memory (outputs allocated on the device from the meta
-kernel). When the library declines a call (a dtype it lacks, arguments its ABI cannot carry), the call
-is logged once per operator, counted, and handed to the same C++ fallback, which runs it on the CPU.
+The C++ extension serves allocation, views, ``resize_``/``set_`` and copies. Each ATen overload the library serves
+(``serves``) gets a C++ kernel (csrc_diopi/own_router.cpp) made from its plan (``route_plan``): which schema operator,
+in which form (functional, in place, out=), and each ABI argument from which ATen argument. Every other operator
+reaches the boxed fallback in C++ (csrc_diopi/cpu_fallback.cpp). When the library declines a call (a dtype it lacks,
+arguments its ABI cannot carry, an error code), the kernel logs it once per overload, counts it, and hands it to the
+same C++ fallback, which runs it on the CPU. No Python runs per operator.
 """
 from __future__ import annotations
 
@@ -14,29 +14,26 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from diopi_bindings.device.router import (
+    _MASK_INDEXED,
     _MASKED_SELECT,
     _METADATA_OPS,
     DEVICE_TYPE,
+    INPLACE,
+    OUT,
+    SCALAR_DEFAULTS,
     Router,
     _is_view,
+    _out_names,
+    aten_name,
 )
 from diopi_bindings.library import DiopiLibrary
-from diopi_bindings.schema import OpSchema
-
+from diopi_bindings.schema import OPS
 
 _ZERO, _FILL = torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar
-
-
-def _one_device(devices: set[torch.device]) -> None:
-    """Operands on two devices are an error, as on any torch device (the library would read one device's
-    memory as the other's)."""
-    if len(devices) > 1:
-        names = sorted(str(d) for d in devices)
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                           f"{names[0]} and {names[1]}!")
+_NONZERO = torch.ops.aten.nonzero.default
+_ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 
 def is_native_tensor(x: Any) -> bool:
@@ -47,78 +44,74 @@ class NativeRouter(Router):
     def __init__(self, library: DiopiLibrary, runtime: Any) -> None:
         super().__init__(library, lambda t: t, is_native_tensor)
         self.runtime = runtime  # diopi_bindings._C_device
-
-    def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        if func is _ZERO and self.resolve(_FILL)[0] is not None:  # zero_ is fill_ with 0
-            return self.route(_FILL, (args[0], 0), {})
-        return self.route(func, args, kwargs)
-
-    # --- the library on device memory ---------------------------------------------------------
-    def _device_of(self, bound: dict[str, Any]) -> torch.device:
-        devices = {leaf.device for leaf in tree_flatten(list(bound.values()))[0] if is_native_tensor(leaf)}
-        _one_device(devices)
-        return next(iter(devices)) if devices else torch.device(DEVICE_TYPE, self.runtime.current_device())
-
-    def _operand(self, value: Any, device: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.device != device:  # a CPU scalar tensor, say
-            self.copies["operand to device"] += 1
-            return value.to(device)
-        return value
+        self._schema_index = {op.aten: i for i, op in enumerate(OPS)}
 
     def serves(self, func: torch._ops.OpOverload) -> bool:
-        """Whether ``func`` is the library's to run (its kernel is this router); views and every operator the
-        library lacks are the C++ fallback's."""
+        """Whether ``func`` is the library's to run (its kernel is a route); views and every operator the library
+        lacks are the C++ fallback's."""
         if _is_view(func) or func._schema.name in _METADATA_OPS:
             return False
-        if func is _ZERO:
+        if func is _ZERO:  # zero_ is fill_ with 0
             return self.resolve(_FILL)[0] is not None
-        if func in _MASKED_SELECT:
-            return all(self.resolve(f)[0] is not None for f in (torch.ops.aten.nonzero.default,
-                                                                torch.ops.aten.index.Tensor))
+        if func in _MASKED_SELECT:  # the mask's nonzero columns index the input
+            return all(self.resolve(f)[0] is not None for f in (_NONZERO, torch.ops.aten.index.Tensor))
         return self.resolve(func)[0] is not None
+
+    def route_plan(self, func: torch._ops.OpOverload) -> dict[str, Any]:
+        """The plan of ``func``'s C++ kernel (own_router.h's OwnRoute), for an overload the library ``serves``."""
+        names = [a.name for a in func._schema.arguments]
+
+        def at(name: str) -> int:  # the ATen argument's position, -1 when the overload has none
+            return names.index(name) if name in names else -1
+
+        plan: dict[str, Any] = {"overload": aten_name(func), "counted_as": aten_name(func), "call": 0, "function": 0,
+                                "form": "functional", "masked_select": func in _MASKED_SELECT, "args": [],
+                                "targets": [], "mask_indices": -1, "mask_base": -1, "nonzero": False,
+                                "dropout": -1, "attn_mask": -1}
+        if plan["masked_select"]:
+            return plan
+        served = _FILL if func is _ZERO else func
+        op, form = self.resolve(served)
+        if op is None:
+            raise ValueError(f"{aten_name(func)}: {self.library.vendor} does not serve it")
+        args = []
+        for arg in op.args:
+            default, source = SCALAR_DEFAULTS.get((op.aten, arg.name), ("", ""))
+            if func is _ZERO and arg.name == "value":
+                default = "zero"
+            args.append((arg.kind, at(arg.name), default, at(source) if source else -1))
+        targets = _out_names(func) if form == OUT else ["self"] if form == INPLACE else []
+        plan.update(counted_as=aten_name(served), call=self._schema_index[op.aten],
+                    function=self.library.address(op.aten), form=form, args=args, targets=[at(n) for n in targets])
+        if op.aten in _MASK_INDEXED:
+            plan.update(mask_indices=at("indices"), mask_base=at("self"), nonzero=self.resolve(_NONZERO)[0] is not None)
+        if op.aten.startswith(_ATTENTION):
+            plan.update(dropout=at("dropout_p"), attn_mask=at("attn_mask"))
+        return plan
+
+    @property
+    def routed(self) -> Counter[str]:
+        """Calls the library served so far, per ATen overload (counted in C++)."""
+        from diopi_bindings import _C_diopi
+
+        return Counter({k: int(v) for k, v in _C_diopi.own_routed_counts().items()})
 
     def copy_counts(self) -> Counter[str]:
         """Every tensor copy of the device by direction (counted in C++: .to(), .cpu(), .item(), the CPU
-        fallback's and the router's own), and by reason: the C++ fallback's and the router's own."""
+        fallback's and the routes' own), and by reason: the C++ fallback's, and a CPU operand moved for a call."""
         from diopi_bindings import _C_diopi
 
         out = Counter({k: int(v) for k, v in self.runtime.copy_counts().items() if v})
         out.update({k: int(v) for k, v in _C_diopi.fallback_copies().items() if v})
-        out.update(self.copies)
+        if moved := int(_C_diopi.own_operand_copies()):
+            out["operand to device"] += moved
         return out
 
     def fallback_counts(self) -> Counter[str]:
         """Calls run on the CPU per ATen overload: the C++ fallback's (operators the library lacks) and the
-        router's own (an operator of the library that declined these arguments)."""
+        routes' (an operator of the library that declined these arguments)."""
         from diopi_bindings import _C_diopi
 
         out = Counter({k: int(v) for k, v in _C_diopi.fallback_counts().items()})
-        out.update(self.fallbacks)
+        out.update({k: int(v) for k, v in _C_diopi.own_fallback_counts().items()})
         return out
-
-    def _library_device(self, device: Any) -> torch.device:
-        return device
-
-    def _new_output(self, meta: torch.Tensor, device: Any) -> torch.Tensor:
-        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device)
-
-    def _run(self, op: OpSchema, abi_args: list, device: Any) -> tuple[torch.Tensor, ...] | None:
-        # This ABI's operators run synchronously (no stream): work queued on the device's current
-        # stream by DeepLink DIOPI operators finishes first (a no-op without library streams).
-        self.runtime.synchronize_current_stream(device.index)
-        previous = self.runtime.current_device()
-        if device.index == previous:
-            return self.library.call(op, *abi_args)
-        self.runtime.set_device(device.index)  # the library runs on the tensors' device
-        try:
-            return self.library.call(op, *abi_args)
-        finally:
-            self.runtime.set_device(previous)
-
-    # --- a declined call: the device's fallback --------------------------------------------
-    def _on_host(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        """The call on the CPU through the device's C++ fallback (copies, generators, written arguments), as
-        an operator the library lacks runs; the router has counted and logged it."""
-        from diopi_bindings import _C_diopi
-
-        return _C_diopi.run_on_cpu(func._schema.name, func._schema.overload_name, args, kwargs)

@@ -8,6 +8,10 @@ An overload the schema does not list reaches its schema form when the arguments 
 functional operator (the result copied into ``out``). View operators only change metadata: they run
 on the host tensors behind the device tensors. Everything else falls back to the CPU, logged once
 per operator.
+
+This router serves the host-memory device (``__torch_dispatch__``, Python per operator by design). The native
+device resolves its overloads with the same ``resolve`` (native_router.py) and runs them with the same rules in
+C++ (csrc_diopi/own_router.cpp).
 """
 from __future__ import annotations
 
@@ -34,15 +38,23 @@ def aten_name(func: torch._ops.OpOverload) -> str:
     return func._schema.name + ("" if overload == "default" else f".{overload}")
 
 
-# Scalars ATen may leave as None: the value its CPU kernel would use.
-_DEFAULTS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
-    ("aten::_fused_rms_norm", "eps"): lambda b: torch.finfo(b["input"].dtype).eps,
-    ("aten::_scaled_dot_product_flash_attention_for_cpu", "scale"): lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
-    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "scale"):
-        lambda b: 1.0 / math.sqrt(b["query"].shape[-1]),
-    ("aten::clamp", "min"): lambda b: -math.inf,  # clamp(x, min=None): no lower bound
-    ("aten::clamp", "max"): lambda b: math.inf,
+# Scalars ATen may leave as None: the value its CPU kernel would use, as (rule, the ATen tensor it derives from).
+# The rules are those of the C++ routes too (csrc_diopi/own_router.h's OwnDefault).
+SCALAR_DEFAULTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("aten::_fused_rms_norm", "eps"): ("dtype_eps", "input"),  # torch.finfo(input.dtype).eps
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "scale"): ("rsqrt_last", "query"),  # 1 / sqrt(D)
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "scale"): ("rsqrt_last", "query"),
+    ("aten::clamp", "min"): ("-inf", ""),  # clamp(x, min=None): no lower bound
+    ("aten::clamp", "max"): ("inf", ""),
 }
+
+
+def _default(rule: str, source: Any) -> float:
+    if rule == "dtype_eps":
+        return torch.finfo(source.dtype).eps
+    if rule == "rsqrt_last":
+        return 1.0 / math.sqrt(source.shape[-1])
+    return -math.inf if rule == "-inf" else math.inf
 
 
 # How an ATen overload reaches a schema operator.
@@ -140,8 +152,9 @@ def _servable(op: OpSchema, bound: dict[str, Any]) -> str | None:
 
 def _scalar(op: OpSchema, kind: str, name: str, bound: dict[str, Any]) -> Any:
     value = bound.get(name)
-    if value is None and (op.aten, name) in _DEFAULTS:
-        value = _DEFAULTS[(op.aten, name)](bound)
+    if value is None and (op.aten, name) in SCALAR_DEFAULTS:
+        rule, source = SCALAR_DEFAULTS[(op.aten, name)]
+        value = _default(rule, bound.get(source))
     if kind == "ints":
         return [] if value is None else [int(value)] if isinstance(value, int) else list(value)
     if kind == "int" and name == "approximate" and isinstance(value, str):
@@ -161,11 +174,16 @@ class Router:
         self.library = library
         self.wrap = wrap
         self.is_device = is_device
-        self.routed: Counter[str] = Counter()
+        self._routed: Counter[str] = Counter()
         self.fallbacks: Counter[str] = Counter()
         self.copies: Counter[str] = Counter()
         self._resolved: dict[Any, tuple[OpSchema | None, bool]] = {}
         self._metas: dict[tuple, Any] = {}
+
+    @property
+    def routed(self) -> Counter[str]:
+        """Calls the library served so far, per ATen overload (routed_ops())."""
+        return self._routed
 
     # --- resolution -------------------------------------------------------------------------
     def resolve(self, func: torch._ops.OpOverload) -> tuple[OpSchema | None, str]:
@@ -285,7 +303,7 @@ class Router:
             else:
                 abi_args.append(_scalar(op, arg.kind, arg.name, bound))
         self._run(op, abi_args, device)
-        self.routed[aten_name(func)] += 1
+        self._routed[aten_name(func)] += 1
         if targets:  # the functional results go into self (in place) or the out= arguments
             for arg, target, written in zip(op.outputs, targets, direct):
                 if not written:
@@ -319,7 +337,7 @@ class Router:
         results = [r if self.is_device(r) else self.wrap(r) for r in made]
         if any(t.dtype != r.dtype for t, r in zip(targets, results)):  # the CPU raises torch's error
             raise _Unservable("an out= argument of another dtype than the result's")
-        self.routed[aten_name(func)] += 1
+        self._routed[aten_name(func)] += 1
         for target, result in zip(targets, results):  # out=: resized to the library's result, as torch does
             if tuple(target.shape) != tuple(result.shape):
                 self.dispatch(torch.ops.aten.resize_.default, (target, list(result.shape)), {})
