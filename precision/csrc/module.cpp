@@ -45,7 +45,10 @@ PYBIND11_MODULE(_C, m) {
       .def("pause", &OpObserver::pause)
       .def("resume", &OpObserver::resume)
       .def("module_record", &OpObserver::module_record)
-      .def("drain", &OpObserver::drain)
+      .def("open_index", &OpObserver::open_index, py::arg("path"), py::arg("max_queued"))
+      .def("drain", &OpObserver::drain, py::call_guard<py::gil_scoped_release>())
+      .def("close_index", &OpObserver::close_index, py::call_guard<py::gil_scoped_release>())
+      .def("waits", &OpObserver::waits)
       .def("count", &OpObserver::count)
       .def("set_dtype_name", &OpObserver::set_dtype_name);
 }

@@ -5,8 +5,6 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/node.h>
 
-#include <charconv>
-#include <cmath>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -15,25 +13,6 @@
 #include "fused_stats.h"
 
 namespace ditorch_precision {
-
-// What the observer needs of one op overload, read once from its schema.
-struct OpFacts {
-  std::string name;      // "aten::mm"
-  std::string overload;  // "default" for the unnamed overload
-  bool composite = false;  // decomposed above the Python key: a dispatch mode never sees it
-  bool random = false;     // tagged nondeterministic_seeded
-  bool allocator = false;  // empty*: its output is uninitialised memory
-  bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
-  bool same_elements = false;  // a view whose output holds exactly its first argument's elements
-  // Recorded under another name: aten::_reshape_alias, which reshape calls only where no Python
-  // dispatch mode is active (under one it calls view): written as view, without its stride.
-  std::string shown_name, shown_overload;
-  int hidden_arg = -1;
-  int dropout_p = -1;      // position of a dropout_p argument (a random op without randomness at 0)
-  std::vector<std::string> arg_names;
-  std::vector<c10::TypePtr> arg_types;
-  std::vector<bool> arg_ignored;  // where or how a result is stored, not what it is
-};
 
 namespace {
 
@@ -51,14 +30,20 @@ struct InHook {
 };
 
 struct Pending : at::ObserverContext {
-  explicit Pending(bool rec) : recorded(rec) {}
-  bool recorded;
   int uncaught = 0;
-  int64_t index = 0;
-  bool allocator = false;
   at::Tensor source;  // a same-elements view's input
-  std::string line;
+  std::unique_ptr<Record> record;
 };
+
+void fill_meta(Meta& m, const at::Tensor& t) {
+  const auto sizes = t.sizes();
+  m.shape.assign(sizes.begin(), sizes.end());
+  m.dtype = t.scalar_type();
+  m.device = t.device();
+}
+
+// Thread-local scratch for an op's outputs: no allocation per op.
+thread_local std::vector<at::Tensor> tl_outputs;
 
 const char* const kAllocators[] = {"aten::empty", "aten::empty_like", "aten::empty_strided",
                                    "aten::new_empty", "aten::new_empty_strided", "aten::empty_permuted"};
@@ -72,96 +57,6 @@ const char* const kSameElements[] = {"aten::view", "aten::_unsafe_view", "aten::
                                      "aten::transpose", "aten::permute", "aten::detach", "aten::alias",
                                      "aten::squeeze", "aten::unsqueeze"};
 const char* const kIgnored[] = {"device", "pin_memory", "non_blocking", "memory_format"};
-
-void put_string(std::string& out, std::string_view s) {
-  out += '"';
-  bool plain = true;
-  for (unsigned char c : s) plain = plain && c != '"' && c != '\\' && c >= 0x20;
-  if (plain) {
-    out.append(s.data(), s.size());
-    out += '"';
-    return;
-  }
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  out += '"';
-}
-
-// A double as Python's json writes it: the shortest text that reads back the same value, a float
-// (1.0, not 1), and NaN/Infinity for the non-finite values.
-void put_double(std::string& out, double v) {
-  if (std::isnan(v)) {
-    out += "NaN";
-    return;
-  }
-  if (std::isinf(v)) {
-    out += v > 0 ? "Infinity" : "-Infinity";
-    return;
-  }
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, res.ptr);
-  if (std::string_view(buf, res.ptr - buf).find_first_of(".e") == std::string_view::npos) out += ".0";
-}
-
-void put_int(std::string& out, int64_t v) {
-  char buf[24];
-  auto res = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, res.ptr);
-}
-
-// A signature's float: non-finite values as text ("inf"), as signature._value writes them.
-void put_arg_double(std::string& out, double v) {
-  if (std::isfinite(v))
-    put_double(out, v);
-  else
-    out += std::isnan(v) ? "\"nan\"" : (v > 0 ? "\"inf\"" : "\"-inf\"");
-}
-
-c10::TypePtr unwrap_optional(const c10::TypePtr& type) {
-  if (type && type->kind() == c10::TypeKind::OptionalType) return type->castRaw<c10::OptionalType>()->getElementType();
-  return type;
-}
-
-c10::TypePtr element_type(const c10::TypePtr& type) {
-  auto t = unwrap_optional(type);
-  if (t && t->kind() == c10::TypeKind::ListType) return t->castRaw<c10::ListType>()->getElementType();
-  return nullptr;
-}
-
-const char* layout_name(int64_t layout) {
-  switch (static_cast<c10::Layout>(layout)) {
-    case c10::kStrided: return "strided";
-    case c10::kSparse: return "sparse_coo";
-    case c10::kSparseCsr: return "sparse_csr";
-    case c10::kSparseCsc: return "sparse_csc";
-    case c10::kSparseBsr: return "sparse_bsr";
-    case c10::kSparseBsc: return "sparse_bsc";
-    case c10::kMkldnn: return "_mkldnn";
-    case c10::kJagged: return "jagged";
-    default: return nullptr;
-  }
-}
-
-const char* memory_format_name(int64_t format) {
-  switch (static_cast<c10::MemoryFormat>(format)) {
-    case c10::MemoryFormat::Contiguous: return "contiguous_format";
-    case c10::MemoryFormat::Preserve: return "preserve_format";
-    case c10::MemoryFormat::ChannelsLast: return "channels_last";
-    case c10::MemoryFormat::ChannelsLast3d: return "channels_last_3d";
-    default: return nullptr;
-  }
-}
 
 bool floating_or_int(c10::ScalarType d) {
   return c10::isFloatingType(d) || d == at::kLong || d == at::kInt || d == at::kShort || d == at::kChar ||
@@ -178,10 +73,7 @@ template <typename F>
 void each_tensor(const c10::IValue& v, const F& f) {
   if (v.isTensor()) {
     if (v.toTensor().defined() && !wrapped_number(v.toTensor())) f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec())
-      if (t.defined()) f(t);
-  } else if (v.isList()) {
+  } else if (v.isList()) {  // a tensor list too (its items are tensors)
     for (const c10::IValue& x : v.toListRef()) each_tensor(x, f);
   } else if (v.isTuple()) {
     for (const c10::IValue& x : v.toTupleRef().elements()) each_tensor(x, f);
@@ -192,7 +84,13 @@ void each_tensor(const c10::IValue& v, const F& f) {
 
 OpObserver::OpObserver() = default;
 
-OpObserver::~OpObserver() { stop(); }
+OpObserver::~OpObserver() {
+  stop();
+  try {
+    close_index();
+  } catch (...) {  // a destructor does not raise: Python closes the index itself and sees the error
+  }
+}
 
 void OpObserver::start() {
   if (handle_ != 0) return;
@@ -222,10 +120,17 @@ OpObserver*& OpObserver::current() {
   return active;
 }
 
+const std::string* OpObserver::intern(const std::string& path) {
+  auto it = path_ids_.find(path);
+  if (it != path_ids_.end()) return it->second;
+  const std::string* kept = &paths_.emplace_back(path);
+  path_ids_.emplace(std::string_view(*kept), kept);
+  return kept;
+}
+
 void OpObserver::tag(const std::vector<at::Tensor>& outputs, const std::string& path, uint64_t seq_start) {
   std::lock_guard<std::mutex> lock(tags_mutex_);
-  auto id = path_ids_.try_emplace(path, static_cast<int>(paths_.size()));
-  if (id.second) paths_.push_back(path);
+  const std::string* kept = intern(path);
   if (node_paths_.size() >= (1u << 22)) node_paths_.clear();  // bounded: forwards long gone
   std::vector<torch::autograd::Node*> todo;
   std::unordered_set<torch::autograd::Node*> seen;
@@ -235,55 +140,62 @@ void OpObserver::tag(const std::vector<at::Tensor>& outputs, const std::string& 
     torch::autograd::Node* node = todo.back();
     todo.pop_back();
     if (node == nullptr || !seen.insert(node).second || node->sequence_nr() < seq_start) continue;
-    node_paths_.try_emplace(node->sequence_nr(), id.first->second);
+    node_paths_.try_emplace(node->sequence_nr(), kept);
     for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
   }
 }
 
-void OpObserver::push_module(std::string path) { modules_.push_back(std::move(path)); }
+void OpObserver::push_module(const std::string& path) {
+  std::lock_guard<std::mutex> lock(tags_mutex_);
+  modules_.push_back(intern(path));
+}
 
 void OpObserver::pop_module() {
   if (!modules_.empty()) modules_.pop_back();
 }
 
-std::pair<std::string, int64_t> OpObserver::drain() {
-  std::vector<std::pair<int64_t, std::string>> held;
+void OpObserver::open_index(const std::string& path, size_t max_queued) {
+  if (handle_ != 0) throw std::runtime_error("the index is opened before the observer starts");
+  if (writer_) close_index();
+  writer_ = std::make_unique<IndexWriter>(path, dtype_names_, max_queued);
+}
+
+std::unique_ptr<Record> OpObserver::take_record() {
+  return writer_ ? writer_->take() : std::make_unique<Record>();
+}
+
+void OpObserver::keep(std::unique_ptr<Record> r) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  batch_.push_back(std::move(r));
+}
+
+int64_t OpObserver::drain() {
+  Batch held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    held.swap(lines_);
+    held.swap(batch_);
   }
   // In call order: an op an autograd kernel calls (a detach of a saved result) ends before the op
-  // that called it. Drained between ops (at module and step boundaries), so no op is split.
-  std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  size_t size = 0;
-  for (const auto& h : held) size += h.second.size() + 1;
-  std::string text;
-  text.reserve(size);
-  for (const auto& h : held) {
-    text += h.second;
-    text += '\n';
-  }
+  // that called it; a module record comes before the op numbered like it. Drained between ops (at
+  // steps), so no op is split.
+  std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a->index < b->index; });
   const auto n = static_cast<int64_t>(held.size());
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& h : held) {  // their buffers serve the next lines
-    if (spare_.size() >= 4096) break;
-    h.second.clear();
-    spare_.push_back(std::move(h.second));
+  if (!writer_) {
+    if (n == 0) return 0;
+    throw std::runtime_error("the observer holds index lines but no index is open (open_index)");
   }
-  return {std::move(text), n};
+  writer_->submit(std::move(held));
+  return n;
 }
 
-void OpObserver::set_dtype_name(c10::ScalarType dtype, std::string name) {
-  auto i = static_cast<size_t>(dtype);
-  if (dtype_names_.size() <= i) dtype_names_.resize(i + 1);
-  dtype_names_[i] = std::move(name);
+void OpObserver::close_index() {
+  if (!writer_) return;
+  drain();
+  auto writer = std::move(writer_);
+  writer->close();
 }
 
-std::string_view OpObserver::dtype_name(c10::ScalarType dtype) const {
-  auto i = static_cast<size_t>(dtype);
-  if (i < dtype_names_.size() && !dtype_names_[i].empty()) return dtype_names_[i];
-  return c10::toString(dtype);
-}
+int64_t OpObserver::waits() const { return writer_ ? writer_->waits() : 0; }
 
 const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   const char* key = fn.name();
@@ -322,126 +234,76 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   // Keyed by the schema's own name string, which lives as long as the op is registered; a key
   // reused by another op after it is gone fails the name check above and is replaced.
   auto& slot = facts_[key];
+  if (slot) retired_facts_.push_back(std::move(slot));
   slot = std::move(f);
   return slot.get();
 }
 
-void OpObserver::tensor_meta(std::string& out, const at::Tensor& t, bool with_device) const {
-  out += "{\"shape\": [";
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (d) out += ", ";
-    put_int(out, t.size(d));
-  }
-  out += "], \"dtype\": ";
-  put_string(out, dtype_name(t.scalar_type()));
-  if (with_device) {
-    out += ", \"device\": ";
-    if (t.device().is_cpu())
-      out += "\"cpu\"";
-    else
-      put_string(out, t.device().str());
-  }
-  out += '}';
-}
-
-// One argument as signature._value writes it; `written` false for what it leaves out (None,
-// devices, generators, objects).
-void OpObserver::value(std::string& out, const c10::IValue& v, const c10::TypePtr& type, bool& written) const {
-  written = true;
-  const auto real = unwrap_optional(type);
-  const auto kind = real ? real->kind() : c10::TypeKind::AnyType;
+// One argument as signature._value reads it (op_record.cpp writes it).
+bool OpObserver::encode(Record& r, const c10::IValue& v) const {
+  auto& sig = r.signature;
+  Token tok;
   if (v.isNone()) {
-    written = false;
+    return false;
   } else if (v.isTensor() && wrapped_number(v.toTensor())) {
     const at::Tensor& t = v.toTensor();
     switch (t.scalar_type()) {
-      case at::kLong: put_int(out, *t.const_data_ptr<int64_t>()); break;
-      case at::kDouble: put_arg_double(out, *t.const_data_ptr<double>()); break;
-      case at::kBool: out += *t.const_data_ptr<bool>() ? "true" : "false"; break;
+      case at::kLong: tok.kind = Token::Int; tok.i = *t.const_data_ptr<int64_t>(); break;
+      case at::kDouble: tok.kind = Token::Double; tok.re = *t.const_data_ptr<double>(); break;
+      case at::kBool: tok.kind = Token::Bool; tok.i = *t.const_data_ptr<bool>(); break;
       case at::kComplexDouble: {
         const auto c = *t.const_data_ptr<c10::complex<double>>();
-        out += '[';
-        put_arg_double(out, c.real());
-        out += ", ";
-        put_arg_double(out, c.imag());
-        out += ']';
+        tok.kind = Token::Complex;
+        tok.re = c.real();
+        tok.im = c.imag();
         break;
       }
-      default: tensor_meta(out, t, false);
+      default:
+        tok.kind = Token::Tensor;
+        tok.i = static_cast<int64_t>(r.arg_metas.size());
+        fill_meta(r.arg_metas.emplace_back(), t);
     }
   } else if (v.isTensor()) {
-    if (v.toTensor().defined())
-      tensor_meta(out, v.toTensor(), false);
-    else
-      written = false;
+    if (!v.toTensor().defined()) return false;
+    tok.kind = Token::Tensor;
+    tok.i = static_cast<int64_t>(r.arg_metas.size());
+    fill_meta(r.arg_metas.emplace_back(), v.toTensor());
   } else if (v.isBool()) {
-    out += v.toBool() ? "true" : "false";
+    tok.kind = Token::Bool;
+    tok.i = v.toBool();
   } else if (v.isInt() || v.isSymInt()) {
-    const int64_t i = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
-    const char* name = nullptr;
-    if (kind == c10::TypeKind::ScalarTypeType) {
-      put_string(out, dtype_name(static_cast<c10::ScalarType>(i)));
-      return;
-    }
-    if (kind == c10::TypeKind::LayoutType) name = layout_name(i);
-    if (kind == c10::TypeKind::MemoryFormatType) name = memory_format_name(i);
-    if (name != nullptr)
-      put_string(out, name);
-    else
-      put_int(out, i);
+    tok.kind = Token::Int;
+    tok.i = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
   } else if (v.isDouble()) {
-    put_arg_double(out, v.toDouble());
+    tok.kind = Token::Double;
+    tok.re = v.toDouble();
   } else if (v.isComplexDouble()) {
-    auto c = v.toComplexDouble();
-    out += '[';
-    put_arg_double(out, c.real());
-    out += ", ";
-    put_arg_double(out, c.imag());
-    out += ']';
+    const auto c = v.toComplexDouble();
+    tok.kind = Token::Complex;
+    tok.re = c.real();
+    tok.im = c.imag();
   } else if (v.isString()) {
-    put_string(out, v.toStringRef());
+    tok.kind = Token::String;
+    tok.i = static_cast<int64_t>(r.strings.size());
+    r.strings.emplace_back(v.toStringRef());
   } else if (v.isList() || v.isTuple()) {
-    const auto elem = element_type(type);
-    out += '[';
-    auto items = v.isList() ? std::vector<c10::IValue>(v.toListRef().begin(), v.toListRef().end())
-                            : v.toTupleRef().elements().vec();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out += ", ";
-      bool w = false;
-      const size_t mark = out.size();
-      value(out, items[i], elem, w);
-      if (!w) {
-        out.resize(mark);
-        out += "null";
-      }
+    sig.push_back(Token{Token::ListBegin});
+    auto item = [&](const c10::IValue& x) {
+      if (!encode(r, x)) sig.push_back(Token{Token::Absent});
+    };
+    if (v.isList()) {
+      for (const c10::IValue& x : v.toListRef()) item(x);
+    } else {
+      for (const c10::IValue& x : v.toTupleRef().elements()) item(x);
     }
-    out += ']';
+    tok.kind = Token::ListEnd;
   } else {
-    written = false;  // a device, a generator, a script object: not compared
+    return false;  // a device, a generator, a script object: not compared
   }
+  sig.push_back(tok);
+  return true;
 }
 
-void OpObserver::signature(std::string& out, const OpFacts& op, c10::ArrayRef<const c10::IValue> inputs) const {
-  out += "\"signature\": {";
-  bool first = true;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if ((i < op.arg_ignored.size() && op.arg_ignored[i]) || static_cast<int>(i) == op.hidden_arg) continue;
-    const size_t mark = out.size();  // the argument is written, then taken back if it has no value
-    if (!first) out += ", ";
-    put_string(out, i < op.arg_names.size() ? op.arg_names[i] : "arg" + std::to_string(i));
-    out += ": ";
-    bool written = false;
-    value(out, inputs[i], i < op.arg_types.size() ? op.arg_types[i] : nullptr, written);
-    if (!written) {
-      out.resize(mark);
-      continue;
-    }
-    first = false;
-  }
-  out += '}';
-}
-
-// One output's statistics as summaries.tensor_stats writes them.
 void OpObserver::set_step(int64_t step) {
   step_ = step;
   std::lock_guard<std::mutex> lock(known_mutex_);
@@ -466,16 +328,11 @@ void OpObserver::remember(const at::Tensor& t, const FusedStats& s) {
                   static_cast<int64_t>(impl->version_counter().current_version()), s});
 }
 
-void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed, const at::Tensor* source) {
-  out += "{\"dtype\": ";
-  put_string(out, dtype_name(t.scalar_type()));
-  out += ", \"numel\": ";
-  put_int(out, t.numel());
-  if (t.numel() == 0 || !floating_or_int(t.scalar_type())) {
-    out += '}';
-    return;
-  }
-  FusedStats s;
+OutStats OpObserver::stats(const at::Tensor& t, bool zeroed, const at::Tensor* source) {
+  OutStats o;
+  if (t.numel() == 0 || !floating_or_int(t.scalar_type())) return o;
+  o.counted = true;
+  FusedStats& s = o.s;
   if (zeroed) {
     s.finite = t.numel();
   } else {
@@ -488,75 +345,37 @@ void OpObserver::stats(std::string& out, const at::Tensor& t, bool zeroed, const
   if (!s.supported && !zeroed) {  // a device tensor or a dtype the pass does not read: a float64 copy on the CPU
     s = fused_stats(t.detach().to(at::kCPU, at::kDouble));
   }
-  out += ", \"nan\": ";
-  put_int(out, s.nan);
-  out += ", \"inf\": ";
-  put_int(out, s.inf);
-  if (s.finite > 0) {
-    out += ", \"min\": ";
-    put_double(out, s.lo);
-    out += ", \"max\": ";
-    put_double(out, s.hi);
-    out += ", \"mean\": ";
-    put_double(out, s.sum / static_cast<double>(s.finite));
-    out += ", \"norm\": ";
-    put_double(out, std::sqrt(s.sumsq));
-  }
-  out += '}';
+  return o;
 }
 
-std::string OpObserver::current_module(bool in_backward) const {
+const std::string* OpObserver::current_module(bool in_backward) const {
   if (!modules_.empty()) return modules_.back();
-  if (!in_backward) return {};
+  if (!in_backward) return nullptr;
   auto node = torch::autograd::get_current_node();
-  if (!node) return {};
+  if (!node) return nullptr;
   std::lock_guard<std::mutex> lock(tags_mutex_);
   auto it = node_paths_.find(node->sequence_nr());
-  return it == node_paths_.end() ? std::string() : paths_[it->second];
-}
-
-void OpObserver::line_head(std::string& out, int64_t index, std::string_view op, std::string_view overload,
-                           std::string_view phase, const std::string& module, int64_t step) const {
-  out += "{\"index\": ";
-  put_int(out, index);
-  out += ", \"op\": ";
-  put_string(out, op);
-  out += ", \"overload\": ";
-  put_string(out, overload);
-  out += ", \"phase\": ";
-  put_string(out, phase);
-  out += ", \"module\": ";
-  if (module.empty())
-    out += "null";
-  else
-    put_string(out, module);
-  out += ", \"step\": ";
-  put_int(out, step);
-  out += ", \"rank\": ";
-  put_int(out, rank_);
-  out += ", \"callsite\": null, \"api\": null";
+  return it == node_paths_.end() ? nullptr : it->second;
 }
 
 void OpObserver::module_record(const std::string& op, const std::string& phase, const std::string& module,
                                int64_t step, const std::vector<at::Tensor>& tensors) {
   InHook in_hook;  // a device tensor's float64 copy is no op of the program
-  const int64_t index = count_;
-  std::string out;
-  out.reserve(256);
-  line_head(out, index, op, "default", phase, module, step);
-  out += ", \"kind\": \"module\", \"inputs\": [], \"outputs\": [";
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (i) out += ", ";
-    tensor_meta(out, tensors[i], true);
+  auto r = take_record();
+  r->index = count_;
+  r->module_op = op;
+  r->module_phase = phase;
+  if (!module.empty()) {
+    std::lock_guard<std::mutex> lock(tags_mutex_);
+    r->module = intern(module);
   }
-  out += "], \"file\": null, \"stats\": [";
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (i) out += ", ";
-    stats(out, tensors[i], false);
+  r->step = step;
+  r->rank = rank_;
+  for (const auto& t : tensors) {
+    fill_meta(r->outputs.emplace_back(), t);
+    r->stats.push_back(stats(t, false));
   }
-  out += "]}";
-  std::lock_guard<std::mutex> lock(mutex_);
-  lines_.emplace_back(index, std::move(out));
+  keep(std::move(r));
 }
 
 // Inside a recorded op's kernel: below autograd (ADInplaceOrView excluded).
@@ -585,44 +404,32 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   }
   ++tl_depth;
   InHook in_hook;
-  auto p = std::make_unique<Pending>(true);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!spare_.empty()) {  // a line's buffer from an earlier drain: no allocation
-      p->line = std::move(spare_.back());
-      spare_.pop_back();
-    }
-  }
+  auto p = std::make_unique<Pending>();
   p->uncaught = std::uncaught_exceptions();
-  p->allocator = op->allocator;
-  if (op->same_elements && !fn.inputs().empty() && fn.inputs()[0].isTensor()) p->source = fn.inputs()[0].toTensor();
-  const int64_t index = count_++;
-  p->index = index;
-  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
-  const char* phase = in_optimizer_ ? "optimizer" : in_backward ? (modules_.empty() ? "backward" : "recompute")
-                                                                 : "forward";
-  std::string& out = p->line;
-  out.reserve(512);
-  line_head(out, index, op->shown_name, op->shown_overload, phase, current_module(in_backward), step_);
-  out += ", \"inputs\": [";
   const auto inputs = fn.inputs();
-  bool first = true;
-  for (const auto& v : inputs) {
-    each_tensor(v, [&](const at::Tensor& t) {
-      if (!first) out += ", ";
-      first = false;
-      tensor_meta(out, t, true);
-    });
+  if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
+  p->record = take_record();
+  Record& r = *p->record;
+  r.op = op;
+  r.index = count_++;
+  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  r.phase = in_optimizer_ ? "optimizer" : in_backward ? (modules_.empty() ? "backward" : "recompute") : "forward";
+  r.module = current_module(in_backward);
+  r.step = step_;
+  r.rank = rank_;
+  for (const auto& v : inputs) each_tensor(v, [&](const at::Tensor& t) { fill_meta(r.inputs.emplace_back(), t); });
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if ((i < op->arg_ignored.size() && op->arg_ignored[i]) || static_cast<int>(i) == op->hidden_arg) continue;
+    r.signature.push_back(Token{Token::Arg, static_cast<int64_t>(i)});
+    if (!encode(r, inputs[i])) r.signature.pop_back();  // no value: left out
   }
-  out += "], \"file\": null, ";
-  signature(out, *op, inputs);
   if (op->random) {
     bool drew = true;
     if (op->dropout_p >= 0 && static_cast<size_t>(op->dropout_p) < inputs.size()) {
       const auto& d = inputs[op->dropout_p];
       drew = !((d.isDouble() && d.toDouble() == 0) || (d.isInt() && d.toInt() == 0));
     }
-    out += drew ? ", \"random\": true" : ", \"random\": false";
+    r.random = drew ? 1 : 0;
   }
   return p;
 }
@@ -640,36 +447,23 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   }
   --tl_depth;
   auto* p = static_cast<Pending*>(ctx);
-  if (!p->recorded || std::uncaught_exceptions() > p->uncaught) return;  // nested, or the op raised
+  if (std::uncaught_exceptions() > p->uncaught) return;  // the op raised
   InHook in_hook;
-  std::string& out = p->line;
-  std::vector<at::Tensor> outputs;
+  Record& r = *p->record;
+  auto& outputs = tl_outputs;
+  outputs.clear();
   for (const auto& v : fn.outputs()) each_tensor(v, [&](const at::Tensor& t) { outputs.push_back(t); });
-  out += ", \"outputs\": [";
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (i) out += ", ";
-    tensor_meta(out, outputs[i], true);
+  for (const auto& t : outputs) fill_meta(r.outputs.emplace_back(), t);
+  if (r.op->allocator) {  // uninitialised memory: counted as 0, as a Python capture zeroes it
+    for (const auto& t : outputs) r.unwritten += t.numel();
   }
-  out += "], ";
-  int64_t unwritten = 0;
-  if (p->allocator) {  // uninitialised memory: counted as 0, as a Python capture zeroes it
-    for (const auto& t : outputs) unwritten += t.numel();
+  for (const auto& t : outputs) {
+    const bool same = p->source.defined() && outputs.size() == 1 && p->source.numel() == t.numel() &&
+                      p->source.scalar_type() == t.scalar_type();
+    r.stats.push_back(stats(t, r.unwritten > 0, same ? &p->source : nullptr));
   }
-  if (unwritten > 0) {
-    out += "\"unwritten\": ";
-    put_int(out, unwritten);
-    out += ", ";
-  }
-  out += "\"stats\": [";
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (i) out += ", ";
-    const bool same = p->source.defined() && outputs.size() == 1 && p->source.numel() == outputs[i].numel() &&
-                      p->source.scalar_type() == outputs[i].scalar_type();
-    stats(out, outputs[i], unwritten > 0, same ? &p->source : nullptr);
-  }
-  out += "]}";
-  std::lock_guard<std::mutex> lock(mutex_);
-  lines_.emplace_back(p->index, std::move(out));
+  outputs.clear();
+  keep(std::move(p->record));
 }
 
 }  // namespace ditorch_precision

@@ -1,7 +1,8 @@
 // The C++ op observer of a stats capture: a RecordFunction callback on this thread (and on the
 // autograd threads that inherit its state) that sees the ATen ops a Python dispatch mode would see,
-// and per op writes its capture index line (name, call number, phase, module, step, rank, argument
-// metadata and values, and each output's fused statistics) into a buffer Python drains.
+// and per op keeps its capture index line (name, call number, phase, module, step, rank, argument
+// metadata and values, and each output's fused statistics) as a binary record (op_record.h). At
+// each drain the records go, in call order, to an IndexWriter, whose thread writes their text.
 #pragma once
 
 #include <ATen/record_function.h>
@@ -17,11 +18,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include <deque>
+#include <memory>
+
 #include "fused_stats.h"
+#include "index_writer.h"
+#include "op_record.h"
 
 namespace ditorch_precision {
-
-struct OpFacts;  // what the observer reads once from an op's schema (op_observer.cpp)
 
 class OpObserver {
  public:
@@ -39,7 +43,7 @@ class OpObserver {
   // first): the module of the ops its backward runs, as tracking.ModuleTracker tags them for the
   // Python hook, kept here by sequence number (never reused within a thread), without Python.
   void tag(const std::vector<at::Tensor>& outputs, const std::string& path, uint64_t seq_start);
-  void push_module(std::string path);
+  void push_module(const std::string& path);
   void pop_module();
   void set_optimizer(bool on) { in_optimizer_ = on; }
   // A new step: the statistics kept for reuse are dropped (they bound its memory).
@@ -50,16 +54,23 @@ class OpObserver {
   void resume() { --paused_; }
 
   // A module record (capture's module outputs, their gradients, the parameters after a step): the
-  // index line of `tensors` under `op` ("module::output"), numbered as the next op, in the buffer.
+  // index line of `tensors` under `op` ("module::output"), numbered as the next op.
   void module_record(const std::string& op, const std::string& phase, const std::string& module, int64_t step,
                      const std::vector<at::Tensor>& tensors);
 
-  // The index lines written since the last drain, in call order, each ending in a newline; and how many.
-  std::pair<std::string, int64_t> drain();
+  // The index file the records are written to (appended), by a thread of its own holding at most
+  // `max_queued` records; before start.
+  void open_index(const std::string& path, size_t max_queued);
+  // Hands the records kept since the last drain, in call order, to the index's thread; how many.
+  // Raises the thread's write error, if any.
+  int64_t drain();
+  // Drains, then waits until every line is written and closes the file (raising a write error).
+  void close_index();
+  int64_t waits() const;  // drains that waited for the index's thread (its queue was full)
   int64_t count() const { return count_; }  // ops seen (the call numbers handed out)
 
   // Names of the dtypes as the index writes them (torch.float32 -> "float32"), set from Python.
-  void set_dtype_name(c10::ScalarType dtype, std::string name);
+  void set_dtype_name(c10::ScalarType dtype, std::string name) { dtype_names_.set(dtype, std::move(name)); }
 
   // The observer the callbacks report to (one at a time: Python allows one C++-hooked capture).
   static OpObserver*& current();
@@ -70,19 +81,18 @@ class OpObserver {
 
  private:
   const OpFacts* facts(const at::RecordFunction& fn);
-  std::string_view dtype_name(c10::ScalarType dtype) const;
-  void tensor_meta(std::string& out, const at::Tensor& t, bool with_device) const;
-  void value(std::string& out, const c10::IValue& v, const c10::TypePtr& type, bool& written) const;
-  void signature(std::string& out, const OpFacts& op, c10::ArrayRef<const c10::IValue> inputs) const;
+  // An argument as signature._value reads it, appended to r's signature; false (nothing appended)
+  // for what it leaves out (None, devices, generators, objects).
+  bool encode(Record& r, const c10::IValue& v) const;
   // zeroed: as if all 0; source: a tensor holding exactly t's elements (a view's input), whose
   // statistics are t's if known
-  void stats(std::string& out, const at::Tensor& t, bool zeroed, const at::Tensor* source = nullptr);
+  OutStats stats(const at::Tensor& t, bool zeroed, const at::Tensor* source = nullptr);
   const FusedStats* known(const at::Tensor& t);
   void remember(const at::Tensor& t, const FusedStats& s);
-  std::string current_module(bool in_backward) const;
-  // An index line's opening fields, shared by op and module records: index .. "api": null.
-  void line_head(std::string& out, int64_t index, std::string_view op, std::string_view overload,
-                 std::string_view phase, const std::string& module, int64_t step) const;
+  const std::string* current_module(bool in_backward) const;
+  const std::string* intern(const std::string& path);  // with tags_mutex_ held
+  std::unique_ptr<Record> take_record();
+  void keep(std::unique_ptr<Record> r);  // a finished record, until the next drain
   bool nested() const;
 
   at::CallbackHandle handle_ = 0;
@@ -90,17 +100,20 @@ class OpObserver {
   std::atomic<int> paused_{0};
   std::atomic<bool> in_optimizer_{false};
   std::atomic<int64_t> step_{0}, rank_{0};
-  std::vector<std::string> modules_;
-  std::unordered_map<uint64_t, int> node_paths_;  // autograd node sequence number -> index in paths_
-  std::unordered_map<std::string, int> path_ids_;
-  std::vector<std::string> paths_;
+  std::vector<const std::string*> modules_;
+  // Module paths, each once; never freed nor moved while the observer lives (queued records
+  // point at them; a deque keeps its elements in place).
+  std::deque<std::string> paths_;
+  std::unordered_map<std::string_view, const std::string*> path_ids_;
+  std::unordered_map<uint64_t, const std::string*> node_paths_;  // autograd node sequence number -> path
   mutable std::mutex tags_mutex_;
-  mutable std::mutex mutex_;  // lines_ (backward may run on an autograd thread)
-  std::vector<std::pair<int64_t, std::string>> lines_;  // (call number, index line)
-  std::vector<std::string> spare_;  // drained lines' buffers, cleared, kept for their capacity
+  mutable std::mutex mutex_;  // batch_ (backward may run on an autograd thread)
+  Batch batch_;  // records finished since the last drain
+  std::unique_ptr<IndexWriter> writer_;
   std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
+  std::vector<std::unique_ptr<OpFacts>> retired_facts_;  // replaced, still pointed at by queued records
   std::mutex facts_mutex_;
-  std::vector<std::string> dtype_names_;
+  DtypeNames dtype_names_;
   // Statistics computed this step, by tensor: a tensor seen again unchanged (a module's output is an
   // op's output) or a view holding exactly its input's elements takes them instead of a pass.
   // Weak references: the program's tensors are freed as they would be, and an entry's address is

@@ -128,6 +128,7 @@ class Capture(Tool):
         self.bytes_written = 0
         self.n_records = 0
         self.n_dropped = 0
+        self.index_waits = 0  # C++ hook: steps whose index lines waited for the index thread's queue
         self._index = None
         # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
         self._written: dict[int, tuple[weakref.ref, int, str, int, int]] = {}  # ... storage address
@@ -164,14 +165,12 @@ class Capture(Tool):
         return self._native
 
     def drain_native(self) -> None:
-        """Write the index lines the C++ observer holds (in call order, so before a module record)."""
+        """Hand the records the C++ observer holds to its index thread, which writes their lines
+        (in call order) to the index file; Python writes nothing there meanwhile."""
         if self._native is None:
             return
-        text, n = self._native.observer.drain()
+        self.n_records += self._native.observer.drain()
         self.n_ops = self._native.observer.count()
-        if n and self._index is not None:
-            self._index.write(text)
-            self.n_records += n
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
@@ -446,7 +445,12 @@ class Capture(Tool):
             self._index.flush()
 
     def finish(self) -> None:
-        self.drain_native()
+        if self._native is not None:  # every line on disk before meta.json says the capture is whole
+            self.drain_native()
+            if self._index is not None:
+                self._index.flush()  # nothing written through it: the C++ thread appends to the file
+            self._native.observer.close_index()
+            self.index_waits = self._native.observer.waits()
         self._native = None
         self.flush()
         if self._writer is not None:  # every part handed over is on disk before meta.json says the capture is whole
@@ -460,7 +464,7 @@ class Capture(Tool):
             self._index = None
         meta = {
             "format": FORMAT, "version": VERSION, "bulk": self.bulk, "mode": self.mode, "rank": self.rank.get(),
-            "hook": self.hook_used,
+            "hook": self.hook_used, "index_waits": self.index_waits,
             "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,

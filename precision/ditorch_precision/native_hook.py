@@ -1,6 +1,7 @@
 """A stats capture's op hook in C++ (``native``'s OpObserver): the ops a Python dispatch mode would
-show are seen by a RecordFunction callback instead, which writes each op's index line (its
-statistics from one fused pass over each output) into a buffer the capture drains. The Python
+show are seen by a RecordFunction callback instead, which keeps each op's index line as a binary
+record (its statistics from one fused pass over each output); at each step the capture hands them
+to a C++ thread that writes their text to the index file, off the training thread. The Python
 per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own) is gone; what stays
 in Python is per module and per step: the module stack, the tags of the autograd nodes each module
 created (kept in C++ by sequence number: the module of a backward op) and the optimizer phase are
@@ -10,14 +11,19 @@ handed over by hooks of their own.
 why; ``NativeHook`` is the context that installs the C++ one."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_hooks
 
 from . import native
-from .dump import tensors_in
+from .dump import INDEX, tensors_in
 
 HOOKS = ("auto", "cpp", "python")
+# Index records the C++ observer's writer thread may hold unwritten (a few hundred bytes each): a
+# step handed over beyond that waits for the thread (counted in meta.json's "index_waits").
+MAX_QUEUED = 1 << 18
 
 
 def why_python(capture) -> str | None:
@@ -79,6 +85,7 @@ class NativeHook:
             optim_hooks.register_optimizer_step_post_hook(lambda o, a, k: obs.set_optimizer(False)),
         ]
         tracker.tagger = lambda output, path, seq: obs.tag(tensors_in(output), path, seq)
+        obs.open_index(os.path.join(cap.path, INDEX), MAX_QUEUED)
         obs.start()
         global _ACTIVE
         _ACTIVE = self

@@ -1,0 +1,93 @@
+// One index line of a stats capture as the training thread keeps it: the op's (or module
+// record's) facts in binary form, copied out of its arguments and outputs, holding no tensor. Its
+// JSON text is written later, off the training thread, by `format_record` (op_record.cpp); the
+// text is the one the observer used to build in place.
+#pragma once
+
+#include <ATen/core/jit_type_base.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fused_stats.h"
+
+namespace ditorch_precision {
+
+// What the observer needs of one op overload, read once from its schema. Never freed while the
+// observer lives: queued records point at it.
+struct OpFacts {
+  std::string name;      // "aten::mm"
+  std::string overload;  // "default" for the unnamed overload
+  bool composite = false;  // decomposed above the Python key: a dispatch mode never sees it
+  bool random = false;     // tagged nondeterministic_seeded
+  bool allocator = false;  // empty*: its output is uninitialised memory
+  bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
+  bool same_elements = false;  // a view whose output holds exactly its first argument's elements
+  // Recorded under another name: aten::_reshape_alias, which reshape calls only where no Python
+  // dispatch mode is active (under one it calls view): written as view, without its stride.
+  std::string shown_name, shown_overload;
+  int hidden_arg = -1;
+  int dropout_p = -1;      // position of a dropout_p argument (a random op without randomness at 0)
+  std::vector<std::string> arg_names;
+  std::vector<c10::TypePtr> arg_types;
+  std::vector<bool> arg_ignored;  // where or how a result is stored, not what it is
+};
+
+// A tensor's metadata as the index writes it.
+struct Meta {
+  c10::SmallVector<int64_t, 6> shape;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device{c10::kCPU};
+};
+
+// One value of an op's signature, flattened: a list is its items between ListBegin and ListEnd;
+// an argument starts with Arg (its position in the schema).
+struct Token {
+  enum Kind : uint8_t { Arg, Int, Double, Bool, Complex, String, Tensor, Absent, ListBegin, ListEnd };
+  Kind kind = Absent;
+  int64_t i = 0;  // Arg: position; Int; Bool; String: index in Record::strings; Tensor: in Record::arg_metas
+  double re = 0, im = 0;  // Double; Complex
+};
+
+// One output's statistics: `counted` false where the index writes only dtype and numel.
+struct OutStats {
+  bool counted = false;
+  FusedStats s;
+};
+
+struct Record {
+  int64_t index = 0;
+  const OpFacts* op = nullptr;  // null: a module record (module_op)
+  std::string module_op, module_phase;
+  const char* phase = "";
+  const std::string* module = nullptr;  // an interned path (OpObserver::intern), null for none
+  int64_t step = 0, rank = 0;
+  int8_t random = -1;  // -1: not a seeded-random op; else whether it drew
+  int64_t unwritten = 0;
+  std::vector<Meta> inputs, arg_metas, outputs;
+  std::vector<Token> signature;
+  std::vector<std::string> strings;
+  std::vector<OutStats> stats;  // one per output
+
+  void clear();  // for reuse: sizes 0, capacities kept
+};
+
+// Names of the dtypes as the index writes them (torch.float32 -> "float32").
+class DtypeNames {
+ public:
+  void set(c10::ScalarType dtype, std::string name);
+  std::string_view operator()(c10::ScalarType dtype) const;
+
+ private:
+  std::vector<std::string> names_;
+};
+
+// Appends the record's index line (no newline) to `out`.
+void format_record(std::string& out, const Record& r, const DtypeNames& dtype_name);
+
+}  // namespace ditorch_precision
