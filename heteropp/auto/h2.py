@@ -110,19 +110,21 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
         opts = [[t for t in tp_sizes(chips[e.chip], *counts) if not (e.chips // dp) % t] for e in ents]
         bound = _Bound(cm, ents, opts, dp, b, caps_of, group_rule, tie_recompute is not None)
         shapes.append((bound.least([], []) if prune else 0.0, di, dp, b, opts, bound))
-    order: dict[int, tuple[int, int]] = {}  # id of a found leaf's config -> (dp index, leaf index)
-    for _, di, dp, b, opts, bound in sorted(shapes, key=lambda x: x[:2]):
+    # a found leaf's config -> (dp index, its path: per entity the indices of its TP size and recompute flag
+    # among the options), the full DFS's order of the leaves of equal cost (it visits the options in order)
+    order: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {}
+    limit = 1 + 1e-9
+    for root, di, dp, b, opts, bound in sorted(shapes, key=lambda x: x[:2]):
         if progress:
             progress(f"h2: dp={dp} ({di + 1}/{len(dps)})")
-        leaf = 0
+        if prune and root > best * limit:
+            continue
 
         # the closure is called only within this iteration, so binding dp, b, tps, rs as arguments is for
         # clarity, not correctness
-        def rec(i: int, dp: int, b: int, tps: list[int], rs: list[bool], opts: list[list[int]] = opts,
-                bound: _Bound = bound, di: int = di) -> None:
-            nonlocal evaluated, best, leaf
-            if prune and bound.least(tps, rs) > best * (1 + 1e-9):
-                return
+        def rec(i: int, dp: int, b: int, tps: list[int], rs: list[bool], path: tuple[tuple[int, int], ...],
+                opts: list[list[int]] = opts, bound: _Bound = bound, di: int = di) -> None:
+            nonlocal evaluated, best
             if i == len(ents):
                 evaluated += 1
                 spps = [e.chips // dp // t for e, t in zip(ents, tps)]
@@ -131,22 +133,33 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
                     cost = _h2_cost(cm, ents, tps, rs, spps, ls, dp, b)
                     cfg = [list(tps), list(rs), spps, ls]
                     found.append((cost, dp, cfg))
-                    order[id(cfg)] = (di, leaf)
-                    leaf += 1
+                    order[id(cfg)] = (di, path)
                     best = min(best, cost)
                 return
+            # the children's bounds first, then the children from the least bound up: a good leaf comes
+            # early and prunes the rest (the leaf returned is the same: see `order`)
             last, first = last_of[i], first_of[i]
-            for t in opts[i]:
+            kids = []
+            for ti, t in enumerate(opts[i]):
                 if group_rule and last >= 0 and t > tps[last]:
                     continue
-                for r in ((rs[first],) if tie_recompute is not None and first >= 0 else BOTH):
+                for ri, r in enumerate((rs[first],) if tie_recompute is not None and first >= 0 else BOTH):
                     tps.append(t)
                     rs.append(r)
-                    rec(i + 1, dp, b, tps, rs, opts, bound, di)
+                    kids.append((bound.least(tps, rs) if prune else 0.0, ti, ri, t, r))
                     tps.pop()
                     rs.pop()
+            kids.sort(key=lambda k: k[:3])
+            for low, ti, ri, t, r in kids:
+                if prune and low > best * limit:
+                    break  # sorted: none after it can hold a leaf as cheap
+                tps.append(t)
+                rs.append(r)
+                rec(i + 1, dp, b, tps, rs, (*path, (ti, ri)), opts, bound, di)
+                tps.pop()
+                rs.pop()
 
-        rec(0, dp, b, [], [])
+        rec(0, dp, b, [], [], ())
     found.sort(key=lambda x: (x[0], order[id(x[2])]))
     return found, evaluated
 
@@ -181,7 +194,9 @@ class _Bound:
         # per entity over its options: (least tau, most s / tau, most layers) at each in-flight floor n
         self.opts = opts
         self.best: dict[tuple[int, int, int, tuple[bool, ...]], Part] = {}
-        self.seen: dict[tuple[str, int, int, bool, int], Part] = {}
+        # keyed by (chip, chips) as one value: entities of one type and size share their parts
+        self.chip_of = [(e.chip, e.chips) for e in ents]
+        self.seen: dict[tuple[tuple[str, int], int, bool, int], Part] = {}
         self.rest_memo: dict[tuple[Any, ...], tuple[list[Part], ...]] = {}
         # the chip types of entities k.. in order (a memo key's TP limits and flags are theirs)
         self.rest_chips = [list(dict.fromkeys(e.chip for e in ents[k:])) for k in range(len(ents) + 1)]
@@ -191,7 +206,7 @@ class _Bound:
 
     def _entity(self, i: int, t: int, r: bool, n: int) -> Part:
         """(tau, s / tau, the most layers, the level its stages fill at) of entity i at (t, r)."""
-        key = (self.ents[i].chip, self.ents[i].chips, t, r, n)
+        key = (self.chip_of[i], t, r, n)
         if key not in self.seen:
             e, s = self.ents[i], self.ents[i].chips // self.dp // t
             tau = self.cm.coef(e.chip, t, r, self.dp).tau
@@ -214,8 +229,9 @@ class _Bound:
         for e, t in zip(ents, tps):
             p += e.chips // dp // t
         n = self.in_flight(p)
-        entity = self._entity
-        parts = [entity(i, t, rs[i], n) for i, t in enumerate(tps)]
+        # the parts of the set entities: memo hits inline (the DFS asks at every node)
+        seen, entity, chip_of = self.seen, self._entity, self.chip_of
+        parts = [seen.get((chip_of[i], t, r, n)) or entity(i, t, r, n) for i, (t, r) in enumerate(zip(tps, rs))]
         if self.group_rule or self.tied:
             last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
             first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
