@@ -291,11 +291,15 @@ class OwnKernel final : public c10::OperatorKernel {
     const c10::IValue none;
     const c10::IValue& v = a.aten >= 0 ? arg(stack, first, a.aten) : none;
     if (a.kind == "in" || a.kind == "in?") {
-      if (v.isTensor() && v.toTensor().defined()) {
+      const bool wrapped = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
+      if (v.isTensor() && v.toTensor().defined() && !wrapped) {
         out.pointer = handle(call, operand(call, v.toTensor()));
-      } else if (!v.isNone() && !v.isTensor()) {  // a Python number where ATen takes a tensor: the result's dtype
+      } else if (wrapped || (!v.isNone() && !v.isTensor())) {
+        // A Python number (a Scalar argument, or a wrapped 0-dim tensor) where the ABI takes a tensor: a device
+        // tensor of the result's dtype.
         TORCH_CHECK(!metas.empty() && metas[0].defined, "diopi: ", route_.overload, ": no result dtype for a number");
-        const at::Tensor scalar = at::scalar_tensor(v.toScalar(), at::TensorOptions().dtype(metas[0].dtype));
+        const c10::Scalar value = wrapped ? v.toTensor().item() : v.toScalar();
+        const at::Tensor scalar = at::scalar_tensor(value, at::TensorOptions().dtype(metas[0].dtype));
         out.pointer = handle(call, call.tensors.emplace_back(scalar.to(call.device)));
       } else {
         TORCH_CHECK(a.kind == "in?", "diopi: ", route_.overload, ": a required tensor is None");

@@ -59,6 +59,6 @@ void drop_own_routes(int64_t handle);
 
 std::vector<std::pair<std::string, int64_t>> own_routed_counts();    // overload -> calls the library served
 std::vector<std::pair<std::string, int64_t>> own_fallback_counts();  // overload -> calls run on the CPU
-int64_t own_operand_copies();  // CPU tensors (a 0-dim one, a wrapped number) moved to the device for a call
+int64_t own_operand_copies();  // CPU tensors (a 0-dim one, say) moved to the device for a call
 
 }  // namespace diopi_bindings

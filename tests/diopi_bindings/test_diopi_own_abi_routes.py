@@ -37,7 +37,7 @@ STEP = """
         return {
             "add": x + y, "add number": x + 2.5, "add alpha": torch.add(x, y, alpha=-2),
             "add out": torch.add(x, y, out=out), "add out transposed": torch.add(x, y, out=out_t),
-            "in place": c, "zero_": z, "fill_": f, "mul number": x * 3,
+            "in place": c, "zero_": z, "fill_": f, "mul number": x * 3, "div int": x / 2,
             "silu": torch.nn.functional.silu(x), "mm": x @ w, "softmax": torch.softmax(x, 1),
             "sum": x.sum(1), "mean": x.mean(), "max values": values, "max indices": indices,
             "nll_loss_forward": loss, "total_weight": total, "gelu_backward.grad_input": gi,
