@@ -125,6 +125,22 @@ class CostModel:
         self._room = lru_cache(maxsize=None)(self._room_of)
         self._layer_params = lru_cache(maxsize=None)(self._one_layer_params)
 
+    def on(self, cluster: Cluster) -> "CostModel":
+        """This model's inputs on `cluster`, some of this cluster's chip types at other counts (a baseline's
+        sub-cluster). Where the chip specs, other than their counts, and the links and latencies among them
+        are this cluster's, the per-kind tables are shared: none of them depends on a count, and a baseline's
+        sub-search asks for the same ones again."""
+        sub = CostModel(cluster, self.model, self.train, self.profile)
+        names = [c.name for c in cluster.chips]
+        same = all(c.name in self._chip and replace(c, count=0) == replace(self._chip[c.name], count=0)
+                   for c in cluster.chips) and all(
+            cluster.link_bw(a, b) == self.cluster.link_bw(a, b) and cluster.latency_s(a, b) == self.latency(a, b)
+            for a in names for b in names)
+        if same:
+            sub.coef, sub.end, sub.boundary, sub.latency = self.coef, self.end, self.boundary, self.latency
+            sub.max_layers, sub._room, sub._layer_params = self.max_layers, self._room, self._layer_params
+        return sub
+
     # --- per-layer coefficients -------------------------------------------------------------------
     def _static_per_param(self, dp: int, zero1: bool) -> float:
         return self._param_b + self._opt_b / (dp if zero1 else 1)

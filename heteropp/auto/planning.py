@@ -187,7 +187,7 @@ def _offer_baselines(pb: Problem, rk: Ranking, group_size: int, limits: Limits, 
                           rank_actions=rank_actions if with_baselines else rank_actions // SUB_SHARE)
 
     def sub_problem(cl: Cluster) -> Problem:
-        return Problem(cl, pb.model, pb.train, CostModel(cl, pb.model, pb.cm.train, pb.cm.profile))
+        return Problem(cl, pb.model, pb.train, pb.cm.on(cl))
 
     for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, fastest, rounded):
         rk.offer([cand], pb)
