@@ -5,12 +5,14 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/node.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <unordered_set>
 
 #include "fused_stats.h"
+#include "unwritten_memory.h"
 
 namespace ditorch_precision {
 
@@ -31,6 +33,8 @@ struct InHook {
 
 struct Pending : at::ObserverContext {
   int uncaught = 0;
+  int64_t in_unwritten = 0;  // its inputs' elements no op wrote since an empty*, before it ran
+  std::vector<at::Tensor> written;  // the tensors it writes, where some memory is unwritten
   at::Tensor source;  // a same-elements view's input
   std::unique_ptr<Record> record;
 };
@@ -42,8 +46,8 @@ void fill_meta(Meta& m, const at::Tensor& t) {
   m.device = t.device();
 }
 
-// Thread-local scratch for an op's outputs: no allocation per op.
-thread_local std::vector<at::Tensor> tl_outputs;
+// Thread-local scratch for an op's outputs and their unwritten masks: no allocation per op.
+thread_local std::vector<at::Tensor> tl_outputs, tl_masks;
 
 const char* const kAllocators[] = {"aten::empty", "aten::empty_like", "aten::empty_strided",
                                    "aten::new_empty", "aten::new_empty_strided", "aten::empty_permuted"};
@@ -230,6 +234,7 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
     for (const char* n : kIgnored) ignored = ignored || args[i].name() == n;
     f->arg_ignored.push_back(ignored);
     if (args[i].name() == "dropout_p") f->dropout_p = static_cast<int>(i);
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) f->written_args.push_back(static_cast<int>(i));
   }
   // Keyed by the schema's own name string, which lives as long as the op is registered; a key
   // reused by another op after it is gone fails the name check above and is replaced.
@@ -304,6 +309,16 @@ bool OpObserver::encode(Record& r, const c10::IValue& v) const {
   return true;
 }
 
+int64_t OpObserver::unwritten_count(c10::ArrayRef<c10::IValue> inputs) {
+  int64_t n = 0;
+  for (const auto& v : inputs)
+    each_tensor(v, [&](const at::Tensor& t) {
+      const at::Tensor m = unwritten_.mask(t);
+      if (m.defined()) n += m.sum().item<int64_t>();
+    });
+  return n;
+}
+
 void OpObserver::set_step(int64_t step) {
   step_ = step;
   std::lock_guard<std::mutex> lock(known_mutex_);
@@ -328,23 +343,32 @@ void OpObserver::remember(const at::Tensor& t, const FusedStats& s) {
                   static_cast<int64_t>(impl->version_counter().current_version()), s});
 }
 
-OutStats OpObserver::stats(const at::Tensor& t, bool zeroed, const at::Tensor* source) {
+OutStats OpObserver::stats(const at::Tensor& t, const at::Tensor* source) {
   OutStats o;
   if (t.numel() == 0 || !floating_or_int(t.scalar_type())) return o;
   o.counted = true;
   FusedStats& s = o.s;
-  if (zeroed) {
-    s.finite = t.numel();
-  } else {
+  {
     std::lock_guard<std::mutex> lock(known_mutex_);
     const FusedStats* hit = known(t);
     if (hit == nullptr && source != nullptr) hit = known(*source);
     s = hit != nullptr ? *hit : fused_stats(t);
     remember(t, s);
   }
-  if (!s.supported && !zeroed) {  // a device tensor or a dtype the pass does not read: a float64 copy on the CPU
+  if (!s.supported) {  // a device tensor or a dtype the pass does not read: a float64 copy on the CPU
     s = fused_stats(t.detach().to(at::kCPU, at::kDouble));
   }
+  return o;
+}
+
+OutStats OpObserver::stats_of_written(const at::Tensor& t, const at::Tensor& mask) {
+  if (!mask.defined()) return stats(t);
+  OutStats o;
+  if (t.numel() == 0 || !floating_or_int(t.scalar_type())) return o;
+  o.counted = true;
+  at::Tensor zeroed = t.detach().masked_fill(mask.to(t.device()), 0);
+  o.s = fused_stats(zeroed);
+  if (!o.s.supported) o.s = fused_stats(zeroed.to(at::kCPU, at::kDouble));
   return o;
 }
 
@@ -373,7 +397,9 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
   r->rank = rank_;
   for (const auto& t : tensors) {
     fill_meta(r->outputs.emplace_back(), t);
-    r->stats.push_back(stats(t, false));
+    const at::Tensor mask = unwritten_.empty() ? at::Tensor() : unwritten_.mask(t);
+    if (mask.defined()) r->unwritten += mask.sum().item<int64_t>();
+    r->stats.push_back(stats_of_written(t, mask));
   }
   keep(std::move(r));
 }
@@ -408,6 +434,12 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   p->uncaught = std::uncaught_exceptions();
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
+  if (!unwritten_.empty()) {  // read here: the inputs are not there any more when the op ends
+    p->in_unwritten = unwritten_count(inputs);
+    for (int i : op->written_args)
+      if (static_cast<size_t>(i) < inputs.size())
+        each_tensor(inputs[i], [&](const at::Tensor& t) { p->written.push_back(t); });
+  }
   p->record = take_record();
   Record& r = *p->record;
   r.op = op;
@@ -454,14 +486,33 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   outputs.clear();
   for (const auto& v : fn.outputs()) each_tensor(v, [&](const at::Tensor& t) { outputs.push_back(t); });
   for (const auto& t : outputs) fill_meta(r.outputs.emplace_back(), t);
-  if (r.op->allocator) {  // uninitialised memory: counted as 0, as a Python capture zeroes it
-    for (const auto& t : outputs) r.unwritten += t.numel();
+  // What empty* allocated and no op wrote since (through any view) counts as 0, as the Python hook
+  // writes it: an allocator's outputs, then the writes of this op, then what its tensors still hold.
+  if (r.op->allocator) {
+    for (const auto& t : outputs) unwritten_.allocated(t);
+  } else {
+    for (const auto& t : p->written) unwritten_.written(t);
   }
-  for (const auto& t : outputs) {
+  auto& masks = tl_masks;
+  masks.assign(outputs.size(), at::Tensor());
+  if (!unwritten_.empty() || p->in_unwritten > 0) {  // (a write may have emptied it)
+    r.unwritten = std::max<int64_t>(p->in_unwritten, 0);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      masks[i] = unwritten_.mask(outputs[i]);
+      if (masks[i].defined()) r.unwritten += masks[i].sum().item<int64_t>();
+    }
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& t = outputs[i];
+    if (masks[i].defined()) {
+      r.stats.push_back(stats_of_written(t, masks[i]));
+      continue;
+    }
     const bool same = p->source.defined() && outputs.size() == 1 && p->source.numel() == t.numel() &&
                       p->source.scalar_type() == t.scalar_type();
-    r.stats.push_back(stats(t, r.unwritten > 0, same ? &p->source : nullptr));
+    r.stats.push_back(stats(t, same ? &p->source : nullptr));
   }
+  masks.clear();
   outputs.clear();
   keep(std::move(p->record));
 }

@@ -24,6 +24,7 @@
 #include "fused_stats.h"
 #include "index_writer.h"
 #include "op_record.h"
+#include "unwritten_memory.h"
 
 namespace ditorch_precision {
 
@@ -84,9 +85,10 @@ class OpObserver {
   // An argument as signature._value reads it, appended to r's signature; false (nothing appended)
   // for what it leaves out (None, devices, generators, objects).
   bool encode(Record& r, const c10::IValue& v) const;
-  // zeroed: as if all 0; source: a tensor holding exactly t's elements (a view's input), whose
-  // statistics are t's if known
-  OutStats stats(const at::Tensor& t, bool zeroed, const at::Tensor* source = nullptr);
+  // source: a tensor holding exactly t's elements (a view's input), whose statistics are t's if known
+  OutStats stats(const at::Tensor& t, const at::Tensor* source = nullptr);
+  // t's statistics with its unwritten elements (mask, if defined) counted as 0
+  OutStats stats_of_written(const at::Tensor& t, const at::Tensor& mask);
   const FusedStats* known(const at::Tensor& t);
   void remember(const at::Tensor& t, const FusedStats& s);
   const std::string* current_module(bool in_backward) const;
@@ -94,6 +96,7 @@ class OpObserver {
   std::unique_ptr<Record> take_record();
   void keep(std::unique_ptr<Record> r);  // a finished record, until the next drain
   bool nested() const;
+  int64_t unwritten_count(c10::ArrayRef<c10::IValue> inputs);  // their tensors' unwritten elements
 
   at::CallbackHandle handle_ = 0;
   std::atomic<int64_t> count_{0};
@@ -124,6 +127,7 @@ class OpObserver {
     FusedStats stats;
   };
   std::unordered_map<const c10::TensorImpl*, Known> known_;
+  UnwrittenMemory unwritten_;  // what empty* allocated and no op has written since
   std::mutex known_mutex_;
 };
 

@@ -307,7 +307,13 @@ struct Writer {
     head(r.module_op, "default", r.module_phase);
     out += ", \"kind\": \"module\", \"inputs\": [], \"outputs\": [";
     metas(r.outputs);
-    out += "], \"file\": null, ";
+    out += "], ";
+    if (r.unwritten > 0) {
+      out += "\"unwritten\": ";
+      put_int(out, r.unwritten);
+      out += ", ";
+    }
+    out += "\"file\": null, ";
     all_stats();
   }
 };

@@ -36,6 +36,7 @@ struct OpFacts {
   std::vector<std::string> arg_names;
   std::vector<c10::TypePtr> arg_types;
   std::vector<bool> arg_ignored;  // where or how a result is stored, not what it is
+  std::vector<int> written_args;  // positions of the arguments it writes (alias annotation "!")
 };
 
 // A tensor's metadata as the index writes it.

@@ -4,6 +4,7 @@ gloo job under torch's DistributedDataParallel (its gradient buckets are ``aten:
 ``as_strided``), a fault on rank 1 only: rank 0 has no failures and the first divergence is rank 1's.
 References: the planted fault's place, and torch itself (what the program wrote)."""
 import json
+import math
 
 import pytest
 import torch
@@ -90,3 +91,44 @@ def test_ddp_buckets_fault_on_rank_1_only(ddp_job, rule, capsys):
         assert not [f for f in fails_0 if f[0] in ("aten::empty", "aten::as_strided")], fails_0[:5]
     fd = d["first_divergence"]
     assert (fd["rank"], fd["op"], fd["module"]) == (1, "aten::mm", f"{DDP}.module.model.layers.1.mlp.down_proj")
+
+
+def _bucket_program(path, hook, fill):
+    """A bucket as DDP fills one (empty, as_strided views, copies in), and a module whose output is
+    a view of it, under a stats capture through ``hook``."""
+    class Half(torch.nn.Module):
+        def forward(self, b):
+            return b.as_strided((6,), (1,), 6)
+
+    src = torch.arange(6, dtype=torch.float32)
+    with Capture(str(path), mode="stats", hook=hook) as cap:
+        bucket = torch.empty(12)
+        with torch.no_grad(), Capture.quiet():
+            bucket.fill_(fill)  # the allocator's leftovers: no op of the program
+        bucket.as_strided((4,), (1,), 6).mul(2.0)
+        bucket.as_strided((6,), (1,), 0).copy_(src)
+        half = Half()(bucket)
+        half.add(1.0)
+        half[:2].copy_(src[:2])
+        bucket.mul(1.0)
+        torch.empty_like(src).zero_().add(src)
+    assert cap.hook_used == hook
+    with open(path / "index.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_the_cpp_hook_counts_unwritten_memory_through_views_as_the_python_hook_does(tmp_path):
+    """The C++ observer tracks what empty* allocated through views and writes (counted as 0 in the
+    statistics, the count in ``unwritten``): its lines equal the Python hook's, whatever the
+    leftovers hold (NaN or 7)."""
+    for fill in (float("nan"), 7.0):
+        cpp = _bucket_program(tmp_path / f"cpp{fill}", "cpp", fill)
+        python = _bucket_program(tmp_path / f"python{fill}", "python", fill)
+        assert [r["op"] for r in cpp] == [r["op"] for r in python]
+        for a, b in zip(cpp, python):
+            assert a == b
+        assert [r["op"] for r in cpp if r.get("unwritten")] == [
+            "aten::empty", "aten::as_strided", "aten::mul", "aten::as_strided", "aten::copy_", "aten::as_strided",
+            "module::output", "aten::add", "aten::slice", "aten::copy_", "aten::mul", "aten::empty_like",
+            "aten::zero_"]
+        assert all(math.isfinite(s.get("mean", 0.0)) for r in cpp for s in r["stats"])  # no leftover NaN read
