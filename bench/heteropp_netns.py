@@ -97,10 +97,11 @@ def end_addresses(subnet: str | None = None) -> tuple[str, str, int]:
 
 
 @contextlib.contextmanager
-def two_clusters(rate: str = "1gbit", delay: str = "1ms",
-                 subnet: str | None = None) -> Iterator[tuple[Cluster, Cluster, bool]]:
+def two_clusters(rate: str = "1gbit", delay: str = "1ms", subnet: str | None = None,
+                 burst: int | None = None) -> Iterator[tuple[Cluster, Cluster, bool]]:
     """(cluster A, cluster B, whether the delay could be emulated); the namespaces are removed on exit.
-    `subnet`: the link's addresses (end_addresses)."""
+    `subnet`: the link's addresses (end_addresses); `burst`: the token bucket's bytes where tbf shapes
+    (default link_burst_bytes(rate); bench.heteropp_link_probe compares others)."""
     first, second, prefix = end_addresses(subnet)
     if os.geteuid() != 0:
         raise Unavailable("network namespaces need root")
@@ -125,7 +126,7 @@ def two_clusters(rate: str = "1gbit", delay: str = "1ms",
             if not _tc(c.netns, "qdisc", "add", "dev", c.ifname, "root", "netem", "delay", delay, "rate", rate):
                 delayed = False
                 if not _tc(c.netns, "qdisc", "add", "dev", c.ifname, "root", "tbf", "rate", rate, "burst",
-                           str(link_burst_bytes(rate)), "latency", "1s"):  # a queue of a second: no drops
+                           str(burst or link_burst_bytes(rate)), "latency", "1s"):  # a queue of a second: no drops
                     raise Unavailable("tc can shape neither with netem nor with tbf here")
         yield a, b, delayed
     finally:

@@ -83,3 +83,13 @@ def test_a_message_waits_for_tokens_and_costs_its_wire_bytes(link):
     frames = -(-payload // 1448)
     assert frames <= pkts1 - pkts0 <= frames + 10
     assert 0 <= (bytes1 - bytes0) - wire_bytes(payload) <= 10 * 100
+
+
+@pytest.mark.parametrize("args, says", [(["--rate", "fast"], "--rate: expected a positive rate"),
+                                        (["--rate", "0mbit"], "--rate: expected a positive rate"),
+                                        (["--bytes", "0"], "--bytes: expected an integer >= 1")])
+def test_the_probe_names_a_bad_option(args, says, capsys):
+    from bench.heteropp_link_probe import main
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and says in capsys.readouterr().err
