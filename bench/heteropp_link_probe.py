@@ -4,11 +4,13 @@ bytes over the rate: the accounting the simulator and the cost model use for a l
     python -m bench.heteropp_link_probe [--rate 50mbit] [--bytes 262144] [--messages 6] [--burst BYTES] [--json FILE]
 
 A receiver in cluster B's namespace and a sender in A's, over one TCP connection per flow; every `--gap`
-seconds each flow sends one message, and the time from the send to the whole message's arrival is taken
-on this host's monotonic clock (both processes read the same one). One flow, then two at once (two
-pipelines sharing the link). `--burst`: the token bucket's bytes where tc shapes with tbf (default the
-link's one millisecond, link_burst_bytes; 262144 is the bucket the link had before). Needs root, `ip` and
-`tc` (exits with the reason otherwise).
+seconds each flow sends one message, and the time from the send to the whole message's arrival is taken on
+this host's monotonic clock (both processes read the same one). One flow, then two at once (two pipelines
+sharing the link): two messages sent together both arriving after twice one's time is a link shared fairly
+between its flows, as the two-cluster bench's prediction charges it (dp x an activation for each pipeline's
+transfer); the first arriving after one message's time would be a first-come queue. `--burst`: the token
+bucket's bytes where tc shapes with tbf (default the link's one millisecond, link_burst_bytes; 262144 is the
+bucket the link had before). Needs root, `ip` and `tc` (exits with the reason otherwise).
 """
 from __future__ import annotations
 
@@ -30,15 +32,15 @@ flows, size, count = (int(x) for x in sys.argv[2:5])
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], {port}))
 s.listen(flows); print("up", flush=True)
 conns = [s.accept()[0] for _ in range(flows)]
-ends = []
-for _ in range(count):
-    last = 0.0
+ends = []  # per round, when each flow's message had arrived whole (flows read in turn: a later flow's
+for _ in range(count):  # end is exact, an earlier one's is at most the later one's)
+    mine = []
     for c in conns:
         got = 0
         while got < size:
             got += len(c.recv(1 << 20))
-        last = time.perf_counter()
-    ends.append(last)
+        mine.append(time.perf_counter())
+    ends.append(mine)
 print(json.dumps(ends))
 """
 
@@ -56,8 +58,9 @@ print(json.dumps(starts))
 """
 
 
-def one_way_s(clusters, flows: int, size: int, count: int, gap: float) -> list[float]:
-    """Per round: from the send of `flows` messages of `size` bytes until the last has arrived whole."""
+def one_way_s(clusters, flows: int, size: int, count: int, gap: float) -> list[list[float]]:
+    """Per round, per flow: from the send of `flows` messages of `size` bytes (one a flow) until that flow's
+    has arrived whole."""
     a, b, _ = clusters
     args = [str(flows), str(size), str(count)]
     recv = subprocess.Popen(["ip", "netns", "exec", b.netns, sys.executable, "-c", _RECEIVER.format(port=PORT),
@@ -67,7 +70,7 @@ def one_way_s(clusters, flows: int, size: int, count: int, gap: float) -> list[f
     sent = subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", _SENDER.format(port=PORT),
                            b.address, *args, str(gap)], capture_output=True, text=True, check=True, timeout=600)
     ends = json.loads(recv.communicate(timeout=600)[0])
-    return [e - s for s, e in zip(json.loads(sent.stdout), ends)]
+    return [[x - s for x in e] for s, e in zip(json.loads(sent.stdout), ends)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"link {a.rate}, bucket {burst} bytes{'' if clusters[2] else ' (tbf)'}, messages of {a.bytes} bytes, "
           f"load {load[0]:.1f} -> {os.getloadavg()[0]:.1f}")
-    print("flows | one way: median (min-max) ms | bytes / rate ms | wire bytes / rate ms")
+    print("flows | one way, first flow's message: median (min-max) ms | the last flow's | bytes / rate ms | "
+          "wire bytes / rate ms")
     for r in rows:
-        t = r["one_way_s"]
-        print(f"{r['flows']:>5} | {1e3 * statistics.median(t):.1f} ({1e3 * min(t):.1f}-{1e3 * max(t):.1f}) | "
-              f"{1e3 * r['bytes_over_rate_s']:.1f} | {1e3 * r['wire_over_rate_s']:.1f}")
+        cells = []
+        for t in ([x[0] for x in r["one_way_s"]], [x[-1] for x in r["one_way_s"]]):
+            cells.append(f"{1e3 * statistics.median(t):.1f} ({1e3 * min(t):.1f}-{1e3 * max(t):.1f})")
+        print(f"{r['flows']:>5} | {cells[0]} | {cells[1]} | {1e3 * r['bytes_over_rate_s']:.1f} | "
+              f"{1e3 * r['wire_over_rate_s']:.1f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"rate": a.rate, "burst": burst, "bytes": a.bytes, "rows": rows,
                                             "load_before": load, "load_after": list(os.getloadavg())}, indent=2)
