@@ -16,7 +16,8 @@ real pair, the processes' point-to-point, TP all-reduce and ZeRO-1 step times; t
 this host's cores, so A and B are one chip here), and the prediction is the schedule under processor
 sharing of the host's cores with their slowdown measured right before and after each plan's run, averaged
 (heteropp.auto.shared_cores), a boundary between
-the two types taking an activation over --rate; `--profile analytic`: the chip specs' analytic profile and
+the two types taking an activation's wire bytes over --rate for each pipeline sharing the link (the link is
+shared fairly: bench.heteropp_link_probe); `--profile analytic`: the chip specs' analytic profile and
 the plain simulator, as the planner sees them.
 
 1F1B runs first with per-action timing (HETEROPP_TIMING); its median forward and backward per stage and
