@@ -49,6 +49,8 @@ PYBIND11_MODULE(_C, m) {
       .def("drain", &OpObserver::drain, py::call_guard<py::gil_scoped_release>())
       .def("close_index", &OpObserver::close_index, py::call_guard<py::gil_scoped_release>())
       .def("waits", &OpObserver::waits)
+      .def("set_group", &OpObserver::set_group)
+      .def("set_reduce_op_name", &OpObserver::set_reduce_op_name)
       .def("count", &OpObserver::count)
       .def("set_dtype_name", &OpObserver::set_dtype_name);
 }

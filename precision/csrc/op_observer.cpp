@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/node.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -218,6 +221,8 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   f->random = handle->hasTag(at::Tag::nondeterministic_seeded);
   for (const char* a : kAllocators) f->allocator = f->allocator || f->name == a;
   f->counted_only = f->name.rfind("profiler::", 0) == 0;
+  f->collective = f->name.rfind("c10d::", 0) == 0;
+  f->point_to_point = f->name == "c10d::send" || f->name == "c10d::recv_" || f->name == "c10d::recv_any_source_";
   for (const char* a : kSameElements) f->same_elements = f->same_elements || f->name == a;
   f->shown_name = f->name;
   f->shown_overload = f->overload;
@@ -236,6 +241,8 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
     if (args[i].name() == "dropout_p") f->dropout_p = static_cast<int>(i);
     if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) f->written_args.push_back(static_cast<int>(i));
   }
+  if (f->written_args.empty() && f->collective && f->name.back() == '_' && !args.empty())
+    f->written_args.push_back(0);  // in-place collectives (allreduce_, broadcast_ ...) do not annotate it (as opinfo)
   // Keyed by the schema's own name string, which lives as long as the op is registered; a key
   // reused by another op after it is gone fails the name check above and is replaced.
   auto& slot = facts_[key];
@@ -317,6 +324,35 @@ int64_t OpObserver::unwritten_count(c10::ArrayRef<c10::IValue> inputs) {
       if (m.defined()) n += m.sum().item<int64_t>();
     });
   return n;
+}
+
+void OpObserver::set_group(const std::string& name, std::vector<int64_t> ranks) {
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  groups_[name] = std::move(ranks);
+}
+
+void OpObserver::set_reduce_op_name(int64_t value, std::string name) {
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  if (value < 0 || value > 255) return;
+  if (reduce_op_names_.size() <= static_cast<size_t>(value)) reduce_op_names_.resize(value + 1);
+  reduce_op_names_[value] = std::move(name);
+}
+
+// A collective's process group (its global ranks) and ReduceOp, read from its arguments.
+void OpObserver::collective_args(Record& r, c10::ArrayRef<c10::IValue> inputs) {
+  static const auto group_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  static const auto reduce_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ReduceOp>>();
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  for (const auto& v : inputs) {
+    if (!v.isCustomClass()) continue;
+    if (v.type() == group_type) {
+      auto it = groups_.find(v.toCustomClass<c10d::ProcessGroup>()->getGroupName());
+      if (it != groups_.end()) r.group = it->second;
+    } else if (v.type() == reduce_type) {
+      const auto op = static_cast<size_t>(v.toCustomClass<c10d::ReduceOp>()->op_);
+      if (op < reduce_op_names_.size()) r.reduce_op = reduce_op_names_[op];
+    }
+  }
 }
 
 void OpObserver::set_step(int64_t step) {
@@ -463,6 +499,7 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
     }
     r.random = drew ? 1 : 0;
   }
+  if (op->collective) collective_args(r, inputs);
   return p;
 }
 
@@ -485,6 +522,14 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   auto& outputs = tl_outputs;
   outputs.clear();
   for (const auto& v : fn.outputs()) each_tensor(v, [&](const at::Tensor& t) { outputs.push_back(t); });
+  if (r.op->collective && !r.op->point_to_point) {  // its outputs hold the result once it completed
+    for (const auto& v : fn.outputs()) {
+      if (v.isCustomClass() && v.type() == c10::getCustomClassType<c10::intrusive_ptr<c10d::Work>>()) {
+        auto work = v.toCustomClass<c10d::Work>();
+        if (!work->isCompleted()) work->wait();
+      }
+    }
+  }
   for (const auto& t : outputs) fill_meta(r.outputs.emplace_back(), t);
   // What empty* allocated and no op wrote since (through any view) counts as 0, as the Python hook
   // writes it: an allocator's outputs, then the writes of this op, then what its tensors still hold.

@@ -68,6 +68,11 @@ class OpObserver {
   // Drains, then waits until every line is written and closes the file (raising a write error).
   void close_index();
   int64_t waits() const;  // drains that waited for the index's thread (its queue was full)
+
+  // A process group's global ranks, by its name (ProcessGroup::getGroupName), as torch.distributed
+  // knows them; and the names of ReduceOp's values: a collective's "group" and "reduce_op".
+  void set_group(const std::string& name, std::vector<int64_t> ranks);
+  void set_reduce_op_name(int64_t value, std::string name);
   int64_t count() const { return count_; }  // ops seen (the call numbers handed out)
 
   // Names of the dtypes as the index writes them (torch.float32 -> "float32"), set from Python.
@@ -117,6 +122,10 @@ class OpObserver {
   std::vector<std::unique_ptr<OpFacts>> retired_facts_;  // replaced, still pointed at by queued records
   std::mutex facts_mutex_;
   DtypeNames dtype_names_;
+  std::unordered_map<std::string, std::vector<int64_t>> groups_;
+  std::vector<std::string> reduce_op_names_;
+  std::mutex groups_mutex_;
+  void collective_args(Record& r, c10::ArrayRef<c10::IValue> inputs);
   // Statistics computed this step, by tensor: a tensor seen again unchanged (a module's output is an
   // op's output) or a view holding exactly its input's elements takes them instead of a pass.
   // Weak references: the program's tensors are freed as they would be, and an entry's address is

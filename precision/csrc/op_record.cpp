@@ -17,6 +17,8 @@ void Record::clear() {
   module = nullptr;
   random = -1;
   unwritten = 0;
+  reduce_op.clear();
+  group.clear();
   inputs.clear();
   arg_metas.clear();
   outputs.clear();
@@ -298,6 +300,25 @@ struct Writer {
     if (r.unwritten > 0) {
       out += "\"unwritten\": ";
       put_int(out, r.unwritten);
+      out += ", ";
+    }
+    if (r.op->collective) {  // as the Python hook writes them: the cross-rank checks read them
+      out += "\"reduce_op\": ";
+      if (r.reduce_op.empty())
+        out += "null";
+      else
+        put_string(out, r.reduce_op);
+      out += ", \"group\": ";
+      if (r.group.empty()) {
+        out += "null";
+      } else {
+        out += '[';
+        for (size_t i = 0; i < r.group.size(); ++i) {
+          if (i) out += ", ";
+          put_int(out, r.group[i]);
+        }
+        out += ']';
+      }
       out += ", ";
     }
     all_stats();

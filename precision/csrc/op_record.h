@@ -28,6 +28,8 @@ struct OpFacts {
   bool allocator = false;  // empty*: its output is uninitialised memory
   bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
   bool same_elements = false;  // a view whose output holds exactly its first argument's elements
+  bool collective = false;     // c10d::*: its outputs hold the result once its Work completed
+  bool point_to_point = false;  // c10d::send, recv_: never waited for (gloo counts waits)
   // Recorded under another name: aten::_reshape_alias, which reshape calls only where no Python
   // dispatch mode is active (under one it calls view): written as view, without its stride.
   std::string shown_name, shown_overload;
@@ -70,6 +72,8 @@ struct Record {
   int64_t step = 0, rank = 0;
   int8_t random = -1;  // -1: not a seeded-random op; else whether it drew
   int64_t unwritten = 0;
+  std::string reduce_op;  // a collective's ReduceOp name ("SUM"; empty: none)
+  std::vector<int64_t> group;  // a collective's group, as global ranks (empty: not known)
   std::vector<Meta> inputs, arg_metas, outputs;
   std::vector<Token> signature;
   std::vector<std::string> strings;

@@ -18,7 +18,7 @@ from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, sna
 from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
-from .native_hook import HOOKS, NativeHook, choose
+from .native_hook import HOOKS, NativeHook, choose, hand_groups
 from .opinfo import op_info
 from .part_file import writable, write_part
 from .point_to_point import TransferLog, write_transfers
@@ -438,6 +438,7 @@ class Capture(Tool):
         self.drain_native()
         if self._native is not None:
             self._native.observer.set_step(self.steps.step)
+            hand_groups(self._native.observer)  # groups made since
         if self._stats is not None:
             self._stats.clear()
         self.flush()

@@ -26,8 +26,9 @@ HOOKS = ("auto", "cpp", "python")
 MAX_QUEUED = 1 << 18
 
 
-def why_python(capture) -> str | None:
-    """Why ``capture`` cannot run on the C++ observer, or None when it can."""
+def why_python(capture, asked: bool = False) -> str | None:
+    """Why ``capture`` cannot run on the C++ observer (``asked``: hook "cpp" named; else "auto"
+    choosing), or None when it can."""
     sel = capture.selector
     if not native.available():
         return f"the C++ module is not available ({native.why_not()})"
@@ -38,9 +39,11 @@ def why_python(capture) -> str | None:
         return "a selection is set: the C++ observer records every op"
     if capture.with_callsite or capture.with_api:
         return "call sites or torch-level calls are recorded: those are Python frames"
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return ("torch.distributed is initialised: collectives and uninitialised buckets (DDP) are "
-                "tracked by the Python path")
+    if not asked and torch.distributed.is_available() and torch.distributed.is_initialized():
+        # the C++ observer records collectives and DDP's buckets (hook="cpp"), not the point-to-point
+        # transfers (send/recv) a pipeline's checks read
+        return ("torch.distributed is initialised: point-to-point transfers are recorded by the Python path "
+                "(hook='cpp' records collectives and DDP, without them)")
     if _ACTIVE is not None:
         return "another capture holds the C++ observer (one at a time)"
     if torch._C._len_torch_dispatch_stack() > 0:
@@ -54,7 +57,7 @@ def choose(capture, wanted: str) -> tuple[str, str | None]:
         raise ValueError(f"capture hook {wanted!r}; expected one of {', '.join(HOOKS)}")
     if wanted == "python":
         return "python", "asked for"
-    reason = why_python(capture)
+    reason = why_python(capture, asked=wanted == "cpp")
     if reason is None:
         return "cpp", None
     if wanted == "cpp":
@@ -85,6 +88,7 @@ class NativeHook:
             optim_hooks.register_optimizer_step_post_hook(lambda o, a, k: obs.set_optimizer(False)),
         ]
         tracker.tagger = lambda output, path, seq: obs.tag(tensors_in(output), path, seq)
+        hand_groups(obs)
         obs.open_index(os.path.join(cap.path, INDEX), MAX_QUEUED)
         obs.start()
         global _ACTIVE
@@ -101,6 +105,22 @@ class NativeHook:
         self._handles = []
         self.capture.drain_native()
 
+
+
+def hand_groups(observer) -> None:
+    """The process groups torch.distributed knows (name -> global ranks) and ReduceOp's names, as
+    the observer writes a collective's "group" and "reduce_op" (collectives.group_ranks and
+    reduce_op_name for the Python hook)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    for name, member in dist.ReduceOp.RedOpType.__members__.items():
+        observer.set_reduce_op_name(int(member), name)
+    for pg in list(dist.distributed_c10d._world.pg_group_ranks):
+        try:
+            observer.set_group(pg.group_name, dist.get_process_group_ranks(pg))
+        except (RuntimeError, ValueError, AttributeError):  # a group this process is no member of
+            continue
 
 
 _ACTIVE: NativeHook | None = None  # the observer installed (one at a time)

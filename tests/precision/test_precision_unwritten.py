@@ -132,3 +132,36 @@ def test_the_cpp_hook_counts_unwritten_memory_through_views_as_the_python_hook_d
             "module::output", "aten::add", "aten::slice", "aten::copy_", "aten::mul", "aten::empty_like",
             "aten::zero_"]
         assert all(math.isfinite(s.get("mean", 0.0)) for r in cpp for s in r["stats"])  # no leftover NaN read
+
+
+@pytest.fixture(scope="module")
+def ddp_stats_job(tmp_path_factory, launch_gloo):
+    """The same DDP job as ``ddp_job``, as stats captures through the C++ observer."""
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("ddp_cpp")
+    launch_gloo("ditorch_precision.examples.dist_ddp", root, 2, "--fault-rank", "1", "--mode", "stats",
+                "--hook", "cpp")
+    return root
+
+
+def test_the_cpp_hook_records_a_ddp_job_and_finds_the_fault_on_rank_1_only(ddp_stats_job, ddp_job, capsys):
+    """Collectives recorded as the Python hook records them (waited for, their group and ReduceOp),
+    the buckets' leftovers never judged: rank 0 clean, and the first divergence over all ranks is
+    the planted op on rank 1, where the Python hook's full capture of the same job finds it."""
+    rank0 = Dump.open(str(ddp_stats_job / "ref" / "capture" / "rank0"))
+    assert rank0.meta["hook"] == "cpp"
+    records = rank0.op_records
+    assert {"aten::empty", "aten::as_strided", "c10d::allreduce_"} <= {r["op"] for r in records}
+    reduces = [r for r in records if r["op"] == "c10d::allreduce_"]
+    assert reduces and all(r["reduce_op"] == "SUM" and r["group"] == [0, 1] for r in reduces)
+    assert any(r["op"] == "aten::as_strided" and r.get("unwritten") for r in records)  # a bucket's view, part written
+    assert main(["compare", str(ddp_stats_job / "fault"), str(ddp_stats_job / "ref"), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert [r for r in d["per_rank"]["0"]["ops"] if r["status"] == "fail"] == []
+    assert [r for r in d["per_rank"]["1"]["ops"] if r["status"] == "fail"]
+    fd = d["first_divergence"]
+    assert (fd["rank"], fd["op"], fd["module"]) == (1, "aten::mm", f"{DDP}.module.model.layers.1.mlp.down_proj")
+    assert main(["compare", str(ddp_job / "fault"), str(ddp_job / "ref"), "--json"]) == 1
+    python = json.loads(capsys.readouterr().out)["first_divergence"]
+    assert (python["rank"], python["op"], python["module"], python["step"]) == (
+        fd["rank"], fd["op"], fd["module"], fd["step"])

@@ -1,7 +1,8 @@
 """Data-parallel training of the small HuggingFace Llama under torch's DistributedDataParallel (its
 C++ reducer copies the gradients into buckets that ``aten::empty`` allocates, views them with
 ``as_strided`` and all-reduces them), one process per rank on gloo, under Capture:
-``python -m ditorch_precision.examples.dist_ddp OUT WORLD PORT [--fault-rank R] [--steps N]``.
+``python -m ditorch_precision.examples.dist_ddp OUT WORLD PORT [--fault-rank R] [--steps N] [--mode M]
+[--hook H]`` (Capture's mode and op hook).
 The same processes run once honestly into OUT/ref and once with a fault (layer 1's
 ``mlp.down_proj`` mm 1e-4 off on rank R) into OUT/fault; each writes OUT/{ref,fault}/capture/rank{r}/."""
 from __future__ import annotations
@@ -19,12 +20,12 @@ from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
 
 
-def train_once(rank: int, out: str, fault_rank: int | None, steps: int) -> None:
+def train_once(rank: int, out: str, fault_rank: int | None, steps: int, mode: str = "full", hook: str = "auto") -> None:
     size = HFLlamaSize()
     model = make_hf_llama(size, seed=0)
     plant = (wrong_kernel("mm", 1 + 1e-4, inside=model.model.layers[1].mlp.down_proj) if rank == fault_rank
              else nullcontext())
-    with plant, Capture(os.path.join(out, "capture", f"rank{rank}")):
+    with plant, Capture(os.path.join(out, "capture", f"rank{rank}"), mode=mode, hook=hook):
         # wrapped under the capture: the reducer allocates its buckets (aten::empty) here, as it
         # does again when it rebuilds them at the second step
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
@@ -35,11 +36,12 @@ def train_once(rank: int, out: str, fault_rank: int | None, steps: int) -> None:
             opt.step()
 
 
-def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, steps: int) -> None:
+def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, steps: int, mode: str,
+           hook: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    train_once(rank, os.path.join(out, "ref"), None, steps)
-    train_once(rank, os.path.join(out, "fault"), fault_rank, steps)
+    train_once(rank, os.path.join(out, "ref"), None, steps, mode, hook)
+    train_once(rank, os.path.join(out, "fault"), fault_rank, steps, mode, hook)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -51,8 +53,11 @@ def main() -> None:
     p.add_argument("port", type=int)
     p.add_argument("--fault-rank", type=int)
     p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--mode", default="full", choices=("full", "stats"))
+    p.add_argument("--hook", default="auto", choices=("auto", "cpp", "python"))
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.steps), nprocs=a.world)
+    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.steps, a.mode, a.hook),
+                                nprocs=a.world)
 
 
 if __name__ == "__main__":
