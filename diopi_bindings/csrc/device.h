@@ -7,6 +7,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
 
+#include <chrono>
+
 namespace diopi_bindings {
 
 c10::Allocator* device_allocator();  // a caching allocator (allocator.cpp)
@@ -26,5 +28,8 @@ void register_hooks();
 void register_kernels();
 // After attach: autograd worker queues for every device, even if the engine started before (autograd_queues.cpp).
 void ensure_autograd_queues();
+// Waits (at most `limit`, then says so on stderr) until every autograd worker thread of the device has
+// finished what it ran and released it (autograd_queues.cpp). Called at exit, with the GIL released.
+void drain_autograd_threads(std::chrono::seconds limit);
 
 }  // namespace diopi_bindings

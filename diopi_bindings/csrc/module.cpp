@@ -79,6 +79,11 @@ void attach_library(const std::map<std::string, uintptr_t>& addresses) {
   register_hooks();
   register_kernels();
   ensure_autograd_queues();
+  // Python's atexit runs before finalization begins, with the interpreter intact (autograd_queues.cpp).
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    py::gil_scoped_release no_gil;
+    drain_autograd_threads(std::chrono::seconds(10));
+  }));
 }
 
 }  // namespace
