@@ -19,6 +19,7 @@
 
 #include "cpu_fallback.h"
 #include "frame.h"
+#include "mask_indices.h"
 
 namespace diopi_bindings {
 
@@ -228,6 +229,7 @@ class DiopiKernel final : public c10::OperatorKernel {
     const c10::FunctionSchema& schema = op.schema();
     const size_t n = schema.arguments().size();
     const size_t first = stack->size() - n;
+    expand_index_masks(schema, *stack, first);  // a mask's result shape needs its nonzero, which meta cannot give
 
     const std::vector<ResultMeta> metas = result_meta(op, static_cast<int64_t>(index_), *stack, first);
     const c10::Device device = device_of(*stack, first);
