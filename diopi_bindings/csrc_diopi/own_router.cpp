@@ -578,8 +578,9 @@ class OwnKernel final : public c10::OperatorKernel {
 int64_t register_own_routes(const std::vector<OwnRoute>& routes, uintptr_t last_error,
                             std::function<void(const std::string&, const std::string&)> log) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_last_error = reinterpret_cast<const char* (*)()>(last_error);
-  g_log = std::move(log);
+  // Set once, before any kernel reads them: a later registration (after deeplink.attach) serves the same library.
+  if (g_last_error == nullptr) g_last_error = reinterpret_cast<const char* (*)()>(last_error);
+  if (!g_log) g_log = std::move(log);
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
                                               __LINE__);
   for (const OwnRoute& route : routes) {
