@@ -97,3 +97,115 @@ def test_the_call_table_is_generated_from_the_schema() -> None:
     done = subprocess.run([sys.executable, "-m", "diopi_bindings.gen_own_calls", "--check"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# A vendor library on the native device: one device whose memory is malloc'd and tracked, and a neg that takes
+# scratch memory from the context (it must be this device's memory), refuses more than 4 elements with
+# DIOPI_ERR_NOT_IMPLEMENTED and a message, and gives the scratch back.
+REFUSING_C = r"""
+#include <stdlib.h>
+#include <string.h>
+#include "diopi/functions.h"
+static const char* last = "";
+uint32_t diopi_abi_version(void) { return DIOPI_ABI_VERSION; }
+const char* diopi_vendor_name(void) { return "refusing"; }
+const char* diopi_impl_version(void) { return "1.0"; }
+const char* diopi_last_error(void) { return last; }
+enum { SLOTS = 4096 };
+static char* blocks[SLOTS];
+static int64_t sizes[SLOTS];
+static int on_device(const void* p, int64_t n) {
+    for (int i = 0; i < SLOTS; ++i)
+        if (blocks[i] && (const char*)p >= blocks[i] && (const char*)p + n <= blocks[i] + sizes[i]) return 1;
+    return 0;
+}
+diopiError_t diopi_device_count(int32_t* count) { *count = 1; return DIOPI_SUCCESS; }
+diopiError_t diopi_set_device(int32_t d) { return d == 0 ? DIOPI_SUCCESS : DIOPI_ERR_INVALID_ARGUMENT; }
+diopiError_t diopi_get_device(int32_t* d) { *d = 0; return DIOPI_SUCCESS; }
+diopiError_t diopi_device_malloc(int32_t d, int64_t n, void** p) {
+    for (int i = 0; i < SLOTS; ++i) {
+        if (blocks[i]) continue;
+        blocks[i] = malloc(n > 0 ? n : 1);
+        sizes[i] = n;
+        *p = blocks[i];
+        return blocks[i] ? DIOPI_SUCCESS : DIOPI_ERR_ALLOCATION;
+    }
+    return DIOPI_ERR_ALLOCATION;
+}
+diopiError_t diopi_device_free(int32_t d, void* p) {
+    for (int i = 0; i < SLOTS; ++i) if (blocks[i] == p) { free(p); blocks[i] = 0; return DIOPI_SUCCESS; }
+    return DIOPI_ERR_INVALID_ARGUMENT;
+}
+diopiError_t diopi_memcpy_h2d(int32_t d, void* dst, const void* src, int64_t n) { memcpy(dst, src, n); return 0; }
+diopiError_t diopi_memcpy_d2h(int32_t d, void* dst, const void* src, int64_t n) { memcpy(dst, src, n); return 0; }
+diopiError_t diopi_memcpy_d2d(int32_t dd, void* dst, int32_t sd, const void* src, int64_t n) {
+    memmove(dst, src, n);
+    return 0;
+}
+diopiError_t diopi_device_synchronize(int32_t d) { return DIOPI_SUCCESS; }
+diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t self) {
+    int64_t n = 1;
+    for (int64_t i = 0; i < self->ndim; ++i) n *= self->shape[i];
+    if (n > 4) { last = "more than 4 elements"; return DIOPI_ERR_NOT_IMPLEMENTED; }
+    if (self->dtype != DIOPI_DTYPE_FLOAT32 || out->dtype != DIOPI_DTYPE_FLOAT32) { last = "float32 only"; return DIOPI_ERR_DTYPE; }
+    float* scratch = ctx->allocate(ctx->allocator_state, n * (int64_t)sizeof(float));
+    if (!scratch) { last = "no scratch"; return DIOPI_ERR_ALLOCATION; }
+    if (!on_device(scratch, n * (int64_t)sizeof(float))) { last = "scratch is not device memory"; return DIOPI_ERR_INTERNAL; }
+    for (int64_t i = 0; i < n; ++i) scratch[i] = -((const float*)self->data)[i];
+    memcpy(out->data, scratch, n * sizeof(float));
+    ctx->release(ctx->allocator_state, scratch);
+    return DIOPI_SUCCESS;
+}
+"""
+
+
+def test_a_refused_call_runs_on_the_cpu_logged_once_with_the_library_s_reason(tmp_path) -> None:
+    from diopi_testlib import compile_c_library
+
+    lib = compile_c_library(tmp_path, "refusing", REFUSING_C)
+    got = run_python(f"""
+        import json, logging, torch
+        logging.basicConfig(level=logging.INFO)
+        from diopi_bindings import device
+        device.enable({str(lib)!r}, backend="native")
+        small, large = torch.randn(4), torch.randn(3, 3)
+        equal = [torch.equal((-small.to("diopi")).cpu(), -small)]
+        equal += [torch.equal((-large.to("diopi")).cpu(), -large) for _ in range(2)]
+        print(json.dumps({{"equal": equal, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+    """)
+    assert got["equal"] == [True, True, True]
+    # The small one in the library, with its scratch in device memory; the large ones on the CPU, logged once.
+    assert got["routed"] == {"aten::neg.out": 1}, (got["routed"], got["_stderr"][-2000:])
+    assert got["fallbacks"] == {"aten::neg.out": 2}, got["fallbacks"]
+    line = "aten::neg.out runs on the CPU (aten::neg failed (not implemented): more than 4 elements)"
+    assert got["_stderr"].count(line) == 1, got["_stderr"][-2000:]
+
+
+def test_threads_calling_at_once_get_their_own_results_and_every_call_is_counted() -> None:
+    # The routes run without the GIL: four threads at once, each with its own shapes, served and declined calls.
+    got = run_python("""
+    import json, threading, torch
+    from diopi_bindings import device
+    device.enable(backend="native")
+    d = torch.device("diopi")
+    bad = []
+
+    def work(k):
+        x = torch.randn(k + 2, 3)
+        small = torch.arange(-k, k + 3, dtype=torch.int8)
+        dx, ds = x.to(d), small.to(d)
+        for _ in range(200):
+            if not torch.equal((dx * dx + dx).cpu(), x * x + x) or not torch.equal((ds + ds).cpu(), small + small):
+                bad.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    routed, fallbacks = device.routed_ops(), device.fallback_ops()
+    print(json.dumps({"bad": bad, "mul": routed["aten::mul.out"], "add": routed["aten::add.out"],
+                      "declined": fallbacks["aten::add.out"]}))
+    """)
+    assert got["bad"] == []
+    assert (got["mul"], got["add"], got["declined"]) == (800, 800, 800), got
