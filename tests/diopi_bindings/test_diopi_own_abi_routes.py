@@ -147,10 +147,16 @@ diopiError_t diopi_aten_neg(diopiContextHandle_t ctx, diopiTensorHandle_t out, d
     int64_t n = 1;
     for (int64_t i = 0; i < self->ndim; ++i) n *= self->shape[i];
     if (n > 4) { last = "more than 4 elements"; return DIOPI_ERR_NOT_IMPLEMENTED; }
-    if (self->dtype != DIOPI_DTYPE_FLOAT32 || out->dtype != DIOPI_DTYPE_FLOAT32) { last = "float32 only"; return DIOPI_ERR_DTYPE; }
+    if (self->dtype != DIOPI_DTYPE_FLOAT32 || out->dtype != DIOPI_DTYPE_FLOAT32) {
+        last = "float32 only";
+        return DIOPI_ERR_DTYPE;
+    }
     float* scratch = ctx->allocate(ctx->allocator_state, n * (int64_t)sizeof(float));
     if (!scratch) { last = "no scratch"; return DIOPI_ERR_ALLOCATION; }
-    if (!on_device(scratch, n * (int64_t)sizeof(float))) { last = "scratch is not device memory"; return DIOPI_ERR_INTERNAL; }
+    if (!on_device(scratch, n * (int64_t)sizeof(float))) {
+        last = "scratch is not device memory";
+        return DIOPI_ERR_INTERNAL;
+    }
     for (int64_t i = 0; i < n; ++i) scratch[i] = -((const float*)self->data)[i];
     memcpy(out->data, scratch, n * sizeof(float));
     ctx->release(ctx->allocator_state, scratch);
@@ -171,7 +177,8 @@ def test_a_refused_call_runs_on_the_cpu_logged_once_with_the_library_s_reason(tm
         small, large = torch.randn(4), torch.randn(3, 3)
         equal = [torch.equal((-small.to("diopi")).cpu(), -small)]
         equal += [torch.equal((-large.to("diopi")).cpu(), -large) for _ in range(2)]
-        print(json.dumps({{"equal": equal, "routed": dict(device.routed_ops()), "fallbacks": dict(device.fallback_ops())}}))
+        print(json.dumps({{"equal": equal, "routed": dict(device.routed_ops()),
+                          "fallbacks": dict(device.fallback_ops())}}))
     """)
     assert got["equal"] == [True, True, True]
     # The small one in the library, with its scratch in device memory; the large ones on the CPU, logged once.
