@@ -216,3 +216,43 @@ def test_threads_calling_at_once_get_their_own_results_and_every_call_is_counted
     """)
     assert got["bad"] == []
     assert (got["mul"], got["add"], got["declined"]) == (800, 800, 800), got
+
+
+def test_every_out_overload_of_a_served_operator_has_a_route() -> None:
+    # For each schema operator the reference implements, ATen's out= overloads (its inputs plus written out
+    # arguments, one per result) are found from torch's own schemas. Each has a PrivateUse1 kernel (its route),
+    # or ATen's own out= composite (relu.out: the functional operator, whose route serves it, then a copy); none
+    # reaches the CPU fallback.
+    got = run_python("""
+    import json, torch
+    from diopi_bindings import device
+    from diopi_bindings.schema import OPS
+    lib = device.enable(backend="native")
+    checked, missing, composite = [], [], []
+    for op in OPS:
+        if not op.aten.startswith("aten::") or not lib.implements(op.aten):
+            continue
+        name, _, overload = op.aten.removeprefix("aten::").partition(".")
+        functional = getattr(getattr(torch.ops.aten, name), overload or "default")._schema
+        inputs = [(a.name, str(a.type)) for a in functional.arguments]
+        for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
+            outs = [a for a in schema.arguments if a.is_out]
+            if outs and len(outs) == len(functional.returns) and \\
+                    [(a.name, str(a.type)) for a in schema.arguments if not a.is_out] == inputs:
+                full = f"aten::{name}.{schema.overload_name}"
+                checked.append(full)
+                if torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd"):
+                    composite.append(full)
+                elif not torch._C._dispatch_has_kernel_for_dispatch_key(full, "PrivateUse1"):
+                    missing.append(full)
+    x = torch.randn(5).to("diopi")
+    before = dict(device.fallback_ops())
+    out = torch.empty(5, device="diopi")
+    same = torch.equal(torch.ops.aten.relu.out(x, out=out).cpu(), torch.relu(x.cpu()))
+    print(json.dumps({"checked": checked, "missing": missing, "composite": composite, "relu.out": same,
+                      "fallbacks": {k: v for k, v in device.fallback_ops().items() if v != before.get(k, 0)}}))
+    """)
+    assert got["missing"] == [], got["missing"]
+    assert got["relu.out"] and got["fallbacks"] == {}, got
+    assert {"aten::add.out", "aten::nll_loss_forward.output", "aten::gelu_backward.grad_input",
+            "aten::max.dim_max", "aten::nonzero.out"} <= set(got["checked"]), got["checked"]
