@@ -9,7 +9,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <atomic>
 #include <mutex>
 #include <optional>
@@ -99,10 +101,31 @@ void view_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, size
   }
 }
 
-// One call's trip to the host: the device tensors it copied (each once, so an out= that is also an input stays one
-// tensor), the device generators it lent to CPU generators, and the device its results go to.
+// One call's trip to the host: the device tensors it copied, the device generators it lent to CPU generators, and
+// the device its results go to. Device memory travels per storage span, not per tensor: the call's tensors of one
+// device storage whose bytes overlap (views of one another, an out= that is also an input) become views of one
+// host buffer, so the CPU kernel sees their aliasing as the CPU would (its overlap checks included); a span that is
+// only written (an out= that no input shares bytes with) is not copied to the host.
 class HostTrip {
  public:
+  // Plans the host buffers of the call's device tensors (the operator's arguments, before to_host).
+  void plan(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const bool read = !schema.arguments()[i].is_out();  // an out= is written, never read
+      const c10::IValue& v = args[i];
+      if (v.isTensor()) {
+        add(v.toTensor(), read);
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorVector()) add(t, read);
+      } else if (v.isList()) {
+        for (const c10::IValue& item : v.toListRef()) {
+          if (item.isTensor()) add(item.toTensor(), read);
+        }
+      }
+    }
+    make_host_buffers();
+  }
+
   // The host value of an argument (a tensor, a list of tensors or of optional tensors, a device, a generator).
   c10::IValue to_host(const c10::IValue& v) {
     if (v.isTensor()) return c10::IValue(host(v.toTensor()));
@@ -144,7 +167,7 @@ class HostTrip {
     locks_.clear();
   }
 
-  // The device tensor whose host copy `t` is, or undefined.
+  // The device tensor whose host view `t` is, or undefined.
   at::Tensor original(const at::Tensor& t) const {
     if (!t.defined()) return {};
     auto it = by_host_.find(t.unsafeGetTensorImpl());
@@ -157,24 +180,84 @@ class HostTrip {
   }
 
  private:
-  at::Tensor host(const at::Tensor& t) {
-    if (!on_device(t)) return t;
-    auto it = by_device_.find(t.unsafeGetTensorImpl());
-    if (it != by_device_.end()) return it->second;
+  // A device tensor of the call: the bytes [begin, end) of its storage it covers, and whether the call reads them.
+  struct Piece {
+    at::Tensor device;
+    bool read;
+    int64_t begin, end;
+  };
+
+  void add(const at::Tensor& t, bool read) {
+    if (!on_device(t)) return;
     if (!device_) {
       device_ = t.device();
     } else if (*device_ != t.device()) {
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
                   *device_, " and ", t.device(), "!");
     }
-    if (t.numel() > 0) g_copies[kToHost].fetch_add(1, std::memory_order_relaxed);  // as the device counts: bytes moved
-    at::Tensor copy = t.to(c10::Device(c10::kCPU));
-    by_device_.emplace(t.unsafeGetTensorImpl(), copy);
-    by_host_.emplace(copy.unsafeGetTensorImpl(), t);
-    return copy;
+    auto it = piece_of_.find(t.unsafeGetTensorImpl());
+    if (it != piece_of_.end()) {  // the same tensor twice (an out= that is also an input): read if either reads
+      pieces_[it->second].read = pieces_[it->second].read || read;
+      return;
+    }
+    const int64_t item = static_cast<int64_t>(t.element_size());
+    const int64_t begin = t.storage_offset() * item;  // torch's strides are never negative
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    piece_of_.emplace(t.unsafeGetTensorImpl(), pieces_.size());
+    pieces_.push_back({t, read, begin, t.numel() == 0 ? begin : begin + (last + 1) * item});
+  }
+
+  // One host buffer per run of overlapping pieces of a storage; each piece becomes a view of its buffer.
+  void make_host_buffers() {
+    std::vector<size_t> order(pieces_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto storage = [&](size_t i) { return pieces_[i].device.storage().unsafeGetStorageImpl(); };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return storage(a) != storage(b) ? std::less<>()(storage(a), storage(b)) : pieces_[a].begin < pieces_[b].begin;
+    });
+    for (size_t lo = 0; lo < order.size();) {
+      size_t hi = lo + 1;
+      int64_t end = pieces_[order[lo]].end;
+      bool read = pieces_[order[lo]].read;
+      while (hi < order.size() && storage(order[hi]) == storage(order[lo]) && pieces_[order[hi]].begin < end) {
+        end = std::max(end, pieces_[order[hi]].end);
+        read = read || pieces_[order[hi]].read;
+        ++hi;
+      }
+      constexpr int64_t kAlign = 16;  // the largest element: every piece's offset in the buffer is whole elements
+      const int64_t begin = pieces_[order[lo]].begin / kAlign * kAlign;
+      at::Tensor buffer = at::empty({end - begin}, at::TensorOptions().dtype(at::kByte));
+      if (read && end > begin) {
+        const at::Tensor& any = pieces_[order[lo]].device;
+        at::Tensor bytes = at::empty({0}, any.options().dtype(at::kByte));
+        buffer.copy_(bytes.set_(any.storage(), begin, {end - begin}, {1}));
+        g_copies[kToHost].fetch_add(1, std::memory_order_relaxed);  // as the device counts: bytes moved
+      }
+      for (size_t k = lo; k < hi; ++k) {
+        const at::Tensor& t = pieces_[order[k]].device;
+        const int64_t item = static_cast<int64_t>(t.element_size());
+        at::Tensor view = at::empty({0}, t.options().device(c10::kCPU));
+        view.set_(buffer.storage(), (t.storage_offset() * item - begin) / item, t.sizes(), t.strides());
+        if (t.is_conj()) view._set_conj(true);
+        if (t.is_neg()) view._set_neg(true);
+        by_device_.emplace(t.unsafeGetTensorImpl(), view);
+        by_host_.emplace(view.unsafeGetTensorImpl(), t);
+      }
+      lo = hi;
+    }
+  }
+
+  at::Tensor host(const at::Tensor& t) {
+    if (!on_device(t)) return t;
+    auto it = by_device_.find(t.unsafeGetTensorImpl());
+    TORCH_CHECK(it != by_device_.end(), "diopi: a device tensor of the call was not planned for the host");
+    return it->second;
   }
 
   std::optional<c10::Device> device_;
+  std::vector<Piece> pieces_;
+  std::unordered_map<const c10::TensorImpl*, size_t> piece_of_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> by_device_, by_host_;
   std::vector<std::pair<at::Generator, at::Generator>> lent_;
   std::vector<std::unique_lock<std::mutex>> locks_;
@@ -319,6 +402,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t first = stack->size() - n;
   const std::vector<c10::IValue> originals(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   HostTrip trip;
+  trip.plan(schema, originals);
   for (size_t i = first; i < first + n; ++i) (*stack)[i] = trip.to_host((*stack)[i]);
   const c10::Device device = trip.device();
 

@@ -252,3 +252,63 @@ def test_a_python_number_in_a_declined_call_promotes_as_on_the_cpu() -> None:
     """)
     assert got["device"] == got["cpu"], (got["device"], got["cpu"])
     assert got["declined"] >= 4, got["declined"]
+
+
+def test_an_out_argument_the_operator_only_writes_is_not_copied_to_the_host() -> None:
+    # An out= that no input shares memory with is only written: the CPU kernel gets a fresh host tensor of its
+    # layout, and only the inputs travel to the host. int8 is declined by the own-ABI reference, whose router
+    # hands the fallback the out= form with an out it allocated.
+    got = run_python(SETUP + """
+    torch.manual_seed(0)
+    x = torch.rand(3, 5) * 0.8 + 0.1
+    dx, dout = x.to(d), torch.full((5, 3), 7.0, device=d).t()
+    _, _, logit = delta(lambda: torch.logit(dx, out=dout))
+    a = torch.arange(6, dtype=torch.int8).reshape(2, 3)
+    da = a.to(d)
+    r, _, add = delta(lambda: da + da)
+    print(json.dumps({"equal": [torch.equal(dout.cpu(), torch.logit(x)), dout.stride() == (1, 3),
+                                torch.equal(r.cpu(), a + a)], "copies": [logit, add]}))
+    """)
+    assert got["equal"] == [True, True, True], got["equal"]
+    # before: the out= went to the host too (2 copies there, 2 device-to-host)
+    assert got["copies"][0] == {"fallback to host": 1, "device to host": 1, "fallback to device": 1,
+                                "host to device": 1}, got["copies"]
+    assert got["copies"][1]["fallback to host"] == 1 and got["copies"][1]["device to host"] == 1, got["copies"]
+
+
+def test_views_of_one_storage_share_one_host_copy_as_on_the_cpu() -> None:
+    # Two views of one device storage are one host storage on the CPU, so the CPU kernel sees the aliasing the CPU
+    # would: a partial overlap of an input with the written tensor is refused with torch's own error (before, the
+    # device computed on independent copies and wrote a result the CPU never gives), disjoint and interleaved views
+    # compute as on the CPU, and overlapping inputs travel to the host as one copy.
+    got = run_python(SETUP + """
+    torch.manual_seed(0)
+    base = torch.rand(12) * 0.8 + 0.1
+    cases = {
+        "logit(x[:-1], out=x[1:])": lambda x: torch.logit(x[:-1], out=x[1:]),
+        "cumsum(x[:-1], out=x[1:])": lambda x: torch.cumsum(x[:-1], 0, out=x[1:]),
+        "logit(x[:6], out=x[6:])": lambda x: torch.logit(x[:6], out=x[6:]),
+        "x[:6].hypot_(x[6:])": lambda x: x[:6].hypot_(x[6:]),
+        "x[::2].hypot_(x[1::2])": lambda x: x[::2].hypot_(x[1::2]),
+        "rows of a matrix": lambda x: x.view(3, 4)[:, :2].hypot_(x.view(3, 4)[:, 2:]),
+        "hypot(x[:6], x[3:9])": lambda x: torch.hypot(x[:6], x[3:9], out=torch.empty(6, device=x.device)),
+    }
+    results, copies = {}, {}
+    for name, case in cases.items():
+        outcome = []
+        for dev in ("cpu", d):
+            x = base.clone().to(dev)
+            try:
+                _, _, moved = delta(lambda: case(x))
+                outcome.append(x.cpu().tolist())
+                if dev == d:
+                    copies[name] = moved.get("fallback to host", 0)
+            except RuntimeError as exc:  # the device's message adds that the fallback ran it
+                outcome.append(str(exc).splitlines()[0].split(" (diopi: ")[0])
+        results[name] = outcome[0] == outcome[1] or outcome
+    print(json.dumps({"results": results, "copies": copies}))
+    """)
+    assert all(same is True for same in got["results"].values()), got["results"]
+    # one host copy per call: the written disjoint view is not copied, overlapping inputs go as one span
+    assert got["copies"] == {"logit(x[:6], out=x[6:])": 1, "x[:6].hypot_(x[6:])": 2, "x[::2].hypot_(x[1::2])": 1,
+                             "rows of a matrix": 1, "hypot(x[:6], x[3:9])": 1}, got["copies"]
