@@ -48,8 +48,8 @@ def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[in
 
 def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[str, str]) -> int:
     """This worker's plan rank from torchrun's environment (GROUP_RANK: the node, LOCAL_RANK: the process on
-    it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE); SpecError naming the node when the launch differs from
-    `nodes`."""
+    it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE; HETEROPP_CHIP, when the host sets it, its chip type); SpecError
+    naming the node when the launch differs from `nodes`."""
     per_node = ranks_by_node(plan, nodes)
     node, local = int(env["GROUP_RANK"]), int(env["LOCAL_RANK"])
     count, procs = int(env.get("GROUP_WORLD_SIZE", len(nodes))), int(env.get("LOCAL_WORLD_SIZE", len(per_node[0])))
@@ -58,6 +58,11 @@ def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[st
         raise SpecError("torchrun", "--nnodes", f"{count} nodes joined", f"the run's {len(nodes)} ({layout})")
     if not 0 <= node < len(nodes):
         raise SpecError("torchrun", "GROUP_RANK", f"got {node}", f"a node of the run's {len(nodes)} ({layout})")
+    chip = env.get("HETEROPP_CHIP")  # the host's own chip type, where it says (as `--elastic` hosts do)
+    if chip is not None and chip != nodes[node][0]:
+        raise SpecError("torchrun", f"node {node} HETEROPP_CHIP", f"this host says {chip!r}, node {node} of the "
+                        f"run is a {nodes[node][0]!r} node", f"the host of node {node} started with --node-rank "
+                        f"{node} ({layout})")
     want = len(per_node[node])
     if procs != want:
         raise SpecError("torchrun", f"node {node} --nproc-per-node", f"{procs} processes on node {node}",

@@ -99,6 +99,17 @@ def test_a_launch_that_differs_from_the_nodes_is_refused_naming_the_node(env, sa
         torchrun_rank(PLAN, NODES, env)
 
 
+def test_a_host_whose_chip_type_is_not_its_nodes_is_refused():
+    """A host that says its chip type (HETEROPP_CHIP) started with the node rank of a node of another type."""
+    env = {"GROUP_RANK": "1", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    plan = Plan([StagePlan("A", 1, 2), StagePlan("B", 2, 2, first_layer=2)], dp=1, micro_batch_size=1,
+                micro_batches=2, num_layers=MODEL.layers)
+    nodes = [["A", 1], ["B", 2]]
+    assert torchrun_rank(plan, nodes, {**env, "HETEROPP_CHIP": "B"}) == 1
+    with pytest.raises(SpecError, match="node 1 HETEROPP_CHIP.*says 'A', node 1 of the run is a 'B' node"):
+        torchrun_rank(plan, nodes, {**env, "HETEROPP_CHIP": "A"})
+
+
 def test_a_tp_group_that_fits_no_listed_node_is_refused_naming_the_stage():
     with pytest.raises(SpecError, match=r"stages\[0\]\.tp"):
         ranks_by_node(PLAN, [["A", 1], ["A", 1], ["A", 1]])
