@@ -9,8 +9,9 @@ bounds, levels.py computes the tight ones for many rows at once with numpy):
    least fill and update level at each bottleneck level);
 3. a popped combination gives each order of chip types the same bound on its exact stage sequence (end
    stages, in-flight counts, links, drain gaps), and a popped order gets the exact layer split (split.py).
-An incumbent is found first (the best-bounded order of the most promising combination) so that every
-tight bound is computed against it. The search stops when no bound beats the best plan: the result is the
+Incumbents are found first (the best-bounded order of the combination with the least tight bound, and of
+each other dp's most promising combination where its pipeline is short) so that every tight bound is
+computed against the best of them. The search stops when no bound beats the best plan: the result is the
 optimum of the cost model.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .frontier import Chunk, Entry, Frontier, Level
 from .h2 import h2_candidates
 from .infeasible import explain_infeasible
 from .inner_dp import with_inner_dp
-from .levels import bound_parts, lower_bound
+from .levels import bound_parts
 from .idle import search_idle
 from .problem import Problem
 from .ranking import Ranking
@@ -111,6 +112,7 @@ class _Top:
 
 CHUNK = 16  # combinations per first tight-bound batch of a dp (then doubling)
 FREE_REFINE = 3
+START_STAGES = 32  # start(): another dp's head is split first when it has at most this many stages (cheap)
 BATCH = 16  # heap entries of one kind bounded together: a numpy pass costs about the same for 1 or 16
 RERANK_SLACK = 0.01  # plans within 1% of the model's optimum are near-ties the model cannot separate
 RERANK_SLACK_SMALL = 0.10  # short pipelines with few micro-batches: the model is up to ~9% pessimistic
@@ -216,19 +218,34 @@ class BestFirst:
                 self.push(Entry(v, Level.COMBO, space, combo))
 
     def start(self, spaces: list[tuple[DpSpace, np.ndarray, np.ndarray]]) -> None:
-        """An incumbent first (so that every bound after it is computed against it): the best-bounded order
-        of the combination with the least tight bound among each dp's cheapest few. Then every dp's
-        combinations enter the frontier as one chunk, in increasing cheap bound."""
-        L, orders = self.L, self.orders
+        """Incumbents first (so that every bound after them is computed against the best): the best-bounded
+        order of the combination with the least tight bound among each dp's cheapest few, and of each other
+        dp's least-bounded one of at most START_STAGES stages. Then every dp's combinations enter the
+        frontier as one chunk, in increasing cheap bound."""
         firsts = [(space, idx[np.argsort(lb, kind="stable")[:CHUNK]]) for space, lb, idx in spaces]
-        tight = bound_parts([sp.free_rows(rows) for sp, rows in firsts], L, math.inf, 0)
-        owners = [(sp, c) for sp, rows in firsts for c in rows]
-        space0, combo0 = owners[int(np.argmin(tight))]
-        ob = lower_bound(space0.order_rows(combo0, orders), L, math.inf, 0)
-        self.split(space0, orders[int(np.argmin(ob))], combo0)
+        tight = bound_parts([sp.free_rows(rows) for sp, rows in firsts], self.L, math.inf, 0).tolist()
+        heads: list[tuple[float, DpSpace, np.ndarray]] = []  # per dp: its cheapest rows' least tight bound
+        at = 0
+        for sp, rows in firsts:
+            k = at + min(range(len(rows)), key=lambda j: tight[at + j])
+            heads.append((tight[k], sp, rows[k - at]))
+            at += len(rows)
+        heads.sort(key=lambda h: h[0])
+        # the least bound can sit at a dp whose plans are far above it (Exp-A-1: dp 2 at 38.1 s, the optimum
+        # 27.0 s at dp 8): the other dps' heads are split too where a short pipeline makes that cheap
+        self._split_best_orders(heads[:1] + [h for h in heads[1:] if h[1].stages(h[2]) <= START_STAGES])
         for space, lb, idx in spaces:
             o = np.argsort(lb, kind="stable")
             self.push(Entry(float(lb[o[0]]), Level.CHUNK, space, chunk=Chunk(lb[o], idx[o], 0, CHUNK)))
+
+    def _split_best_orders(self, heads: list[tuple[float, DpSpace, np.ndarray]]) -> None:
+        """Split each combination's order of least exact bound (one numpy pass for all)."""
+        if not heads:
+            return
+        orders = self.orders
+        ob = bound_parts([sp.order_rows(c, orders) for _, sp, c in heads], self.L, math.inf, 0)
+        for (_, sp, c), vs in zip(heads, ob.reshape(len(heads), len(orders)).tolist()):
+            self.split(sp, orders[min(range(len(orders)), key=vs.__getitem__)], c)
 
     def drain(self, collect: bool = False) -> None:
         """Best-first until no bound beats the best plan (within top.slack) or the work budget is spent;
