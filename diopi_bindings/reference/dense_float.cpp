@@ -10,12 +10,12 @@
 namespace diopi_ref {
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_float32(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = float(silu_of<float>(double(x[i])));
+  for (int64_t i = 0; i < n; ++i) y[i] = silu_float(x[i]);
 }
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_backward_float32(const float* g, const float* x,
                                                                                       float* g_in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g_in[i] = float(silu_grad_of<float>(double(g[i]), double(x[i])));
+  for (int64_t i = 0; i < n; ++i) g_in[i] = silu_grad_float(g[i], x[i]);
 }
 
 // ivdep: an output may be an input, element for element (in place); no element depends on another.
