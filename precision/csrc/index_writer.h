@@ -4,6 +4,9 @@
 // for the thread (never drops), and the waits are counted.
 #pragma once
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -36,11 +39,17 @@ class IndexWriter {
   void close();
   int64_t waits() const;    // hand-overs that waited for the thread
   int64_t written() const;  // lines written
+  // In a child forked after this writer was made: its thread is not there (only the forking thread
+  // is copied), and its lock, condition variables and FILE may be copied mid-use. Nothing of it may
+  // be touched there, not even destroyed (a condition variable the parent's thread waited on blocks
+  // its destruction): the owner leaks it.
+  bool forked() const { return getpid() != owner_; }
 
  private:
   void run();
   void raise_error() const;  // with mutex_ held
 
+  const pid_t owner_ = getpid();
   std::FILE* file_ = nullptr;
   std::string path_;
   const DtypeNames& dtype_name_;

@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -101,6 +103,10 @@ OpObserver::~OpObserver() {
 
 void OpObserver::start() {
   if (handle_ != 0) return;
+  // A forked child (a fork-started DataLoader worker, os.fork) runs the parent's program on: its
+  // ops are not the capture's, and its copy of the writer is not to be touched (IndexWriter::forked).
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, [] { current() = nullptr; }); });
   auto cb = at::RecordFunctionCallback(
                 [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
                   return current() ? current()->on_start(fn) : nullptr;
@@ -168,7 +174,7 @@ void OpObserver::open_index(const std::string& path, size_t max_queued) {
 }
 
 std::unique_ptr<Record> OpObserver::take_record() {
-  return writer_ ? writer_->take() : std::make_unique<Record>();
+  return writer_ && !writer_->forked() ? writer_->take() : std::make_unique<Record>();
 }
 
 void OpObserver::keep(std::unique_ptr<Record> r) {
@@ -186,6 +192,7 @@ int64_t OpObserver::drain() {
   // that called it; a module record comes before the op numbered like it. Drained between ops (at
   // steps), so no op is split.
   std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a->index < b->index; });
+  if (writer_ && writer_->forked()) return 0;  // the parent's records, or a child's: not this index's
   const auto n = static_cast<int64_t>(held.size());
   if (!writer_) {
     if (n == 0) return 0;
@@ -197,12 +204,17 @@ int64_t OpObserver::drain() {
 
 void OpObserver::close_index() {
   if (!writer_) return;
+  if (writer_->forked()) {  // the parent's writer: left as it is, leaked (IndexWriter::forked)
+    drain();
+    static_cast<void>(writer_.release());
+    return;
+  }
   drain();
   auto writer = std::move(writer_);
   writer->close();
 }
 
-int64_t OpObserver::waits() const { return writer_ ? writer_->waits() : 0; }
+int64_t OpObserver::waits() const { return writer_ && !writer_->forked() ? writer_->waits() : 0; }
 
 const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   const char* key = fn.name();
