@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "cpu_fallback.h"
+#include "mask_indices.h"
 #include "own_abi.h"
 #include "router.h"
 
@@ -372,42 +373,25 @@ class OwnKernel final : public c10::OperatorKernel {
                    "): " + (message != nullptr && message[0] != '\0' ? message : "no message")};
   }
 
-  // Boolean (or uint8) masks of an index list replaced by the columns of their nonzero, computed on the device.
-  void replace_masks(Call& call, torch::jit::Stack& stack, size_t first) const {
+  // Boolean (or uint8) masks of the index list become the columns of their nonzero (mask_indices.h: the library's
+  // nonzero for a device mask). A library without nonzero, or a mask that does not fit the tensor it indexes,
+  // sends the call to the CPU (torch's error then).
+  void replace_masks(Call& call, const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first) const {
     c10::IValue& list = arg(stack, first, route_.mask_indices);
     bool masked = false;
     for (const c10::IValue& item : list.toListRef()) {
-      if (item.isTensor() && item.toTensor().defined() &&
-          (item.toTensor().scalar_type() == c10::kBool || item.toTensor().scalar_type() == c10::kByte)) {
-        masked = true;
-      }
+      masked = masked || (item.isTensor() && item.toTensor().defined() &&
+                          (item.toTensor().scalar_type() == c10::kBool || item.toTensor().scalar_type() == c10::kByte));
     }
     if (!masked) return;
     const Declined mask{"a boolean mask index (its result's size depends on the data)"};
     if (!route_.nonzero) throw mask;
-    const at::Tensor& base = arg(stack, first, route_.mask_base).toTensor();
-    c10::List<std::optional<at::Tensor>> converted;
-    int64_t dim = 0;
-    for (const c10::IValue& item : list.toListRef()) {
-      const bool is_mask = item.isTensor() && item.toTensor().defined() &&
-                           (item.toTensor().scalar_type() == c10::kBool || item.toTensor().scalar_type() == c10::kByte);
-      if (!is_mask) {
-        converted.push_back(item.isTensor() && item.toTensor().defined() ? std::optional<at::Tensor>(item.toTensor())
-                                                                           : std::nullopt);
-        ++dim;
-        continue;
-      }
-      const at::Tensor& index = item.toTensor();
-      const int64_t k = index.dim();
-      if (k == 0 || dim + k > base.dim() || index.sizes() != base.sizes().slice(static_cast<size_t>(dim), static_cast<size_t>(k))) {
-        throw mask;  // the CPU raises torch's error
-      }
-      const at::Tensor columns = at::nonzero(index);
-      for (const at::Tensor& column : columns.unbind(1)) converted.push_back(column);
-      dim += k;
-    }
     call.original_indices = list;
-    list = c10::IValue(converted);
+    try {
+      expand_index_masks(schema, stack, first);
+    } catch (const c10::Error&) {
+      throw mask;
+    }
   }
 
   std::vector<c10::IValue> run(Call& call, const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t first) {
@@ -419,7 +403,7 @@ class OwnKernel final : public c10::OperatorKernel {
         arg(stack, first, route_.attn_mask).toTensor().defined()) {
       throw Declined{"dropout or an attention mask"};
     }
-    if (route_.mask_indices >= 0) replace_masks(call, stack, first);
+    if (route_.mask_indices >= 0) replace_masks(call, schema, stack, first);
     call.device = call_device(stack, first);
     bool allocates = false;
     for (const OwnRouteArg& a : route_.args) allocates = allocates || a.kind == "out*";
