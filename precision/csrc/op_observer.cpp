@@ -36,6 +36,8 @@ struct InHook {
   InHook& operator=(const InHook&) = delete;
 };
 
+}  // namespace
+
 struct Pending : at::ObserverContext {
   int uncaught = 0;
   int64_t in_unwritten = 0;  // its inputs' elements no op wrote since an empty*, before it ran
@@ -43,6 +45,8 @@ struct Pending : at::ObserverContext {
   at::Tensor source;  // a same-elements view's input
   std::unique_ptr<Record> record;
 };
+
+namespace {
 
 void fill_meta(Meta& m, const at::Tensor& t) {
   const auto sizes = t.sizes();
@@ -182,7 +186,7 @@ void OpObserver::keep(std::unique_ptr<Record> r) {
   batch_.push_back(std::move(r));
 }
 
-int64_t OpObserver::drain() {
+int64_t OpObserver::hand_over() {
   Batch held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -202,16 +206,23 @@ int64_t OpObserver::drain() {
   return n;
 }
 
+int64_t OpObserver::drain() {
+  const int64_t n = hand_over();
+  raise_failure();
+  return n;
+}
+
 void OpObserver::close_index() {
   if (!writer_) return;
   if (writer_->forked()) {  // the parent's writer: left as it is, leaked (IndexWriter::forked)
-    drain();
+    hand_over();
     static_cast<void>(writer_.release());
     return;
   }
-  drain();
+  hand_over();
   auto writer = std::move(writer_);
   writer->close();
+  raise_failure();
 }
 
 int64_t OpObserver::waits() const { return writer_ && !writer_->forked() ? writer_->waits() : 0; }
@@ -480,6 +491,21 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   InHook in_hook;
   auto p = std::make_unique<Pending>();
   p->uncaught = std::uncaught_exceptions();
+  // A context is returned even when the op cannot be described, so that on_end undoes tl_depth (torch
+  // catches a callback's exception, calls on_end without a context and goes on: the depth would stay
+  // raised and later top-level ops would be taken for inner ones).
+  try {
+    start_record(fn, *op, *p);
+  } catch (const std::exception& e) {
+    failed(*op, e.what());
+    p->record.reset();
+  }
+  return p;
+}
+
+void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts, Pending& pending) {
+  const OpFacts* op = &facts;
+  Pending* p = &pending;
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
   if (!unwritten_.empty()) {  // read here: the inputs are not there any more when the op ends
@@ -512,7 +538,22 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
     r.random = drew ? 1 : 0;
   }
   if (op->collective) collective_args(r, inputs);
-  return p;
+}
+
+void OpObserver::failed(const OpFacts& op, const char* what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_.empty())
+    failure_ = "capture: " + op.name + "." + op.overload + " could not be recorded by the C++ observer (" + what +
+               "); hook='python' describes what it can, or leave the op out of the capture";
+}
+
+void OpObserver::raise_failure() {
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure.swap(failure_);
+  }
+  if (!failure.empty()) throw std::runtime_error(failure);
 }
 
 void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
@@ -528,8 +569,19 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   }
   --tl_depth;
   auto* p = static_cast<Pending*>(ctx);
+  if (p->record == nullptr) return;  // not described (failed)
   if (std::uncaught_exceptions() > p->uncaught) return;  // the op raised
   InHook in_hook;
+  const OpFacts* op = p->record->op;
+  try {
+    end_record(fn, *p);
+  } catch (const std::exception& e) {
+    failed(*op, e.what());
+  }
+}
+
+void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
+  Pending* p = &pending;
   Record& r = *p->record;
   auto& outputs = tl_outputs;
   outputs.clear();

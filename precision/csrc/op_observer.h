@@ -28,6 +28,8 @@
 
 namespace ditorch_precision {
 
+struct Pending;  // an op's record between its start and its end (op_observer.cpp)
+
 class OpObserver {
  public:
   OpObserver();
@@ -63,9 +65,10 @@ class OpObserver {
   // `max_queued` records; before start.
   void open_index(const std::string& path, size_t max_queued);
   // Hands the records kept since the last drain, in call order, to the index's thread; how many.
-  // Raises the thread's write error, if any.
+  // Raises the thread's write error, if any, then an op that could not be recorded (failed).
   int64_t drain();
-  // Drains, then waits until every line is written and closes the file (raising a write error).
+  // Drains, then waits until every line is written and closes the file (raising a write error, then
+  // an op that could not be recorded).
   void close_index();
   int64_t waits() const;  // drains that waited for the index's thread (its queue was full)
 
@@ -87,6 +90,13 @@ class OpObserver {
 
  private:
   const OpFacts* facts(const at::RecordFunction& fn);
+  void start_record(const at::RecordFunction& fn, const OpFacts& op, Pending& p);
+  void end_record(const at::RecordFunction& fn, Pending& p);
+  // An op the observer could not describe (a tensor without sizes: nested, symbolic): the first is
+  // kept, and raised by the next drain (after its records are handed over) or by close_index.
+  void failed(const OpFacts& op, const char* what);
+  void raise_failure();
+  int64_t hand_over();  // drain without raise_failure
   // An argument as signature._value reads it, appended to r's signature; false (nothing appended)
   // for what it leaves out (None, devices, generators, objects).
   bool encode(Record& r, const c10::IValue& v) const;
@@ -117,6 +127,7 @@ class OpObserver {
   mutable std::mutex tags_mutex_;
   mutable std::mutex mutex_;  // batch_ (backward may run on an autograd thread)
   Batch batch_;  // records finished since the last drain
+  std::string failure_;  // with mutex_ held
   std::unique_ptr<IndexWriter> writer_;
   std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
   std::vector<std::unique_ptr<OpFacts>> retired_facts_;  // replaced, still pointed at by queued records
