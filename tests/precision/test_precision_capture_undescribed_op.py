@@ -28,7 +28,7 @@ def test_an_op_on_a_nested_tensor_is_an_error_naming_it_and_the_ops_after_it_are
     called = ["aten::ones", "aten::sub", "aten::ones", "aten::div"]  # what _after calls, in order
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     with pytest.raises(RuntimeError, match=r"aten::mul\.Tensor could not be recorded .*NestedTensorImpl"):
-        with Capture(str(tmp_path / "cpp"), mode="stats", hook="cpp") as cap:
+        with Capture(str(tmp_path / "cpp"), mode="stats", hook="cpp"):
             nested.mul(2)
             _after()
     # (leaving inference mode records a copy of its own: not these ops, not compared)
