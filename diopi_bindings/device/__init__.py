@@ -270,7 +270,8 @@ def copy_ops() -> Counter:
     """Copies between the CPU and the device, with counts (a snapshot). The native device counts every
     tensor copy by direction ("host to device", "device to host", "device to device", "device to host
     (item)"), whoever made it, and names the fallbacks' share ("fallback to host": the CPU fallback's
-    inputs; "fallback to device": its results and the written arguments it copied back; "operand to
+    copies of device memory it reads, one per run of overlapping tensors of a storage, none for an out=
+    it only writes; "fallback to device": its results and the written arguments it copied back; "operand to
     device": a CPU scalar tensor moved for a call).
     The host-memory device counts the ATen copies that cross (``aten::_to_copy``, ``aten::copy_``,
     ``aten::_local_scalar_dense``) and "to device"."""
