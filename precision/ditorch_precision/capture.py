@@ -154,6 +154,7 @@ class Capture(Tool):
         os.makedirs(os.path.join(self.path, "tensors"), exist_ok=True)
         self._index = open(os.path.join(self.path, INDEX), "w")
         self._t0 = time.time()
+        self._pid = os.getpid()  # the process that finishes it (finish)
         if self.background:
             self._writer = BackgroundWriter(_save_part)
 
@@ -446,6 +447,11 @@ class Capture(Tool):
             self._index.flush()
 
     def finish(self) -> None:
+        if os.getpid() != self._pid:
+            # A child forked inside the capture (os.fork) ends its copy of it: the parent writes the
+            # index, parts and meta.json; the child's would overwrite them with its own counts.
+            self._native = None
+            return
         if self._native is not None:  # every line on disk before meta.json says the capture is whole
             self.drain_native()
             if self._index is not None:
