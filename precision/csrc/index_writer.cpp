@@ -69,16 +69,20 @@ void IndexWriter::run() {
       batch = std::move(queue_.front());
       queue_.pop_front();
     }
-    text.clear();
-    for (const auto& r : batch) {
-      format_record(text, *r, dtype_name_);
-      text += '\n';
+    std::string why;  // an exception must not leave this thread: it would terminate the process
+    try {
+      text.clear();
+      for (const auto& r : batch) {
+        format_record(text, *r, dtype_name_);
+        text += '\n';
+      }
+      if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
+        why = std::string("write failed (") + std::strerror(errno) + ")";
+    } catch (const std::exception& e) {
+      why = std::string("formatting failed (") + e.what() + ")";
     }
-    bool failed = std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0;
-    const int err = errno;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (failed && error_.empty())
-      error_ = "capture index " + path_ + ": write failed (" + std::strerror(err) + ")";
+    if (!why.empty() && error_.empty()) error_ = "capture index " + path_ + ": " + why;
     written_ += static_cast<int64_t>(batch.size());
     queued_ -= batch.size();
     for (auto& r : batch) {

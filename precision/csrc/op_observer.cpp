@@ -168,6 +168,7 @@ void OpObserver::push_module(const std::string& path) {
 }
 
 void OpObserver::pop_module() {
+  std::lock_guard<std::mutex> lock(tags_mutex_);
   if (!modules_.empty()) modules_.pop_back();
 }
 
@@ -431,12 +432,14 @@ OutStats OpObserver::stats_of_written(const at::Tensor& t, const at::Tensor& mas
   return o;
 }
 
-const std::string* OpObserver::current_module(bool in_backward) const {
-  if (!modules_.empty()) return modules_.back();
+const std::string* OpObserver::current_module(bool in_backward, bool* in_module) const {
+  // modules_ is pushed and popped by module hooks that may run on another thread than this op's
+  std::lock_guard<std::mutex> lock(tags_mutex_);
+  *in_module = !modules_.empty();
+  if (*in_module) return modules_.back();
   if (!in_backward) return nullptr;
   auto node = torch::autograd::get_current_node();
   if (!node) return nullptr;
-  std::lock_guard<std::mutex> lock(tags_mutex_);
   auto it = node_paths_.find(node->sequence_nr());
   return it == node_paths_.end() ? nullptr : it->second;
 }
@@ -519,8 +522,9 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   r.op = op;
   r.index = count_++;
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
-  r.phase = in_optimizer_ ? "optimizer" : in_backward ? (modules_.empty() ? "backward" : "recompute") : "forward";
-  r.module = current_module(in_backward);
+  bool in_module = false;
+  r.module = current_module(in_backward, &in_module);
+  r.phase = in_optimizer_ ? "optimizer" : in_backward ? (in_module ? "recompute" : "backward") : "forward";
   r.step = step_;
   r.rank = rank_;
   for (const auto& v : inputs) each_tensor(v, [&](const at::Tensor& t) { fill_meta(r.inputs.emplace_back(), t); });

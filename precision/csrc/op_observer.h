@@ -106,7 +106,7 @@ class OpObserver {
   OutStats stats_of_written(const at::Tensor& t, const at::Tensor& mask);
   const FusedStats* known(const at::Tensor& t);
   void remember(const at::Tensor& t, const FusedStats& s);
-  const std::string* current_module(bool in_backward) const;
+  const std::string* current_module(bool in_backward, bool* in_module) const;  // takes tags_mutex_
   const std::string* intern(const std::string& path);  // with tags_mutex_ held
   std::unique_ptr<Record> take_record();
   void keep(std::unique_ptr<Record> r);  // a finished record, until the next drain
