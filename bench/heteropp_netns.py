@@ -15,9 +15,11 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -112,6 +114,7 @@ def two_clusters(rate: str = "1gbit", delay: str = "1ms", subnet: str | None = N
     a = Cluster(f"hpA{tag}", f"hpa{tag}", first)
     b = Cluster(f"hpB{tag}", f"hpb{tag}", second)
     made: list[str] = []
+    previous = _exit_on_sigterm()
     try:
         for c in (a, b):
             _ip("netns", "add", c.netns)
@@ -132,6 +135,20 @@ def two_clusters(rate: str = "1gbit", delay: str = "1ms", subnet: str | None = N
     finally:
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm():
+    """SIGTERM (`timeout`, a scheduler) raises SystemExit, so the namespaces are removed on the way out; the
+    default action would end the interpreter without cleanup. Returns the handler to restore (None off the main
+    thread, where Python cannot install one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _free_port() -> int:
