@@ -51,8 +51,8 @@ def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[st
     it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE; HETEROPP_CHIP, when the host sets it, its chip type); SpecError
     naming the node when the launch differs from `nodes`."""
     per_node = ranks_by_node(plan, nodes)
-    node, local = int(env["GROUP_RANK"]), int(env["LOCAL_RANK"])
-    count, procs = int(env.get("GROUP_WORLD_SIZE", len(nodes))), int(env.get("LOCAL_WORLD_SIZE", len(per_node[0])))
+    node, local = _env_int(env, "GROUP_RANK"), _env_int(env, "LOCAL_RANK")
+    count, procs = _env_int(env, "GROUP_WORLD_SIZE"), _env_int(env, "LOCAL_WORLD_SIZE")
     layout = ", ".join(f"node {i}: {len(r)} x {nodes[i][0]}" for i, r in enumerate(per_node))
     if count != len(nodes):
         raise SpecError("torchrun", "--nnodes", f"{count} nodes joined", f"the run's {len(nodes)} ({layout})")
@@ -69,7 +69,22 @@ def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[st
                         f"{want}: the plan ranks {per_node[node]}, which the node rule puts on node {node} "
                         f"({nodes[node][1]} {nodes[node][0]} chips; the run's nodes: {layout}); start node i "
                         "with --node-rank i and its count of processes")
+    if not 0 <= local < want:
+        raise SpecError("torchrun", f"node {node} LOCAL_RANK", f"got {local}", f"0 to {want - 1}")
     return per_node[node][local]
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int:
+    """torchrun's variable `name` as an integer; SpecError when it is missing (a launcher other than torchrun,
+    whose ranks would not follow the node rule) or not an integer."""
+    value = env.get(name)
+    if value is None:
+        raise SpecError("torchrun", name, "not set", "a launch by torchrun, which sets GROUP_RANK, LOCAL_RANK, "
+                        "GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE (the run config lists its nodes)")
+    try:
+        return int(value)
+    except ValueError:
+        raise SpecError("torchrun", name, f"got {value!r}", "an integer") from None
 
 
 def launch_nodes(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[object]]:

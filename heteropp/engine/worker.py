@@ -194,7 +194,7 @@ def _huge_pages_advised(tensor: torch.Tensor) -> bool:
 def worker(cfg: RunConfig) -> dict[str, Any]:
     """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if cfg.nodes is not None and "GROUP_RANK" in os.environ:  # torchrun: the rank the node rule gives
+    if cfg.nodes is not None:  # torchrun: the rank the node rule gives
         try:
             rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ)
         except SpecError as e:  # the launch does not match the config's nodes: say which, no traceback

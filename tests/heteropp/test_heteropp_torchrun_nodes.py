@@ -99,6 +99,20 @@ def test_a_launch_that_differs_from_the_nodes_is_refused_naming_the_node(env, sa
         torchrun_rank(PLAN, NODES, env)
 
 
+@pytest.mark.parametrize("env, says", [
+    ({"RANK": "0", "WORLD_SIZE": "3"}, "GROUP_RANK.*not set.*a launch by torchrun"),
+    ({"GROUP_RANK": "1", "LOCAL_RANK": "-1", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+     "node 1 LOCAL_RANK.*got -1.*0 to 1"),
+    ({"GROUP_RANK": "1", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "two", "LOCAL_WORLD_SIZE": "2"},
+     "GROUP_WORLD_SIZE.*got 'two'.*an integer"),
+])
+def test_a_launch_environment_that_is_not_torchrun_s_is_refused(env, says):
+    """A config that lists its nodes started by another launcher (no GROUP_RANK: its RANK ignores the node
+    rule), a local rank outside the node's, a size that is not a number."""
+    with pytest.raises(SpecError, match=says):
+        torchrun_rank(PLAN, NODES, env)
+
+
 def test_a_host_whose_chip_type_is_not_its_nodes_is_refused():
     """A host that says its chip type (HETEROPP_CHIP) started with the node rank of a node of another type."""
     env = {"GROUP_RANK": "1", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
