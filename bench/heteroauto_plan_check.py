@@ -84,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expected", action="store_true",
                     help="write the plans of TEST_PROBLEMS, without CPU times, to tests/heteroauto/data/")
     a = ap.parse_args(argv)
+    if a.expected and (a.json or a.compare):  # it writes only the test's data file
+        ap.error("--expected writes only tests/heteroauto/data/; expected it alone, without --json or --compare")
     if a.compare and not Path(a.compare).is_file():
         ap.error(f"--compare {a.compare}: no such file; expected the --json output of an earlier run")
     if a.expected:
-        every = problems()
+        every = problems(TEST_PROBLEMS)
         EXPECTED.parent.mkdir(exist_ok=True)
         EXPECTED.write_text(json.dumps({n: planned(every[n], cpu=False) for n in TEST_PROBLEMS}, indent=1,
                                        sort_keys=True) + "\n")

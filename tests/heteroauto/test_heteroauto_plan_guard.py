@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.heteroauto_plan_check import EXPECTED, TEST_PROBLEMS, planned, problems
+from bench.heteroauto_plan_check import EXPECTED, TEST_PROBLEMS, main, planned, problems
 
 REL = 1e-12
 
@@ -67,3 +67,13 @@ def test_the_comparison_sees_a_change_in_the_last_kept_digit_and_ignores_roundin
         ".plan.stages[0].layers: 4, expected 3"]
     assert _differences(plan, {**plan, "runners_up": []}) == [".runners_up: 0 items, expected 1"]
     assert _differences(plan, {"plan": plan["plan"]}) == [".runners_up: missing"]
+
+
+@pytest.mark.parametrize("other", [["--json", "plans.json"], ["--compare", "plans.json"]])
+def test_expected_with_json_or_compare_is_refused(tmp_path, capsys, other):
+    """--expected writes only the data file: a --json or --compare beside it would be silently ignored."""
+    (tmp_path / "plans.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        main(["--expected", other[0], str(tmp_path / other[1])])
+    assert e.value.code == 2
+    assert "--expected" in capsys.readouterr().err
