@@ -287,14 +287,9 @@ struct Writer {
     out += ", \"callsite\": null, \"api\": null";
   }
 
-  void op_line() {
-    head(r.op->shown_name, r.op->shown_overload, r.phase);
-    out += ", \"inputs\": [";
-    metas(r.inputs);
-    out += "], \"file\": null, ";
-    signature();
-    if (r.random >= 0) out += r.random ? ", \"random\": true" : ", \"random\": false";
-    out += ", \"outputs\": [";
+  // "outputs" and, where some were left unwritten, their count; each field followed by ", ".
+  void outputs() {
+    out += "\"outputs\": [";
     metas(r.outputs);
     out += "], ";
     if (r.unwritten > 0) {
@@ -302,6 +297,17 @@ struct Writer {
       put_int(out, r.unwritten);
       out += ", ";
     }
+  }
+
+  void op_line() {
+    head(r.op->shown_name, r.op->shown_overload, r.phase);
+    out += ", \"inputs\": [";
+    metas(r.inputs);
+    out += "], \"file\": null, ";
+    signature();
+    if (r.random >= 0) out += r.random ? ", \"random\": true" : ", \"random\": false";
+    out += ", ";
+    outputs();
     if (r.op->collective) {  // as the Python hook writes them: the cross-rank checks read them
       out += "\"reduce_op\": ";
       if (r.reduce_op.empty())
@@ -326,14 +332,8 @@ struct Writer {
 
   void module_line() {
     head(r.module_op, "default", r.module_phase);
-    out += ", \"kind\": \"module\", \"inputs\": [], \"outputs\": [";
-    metas(r.outputs);
-    out += "], ";
-    if (r.unwritten > 0) {
-      out += "\"unwritten\": ";
-      put_int(out, r.unwritten);
-      out += ", ";
-    }
+    out += ", \"kind\": \"module\", \"inputs\": [], ";
+    outputs();
     out += "\"file\": null, ";
     all_stats();
   }
