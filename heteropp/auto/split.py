@@ -189,7 +189,7 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
     best_t = bound
     # the update level's loop is the hot one (100,000 chips: seconds): StageTerms.ycap, own and y inlined
     # over tuples of each stage's numbers, the same arithmetic in the same order
-    ys = list(zip(y_off, y_sl, full))
+    ys = list(zip(y_off, y_sl))
     owns = [(o.a0, o.a, o.a1, o.m0) for o in opts]
     linear = _linear(opts)
     rising = all(u > 0 for u in y_sl)  # every update grows with the layers (the usual case): one comprehension
@@ -201,18 +201,18 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
         while w is not None and max(z, lam) + w + zfloor + const < best_t:
             if rising:  # min(c, max(0, floor(...))), c >= 0
                 caps = [c if c <= (yc := floor((w - y0) / u + 1e-12)) else yc if yc > 0 else 0
-                        for (y0, u, _), c in zip(ys, zcaps)]
+                        for (y0, u), c in zip(ys, zcaps)]
             else:
                 caps = [min(c, o.ycap(w)) for o, c in zip(opts, zcaps)]
             got = _min_fill(opts, caps, L, order, linear)
             if got is not None:
                 ls = got[1]
                 t = max(max([a0 + (a if nl <= m0 else a1) * nl for (a0, a, a1, m0), nl in zip(owns, ls)]), lam) \
-                    + max([y0 + u * nl for (y0, u, _), nl in zip(ys, ls)]) + got[0] + const
+                    + max([y0 + u * nl for (y0, u), nl in zip(ys, ls)]) + got[0] + const
                 if t < best_t:
                     best_t = t
                     best = SplitResult(t, ls, [o.mode(nl) == 1 for o, nl in zip(opts, ls)])
-            nxt = [y0 + u * (c + 1) for (y0, u, _), c, zc in zip(ys, caps, zcaps) if c < zc]
+            nxt = [y0 + u * (c + 1) for (y0, u), c, zc in zip(ys, caps, zcaps) if c < zc]
             if not nxt:
                 break
             w = min(nxt)
