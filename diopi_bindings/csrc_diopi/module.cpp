@@ -2,7 +2,6 @@
 // <diopi/functions.h>), check the DIOPI version it was built for, and route ATen overloads to it
 // (diopi_functions.yaml) on the device _C_device made of PrivateUse1.
 #include <dlfcn.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdio>
@@ -96,19 +95,6 @@ PYBIND11_MODULE(_C_diopi, m) {
   }, py::arg("first_fallback"),
         "Make the C++ CPU fallback PrivateUse1's boxed fallback; first_fallback(overload) is called the first time an "
         "overload falls back. Once per process.");
-  m.def("run_on_cpu", [](const std::string& name, const std::string& overload, const py::tuple& args,
-                         const py::dict& kwargs) {
-    const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-    torch::jit::Stack stack = torch::jit::createStackForSchema(op.schema(), torch::jit::tuple_slice(args),
-                                                               py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
-    {
-      py::gil_scoped_release no_gil;
-      cpu_fallback(op, &stack, false);
-    }
-    return torch::jit::createPyObjectForStack(std::move(stack));
-  }, py::arg("name"), py::arg("overload"), py::arg("args"), py::arg("kwargs"),
-        "Run the operator (\"aten::add\", \"Tensor\") on the CPU through the device's fallback: what a router does "
-        "with a call its library declined (the router counts the call; the fallback counts its copies).");
   m.def("draw_explicitly", &draw_explicitly,
         "ATen's random operators without a generator argument that the fallback runs with the device generator explicit.");
   m.def("fallback_counts", []() {
