@@ -163,17 +163,28 @@ void divide_half(void* buf, size_t n, int64_t divisor) {
   }
 }
 
+// An op's pairwise and many-input kernels are set together, so that the fused and the pairwise all_reduce
+// can never apply different ops.
+template <typename T, typename Op>
+void set_op(KernelTable& t, int dtype, int op) {
+  t.combine[dtype][op] = combine_loop<T, Op>;
+  t.combine_many[dtype][op] = combine_many_loop<T, Op>;
+}
+
+template <typename Convert, typename Op>
+void set_half_op(KernelTable& t, int dtype, int op) {
+  t.combine[dtype][op] = combine_half<Convert, Op>;
+  t.combine_many[dtype][op] = combine_many_half<Convert, Op>;
+}
+
 // Order of ops in each row follows ReduceOp: sum avg product min max band bor bxor.
 template <typename T>
 void fill_float(KernelTable& t, int dtype) {
-  t.combine[dtype][0] = t.combine[dtype][1] = combine_loop<T, Sum>;
-  t.combine[dtype][2] = combine_loop<T, Product>;
-  t.combine[dtype][3] = combine_loop<T, Min>;
-  t.combine[dtype][4] = combine_loop<T, Max>;
-  t.combine_many[dtype][0] = t.combine_many[dtype][1] = combine_many_loop<T, Sum>;
-  t.combine_many[dtype][2] = combine_many_loop<T, Product>;
-  t.combine_many[dtype][3] = combine_many_loop<T, Min>;
-  t.combine_many[dtype][4] = combine_many_loop<T, Max>;
+  set_op<T, Sum>(t, dtype, 0);
+  set_op<T, Sum>(t, dtype, 1);
+  set_op<T, Product>(t, dtype, 2);
+  set_op<T, Min>(t, dtype, 3);
+  set_op<T, Max>(t, dtype, 4);
   t.divide[dtype] = divide_loop<T>;
 }
 
@@ -181,24 +192,18 @@ void fill_float(KernelTable& t, int dtype) {
 template <typename T>
 void fill_integer(KernelTable& t, int dtype) {
   fill_float<T>(t, dtype);
-  t.combine[dtype][5] = combine_loop<T, Band>;
-  t.combine[dtype][6] = combine_loop<T, Bor>;
-  t.combine[dtype][7] = combine_loop<T, Bxor>;
-  t.combine_many[dtype][5] = combine_many_loop<T, Band>;
-  t.combine_many[dtype][6] = combine_many_loop<T, Bor>;
-  t.combine_many[dtype][7] = combine_many_loop<T, Bxor>;
+  set_op<T, Band>(t, dtype, 5);
+  set_op<T, Bor>(t, dtype, 6);
+  set_op<T, Bxor>(t, dtype, 7);
 }
 
 template <typename Convert>
 void fill_half(KernelTable& t, int dtype) {
-  t.combine[dtype][0] = t.combine[dtype][1] = combine_half<Convert, Sum>;
-  t.combine[dtype][2] = combine_half<Convert, Product>;
-  t.combine[dtype][3] = combine_half<Convert, Min>;
-  t.combine[dtype][4] = combine_half<Convert, Max>;
-  t.combine_many[dtype][0] = t.combine_many[dtype][1] = combine_many_half<Convert, Sum>;
-  t.combine_many[dtype][2] = combine_many_half<Convert, Product>;
-  t.combine_many[dtype][3] = combine_many_half<Convert, Min>;
-  t.combine_many[dtype][4] = combine_many_half<Convert, Max>;
+  set_half_op<Convert, Sum>(t, dtype, 0);
+  set_half_op<Convert, Sum>(t, dtype, 1);
+  set_half_op<Convert, Product>(t, dtype, 2);
+  set_half_op<Convert, Min>(t, dtype, 3);
+  set_half_op<Convert, Max>(t, dtype, 4);
   t.divide[dtype] = divide_half<Convert>;
 }
 
@@ -215,20 +220,13 @@ KernelTable make_table() {
   fill_integer<int32_t>(t, 6);
   fill_integer<int64_t>(t, 7);
   fill_integer<uint8_t>(t, 8);
-  t.combine[9][0] = combine_loop<uint8_t, LogicalOr>;    // sum
-  t.combine[9][2] = combine_loop<uint8_t, LogicalAnd>;   // product
-  t.combine[9][3] = combine_loop<uint8_t, LogicalAnd>;   // min
-  t.combine[9][4] = combine_loop<uint8_t, LogicalOr>;    // max
-  t.combine[9][5] = combine_loop<uint8_t, LogicalAnd>;   // band
-  t.combine[9][6] = combine_loop<uint8_t, LogicalOr>;    // bor
-  t.combine[9][7] = combine_loop<uint8_t, LogicalXor>;   // bxor
-  t.combine_many[9][0] = combine_many_loop<uint8_t, LogicalOr>;
-  t.combine_many[9][2] = combine_many_loop<uint8_t, LogicalAnd>;
-  t.combine_many[9][3] = combine_many_loop<uint8_t, LogicalAnd>;
-  t.combine_many[9][4] = combine_many_loop<uint8_t, LogicalOr>;
-  t.combine_many[9][5] = combine_many_loop<uint8_t, LogicalAnd>;
-  t.combine_many[9][6] = combine_many_loop<uint8_t, LogicalOr>;
-  t.combine_many[9][7] = combine_many_loop<uint8_t, LogicalXor>;
+  set_op<uint8_t, LogicalOr>(t, 9, 0);    // sum
+  set_op<uint8_t, LogicalAnd>(t, 9, 2);   // product
+  set_op<uint8_t, LogicalAnd>(t, 9, 3);   // min
+  set_op<uint8_t, LogicalOr>(t, 9, 4);    // max
+  set_op<uint8_t, LogicalAnd>(t, 9, 5);   // band
+  set_op<uint8_t, LogicalOr>(t, 9, 6);    // bor
+  set_op<uint8_t, LogicalXor>(t, 9, 7);   // bxor
   return t;
 }
 
