@@ -8,7 +8,7 @@ plans do not).
     python -m bench.heteroauto_plan_check --json before.json      # on the code before the change
     python -m bench.heteroauto_plan_check --compare before.json   # after: exit 1 naming what differs
 
-`--expected` writes the plans of TEST_PROBLEMS, a subset planned in a few seconds, without CPU times, to
+`--expected` writes the plans of TEST_PROBLEMS, a subset planned in a few seconds, without work and CPU times, to
 EXPECTED: tests/heteroauto/test_heteroauto_plan_guard.py plans them again under `make test` and compares.
 Regenerate it only for a change meant to alter plans (and say which plans changed, and why, in its commit).
 """
@@ -59,15 +59,17 @@ def problems(names: Iterable[str] | None = None) -> dict[str, Problem]:
     return out
 
 
-def planned(pb: Problem, cpu: bool = True) -> dict:
+def planned(pb: Problem, informative: bool = True) -> dict:
+    """The plan and its runners-up; `informative`: with the work and CPU time it took (they may change when
+    the plans do not)."""
     try:
         r = plan(pb)
     except InfeasibleError as e:
         return {"infeasible": str(e)}
     d = r.plan.to_dict()
     d.pop("search_time_s", None)
-    out = {"plan": d, "runners_up": [[c.label, c.time_s] for c in r.search.runners_up], "work": r.search.work}
-    return {**out, "cpu_s": r.cpu_time_s} if cpu else out
+    out = {"plan": d, "runners_up": [[c.label, c.time_s] for c in r.search.runners_up]}
+    return {**out, "work": r.search.work, "cpu_s": r.cpu_time_s} if informative else out
 
 
 def differences(old: dict, new: dict) -> list[str]:
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the plans here")
     ap.add_argument("--compare", help="plans written before: exit 1 when any differs")
     ap.add_argument("--expected", action="store_true",
-                    help="write the plans of TEST_PROBLEMS, without CPU times, to tests/heteroauto/data/")
+                    help="write the plans of TEST_PROBLEMS, without work and CPU times, to tests/heteroauto/data/")
     a = ap.parse_args(argv)
     if a.expected and (a.json or a.compare):  # it writes only the test's data file
         ap.error("--expected writes only tests/heteroauto/data/; expected it alone, without --json or --compare")
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.expected:
         every = problems(TEST_PROBLEMS)
         EXPECTED.parent.mkdir(exist_ok=True)
-        EXPECTED.write_text(json.dumps({n: planned(every[n], cpu=False) for n in TEST_PROBLEMS}, indent=1,
+        EXPECTED.write_text(json.dumps({n: planned(every[n], informative=False) for n in TEST_PROBLEMS}, indent=1,
                                        sort_keys=True) + "\n")
         print(f"{len(TEST_PROBLEMS)} problems written to {EXPECTED.name}")
         return 0
