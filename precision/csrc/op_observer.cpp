@@ -403,12 +403,16 @@ void OpObserver::remember(const at::Tensor& t, const FusedStats& s) {
                   static_cast<int64_t>(impl->version_counter().current_version()), s});
 }
 
-OutStats OpObserver::stats(const at::Tensor& t, const at::Tensor* source) {
+OutStats OpObserver::stats(const at::Tensor& t, const at::Tensor* source, const at::Tensor& unwritten) {
   OutStats o;
   if (t.numel() == 0 || !floating_or_int(t.scalar_type())) return o;
   o.counted = true;
   FusedStats& s = o.s;
-  {
+  at::Tensor zeroed;  // with unwritten elements: statistics of its own, neither reused nor kept
+  if (unwritten.defined()) {
+    zeroed = t.detach().masked_fill(unwritten.to(t.device()), 0);
+    s = fused_stats(zeroed);
+  } else {
     std::lock_guard<std::mutex> lock(known_mutex_);
     const FusedStats* hit = known(t);
     if (hit == nullptr && source != nullptr) hit = known(*source);
@@ -416,19 +420,8 @@ OutStats OpObserver::stats(const at::Tensor& t, const at::Tensor* source) {
     remember(t, s);
   }
   if (!s.supported) {  // a device tensor or a dtype the pass does not read: a float64 copy on the CPU
-    s = fused_stats(t.detach().to(at::kCPU, at::kDouble));
+    s = fused_stats((zeroed.defined() ? zeroed : t).detach().to(at::kCPU, at::kDouble));
   }
-  return o;
-}
-
-OutStats OpObserver::stats_of_written(const at::Tensor& t, const at::Tensor& mask) {
-  if (!mask.defined()) return stats(t);
-  OutStats o;
-  if (t.numel() == 0 || !floating_or_int(t.scalar_type())) return o;
-  o.counted = true;
-  at::Tensor zeroed = t.detach().masked_fill(mask.to(t.device()), 0);
-  o.s = fused_stats(zeroed);
-  if (!o.s.supported) o.s = fused_stats(zeroed.to(at::kCPU, at::kDouble));
   return o;
 }
 
@@ -461,7 +454,7 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
     fill_meta(r->outputs.emplace_back(), t);
     const at::Tensor mask = unwritten_.empty() ? at::Tensor() : unwritten_.mask(t);
     if (mask.defined()) r->unwritten += mask.sum().item<int64_t>();
-    r->stats.push_back(stats_of_written(t, mask));
+    r->stats.push_back(stats(t, nullptr, mask));
   }
   keep(std::move(r));
 }
@@ -617,13 +610,9 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];
-    if (masks[i].defined()) {
-      r.stats.push_back(stats_of_written(t, masks[i]));
-      continue;
-    }
     const bool same = p->source.defined() && outputs.size() == 1 && p->source.numel() == t.numel() &&
                       p->source.scalar_type() == t.scalar_type();
-    r.stats.push_back(stats(t, same ? &p->source : nullptr));
+    r.stats.push_back(stats(t, same ? &p->source : nullptr, masks[i]));
   }
   masks.clear();
   outputs.clear();

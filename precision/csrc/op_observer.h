@@ -100,10 +100,9 @@ class OpObserver {
   // An argument as signature._value reads it, appended to r's signature; false (nothing appended)
   // for what it leaves out (None, devices, generators, objects).
   bool encode(Record& r, const c10::IValue& v) const;
-  // source: a tensor holding exactly t's elements (a view's input), whose statistics are t's if known
-  OutStats stats(const at::Tensor& t, const at::Tensor* source = nullptr);
-  // t's statistics with its unwritten elements (mask, if defined) counted as 0
-  OutStats stats_of_written(const at::Tensor& t, const at::Tensor& mask);
+  // t's statistics. source: a tensor holding exactly t's elements (a view's input), whose statistics
+  // are t's if known; unwritten (if defined): a mask of t's elements counted as 0
+  OutStats stats(const at::Tensor& t, const at::Tensor* source, const at::Tensor& unwritten);
   const FusedStats* known(const at::Tensor& t);
   void remember(const at::Tensor& t, const FusedStats& s);
   const std::string* current_module(bool in_backward, bool* in_module) const;  // takes tags_mutex_
