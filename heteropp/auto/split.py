@@ -33,17 +33,17 @@ def _linear(opts: list[StageTerms]) -> Linear:
     return [o.m0 for o in opts], [o.b0 for o in opts], [o.beta for o in opts]
 
 
-def _min_fill(opts: list[StageTerms], caps: list[int], L: int, order: list[int] | None = None,
-              linear: Linear | None = None) -> tuple[float, list[int]] | None:
+def _min_fill(opts: list[StageTerms], caps: list[int], L: int, order: list[int],
+              linear: Linear) -> tuple[float, list[int]] | None:
     """Cheapest sum phi_k(l_k) with 1 <= l_k <= caps[k] and sum l_k = L. `order` (_by_beta) and `linear`
     (_linear): the caller's, who asks for many caps of one sequence."""
     if sum(caps) < L or min(caps) < 1:
         return None
-    m0s, b0s, betas = _linear(opts) if linear is None else linear
+    m0s, b0s, betas = linear
     if all([c <= m for c, m in zip(caps, m0s)]):  # linear costs: fill the cheapest stages first
         ls = [1] * len(opts)
         rest = L - len(opts)
-        for k in _by_beta(opts) if order is None else order:
+        for k in order:
             add = caps[k] - 1
             if rest <= add:  # min(rest, caps[k] - 1)
                 add = rest
@@ -81,11 +81,11 @@ def _by_beta(opts: list[StageTerms]) -> list[int]:
     return sorted(range(len(opts)), key=lambda k: opts[k].beta)
 
 
-def _fill_floor(opts: list[StageTerms], caps: list[int], L: int, order: list[int] | None = None) -> float:
+def _fill_floor(opts: list[StageTerms], caps: list[int], L: int, order: list[int]) -> float:
     """A lower bound on any fill under `caps`: phi_k(l) >= b0 + beta * l, greedy (`order`: _by_beta)."""
     total = sum(o.b0 + o.beta for o in opts)
     rest = L - len(opts)
-    for k in _by_beta(opts) if order is None else order:
+    for k in order:
         add = min(rest, caps[k] - 1)
         total += add * opts[k].beta
         rest -= add
