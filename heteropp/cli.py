@@ -152,6 +152,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
         secret = "DICOMM_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')"
+        if cluster is not None and plan.replicas:  # ranks_by_node places one stage list only
+            print("heteropp: a plan of replica groups is not placed by node under torchrun: workers take torchrun's "
+                  "RANK, so a TP group may span hosts", file=sys.stderr)
         if run_nodes is None:
             print(f"wrote {a.write_config}; run it with: {secret} torchrun --nproc-per-node={plan.world_size} "
                   f"-m heteropp.engine.worker --config {a.write_config}")

@@ -19,7 +19,7 @@ import pytest
 
 from heteropp.engine import RunConfig
 from heteropp.engine.node_ranks import ranks_by_node, torchrun_rank
-from heteropp.plan import Plan, StagePlan
+from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec.errors import SpecError
 from tests.heteropp.heteropp_helpers import MODEL, check_losses, reference
 
@@ -147,3 +147,20 @@ def test_write_config_with_the_cluster_lists_the_nodes_and_each_nodes_command(tm
     said = capsys.readouterr().out
     assert "--nnodes=2 --node-rank=0 --nproc-per-node=1" in said
     assert "--nnodes=2 --node-rank=1 --nproc-per-node=2" in said
+
+
+def test_write_config_with_the_cluster_says_a_plan_of_replica_groups_is_not_placed_by_node(tmp_path, capsys):
+    """ranks_by_node places one stage list only: for a plan of replica groups the config lists no nodes and the
+    run says its workers keep torchrun's numbering, rather than printing the plain command as if placed."""
+    from heteropp.cli import main
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("chips:\n  - {name: A, nodes: [2, 2], memory_gb: 16, peak_tflops: 1, intra_node_bw: 5, "
+                       "network_bw: 2, device: cpu}\n")
+    plan = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8)], 4, dp=2),  # two groups of different cuts
+                             ReplicaGroup([StagePlan("A", 1, 3), StagePlan("A", 1, 5)], 4)], 1, schedule="1f1b")
+    plan.save(tmp_path / "plan.json")
+    out = tmp_path / "run.json"
+    assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny", "--cluster", str(cluster),
+                 "--write-config", str(out)]) == 0
+    assert json.loads(out.read_text())["nodes"] is None
+    assert "replica groups is not placed by node" in capsys.readouterr().err
