@@ -38,7 +38,10 @@ for _ in range(count):  # end is exact, an earlier one's is at most the later on
     for c in conns:
         got = 0
         while got < size:
-            got += len(c.recv(1 << 20))
+            chunk = c.recv(1 << 20)
+            if not chunk:  # the sender stopped: recv would return nothing forever
+                sys.exit("a flow closed before its message arrived whole")
+            got += len(chunk)
         mine.append(time.perf_counter())
     ends.append(mine)
 print(json.dumps(ends))
@@ -67,9 +70,14 @@ def one_way_s(clusters, flows: int, size: int, count: int, gap: float) -> list[l
                              b.address, *args], stdout=subprocess.PIPE, text=True)
     if recv.stdout is None or recv.stdout.readline().strip() != "up":
         raise RuntimeError("the receiver did not start")
-    sent = subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", _SENDER.format(port=PORT),
-                           b.address, *args, str(gap)], capture_output=True, text=True, check=True, timeout=600)
-    ends = json.loads(recv.communicate(timeout=600)[0])
+    try:
+        sent = subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", _SENDER.format(port=PORT),
+                               b.address, *args, str(gap)], capture_output=True, text=True, check=True, timeout=600)
+        ends = json.loads(recv.communicate(timeout=600)[0])
+    finally:
+        if recv.poll() is None:  # the sender failed: the receiver would wait for it past the namespaces' removal
+            recv.kill()
+            recv.wait()
     return [[x - s for x in e] for s, e in zip(json.loads(sent.stdout), ends)]
 
 

@@ -85,6 +85,18 @@ def test_a_message_waits_for_tokens_and_costs_its_wire_bytes(link):
     assert 0 <= (bytes1 - bytes0) - wire_bytes(payload) <= 10 * 100
 
 
+def test_a_probe_whose_sender_fails_leaves_no_receiver_behind(link):
+    """The sender fails at once (a negative gap: time.sleep refuses it): the probe raises, and no process is
+    left in cluster B's namespace (the kernel's list, `ip netns pids`) waiting for a message that never comes."""
+    from bench.heteropp_link_probe import one_way_s
+    with pytest.raises(subprocess.CalledProcessError):
+        one_way_s(link, 1, 1000, 1, -1.0)
+    left = subprocess.run(["ip", "netns", "pids", link[1].netns], capture_output=True, text=True, check=True).stdout
+    for pid in left.split():  # do not leave it on the host when the test fails
+        subprocess.run(["kill", "-9", pid], capture_output=True)
+    assert not left.split(), f"processes left in cluster B's namespace: {left.split()}"
+
+
 @pytest.mark.parametrize("args, says", [(["--rate", "fast"], "--rate: expected a positive rate"),
                                         (["--rate", "0mbit"], "--rate: expected a positive rate"),
                                         (["--bytes", "0"], "--bytes: expected an integer >= 1")])
