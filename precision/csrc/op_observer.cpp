@@ -193,16 +193,16 @@ int64_t OpObserver::hand_over() {
     std::lock_guard<std::mutex> lock(mutex_);
     held.swap(batch_);
   }
-  // In call order: an op an autograd kernel calls (a detach of a saved result) ends before the op
-  // that called it; a module record comes before the op numbered like it. Drained between ops (at
-  // steps), so no op is split.
-  std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a->index < b->index; });
   if (writer_ && writer_->forked()) return 0;  // the parent's records, or a child's: not this index's
   const auto n = static_cast<int64_t>(held.size());
   if (!writer_) {
     if (n == 0) return 0;
     throw std::runtime_error("the observer holds index lines but no index is open (open_index)");
   }
+  // In call order: an op an autograd kernel calls (a detach of a saved result) ends before the op
+  // that called it; a module record comes before the op numbered like it. Drained between ops (at
+  // steps), so no op is split.
+  std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a->index < b->index; });
   writer_->submit(std::move(held));
   return n;
 }
