@@ -166,6 +166,11 @@ at::Tensor taken(const CallMemory& memory, abi::diopiTensorHandle_t h) {
   return at::Tensor();
 }
 
+// An output the router allocates (or, inout, the ATen argument itself) before the call.
+bool is_preallocated_output(OwnKind kind) {
+  return kind == OwnKind::kOut || kind == OwnKind::kOutOptional || kind == OwnKind::kInout;
+}
+
 bool is_device_tensor(const c10::IValue& v) {
   return v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone();
 }
@@ -291,7 +296,7 @@ class OwnKernel final : public c10::OperatorKernel {
              const std::vector<ResultMeta>& metas) const {
     const c10::IValue none;
     const c10::IValue& v = a.aten >= 0 ? arg(stack, first, a.aten) : none;
-    if (a.kind == "in" || a.kind == "in?") {
+    if (a.kind == OwnKind::kIn || a.kind == OwnKind::kInOptional) {
       const bool wrapped = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
       if (v.isTensor() && v.toTensor().defined() && !wrapped) {
         out.pointer = handle(call, operand(call, v.toTensor()));
@@ -303,34 +308,34 @@ class OwnKernel final : public c10::OperatorKernel {
         const at::Tensor scalar = at::scalar_tensor(value, at::TensorOptions().dtype(metas[0].dtype));
         out.pointer = handle(call, call.tensors.emplace_back(scalar.to(call.device)));
       } else {
-        TORCH_CHECK(a.kind == "in?", "diopi: ", route_.overload, ": a required tensor is None");
+        TORCH_CHECK(a.kind == OwnKind::kInOptional, "diopi: ", route_.overload, ": a required tensor is None");
       }
-    } else if (a.kind == "in[]" || a.kind == "in?[]") {
+    } else if (a.kind == OwnKind::kInList || a.kind == OwnKind::kInOptionalList) {
       std::vector<const void*>& list = call.lists.emplace_back();
       for (const c10::IValue& item : v.toListRef()) {
         if (item.isTensor() && item.toTensor().defined()) {
           list.push_back(handle(call, operand(call, item.toTensor())));
         } else {
-          TORCH_CHECK(a.kind == "in?[]", "diopi: ", route_.overload, ": a list entry is None");
+          TORCH_CHECK(a.kind == OwnKind::kInOptionalList, "diopi: ", route_.overload, ": a list entry is None");
           list.push_back(nullptr);
         }
       }
       out.items = list.data();
       out.length = static_cast<int64_t>(list.size());
-    } else if (a.kind == "double") {
+    } else if (a.kind == OwnKind::kDouble) {
       out.real = number(stack, first, a);
-    } else if (a.kind == "int") {
+    } else if (a.kind == OwnKind::kInt) {
       out.integer = integer(stack, first, a);
-    } else if (a.kind == "bool") {
+    } else if (a.kind == OwnKind::kBool) {
       out.flag = !v.isNone() && (v.isBool() ? v.toBool() : v.toScalar().toBool());
-    } else if (a.kind == "ints") {
+    } else if (a.kind == OwnKind::kInts) {
       std::vector<int64_t>& list = call.ints.emplace_back();
       if (v.isInt()) list.push_back(v.toInt());
       else if (!v.isNone()) list = v.toIntVector();
       out.items = list.data();
       out.length = static_cast<int64_t>(list.size());
     } else {
-      TORCH_CHECK(false, "diopi: ", route_.overload, ": unknown ABI argument kind ", a.kind);
+      TORCH_CHECK(false, "diopi: ", route_.overload, ": an output where an input was expected");
     }
   }
 
@@ -406,7 +411,7 @@ class OwnKernel final : public c10::OperatorKernel {
     if (route_.mask_indices >= 0) replace_masks(call, schema, stack, first);
     call.device = call_device(stack, first);
     bool allocates = false;
-    for (const OwnRouteArg& a : route_.args) allocates = allocates || a.kind == "out*";
+    for (const OwnRouteArg& a : route_.args) allocates = allocates || a.kind == OwnKind::kOutAllocated;
     if (allocates) return run_allocating(call, stack, first);
 
     const std::vector<ResultMeta> metas = result_meta(op, meta_key_, stack, first);
@@ -427,10 +432,9 @@ class OwnKernel final : public c10::OperatorKernel {
     std::vector<bool> direct;
     for (size_t i = 0; i < route_.args.size(); ++i) {
       const OwnRouteArg& a = route_.args[i];
-      const bool is_output = a.kind == "out" || a.kind == "out?" || a.kind == "inout";
-      if (!is_output) continue;
+      if (!is_preallocated_output(a.kind)) continue;
       const size_t r = made.size();
-      if (a.kind == "inout") {
+      if (a.kind == OwnKind::kInout) {
         const at::Tensor& t = arg(stack, first, a.aten).toTensor();
         call.args[i].pointer = handle(call, operand(call, t));
         made.push_back(call.tensors.back());
@@ -461,7 +465,7 @@ class OwnKernel final : public c10::OperatorKernel {
     }
     for (size_t i = 0; i < route_.args.size(); ++i) {
       const OwnRouteArg& a = route_.args[i];
-      if (a.kind != "out" && a.kind != "out?" && a.kind != "inout") input(call, stack, first, a, call.args[i], metas);
+      if (!is_preallocated_output(a.kind)) input(call, stack, first, a, call.args[i], metas);
     }
     CallMemory memory{{}, call.device, {}, {}};
     check(call_library(call, memory));
@@ -488,15 +492,15 @@ class OwnKernel final : public c10::OperatorKernel {
     std::vector<abi::diopiTensorHandle_t> slots(route_.args.size(), nullptr);
     for (size_t i = 0; i < route_.args.size(); ++i) {
       const OwnRouteArg& a = route_.args[i];
-      if (a.kind == "out*") call.args[i].pointer = &slots[i];
-      else if (a.kind == "out" || a.kind == "out?" || a.kind == "inout") throw Declined{"mixed allocated and preallocated outputs"};
+      if (a.kind == OwnKind::kOutAllocated) call.args[i].pointer = &slots[i];
+      else if (is_preallocated_output(a.kind)) throw Declined{"mixed allocated and preallocated outputs"};
       else input(call, stack, first, a, call.args[i], {});
     }
     CallMemory memory{{}, call.device, {}, {}};
     check(call_library(call, memory));
     std::vector<at::Tensor> made;
     for (size_t i = 0; i < route_.args.size(); ++i) {
-      if (route_.args[i].kind != "out*") continue;
+      if (route_.args[i].kind != OwnKind::kOutAllocated) continue;
       at::Tensor t = taken(memory, slots[i]);
       if (!t.defined()) {
         throw Declined{std::string(abi::kOwnCalls[route_.call].aten) +

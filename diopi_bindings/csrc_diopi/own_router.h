@@ -27,8 +27,13 @@ enum class OwnDefault {
   kPlusInf,     // clamp without an upper bound
 };
 
+// An ABI argument's kind (diopi_bindings/schema.py's): out, out?, inout, out*, in, in?, in[], in?[], double, int,
+// bool, ints.
+enum class OwnKind { kOut, kOutOptional, kInout, kOutAllocated, kIn, kInOptional, kInList, kInOptionalList, kDouble,
+                     kInt, kBool, kInts };
+
 struct OwnRouteArg {
-  std::string kind;  // the schema's kind: out, out?, inout, out*, in, in?, in[], in?[], double, int, bool, ints
+  OwnKind kind = OwnKind::kIn;
   int aten = -1;     // the ATen argument that carries it; -1: the overload has none
   OwnDefault fallback = OwnDefault::kNone;
   int source = -1;   // the ATen tensor a default derives from

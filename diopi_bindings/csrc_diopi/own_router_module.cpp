@@ -2,6 +2,8 @@
 // built by diopi_bindings/device/native_router.py), and the counters come back.
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+
 #include "own_router.h"
 
 namespace py = pybind11;
@@ -15,6 +17,18 @@ OwnForm form_of(const std::string& form) {
   if (form == "inplace") return OwnForm::kInplace;
   TORCH_CHECK(form == "out", "diopi: unknown form '", form, "' (expected functional, inplace or out)");
   return OwnForm::kOut;
+}
+
+OwnKind kind_of(const std::string& kind) {
+  static const std::map<std::string, OwnKind> kinds = {
+      {"out", OwnKind::kOut}, {"out?", OwnKind::kOutOptional}, {"inout", OwnKind::kInout},
+      {"out*", OwnKind::kOutAllocated}, {"in", OwnKind::kIn}, {"in?", OwnKind::kInOptional},
+      {"in[]", OwnKind::kInList}, {"in?[]", OwnKind::kInOptionalList}, {"double", OwnKind::kDouble},
+      {"int", OwnKind::kInt}, {"bool", OwnKind::kBool}, {"ints", OwnKind::kInts}};
+  const auto it = kinds.find(kind);
+  TORCH_CHECK(it != kinds.end(), "diopi: unknown ABI argument kind '", kind,
+              "' (expected out, out?, inout, out*, in, in?, in[], in?[], double, int, bool or ints)");
+  return it->second;
 }
 
 OwnDefault default_of(const std::string& name) {
@@ -37,7 +51,7 @@ OwnRoute route_of(const py::dict& plan) {
   route.masked_select = plan["masked_select"].cast<bool>();
   for (const py::handle item : plan["args"]) {
     const auto t = item.cast<py::tuple>();
-    route.args.push_back({t[0].cast<std::string>(), t[1].cast<int>(), default_of(t[2].cast<std::string>()),
+    route.args.push_back({kind_of(t[0].cast<std::string>()), t[1].cast<int>(), default_of(t[2].cast<std::string>()),
                           t[3].cast<int>()});
   }
   route.targets = plan["targets"].cast<std::vector<int>>();

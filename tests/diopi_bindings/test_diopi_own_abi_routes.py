@@ -256,3 +256,27 @@ def test_every_out_overload_of_a_served_operator_has_a_route() -> None:
     assert got["relu.out"] and got["fallbacks"] == {}, got
     assert {"aten::add.out", "aten::nll_loss_forward.output", "aten::gelu_backward.grad_input",
             "aten::max.dim_max", "aten::nonzero.out"} <= set(got["checked"]), got["checked"]
+
+
+def test_a_plan_with_an_unknown_argument_kind_is_refused_when_registered() -> None:
+    # A plan names each ABI argument's kind (schema.py's); one the routes cannot read is an error at set-up, naming
+    # it, not a route that registers and fails at its first call.
+    got = run_python("""
+    import json, torch
+    from diopi_bindings import _C_diopi, device
+    from diopi_bindings.device import native
+    device.enable(backend="native")
+    plan = native._router.route_plan(torch.ops.aten.add.Tensor)
+    kind, *rest = plan["args"][1]
+    plan["args"][1] = ("tensor", *rest)
+    try:
+        _C_diopi.drop_own_routes(_C_diopi.register_own_routes([plan], 0, lambda *a: None))
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    x = torch.randn(3)
+    print(json.dumps({"kind": kind, "error": error, "add": torch.equal((x.to("diopi") + x.to("diopi")).cpu(), x + x)}))
+    """)
+    assert got["kind"] == "in", got
+    assert got["error"] is not None and "unknown ABI argument kind 'tensor'" in got["error"], got["error"]
+    assert got["add"], got  # the routes registered before are untouched
