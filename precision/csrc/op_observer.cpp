@@ -602,7 +602,7 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
   auto& masks = tl_masks;
   masks.assign(outputs.size(), at::Tensor());
   if (!unwritten_.empty() || p->in_unwritten > 0) {  // (a write may have emptied it)
-    r.unwritten = std::max<int64_t>(p->in_unwritten, 0);
+    r.unwritten = p->in_unwritten;  // a count: never negative
     for (size_t i = 0; i < outputs.size(); ++i) {
       masks[i] = unwritten_.mask(outputs[i]);
       if (masks[i].defined()) r.unwritten += masks[i].sum().item<int64_t>();
