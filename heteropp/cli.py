@@ -128,9 +128,9 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
 
 def cmd_run(a: argparse.Namespace) -> int:
     plan, m = Plan.load(a.plan), load_model(a.model, a.seq_len)
-    if plan.replicas and (a.checkpoint_dir or a.elastic):
-        raise SpecError(a.plan, "replicas", "replica groups with " + ("--elastic" if a.elastic else "--checkpoint-dir"),
-                        "a plan of one stage list (replica groups train without checkpoints or re-planning)")
+    if plan.replicas and a.elastic:
+        raise SpecError(a.plan, "replicas", "replica groups with --elastic",
+                        "a plan of one stage list (a re-plan is one stage list; replica groups are not re-planned)")
     cluster = load_cluster(a.cluster) if a.cluster else None
     options = train_options(a, m, cluster, plan)
     chip_map = parse_chip_map(a.chip_map, cluster)

@@ -50,14 +50,16 @@ class Slot:
     writes: bool  # this rank writes the slice (others holding the same slice read it only)
 
 
-def slots(named: list[tuple[str, torch.nn.Parameter]], m: ModelSpec, tp_rank: int, tp_size: int, replica: int,
-          skip_tied_copy: bool) -> list[Slot]:
+def slots(named: list[tuple[str, torch.nn.Parameter]], m: ModelSpec, tp_rank: int, tp_size: int,
+          first_replica: bool, skip_tied_copy: bool) -> list[Slot]:
+    """`first_replica`: this rank is in the one replica of its stage that writes (replica 0; in a plan of replica
+    groups, of the first group, which like every group holds every parameter)."""
     out = []
     for i, (name, p) in enumerate(named):
         full, dim, start, _ = global_slice(p, tp_rank, tp_size)
         copy = skip_tied_copy and name.endswith("head.weight")
         first_holder = tp_rank % getattr(p, "tp_replicas", 1) == 0 and (dim is not None or tp_rank == 0)
-        out.append(Slot(hf_name(name, m), p, i, full, dim, start, replica == 0 and first_holder and not copy))
+        out.append(Slot(hf_name(name, m), p, i, full, dim, start, first_replica and first_holder and not copy))
     return out
 
 

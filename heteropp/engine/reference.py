@@ -29,7 +29,7 @@ def train_reference(m: ModelSpec, steps: int, sequences: int, seed: int = 0, lr:
     named = list(model.named_parameters())
     opt = make_optimizer(named, lr, opts, clip_grad)
     sched = schedule(lr, steps, opts)
-    ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, 0, 1, 0, False), keep=opts.keep_checkpoints,
+    ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, 0, 1, True, False), keep=opts.keep_checkpoints,
                         async_save=False) if opts.checkpoint_dir else None
     start = resume(opt, ckpt, opts) if ckpt is not None and opts.resume else 0
     losses, norms = [], []

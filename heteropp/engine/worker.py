@@ -84,7 +84,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     sched = schedule_lr(cfg.lr, cfg.steps, opts)
     ckpt = None
     if opts.checkpoint_dir:
-        ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, t, st.tp, d, tied_copy), ckpt_pg,
+        writes = d == 0 and (hg is None or hg.index == 0)  # one replica of each stage (of the first group)
+        ckpt = Checkpointer(opts.checkpoint_dir, m, slots(named, m, t, st.tp, writes, tied_copy), ckpt_pg,
                             opts.keep_checkpoints, opts.async_save)
     hooks = RoundHooks.current  # an elastic round's (memory snapshots, phase times); None otherwise
     source = hooks.source(ckpt) if hooks is not None and ckpt is not None else ckpt
@@ -233,9 +234,9 @@ def run_rank(cfg: RunConfig, plan: Plan, rank: int) -> dict[str, Any]:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     hg = None
     if plan.replicas:
-        if cfg.opts.checkpoint_dir or m.tie_embeddings:
-            raise ValueError("a plan of replica groups trains without checkpoints and tied embeddings "
-                             "(heteropp run refuses both before starting)")
+        if m.tie_embeddings:
+            raise ValueError("a plan of replica groups trains without tied embeddings "
+                             "(heteropp run refuses them before starting)")
         groups = group_plans(plan)
         index = group_of(groups, rank)
         for gp in groups[:index]:  # every rank creates every group's groups, in order

@@ -129,3 +129,23 @@ def losses(results: dict, schedule: str) -> list[float]:
     (lead,) = [r[schedule]["losses"] for r in results.values()
                if r[schedule]["losses"] is not None and r[schedule]["coord"][1:] == (0, 0)]
     return lead
+
+
+def holder_params(results: dict, schedule: str, tied: bool = False) -> dict[str, torch.Tensor]:
+    """Every parameter after the last step of a run of any plan (replica groups too): each holder's TP shards
+    joined (per group, stage and replica), every holder's full tensor checked equal to the first's. `tied`:
+    the output head is the embedding, so a stage's copy of it (head.weight) must equal every embedding."""
+    shards: dict[tuple[int, int, int, str], dict[int, Shard]] = {}
+    for r in results.values():
+        k, d, t = r[schedule]["coord"]
+        for name, shard in r[schedule]["params"].items():
+            name = "embed.weight" if tied and name == "head.weight" else name
+            shards.setdefault((r[schedule]["group"], k, d, name), {})[t] = shard
+    out: dict[str, torch.Tensor] = {}
+    for (group, k, d, name), tps in sorted(shards.items(), key=lambda kv: str(kv[0])):
+        _, dim, replicas = tps[0]
+        full = tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)[::replicas]], dim)
+        if name in out:
+            assert torch.equal(full, out[name]), f"{name}: group {group} stage {k} replica {d} differs"
+        out[name] = full
+    return out

@@ -8,11 +8,10 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 from heteropp.engine import RunConfig, launch, train_reference
 from heteropp.plan import Plan, ReplicaGroup, StagePlan
-from tests.heteropp.heteropp_helpers import MODEL, check_losses, mismatches
+from tests.heteropp.heteropp_helpers import MODEL, check_losses, holder_params, mismatches
 
 STEPS = 3
 
@@ -42,24 +41,6 @@ def _reference(sequences: int, clip: float | None) -> dict:
     return train_reference(MODEL, STEPS, sequences, clip_grad=clip, collect_params=True, verbose=False)
 
 
-def _full_params(results: dict) -> dict[str, torch.Tensor]:
-    """Every parameter after the last step: each holder's TP shards joined (per group, pipeline and stage),
-    every holder's full tensor checked equal to the first's."""
-    shards: dict[tuple[int, int, int, str], dict[int, tuple[torch.Tensor, int | None, int]]] = {}
-    for r in results.values():
-        k, d, t = r["1f1b"]["coord"]
-        for name, shard in r["1f1b"]["params"].items():
-            shards.setdefault((r["1f1b"]["group"], k, d, name), {})[t] = shard
-    out: dict[str, torch.Tensor] = {}
-    for (group, k, d, name), tps in sorted(shards.items(), key=lambda kv: str(kv[0])):
-        _, dim, replicas = tps[0]
-        full = tps[0][0] if dim is None else torch.cat([tps[t][0] for t in sorted(tps)[::replicas]], dim)
-        if name in out:
-            assert torch.equal(full, out[name]), f"{name}: group {group} stage {k} replica {d} differs"
-        out[name] = full
-    return out
-
-
 @pytest.mark.parametrize("name,clip", [("tp1 2|2 + 1|3", 0.05), ("tp2 2|2 + dp2 1|1|2", None)])
 def test_replica_groups_train_as_the_reference(name: str, clip: float | None) -> None:
     """`clip`: gradients clipped to that global norm (each layer counted once, not once per holder)."""
@@ -69,7 +50,7 @@ def test_replica_groups_train_as_the_reference(name: str, clip: float | None) ->
     assert got, "no rank of a last stage reported losses"
     for losses in got:  # every last stage of every group reports the global loss
         check_losses(losses, want["losses"], name)
-    assert not mismatches(_full_params(res), want["params"])
+    assert not mismatches(holder_params(res, "1f1b"), want["params"])
 
 
 def test_the_peak_flops_behind_the_logged_mfu_count_every_groups_chips(tmp_path):
