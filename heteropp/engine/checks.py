@@ -14,9 +14,6 @@ def check_run(plan: Plan, m: ModelSpec, source: str, chip_map: dict[str, str], s
     """Raise SpecError (or ScheduleError) naming the field, stage or schedule that cannot run; `available`
     (chips per type of the cluster given) bounds the chips the plan may use, `nodes` (each type's node
     sizes) its TP groups (spec/placement.py: a TP group never spans nodes)."""
-    if plan.replicas and m.tie_embeddings:
-        raise SpecError(source, "replicas", "replica groups with a model whose head is its embedding",
-                        "one stage list for every replica, or a model without tied embeddings")
     # Every stage's TP size is checked here by the shared rule (tp_split_error), the one StageModel applies.
     plan.validate(source, num_layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, vocab=m.vocab,
                   world_size=world_size, available=available, nodes=nodes)

@@ -8,6 +8,9 @@ the backward passes each rank sums its gradients with every other rank that hold
 same TP rank (one all-reduce per part over `HolderGroups.parts`; a layer has one TP size in every group,
 Plan.validate), so every holder steps the optimizer on the same total gradient and keeps the same weights.
 The optimizer state is then whole on every holder (no ZeRO-1 sharding across groups whose stages differ).
+With tied embeddings the embedding and the head's copy of it are one matrix held by stage 0 and the last stage
+of every group (one parameter where a group has one stage): their gradients are summed over every holder of
+either (`HolderGroups.tie`, tied.py) instead of per part.
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 from ..model.grads import grad_of
+from ..model.parallel import TPGroup
 from ..plan import Plan
+from .tied import TIED_NAMES, sum_tied_grads
 
 
 @dataclass
@@ -68,6 +73,8 @@ class HolderGroups:
     micro_batches: int  # of the whole plan, every group's pipelines together
     parts: dict[int | str, Any] = field(default_factory=dict)  # part -> the process group of its holders
     loss: Any = None  # the last stages' ranks of every group at this rank's TP rank (None off the last stage)
+    tied: bool = False  # the head is the embedding: both summed over `tie`, not per part
+    tie: Any = None  # every holder of the embedding or the head, in every group (None where this rank holds neither)
 
 
 def _holders(groups: list[GroupPlan]) -> dict[tuple[int | str, int], list[int]]:
@@ -85,15 +92,20 @@ def _holders(groups: list[GroupPlan]) -> dict[tuple[int | str, int], list[int]]:
 
 
 def build_holder_groups(plan: Plan, groups: list[GroupPlan], rank: int, backend: str,
-                        timeout_s: float) -> HolderGroups:
+                        timeout_s: float, tied: bool = False) -> HolderGroups:
     """Every rank creates every holder group in the same order (torch requires it) and keeps its own; the
-    holders span chip types, so they use the point-to-point backend."""
+    holders span chip types, so they use the point-to-point backend. `tied`: the model's head is its embedding."""
     timeout = datetime.timedelta(seconds=timeout_s)
     index = group_of(groups, rank)
     made: dict[tuple[int, ...], Any] = {}
     mine = HolderGroups(index, sum(g.global_batch for g in groups[:index]),
-                        plan.global_batch // plan.micro_batch_size)
-    for (part, _), ranks in sorted(_holders(groups).items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+                        plan.global_batch // plan.micro_batch_size, tied=tied)
+    holders = _holders(groups)
+    if tied:
+        ends = sorted({r for (part, _), ranks in holders.items() if part in ("embed", "head") for r in ranks})
+        pg = dist.new_group(ends, backend=backend, timeout=timeout)
+        mine.tie = pg if rank in ends else None
+    for (part, _), ranks in sorted(holders.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         key = tuple(ranks)
         if key not in made:
             made[key] = dist.new_group(list(key), backend=backend, timeout=timeout) if len(key) > 1 else None
@@ -112,13 +124,16 @@ def build_holder_groups(plan: Plan, groups: list[GroupPlan], rank: int, backend:
     return mine
 
 
-def sum_holder_grads(named: list[tuple[str, torch.nn.Parameter]], hg: HolderGroups) -> None:
+def sum_holder_grads(named: list[tuple[str, torch.nn.Parameter]], hg: HolderGroups, tp: TPGroup) -> None:
     """Each parameter's gradient summed over every rank that holds it, in place (the optimizer's buffer):
     one all-reduce per part, its parameters' gradients side by side (as replica_sim prices it). Every
-    holder lists a part's parameters in the same order (the model's), and the parts in the same order."""
+    holder lists a part's parameters in the same order (the model's), and the parts in the same order.
+    Tied ends are summed first, over every holder of either (`tp`: this rank's TP group, for their slices)."""
+    if hg.tie is not None:
+        sum_tied_grads(named, hg.tie, tp, keep=True)
     by_part: dict[int | str, list[torch.Tensor]] = {}
     for name, p in named:
-        if hg.parts.get(part_of(name)) is not None:
+        if hg.parts.get(part_of(name)) is not None and not (hg.tied and name in TIED_NAMES):
             by_part.setdefault(part_of(name), []).append(grad_of(p))
     for part, grads in by_part.items():
         buf = torch.cat([g.reshape(-1).float() for g in grads])

@@ -132,7 +132,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         if grads is not None:
             grads.append(_shards(chunks, grad=True))
         if hg is not None:
-            sum_holder_grads(named, hg)
+            sum_holder_grads(named, hg, g.tp)
         opt.step()
         norms.append(opt.last_norm)
         if model.last:
@@ -234,19 +234,18 @@ def run_rank(cfg: RunConfig, plan: Plan, rank: int) -> dict[str, Any]:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     hg = None
     if plan.replicas:
-        if m.tie_embeddings:
-            raise ValueError("a plan of replica groups trains without tied embeddings "
-                             "(heteropp run refuses them before starting)")
         groups = group_plans(plan)
         index = group_of(groups, rank)
         for gp in groups[:index]:  # every rank creates every group's groups, in order
             stage_groups(gp, rank, cfg.chip_map, cfg.timeout_s)
         plan, rest = groups[index], groups[index + 1:]
-    g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s, tied=m.tie_embeddings)
+    # a group's ends are tied across every group (HolderGroups.tie), not inside the group alone
+    g = build_groups(plan, rank, cfg.chip_map, cfg.backend, cfg.timeout_s,
+                     tied=m.tie_embeddings and not isinstance(plan, GroupPlan))
     if isinstance(plan, GroupPlan):
         for gp in rest:
             stage_groups(gp, rank, cfg.chip_map, cfg.timeout_s)
-        hg = build_holder_groups(cfg.plan_obj, groups, rank, cfg.backend, cfg.timeout_s)
+        hg = build_holder_groups(cfg.plan_obj, groups, rank, cfg.backend, cfg.timeout_s, m.tie_embeddings)
     # checkpoints talk over their own group: DCP's background thread must not share the training's
     ckpt_pg = dist.new_group(backend="gloo", timeout=timeout) if cfg.opts.checkpoint_dir else None
     st = plan.stages[g.coord.stage]

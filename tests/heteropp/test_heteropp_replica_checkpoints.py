@@ -1,12 +1,14 @@
 """Checkpoints of a plan whose replica groups run different pipelines (Plan.replicas), in real processes (CPU
-tensors and gloo stand in for two chip types and their libraries): a run resumed from its step-2 checkpoint
-continues bit for bit as the run that never stopped (losses and every holder's weights), which itself follows
-the single-process reference; and the checkpoint is the plan's no more than any other: one written by the
-replica groups resumes on a plan of one stage list (other cuts, TP sizes and micro-batches) and one written by
-that plan resumes on the replica groups, both following the reference. The whole run saves in the background
-(async_save, the default), the resumed ones in the foreground."""
+tensors and gloo stand in for two chip types and their libraries), of a model whose head is its embedding: a
+run resumed from its step-2 checkpoint continues bit for bit as the run that never stopped (losses and every
+holder's weights), which itself follows the single-process reference; and the checkpoint is the plan's no
+more than any other: one written by the replica groups resumes on a plan of one stage list (other cuts, TP
+sizes and micro-batches) and one written by that plan resumes on the replica groups, both following the
+reference. The whole run saves in the background (async_save, the default), the resumed ones in the
+foreground."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 from pathlib import Path
@@ -21,21 +23,23 @@ from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from tests.heteropp.heteropp_helpers import MODEL, check_losses, holder_params, mismatches
 
 STEPS, SAVE = 4, 2
+# the head is the embedding: its copy on a last stage is not written, and is read from the embedding's key
+TIED = dataclasses.replace(MODEL, tie_embeddings=True)
 OPTIONS = {"warmup_steps": 1, "lr_decay": "cosine", "min_lr": 1e-4, "save_every": SAVE}
 # A: two stages of 2 layers, 3 micro-batches; B: 1 + 3 layers, 5 micro-batches (global batch 8)
 GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 2), StagePlan("A", 1, 2)], 3),
                            ReplicaGroup([StagePlan("B", 1, 1), StagePlan("B", 1, 3)], 5)], 1,
-                          schedule="1f1b", num_layers=MODEL.layers)
+                          schedule="1f1b", num_layers=TIED.layers)
 # one stage list over the same 8 sequences: layers 0-2 at TP 2 (TP 1 in the groups), micro-batches of 2
 # weights against the reference after 4 Adam steps: the update divides by the moments' square root, which
 # magnifies the fp32 rounding of gradients summed in another order (1e-5 holds for 3 steps, tests of groups)
 PARAM_RTOL = 1e-4
 ONE_LIST = Plan([StagePlan("A", 2, 3), StagePlan("B", 1, 1)], dp=1, micro_batch_size=2, micro_batches=4,
-                num_layers=MODEL.layers, schedule="1f1b")
+                num_layers=TIED.layers, schedule="1f1b")
 
 
 def _launch(plan: Plan, ck, steps: int = STEPS, **options) -> dict:
-    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(MODEL), steps=steps, backend="gloo",
+    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(TIED), steps=steps, backend="gloo",
                     chip_map={"A": "cpu", "B": "cpu"}, timeout_s=120, collect_params=True,
                     options={**OPTIONS, "checkpoint_dir": str(ck), **options})
     return launch(cfg)
@@ -50,7 +54,7 @@ def _losses(results: dict) -> list[float]:
 
 @functools.lru_cache(maxsize=None)
 def _reference() -> dict:
-    return train_reference(MODEL, STEPS, GROUPS.global_batch, collect_params=True, verbose=False,
+    return train_reference(TIED, STEPS, GROUPS.global_batch, collect_params=True, verbose=False,
                            opts=TrainOptions(**{k: v for k, v in OPTIONS.items() if k != "save_every"}))
 
 
@@ -74,7 +78,7 @@ def test_replica_groups_resume_from_their_checkpoint_bit_for_bit(whole, tmp_path
     resumed = _launch(GROUPS, _step2(ck, tmp_path / "resumed"), resume=True, async_save=False)
     assert {r["1f1b"]["start_step"] for r in resumed.values()} == {SAVE}
     assert _losses(resumed) == _losses(results)[SAVE:]  # value for value
-    got, want = holder_params(resumed, "1f1b"), holder_params(results, "1f1b")
+    got, want = holder_params(resumed, "1f1b", tied=True), holder_params(results, "1f1b", tied=True)
     assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
     assert not mismatches(got, _reference()["params"], PARAM_RTOL)
 
@@ -84,12 +88,12 @@ def test_a_checkpoint_resumes_across_replica_groups_and_one_stage_list(whole, tm
     # replica groups -> one stage list
     on_list = _launch(ONE_LIST, _step2(whole[1], tmp_path / "groups"), resume=True, async_save=False)
     check_losses(_losses(on_list), ref["losses"][SAVE:], "groups' checkpoint on one stage list")
-    assert not mismatches(holder_params(on_list, "1f1b"), ref["params"], PARAM_RTOL)
+    assert not mismatches(holder_params(on_list, "1f1b", tied=True), ref["params"], PARAM_RTOL)
     # one stage list -> replica groups
     _launch(ONE_LIST, tmp_path / "list")
     on_groups = _launch(GROUPS, _step2(tmp_path / "list", tmp_path / "from-list"), resume=True, async_save=False)
     check_losses(_losses(on_groups), ref["losses"][SAVE:], "one stage list's checkpoint on the groups")
-    assert not mismatches(holder_params(on_groups, "1f1b"), ref["params"], PARAM_RTOL)
+    assert not mismatches(holder_params(on_groups, "1f1b", tied=True), ref["params"], PARAM_RTOL)
 
 
 def test_heteropp_run_takes_a_checkpoint_dir_for_replica_groups(tmp_path) -> None:
@@ -100,7 +104,7 @@ def test_heteropp_run_takes_a_checkpoint_dir_for_replica_groups(tmp_path) -> Non
     from heteropp.cli import main
     GROUPS.save(tmp_path / "plan.json")
     model = tmp_path / "model.json"
-    model.write_text(json.dumps({k: v for k, v in RunConfig.model_dict(MODEL).items() if k != "explicit_head_dim"}))
+    model.write_text(json.dumps({k: v for k, v in RunConfig.model_dict(TIED).items() if k != "explicit_head_dim"}))
     assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", str(model), "--chip-map", "A=cpu,B=cpu",
                  "--checkpoint-dir", str(tmp_path / "ck"), "--resume", "--save-every", "2",
                  "--write-config", str(tmp_path / "run.json")]) == 0

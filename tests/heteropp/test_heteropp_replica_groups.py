@@ -5,6 +5,7 @@ that holds it. Processes on one host stand in for chips of two types; gloo stand
 collective libraries and for the point-to-point backend."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -39,6 +40,37 @@ def _run(name: str, clip: float | None) -> dict:
 @functools.lru_cache(maxsize=None)
 def _reference(sequences: int, clip: float | None) -> dict:
     return train_reference(MODEL, STEPS, sequences, clip_grad=clip, collect_params=True, verbose=False)
+
+
+# tied embeddings: the embedding and the output head are one matrix, held by different stages in different groups
+TIED = dataclasses.replace(MODEL, tie_embeddings=True)
+TIED_PLANS = {
+    # A: one stage holds both ends (one parameter); B: the embedding on stage 0, its copy on stage 1
+    "1 stage 4 + 1|3": Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 4)], 2),
+                                         ReplicaGroup([StagePlan("B", 1, 1), StagePlan("B", 1, 3)], 3)], 1,
+                                        schedule="1f1b", num_layers=MODEL.layers),
+    # the embedding at TP 2, the head at TP 1, in both groups; B's stage 0 in two replicas (inner_dp)
+    "tp2 2|2 + tp2 2|1|1": Plan.of_replicas(
+        [ReplicaGroup([StagePlan("A", 2, 2), StagePlan("A", 1, 2)], 3),
+         ReplicaGroup([StagePlan("B", 2, 2, inner_dp=2), StagePlan("B", 1, 1), StagePlan("B", 1, 1)], 2)], 2,
+        schedule="1f1b", num_layers=MODEL.layers),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIED_PLANS))
+def test_replica_groups_with_tied_embeddings_train_as_the_reference(name: str) -> None:
+    """Every holder of either copy steps on the gradient summed over every holder of both, so the losses and
+    every copy (each checked equal to every other) match the reference, in which the head is the embedding."""
+    plan = TIED_PLANS[name]
+    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(TIED), steps=STEPS, schedules=["1f1b"],
+                    backend="gloo", chip_map={"A": "cpu", "B": "cpu"}, collect_params=True, timeout_s=120)
+    res = launch(cfg)
+    want = train_reference(TIED, STEPS, plan.global_batch, collect_params=True, verbose=False)
+    got = [r["1f1b"]["losses"] for r in res.values() if r["1f1b"]["losses"] is not None]
+    assert len(got) >= 2
+    for losses in got:
+        check_losses(losses, want["losses"], name)
+    assert not mismatches(holder_params(res, "1f1b", tied=True), want["params"])
 
 
 @pytest.mark.parametrize("name,clip", [("tp1 2|2 + 1|3", 0.05), ("tp2 2|2 + dp2 1|1|2", None)])
