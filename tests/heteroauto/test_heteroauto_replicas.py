@@ -165,15 +165,6 @@ def test_the_per_replica_plan_beats_every_single_stage_list_and_equals_the_brute
     assert got.zero1 is False  # as replica_sim prices it and the engine runs it, although the spec says true
 
 
-def test_the_engine_refuses_replica_groups_only_with_a_tied_head_naming_the_field():
-    pb = _two_types()
-    check_run(_per_type(5, 3), pb.model, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
-    tied = replace(pb.model, tie_embeddings=True)
-    with pytest.raises(SpecError) as e:
-        check_run(_per_type(5, 3), tied, "plan.json", {"X": "cpu", "Y": "cpu"}, ["1f1b"])
-    assert e.value.field == "replicas" and "embedding" in str(e.value)
-
-
 def test_every_split_into_replica_groups_trains_the_whole_global_batch():
     """X with Y and Z 30 times slower: by throughput Y and Z would take a quarter of a micro-batch each, and
     every group takes at least one; the shares still add up to the training spec's 8 micro-batches."""
