@@ -147,7 +147,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         check_run(plan, m, a.plan, chip_map, [plan.schedule], a.world_size, available, nodes)
         from .engine.node_ranks import launch_nodes, ranks_by_node
         # with the cluster's nodes, each torchrun node's workers take the ranks the node rule puts there
-        run_nodes = None if cluster is None or plan.replicas else \
+        run_nodes = None if cluster is None else \
             launch_nodes(plan, [(c.name, n) for c in cluster.chips for n in c.node_sizes])
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                           chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
@@ -155,9 +155,6 @@ def cmd_run(a: argparse.Namespace) -> int:
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
         secret = "DICOMM_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')"
-        if cluster is not None and plan.replicas:  # ranks_by_node places one stage list only
-            print("heteropp: a plan of replica groups is not placed by node under torchrun: workers take torchrun's "
-                  "RANK, so a TP group may span hosts", file=sys.stderr)
         if run_nodes is None:
             print(f"wrote {a.write_config}; run it with: {secret} torchrun --nproc-per-node={plan.world_size} "
                   f"-m heteropp.engine.worker --config {a.write_config}")

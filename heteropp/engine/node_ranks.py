@@ -18,11 +18,9 @@ from ..spec.errors import SpecError
 
 def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[int]]:
     """Per node of `nodes` ((chip type, chips), in node-rank order), the plan ranks the node rule puts on it,
-    ascending. SpecError naming the node list when a stage's chip type has no node there, or a TP group fits
-    in none."""
-    if plan.replicas:
-        raise SpecError("plan", "replicas", "a plan of replica groups is not placed by node under torchrun",
-                        "a plan of one stage list, or a run config without nodes")
+    ascending. A plan of replica groups is placed as one: every group's stages together (Plan.placement), each
+    group's ranks after the groups' before it (replica_groups.py). SpecError naming the node list when a
+    stage's chip type has no node there, or a TP group fits in none."""
     sizes: dict[str, list[int]] = {}
     where: dict[tuple[str, int], int] = {}  # (chip type, its j-th node) -> index in `nodes`
     for i, node in enumerate(nodes):
@@ -31,18 +29,21 @@ def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[in
             raise SpecError("nodes", f"nodes[{i}]", f"got {list(node)!r}", "[chip type, chips >= 1]")
         where[(chip, len(sizes.setdefault(chip, [])))] = i
         sizes[chip].append(n)
-    for k in range(plan.devices):
-        if plan.stages[k].chip not in sizes:
-            raise SpecError("nodes", f"stages[{k}].chip", f"{plan.stages[k].chip!r} has no node in the list",
+    for name, s in plan.stage_names():
+        if s.chip not in sizes:
+            raise SpecError("nodes", f"{name}.chip", f"{s.chip!r} has no node in the list",
                             "a node of every chip type the plan uses")
-    placed = plan.placement(sizes, "nodes")
-    offsets = plan.rank_offsets()
+    placed = iter(plan.placement(sizes, "nodes"))  # every group's stages in turn, as Plan.placement lists them
     out: list[list[int]] = [[] for _ in nodes]
-    for k, groups in enumerate(placed):
-        tp = plan.stages[k].tp
-        for replica, j in enumerate(groups):
-            first = offsets[k] + replica * tp
-            out[where[(plan.stages[k].chip, j)]] += range(first, first + tp)
+    base = 0
+    for g in plan.groups:
+        offsets = g.rank_offsets()
+        for k in range(g.devices):
+            chip, tp = g.stages[k].chip, g.stages[k].tp
+            for replica, j in enumerate(next(placed)):
+                first = base + offsets[k] + replica * tp
+                out[where[(chip, j)]] += range(first, first + tp)
+        base += g.world_size
     return [sorted(r) for r in out]
 
 

@@ -36,11 +36,12 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, nodes: list[list[object]] | None, procs: list[int]) -> list[subprocess.CompletedProcess]:
+def _launch(tmp_path, nodes: list[list[object]] | None, procs: list[int],
+            plan: Plan = PLAN) -> list[subprocess.CompletedProcess]:
     """One torchrun agent per node (static rendezvous on loopback), `procs[i]` workers on node i."""
-    cfg = RunConfig(plan=PLAN.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, backend="gloo",
-                    chip_map={"A": "cpu"}, timeout_s=60, verbose=True, loss_log=str(tmp_path / "loss.jsonl"),
-                    nodes=nodes)
+    cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, backend="gloo",
+                    chip_map={"A": "cpu", "B": "cpu"}, timeout_s=60, verbose=True,
+                    loss_log=str(tmp_path / "loss.jsonl"), nodes=nodes)
     path = tmp_path / "run.json"
     path.write_text(json.dumps(cfg.__dict__))
     port = _port()
@@ -149,18 +150,65 @@ def test_write_config_with_the_cluster_lists_the_nodes_and_each_nodes_command(tm
     assert "--nnodes=2 --node-rank=1 --nproc-per-node=2" in said
 
 
-def test_write_config_with_the_cluster_says_a_plan_of_replica_groups_is_not_placed_by_node(tmp_path, capsys):
-    """ranks_by_node places one stage list only: for a plan of replica groups the config lists no nodes and the
-    run says its workers keep torchrun's numbering, rather than printing the plain command as if placed."""
+# Replica groups: A runs all 4 layers on one chip (rank 0), B cuts them 1|3 over two chips (ranks 1 and 2).
+# Node 0 holds two B chips, node 1 one A chip: torchrun alone gives node 0's workers ranks 0 and 1, an A stage
+# on a B host and B's pipeline split over the two hosts.
+GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 4)], 2),
+                           ReplicaGroup([StagePlan("B", 1, 1), StagePlan("B", 1, 3)], 3)], 1, schedule="1f1b",
+                          num_layers=MODEL.layers)
+GROUP_NODES = [["B", 2], ["A", 1]]
+_CHIP_LINE = re.compile(r"rank (\d+): stage \d+ \((\w+), ")
+
+
+def test_the_node_rule_places_replica_groups_by_hand():
+    """Every group's stages on nodes of their chip type: B's ranks 1 and 2 on node 0, A's rank 0 on node 1.
+    Every group's TP groups are placed before any group's TP-1 stages, as for one stage list."""
+    assert ranks_by_node(GROUPS, GROUP_NODES) == [[1, 2], [0]]
+    tp = Plan.of_replicas([ReplicaGroup([StagePlan("A", 2, 2), StagePlan("A", 1, 2)], 2),  # ranks 0-1, 2
+                           ReplicaGroup([StagePlan("A", 2, 2), StagePlan("A", 1, 2)], 2)], 1,  # ranks 3-4, 5
+                          schedule="1f1b", num_layers=MODEL.layers)
+    # nodes of 2 and 4 chips: both TP-2 groups first, each into the fullest node it fits (the first fills node
+    # 0, the second goes to node 1), then the TP-1 ranks 2 and 5 into the only node with room (node 1)
+    assert ranks_by_node(tp, [["A", 2], ["A", 4]]) == [[0, 1], [2, 3, 4, 5]]
+
+
+def test_under_torchrun_replica_groups_run_on_nodes_of_their_chip_type(tmp_path):
+    runs = _launch(tmp_path, GROUP_NODES, [2, 1], GROUPS)
+    for r in runs:
+        assert r.returncode == 0, r.stdout[-3000:]
+    chips = [sorted(m.group(2) for m in _CHIP_LINE.finditer(r.stdout)) for r in runs]
+    assert chips == [["B", "B"], ["A"]]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "loss.jsonl").read_text().splitlines()]
+    check_losses(losses, reference(GROUPS.global_batch)["losses"][:STEPS], "replica groups by node")
+
+
+def test_a_launch_of_replica_groups_that_differs_from_the_nodes_is_refused_naming_the_node():
+    env = {"GROUP_RANK": "1", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    with pytest.raises(SpecError, match="2 processes on node 1 .*expected 1: the plan ranks \\[0\\]"):
+        torchrun_rank(GROUPS, GROUP_NODES, env)
+    with pytest.raises(SpecError, match=r"replicas\[1\]\.stages\[0\]\.chip.*'B' has no node"):
+        ranks_by_node(GROUPS, [["A", 3]])
+
+
+def test_write_config_with_the_cluster_places_a_plan_of_replica_groups_by_node(tmp_path, capsys):
+    """The config lists the nodes a plan of replica groups uses and each node's command its process count
+    (before, it listed none and said the workers kept torchrun's numbering)."""
     from heteropp.cli import main
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text("chips:\n  - {name: A, nodes: [2, 2], memory_gb: 16, peak_tflops: 1, intra_node_bw: 5, "
-                       "network_bw: 2, device: cpu}\n")
-    plan = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8)], 4, dp=2),  # two groups of different cuts
-                             ReplicaGroup([StagePlan("A", 1, 3), StagePlan("A", 1, 5)], 4)], 1, schedule="1f1b")
-    plan.save(tmp_path / "plan.json")
+    cluster.write_text("chips:\n"
+                       "  - {name: A, nodes: [1, 1], memory_gb: 16, peak_tflops: 1, intra_node_bw: 5, network_bw: 2, "
+                       "device: cpu}\n"
+                       "  - {name: B, nodes: [2], memory_gb: 16, peak_tflops: 1, intra_node_bw: 5, network_bw: 2, "
+                       "device: cpu}\n")
+    GROUPS.save(tmp_path / "plan.json")
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({k: v for k, v in RunConfig.model_dict(MODEL).items() if k != "explicit_head_dim"}))
     out = tmp_path / "run.json"
-    assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny", "--cluster", str(cluster),
+    assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", str(model), "--cluster", str(cluster),
                  "--write-config", str(out)]) == 0
-    assert json.loads(out.read_text())["nodes"] is None
-    assert "replica groups is not placed by node" in capsys.readouterr().err
+    # by hand: A's one rank on the first A node (the second idle), B's two ranks on the B node
+    assert json.loads(out.read_text())["nodes"] == [["A", 1], ["B", 2]]
+    said = capsys.readouterr()
+    assert "--nnodes=2 --node-rank=0 --nproc-per-node=1" in said.out
+    assert "--nnodes=2 --node-rank=1 --nproc-per-node=2" in said.out
+    assert "not placed by node" not in said.err
