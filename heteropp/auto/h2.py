@@ -139,16 +139,10 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
             # the children's bounds first, then the children from the least bound up: a good leaf comes
             # early and prunes the rest (the leaf returned is the same: see `order`)
             last, first = last_of[i], first_of[i]
-            kids = []
-            for ti, t in enumerate(opts[i]):
-                if group_rule and last >= 0 and t > tps[last]:
-                    continue
-                for ri, r in enumerate((rs[first],) if tie_recompute is not None and first >= 0 else BOTH):
-                    tps.append(t)
-                    rs.append(r)
-                    kids.append((bound.least(tps, rs) if prune else 0.0, ti, ri, t, r))
-                    tps.pop()
-                    rs.pop()
+            picks = [(ti, ri, t, r) for ti, t in enumerate(opts[i]) if not (group_rule and last >= 0 and t > tps[last])
+                     for ri, r in enumerate((rs[first],) if tie_recompute is not None and first >= 0 else BOTH)]
+            lows = bound.children(tps, rs, [(t, r) for _, _, t, r in picks]) if prune else [0.0] * len(picks)
+            kids = [(low, *pick) for low, pick in zip(lows, picks)]
             kids.sort(key=lambda k: k[:3])
             for low, ti, ri, t, r in kids:
                 if prune and low > best * limit:
@@ -193,7 +187,7 @@ class _Bound:
         self.floor, self.sk = floor, sk
         # per entity over its options: (least tau, most s / tau, most layers) at each in-flight floor n
         self.opts = opts
-        self.best: dict[tuple[int, int, int, tuple[bool, ...]], Part] = {}
+        self.best: dict[tuple[tuple[str, int], int, int, tuple[bool, ...]], Part] = {}
         # keyed by (chip, chips) as one value: entities of one type and size share their parts
         self.chip_of = [(e.chip, e.chips) for e in ents]
         self.seen: dict[tuple[tuple[str, int], int, bool, int], Part] = {}
@@ -215,7 +209,7 @@ class _Bound:
         return self.seen[key]
 
     def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> Part:
-        key = (i, n, tmax, rs)
+        key = (self.chip_of[i], n, tmax, rs)  # entities of one type and size have the same options
         if key not in self.best:
             xs = [self._entity(i, t, r, n) for t in self.opts[i] if t <= tmax for r in rs]
             tau, rate, cap = (min((x[0] for x in xs), default=math.inf), max((x[1] for x in xs), default=0.0),
@@ -224,24 +218,51 @@ class _Bound:
         return self.best[key]
 
     def least(self, tps: list[int], rs: list[bool]) -> float:
-        k, ents, dp = len(tps), self.ents, self.dp
-        p = self.rest_stages[k]
+        """The bound below the branch whose first len(tps) entities are set (the DFS's root: none)."""
+        if tps:
+            return self.children(tps[:-1], rs[:-1], [(tps[-1], rs[-1])])[0]
+        n, none = self.in_flight(self.rest_stages[0]), tuple(None for _ in self.rest_chips[0])
+        return self._with_rest(0, n, [], (0, n, none if self.group_rule else (), none)
+                               if self.group_rule or self.tied else (0, n), {}, {})
+
+    def children(self, tps: list[int], rs: list[bool], kids: list[tuple[int, bool]]) -> list[float]:
+        """least(tps + [t], rs + [r]) for each (t, r) of `kids`: the set entities' stage count, parts (per
+        in-flight count) and TP limits and flags are the siblings' common prefix, computed once."""
+        i, ents, dp = len(tps), self.ents, self.dp
+        k, chip, size = i + 1, ents[i].chip, ents[i].chips // dp
+        p0 = self.rest_stages[k]
         for e, t in zip(ents, tps):
-            p += e.chips // dp // t
-        n = self.in_flight(p)
-        # the parts of the set entities: memo hits inline (the DFS asks at every node)
+            p0 += e.chips // dp // t
         seen, entity, chip_of = self.seen, self._entity, self.chip_of
-        parts = [seen.get((chip_of[i], t, r, n)) or entity(i, t, r, n) for i, (t, r) in enumerate(zip(tps, rs))]
-        if self.group_rule or self.tied:
-            last_tp: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
-            first_r: dict[str, bool] = {}  # and, tied, its first group's recompute flag
+        rules, rest_chips = self.group_rule or self.tied, self.rest_chips[k]
+        last_tp0: dict[str, int] = {}  # a type's later groups: TP no larger than its last set group's
+        first_r0: dict[str, bool] = {}  # and, tied, its first group's recompute flag
+        if rules:
             for e, t, r in zip(ents, tps, rs):
-                last_tp[e.chip] = t
-                first_r.setdefault(e.chip, r)
-            key: tuple[Any, ...] = (k, n, tuple(last_tp.get(c) for c in self.rest_chips[k]) if self.group_rule else (),
-                                    tuple(first_r.get(c) for c in self.rest_chips[k]))
-        else:
-            last_tp, first_r, key = {}, {}, (k, n)
+                last_tp0[e.chip] = t
+                first_r0.setdefault(e.chip, r)
+        prefix: dict[int, list[Part]] = {}  # the set entities' parts at an in-flight count
+        out = []
+        for t, r in kids:
+            n = self.in_flight(p0 + size // t)
+            parts = prefix.get(n)
+            if parts is None:
+                # the parts of the set entities: memo hits inline (the DFS asks at every node)
+                parts = prefix[n] = [seen.get((chip_of[j], tj, rj, n)) or entity(j, tj, rj, n)
+                                     for j, (tj, rj) in enumerate(zip(tps, rs))]
+            parts = [*parts, seen.get((chip_of[i], t, r, n)) or entity(i, t, r, n)]
+            if rules:
+                last_tp, first_r = {**last_tp0, chip: t}, first_r0 if chip in first_r0 else {**first_r0, chip: r}
+                key: tuple[Any, ...] = (k, n, tuple(last_tp.get(c) for c in rest_chips) if self.group_rule else (),
+                                        tuple(first_r.get(c) for c in rest_chips))
+            else:
+                last_tp, first_r, key = {}, {}, (k, n)
+            out.append(self._with_rest(k, n, parts, key, last_tp, first_r))
+        return out
+
+    def _with_rest(self, k: int, n: int, parts: list[Part], key: tuple[Any, ...], last_tp: dict[str, int],
+                   first_r: dict[str, bool]) -> float:
+        """The bound of the set entities' `parts` with entities k.. at their best."""
         # the rest's parts depend only on this key (the DFS asks for the same ones at every sibling)
         rest_parts = self.rest_memo.get(key)
         if rest_parts is None:
@@ -266,10 +287,11 @@ class _Bound:
 
 def _level_and_total(parts: list[Part], L: int, b: int) -> float:
     """_Bound's least cost of these entities' parts (see _Bound)."""
-    if sum(p[2] for p in parts) < L:
+    _, fills, caps, _ = zip(*parts)  # the same sums in the same order as over the parts, without a generator
+    if sum(caps) < L:
         return math.inf
     # the level Z: entities fill at rate s / tau until their cap, in order of the level they cap at
-    left, rate, z = float(L), sum(p[1] for p in parts), 0.0
+    left, rate, z = float(L), sum(fills), 0.0
     for _, fill, _, at in sorted(parts, key=_LEVEL):
         if fill <= 0 or rate * (at - z) >= left:
             break
