@@ -2,6 +2,10 @@
 // capture. Built against torch's own pybind11, so tensors and dtypes cross as torch's objects.
 #include <torch/csrc/utils/pybind.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "fused_stats.h"
 #include "op_observer.h"
 
@@ -51,6 +55,31 @@ PYBIND11_MODULE(_C, m) {
       .def("waits", &OpObserver::waits)
       .def("set_group", &OpObserver::set_group)
       .def("set_reduce_op_name", &OpObserver::set_reduce_op_name)
+      .def(
+          "set_python_side",
+          [](OpObserver& o, py::function readable, py::function group_ranks) {
+            // Called from ops on any thread: each call takes the GIL, and so does the release.
+            auto keep = [](py::function f) {
+              return std::shared_ptr<py::function>(new py::function(std::move(f)), [](py::function* p) {
+                py::gil_scoped_acquire gil;
+                delete p;
+              });
+            };
+            auto r = keep(std::move(readable)), g = keep(std::move(group_ranks));
+            o.set_python_side(
+                [r](const at::Tensor& t) {
+                  py::gil_scoped_acquire gil;
+                  return (*r)(t).cast<at::Tensor>();
+                },
+                [g](const std::string& name) {
+                  py::gil_scoped_acquire gil;
+                  py::object ranks = (*g)(name);
+                  return ranks.is_none() ? std::vector<int64_t>{} : ranks.cast<std::vector<int64_t>>();
+                });
+          },
+          py::arg("readable"), py::arg("group_ranks"),
+          "readable(tensor) -> the plain tensor holding a Python wrapper subclass's elements; "
+          "group_ranks(name) -> a process group's global ranks or None; both called under the GIL")
       .def("count", &OpObserver::count)
       .def("set_dtype_name", &OpObserver::set_dtype_name);
 }

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -40,6 +41,11 @@ struct InHook {
 
 struct Pending : at::ObserverContext {
   int uncaught = 0;
+  // A collective's kernel runs with RecordFunction off on this thread, and so do the threads its
+  // work runs on (they inherit this thread's state): what it calls (a functional collective's
+  // c10d op, gloo's copies into the output) is its own, as a dispatch mode, off while its handler
+  // runs the op, never sees it. Restored when it ends.
+  bool muted = false, was_enabled = true;
   int64_t in_unwritten = 0;  // its inputs' elements no op wrote since an empty*, before it ran
   std::vector<at::Tensor> written;  // the tensors it writes, where some memory is unwritten
   at::Tensor source;  // a same-elements view's input
@@ -245,7 +251,13 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   f->random = handle->hasTag(at::Tag::nondeterministic_seeded);
   for (const char* a : kAllocators) f->allocator = f->allocator || f->name == a;
   f->counted_only = f->name.rfind("profiler::", 0) == 0;
-  f->collective = f->name.rfind("c10d::", 0) == 0;
+  // as collectives.is_collective; a functional one returns its result before it is there (its
+  // plumbing, wait_tensor and _wrap_tensor_autograd, communicates nothing)
+  f->collective = f->name.rfind("c10d::", 0) == 0 || f->name.rfind("_c10d_functional::", 0) == 0 ||
+                  f->name.rfind("c10d_functional::", 0) == 0;
+  f->functional = f->collective && f->name.rfind("c10d::", 0) != 0 &&
+                  f->name.find("::wait_tensor") == std::string::npos &&
+                  f->name.find("::_wrap_tensor_autograd") == std::string::npos;
   f->point_to_point = f->name == "c10d::send" || f->name == "c10d::recv_" || f->name == "c10d::recv_any_source_";
   for (const char* a : kSameElements) f->same_elements = f->same_elements || f->name == a;
   f->shown_name = f->name;
@@ -362,21 +374,53 @@ void OpObserver::set_reduce_op_name(int64_t value, std::string name) {
   reduce_op_names_[value] = std::move(name);
 }
 
-// A collective's process group (its global ranks) and ReduceOp, read from its arguments.
+std::vector<int64_t> OpObserver::group(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(groups_mutex_);
+    auto it = groups_.find(name);
+    if (it != groups_.end() || !group_ranks_) return it != groups_.end() ? it->second : std::vector<int64_t>{};
+  }
+  // Made since the last set_group (mid-step): asked of Python without the lock (a thread holding
+  // the GIL may be in set_group), then kept.
+  std::vector<int64_t> ranks = group_ranks_(name);
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  groups_.try_emplace(name, ranks);
+  return ranks;
+}
+
+// A collective's process group (its global ranks) and ReduceOp, read from its arguments as
+// collectives.group_ranks and reduce_op_name read them: a functional collective names both with
+// strings (the ReduceOp second, the group's name last).
 void OpObserver::collective_args(Record& r, c10::ArrayRef<c10::IValue> inputs) {
   static const auto group_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ProcessGroup>>();
   static const auto reduce_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ReduceOp>>();
-  std::lock_guard<std::mutex> lock(groups_mutex_);
+  if (r.op->name.rfind("c10d::", 0) != 0) {
+    if (inputs.size() > 1 && inputs[1].isString()) {
+      r.reduce_op = inputs[1].toStringRef();
+      for (char& c : r.reduce_op) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+    for (size_t i = inputs.size(); i-- > 0;)
+      if (inputs[i].isString()) {
+        r.group = group(inputs[i].toStringRef());
+        break;
+      }
+    return;
+  }
   for (const auto& v : inputs) {
     if (!v.isCustomClass()) continue;
     if (v.type() == group_type) {
-      auto it = groups_.find(v.toCustomClass<c10d::ProcessGroup>()->getGroupName());
-      if (it != groups_.end()) r.group = it->second;
+      r.group = group(v.toCustomClass<c10d::ProcessGroup>()->getGroupName());
     } else if (v.type() == reduce_type) {
+      std::lock_guard<std::mutex> lock(groups_mutex_);
       const auto op = static_cast<size_t>(v.toCustomClass<c10d::ReduceOp>()->op_);
       if (op < reduce_op_names_.size()) r.reduce_op = reduce_op_names_[op];
     }
   }
+}
+
+at::Tensor OpObserver::readable(const at::Tensor& t) const {
+  if (!t.key_set().has(c10::DispatchKey::Python) || !readable_) return t;
+  return readable_(t);
 }
 
 void OpObserver::set_step(int64_t step) {
@@ -450,8 +494,9 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
   }
   r->step = step;
   r->rank = rank_;
-  for (const auto& t : tensors) {
-    fill_meta(r->outputs.emplace_back(), t);
+  for (const auto& wrapped : tensors) {
+    fill_meta(r->outputs.emplace_back(), wrapped);
+    const at::Tensor t = readable(wrapped);
     const at::Tensor mask = unwritten_.empty() ? at::Tensor() : unwritten_.mask(t);
     if (mask.defined()) r->unwritten += mask.sum().item<int64_t>();
     r->stats.push_back(stats(t, nullptr, mask));
@@ -487,6 +532,11 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   InHook in_hook;
   auto p = std::make_unique<Pending>();
   p->uncaught = std::uncaught_exceptions();
+  if (op->collective && !op->point_to_point) {
+    p->muted = true;
+    p->was_enabled = at::isRecordFunctionEnabled();
+    at::enableRecordFunction(false);
+  }
   // A context is returned even when the op cannot be described, so that on_end undoes tl_depth (torch
   // catches a callback's exception, calls on_end without a context and goes on: the depth would stay
   // raised and later top-level ops would be taken for inner ones).
@@ -566,6 +616,7 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   }
   --tl_depth;
   auto* p = static_cast<Pending*>(ctx);
+  if (p->muted) at::enableRecordFunction(p->was_enabled);
   if (p->record == nullptr) return;  // not described (failed)
   if (std::uncaught_exceptions() > p->uncaught) return;  // the op raised
   InHook in_hook;
@@ -583,7 +634,12 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
   auto& outputs = tl_outputs;
   outputs.clear();
   for (const auto& v : fn.outputs()) each_tensor(v, [&](const at::Tensor& t) { outputs.push_back(t); });
-  if (r.op->collective && !r.op->point_to_point) {  // its outputs hold the result once it completed
+  if (r.op->functional) {  // waited for as the engine would: the program's own wait is then a no-op
+    static const auto wait = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("_c10d_functional::wait_tensor", "")
+                                 .typed<at::Tensor(const at::Tensor&)>();
+    for (const auto& t : outputs) wait.call(t);
+  } else if (r.op->collective && !r.op->point_to_point) {  // its outputs hold the result once it completed
     for (const auto& v : fn.outputs()) {
       if (v.isCustomClass() && v.type() == c10::getCustomClassType<c10::intrusive_ptr<c10d::Work>>()) {
         auto work = v.toCustomClass<c10d::Work>();
@@ -591,7 +647,10 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
       }
     }
   }
-  for (const auto& t : outputs) fill_meta(r.outputs.emplace_back(), t);
+  for (auto& t : outputs) {
+    fill_meta(r.outputs.emplace_back(), t);
+    t = readable(t);  // what is read of it from here on
+  }
   // What empty* allocated and no op wrote since (through any view) counts as 0, as the Python hook
   // writes it: an allocator's outputs, then the writes of this op, then what its tensors still hold.
   if (r.op->allocator) {

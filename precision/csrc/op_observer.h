@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <deque>
+#include <functional>
 #include <memory>
 
 #include "fused_stats.h"
@@ -77,6 +78,16 @@ class OpObserver {
   void set_group(const std::string& name, std::vector<int64_t> ranks);
   void set_reduce_op_name(int64_t value, std::string name);
   int64_t count() const { return count_; }  // ops seen (the call numbers handed out)
+  // What only Python knows (module.cpp calls Python under the GIL): the plain tensor holding the
+  // elements of a Python wrapper subclass, such as a functional collective's AsyncCollectiveTensor
+  // (dump.readable), and a group's global ranks by name, for a group made after the last set_group
+  // (collectives.ranks_by_name; empty: not known). Set before start.
+  using Readable = std::function<at::Tensor(const at::Tensor&)>;
+  using GroupRanks = std::function<std::vector<int64_t>(const std::string&)>;
+  void set_python_side(Readable readable, GroupRanks group_ranks) {
+    readable_ = std::move(readable);
+    group_ranks_ = std::move(group_ranks);
+  }
 
   // Names of the dtypes as the index writes them (torch.float32 -> "float32"), set from Python.
   void set_dtype_name(c10::ScalarType dtype, std::string name) { dtype_names_.set(dtype, std::move(name)); }
@@ -135,7 +146,11 @@ class OpObserver {
   std::unordered_map<std::string, std::vector<int64_t>> groups_;
   std::vector<std::string> reduce_op_names_;
   std::mutex groups_mutex_;
+  Readable readable_;
+  GroupRanks group_ranks_;
   void collective_args(Record& r, c10::ArrayRef<c10::IValue> inputs);
+  std::vector<int64_t> group(const std::string& name);  // takes groups_mutex_; asks Python on a miss
+  at::Tensor readable(const at::Tensor& t) const;  // t, or what holds its elements (a Python wrapper's)
   // Statistics computed this step, by tensor: a tensor seen again unchanged (a module's output is an
   // op's output) or a view holding exactly its input's elements takes them instead of a pass.
   // Weak references: the program's tensors are freed as they would be, and an entry's address is

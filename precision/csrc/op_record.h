@@ -28,7 +28,8 @@ struct OpFacts {
   bool allocator = false;  // empty*: its output is uninitialised memory
   bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
   bool same_elements = false;  // a view whose output holds exactly its first argument's elements
-  bool collective = false;     // c10d::*: its outputs hold the result once its Work completed
+  bool collective = false;     // c10d::*, _c10d_functional::*: its outputs hold the result once it completed
+  bool functional = false;     // a functional collective (not its plumbing): complete once wait_tensor ran on it
   bool point_to_point = false;  // c10d::send, recv_: never waited for (gloo counts waits)
   // Recorded under another name: aten::_reshape_alias, which reshape calls only where no Python
   // dispatch mode is active (under one it calls view): written as view, without its stride.

@@ -58,22 +58,35 @@ def group_ranks(op: str, args) -> list[int] | None:
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    pg = None
+    if op.startswith(_FUNCTIONAL):  # the group's name is the last string argument
+        name = next((a for a in reversed(args) if isinstance(a, str)), None)
+        return ranks_by_name(name) if name is not None else None
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                pg = torch._C._distributed_c10d.ProcessGroup.unbox(a)
+            except (RuntimeError, TypeError):  # a ReduceOp or other options object
+                continue
+            return _global_ranks(pg)
+    return None
+
+
+def ranks_by_name(name: str) -> list[int] | None:
+    """The global ranks of the process group named ``name`` (``ProcessGroup.group_name``, as a
+    functional collective names it), or None where this process knows no such group."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
     try:
-        if op.startswith(_FUNCTIONAL):  # the group's name is the last string argument
-            name = next((a for a in reversed(args) if isinstance(a, str)), None)
-            pg = dist.distributed_c10d._resolve_process_group(name) if name is not None else None
-        else:
-            for a in args:
-                if isinstance(a, torch.ScriptObject):
-                    try:
-                        pg = torch._C._distributed_c10d.ProcessGroup.unbox(a)
-                        break
-                    except (RuntimeError, TypeError):  # a ReduceOp or other options object
-                        continue
-        if pg is None:
-            return None
-        return [dist.get_global_rank(pg, i) for i in range(pg.size())]
+        pg = dist.distributed_c10d._resolve_process_group(name)
+    except (RuntimeError, ValueError, KeyError):
+        return None
+    return _global_ranks(pg)
+
+
+def _global_ranks(pg) -> list[int] | None:
+    try:
+        return [torch.distributed.get_global_rank(pg, i) for i in range(pg.size())]
     except (RuntimeError, ValueError, KeyError):  # a group this process does not know
         return None
 

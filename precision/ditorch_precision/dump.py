@@ -124,13 +124,29 @@ def _decode_tag(d: dict):
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """A tensor subclass (an async collective's result, a wrapper) as the plain tensor it wraps, so
-    a capture holds only what ``torch.load(weights_only=True)`` reads."""
+    a capture holds only what ``torch.load(weights_only=True)`` reads. A functional collective's
+    result (``AsyncCollectiveTensor``) is waited for first: its elements are there only then."""
     while type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        if _async_collective(t):
+            torch.ops._c10d_functional.wait_tensor(t.elem)  # a no-op once waited (by the program or a hook)
         inner, _ = t.__tensor_flatten__()
         if len(inner) != 1:
             break
         t = getattr(t, inner[0])
     return t if type(t) in (torch.Tensor, torch.nn.Parameter) else t.as_subclass(torch.Tensor)
+
+
+def _async_collective(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    return isinstance(t, AsyncCollectiveTensor)
+
+
+def readable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or the plain tensor holding its elements where ``t`` is a wrapper without storage of
+    its own (a functional collective's result, once waited for): what statistics are read from."""
+    return t if type(t) in (torch.Tensor, torch.nn.Parameter) else _plain(t)
 
 
 def _saveable(x):

@@ -18,7 +18,8 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_hooks
 
 from . import native
-from .dump import INDEX, tensors_in
+from .collectives import ranks_by_name
+from .dump import INDEX, readable, tensors_in
 
 HOOKS = ("auto", "cpp", "python")
 # Index records the C++ observer's writer thread may hold unwritten (a few hundred bytes each): a
@@ -89,6 +90,7 @@ class NativeHook:
         ]
         tracker.tagger = lambda output, path, seq: obs.tag(tensors_in(output), path, seq)
         hand_groups(obs)
+        obs.set_python_side(readable, ranks_by_name)  # a collective's result, a group made mid-step
         obs.open_index(os.path.join(cap.path, INDEX), MAX_QUEUED)
         obs.start()
         global _ACTIVE

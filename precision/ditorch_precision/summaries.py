@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from . import native
-from .dump import tensors_in
+from .dump import readable, tensors_in
 from .metrics import default_tolerance
 
 MODES = ("full", "stats", "checksum")
@@ -24,7 +24,7 @@ def tensor_stats(t: torch.Tensor) -> dict:
     """min, max, mean, L2 norm (float64 sums, over finite values) and NaN/Inf counts of one tensor:
     CPU tensors in one fused pass of the C++ module (``native``), others (or without it) in torch
     with a float64 copy."""
-    x = t.detach()
+    x = readable(t).detach()
     out: dict = {"dtype": str(x.dtype).removeprefix("torch."), "numel": x.numel()}
     if not x.numel() or x.is_complex() or x.dtype == torch.bool or not (x.is_floating_point() or x.dtype in _INTS):
         return out
