@@ -128,9 +128,6 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
 
 def cmd_run(a: argparse.Namespace) -> int:
     plan, m = Plan.load(a.plan), load_model(a.model, a.seq_len)
-    if plan.replicas and a.elastic:
-        raise SpecError(a.plan, "replicas", "replica groups with --elastic",
-                        "a plan of one stage list (a re-plan is one stage list; replica groups are not re-planned)")
     cluster = load_cluster(a.cluster) if a.cluster else None
     options = train_options(a, m, cluster, plan)
     chip_map = parse_chip_map(a.chip_map, cluster)
@@ -214,8 +211,9 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
     cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                       chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
                       options=options)
+    # a plan of replica groups: every round may re-plan replica groups too (the faster of those and one stage list)
     data = {**cfg.__dict__, "elastic": {"cluster": load_mapping(a.cluster), "train": train,
-                                        "snapshot_every": a.snapshot_every}}
+                                        "snapshot_every": a.snapshot_every, "per_replica": bool(plan.replicas)}}
     path = a.write_config or str(Path(a.checkpoint_dir) / "elastic-config.json")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -313,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--write-config", help="write the run config for `torchrun -m heteropp.engine.worker` and exit")
     r.add_argument("--elastic", action="store_true",
                    help="survive lost chips: re-plan (HeteroAuto, the cluster spec's chip types, the plan's global "
-                   "batch) and resume from the newest checkpoint at every membership change; needs --cluster and "
-                   "--checkpoint-dir")
+                   "batch; replica groups too when the plan is one of them) and resume from the newest checkpoint at "
+                   "every membership change; needs --cluster and --checkpoint-dir")
     r.add_argument("--hosts", help="with --elastic on this machine: emulated hosts as CHIP:PROCESSES,... "
                    "(default: the cluster spec's nodes)")
     r.add_argument("--max-restarts", type=at_least(0), default=3, help="with --elastic: restarts per host agent")

@@ -109,8 +109,12 @@ def read_speeds(cfg: RunConfig) -> dict[str, float]:
 
 
 def describe(plan: Plan) -> list[str]:
-    return [f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "")
-            for s in plan.stages] + [f"dp {plan.dp}"]
+    """The plan's stages and dp, every replica group's in turn (its micro-batches too) where it has groups."""
+    out = []
+    for g in plan.groups:
+        out += [f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "") for s in g.stages]
+        out.append(f"dp {g.dp}" + (f", {g.micro_batches} micro-batches" if plan.replicas else ""))
+    return out
 
 
 def process_age_s() -> float:
@@ -141,6 +145,7 @@ class StragglerReplan:
     start: int  # the step this round resumed from
     born: float  # when this process started (time.time())
     snapshot_every: int = 0  # the round's in-memory snapshots (0: none)
+    per_replica: bool = False  # re-plans may give replica groups (replan)
     judged: float = 0.0  # the slowdown last judged
     streak: int = 0  # consecutive steps that found a straggler
     last: int = -1  # the watch's step count when one was last found
@@ -174,13 +179,13 @@ class StragglerReplan:
         if self.snapshot_every:  # `step` is not logged yet: the snapshots up to step - 1 are held
             redo = min(redo, step - (step - 1) // self.snapshot_every * self.snapshot_every)
         v = replan_verdict(self.cluster, self.cfg.model_spec, self.train, self.plan, chip, factor, watch.step_s(),
-                           self.cfg.steps - step, watch.first_at - self.born, redo)
+                           self.cfg.steps - step, watch.first_at - self.born, redo, self.per_replica)
         return {"stage": k, "chip": chip, "slowdown": round(factor, 3), "step": step, **v,
                 "speeds": {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}}
 
 
 def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: Plan, chip: str, factor: float,
-                   step_s: float, left: int, setup_s: float, redo: int) -> dict[str, Any]:
+                   step_s: float, left: int, setup_s: float, redo: int, per_replica: bool = False) -> dict[str, Any]:
     """Whether re-planning for `chip` slowed by `factor` pays over `left` steps (StragglerReplan's rule)."""
     from ..auto.plan_sim import simulate_plan
     from ..auto.planning import make_problem
@@ -188,7 +193,7 @@ def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: 
     now = simulate_plan(make_problem(slower, m, train_from_dict(train, "<training>", m.seq_len)).cm,
                         plan).iteration_time_s
     try:
-        new: Plan | None = replan(slower, m, train)
+        new: Plan | None = replan(slower, m, train, per_replica)
     except (InfeasibleError, SpecError):
         new = None
     gain = step_s * (1 - new.iteration_time_s / now) * left if new is not None and new.iteration_time_s else 0.0
@@ -199,11 +204,27 @@ def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: 
             "redo_steps": redo, "replan": gain > cost}
 
 
-def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> Plan:
-    """HeteroAuto's plan for the chips present; InfeasibleError names what is missing."""
+def replan(cluster: Cluster, m: ModelSpec, train: dict[str, Any], per_replica: bool = False) -> Plan:
+    """HeteroAuto's plan for the chips present; InfeasibleError names what is missing. `per_replica` (the run
+    started from a plan of replica groups): also replica groups (`heteroauto plan --per-replica`), the faster of
+    the two by the cost model."""
     from ..auto import plan as heteroauto_plan
     from ..auto.planning import make_problem
-    return heteroauto_plan(make_problem(cluster, m, train_from_dict(train, "<training>", m.seq_len))).plan
+    pb = make_problem(cluster, m, train_from_dict(train, "<training>", m.seq_len))
+    try:
+        best: Plan | None = heteroauto_plan(pb).plan
+    except (InfeasibleError, SpecError):
+        if not per_replica:
+            raise
+        best = None
+    if per_replica:
+        from ..auto.replicas import best_per_replica
+        joined = best_per_replica(pb)
+        if joined is not None and (best is None or joined.iteration_time_s < best.iteration_time_s):  # type: ignore[operator]
+            return joined
+    if best is None:
+        raise InfeasibleError("neither one stage list nor replica groups fit the chips present")
+    return best
 
 
 def smallest_fit(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> str:
@@ -229,21 +250,24 @@ def smallest_fit(cluster: Cluster, m: ModelSpec, train: dict[str, Any]) -> str:
 
 
 def assign(plan: Plan, chips: list[str]) -> list[int]:
-    """World ranks in plan-rank order: each stage's ranks from the not yet taken ranks of its chip type."""
+    """World ranks in plan-rank order: each stage's ranks (every replica group's in turn) from the not yet
+    taken ranks of its chip type."""
     free: dict[str, list[int]] = collections.defaultdict(list)
     for r, c in enumerate(chips):
         free[c].append(r)
     order = []
-    for k, s in enumerate(plan.stages[:plan.devices]):
-        need = plan.stage_ranks(k)
-        if len(free[s.chip]) < need:
-            raise InfeasibleError(f"the plan needs {need} more {s.chip} chips than are present")
-        order += free[s.chip][:need]
-        del free[s.chip][:need]
+    for g in plan.groups:
+        for k, s in enumerate(g.stages[:g.devices]):
+            need = g.stage_ranks(k)
+            if len(free[s.chip]) < need:
+                raise InfeasibleError(f"the plan needs {need} more {s.chip} chips than are present")
+            order += free[s.chip][:need]
+            del free[s.chip][:need]
     return order
 
 
-def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snapshot_every: int = 0) -> int:
+def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snapshot_every: int = 0,
+        per_replica: bool = False) -> int:
     world_rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     started = time.time()
     # when the agent started this worker: its stand-in's start (elastic_spawn), else this process's
@@ -266,7 +290,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
     if world_rank == 0:
         t0 = time.perf_counter()
         try:
-            plan = replan(slowed(live_cluster(cluster, chips), speeds), m, train)
+            plan = replan(slowed(live_cluster(cluster, chips), speeds), m, train, per_replica)
             decided[0] = {"plan": plan.to_dict(), "round": uuid.uuid4().hex, "plan_s": time.perf_counter() - t0,
                           "round_t": time.time()}
             if snapshot_every and keepers:  # a whole snapshot in memory at least as new as the disk's
@@ -321,7 +345,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
                                                   **({"memory_refused": fallback} if fallback else {}),
                                                   **{k: round(v, 3) for k, v in ph.items()}))
     StragglerWatch.policy = StragglerReplan(cfg, slowed(live_cluster(cluster, chips), speeds), speeds, train, plan,
-                                            resume_step, born, snapshot_every)
+                                            resume_step, born, snapshot_every, per_replica)
     try:
         run_rank(cfg, plan, rank)
     except Exception as e:
@@ -355,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("heteropp elastic: give this host's chip type with --chip or HETEROPP_CHIP")
     cfg = RunConfig(**data)
     return run(cfg, cluster_from_dict(elastic["cluster"], "<cluster>"), elastic["train"], a.chip,
-               int(elastic.get("snapshot_every", 0)))
+               int(elastic.get("snapshot_every", 0)), bool(elastic.get("per_replica", False)))
 
 
 if __name__ == "__main__":

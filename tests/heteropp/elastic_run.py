@@ -40,13 +40,15 @@ class ElasticRun:
     `snapshot_every` steps (0: none, every round resumes from the disk checkpoint)."""
 
     def __init__(self, tmp: Path, steps: int, every: int, hosts: str | None = None, timeout_s: int = 30,
-                 max_restarts: int = 3, snapshot_every: int = 0) -> None:
+                 max_restarts: int = 3, snapshot_every: int = 0, plan: dict[str, Any] | None = None,
+                 model: str = "tiny", cluster: Path = TWO_CPU) -> None:
+        """`plan`, `model`, `cluster`: what `heteropp run` is given (default PLAN, the tiny preset, two-cpu)."""
         self.tmp, self.steps, self.every = tmp, steps, every
         self.ck, self.log = tmp / "ck", tmp / "run.jsonl"
-        plan = tmp / "plan.json"
-        plan.write_text(json.dumps(PLAN))
-        cmd = [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan), "--model", "tiny",
-               "--cluster", str(TWO_CPU), "--steps", str(steps), "--checkpoint-dir", str(self.ck),
+        plan_file = tmp / "plan.json"
+        plan_file.write_text(json.dumps(plan or PLAN))
+        cmd = [sys.executable, "-m", "heteropp", "run", "--elastic", "--plan", str(plan_file), "--model", model,
+               "--cluster", str(cluster), "--steps", str(steps), "--checkpoint-dir", str(self.ck),
                "--save-every", str(every), "--keep-checkpoints", "100", "--loss-log", str(self.log),
                "--backend", "gloo", "--timeout", str(timeout_s), "--max-restarts", str(max_restarts),
                "--snapshot-every", str(snapshot_every)]
