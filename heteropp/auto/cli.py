@@ -79,7 +79,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             print(describe(joined))
             if a.json:
                 joined.save(a.json)
-                print(f"wrote {a.json} (replica groups: `heteropp run` trains them, not with --elastic)")
+                print(f"wrote {a.json} (replica groups: `heteropp run` trains them)")
             return 0
         print("per-replica: no split of the chip types into replica groups is faster than one stage list")
     print(table(plan))
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the global batch) or sizes separated by commas; the training spec's size is then not used")
     p.add_argument("--per-replica", action="store_true",
                    help="also plan replica groups with different pipelines (every split of the chip types, each "
-                   "planned alone with its share of the batch); `heteropp run` trains them, not with --elastic")
+                   "planned alone with its share of the batch); `heteropp run` trains them")
     p.add_argument(
         "--idle",
         choices=IDLE_MODES,
