@@ -80,14 +80,15 @@ def test_elastic_write_config_takes_a_plan_of_replica_groups(tmp_path) -> None:
 
 @pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="~1 min on 2 cores: HETEROPP_LONG_TESTS=1")
 def test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone(tmp_path) -> None:
-    """Round 1 runs replica groups (each chip its own pipeline); the slow host is SIGKILLed after the step-3
-    checkpoint; round 2 resumes from it on the fast chip alone and finishes. Every step's loss, each from the
-    round that logged it last, follows the single-process reference (fp32 sums in other orders over 8 Adam
-    steps: 1e-4 relative)."""
+    """Round 1 runs replica groups (each chip its own pipeline), each rank's state also in the hosts' memory
+    every step (the default); the slow host is SIGKILLed after the step-3 checkpoint; round 2 resumes (from
+    memory, or the disk) on the fast chip alone and finishes. Every step's loss, each from the round that logged
+    it last, follows the single-process reference (fp32 sums in other orders over 8 Adam steps: 1e-4
+    relative)."""
     steps, every = 8, 3
     _write(tmp_path)
     run = ElasticRun(tmp_path, steps=steps, every=every, plan=GIVEN.to_dict(), model=str(tmp_path / "model.json"),
-                     cluster=tmp_path / "cluster.json")
+                     cluster=tmp_path / "cluster.json", snapshot_every=1)
     run.wait_step(every + 1)  # the step-3 checkpoint is complete before step 4 is logged
     run.kill(run.host("slow"))
     got = run.finish()
