@@ -9,8 +9,8 @@ proportion to its throughput (micro-batches per second at that plan), rounded to
 faster. Groups whose plans give one layer different TP sizes cannot be joined (a layer's gradients are
 reduced shard by shard), and are skipped.
 
-The engine trains such plans (engine/replica_groups.py; without checkpoints, re-planning or tied
-embeddings); `heteroauto plan --per-replica` offers them, and only then.
+The engine trains such plans (engine/replica_groups.py; with checkpoints and tied embeddings, and an elastic
+run re-plans them with best_per_replica); `heteroauto plan --per-replica` offers them, and only then.
 """
 from __future__ import annotations
 
