@@ -4,6 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "part_writer.h"
+
 namespace ditorch_precision {
 
 namespace {
@@ -41,19 +43,89 @@ void IndexWriter::raise_error() const {
   if (!error_.empty()) throw std::runtime_error(error_);
 }
 
+void IndexWriter::set_parts(const std::string& dir, int64_t part_bytes, int64_t max_queued_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  parts_dir_ = dir;
+  part_bytes_ = part_bytes;
+  max_queued_bytes_ = max_queued_bytes;
+}
+
+void IndexWriter::wait_for(const c10::StorageImpl* storage) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = in_flight_.find(storage);
+  if (it == in_flight_.end() || it->second <= done_) return;
+  const uint64_t until = it->second;
+  ++write_waits_;
+  done_cv_.wait(lock, [&] { return done_ >= until || !error_.empty(); });
+}
+
+int64_t IndexWriter::parts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return parts_;
+}
+
+int64_t IndexWriter::write_waits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return write_waits_;
+}
+
+namespace {
+int64_t held_bytes(const Batch& batch) {
+  int64_t n = 0;
+  for (const auto& r : batch)
+    if (r->saved) n += r->payload->nbytes;
+  return n;
+}
+}  // namespace
+
+void IndexWriter::write_parts(Batch& batch) {
+  std::vector<const Record*> part;
+  int64_t bytes = 0;
+  auto flush = [&] {
+    char name[32];
+    std::snprintf(name, sizeof name, "part%05lld.bin", static_cast<long long>(parts_));
+    write_part(parts_dir_ + "/" + name, part, dtype_name_);
+    part.clear();
+    bytes = 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++parts_;
+  };
+  for (auto& r : batch) {
+    if (!r->saved) continue;
+    char name[40];
+    std::snprintf(name, sizeof name, "tensors/part%05lld.bin", static_cast<long long>(parts_));
+    r->file = name;
+    part.push_back(r.get());
+    bytes += r->payload->nbytes;
+    if (bytes >= part_bytes_) flush();  // as the Python capture: past the size once a record is added
+  }
+  if (!part.empty()) flush();
+}
+
 void IndexWriter::submit(Batch batch) {
   if (batch.empty()) return;
   std::unique_lock<std::mutex> lock(mutex_);
   raise_error();
   if (closing_) throw std::runtime_error("capture index " + path_ + ": written to after it was closed");
   const size_t n = batch.size();
-  auto room = [&] { return queued_ == 0 || queued_ + n <= max_queued_ || !error_.empty(); };
+  const int64_t nbytes = held_bytes(batch);
+  auto room = [&] {
+    return queued_ == 0 || (queued_ + n <= max_queued_ && (max_queued_bytes_ <= 0 || queued_bytes_ + nbytes <=
+                                                                                         max_queued_bytes_)) ||
+           !error_.empty();
+  };
   if (!room()) {
     ++waits_;
     space_.wait(lock, room);
     raise_error();
   }
   queued_ += n;
+  queued_bytes_ += nbytes;
+  ++submitted_;
+  for (const auto& r : batch)  // the program's tensors it holds: an op writing them waits (wait_for)
+    if (r->saved)
+      for (size_t i = 0; i < r->payload->tensors.size(); ++i)
+        if (r->payload->program[i]) in_flight_[r->payload->tensors[i].storage().unsafeGetStorageImpl()] = submitted_;
   queue_.push_back(std::move(batch));
   work_.notify_one();
 }
@@ -69,7 +141,12 @@ void IndexWriter::run() {
       batch = std::move(queue_.front());
       queue_.pop_front();
     }
-    std::string why;  // an exception must not leave this thread: it would terminate the process
+    std::string why, part_error;  // an exception must not leave this thread: it would terminate the process
+    try {
+      if (!parts_dir_.empty()) write_parts(batch);
+    } catch (const std::exception& e) {
+      part_error = e.what();
+    }
     try {
       text.clear();
       for (const auto& r : batch) {
@@ -82,9 +159,14 @@ void IndexWriter::run() {
       why = std::string("formatting failed (") + e.what() + ")";
     }
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!part_error.empty() && error_.empty()) error_ = part_error;
     if (!why.empty() && error_.empty()) error_ = "capture index " + path_ + ": " + why;
     written_ += static_cast<int64_t>(batch.size());
     queued_ -= batch.size();
+    queued_bytes_ -= held_bytes(batch);
+    ++done_;
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) it = it->second <= done_ ? in_flight_.erase(it) : ++it;
+    done_cv_.notify_all();
     for (auto& r : batch) {
       if (pool_.size() >= kPoolLimit) break;
       r->clear();

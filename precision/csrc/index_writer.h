@@ -1,7 +1,10 @@
 // Writes a stats capture's index lines off the training thread: the observer hands over each
 // step's records (binary, in call order) and a thread of this writer formats and appends them to
 // the index file. The queue is bounded by records: a hand-over that would pass the bound waits
-// for the thread (never drops), and the waits are counted.
+// for the thread (never drops), and the waits are counted. A full capture's records hold tensors:
+// the thread writes them to part files (part_writer.h) before their lines, and the queue is also
+// bounded by their bytes; an op about to write a storage a queued record holds uncopied waits for
+// that record's part (wait_for).
 #pragma once
 
 #include <sys/types.h>
@@ -14,7 +17,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
+
+#include <c10/core/StorageImpl.h>
 
 #include "op_record.h"
 
@@ -30,6 +36,13 @@ class IndexWriter {
   IndexWriter(const IndexWriter&) = delete;
   IndexWriter& operator=(const IndexWriter&) = delete;
 
+  // Full capture: part files go to `dir` (named "tensors/partNNNNN.bin" in the index lines), a part
+  // closed once it holds `part_bytes`; the queue holds at most `max_queued_bytes` of tensors.
+  void set_parts(const std::string& dir, int64_t part_bytes, int64_t max_queued_bytes);
+  // Before an op writes `storage`: waits until no queued record holds it uncopied.
+  void wait_for(const c10::StorageImpl* storage);
+  int64_t parts() const;        // part files written
+  int64_t write_waits() const;  // ops that waited for a part to be written (wait_for)
   // A cleared record: one the thread has written, or a new one.
   std::unique_ptr<Record> take();
   // Hands `batch` to the thread; waits while more than max_queued records would be queued (a batch
@@ -61,6 +74,12 @@ class IndexWriter {
   bool closing_ = false;
   int64_t waits_ = 0, written_ = 0;
   std::string error_;
+  void write_parts(Batch& batch);  // on the thread, without mutex_
+  std::string parts_dir_;
+  int64_t part_bytes_ = 0, max_queued_bytes_ = 0, queued_bytes_ = 0, parts_ = 0, write_waits_ = 0;
+  uint64_t submitted_ = 0, done_ = 0;  // batches handed over, written
+  std::unordered_map<const c10::StorageImpl*, uint64_t> in_flight_;  // storage -> last batch holding it
+  std::condition_variable done_cv_;
   std::vector<std::unique_ptr<Record>> pool_;  // written records, cleared, for reuse
   std::thread thread_;
 };

@@ -80,6 +80,12 @@ PYBIND11_MODULE(_C, m) {
           py::arg("readable"), py::arg("group_ranks"),
           "readable(tensor) -> the plain tensor holding a Python wrapper subclass's elements; "
           "group_ranks(name) -> a process group's global ranks or None; both called under the GIL")
+      .def("set_full", &OpObserver::set_full, py::arg("parts_dir"), py::arg("part_bytes"), py::arg("max_bytes"),
+           py::arg("max_queued_bytes"))
+      .def("bytes_written", &OpObserver::bytes_written)
+      .def("dropped", &OpObserver::dropped)
+      .def("parts", &OpObserver::parts)
+      .def("write_waits", &OpObserver::write_waits)
       .def("count", &OpObserver::count)
       .def("set_dtype_name", &OpObserver::set_dtype_name);
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -49,6 +50,7 @@ struct Pending : at::ObserverContext {
   int64_t in_unwritten = 0;  // its inputs' elements no op wrote since an empty*, before it ran
   std::vector<at::Tensor> written;  // the tensors it writes, where some memory is unwritten
   at::Tensor source;  // a same-elements view's input
+  std::vector<std::pair<int64_t, at::Tensor>> in_masks;  // full capture: (k, mask) of its k-th input tensor
   std::unique_ptr<Record> record;
 };
 
@@ -163,7 +165,14 @@ void OpObserver::tag(const std::vector<at::Tensor>& outputs, const std::string& 
     torch::autograd::Node* node = todo.back();
     todo.pop_back();
     if (node == nullptr || !seen.insert(node).second || node->sequence_nr() < seq_start) continue;
-    node_paths_.try_emplace(node->sequence_nr(), kept);
+    if (node->sequence_nr() == UINT64_MAX) {  // a parameter's AccumulateGrad: no number of its own
+      if (leaf_paths_.size() >= (1u << 16))
+        for (auto it = leaf_paths_.begin(); it != leaf_paths_.end();) it = it->second.first.expired() ? leaf_paths_.erase(it) : ++it;
+      auto& slot = leaf_paths_[node];
+      if (slot.first.expired()) slot = {node->weak_from_this(), kept};
+    } else {
+      node_paths_.try_emplace(node->sequence_nr(), kept);
+    }
     for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
   }
 }
@@ -182,6 +191,86 @@ void OpObserver::open_index(const std::string& path, size_t max_queued) {
   if (handle_ != 0) throw std::runtime_error("the index is opened before the observer starts");
   if (writer_) close_index();
   writer_ = std::make_unique<IndexWriter>(path, dtype_names_, max_queued);
+  if (full_) writer_->set_parts(parts_dir_, part_bytes_, max_queued_bytes_);
+}
+
+void OpObserver::set_full(const std::string& parts_dir, int64_t part_bytes, int64_t max_bytes,
+                          int64_t max_queued_bytes) {
+  if (handle_ != 0) throw std::runtime_error("a full capture is set before the observer starts");
+  full_ = true;
+  parts_dir_ = parts_dir;
+  part_bytes_ = part_bytes;
+  max_bytes_ = max_bytes;
+  max_queued_bytes_ = max_queued_bytes;
+}
+
+int64_t OpObserver::parts() const { return writer_ && !writer_->forked() ? writer_->parts() : 0; }
+int64_t OpObserver::write_waits() const { return writer_ && !writer_->forked() ? writer_->write_waits() : 0; }
+
+void OpObserver::guard(const at::Tensor& t) {
+  if (!t.has_storage()) return;
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  {
+    std::lock_guard<std::mutex> lock(held_mutex_);
+    auto it = held_.find(s);
+    if (it != held_.end()) {
+      for (auto& [payload, i] : it->second) {
+        payload->tensors[i] = payload->tensors[i].clone();
+        payload->program[i] = false;
+      }
+      held_.erase(it);
+    }
+  }
+  if (writer_ && !writer_->forked()) writer_->wait_for(s);  // a part being written holds it
+}
+
+bool OpObserver::keep_payload(Record& r) {
+  Payload& pl = *r.payload;
+  if (max_bytes_ >= 0 && bytes_written_ + pl.nbytes > max_bytes_) {
+    ++dropped_;
+    pl.clear();
+    return false;
+  }
+  bytes_written_ += pl.nbytes;
+  std::lock_guard<std::mutex> lock(held_mutex_);
+  for (size_t i = 0; i < pl.tensors.size(); ++i)
+    if (pl.program[i]) held_[pl.tensors[i].storage().unsafeGetStorageImpl()].emplace_back(&pl, i);
+  return true;
+}
+
+// payload["unwritten"] as the Python capture writes it: {"inputs": [[k, mask]], "outputs": [...]},
+// each only where some tensor holds unwritten elements.
+void OpObserver::unwritten_payload(Payload& pl, const std::vector<std::pair<int64_t, at::Tensor>>& in,
+                                   const std::vector<at::Tensor>& out) {
+  bool any_out = false;
+  for (const auto& m : out) any_out = any_out || m.defined();
+  if (in.empty() && !any_out) return;
+  pl.key("unwritten");
+  pl.begin(PayloadToken::DictBegin);
+  if (!in.empty()) {
+    pl.key("inputs");
+    pl.begin(PayloadToken::ListBegin);
+    for (const auto& [k, m] : in) {
+      pl.begin(PayloadToken::ListBegin);
+      pl.push(PayloadToken::Int, k);
+      pl.mask(m);
+      pl.end();
+    }
+    pl.end();
+  }
+  if (any_out) {
+    pl.key("outputs");
+    pl.begin(PayloadToken::ListBegin);
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (!out[k].defined()) continue;
+      pl.begin(PayloadToken::ListBegin);
+      pl.push(PayloadToken::Int, static_cast<int64_t>(k));
+      pl.mask(out[k]);
+      pl.end();
+    }
+    pl.end();
+  }
+  pl.end();
 }
 
 std::unique_ptr<Record> OpObserver::take_record() {
@@ -198,6 +287,10 @@ int64_t OpObserver::hand_over() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     held.swap(batch_);
+  }
+  {  // the writer's now: an op writing their storages waits for it (IndexWriter::wait_for)
+    std::lock_guard<std::mutex> lock(held_mutex_);
+    held_.clear();
   }
   if (writer_ && writer_->forked()) return 0;  // the parent's records, or a child's: not this index's
   const auto n = static_cast<int64_t>(held.size());
@@ -277,6 +370,10 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
     if (args[i].name() == "dropout_p") f->dropout_p = static_cast<int>(i);
     if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) f->written_args.push_back(static_cast<int>(i));
   }
+  for (size_t i = 0; i < args.size(); ++i) f->arg_defaults.push_back(args[i].default_value());
+  f->kwarg_only_start = args.size();
+  while (f->kwarg_only_start > 0 && args[f->kwarg_only_start - 1].kwarg_only()) --f->kwarg_only_start;
+  for (const auto& ret : handle->schema().returns()) f->return_types.push_back(ret.real_type());
   if (f->written_args.empty() && f->collective && f->name.back() == '_' && !args.empty())
     f->written_args.push_back(0);  // in-place collectives (allreduce_, broadcast_ ...) do not annotate it (as opinfo)
   // Keyed by the schema's own name string, which lives as long as the op is registered; a key
@@ -477,6 +574,10 @@ const std::string* OpObserver::current_module(bool in_backward, bool* in_module)
   if (!in_backward) return nullptr;
   auto node = torch::autograd::get_current_node();
   if (!node) return nullptr;
+  if (node->sequence_nr() == UINT64_MAX) {
+    auto it = leaf_paths_.find(node.get());
+    return it == leaf_paths_.end() || it->second.first.expired() ? nullptr : it->second.second;
+  }
   auto it = node_paths_.find(node->sequence_nr());
   return it == node_paths_.end() ? nullptr : it->second;
 }
@@ -494,12 +595,40 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
   }
   r->step = step;
   r->rank = rank_;
+  std::vector<at::Tensor> readables, masks;
   for (const auto& wrapped : tensors) {
     fill_meta(r->outputs.emplace_back(), wrapped);
     const at::Tensor t = readable(wrapped);
     const at::Tensor mask = unwritten_.empty() ? at::Tensor() : unwritten_.mask(t);
     if (mask.defined()) r->unwritten += mask.sum().item<int64_t>();
-    r->stats.push_back(stats(t, nullptr, mask));
+    if (full_) {
+      readables.push_back(t);
+      masks.push_back(mask);
+    } else {
+      r->stats.push_back(stats(t, nullptr, mask));
+    }
+  }
+  if (full_) {  // {"args": (), "kwargs": {}, "outputs": [tensors], "unwritten": ...} under key mNNNNNNN
+    r->full = true;
+    if (!r->payload) r->payload = std::make_unique<Payload>();
+    Payload& pl = *r->payload;
+    pl.begin(PayloadToken::DictBegin);
+    pl.key("args");
+    pl.begin(PayloadToken::TupleBegin);
+    pl.end();
+    pl.key("kwargs");
+    pl.begin(PayloadToken::DictBegin);
+    pl.end();
+    pl.key("outputs");
+    pl.begin(PayloadToken::ListBegin);
+    for (const auto& t : readables) pl.tensor(t, false);
+    pl.end();
+    unwritten_payload(pl, {}, masks);
+    pl.end();
+    char key[24];
+    std::snprintf(key, sizeof key, "m%07lld", static_cast<long long>(module_records_++));
+    r->key = key;
+    r->saved = keep_payload(*r);
   }
   keep(std::move(r));
 }
@@ -554,8 +683,23 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   Pending* p = &pending;
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
+  if (full_)  // before it writes what a kept record holds uncopied: copied, or its part written
+    for (int i : op->written_args)
+      if (static_cast<size_t>(i) < inputs.size()) each_tensor(inputs[i], [&](const at::Tensor& t) { guard(t); });
+  if (full_ && !unwritten_.empty()) {  // each input's mask, for the payload
+    int64_t k = 0;
+    for (const auto& v : inputs)
+      each_tensor(v, [&](const at::Tensor& t) {
+        at::Tensor m = unwritten_.mask(t);
+        if (m.defined()) {
+          p->in_unwritten += m.sum().item<int64_t>();
+          p->in_masks.emplace_back(k, std::move(m));
+        }
+        ++k;
+      });
+  }
   if (!unwritten_.empty()) {  // read here: the inputs are not there any more when the op ends
-    p->in_unwritten = unwritten_count(inputs);
+    if (!full_) p->in_unwritten = unwritten_count(inputs);
     for (int i : op->written_args)
       if (static_cast<size_t>(i) < inputs.size())
         each_tensor(inputs[i], [&](const at::Tensor& t) { p->written.push_back(t); });
@@ -585,6 +729,11 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
     r.random = drew ? 1 : 0;
   }
   if (op->collective) collective_args(r, inputs);
+  if (full_) {  // an op that writes its arguments: all its inputs copied now, as they were before it
+    r.full = true;
+    if (!r.payload) r.payload = std::make_unique<Payload>();
+    r.payload->arguments(*op, inputs, !op->written_args.empty());
+  }
 }
 
 void OpObserver::failed(const OpFacts& op, const char* what) {
@@ -666,6 +815,35 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
       masks[i] = unwritten_.mask(outputs[i]);
       if (masks[i].defined()) r.unwritten += masks[i].sum().item<int64_t>();
     }
+  }
+  if (r.full) {
+    Payload& pl = *r.payload;
+    pl.key("outputs");
+    const auto returns = fn.outputs();
+    auto type = [&](size_t i) { return i < r.op->return_types.size() ? r.op->return_types[i] : c10::TypePtr(); };
+    if (returns.empty()) {
+      pl.push(PayloadToken::None);
+    } else if (returns.size() == 1) {
+      pl.value(returns[0], type(0), false);
+    } else {
+      pl.begin(PayloadToken::TupleBegin);
+      for (size_t i = 0; i < returns.size(); ++i) pl.value(returns[i], type(i), false);
+      pl.end();
+    }
+    unwritten_payload(pl, p->in_masks, masks);
+    pl.end();
+    char key[24];
+    std::snprintf(key, sizeof key, "%07lld", static_cast<long long>(r.index));
+    r.key = key;
+    r.saved = keep_payload(r);
+    masks.clear();
+    outputs.clear();
+    keep(std::move(p->record));
+    return;
+  }
+  if (r.op->collective) {  // it wrote its outputs without moving their version counters: not reused
+    std::lock_guard<std::mutex> lock(known_mutex_);
+    for (const auto& t : outputs) known_.erase(t.unsafeGetTensorImpl());
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];

@@ -21,11 +21,16 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include "fused_stats.h"
 #include "index_writer.h"
 #include "op_record.h"
 #include "unwritten_memory.h"
+
+namespace torch::autograd {
+struct Node;
+}
 
 namespace ditorch_precision {
 
@@ -72,6 +77,16 @@ class OpObserver {
   // an op that could not be recorded).
   void close_index();
   int64_t waits() const;  // drains that waited for the index's thread (its queue was full)
+
+  // Full capture (before open_index): each op's arguments and outputs are kept (op_payload.h) and
+  // written to part files under `parts_dir` by the index's thread, a part closed past `part_bytes`;
+  // past `max_bytes` of tensors (< 0: no cap) ops are indexed without them; the queue holds at most
+  // `max_queued_bytes` of them.
+  void set_full(const std::string& parts_dir, int64_t part_bytes, int64_t max_bytes, int64_t max_queued_bytes);
+  int64_t bytes_written() const { return bytes_written_; }
+  int64_t dropped() const { return dropped_; }  // records indexed without their tensors (the cap)
+  int64_t parts() const;
+  int64_t write_waits() const;  // ops that waited for a part holding what they write
 
   // A process group's global ranks, by its name (ProcessGroup::getGroupName), as torch.distributed
   // knows them; and the names of ReduceOp's values: a collective's "group" and "reduce_op".
@@ -134,6 +149,9 @@ class OpObserver {
   std::deque<std::string> paths_;
   std::unordered_map<std::string_view, const std::string*> path_ids_;
   std::unordered_map<uint64_t, const std::string*> node_paths_;  // autograd node sequence number -> path
+  // Nodes without a sequence number (AccumulateGrad) -> path, while the node lives.
+  std::unordered_map<const torch::autograd::Node*,
+                     std::pair<std::weak_ptr<torch::autograd::Node>, const std::string*>> leaf_paths_;
   mutable std::mutex tags_mutex_;
   mutable std::mutex mutex_;  // batch_ (backward may run on an autograd thread)
   Batch batch_;  // records finished since the last drain
@@ -162,6 +180,21 @@ class OpObserver {
   };
   std::unordered_map<const c10::TensorImpl*, Known> known_;
   UnwrittenMemory unwritten_;  // what empty* allocated and no op has written since
+  // Full capture.
+  bool full_ = false;
+  std::string parts_dir_;
+  int64_t part_bytes_ = 0, max_bytes_ = -1, max_queued_bytes_ = 0;
+  std::atomic<int64_t> bytes_written_{0}, dropped_{0}, module_records_{0};
+  // The program's tensors records kept since the last drain hold uncopied, by storage: copied
+  // before an op writes that storage (guard), as bulk.PendingWrites does.
+  std::unordered_map<const c10::StorageImpl*, std::vector<std::pair<Payload*, size_t>>> held_;
+  std::mutex held_mutex_;
+  void guard(const at::Tensor& written);
+  // Counts the payload's bytes against the cap (false: over it, emptied) and registers its
+  // program tensors with held_.
+  bool keep_payload(Record& r);
+  static void unwritten_payload(Payload& pl, const std::vector<std::pair<int64_t, at::Tensor>>& in,
+                                const std::vector<at::Tensor>& out);
   std::mutex known_mutex_;
 };
 

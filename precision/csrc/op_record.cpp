@@ -25,6 +25,10 @@ void Record::clear() {
   signature.clear();
   strings.clear();
   stats.clear();
+  full = saved = false;
+  if (payload) payload->clear();  // kept for reuse, as the vectors above
+  file.clear();
+  key.clear();
 }
 
 void DtypeNames::set(c10::ScalarType dtype, std::string name) {
@@ -38,8 +42,6 @@ std::string_view DtypeNames::operator()(c10::ScalarType dtype) const {
   if (i < names_.size() && !names_[i].empty()) return names_[i];
   return c10::toString(dtype);
 }
-
-namespace {
 
 void put_string(std::string& out, std::string_view s) {
   out += '"';
@@ -130,6 +132,8 @@ const char* memory_format_name(int64_t format) {
     default: return nullptr;
   }
 }
+
+namespace {
 
 struct Writer {
   std::string& out;
@@ -299,11 +303,37 @@ struct Writer {
     }
   }
 
+  // A full capture's "file" (and "key"): where the part writer put its tensors; null when none kept.
+  void file() {
+    out += "\"file\": ";
+    if (r.saved && !r.file.empty())
+      put_string(out, r.file);
+    else
+      out += "null";
+  }
+
+  void key() {
+    if (r.saved && !r.file.empty()) {
+      out += ", \"key\": ";
+      put_string(out, r.key);
+    }
+  }
+
   void op_line() {
     head(r.op->shown_name, r.op->shown_overload, r.phase);
     out += ", \"inputs\": [";
     metas(r.inputs);
-    out += "], \"file\": null, ";
+    out += "], ";
+    if (r.full) {  // no signature (the file holds the arguments), no statistics
+      if (r.random >= 0) out += r.random ? "\"random\": true, " : "\"random\": false, ";
+      outputs();
+      file();
+      key();
+      out += '}';
+      return;
+    }
+    file();
+    out += ", ";
     signature();
     if (r.random >= 0) out += r.random ? ", \"random\": true" : ", \"random\": false";
     out += ", ";
@@ -334,7 +364,13 @@ struct Writer {
     head(r.module_op, "default", r.module_phase);
     out += ", \"kind\": \"module\", \"inputs\": [], ";
     outputs();
-    out += "\"file\": null, ";
+    file();
+    if (r.full) {
+      key();
+      out += '}';
+      return;
+    }
+    out += ", ";
     all_stats();
   }
 };

@@ -4,17 +4,21 @@
 // text is the one the observer used to build in place.
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type_base.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fused_stats.h"
+#include "op_payload.h"
 
 namespace ditorch_precision {
 
@@ -40,6 +44,11 @@ struct OpFacts {
   std::vector<c10::TypePtr> arg_types;
   std::vector<bool> arg_ignored;  // where or how a result is stored, not what it is
   std::vector<int> written_args;  // positions of the arguments it writes (alias annotation "!")
+  // As a Python dispatch mode receives the arguments (full capture): defaults, and where the
+  // keyword-only ones start; the returns' types.
+  std::vector<std::optional<c10::IValue>> arg_defaults;
+  size_t kwarg_only_start = 0;
+  std::vector<c10::TypePtr> return_types;
 };
 
 // A tensor's metadata as the index writes it.
@@ -79,6 +88,11 @@ struct Record {
   std::vector<Token> signature;
   std::vector<std::string> strings;
   std::vector<OutStats> stats;  // one per output
+  // Full capture: the tensors and arguments (saved false: none kept, past the size cap), and where
+  // the writer thread put them (file relative to the capture, key in it).
+  bool full = false, saved = false;
+  std::unique_ptr<Payload> payload;
+  std::string file, key;
 
   void clear();  // for reuse: sizes 0, capacities kept
 };
@@ -92,6 +106,16 @@ class DtypeNames {
  private:
   std::vector<std::string> names_;
 };
+
+// JSON pieces as Python's json writes them (a double: shortest text, a float, NaN/Infinity).
+void put_string(std::string& out, std::string_view s);
+void put_double(std::string& out, double v);
+void put_int(std::string& out, int64_t v);
+void put_arg_double(std::string& out, double v);
+c10::TypePtr unwrap_optional(const c10::TypePtr& type);
+c10::TypePtr element_type(const c10::TypePtr& type);
+const char* layout_name(int64_t layout);           // torch's name of a c10::Layout (null: unknown)
+const char* memory_format_name(int64_t format);   // and of a c10::MemoryFormat
 
 // Appends the record's index line (no newline) to `out`.
 void format_record(std::string& out, const Record& r, const DtypeNames& dtype_name);

@@ -129,6 +129,7 @@ class Capture(Tool):
         self.n_records = 0
         self.n_dropped = 0
         self.index_waits = 0  # C++ hook: steps whose index lines waited for the index thread's queue
+        self.write_waits = 0  # C++ hook, full: ops that waited for a part file holding what they write
         self._index = None
         # id(tensor) -> (weak reference, version, file, tensor number) of the tensors per-op files hold
         self._written: dict[int, tuple[weakref.ref, int, str, int, int]] = {}  # ... storage address
@@ -155,7 +156,7 @@ class Capture(Tool):
         self._index = open(os.path.join(self.path, INDEX), "w")
         self._t0 = time.time()
         self._pid = os.getpid()  # the process that finishes it (finish)
-        if self.background:
+        if self.background and self.hook_used != "cpp":  # the C++ hook writes its parts on its own thread
             self._writer = BackgroundWriter(_save_part)
 
     # the C++ op hook -----------------------------------------------------------------------------
@@ -170,8 +171,12 @@ class Capture(Tool):
         (in call order) to the index file; Python writes nothing there meanwhile."""
         if self._native is None:
             return
-        self.n_records += self._native.observer.drain()
-        self.n_ops = self._native.observer.count()
+        obs = self._native.observer
+        self.n_records += obs.drain()
+        self.n_ops = obs.count()
+        if self.mode == "full":
+            self.bytes_written, self.n_dropped = obs.bytes_written(), obs.dropped()
+            self._n_parts = obs.parts()
 
     def handle(self, rec: OpRecord, func, args, kwargs):
         # An op that writes an argument changes its inputs: those are copied before it runs. The
@@ -458,6 +463,8 @@ class Capture(Tool):
                 self._index.flush()  # nothing written through it: the C++ thread appends to the file
             self._native.observer.close_index()
             self.index_waits = self._native.observer.waits()
+            if self.mode == "full":
+                self._n_parts, self.write_waits = self._native.observer.parts(), self._native.observer.write_waits()
         self._native = None
         self.flush()
         if self._writer is not None:  # every part handed over is on disk before meta.json says the capture is whole
@@ -471,7 +478,7 @@ class Capture(Tool):
             self._index = None
         meta = {
             "format": FORMAT, "version": VERSION, "bulk": self.bulk, "mode": self.mode, "rank": self.rank.get(),
-            "hook": self.hook_used, "index_waits": self.index_waits,
+            "hook": self.hook_used, "index_waits": self.index_waits, "write_waits": self.write_waits,
             "torch": torch.__version__,
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,

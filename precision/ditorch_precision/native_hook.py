@@ -25,6 +25,8 @@ HOOKS = ("auto", "cpp", "python")
 # Index records the C++ observer's writer thread may hold unwritten (a few hundred bytes each): a
 # step handed over beyond that waits for the thread (counted in meta.json's "index_waits").
 MAX_QUEUED = 1 << 18
+# A full capture's tensor bytes the writer thread may hold unwritten (beyond: the step waits).
+MAX_QUEUED_BYTES = 1 << 30
 
 
 def why_python(capture, asked: bool = False) -> str | None:
@@ -33,8 +35,15 @@ def why_python(capture, asked: bool = False) -> str | None:
     sel = capture.selector
     if not native.available():
         return f"the C++ module is not available ({native.why_not()})"
-    if capture.mode != "stats":
-        return f"mode {capture.mode!r}: the C++ observer writes statistics only (mode 'stats')"
+    if capture.mode not in ("stats", "full"):
+        return f"mode {capture.mode!r}: the C++ observer writes statistics (mode 'stats') or tensors (mode 'full')"
+    if capture.mode == "full":
+        if not capture.bulk or not capture.save_tensors:
+            return "a full capture without bulk part files (bulk=False) or without tensors: the Python path writes it"
+        if not asked:
+            return "mode 'full': hook='auto' keeps the Python path for it (hook='cpp' writes it in C++)"
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return "torch.distributed is initialised: a full capture's collectives are written by the Python path"
     if any(v is not None for v in (sel.ops, sel.exclude_ops, sel.modules, sel.steps, sel.ranks, sel.phases,
                                    sel.apis)):
         return "a selection is set: the C++ observer records every op"
@@ -91,6 +100,9 @@ class NativeHook:
         tracker.tagger = lambda output, path, seq: obs.tag(tensors_in(output), path, seq)
         hand_groups(obs)
         obs.set_python_side(readable, ranks_by_name)  # a collective's result, a group made mid-step
+        if cap.mode == "full":
+            obs.set_full(os.path.join(cap.path, "tensors"), cap.bulk_bytes,
+                         -1 if cap.max_bytes is None else cap.max_bytes, MAX_QUEUED_BYTES)
         obs.open_index(os.path.join(cap.path, INDEX), MAX_QUEUED)
         obs.start()
         global _ACTIVE

@@ -190,9 +190,15 @@ def test_an_op_that_raises_is_not_recorded_and_the_capture_goes_on(tmp_path):
 def test_the_hook_is_chosen_and_a_cpp_hook_that_cannot_run_says_why(tmp_path):
     with pytest.raises(ValueError, match="hook 'nope'"):
         Capture(str(tmp_path / "a"), hook="nope")
-    with pytest.raises(ValueError, match="mode 'full'"):
-        with Capture(str(tmp_path / "b"), hook="cpp"):
+    with pytest.raises(ValueError, match="mode 'checksum'"):
+        with Capture(str(tmp_path / "b"), mode="checksum", hook="cpp"):
             pass
+    with pytest.raises(ValueError, match="bulk=False"):  # a full capture's per-op files: Python
+        with Capture(str(tmp_path / "b2"), hook="cpp", bulk=False):
+            pass
+    with Capture(str(tmp_path / "b3")) as cap:  # a full capture: "auto" keeps Python
+        torch.ones(2).sum()
+    assert cap.hook_used == "python"
     with pytest.raises(ValueError, match="selection"):
         with Capture(str(tmp_path / "c"), mode="stats", hook="cpp", selector=Selector.build(modules="x")):
             pass
