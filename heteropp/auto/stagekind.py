@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, cast
 
 import numpy as np
 
-from .costs import CostModel
+from .costs import CostModel, StageCoef
 
 
 @dataclass(frozen=True)
@@ -53,14 +52,22 @@ def stage_kinds(cm: CostModel, ids: list[tuple[str, int]], dp: int, b: int, pmax
     m0[:, 0] = m1[:, 0] = 0.0  # closed form of CostModel.max_layers for interior stages
     m = np.maximum(m0, m1)
     cum = np.cumsum(m, axis=1)
-    return [StageKind(chip=chip, tp=tp, own=(b * c0.tau - c0.beta, b * c1.tau - c1.beta), fill=(c0.beta, c1.beta),
-                      upd=c0.upd, m0=m0[i], m1=m1[i], mmax=m[i], cum=cum[i])
+    return [StageKind(chip, tp, *_per_layer(c0, c1, b), m0=m0[i], m1=m1[i], mmax=m[i], cum=cum[i])
             for i, ((chip, tp), c0, c1) in enumerate(zip(ids, c0s, c1s))]
 
 
-@lru_cache(maxsize=None)
-def stage_kind(cm: CostModel, chip: str, tp: int, dp: int, b: int) -> StageKind:
-    return stage_kinds(cm, [(chip, tp)], dp, b, max(cm.model.layers, b))[0]
+PerLayer = tuple[tuple[float, float], tuple[float, float], float]  # StageKind's own, fill and upd
+
+
+def per_layer(cm: CostModel, chip: str, tp: int, dp: int, b: int) -> PerLayer:
+    """A kind's StageKind.own, fill and upd, without its memory tables (stageopts.py reads only these)."""
+    return _per_layer(cm.coef(chip, tp, False, dp), cm.coef(chip, tp, True, dp), b)
+
+
+def _per_layer(c0: StageCoef, c1: StageCoef, b: int) -> PerLayer:
+    """own (b * tau - beta), fill (beta), recompute off / on, and upd of the coefficients without and with
+    recompute."""
+    return (b * c0.tau - c0.beta, b * c1.tau - c1.beta), (c0.beta, c1.beta), c0.upd
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from functools import lru_cache
 
 from ..spec.placement import PlacementError
 from .costs import CostModel, StageSpec, in_flight
-from .stagekind import StageTerms, stage_kind
+from .stagekind import StageTerms, per_layer
 
 
 @lru_cache(maxsize=None)
 def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first: bool, last: bool) -> StageTerms:
-    k = stage_kind(cm, chip, tp, dp, b)
+    own, fill, upd = per_layer(cm, chip, tp, dp, b)
     a0 = b0 = y0 = 0.0
     for flag, which in ((first, "first"), (last, "last")):
         if flag:
@@ -23,8 +23,7 @@ def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first:
             b0 += e.beta
             y0 += e.upd
     m0, m1 = (cm.max_layers(chip, tp, r, dp, n, first, last) for r in (False, True))
-    return StageTerms(a0=a0, a=k.own[0], a1=k.own[1], m0=m0, m1=m1, beta=k.fill[0], ups=k.upd, y0=y0, b0=b0,
-                      beta1=k.fill[1])
+    return StageTerms(a0=a0, a=own[0], a1=own[1], m0=m0, m1=m1, beta=fill[0], ups=upd, y0=y0, b0=b0, beta1=fill[1])
 
 
 def _placed(cm: CostModel, seq: list[tuple[str, int]], dp: int) -> tuple[list[bool | None], bool]:
