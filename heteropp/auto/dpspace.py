@@ -57,6 +57,7 @@ class DpSpace:
         self._ends: dict[tuple[bool, bool, int], tuple[np.ndarray, np.ndarray]] = {}
         self._embv: np.ndarray | None = None
         self._nflight: dict[int, np.ndarray] = {}
+        self._flights = np.zeros((0, 0), dtype=np.int64)  # _flight_grid's table: (p, r) -> in-flight count
         self._runs: dict[int, np.ndarray] = {}
         self.defers = kind(self.sched).defers_weight_grads  # weight passes off the drain chain (no drain gaps)
 
@@ -195,13 +196,22 @@ class DpSpace:
         return StageTerms(a0=zero, y0=y0, lam=np.full(len(p), -np.inf), const=np.zeros(len(p)), **g)
 
     def _flight_grid(self, p: np.ndarray, rel: np.ndarray) -> np.ndarray:
-        """The registry's in-flight count of the stage `rel` from the end of a `p`-stage pipeline, per cell
-        (evaluated once per distinct pair: a few dozen)."""
+        """The registry's in-flight count of the stage `rel` from the end of a `p`-stage pipeline, per cell,
+        from a table of the pairs asked for so far (each evaluated once: a few dozen, over all passes)."""
         r = np.maximum(rel, 1)
-        span = int(r.max(initial=1)) + 1  # (p, r) as one integer: a 1-d unique (unique over axis 1 sorts rows)
-        codes, inverse = np.unique((p * span + r).ravel(), return_inverse=True)
-        vals = np.array([in_flight(self.sched, q // span - q % span, q // span, self.b) for q in codes.tolist()])
-        return vals[inverse].reshape(rel.shape)
+        need = max(int(p.max(initial=0)), int(r.max(initial=1))) + 1
+        if len(self._flights) < need:  # -1: not evaluated yet
+            grown = np.full((need, need), -1, dtype=np.int64)
+            grown[:len(self._flights), :len(self._flights)] = self._flights
+            self._flights = grown
+        vals = self._flights[p, r]
+        miss = vals < 0
+        if miss.any():
+            # (p, r) as one integer: a 1-d unique (unique over axis 1 sorts rows)
+            for q in np.unique(p[miss] * need + r[miss]).tolist():
+                self._flights[q // need, q % need] = in_flight(self.sched, q // need - q % need, q // need, self.b)
+            vals = self._flights[p, r]
+        return vals
 
     def _emb(self) -> np.ndarray:
         """The embedding's backward share of every kind (on the first stage's drain gap)."""
