@@ -209,13 +209,16 @@ class _Bound:
         return self.seen[key]
 
     def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> Part:
-        key = (self.chip_of[i], n, tmax, rs)  # entities of one type and size have the same options
-        if key not in self.best:
-            xs = [self._entity(i, t, r, n) for t in self.opts[i] if t <= tmax for r in rs]
-            tau, rate, cap = (min((x[0] for x in xs), default=math.inf), max((x[1] for x in xs), default=0.0),
-                              max((x[2] for x in xs), default=0))
-            self.best[key] = (tau, rate, cap, cap / rate if rate > 0 else math.inf)
-        return self.best[key]
+        co = self.chip_of[i]
+        key = (co, n, tmax, rs)  # entities of one type and size have the same options
+        got = self.best.get(key)
+        if got is None:
+            seen = self.seen
+            xs = [seen.get((co, t, r, n)) or self._entity(i, t, r, n) for t in self.opts[i] if t <= tmax for r in rs]
+            taus, rates, caps, _ = zip(*xs) if xs else ((math.inf,), (0.0,), (0,), ())
+            tau, rate, cap = min(taus), max(rates), max(caps)
+            got = self.best[key] = (tau, rate, cap, cap / rate if rate > 0 else math.inf)
+        return got
 
     def least(self, tps: list[int], rs: list[bool]) -> float:
         """The bound below the branch whose first len(tps) entities are set (the DFS's root: none)."""
