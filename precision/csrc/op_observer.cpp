@@ -204,8 +204,12 @@ void OpObserver::set_full(const std::string& parts_dir, int64_t part_bytes, int6
   max_queued_bytes_ = max_queued_bytes;
 }
 
-int64_t OpObserver::parts() const { return writer_ && !writer_->forked() ? writer_->parts() : 0; }
-int64_t OpObserver::write_waits() const { return writer_ && !writer_->forked() ? writer_->write_waits() : 0; }
+int64_t OpObserver::parts() const {
+  return writer_ ? (writer_->forked() ? 0 : writer_->parts()) : closed_counts_.parts;
+}
+int64_t OpObserver::write_waits() const {
+  return writer_ ? (writer_->forked() ? 0 : writer_->write_waits()) : closed_counts_.write_waits;
+}
 
 void OpObserver::guard(const at::Tensor& t) {
   if (!t.has_storage()) return;
@@ -321,11 +325,21 @@ void OpObserver::close_index() {
   }
   hand_over();
   auto writer = std::move(writer_);
-  writer->close();
+  // its counts outlive it: Python reads them once the capture is closed (meta.json)
+  auto counts = [&] { closed_counts_ = {writer->waits(), writer->parts(), writer->write_waits()}; };
+  try {
+    writer->close();
+  } catch (...) {
+    counts();
+    throw;
+  }
+  counts();
   raise_failure();
 }
 
-int64_t OpObserver::waits() const { return writer_ && !writer_->forked() ? writer_->waits() : 0; }
+int64_t OpObserver::waits() const {
+  return writer_ ? (writer_->forked() ? 0 : writer_->waits()) : closed_counts_.waits;
+}
 
 const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   const char* key = fn.name();

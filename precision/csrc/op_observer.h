@@ -157,6 +157,9 @@ class OpObserver {
   Batch batch_;  // records finished since the last drain
   std::string failure_;  // with mutex_ held
   std::unique_ptr<IndexWriter> writer_;
+  struct Counts {
+    int64_t waits = 0, parts = 0, write_waits = 0;
+  } closed_counts_;  // the writer's, once closed
   std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
   std::vector<std::unique_ptr<OpFacts>> retired_facts_;  // replaced, still pointed at by queued records
   std::mutex facts_mutex_;
