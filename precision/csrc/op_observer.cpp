@@ -165,15 +165,22 @@ void OpObserver::tag(const std::vector<at::Tensor>& outputs, const std::string& 
     torch::autograd::Node* node = todo.back();
     todo.pop_back();
     if (node == nullptr || !seen.insert(node).second || node->sequence_nr() < seq_start) continue;
-    if (node->sequence_nr() == UINT64_MAX) {  // a parameter's AccumulateGrad: no number of its own
+    node_paths_.try_emplace(node->sequence_nr(), kept);
+    for (const auto& edge : node->next_edges()) {
+      if (!edge.function || edge.function->sequence_nr() != UINT64_MAX) {
+        todo.push_back(edge.function.get());
+        continue;
+      }
+      // a parameter's AccumulateGrad: no number of its own, kept by node while it lives
       if (leaf_paths_.size() >= (1u << 16))
-        for (auto it = leaf_paths_.begin(); it != leaf_paths_.end();) it = it->second.first.expired() ? leaf_paths_.erase(it) : ++it;
-      auto& slot = leaf_paths_[node];
-      if (slot.first.expired()) slot = {node->weak_from_this(), kept};
-    } else {
-      node_paths_.try_emplace(node->sequence_nr(), kept);
+        for (auto it = leaf_paths_.begin(); it != leaf_paths_.end();)
+          it = it->second.first.expired() ? leaf_paths_.erase(it) : ++it;
+      auto it = leaf_paths_.find(edge.function.get());
+      if (it == leaf_paths_.end())
+        leaf_paths_.emplace(edge.function.get(), std::make_pair(c10::weak_intrusive_ptr<torch::autograd::Node>(edge.function), kept));
+      else if (it->second.first.expired())
+        it->second = {c10::weak_intrusive_ptr<torch::autograd::Node>(edge.function), kept};
     }
-    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
   }
 }
 

@@ -151,7 +151,7 @@ class OpObserver {
   std::unordered_map<uint64_t, const std::string*> node_paths_;  // autograd node sequence number -> path
   // Nodes without a sequence number (AccumulateGrad) -> path, while the node lives.
   std::unordered_map<const torch::autograd::Node*,
-                     std::pair<std::weak_ptr<torch::autograd::Node>, const std::string*>> leaf_paths_;
+                     std::pair<c10::weak_intrusive_ptr<torch::autograd::Node>, const std::string*>> leaf_paths_;
   mutable std::mutex tags_mutex_;
   mutable std::mutex mutex_;  // batch_ (backward may run on an autograd thread)
   Batch batch_;  // records finished since the last drain
