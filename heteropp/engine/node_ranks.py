@@ -3,10 +3,12 @@
 torchrun numbers a run's workers node by node in rendezvous order (RANK), knowing nothing of the plan; the
 plan numbers its ranks stage by stage (topology.py). Left at that, a TP group placed inside one node by the
 node rule (spec/placement.py: the cost model, the brute force and `run --cluster` assume it) could run on
-ranks of two hosts. A run config that lists its nodes (RunConfig.nodes: chip type and chips per node, in
-node-rank order, as `heteropp run --write-config --cluster` writes them) makes every worker take, from
-torchrun's GROUP_RANK and LOCAL_RANK, the plan rank the node rule puts on its node; a launch whose nodes
-differ from the list (node count, processes on a node) is refused, naming the node, before any group forms.
+ranks of two hosts. A run config that lists its nodes (RunConfig.nodes: chip type and chips per node, as
+`heteropp run --write-config --cluster` writes them) makes every worker take the plan rank the node rule puts
+on its node. Which list entry a node is follows what the node is (its process count, and its chip type where
+the host says it), not torchrun's GROUP_RANK alone: under a c10d rendezvous GROUP_RANK is arrival order. The
+nodes tell each other what they are over the rendezvous store before any group forms (node_gather.py); a
+launch that matches no reading of the list is refused, naming the node.
 """
 from __future__ import annotations
 
@@ -47,35 +49,70 @@ def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[in
     return [sorted(r) for r in out]
 
 
-def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[str, str]) -> int:
-    """This worker's plan rank from torchrun's environment (GROUP_RANK: the node, LOCAL_RANK: the process on
-    it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE; HETEROPP_CHIP, when the host sets it, its chip type); SpecError
-    naming the node when the launch differs from `nodes`."""
+def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[str, str],
+                  seen: Mapping[int, tuple[str | None, int]]) -> int:
+    """This worker's plan rank from torchrun's environment (GROUP_RANK: its node, LOCAL_RANK: the process on
+    it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE) and what every node of the launch is (`seen`: per GROUP_RANK,
+    its chip type where its host says it (HETEROPP_CHIP) and its count of processes, gathered before any
+    group forms, node_gather.py). Under a c10d rendezvous GROUP_RANK follows arrival order, not the list:
+    nodes are matched to list entries by what they are (match_nodes); SpecError naming the node when the
+    launch matches no reading of `nodes`."""
     per_node = ranks_by_node(plan, nodes)
-    node, local = _env_int(env, "GROUP_RANK"), _env_int(env, "LOCAL_RANK")
-    count, procs = _env_int(env, "GROUP_WORLD_SIZE"), _env_int(env, "LOCAL_WORLD_SIZE")
-    layout = ", ".join(f"node {i}: {len(r)} x {nodes[i][0]}" for i, r in enumerate(per_node))
+    node, local = env_int(env, "GROUP_RANK"), env_int(env, "LOCAL_RANK")
+    count, procs = env_int(env, "GROUP_WORLD_SIZE"), env_int(env, "LOCAL_WORLD_SIZE")
+    layout = _layout(nodes, per_node)
     if count != len(nodes):
         raise SpecError("torchrun", "--nnodes", f"{count} nodes joined", f"the run's {len(nodes)} ({layout})")
     if not 0 <= node < len(nodes):
         raise SpecError("torchrun", "GROUP_RANK", f"got {node}", f"a node of the run's {len(nodes)} ({layout})")
-    chip = env.get("HETEROPP_CHIP")  # the host's own chip type, where it says (as `--elastic` hosts do)
-    if chip is not None and chip != nodes[node][0]:
-        raise SpecError("torchrun", f"node {node} HETEROPP_CHIP", f"this host says {chip!r}, node {node} of the "
-                        f"run is a {nodes[node][0]!r} node", f"the host of node {node} started with --node-rank "
-                        f"{node} ({layout})")
-    want = len(per_node[node])
-    if procs != want:
-        raise SpecError("torchrun", f"node {node} --nproc-per-node", f"{procs} processes on node {node}",
-                        f"{want}: the plan ranks {per_node[node]}, which the node rule puts on node {node} "
-                        f"({nodes[node][1]} {nodes[node][0]} chips; the run's nodes: {layout}); start node i "
-                        "with --node-rank i and its count of processes")
-    if not 0 <= local < want:
-        raise SpecError("torchrun", f"node {node} LOCAL_RANK", f"got {local}", f"0 to {want - 1}")
-    return per_node[node][local]
+    if not 0 <= local < procs:
+        raise SpecError("torchrun", f"node {node} LOCAL_RANK", f"got {local}", f"0 to {procs - 1}")
+    entry = match_nodes(plan, nodes, seen)[node]
+    return per_node[entry][local]
 
 
-def _env_int(env: Mapping[str, str], name: str) -> int:
+def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]],
+                seen: Mapping[int, tuple[str | None, int]]) -> dict[int, int]:
+    """Which entry of `nodes` each node of the launch is: {GROUP_RANK: index in `nodes`}. A node fits an entry
+    when its process count is the count of ranks the node rule puts there and, where its host says its chip
+    type, the types agree. Every worker computes the same answer from the same `seen`: the launch's own
+    numbering when every node fits its entry (a static rendezvous started with the right --node-rank), else
+    nodes that say their chip type first, then the others, each taking, in GROUP_RANK order, the first free
+    entry it fits. Entries alike in (chip type, ranks) are interchangeable, so this finds a matching whenever
+    one exists; SpecError naming the node left without one."""
+    per_node = ranks_by_node(plan, nodes)
+    want = [(str(n[0]), len(r)) for n, r in zip(nodes, per_node)]
+    if sorted(seen) != list(range(len(nodes))):
+        raise SpecError("torchrun", "GROUP_RANK", f"nodes {sorted(seen)} joined",
+                        f"nodes 0 to {len(nodes) - 1}, the run's {len(nodes)} ({_layout(nodes, per_node)})")
+
+    def fits(g: int, i: int) -> bool:
+        chip, procs = seen[g]
+        return procs == want[i][1] and chip in (None, want[i][0])
+
+    if all(fits(g, g) for g in seen):
+        return {g: g for g in seen}
+    free, out = list(range(len(nodes))), {}
+    for g in sorted(seen, key=lambda g: (seen[g][0] is None, g)):
+        i = next((i for i in free if fits(g, i)), None)
+        if i is None:
+            chip, procs = seen[g]
+            says = f"{procs} processes" + (f", HETEROPP_CHIP {chip!r}" if chip is not None else "")
+            hint = "" if chip else "; a host that says its chip type (HETEROPP_CHIP) is matched by it"
+            raise SpecError("torchrun", f"node {g}", f"{says}: no node of the run's list left that it can be",
+                            f"every host one of the run's nodes, started with the processes the node rule puts "
+                            f"there ({_layout(nodes, per_node)}){hint}")
+        free.remove(i)
+        out[g] = i
+    return out
+
+
+def _layout(nodes: Sequence[Sequence[object]], per_node: list[list[int]]) -> str:
+    return ", ".join(f"node {i}: {nodes[i][0]} with {len(r)} process{'es' if len(r) != 1 else ''} "
+                     f"(plan ranks {r})" for i, r in enumerate(per_node))
+
+
+def env_int(env: Mapping[str, str], name: str) -> int:
     """torchrun's variable `name` as an integer; SpecError when it is missing (a launcher other than torchrun,
     whose ranks would not follow the node rule) or not an integer."""
     value = env.get(name)

@@ -31,6 +31,7 @@ from .checkpoint import Checkpointer, slots
 from .data import Batches
 from .executor import StageExecutor
 from .metrics import StepLog, mark_stage_start, stage_peaks
+from .node_gather import gather_nodes
 from .node_ranks import torchrun_rank
 from .snapshot import RoundHooks
 from .straggler import StragglerWatch
@@ -195,9 +196,12 @@ def _huge_pages_advised(tensor: torch.Tensor) -> bool:
 def worker(cfg: RunConfig) -> dict[str, Any]:
     """Entry point of every rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if cfg.nodes is not None:  # torchrun: the rank the node rule gives
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    store = None
+    if cfg.nodes is not None:  # torchrun: the rank the node rule gives this worker's node, whatever it arrived as
         try:
-            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ)
+            store, seen = gather_nodes(os.environ, rank, world, timeout)
+            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ, seen)
         except SpecError as e:  # the launch does not match the config's nodes: say which, no traceback
             print(f"heteropp worker: error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -214,8 +218,9 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
         os.environ["DICOMM_JOB_SECRET"] = cfg.job_secret
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
-    timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group(backend=cfg.backend, rank=rank, world_size=world, timeout=timeout)
+    # the store the nodes met over, as init_process_group's env:// would scope it
+    dist.init_process_group(backend=cfg.backend, rank=rank, world_size=world, timeout=timeout,
+                            store=None if store is None else dist.PrefixStore("default_pg", store))
     try:
         return run_rank(cfg, plan, rank)
     except Exception as e:

@@ -4,8 +4,10 @@ of type A, node 1 two. A plan of a TP-2 stage then a TP-1 stage must run its TP-
 node it fits in (derived by hand), while torchrun alone numbers node 0's worker rank 0, which the plan gives
 to the TP-2 stage: its group would span the two hosts (what ran before: node 0 reported stage 0, node 1
 stages 0 and 1). With the node list in the config, each agent's workers report the stage the hand placement
-gives their node, and the loss is the single-process reference's. A launch with the nodes' process counts
-swapped is refused naming the node."""
+gives their node, and the loss is the single-process reference's. Which list entry a node is follows its
+process count (and chip type, where its host says it), not its --node-rank alone: a launch with the two
+nodes' --node-rank swapped runs as well (test_heteropp_torchrun_rdzv.py covers the c10d rendezvous, where
+GROUP_RANK is arrival order); one that matches no reading of the list is refused naming the node."""
 from __future__ import annotations
 
 import json
@@ -76,28 +78,38 @@ def test_under_torchrun_a_tp_group_runs_on_one_node(tmp_path):
     check_losses(losses, reference(PLAN.global_batch)["losses"][:STEPS], "torchrun by node")
 
 
-def test_under_torchrun_a_launch_with_the_nodes_swapped_is_refused_naming_the_node(tmp_path):
-    """Two workers on node 0 and one on node 1: every worker exits 2 before any process group forms, the
-    message naming its node and the ranks the node rule puts there, without a traceback of ours (torchrun's
-    agent then prints its own ChildFailedError)."""
+def test_under_torchrun_a_launch_with_the_node_ranks_swapped_runs_each_node_as_what_it_is(tmp_path):
+    """The two-chip host started as --node-rank 0: it is the list's two-chip node all the same (before, every
+    worker was refused, "2 processes on node 0"), and runs the TP-2 stage."""
     runs = _launch(tmp_path, NODES, [2, 1])
+    assert _stages_per_node(runs) == [[0, 0], [1]]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "loss.jsonl").read_text().splitlines()]
+    check_losses(losses, reference(PLAN.global_batch)["losses"][:STEPS], "torchrun, node ranks swapped")
+
+
+def test_under_torchrun_a_launch_that_matches_no_node_list_reading_is_refused_naming_the_node(tmp_path):
+    """Two workers on each node: the list has one two-process node, so node 1 is left without an entry. Every
+    worker exits 2 before any process group forms, naming node 1, without a traceback of ours (torchrun's
+    agent then prints its own ChildFailedError)."""
+    runs = _launch(tmp_path, NODES, [2, 2])
     assert [r.returncode for r in runs] == [1, 1]  # torchrun's agent reports its failed workers with 1
-    assert "--nproc-per-node': 2 processes on node 0" in runs[0].stdout, runs[0].stdout[-2000:]
-    assert "--nproc-per-node': 1 processes on node 1" in runs[1].stdout, runs[1].stdout[-2000:]
-    assert "expected 2: the plan ranks [0, 1], which the node rule puts on node 1" in runs[1].stdout
+    for r in runs:
+        assert "field 'node 1': 2 processes: no node of the run's list left" in r.stdout, r.stdout[-2000:]
+        assert "node 0: A with 1 process (plan ranks [2]), node 1: A with 2 processes (plan ranks [0, 1])" \
+            in r.stdout
     assert not any("heteropp/engine/" in r.stdout for r in runs)  # no frame of the engine's
 
 
-@pytest.mark.parametrize("env, says", [
+@pytest.mark.parametrize("env, seen, says", [
     ({"GROUP_RANK": "0", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
-     "2 processes on node 0 .*expected 1: the plan ranks \\[2\\], which the node rule puts on node 0"),
+     {0: (None, 2), 1: (None, 2)}, "node 1'?: 2 processes: no node of the run's list left"),
     ({"GROUP_RANK": "0", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "1"},
-     "--nnodes.*3 nodes joined.*the run's 2"),
+     {0: (None, 1), 1: (None, 2), 2: (None, 1)}, "--nnodes.*3 nodes joined.*the run's 2"),
 ])
-def test_a_launch_that_differs_from_the_nodes_is_refused_naming_the_node(env, says):
-    """torchrun's environment for node 0 with the two nodes' process counts swapped, and a third node."""
+def test_a_launch_that_differs_from_the_nodes_is_refused_naming_the_node(env, seen, says):
+    """torchrun's environment for node 0 when both nodes run two processes, and when a third node joined."""
     with pytest.raises(SpecError, match=says):
-        torchrun_rank(PLAN, NODES, env)
+        torchrun_rank(PLAN, NODES, env, seen)
 
 
 @pytest.mark.parametrize("env, says", [
@@ -111,18 +123,18 @@ def test_a_launch_environment_that_is_not_torchrun_s_is_refused(env, says):
     """A config that lists its nodes started by another launcher (no GROUP_RANK: its RANK ignores the node
     rule), a local rank outside the node's, a size that is not a number."""
     with pytest.raises(SpecError, match=says):
-        torchrun_rank(PLAN, NODES, env)
+        torchrun_rank(PLAN, NODES, env, {0: (None, 1), 1: (None, 2)})
 
 
-def test_a_host_whose_chip_type_is_not_its_nodes_is_refused():
-    """A host that says its chip type (HETEROPP_CHIP) started with the node rank of a node of another type."""
+def test_a_host_whose_chip_type_is_no_nodes_is_refused():
+    """A two-process host that says its chip type (HETEROPP_CHIP): B is the list's two-chip node, A is not."""
     env = {"GROUP_RANK": "1", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     plan = Plan([StagePlan("A", 1, 2), StagePlan("B", 2, 2, first_layer=2)], dp=1, micro_batch_size=1,
                 micro_batches=2, num_layers=MODEL.layers)
     nodes = [["A", 1], ["B", 2]]
-    assert torchrun_rank(plan, nodes, {**env, "HETEROPP_CHIP": "B"}) == 1
-    with pytest.raises(SpecError, match="node 1 HETEROPP_CHIP.*says 'A', node 1 of the run is a 'B' node"):
-        torchrun_rank(plan, nodes, {**env, "HETEROPP_CHIP": "A"})
+    assert torchrun_rank(plan, nodes, env, {0: (None, 1), 1: ("B", 2)}) == 1
+    with pytest.raises(SpecError, match="node 1'?: 2 processes, HETEROPP_CHIP 'A': no node of the run's list"):
+        torchrun_rank(plan, nodes, env, {0: (None, 1), 1: ("A", 2)})
 
 
 def test_a_tp_group_that_fits_no_listed_node_is_refused_naming_the_stage():
@@ -184,8 +196,9 @@ def test_under_torchrun_replica_groups_run_on_nodes_of_their_chip_type(tmp_path)
 
 def test_a_launch_of_replica_groups_that_differs_from_the_nodes_is_refused_naming_the_node():
     env = {"GROUP_RANK": "1", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    with pytest.raises(SpecError, match="2 processes on node 1 .*expected 1: the plan ranks \\[0\\]"):
-        torchrun_rank(GROUPS, GROUP_NODES, env)
+    with pytest.raises(SpecError, match="node 1'?: 2 processes: no node of the run's list left.*node 1: A with 1 "
+                                        "process \\(plan ranks \\[0\\]\\)"):
+        torchrun_rank(GROUPS, GROUP_NODES, env, {0: (None, 2), 1: (None, 2)})
     with pytest.raises(SpecError, match=r"replicas\[1\]\.stages\[0\]\.chip.*'B' has no node"):
         ranks_by_node(GROUPS, [["A", 3]])
 

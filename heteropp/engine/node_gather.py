@@ -1,0 +1,49 @@
+"""What every node of a torchrun launch is, told to all its workers before any process group forms: per
+GROUP_RANK, the chip type its host says (HETEROPP_CHIP, None where unset) and its process count
+(LOCAL_WORLD_SIZE). node_ranks.match_nodes reads it to know which entry of the run's node list each node is.
+
+It travels over torchrun's rendezvous store (env://, the store the default group then uses): each node's
+local rank 0 writes one key, every worker waits for all of them. Keys are scoped to the restart round, since
+torchelastic keeps the store across rounds. What another node wrote is data: read and checked, never trusted.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Mapping
+
+import torch.distributed as dist
+
+from ..spec.errors import SpecError
+from .node_ranks import env_int
+
+_PREFIX = "heteropp/nodes"
+
+
+def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetime.timedelta
+                 ) -> tuple[dist.Store, dict[int, tuple[str | None, int]]]:
+    """torchrun's rendezvous store (env: torchrun's environment; rank and world: its RANK and WORLD_SIZE) and
+    {GROUP_RANK: (chip type or None, process count)} for every node of the launch. SpecError naming the
+    variable when the launcher is not torchrun."""
+    node, nodes = env_int(env, "GROUP_RANK"), env_int(env, "GROUP_WORLD_SIZE")
+    local, procs = env_int(env, "LOCAL_RANK"), env_int(env, "LOCAL_WORLD_SIZE")
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    prefix = f"{_PREFIX}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if local == 0:
+        store.set(f"{prefix}/{node}", json.dumps([env.get("HETEROPP_CHIP"), procs]))
+    keys = [f"{prefix}/{g}" for g in range(nodes)]
+    store.wait(keys, timeout)
+    return store, {g: _read(g, store.get(k)) for g, k in enumerate(keys)}
+
+
+def _read(node: int, raw: bytes) -> tuple[str | None, int]:
+    """Node `node`'s entry as written by gather_nodes; SpecError naming the node when it is not."""
+    try:
+        chip, procs = json.loads(raw)
+    except (ValueError, TypeError):
+        chip = procs = None
+    if (chip is not None and not isinstance(chip, str)) or not isinstance(procs, int) or isinstance(procs, bool) \
+            or procs < 1:
+        raise SpecError("torchrun", f"node {node}", f"told the store {raw[:80]!r}",
+                        "[chip type or null, processes >= 1] (another program's key, or another version)")
+    return chip, procs

@@ -1,0 +1,124 @@
+"""Under a c10d rendezvous (what clusters and the elastic launcher use), torchrun's GROUP_RANK follows the
+order nodes join, not the run config's node list; which entry of the list a node is must follow what the node
+is: its chip type (HETEROPP_CHIP) and its process count (heteropp/engine/node_ranks.match_nodes, fed by
+node_gather.py over the rendezvous store). Two real torchrun agents on loopback with --rdzv-backend=c10d: the
+list says node 0 is one A chip, node 1 two B chips, but the B host joins as group rank 0 (the rendezvous ranks
+nodes by address: B's agent is on 127.0.0.1, A's on 127.0.0.2). Before, the B host's workers were refused
+("2 processes on node 0"); now each host runs its own chip type's stage and the loss is the single-process
+reference's. The matching itself is checked against answers derived by hand."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from heteropp.engine import RunConfig
+from heteropp.engine.node_ranks import match_nodes, torchrun_rank
+from heteropp.plan import Plan, StagePlan
+from heteropp.spec.errors import SpecError
+from tests.heteropp.heteropp_helpers import MODEL, check_losses, reference
+
+STEPS = 2
+# A: layers 0-1 on one chip (plan rank 0); B: layers 2-3 at TP 2 (plan ranks 1 and 2)
+PLAN = Plan([StagePlan("A", 1, 2), StagePlan("B", 2, 2, first_layer=2)], dp=1, micro_batch_size=1,
+            micro_batches=2, num_layers=MODEL.layers)
+NODES = [["A", 1], ["B", 2]]
+_CHIP_LINE = re.compile(r"rank (\d+): stage (\d+) \((\w+), ")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_c10d(tmp_path, hosts: list[tuple[str, str | None, int]]) -> list[subprocess.CompletedProcess]:
+    """One torchrun agent per host (addr, HETEROPP_CHIP or None, processes), c10d rendezvous on loopback, the
+    first host holding the store and started first."""
+    cfg = RunConfig(plan=PLAN.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, backend="gloo",
+                    chip_map={"A": "cpu", "B": "cpu"}, timeout_s=60, verbose=True,
+                    loss_log=str(tmp_path / "loss.jsonl"), nodes=NODES)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cfg.__dict__))
+    port, run_id = _port(), uuid.uuid4().hex[:8]
+    agents = []
+    for i, (addr, chip, n) in enumerate(hosts):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env.pop("HETEROPP_CHIP", None)
+        if chip is not None:
+            env["HETEROPP_CHIP"] = chip
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--nproc-per-node={n}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+             f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}", f"--local-addr={addr}", "--max-restarts=0",
+             "-m", "heteropp.engine.worker", "--config", str(path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    out = []
+    for a in agents:
+        text, _ = a.communicate(timeout=300)
+        out.append(subprocess.CompletedProcess(a.args, a.returncode, text))
+    return out
+
+
+def test_under_a_c10d_rendezvous_a_b_node_that_joins_first_runs_the_b_stage(tmp_path):
+    runs = _launch_c10d(tmp_path, [("127.0.0.1", "B", 2), ("127.0.0.2", "A", 1)])
+    for r in runs:
+        assert r.returncode == 0, r.stdout[-3000:]
+    # by hand: the B host takes plan ranks 1 and 2 (stage 1), the A host plan rank 0 (stage 0)
+    got = [sorted((int(m.group(1)), int(m.group(2)), m.group(3)) for m in _CHIP_LINE.finditer(r.stdout))
+           for r in runs]
+    assert got == [[(1, 1, "B"), (2, 1, "B")], [(0, 0, "A")]]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "loss.jsonl").read_text().splitlines()]
+    check_losses(losses, reference(PLAN.global_batch)["losses"][:STEPS], "c10d rendezvous, B first")
+
+
+# Nodes of one chip type and different sizes: the TP-2 stage's ranks 0-1 need the two-chip node, rank 2 the
+# one-chip node (test_heteropp_torchrun_nodes.py derives it).
+TP_PLAN = Plan([StagePlan("A", 2, 2), StagePlan("A", 1, 2, first_layer=2)], dp=1, micro_batch_size=1,
+               micro_batches=2, num_layers=MODEL.layers)
+
+
+@pytest.mark.parametrize("plan, nodes, seen, want", [
+    # the launch's own numbering where every node fits it (a static rendezvous with the right --node-rank)
+    (PLAN, NODES, {0: ("A", 1), 1: ("B", 2)}, {0: 0, 1: 1}),
+    (PLAN, NODES, {0: (None, 1), 1: (None, 2)}, {0: 0, 1: 1}),
+    # the B host arrived first: by its chip type, by its process count, by both
+    (PLAN, NODES, {0: ("B", 2), 1: ("A", 1)}, {0: 1, 1: 0}),
+    (PLAN, NODES, {0: (None, 2), 1: (None, 1)}, {0: 1, 1: 0}),
+    (PLAN, NODES, {0: ("B", 2), 1: (None, 1)}, {0: 1, 1: 0}),
+    # one chip type, nodes of 1 and 2 chips, the two-chip node first
+    (TP_PLAN, [["A", 1], ["A", 2]], {0: (None, 2), 1: (None, 1)}, {0: 1, 1: 0}),
+    # two one-chip nodes, A and B: the host that says B gets the B entry although a silent host came first
+    (Plan([StagePlan("A", 1, 2), StagePlan("B", 1, 2, first_layer=2)], dp=1, micro_batch_size=1,
+          micro_batches=2, num_layers=MODEL.layers), [["B", 1], ["A", 1]], {0: (None, 1), 1: ("B", 1)},
+     {1: 0, 0: 1}),
+])
+def test_nodes_are_matched_to_the_list_by_what_they_are(plan, nodes, seen, want):
+    assert match_nodes(plan, nodes, seen) == want
+
+
+def test_the_rank_follows_the_matched_node():
+    """The B host, group rank 0, local rank 1: plan rank 2 (B's second TP rank), by hand."""
+    env = {"GROUP_RANK": "0", "LOCAL_RANK": "1", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert torchrun_rank(PLAN, NODES, env, {0: ("B", 2), 1: ("A", 1)}) == 2
+
+
+@pytest.mark.parametrize("seen, says", [
+    # a B host with one process: no B entry of one process
+    ({0: ("B", 1), 1: ("A", 1)}, r"node 0.*1 processes, HETEROPP_CHIP 'B': no node of the run's list left"),
+    # two hosts that both say A
+    ({0: ("A", 1), 1: ("A", 2)}, r"node 1.*2 processes, HETEROPP_CHIP 'A'"),
+    # silent hosts of two processes each: the second finds no entry of two processes left
+    ({0: (None, 2), 1: (None, 2)}, r"node 1'?: 2 processes: no node.*says its chip type"),
+    # a node missing from what the store gathered
+    ({0: ("A", 1)}, r"GROUP_RANK.*nodes \[0\] joined.*nodes 0 to 1"),
+])
+def test_a_launch_that_matches_no_reading_of_the_list_is_refused_naming_the_node(seen, says):
+    with pytest.raises(SpecError, match=says):
+        match_nodes(PLAN, NODES, seen)
