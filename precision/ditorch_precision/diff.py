@@ -751,18 +751,51 @@ def compare_ranks(dir_a: str, dir_b: str, options: CompareOptions | None = None,
                         "tensor-parallel run against a run of one rank: tp_shards, --tp-shards)")
     else:
         reports = {rank: compare_dumps(ra[rank], rb[rank], options=options) for rank in sorted(ra)}
-    per_rank = {}
+    per_rank, carriers = {}, {}
     for rank in sorted(ra):
         dump = Dump.open(ra[rank])
+        calls = [r for r in dump.iter_records()
+                 if r.get("kind", "op") == "op" and is_collective(r["op"]) and r["op"] not in PLUMBING]
         with torch.no_grad():
-            stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in dump.iter_records()
-                     if r.get("kind", "op") == "op" and is_collective(r["op"]) and r["op"] not in PLUMBING]
+            stats = [stats_from_capture(r, dump.load(r), len(ra)) for r in calls]
         per_rank[rank] = [s for s in stats if s is not None] + load_transfers(ra[rank])
+        carriers[rank] = sorted((r.get("step") or 0, r["index"]) for r in calls)
+    _handed_on(reports, carriers)
     _after_other_ranks(reports)
     return RankReport(reports, check_across_ranks(per_rank) if any(per_rank.values()) else [])
 
 
 _RECORDS = ("module::", "optimizer::")
+# Rules that judge an op by its outputs' summaries alone (stats, checksum captures): no tensors to
+# replay it from, so an error its inputs carry fails it.
+_SUMMARY_RULES = ("stats", "checksum")
+
+
+def _handed_on(reports: dict[int, DiffReport], carriers: dict[int, list[tuple[int, int]]]) -> None:
+    """An op judged by its summaries (``_SUMMARY_RULES``) that fails after a collective of its rank
+    (``carriers``: (step, index) of each rank's collectives) which came after another rank's first
+    divergence may hold that rank's error, handed on by the collective (a row-parallel layer's
+    all-reduce): drift, not a divergence of its own rank. Ranks are taken in the order of their first
+    divergences, so a rank whose every failure was handed on hands nothing on itself."""
+    order = sorted((f.get("step") or 0, f["index"], rank) for rank, r in reports.items()
+                   if (f := r.first_divergence) is not None)
+    genuine: dict[int, tuple[int, int]] = {}  # rank -> (step, index) of a divergence of its own
+    for _, _, rank in order:
+        report = reports[rank]
+        if genuine:
+            step, index, source = min((s, i, r) for r, (s, i) in genuine.items())
+            carrier = next((c for c in carriers.get(rank, ()) if c > (step, index)), None)
+            for row in report.ops if carrier is not None else ():
+                if (row["status"] == "fail" and row["rule"] in _SUMMARY_RULES
+                        and (row.get("step") or 0, row["index"]) > carrier):
+                    report.counts["op:fail"] -= 1
+                    report.counts["op:drift"] += 1
+                    row.update(status="drift", detail=f"differs after collective #{carrier[1]} (step {carrier[0]}), "
+                                                      f"which came after the first divergence of rank {source} "
+                                                      f"(#{index}, step {step}) and may carry it: {row['detail']}")
+        first = report.first_divergence
+        if first is not None:
+            genuine[rank] = (first.get("step") or 0, first["index"])
 
 
 def _after_other_ranks(reports: dict[int, DiffReport]) -> None:

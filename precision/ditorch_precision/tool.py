@@ -55,6 +55,9 @@ class _ApiMode(TorchFunctionMode):
 _API_NAMES: dict = {}
 
 
+_UNSEEN = object()  # an op not yet looked up in Tool._op_hits
+
+
 class Tool:
     """Subclasses implement ``handle`` (run the op, do their work, return the outputs) and
     ``finish`` (write results). Use as a context manager; ``step()`` advances the step by hand."""
@@ -154,15 +157,21 @@ class Tool:
             return "recompute" if self.modules.stack else "backward"
         return "forward"
 
-    def _op_selected(self, func) -> bool:
-        hit = self._op_hits.get(func)
-        if hit is None:
+    def _op_selected(self, func) -> bool | None:
+        """Whether the op is selected; None for the profiler's own ops (record_function's enter and
+        exit), which are not numbered: torch shows them to no RecordFunction observer, so the C++
+        hook never sees them, and both hooks number the same ops."""
+        hit = self._op_hits.get(func, _UNSEEN)
+        if hit is _UNSEEN:
             info = op_info(func)
-            hit = self._op_hits[func] = (not info.op.startswith("profiler::")
-                                         and self.selector.op_ok(info.op, info.overload))
+            hit = self._op_hits[func] = (None if info.op.startswith("profiler::")
+                                         else self.selector.op_ok(info.op, info.overload))
         return hit
 
     def _dispatch(self, func, args, kwargs):
+        selected = self._op_selected(func)
+        if selected is None:
+            return func(*args, **kwargs)
         with self._lock:
             index = self.n_ops
             self.n_ops += 1
@@ -170,7 +179,7 @@ class Tool:
         # few lookups.
         sel = self.selector
         step = self.steps.step
-        if not self._op_selected(func) or (sel.steps is not None and step not in sel.steps):
+        if not selected or (sel.steps is not None and step not in sel.steps):
             return func(*args, **kwargs)
         rank = self.rank.get()
         if sel.ranks is not None and rank not in sel.ranks:

@@ -109,3 +109,90 @@ def test_both_hooks_record_functional_collectives_once_complete_and_write_the_sa
     module = next(r for r in step0 if r["op"] == "module::output" and r["module"] == "_RowParallel")
     _assert_stats(module, _float64_stats(partial))
     _assert_stats(by_op["aten::slice"][0], _float64_stats(partial.view(-1)[:5]))
+
+
+@pytest.mark.parametrize("hook", ["cpp", "python"])
+def test_a_group_made_in_the_middle_of_a_step_is_written_with_its_ranks(tmp_path, world, hook):
+    """The C++ hook is handed the groups torch.distributed knows at entry and at each step; one
+    made between them is asked of Python when a collective first names it."""
+    x = torch.ones(4)
+    with torch.no_grad(), Capture(str(tmp_path), mode="stats", hook=hook):
+        pair = dist.new_group([0])
+        dist.all_reduce(x, group=pair)
+        funcol.all_reduce(x, "sum", pair).wait()
+    with open(tmp_path / "index.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    named = [(r["op"], r["group"]) for r in records if r["op"] in ("c10d::allreduce_", "_c10d_functional::all_reduce")]
+    assert named == [("c10d::allreduce_", [0]), ("_c10d_functional::all_reduce", [0])]
+
+
+@pytest.fixture(scope="module")
+def tp_job(tmp_path_factory, launch_gloo):
+    """A real 2-process gloo job (loopback): ditorch_precision.examples.dist_functional, each op
+    hook honest and with layer ``down``'s mm 1e-4 off on rank 1."""
+    root = tmp_path_factory.mktemp("funcol")
+    launch_gloo("ditorch_precision.examples.dist_functional", root, 2, "--fault-rank", "1")
+    return root
+
+
+def _index(root, hook: str, run: str, rank: int) -> list[dict]:
+    with open(root / hook / run / "capture" / f"rank{rank}" / "index.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def _without_group_name(record: dict) -> dict:
+    """A functional collective names its group by a process-wide counter (another in each run of
+    the job's four); the group's ranks ("group") are what is compared."""
+    if record["op"].startswith("_c10d_functional::") and "signature" in record:
+        record = {**record, "signature": {k: v for k, v in record["signature"].items() if k != "group_name"}}
+    return record
+
+
+def test_a_tensor_parallel_job_is_recorded_alike_by_both_hooks_with_mid_step_groups(tp_job):
+    from ditorch_precision.examples.dist_functional import TPFeedForward
+
+    for run in ("ref", "fault"):
+        for rank in (0, 1):
+            cpp, python = _index(tp_job, "cpp", run, rank), _index(tp_job, "python", run, rank)
+            assert len(cpp) == len(python) > 80
+            for a, b in zip(cpp, python):
+                assert _without_group_name(a) == _without_group_name(b)
+    records = _index(tp_job, "cpp", "ref", 0)
+    step0 = [r for r in records if r["step"] == 0]
+    collectives = [(r["op"], r["reduce_op"], r["group"]) for r in step0 if "reduce_op" in r
+                   and not r["op"].endswith(("wait_tensor", "_wrap_tensor_autograd"))]
+    assert collectives == [
+        ("_c10d_functional::all_reduce", "SUM", [0, 1]),  # the row-parallel sum
+        ("_c10d_functional::all_gather_into_tensor", None, [0, 1]),
+        ("_c10d_functional::reduce_scatter_tensor", "AVG", [0, 1]),
+        ("c10d::allreduce_", "SUM", [0, 1]),  # on the group made in the middle of the step
+        ("_c10d_functional::all_reduce", "MAX", [0, 1]),
+    ]
+    # The row-parallel sum against the unsharded layer in float64 in this process.
+    full = TPFeedForward(0, 1, None).double()
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)).double()
+    with torch.no_grad():
+        want = _float64_stats(torch.nn.functional.gelu(x.mm(full.up.t())).mm(full.down.weight.t()))
+    (s,) = next(r for r in step0 if r["op"] == "_c10d_functional::all_reduce")["stats"]
+    for key in ("min", "max", "mean", "norm"):
+        assert s[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    # The in-place all-reduce of the loss (the same on both ranks) is read once it completed: twice
+    # the copy it sums, not the copy's statistics again.
+    at = next(i for i, r in enumerate(step0) if r["op"] == "c10d::allreduce_")
+    assert step0[at - 1]["op"] == "aten::clone"
+    assert step0[at]["stats"][0]["max"] == 2 * step0[at - 1]["stats"][0]["max"]
+
+
+@pytest.mark.parametrize("hook", ["cpp", "python"])
+def test_the_fault_on_rank_1_is_found_and_rank_0_stays_clean(tp_job, hook, capsys):
+    """Rank 1's error reaches rank 0 through the row-parallel all-reduce: rank 0's ops after it
+    differ (drift), none of them fails; the first divergence is the planted mm on rank 1."""
+    from ditorch_precision.cli import main
+
+    assert main(["compare", str(tp_job / hook / "fault"), str(tp_job / hook / "ref"), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert [r for r in d["per_rank"]["0"]["ops"] if r["status"] == "fail"] == []
+    assert d["per_rank"]["0"]["n_drift"] > 0
+    assert [r for r in d["per_rank"]["1"]["ops"] if r["status"] == "fail"]
+    fd = d["first_divergence"]
+    assert (fd["rank"], fd["op"], fd["module"], fd["step"]) == (1, "aten::mm", "TPFeedForward.down", 0)

@@ -9,7 +9,6 @@ OUT/fault/: the many-bucket run with layer 1's ``mlp.down_proj`` mm 1e-3 off on 
 r - 1 only (one run finds a fault at each step, each after the drift the earlier ones left)."""
 from __future__ import annotations
 
-import argparse
 import os
 from contextlib import nullcontext
 
@@ -20,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ditorch_precision import Capture
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
+from ditorch_precision.examples import gloo_job
 
 ONE_BUCKET_MB = 25.0  # DDP's default: the whole small model in one bucket
 SMALL_BUCKET_MB = 0.01  # a few parameters per bucket
@@ -59,10 +59,7 @@ def worker(rank: int, world: int, port: int, out: str, steps: int, faults: bool)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("world", type=int)
-    p.add_argument("port", type=int)
+    p = gloo_job.parser()
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--faults", action="store_true")
     a = p.parse_args()

@@ -7,7 +7,6 @@ The same processes run once honestly into OUT/ref and once with a fault (layer 1
 ``mlp.down_proj`` mm 1e-4 off on rank R) into OUT/fault; each writes OUT/{ref,fault}/capture/rank{r}/."""
 from __future__ import annotations
 
-import argparse
 import os
 from contextlib import nullcontext
 
@@ -18,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ditorch_precision import Capture
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
+from ditorch_precision.examples import gloo_job
 
 
 def train_once(rank: int, out: str, fault_rank: int | None, steps: int, mode: str = "full", hook: str = "auto") -> None:
@@ -47,10 +47,7 @@ def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, s
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("world", type=int)
-    p.add_argument("port", type=int)
+    p = gloo_job.parser()
     p.add_argument("--fault-rank", type=int)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--mode", default="full", choices=("full", "stats"))

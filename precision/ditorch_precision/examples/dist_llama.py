@@ -8,7 +8,6 @@ same processes first run once without the fault into OUT2 (one launch for a refe
 with ``--collectives OUT3`` they first run ``dist_collectives`` into OUT3 (one launch for both examples)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from contextlib import nullcontext
@@ -18,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ditorch_precision import AutoCompare, Capture
-from ditorch_precision.examples import dist_collectives
+from ditorch_precision.examples import dist_collectives, gloo_job
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
 
@@ -59,10 +58,7 @@ def train_once(rank: int, world: int, out: str, fault_rank: int | None) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("world", type=int)
-    p.add_argument("port", type=int)
+    p = gloo_job.parser()
     p.add_argument("--fault-rank", type=int)
     p.add_argument("--honest", metavar="OUT2", help="first a run without the fault, into OUT2")
     p.add_argument("--collectives", metavar="OUT3", help="first the dist_collectives example, into OUT3")
