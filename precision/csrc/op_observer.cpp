@@ -218,9 +218,10 @@ int64_t OpObserver::write_waits() const {
   return writer_ ? (writer_->forked() ? 0 : writer_->write_waits()) : closed_counts_.write_waits;
 }
 
-void OpObserver::guard(const at::Tensor& t) {
+void OpObserver::guard(const at::Tensor& t, Written& written) {
   if (!t.has_storage()) return;
   const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  written.storages.push_back(s);
   {
     std::lock_guard<std::mutex> lock(held_mutex_);
     auto it = held_.find(s);
@@ -228,6 +229,7 @@ void OpObserver::guard(const at::Tensor& t) {
       for (auto& [payload, i] : it->second) {
         payload->tensors[i] = payload->tensors[i].clone();
         payload->program[i] = false;
+        written.copies.push_back(payload->tensors[i]);
       }
       held_.erase(it);
     }
@@ -642,7 +644,7 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
     pl.end();
     pl.key("outputs");
     pl.begin(PayloadToken::ListBegin);
-    for (const auto& t : readables) pl.tensor(t, false);
+    for (const auto& t : readables) pl.tensor(t, nullptr);
     pl.end();
     unwritten_payload(pl, {}, masks);
     pl.end();
@@ -704,9 +706,11 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   Pending* p = &pending;
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
+  Written written;
   if (full_)  // before it writes what a kept record holds uncopied: copied, or its part written
     for (int i : op->written_args)
-      if (static_cast<size_t>(i) < inputs.size()) each_tensor(inputs[i], [&](const at::Tensor& t) { guard(t); });
+      if (static_cast<size_t>(i) < inputs.size())
+        each_tensor(inputs[i], [&](const at::Tensor& t) { guard(t, written); });
   if (full_ && !unwritten_.empty()) {  // each input's mask, for the payload
     int64_t k = 0;
     for (const auto& v : inputs)
@@ -750,10 +754,10 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
     r.random = drew ? 1 : 0;
   }
   if (op->collective) collective_args(r, inputs);
-  if (full_) {  // an op that writes its arguments: all its inputs copied now, as they were before it
+  if (full_) {  // what an op writes is copied now, as it was before it
     r.full = true;
     if (!r.payload) r.payload = std::make_unique<Payload>();
-    r.payload->arguments(*op, inputs, !op->written_args.empty());
+    r.payload->arguments(*op, inputs, op->written_args.empty() ? nullptr : &written);
   }
 }
 
@@ -845,10 +849,10 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
     if (returns.empty()) {
       pl.push(PayloadToken::None);
     } else if (returns.size() == 1) {
-      pl.value(returns[0], type(0), false);
+      pl.value(returns[0], type(0), nullptr);
     } else {
       pl.begin(PayloadToken::TupleBegin);
-      for (size_t i = 0; i < returns.size(); ++i) pl.value(returns[i], type(i), false);
+      for (size_t i = 0; i < returns.size(); ++i) pl.value(returns[i], type(i), nullptr);
       pl.end();
     }
     unwritten_payload(pl, p->in_masks, masks);

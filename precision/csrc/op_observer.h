@@ -192,7 +192,7 @@ class OpObserver {
   // before an op writes that storage (guard), as bulk.PendingWrites does.
   std::unordered_map<const c10::StorageImpl*, std::vector<std::pair<Payload*, size_t>>> held_;
   std::mutex held_mutex_;
-  void guard(const at::Tensor& written);
+  void guard(const at::Tensor& t, Written& written);  // adds t's storage and the copies made to `written`
   // Counts the payload's bytes against the cap (false: over it, emptied) and registers its
   // program tensors with held_.
   bool keep_payload(Record& r);

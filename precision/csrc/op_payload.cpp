@@ -30,10 +30,24 @@ void Payload::clear() {
   nbytes = 0;
 }
 
-void Payload::tensor(const at::Tensor& t, bool copy) {
+void Payload::tensor(const at::Tensor& t, const Written* written) {
   push(PayloadToken::Tensor, static_cast<int64_t>(tensors.size()));
   nbytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-  if (!copy && compact(t)) {
+  bool writes = false;
+  if (written != nullptr && t.has_storage()) {
+    const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    for (const auto* w : written->storages) writes = writes || w == s;
+  }
+  if (writes) {  // a copy the guard made of the same elements, before the op: taken, not made again
+    for (const at::Tensor& c : written->copies) {
+      if (c.scalar_type() == t.scalar_type() && c.storage_offset() == t.storage_offset() && c.sizes() == t.sizes() &&
+          c.strides() == t.strides() && c.is_contiguous() && !t.is_conj() && !t.is_neg()) {
+        tensors.push_back(c);
+        program.push_back(false);
+        return;
+      }
+    }
+  } else if (compact(t)) {
     // Its own TensorImpl on the same storage: the program's tensor is not referenced (autograd
     // takes over a gradient only it holds) and no op is dispatched.
     tensors.push_back(t.variable_data());
@@ -56,7 +70,7 @@ void Payload::mask(const at::Tensor& m) {
 
 // As torch::jit::toPyObject, with the schema's type for dtypes, layouts and memory formats
 // (parseIValuesToPyArgsKwargs), then dump._encode and part_file's encoding.
-void Payload::value(const c10::IValue& v, const c10::TypePtr& type, bool copy) {
+void Payload::value(const c10::IValue& v, const c10::TypePtr& type, const Written* written) {
   PayloadToken tok;
   if (v.isNone()) {
     tok.kind = PayloadToken::None;
@@ -88,10 +102,10 @@ void Payload::value(const c10::IValue& v, const c10::TypePtr& type, bool copy) {
           tok.im = c.imag();
           break;
         }
-        default: tensor(t, copy); return;
+        default: tensor(t, written); return;
       }
     } else {
-      tensor(t, copy);
+      tensor(t, written);
       return;
     }
   } else if (v.isBool()) {
@@ -119,12 +133,12 @@ void Payload::value(const c10::IValue& v, const c10::TypePtr& type, bool copy) {
   } else if (v.isList()) {
     const auto elem = element_type(type);
     begin(PayloadToken::ListBegin);
-    for (const c10::IValue& x : v.toListRef()) value(x, elem, copy);
+    for (const c10::IValue& x : v.toListRef()) value(x, elem, written);
     end();
     return;
   } else if (v.isTuple()) {
     begin(PayloadToken::TupleBegin);
-    for (const c10::IValue& x : v.toTupleRef().elements()) value(x, nullptr, copy);
+    for (const c10::IValue& x : v.toTupleRef().elements()) value(x, nullptr, written);
     end();
     return;
   } else {  // a generator, a script object: replaying the op refuses it (dump.Unsaved)
@@ -135,7 +149,7 @@ void Payload::value(const c10::IValue& v, const c10::TypePtr& type, bool copy) {
   tokens.push_back(tok);
 }
 
-void Payload::arguments(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs, bool copy) {
+void Payload::arguments(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs, const Written* written) {
   const size_t n = inputs.size();
   auto is_default = [&](size_t i) {
     if (i >= op.arg_defaults.size() || !op.arg_defaults[i].has_value()) return false;
@@ -152,14 +166,14 @@ void Payload::arguments(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs, bo
   key("args");
   begin(PayloadToken::TupleBegin);
   for (size_t i = 0; i < positional; ++i)
-    if (static_cast<int>(i) != op.hidden_arg) value(inputs[i], type(i), copy);  // as the op it is shown as
+    if (static_cast<int>(i) != op.hidden_arg) value(inputs[i], type(i), written);  // as the op it is shown as
   end();
   key("kwargs");
   begin(PayloadToken::DictBegin);
   for (size_t i = kw; i < n; ++i) {
     if (is_default(i)) continue;
     key(op.arg_names[i]);
-    value(inputs[i], type(i), copy);
+    value(inputs[i], type(i), written);
   }
   end();
 }

@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type_base.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
 
 #include <cstdint>
 #include <string>
@@ -30,6 +31,15 @@ struct PayloadToken {
   std::string_view name;     // Key; TorchName (strings that outlive the payload: schema names, literals)
 };
 
+// What an op is about to write: the storages of its written arguments, and copies of what they
+// held made before it ran (the guard's copies of tensors records kept uncopied). An input on such
+// a storage is kept as one of those copies (the same view) or copied; the op's other inputs are
+// as they will stay (kept uncopied where compact: a later write is guarded).
+struct Written {
+  std::vector<const c10::StorageImpl*> storages;
+  std::vector<at::Tensor> copies;
+};
+
 struct Payload {
   std::vector<PayloadToken> tokens;
   std::vector<std::string> strings;
@@ -39,14 +49,14 @@ struct Payload {
 
   void clear();
   // A tensor as saveable_leaf keeps it: uncopied where it covers its whole CPU storage, else a
-  // compact CPU copy. `copy`: always a copy (the inputs of an op that writes its arguments).
-  void tensor(const at::Tensor& t, bool copy);
+  // compact CPU copy; one the op writes (`written`, null: none), its content before the op.
+  void tensor(const at::Tensor& t, const Written* written);
   // A mask of unwritten elements (a copy the observer made): held, not counted.
   void mask(const at::Tensor& m);
-  void value(const c10::IValue& v, const c10::TypePtr& type, bool copy);
+  void value(const c10::IValue& v, const c10::TypePtr& type, const Written* written);
   // The op's arguments as {"args": (...), "kwargs": {...}, (what parseIValuesToPyArgsKwargs hands a
   // dispatch mode: trailing defaults left out, keyword-only arguments by name unless default)
-  void arguments(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs, bool copy);
+  void arguments(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs, const Written* written);
   void push(PayloadToken::Kind kind, int64_t i = 0) {
     PayloadToken& t = tokens.emplace_back();
     t.kind = kind;

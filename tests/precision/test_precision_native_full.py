@@ -128,6 +128,7 @@ def _program(cap, hold: list) -> None:
         y.t()[1:3].sum(dim=[0], keepdim=True, dtype=torch.float64)  # a view's copy; keyword-only dtype
         y.add_(1.5)                                  # writes a held tensor: the earlier records keep its old values
         torch.max(y, 1)                              # two returns
+        y.clone().addcmul_(x, y, value=0.5)          # an op that writes, its other inputs kept uncopied
         parts = torch.split(y, [1, 3])               # a list returned
         parts[1].mul_(2.0)                           # writes through a view of y
         torch._assert_async((y > -1e9).all())        # no return
