@@ -172,15 +172,16 @@ class StragglerReplan:
             raise SystemExit(EXIT_REPLAN)
 
     def judge(self, watch: StragglerWatch, slow: dict[int, float], step: int) -> dict[str, Any]:
-        k = max(slow, key=lambda i: slow[i])
-        chip, factor = self.plan.stages[k].chip, slow[k]
+        k = max(slow, key=lambda i: slow[i])  # the watch's slot: a stage of one replica group
+        chip, factor = watch.chips[k], slow[k]
         done = complete_checkpoints(self.cfg.opts.checkpoint_dir) if self.cfg.opts.checkpoint_dir else []
         redo = step - (int(done[-1].name.split("-")[1]) if done else 0)
         if self.snapshot_every:  # `step` is not logged yet: the snapshots up to step - 1 are held
             redo = min(redo, step - (step - 1) // self.snapshot_every * self.snapshot_every)
         v = replan_verdict(self.cluster, self.cfg.model_spec, self.train, self.plan, chip, factor, watch.step_s(),
                            self.cfg.steps - step, watch.first_at - self.born, redo, self.per_replica)
-        return {"stage": k, "chip": chip, "slowdown": round(factor, 3), "step": step, **v,
+        group, stage = watch.where[k]
+        return {"stage": stage, "group": group, "chip": chip, "slowdown": round(factor, 3), "step": step, **v,
                 "speeds": {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}}
 
 
@@ -189,9 +190,11 @@ def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: 
     """Whether re-planning for `chip` slowed by `factor` pays over `left` steps (StragglerReplan's rule)."""
     from ..auto.plan_sim import simulate_plan
     from ..auto.planning import make_problem
+    from ..auto.replica_sim import simulate_groups
     slower = slowed(cluster, {chip: 1 / factor})
-    now = simulate_plan(make_problem(slower, m, train_from_dict(train, "<training>", m.seq_len)).cm,
-                        plan).iteration_time_s
+    cm = make_problem(slower, m, train_from_dict(train, "<training>", m.seq_len)).cm
+    # a plan of replica groups is priced as HeteroAuto priced it (best_per_replica): by the groups' simulator
+    now = (simulate_groups if plan.replicas else simulate_plan)(cm, plan).iteration_time_s
     try:
         new: Plan | None = replan(slower, m, train, per_replica)
     except (InfeasibleError, SpecError):

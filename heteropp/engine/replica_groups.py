@@ -38,8 +38,8 @@ class GroupPlan(Plan):
 
 
 def group_plans(plan: Plan) -> list[GroupPlan]:
-    """The groups in rank order (their stages' estimates left out: the straggler watch compares stages of
-    one pipeline over the whole world)."""
+    """The groups in rank order (their stages' estimates left out: the straggler watch reads them from the
+    whole plan, every group's stages together)."""
     out, base = [], 0
     for g in plan.groups:
         stages = [replace(s, est_time_s=None, est_memory_gb=None) for s in g.stages]

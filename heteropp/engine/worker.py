@@ -96,7 +96,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                        act_dtype=TORCH_DTYPES[opts.dtype])
     if rank == cfg.slow_rank:
         ex.delay_s = cfg.slow_s
-    watch = StragglerWatch(plan)
+    watch = StragglerWatch(plan if hg is None else cfg.plan_obj)  # every replica group's stages together
+    slot = watch.slot_of(0 if hg is None else hg.index, k)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"
     lead = model.last and d == 0 and t == 0 and (hg is None or hg.index == 0)
@@ -146,7 +147,7 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         peaks = stage_peaks(g, plan, k, d == 0 and t == 0) if cfg.loss_log and hg is None else None
         if hooks is not None:
             hooks.wait()  # the previous step's snapshot is sent before the all-reduce below lets this step count
-        slow = watch.observe(k, ex.compute_s, d == 0 and t == 0)
+        slow = watch.observe(slot, ex.compute_s, d == 0 and t == 0)
         if ckpt is not None:
             ckpt.settle()  # the previous step's checkpoint is complete before this step counts as done
         dt = time.perf_counter() - t0

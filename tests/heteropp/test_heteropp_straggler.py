@@ -18,23 +18,31 @@ from .elastic_run import TWO_CPU, ElasticRun
 STEPS = 7
 
 
-def _run(tmp_path, name: str, **kw) -> list[dict]:
-    # equal predictions for two equal halves of the tiny model (the head is small beside four layers)
-    plan = Plan([StagePlan("A", 1, 4, est_time_s=0.01), StagePlan("B", 1, 4, est_time_s=0.01)], dp=1,
-                micro_batch_size=1, micro_batches=4, num_layers=8)
+# equal predictions for two equal halves of the tiny model (the head is small beside four layers)
+PLAN = Plan([StagePlan("A", 1, 4, est_time_s=0.01), StagePlan("B", 1, 4, est_time_s=0.01)], dp=1,
+            micro_batch_size=1, micro_batches=4, num_layers=8)
+
+
+def _run(tmp_path, plan: Plan, name: str, **kw) -> list[dict]:
     log = tmp_path / f"{name}.jsonl"
     launch(RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(PRESETS["tiny"]), steps=STEPS, backend="gloo",
                      chip_map={"A": "cpu", "B": "cpu"}, loss_log=str(log), **kw))
     return [json.loads(x) for x in log.read_text().splitlines()]
 
 
-def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
-    slowed = _run(tmp_path, "slow", slow_rank=1, slow_s=0.1)
+def check_slowed_and_even(tmp_path, plan: Plan) -> None:
+    """Rank 1 slowed by 0.1 s per compute action: only its watch slot (1: the second stage, or the second
+    replica group's stage) is reported, from a full window of steps on; an even run reports nothing."""
+    slowed = _run(tmp_path, plan, "slow", slow_rank=1, slow_s=0.1)
     flagged = [r["stragglers"] for r in slowed if "stragglers" in r]
     assert flagged and all(set(f) == {"1"} and f["1"] > 1.5 for f in flagged), slowed
     assert "stragglers" not in slowed[0]  # judged over a window of steps, not one
-    even = _run(tmp_path, "even")
+    even = _run(tmp_path, plan, "even")
     assert not any("stragglers" in r for r in even)
+
+
+def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
+    check_slowed_and_even(tmp_path, PLAN)
 
 
 @pytest.mark.skipif(not os.access(CPU_CGROUP, os.W_OK), reason="needs cgroup v1's cpu controller, writable (root)")

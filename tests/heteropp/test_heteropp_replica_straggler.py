@@ -1,0 +1,74 @@
+"""Straggler re-plans in a run of replica groups (each group its own pipeline): the watch judges every group's
+stages together, each against its own group's estimate (heteropp/engine/straggler.py), and the re-plan rule
+prices the running plan of groups by the groups' simulator (auto/replica_sim.py) as HeteroAuto priced it when
+planning. Before, the groups' stages carried no estimate to the watch, so it judged nothing, and the rule
+refused a plan of groups (plan_sim.simulate_plan raises on one)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from heteropp.engine import RunConfig
+from heteropp.engine.elastic import StragglerReplan, replan, replan_verdict
+from heteropp.engine.straggler import StragglerWatch
+from heteropp.plan import Plan, ReplicaGroup, StagePlan
+from heteropp.spec import cluster_from_dict
+
+from .test_heteropp_replica_elastic import CLUSTER, MODEL, TRAIN
+from .test_heteropp_straggler import check_slowed_and_even
+
+# each group all eight layers on one chip, two micro-batches: group 0 on an A chip (rank 0), group 1 on a B chip
+# (rank 1). Two ranks, as in the one-list straggler test (more would share this host's two cores unevenly), and
+# alike work per group (a tiny model's compute is not proportional to its micro-batches: a step's own overhead
+# weighs; test_the_watch_numbers_every_groups_stages_with_their_own_micro_batches checks the scaling by hand)
+GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8, est_time_s=0.02)], 2),
+                           ReplicaGroup([StagePlan("B", 1, 8, est_time_s=0.02)], 2)], 1, schedule="1f1b",
+                          num_layers=8)
+
+
+def test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not(tmp_path) -> None:
+    """Rank 1 (group 1's stage: watch slot 1, after group 0's) slowed."""
+    check_slowed_and_even(tmp_path, GROUPS)
+
+
+def test_the_watch_numbers_every_groups_stages_with_their_own_micro_batches() -> None:
+    """By hand: slots in rank order, each predicted as its estimate times its group's micro-batches."""
+    plan = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 4, est_time_s=0.01),
+                                           StagePlan("B", 1, 4, est_time_s=0.03)], 2),
+                             ReplicaGroup([StagePlan("B", 1, 8, est_time_s=0.02)], 3)], 1, schedule="1f1b",
+                            num_layers=8)
+    w = StragglerWatch(plan)
+    assert w.predicted == pytest.approx([0.02, 0.06, 0.06]) and w.chips == ["A", "B", "B"]
+    assert w.slot_of(1, 0) == 2 and w.where[2] == (1, 0)
+
+
+CL = cluster_from_dict(CLUSTER, "cluster")
+
+
+def test_the_re_plan_rule_prices_a_running_plan_of_replica_groups() -> None:
+    """The fast chip and the slow one each run a pipeline (the cost model's best for them, priced at
+    planning). Not slower than planned: priced as planned, nothing to gain. The slow chip 10x slower: its
+    group alone computes 5 micro-batches x 10 x its estimate, the running plan is priced above that, the fast
+    chip alone is the better plan and, with many steps left, the re-plan pays."""
+    groups = replan(CL, MODEL, TRAIN, per_replica=True)
+    assert [[s.chip for s in g.stages] for g in groups.groups] == [["fast"], ["slow"]]
+    same = replan_verdict(CL, MODEL, TRAIN, groups, "slow", 1.0, 1.0, 10_000, 10.0, 2, per_replica=True)
+    assert same["predicted_now_s"] == pytest.approx(groups.iteration_time_s)
+    assert same["gain_s"] <= 0 and not same["replan"]
+    slow = replan_verdict(CL, MODEL, TRAIN, groups, "slow", 10.0, 1.0, 10_000, 10.0, 2, per_replica=True)
+    g1 = groups.groups[1]
+    assert slow["predicted_now_s"] >= g1.micro_batches * 10 * g1.stages[0].est_time_s
+    assert slow["new_plan"][0].startswith("fast") and "slow" not in " ".join(slow["new_plan"])
+    assert slow["predicted_new_s"] < slow["predicted_now_s"] and slow["replan"]
+
+
+def test_a_straggler_in_the_second_group_is_judged_on_its_chip(tmp_path) -> None:
+    """The policy of an elastic round told that slot 1 (group 1's stage 0, the slow chip) runs 10x slow."""
+    groups = replan(CL, MODEL, TRAIN, per_replica=True)
+    cfg = RunConfig(plan=groups.to_dict(), model=RunConfig.model_dict(MODEL), steps=10_000,
+                    options={"checkpoint_dir": str(tmp_path)})
+    policy = StragglerReplan(cfg, CL, {}, TRAIN, groups, 0, time.time(), 1, per_replica=True)
+    v = policy.judge(StragglerWatch(groups), {1: 10.0}, 9)
+    assert (v["group"], v["stage"], v["chip"]) == (1, 0, "slow") and v["replan"], v
+    assert v["speeds"] == {"slow": 0.1}
