@@ -107,6 +107,19 @@ def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]],
     return out
 
 
+def unsure_nodes(plan: Plan, nodes: Sequence[Sequence[object]],
+                 seen: Mapping[int, tuple[str | None, int]]) -> dict[int, list[str]]:
+    """{GROUP_RANK: the chip types it could be} for the nodes whose host did not say its chip type and whose
+    process count fits entries of more than one type: which they run rests on GROUP_RANK order alone (a c10d
+    rendezvous: joining order), so the worker warns that HETEROPP_CHIP should be set there."""
+    per_node = ranks_by_node(plan, nodes)
+    types: dict[int, set[str]] = {}
+    for n, r in zip(nodes, per_node):
+        types.setdefault(len(r), set()).add(str(n[0]))
+    return {g: sorted(types[procs]) for g, (chip, procs) in sorted(seen.items())
+            if chip is None and len(types.get(procs, ())) > 1}
+
+
 def _layout(nodes: Sequence[Sequence[object]], per_node: list[list[int]]) -> str:
     return ", ".join(f"node {i}: {nodes[i][0]} with {len(r)} process{'es' if len(r) != 1 else ''} "
                      f"(plan ranks {r})" for i, r in enumerate(per_node))

@@ -32,7 +32,7 @@ from .data import Batches
 from .executor import StageExecutor
 from .metrics import StepLog, mark_stage_start, stage_peaks
 from .node_gather import gather_nodes
-from .node_ranks import torchrun_rank
+from .node_ranks import torchrun_rank, unsure_nodes
 from .snapshot import RoundHooks
 from .straggler import StragglerWatch
 from .tied import sync_tied_grads
@@ -203,6 +203,11 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
         try:
             store, seen = gather_nodes(os.environ, rank, world, timeout)
             rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ, seen)
+            node, unsure = int(os.environ["GROUP_RANK"]), unsure_nodes(cfg.plan_obj, cfg.nodes, seen)
+            if node in unsure and os.environ.get("LOCAL_RANK") == "0":
+                print(f"heteropp worker: warning: node {node} (torchrun group rank) does not say its chip type and "
+                      f"its {os.environ['LOCAL_WORLD_SIZE']} processes fit nodes of types {unsure[node]}: it runs "
+                      "what its group rank leaves it; set HETEROPP_CHIP on every host", file=sys.stderr, flush=True)
         except SpecError as e:  # the launch does not match the config's nodes: say which, no traceback
             print(f"heteropp worker: error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None

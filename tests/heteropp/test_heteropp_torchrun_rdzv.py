@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from heteropp.engine import RunConfig
-from heteropp.engine.node_ranks import match_nodes, torchrun_rank
+from heteropp.engine.node_ranks import match_nodes, torchrun_rank, unsure_nodes
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec.errors import SpecError
 from tests.heteropp.heteropp_helpers import MODEL, check_losses, reference
@@ -70,6 +70,7 @@ def test_under_a_c10d_rendezvous_a_b_node_that_joins_first_runs_the_b_stage(tmp_
     runs = _launch_c10d(tmp_path, [("127.0.0.1", "B", 2), ("127.0.0.2", "A", 1)])
     for r in runs:
         assert r.returncode == 0, r.stdout[-3000:]
+        assert "heteropp worker: warning" not in r.stdout  # both hosts say their chip type
     # by hand: the B host takes plan ranks 1 and 2 (stage 1), the A host plan rank 0 (stage 0)
     got = [sorted((int(m.group(1)), int(m.group(2)), m.group(3)) for m in _CHIP_LINE.finditer(r.stdout))
            for r in runs]
@@ -122,3 +123,13 @@ def test_the_rank_follows_the_matched_node():
 def test_a_launch_that_matches_no_reading_of_the_list_is_refused_naming_the_node(seen, says):
     with pytest.raises(SpecError, match=says):
         match_nodes(PLAN, NODES, seen)
+
+
+def test_a_host_that_could_be_either_chip_type_is_named():
+    """Two one-process nodes of types A and B: a host that does not say its chip type could be either (which it
+    runs rests on its group rank); one that says it, or one whose process count only one type has, is sure."""
+    plan = Plan([StagePlan("A", 1, 2), StagePlan("B", 1, 2, first_layer=2)], dp=1, micro_batch_size=1,
+                micro_batches=2, num_layers=MODEL.layers)
+    assert unsure_nodes(plan, [["A", 1], ["B", 1]], {0: (None, 1), 1: ("B", 1)}) == {0: ["A", "B"]}
+    assert unsure_nodes(plan, [["A", 1], ["B", 1]], {0: ("A", 1), 1: ("B", 1)}) == {}
+    assert unsure_nodes(PLAN, NODES, {0: (None, 2), 1: (None, 1)}) == {}
