@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ditorch_precision import Capture, compare_dumps, native
+from ditorch_precision import Capture, compare_dumps, native, native_hook
 from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump, Unsaved
 from ditorch_precision.examples.faults import wrong_kernel
@@ -142,7 +142,11 @@ def _program(cap, hold: list) -> None:
         x = x + 1
 
 
-def test_each_kind_of_argument_and_return_is_held_as_the_python_hook_holds_it(tmp_path):
+@pytest.mark.parametrize("max_queued_bytes", [native_hook.MAX_QUEUED_BYTES, 1])
+def test_each_kind_of_argument_and_return_is_held_as_the_python_hook_holds_it(tmp_path, monkeypatch,
+                                                                               max_queued_bytes):
+    # a queue of 1 byte: each step's hand-over waits until the writer has written the one before
+    monkeypatch.setattr(native_hook, "MAX_QUEUED_BYTES", max_queued_bytes)
     dumps = {}
     for hook in ("python", "cpp"):
         with torch.no_grad(), Capture(str(tmp_path / hook), mode="full", hook=hook) as cap:
