@@ -157,9 +157,13 @@ def cmd_run(a: argparse.Namespace) -> int:
                   f"-m heteropp.engine.worker --config {a.write_config}")
             return 0
         per_node = ranks_by_node(plan, run_nodes)
-        print(f"wrote {a.write_config}; on node i of these {len(run_nodes)}, with one DICOMM_JOB_SECRET for all:")
+        # HETEROPP_CHIP lets a node be matched to its entry by chip type, whatever its group rank (node_ranks.py)
+        print(f"wrote {a.write_config}; on node i of these {len(run_nodes)}, with one DICOMM_JOB_SECRET for all "
+              "(or, for a c10d rendezvous, --rdzv-backend=c10d --rdzv-endpoint=<host:port> instead of --node-rank "
+              "and --master-*: nodes are matched by chip type and process count, whatever order they join in):")
         for i, ((chip, chips), ranks) in enumerate(zip(run_nodes, per_node)):
-            print(f"  node {i} ({chip}, {chips} chips, plan ranks {ranks}): torchrun --nnodes={len(run_nodes)} "
+            print(f"  node {i} ({chip}, {chips} chips, plan ranks {ranks}): HETEROPP_CHIP={chip} "
+                  f"torchrun --nnodes={len(run_nodes)} "
                   f"--node-rank={i} --nproc-per-node={len(ranks)} --master-addr=<node 0's address> "
                   f"--master-port=<port> -m heteropp.engine.worker --config {a.write_config}")
         return 0

@@ -222,6 +222,6 @@ def test_write_config_with_the_cluster_places_a_plan_of_replica_groups_by_node(t
     # by hand: A's one rank on the first A node (the second idle), B's two ranks on the B node
     assert json.loads(out.read_text())["nodes"] == [["A", 1], ["B", 2]]
     said = capsys.readouterr()
-    assert "--nnodes=2 --node-rank=0 --nproc-per-node=1" in said.out
-    assert "--nnodes=2 --node-rank=1 --nproc-per-node=2" in said.out
+    assert "HETEROPP_CHIP=A torchrun --nnodes=2 --node-rank=0 --nproc-per-node=1" in said.out
+    assert "HETEROPP_CHIP=B torchrun --nnodes=2 --node-rank=1 --nproc-per-node=2" in said.out
     assert "not placed by node" not in said.err
