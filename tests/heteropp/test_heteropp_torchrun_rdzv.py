@@ -133,3 +133,38 @@ def test_a_host_that_could_be_either_chip_type_is_named():
     assert unsure_nodes(plan, [["A", 1], ["B", 1]], {0: (None, 1), 1: ("B", 1)}) == {0: ["A", "B"]}
     assert unsure_nodes(plan, [["A", 1], ["B", 1]], {0: ("A", 1), 1: ("B", 1)}) == {}
     assert unsure_nodes(PLAN, NODES, {0: (None, 2), 1: (None, 1)}) == {}
+
+
+def _store_env(monkeypatch, round_: int = 0) -> tuple[object, dict[str, str]]:
+    """A real TCPStore standing in for torchrun's agent store, and node 0's (of 2) worker environment."""
+    import torch.distributed as dist
+    port = _port()
+    server = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2",
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": str(round_), "GROUP_RANK": "0",
+           "GROUP_WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "HETEROPP_CHIP": "A"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)  # torch's env:// rendezvous reads the process environment
+    return server, env
+
+
+def test_the_nodes_read_what_each_node_wrote_to_the_store_for_this_round(monkeypatch):
+    import datetime
+
+    from heteropp.engine.node_gather import gather_nodes
+    server, env = _store_env(monkeypatch, round_=1)
+    server.set("heteropp/nodes/0/1", '["A", 9]')  # the previous round's node 1: not read
+    server.set("heteropp/nodes/1/1", '["B", 2]')
+    _, seen = gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
+    assert seen == {0: ("A", 1), 1: ("B", 2)}
+
+
+@pytest.mark.parametrize("raw", [b"garbage", b'["B", 0]', b'[3, 2]', b'["B"]', b'["B", true]'])
+def test_what_another_node_wrote_is_checked_and_refused_naming_the_node(monkeypatch, raw):
+    import datetime
+
+    from heteropp.engine.node_gather import gather_nodes
+    server, env = _store_env(monkeypatch)
+    server.set("heteropp/nodes/0/1", raw)
+    with pytest.raises(SpecError, match=r"node 1'?: told the store .*expected \[chip type or null, processes >= 1\]"):
+        gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
