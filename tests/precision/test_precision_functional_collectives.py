@@ -111,6 +111,28 @@ def test_both_hooks_record_functional_collectives_once_complete_and_write_the_sa
     _assert_stats(by_op["aten::slice"][0], _float64_stats(partial.view(-1)[:5]))
 
 
+def _autograd_capture(path: str, hook: str, group) -> list[dict]:
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, requires_grad=True)
+    with Capture(path, mode="stats", hook=hook):
+        y = funcol.all_gather_tensor_autograd(x * 2, 0, group)
+        z = funcol.reduce_scatter_tensor_autograd(y, "sum", 0, group)
+        (z.sum() + y.sum()).backward()
+    with open(os.path.join(path, "index.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_the_autograd_variants_are_recorded_alike_forward_and_backward(tmp_path, world):
+    cpp = _autograd_capture(str(tmp_path / "cpp"), "cpp", world)
+    assert cpp == _autograd_capture(str(tmp_path / "python"), "python", world)
+    backward = [r["op"] for r in cpp if r["phase"] == "backward" and r["op"].startswith("_c10d_functional::")]
+    assert backward == ["_c10d_functional::all_gather_into_tensor", "_c10d_functional::wait_tensor",
+                        "_c10d_functional::reduce_scatter_tensor", "_c10d_functional::wait_tensor"]
+    # 1 rank: the gradient of x is 2 x (1 + 1), both sums' gradients gathered and scattered back
+    (s,) = [r for r in cpp if r["op"] == "aten::mul" and r["phase"] == "backward"][-1]["stats"]
+    assert (s["min"], s["max"], s["numel"]) == (4.0, 4.0, 12)
+
+
 @pytest.mark.parametrize("hook", ["cpp", "python"])
 def test_a_group_made_in_the_middle_of_a_step_is_written_with_its_ranks(tmp_path, world, hook):
     """The C++ hook is handed the groups torch.distributed knows at entry and at each step; one
