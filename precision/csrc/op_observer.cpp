@@ -237,18 +237,21 @@ void OpObserver::guard(const at::Tensor& t, Written& written) {
   if (writer_ && !writer_->forked()) writer_->wait_for(s);  // a part being written holds it
 }
 
-bool OpObserver::keep_payload(Record& r) {
-  Payload& pl = *r.payload;
-  if (max_bytes_ >= 0 && bytes_written_ + pl.nbytes > max_bytes_) {
+void OpObserver::keep_full(std::unique_ptr<Record> r) {
+  Payload& pl = *r->payload;
+  // Registered and kept in one step under held_mutex_, which hand_over holds while it takes the
+  // batch: a record is either handed over with its tensors or guarded, never neither.
+  std::lock_guard<std::mutex> lock(held_mutex_);
+  r->saved = max_bytes_ < 0 || bytes_written_ + pl.nbytes <= max_bytes_;
+  if (!r->saved) {  // past the size cap: indexed without its tensors
     ++dropped_;
     pl.clear();
-    return false;
+  } else {
+    bytes_written_ += pl.nbytes;
+    for (size_t i = 0; i < pl.tensors.size(); ++i)
+      if (pl.program[i]) held_[pl.tensors[i].storage().unsafeGetStorageImpl()].emplace_back(&pl, i);
   }
-  bytes_written_ += pl.nbytes;
-  std::lock_guard<std::mutex> lock(held_mutex_);
-  for (size_t i = 0; i < pl.tensors.size(); ++i)
-    if (pl.program[i]) held_[pl.tensors[i].storage().unsafeGetStorageImpl()].emplace_back(&pl, i);
-  return true;
+  keep(std::move(r));
 }
 
 // payload["unwritten"] as the Python capture writes it: {"inputs": [[k, mask]], "outputs": [...]},
@@ -298,12 +301,10 @@ void OpObserver::keep(std::unique_ptr<Record> r) {
 int64_t OpObserver::hand_over() {
   Batch held;
   {
+    std::lock_guard<std::mutex> held_lock(held_mutex_);
     std::lock_guard<std::mutex> lock(mutex_);
     held.swap(batch_);
-  }
-  {  // the writer's now: an op writing their storages waits for it (IndexWriter::wait_for)
-    std::lock_guard<std::mutex> lock(held_mutex_);
-    held_.clear();
+    held_.clear();  // the writer's now: an op writing their storages waits for it (IndexWriter::wait_for)
   }
   if (writer_ && writer_->forked()) return 0;  // the parent's records, or a child's: not this index's
   const auto n = static_cast<int64_t>(held.size());
@@ -651,7 +652,8 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
     char key[24];
     std::snprintf(key, sizeof key, "m%07lld", static_cast<long long>(module_records_++));
     r->key = key;
-    r->saved = keep_payload(*r);
+    keep_full(std::move(r));
+    return;
   }
   keep(std::move(r));
 }
@@ -860,10 +862,9 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
     char key[24];
     std::snprintf(key, sizeof key, "%07lld", static_cast<long long>(r.index));
     r.key = key;
-    r.saved = keep_payload(r);
     masks.clear();
     outputs.clear();
-    keep(std::move(p->record));
+    keep_full(std::move(p->record));
     return;
   }
   if (r.op->collective) {  // it wrote its outputs without moving their version counters: not reused

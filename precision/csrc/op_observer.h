@@ -193,9 +193,9 @@ class OpObserver {
   std::unordered_map<const c10::StorageImpl*, std::vector<std::pair<Payload*, size_t>>> held_;
   std::mutex held_mutex_;
   void guard(const at::Tensor& t, Written& written);  // adds t's storage and the copies made to `written`
-  // Counts the payload's bytes against the cap (false: over it, emptied) and registers its
-  // program tensors with held_.
-  bool keep_payload(Record& r);
+  // keep() for a full record: its payload's bytes counted against the cap (over it: emptied, saved
+  // false) and its program tensors registered with held_.
+  void keep_full(std::unique_ptr<Record> r);
   static void unwritten_payload(Payload& pl, const std::vector<std::pair<int64_t, at::Tensor>>& in,
                                 const std::vector<at::Tensor>& out);
   std::mutex known_mutex_;

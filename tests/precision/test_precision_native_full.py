@@ -169,3 +169,18 @@ def test_a_part_file_that_cannot_be_written_is_an_error(tmp_path):
         with torch.no_grad(), Capture(str(path), mode="full", hook="cpp") as cap:
             _program(cap, [])
     assert not os.path.exists(path / "meta.json")  # a capture that is not whole is not marked finished
+
+
+def test_past_the_size_cap_ops_are_indexed_without_tensors_as_the_python_hook_does(tmp_path):
+    dumps = {}
+    for hook in ("python", "cpp"):
+        with torch.no_grad(), Capture(str(tmp_path / hook), mode="full", hook=hook, max_bytes=1500) as cap:
+            _program(cap, [])
+        dumps[hook] = Dump.open(str(tmp_path / hook))
+    py, cpp = dumps["python"], dumps["cpp"]
+    kept = [r["file"] is not None for r in py.records]
+    assert any(kept) and not all(kept)
+    assert [r["file"] is not None for r in cpp.records] == kept
+    for key in ("bytes_written", "n_dropped"):
+        assert cpp.meta[key] == py.meta[key]
+    _assert_same_records(zip(py.records, cpp.records), py, cpp)
