@@ -88,6 +88,7 @@ class StepLog:
         self.start, self.elapsed, self.done = start, 0.0, 0
         self.tb: Any = None
         self.slow_before = False
+        self.slot_names: list[str] | None = None  # the straggler watch's slots, where not plain stages
         if path is None:
             return
         kept = []
@@ -117,7 +118,8 @@ class StepLog:
             rec["stragglers"] = {str(k): round(v, 2) for k, v in stragglers.items()}
             if self.echo and not self.slow_before:
                 print(f"[{self.label}] step {step}: straggler: " + ", ".join(
-                    f"stage {k} {v:.1f}x slower than predicted, relative to the other stages"
+                    f"{self.slot_names[k] if self.slot_names else f'stage {k}'} {v:.1f}x slower than predicted, "
+                    "relative to the other stages"
                     for k, v in stragglers.items()), file=sys.stderr, flush=True)
         self.slow_before = bool(stragglers)
         if scaler is not None:  # fp16: steps skipped so far and the scale the next step uses

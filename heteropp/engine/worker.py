@@ -111,6 +111,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
         stem, dot, ext = path.rpartition(".")
         path = f"{stem}.{label}.{ext}" if dot else f"{path}.{label}"
     log = StepLog(path if lead else None, start, m, global_batch, cfg.steps, label, opts.peak_flops, echo=lead)
+    if hg is not None:  # the watch's slots run over every group's stages
+        log.slot_names = [f"group {i} stage {j}" for i, j in watch.where]
     losses, rates, norms = [], [], []
     grads: list[dict[str, tuple[torch.Tensor, int | None, int]]] | None = [] if cfg.collect_grads else None
     tokens = global_batch * m.seq_len

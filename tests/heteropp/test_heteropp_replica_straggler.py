@@ -27,9 +27,10 @@ GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8, est_time_s=0.02)],
                           num_layers=8)
 
 
-def test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not(tmp_path) -> None:
-    """Rank 1 (group 1's stage: watch slot 1, after group 0's) slowed."""
+def test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not(tmp_path, capfd) -> None:
+    """Rank 1 (group 1's stage: watch slot 1, after group 0's) slowed; the console names its group."""
     check_slowed_and_even(tmp_path, GROUPS)
+    assert "straggler: group 1 stage 0 " in capfd.readouterr().err
 
 
 def test_the_watch_numbers_every_groups_stages_with_their_own_micro_batches() -> None:
