@@ -98,9 +98,10 @@ class Capture(Tool):
     tensor, same version counter), is written as a reference to that file, not again.
 
     ``hook``: what shows the capture each op. "python": a dispatch mode (every mode and selection);
-    "cpp": the C++ observer (``native_hook``; mode "stats" with no selection, no call sites, no
-    torch.distributed: each op's statistics in one fused C++ pass, no Python per op); "auto" (the
-    default): "cpp" where it can run, else "python". ``hook_used`` and meta.json's ``hook`` say
+    "cpp": the C++ observer (``native_hook``; no selection, no call sites: mode "stats", each op's
+    statistics in one fused C++ pass, or mode "full" with ``bulk`` outside torch.distributed, each
+    op's tensors kept in C++ and its part files written by a C++ thread; no Python per op); "auto"
+    (the default): "cpp" where it can run for mode "stats", else "python". ``hook_used`` and meta.json's ``hook`` say
     which one ran, and the log says why not "cpp"."""
 
     name = "capture"
