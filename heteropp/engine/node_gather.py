@@ -12,7 +12,8 @@ import datetime
 import json
 from typing import Mapping
 
-import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+from torch.distributed.rendezvous import rendezvous
 
 from ..spec.errors import SpecError
 from .node_ranks import env_int
@@ -21,13 +22,13 @@ _PREFIX = "heteropp/nodes"
 
 
 def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetime.timedelta
-                 ) -> tuple[dist.Store, dict[int, tuple[str | None, int]]]:
+                 ) -> tuple[Store, dict[int, tuple[str | None, int]]]:
     """torchrun's rendezvous store (env: torchrun's environment; rank and world: its RANK and WORLD_SIZE) and
     {GROUP_RANK: (chip type or None, process count)} for every node of the launch. SpecError naming the
     variable when the launcher is not torchrun."""
     node, nodes = env_int(env, "GROUP_RANK"), env_int(env, "GROUP_WORLD_SIZE")
     local, procs = env_int(env, "LOCAL_RANK"), env_int(env, "LOCAL_WORLD_SIZE")
-    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    store, _, _ = next(rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
     prefix = f"{_PREFIX}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     if local == 0:
         store.set(f"{prefix}/{node}", json.dumps([env.get("HETEROPP_CHIP"), procs]))
