@@ -49,7 +49,8 @@ def configure(name: str, *defines: str, targets: tuple[str, ...] = (), timeout: 
 
 
 def module_file(build: Path) -> Path:
-    """The dicomm._C extension module a build folder holds."""
+    """The _C extension module a build folder holds (dicomm's; ditorch_precision's in its own
+    folder of the build)."""
     found = sorted(build.glob("_C.*.so"))
     if not found:
         pytest.fail(f"{build} holds no _C module after the build")
