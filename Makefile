@@ -34,13 +34,16 @@ LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matchin
 	tests/heteropp/test_heteropp_replica_elastic.py::test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone
 
 # The C++ engine's slow gates, clang-tidy (~1.5 min) and its tests under AddressSanitizer + UBSan (~1.7 min),
-# have their own target, which CI runs after `make test` (.ci/run); the fuzz targets stay in `make test`.
-CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan
+# and the precision module's C++ op hook tests under the same sanitizers (~3.5 min with its build), have
+# their own target, which CI runs after `make test` (.ci/run); the fuzz targets stay in `make test`.
+CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
+	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan
 
 test: setup
 	$(PY) -m pytest -q tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py \
 	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
-	  --deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan
+	  --deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
+	  --deselect tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan
 
 test-cxx: setup
 	$(PY) -m pytest -q $(CXX_CHECKS)
