@@ -211,7 +211,7 @@ class DpSpace:
             for q in np.unique(p[miss] * need + r[miss]).tolist():
                 self._flights[q // need, q % need] = in_flight(self.sched, q // need - q % need, q // need, self.b)
             vals = self._flights[p, r]
-        return vals
+        return cast(np.ndarray, vals)
 
     def _emb(self) -> np.ndarray:
         """The embedding's backward share of every kind (on the first stage's drain gap)."""
