@@ -148,15 +148,24 @@ def _store_env(monkeypatch, round_: int = 0) -> tuple[object, dict[str, str]]:
     return server, env
 
 
-def test_the_nodes_read_what_each_node_wrote_to_the_store_for_this_round(monkeypatch):
+def test_the_nodes_read_what_each_node_wrote_to_the_store(monkeypatch):
     import datetime
 
     from heteropp.engine.node_gather import gather_nodes
-    server, env = _store_env(monkeypatch, round_=1)
-    server.set("heteropp/nodes/0/1", '["A", 9]')  # the previous round's node 1: not read
-    server.set("heteropp/nodes/1/1", '["B", 2]')
+    server, env = _store_env(monkeypatch)
+    server.set("heteropp/nodes/1", '["B", 2]')
     _, seen = gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
     assert seen == {0: ("A", 1), 1: ("B", 2)}
+
+
+def test_a_restart_on_the_agents_shared_store_is_refused_naming_the_setting(monkeypatch):
+    """torch's default store outlives the round: the previous round's keys would be read as this one's."""
+    import datetime
+
+    from heteropp.engine.node_gather import gather_nodes
+    _server, env = _store_env(monkeypatch, round_=1)
+    with pytest.raises(SpecError, match=r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE'?: restart 1 on the agent's store"):
+        gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
 
 
 @pytest.mark.parametrize("raw", [b"garbage", b'["B", 0]', b'[3, 2]', b'["B"]', b'["B", true]'])
@@ -165,6 +174,54 @@ def test_what_another_node_wrote_is_checked_and_refused_naming_the_node(monkeypa
 
     from heteropp.engine.node_gather import gather_nodes
     server, env = _store_env(monkeypatch)
-    server.set("heteropp/nodes/0/1", raw)
+    server.set("heteropp/nodes/1", raw)
     with pytest.raises(SpecError, match=r"node 1'?: told the store .*expected \[chip type or null, processes >= 1\]"):
         gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
+
+
+def _gather_as_nodes(monkeypatch, restarts: list[str], timeout_s: float = 20) -> list[object]:
+    """gather_nodes run by each node's worker (one process each, threads here) of a fresh-store launch
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 hosts the round's store), node g at restart count
+    restarts[g]; each thread's answer, or the exception it raised."""
+    import datetime
+    import threading
+
+    from heteropp.engine.node_gather import gather_nodes
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_port()))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    out: list[object] = [None] * len(restarts)
+
+    def node(g: int) -> None:
+        env = {"TORCHELASTIC_RESTART_COUNT": restarts[g], "GROUP_RANK": str(g), "GROUP_WORLD_SIZE": "2",
+               "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(g + 1), "HETEROPP_CHIP": "AB"[g]}
+        try:
+            out[g] = gather_nodes(env, g, 2, datetime.timedelta(seconds=timeout_s))[1]
+        except Exception as e:  # noqa: BLE001  the test reads it
+            out[g] = e
+    threads = [threading.Thread(target=node, args=(g,)) for g in range(len(restarts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_nodes_whose_agents_counted_different_restarts_still_meet(monkeypatch):
+    """A worker of node 1 failed and its agent restarted the group (restart count 1); node 0's agent restarted
+    for the membership change, which torchelastic does not count (restart count 0). The round's store is
+    fresh, so both nodes must meet whatever their counts (before: each waited for the other's key under its
+    own count, until the timeout)."""
+    seen = _gather_as_nodes(monkeypatch, ["0", "1"], timeout_s=5)
+    assert seen == [{0: ("A", 1), 1: ("B", 2)}] * 2
+
+
+def test_a_node_that_never_says_what_it_is_is_named(monkeypatch):
+    """Node 1's workers reached the store but never wrote (died first): node 0 is told which node is missing
+    (before: torch's store timeout, naming a key)."""
+    import datetime
+
+    from heteropp.engine.node_gather import gather_nodes
+    _server, env = _store_env(monkeypatch)
+    with pytest.raises(SpecError, match=r"node 1'?: wrote nothing .* within 1"):
+        gather_nodes(env, 0, 2, datetime.timedelta(seconds=1))
