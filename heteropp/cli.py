@@ -161,7 +161,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"wrote {a.write_config}; on node i of these {len(run_nodes)}, with one DICOMM_JOB_SECRET for all "
               "(or, for a c10d rendezvous, --rdzv-backend=c10d --rdzv-endpoint=<host:port> instead of --node-rank "
               "and --master-*: nodes are matched by chip type and process count, whatever order they join in; "
-              "with --max-restarts, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every agent):")
+              "with --max-restarts, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every agent: a fresh store every round):")
         for i, ((chip, chips), ranks) in enumerate(zip(run_nodes, per_node)):
             print(f"  node {i} ({chip}, {chips} chips, plan ranks {ranks}): HETEROPP_CHIP={chip} "
                   f"torchrun --nnodes={len(run_nodes)} "

@@ -3,13 +3,13 @@ GROUP_RANK, the chip type its host says (HETEROPP_CHIP, None where unset) and it
 (LOCAL_WORLD_SIZE). node_ranks.match_nodes reads it to know which entry of the run's node list each node is.
 
 It travels over torchrun's rendezvous store (env://, the store the default group then uses): each node's
-local rank 0 writes one key, every worker waits for all of them. The keys are not scoped by
-TORCHELASTIC_RESTART_COUNT: the nodes of one round may disagree on it (an agent whose workers failed counts a
-restart, one that restarted for the membership change does not), and each would wait for keys the others never
-write. With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every round has a fresh store, so no key of an earlier round
-is there; torch's default keeps the agent's store across rounds, so a restarted worker on it is refused
-(torch's own gloo groups cannot form there either). What another node wrote is data: read and checked, never
-trusted.
+local rank 0 writes one key, every worker waits for all of them. Where every round has a fresh store
+(TORCHELASTIC_USE_AGENT_STORE not True: a c10d rendezvous with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) the keys
+are plain: the nodes of one round may disagree on TORCHELASTIC_RESTART_COUNT (an agent whose workers failed
+counts a restart, one restarted for the membership change does not), so scoping by it would leave each waiting
+for keys the others never write. The agent's store (torch's default) outlives the round, so there the keys are
+scoped by the restart count, and a wait that times out says when another node wrote under another count. What
+another node wrote is data: read and checked, never trusted.
 """
 from __future__ import annotations
 
@@ -35,21 +35,26 @@ def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetim
     node, nodes = env_int(env, "GROUP_RANK"), env_int(env, "GROUP_WORLD_SIZE")
     local, procs = env_int(env, "LOCAL_RANK"), env_int(env, "LOCAL_WORLD_SIZE")
     restarts = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarts != "0":
-        raise SpecError("torchrun", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-                        f"restart {restarts} on the agent's store, which still holds the earlier rounds' keys",
-                        "1 in every agent's environment (a fresh store for every restart round)")
+    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent's store, kept across rounds
+    prefix = f"{_PREFIX}/{restarts}" if shared else _PREFIX
     store, _, _ = next(rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
     if local == 0:
-        store.set(f"{_PREFIX}/{node}", json.dumps([env.get("HETEROPP_CHIP"), procs]))
-    keys = [f"{_PREFIX}/{g}" for g in range(nodes)]
+        store.set(f"{prefix}/{node}", json.dumps([env.get("HETEROPP_CHIP"), procs]))
+    keys = [f"{prefix}/{g}" for g in range(nodes)]
     try:
         store.wait(keys, timeout)
     except DistStoreError:  # a node whose workers died (or hang) before saying what it is: name it
         missing = [g for g, k in enumerate(keys) if not store.check([k])]
-        raise SpecError("torchrun", f"node {missing[0] if missing else '?'}",
-                        f"wrote nothing to the rendezvous store within {timeout.total_seconds():g} s "
-                        f"(nodes {missing} silent)", "every node's local rank 0 to say what it is") from None
+        g = missing[0] if missing else 0
+        most = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+        elsewhere = [r for r in range(int(most) + 1 if shared and most.isdigit() else 0)
+                     if str(r) != restarts and store.check([f"{_PREFIX}/{r}/{g}"])]
+        hint = (f"; it wrote under restart {elsewhere[-1]}, this worker is at restart {restarts} (agents count "
+                "restarts differently: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every agent of a c10d "
+                "rendezvous, a fresh store every round)") if elsewhere else ""
+        raise SpecError("torchrun", f"node {g}", f"wrote nothing to the rendezvous store within "
+                        f"{timeout.total_seconds():g} s (nodes {missing} silent){hint}",
+                        "every node's local rank 0 to say what it is") from None
     return store, {g: _read(g, store.get(k)) for g, k in enumerate(keys)}
 
 

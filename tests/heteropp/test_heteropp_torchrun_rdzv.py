@@ -148,24 +148,29 @@ def _store_env(monkeypatch, round_: int = 0) -> tuple[object, dict[str, str]]:
     return server, env
 
 
-def test_the_nodes_read_what_each_node_wrote_to_the_store(monkeypatch):
+def test_the_nodes_read_what_each_node_wrote_to_the_store_for_this_round(monkeypatch):
+    """On the agent's store, which outlives the round, the keys are scoped by the restart count."""
     import datetime
 
     from heteropp.engine.node_gather import gather_nodes
-    server, env = _store_env(monkeypatch)
-    server.set("heteropp/nodes/1", '["B", 2]')
+    server, env = _store_env(monkeypatch, round_=1)
+    server.set("heteropp/nodes/0/1", '["A", 9]')  # the previous round's node 1: not read
+    server.set("heteropp/nodes/1/1", '["B", 2]')
     _, seen = gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
     assert seen == {0: ("A", 1), 1: ("B", 2)}
 
 
-def test_a_restart_on_the_agents_shared_store_is_refused_naming_the_setting(monkeypatch):
-    """torch's default store outlives the round: the previous round's keys would be read as this one's."""
+def test_a_node_at_another_restart_count_on_the_agents_store_is_named_with_the_setting(monkeypatch):
+    """Node 1's agent did not count the restart (it restarted for the membership change): on the shared store
+    the wait cannot end, and the error says why and what to set."""
     import datetime
 
     from heteropp.engine.node_gather import gather_nodes
-    _server, env = _store_env(monkeypatch, round_=1)
-    with pytest.raises(SpecError, match=r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE'?: restart 1 on the agent's store"):
-        gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
+    server, env = _store_env(monkeypatch, round_=1)
+    server.set("heteropp/nodes/0/1", '["B", 2]')
+    with pytest.raises(SpecError, match=r"node 1'?: wrote nothing .* under restart 0, this worker is at restart 1 "
+                                        r".*TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        gather_nodes({**env, "TORCHELASTIC_MAX_RESTARTS": "3"}, 0, 2, datetime.timedelta(seconds=1))
 
 
 @pytest.mark.parametrize("raw", [b"garbage", b'["B", 0]', b'[3, 2]', b'["B"]', b'["B", true]'])
@@ -174,7 +179,7 @@ def test_what_another_node_wrote_is_checked_and_refused_naming_the_node(monkeypa
 
     from heteropp.engine.node_gather import gather_nodes
     server, env = _store_env(monkeypatch)
-    server.set("heteropp/nodes/1", raw)
+    server.set("heteropp/nodes/0/1", raw)
     with pytest.raises(SpecError, match=r"node 1'?: told the store .*expected \[chip type or null, processes >= 1\]"):
         gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
 
