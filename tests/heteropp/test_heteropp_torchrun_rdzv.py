@@ -230,3 +230,39 @@ def test_a_node_that_never_says_what_it_is_is_named(monkeypatch):
     _server, env = _store_env(monkeypatch)
     with pytest.raises(SpecError, match=r"node 1'?: wrote nothing .* within 1"):
         gather_nodes(env, 0, 2, datetime.timedelta(seconds=1))
+
+
+_RESTARTED = '''
+import datetime, os, sys, time
+from heteropp.engine.node_gather import gather_nodes
+count = os.environ["TORCHELASTIC_RESTART_COUNT"]
+_, seen = gather_nodes(os.environ, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                       datetime.timedelta(seconds=20))
+print(f"node {os.environ['GROUP_RANK']} restart {count} seen {sorted(seen.items())}", flush=True)
+if count == "0":  # node B's worker fails; node A's still runs when B's agent comes back to the rendezvous
+    sys.exit(3) if os.environ["HETEROPP_CHIP"] == "B" else time.sleep(30)
+'''
+
+
+@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="~50 s: HETEROPP_LONG_TESTS=1")
+def test_after_one_nodes_worker_fails_the_restarted_round_meets(tmp_path):
+    """Two real c10d agents, a fresh store per round: node B's worker exits, its agent counts a restart (1);
+    node A's agent restarts for the membership change and does not (0). Both nodes' new workers must still
+    read each other (before: each waited for keys under its own count until the timeout)."""
+    script = tmp_path / "gather.py"
+    script.write_text(_RESTARTED)
+    port, run_id = _port(), uuid.uuid4().hex[:8]
+    agents = []
+    for i, (addr, chip) in enumerate([("127.0.0.1", "A"), ("127.0.0.2", "B")]):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HETEROPP_CHIP": chip, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               "PYTHONPATH": os.pathsep.join(sys.path)}
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+             f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}", f"--local-addr={addr}", "--max-restarts=1",
+             "--monitor-interval=0.5", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    outs = [a.communicate(timeout=120)[0] for a in agents]
+    both = "[(0, ('A', 1)), (1, ('B', 1))]"
+    assert f"node 0 restart 0 seen {both}" in outs[0] and f"node 1 restart 1 seen {both}" in outs[1], outs
+    assert all(a.returncode == 0 for a in agents), outs
