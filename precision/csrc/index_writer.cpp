@@ -1,5 +1,8 @@
 #include "index_writer.h"
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -8,9 +11,14 @@
 
 namespace ditorch_precision {
 
+std::atomic<uint64_t> g_fork_generation{0};
+
 namespace {
 constexpr size_t kPoolLimit = 1 << 16;  // records kept for reuse: a step's worth on a large model
-}
+
+// Registered as the module loads, before any writer exists to be inherited by a child.
+[[maybe_unused]] const int kForkCounted = pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1); });
+}  // namespace
 
 IndexWriter::IndexWriter(const std::string& path, const DtypeNames& dtype_name, size_t max_queued)
     : path_(path), dtype_name_(dtype_name), max_queued_(max_queued < 1 ? 1 : max_queued) {
@@ -27,16 +35,15 @@ IndexWriter::~IndexWriter() {
   }
 }
 
-std::unique_ptr<Record> IndexWriter::take() {
+void IndexWriter::take(std::vector<std::unique_ptr<Record>>& into, size_t n) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!pool_.empty()) {
-      auto r = std::move(pool_.back());
+    for (; n > 0 && !pool_.empty(); --n) {
+      into.push_back(std::move(pool_.back()));
       pool_.pop_back();
-      return r;
     }
   }
-  return std::make_unique<Record>();
+  for (; n > 0; --n) into.push_back(std::make_unique<Record>());
 }
 
 void IndexWriter::raise_error() const {
@@ -158,20 +165,24 @@ void IndexWriter::run() {
     } catch (const std::exception& e) {
       why = std::string("formatting failed (") + e.what() + ")";
     }
+    // Cleared before the lock is taken: the training thread takes records under it.
+    const int64_t bytes = held_bytes(batch);
+    size_t reused = batch.size();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reused = std::min(reused, kPoolLimit - std::min(kPoolLimit, pool_.size()));
+    }
+    for (size_t i = 0; i < reused; ++i) batch[i]->clear();
     std::lock_guard<std::mutex> lock(mutex_);
     if (!part_error.empty() && error_.empty()) error_ = part_error;
     if (!why.empty() && error_.empty()) error_ = "capture index " + path_ + ": " + why;
     written_ += static_cast<int64_t>(batch.size());
     queued_ -= batch.size();
-    queued_bytes_ -= held_bytes(batch);
+    queued_bytes_ -= bytes;
     ++done_;
     for (auto it = in_flight_.begin(); it != in_flight_.end();) it = it->second <= done_ ? in_flight_.erase(it) : ++it;
     done_cv_.notify_all();
-    for (auto& r : batch) {
-      if (pool_.size() >= kPoolLimit) break;
-      r->clear();
-      pool_.push_back(std::move(r));
-    }
+    for (size_t i = 0; i < reused && pool_.size() < kPoolLimit; ++i) pool_.push_back(std::move(batch[i]));
     space_.notify_all();
   }
 }

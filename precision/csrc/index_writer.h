@@ -7,9 +7,7 @@
 // that record's part (wait_for).
 #pragma once
 
-#include <sys/types.h>
-#include <unistd.h>
-
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -25,6 +23,10 @@
 #include "op_record.h"
 
 namespace ditorch_precision {
+
+// Forks this process image has gone through: bumped in each child (pthread_atfork, registered
+// when the module loads). Read per op where getpid() would be a system call.
+extern std::atomic<uint64_t> g_fork_generation;
 
 using Batch = std::vector<std::unique_ptr<Record>>;
 
@@ -43,8 +45,8 @@ class IndexWriter {
   void wait_for(const c10::StorageImpl* storage);
   int64_t parts() const;        // part files written
   int64_t write_waits() const;  // ops that waited for a part to be written (wait_for)
-  // A cleared record: one the thread has written, or a new one.
-  std::unique_ptr<Record> take();
+  // Appends n cleared records to `into`: ones the thread has written, else new ones (one lock for n).
+  void take(std::vector<std::unique_ptr<Record>>& into, size_t n);
   // Hands `batch` to the thread; waits while more than max_queued records would be queued (a batch
   // larger than the bound waits for an empty queue). Raises the thread's write error, if any.
   void submit(Batch batch);
@@ -56,13 +58,13 @@ class IndexWriter {
   // is copied), and its lock, condition variables and FILE may be copied mid-use. Nothing of it may
   // be touched there, not even destroyed (a condition variable the parent's thread waited on blocks
   // its destruction): the owner leaks it.
-  bool forked() const { return getpid() != owner_; }
+  bool forked() const { return g_fork_generation.load(std::memory_order_relaxed) != generation_; }
 
  private:
   void run();
   void raise_error() const;  // with mutex_ held
 
-  const pid_t owner_ = getpid();
+  const uint64_t generation_ = g_fork_generation.load();
   std::FILE* file_ = nullptr;
   std::string path_;
   const DtypeNames& dtype_name_;

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -63,6 +64,25 @@ void fill_meta(Meta& m, const at::Tensor& t) {
   m.device = t.device();
 }
 
+// facts() without a lock or a name compare on its hit path (every callback, inner calls too): each
+// thread keeps what it found by the schema's name pointer, until the epoch moves: another
+// observer (their facts are their own), or an op deregistered (its name's memory may then hold
+// another op's name; the locked lookup tells them apart by name).
+std::atomic<uint64_t> g_facts_epoch{1};
+
+struct FactsCache {
+  static constexpr size_t kSlots = 1024;  // direct-mapped: a collision costs one locked lookup
+  uint64_t epoch = 0;
+  std::array<std::pair<const char*, const OpFacts*>, kSlots> slots{};
+  static size_t slot(const char* key) { return (reinterpret_cast<uintptr_t>(key) >> 3) % kSlots; }
+};
+thread_local FactsCache tl_facts;
+
+struct CountDeregistrations : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override { g_facts_epoch.fetch_add(1); }
+};
+
 // Thread-local scratch for an op's outputs and their unwritten masks: no allocation per op.
 thread_local std::vector<at::Tensor> tl_outputs, tl_masks;
 
@@ -103,9 +123,17 @@ void each_tensor(const c10::IValue& v, const F& f) {
 
 }  // namespace
 
-OpObserver::OpObserver() = default;
+OpObserver::OpObserver() {
+  g_facts_epoch.fetch_add(1);
+  // kept for the process: the dispatcher may outlive this module's static objects
+  static auto* listening =
+      new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+          std::make_unique<CountDeregistrations>()));
+  static_cast<void>(listening);
+}
 
 OpObserver::~OpObserver() {
+  g_facts_epoch.fetch_add(1);
   stop();
   try {
     close_index();
@@ -290,7 +318,15 @@ void OpObserver::unwritten_payload(Payload& pl, const std::vector<std::pair<int6
 }
 
 std::unique_ptr<Record> OpObserver::take_record() {
-  return writer_ && !writer_->forked() ? writer_->take() : std::make_unique<Record>();
+  // Cleared records, taken from the writer's pool a batch at a time (one lock, not one per op).
+  thread_local std::vector<std::unique_ptr<Record>> spare;
+  if (spare.empty()) {
+    if (!writer_ || writer_->forked()) return std::make_unique<Record>();
+    writer_->take(spare, 256);
+  }
+  auto r = std::move(spare.back());
+  spare.pop_back();
+  return r;
 }
 
 void OpObserver::keep(std::unique_ptr<Record> r) {
@@ -353,6 +389,20 @@ int64_t OpObserver::waits() const {
 
 const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
   const char* key = fn.name();
+  FactsCache& cache = tl_facts;
+  const uint64_t epoch = g_facts_epoch.load(std::memory_order_acquire);
+  if (cache.epoch != epoch) {
+    cache.slots.fill({nullptr, nullptr});
+    cache.epoch = epoch;
+  }
+  auto& cached = cache.slots[FactsCache::slot(key)];
+  if (cached.first == key) return cached.second;
+  const OpFacts* found = facts_locked(fn, key);
+  if (found != nullptr) cached = {key, found};  // a named scope's name is not an op's: not kept
+  return found;
+}
+
+const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char* key) {
   std::lock_guard<std::mutex> lock(facts_mutex_);
   auto it = facts_.find(key);
   if (it != facts_.end() && it->second->name == key) return it->second.get();

@@ -115,7 +115,8 @@ class OpObserver {
   void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
  private:
-  const OpFacts* facts(const at::RecordFunction& fn);
+  const OpFacts* facts(const at::RecordFunction& fn);  // cached per thread (op_observer.cpp)
+  const OpFacts* facts_locked(const at::RecordFunction& fn, const char* key);
   void start_record(const at::RecordFunction& fn, const OpFacts& op, Pending& p);
   void end_record(const at::RecordFunction& fn, Pending& p);
   // An op the observer could not describe (a tensor without sizes: nested, symbolic): the first is
