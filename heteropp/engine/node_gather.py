@@ -37,7 +37,12 @@ def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetim
     restarts = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent's store, kept across rounds
     prefix = f"{_PREFIX}/{restarts}" if shared else _PREFIX
-    store, _, _ = next(rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    try:
+        store, _, _ = next(rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    except DistStoreError as e:  # the worker hosting a fresh store waits for every worker to connect
+        raise SpecError("torchrun", "WORLD_SIZE", f"not every one of the {world} workers reached the rendezvous "
+                        f"store within {timeout.total_seconds():g} s ({str(e).splitlines()[0][:200]})",
+                        "every worker of every node started") from None
     if local == 0:
         store.set(f"{prefix}/{node}", json.dumps([env.get("HETEROPP_CHIP"), procs]))
     keys = [f"{prefix}/{g}" for g in range(nodes)]

@@ -221,6 +221,12 @@ def test_nodes_whose_agents_counted_different_restarts_still_meet(monkeypatch):
     assert seen == [{0: ("A", 1), 1: ("B", 2)}] * 2
 
 
+def test_a_worker_that_never_reaches_a_fresh_store_is_a_clear_error(monkeypatch):
+    """Node 1's worker never connects to the store node 0's worker hosts (before: torch's store error)."""
+    (e,) = _gather_as_nodes(monkeypatch, ["0"], timeout_s=1)
+    assert isinstance(e, SpecError) and re.search(r"WORLD_SIZE'?: not every one of the 2 workers", str(e)), e
+
+
 def test_a_node_that_never_says_what_it_is_is_named(monkeypatch):
     """Node 1's workers reached the store but never wrote (died first): node 0 is told which node is missing
     (before: torch's store timeout, naming a key)."""
