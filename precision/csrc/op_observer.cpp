@@ -64,10 +64,22 @@ void fill_meta(Meta& m, const at::Tensor& t) {
   m.device = t.device();
 }
 
+// An op's facts depend on its schema alone: kept for the process, shared by every observer (a
+// capture does not describe its ops again), never freed (queued records point at them).
+struct FactsTable {
+  std::mutex mutex;
+  std::unordered_map<const char*, std::unique_ptr<OpFacts>> by_name;  // by the schema's name (one per overload)
+  std::vector<std::unique_ptr<OpFacts>> retired;  // replaced, still pointed at by queued records
+};
+FactsTable& facts_table() {
+  static auto* table = new FactsTable();  // leaked: an observer may outlive static destruction
+  return *table;
+}
+
 // facts() without a lock or a name compare on its hit path (every callback, inner calls too): each
-// thread keeps what it found by the schema's name pointer, until the epoch moves: another
-// observer (their facts are their own), or an op deregistered (its name's memory may then hold
-// another op's name; the locked lookup tells them apart by name).
+// thread keeps what it found by the schema's name pointer, until the epoch moves: an op
+// deregistered (its name's memory may then hold another op's name; the locked lookup tells them
+// apart by name).
 std::atomic<uint64_t> g_facts_epoch{1};
 
 struct FactsCache {
@@ -124,7 +136,6 @@ void each_tensor(const c10::IValue& v, const F& f) {
 }  // namespace
 
 OpObserver::OpObserver() {
-  g_facts_epoch.fetch_add(1);
   // kept for the process: the dispatcher may outlive this module's static objects
   static auto* listening =
       new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
@@ -133,7 +144,6 @@ OpObserver::OpObserver() {
 }
 
 OpObserver::~OpObserver() {
-  g_facts_epoch.fetch_add(1);
   stop();
   try {
     close_index();
@@ -403,9 +413,10 @@ const OpFacts* OpObserver::facts(const at::RecordFunction& fn) {
 }
 
 const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char* key) {
-  std::lock_guard<std::mutex> lock(facts_mutex_);
-  auto it = facts_.find(key);
-  if (it != facts_.end() && it->second->name == key) return it->second.get();
+  FactsTable& table = facts_table();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  auto it = table.by_name.find(key);
+  if (it != table.by_name.end() && it->second->name == key) return it->second.get();
   auto name = fn.operator_name();
   if (!name) return nullptr;  // a named scope, not an op
   auto handle = c10::Dispatcher::singleton().findOp(*name);
@@ -452,8 +463,8 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
     f->written_args.push_back(0);  // in-place collectives (allreduce_, broadcast_ ...) do not annotate it (as opinfo)
   // Keyed by the schema's own name string, which lives as long as the op is registered; a key
   // reused by another op after it is gone fails the name check above and is replaced.
-  auto& slot = facts_[key];
-  if (slot) retired_facts_.push_back(std::move(slot));
+  auto& slot = table.by_name[key];
+  if (slot) table.retired.push_back(std::move(slot));
   slot = std::move(f);
   return slot.get();
 }

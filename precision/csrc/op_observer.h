@@ -116,7 +116,7 @@ class OpObserver {
 
  private:
   const OpFacts* facts(const at::RecordFunction& fn);  // cached per thread (op_observer.cpp)
-  const OpFacts* facts_locked(const at::RecordFunction& fn, const char* key);
+  static const OpFacts* facts_locked(const at::RecordFunction& fn, const char* key);
   void start_record(const at::RecordFunction& fn, const OpFacts& op, Pending& p);
   void end_record(const at::RecordFunction& fn, Pending& p);
   // An op the observer could not describe (a tensor without sizes: nested, symbolic): the first is
@@ -161,9 +161,6 @@ class OpObserver {
   struct Counts {
     int64_t waits = 0, parts = 0, write_waits = 0;
   } closed_counts_;  // the writer's, once closed
-  std::unordered_map<const char*, std::unique_ptr<OpFacts>> facts_;  // by the schema's name (one per overload)
-  std::vector<std::unique_ptr<OpFacts>> retired_facts_;  // replaced, still pointed at by queued records
-  std::mutex facts_mutex_;
   DtypeNames dtype_names_;
   std::unordered_map<std::string, std::vector<int64_t>> groups_;
   std::vector<std::string> reduce_op_names_;
