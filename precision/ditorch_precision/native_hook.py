@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_hooks
 
 from . import native
@@ -89,11 +88,10 @@ class NativeHook:
         obs.set_rank(cap.rank.get())
         obs.set_step(cap.steps.step)
         tracker = cap.modules
-        # Registered after the tool's own trackers, so they run after them: the path is named, and
-        # (on return) the module record is written, before the observer's stack moves.
+        # Told by the tool's own tracker: the path is named, and (on return) the module record is
+        # written, before the observer's stack moves.
+        tracker.on_enter, tracker.on_exit = obs.push_module, obs.pop_module
         self._handles = [
-            nn_module.register_module_forward_pre_hook(lambda m, a: obs.push_module(tracker.stack[-1][0])),
-            nn_module.register_module_forward_hook(lambda m, a, o: obs.pop_module(), always_call=True),
             optim_hooks.register_optimizer_step_pre_hook(lambda o, a, k: obs.set_optimizer(True)),
             optim_hooks.register_optimizer_step_post_hook(lambda o, a, k: obs.set_optimizer(False)),
         ]
@@ -113,7 +111,9 @@ class NativeHook:
         global _ACTIVE
         _ACTIVE = None
         self.observer.stop()
-        self.capture.modules.tagger = self.capture.modules._tag
+        tracker = self.capture.modules
+        tracker.tagger = tracker._tag
+        tracker.on_enter = tracker.on_exit = None
         for h in self._handles:
             h.remove()
         self._handles = []

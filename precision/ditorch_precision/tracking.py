@@ -28,6 +28,11 @@ class ModuleTracker:
         # tags the autograd nodes a module created as (output, path, sequence number at its entry);
         # a capture's C++ observer keeps the tags itself (native_hook)
         self.tagger = self._tag
+        # told of each module's entry (its path) and return, after the stack moved and the output
+        # was handed on: a capture's C++ observer keeps its own stack (native_hook), without hooks
+        # of its own on every module call
+        self.on_enter = None
+        self.on_exit = None
 
     def __enter__(self) -> "ModuleTracker":
         self._handles = [
@@ -59,16 +64,23 @@ class ModuleTracker:
         return path
 
     def _pre(self, module: torch.nn.Module, args) -> None:
-        self.stack.append((self._path_of(module), torch._C._autograd._get_sequence_nr()))
+        path = self._path_of(module)
+        self.stack.append((path, torch._C._autograd._get_sequence_nr()))
+        if self.on_enter is not None:
+            self.on_enter(path)
 
     def _post(self, module: torch.nn.Module, args, output) -> None:
-        if not self.stack:
-            return
-        path, seq_start = self.stack.pop()
-        if torch.is_grad_enabled():
-            self.tagger(output, path, seq_start)
-        if self.on_output is not None:
-            self.on_output(path, output)
+        try:
+            if not self.stack:
+                return
+            path, seq_start = self.stack.pop()
+            if torch.is_grad_enabled():
+                self.tagger(output, path, seq_start)
+            if self.on_output is not None:
+                self.on_output(path, output)
+        finally:
+            if self.on_exit is not None:
+                self.on_exit()
 
     @staticmethod
     def _tag(output, path: str, seq_start: int) -> None:
