@@ -3,9 +3,10 @@ show are seen by a RecordFunction callback instead, which keeps each op's index 
 record (its statistics from one fused pass over each output); at each step the capture hands them
 to a C++ thread that writes their text to the index file, off the training thread. The Python
 per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own) is gone; what stays
-in Python is per module and per step: the module stack, the tags of the autograd nodes each module
-created (kept in C++ by sequence number: the module of a backward op) and the optimizer phase are
-handed over by hooks of their own.
+in Python is per module and per step: the module stack (moved by the capture's module tracker),
+the tags of the autograd nodes each module created (kept in C++ by sequence number: the module of a
+backward op) and the optimizer phase (optimizer hooks). A full capture in part files (bulk) also
+runs here when asked for (hook="cpp"), unless torch.distributed is initialised.
 
 ``choose(capture, wanted)`` says which hook a capture runs ("cpp" or "python") and, for "python",
 why; ``NativeHook`` is the context that installs the C++ one."""
