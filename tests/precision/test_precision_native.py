@@ -245,3 +245,24 @@ def test_reused_statistics_of_views_and_module_records_against_float64_of_the_fu
         checked[rs["op"]] += 1
     # the views taken after in-place writes, and the module records, were among those checked
     assert checked["aten::t"] and checked["aten::_unsafe_view"] + checked["aten::view"] and checked["module::output"]
+
+
+def test_an_op_registered_after_another_was_removed_is_named_by_its_own_schema(tmp_path):
+    # The C++ observer keeps what it learnt of each op for the process, by the schema's name; an op
+    # removed (its library destroyed) and another one registered after it, in the same namespace,
+    # must not be taken for it. Reference: the Python dispatch mode's records of the same program.
+    seen = {"cpp": [], "python": []}
+    for name in ("first_op", "second_op"):
+        lib = torch.library.Library("precision_test_ops", "DEF")
+        lib.define(f"{name}(Tensor x) -> Tensor")
+        lib.impl(name, lambda x: x.clone(), "CPU")
+        op = getattr(torch.ops.precision_test_ops, name)
+        for hook in seen:
+            with Capture(str(tmp_path / f"{name}_{hook}"), mode="stats", hook=hook) as cap:
+                op(torch.ones(3))
+            assert cap.hook_used == hook
+            ops = [r["op"] for r in Dump.open(str(tmp_path / f"{name}_{hook}")).op_records]
+            seen[hook].append([o for o in ops if o.startswith("precision_test_ops::")])
+        lib._destroy()
+    assert seen["python"] == [["precision_test_ops::first_op"], ["precision_test_ops::second_op"]]
+    assert seen["cpp"] == seen["python"]
