@@ -5,6 +5,7 @@ planning. Before, the groups' stages carried no estimate to the watch, so it jud
 refused a plan of groups (plan_sim.simulate_plan raises on one)."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -27,6 +28,9 @@ GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8, est_time_s=0.02)],
                           num_layers=8)
 
 
+# Judged on measured step times: on a loaded 2-core host an even run can read 1.5x slow on one rank, so it
+# runs with the other straggler timing runs in `make test-long`.
+@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="timing-judged: HETEROPP_LONG_TESTS=1")
 def test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not(tmp_path, capfd) -> None:
     """Rank 1 (group 1's stage: watch slot 1, after group 0's) slowed; the console names its group."""
     check_slowed_and_even(tmp_path, GROUPS)
