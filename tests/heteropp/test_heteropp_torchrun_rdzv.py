@@ -196,12 +196,16 @@ def _gather_as_nodes(monkeypatch, restarts: list[str], timeout_s: float = 20) ->
     monkeypatch.setenv("MASTER_PORT", str(_port()))
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
     out: list[object] = [None] * len(restarts)
+    # Each node's store is kept until every node is done, as a worker keeps it (init_process_group takes it):
+    # node 0's store hosts the round's server, and node 1 may still be reading from it when node 0 returns.
+    stores: list[object] = []
 
     def node(g: int) -> None:
         env = {"TORCHELASTIC_RESTART_COUNT": restarts[g], "GROUP_RANK": str(g), "GROUP_WORLD_SIZE": "2",
                "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(g + 1), "HETEROPP_CHIP": "AB"[g]}
         try:
-            out[g] = gather_nodes(env, g, 2, datetime.timedelta(seconds=timeout_s))[1]
+            store, out[g] = gather_nodes(env, g, 2, datetime.timedelta(seconds=timeout_s))
+            stores.append(store)
         except Exception as e:  # noqa: BLE001  the test reads it
             out[g] = e
     threads = [threading.Thread(target=node, args=(g,)) for g in range(len(restarts))]
