@@ -15,12 +15,11 @@ import torch
 from ditorch_precision import Capture, Selector, compare_dumps, native
 from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump
-from ditorch_precision.examples.faults import wrong_kernel
-from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
 from ditorch_precision.report import diff_html
 from ditorch_precision.signature import signature
 from ditorch_precision.summaries import tensor_stats
 
+from hf_llama_capture import FAULTY, capture_hf_llama
 from stats_reference import assert_stats_are_float64_of
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -92,19 +91,8 @@ def test_fused_stats_refuses_what_it_does_not_read():
     assert native.fused_stats(torch.empty(0))[:4] == (0, 0, 0, 0)
 
 
-SIZE = HFLlamaSize()
-FAULTY = "LlamaForCausalLM.model.layers.0.mlp.down_proj"
-
-
 def _capture(path, hook, fault=False, steps=2):
-    model = make_hf_llama(SIZE)
-    plant = wrong_kernel("mm", 1 + 1e-4 if fault else 1.0, inside=model.model.layers[0].mlp.down_proj)
-    with plant, Capture(str(path), mode="stats", hook=hook) as cap:
-        hf_train(model, hf_batches(SIZE, steps))
-    assert cap.hook_used == hook
-    with open(os.path.join(path, "meta.json")) as f:
-        assert json.load(f)["hook"] == hook
-    return str(path)
+    return capture_hf_llama(path, "stats", hook, fault, steps)[0]
 
 
 @pytest.fixture(scope="module")

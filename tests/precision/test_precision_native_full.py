@@ -4,7 +4,6 @@ the tensors its part files hold must be what the Python hook's full capture of t
 argument kinds a payload holds (tensor lists, keyword-only arguments, dtypes, memory formats,
 several and no returns, in-place writes of tensors kept uncopied, uninitialised memory); a planted
 fault must be found at the same op, and a part file that cannot be written is an error."""
-import json
 import os
 from collections import defaultdict
 
@@ -15,27 +14,18 @@ from torch.utils._pytree import tree_flatten
 from ditorch_precision import Capture, compare_dumps, native, native_hook
 from ditorch_precision.cli import main
 from ditorch_precision.dump import Dump, Unsaved
-from ditorch_precision.examples.faults import wrong_kernel
-from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train, make_hf_llama
+from hf_llama_capture import FAULTY, capture_hf_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not native.available(), reason=f"C++ module not built: {native.why_not()}")]
 
-SIZE = HFLlamaSize()
-FAULTY = "LlamaForCausalLM.model.layers.0.mlp.down_proj"
 PLACE = ("index", "file", "key")  # where a record's tensors lie, not what they are
 
 
 def _llama(path, hook, fault=False) -> str:
-    model = make_hf_llama(SIZE)
-    plant = wrong_kernel("mm", 1 + 1e-4 if fault else 1.0, inside=model.model.layers[0].mlp.down_proj)
-    with plant, Capture(str(path), mode="full", hook=hook) as cap:
-        hf_train(model, hf_batches(SIZE, 2))
-    assert cap.hook_used == hook
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
-    assert (meta["hook"], meta["mode"], meta["n_dropped"]) == (hook, "full", 0) and meta["bytes_written"] > 0
-    return str(path)
+    path, meta = capture_hf_llama(path, "full", hook, fault)
+    assert (meta["mode"], meta["n_dropped"]) == ("full", 0) and meta["bytes_written"] > 0
+    return path
 
 
 @pytest.fixture(scope="module")
