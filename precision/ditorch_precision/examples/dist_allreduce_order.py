@@ -13,7 +13,6 @@ import os
 from contextlib import nullcontext
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ditorch_precision import Capture
@@ -45,17 +44,14 @@ def train_once(rank: int, out: str, bucket_mb: float, steps: int, fault_step: in
 
 
 def worker(rank: int, world: int, port: int, out: str, steps: int, faults: bool) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    losses = {"one_bucket": train_once(rank, os.path.join(out, "one_bucket"), ONE_BUCKET_MB, steps),
-              "buckets": train_once(rank, os.path.join(out, "buckets"), SMALL_BUCKET_MB, steps)}
-    if faults:
-        train_once(rank, os.path.join(out, "fault"), SMALL_BUCKET_MB, steps, rank - 1 if rank else None)
-    with open(os.path.join(out, f"losses{rank}.txt"), "w") as f:
-        for name, values in losses.items():
-            f.write(f"{name} {' '.join(repr(v) for v in values)}\n")
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_job.joined(rank, world, port):
+        losses = {"one_bucket": train_once(rank, os.path.join(out, "one_bucket"), ONE_BUCKET_MB, steps),
+                  "buckets": train_once(rank, os.path.join(out, "buckets"), SMALL_BUCKET_MB, steps)}
+        if faults:
+            train_once(rank, os.path.join(out, "fault"), SMALL_BUCKET_MB, steps, rank - 1 if rank else None)
+        with open(os.path.join(out, f"losses{rank}.txt"), "w") as f:
+            for name, values in losses.items():
+                f.write(f"{name} {' '.join(repr(v) for v in values)}\n")
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ditorch_precision import AutoCompare, Capture
+from ditorch_precision.examples import gloo_job
 
 
 def collectives(rank: int, world: int) -> None:
@@ -111,10 +112,8 @@ def ddp_step(rank: int, world: int, out: str) -> None:
 
 
 def worker(rank: int, world: int, port: int, out: str, only_subgroup: bool = False) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    (subgroup_run if only_subgroup else run)(rank, world, out)
-    dist.destroy_process_group()
+    with gloo_job.joined(rank, world, port, barrier=False):
+        (subgroup_run if only_subgroup else run)(rank, world, out)
 
 
 def run(rank: int, world: int, out: str) -> None:

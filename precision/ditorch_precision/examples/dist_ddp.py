@@ -11,7 +11,6 @@ import os
 from contextlib import nullcontext
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ditorch_precision import Capture
@@ -38,12 +37,9 @@ def train_once(rank: int, out: str, fault_rank: int | None, steps: int, mode: st
 
 def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, steps: int, mode: str,
            hook: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    train_once(rank, os.path.join(out, "ref"), None, steps, mode, hook)
-    train_once(rank, os.path.join(out, "fault"), fault_rank, steps, mode, hook)
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_job.joined(rank, world, port):
+        train_once(rank, os.path.join(out, "ref"), None, steps, mode, hook)
+        train_once(rank, os.path.join(out, "fault"), fault_rank, steps, mode, hook)
 
 
 def main() -> None:

@@ -87,13 +87,10 @@ def train_once(rank: int, world: int, out: str, hook: str, fault_rank: int | Non
 
 
 def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, steps: int) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    for hook in ("cpp", "python"):
-        train_once(rank, world, os.path.join(out, hook, "ref"), hook, None, steps)
-        train_once(rank, world, os.path.join(out, hook, "fault"), hook, fault_rank, steps)
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_job.joined(rank, world, port):
+        for hook in ("cpp", "python"):
+            train_once(rank, world, os.path.join(out, hook, "ref"), hook, None, steps)
+            train_once(rank, world, os.path.join(out, hook, "fault"), hook, fault_rank, steps)
 
 
 def main() -> None:

@@ -24,15 +24,12 @@ from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf
 
 def worker(rank: int, world: int, port: int, out: str, fault_rank: int | None, honest: str | None,
            collectives: str | None = None) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    if collectives:
-        dist_collectives.run(rank, world, collectives)
-    if honest:
-        train_once(rank, world, honest, None)
-    train_once(rank, world, out, fault_rank)
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_job.joined(rank, world, port):
+        if collectives:
+            dist_collectives.run(rank, world, collectives)
+        if honest:
+            train_once(rank, world, honest, None)
+        train_once(rank, world, out, fault_rank)
 
 
 def train_once(rank: int, world: int, out: str, fault_rank: int | None) -> None:

@@ -4,6 +4,11 @@ tests' conftest)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
 
 
 def parser() -> argparse.ArgumentParser:
@@ -12,3 +17,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("world", type=int)
     p.add_argument("port", type=int)
     return p
+
+
+@contextmanager
+def joined(rank: int, world: int, port: int, barrier: bool = True) -> Iterator[None]:
+    """One spawned process of the job, on one thread, in the job's gloo group while the body runs; at the
+    end it waits for the others (``barrier``) before leaving the group."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    yield
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
