@@ -191,6 +191,16 @@ struct Formatter {
     put_string(out, kind);
   }
 
+  // A tagged object holding one string field: {"__precision__": kind, "<field>": text}.
+  void tagged_string(std::string_view kind, std::string_view field, std::string_view text) {
+    tag(kind);
+    out += ", \"";
+    out += field;
+    out += "\": ";
+    put_string(out, text);
+    out += '}';
+  }
+
   void dims(c10::IntArrayRef v) {
     out += '[';
     for (size_t d = 0; d < v.size(); ++d) {
@@ -218,28 +228,16 @@ struct Formatter {
         out += '}';
         break;
       case PayloadToken::Dtype:
-        tag("dtype");
-        out += ", \"name\": ";
-        put_string(out, dtype_name(static_cast<c10::ScalarType>(t.i)));
-        out += '}';
+        tagged_string("dtype", "name", dtype_name(static_cast<c10::ScalarType>(t.i)));
         break;
       case PayloadToken::TorchName:
-        tag("torch");
-        out += ", \"name\": ";
-        put_string(out, t.name);
-        out += '}';
+        tagged_string("torch", "name", t.name);
         break;
       case PayloadToken::Device:
-        tag("device");
-        out += ", \"name\": ";
-        put_string(out, p.strings[t.i]);
-        out += '}';
+        tagged_string("device", "name", p.strings[t.i]);
         break;
       case PayloadToken::Unsaved:
-        tag("unsaved");
-        out += ", \"text\": ";
-        put_string(out, p.strings[t.i]);
-        out += '}';
+        tagged_string("unsaved", "text", p.strings[t.i]);
         break;
       case PayloadToken::Tensor: {
         const at::Tensor& x = p.tensors[t.i];
