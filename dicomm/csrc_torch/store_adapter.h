@@ -28,6 +28,14 @@ class StoreAdapter : public dicomm::Store {
     }
   }
 
+  bool check(const std::string& key) override {
+    try {
+      return store_->check({key});
+    } catch (const c10::Error& e) {
+      throw dicomm::Error("store error on key '" + key + "': " + e.what_without_backtrace());
+    }
+  }
+
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     try {
       store_->wait({key}, timeout);

@@ -1,15 +1,22 @@
 """Restarts under torchelastic (issue 27, point 4): torchrun keeps its rendezvous store across
 restart rounds, so the keys the previous round's ranks wrote are still there when the new round
-starts. A restarted job must never meet the previous round's ranks (their token, their cards).
+starts. A restarted job must never meet the previous round's ranks (their token, their cards); and the
+ranks of one round must meet even when their agents disagree on the restart count, where the store is
+fresh every round (or say why they cannot, on the shared one).
 
-Real torchrun, two worker processes, one of which SIGKILLs itself on the first attempt."""
+The first test runs real torchrun, two worker processes, one of which SIGKILLs itself on the first
+attempt; the others run two spawned processes on a real TCPStore, each with the environment an agent
+would give it."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
+
+from tests.dicomm.multiproc import run_ranks
 
 WORKER = Path(__file__).with_name("elastic_worker.py")
 
@@ -25,3 +32,102 @@ def test_a_torchelastic_restart_meets_only_its_own_round(tmp_path):
     got = json.loads(out.read_text())
     # The reference: 2 ranks, the second attempt's values 10 * (rank + 1) + 1.
     assert got == {"attempt": 1, "world": 2, "sum": [11.0 + 21.0] * 4}
+
+
+# The nodes of one elastic round may disagree on TORCHELASTIC_RESTART_COUNT: an agent whose worker failed
+# counts a restart, one restarted for the membership change does not. Two spawned processes on a real
+# TCPStore stand in for two nodes' workers; each sets its own count (and torch's store flag) before it
+# creates its group, as the agent's environment would.
+MEET_TIMEOUT_S = 8.0  # a rank that would wait for keys nobody writes fails after this long
+STALL_TIMEOUT_S = 4.0  # the disagreeing shared-store run waits this long, then must say why
+
+
+def _set_round(rank: int, counts: list[int], agent_store: str) -> None:
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(counts[rank])
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
+
+
+def _inputs(rank: int):
+    import torch
+
+    return torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+
+
+def _meet(rank, ws, store, counts, agent_store, with_gloo):
+    """This rank's dicomm all_reduce of _inputs(rank), and gloo's of the same inputs (None without)."""
+    import torch.distributed as dist
+
+    _set_round(rank, counts, agent_store)
+    dist.init_process_group("dicomm", store=dist.PrefixStore("job", store), rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=MEET_TIMEOUT_S))
+    got = _inputs(rank)
+    dist.all_reduce(got)
+    ref = None
+    if with_gloo:
+        ref = _inputs(rank)
+        dist.all_reduce(ref, group=dist.new_group(backend="gloo"))
+    dist.destroy_process_group()
+    return got.tolist(), None if ref is None else ref.tolist()
+
+
+def test_ranks_that_disagree_on_the_restart_count_meet_on_a_fresh_store():
+    """A fresh store every round (TORCHELASTIC_USE_AGENT_STORE=False: a c10d rendezvous with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) holds nothing stale: rank 0 at restart count 1 and rank 1 at 0
+    meet, and their all_reduce equals gloo's."""
+    out = run_ranks(_meet, 2, [1, 0], "False", True, timeout=90)
+    for got, ref in out:
+        assert got == ref
+    assert out[0][0] == out[1][0]
+
+
+def test_a_plain_launch_ignores_the_restart_count():
+    """No torchelastic flag at all (a plain launch with a stray TORCHELASTIC_RESTART_COUNT): no scoping by it."""
+    out = run_ranks(_meet, 2, [0, 3], "", True, timeout=90)
+    for got, ref in out:
+        assert got == ref
+
+
+def _stall(rank, ws, store, counts):
+    """What this rank's group creation and first all_reduce raise on the shared agent store."""
+    import torch
+    import torch.distributed as dist
+
+    _set_round(rank, counts, "True")
+    try:
+        dist.init_process_group("dicomm", store=dist.PrefixStore("job", store), rank=rank, world_size=ws,
+                                timeout=timedelta(seconds=STALL_TIMEOUT_S))
+        dist.all_reduce(torch.ones(4))
+    except Exception as e:  # noqa: BLE001  (the test reads what each rank was told)
+        return f"{type(e).__name__}: {e}"
+    return "met"
+
+
+def test_disagreeing_restart_counts_on_the_agent_store_say_why_they_do_not_meet():
+    """On torch's shared agent store (TORCHELASTIC_USE_AGENT_STORE=True) the keys stay scoped by the count,
+    so ranks at counts 1 and 0 cannot meet: each fails at its timeout naming both counts and the remedy (rank 1
+    in group creation, waiting for rank 0's token; rank 0 in its first all_reduce, waiting for rank 1's card)."""
+    out = run_ranks(_stall, 2, [1, 0], timeout=90)
+    for err in out:
+        assert "TimeoutError" in err, err
+        assert "restart count 1" in err and "restart count 0" in err, err
+        assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in err, err
+    assert "all_reduce" in out[0] and "rank 1 has not published its address card" in out[0], out[0]
+    assert "rank 1 waited for rank 0 to publish the job token" in out[1], out[1]
+
+
+def test_agreeing_restart_counts_on_the_agent_store_skip_an_earlier_rounds_keys():
+    """The agent's store outlives the round: a first round (count 0) writes its token and cards, then ends;
+    the second round (count 1, same TCPStore server) meets without reading them. The first round's keys are
+    overwritten with garbage before the second starts, so reading any of them would fail."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    run_ranks(_meet, 2, [0, 0], "True", False, timeout=90, server=server)
+    # The first round's plain keys (docs/architecture.md), under torch's prefixes for the default group
+    # ("<group name>/", then "<device>/") beneath the test's own "job".
+    for key in ("dicomm/token", "dicomm/card/0", "dicomm/card/1"):
+        assert server.check([f"job/0//cpu//{key}"]), key
+        server.set(f"job/0//cpu//{key}", "left by an earlier round")
+    out = run_ranks(_meet, 2, [1, 1], "True", True, timeout=90, server=server)
+    for got, ref in out:
+        assert got == ref

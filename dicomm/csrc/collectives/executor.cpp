@@ -10,7 +10,8 @@ namespace dicomm {
 // Completion state of one collective; completed by the executor thread.
 class CollectiveRequest : public Request {
  public:
-  explicit CollectiveRequest(std::string what) : what_(std::move(what)) {}
+  CollectiveRequest(std::string what, std::function<std::string()> stalled_on)
+      : what_(std::move(what)), stalled_on_(std::move(stalled_on)) {}
 
   bool test() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -19,9 +20,12 @@ class CollectiveRequest : public Request {
   }
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
-      throw TimeoutError("Timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                         what_);
+    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+      lock.unlock();  // what it stalled on may take a store round trip
+      const std::string why = stalled_on_ ? stalled_on_() : "";
+      throw TimeoutError("Timed out after " + std::to_string(timeout.count()) + " ms waiting for " + what_ +
+                         (why.empty() ? "" : " (" + why + ")"));
+    }
     if (error_) std::rethrow_exception(error_);
   }
   int source() const override { return -1; }
@@ -39,13 +43,15 @@ class CollectiveRequest : public Request {
 
  private:
   const std::string what_;
+  const std::function<std::string()> stalled_on_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
 };
 
-CollectiveExecutor::CollectiveExecutor() : thread_([this] { run(); }) {}
+CollectiveExecutor::CollectiveExecutor(std::function<std::string()> stalled_on)
+    : stalled_on_(std::move(stalled_on)), thread_([this] { run(); }) {}
 
 CollectiveExecutor::~CollectiveExecutor() {
   shutdown("communicator closed");
@@ -53,7 +59,7 @@ CollectiveExecutor::~CollectiveExecutor() {
 }
 
 RequestPtr CollectiveExecutor::submit(const std::string& what, Body body, uint64_t seq) {
-  auto request = std::make_shared<CollectiveRequest>(what);
+  auto request = std::make_shared<CollectiveRequest>(what, stalled_on_);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) {
     request->finish(std::make_exception_ptr(PeerError(what + " failed: " + stop_reason_)));

@@ -21,7 +21,9 @@ class CollectiveExecutor {
  public:
   using Body = std::function<void(uint64_t seq)>;
 
-  CollectiveExecutor();
+  // `stalled_on`: what a collective that timed out may have been waiting for besides its peers'
+  // messages (the engine's awaited address cards); "" for nothing.
+  explicit CollectiveExecutor(std::function<std::string()> stalled_on = {});
   ~CollectiveExecutor();  // shutdown("communicator closed") and join
 
   RequestPtr submit(const std::string& what, Body body, uint64_t seq);
@@ -42,6 +44,7 @@ class CollectiveExecutor {
   std::deque<Item> queue_;
   bool stopping_ = false;
   std::string stop_reason_;
+  std::function<std::string()> stalled_on_;
   std::thread thread_;
 };
 

@@ -6,20 +6,61 @@
 
 namespace dicomm {
 namespace {
+bool is_count(const std::string& s) {
+  return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
 std::string launcher_attempt() {
   const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (!v || !*v) return "0";
   const std::string s(v);
-  if (s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+  if (!is_count(s))
     throw ValueError("TORCHELASTIC_RESTART_COUNT='" + s + "' is not a restart count (expected a non-negative integer)");
   return std::to_string(std::stoi(s));
 }
+
+// torch's own test (torch.distributed.rendezvous): the workers use the elastic agent's store, which
+// outlives the restart round. Otherwise each round (or a plain launch) has a fresh store.
+bool on_agent_store() {
+  const char* v = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return v && std::string(v) == "True";
+}
+
+std::string entry_key(int rank) { return "dicomm/entered/" + std::to_string(rank); }
 }  // namespace
 
 void Bootstrap::enter_round() {
-  const std::string attempt = launcher_attempt();
-  const int64_t n = store_->add("dicomm/round/" + attempt + "/" + std::to_string(rank_), 1);
-  scope_ = attempt == "0" && n == 1 ? "dicomm/" : "dicomm/" + attempt + "." + std::to_string(n - 1) + "/";
+  // The nodes of one round may disagree on the restart count (an agent whose worker failed counts a
+  // restart, one restarted for the membership change does not): only a store that outlives the round
+  // needs the count in the keys, and only there is it read.
+  agent_store_ = on_agent_store();
+  attempt_ = agent_store_ ? launcher_attempt() : "0";
+  const int64_t n = store_->add("dicomm/round/" + attempt_ + "/" + std::to_string(rank_), 1);
+  scope_ = attempt_ == "0" && n == 1 ? "dicomm/" : "dicomm/" + attempt_ + "." + std::to_string(n - 1) + "/";
+  if (agent_store_) store_->set(entry_key(rank_), attempt_);  // what a peer that waits in vain reads
+}
+
+std::string Bootstrap::other_count(Store& store, int peer) const {
+  if (!agent_store_) return "";
+  std::string theirs;
+  try {
+    if (!store.check(entry_key(peer))) return "";
+    theirs = store.get(entry_key(peer), std::chrono::milliseconds(1000));
+  } catch (const Error&) {
+    return "";  // no better word than the timeout itself
+  }
+  if (!is_count(theirs) || theirs == attempt_) return "";  // another program's key, or no disagreement
+  const std::string who = "rank " + std::to_string(peer);
+  const std::string remedy =
+      "their agents count restarts differently: on torch's shared agent store (TORCHELASTIC_USE_AGENT_STORE=True) "
+      "each restart count has its own keys, so such ranks never meet; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on "
+      "every agent of a c10d rendezvous (a fresh store every round)";
+  // A lower count may be an earlier round's entry, the peer not (yet) in this one.
+  if (std::stoi(theirs) < std::stoi(attempt_))
+    return "; " + who + " last entered this store at restart count " + theirs + " and this rank is at restart count " +
+           attempt_ + " (TORCHELASTIC_RESTART_COUNT): either " + who + " has not reached this round, or " + remedy;
+  return "; " + who + " entered this store at restart count " + theirs + " and this rank at restart count " + attempt_ +
+         " (TORCHELASTIC_RESTART_COUNT): " + remedy;
 }
 
 Bootstrap::Bootstrap(std::shared_ptr<Store> store, int rank, std::chrono::milliseconds timeout)
@@ -34,8 +75,9 @@ Token Bootstrap::agree_on_token() {
   try {
     return token_from_hex(store_->get(scope_ + "token", timeout_));
   } catch (const TimeoutError& e) {
-    throw TimeoutError(std::string("rank ") + std::to_string(rank_) +
-                       " waited for rank 0 to publish the job token: " + e.what() + " (did rank 0 start?)");
+    const std::string why = other_count(*store_, 0);
+    throw TimeoutError(std::string("rank ") + std::to_string(rank_) + " waited for rank 0 to publish the job token: " +
+                       e.what() + (why.empty() ? " (did rank 0 start?)" : why));
   }
 }
 
@@ -74,6 +116,20 @@ void Bootstrap::publish(const Card& card) {
 Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
   std::shared_ptr<Store> store = store_;
   if (!store) throw PeerError("communicator closed");
+  struct Awaiting {  // while this fetch waits, awaited_cards names the peer
+    Bootstrap& b;
+    int peer;
+    Awaiting(Bootstrap& b, int peer, std::shared_ptr<Store> store) : b(b), peer(peer) {
+      std::lock_guard<std::mutex> lock(b.awaiting_mu_);
+      b.awaiting_[peer] = std::move(store);
+    }
+    ~Awaiting() {
+      std::lock_guard<std::mutex> lock(b.awaiting_mu_);
+      b.awaiting_.erase(peer);
+    }
+    Awaiting(const Awaiting&) = delete;
+    Awaiting& operator=(const Awaiting&) = delete;
+  } awaiting(*this, peer, store);
   std::string text;
   // In slices, so that a closing communicator's connector does not wait out the whole timeout.
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -86,8 +142,9 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
     } catch (const TimeoutError& e) {
       if (stop && *stop) throw PeerError("communicator closed");
       if (slice < left) continue;
+      const std::string why = other_count(*store, peer);
       throw TimeoutError("rank " + std::to_string(peer) + " never published its address card: " + e.what() +
-                         " (did it create its communicator?)");
+                         (why.empty() ? " (did it create its communicator?)" : why));
     }
   }
   if (!card_key_.empty()) text = verified_card_text(text, card_key_, scope_, peer);
@@ -96,6 +153,19 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
   } catch (const ValueError& e) {
     throw ValueError("address card of rank " + std::to_string(peer) + ": " + e.what());
   }
+}
+
+std::string Bootstrap::awaited_cards() const {
+  std::map<int, std::shared_ptr<Store>> awaiting;
+  {
+    std::lock_guard<std::mutex> lock(awaiting_mu_);
+    awaiting = awaiting_;
+  }
+  std::string out;
+  for (const auto& [peer, store] : awaiting)
+    out += std::string(out.empty() ? "" : "; ") + "rank " + std::to_string(peer) +
+           " has not published its address card" + other_count(*store, peer);
+  return out;
 }
 
 }  // namespace dicomm

@@ -1,19 +1,25 @@
 // Bootstrap through the store: the per-job token (rank 0 draws it) and each rank's address card
 // (published in the constructor, read lazily by a peer on first contact).
 //
-// Keys are scoped to the round: a store may outlive the ranks that wrote into it (torchelastic
-// keeps its rendezvous store across restarts; a job may re-create a group after
-// destroy_process_group), and a rank must never read the token or card of a previous round's rank.
-// The round is the launcher's attempt (TORCHELASTIC_RESTART_COUNT, 0 without one) and this rank's
-// count of communicators it created on this store under that attempt (a counter in the store, one
-// per rank, so no rank's count depends on when the others arrive): every rank of a round computes
-// the same scope. The first round of attempt 0 keeps the plain keys "dicomm/token", "dicomm/card/<r>";
-// later ones use "dicomm/<attempt>.<n>/token" and so on.
+// Keys are scoped to the round: a store may outlive the ranks that wrote into it (torchelastic's
+// agent store, kept across restarts; a job may re-create a group after destroy_process_group), and
+// a rank must never read the token or card of a previous round's rank. The round is the launcher's
+// attempt and this rank's count of communicators it created on this store under that attempt (a
+// counter in the store, one per rank, so no rank's count depends on when the others arrive): every
+// rank of a round computes the same scope. The attempt is TORCHELASTIC_RESTART_COUNT only on the
+// agent's store (TORCHELASTIC_USE_AGENT_STORE=True); on a fresh store every round (a c10d rendezvous
+// with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a plain launch) it is 0: nothing there is stale, and the
+// nodes of one round may disagree on the restart count. On the agent's store each rank also writes
+// the count it entered under ("dicomm/entered/<r>"), so a rank that waits for a peer in vain can say
+// when the peer entered under another count. The first round of attempt 0 keeps the plain keys
+// "dicomm/token", "dicomm/card/<r>"; later ones use "dicomm/<attempt>.<n>/token" and so on.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/card.h"
@@ -26,7 +32,7 @@ class Bootstrap {
  public:
   Bootstrap(std::shared_ptr<Store> store, int rank, std::chrono::milliseconds timeout);
   // Joins the round (above); before anything else reads or writes a key. Throws ValueError on a
-  // malformed TORCHELASTIC_RESTART_COUNT.
+  // malformed TORCHELASTIC_RESTART_COUNT (read on the agent's store only).
   void enter_round();
   const std::string& scope() const { return scope_; }  // "dicomm/" or "dicomm/<attempt>.<n>/"
   // Rank 0 draws and publishes the token; the others wait for it.
@@ -40,14 +46,24 @@ class Bootstrap {
   // Throws TimeoutError / ValueError naming the peer, PeerError for a card not signed with the
   // job's key; gives up (PeerError) once `*stop` is set.
   Card fetch(int peer, const std::atomic<bool>* stop = nullptr);
+  // "" while no fetch waits; else the ranks whose cards are awaited and, on the agent's store, why one
+  // may never come: what a collective that timed out while connecting adds to its error.
+  std::string awaited_cards() const;
   void release_store() { store_.reset(); }
 
  private:
+  // "" or why a wait for `peer` may never end: on the agent's store, it entered under another count.
+  std::string other_count(Store& store, int peer) const;
+
   std::shared_ptr<Store> store_;
   int rank_;
   std::chrono::milliseconds timeout_;
   std::string scope_ = "dicomm/";
+  bool agent_store_ = false;    // the elastic agent's store, which outlives the round
+  std::string attempt_ = "0";  // the restart count the keys are scoped by: "0" unless agent_store_
   std::string card_key_;  // empty: cards are not signed
+  mutable std::mutex awaiting_mu_;
+  std::map<int, std::shared_ptr<Store>> awaiting_;  // peer -> the store its card is awaited in
 };
 
 // A signed card is its text followed by the line "mac=<hex>\n" (with a secret; see sign_cards_with).

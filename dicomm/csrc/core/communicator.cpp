@@ -36,7 +36,11 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   if (options.timeout.count() <= 0) throw ValueError("communicator timeout must be positive");
   engine_ = std::make_shared<Engine>(std::move(store), rank, size, options);
   engine_->start();
-  collectives_ = std::make_unique<CollectiveExecutor>();
+  // A collective stuck connecting (a peer's address card not in the store) says so when it times out.
+  collectives_ = std::make_unique<CollectiveExecutor>([engine = std::weak_ptr<Engine>(engine_)] {
+    auto e = engine.lock();
+    return e ? e->awaited_cards() : std::string();
+  });
   work_stealing_ = std::make_unique<WorkStealing>();
 }
 

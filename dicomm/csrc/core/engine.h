@@ -58,6 +58,7 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   void poke();                                                  // one non-blocking progress pass
 
   std::string transport_of(int peer) const;
+  std::string awaited_cards() const { return bootstrap_.awaited_cards(); }  // Bootstrap::awaited_cards
   int64_t cma_pid(int peer) const;  // connections.cpp; Communicator::cma_pid
   std::map<std::string, int64_t> stats() const;
   // Fails everything pending; with `tell_peers`, first sends each connected peer an abort notice

@@ -60,7 +60,7 @@ void define_errors(py::module_& m) {
   });
 }
 
-// Adapts a Python store (torch's c10d Store: set / get / wait) to the engine's Store.
+// Adapts a Python store (torch's c10d Store: set / get / wait / add / check) to the engine's Store.
 class PyStore : public Store {
  public:
   explicit PyStore(py::object store) : store_(std::move(store)) {}
@@ -85,6 +85,17 @@ class PyStore : public Store {
     py::gil_scoped_acquire gil;
     try {
       return store_.attr("add")(key, delta).cast<int64_t>();
+    } catch (py::error_already_set& e) {
+      throw Error("store error on key '" + key + "': " + e.what());
+    }
+  }
+
+  bool check(const std::string& key) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list keys;
+      keys.append(key);
+      return store_.attr("check")(keys).cast<bool>();
     } catch (py::error_already_set& e) {
       throw Error("store error on key '" + key + "': " + e.what());
     }
