@@ -29,6 +29,8 @@ namespace {
 // The callback's own calls (the float64 fallback of a device tensor) are not the program's ops,
 // and a kernel's inner calls are not either: only the outermost op of this thread is recorded.
 thread_local int tl_depth = 0;
+// Recorded ops running on this thread without an autograd kernel of their own (OpFacts::own_autograd).
+thread_local int tl_sealed = 0;
 thread_local bool tl_in_hook = false;
 
 // Sets tl_in_hook for a scope, also when the scope is left by an exception.
@@ -48,6 +50,7 @@ struct Pending : at::ObserverContext {
   // c10d op, gloo's copies into the output) is its own, as a dispatch mode, off while its handler
   // runs the op, never sees it. Restored when it ends.
   bool muted = false, was_enabled = true;
+  bool sealed = false;  // counted in tl_sealed while it runs
   int64_t in_unwritten = 0;  // its inputs' elements no op wrote since an empty*, before it ran
   std::vector<at::Tensor> written;  // the tensors it writes, where some memory is unwritten
   at::Tensor source;  // a same-elements view's input
@@ -109,6 +112,10 @@ const char* const kAutogradOnly[] = {"aten::detach_", "aten::set_data", "aten::d
 const char* const kSameElements[] = {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::t",
                                      "aten::transpose", "aten::permute", "aten::detach", "aten::alias",
                                      "aten::squeeze", "aten::unsqueeze"};
+const c10::DispatchKey kBackendKernelKeys[] = {
+    c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::XPU, c10::DispatchKey::MPS,
+    c10::DispatchKey::HPU, c10::DispatchKey::PrivateUse1, c10::DispatchKey::CompositeExplicitAutograd,
+    c10::DispatchKey::CompositeExplicitAutogradNonFunctional};
 const char* const kIgnored[] = {"device", "pin_memory", "non_blocking", "memory_format"};
 
 bool floating_or_int(c10::ScalarType d) {
@@ -131,6 +138,16 @@ void each_tensor(const c10::IValue& v, const F& f) {
   } else if (v.isTuple()) {
     for (const c10::IValue& x : v.toTupleRef().elements()) each_tensor(x, f);
   }
+}
+
+// Whether an autograd kernel of the op's own runs for this call: it has one, and some input tensor
+// carries an autograd key (a factory such as zeros has none: its kernel runs straight away).
+bool runs_autograd(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs) {
+  if (!op.own_autograd) return false;
+  bool any = false;
+  for (const auto& v : inputs)
+    each_tensor(v, [&](const at::Tensor& t) { any = any || t.key_set().has(c10::DispatchKey::AutogradFunctionality); });
+  return any;
 }
 
 }  // namespace
@@ -424,7 +441,14 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
   auto f = std::make_unique<OpFacts>();
   f->name = name->name;
   f->overload = name->overload_name.empty() ? "default" : name->overload_name;
-  f->composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  // Decomposed where its CompositeImplicitAutograd kernel serves the autograd keys: only where no
+  // backend kernel (nor a CompositeExplicitAutograd one) is registered (silu_backward has both).
+  bool backend_kernel = false;
+  for (c10::DispatchKey k : kBackendKernelKeys) backend_kernel = backend_kernel || handle->hasKernelForDispatchKey(k);
+  f->composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) && !backend_kernel;
+  f->own_autograd = handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd);
+  for (c10::DispatchKey k : c10::getRuntimeDispatchKeySet(c10::DispatchKey::Autograd))
+    f->own_autograd = f->own_autograd || handle->hasKernelForDispatchKey(k);
   for (const char* a : kAutogradOnly) f->composite = f->composite || f->name == a;
   f->random = handle->hasTag(at::Tag::nondeterministic_seeded);
   for (const char* a : kAllocators) f->allocator = f->allocator || f->name == a;
@@ -719,17 +743,23 @@ void OpObserver::module_record(const std::string& op, const std::string& phase, 
   keep(std::move(r));
 }
 
-// Inside a recorded op's kernel: below autograd (ADInplaceOrView excluded).
+// Inside a recorded op's kernel: below autograd (the autograd keys or ADInplaceOrView excluded: an
+// in-place _foreach_* op has no ADInplaceOrView kernel, its slow path's per-tensor ops run with only
+// the autograd keys excluded), or anywhere inside an op that no autograd kernel of its own ran for
+// (runs_autograd: torch's autograd fallback, or no autograd key at all, calls its kernel with no key
+// excluded).
 bool OpObserver::nested() const {
-  return tl_depth > 0 && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+  if (tl_depth == 0) return false;
+  if (tl_sealed > 0) return true;
+  const c10::DispatchKeySet excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+  return excluded.has(c10::DispatchKey::ADInplaceOrView) || excluded.has(c10::DispatchKey::AutogradFunctionality);
 }
 
 // Which calls a Python dispatch mode would show, told apart without one:
 // - a composite op is decomposed above the Python key: its parts are shown, not it;
 // - a call made with the Python key excluded (tensor construction from data) is not shown;
-// - a call made inside a recorded op's kernel (below autograd: ADInplaceOrView excluded) is not
-//   shown (the mode is off while its handler runs the op), but one its autograd kernel makes (a
-//   detach of a saved result) is.
+// - a call made inside a recorded op's kernel (below autograd: nested()) is not shown (the mode is
+//   off while its handler runs the op), but one its autograd kernel makes is.
 std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFunction& fn) {
   if (tl_in_hook || paused_.load(std::memory_order_relaxed) > 0) return nullptr;
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
@@ -747,6 +777,10 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   InHook in_hook;
   auto p = std::make_unique<Pending>();
   p->uncaught = std::uncaught_exceptions();
+  if (!runs_autograd(*op, fn.inputs())) {
+    p->sealed = true;
+    ++tl_sealed;
+  }
   if (op->collective && !op->point_to_point) {
     p->muted = true;
     p->was_enabled = at::isRecordFunctionEnabled();
@@ -853,6 +887,7 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
   }
   --tl_depth;
   auto* p = static_cast<Pending*>(ctx);
+  if (p->sealed) --tl_sealed;
   if (p->muted) at::enableRecordFunction(p->was_enabled);
   if (p->record == nullptr) return;  // not described (failed)
   if (std::uncaught_exceptions() > p->uncaught) return;  // the op raised

@@ -28,6 +28,9 @@ struct OpFacts {
   std::string name;      // "aten::mm"
   std::string overload;  // "default" for the unnamed overload
   bool composite = false;  // decomposed above the Python key: a dispatch mode never sees it
+  // Has a kernel of its own for an autograd key (a custom op registered for backends only has not:
+  // torch's autograd fallback calls its backend kernel with no key excluded).
+  bool own_autograd = true;
   bool random = false;     // tagged nondeterministic_seeded
   bool allocator = false;  // empty*: its output is uninitialised memory
   bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)

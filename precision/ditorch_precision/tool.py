@@ -56,6 +56,10 @@ _API_NAMES: dict = {}
 
 
 _UNSEEN = object()  # an op not yet looked up in Tool._op_hits
+_DETACH = torch.ops.aten.detach.default
+# Excluded while the dispatcher runs a mode's handler (with the keys above Python), not when torch
+# calls the mode directly.
+_THROUGH_DISPATCHER = torch._C.DispatchKey.PythonTLSSnapshot
 
 
 class Tool:
@@ -169,6 +173,11 @@ class Tool:
         return hit
 
     def _dispatch(self, func, args, kwargs):
+        if func is _DETACH and not torch._C._dispatch_tls_is_dispatch_key_excluded(_THROUGH_DISPATCHER):
+            # torch's own shallow copy of a tensor (autograd saving an op's result, ``.data``) asks
+            # the active mode for a detach outside the dispatcher: the mode's, not the program's (it
+            # does not happen without a mode, and the C++ hook never sees it), so not numbered.
+            return func(*args, **kwargs)
         selected = self._op_selected(func)
         if selected is None:
             return func(*args, **kwargs)
