@@ -250,3 +250,21 @@ def test_a_barrier_timeout_is_worded_alike_whichever_deadline_passes_first():
     for text in texts:
         assert re.search(TORCH_TIMEOUT_WORDING, text), text
         assert "barrier" in text, text
+
+
+def _absent_peer(rank: int, ws: int, store) -> str:
+    """Rank 1 never creates its group: rank 0's first all_reduce cannot even connect to it."""
+    if rank == 1:
+        return ""
+    import dicomm
+    init_process_group("dicomm", rank, ws, store, timeout_s=TIMEOUT_S)
+    with pytest.raises(dicomm.TimeoutError) as info:
+        dist.all_reduce(torch.ones(4))
+    return str(info.value)
+
+
+def test_a_collective_stuck_connecting_names_the_peer_whose_card_never_came():
+    """Its timeout says why it never started: the peer's address card is not in the store."""
+    text = run_ranks(_absent_peer, 2, timeout=60)[0]
+    assert re.search(TORCH_TIMEOUT_WORDING, text), text
+    assert "all_reduce" in text and "rank 1 has not published its address card" in text, text

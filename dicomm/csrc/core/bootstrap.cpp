@@ -116,20 +116,10 @@ void Bootstrap::publish(const Card& card) {
 Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
   std::shared_ptr<Store> store = store_;
   if (!store) throw PeerError("communicator closed");
-  struct Awaiting {  // while this fetch waits, awaited_cards names the peer
-    Bootstrap& b;
-    int peer;
-    Awaiting(Bootstrap& b, int peer, std::shared_ptr<Store> store) : b(b), peer(peer) {
-      std::lock_guard<std::mutex> lock(b.awaiting_mu_);
-      b.awaiting_[peer] = std::move(store);
-    }
-    ~Awaiting() {
-      std::lock_guard<std::mutex> lock(b.awaiting_mu_);
-      b.awaiting_.erase(peer);
-    }
-    Awaiting(const Awaiting&) = delete;
-    Awaiting& operator=(const Awaiting&) = delete;
-  } awaiting(*this, peer, store);
+  {
+    std::lock_guard<std::mutex> lock(awaiting_mu_);
+    awaiting_[peer] = store;
+  }
   std::string text;
   // In slices, so that a closing communicator's connector does not wait out the whole timeout.
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -147,12 +137,22 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
                          (why.empty() ? " (did it create its communicator?)" : why));
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(awaiting_mu_);
+    awaiting_.erase(peer);
+  }
   if (!card_key_.empty()) text = verified_card_text(text, card_key_, scope_, peer);
   try {
     return Card::decode(text);
   } catch (const ValueError& e) {
     throw ValueError("address card of rank " + std::to_string(peer) + ": " + e.what());
   }
+}
+
+void Bootstrap::release_store() {
+  store_.reset();
+  std::lock_guard<std::mutex> lock(awaiting_mu_);
+  awaiting_.clear();  // the stores they hold go too
 }
 
 std::string Bootstrap::awaited_cards() const {

@@ -46,10 +46,12 @@ class Bootstrap {
   // Throws TimeoutError / ValueError naming the peer, PeerError for a card not signed with the
   // job's key; gives up (PeerError) once `*stop` is set.
   Card fetch(int peer, const std::atomic<bool>* stop = nullptr);
-  // "" while no fetch waits; else the ranks whose cards are awaited and, on the agent's store, why one
-  // may never come: what a collective that timed out while connecting adds to its error.
+  // "" when every card fetched was found; else the ranks whose cards a fetch waits (or waited in vain)
+  // for and, on the agent's store, why one may never come: what a collective that timed out while
+  // connecting adds to its error. (Kept after a failed fetch: a collective's own timeout may pass
+  // between one thread's fetch giving up and the next one's starting.)
   std::string awaited_cards() const;
-  void release_store() { store_.reset(); }
+  void release_store();
 
  private:
   // "" or why a wait for `peer` may never end: on the agent's store, it entered under another count.
@@ -63,7 +65,7 @@ class Bootstrap {
   std::string attempt_ = "0";  // the restart count the keys are scoped by: "0" unless agent_store_
   std::string card_key_;  // empty: cards are not signed
   mutable std::mutex awaiting_mu_;
-  std::map<int, std::shared_ptr<Store>> awaiting_;  // peer -> the store its card is awaited in
+  std::map<int, std::shared_ptr<Store>> awaiting_;  // peer -> the store its card was not found in yet
 };
 
 // A signed card is its text followed by the line "mac=<hex>\n" (with a secret; see sign_cards_with).
