@@ -7,26 +7,14 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ditorch_precision import Capture, compare_dumps
 from ditorch_precision.cli import main
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.tiny_llama import LlamaConfig, train
+from program_ops import OpLog
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
-
-
-class OpLog(TorchDispatchMode):
-    """An independent op counter: the ATen op names in call order."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")

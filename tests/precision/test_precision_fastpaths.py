@@ -15,6 +15,7 @@ from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.tiny_llama import LlamaConfig, make_model, train
 from ditorch_precision.metrics import compare_trees, quick_pass
 from ditorch_precision.tool import Tool
+from program_ops import called_by_program
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 INF, NAN = math.inf, math.nan
@@ -122,6 +123,8 @@ class PlainOverflow(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not called_by_program(func):
+            return func(*args, **kwargs)
         index, self.index = self.index, self.index + 1
         scalars = any(isinstance(x, float) and not math.isfinite(x) for x in tree_leaves((args, kwargs)))
         inputs_ok = self._problem((args, kwargs), "input") is None and not scalars

@@ -7,26 +7,16 @@ import pytest
 import torch
 import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_hooks
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ditorch_precision import AutoCompare, Capture, DtypeCast, Dump, Fallback, OpTimer, OverflowCheck, Selector
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.tiny_llama import LlamaConfig, make_model, train
+from program_ops import OpLog
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 def _torch_state():
