@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/jit_type.h>
 
+#include <cstdio>
+
 #include "op_record.h"
 
 namespace ditorch_precision {
@@ -144,7 +146,14 @@ void Payload::value(const c10::IValue& v, const c10::TypePtr& type, const Writte
   } else {  // a generator, a script object: replaying the op refuses it (dump.Unsaved)
     tok.kind = PayloadToken::Unsaved;
     tok.i = static_cast<int64_t>(strings.size());
-    strings.push_back("<" + v.tagKind() + ">");
+    if (v.isGenerator()) {  // as Python's repr names it (the address: its C++ object's)
+      char text[64];
+      std::snprintf(text, sizeof text, "<torch._C.Generator object at %p>",
+                    static_cast<const void*>(v.toGenerator().unsafeGetGeneratorImpl()));
+      strings.emplace_back(text);
+    } else {
+      strings.push_back("<" + v.tagKind() + ">");
+    }
   }
   tokens.push_back(tok);
 }

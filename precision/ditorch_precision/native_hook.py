@@ -5,8 +5,9 @@ to a C++ thread that writes their text to the index file, off the training threa
 per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own) is gone; what stays
 in Python is per module and per step: the module stack (moved by the capture's module tracker),
 the tags of the autograd nodes each module created (kept in C++ by sequence number: the module of a
-backward op) and the optimizer phase (optimizer hooks). A full capture in part files (bulk) also
-runs here when asked for (hook="cpp"), unless torch.distributed is initialised.
+backward op) and the optimizer phase (optimizer hooks). A full capture in part files (bulk) runs
+here too, unless torch.distributed is initialised. Both hooks number the same ops
+(tests/precision/test_precision_hook_sequences.py).
 
 ``choose(capture, wanted)`` says which hook a capture runs ("cpp" or "python") and, for "python",
 why; ``NativeHook`` is the context that installs the C++ one."""
@@ -40,8 +41,6 @@ def why_python(capture, asked: bool = False) -> str | None:
     if capture.mode == "full":
         if not capture.bulk or not capture.save_tensors:
             return "a full capture without bulk part files (bulk=False) or without tensors: the Python path writes it"
-        if not asked:
-            return "mode 'full': hook='auto' keeps the Python path for it (hook='cpp' writes it in C++)"
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             return "torch.distributed is initialised: a full capture's collectives are written by the Python path"
     if any(v is not None for v in (sel.ops, sel.exclude_ops, sel.modules, sel.steps, sel.ranks, sel.phases,
@@ -104,6 +103,7 @@ class NativeHook:
                          -1 if cap.max_bytes is None else cap.max_bytes, MAX_QUEUED_BYTES)
         obs.open_index(os.path.join(cap.path, INDEX), MAX_QUEUED)
         obs.start()
+        _unseen_make_subclass(obs)
         global _ACTIVE
         _ACTIVE = self
         return self
@@ -111,6 +111,8 @@ class NativeHook:
     def __exit__(self, *exc) -> None:
         global _ACTIVE
         _ACTIVE = None
+        if "_make_subclass" in vars(torch.Tensor):
+            del torch.Tensor._make_subclass
         self.observer.stop()
         tracker = self.capture.modules
         tracker.tagger = tracker._tag
@@ -120,6 +122,22 @@ class NativeHook:
         self._handles = []
         self.capture.drain_native()
 
+
+
+def _unseen_make_subclass(observer) -> None:
+    """``torch.Tensor._make_subclass`` (a Parameter made) detaches its data with every dispatch mode
+    put aside: the Python hook never sees that detach, so the C++ observer does not either (paused
+    around it; torch.Tensor's own attribute, removed on exit, shadows torch's)."""
+    make = torch._C.TensorBase._make_subclass
+
+    def make_subclass(*args, **kwargs):
+        observer.pause()
+        try:
+            return make(*args, **kwargs)
+        finally:
+            observer.resume()
+
+    torch.Tensor._make_subclass = staticmethod(make_subclass)
 
 
 def hand_groups(observer) -> None:

@@ -40,8 +40,8 @@ def _dir_bytes(path):
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     root = tmp_path_factory.mktemp("modes")
-    # "stats_py": the Python op hook, whose op sequence is the full capture's (the C++ hook's, which the
-    # other stats captures run where it is built, lacks the detaches a dispatch mode itself causes)
+    # "stats_py": the Python op hook (the full capture's, "auto", is the C++ one where it is built: both
+    # number the same ops)
     return {name: _run(root / name, mode, fault, hook) for name, mode, fault, hook in (
         ("full", "full", False, "auto"), ("stats", "stats", False, "auto"), ("stats2", "stats", False, "auto"),
         ("stats_py", "stats", False, "python"), ("stats_bad", "stats", True, "auto"),
@@ -52,8 +52,9 @@ def dumps(tmp_path_factory):
 def test_stats_capture_is_small_and_holds_the_right_numbers(dumps):
     full, stats = Dump.open(dumps["full"]), Dump.open(dumps["stats_py"])
     assert not os.listdir(os.path.join(dumps["stats"], "tensors"))
-    # (the full capture writes each tensor once, views as references: 8x here, and the gap grows with sizes)
-    assert _dir_bytes(dumps["stats"]) * 5 < _dir_bytes(dumps["full"])
+    # (the full capture writes each tensor once, views as references: about 5x here through the C++
+    # hook, 6x through the Python one, and the gap grows with sizes)
+    assert _dir_bytes(dumps["stats"]) * 4 < _dir_bytes(dumps["full"])
     assert len(stats.records) == len(full.records) and {r["step"] for r in stats.records} >= set(range(STEPS))
     for rf, rs in list(zip(full.op_records, stats.op_records))[::37]:
         outs = [t for t in torch.utils._pytree.tree_leaves(full.load(rf)["outputs"]) if isinstance(t, torch.Tensor)]
@@ -207,8 +208,8 @@ def _stats_program() -> None:
 def test_stats_capture_views_and_module_records_against_float64_of_the_full_capture(tmp_path):
     """A stats capture reuses statistics it computed (views holding their input's elements, a
     module's output that is an op's output): every record's statistics against float64 torch over
-    the tensors a full capture of the same program saved at that op. (The Python op hook: its op
-    sequence is the full capture's; the C++ hook's is in test_precision_native.)"""
+    the tensors a full capture of the same program saved at that op. (The Python op hook; the C++
+    hook's is in test_precision_native.)"""
     with Capture(str(tmp_path / "stats"), mode="stats", hook="python"):
         _stats_program()
     with Capture(str(tmp_path / "full")):

@@ -5,7 +5,8 @@ sees part ways:
 - torch's own shallow copies of a tensor (autograd saving an op's result, ``.data``): with a mode
   active they ask the mode for a ``detach`` outside the dispatcher, which the program without a
   mode never calls (not numbered by either hook); a ``detach`` the program or autograd calls
-  through the dispatcher (``x.detach()``, AccumulateGrad's) is numbered by both;
+  through the dispatcher (``x.detach()``, AccumulateGrad's) is numbered by both, the one of a
+  Parameter made (``torch.Tensor._make_subclass``, with dispatch modes put aside) by neither;
 - a ``_foreach_*`` kernel's per-tensor slow path on the CPU (inner calls of the kernel, which run
   with only the autograd keys excluded): not numbered;
 - a custom op without an autograd kernel (torch's autograd fallback calls its backend kernel with
@@ -54,6 +55,7 @@ def _saved_results():
         y.sum().backward()
         x.detach().mul(2)  # the program's own detach
         lin.weight.data.mul(2)  # .data: a shallow copy, no op
+        torch.nn.Parameter(torch.ones(3)).mul(2)
     return run
 
 

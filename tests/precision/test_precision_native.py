@@ -184,7 +184,10 @@ def test_the_hook_is_chosen_and_a_cpp_hook_that_cannot_run_says_why(tmp_path):
     with pytest.raises(ValueError, match="bulk=False"):  # a full capture's per-op files: Python
         with Capture(str(tmp_path / "b2"), hook="cpp", bulk=False):
             pass
-    with Capture(str(tmp_path / "b3")) as cap:  # a full capture: "auto" keeps Python
+    with Capture(str(tmp_path / "b3")) as cap:  # a full capture in part files: "auto" picks C++
+        torch.ones(2).sum()
+    assert cap.hook_used == "cpp" and Dump.open(str(tmp_path / "b3")).meta["hook"] == "cpp"
+    with Capture(str(tmp_path / "b4"), bulk=False) as cap:  # per-op files: "auto" picks Python
         torch.ones(2).sum()
     assert cap.hook_used == "python"
     with pytest.raises(ValueError, match="selection"):

@@ -163,9 +163,10 @@ def test_the_contracts_of_dropout_and_of_uniform_and_normal_draws():
 
 def _masked_add(run: str) -> torch.Tensor:
     """The output of layer 0's attention-mask add (scores + mask: masked values at the dtype's lowest
-    or below) in a capture."""
+    or below) in a capture. sdpa's math path adds the mask in place (add_), and out of place (add)
+    under a dispatch mode (the Python hook): torch's kernels take their out-of-place paths then."""
     d = Dump.open(run)
-    adds = (d.load(r)["outputs"] for r in d.op_records if r["op"] == "aten::add"
+    adds = (d.load(r)["outputs"] for r in d.op_records if r["op"] in ("aten::add", "aten::add_")
             and r["module"] == f"{ROOT}.0.self_attn" and r["phase"] == "forward")
     return next(out for out in adds if float(out.min()) <= torch.finfo(torch.float32).min)
 
