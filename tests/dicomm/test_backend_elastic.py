@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -38,8 +39,10 @@ def test_a_torchelastic_restart_meets_only_its_own_round(tmp_path):
 # counts a restart, one restarted for the membership change does not. Two spawned processes on a real
 # TCPStore stand in for two nodes' workers; each sets its own count (and torch's store flag) before it
 # creates its group, as the agent's environment would.
-MEET_TIMEOUT_S = 8.0  # a rank that would wait for keys nobody writes fails after this long
-STALL_TIMEOUT_S = 4.0  # the disagreeing shared-store run waits this long, then must say why
+# Ranks that meet never wait this long (a loaded host's start-up skew stays well below it); ranks that
+# wait for keys nobody writes fail after it.
+MEET_TIMEOUT_S = 15.0
+STALL_TIMEOUT_S = 6.0  # the disagreeing shared-store run waits this long, then must say why
 
 
 def _set_round(rank: int, counts: list[int], agent_store: str) -> None:
@@ -111,7 +114,8 @@ def test_disagreeing_restart_counts_on_the_agent_store_say_why_they_do_not_meet(
         assert "TimeoutError" in err, err
         assert "restart count 1" in err and "restart count 0" in err, err
         assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in err, err
-    assert "all_reduce" in out[0] and "rank 1 has not published its address card" in out[0], out[0]
+    # The collective's own timeout, or its card fetch's, whichever passes first (eager or lazy connects).
+    assert re.search(r"rank 1 (has not|never) published its address card", out[0]), out[0]
     assert "rank 1 waited for rank 0 to publish the job token" in out[1], out[1]
 
 

@@ -267,4 +267,4 @@ def test_a_collective_stuck_connecting_names_the_peer_whose_card_never_came():
     """Its timeout says why it never started: the peer's address card is not in the store."""
     text = run_ranks(_absent_peer, 2, timeout=60)[0]
     assert re.search(TORCH_TIMEOUT_WORDING, text), text
-    assert "all_reduce" in text and "rank 1 has not published its address card" in text, text
+    assert re.search(r"rank 1 (has not|never) published its address card", text), text
