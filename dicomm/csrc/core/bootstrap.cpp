@@ -49,14 +49,17 @@ std::string Bootstrap::other_count(Store& store, int peer) const {
   } catch (const Error&) {
     return "";  // no better word than the timeout itself
   }
-  if (!is_count(theirs) || theirs == attempt_) return "";  // another program's key, or no disagreement
+  if (!is_count(theirs)) return "";  // another program's key
+  const int their_count = std::stoi(theirs), our_count = std::stoi(attempt_);
+  if (their_count == our_count) return "";
+  theirs = std::to_string(their_count);
   const std::string who = "rank " + std::to_string(peer);
   const std::string remedy =
       "their agents count restarts differently: on torch's shared agent store (TORCHELASTIC_USE_AGENT_STORE=True) "
       "each restart count has its own keys, so such ranks never meet; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on "
       "every agent of a c10d rendezvous (a fresh store every round)";
   // A lower count may be an earlier round's entry, the peer not (yet) in this one.
-  if (std::stoi(theirs) < std::stoi(attempt_))
+  if (their_count < our_count)
     return "; " + who + " last entered this store at restart count " + theirs + " and this rank is at restart count " +
            attempt_ + " (TORCHELASTIC_RESTART_COUNT): either " + who + " has not reached this round, or " + remedy;
   return "; " + who + " entered this store at restart count " + theirs + " and this rank at restart count " + attempt_ +
