@@ -101,8 +101,9 @@ class Capture(Tool):
     "cpp": the C++ observer (``native_hook``; no selection, no call sites: mode "stats", each op's
     statistics in one fused C++ pass, or mode "full" with ``bulk`` outside torch.distributed, each
     op's tensors kept in C++ and its part files written by a C++ thread; no Python per op); "auto"
-    (the default): "cpp" where it can run for mode "stats", else "python". ``hook_used`` and meta.json's ``hook`` say
-    which one ran, and the log says why not "cpp"."""
+    (the default): "cpp" where it can run (a stats capture under torch.distributed excepted), else
+    "python". Both number the same ops (docs/precision.md, "Op numbering"). ``hook_used`` and
+    meta.json's ``hook`` say which one ran, and the log says why not "cpp"."""
 
     name = "capture"
 
@@ -150,7 +151,7 @@ class Capture(Tool):
 
     def start(self) -> None:
         self.hook_used, why = choose(self, self.hook)
-        if self.hook_used == "python" and self.hook == "auto" and self.mode == "stats":
+        if self.hook_used == "python" and self.hook == "auto" and self.mode in ("stats", "full"):
             log.info("capture: Python op hook (%s)", why)
         self.path = self.path_template.format(rank=self.rank.get())
         os.makedirs(os.path.join(self.path, "tensors"), exist_ok=True)
