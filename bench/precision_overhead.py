@@ -44,7 +44,7 @@ MODELS = {"bench": HFLlamaSize(vocab=512, hidden=256, intermediate=688, layers=2
 CFG = MODELS["bench"]
 MLP = "model.layers.1.mlp"
 TARGETS = {f"capture({MLP})": 1.5, f"capture({MLP}, bulk)": 1.5, "overflow_check": 1.5,
-           "capture(all ops, bulk)": 2.0, "capture(all ops, bulk, cpp hook)": 2.0, "capture(all ops, stats)": 1.2,
+           "capture(all ops, bulk)": 2.0, "capture(all ops, stats)": 1.2,
            "autocompare(all ops)": 5.0}
 
 
@@ -58,10 +58,11 @@ def tools(tmp: str) -> dict:
         "capture(all ops, stats)": lambda r: Capture(f"{tmp}/stats{r}", mode="stats"),
         "capture(all ops, stats, python hook)": lambda r: Capture(f"{tmp}/statspy{r}", mode="stats", hook="python"),
         "capture(all ops)": lambda r: Capture(f"{tmp}/all{r}", max_bytes=None, bulk=False),
+        # hook="auto" again: the C++ op observer (tensors kept in C++, part files written by its thread)
         "capture(all ops, bulk)": lambda r: Capture(f"{tmp}/allbulk{r}", max_bytes=None, bulk=True),
-        # the same through the C++ op observer (tensors kept in C++, part files written by its thread)
-        "capture(all ops, bulk, cpp hook)": lambda r: Capture(f"{tmp}/allcpp{r}", max_bytes=None, bulk=True,
-                                                              hook="cpp"),
+        # the same through the Python dispatch mode
+        "capture(all ops, bulk, python hook)": lambda r: Capture(f"{tmp}/allbulkpy{r}", max_bytes=None, bulk=True,
+                                                                 hook="python"),
         # the per-op path alone (index lines with argument signatures, no tensors saved): what a
         # full capture costs apart from keeping and writing the tensors
         "capture(all ops, index only)": lambda r: Capture(f"{tmp}/index{r}", max_bytes=None, save_tensors=False),
