@@ -135,3 +135,22 @@ def test_agreeing_restart_counts_on_the_agent_store_skip_an_earlier_rounds_keys(
     out = run_ranks(_meet, 2, [1, 1], "True", True, timeout=90, server=server)
     for got, ref in out:
         assert got == ref
+
+
+def _wait_alone(rank, ws, store):
+    """Rank 1 creates its group on the agent store; rank 0 never does."""
+    if rank == 0:
+        return ""
+    return _stall(rank, ws, store, [0, 0])
+
+
+def test_a_foreign_entry_in_the_agent_store_is_not_taken_for_a_restart_count():
+    """What the store says another rank entered under is data: a value that is no count (another program's key)
+    leaves the plain timeout error, which asks whether rank 0 started."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    server.set("job/0//cpu//dicomm/entered/0", "1; rm -rf")  # where rank 0's entry would be (see above)
+    err = run_ranks(_wait_alone, 2, timeout=60, server=server)[1]
+    assert "rank 1 waited for rank 0 to publish the job token" in err and "did rank 0 start?" in err, err
+    assert "restart count" not in err, err
