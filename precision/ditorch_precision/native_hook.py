@@ -28,6 +28,7 @@ HOOKS = ("auto", "cpp", "python")
 MAX_QUEUED = 1 << 18
 # A full capture's tensor bytes the writer thread may hold unwritten (beyond: the step waits).
 MAX_QUEUED_BYTES = 1 << 30
+_NONE = object()  # torch.Tensor had no _make_subclass of its own
 
 
 def why_python(capture, asked: bool = False) -> str | None:
@@ -82,6 +83,7 @@ class NativeHook:
         self.capture = capture
         self.observer = native.op_observer()
         self._handles: list = []
+        self._make_subclass: object = _NONE
 
     def __enter__(self) -> "NativeHook":
         cap, obs = self.capture, self.observer
@@ -103,7 +105,8 @@ class NativeHook:
                          -1 if cap.max_bytes is None else cap.max_bytes, MAX_QUEUED_BYTES)
         obs.open_index(os.path.join(cap.path, INDEX), MAX_QUEUED)
         obs.start()
-        _unseen_make_subclass(obs)
+        self._make_subclass = vars(torch.Tensor).get("_make_subclass", _NONE)
+        torch.Tensor._make_subclass = _unseen_make_subclass(obs)
         global _ACTIVE
         _ACTIVE = self
         return self
@@ -111,8 +114,10 @@ class NativeHook:
     def __exit__(self, *exc) -> None:
         global _ACTIVE
         _ACTIVE = None
-        if "_make_subclass" in vars(torch.Tensor):
+        if self._make_subclass is _NONE:
             del torch.Tensor._make_subclass
+        else:
+            torch.Tensor._make_subclass = self._make_subclass
         self.observer.stop()
         tracker = self.capture.modules
         tracker.tagger = tracker._tag
@@ -124,10 +129,10 @@ class NativeHook:
 
 
 
-def _unseen_make_subclass(observer) -> None:
+def _unseen_make_subclass(observer) -> staticmethod:
     """``torch.Tensor._make_subclass`` (a Parameter made) detaches its data with every dispatch mode
     put aside: the Python hook never sees that detach, so the C++ observer does not either (paused
-    around it; torch.Tensor's own attribute, removed on exit, shadows torch's)."""
+    around it). Set as torch.Tensor's own attribute, which shadows torch's, while the hook is in."""
     make = torch._C.TensorBase._make_subclass
 
     def make_subclass(*args, **kwargs):
@@ -137,7 +142,7 @@ def _unseen_make_subclass(observer) -> None:
         finally:
             observer.resume()
 
-    torch.Tensor._make_subclass = staticmethod(make_subclass)
+    return staticmethod(make_subclass)
 
 
 def hand_groups(observer) -> None:
