@@ -176,8 +176,10 @@ class Tool:
         if func is _DETACH and not torch._C._dispatch_tls_is_dispatch_key_excluded(_THROUGH_DISPATCHER):
             # torch's own shallow copy of a tensor (autograd saving an op's result, ``.data``) asks
             # the active mode for a detach outside the dispatcher: the mode's, not the program's (it
-            # does not happen without a mode, and the C++ hook never sees it), so not numbered.
-            return func(*args, **kwargs)
+            # does not happen without a mode, and the C++ hook never sees it), so not numbered, nor
+            # shown to the tools under this one.
+            with self.quiet():
+                return func(*args, **kwargs)
         selected = self._op_selected(func)
         if selected is None:
             return func(*args, **kwargs)

@@ -15,7 +15,7 @@ from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.tiny_llama import LlamaConfig, make_model, train
 from ditorch_precision.metrics import compare_trees, quick_pass
 from ditorch_precision.tool import Tool
-from program_ops import called_by_program
+from program_ops import OpLog, called_by_program
 
 CFG = LlamaConfig(dim=32, hidden=64, heads=4, seq=8, batch=2, layers=2)
 INF, NAN = math.inf, math.nan
@@ -205,19 +205,9 @@ def test_capture_saves_inputs_before_in_place_ops_and_views_whole(tmp_path):
 
 
 # stacked tools: an inner tool's own checks are not the program's ops -------------------------------
-class OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("inner", [lambda: OverflowCheck(), lambda: AutoCompare(Selector.build(ops="mm,silu"))])
 def test_an_outer_tool_sees_only_the_programs_ops(inner):
-    with OpNames() as log:
+    with OpLog() as log:
         train(1, CFG, optimizer="sgd")
     with OpTimer() as outer:
         with inner():
