@@ -26,23 +26,26 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC) $(DIOPI_SRC)
 	touch $@
 
 # The longest suites have their own target, test-long: the Soft-RoCE guest under QEMU (~6 min), the
-# engine's tests under ThreadSanitizer (~3.5 min) and heteropp's elastic fault and straggler re-plan runs
-# (HETEROPP_LONG_TESTS=1, ~7 min); `make test` keeps everything else.
+# engine's tests under ThreadSanitizer (~3.5 min), heteropp's elastic fault and straggler re-plan runs and the
+# elastic and fine-tuning walk-throughs run as written (HETEROPP_LONG_TESTS=1, ~9 min); `make test` keeps
+# everything else.
 LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
+	tests/heteropp/test_example_elastic.py tests/heteropp/test_example_finetune.py \
 	tests/heteropp/test_heteropp_elastic_faults.py tests/heteropp/test_heteropp_straggler.py \
 	tests/heteropp/test_heteropp_elastic_snapshot.py::test_a_round_resumes_from_the_disk_when_both_copies_of_a_stage_are_gone \
 	tests/heteropp/test_heteropp_replica_elastic.py::test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone \
 	tests/heteropp/test_heteropp_torchrun_rdzv.py::test_after_one_nodes_worker_fails_the_restarted_round_meets \
 	tests/heteropp/test_heteropp_replica_straggler.py::test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not
 
-# The C++ engine's slow gates, clang-tidy (~1.5 min) and its tests under AddressSanitizer + UBSan (~1.7 min),
-# and the precision module's C++ op hook tests under the same sanitizers (~3.5 min with its build), have
-# their own target, which CI runs after `make test` (.ci/run); the fuzz targets stay in `make test`.
+# The C++ slow gates, clang-tidy (~1.5 min), the engine's tests under AddressSanitizer + UBSan (~1.7 min),
+# the precision module's C++ op hook tests under the same sanitizers (~3.5 min with its build) and the wire
+# parsers' fuzz targets, a few seconds each under the same sanitizers (~1.5 min with their build), have their
+# own target, which CI runs after `make test` (.ci/run).
 CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
-	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan
+	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan tests/cxx/test_fuzz.py
 
 test: setup
-	$(PY) -m pytest -q tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py \
+	$(PY) -m pytest -q tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py --ignore=tests/cxx/test_fuzz.py \
 	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
 	  --deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
 	  --deselect tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan
@@ -77,7 +80,7 @@ bench: setup
 clean:
 	rm -rf build $(VENV)
 
-# The wire-parser fuzz targets (tests/cxx/fuzz) under ASan + UBSan, FUZZ_SECONDS each (`make test`
+# The wire-parser fuzz targets (tests/cxx/fuzz) under ASan + UBSan, FUZZ_SECONDS each (`make test-cxx`
 # runs them for a few seconds): libFuzzer where the compiler is clang, a random-input driver otherwise.
 FUZZ_SECONDS ?= 300
 .PHONY: fuzz
