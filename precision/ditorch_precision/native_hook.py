@@ -14,6 +14,7 @@ why; ``NativeHook`` is the context that installs the C++ one."""
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 import torch.optim.optimizer as optim_hooks
@@ -132,10 +133,15 @@ class NativeHook:
 def _unseen_make_subclass(observer) -> staticmethod:
     """``torch.Tensor._make_subclass`` (a Parameter made) detaches its data with every dispatch mode
     put aside: the Python hook never sees that detach, so the C++ observer does not either (paused
-    around it). Set as torch.Tensor's own attribute, which shadows torch's, while the hook is in."""
+    around it). Set as torch.Tensor's own attribute, which shadows torch's, while the hook is in. Only
+    the hook's own thread pauses: the observer sees no other thread's ops, and a Parameter made on
+    another thread must not hide this thread's ops meanwhile."""
     make = torch._C.TensorBase._make_subclass
+    hooked = threading.get_ident()
 
     def make_subclass(*args, **kwargs):
+        if threading.get_ident() != hooked:
+            return make(*args, **kwargs)
         observer.pause()
         try:
             return make(*args, **kwargs)
