@@ -13,7 +13,7 @@ import torch
 
 from .align import PARAMS_OP, Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
-from .dump import Dump, DumpError, check_replayable, unwritten_masks
+from .dump import NUMBERED_ALIKE_SINCE, Dump, DumpError, check_replayable, unwritten_masks
 from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances,
                       tensor_leaves)
 from .opinfo import op_info
@@ -375,13 +375,34 @@ def compare_dumps(dump_a: str, dump_b: str, *, rtol: float | None = None, atol: 
             options = CompareOptions()
     a, b = Dump.open(dump_a), Dump.open(dump_b)
     check_tolerance_keys(options.tolerances, a, b)
-    report = DiffReport(dump_a, dump_b, on_row=on_row, notes=[n for n in [hooks_differ(a, b, options.align)] if n])
+    notes = [n for n in (numbering_differs(a, b, options.align), hooks_differ(a, b, options.align)) if n]
+    report = DiffReport(dump_a, dump_b, on_row=on_row, notes=notes)
     with torch.no_grad():
         if options.align == "index":
             _compare_by_index(a, b, options, report)
         else:
             _compare_by_structure(a, b, options, report)
     return report
+
+
+def _version(d: Dump) -> int:
+    v = d.meta.get("version")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0  # meta.json is data: none or junk is old
+
+
+def numbering_differs(a: Dump, b: Dump, align: str) -> str | None:
+    """One capture was made before both op hooks numbered the same ops (format version
+    NUMBERED_ALIKE_SINCE), the other since: their op sequences differ by the ops only one rule
+    numbers, so those are unmatched or, aligned by index, every later op is misaligned."""
+    va, vb = _version(a), _version(b)
+    if (va >= NUMBERED_ALIKE_SINCE) == (vb >= NUMBERED_ALIKE_SINCE):
+        return None
+    effect = ("call indices differ, so ops are misaligned" if align == "index" else
+              "the ops only one of them numbers are unmatched: counted, not judged")
+    return (f"the captures were made by precision versions that number ops differently (format version A: {va}, "
+            f"B: {vb}; since version {NUMBERED_ALIKE_SINCE} neither hook numbers the detach torch asks a dispatch "
+            "mode for, nor the inner ops of a _foreach_* slow path, a custom op or a factory); their op sequences "
+            f"differ and {effect}. Take both captures with the same version for an exact match")
 
 
 def hooks_differ(a: Dump, b: Dump, align: str) -> str | None:

@@ -23,8 +23,10 @@ from .part_file import PartFile, PartFileError, view_of
 FORMAT = "precision-capture"
 # 1 and 2 held pickled Python objects, which are no longer loaded; 4: a per-op file may name a tensor
 # an earlier file holds (REF) instead of holding it again; 6: a bulk capture's parts in their own layout
-# (part_file), no longer torch zip files (still read).
-VERSION = 6
+# (part_file), no longer torch zip files (still read); 7: both op hooks number the same ops
+# (docs/precision.md, "Op numbering"): a capture of 6 or before numbered other ops (NUMBERED_ALIKE_SINCE).
+VERSION = 7
+NUMBERED_ALIKE_SINCE = 7
 INDEX = "index.jsonl"
 META = "meta.json"
 

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ditorch_precision import AutoCompare, Capture, Dump, OpTimer, OverflowCheck, Selector, compare_dumps
+from ditorch_precision.dump import VERSION
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.tiny_llama import LlamaConfig, make_model, train
 from ditorch_precision.metrics import compare_trees, quick_pass
@@ -227,7 +228,7 @@ def test_capture_in_bulk_reads_back_what_per_op_files_hold(tmp_path):
         train(2, CFG, optimizer="adamw")
     a, b = Dump.open(str(tmp_path / "per_op")), Dump.open(str(tmp_path / "bulk"))
     assert [(r["index"], r["op"]) for r in a.records] == [(r["index"], r["op"]) for r in b.records]
-    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == 6
+    assert {r["step"] for r in b.records} == {0, 1} and b.meta["bulk"] and b.meta["version"] == VERSION
     assert len({r["file"] for r in b.records}) == 2 == bulk._n_parts  # one file per step
     for ra, rb in zip(a.records, b.records):
         la, lb = tree_leaves(a.load(ra)), tree_leaves(b.load(rb))
