@@ -407,16 +407,24 @@ def numbering_differs(a: Dump, b: Dump, align: str) -> str | None:
 
 def hooks_differ(a: Dump, b: Dump, align: str) -> str | None:
     """The captures were recorded through different op hooks (meta.json "hook"; a capture made
-    before the C++ hook existed has none and went through the Python dispatch mode): their op
-    sequences differ by the ops the dispatch mode itself causes, so a part of the ops is unmatched
-    (counted, not judged) or, aligned by index, misaligned."""
+    before the C++ hook existed has none and went through the Python dispatch mode). Since format
+    version NUMBERED_ALIKE_SINCE both number the same ops, and only the ops a mode makes torch run
+    out of place differ (unmatched, or an alignment failure by index); before, the ops the dispatch
+    mode itself causes were numbered too (unmatched, or every later op misaligned by index)."""
     hook_a, hook_b = (str(d.meta.get("hook", "python")) for d in (a, b))
     if hook_a == hook_b:
         return None
-    effect = ("call indices differ, so ops are misaligned" if align == "index" else
-              "the ops only one hook records are unmatched: counted, not judged")
-    return (f"the captures were recorded through different op hooks (A: {hook_a!r}, B: {hook_b!r}); their op "
-            f"sequences differ and {effect}. Capture both with the same hook (Capture(hook=...)) for an exact match")
+    if min(_version(a), _version(b)) >= NUMBERED_ALIKE_SINCE:  # both hooks number the same ops
+        effect = ("an alignment failure" if align == "index" else "unmatched: counted, not judged")
+        differs = ("both hooks number the same ops, but where a dispatch mode makes torch run an op out of place "
+                   f"(add for the program's add_: sdpa's mask, some gradient sums) the op at that number differs: "
+                   f"{effect}")
+    else:
+        effect = ("call indices differ, so ops are misaligned" if align == "index" else
+                  "the ops only one hook records are unmatched: counted, not judged")
+        differs = f"their op sequences differ and {effect}"
+    return (f"the captures were recorded through different op hooks (A: {hook_a!r}, B: {hook_b!r}); {differs}. "
+            "Capture both with the same hook (Capture(hook=...)) for an exact match")
 
 
 def check_tolerance_keys(table: ToleranceTable, *dumps: Dump) -> None:

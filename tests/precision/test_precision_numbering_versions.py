@@ -7,7 +7,8 @@ ops only one numbering holds are unmatched (aligned by structure) or misaligned 
 
 The earlier capture is this version's own capture rewritten as the previous version wrote it: the
 meta.json "version" 6, and a detach record after each forward op whose result autograd saves
-(tanh, exp), the later ones renumbered. Runs on the CPU."""
+(tanh, exp), the later ones renumbered. Two captures of this version through different hooks number
+the same ops: their compare's note says so, not that the numbers differ. Runs on the CPU."""
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import shutil
 import pytest
 import torch
 
-from ditorch_precision import Capture
+from ditorch_precision import Capture, native
 from ditorch_precision.diff import CompareOptions, compare_dumps
 from ditorch_precision.dump import Dump
 
@@ -70,3 +71,17 @@ def test_a_capture_numbered_by_the_previous_rule_is_named_in_a_compare(tmp_path,
     assert ("misaligned" if align == "index" else "unmatched") in note
     # the same numbering on both sides: no note
     assert compare_dumps(new, _capture(tmp_path / "again", "python"), options=CompareOptions(align=align)).notes == []
+
+
+@pytest.mark.skipif(not native.available(), reason=f"C++ module not built: {native.why_not()}")
+def test_a_compare_across_hooks_of_this_version_does_not_claim_the_numbers_differ(tmp_path):
+    # both hooks number the same ops now: aligned by index every op pairs (nothing failed, nothing
+    # unmatched), and the note names only what still differs (an op run out of place under a mode)
+    py, cpp = _capture(tmp_path / "python", "python"), _capture(tmp_path / "cpp", "cpp")
+    report = compare_dumps(cpp, py, options=CompareOptions(align="index"))
+    d = report.to_dict()
+    assert d["n_failed"] == 0 and d["n_passed"] == len(Dump.open(py).op_records)
+    (note,) = report.notes
+    assert "'cpp'" in note and "'python'" in note
+    assert "misaligned" not in note and "call indices differ" not in note
+    assert "out of place" in note
