@@ -152,3 +152,23 @@ def test_sdpa_with_dropout_is_numbered_alike_and_only_its_masking_add_differs(tm
     (p, c), = differ
     assert p[:1] + p[2:] == c[:1] + c[2:] and c[3:5] == ("forward", "_Attention")
     assert "aten::bernoulli_" in [r[1] for r in cpp]
+
+
+def _checkpointed():
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def run():  # heteropp's recompute: a block under non-reentrant activation checkpointing
+        torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(lin(t)), x, use_reentrant=False).sum().backward()
+    return run
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not numbered alike yet: in the recompute, the detaches checkpoint's pack hook makes of addmm's "
+    "inputs (in addmm's autograd kernel, before its kernel) come before addmm in the Python hook "
+    "(which sees addmm below autograd) and after it in the C++ observer (which numbers it on entry); "
+    "the tanh whose saved result stops the recompute (checkpoint raises from its autograd kernel) is "
+    "recorded by the Python hook and counted but dropped by the C++ observer"))
+def test_a_checkpointed_blocks_recompute_is_numbered_alike(tmp_path):
+    python, cpp = _both(tmp_path, _checkpointed)
+    assert python == cpp
