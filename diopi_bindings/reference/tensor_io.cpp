@@ -200,16 +200,6 @@ std::vector<int64_t> read_index(diopiConstTensorHandle_t t) {
   return out;
 }
 
-bool planted_wrong(const char* symbol) {
-#ifdef DIOPI_REF_PLANT_WRONG
-  const std::string list = std::string(",") + DIOPI_REF_PLANT_WRONG + ",";
-  return list.find(std::string(",") + symbol + ",") != std::string::npos;
-#else
-  (void)symbol;
-  return false;
-#endif
-}
-
 void write_output(diopiTensorHandle_t t, const Buffer& values, const char* symbol) {
   const Shape shape = shape_of(t);
   if (int64_t(values.size()) != numel(shape))

@@ -1,6 +1,6 @@
 """Helpers and fixtures of the DIOPI tests (conftest.py registers the fixtures). Libraries they load:
-the reference build of the package, a variant built here with operators left out and one kernel
-planted wrong, and tiny malformed C libraries."""
+the reference build of the package, test variants of it built here in one cmake build (operators left
+out, kernels planted wrong), and tiny malformed C libraries."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from diopi_bindings.abi import INCLUDE_DIR
-from diopi_bindings.build import build_reference
+from diopi_bindings.build import ReferenceVariant, build_reference_variants
 from diopi_bindings.library import reference_library_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,12 +37,8 @@ def reference_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def variant_path(tmp_path_factory) -> Path:
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake is not installed")
-    return build_reference(tmp_path_factory.mktemp("variant"), name="diopi_variant",
-                           omit=tuple(symbol(op) for op in OMITTED),
-                           plant_wrong=(symbol(PLANTED_WRONG), symbol(PLANTED_WRONG_ALLOCATING)))
+def variant_path(reference_variants) -> Path:
+    return reference_variants["diopi_variant"]
 
 
 def compile_c_library(directory: Path, name: str, source: str) -> Path:
@@ -69,12 +65,33 @@ const char* diopi_last_error(void) { return ""; }
 PARTIAL_OMITTED = ("aten::mm", "aten::bmm", "aten::silu", "aten::embedding", "aten::_softmax_backward_data")
 
 
+# Device-memory copies a test library gets wrong, one library each: the conformance suite must fail them.
+WRONG_MEMCPY = ("diopi_memcpy_d2h", "diopi_memcpy_d2d")
+
+
+def badcopy_name(planted: str) -> str:
+    return f"diopi_badcopy_{planted.removeprefix('diopi_memcpy_')}"
+
+
+def variants_to_build() -> tuple[ReferenceVariant, ...]:
+    """Every library the DIOPI tests build: one cmake build compiles the reference's sources once for all."""
+    return (ReferenceVariant("diopi_variant", omit=tuple(symbol(op) for op in OMITTED),
+                             plant_wrong=(symbol(PLANTED_WRONG), symbol(PLANTED_WRONG_ALLOCATING))),
+            ReferenceVariant("diopi_partial", omit=tuple(symbol(op) for op in PARTIAL_OMITTED)),
+            *(ReferenceVariant(badcopy_name(planted), plant_wrong=(planted,)) for planted in WRONG_MEMCPY))
+
+
 @pytest.fixture(scope="session")
-def partial_path(tmp_path_factory) -> Path:
+def reference_variants(tmp_path_factory) -> dict[str, Path]:
+    """The libraries of variants_to_build(), by name (built once per session, whichever test asks first)."""
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed")
-    return build_reference(tmp_path_factory.mktemp("partial"), name="diopi_partial",
-                           omit=tuple(symbol(op) for op in PARTIAL_OMITTED))
+    return build_reference_variants(tmp_path_factory.mktemp("variants"), variants_to_build())
+
+
+@pytest.fixture(scope="session")
+def partial_path(reference_variants) -> Path:
+    return reference_variants["diopi_partial"]
 
 
 # Operators on device tensors da, db against plain CPU torch on a, b (indented for run_python's code).
