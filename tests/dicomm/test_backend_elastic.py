@@ -127,9 +127,9 @@ def test_agreeing_restart_counts_on_the_agent_store_skip_an_earlier_rounds_keys(
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     run_ranks(_meet, 2, [0, 0], "True", False, timeout=90, server=server)
-    # The first round's plain keys (docs/architecture.md), under torch's prefixes for the default group
-    # ("<group name>/", then "<device>/") beneath the test's own "job".
-    for key in ("dicomm/token", "dicomm/card/0", "dicomm/card/1"):
+    # The first round's keys on the agent's store (docs/architecture.md: count 0, world 2, first round),
+    # under torch's prefixes for the default group ("<group name>/", then "<device>/") beneath "job".
+    for key in ("dicomm/0.w2.0/token", "dicomm/0.w2.0/card/0", "dicomm/0.w2.0/card/1"):
         assert server.check([f"job/0//cpu//{key}"]), key
         server.set(f"job/0//cpu//{key}", "left by an earlier round")
     out = run_ranks(_meet, 2, [1, 1], "True", True, timeout=90, server=server)
@@ -154,3 +154,18 @@ def test_a_foreign_entry_in_the_agent_store_is_not_taken_for_a_restart_count():
     err = run_ranks(_wait_alone, 2, timeout=60, server=server)[1]
     assert "rank 1 waited for rank 0 to publish the job token" in err and "did rank 0 start?" in err, err
     assert "restart count" not in err, err
+
+
+def test_a_round_that_grows_at_the_same_restart_count_skips_an_earlier_rounds_keys():
+    """A membership change (a node joins) restarts the workers without moving TORCHELASTIC_RESTART_COUNT
+    (torch's agent counts only failed rounds), so on the agent's store two rounds share a count: a first
+    round of one rank, then one of two ranks. Rank 1 of the second round is new to the store; it must not
+    take the first round's token or rank 0's card (a process gone), which would fail its connection. Its
+    all_reduce equals gloo's."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    run_ranks(_meet, 1, [0], "True", False, timeout=90, server=server)
+    out = run_ranks(_meet, 2, [0, 0], "True", True, timeout=90, server=server)
+    for got, ref in out:
+        assert got == ref

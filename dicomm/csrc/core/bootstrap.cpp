@@ -35,8 +35,11 @@ void Bootstrap::enter_round() {
   // needs the count in the keys, and only there is it read.
   agent_store_ = on_agent_store();
   attempt_ = agent_store_ ? launcher_attempt() : "0";
-  const int64_t n = store_->add("dicomm/round/" + attempt_ + "/" + std::to_string(rank_), 1);
-  scope_ = attempt_ == "0" && n == 1 ? "dicomm/" : "dicomm/" + attempt_ + "." + std::to_string(n - 1) + "/";
+  // On the agent's store a round is also told by its size (bootstrap.h: the count stays put when
+  // the world changes); elsewhere the key names are as they always were.
+  const std::string round = agent_store_ ? attempt_ + ".w" + std::to_string(size_) : attempt_;
+  const int64_t n = store_->add("dicomm/round/" + round + "/" + std::to_string(rank_), 1);
+  scope_ = !agent_store_ && n == 1 ? "dicomm/" : "dicomm/" + round + "." + std::to_string(n - 1) + "/";
   if (agent_store_) store_->set(entry_key(rank_), attempt_);  // what a peer that waits in vain reads
 }
 
@@ -66,8 +69,8 @@ std::string Bootstrap::other_count(Store& store, int peer) const {
          " (TORCHELASTIC_RESTART_COUNT): " + remedy;
 }
 
-Bootstrap::Bootstrap(std::shared_ptr<Store> store, int rank, std::chrono::milliseconds timeout)
-    : store_(std::move(store)), rank_(rank), timeout_(timeout) {}
+Bootstrap::Bootstrap(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds timeout)
+    : store_(std::move(store)), rank_(rank), size_(size), timeout_(timeout) {}
 
 Token Bootstrap::agree_on_token() {
   if (rank_ == 0) {

@@ -11,8 +11,13 @@
 // with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a plain launch) it is 0: nothing there is stale, and the
 // nodes of one round may disagree on the restart count. On the agent's store each rank also writes
 // the count it entered under ("dicomm/entered/<r>"), so a rank that waits for a peer in vain can say
-// when the peer entered under another count. The first round of attempt 0 keeps the plain keys
-// "dicomm/token", "dicomm/card/<r>"; later ones use "dicomm/<attempt>.<n>/token" and so on.
+// when the peer entered under another count. On the agent's store the world size is part of the
+// round too: a membership change restarts the workers without moving the restart count, and a rank
+// new to the store (the world grew) would otherwise count its first communicator where the others
+// count their second, and read an earlier round's keys; every rank of a round of size w is in every
+// round of that size, so per (attempt, w) the per-rank counts stay equal. Elsewhere the first round
+// of attempt 0 keeps the plain keys "dicomm/token", "dicomm/card/<r>"; later ones use
+// "dicomm/<attempt>.<n>/token" and so on.
 #pragma once
 
 #include <atomic>
@@ -30,11 +35,12 @@ namespace dicomm {
 
 class Bootstrap {
  public:
-  Bootstrap(std::shared_ptr<Store> store, int rank, std::chrono::milliseconds timeout);
+  Bootstrap(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds timeout);
   // Joins the round (above); before anything else reads or writes a key. Throws ValueError on a
   // malformed TORCHELASTIC_RESTART_COUNT (read on the agent's store only).
   void enter_round();
-  const std::string& scope() const { return scope_; }  // "dicomm/" or "dicomm/<attempt>.<n>/"
+  // "dicomm/" or "dicomm/<attempt>.<n>/"; on the agent's store "dicomm/<attempt>.w<size>.<n>/"
+  const std::string& scope() const { return scope_; }
   // Rank 0 draws and publishes the token; the others wait for it.
   Token agree_on_token();
   // With DICOMM_JOB_SECRET the cards are signed: `key` is the handshake key (token + secret), and
@@ -59,6 +65,7 @@ class Bootstrap {
 
   std::shared_ptr<Store> store_;
   int rank_;
+  int size_;
   std::chrono::milliseconds timeout_;
   std::string scope_ = "dicomm/";
   bool agent_store_ = false;    // the elastic agent's store, which outlives the round

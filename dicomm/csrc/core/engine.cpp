@@ -45,7 +45,7 @@ int affinity_cpus() {
 Engine::Engine(std::shared_ptr<Store> store, int rank, int size, const Options& options)
     : rank_(rank), size_(size), timeout_(options.timeout), config_(EngineConfig::load(options)),
       forced_(transport_setting(config_)),
-      bootstrap_(std::move(store), rank, options.timeout), card_(Card::local()), cpus_(affinity_cpus()),
+      bootstrap_(std::move(store), rank, size, options.timeout), card_(Card::local()), cpus_(affinity_cpus()),
       poller_(std::make_unique<transport::Poller>()), peers_(static_cast<size_t>(size)) {
   transport::Context ctx;
   ctx.rank = rank;
