@@ -120,10 +120,14 @@ void Bootstrap::publish(const Card& card) {
 }
 
 Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
-  std::shared_ptr<Store> store = store_;
-  if (!store) throw PeerError("communicator closed");
+  std::shared_ptr<Store> store;
   {
+    // With the store read under the lock release_store takes, a fetch either starts before the
+    // release (its entry is cleared with the others) or sees the communicator closed: no entry
+    // outlives the release.
     std::lock_guard<std::mutex> lock(awaiting_mu_);
+    store = store_;
+    if (!store) throw PeerError("communicator closed");
     awaiting_[peer] = store;
   }
   std::string text;
@@ -156,9 +160,15 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
 }
 
 void Bootstrap::release_store() {
-  store_.reset();
-  std::lock_guard<std::mutex> lock(awaiting_mu_);
-  awaiting_.clear();  // the stores they hold go too
+  std::shared_ptr<Store> store;
+  std::map<int, std::shared_ptr<Store>> awaiting;
+  {
+    std::lock_guard<std::mutex> lock(awaiting_mu_);
+    store.swap(store_);
+    awaiting.swap(awaiting_);
+  }
+  // Dropped here, outside the lock: the last reference to a Python store takes the GIL, which a
+  // thread waiting for the lock (a fetch called from Python) may hold.
 }
 
 std::string Bootstrap::awaited_cards() const {

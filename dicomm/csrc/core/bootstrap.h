@@ -71,7 +71,7 @@ class Bootstrap {
   bool agent_store_ = false;    // the elastic agent's store, which outlives the round
   std::string attempt_ = "0";  // the restart count the keys are scoped by: "0" unless agent_store_
   std::string card_key_;  // empty: cards are not signed
-  mutable std::mutex awaiting_mu_;
+  mutable std::mutex awaiting_mu_;  // guards awaiting_, and store_ once the connector threads run
   std::map<int, std::shared_ptr<Store>> awaiting_;  // peer -> the store its card was not found in yet
 };
 
