@@ -135,8 +135,9 @@ def _unseen_make_subclass(observer) -> staticmethod:
     put aside: the Python hook never sees that detach, so the C++ observer does not either (paused
     around it). Set as torch.Tensor's own attribute, which shadows torch's, while the hook is in. Only
     the hook's own thread pauses: the observer sees no other thread's ops, and a Parameter made on
-    another thread must not hide this thread's ops meanwhile."""
-    make = torch._C.TensorBase._make_subclass
+    another thread must not hide this thread's ops meanwhile. Wraps the one in place (torch's, or
+    another library's own), which still runs."""
+    make = torch.Tensor._make_subclass
     hooked = threading.get_ident()
 
     def make_subclass(*args, **kwargs):

@@ -172,3 +172,23 @@ def _checkpointed():
 def test_a_checkpointed_blocks_recompute_is_numbered_alike(tmp_path):
     python, cpp = _both(tmp_path, _checkpointed)
     assert python == cpp
+
+
+def test_a_make_subclass_of_torch_tensors_own_is_still_called_and_put_back(tmp_path):
+    # another library's own torch.Tensor._make_subclass: the C++ hook pauses around it, not past it
+    made = []
+    base = torch._C.TensorBase._make_subclass
+
+    def theirs(*args, **kwargs):
+        made.append(args[0])
+        return base(*args, **kwargs)
+
+    own = staticmethod(theirs)
+    torch.Tensor._make_subclass = own
+    try:
+        with Capture(str(tmp_path / "cpp"), mode="full", hook="cpp"):
+            p = torch.nn.Parameter(torch.ones(3))
+        assert made == [torch.nn.Parameter] and isinstance(p, torch.nn.Parameter)
+        assert vars(torch.Tensor)["_make_subclass"] is own
+    finally:
+        del torch.Tensor._make_subclass
