@@ -128,7 +128,7 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
     std::lock_guard<std::mutex> lock(awaiting_mu_);
     store = store_;
     if (!store) throw PeerError("communicator closed");
-    awaiting_[peer] = store;
+    awaiting_.insert(peer);
   }
   std::string text;
   // In slices, so that a closing communicator's connector does not wait out the whole timeout.
@@ -161,26 +161,27 @@ Card Bootstrap::fetch(int peer, const std::atomic<bool>* stop) {
 
 void Bootstrap::release_store() {
   std::shared_ptr<Store> store;
-  std::map<int, std::shared_ptr<Store>> awaiting;
   {
     std::lock_guard<std::mutex> lock(awaiting_mu_);
     store.swap(store_);
-    awaiting.swap(awaiting_);
+    awaiting_.clear();
   }
   // Dropped here, outside the lock: the last reference to a Python store takes the GIL, which a
   // thread waiting for the lock (a fetch called from Python) may hold.
 }
 
 std::string Bootstrap::awaited_cards() const {
-  std::map<int, std::shared_ptr<Store>> awaiting;
+  std::shared_ptr<Store> store;
+  std::set<int> awaiting;
   {
     std::lock_guard<std::mutex> lock(awaiting_mu_);
+    store = store_;
     awaiting = awaiting_;
   }
   std::string out;
-  for (const auto& [peer, store] : awaiting)
+  for (int peer : awaiting)
     out += std::string(out.empty() ? "" : "; ") + "rank " + std::to_string(peer) +
-           " has not published its address card" + other_count(*store, peer);
+           " has not published its address card" + (store ? other_count(*store, peer) : "");
   return out;
 }
 

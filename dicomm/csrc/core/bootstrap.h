@@ -22,9 +22,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "core/card.h"
@@ -72,7 +72,7 @@ class Bootstrap {
   std::string attempt_ = "0";  // the restart count the keys are scoped by: "0" unless agent_store_
   std::string card_key_;  // empty: cards are not signed
   mutable std::mutex awaiting_mu_;  // guards awaiting_, and store_ once the connector threads run
-  std::map<int, std::shared_ptr<Store>> awaiting_;  // peer -> the store its card was not found in yet
+  std::set<int> awaiting_;  // peers whose cards a fetch has not found (yet)
 };
 
 // A signed card is its text followed by the line "mac=<hex>\n" (with a secret; see sign_cards_with).
