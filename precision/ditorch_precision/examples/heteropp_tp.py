@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ditorch_precision import Capture
+from ditorch_precision.examples import gloo_job
 from ditorch_precision.examples.faults import wrong_kernel
 from heteropp.model.parallel import TPGroup
 from heteropp.model.stage import StageModel
@@ -51,16 +52,13 @@ def train(path: str, tp: TPGroup, steps: int, fault: str | None = None) -> list[
 
 
 def worker(rank: int, world: int, port: int, out: str, steps: int, fault_rank: int | None, fault_module: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    tp = TPGroup(rank=rank, size=world, group=dist.group.WORLD)
-    losses = {"tp2": train(os.path.join(out, "tp2", "capture", f"rank{rank}"), tp, steps)}
-    if fault_rank is not None:
-        losses["fault"] = train(os.path.join(out, "fault", "capture", f"rank{rank}"), tp, steps,
-                                fault_module if rank == fault_rank else None)
-    _write_losses(out, f"rank{rank}", losses)
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_job.joined(rank, world, port):
+        tp = TPGroup(rank=rank, size=world, group=dist.group.WORLD)
+        losses = {"tp2": train(os.path.join(out, "tp2", "capture", f"rank{rank}"), tp, steps)}
+        if fault_rank is not None:
+            losses["fault"] = train(os.path.join(out, "fault", "capture", f"rank{rank}"), tp, steps,
+                                    fault_module if rank == fault_rank else None)
+        _write_losses(out, f"rank{rank}", losses)
 
 
 def _write_losses(out: str, name: str, losses: dict[str, list[float]]) -> None:
