@@ -38,6 +38,12 @@ def _check_identifiers(what: str, values: Sequence[str]) -> None:
                              "not starting with a digit)")
 
 
+def _check_variant(variant: ReferenceVariant) -> None:
+    _check_identifiers("variant name", (variant.name,))
+    _check_identifiers(f"variant {variant.name!r}: omitted symbol", variant.omit)
+    _check_identifiers(f"variant {variant.name!r}: planted symbol", variant.plant_wrong)
+
+
 def _run_cmake(build_dir: Path, definitions: dict[str, str], targets: Sequence[str], jobs: int) -> None:
     configure = ["cmake", "-S", str(REFERENCE_SOURCES), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                  *(f"-D{key}={value}" for key, value in definitions.items())]
@@ -53,9 +59,11 @@ def build_reference(build_dir: str | os.PathLike, *, name: str = "diopi_referenc
     """Configure and build the reference library in ``build_dir``; returns the path of the .so.
     ``omit``: operator symbols not to export; ``plant_wrong``: the symbol(s) whose results are off by 1%
     (integers by one)."""
+    library = ReferenceVariant(name, omit, _planted(plant_wrong))
+    _check_variant(library)
     build_dir = Path(build_dir)
     _run_cmake(build_dir, {"DIOPI_REF_NAME": name, "DIOPI_REF_OMIT": ";".join(omit),
-                           "DIOPI_REF_PLANT_WRONG": ",".join(_planted(plant_wrong))}, (), jobs)
+                           "DIOPI_REF_PLANT_WRONG": ",".join(library.plant_wrong)}, (), jobs)
     return build_dir / f"lib{name}.so"
 
 
@@ -66,10 +74,8 @@ def build_reference_variants(build_dir: str | os.PathLike, variants: Sequence[Re
     if not variants:
         raise ValueError("build_reference_variants: no variants given (expected at least one ReferenceVariant)")
     names = [v.name for v in variants]
-    _check_identifiers("variant name", names)
     for variant in variants:
-        _check_identifiers(f"variant {variant.name!r}: omitted symbol", variant.omit)
-        _check_identifiers(f"variant {variant.name!r}: planted symbol", variant.plant_wrong)
+        _check_variant(variant)
     taken = sorted(_TAKEN_NAMES.intersection(names))
     if taken:
         raise ValueError(f"variant name {taken[0]!r} is a target of the reference build itself "

@@ -66,3 +66,14 @@ def test_bad_variants_are_refused_before_cmake_runs(tmp_path, variants, message)
     with pytest.raises(ValueError, match=message):
         build_reference_variants(tmp_path / "build", variants)
     assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"omit": "diopi_aten_gelu"}, "got the string 'diopi_aten_gelu'"),  # not split into one-letter symbols
+    ({"name": "lib;x"}, "'lib;x' is not a C identifier"),
+    ({"plant_wrong": ("diopi_aten_neg,diopi_aten_exp",)}, "planted symbol: 'diopi_aten_neg,diopi_aten_exp'"),
+])
+def test_bad_arguments_of_build_reference_are_refused_before_cmake_runs(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_reference(tmp_path / "build", **kwargs)
+    assert not (tmp_path / "build").exists()
