@@ -46,6 +46,14 @@ def _child(fn, rank, world_size, port, args, env, results):
     atexit._run_exitfuncs()
 
 
+def store_server() -> Any:
+    """A TCPStore server on a free loopback port, for the ranks of run_ranks (its `server`)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=60))
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
               env: dict[str, str] | None = None, expect_dead: Iterable[int] = (), server: Any = None) -> list[Any]:
     """Runs fn(rank, world_size, store, *args) in world_size processes; returns their results.
@@ -54,12 +62,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     `server`: a TCPStore server (is_master) the ranks share, to run them on a store an earlier run wrote
     into (None: a fresh one).
     """
-    import torch.distributed as dist
 
     expect_dead = set(expect_dead)
     if server is None:
-        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                               timeout=datetime.timedelta(seconds=60))
+        server = store_server()
     results = _CTX.Queue()
     env = {k: str(v) for k, v in (env or {}).items()}
     procs = [_CTX.Process(target=_child, args=(fn, r, world_size, server.port, args, env, results),

@@ -17,7 +17,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from tests.dicomm.multiproc import run_ranks
+from tests.dicomm.multiproc import run_ranks, store_server
 
 WORKER = Path(__file__).with_name("elastic_worker.py")
 
@@ -123,9 +123,8 @@ def test_agreeing_restart_counts_on_the_agent_store_skip_an_earlier_rounds_keys(
     """The agent's store outlives the round: a first round (count 0) writes its token and cards, then ends;
     the second round (count 1, same TCPStore server) meets without reading them. The first round's keys are
     overwritten with garbage before the second starts, so reading any of them would fail."""
-    import torch.distributed as dist
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    server = store_server()
     run_ranks(_meet, 2, [0, 0], "True", False, timeout=90, server=server)
     # The first round's keys on the agent's store (docs/architecture.md: count 0, world 2, first round),
     # under torch's prefixes for the default group ("<group name>/", then "<device>/") beneath "job".
@@ -147,9 +146,8 @@ def _wait_alone(rank, ws, store):
 def test_a_foreign_entry_in_the_agent_store_is_not_taken_for_a_restart_count():
     """What the store says another rank entered under is data: a value that is no count (another program's key)
     leaves the plain timeout error, which asks whether rank 0 started."""
-    import torch.distributed as dist
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    server = store_server()
     server.set("job/0//cpu//dicomm/entered/0", "1; rm -rf")  # where rank 0's entry would be (see above)
     err = run_ranks(_wait_alone, 2, timeout=60, server=server)[1]
     assert "rank 1 waited for rank 0 to publish the job token" in err and "did rank 0 start?" in err, err
@@ -162,9 +160,8 @@ def test_a_round_that_grows_at_the_same_restart_count_skips_an_earlier_rounds_ke
     round of one rank, then one of two ranks. Rank 1 of the second round is new to the store; it must not
     take the first round's token or rank 0's card (a process gone), which would fail its connection. Its
     all_reduce equals gloo's."""
-    import torch.distributed as dist
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    server = store_server()
     run_ranks(_meet, 1, [0], "True", False, timeout=90, server=server)
     out = run_ranks(_meet, 2, [0, 0], "True", True, timeout=90, server=server)
     for got, ref in out:
