@@ -31,7 +31,8 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(CSRC) $(DIOPI_SRC)
 # everything else.
 LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
 	tests/heteropp/test_example_elastic.py tests/heteropp/test_example_finetune.py \
-	tests/heteropp/test_heteropp_elastic_faults.py tests/heteropp/test_heteropp_straggler.py \
+	tests/heteropp/test_heteropp_elastic_faults.py \
+	tests/heteropp/test_heteropp_straggler.py::test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart \
 	tests/heteropp/test_heteropp_elastic_snapshot.py::test_a_round_resumes_from_the_disk_when_both_copies_of_a_stage_are_gone \
 	tests/heteropp/test_heteropp_replica_elastic.py::test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone \
 	tests/heteropp/test_heteropp_torchrun_rdzv.py::test_after_one_nodes_worker_fails_the_restarted_round_meets \

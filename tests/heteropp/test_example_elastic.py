@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from heteropp.engine.elastic_launch import kill_host
+from .long_tests import long_test
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "elastic"
@@ -75,7 +75,7 @@ def lenient(path: Path) -> list[dict]:
     return out
 
 
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="~1 min on 2 cores: HETEROPP_LONG_TESTS=1")
+@long_test("~1 min on 2 cores")
 def test_elastic_walkthrough_as_written(tmp_path) -> None:
     (walk, walk_expect), (multi, multi_expect) = blocks((EXAMPLE / "README.md").read_text())
     # the walk-through's stages are all there: a README that drops one fails here, not silently

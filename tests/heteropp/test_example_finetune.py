@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from .long_tests import long_test
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "finetune"
@@ -80,7 +81,7 @@ def lm_loss(model_dir: Path, windows: torch.Tensor) -> float:
         return float(model(windows, labels=windows).loss)  # transformers shifts the labels itself
 
 
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="~30 s on 2 cores: HETEROPP_LONG_TESTS=1")
+@long_test("~30 s on 2 cores")
 def test_finetune_walkthrough_as_written(tmp_path) -> None:
     cmds = readme_commands((EXAMPLE / "README.md").read_text())
     # the walk-through's stages are all there: a README that drops one fails here, not silently

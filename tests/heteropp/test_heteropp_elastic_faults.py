@@ -11,18 +11,17 @@ import os
 import signal
 import time
 
-import pytest
 
 from heteropp.engine.checkpoint import read_trainer
 from heteropp.engine.elastic_launch import process_tree
 from heteropp.spec import PRESETS
 
 from .elastic_run import ElasticRun
+from .long_tests import long_test
 
 EVERY = 2
 # 1-1.5 min each on 2 cores at load 5-7: beside `make test`, not in it
-pytestmark = pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1",
-                                reason="1-1.5 min each on 2 cores: set HETEROPP_LONG_TESTS=1")
+pytestmark = long_test("1-1.5 min each on 2 cores")
 
 
 def test_two_failures_in_a_row_each_resume_from_the_newest_checkpoint(tmp_path) -> None:

@@ -25,6 +25,8 @@ from heteropp.engine.snapshot import MemorySource, ask, choose, hosts_of, peer_o
 from heteropp.engine.snapshot_keeper import (KEEPER_ENV, MAGIC, PREFIX, ProtocolError, Store, parse_header,
                                              parse_prefix, read_frame, write_frame)
 
+from .long_tests import long_test
+
 KEEPER = Path(__file__).resolve().parents[2] / "heteropp/engine/snapshot_keeper.py"
 
 
@@ -275,7 +277,7 @@ def test_keeper_and_rank_each_prove_the_job_key_before_any_state_moves(keepers, 
     fake.close()
 
 
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="1-2 min on 2 cores: HETEROPP_LONG_TESTS=1")
+@long_test("1-2 min on 2 cores")
 def test_a_round_resumes_from_the_disk_when_both_copies_of_a_stage_are_gone(tmp_path) -> None:
     """`heteropp run --elastic` over three emulated hosts (a `big` host of two processes, two `small` hosts of one,
     loopback, gloo), snapshots every step. Both `small` hosts die at once: in the ring of hosts one of them held

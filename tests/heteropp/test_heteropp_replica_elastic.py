@@ -8,11 +8,9 @@ machine (processes over loopback, gloo)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
-import pytest
 
 from heteropp.engine import train_reference
 from heteropp.engine.elastic import assign, replan
@@ -20,6 +18,7 @@ from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec import ModelSpec, cluster_from_dict
 
 from .elastic_run import ElasticRun
+from .long_tests import long_test
 
 
 def _chip(name: str, tflops: float) -> dict:
@@ -78,7 +77,7 @@ def test_elastic_write_config_takes_a_plan_of_replica_groups(tmp_path) -> None:
     assert json.loads((tmp_path / "elastic.json").read_text())["elastic"]["per_replica"] is True
 
 
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="~1 min on 2 cores: HETEROPP_LONG_TESTS=1")
+@long_test("~1 min on 2 cores")
 def test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone(tmp_path) -> None:
     """Round 1 runs replica groups (each chip its own pipeline), each rank's state also in the hosts' memory
     every step (the default); the slow host is SIGKILLed after the step-3 checkpoint; round 2 resumes (from

@@ -5,7 +5,6 @@ planning. Before, the groups' stages carried no estimate to the watch, so it jud
 refused a plan of groups (plan_sim.simulate_plan raises on one)."""
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from heteropp.spec import cluster_from_dict
 
 from .test_heteropp_replica_elastic import CLUSTER, MODEL, TRAIN
 from .test_heteropp_straggler import check_slowed_and_even
+from .long_tests import long_test
 
 # each group all eight layers on one chip, two micro-batches: group 0 on an A chip (rank 0), group 1 on a B chip
 # (rank 1). Two ranks, as in the one-list straggler test (more would share this host's two cores unevenly), and
@@ -30,7 +30,7 @@ GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 8, est_time_s=0.02)],
 
 # Judged on measured step times: on a loaded 2-core host an even run can read 1.5x slow on one rank, so it
 # runs with the other straggler timing runs in `make test-long`.
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="timing-judged: HETEROPP_LONG_TESTS=1")
+@long_test("timing-judged")
 def test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not(tmp_path, capfd) -> None:
     """Rank 1 (group 1's stage: watch slot 1, after group 0's) slowed; the console names its group."""
     check_slowed_and_even(tmp_path, GROUPS)

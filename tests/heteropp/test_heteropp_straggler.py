@@ -14,6 +14,7 @@ from heteropp.plan import Plan, StagePlan
 from heteropp.spec import PRESETS
 
 from .elastic_run import TWO_CPU, ElasticRun
+from .long_tests import long_test
 
 STEPS = 7
 
@@ -46,8 +47,7 @@ def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not os.access(CPU_CGROUP, os.W_OK), reason="needs cgroup v1's cpu controller, writable (root)")
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1",
-                    reason="3-4 min on 2 cores (a throttled host restarts slowly): set HETEROPP_LONG_TESTS=1")
+@long_test("3-4 min on 2 cores (a throttled host restarts slowly)")
 def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart(tmp_path) -> None:
     """`heteropp run --elastic` over two emulated hosts (torch elastic agents, gloo over loopback); the `small`
     host's agent and workers are throttled to a tenth of a core with a cpu cgroup while it trains (its

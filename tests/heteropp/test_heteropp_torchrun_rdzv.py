@@ -23,6 +23,7 @@ from heteropp.engine.node_ranks import match_nodes, torchrun_rank, unsure_nodes
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec.errors import SpecError
 from tests.heteropp.heteropp_helpers import MODEL, check_losses, reference
+from .long_tests import long_test
 
 STEPS = 2
 # A: layers 0-1 on one chip (plan rank 0); B: layers 2-3 at TP 2 (plan ranks 1 and 2)
@@ -254,7 +255,7 @@ if count == "0":  # node B's worker fails; node A's still runs when B's agent co
 '''
 
 
-@pytest.mark.skipif(os.environ.get("HETEROPP_LONG_TESTS") != "1", reason="~50 s: HETEROPP_LONG_TESTS=1")
+@long_test("~50 s")
 def test_after_one_nodes_worker_fails_the_restarted_round_meets(tmp_path):
     """Two real c10d agents, a fresh store per round: node B's worker exits, its agent counts a restart (1);
     node A's agent restarts for the membership change and does not (0). Both nodes' new workers must still
