@@ -73,6 +73,21 @@ def test_a_capture_numbered_by_the_previous_rule_is_named_in_a_compare(tmp_path,
     assert compare_dumps(new, _capture(tmp_path / "again", "python"), options=CompareOptions(align=align)).notes == []
 
 
+def test_an_earlier_capture_through_the_other_hook_is_named_by_both_notes(tmp_path):
+    # version 6 through the C++ hook against this version's Python one: the hook note must not claim
+    # that both number the same ops (that holds only since NUMBERED_ALIKE_SINCE)
+    new = _capture(tmp_path / "new", "python")
+    old = _as_version_6(new, tmp_path / "old")
+    with open(os.path.join(old, "meta.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(old, "meta.json"), "w") as f:
+        json.dump({**meta, "hook": "cpp"}, f)
+    numbering, hooks = compare_dumps(new, old, options=CompareOptions(align="index")).notes
+    assert "B: 6" in numbering
+    assert "'python'" in hooks and "'cpp'" in hooks and "misaligned" in hooks
+    assert "number the same ops" not in hooks
+
+
 @pytest.mark.skipif(not native.available(), reason=f"C++ module not built: {native.why_not()}")
 def test_a_compare_across_hooks_of_this_version_does_not_claim_the_numbers_differ(tmp_path):
     # both hooks number the same ops now: aligned by index every op pairs (nothing failed, nothing
