@@ -11,6 +11,8 @@ import logging
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .dump import version_of
+
 log = logging.getLogger("precision")
 
 
@@ -31,7 +33,7 @@ class PendingWrites:
         leaves, spec = tree_flatten(payload)
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
-                self._held.setdefault(storage_address(leaf), []).append((key, i, leaf._version))
+                self._held.setdefault(storage_address(leaf), []).append((key, i, version_of(leaf)))
         self._items[key] = (leaves, spec)
         self.nbytes += nbytes
 
@@ -50,7 +52,8 @@ class PendingWrites:
         """The held payloads by key (and forget them)."""
         for entries in self._held.values():
             for key, i, version in entries:
-                if self._items[key][0][i]._version != version:  # changed by a write no op showed
+                # changed by a write no op showed (an inference tensor keeps no version: not known)
+                if version is not None and version_of(self._items[key][0][i]) != version:
                     log.warning("capture: a tensor of op %s changed before it was written", key)
         out = {key: tree_unflatten(leaves, spec) for key, (leaves, spec) in self._items.items()}
         self._items, self._held, self.nbytes = {}, {}, 0

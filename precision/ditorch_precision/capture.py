@@ -14,7 +14,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_in,
-                   tensors_meta, tree_nbytes)
+                   tensors_meta, tree_nbytes, version_of)
 from .align import PARAMS_OP
 from .bulk import PendingWrites, storage_address
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
@@ -355,7 +355,8 @@ class Capture(Tool):
                 named = self._named(x)
                 if named is not None:
                     return named
-            fresh.append((x, x._version) if refs and x.layout == torch.strided else None)
+            # an inference tensor keeps no version counter: never named by reference, always written
+            fresh.append((x, x._version) if refs and x.layout == torch.strided and not x.is_inference() else None)
             return saveable_leaf(x)
 
         return tree_map(one, tree)
@@ -365,13 +366,13 @@ class Capture(Tool):
         storage of one that file holds whole (a view op's output, a slice of an output): size,
         stride and offset on it. None otherwise."""
         hit = self._written.get(id(x))
-        if hit is not None and hit[0]() is x and hit[1] == x._version:
+        if hit is not None and hit[0]() is x and hit[1] == version_of(x):
             return tensor_ref(hit[2], hit[3])
         whole = self._storage_files.get(_storage_or_none(x))
         # the storage is still the one saved (alive since), and nothing has written it since: no op
         # the tool saw, nor one it did not (a quiet block): views share their base's version counter
         if (whole is not None and not whole[0].expired() and whole[3] == x.dtype
-                and (saved := whole[4]()) is not None and saved._version == whole[5]):
+                and (saved := whole[4]()) is not None and version_of(saved) == whole[5]):
             return tensor_ref(whole[1], whole[2], (list(x.shape), list(x.stride()), x.storage_offset()))
         return None
 

@@ -41,6 +41,12 @@ def tensor_meta(x: Any) -> Any:
     return None
 
 
+def version_of(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for a tensor made under ``torch.inference_mode()``, which keeps
+    none: nothing about it can be reused on the promise that it is unchanged."""
+    return None if t.is_inference() else t._version
+
+
 def tensors_in(tree) -> list[torch.Tensor]:
     """The tensors ``tree_leaves`` finds, in its order: plain lists, tuples and dicts (an op's
     arguments and outputs) walked here, a few times cheaper per op than torch's pytree; any other

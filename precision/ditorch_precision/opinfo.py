@@ -17,6 +17,10 @@ class OpInfo:
     is_view: bool  # the output is a view of an input: no kernel computes it
     out_names: tuple[str, ...] = ()  # keyword-only written arguments (out=): only written, never read
     random: bool = False  # tagged nondeterministic_seeded: it draws random numbers
+    # autograd's keys run its CompositeImplicitAutograd decomposition: a dispatch mode sees its parts,
+    # not it, except where autograd does not run (inference mode)
+    composite: bool = False
+    autograd_only: bool = False  # autograd handles it whole: a dispatch mode sees it only without autograd
 
     @property
     def mutates(self) -> bool:
@@ -35,6 +39,13 @@ class OpInfo:
 
 
 _CACHE: dict = {}
+# As the C++ observer's rule (precision/csrc/op_observer.cpp): a CompositeImplicitAutograd kernel
+# serves the autograd keys only where none of these has a kernel; the ops autograd alone handles.
+_BACKEND_KERNEL_KEYS = ("CPU", "CUDA", "XPU", "MPS", "HPU", "PrivateUse1", "CompositeExplicitAutograd",
+                        "CompositeExplicitAutogradNonFunctional")
+_AUTOGRAD_ONLY = frozenset({"aten::detach_", "aten::set_data", "aten::data", "aten::_version", "aten::is_leaf",
+                            "aten::output_nr", "aten::retain_grad", "aten::retains_grad", "aten::requires_grad_",
+                            "aten::_backward"})
 # Views in all but name: they reshape a fresh tensor that nothing else holds, and run no kernel.
 _UNDECLARED_VIEWS = frozenset({"aten::_unsafe_view"})
 
@@ -53,5 +64,9 @@ def op_info(func) -> OpInfo:
         out_names = tuple(a.name for a in schema.arguments
                           if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
         random = torch.Tag.nondeterministic_seeded in func.tags
-        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names, random)
+        name = func.name()
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        composite = has(name, "CompositeImplicitAutograd") and not any(has(name, k) for k in _BACKEND_KERNEL_KEYS)
+        info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names, random,
+                                     composite, schema.name in _AUTOGRAD_ONLY)
     return info

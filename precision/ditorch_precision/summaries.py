@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from . import native
-from .dump import readable, tensors_in
+from .dump import readable, tensors_in, version_of
 from .metrics import default_tolerance
 
 MODES = ("full", "stats", "checksum")
@@ -97,7 +97,7 @@ class StatsReuse:
 
     def _get(self, t: torch.Tensor) -> dict | None:
         hit = self._known.get(id(t))
-        return hit[2] if hit is not None and hit[0]() is t and hit[1] == t._version else None
+        return hit[2] if hit is not None and hit[0]() is t and hit[1] == version_of(t) else None
 
     def stats(self, op: str, args, out, writes: bool = False) -> dict:
         """The ``stats`` index field of an op (or module record, ``op`` its name) returning ``out``.
@@ -117,7 +117,8 @@ class StatsReuse:
                 s = tensor_stats(t)
             # weakly: the program's tensors are freed as they would be (an id freed and reused is told
             # apart by the reference)
-            self._known[id(t)] = (weakref.ref(t), t._version, s)
+            if (version := version_of(t)) is not None:
+                self._known[id(t)] = (weakref.ref(t), version, s)
             found.append(s)
         return {"stats": found}
 

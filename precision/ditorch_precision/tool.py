@@ -21,13 +21,27 @@ log = logging.getLogger("precision")
 _NOTHING = nullcontext()
 
 
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, tool: "Tool") -> None:
         super().__init__()
         self.tool = tool
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.tool._dispatch(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        if torch.is_inference_mode_enabled():
+            # Without autograd (inference mode) a composite op reaches the mode whole, and an op only
+            # autograd handles reaches it at all: run the parts through the mode as autograd's keys do
+            # otherwise, and the other unseen, so the ops numbered are the same (and the C++ observer's).
+            info = op_info(func)
+            if info.autograd_only:
+                return func(*args, **kwargs)
+            if info.composite:  # its C++ kernel, as autograd runs it (decompose() prefers Python ones)
+                with self:
+                    return func._op_dk(_COMPOSITE, *args, **kwargs)
+        return self.tool._dispatch(func, args, kwargs)
 
 
 class _ApiMode(TorchFunctionMode):
