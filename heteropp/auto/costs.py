@@ -122,7 +122,7 @@ class CostModel:
         self.latency = lru_cache(maxsize=None)(cluster.latency_s)  # (chip a, chip b) -> seconds per message
         # asked thousands of times per search with a few dozen distinct arguments (h2's DFS, stage options)
         self.max_layers = lru_cache(maxsize=None)(self._max_layers)
-        self._room = lru_cache(maxsize=None)(self._room_of)
+        self.room_terms = lru_cache(maxsize=None)(self._room_of)
         self._layer_params = lru_cache(maxsize=None)(self._one_layer_params)
 
     def on(self, cluster: Cluster) -> "CostModel":
@@ -138,7 +138,7 @@ class CostModel:
             for a in names for b in names)
         if same:
             sub.coef, sub.end, sub.boundary, sub.latency = self.coef, self.end, self.boundary, self.latency
-            sub.max_layers, sub._room, sub._layer_params = self.max_layers, self._room, self._layer_params
+            sub.max_layers, sub.room_terms, sub._layer_params = self.max_layers, self.room_terms, self._layer_params
         return sub
 
     # --- per-layer coefficients -------------------------------------------------------------------
@@ -255,9 +255,7 @@ class CostModel:
     def _max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
                     zero1: bool | None = None) -> int:
         """Most layers a stage can hold in memory (0 when not even one fits)."""
-        room, static, act = self._room(chip, tp, recompute, dp, first, last, zero1)
-        per = static + n * act
-        return max(0, int(room // per)) if room >= per else 0
+        return layers_within(self.room_terms(chip, tp, recompute, dp, first, last, zero1), n)
 
     def _room_of(self, chip: str, tp: int, recompute: bool, dp: int, first: bool, last: bool,
                  zero1: bool | None) -> tuple[float, float, float]:
@@ -490,6 +488,14 @@ class CostModel:
                         stage_memory_bytes=mems, stage_capacity_bytes=caps, in_flight=ns, boundary_s=es,
                         bottleneck=where, fill_drain_s=fill, feasible=all(m <= c for m, c in zip(mems, caps)),
                         details={"update_term_s": upd_term, "drain_gap_s": gaps})
+
+
+def layers_within(terms: tuple[float, float, float], n: int) -> int:
+    """Most layers a stage holds with n micro-batches in flight, from CostModel.room_terms (0 when not even
+    one fits): h2's bounds ask for a thousand in-flight counts of a few dozen stage kinds."""
+    room, static, act = terms
+    per = static + n * act
+    return max(0, int(room // per)) if room >= per else 0
 
 
 def micro_batches(train: TrainSpec, dp: int) -> int:

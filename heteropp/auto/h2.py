@@ -16,11 +16,11 @@ import math
 import operator
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..schedules.registry import kind
 from ..spec import InfeasibleError
-from .costs import CostModel, StageSpec, micro_batches
+from .costs import CostModel, StageSpec, layers_within, micro_batches
 from .candidates import Candidate, Progress, SearchResult
 from .space import dp_candidates, groups, tp_counts, tp_sizes
 
@@ -34,15 +34,13 @@ class Entity:
 
 
 def _shard_layers(cm: CostModel, ents: list[Entity], tps: list[int], rs: list[bool], spps: list[int],
-                  dp: int, b: int, p_total: int, caps_of: Callable[..., int] | None = None) -> list[int] | None:
-    """Equal-compute initial layer assignment, then +-1 refinement until the total is L and memory holds.
-    `caps_of`: CostModel.max_layers or a memo of it (the DFS asks for the same few thousand times)."""
+                  dp: int, b: int, p_total: int) -> list[int] | None:
+    """Equal-compute initial layer assignment, then +-1 refinement until the total is L and memory holds."""
     L = cm.model.layers
     taus = [cm.coef(e.chip, t, r, dp).tau for e, t, r in zip(ents, tps, rs)]
     n = kind(cm.train.schedule).in_flight(0, p_total, b, {})  # the first stage holds the most
     last = len(ents) - 1
-    caps_of = caps_of or cm.max_layers
-    caps = [s * caps_of(e.chip, t, r, dp, n, i == 0, i == last, zero1=False)
+    caps = [s * cm.max_layers(e.chip, t, r, dp, n, i == 0, i == last, zero1=False)
             for i, (e, t, r, s) in enumerate(zip(ents, tps, rs, spps))]
     if any(c < s for c, s in zip(caps, spps)) or sum(caps) < L or p_total > L:
         return None
@@ -86,14 +84,6 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
     evaluated = 0
     chips = {c.name: c for c in cm.cluster.chips}
     counts = tp_counts(cm.model)
-    caps: dict[tuple[Any, ...], int] = {}
-
-    def caps_of(chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
-                zero1: bool) -> int:
-        key = (chip, tp, recompute, dp, n, first, last, zero1)
-        if key not in caps:
-            caps[key] = cm.max_layers(chip, tp, recompute, dp, n, first, last, zero1=zero1)
-        return caps[key]
 
     # per entity, the last and the first earlier entity of its type (-1: none): the group rule's TP limit
     # and the tied recompute flag
@@ -108,7 +98,7 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
             continue
         b = micro_batches(cm.train, dp)
         opts = [[t for t in tp_sizes(chips[e.chip], *counts) if not (e.chips // dp) % t] for e in ents]
-        bound = _Bound(cm, ents, opts, dp, b, caps_of, group_rule, tie_recompute is not None)
+        bound = _Bound(cm, ents, opts, dp, b, group_rule, tie_recompute is not None)
         shapes.append((bound.least([], []) if prune else 0.0, di, dp, b, opts, bound))
     # a found leaf's config -> (dp index, its path: per entity the indices of its TP size and recompute flag
     # among the options), the full DFS's order of the leaves of equal cost (it visits the options in order)
@@ -128,7 +118,7 @@ def _dfs(cm: CostModel, ents: list[Entity], dps: list[int], group_rule: bool, pr
             if i == len(ents):
                 evaluated += 1
                 spps = [e.chips // dp // t for e, t in zip(ents, tps)]
-                ls = _shard_layers(cm, ents, tps, rs, spps, dp, b, sum(spps), caps_of)
+                ls = _shard_layers(cm, ents, tps, rs, spps, dp, b, sum(spps))
                 if ls is not None:
                     cost = _h2_cost(cm, ents, tps, rs, spps, ls, dp, b)
                     cfg = [list(tps), list(rs), spps, ls]
@@ -173,8 +163,8 @@ class _Bound:
     - the cost is at least (b - 1) max_i c_i + total (updates and rounding only add)."""
 
     def __init__(self, cm: CostModel, ents: list[Entity], opts: list[list[int]], dp: int, b: int,
-                 caps_of: Callable[..., int], group_rule: bool = False, tied: bool = False) -> None:
-        self.cm, self.ents, self.dp, self.b, self.caps_of = cm, ents, dp, b, caps_of
+                 group_rule: bool = False, tied: bool = False) -> None:
+        self.cm, self.ents, self.dp, self.b = cm, ents, dp, b
         self.group_rule, self.tied = group_rule, tied  # the DFS's rules for a type's later groups
         self.L = cm.model.layers
         sk = kind(cm.train.schedule)
@@ -201,12 +191,15 @@ class _Bound:
     def _entity(self, i: int, t: int, r: bool, n: int) -> Part:
         """(tau, s / tau, the most layers, the level its stages fill at) of entity i at (t, r)."""
         key = (self.chip_of[i], t, r, n)
-        if key not in self.seen:
+        got = self.seen.get(key)
+        if got is None:
             e, s = self.ents[i], self.ents[i].chips // self.dp // t
             tau = self.cm.coef(e.chip, t, r, self.dp).tau
-            cap = s * self.caps_of(e.chip, t, r, self.dp, n, False, False, zero1=False)
-            self.seen[key] = (tau, s / tau, cap, cap * tau / s)
-        return self.seen[key]
+            # CostModel.max_layers(..., n, False, False, zero1=False) from its n-free terms: most of these
+            # in-flight counts are asked once, so its memo would only cost the lookups
+            cap = s * layers_within(self.cm.room_terms(e.chip, t, r, self.dp, False, False, False), n)
+            got = self.seen[key] = (tau, s / tau, cap, cap * tau / s)
+        return got
 
     def _free(self, i: int, n: int, tmax: int, rs: tuple[bool, ...]) -> Part:
         co = self.chip_of[i]
