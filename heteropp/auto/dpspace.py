@@ -59,6 +59,8 @@ class DpSpace:
         self._nflight: dict[int, np.ndarray] = {}
         self._flights = np.zeros((0, 0), dtype=np.int64)  # _flight_grid's table: (p, r) -> in-flight count
         self._runs: dict[int, np.ndarray] = {}
+        self._mmax: np.ndarray | None = None  # the kinds' mmax rows (_caps_free)
+        self._free: dict[int, list[float]] = {}  # _caps_free's per run length
         self.defers = kind(self.sched).defers_weight_grads  # weight passes off the drain chain (no drain gaps)
 
     @staticmethod
@@ -112,8 +114,15 @@ class DpSpace:
             got = self._runs[s] = np.array([in_flight(self.sched, s - r, s, self.b) for r in range(1, s + 1)])
         return got
 
-    def _cap_free(self, kd: StageKind, s: int) -> float:
-        return float(kd.mmax[self._run_flight(s)].sum())
+    def _caps_free(self, s: int) -> list[float]:
+        """Per kind, the most layers a run of s stages holds at _run_flight(s)'s counts, every kind in one
+        gather (the layer counts are whole numbers: their sum is exact in any order)."""
+        got = self._free.get(s)
+        if got is None:
+            if self._mmax is None:
+                self._mmax = np.vstack([k.mmax for k in self.kinds])
+            got = self._free[s] = self._mmax[:, self._run_flight(s)].sum(axis=1).tolist()
+        return got
 
     def run_width(self) -> int:
         """The most runs of one TP size in any choice."""
@@ -125,17 +134,21 @@ class DpSpace:
         per_type: list[np.ndarray] = []
         runs_of: list[np.ndarray] = []
         width = width or self.run_width()
+        # per kind as plain floats (a choice's row is a few Python sums over its runs' kinds)
+        own = [k.own_floor for k in self.kinds]
+        fill = [k.fill[0] for k in self.kinds]
+        one = [k.one_layer(1) for k in self.kinds]
         for name, runs_list in zip(self.names, self.choices):
             rows: list[tuple[float, ...]] = []
             rr = np.zeros((len(runs_list), width, 3))
             rr[:, :, 0] = np.inf
             for i, runs in enumerate(runs_list):
-                kds = [(self.kinds[self.kid[(name, t)]], s) for t, s in runs]
-                cf = [self._cap_free(k, s) for k, s in kds]
-                rows.append((sum(s / k.own_floor for k, s in kds), sum(cf),
-                             min(k.fill[0] for k, _ in kds), sum(s for _, s in kds),
-                             sum(s * k.fill[0] for k, s in kds), max(k.one_layer(1) for k, _ in kds)))
-                rr[i, :len(kds)] = [(k.own_floor, s, c) for (k, s), c in zip(kds, cf)]
+                kds = [(self.kid[(name, t)], s) for t, s in runs]
+                cf = [self._caps_free(s)[k] for k, s in kds]
+                rows.append((sum(s / own[k] for k, s in kds), sum(cf),
+                             min(fill[k] for k, _ in kds), sum(s for _, s in kds),
+                             sum(s * fill[k] for k, s in kds), max(one[k] for k, _ in kds)))
+                rr[i, :len(kds)] = [(own[k], s, c) for (k, s), c in zip(kds, cf)]
             per_type.append(np.array(rows, dtype=np.float64).reshape(-1, 6))
             runs_of.append(rr)
         sizes = [len(r) for r in per_type]
