@@ -83,6 +83,15 @@ def _storage_or_none(t: torch.Tensor) -> int | None:
         return None
 
 
+def _before_writing(written: list[torch.Tensor], tree):
+    """``tree`` (an op's arguments) with a compact copy of each tensor on a storage the op writes: its
+    state before the op. The others stay as they are (the op leaves them unchanged), so a tensor
+    passed twice, as AdamW passes the gradient to ``addcmul_``, is held once."""
+    storages = {_storage_or_none(t) for t in written}
+    return tree_map(lambda x: snapshot(x) if isinstance(x, torch.Tensor) and _storage_or_none(x) in storages else x,
+                    tree)
+
+
 class Capture(Tool):
     """``with Capture("dump/{rank}", Selector.build(modules="layers.1")): train()``.
 
@@ -191,7 +200,7 @@ class Capture(Tool):
                 in_masks = [self._unwritten.mask(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if self.save_tensors and mutates:
             with self.quiet():
-                inputs = snapshot((args, kwargs))
+                inputs = _before_writing(info.written_tensors(args, kwargs), (args, kwargs))
         if rec.op in POINT_TO_POINT:  # hashed for the cross-rank check of a compare (transfers.jsonl)
             out = self.transfers.run(rec.to_dict(), func, args, kwargs, group_ranks(rec.op, args), self.quiet)
         else:
@@ -305,10 +314,8 @@ class Capture(Tool):
             entry["signature"] = signature(rec.op, rec.overload, args, kwargs)
         if self.save_tensors:
             fresh: list = []  # the tensors this file holds, in order (None: a copy made before the op)
-            if inputs is None:  # not copied before the op: as they are now
-                inputs = self._saveable((args, kwargs), fresh, refs)
-            else:
-                fresh.extend(None for x in tree_leaves(inputs) if isinstance(x, torch.Tensor))
+            # as they are now, but for what the op wrote: copied before it (handle)
+            inputs = self._saveable((args, kwargs) if inputs is None else inputs, fresh, refs)
             outputs = self._saveable(out, fresh, refs)  # written now, or held under guard (bulk)
             payload = {"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}
             if unwritten:
