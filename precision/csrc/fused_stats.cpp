@@ -3,6 +3,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,6 +40,18 @@ struct Lanes {
 // the float -> double widening by itself): 4 doubles a register, two registers per quantity.
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
+
+// The last n % 8 elements of a contiguous run, into lane 0.
+template <typename T>
+inline __attribute__((always_inline)) void tail(const T* p, int64_t i, int64_t n, Lanes& a) {
+  for (; i < n; ++i) {
+    const double v = as_double(p[i]);
+    a.sum[0] += v;
+    a.sq[0] += v * v;
+    a.lo[0] = v < a.lo[0] ? v : a.lo[0];
+    a.hi[0] = v > a.hi[0] ? v : a.hi[0];
+  }
+}
 
 template <typename T>
 inline __attribute__((always_inline)) v4d load4(const T* p) {
@@ -81,33 +95,85 @@ inline __attribute__((always_inline)) void contiguous_body(const T* p, int64_t n
     std::memcpy(a.lo + 4 * r, &lo[r], sizeof(v4d));
     std::memcpy(a.hi + 4 * r, &hi[r], sizeof(v4d));
   }
-  for (; i < n; ++i) {
-    const double v = as_double(p[i]);
-    a.sum[0] += v;
-    a.sq[0] += v * v;
-    a.lo[0] = v < a.lo[0] ? v : a.lo[0];
-    a.hi[0] = v > a.hi[0] ? v : a.hi[0];
+  tail(p, i, n, a);
+}
+
+// float32, bfloat16 and float16 with AVX2: the same lanes and the same float64 sums as
+// contiguous_body (element i + k of each block of 8 in lane k, added in the same order: the sums are
+// bit-identical), but min and max taken in float32, 8 lanes a register (exact: every value is a
+// float, whose comparisons do not change when widened; min_ps(f, lo) is f < lo ? f : lo, as the
+// body's), 8 elements made floats by one or two instructions (bfloat16: its bits moved up 16;
+// float16: F16C), and each 4-float half widened by one (GCC splits __builtin_convertvector into
+// 2-float pieces and converts the 16-bit types one element at a time). The pass over an op's fresh
+// output, which is in cache, is bound by these instructions, not by memory.
+template <typename T>
+__attribute__((target("avx2,f16c"))) inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  } else {
+    static_assert(std::is_same_v<T, c10::Half>);
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 }
 
-// One clone per instruction set (chosen when the module loads): AVX2 where the CPU has it.
-#define DITORCH_PRECISION_CONTIGUOUS(NAME, T) \
-  __attribute__((target_clones("avx2", "default"))) void NAME(const T* p, int64_t n, Lanes& a) { \
-    contiguous_body(p, n, a);                                                                  \
+template <typename T>
+__attribute__((target("avx2,f16c"))) void contiguous_avx2(const T* p, int64_t n, Lanes& a) {
+  __m256d s0 = _mm256_loadu_pd(a.sum), s1 = _mm256_loadu_pd(a.sum + 4);
+  __m256d q0 = _mm256_loadu_pd(a.sq), q1 = _mm256_loadu_pd(a.sq + 4);
+  // float values or +-HUGE_VAL so far: exact in float32 (+-inf)
+  __m256 lo = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(a.lo + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(a.lo)));
+  __m256 hi = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(a.hi + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(a.hi)));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 f = load8(p + i);
+    lo = _mm256_min_ps(f, lo);
+    hi = _mm256_max_ps(f, hi);
+    __m256d v0, v1;
+    if constexpr (std::is_same_v<T, float>) {  // widened straight from memory
+      v0 = _mm256_cvtps_pd(_mm_loadu_ps(p + i));
+      v1 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 4));
+    } else {
+      v0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+      v1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+    }
+    s0 = _mm256_add_pd(s0, v0);
+    s1 = _mm256_add_pd(s1, v1);
+    q0 = _mm256_add_pd(q0, _mm256_mul_pd(v0, v0));  // no FMA: the body rounds the product first
+    q1 = _mm256_add_pd(q1, _mm256_mul_pd(v1, v1));
   }
-DITORCH_PRECISION_CONTIGUOUS(contiguous_f64, double)
-DITORCH_PRECISION_CONTIGUOUS(contiguous_f32, float)
-DITORCH_PRECISION_CONTIGUOUS(contiguous_f16, c10::Half)
-DITORCH_PRECISION_CONTIGUOUS(contiguous_bf16, c10::BFloat16)
-#undef DITORCH_PRECISION_CONTIGUOUS
+  _mm256_storeu_pd(a.sum, s0);
+  _mm256_storeu_pd(a.sum + 4, s1);
+  _mm256_storeu_pd(a.sq, q0);
+  _mm256_storeu_pd(a.sq + 4, q1);
+  _mm256_storeu_pd(a.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
+  _mm256_storeu_pd(a.lo + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)));
+  _mm256_storeu_pd(a.hi, _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+  _mm256_storeu_pd(a.hi + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
+  tail(p, i, n, a);
+}
+
+// float64: one clone per instruction set (chosen when the module loads), AVX2 where the CPU has it.
+__attribute__((target_clones("avx2", "default"))) void contiguous_f64(const double* p, int64_t n, Lanes& a) {
+  contiguous_body(p, n, a);
+}
+
+// The 32- and 16-bit floats: contiguous_avx2 where the CPU has AVX2 and F16C, else the generic body.
+template <typename T>
+void contiguous_narrow(const T* p, int64_t n, Lanes& a) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (avx2) return contiguous_avx2(p, n, a);
+  contiguous_body(p, n, a);
+}
 
 template <typename T>
 void fast_run(const T* p, int64_t n, int64_t stride, Lanes& a) {
   if (stride == 1) {
     if constexpr (std::is_same_v<T, double>) return contiguous_f64(p, n, a);
-    if constexpr (std::is_same_v<T, float>) return contiguous_f32(p, n, a);
-    if constexpr (std::is_same_v<T, c10::Half>) return contiguous_f16(p, n, a);
-    if constexpr (std::is_same_v<T, c10::BFloat16>) return contiguous_bf16(p, n, a);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>)
+      return contiguous_narrow(p, n, a);
     // integer types: not vectorised (their captures are small: indices, masks)
     for (int64_t i = 0; i < n; ++i) {
       const double v = as_double(p[i]);

@@ -84,6 +84,44 @@ def test_fused_stats_equal_float64_torch(name):
         assert "mean" not in s and (s["nan"], s["inf"]) == (r_nan, r_inf)
 
 
+def _lane_order_reference(values: list[float]) -> tuple:
+    """min, max, sum, sum of squares of finite values in the pass's documented order: eight float64
+    lanes, element 8j + k added to lane k, the last n % 8 elements to lane 0, the lanes then summed
+    0..7; min and max keep the first of equal values (-0.0 against 0.0)."""
+    lanes = [[0.0, 0.0, math.inf, -math.inf] for _ in range(8)]
+    body = len(values) - len(values) % 8
+    for i, v in enumerate(values):
+        lane = lanes[i % 8 if i < body else 0]
+        lane[0] += v
+        lane[1] += v * v  # Python floats: each product rounded to float64 before the add, as the pass
+        lane[2] = v if v < lane[2] else lane[2]
+        lane[3] = v if v > lane[3] else lane[3]
+    total = squares = 0.0
+    lo, hi = math.inf, -math.inf
+    for s, q, a, b in lanes:
+        total, squares = total + s, squares + q
+        lo, hi = (a if a < lo else lo), (b if b > hi else hi)
+    return lo, hi, total, squares
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [5, 8, 4099, 70003])
+def test_fused_stats_sums_are_those_of_its_lane_order_bit_for_bit(n, dtype):
+    # The same program gives byte-identical index lines from build to build: the 32- and 16-bit
+    # float passes (a kernel of their own) keep the generic pass's order of float64 adds, not just
+    # its tolerance.
+    g = torch.Generator().manual_seed(n)
+    scale = 20 if dtype != torch.float16 else 4  # float16: subnormals to near its largest
+    t = (torch.randn(n, generator=g) * torch.logspace(-scale, scale, n)).to(dtype)
+    t[::7] = 0.0
+    t[3::11] = -0.0
+    values = t.double().tolist()
+    got = native.fused_stats(t)
+    lo, hi, total, squares = _lane_order_reference(values)
+    assert got[4:] == (lo, hi, total, squares)
+    assert (math.copysign(1, got[4]), math.copysign(1, got[5])) == (math.copysign(1, lo), math.copysign(1, hi))
+
+
 def test_fused_stats_refuses_what_it_does_not_read():
     assert native.fused_stats(torch.ones(3, dtype=torch.bool)) is None
     assert native.fused_stats(torch.ones(3, dtype=torch.complex64)) is None
