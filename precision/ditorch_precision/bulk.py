@@ -20,6 +20,11 @@ def storage_address(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What tells two tensors apart that see the same elements in the same order."""
+    return t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())
+
+
 class PendingWrites:
     def __init__(self) -> None:
         self._items: dict[str, tuple[list, object]] = {}  # key -> (leaves, spec)
@@ -37,12 +42,18 @@ class PendingWrites:
         self._items[key] = (leaves, spec)
         self.nbytes += nbytes
 
-    def guard(self, written: list[torch.Tensor]) -> None:
-        """Copy the held tensors that share a storage with ``written``, before it is written."""
+    def guard(self, written: list[torch.Tensor]) -> dict:
+        """Copy the held tensors that share a storage with ``written``, before it is written. Returns
+        the copies by ``tensor_key`` of what they copy: the writing op's own copy of its input, where
+        it is one of them."""
+        copies = {}
         for t in written:
             for key, i, _ in self._held.pop(storage_address(t), ()):
                 leaves = self._items[key][0]
-                leaves[i] = leaves[i].clone()
+                copy = leaves[i].clone()
+                copies[tensor_key(leaves[i])] = copy
+                leaves[i] = copy
+        return copies
 
     def storages(self) -> set[int]:
         """The storage addresses of the held tensors that are the program's own (not copies)."""

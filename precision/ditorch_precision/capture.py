@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflat
 from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_in,
                    tensors_meta, tree_nbytes, version_of)
 from .align import PARAMS_OP
-from .bulk import PendingWrites, storage_address
+from .bulk import PendingWrites, storage_address, tensor_key
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .native_hook import HOOKS, NativeHook, choose, hand_groups
 from .opinfo import op_info
@@ -83,13 +83,20 @@ def _storage_or_none(t: torch.Tensor) -> int | None:
         return None
 
 
-def _before_writing(written: list[torch.Tensor], tree):
-    """``tree`` (an op's arguments) with a compact copy of each tensor on a storage the op writes: its
-    state before the op. The others stay as they are (the op leaves them unchanged), so a tensor
+def _before_writing(written: list[torch.Tensor], tree, copies: dict):
+    """``tree`` (an op's arguments) with a copy of each tensor on a storage the op writes: its state
+    before the op (the copy ``PendingWrites.guard`` just made of it, ``copies``, where there is one;
+    else a compact one). The others stay as they are (the op leaves them unchanged), so a tensor
     passed twice, as AdamW passes the gradient to ``addcmul_``, is held once."""
     storages = {_storage_or_none(t) for t in written}
-    return tree_map(lambda x: snapshot(x) if isinstance(x, torch.Tensor) and _storage_or_none(x) in storages else x,
-                    tree)
+
+    def before(x):
+        if not isinstance(x, torch.Tensor) or _storage_or_none(x) not in storages:
+            return x
+        copy = copies.get(tensor_key(x)) if copies and x.layout == torch.strided else None
+        return snapshot(x) if copy is None else copy
+
+    return tree_map(before, tree)
 
 
 class Capture(Tool):
@@ -129,6 +136,7 @@ class Capture(Tool):
         self._n_module_records = 0
         self.bulk, self.bulk_bytes = bulk, bulk_bytes
         self._pending = PendingWrites() if bulk else None
+        self._guard_copies: dict = {}  # what the guard copied for the op being run (_before_writing)
         self.background = background and bulk and mode == "full"
         self._writer: BackgroundWriter | None = None
         self._n_parts = 0
@@ -200,7 +208,7 @@ class Capture(Tool):
                 in_masks = [self._unwritten.mask(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if self.save_tensors and mutates:
             with self.quiet():
-                inputs = _before_writing(info.written_tensors(args, kwargs), (args, kwargs))
+                inputs = _before_writing(info.written_tensors(args, kwargs), (args, kwargs), self._guard_copies)
         if rec.op in POINT_TO_POINT:  # hashed for the cross-rank check of a compare (transfers.jsonl)
             out = self.transfers.run(rec.to_dict(), func, args, kwargs, group_ranks(rec.op, args), self.quiet)
         else:
@@ -425,13 +433,16 @@ class Capture(Tool):
                     if self._writer:  # a part being written holds it
                         self._writer.wait_for(written)
                     if self._pending:
-                        self._pending.guard(written)
+                        self._guard_copies = self._pending.guard(written)
                     for t in written:  # also through an alias with its own version counter (``.data``)
                         storage = _storage_or_none(t)
                         self._storage_files.pop(storage, None)
                         for key in self._written_storages.pop(storage, ()):
                             self._written.pop(key, None)
-        out = super()._dispatch(func, args, kwargs)
+        try:
+            out = super()._dispatch(func, args, kwargs)
+        finally:
+            self._guard_copies = {}
         info = op_info(func)
         if info.op in ALLOCATORS or (info.mutates and self._unwritten):  # also for ops not selected
             with self.quiet():

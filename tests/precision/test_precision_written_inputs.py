@@ -41,3 +41,22 @@ def test_an_in_place_op_holds_its_unwritten_inputs_once(tmp_path, hook):
     assert torch.equal(saved["outputs"], torch.addcmul(before, g, g, value=0.5)) and torch.equal(saved["outputs"], x)
     # x before the op, g once, x after it: 3 storages of 1 KiB (not g copied for each place it is passed)
     assert _storages(tmp_path) == (3, 3 * 256 * 4)
+
+
+@pytest.mark.parametrize("hook", ["python", "cpp"])
+def test_the_copy_that_guards_a_held_tensor_is_the_writing_ops_copy_of_its_input(tmp_path, hook):
+    from ditorch_precision import native
+    if hook == "cpp" and not native.available():
+        pytest.skip(f"the C++ module is not built ({native.why_not()})")
+    torch.manual_seed(0)
+    x = torch.randn(256)
+    before = x.clone()
+    with Capture(str(tmp_path), hook=hook, max_bytes=None):
+        y = x * 2  # holds x uncopied until the part is written
+        x.mul_(3)  # copies the held x first: that copy is also mul_'s input before it ran
+    dump = Dump.open(str(tmp_path))
+    (mul,) = [dump.load(r) for r in dump.op_records if r["op"] == "aten::mul"]
+    (mul_,) = [dump.load(r) for r in dump.op_records if r["op"] == "aten::mul_"]
+    assert torch.equal(mul["args"][0], before) and torch.equal(mul["outputs"], y)
+    assert torch.equal(mul_["args"][0], before) and torch.equal(mul_["outputs"], torch.mul(before, 3))
+    assert _storages(tmp_path) == (3, 3 * 256 * 4)  # x before (once), y, x after
