@@ -39,14 +39,17 @@ LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matchin
 	tests/heteropp/test_heteropp_replica_straggler.py::test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not
 
 # The C++ slow gates, clang-tidy (~1.5 min), the engine's tests under AddressSanitizer + UBSan (~1.7 min),
-# the precision module's C++ op hook tests under the same sanitizers (~3.5 min with its build) and the wire
-# parsers' fuzz targets, a few seconds each under the same sanitizers (~1.5 min with their build), have their
-# own target, which CI runs after `make test` (.ci/run).
+# the precision module's C++ op hook tests under the same sanitizers (~3.5 min with its build), the wire
+# parsers' fuzz targets, a few seconds each under the same sanitizers (~1.5 min with their build), and the
+# CPU-specific sources built for aarch64 (a cross compiler; seconds), have their own target, which CI runs
+# after `make test` (.ci/run).
 CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
-	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan tests/cxx/test_fuzz.py
+	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan tests/cxx/test_fuzz.py \
+	tests/cxx/test_other_cpu_build.py
 
 test: setup
 	$(PY) -m pytest -q tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py --ignore=tests/cxx/test_fuzz.py \
+	  --ignore=tests/cxx/test_other_cpu_build.py \
 	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
 	  --deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
 	  --deselect tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan

@@ -5,24 +5,22 @@
 
 #include <cmath>
 
+#include "cpu_clones.h"
 #include "silu_math.h"
 
 namespace diopi_ref {
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_float32(const float* x, float* y, int64_t n) {
+DIOPI_REF_CPU_CLONES void silu_float32(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = silu_float(x[i]);
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void silu_backward_float32(const float* g, const float* x,
-                                                                                      float* g_in, int64_t n) {
+DIOPI_REF_CPU_CLONES void silu_backward_float32(const float* g, const float* x, float* g_in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g_in[i] = silu_grad_float(g[i], x[i]);
 }
 
 // ivdep: an output may be an input, element for element (in place); no element depends on another.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_float32(DenseOp op, float* y,
-                                                                                    const float* a, const float* b,
-                                                                                    const float* c, int64_t n,
-                                                                                    double s) {
+DIOPI_REF_CPU_CLONES void elementwise_float32(DenseOp op, float* y, const float* a, const float* b, const float* c,
+                                              int64_t n, double s) {
 #define DENSE_LOOP(expr)                     \
   _Pragma("GCC ivdep") for (int64_t i = 0; i < n; ++i) y[i] = float(expr); \
   break;
@@ -41,9 +39,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_flo
 
 // Two passes a row: the maximum and whether there is a NaN (branch-free, vectorized), then the first index of
 // the maximum (or of the first NaN).
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void max_rows_float32(const float* x, int64_t rows,
-                                                                                 int64_t length, float* values,
-                                                                                 int64_t* indices) {
+DIOPI_REF_CPU_CLONES void max_rows_float32(const float* x, int64_t rows, int64_t length, float* values,
+                                           int64_t* indices) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * length;
     float m = row[0];

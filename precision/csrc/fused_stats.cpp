@@ -3,7 +3,14 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+// The AVX2 paths exist on x86-64 only (chosen at load where the CPU has them); elsewhere (aarch64
+// hosts, as Ascend's) the generic bodies, which the compiler vectorises for that CPU.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PRECISION_X86_64 1
 #include <immintrin.h>
+#else
+#define PRECISION_X86_64 0
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -98,6 +105,7 @@ inline __attribute__((always_inline)) void contiguous_body(const T* p, int64_t n
   tail(p, i, n, a);
 }
 
+#if PRECISION_X86_64
 // float32, bfloat16 and float16 with AVX2: the same lanes and the same float64 sums as
 // contiguous_body (element i + k of each block of 8 in lane k, added in the same order: the sums are
 // bit-identical), but min and max taken in float32, 8 lanes a register (exact: every value is a
@@ -159,12 +167,17 @@ __attribute__((target("avx2,f16c"))) void contiguous_avx2(const T* p, int64_t n,
 __attribute__((target_clones("avx2", "default"))) void contiguous_f64(const double* p, int64_t n, Lanes& a) {
   contiguous_body(p, n, a);
 }
+#else
+void contiguous_f64(const double* p, int64_t n, Lanes& a) { contiguous_body(p, n, a); }
+#endif
 
 // The 32- and 16-bit floats: contiguous_avx2 where the CPU has AVX2 and F16C, else the generic body.
 template <typename T>
 void contiguous_narrow(const T* p, int64_t n, Lanes& a) {
+#if PRECISION_X86_64
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   if (avx2) return contiguous_avx2(p, n, a);
+#endif
   contiguous_body(p, n, a);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bridge.h"
+#include "../cpu_clones.h"
 
 namespace {
 
@@ -97,9 +98,7 @@ __attribute__((always_inline)) inline void block4x16(const Matrix& a, const floa
 // out (rows x cols, row-major, dense) = a @ b; b packed row-major first when it is not. Built twice, for
 // x86-64-v3 (AVX2, FMA) and for the baseline; the loader picks the first the CPU runs (GCC function
 // multiversioning). Every element accumulates its k terms in order, in float32.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void product(const Matrix& a, const Matrix& b,
-                                                                         float* __restrict out,
-                                                                         std::vector<float>& packed) {
+DIOPI_REF_CPU_CLONES void product(const Matrix& a, const Matrix& b, float* __restrict out, std::vector<float>& packed) {
   const int64_t n = a.rows, k = a.cols, m = b.cols;
   const float* B = b.data;
   if (!(b.col_stride == 1 && b.row_stride == m)) {
