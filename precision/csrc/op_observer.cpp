@@ -112,10 +112,11 @@ const char* const kAutogradOnly[] = {"aten::detach_", "aten::set_data", "aten::d
 const char* const kSameElements[] = {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::t",
                                      "aten::transpose", "aten::permute", "aten::detach", "aten::alias",
                                      "aten::squeeze", "aten::unsqueeze"};
-const c10::DispatchKey kBackendKernelKeys[] = {
-    c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::XPU, c10::DispatchKey::MPS,
-    c10::DispatchKey::HPU, c10::DispatchKey::PrivateUse1, c10::DispatchKey::CompositeExplicitAutograd,
-    c10::DispatchKey::CompositeExplicitAutogradNonFunctional};
+// The backends whose autograd key takes an op's CompositeImplicitAutograd kernel only where the op has
+// no kernel for the backend itself (the dispatcher's rule); a call on another backend is judged as if on
+// all of them.
+const c10::DispatchKey kBackendKeys[] = {c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::XPU,
+                                         c10::DispatchKey::MPS, c10::DispatchKey::HPU, c10::DispatchKey::PrivateUse1};
 const char* const kIgnored[] = {"device", "pin_memory", "non_blocking", "memory_format"};
 
 bool floating_or_int(c10::ScalarType d) {
@@ -139,6 +140,34 @@ void each_tensor(const c10::IValue& v, const F& f) {
     for (const c10::IValue& x : v.toTupleRef().elements()) each_tensor(x, f);
   }
 }
+
+// Whether the call is decomposed above the Python key (OpFacts::implicit): on the backend of its first
+// tensor argument, judged by that backend's kernel; with no tensor argument, or on a backend not listed,
+// by all of them (decomposed only where none has a kernel).
+bool composite_on(const OpFacts& op, c10::ArrayRef<c10::IValue> inputs) {
+  if (op.autograd_only) return true;
+  if (!op.implicit) return false;
+  for (const auto& v : inputs) {
+    bool found = false;
+    c10::DispatchKey backend = c10::DispatchKey::Undefined;
+    each_tensor(v, [&](const at::Tensor& t) {
+      if (!found) backend = c10::highestPriorityBackendTypeId(t.key_set()), found = true;
+    });
+    if (!found) continue;
+    for (c10::DispatchKey k : kBackendKeys)
+      if (k == backend) return !op.backend_kernels.has(k);
+    break;
+  }
+  return op.backend_kernels.empty();
+}
+
+// Whether composite_on's answer depends on the call's backend, so needs its inputs: RecordFunction holds
+// them only until the kernel runs, so on_start keeps its answer for on_end in tl_composite.
+bool backend_dependent(const OpFacts& op) { return !op.autograd_only && op.implicit && !op.backend_kernels.empty(); }
+
+// on_start's composite_on answers for the backend-dependent calls it returned no context for, innermost
+// last (a thread's calls end in the reverse order of their starts).
+thread_local std::vector<bool> tl_composite;
 
 // Whether an autograd kernel of the op's own runs for this call: it has one, and some input tensor
 // carries an autograd key (a factory such as zeros has none: its kernel runs straight away).
@@ -441,15 +470,18 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
   auto f = std::make_unique<OpFacts>();
   f->name = name->name;
   f->overload = name->overload_name.empty() ? "default" : name->overload_name;
-  // Decomposed where its CompositeImplicitAutograd kernel serves the autograd keys: only where no
-  // backend kernel (nor a CompositeExplicitAutograd one) is registered (silu_backward has both).
-  bool backend_kernel = false;
-  for (c10::DispatchKey k : kBackendKernelKeys) backend_kernel = backend_kernel || handle->hasKernelForDispatchKey(k);
-  f->composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) && !backend_kernel;
+  // Decomposed where its CompositeImplicitAutograd kernel serves the call's autograd key: on a backend
+  // with no kernel of its own for the op, unless a CompositeExplicitAutograd one serves every backend (a
+  // CompositeExplicitAutogradNonFunctional one does not count: silu_backward has one, CPU and CUDA
+  // kernels and a composite one, and is decomposed on PrivateUse1).
+  f->implicit = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+                !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+  for (c10::DispatchKey k : kBackendKeys)
+    if (handle->hasKernelForDispatchKey(k)) f->backend_kernels = f->backend_kernels.add(k);
   f->own_autograd = handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd);
   for (c10::DispatchKey k : c10::getRuntimeDispatchKeySet(c10::DispatchKey::Autograd))
     f->own_autograd = f->own_autograd || handle->hasKernelForDispatchKey(k);
-  for (const char* a : kAutogradOnly) f->composite = f->composite || f->name == a;
+  for (const char* a : kAutogradOnly) f->autograd_only = f->autograd_only || f->name == a;
   f->random = handle->hasTag(at::Tag::nondeterministic_seeded);
   for (const char* a : kAllocators) f->allocator = f->allocator || f->name == a;
   f->counted_only = f->name.rfind("profiler::", 0) == 0;
@@ -764,8 +796,13 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   if (tl_in_hook || paused_.load(std::memory_order_relaxed) > 0) return nullptr;
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
   const OpFacts* op = facts(fn);
-  if (op == nullptr || op->composite) return nullptr;
+  if (op == nullptr) return nullptr;
+  if (composite_on(*op, fn.inputs())) {
+    if (backend_dependent(*op)) tl_composite.push_back(true);
+    return nullptr;
+  }
   if (nested()) {  // no context (an allocation per inner call): on_end finds it nested again
+    if (backend_dependent(*op)) tl_composite.push_back(false);
     ++tl_depth;
     return nullptr;
   }
@@ -882,7 +919,14 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
         c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))
       return;
     const OpFacts* op = facts(fn);
-    if (op != nullptr && !op->composite && nested()) --tl_depth;
+    if (op == nullptr) return;
+    bool composite = composite_on(*op, {});  // (not backend_dependent: the inputs are not read)
+    if (backend_dependent(*op)) {
+      if (tl_composite.empty()) return;  // no answer kept: on_start saw the call otherwise
+      composite = tl_composite.back();
+      tl_composite.pop_back();
+    }
+    if (!composite && nested()) --tl_depth;
     return;
   }
   --tl_depth;

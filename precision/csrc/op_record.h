@@ -27,7 +27,12 @@ namespace ditorch_precision {
 struct OpFacts {
   std::string name;      // "aten::mm"
   std::string overload;  // "default" for the unnamed overload
-  bool composite = false;  // decomposed above the Python key: a dispatch mode never sees it
+  // Decomposed above the Python key (a dispatch mode never sees it, only its parts): where its
+  // CompositeImplicitAutograd kernel serves the autograd key of the call's backend, which it does on a
+  // backend without a kernel of its own for it (composite_on); an op only autograd handles, everywhere.
+  bool implicit = false;       // has a CompositeImplicitAutograd kernel and no CompositeExplicit one
+  bool autograd_only = false;  // detach_, set_data, ...: its autograd kernel does all its work
+  c10::DispatchKeySet backend_kernels;  // the backends (kBackendKeys) with a kernel of its own for it
   // Has a kernel of its own for an autograd key (a custom op registered for backends only has not:
   // torch's autograd fallback calls its backend kernel with no key excluded).
   bool own_autograd = true;

@@ -17,10 +17,26 @@ class OpInfo:
     is_view: bool  # the output is a view of an input: no kernel computes it
     out_names: tuple[str, ...] = ()  # keyword-only written arguments (out=): only written, never read
     random: bool = False  # tagged nondeterministic_seeded: it draws random numbers
-    # autograd's keys run its CompositeImplicitAutograd decomposition: a dispatch mode sees its parts,
-    # not it, except where autograd does not run (inference mode)
+    # it has a CompositeImplicitAutograd kernel (and no CompositeExplicit one), which the autograd key
+    # of a backend without a kernel of its own for it runs (decomposed_on): a dispatch mode sees its
+    # parts there, not it, except where autograd does not run (inference mode)
     composite: bool = False
     autograd_only: bool = False  # autograd handles it whole: a dispatch mode sees it only without autograd
+    backend_kernels: frozenset = frozenset()  # the backends (_BACKEND_KEYS) with a kernel of its own for it
+
+    def decomposed_on(self, args, kwargs) -> bool:
+        """Whether this call runs the composite kernel at its autograd key, as the C++ observer's
+        composite_on: on its first tensor argument's backend; with none, or on a backend not listed
+        (a sparse tensor), where no listed backend has a kernel."""
+        if not self.composite:
+            return False
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                key = _backend_key(t) if t.layout == torch.strided else None
+                if key is not None:
+                    return key not in self.backend_kernels
+                break
+        return not self.backend_kernels
 
     @property
     def mutates(self) -> bool:
@@ -40,9 +56,15 @@ class OpInfo:
 
 _CACHE: dict = {}
 # As the C++ observer's rule (precision/csrc/op_observer.cpp): a CompositeImplicitAutograd kernel
-# serves the autograd keys only where none of these has a kernel; the ops autograd alone handles.
-_BACKEND_KERNEL_KEYS = ("CPU", "CUDA", "XPU", "MPS", "HPU", "PrivateUse1", "CompositeExplicitAutograd",
-                        "CompositeExplicitAutogradNonFunctional")
+# serves a backend's autograd key where the op has no kernel for that backend nor a CompositeExplicit
+# one; the ops autograd alone handles.
+_BACKEND_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "hpu": "HPU"}
+
+
+def _backend_key(t: torch.Tensor) -> str | None:
+    kind = t.device.type
+    return "PrivateUse1" if kind == torch._C._get_privateuse1_backend_name() else _BACKEND_KEYS.get(kind)
+
 _AUTOGRAD_ONLY = frozenset({"aten::detach_", "aten::set_data", "aten::data", "aten::_version", "aten::is_leaf",
                             "aten::output_nr", "aten::retain_grad", "aten::retains_grad", "aten::requires_grad_",
                             "aten::_backward"})
@@ -66,7 +88,9 @@ def op_info(func) -> OpInfo:
         random = torch.Tag.nondeterministic_seeded in func.tags
         name = func.name()
         has = torch._C._dispatch_has_kernel_for_dispatch_key
-        composite = has(name, "CompositeImplicitAutograd") and not any(has(name, k) for k in _BACKEND_KERNEL_KEYS)
+        # (a CompositeExplicitAutogradNonFunctional kernel does not count: silu_backward has one)
+        composite = has(name, "CompositeImplicitAutograd") and not has(name, "CompositeExplicitAutograd")
+        backends = frozenset(k for k in (*_BACKEND_KEYS.values(), "PrivateUse1") if has(name, k))
         info = _CACHE[func] = OpInfo(schema.name, func._overloadname, written, is_view, out_names, random,
-                                     composite, schema.name in _AUTOGRAD_ONLY)
+                                     composite, schema.name in _AUTOGRAD_ONLY, backends)
     return info

@@ -38,7 +38,7 @@ class _Mode(TorchDispatchMode):
             info = op_info(func)
             if info.autograd_only:
                 return func(*args, **kwargs)
-            if info.composite:  # its C++ kernel, as autograd runs it (decompose() prefers Python ones)
+            if info.decomposed_on(args, kwargs):  # its C++ kernel, as autograd runs it (not decompose()'s Python ones)
                 with self:
                     return func._op_dk(_COMPOSITE, *args, **kwargs)
         return self.tool._dispatch(func, args, kwargs)
