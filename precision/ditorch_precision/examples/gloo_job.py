@@ -22,10 +22,13 @@ def parser() -> argparse.ArgumentParser:
 @contextmanager
 def joined(rank: int, world: int, port: int, barrier: bool = True) -> Iterator[None]:
     """One spawned process of the job, on one thread, in the job's gloo group while the body runs; at the
-    end it waits for the others (``barrier``) before leaving the group."""
+    end it waits for the others (``barrier``) before leaving the group. A body that raises leaves it at
+    once (the others may never reach a barrier) and its error goes on."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    yield
-    if barrier:
-        dist.barrier()
-    dist.destroy_process_group()
+    try:
+        yield
+        if barrier:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
