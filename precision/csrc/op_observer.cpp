@@ -214,7 +214,7 @@ void OpObserver::start() {
                 .needsOutputs(true)
                 .scopes({at::RecordScope::FUNCTION});
   current() = this;
-  handle_ = at::addThreadLocalCallback(std::move(cb));
+  handle_ = at::addThreadLocalCallback(cb);
 }
 
 void OpObserver::stop() {
@@ -529,9 +529,8 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
 bool OpObserver::encode(Record& r, const c10::IValue& v) const {
   auto& sig = r.signature;
   Token tok;
-  if (v.isNone()) {
-    return false;
-  } else if (v.isTensor() && wrapped_number(v.toTensor())) {
+  if (v.isNone()) return false;
+  if (v.isTensor() && wrapped_number(v.toTensor())) {
     const at::Tensor& t = v.toTensor();
     switch (t.scalar_type()) {
       case at::kLong: tok.kind = Token::Int; tok.i = *t.const_data_ptr<int64_t>(); break;
@@ -986,7 +985,7 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
   if (r.full) {
     Payload& pl = *r.payload;
     pl.key("outputs");
-    const auto returns = fn.outputs();
+    const auto& returns = fn.outputs();
     auto type = [&](size_t i) { return i < r.op->return_types.size() ? r.op->return_types[i] : c10::TypePtr(); };
     if (returns.empty()) {
       pl.push(PayloadToken::None);

@@ -1,5 +1,6 @@
-"""clang-tidy over the engine (dicomm/csrc, headers included) with the checks in .clang-tidy, every
-finding an error. It reads the compile commands of a configured (not built) build/tidy folder.
+"""clang-tidy over the engine (dicomm/csrc) and the precision module's op hook (precision/csrc), headers
+included, with the checks in .clang-tidy, every finding an error. It reads the compile commands of a
+configured (not built) build/tidy folder.
 Where clang-tidy is not installed the test skips and says so; CI installs it (.ci/run) and runs it.
 """
 from __future__ import annotations
@@ -27,18 +28,27 @@ def _clang_tidy() -> str:
     raise AssertionError("unreachable")
 
 
-def _engine_sources(build) -> list[str]:
+CHECKED = ("dicomm/csrc", "precision/csrc")
+
+
+def _checked_sources(build) -> dict[str, list[str]]:
     commands = json.loads((build / "compile_commands.json").read_text())
-    root = str(cxx_build.REPO / "dicomm" / "csrc") + os.sep
-    return sorted({c["file"] for c in commands if c["file"].startswith(root)})
+    out = {}
+    for folder in CHECKED:
+        root = str(cxx_build.REPO / folder) + os.sep
+        out[folder] = sorted({c["file"] for c in commands if c["file"].startswith(root)})
+    return out
 
 
 @pytest.mark.timeout(1200)
-def test_engine_is_clean_under_clang_tidy():
+def test_engine_and_precision_hook_are_clean_under_clang_tidy():
     tidy = _clang_tidy()
     build = cxx_build.configure("tidy")
-    files = _engine_sources(build)
-    assert len(files) > 40, f"only {len(files)} engine sources in the compile commands"
+    sources = _checked_sources(build)
+    engine = sources["dicomm/csrc"]
+    assert len(engine) > 40, f"only {len(engine)} engine sources in the compile commands"
+    assert len(sources["precision/csrc"]) >= 8, f"only {sources['precision/csrc']} of the precision module"
+    files = [f for folder in CHECKED for f in sources[folder]]
 
     def run(batch: list[str]) -> tuple[int, str]:
         p = subprocess.run([tidy, "-p", str(build), "--quiet", *CLANG_ONLY_NOISE, *batch], cwd=cxx_build.REPO,
