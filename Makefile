@@ -38,11 +38,11 @@ LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matchin
 	tests/heteropp/test_heteropp_torchrun_rdzv.py::test_after_one_nodes_worker_fails_the_restarted_round_meets \
 	tests/heteropp/test_heteropp_replica_straggler.py::test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not
 
-# The C++ slow gates, clang-tidy over the engine and the precision op hook (~3 min), the engine's tests under AddressSanitizer + UBSan (~1.7 min),
-# the precision module's C++ op hook tests under the same sanitizers (~3.5 min with its build), the wire
-# parsers' fuzz targets, a few seconds each under the same sanitizers (~1.5 min with their build), and the
-# CPU-specific sources built for aarch64 (a cross compiler; seconds), have their own target, which CI runs
-# after `make test` (.ci/run).
+# The C++ slow gates, clang-tidy over the engine and the precision op hook (~3 min), the engine's tests
+# under AddressSanitizer + UBSan (~1.7 min), the precision module's C++ op hook tests under the same
+# sanitizers (~3.5 min with its build), the wire parsers' fuzz targets, a few seconds each under the same
+# sanitizers (~1.5 min with their build), and the CPU-specific sources built for aarch64 (a cross compiler;
+# seconds), have their own target, which CI runs after `make test` (.ci/run).
 CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
 	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan tests/cxx/test_fuzz.py \
 	tests/cxx/test_other_cpu_build.py
