@@ -3,12 +3,18 @@ the reference build of the package, test variants of it built here in one cmake 
 out, kernels planted wrong), and tiny malformed C libraries."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -105,13 +111,57 @@ OPERATOR_CHECKS = """\
         }"""
 
 
+class SnippetServer:
+    """The client of snippet_server.py, started on first use: each snippet a fresh process forked from
+    a server that imported torch once."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def _server(self) -> subprocess.Popen:
+        if self._process is None or self._process.poll() is not None:
+            base_env = {k: v for k, v in os.environ.items() if not k.startswith(("DITORCH_", "DIOPI_"))}
+            self._process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("snippet_server.py"))],
+                                             cwd=REPO_ROOT, env=base_env, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True, bufsize=1)
+            atexit.register(self._process.stdin.close)
+        return self._process
+
+    def _reply(self, server: subprocess.Popen, deadline: float) -> dict:
+        if not select.select([server.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError
+        line = server.stdout.readline()
+        if not line:
+            raise RuntimeError("the snippet server exited")
+        return json.loads(line)
+
+    def run(self, code: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        with self._lock, tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            server = self._server()
+            server.stdin.write(json.dumps({"code": code, "env": env, "stdout": str(out), "stderr": str(err)}) + "\n")
+            deadline = time.monotonic() + timeout
+            pid = self._reply(server, deadline)["pid"]
+            try:
+                returncode = self._reply(server, deadline)["returncode"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(server, time.monotonic() + 30)
+                raise subprocess.TimeoutExpired(code, timeout, out.read_text(), err.read_text()) from None
+            return subprocess.CompletedProcess(code, returncode, out.read_text(), err.read_text())
+
+
+_snippets = SnippetServer()
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 240) -> dict:
-    """Run ``code`` in a fresh interpreter (the device registers itself once per process, before the
-    first backward pass); its last stdout line is JSON."""
+    """Run ``code`` as a fresh interpreter would (the device registers itself once per process, before
+    the first backward pass): a process of its own, forked from a server that imported torch once; its
+    last stdout line is JSON."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("DITORCH_", "DIOPI_"))}
     full_env.update(env or {})
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = _snippets.run(textwrap.dedent(code), full_env, timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["_stderr"] = done.stderr
