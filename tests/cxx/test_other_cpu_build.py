@@ -16,7 +16,8 @@ import pytest
 from tests.cxx import cxx_build
 
 CROSS = "aarch64-linux-gnu-g++"
-CPU_SPECIFIC = re.compile(r"immintrin\.h|cpu_clones\.h|target_clones|__attribute__\(\(target\(|#pragma GCC target|_mm256_")
+CPU_SPECIFIC = re.compile(
+    r"immintrin\.h|cpu_clones\.h|target_clones|__attribute__\(\(target\(|#pragma GCC target|_mm256_")
 
 
 def _cpu_specific_commands(build) -> list[tuple[str, list[str]]]:

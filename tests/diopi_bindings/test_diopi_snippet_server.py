@@ -25,7 +25,8 @@ SNIPPETS = {
         print('body')
     """,
     "environment": "import os; print(os.environ.get('SNIPPET_PROBE'), 'DIOPI_LIBRARY' in os.environ)",
-    "working directory on the path": "import bench, os; print(os.getcwd() == os.path.dirname(os.path.dirname(bench.__file__)))",
+    "working directory on the path":
+        "import bench, os; print(os.getcwd() == os.path.dirname(os.path.dirname(bench.__file__)))",
     "stdin is empty": "import sys; print(repr(sys.stdin.read()))",
     "a second registration": "import torch; torch.utils.rename_privateuse1_backend('probe'); print('renamed')",
 }
