@@ -3,11 +3,12 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "core/cpu_features.h"  // dicomm/csrc: one CPU feature test for every AVX2 kernel
+
 // The AVX2 paths exist on x86-64 only (chosen at load where the CPU has them); elsewhere (aarch64
 // hosts, as Ascend's) the generic bodies, which the compiler vectorises for that CPU.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PRECISION_X86_64 1
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define PRECISION_X86_64 0
@@ -171,18 +172,10 @@ void contiguous_f64(const double* p, int64_t n, Lanes& a) { contiguous_body(p, n
 #endif
 
 // The 32- and 16-bit floats: contiguous_avx2 where the CPU has AVX2 and F16C, else the generic body.
-#if PRECISION_X86_64
-// F16C (16-bit float conversions) from CPUID leaf 1 (clang's __builtin_cpu_supports does not name it).
-bool has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
-}
-#endif
-
 template <typename T>
 void contiguous_narrow(const T* p, int64_t n, Lanes& a) {
 #if PRECISION_X86_64
-  static const bool avx2 = __builtin_cpu_supports("avx2") && has_f16c();
+  static const bool avx2 = dicomm::cpu_has_avx2_f16c();
   if (avx2) return contiguous_avx2(p, n, a);
 #endif
   contiguous_body(p, n, a);

@@ -3,27 +3,14 @@
 #include "core/config.h"
 
 #include <cstdlib>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #include <string>
+
+#include "core/cpu_features.h"
 
 #include "reduce/kernel_table.h"
 
 namespace dicomm::reduction {
 namespace {
-
-bool cpu_has_avx2_f16c() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c".
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  return __builtin_cpu_supports("avx2") && f16c;
-#else
-  return false;
-#endif
-}
 
 // DICOMM_REDUCE_KERNELS=generic forces the portable kernels (to test them on any machine).
 const KernelTable& kernels() {
