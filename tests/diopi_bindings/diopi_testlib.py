@@ -118,6 +118,7 @@ class SnippetServer:
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self._pending = b""  # read from the server's stdout, not yet a whole line
 
     def _server(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
@@ -126,14 +127,21 @@ class SnippetServer:
                                              cwd=REPO_ROOT, env=base_env, stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, text=True, bufsize=1)
             atexit.register(self._process.stdin.close)
+            self._pending = b""
         return self._process
 
     def _reply(self, server: subprocess.Popen, deadline: float) -> dict:
-        if not select.select([server.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            raise TimeoutError
-        line = server.stdout.readline()
-        if not line:
-            raise RuntimeError("the snippet server exited")
+        # Read from the descriptor, not the file object: its buffer could hold the next line (a snippet
+        # that ends at once) where select() does not look, and the wait would run to the deadline.
+        fd = server.stdout.fileno()
+        while b"\n" not in self._pending:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise RuntimeError("the snippet server exited")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
     def run(self, code: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

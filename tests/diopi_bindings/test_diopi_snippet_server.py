@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from diopi_testlib import REPO_ROOT, SnippetServer
@@ -55,3 +56,22 @@ def test_a_snippet_past_its_timeout_is_killed_and_the_server_runs_the_next(serve
     with pytest.raises(subprocess.TimeoutExpired):
         server.run("import time; print('started', flush=True); time.sleep(600)", dict(os.environ), timeout=5)
     assert server.run("print('next')", dict(os.environ), timeout=60).stdout == "next\n"
+
+
+class _LateReader(SnippetServer):
+    """Reads the server's first answer only after the snippet has long ended: both answers are then in
+    the pipe together."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def _reply(self, server, deadline):
+        time.sleep(self.delay)
+        self.delay = 0.0
+        return super()._reply(server, deadline)
+
+
+def test_two_answers_read_together_are_both_taken():
+    got = _LateReader(delay=8.0).run("pass", dict(os.environ), timeout=30)  # a snippet done in about a second
+    assert got.returncode == 0 and got.stdout == ""
