@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_leaves
 
+from .dump import tensors_in
+
 
 @dataclass(frozen=True)
 class OpInfo:
@@ -30,13 +32,9 @@ class OpInfo:
         (a sparse tensor), where no listed backend has a kernel."""
         if not self.composite:
             return False
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                key = _backend_key(t) if t.layout == torch.strided else None
-                if key is not None:
-                    return key not in self.backend_kernels
-                break
-        return not self.backend_kernels
+        tensors = tensors_in((args, kwargs))
+        key = _backend_key(tensors[0]) if tensors and tensors[0].layout == torch.strided else None
+        return key not in self.backend_kernels if key is not None else not self.backend_kernels
 
     @property
     def mutates(self) -> bool:
