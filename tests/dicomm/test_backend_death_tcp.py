@@ -38,6 +38,12 @@ def _killed_in_batch(rank, ws, store, run):
         except dicomm.DicommError as e:
             noticed = time.time()
             killed = float(store.get("killed_at").decode())
+            # A survivor that returned would exit and close its communicator; the other survivor,
+            # not yet done, would then rightly report that survivor gone instead of rank 2. So
+            # each stays until both have recorded what they saw (bounded by the store's timeout).
+            if store.add("noticed", 1) == ws - 1:
+                store.set("all_noticed", "1")
+            store.wait(["all_noticed"])
             return {"took": noticed - killed, "error": f"{type(e).__name__}: {e}"}
         assert recv[0].item() == float(left) and recv[-1].item() == float(left)
     return {"took": None, "error": "never noticed"}
