@@ -58,9 +58,6 @@ def zero1_of(a: argparse.Namespace, plan: Plan | None) -> bool:
     run then differs from what was priced (optimizer memory, the all-gather)."""
     if a.zero1 is None:
         return plan.zero1 if plan is not None else True
-    if a.zero1 and plan is not None and plan.replicas:
-        raise SpecError("--zero1", "zero1", "asked for a plan of replica groups",
-                        "--no-zero1 or no flag: replica groups keep the optimizer state whole on every holder")
     if plan is not None and a.zero1 != plan.zero1:
         print(f"heteropp: {'--zero1' if a.zero1 else '--no-zero1'} overrides the plan's zero1: "
               f"{str(plan.zero1).lower()}; the run differs from what was priced (optimizer memory and all-gather)",

@@ -101,14 +101,14 @@ class Plan:
     version: int = PLAN_VERSION
     replicas: list[ReplicaGroup] = field(default_factory=list)  # replicas with different pipelines; [] = all alike
     # the training spec's zero1 the plan was priced with; a plan written before the field trained with ZeRO-1
-    # (a plan of replica groups: false, the only way the engine runs them)
+    # (a plan of replica groups written without it: false, as HeteroAuto priced those)
     zero1: bool = True
 
     @classmethod
     def of_replicas(cls, groups: list[ReplicaGroup], micro_batch_size: int, **kw: Any) -> "Plan":
         """A plan whose replica groups run different pipelines (the top-level fields mirror the first)."""
         g = groups[0]
-        kw.setdefault("zero1", False)  # the engine keeps each holder's optimizer state whole (replica_groups.py)
+        kw.setdefault("zero1", False)  # each holder keeps its parts' whole optimizer state unless the plan says
         return cls(stages=g.stages, dp=g.dp, micro_batch_size=micro_batch_size, micro_batches=g.micro_batches,
                    replicas=groups, **kw)
 
@@ -189,9 +189,6 @@ class Plan:
         if not isinstance(self.zero1, bool):
             raise SpecError(source, "zero1", f"got {self.zero1!r}", "true or false (default true: ZeRO-1)")
         if self.replicas:
-            if self.zero1:
-                raise SpecError(source, "zero1", "true with replica groups",
-                                "false: replica groups keep the optimizer state whole on every holder")
             return self._validate_groups(source, num_layers, heads, kv_heads, ffn, vocab, world_size, available,
                                          nodes)
         if not self.stages:

@@ -14,7 +14,9 @@ from ..spec import ModelSpec
 from .checkpoint import Checkpointer
 from .config import TrainOptions
 from .lr import LRSchedule
+from .holder_optim import HolderAdamW
 from .optim import LossScaler, ZeroAdamW
+from .replica_groups import HolderGroups
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -38,14 +40,21 @@ def build_chunks(m: ModelSpec, layer_ranges: list[tuple[range, bool, bool, bool]
 
 def make_optimizer(named: list[tuple[str, torch.nn.Parameter]], lr: float, opts: TrainOptions, clip: float | None,
                    dp: Any = None, dp_rank: int = 0, dp_size: int = 1, owned: list[bool] | None = None,
-                   distributed: bool = False) -> ZeroAdamW:
-    """AdamW with weight decay on matrices only (norms and biases are 1-D: no decay, as Megatron and HF do)."""
-    return ZeroAdamW([p for _, p in named], lr, dp, dp_rank, dp_size, weight_decay=opts.weight_decay, clip_norm=clip,
-                     owned=owned, distributed_norm=distributed, decay=[p.ndim > 1 for _, p in named],
-                     scaler=LossScaler() if opts.dtype == "fp16" else None, zero1=opts.zero1)
+                   distributed: bool = False, holders: HolderGroups | None = None) -> ZeroAdamW | HolderAdamW:
+    """AdamW with weight decay on matrices only (norms and biases are 1-D: no decay, as Megatron and HF do).
+    `holders`: this rank's place in a plan of replica groups trained with ZeRO-1 (each part's state sharded over
+    its holders, holder_optim.py; `dp` unused)."""
+    params, decay = [p for _, p in named], [p.ndim > 1 for _, p in named]
+    scaler = LossScaler() if opts.dtype == "fp16" else None
+    if holders is not None:
+        return HolderAdamW(params, [name for name, _ in named], holders, lr, weight_decay=opts.weight_decay,
+                           decay=decay, owned=owned if owned is not None else [True] * len(params), clip_norm=clip,
+                           distributed_norm=distributed, scaler=scaler)
+    return ZeroAdamW(params, lr, dp, dp_rank, dp_size, weight_decay=opts.weight_decay, clip_norm=clip, owned=owned,
+                     distributed_norm=distributed, decay=decay, scaler=scaler, zero1=opts.zero1)
 
 
-def resume(opt: ZeroAdamW, ckpt: Checkpointer, opts: TrainOptions) -> int:
+def resume(opt: ZeroAdamW | HolderAdamW, ckpt: Checkpointer, opts: TrainOptions) -> int:
     """Load the newest complete checkpoint into the optimizer (weights, moments, step, loss scale; the moments
     and step afresh with `reset_optimizer`); returns the step it was saved after."""
     state = {k: [x.clone() for x in v] for k, v in opt.full_state().items()}

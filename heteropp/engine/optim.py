@@ -66,13 +66,14 @@ class ZeroAdamW:
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.01,
                  clip_norm: float | None = None, owned: list[bool] | None = None, norm_group: Any = None,
                  distributed_norm: bool = False, decay: list[bool] | None = None,
-                 scaler: LossScaler | None = None, zero1: bool = True) -> None:
+                 scaler: LossScaler | None = None, zero1: bool = True, presummed: bool = False) -> None:
         """`clip_norm`: scale gradients so their global L2 norm is at most this (None: no clipping).
         `owned[i]`: whether this rank counts parameter i in the norm (False for a TP replica's copy).
         `distributed_norm`: the norm spans ranks (all-reduced over `norm_group`, None = the world).
         `decay[i]`: whether weight decay applies to parameter i (None: to all).
         `scaler`: fp16's dynamic loss scale (the loss was multiplied by scaler.scale).
-        `zero1`: shard the optimizer state over the DP group (False: every DP rank holds and updates it whole)."""
+        `zero1`: shard the optimizer state over the DP group (False: every DP rank holds and updates it whole).
+        `presummed`: the caller summed the gradients over the DP group already (replica_groups.py): no all-reduce."""
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be positive, got {clip_norm}")
         self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
@@ -80,6 +81,7 @@ class ZeroAdamW:
         self.scaler = scaler
         self.last_norm: float | None = None
         self.group, self.dp_rank, self.dp_size, self.zero1 = dp_group, dp_rank, dp_size, zero1
+        self.presummed = presummed
         total = sum(p.numel() for p in params)
         parts = dp_size if zero1 else 1  # shards of the optimizer state; without ZeRO-1 one, on every DP rank
         self.shard = -(-total // parts)
@@ -165,6 +167,10 @@ class ZeroAdamW:
         low-precision gradient is folded into the fp32 main_grad as it arrives)."""
         p.grad = None if self.state_dtype != self.dtype else p.main_grad  # type: ignore[attr-defined]
 
+    def state_elems(self) -> int:
+        """Elements of Adam's first moment this rank keeps (its shard under ZeRO-1, else the whole)."""
+        return self.m.numel()
+
     def zero_grad(self) -> None:
         self._grads.zero_()
         for p in self.params:
@@ -184,22 +190,35 @@ class ZeroAdamW:
     @torch.no_grad()
     def step(self) -> bool:
         """One update; False when fp16's loss scaler found an overflow and the step was skipped."""
+        done, norm = step_shards([self], self.scaler, self.clip_norm, self.distributed_norm, self.norm_group)
+        if norm is not None:
+            self.last_norm = norm
+        return done
+
+    def reduced_shard(self) -> torch.Tensor:
+        """This rank's shard of the gradient summed over the DP group (all-reduced here unless `presummed`)."""
         self._take_assigned_grads()
         missing = [i for i, p in enumerate(self.params) if not p.got_grad]
         if missing:
             raise RuntimeError(f"parameters {missing} got no gradient this step")
         grads = self._grads
-        if self.dp_size > 1:
+        if self.dp_size > 1 and not self.presummed:
             dist.all_reduce(grads, group=self.group)
-        g = grads[self.lo:self.lo + self.shard]
-        if self.scaler is not None:
-            if self._overflow(g):
-                self.scaler.update(True)
-                return False
-            g.mul_(1.0 / self.scaler.scale)  # the scale this step's loss was multiplied by
-            self.scaler.update(False)
-        if self.clip_norm is not None:
-            g.mul_(self._clip_coef(g))
+        return grads[self.lo:self.lo + self.shard]
+
+    def owned_sumsq(self, g: torch.Tensor) -> torch.Tensor:
+        """The sum of squares, in fp64, of the elements of the gradient shard `g` this rank counts in the norm;
+        a chunk at a time (a whole fp64 copy of the shard would be the step's largest allocation)."""
+        total = torch.zeros((), dtype=torch.float64, device=g.device)
+        for a, b in self._owned_runs:
+            for c in g[a:b].split(_CHUNK):
+                total += c.double().square().sum()
+        return total
+
+    @torch.no_grad()
+    def update(self, g: torch.Tensor) -> None:
+        """Adam's update of this rank's shard from its (unscaled, clipped) gradient shard `g`, which it spends,
+        then under ZeRO-1 the updated shards all-gathered over the DP group."""
         mine = self.master if self.master is not None else self._w[self.lo:self.lo + self.shard]
         self.t += 1
         lr, (b1, b2) = self.lr, self.betas
@@ -219,27 +238,6 @@ class ZeroAdamW:
             src = g.view(self.dtype)[:self.shard]
             src.copy_(self._w[self.lo:self.lo + self.shard])
             dist.all_gather(list(self._w.split(self.shard)), src, group=self.group)
-        return True
-
-    def _overflow(self, g: torch.Tensor) -> bool:
-        """Any inf or NaN in any rank's gradients (every rank must skip the same steps)."""
-        finite = all(bool(torch.isfinite(c).all()) for c in g.split(_CHUNK))  # a bool copy a chunk at a time
-        bad = torch.tensor([0.0 if finite else 1.0])
-        if self.distributed_norm:
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.norm_group)
-        return bad.item() > 0
-
-    def _clip_coef(self, g: torch.Tensor) -> float:
-        # in fp64, a chunk at a time (a whole fp64 copy of the shard would be the step's largest allocation)
-        total = torch.zeros((), dtype=torch.float64, device=g.device)
-        for a, b in self._owned_runs:
-            for c in g[a:b].split(_CHUNK):
-                total += c.double().square().sum()
-        sumsq = total.reshape(1).cpu()
-        if self.distributed_norm:
-            dist.all_reduce(sumsq, group=self.norm_group)
-        self.last_norm = math.sqrt(sumsq.item())
-        return min(1.0, self.clip_norm / (self.last_norm + 1e-6))  # torch's clip_grad_norm_ coefficient
 
     # -- checkpoints: per-parameter state, whole over the DP group ----------------------------------
     def _gathered(self, shard: torch.Tensor) -> torch.Tensor:
@@ -278,3 +276,39 @@ class ZeroAdamW:
             self.master.copy_(flat[self.lo:self.lo + self.shard])
         self._w.copy_(flat)  # every parameter at once: they are views of it
         self.t = step
+
+
+@torch.no_grad()
+def step_shards(opts: list[ZeroAdamW], scaler: LossScaler | None, clip_norm: float | None, distributed: bool,
+                norm_group: Any) -> tuple[bool, float | None]:
+    """One update of every optimizer in `opts` (each over its own parameters and DP group; together one rank's
+    parameters): fp16's overflow check and the clipping's global norm span all of them. Returns whether the step
+    was taken (False: an overflow somewhere, skipped) and the global norm where it clipped."""
+    shards = [o.reduced_shard() for o in opts]
+    if scaler is not None:
+        # any inf or NaN in any rank's gradients (every rank must skip the same steps); a bool copy a chunk at a time
+        finite = all(bool(torch.isfinite(c).all()) for g in shards for c in g.split(_CHUNK))
+        bad = torch.tensor([0.0 if finite else 1.0])
+        if distributed:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=norm_group)
+        if bad.item() > 0:
+            scaler.update(True)
+            return False, None
+        for g in shards:
+            g.mul_(1.0 / scaler.scale)  # the scale this step's loss was multiplied by
+        scaler.update(False)
+    norm = None
+    if clip_norm is not None:
+        total = opts[0].owned_sumsq(shards[0])
+        for o, g in zip(opts[1:], shards[1:]):
+            total += o.owned_sumsq(g)
+        sumsq = total.reshape(1).cpu()
+        if distributed:
+            dist.all_reduce(sumsq, group=norm_group)
+        norm = math.sqrt(sumsq.item())
+        coef = min(1.0, clip_norm / (norm + 1e-6))  # torch's clip_grad_norm_ coefficient
+        for g in shards:
+            g.mul_(coef)
+    for o, g in zip(opts, shards):
+        o.update(g)
+    return True, norm

@@ -7,7 +7,8 @@ Every layer, the embedding and the head (with the final norm) is held by one sta
 the backward passes each rank sums its gradients with every other rank that holds the same part at the
 same TP rank (one all-reduce per part over `HolderGroups.parts`; a layer has one TP size in every group,
 Plan.validate), so every holder steps the optimizer on the same total gradient and keeps the same weights.
-The optimizer state is then whole on every holder (no ZeRO-1 sharding across groups whose stages differ).
+Without ZeRO-1 the optimizer state is then whole on every holder; with it each holder keeps the state of its
+shard of each part and the updated shards are all-gathered over the part's holders (holder_optim.py).
 With tied embeddings the embedding and the head's copy of it are one matrix held by stage 0 and the last stage
 of every group (one parameter where a group has one stage): their gradients are summed over every holder of
 either (`HolderGroups.tie`, tied.py) instead of per part.
@@ -75,6 +76,9 @@ class HolderGroups:
     loss: Any = None  # the last stages' ranks of every group at this rank's TP rank (None off the last stage)
     tied: bool = False  # the head is the embedding: both summed over `tie`, not per part
     tie: Any = None  # every holder of the embedding or the head, in every group (None where this rank holds neither)
+    # tied: the holders of the head's copy of the embedding at this rank's TP rank (the last stages of the groups
+    # of more than one stage), whose ZeRO-1 shards it splits into (holder_optim.py); None where not held or alone
+    copy: Any = None
 
 
 def _holders(groups: list[GroupPlan]) -> dict[tuple[int | str, int], list[int]]:
@@ -91,6 +95,19 @@ def _holders(groups: list[GroupPlan]) -> dict[tuple[int | str, int], list[int]]:
     return out
 
 
+def _last_ranks(groups: list[GroupPlan], copies: bool = False) -> list[list[int]]:
+    """Per TP rank of the last stages: the ranks of every group's last stage at it; `copies`: only of the groups
+    of more than one stage (the holders of a tied embedding's copy as their head)."""
+    out: dict[int, list[int]] = {}
+    for g in groups:
+        k = len(g.stages) - 1
+        if k > 0 or not copies:
+            for d in range(g.stage_dp(k)):
+                for t in range(g.stages[k].tp):
+                    out.setdefault(t, []).append(g.rank_offsets()[k] + d * g.stages[k].tp + t)
+    return [out[t] for t in sorted(out)]
+
+
 def build_holder_groups(plan: Plan, groups: list[GroupPlan], rank: int, backend: str,
                         timeout_s: float, tied: bool = False) -> HolderGroups:
     """Every rank creates every holder group in the same order (torch requires it) and keeps its own; the
@@ -105,21 +122,19 @@ def build_holder_groups(plan: Plan, groups: list[GroupPlan], rank: int, backend:
         ends = sorted({r for (part, _), ranks in holders.items() if part in ("embed", "head") for r in ranks})
         pg = dist.new_group(ends, backend=backend, timeout=timeout)
         mine.tie = pg if rank in ends else None
+        for ranks in _last_ranks(groups, copies=True):
+            pg = dist.new_group(ranks, backend=backend, timeout=timeout) if len(ranks) > 1 else None
+            if rank in ranks:
+                mine.copy = pg
     for (part, _), ranks in sorted(holders.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         key = tuple(ranks)
         if key not in made:
             made[key] = dist.new_group(list(key), backend=backend, timeout=timeout) if len(key) > 1 else None
         if rank in key:
             mine.parts[part] = made[key]
-    lasts: dict[int, list[int]] = {}
-    for g in groups:
-        k = len(g.stages) - 1
-        for d in range(g.stage_dp(k)):
-            for t in range(g.stages[k].tp):
-                lasts.setdefault(t, []).append(g.rank_offsets()[k] + d * g.stages[k].tp + t)
-    for t in sorted(lasts):
-        pg = dist.new_group(lasts[t], backend=backend, timeout=timeout)
-        if rank in lasts[t]:
+    for ranks in _last_ranks(groups):
+        pg = dist.new_group(ranks, backend=backend, timeout=timeout)
+        if rank in ranks:
             mine.loss = pg
     return mine
 

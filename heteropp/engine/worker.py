@@ -79,6 +79,9 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
     if hg is None:
         opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, g.dp, d, plan.stage_dp(k), owned,
                              dist.get_world_size() > 1)
+    elif opts.zero1:  # each holder keeps the state of its shard of each part (holder_optim.py)
+        opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, owned=owned, distributed=dist.get_world_size() > 1,
+                             holders=hg)
     else:  # whole optimizer state on every holder; the norm counts the first group's first replica
         opt = make_optimizer(named, cfg.lr, opts, cfg.clip_grad, None, 0, 1,
                              [o and hg.index == 0 and d == 0 for o in owned], dist.get_world_size() > 1)
@@ -178,8 +181,9 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
             # torch's huge-page allocator at work in this rank (launch sets THP_MEM_ALLOC_ENABLE)
             "huge_page_tensors": _huge_pages_advised(torch.empty(1 << 20)),
             "skipped_steps": opt.scaler.skipped if opt.scaler else 0,
-            # elements of Adam's first moment this rank keeps: 1/dp of its stage's under ZeRO-1, else all
-            "optim_state_elems": opt.m.numel()}
+            # elements of Adam's first moment this rank keeps: 1/dp of its stage's under ZeRO-1 (of each part's,
+            # 1/its holders, in replica groups), else all
+            "optim_state_elems": opt.state_elems()}
 
 
 def _huge_pages_advised(tensor: torch.Tensor) -> bool:
