@@ -55,6 +55,8 @@ struct Pending : at::ObserverContext {
   std::vector<at::Tensor> written;  // the tensors it writes, where some memory is unwritten
   at::Tensor source;  // a same-elements view's input
   std::vector<std::pair<int64_t, at::Tensor>> in_masks;  // full capture: (k, mask) of its k-th input tensor
+  std::vector<c10::IValue> transfer_args;  // a receive's arguments, for its transfer record once issued
+  c10::IValue first_arg;  // OpFacts::first_arg_out: its output
   std::unique_ptr<Record> record;
 };
 
@@ -502,6 +504,10 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
     f->hidden_arg = 2;  // stride
   }
   const auto& args = handle->schema().arguments();
+  bool aliased = false, writes = false;  // as OpOverload.is_view
+  for (const auto& a : args)
+    if (a.alias_info() != nullptr) aliased = true, writes = writes || a.alias_info()->isWrite();
+  f->view = (aliased && !writes) || f->name == "aten::_unsafe_view";
   for (size_t i = 0; i < args.size(); ++i) {
     f->arg_names.push_back(args[i].name());
     f->arg_types.push_back(args[i].real_type());
@@ -515,6 +521,9 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
   f->kwarg_only_start = args.size();
   while (f->kwarg_only_start > 0 && args[f->kwarg_only_start - 1].kwarg_only()) --f->kwarg_only_start;
   for (const auto& ret : handle->schema().returns()) f->return_types.push_back(ret.real_type());
+  f->first_arg_out = f->name.rfind("c10d::", 0) == 0 && f->return_types.size() == 1 &&
+                     f->return_types[0]->kind() == c10::TypeKind::ClassType && !args.empty() &&
+                     (!f->point_to_point || f->name == "c10d::send");
   if (f->written_args.empty() && f->collective && f->name.back() == '_' && !args.empty())
     f->written_args.push_back(0);  // in-place collectives (allreduce_, broadcast_ ...) do not annotate it (as opinfo)
   // Keyed by the schema's own name string, which lives as long as the op is registered; a key
@@ -826,6 +835,7 @@ std::unique_ptr<at::ObserverContext> OpObserver::on_start(const at::RecordFuncti
   // catches a callback's exception, calls on_end without a context and goes on: the depth would stay
   // raised and later top-level ops would be taken for inner ones).
   try {
+    if (any_unread_.load(std::memory_order_relaxed) && !op->view) read_touched(fn.inputs());
     start_record(fn, *op, *p);
   } catch (const std::exception& e) {
     failed(*op, e.what());
@@ -887,11 +897,42 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
     r.random = drew ? 1 : 0;
   }
   if (op->collective) collective_args(r, inputs);
+  if (op->first_arg_out && !inputs.empty()) p->first_arg = inputs[0];
+  if (op->point_to_point && transfer_) {  // a send's bytes are read before it is issued
+    std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+    if (op->name == "c10d::send")
+      transfer(r, args, c10::IValue());
+    else
+      p->transfer_args = std::move(args);
+  }
   if (full_) {  // what an op writes is copied now, as it was before it
     r.full = true;
     if (!r.payload) r.payload = std::make_unique<Payload>();
     r.payload->arguments(*op, inputs, op->written_args.empty() ? nullptr : &written);
   }
+}
+
+void OpObserver::transfer(const Record& r, const std::vector<c10::IValue>& args, const c10::IValue& out) {
+  watch(transfer_(r, args, out));
+}
+
+void OpObserver::watch(const std::vector<int64_t>& unread) {
+  std::lock_guard<std::mutex> lock(unread_mutex_);
+  unread_.clear();
+  unread_.insert(unread.begin(), unread.end());
+  any_unread_ = !unread_.empty();
+}
+
+void OpObserver::read_touched(c10::ArrayRef<c10::IValue> inputs) {
+  std::vector<at::Tensor> touched;
+  {
+    std::lock_guard<std::mutex> lock(unread_mutex_);
+    for (const auto& v : inputs)
+      each_tensor(v, [&](const at::Tensor& t) {
+        if (t.has_storage() && unread_.count(reinterpret_cast<int64_t>(t.storage().data())) > 0) touched.push_back(t);
+      });
+  }
+  if (!touched.empty()) watch(touched_(touched));
 }
 
 void OpObserver::failed(const OpFacts& op, const char* what) {
@@ -946,8 +987,15 @@ void OpObserver::on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) 
 void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
   Pending* p = &pending;
   Record& r = *p->record;
+  if (!p->transfer_args.empty()) {  // a receive issued: its Work tells an any-source one's peer
+    const auto& returns = fn.outputs();
+    transfer(r, p->transfer_args, returns.size() == 1 ? returns[0] : c10::IValue());
+    p->transfer_args.clear();
+  }
   auto& outputs = tl_outputs;
   outputs.clear();
+  each_tensor(p->first_arg, [&](const at::Tensor& t) { outputs.push_back(t); });
+  p->first_arg = c10::IValue();
   for (const auto& v : fn.outputs()) each_tensor(v, [&](const at::Tensor& t) { outputs.push_back(t); });
   if (r.op->functional) {  // waited for as the engine would: the program's own wait is then a no-op
     static const auto wait = c10::Dispatcher::singleton()

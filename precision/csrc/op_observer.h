@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <deque>
@@ -104,6 +105,19 @@ class OpObserver {
     group_ranks_ = std::move(group_ranks);
   }
 
+  // Point-to-point transfers, recorded by Python in the capture's TransferLog as the Python hook
+  // records them (native_hook.hand_transfers): `transfer` at a send's start (before it is issued;
+  // out: None) and at a receive's end (out: its Work); `touched` with an op's tensors on the storage
+  // of a received buffer not read yet, before the op (not a view) runs. Each returns the storages
+  // (addresses) of the buffers still unread. module.cpp calls Python under the GIL. Set before start.
+  using Transfer =
+      std::function<std::vector<int64_t>(const Record&, const std::vector<c10::IValue>& args, const c10::IValue& out)>;
+  using Touched = std::function<std::vector<int64_t>(const std::vector<at::Tensor>&)>;
+  void set_transfers(Transfer transfer, Touched touched) {
+    transfer_ = std::move(transfer);
+    touched_ = std::move(touched);
+  }
+
   // Names of the dtypes as the index writes them (torch.float32 -> "float32"), set from Python.
   void set_dtype_name(c10::ScalarType dtype, std::string name) { dtype_names_.set(dtype, std::move(name)); }
 
@@ -168,6 +182,14 @@ class OpObserver {
   Readable readable_;
   GroupRanks group_ranks_;
   void collective_args(Record& r, c10::ArrayRef<c10::IValue> inputs);
+  Transfer transfer_;
+  Touched touched_;
+  void transfer(const Record& r, const std::vector<c10::IValue>& args, const c10::IValue& out);
+  void read_touched(c10::ArrayRef<c10::IValue> inputs);  // before an op: the unread buffers it reaches
+  void watch(const std::vector<int64_t>& unread);  // the storages of the buffers still unread
+  std::mutex unread_mutex_;
+  std::unordered_set<int64_t> unread_;
+  std::atomic<bool> any_unread_{false};
   std::vector<int64_t> group(const std::string& name);  // takes groups_mutex_; asks Python on a miss
   at::Tensor readable(const at::Tensor& t) const;  // t, or what holds its elements (a Python wrapper's)
   // Statistics computed this step, by tensor: a tensor seen again unchanged (a module's output is an

@@ -40,9 +40,13 @@ struct OpFacts {
   bool allocator = false;  // empty*: its output is uninitialised memory
   bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
   bool same_elements = false;  // a view whose output holds exactly its first argument's elements
+  bool view = false;  // its output aliases an input, which it does not write (opinfo's is_view)
   bool collective = false;     // c10d::*, _c10d_functional::*: its outputs hold the result once it completed
   bool functional = false;     // a functional collective (not its plumbing): complete once wait_tensor ran on it
   bool point_to_point = false;  // c10d::send, recv_: never waited for (gloo counts waits)
+  // A c10d op returning only its Work (send, reduce_, gather_ ...), not a receive: its output, as the
+  // Python hook records it, is its first argument (what it wrote, or a send's tensors).
+  bool first_arg_out = false;
   // Recorded under another name: aten::_reshape_alias, which reshape calls only where no Python
   // dispatch mode is active (under one it calls view): written as view, without its stride.
   std::string shown_name, shown_overload;

@@ -5,9 +5,11 @@ to a C++ thread that writes their text to the index file, off the training threa
 per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own) is gone; what stays
 in Python is per module and per step: the module stack (moved by the capture's module tracker),
 the tags of the autograd nodes each module created (kept in C++ by sequence number: the module of a
-backward op) and the optimizer phase (optimizer hooks). A full capture in part files (bulk) runs
-here too, unless torch.distributed is initialised. Both hooks number the same ops
-(tests/precision/test_precision_hook_sequences.py).
+backward op), the optimizer phase (optimizer hooks) and the point-to-point transfers' records
+(``hand_transfers``: a few per step). A full capture in part files (bulk) runs here too, unless
+torch.distributed is initialised. Both hooks number the same ops
+(tests/precision/test_precision_hook_sequences.py) and write the same transfer records
+(tests/precision/test_precision_transfer_hooks.py).
 
 ``choose(capture, wanted)`` says which hook a capture runs ("cpp" or "python") and, for "python",
 why; ``NativeHook`` is the context that installs the C++ one."""
@@ -22,6 +24,7 @@ import torch.optim.optimizer as optim_hooks
 from . import native
 from .collectives import ranks_by_name
 from .dump import INDEX, readable, tensors_in
+from .point_to_point import SEND
 
 HOOKS = ("auto", "cpp", "python")
 # Index records the C++ observer's writer thread may hold unwritten (a few hundred bytes each): a
@@ -32,9 +35,8 @@ MAX_QUEUED_BYTES = 1 << 30
 _NONE = object()  # torch.Tensor had no _make_subclass of its own
 
 
-def why_python(capture, asked: bool = False) -> str | None:
-    """Why ``capture`` cannot run on the C++ observer (``asked``: hook "cpp" named; else "auto"
-    choosing), or None when it can."""
+def why_python(capture) -> str | None:
+    """Why ``capture`` cannot run on the C++ observer, or None when it can."""
     sel = capture.selector
     if not native.available():
         return f"the C++ module is not available ({native.why_not()})"
@@ -50,11 +52,6 @@ def why_python(capture, asked: bool = False) -> str | None:
         return "a selection is set: the C++ observer records every op"
     if capture.with_callsite or capture.with_api:
         return "call sites or torch-level calls are recorded: those are Python frames"
-    if not asked and torch.distributed.is_available() and torch.distributed.is_initialized():
-        # the C++ observer records collectives and DDP's buckets (hook="cpp"), not the point-to-point
-        # transfers (send/recv) a pipeline's checks read
-        return ("torch.distributed is initialised: point-to-point transfers are recorded by the Python path "
-                "(hook='cpp' records collectives and DDP, without them)")
     if _ACTIVE is not None:
         return "another capture holds the C++ observer (one at a time)"
     if torch._C._len_torch_dispatch_stack() > 0:
@@ -68,7 +65,7 @@ def choose(capture, wanted: str) -> tuple[str, str | None]:
         raise ValueError(f"capture hook {wanted!r}; expected one of {', '.join(HOOKS)}")
     if wanted == "python":
         return "python", "asked for"
-    reason = why_python(capture, asked=wanted == "cpp")
+    reason = why_python(capture)
     if reason is None:
         return "cpp", None
     if wanted == "cpp":
@@ -101,6 +98,7 @@ class NativeHook:
         tracker.tagger = lambda output, path, seq: obs.tag(tensors_in(output), path, seq)
         hand_groups(obs)
         obs.set_python_side(readable, ranks_by_name)  # a collective's result, a group made mid-step
+        hand_transfers(obs, cap.transfers)
         if cap.mode == "full":
             obs.set_full(os.path.join(cap.path, "tensors"), cap.bulk_bytes,
                          -1 if cap.max_bytes is None else cap.max_bytes, MAX_QUEUED_BYTES)
@@ -166,6 +164,25 @@ def hand_groups(observer) -> None:
             observer.set_group(pg.group_name, dist.get_process_group_ranks(pg))
         except (RuntimeError, ValueError, AttributeError):  # a group this process is no member of
             continue
+
+
+def hand_transfers(observer, log) -> None:
+    """The observer records point-to-point transfers in ``log`` (the capture's TransferLog, written
+    to transfers.jsonl as the Python hook's are): a send's record, with what it sends, before it is
+    issued; a receive's once issued; a receive's buffer read before the first op (not a view) on its
+    storage. Each call returns the storages of the buffers still unread, which the observer watches."""
+    def transfer(rec: dict, args: tuple, group: list[int] | None, out) -> list[int]:
+        if rec["op"] == SEND:
+            log.sent(rec, args, group)
+        else:
+            log.received(rec, args, group, out)
+        return log.unread_storages()
+
+    def touched(tensors: list[torch.Tensor]) -> list[int]:
+        log.touched(tensors)
+        return log.unread_storages()
+
+    observer.set_transfers(transfer, touched)
 
 
 _ACTIVE: NativeHook | None = None  # the observer installed (one at a time)

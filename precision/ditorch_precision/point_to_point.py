@@ -45,7 +45,8 @@ def transfer_record(op: str, args, group: list[int] | None) -> dict:
 
 class TransferLog:
     """A tool's record of its transfers: ``run`` issues one and records it; ``before_op`` (every op,
-    before it runs) and ``resolve_all`` (at the check) read the receives' buffers."""
+    before it runs) and ``resolve_all`` (at the check) read the receives' buffers. The C++ op hook
+    records through ``sent``, ``received`` and ``touched`` (native_hook.hand_transfers)."""
 
     def __init__(self) -> None:
         self.records: list[dict] = []
@@ -53,26 +54,48 @@ class TransferLog:
 
     def run(self, rec: dict, func, args, kwargs, group: list[int] | None, quiet):
         """Issue the transfer ``func`` (``quiet``: the tool's context for its own ops); returns its output."""
-        record = {**rec, **transfer_record(rec["op"], args, group), "check": None}
         if rec["op"] == SEND:
             with quiet():
-                record["check"] = checksum(args[0])
+                record = self._record(rec, args, group, checksum(args[0]))
             out = func(*args, **kwargs)
+            self.records.append(record)
         else:
             out = func(*args, **kwargs)
-            self._receives.add(record, args[0], out)
-        self.records.append(record)
+            self.received(rec, args, group, out)
         return out
+
+    def sent(self, rec: dict, args, group: list[int] | None) -> None:
+        """A send about to be issued (``args``: its arguments): what it sends is read now."""
+        self.records.append(self._record(rec, args, group, checksum(args[0])))
+
+    def received(self, rec: dict, args, group: list[int] | None, out) -> None:
+        """A receive issued (``out``: its Work): its buffer is read later."""
+        record = self._record(rec, args, group, None)
+        self._receives.add(record, args[0], out)
+        self.records.append(record)
+
+    @staticmethod
+    def _record(rec: dict, args, group: list[int] | None, check: str | None) -> dict:
+        return {**rec, **transfer_record(rec["op"], args, group), "check": check}
 
     @property
     def waiting(self) -> bool:
         """Receives whose buffers have not been read yet (``before_op`` has work to do)."""
         return bool(self._receives)
 
+    def unread_storages(self) -> list[int]:
+        """The storage addresses of the receives' buffers not read yet."""
+        return sorted(self._receives.storages)
+
     def before_op(self, info, args, kwargs, quiet) -> None:
         if self._receives and not info.is_view:  # the program has waited for what it uses
             with quiet():
-                self._receives.resolve_touched(args, kwargs)
+                self.touched((args, kwargs))
+
+    def touched(self, tensors) -> None:
+        """An op (not a view) about to run on ``tensors`` (any nesting): the receives' buffers that
+        share storage with them are read now."""
+        self._receives.resolve_touched(tensors)
 
     def resolve_all(self, quiet) -> None:
         with quiet():
@@ -84,19 +107,19 @@ class PendingReceives:
 
     def __init__(self) -> None:
         self._items: list[tuple[dict, list[torch.Tensor], object]] = []
-        self._storages: set[int] = set()
+        self.storages: set[int] = set()
 
     def __bool__(self) -> bool:
         return bool(self._items)
 
     def add(self, record: dict, tensors: list[torch.Tensor], out) -> None:
         self._items.append((record, list(tensors), out))
-        self._storages.update(_storage(t) for t in tensors)
-        self._storages.discard(None)
+        self.storages.update(_storage(t) for t in tensors)
+        self.storages.discard(None)
 
-    def resolve_touched(self, args, kwargs) -> None:
-        """Read the buffers that this op's tensors share storage with (before the op runs)."""
-        touched = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)} & self._storages
+    def resolve_touched(self, tensors) -> None:
+        """Read the buffers that the op's ``tensors`` (any nesting) share storage with (before it runs)."""
+        touched = {_storage(t) for t in tree_leaves(tensors) if isinstance(t, torch.Tensor)} & self.storages
         if touched:
             self._resolve(lambda tensors: any(_storage(t) in touched for t in tensors))
 
@@ -113,7 +136,7 @@ class PendingReceives:
             if record["peer"] is None:  # any source: known once completed
                 record["peer"] = _source_rank(out, record.get("group"))
         self._items = keep
-        self._storages = {_storage(t) for _, tensors, _ in keep for t in tensors} - {None}
+        self.storages = {_storage(t) for _, tensors, _ in keep for t in tensors} - {None}
 
 
 def _storage(t: torch.Tensor) -> int | None:
