@@ -181,10 +181,8 @@ class CostModel:
         one node where the spec lists the type's nodes; several: at the slowest network, an explicit link
         shared by the tp shards' rings; fp32 gradients, and with ZeRO-1 the weights all-gathered), its
         optimizer step (a ZeRO-1 shard among those ranks) and, for a layer, the replicated key/value heads'
-        sum. replica_sim prices plans of replica groups without ZeRO-1, as the engine runs them."""
-        layer = self._layer_params(tp)
-        params = layer if isinstance(part, int) else (
-            self.profile.embed_params if part == "embed" else self.profile.head_params) / tp
+        sum. replica_sim prices a plan of replica groups with the plan's zero1, as the engine runs it."""
+        layer, params = self._layer_params(tp), self._part_params(part, tp)
         if len(chips) == 1:
             sync = self._grad_sync(chip, params, ranks, tp, one_node)
         else:
@@ -198,6 +196,17 @@ class CostModel:
                 sync += ring_allgather_s(self._weight_b * params, ranks, bw)
         optim = self.profile.get(chip, tp).optim_s * params / layer / (ranks if self.train.zero1 else 1)
         return sync + optim + (self._replica_sync(chip, tp) if isinstance(part, int) else 0.0)
+
+    def _part_params(self, part: int | str, tp: int) -> float:
+        """Weights of a layer (`part` its index), "embed" or "head" on one of `tp` ranks."""
+        if isinstance(part, int):
+            return self._layer_params(tp)
+        return (self.profile.embed_params if part == "embed" else self.profile.head_params) / tp
+
+    def part_static(self, part: int | str, tp: int, ranks: int) -> float:
+        """One rank's bytes of weights, gradients and optimizer state of a part held by `ranks` ranks per TP shard
+        (replica groups; with ZeRO-1 its optimizer state sharded among them, engine/holder_optim.py)."""
+        return self._part_params(part, tp) * self._static_per_param(ranks, self.train.zero1)
 
     def _coef(self, chip: str, tp: int, recompute: bool, dp: int, zero1: bool | None = None,
               schedule: str | None = None) -> StageCoef:

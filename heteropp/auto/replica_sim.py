@@ -8,8 +8,10 @@ every group; inside one node only where every group's stages, placed together, p
 node of a type whose nodes the spec lists), that starts once the last of its holding stages has finished its
 backwards. A stage runs its layers' all-reduces one after another, then its optimizer step (its ZeRO-1 shard
 among those ranks); the iteration ends with the last stage's. A plan of one group is priced the same way as
-plan_sim.simulate_plan prices it. The engine keeps a replica group's optimizer state whole on every holder
-(engine/replica_groups.py), so a plan of replica groups is priced, memory included, without ZeRO-1.
+plan_sim.simulate_plan prices it. A plan of replica groups is priced with its own zero1, as the engine runs it:
+with ZeRO-1 each holder keeps the optimizer state of its shard of each part (engine/holder_optim.py), so a
+stage's memory sums its parts' bytes, each part's state divided among all its holders; without it every holder
+keeps the whole state.
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ class GroupsResult:
 def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
     """The iteration time of `plan` (any plan; one of one group is priced as plan_sim prices it)."""
     groups = plan.groups
-    if plan.replicas and cm.train.zero1:  # as the engine runs replica groups: no ZeRO-1 sharding
-        cm = CostModel(cm.cluster, cm.model, replace(cm.train, zero1=False), cm.profile)
+    if plan.replicas and cm.train.zero1 != plan.zero1:  # as the engine runs it: with the plan's zero1
+        cm = CostModel(cm.cluster, cm.model, replace(cm.train, zero1=plan.zero1), cm.profile)
     if kind(plan.schedule).params:
         raise ValueError(f"schedule {plan.schedule!r}: replica groups take a schedule without parameters")
     specs = [plan_stages(g) for g in groups]
@@ -53,9 +55,12 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
     for g, st in zip(groups, specs):
         for pair in {frozenset((a.chip, b.chip)) for a, b in zip(st, st[1:]) if a.chip != b.chip}:
             crossing[pair] = crossing.get(pair, 0) + g.dp
+    holders = _holders(groups, specs)
     ends, peaks = [], []
-    for g, st in zip(groups, specs):
+    for i, (g, st) in enumerate(zip(groups, specs)):
         times, _ = cm.stage_times(st, g.dp)
+        if plan.replicas and cm.train.zero1:  # each part's optimizer state sharded over all its holders
+            times = [replace(t, static_bytes=_static(cm, holders, i, k, s)) for k, (t, s) in enumerate(zip(times, st))]
         es = [cm.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp,
                           crossing.get(frozenset((a.chip, b.chip)), g.dp)) for a, b in zip(st, st[1:])]
         res = simulate([replace(t, update=0.0) for t in times], es, g.micro_batches, plan.schedule,
@@ -65,7 +70,6 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
             done[stage] = max(done[stage], end)
         ends.append(done)
         peaks.append(res.peak_memory_bytes)
-    holders = _holders(groups, specs)
     nodes = _placed_nodes(cm, groups)
     start = {part: max(ends[h.group][h.stage] for h in hs) for part, hs in holders.items()}
     stage_end = [list(e) for e in ends]
@@ -81,6 +85,12 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
             stage_end[h.group][h.stage] += cm.part_update(part, chips, h.chip, h.tp, ranks, one_node)
     t = max(max(e) for e in stage_end)
     return GroupsResult(t, ends, stage_end, peaks)
+
+
+def _static(cm: CostModel, holders: dict[int | str, list[Holder]], group: int, stage: int, s: StageSpec) -> float:
+    """Stage `stage` of group `group`'s bytes of weights, gradients and optimizer state, part by part."""
+    return sum(cm.part_static(part, s.tp, sum(h.ranks for h in hs)) for part, hs in holders.items()
+               if any(h.group == group and h.stage == stage for h in hs))
 
 
 def _placed_nodes(cm: CostModel, groups: list[Plan]) -> dict[tuple[int, int], list[int]]:

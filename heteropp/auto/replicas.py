@@ -9,8 +9,8 @@ proportion to its throughput (micro-batches per second at that plan), rounded to
 faster. Groups whose plans give one layer different TP sizes cannot be joined (a layer's gradients are
 reduced shard by shard), and are skipped.
 
-The engine trains such plans (engine/replica_groups.py; with checkpoints and tied embeddings, and an elastic
-run re-plans them with best_per_replica); `heteroauto plan --per-replica` offers them, and only then.
+The engine trains such plans (engine/replica_groups.py; with ZeRO-1, checkpoints and tied embeddings, and an
+elastic run re-plans them with best_per_replica); `heteroauto plan --per-replica` offers them, and only then.
 """
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def best_per_replica(pb: Problem, budget: Budget | None = None) -> Plan | None:
 def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budget) -> Plan | None:
     """The plan of the chip types `types` alone with `micro_batches` of the global batch, or None."""
     cl = sub_cluster(pb.cluster, {c.name: c.count for c in pb.cluster.chips if c.name in types})
-    # without ZeRO-1: the engine keeps a replica group's optimizer state whole on every holder
-    train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size, zero1=False)
+    # with the spec's zero1; under ZeRO-1 the group's own replicas only share a part's optimizer state here, so its
+    # memory is never under the joined plan's, where every group's holders of the part share it (replica_sim)
+    train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size)
     try:
         return plan(make_problem(cl, pb.model, train, pb.cm.profile), budget).plan
     except (InfeasibleError, SpecError):
@@ -127,7 +128,7 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
         groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))
     joined = Plan.of_replicas(groups, pb.train.micro_batch_size, schedule=pb.train.schedule,
                               model=pb.model.name, num_layers=pb.model.layers, algo="per-replica",
-                              zero1=False)  # as priced and run: each holder keeps its layers' whole state
+                              zero1=pb.train.zero1)
     try:
         joined.validate(num_layers=pb.model.layers, available={c.name: c.count for c in pb.cluster.chips},
                         nodes={c.name: c.nodes for c in pb.cluster.chips if c.nodes})

@@ -1,8 +1,8 @@
 """The cost model prices the bytes the engine's data-parallel update sends (issue 30): ZeroAdamW all-reduces the
 gradients in its fp32 gradient buffer (bf16 and fp16 weights too) and, sharded (ZeRO-1), all-gathers the
 updated weights in their own dtype; a part of a plan of replica groups is all-reduced in fp32 among its
-holders, each keeping the whole optimizer state (replica_sim prices those plans without ZeRO-1: no all-gather,
-the whole step), as are stages of a `zero1: false` spec, whose every DP rank holds and steps the whole
+holders, then with ZeRO-1 each steps its shard and the weights are all-gathered among them (without, each
+keeps and steps the whole state: no all-gather), as a `zero1: false` spec's DP ranks hold and step the whole
 optimizer state. The element sizes and the share of the state a rank steps come from the engine's own buffers
 (an optimizer built as the engine builds it); the reference is the ring all-reduce and all-gather written out
 by hand. Hand-set profiles stand in for measured chips."""
@@ -59,14 +59,17 @@ def test_a_stage_update_prices_the_gradient_all_reduce_and_weight_all_gather_the
     assert cm.coef("X", 1, False, dp).upd == pytest.approx(all_reduce + all_gather + optim, rel=1e-12)
 
 
+@pytest.mark.parametrize("zero1", [False, True])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("types", [("X",), ("X", "Y")])
-def test_a_replica_group_part_prices_the_fp32_all_reduce_among_holders_with_whole_optimizer_state(
-        dtype: str, types: tuple[str, ...]) -> None:
-    grad_b, _ = _engine_bytes(dtype)  # the holders' sum runs over the same fp32 gradient buffer
-    cm = _model(dtype, zero1=False)
+def test_a_replica_group_part_prices_the_fp32_all_reduce_among_holders_then_its_zero1_gather(
+        dtype: str, types: tuple[str, ...], zero1: bool) -> None:
+    grad_b, weight_b = _engine_bytes(dtype)  # the holders' sum runs over the same fp32 gradient buffer
+    cm = _model(dtype, zero1=zero1)
     params, ranks = cm.profile.layer_params, 4
-    all_reduce = 2 * (ranks - 1) / ranks * params * grad_b / (NETWORK_GBS * 1e9)
-    optim = cm.profile.get("X", 1).optim_s  # every holder steps the whole part
+    bw = NETWORK_GBS * 1e9
+    all_reduce = 2 * (ranks - 1) / ranks * params * grad_b / bw
+    all_gather = (ranks - 1) / ranks * params * weight_b / bw if zero1 else 0.0
+    optim = cm.profile.get("X", 1).optim_s * _engine_state_share(ranks, zero1)  # each holder's share of the part
     got = cm.part_update(0, frozenset(types), "X", 1, ranks)
-    assert got == pytest.approx(all_reduce + optim, rel=1e-12)
+    assert got == pytest.approx(all_reduce + all_gather + optim, rel=1e-12)

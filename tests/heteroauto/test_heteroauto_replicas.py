@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from bench.heteroauto_vs_brute import random_problem
 from heteropp.auto.brute_force import brute_force
@@ -22,6 +24,7 @@ from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
 from heteropp.auto.replica_sim import simulate_groups
 from heteropp.auto.replicas import _join_split, _joined, best_per_replica, partitions
 from heteropp.engine.checks import check_run
+from heteropp.engine.optim import ZeroAdamW
 from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec import ModelSpec, SpecError, TrainSpec, cluster_from_dict
 
@@ -112,10 +115,12 @@ def test_too_many_chips_of_a_type_name_the_replica_groups():
     assert e.value.field == "replicas[*].stages[*].tp * dp * inner_dp", e.value.field
 
 
-def test_one_group_and_identical_groups_simulate_as_one_stage_list():
+@pytest.mark.parametrize("zero1", [False, True])
+def test_one_group_and_identical_groups_simulate_as_one_stage_list(zero1: bool):
     """A plan of one stage list takes the event-loop simulator's time of the stage list at dp 2; the same
-    plan written as two identical groups of one pipeline each takes it without ZeRO-1 (the engine keeps a
-    replica group's optimizer state whole), links shared by both pipelines."""
+    plan written as two identical groups of one pipeline each takes it with the plan's zero1 (with ZeRO-1 each
+    holder of a part keeps half its optimizer state, as a DP rank of the stage list does; without, the whole),
+    its peak memory too, links shared by both pipelines."""
     rng = random.Random(3)
     checked = 0
     while checked < 4:
@@ -126,13 +131,35 @@ def test_one_group_and_identical_groups_simulate_as_one_stage_list():
         stages = [StagePlan("X", 1, layers // 2), StagePlan("Z", 1, layers - layers // 2)]
         one = Plan(stages, dp=2, micro_batch_size=1, micro_batches=mb // 2, schedule="1f1b")
         two = Plan.of_replicas([ReplicaGroup([StagePlan(s.chip, s.tp, s.layers) for s in stages], mb // 2)
-                                for _ in range(2)], 1, schedule="1f1b")
+                                for _ in range(2)], 1, schedule="1f1b", zero1=zero1)
         want = simulate_plan(pb.cm, one).iteration_time_s
         assert simulate_groups(pb.cm, one).iteration_time_s == pytest.approx(want, rel=1e-12)
-        whole = CostModel(pb.cluster, pb.model, replace(pb.train, zero1=False), pb.cm.profile)
-        assert simulate_groups(pb.cm, two).iteration_time_s == pytest.approx(simulate_plan(whole, one).iteration_time_s,
-                                                                             rel=1e-12)
+        as_run = CostModel(pb.cluster, pb.model, replace(pb.train, zero1=zero1), pb.cm.profile)
+        ref, got = simulate_plan(as_run, one), simulate_groups(pb.cm, two)
+        assert got.iteration_time_s == pytest.approx(ref.iteration_time_s, rel=1e-12)
+        for peaks in got.peak_memory_bytes:
+            assert peaks == pytest.approx(ref.peak_memory_bytes, rel=1e-12)
         checked += 1
+
+
+def test_with_zero1_each_part_keeps_its_optimizer_state_shared_by_all_its_holders():
+    """X: layers 0-1 | 2-3; Y: layer 0 in two inner replicas | 1-3. The embedding and layer 0 have 3 holders (X's
+    stage 0, Y's two), layers 1-3 and the head 2: with ZeRO-1 each stage's peak is its peak without, less its
+    parts' optimizer state but 1/holders of each, at the bytes per parameter the engine's optimizer keeps
+    (master weight and two moments of bf16 weights)."""
+    pb = _two_types(0.5)
+    groups = [ReplicaGroup([StagePlan("X", 1, 2), StagePlan("X", 1, 2)], 2),
+              ReplicaGroup([StagePlan("Y", 1, 1, inner_dp=2), StagePlan("Y", 1, 3)], 2)]
+    on, off = (simulate_groups(pb.cm, Plan.of_replicas(groups, 2, schedule="1f1b", num_layers=4, zero1=z))
+               for z in (True, False))
+    opt = ZeroAdamW([nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))], 1e-3)
+    state_b = opt.m.element_size() + opt.v.element_size() + opt.master.element_size()
+    parts = {(0, 0): {"embed": 3, 0: 3, 1: 2}, (0, 1): {2: 2, 3: 2, "head": 2},
+             (1, 0): {"embed": 3, 0: 3}, (1, 1): {1: 2, 2: 2, 3: 2, "head": 2}}
+    for (g, k), held in parts.items():
+        saved = sum((LAYER_PARAMS if isinstance(p, int) else END_PARAMS) * state_b * (1 - 1 / n)
+                    for p, n in held.items())
+        assert on.peak_memory_bytes[g][k] == pytest.approx(off.peak_memory_bytes[g][k] - saved, rel=1e-12), (g, k)
 
 
 def test_two_different_groups_take_the_slowest_group_then_each_layers_all_reduce():
@@ -162,7 +189,7 @@ def test_the_per_replica_plan_beats_every_single_stage_list_and_equals_the_brute
     assert got.iteration_time_s == pytest.approx(min(p.iteration_time_s for p in shares if p), rel=1e-12)
     got.validate(num_layers=4, available={"X": 1, "Y": 1})
     assert [g.micro_batches for g in got.replicas] == [5, 3]
-    assert got.zero1 is False  # as replica_sim prices it and the engine runs it, although the spec says true
+    assert got.zero1 is True  # the spec's: replica_sim priced it so (above) and the engine runs it so
 
 
 def test_every_split_into_replica_groups_trains_the_whole_global_batch():
