@@ -87,10 +87,26 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
     return GroupsResult(t, ends, stage_end, peaks)
 
 
-def _static(cm: CostModel, holders: dict[int | str, list[Holder]], group: int, stage: int, s: StageSpec) -> float:
-    """Stage `stage` of group `group`'s bytes of weights, gradients and optimizer state, part by part."""
-    return sum(cm.part_static(part, s.tp, sum(h.ranks for h in hs)) for part, hs in holders.items()
-               if any(h.group == group and h.stage == stage for h in hs))
+def _static(cm: CostModel, holders: dict[int | str, list[Holder]], group: int, stage: int, s: StageSpec,
+            alone: bool = False) -> float:
+    """Stage `stage` of group `group`'s bytes of weights, gradients and optimizer state, part by part, each part's
+    state shared by all its holders (`alone`: by the stage's own replicas only, as its group planned alone)."""
+    out = 0.0
+    for part, hs in holders.items():
+        mine = [h for h in hs if h.group == group and h.stage == stage]
+        if mine:
+            out += cm.part_static(part, s.tp, mine[0].ranks if alone else sum(h.ranks for h in hs))
+    return out
+
+
+def shared_state_bytes(cm: CostModel, plan: Plan) -> list[list[float]]:
+    """Per group, per stage of a plan of replica groups with ZeRO-1: the optimizer state it keeps less than when
+    its group's own replicas alone share each part's (its group planned alone, replicas.py)."""
+    groups = plan.groups
+    specs = [plan_stages(g) for g in groups]
+    holders = _holders(groups, specs)
+    return [[_static(cm, holders, i, k, s, alone=True) - _static(cm, holders, i, k, s) for k, s in enumerate(st)]
+            for i, st in enumerate(specs)]
 
 
 def _placed_nodes(cm: CostModel, groups: list[Plan]) -> dict[tuple[int, int], list[int]]:

@@ -24,7 +24,7 @@ from ..spec import InfeasibleError, SpecError
 from .baselines import sub_cluster
 from .front_door import Budget, plan
 from .planning import Problem, make_problem
-from .replica_sim import simulate_groups
+from .replica_sim import shared_state_bytes, simulate_groups
 
 MAX_TYPES = 5  # 52 partitions of the types at most
 MAX_MOVES = 16  # micro-batches moved between groups, one at a time, while that is faster
@@ -126,9 +126,9 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
         if p is None:
             return None
         groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))
-    joined = Plan.of_replicas(groups, pb.train.micro_batch_size, schedule=pb.train.schedule,
-                              model=pb.model.name, num_layers=pb.model.layers, algo="per-replica",
-                              zero1=pb.train.zero1)
+    joined = _join(pb, groups)
+    if joined.zero1:  # each stage's memory estimate as joined: its parts' state shared by every group's holders
+        joined = _join(pb, [_less_state(g, saved) for g, saved in zip(groups, shared_state_bytes(pb.cm, joined))])
     try:
         joined.validate(num_layers=pb.model.layers, available={c.name: c.count for c in pb.cluster.chips},
                         nodes={c.name: c.nodes for c in pb.cluster.chips if c.nodes})
@@ -136,6 +136,18 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
         return None
     joined.iteration_time_s = simulate_groups(pb.cm, joined).iteration_time_s
     return joined
+
+
+def _join(pb: Problem, groups: list[ReplicaGroup]) -> Plan:
+    return Plan.of_replicas(groups, pb.train.micro_batch_size, schedule=pb.train.schedule, model=pb.model.name,
+                            num_layers=pb.model.layers, algo="per-replica", zero1=pb.train.zero1)
+
+
+def _less_state(g: ReplicaGroup, saved: list[float]) -> ReplicaGroup:
+    """`g` with each stage's memory estimate less `saved` bytes (per stage)."""
+    stages = [replace(st, est_memory_gb=None if st.est_memory_gb is None else round(st.est_memory_gb - b / 1e9, 3))
+              for st, b in zip(g.stages, saved)]
+    return replace(g, stages=stages)
 
 
 def describe(p: Plan) -> str:

@@ -192,6 +192,24 @@ def test_the_per_replica_plan_beats_every_single_stage_list_and_equals_the_brute
     assert got.zero1 is True  # the spec's: replica_sim priced it so (above) and the engine runs it so
 
 
+def test_a_per_replica_plan_with_zero1_states_each_stages_memory_with_its_parts_state_shared():
+    """X and Y each one stage of every part, so each part has 2 holders: under ZeRO-1 each stage's memory
+    estimate is the one without ZeRO-1 (the whole state) less half its parts' optimizer state, at the bytes per
+    parameter the engine's optimizer keeps for bf16 weights (its group alone, one chip, would keep it whole)."""
+    pb = _two_types(0.5)
+    off = best_per_replica(Problem(pb.cluster, pb.model, replace(pb.train, zero1=False),
+                                   CostModel(pb.cluster, pb.model, replace(pb.train, zero1=False), pb.cm.profile)))
+    on = best_per_replica(pb)
+    assert on is not None and off is not None and (on.zero1, off.zero1) == (True, False)
+    opt = ZeroAdamW([nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))], 1e-3)
+    state_b = opt.m.element_size() + opt.v.element_size() + opt.master.element_size()
+    half = (4 * LAYER_PARAMS + 2 * END_PARAMS) * state_b / 2 / 1e9
+    for g_on, g_off in zip(on.replicas, off.replicas):
+        for a, b in zip(g_on.stages, g_off.stages):
+            assert (a.layers, b.layers) == (4, 4)
+            assert a.est_memory_gb == pytest.approx(b.est_memory_gb - half, abs=1.5e-3), (a, b)
+
+
 def test_every_split_into_replica_groups_trains_the_whole_global_batch():
     """X with Y and Z 30 times slower: by throughput Y and Z would take a quarter of a micro-batch each, and
     every group takes at least one; the shares still add up to the training spec's 8 micro-batches."""
