@@ -20,12 +20,18 @@ def at_least(least: int) -> Callable[[str], int]:
     return parse
 
 
-def positive(text: str) -> float:
-    """Finite numbers > 0 (seconds, norms)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return v
+def greater_than(bound: float) -> Callable[[str], float]:
+    """Finite numbers > `bound`."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v > bound):
+            raise argparse.ArgumentTypeError(f"expected a finite number > {bound:g}, got {text!r}")
+        return v
+    return parse
+
+
+positive = greater_than(0)  # seconds, norms
+above_one = greater_than(1)  # ratios that mean "slower than"

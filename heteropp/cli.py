@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .argtypes import at_least, positive
+from .argtypes import above_one, at_least, positive
 from .data.cli import add_data_commands
 from .plan import SCHEDULES, Plan
 from .schedules import ScheduleError
@@ -98,7 +98,9 @@ def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None =
             "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
             "reset_optimizer": a.reset_optimizer, "hf_config": original,
-            "peak_flops": peak or None}
+            "peak_flops": peak or None,
+            # only `run` has it; unset: TrainOptions' default
+            **({"straggler_threshold": a.straggler_threshold} if getattr(a, "straggler_threshold", None) else {})}
 
 
 def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,
@@ -322,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --elastic: every this many steps each rank's state is also held in memory by its "
                    "host's and the next host's snapshot keeper, and a round resumes from there when it is at least "
                    "as new as the disk checkpoint (default 1; 0: off)")
+    r.add_argument("--straggler-threshold", type=above_one,
+                   help="report a stage as a straggler when its compute is this many times slower than predicted, "
+                   "relative to the other stages, over a window of steps (default 1.5; raise it on hosts whose speed "
+                   "varies on its own)")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per rank: stage, TP/DP position, device")
     r.set_defaults(fn=cmd_run)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..plan import Plan
 from ..spec import ModelSpec
+from .straggler import THRESHOLD as STRAGGLER_THRESHOLD
 
 DEFAULT_RECV_WINDOW = 4
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
@@ -31,6 +32,9 @@ class TrainOptions:
     async_save: bool = True  # checkpoints are written by a background thread while training goes on
     hf_config: dict[str, Any] | None = None  # the model's own config.json (when it came from one): export keeps it
     peak_flops: float | None = None  # summed peak FLOP/s of the plan's chips (the cluster spec's): the MFU's base
+    # a stage is reported a straggler when this many times slower than the others (straggler.py); raise it where
+    # the chips' speed varies on its own (shared hosts)
+    straggler_threshold: float = STRAGGLER_THRESHOLD
 
     def __post_init__(self) -> None:
         if self.dtype not in COMPUTE_DTYPES:

@@ -99,7 +99,8 @@ def train(cfg: RunConfig, plan: Plan, g: Groups, schedule: str | list[list[str]]
                        act_dtype=TORCH_DTYPES[opts.dtype])
     if rank == cfg.slow_rank:
         ex.delay_s = cfg.slow_s
-    watch = StragglerWatch(plan if hg is None else cfg.plan_obj)  # every replica group's stages together
+    # every replica group's stages together
+    watch = StragglerWatch(plan if hg is None else cfg.plan_obj, threshold=opts.straggler_threshold)
     slot = watch.slot_of(0 if hg is None else hg.index, k)
     actions = compile_schedule(plan, schedule)[k]
     label = schedule if isinstance(schedule, str) else "custom"

@@ -56,6 +56,15 @@ def test_a_timeout_or_clip_norm_that_is_not_a_positive_number(tmp_path, capsys, 
     assert f"{flag}: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["1", "0.5", "-2", "nan", "inf", "x"])
+def test_a_straggler_threshold_that_is_not_above_one(tmp_path, capsys, value):
+    """A threshold of 1 or less reports every stage that is not the fastest: a usage error, not a run."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--plan", _plan(tmp_path, GOOD), "--model", "tiny", "--straggler-threshold", value])
+    assert e.value.code == 2
+    assert f"--straggler-threshold: expected a finite number > 1, got {value!r}" in capsys.readouterr().err
+
+
 def test_a_plan_whose_chips_used_disagrees_with_its_stages(tmp_path, capsys):
     """`chips_used` is written from the stages; a plan edited in one place and not the other is rejected."""
     from heteropp.plan import PLAN_VERSION

@@ -17,6 +17,9 @@ from .elastic_run import TWO_CPU, ElasticRun
 from .long_tests import long_test
 
 STEPS = 7
+# The two ranks share this machine's cores with whatever else runs: an even run's stages were seen 2.1x apart
+# over a whole window (load ~5). The planted slowdown is ~11x: judged at 4x, the one is found, the other not.
+SHARED_HOST_THRESHOLD = 4.0
 
 
 # equal predictions for two equal halves of the tiny model (the head is small beside four layers)
@@ -24,10 +27,11 @@ PLAN = Plan([StagePlan("A", 1, 4, est_time_s=0.01), StagePlan("B", 1, 4, est_tim
             micro_batch_size=1, micro_batches=4, num_layers=8)
 
 
-def _run(tmp_path, plan: Plan, name: str, **kw) -> list[dict]:
+def _run(tmp_path, plan: Plan, name: str, threshold: float = SHARED_HOST_THRESHOLD, **kw) -> list[dict]:
     log = tmp_path / f"{name}.jsonl"
     launch(RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(PRESETS["tiny"]), steps=STEPS, backend="gloo",
-                     chip_map={"A": "cpu", "B": "cpu"}, loss_log=str(log), **kw))
+                     chip_map={"A": "cpu", "B": "cpu"}, loss_log=str(log),
+                     options={"straggler_threshold": threshold}, **kw))
     return [json.loads(x) for x in log.read_text().splitlines()]
 
 
@@ -36,7 +40,7 @@ def check_slowed_and_even(tmp_path, plan: Plan) -> None:
     replica group's stage) is reported, from a full window of steps on; an even run reports nothing."""
     slowed = _run(tmp_path, plan, "slow", slow_rank=1, slow_s=0.1)
     flagged = [r["stragglers"] for r in slowed if "stragglers" in r]
-    assert flagged and all(set(f) == {"1"} and f["1"] > 1.5 for f in flagged), slowed
+    assert flagged and all(set(f) == {"1"} and f["1"] > SHARED_HOST_THRESHOLD for f in flagged), slowed
     assert "stragglers" not in slowed[0]  # judged over a window of steps, not one
     even = _run(tmp_path, plan, "even")
     assert not any("stragglers" in r for r in even)
@@ -44,6 +48,8 @@ def check_slowed_and_even(tmp_path, plan: Plan) -> None:
 
 def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
     check_slowed_and_even(tmp_path, PLAN)
+    # the run's threshold is the watch's: ~11x slower is no straggler at 100x
+    assert not any("stragglers" in r for r in _run(tmp_path, PLAN, "lenient", threshold=100.0, slow_rank=1, slow_s=0.1))
 
 
 @pytest.mark.skipif(not os.access(CPU_CGROUP, os.W_OK), reason="needs cgroup v1's cpu controller, writable (root)")
