@@ -4,8 +4,9 @@ the embedding and the head's copy each on their own), sharded over every rank of
 part. Real processes (CPU tensors and gloo stand in for two chip types and their libraries), each plan with and
 without ZeRO-1: the losses of every step and every holder's final weights follow the single-process reference,
 clipping included, and each rank's Adam state, read from its optimizer, is its shard's size (the whole of its
-parts without ZeRO-1). A ZeRO-1 run's checkpoint resumes bit for bit, and resumes without ZeRO-1 as the
-reference continues. The plan and `heteropp run` take zero1 with replica groups."""
+parts without ZeRO-1); in fp16 a run with ZeRO-1 trains as one without. A ZeRO-1 run's checkpoint resumes bit
+for bit, and resumes without ZeRO-1 as the reference continues. The plan and `heteropp run` take zero1 with
+replica groups."""
 from __future__ import annotations
 
 import argparse
@@ -117,6 +118,18 @@ def test_each_rank_keeps_the_adam_state_of_its_shards(root: Path, case: str, zer
         assert r["1f1b"]["optim_state_elems"] == want, (
             f"{case} rank {rank} zero1={zero1}: Adam state of {r['1f1b']['optim_state_elems']} elements, want {want} "
             f"(parts {sizes})")
+
+
+def test_fp16_with_zero1_trains_as_without() -> None:
+    """fp16 weights: each holder keeps fp32 master weights of its shards only, unscales them by the one loss
+    scale of every part, and gathers the parts' fp16 roundings: the same losses, scale and weights as every
+    holder stepping its parts whole."""
+    on, off = (_launch(UNTIED, MODEL, STEPS, None, zero1=z, dtype="fp16") for z in (True, False))
+    assert _losses(on) == _losses(off) and _losses(on) != _reference("untied")["losses"]
+    assert [r["1f1b"]["skipped_steps"] for r in on.values()] == [r["1f1b"]["skipped_steps"] for r in off.values()]
+    got = holder_params(on, "1f1b")
+    assert all(t.dtype == torch.float16 for t in got.values())
+    assert not mismatches(got, holder_params(off, "1f1b"))
 
 
 def _from_step(root: Path, tmp: Path) -> str:
