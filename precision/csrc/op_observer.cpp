@@ -908,6 +908,7 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   if (full_) {  // what an op writes is copied now, as it was before it
     r.full = true;
     if (!r.payload) r.payload = std::make_unique<Payload>();
+    r.payload->readable = readable_ ? &readable_ : nullptr;
     r.payload->arguments(*op, inputs, op->written_args.empty() ? nullptr : &written);
   }
 }
@@ -995,7 +996,6 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
   auto& outputs = tl_outputs;
   outputs.clear();
   each_tensor(p->first_arg, [&](const at::Tensor& t) { outputs.push_back(t); });
-  p->first_arg = c10::IValue();
   for (const auto& v : fn.outputs()) each_tensor(v, [&](const at::Tensor& t) { outputs.push_back(t); });
   if (r.op->functional) {  // waited for as the engine would: the program's own wait is then a no-op
     static const auto wait = c10::Dispatcher::singleton()
@@ -1037,6 +1037,18 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
     auto type = [&](size_t i) { return i < r.op->return_types.size() ? r.op->return_types[i] : c10::TypePtr(); };
     if (returns.empty()) {
       pl.push(PayloadToken::None);
+    } else if (r.op->first_arg_out || r.op->point_to_point) {
+      // (what it wrote, its Work), as the Python hook saves a c10d op that returns only its Work; a
+      // receive's data is not known yet (never waited for): an empty list in its place
+      pl.begin(PayloadToken::TupleBegin);
+      if (r.op->first_arg_out) {
+        pl.value(p->first_arg, r.op->arg_types.empty() ? c10::TypePtr() : r.op->arg_types[0], nullptr);
+      } else {
+        pl.begin(PayloadToken::ListBegin);
+        pl.end();
+      }
+      pl.value(returns[0], type(0), nullptr);
+      pl.end();
     } else if (returns.size() == 1) {
       pl.value(returns[0], type(0), nullptr);
     } else {

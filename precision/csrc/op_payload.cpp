@@ -106,6 +106,9 @@ void Payload::value(const c10::IValue& v, const c10::TypePtr& type, const Writte
         }
         default: tensor(t, written); return;
       }
+    } else if (readable != nullptr && t.key_set().has(c10::DispatchKey::Python)) {
+      tensor((*readable)(t), written);
+      return;
     } else {
       tensor(t, written);
       return;

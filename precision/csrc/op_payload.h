@@ -5,6 +5,8 @@
 // part file's header holds for it (part_file.write_part's encoding) is written by format_payload.
 #pragma once
 
+#include <functional>
+
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type_base.h>
 #include <ATen/core/Tensor.h>
@@ -46,6 +48,9 @@ struct Payload {
   std::vector<at::Tensor> tensors;
   std::vector<bool> program;  // tensors[i] is the program's own tensor (not a copy): guarded, waited for
   int64_t nbytes = 0;         // of the arguments' and outputs' tensors (not the masks): the size cap's count
+  // The plain tensor holding a Python wrapper subclass's elements (OpObserver::readable, waited for
+  // where it is a functional collective's result), as dump._plain saves it; null: tensors as they are.
+  const std::function<at::Tensor(const at::Tensor&)>* readable = nullptr;
 
   void clear();
   // A tensor as saveable_leaf keeps it: uncopied where it covers its whole CPU storage, else a

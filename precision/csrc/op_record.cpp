@@ -328,6 +328,10 @@ struct Writer {
       if (r.random >= 0) out += r.random ? "\"random\": true, " : "\"random\": false, ";
       outputs();
       file();
+      if (r.op->collective) {
+        out += ", ";
+        collective();
+      }
       key();
       out += '}';
       return;
@@ -338,26 +342,31 @@ struct Writer {
     if (r.random >= 0) out += r.random ? ", \"random\": true" : ", \"random\": false";
     out += ", ";
     outputs();
-    if (r.op->collective) {  // as the Python hook writes them: the cross-rank checks read them
-      out += "\"reduce_op\": ";
-      if (r.reduce_op.empty())
-        out += "null";
-      else
-        put_string(out, r.reduce_op);
-      out += ", \"group\": ";
-      if (r.group.empty()) {
-        out += "null";
-      } else {
-        out += '[';
-        for (size_t i = 0; i < r.group.size(); ++i) {
-          if (i) out += ", ";
-          put_int(out, r.group[i]);
-        }
-        out += ']';
-      }
+    if (r.op->collective) {
+      collective();
       out += ", ";
     }
     all_stats();
+  }
+
+  // A collective's "reduce_op" and "group", as the Python hook writes them: the cross-rank checks read them.
+  void collective() {
+    out += "\"reduce_op\": ";
+    if (r.reduce_op.empty())
+      out += "null";
+    else
+      put_string(out, r.reduce_op);
+    out += ", \"group\": ";
+    if (r.group.empty()) {
+      out += "null";
+    } else {
+      out += '[';
+      for (size_t i = 0; i < r.group.size(); ++i) {
+        if (i) out += ", ";
+        put_int(out, r.group[i]);
+      }
+      out += ']';
+    }
   }
 
   void module_line() {

@@ -6,10 +6,10 @@ per-op path (the dispatch mode, about 1.3x the step of a small LLaMA on its own)
 in Python is per module and per step: the module stack (moved by the capture's module tracker),
 the tags of the autograd nodes each module created (kept in C++ by sequence number: the module of a
 backward op), the optimizer phase (optimizer hooks) and the point-to-point transfers' records
-(``hand_transfers``: a few per step). A full capture in part files (bulk) runs here too, unless
-torch.distributed is initialised. Both hooks number the same ops
-(tests/precision/test_precision_hook_sequences.py) and write the same transfer records
-(tests/precision/test_precision_transfer_hooks.py).
+(``hand_transfers``: a few per step). A full capture in part files (bulk) runs here too, also under
+torch.distributed (a collective's tensors saved as the Python hook saves them). Both hooks number
+the same ops (tests/precision/test_precision_hook_sequences.py) and write the same transfer records
+and collectives (tests/precision/test_precision_transfer_hooks.py).
 
 ``choose(capture, wanted)`` says which hook a capture runs ("cpp" or "python") and, for "python",
 why; ``NativeHook`` is the context that installs the C++ one."""
@@ -42,11 +42,8 @@ def why_python(capture) -> str | None:
         return f"the C++ module is not available ({native.why_not()})"
     if capture.mode not in ("stats", "full"):
         return f"mode {capture.mode!r}: the C++ observer writes statistics (mode 'stats') or tensors (mode 'full')"
-    if capture.mode == "full":
-        if not capture.bulk or not capture.save_tensors:
-            return "a full capture without bulk part files (bulk=False) or without tensors: the Python path writes it"
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return "torch.distributed is initialised: a full capture's collectives are written by the Python path"
+    if capture.mode == "full" and (not capture.bulk or not capture.save_tensors):
+        return "a full capture without bulk part files (bulk=False) or without tensors: the Python path writes it"
     if any(v is not None for v in (sel.ops, sel.exclude_ops, sel.modules, sel.steps, sel.ranks, sel.phases,
                                    sel.apis)):
         return "a selection is set: the C++ observer records every op"

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ditorch_precision import Capture, native
+from ditorch_precision.dump import Dump, tensors_in
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not native.available(), reason=f"C++ module not built: {native.why_not()}")]
@@ -109,6 +110,38 @@ def test_both_hooks_record_functional_collectives_once_complete_and_write_the_sa
     module = next(r for r in step0 if r["op"] == "module::output" and r["module"] == "_RowParallel")
     _assert_stats(module, _float64_stats(partial))
     _assert_stats(by_op["aten::slice"][0], _float64_stats(partial.view(-1)[:5]))
+
+
+def _saved(path: str, hook: str, group) -> list[tuple[str, list, list]]:
+    """A full capture of ``_program``: per op record, (op, tensors of its arguments, of its outputs)."""
+    torch.manual_seed(0)
+    model, x = _RowParallel(group), torch.randn(3, 6)
+    with torch.no_grad(), Capture(path, mode="full", hook=hook) as cap:
+        _program(cap, model, x, group)
+    assert cap.hook_used == hook
+    d = Dump.open(path)
+    return [(r["op"], tensors_in((data["args"], data["kwargs"])), tensors_in(data["outputs"]))
+            for r, data in ((r, d.load(r)) for r in d.op_records)]
+
+
+def test_a_full_capture_saves_the_elements_a_wrapper_holds_through_both_hooks(tmp_path, world):
+    """A functional collective's result (an AsyncCollectiveTensor, without storage of its own) as an
+    op's argument or output: both hooks save the plain tensor it wraps, once waited for."""
+    cpp = _saved(str(tmp_path / "cpp"), "cpp", world)
+    python = _saved(str(tmp_path / "python"), "python", world)
+    assert [op for op, _, _ in cpp] == [op for op, _, _ in python]
+    for (op, args_c, outs_c), (_, args_p, outs_p) in zip(cpp, python):
+        for got, want in zip(args_c + outs_c, args_p + outs_p):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=op)
+    torch.manual_seed(0)  # 1 rank: the row-parallel sum is the partial product, computed without a capture
+    model, x = _RowParallel(world), torch.randn(3, 6)
+    with torch.no_grad():
+        partial = model.lin(x)
+    summed = next(outs for op, _, outs in cpp if op == "_c10d_functional::all_reduce")
+    torch.testing.assert_close(summed[0], partial, rtol=0, atol=0)
+    # the wrapper as an argument: the view of the program's ``y.view(-1)``
+    (viewed,) = next(args for op, args, _ in cpp if op == "aten::view")
+    torch.testing.assert_close(viewed, partial, rtol=0, atol=0)
 
 
 def _autograd_capture(path: str, hook: str, group) -> list[dict]:

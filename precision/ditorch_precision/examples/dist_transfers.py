@@ -1,11 +1,12 @@
 """Point-to-point transfers, as a pipeline's stage hand-offs issue them, and two collectives, under a
-stats Capture through each op hook: ``python -m ditorch_precision.examples.dist_transfers OUT WORLD PORT``
-(world 2; one process per rank on gloo). Ranks 0 and 1 exchange tensors with send/recv (one from any
-source), isend/irecv and batch_isend_irecv, in a module and in backward, then all-reduce and reduce a
-gradient. One received buffer is first reached through a view, one is received into a row of a larger
-tensor, one is never used. Each rank writes OUT/{python,auto}/capture/rank{r}/ (hook "python", then hook
-"auto") and OUT/tensors_rank{r}.pt: per transfer in issue order, what it sent or (once complete)
-received, taken after the capture."""
+stats and a full Capture through each op hook: ``python -m ditorch_precision.examples.dist_transfers
+OUT WORLD PORT`` (world 2; one process per rank on gloo). Ranks 0 and 1 exchange tensors with
+send/recv (one from any source), isend/irecv and batch_isend_irecv, in a module and in backward,
+then all-reduce and reduce a gradient. One received buffer is first reached through a view, one is
+received into a row of a larger tensor, one is never used. Each rank writes
+OUT/{stats,full}/{python,auto}/capture/rank{r}/ (hook "python", then hook "auto") and
+OUT/tensors_rank{r}.pt: per transfer in issue order, what it sent or (once complete) received, taken
+after the captures."""
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from ditorch_precision import Capture
 from ditorch_precision.examples import gloo_job
 
+MODES = ("stats", "full")
 HOOKS = ("python", "auto")
 
 
@@ -86,9 +88,10 @@ def program(rank: int) -> list[tuple[str, torch.Tensor]]:
 def worker(rank: int, world: int, port: int, out: str) -> None:
     with gloo_job.joined(rank, world, port):
         moved = []
-        for hook in HOOKS:
-            with Capture(os.path.join(out, hook, "capture", f"rank{rank}"), mode="stats", hook=hook):
-                moved = program(rank)
+        for mode in MODES:
+            for hook in HOOKS:
+                with Capture(os.path.join(out, mode, hook, "capture", f"rank{rank}"), mode=mode, hook=hook):
+                    moved = program(rank)
         torch.save([(direction, t.clone()) for direction, t in moved], os.path.join(out, f"tensors_rank{rank}.pt"))
 
 
