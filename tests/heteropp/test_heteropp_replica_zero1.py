@@ -36,7 +36,11 @@ UNTIED = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 2), StagePlan("A", 1,
 TIED_PLAN = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 4)], 2),
                               ReplicaGroup([StagePlan("B", 1, 1), StagePlan("B", 1, 3)], 3, dp=2)], 1,
                              schedule="1f1b", num_layers=MODEL.layers)
-CASES = {"untied": (UNTIED, MODEL, CLIP), "tied": (TIED_PLAN, TIED, None)}
+# layer 0 and the embedding at TP 2 in both groups (A cut 1|3, B cut 1|1|2): each TP shard of a part has 2 holders
+TP2 = Plan.of_replicas([ReplicaGroup([StagePlan("A", 2, 1), StagePlan("A", 1, 3)], 2),
+                        ReplicaGroup([StagePlan("B", 2, 1), StagePlan("B", 1, 1), StagePlan("B", 1, 2)], 3)], 1,
+                       schedule="1f1b", num_layers=MODEL.layers)
+CASES = {"untied": (UNTIED, MODEL, CLIP), "tied": (TIED_PLAN, TIED, None), "tp2": (TP2, MODEL, None)}
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +115,7 @@ def test_each_rank_keeps_the_adam_state_of_its_shards(root: Path, case: str, zer
     assert len(res) == plan.world_size
     for rank, r in res.items():
         sizes: dict[str, int] = {}
-        for name, (weight, _, _) in r["1f1b"]["params"].items():  # TP 1: the rank holds its parameters whole
+        for name, (weight, _, _) in r["1f1b"]["params"].items():  # this rank's TP shard of each
             b = _bucket(name, case == "tied")
             sizes[b] = sizes.get(b, 0) + weight.numel()
         want = sum(-(-n // _holders(plan, b)) if zero1 else n for b, n in sizes.items())
