@@ -106,9 +106,9 @@ def test_engine_tests_pass_under_asan_and_ubsan(tmp_path):
 
 # The precision module's tests that run it: the C++ op hook (stats and full captures, the index
 # writer and its thread, uninitialised memory through views, DDP and tensor-parallel gloo jobs with
-# c10d and functional collectives, a fork inside a capture, an op it cannot describe, the ops it
-# numbers and the ones it does not). About two
-# and a half minutes of a 2-core machine, and the module's build.
+# c10d and functional collectives, point-to-point transfers, a fork inside a capture, an op it cannot
+# describe, the ops it numbers and the ones it does not). About three minutes of a 2-core machine,
+# and the module's build.
 PRECISION_TESTS = [
     "tests/precision/test_precision_native.py",
     "tests/precision/test_precision_native_full.py",
@@ -118,6 +118,7 @@ PRECISION_TESTS = [
     "tests/precision/test_precision_capture_undescribed_op.py",
     "tests/precision/test_precision_functional_collectives.py",
     "tests/precision/test_precision_hook_sequences.py",
+    "tests/precision/test_precision_transfer_hooks.py",
 ]
 
 
