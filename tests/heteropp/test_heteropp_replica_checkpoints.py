@@ -4,7 +4,9 @@ run resumed from its step-2 checkpoint continues bit for bit as the run that nev
 holder's weights), which itself follows the single-process reference; and the checkpoint is the plan's no
 more than any other: one written by the replica groups resumes on a plan of one stage list (other cuts, TP
 sizes and micro-batches) and one written by that plan resumes on the replica groups, both following the
-reference. The whole run saves in the background (async_save, the default), the resumed ones in the
+reference; it also resumes on replica groups that shard the optimizer state otherwise and in one process. The
+groups run with ZeRO-1 (the default): each part's Adam state is sharded over its holders. The whole run saves in
+the background (async_save, the default), the resumed ones in the
 foreground."""
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from tests.heteropp.heteropp_helpers import MODEL, check_losses, holder_params, 
 STEPS, SAVE = 4, 2
 # the head is the embedding: its copy on a last stage is not written, and is read from the embedding's key
 TIED = dataclasses.replace(MODEL, tie_embeddings=True)
-OPTIONS = {"warmup_steps": 1, "lr_decay": "cosine", "min_lr": 1e-4, "save_every": SAVE}
+# ZeRO-1 (the default, said here so that the test keeps it): each part's Adam state sharded over its holders
+OPTIONS = {"warmup_steps": 1, "lr_decay": "cosine", "min_lr": 1e-4, "save_every": SAVE, "zero1": True}
 # A: two stages of 2 layers, 3 micro-batches; B: 1 + 3 layers, 5 micro-batches (global batch 8)
 GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 2), StagePlan("A", 1, 2)], 3),
                            ReplicaGroup([StagePlan("B", 1, 1), StagePlan("B", 1, 3)], 5)], 1,
@@ -36,6 +39,11 @@ GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("A", 1, 2), StagePlan("A", 1,
 PARAM_RTOL = 1e-4
 ONE_LIST = Plan([StagePlan("A", 2, 3), StagePlan("B", 1, 1)], dp=1, micro_batch_size=2, micro_batches=4,
                 num_layers=TIED.layers, schedule="1f1b")
+# other replica groups: B cut 3 + 1 in two pipelines of 2 micro-batches, A one stage of 4: every part's state is
+# sharded 3 ways (2 ways in GROUPS), the head's copy 2 ways, and group A's one stage holds both ends as one matrix
+OTHER_GROUPS = Plan.of_replicas([ReplicaGroup([StagePlan("B", 1, 3), StagePlan("B", 1, 1)], 2, dp=2),
+                                 ReplicaGroup([StagePlan("A", 1, 4)], 4)], 1,
+                                schedule="1f1b", num_layers=TIED.layers, zero1=True)
 
 
 def _launch(plan: Plan, ck, steps: int = STEPS, **options) -> dict:
@@ -53,9 +61,10 @@ def _losses(results: dict) -> list[float]:
 
 
 @functools.lru_cache(maxsize=None)
-def _reference() -> dict:
+def _reference(**options) -> dict:
+    """The single-process run; `options`: more TrainOptions (a checkpoint to resume from)."""
     return train_reference(TIED, STEPS, GROUPS.global_batch, collect_params=True, verbose=False,
-                           opts=TrainOptions(**{k: v for k, v in OPTIONS.items() if k != "save_every"}))
+                           opts=TrainOptions(**{k: v for k, v in OPTIONS.items() if k != "save_every"}, **options))
 
 
 def _step2(ck, tmp) -> str:
@@ -94,6 +103,22 @@ def test_a_checkpoint_resumes_across_replica_groups_and_one_stage_list(whole, tm
     on_groups = _launch(GROUPS, _step2(tmp_path / "list", tmp_path / "from-list"), resume=True, async_save=False)
     check_losses(_losses(on_groups), ref["losses"][SAVE:], "one stage list's checkpoint on the groups")
     assert not mismatches(holder_params(on_groups, "1f1b", tied=True), ref["params"], PARAM_RTOL)
+
+
+def test_a_zero1_checkpoint_of_replica_groups_resumes_on_other_groups_and_in_one_process(whole, tmp_path) -> None:
+    """The groups' step-2 checkpoint (each part's Adam moments written from its holders' ZeRO-1 shards) resumes on
+    replica groups sharded otherwise and in one process (`heteropp reference --resume`): both continue as the
+    reference that never stopped, so the moments were whole when written."""
+    ref = _reference()
+    assert OTHER_GROUPS.global_batch == GROUPS.global_batch
+    on_other = _launch(OTHER_GROUPS, _step2(whole[1], tmp_path / "other"), resume=True, async_save=False)
+    assert {r["1f1b"]["start_step"] for r in on_other.values()} == {SAVE}
+    check_losses(_losses(on_other), ref["losses"][SAVE:], "groups' checkpoint on other groups")
+    assert not mismatches(holder_params(on_other, "1f1b", tied=True), ref["params"], PARAM_RTOL)
+    one = _reference(checkpoint_dir=_step2(whole[1], tmp_path / "one"), resume=True)
+    assert one["start_step"] == SAVE
+    check_losses(one["losses"], ref["losses"][SAVE:], "groups' checkpoint in one process")
+    assert not mismatches(one["params"], ref["params"], PARAM_RTOL)
 
 
 def test_heteropp_run_takes_a_checkpoint_dir_for_replica_groups(tmp_path) -> None:

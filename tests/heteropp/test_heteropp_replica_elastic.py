@@ -29,10 +29,11 @@ def _chip(name: str, tflops: float) -> dict:
 CLUSTER = {"name": "fast-slow", "chips": [_chip("fast", 0.2), _chip("slow", 0.1)],
            "links": [{"between": ["fast", "slow"], "bandwidth": 0.05}]}
 MODEL = ModelSpec("long", layers=4, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=128, seq_len=256)
-TRAIN = {"global_batch": 16, "micro_batch_size": 1, "dtype": "fp32", "zero1": False, "schedule": "1f1b"}
-# what `heteropp run --elastic` is given: every round re-plans, so only its batch, schedule and kind matter
+# ZeRO-1, the default: each part's optimizer state sharded over its holders in every group
+TRAIN = {"global_batch": 16, "micro_batch_size": 1, "dtype": "fp32", "zero1": True, "schedule": "1f1b"}
+# what `heteropp run --elastic` is given: every round re-plans, so only its batch, schedule, kind and zero1 matter
 GIVEN = Plan.of_replicas([ReplicaGroup([StagePlan("fast", 1, 4)], 8), ReplicaGroup([StagePlan("slow", 1, 4)], 8)],
-                         1, schedule="1f1b", num_layers=MODEL.layers)
+                         1, schedule="1f1b", num_layers=MODEL.layers, zero1=True)
 
 
 def test_ranks_take_their_places_group_by_group() -> None:
@@ -50,7 +51,7 @@ def test_a_round_re_plans_replica_groups_where_they_are_faster() -> None:
     one = replan(cluster, MODEL, TRAIN)
     groups = replan(cluster, MODEL, TRAIN, per_replica=True)
     assert not one.replicas and groups.replicas
-    assert [[s.chip for s in g.stages] for g in groups.groups] == [["fast"], ["slow"]]
+    assert [[s.chip for s in g.stages] for g in groups.groups] == [["fast"], ["slow"]] and groups.zero1
     assert groups.iteration_time_s < one.iteration_time_s and groups.global_batch == TRAIN["global_batch"]
     # the slow chip lost: the fast one alone, one stage list
     alone = replan(cluster_from_dict({**CLUSTER, "chips": [_chip("fast", 0.2)], "links": []}, "cluster"), MODEL,
@@ -79,7 +80,8 @@ def test_elastic_write_config_takes_a_plan_of_replica_groups(tmp_path) -> None:
 
 @long_test("~1 min on 2 cores")
 def test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone(tmp_path) -> None:
-    """Round 1 runs replica groups (each chip its own pipeline), each rank's state also in the hosts' memory
+    """Round 1 runs replica groups (each chip its own pipeline) with ZeRO-1 (each chip steps half of every part's
+    Adam state and all-gathers the weights), each rank's state also in the hosts' memory
     every step (the default); the slow host is SIGKILLed after the step-3 checkpoint; round 2 resumes (from
     memory, or the disk) on the fast chip alone and finishes. Every step's loss, each from the round that logged
     it last, follows the single-process reference (fp32 sums in other orders over 8 Adam steps: 1e-4
@@ -93,7 +95,7 @@ def test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone(tmp_path) -> Non
     got = run.finish()
     rounds = run.rounds()
     first, last = Plan.load(run.ck / "plan-round1.json"), Plan.load(run.ck / f"plan-round{rounds[-1]['round']}.json")
-    assert [[s.chip for s in g.stages] for g in first.groups] == [["fast"], ["slow"]]
+    assert [[s.chip for s in g.stages] for g in first.groups] == [["fast"], ["slow"]] and first.zero1
     assert not last.replicas and rounds[-1]["chips"] == {"fast": 1} and rounds[-1]["resume_from"] >= every
     want = train_reference(MODEL, steps, TRAIN["global_batch"], verbose=False)["losses"]
     for step, loss in got.items():
