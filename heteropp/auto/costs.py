@@ -152,9 +152,7 @@ class CostModel:
         when the stage's tp * dp chips fit in one node (ranks are laid out stage by stage), or, given
         `one_node`, when its placement (spec/placement.py) put them in one node."""
         zero1 = self.train.zero1 if zero1 is None else zero1
-        c = self._chip[chip]
-        inside = tp * dp <= c.chips_per_node if one_node is None else one_node
-        bw = c.intra_node_bw if inside else c.network_bw
+        bw = self._holder_bw(frozenset((chip,)), chip, tp, dp, one_node)
         gather = ring_allgather_s(self._weight_b * params_per_chip, dp, bw) if zero1 else 0.0
         return ring_allreduce_s(self._grad_b * params_per_chip, dp, bw) + gather
 
@@ -174,34 +172,54 @@ class CostModel:
         return ring_allreduce_s(nbytes, tp, self._chip[chip].intra_node_bw)
 
     def part_update(self, part: int | str, chips: frozenset[str], chip: str, tp: int, ranks: int,
-                    one_node: bool | None = None) -> float:
-        """One rank's update of a layer (`part` its index), "embed" or "head" whose gradients are reduced over
-        `ranks` ranks per TP shard on chip types `chips` (replica groups with different pipelines): the ring
-        all-reduce (one type: as _grad_sync prices it, `one_node` whether the placement put every holder in
-        one node where the spec lists the type's nodes; several: at the slowest network, an explicit link
-        shared by the tp shards' rings; fp32 gradients, and with ZeRO-1 the weights all-gathered), its
-        optimizer step (a ZeRO-1 shard among those ranks) and, for a layer, the replicated key/value heads'
-        sum. replica_sim prices a plan of replica groups with the plan's zero1, as the engine runs it."""
+                    one_node: bool | None = None, summed: bool = False) -> float:
+        """One rank's update of a layer (`part` its index), "embed" or "head" (with tied embeddings: "embed", the
+        head's "copy" of it and the final "norm") whose gradients are reduced over `ranks` ranks per TP shard on
+        chip types `chips` (replica groups with different pipelines): the ring all-reduce (one type: as
+        _grad_sync prices it, `one_node` whether the placement put every holder in one node where the spec lists
+        the type's nodes; several: at the slowest network, an explicit link shared by the tp shards' rings; fp32
+        gradients, and with ZeRO-1 the weights all-gathered), its optimizer step (a ZeRO-1 shard among those
+        ranks) and, for a layer, the replicated key/value heads' sum. `summed`: the gradient is already summed
+        (a tied matrix, by tie_sum), so no all-reduce. replica_sim prices a plan of replica groups with the
+        plan's zero1, as the engine runs it."""
         layer, params = self._layer_params(tp), self._part_params(part, tp)
-        if len(chips) == 1:
-            sync = self._grad_sync(chip, params, ranks, tp, one_node)
-        else:
-            bw = min(self._chip[c].network_bw for c in chips)
-            for a in chips:
-                for b in chips:
-                    if a < b and (link := self.cluster.link_bw(a, b)) is not None:
-                        bw = min(bw, link / tp)
-            sync = ring_allreduce_s(self._grad_b * params, ranks, bw)
-            if self.train.zero1:
-                sync += ring_allgather_s(self._weight_b * params, ranks, bw)
+        bw = self._holder_bw(chips, chip, tp, ranks, one_node)
+        sync = 0.0 if summed else ring_allreduce_s(self._grad_b * params, ranks, bw)
+        if self.train.zero1:
+            sync += ring_allgather_s(self._weight_b * params, ranks, bw)
         optim = self.profile.get(chip, tp).optim_s * params / layer / (ranks if self.train.zero1 else 1)
         return sync + optim + (self._replica_sync(chip, tp) if isinstance(part, int) else 0.0)
 
+    def tie_sum(self, chips: frozenset[str], chip: str, ranks: int, one_node: bool | None = None) -> float:
+        """The engine's sum of a tied embedding's gradient (engine/tied.py): the whole matrix in fp32, every TP
+        slice in place, all-reduced over `ranks`, every rank of every TP group that holds either end."""
+        fp32_b = 4.0  # tied.py's buffer, whatever the weights' dtype
+        return ring_allreduce_s(fp32_b * self.profile.embed_params, ranks,
+                                self._holder_bw(chips, chip, 1, ranks, one_node))
+
+    def _holder_bw(self, chips: frozenset[str], chip: str, tp: int, ranks: int, one_node: bool | None) -> float:
+        """GB/s of a ring over a part's `ranks` holders per TP shard on chip types `chips`: one type, its node's
+        fabric where they fit in one node (or `one_node`), else its network; several, the slowest network and
+        any explicit link between them, shared by the tp shards' rings."""
+        if len(chips) == 1:
+            c = self._chip[chip]
+            return c.intra_node_bw if (tp * ranks <= c.chips_per_node if one_node is None else one_node) \
+                else c.network_bw
+        bw = min(self._chip[c].network_bw for c in chips)
+        for a in chips:
+            for b in chips:
+                if a < b and (link := self.cluster.link_bw(a, b)) is not None:
+                    bw = min(bw, link / tp)
+        return bw
+
     def _part_params(self, part: int | str, tp: int) -> float:
-        """Weights of a layer (`part` its index), "embed" or "head" on one of `tp` ranks."""
+        """Weights of a layer (`part` its index), "embed", "head" (the output matrix and final norm), a tied
+        embedding's "copy" (the head), or its final "norm" (whole on every TP rank) on one of `tp` ranks."""
         if isinstance(part, int):
             return self._layer_params(tp)
-        return (self.profile.embed_params if part == "embed" else self.profile.head_params) / tp
+        if part == "norm":
+            return max(self.profile.head_params - self.profile.embed_params, 0.0)
+        return (self.profile.head_params if part == "head" else self.profile.embed_params) / tp
 
     def part_static(self, part: int | str, tp: int, ranks: int) -> float:
         """One rank's bytes of weights, gradients and optimizer state of a part held by `ranks` ranks per TP shard

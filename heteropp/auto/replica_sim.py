@@ -11,7 +11,8 @@ among those ranks); the iteration ends with the last stage's. A plan of one grou
 plan_sim.simulate_plan prices it. A plan of replica groups is priced with its own zero1, as the engine runs it:
 with ZeRO-1 each holder keeps the optimizer state of its shard of each part (engine/holder_optim.py), so a
 stage's memory sums its parts' bytes, each part's state divided among all its holders; without it every holder
-keeps the whole state.
+keeps the whole state. A tied embedding (model.tie_embeddings) is summed once over every holder of either end,
+whole in fp32, then only gathered per end: the head's copy by the last stages of groups of more than one stage.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
     for g, st in zip(groups, specs):
         for pair in {frozenset((a.chip, b.chip)) for a, b in zip(st, st[1:]) if a.chip != b.chip}:
             crossing[pair] = crossing.get(pair, 0) + g.dp
-    holders = _holders(groups, specs)
+    tied = bool(plan.replicas) and cm.model.tie_embeddings
+    holders = _holders(groups, specs, tied)
     ends, peaks = [], []
     for i, (g, st) in enumerate(zip(groups, specs)):
         times, _ = cm.stage_times(st, g.dp)
@@ -71,18 +73,22 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
         ends.append(done)
         peaks.append(res.peak_memory_bytes)
     nodes = _placed_nodes(cm, groups)
-    start = {part: max(ends[h.group][h.stage] for h in hs) for part, hs in holders.items()}
+    # a tied matrix's gradient is summed first, over every holder of either end (the engine's tie)
+    syncs: dict[int | str, list[Holder]] = {**holders, "tie": _ends(holders)} if tied else holders
+    start = {part: max(ends[h.group][h.stage] for h in hs) for part, hs in syncs.items()}
     stage_end = [list(e) for e in ends]
-    for part, hs in holders.items():
+    for part, hs in syncs.items():
         for h in hs:
             stage_end[h.group][h.stage] = max(stage_end[h.group][h.stage], start[part])
-    for part, hs in holders.items():
+    for part, hs in syncs.items():
         ranks = sum(h.ranks for h in hs)
         chips = frozenset(h.chip for h in hs)
         placed = [nodes[h.group, h.stage] for h in hs if (h.group, h.stage) in nodes]
         one_node = len({n for w in placed for n in w}) == 1 if len(placed) == len(hs) else None
         for h in hs:
-            stage_end[h.group][h.stage] += cm.part_update(part, chips, h.chip, h.tp, ranks, one_node)
+            stage_end[h.group][h.stage] += (
+                cm.tie_sum(chips, h.chip, sum(x.tp * x.ranks for x in hs), one_node) if part == "tie" else
+                cm.part_update(part, chips, h.chip, h.tp, ranks, one_node, summed=tied and part in ("embed", "copy")))
     t = max(max(e) for e in stage_end)
     return GroupsResult(t, ends, stage_end, peaks)
 
@@ -104,7 +110,7 @@ def shared_state_bytes(cm: CostModel, plan: Plan) -> list[list[float]]:
     its group's own replicas alone share each part's (its group planned alone, replicas.py)."""
     groups = plan.groups
     specs = [plan_stages(g) for g in groups]
-    holders = _holders(groups, specs)
+    holders = _holders(groups, specs, cm.model.tie_embeddings)
     return [[_static(cm, holders, i, k, s, alone=True) - _static(cm, holders, i, k, s) for k, s in enumerate(st)]
             for i, st in enumerate(specs)]
 
@@ -119,8 +125,11 @@ def _placed_nodes(cm: CostModel, groups: list[Plan]) -> dict[tuple[int, int], li
     return dict(zip(keys, place(listed, blocks))) if keys else {}
 
 
-def _holders(groups: list[Plan], specs: list[list[StageSpec]]) -> dict[int | str, list[Holder]]:
-    """Per layer (its index), "embed" and "head": the stages that hold it."""
+def _holders(groups: list[Plan], specs: list[list[StageSpec]], tied: bool = False) -> dict[int | str, list[Holder]]:
+    """Per layer (its index), "embed" and "head": the stages that hold it. `tied` (the head is the embedding, as
+    engine/holder_optim.py buckets it): "norm" (the final norm) on every last stage instead of "head", and
+    "copy" (the head's copy of the embedding) on the last stages of groups of more than one stage only: a group
+    of one stage holds the matrix once."""
     out: dict[int | str, list[Holder]] = {}
     for i, (g, st) in enumerate(zip(groups, specs)):
         for k, s in enumerate(g.stages):
@@ -129,6 +138,16 @@ def _holders(groups: list[Plan], specs: list[list[StageSpec]]) -> dict[int | str
                 out.setdefault(layer, []).append(h)
             if k == 0:
                 out.setdefault("embed", []).append(h)
-            if k == len(st) - 1:
+            last = k == len(st) - 1
+            if last and not tied:
                 out.setdefault("head", []).append(h)
+            if last and tied:
+                out.setdefault("norm", []).append(h)
+            if last and tied and k > 0:
+                out.setdefault("copy", []).append(h)
     return out
+
+
+def _ends(holders: dict[int | str, list[Holder]]) -> list[Holder]:
+    """The stages that hold either end of a tied embedding, each once."""
+    return list(dict.fromkeys(holders["embed"] + holders["norm"]))

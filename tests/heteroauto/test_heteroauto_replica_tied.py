@@ -1,0 +1,106 @@
+"""A model whose head is its embedding, planned as replica groups with different pipelines (replica_sim), priced
+as the engine trains it (engine/replica_groups.py, holder_optim.py): the matrix's gradient summed once, full size
+in fp32, over every rank that holds either end in every group (the tie); then, with ZeRO-1, the embedding's
+weights all-gathered over the embedding's holders, the head's copy over the last stages of the groups of more
+than one stage only (a group of one stage holds one matrix, no copy), and the final norm all-reduced and gathered
+over every last stage. The group sizes come from the engine's own holder lists; the ring formulas are written out
+by hand. Hand-set profiles stand in for measured chips."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from heteropp.auto.costs import CostModel
+from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
+from heteropp.auto.replica_sim import simulate_groups
+from heteropp.engine.optim import ZeroAdamW
+from heteropp.engine.replica_groups import _holders, _last_ranks, group_plans
+from heteropp.plan import Plan, ReplicaGroup, StagePlan
+from heteropp.spec import ModelSpec, TrainSpec, cluster_from_dict
+
+LAYER, EMBED, HIDDEN, LINK_GBS, OPTIM_S = 10_000_000, 1_000_000, 1024, 0.5, 0.01
+FORWARD_S = {"X": 0.1, "Y": 0.05}
+# X: the whole model on one chip (one matrix at both ends); Y: the embedding and layer 0 | layers 1-3 and the copy
+PLAN = Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 4)], 5),
+                         ReplicaGroup([StagePlan("Y", 1, 1), StagePlan("Y", 1, 3)], 3)], 1,
+                        schedule="1f1b", num_layers=4, zero1=True)
+
+
+def _cost_model(tied: bool) -> CostModel:
+    """One X chip and two Y chips, a node each, X and Y joined by a LINK_GBS link; bf16 weights with ZeRO-1."""
+    chips = [{"name": n, "count": c, "memory_gb": 80, "peak_tflops": 100, "chips_per_node": 1, "tp_max": 1,
+              "intra_node_bw": 100, "network_bw": 10.0, "memory_fraction": 1.0} for n, c in (("X", 1), ("Y", 2))]
+    cluster = cluster_from_dict({"name": "types", "chips": chips,
+                                 "links": [{"between": ["X", "Y"], "bandwidth": LINK_GBS}]}, "test")
+    model = ModelSpec("m", layers=4, hidden=HIDDEN, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128,
+                      tie_embeddings=tied)
+    train = TrainSpec(global_batch=8, micro_batch_size=1, dtype="bf16", zero1=True, schedule="1f1b")
+    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER, embed_params=EMBED,
+                   head_params=EMBED + HIDDEN,  # the output matrix and the final norm
+                   chips={n: ChipProfile({1: TPProfile(fwd_s=f, bwd_s=2 * f, recompute_s=f, wgrad_s=f, act_bytes=1e8,
+                                                       ckpt_bytes=1e7, optim_s=OPTIM_S, head_s=f)})
+                          for n, f in FORWARD_S.items()})
+    return CostModel(cluster, model, train, prof)
+
+
+def _engine_buckets() -> dict[int, dict[str, tuple[int, int, bool]]]:
+    """Per world rank: what its update moves, as the engine builds it, bucket -> (parameters, ranks of its
+    collectives, whether its gradient is all-reduced per part; the tied matrix's is summed by the tie)."""
+    groups = group_plans(PLAN)
+    held = _holders(groups)  # (part, TP rank) -> ranks
+    ends = sorted({r for (part, _), ranks in held.items() if part in ("embed", "head") for r in ranks})
+    (copies,) = _last_ranks(groups, copies=True)
+    out: dict[int, dict[str, tuple[int, int, bool]]] = {}
+    for (part, _), ranks in held.items():
+        for r in ranks:
+            mine = out.setdefault(r, {})
+            if isinstance(part, int):
+                mine[f"layer{part}"] = (LAYER, len(ranks), True)
+            elif part == "embed":
+                mine["embed.weight"] = (EMBED, len(ranks), False)
+            else:  # the final norm; and the head's copy where the rank's group has more than one stage
+                mine["norm"] = (HIDDEN, len(ranks), True)
+                if r in copies:
+                    mine["head.weight"] = (EMBED, len(copies), False)
+            if r in ends:
+                mine["tie"] = (EMBED, len(ends), True)
+    return out
+
+
+def test_tied_ends_are_priced_as_the_engine_sums_and_gathers_them():
+    """Each stage's end: the latest compute end among the holders of what it holds, then its buckets one after
+    another (fp32 gradients all-reduced, bf16 weights all-gathered, each holder stepping 1/holders of the Adam
+    work), every collective across the 0.5 GB/s link. Before: the head's copy gathered over X too, its optimizer
+    step and the norm's on X, and the tie's sum not at all."""
+    got = simulate_groups(_cost_model(tied=True), PLAN)
+    ring_reduce = lambda nbytes, n: 2 * (n - 1) / n * nbytes / (LINK_GBS * 1e9)  # noqa: E731
+    ring_gather = lambda nbytes, n: (n - 1) / n * nbytes / (LINK_GBS * 1e9)  # noqa: E731
+    where = {0: (0, 0), 1: (1, 0), 2: (1, 1)}  # world rank -> (group, stage): X, then Y's two stages
+    buckets = _engine_buckets()
+    assert set(buckets) == set(where) and buckets[0]["tie"][1] == 3 and buckets[2]["head.weight"][1] == 1
+    holders_of = {b: [r for r in buckets if b in buckets[r]] for r in buckets for b in buckets[r]}
+    for r, (g, k) in where.items():
+        start = max(got.compute_end_s[where[h][0]][where[h][1]] for b in buckets[r] for h in holders_of[b])
+        work = 0.0
+        for b, (params, n, reduced) in buckets[r].items():
+            if b == "tie":  # the whole matrix, fp32, summed; no optimizer of its own
+                work += ring_reduce(4 * params, n)
+                continue
+            work += (ring_reduce(4 * params, n) if reduced else 0.0) + ring_gather(2 * params, n)
+            work += OPTIM_S * params / LAYER / n
+        assert got.stage_end_s[g][k] == pytest.approx(start + work, rel=1e-9), (g, k)
+    assert got.iteration_time_s == pytest.approx(max(max(e) for e in got.stage_end_s), rel=1e-12)
+
+
+def test_with_zero1_a_stage_keeps_the_tied_matrix_once_and_the_copy_state_shared_by_the_copies():
+    """X's one stage holds one matrix (no head copy); Y's last stage is the only holder of the copy, so it keeps
+    the copy's whole Adam state; the untied model's head (the same bytes) is shared by X and Y's last stage. Weights
+    bf16 and gradients fp32 (6 bytes a parameter), the state as the engine's optimizer keeps it."""
+    tied, untied = (simulate_groups(_cost_model(t), PLAN).peak_memory_bytes for t in (True, False))
+    opt = ZeroAdamW([nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))], 1e-3)
+    state_b = opt.m.element_size() + opt.v.element_size() + opt.master.element_size()
+    weight_grad_b = torch.finfo(torch.bfloat16).bits // 8 + 4
+    assert untied[0][0] - tied[0][0] == pytest.approx(EMBED * (weight_grad_b + state_b / 2), rel=1e-12)
+    assert untied[1][1] - tied[1][1] == pytest.approx(EMBED * (state_b / 2 - state_b), rel=1e-12)
+    assert tied[1][0] == pytest.approx(untied[1][0], rel=1e-12)
