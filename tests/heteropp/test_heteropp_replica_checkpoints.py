@@ -6,8 +6,7 @@ more than any other: one written by the replica groups resumes on a plan of one 
 sizes and micro-batches) and one written by that plan resumes on the replica groups, both following the
 reference; it also resumes on replica groups that shard the optimizer state otherwise and in one process. The
 groups run with ZeRO-1 (the default): each part's Adam state is sharded over its holders. The whole run saves in
-the background (async_save, the default), the resumed ones in the
-foreground."""
+the background (async_save, the default), the resumed ones in the foreground."""
 from __future__ import annotations
 
 import dataclasses
