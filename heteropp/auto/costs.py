@@ -103,8 +103,12 @@ def in_flight(schedule: str, k: int, p: int, b: int) -> int:
 
 
 class CostModel:
-    def __init__(self, cluster: Cluster, model: ModelSpec, train: TrainSpec, profile: Profile) -> None:
+    def __init__(self, cluster: Cluster, model: ModelSpec, train: TrainSpec, profile: Profile,
+                 holders_elsewhere: int = 0) -> None:
+        """`holders_elsewhere`: ranks outside this cluster known to hold every part at each TP shard too, sharing
+        its ZeRO-1 optimizer state (a replica group planned alone: one at least in each other group)."""
         self.cluster, self.model, self.train, self.profile = cluster, model, train, profile
+        self.holders_elsewhere = holders_elsewhere
         nb = train.bytes_per_value
         self.act_msg = nb * train.micro_batch_size * model.seq_len * model.hidden  # one boundary activation
         # What heteropp's ZeroAdamW holds per parameter: the weight in the compute dtype and its gradient in
@@ -130,7 +134,7 @@ class CostModel:
         sub-cluster). Where the chip specs, other than their counts, and the links and latencies among them
         are this cluster's, the per-kind tables are shared: none of them depends on a count, and a baseline's
         sub-search asks for the same ones again."""
-        sub = CostModel(cluster, self.model, self.train, self.profile)
+        sub = CostModel(cluster, self.model, self.train, self.profile, self.holders_elsewhere)
         names = [c.name for c in cluster.chips]
         same = all(c.name in self._chip and replace(c, count=0) == replace(self._chip[c.name], count=0)
                    for c in cluster.chips) and all(
@@ -143,7 +147,7 @@ class CostModel:
 
     # --- per-layer coefficients -------------------------------------------------------------------
     def _static_per_param(self, dp: int, zero1: bool) -> float:
-        return self._param_b + self._opt_b / (dp if zero1 else 1)
+        return self._param_b + self._opt_b / (dp + self.holders_elsewhere if zero1 else 1)
 
     def _grad_sync(self, chip: str, params_per_chip: float, dp: int, tp: int, one_node: bool | None = None,
                    zero1: bool | None = None) -> float:

@@ -27,11 +27,12 @@ def load_problem(cluster: str, model: str, train: str, profile: str | None = Non
     return make_problem(cl, m, tr, Profile.load(profile) if profile else None)
 
 
-def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None = None) -> Problem:
-    """The problem of loaded specs (a profile, or the analytic one)."""
+def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None = None,
+                 holders_elsewhere: int = 0) -> Problem:
+    """The problem of loaded specs (a profile, or the analytic one); `holders_elsewhere` as CostModel's."""
     prof = prof or analytic_profile(cl, m, tr)
     searched = kind(tr.schedule).searched_as or tr.schedule  # H-1F1B: planned as 1F1B, then warmed up
-    return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof))
+    return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof, holders_elsewhere))
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,

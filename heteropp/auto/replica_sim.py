@@ -96,12 +96,14 @@ def simulate_groups(cm: CostModel, plan: Plan) -> GroupsResult:
 def _static(cm: CostModel, holders: dict[int | str, list[Holder]], group: int, stage: int, s: StageSpec,
             alone: bool = False) -> float:
     """Stage `stage` of group `group`'s bytes of weights, gradients and optimizer state, part by part, each part's
-    state shared by all its holders (`alone`: by the stage's own replicas only, as its group planned alone)."""
+    state shared by all its holders (`alone`: as its group planned alone, replicas.py: by the stage's own replicas
+    and one rank of each other group)."""
+    groups = len({h.group for hs in holders.values() for h in hs})
     out = 0.0
     for part, hs in holders.items():
         mine = [h for h in hs if h.group == group and h.stage == stage]
         if mine:
-            out += cm.part_static(part, s.tp, mine[0].ranks if alone else sum(h.ranks for h in hs))
+            out += cm.part_static(part, s.tp, mine[0].ranks + groups - 1 if alone else sum(h.ranks for h in hs))
     return out
 
 

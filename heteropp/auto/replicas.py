@@ -60,14 +60,16 @@ def best_per_replica(pb: Problem, budget: Budget | None = None) -> Plan | None:
     return best
 
 
-def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budget) -> Plan | None:
-    """The plan of the chip types `types` alone with `micro_batches` of the global batch, or None."""
+def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budget, others: int) -> Plan | None:
+    """The plan of the chip types `types` alone with `micro_batches` of the global batch, or None; `others`: the
+    other groups of the split."""
     cl = sub_cluster(pb.cluster, {c.name: c.count for c in pb.cluster.chips if c.name in types})
-    # with the spec's zero1; under ZeRO-1 the group's own replicas only share a part's optimizer state here, so its
-    # memory is never under the joined plan's, where every group's holders of the part share it (replica_sim)
+    # with the spec's zero1; under ZeRO-1 a part's optimizer state is shared by the group's own replicas and one
+    # rank of each other group (each holds the whole model, a layer at one TP size in every group): never more
+    # than in the joined plan, where every holder of the part shares it (replica_sim)
     train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size)
     try:
-        return plan(make_problem(cl, pb.model, train, pb.cm.profile), budget).plan
+        return plan(make_problem(cl, pb.model, train, pb.cm.profile, others), budget).plan
     except (InfeasibleError, SpecError):
         return None
 
@@ -76,7 +78,7 @@ def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | N
     total = pb.train.micro_batches_total
     if total < len(split):
         return None
-    whole = [_group_plan(pb, types, total, budget) for types in split]
+    whole = [_group_plan(pb, types, total, budget, len(split) - 1) for types in split]
     if any(p is None or not p.iteration_time_s for p in whole):
         return None
     rates = [total / p.iteration_time_s for p in whole]  # type: ignore[union-attr,operator]
@@ -122,7 +124,7 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
     on a layer's TP size."""
     groups = []
     for types, n in zip(split, shares):
-        p = _group_plan(pb, types, n, budget)
+        p = _group_plan(pb, types, n, budget, len(split) - 1)
         if p is None:
             return None
         groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))

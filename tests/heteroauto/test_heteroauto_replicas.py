@@ -268,3 +268,17 @@ def test_per_replica_with_a_searched_micro_batch_size_exits_2_naming_the_flag(ca
                  "--micro-batch-sizes", "1,2"]) == 2
     err = capsys.readouterr().err
     assert "'--per-replica'" in err and "--micro-batch-sizes" in err and "Traceback" not in err, err
+
+
+def test_a_split_that_fits_only_with_the_state_shared_across_groups_is_found():
+    """Chips of 0.7 GB: X or Y with its own replicas only sharing the optimizer state keeps it whole (42M
+    parameters at 18 bytes: 0.756 GB before any activation), so no group fitted planned alone (before: no plan);
+    every other group holds every part too, so each group is planned with one more holder per other group, and
+    the joined plan, each part held by both, keeps half the state: each stage's simulated peak is under 0.7 GB."""
+    pb = _two_types(0.5)
+    small = replace(pb.cluster, chips=tuple(replace(c, memory_gb=0.7) for c in pb.cluster.chips))
+    got = best_per_replica(Problem(small, pb.model, pb.train, CostModel(small, pb.model, pb.train, pb.cm.profile)))
+    assert got is not None and [[s.chip for s in g.stages] for g in got.replicas] == [["X"], ["Y"]]
+    peaks = simulate_groups(pb.cm, got).peak_memory_bytes
+    assert all(p <= 0.7e9 for g in peaks for p in g), peaks
+    assert all(s.est_memory_gb <= 0.7 for g in got.replicas for s in g.stages)
