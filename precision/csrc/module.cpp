@@ -132,5 +132,6 @@ PYBIND11_MODULE(_C, m) {
       .def("parts", &OpObserver::parts)
       .def("write_waits", &OpObserver::write_waits)
       .def("count", &OpObserver::count)
+      .def("elements_read", &OpObserver::elements_read)
       .def("set_dtype_name", &OpObserver::set_dtype_name);
 }

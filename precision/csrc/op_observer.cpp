@@ -701,11 +701,13 @@ OutStats OpObserver::stats(const at::Tensor& t, const at::Tensor* source, const 
   at::Tensor zeroed;  // with unwritten elements: statistics of its own, neither reused nor kept
   if (unwritten.defined()) {
     zeroed = t.detach().masked_fill(unwritten.to(t.device()), 0);
+    elements_read_ += t.numel();
     s = fused_stats(zeroed);
   } else {
     std::lock_guard<std::mutex> lock(known_mutex_);
     const FusedStats* hit = known(t);
     if (hit == nullptr && source != nullptr) hit = known(*source);
+    if (hit == nullptr) elements_read_ += t.numel();
     s = hit != nullptr ? *hit : fused_stats(t);
     remember(t, s);
   }

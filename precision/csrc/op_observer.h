@@ -94,6 +94,8 @@ class OpObserver {
   void set_group(const std::string& name, std::vector<int64_t> ranks);
   void set_reduce_op_name(int64_t value, std::string name);
   int64_t count() const { return count_; }  // ops seen (the call numbers handed out)
+  // Elements the statistics pass has read (a statistic reused from a tensor seen unchanged reads none).
+  int64_t elements_read() const { return elements_read_; }
   // What only Python knows (module.cpp calls Python under the GIL): the plain tensor holding the
   // elements of a Python wrapper subclass, such as a functional collective's AsyncCollectiveTensor
   // (dump.readable), and a group's global ranks by name, for a group made after the last set_group
@@ -208,6 +210,7 @@ class OpObserver {
   std::string parts_dir_;
   int64_t part_bytes_ = 0, max_bytes_ = -1, max_queued_bytes_ = 0;
   std::atomic<int64_t> bytes_written_{0}, dropped_{0}, module_records_{0};
+  std::atomic<int64_t> elements_read_{0};
   // The program's tensors records kept since the last drain hold uncopied, by storage: copied
   // before an op writes that storage (guard), as bulk.PendingWrites does.
   std::unordered_map<const c10::StorageImpl*, std::vector<std::pair<Payload*, size_t>>> held_;

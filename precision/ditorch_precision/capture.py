@@ -271,8 +271,12 @@ class Capture(Tool):
                 or (sel.steps is not None and step not in sel.steps)
                 or (sel.ranks is not None and rank not in sel.ranks)):
             return
-        with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
-            params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if self._native is None or self.mode != "stats":
+            with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
+                params = [p.detach() for p in params]
+        # else the C++ observer takes the parameters themselves: the statistics the step's last in-place
+        # write left on each are reused (a detach is another tensor, whose elements it would read again)
         if params:
             self._module_record(PARAMS_OP, "optimizer", None, step, rank, params)
 
