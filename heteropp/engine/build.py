@@ -35,7 +35,20 @@ def build_chunks(m: ModelSpec, layer_ranges: list[tuple[range, bool, bool, bool]
         load_hf_weights(chunks, m, opts.init_from, tp.rank, tp.size)
     else:
         chunks = make()
-    return [c.to(device=device, dtype=TORCH_DTYPES[opts.dtype]) for c in chunks]
+    return [_moved(c, device, TORCH_DTYPES[opts.dtype]) for c in chunks]
+
+
+def _moved(chunk: StageModel, device: torch.device, dtype: torch.dtype) -> StageModel:
+    """`chunk` on `device` in `dtype`, its parameters' own attributes (shard_dim, ...) kept: to a device whose
+    tensors are of another kind than the CPU's (a vendor's torch device, as diopi or npu), Module.to makes new
+    Parameter objects, which have none of them."""
+    attrs = {name: dict(p.__dict__) for name, p in chunk.named_parameters()}
+    chunk = chunk.to(device=device, dtype=dtype)
+    for name, p in chunk.named_parameters():
+        for key, value in attrs[name].items():
+            if not hasattr(p, key):
+                setattr(p, key, value)
+    return chunk
 
 
 def make_optimizer(named: list[tuple[str, torch.nn.Parameter]], lr: float, opts: TrainOptions, clip: float | None,

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ditorch import cpu_memory
 
 from ..plan import Plan
 from ..spec import ModelSpec
@@ -49,6 +48,9 @@ def resident_bytes() -> float:
 def mark_stage_start() -> None:
     """Call right before the stage's model is built: CPU peaks are counted from here."""
     global _rss_before_stage, _allocated_before_stage
+    # imported here, in the worker: importing ditorch enables the host's vendor, and a device enabled in the
+    # launcher's fork server (which imports this module) leaves its forked workers unable to run autograd
+    from ditorch import cpu_memory
     _rss_before_stage = resident_bytes()
     if cpu_memory.install():
         cpu_memory.reset_peak()
@@ -56,6 +58,7 @@ def mark_stage_start() -> None:
 
 
 def peak_bytes(device: torch.device) -> float:
+    from ditorch import cpu_memory
     if device.type != "cpu":
         try:
             return float(torch.accelerator.max_memory_allocated(device))  # type: ignore[attr-defined]

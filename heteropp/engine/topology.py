@@ -61,6 +61,20 @@ def resolve_chip(chip: str, chip_map: dict[str, str]) -> Any:
                          f"{chip}=<vendor> (e.g. {chip}=cpu) or give the chip a `device` in the cluster spec") from e
 
 
+def stage_device(chip: str, chip_map: dict[str, str], stage: int) -> torch.device:
+    """The device this rank's stage (of chip type `chip`) runs on, its vendor made usable in this process:
+    detecting it registers a device torch does not know by itself (a DIOPI library's, or a plug-in's), which the
+    host's own choice of vendor (`import ditorch`) may not have done. ValueError naming the stage, the vendor and
+    why where it is not usable on this host."""
+    adapter = resolve_chip(chip, chip_map)
+    why = adapter.unavailable_reason()
+    if why is not None:
+        raise ValueError(f"stage {stage} (chip type {chip!r}) runs on vendor {adapter.name!r}, which is not usable "
+                         f"on this host: {why}; run the stage on a host that has it, or map the chip type to one "
+                         f"this host has (--chip-map, the cluster spec's `device`)")
+    return torch.device(adapter.device_type)
+
+
 @dataclass
 class Groups:
     coord: Coord
@@ -99,6 +113,7 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
     point-to-point backend, which spans chip types) to sum the two copies' gradients."""
     timeout = datetime.timedelta(seconds=timeout_s)
     me = coord_of(plan, rank)
+    device = stage_device(plan.stages[me.stage].chip, chip_map, me.stage)
     mine_tp, mine_dp = stage_groups(plan, rank, chip_map, timeout_s)
     tie = None
     if tied and len(plan.stages) > 1:
@@ -107,8 +122,6 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
                  for t in range(plan.stages[k].tp)]
         tg = dist.new_group(ranks, backend=p2p_backend, timeout=timeout)
         tie = tg if rank in ranks else None
-    adapter = resolve_chip(plan.stages[me.stage].chip, chip_map)
-    device = torch.device(adapter.device_type)
     # Communicators are created eagerly: NCCL's first batched p2p must otherwise include every rank.
     for g in (mine_tp, mine_dp):
         if g is not None:
