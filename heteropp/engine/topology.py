@@ -127,4 +127,13 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
         if g is not None:
             dist.all_reduce(torch.zeros(1, device=device), group=g)
     return Groups(me, TPGroup(me.tp_rank, plan.stages[me.stage].tp, mine_tp), mine_dp, device,
-                  p2p_cpu=device.type != "cpu" and p2p_backend == "gloo", tie=tie)
+                  p2p_cpu=staged(device, p2p_backend), tie=tie)
+
+
+def staged(device: torch.device, p2p_backend: str) -> bool:
+    """Whether stage tensors on `device` cross through host memory: gloo's are always (its device path is
+    not used for point-to-point), others' where the backend serves no tensors of that device type (dicomm:
+    cpu and cuda; a vendor's own device, as diopi or npu, is staged)."""
+    if device.type == "cpu":
+        return False
+    return p2p_backend == "gloo" or device.type not in dist.Backend.backend_capability.get(p2p_backend, [])

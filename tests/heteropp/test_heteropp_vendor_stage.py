@@ -1,15 +1,17 @@
 """A pipeline with a stage on a vendor's own torch device: the DIOPI device (an operator library through the
 DIOPI ABI, `ditorch/adapters/diopi.py`, here the CPU reference library), which torch knows only once the
 vendor is enabled, and whose tensors are of another kind than the CPU's. One stage on the CPU, one on the
-DIOPI device, gloo between them (activations staged through host memory), against the single-process CPU
-reference. Each run is its own `python` process, as `heteropp run` is: the launcher's fork server takes the
-environment that chooses the vendor from the process that starts it.
+DIOPI device, gloo or dicomm between them (activations staged through host memory: neither serves that
+device's tensors), against the single-process CPU reference. Each run is its own `python` process, as
+`heteropp run` is: the launcher's fork server takes the environment that chooses the vendor from the process
+that starts it.
 
 Before: `import ditorch` at the import of the worker module enabled the vendor inside the fork server, and
 every forked worker then refused to run autograd ("Unable to handle autograd's threading in combination with
 fork-based multiprocessing"); moving a stage to the device dropped its parameters' attributes (`shard_dim`:
-Module.to makes new Parameters for such tensors); and a host without the vendor failed on
-`torch.device('diopi')` without saying which stage or why.
+Module.to makes new Parameters for such tensors); a host without the vendor failed on
+`torch.device('diopi')` without saying which stage or why; and dicomm between the stages was handed the
+device's tensors ("No backend type associated with device type diopi").
 """
 from __future__ import annotations
 
@@ -19,18 +21,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 RTOL = 1e-5  # the reference library's float32 kernels, each against torch's CPU ones
 
 RUN = """
-import json
+import json, sys
 from heteropp.engine import RunConfig, launch
 from heteropp.plan import Plan, StagePlan
 from tests.heteropp.heteropp_helpers import MODEL, STEPS, full_grads, losses, ref_grads, reference, rel
 plan = Plan([StagePlan("host", 1, 2), StagePlan("lib", 1, 2)], dp=1, micro_batch_size=1, micro_batches=4,
             num_layers=MODEL.layers)
 cfg = RunConfig(plan=plan.to_dict(), model=RunConfig.model_dict(MODEL), steps=STEPS, schedules=["1f1b"],
-                backend="gloo", chip_map={"host": "cpu", "lib": "diopi"}, collect_grads=True, timeout_s=120)
+                backend=sys.argv[1], chip_map={"host": "cpu", "lib": "diopi"}, collect_grads=True, timeout_s=120)
 res = launch(cfg)
 want = reference(plan.global_batch)
 got = full_grads(res, "1f1b")
@@ -42,14 +46,15 @@ print("RESULT " + json.dumps({
 """
 
 
-def _run(env: dict[str, str]) -> subprocess.CompletedProcess:
+def _run(env: dict[str, str], backend: str = "gloo") -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("DITORCH_VENDOR", "DIOPI_LIBRARY")}
-    return subprocess.run([sys.executable, "-c", RUN], cwd=REPO, env={**base, "OMP_NUM_THREADS": "1", **env},
+    return subprocess.run([sys.executable, "-c", RUN, backend], cwd=REPO, env={**base, "OMP_NUM_THREADS": "1", **env},
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_stage_on_the_diopi_device_trains_as_the_cpu_reference() -> None:
-    done = _run({"DITORCH_VENDOR": "diopi"})
+@pytest.mark.parametrize("backend", ["gloo", "dicomm"])
+def test_a_stage_on_the_diopi_device_trains_as_the_cpu_reference(backend: str) -> None:
+    done = _run({"DITORCH_VENDOR": "diopi"}, backend)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     got = json.loads(line.removeprefix("RESULT "))
