@@ -1,6 +1,8 @@
 """What every node of a torchrun launch is, told to all its workers before any process group forms: per
-GROUP_RANK, the chip type its host says (HETEROPP_CHIP, None where unset) and its process count
-(LOCAL_WORLD_SIZE). node_ranks.match_nodes reads it to know which entry of the run's node list each node is.
+GROUP_RANK, the chip type its host says (HETEROPP_CHIP, None where unset), its process count
+(LOCAL_WORLD_SIZE) and, where HETEROPP_CHIP is unset, the ditorch vendor its host chose (DITORCH_VENDOR, else
+the first available; a node of an older version writes two fields: vendor unknown). node_ranks.match_nodes
+reads it to know which entry of the run's node list each node is.
 
 It travels over torchrun's rendezvous store (env://, the store the default group then uses): each node's
 local rank 0 writes one key, every worker waits for all of them. Where every round has a fresh store
@@ -22,16 +24,16 @@ from torch.distributed import DistStoreError
 from torch.distributed.rendezvous import rendezvous
 
 from ..spec.errors import SpecError
-from .node_ranks import env_int
+from .node_ranks import Seen, env_int
 
 _PREFIX = "heteropp/nodes"
 
 
 def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetime.timedelta
-                 ) -> tuple[Store, dict[int, tuple[str | None, int]]]:
+                 ) -> tuple[Store, dict[int, Seen]]:
     """torchrun's rendezvous store (env: torchrun's environment; rank and world: its RANK and WORLD_SIZE) and
-    {GROUP_RANK: (chip type or None, process count)} for every node of the launch. SpecError naming the
-    variable when the launcher is not torchrun."""
+    {GROUP_RANK: (chip type or None, process count, host vendor or None)} for every node of the launch.
+    SpecError naming the variable when the launcher is not torchrun."""
     node, nodes = env_int(env, "GROUP_RANK"), env_int(env, "GROUP_WORLD_SIZE")
     local, procs = env_int(env, "LOCAL_RANK"), env_int(env, "LOCAL_WORLD_SIZE")
     restarts = env.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -44,7 +46,8 @@ def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetim
                         f"store within {timeout.total_seconds():g} s ({str(e).splitlines()[0][:200]})",
                         "every worker of every node started") from None
     if local == 0:
-        store.set(f"{prefix}/{node}", json.dumps([env.get("HETEROPP_CHIP"), procs]))
+        chip = env.get("HETEROPP_CHIP")
+        store.set(f"{prefix}/{node}", json.dumps([chip, procs, None if chip else host_vendor(env)]))
     keys = [f"{prefix}/{g}" for g in range(nodes)]
     try:
         store.wait(keys, timeout)
@@ -63,14 +66,28 @@ def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetim
     return store, {g: _read(g, store.get(k)) for g, k in enumerate(keys)}
 
 
-def _read(node: int, raw: bytes) -> tuple[str | None, int]:
-    """Node `node`'s entry as written by gather_nodes; SpecError naming the node when it is not."""
+def host_vendor(env: Mapping[str, str]) -> str:
+    """The ditorch vendor this host runs on (its adapter's name), as `import ditorch` chooses it: DITORCH_VENDOR,
+    else the first available, CPU last. SpecError naming DITORCH_VENDOR when it names no usable vendor."""
+    from ditorch.registry import VENDOR_ENV, VendorError, select  # never at import: the fork server loads this
+
     try:
-        chip, procs = json.loads(raw)
+        return select(env.get(VENDOR_ENV))[0].name
+    except VendorError as e:
+        raise SpecError("torchrun", VENDOR_ENV, str(e), "a vendor this host has, or unset") from None
+
+
+def _read(node: int, raw: bytes) -> Seen:
+    """Node `node`'s entry as written by gather_nodes (or by a version that wrote no vendor); SpecError naming
+    the node when it is not."""
+    try:
+        fields = json.loads(raw)
+        chip, procs, vendor = (*fields, None) if len(fields) == 2 else fields  # two: a version without vendors
     except (ValueError, TypeError):
-        chip = procs = None
+        chip = procs = vendor = None
     if (chip is not None and not isinstance(chip, str)) or not isinstance(procs, int) or isinstance(procs, bool) \
-            or procs < 1:
+            or procs < 1 or not (vendor is None or isinstance(vendor, str)):
         raise SpecError("torchrun", f"node {node}", f"told the store {raw[:80]!r}",
-                        "[chip type or null, processes >= 1] (another program's key, or another version)")
-    return chip, procs
+                        "[chip type or null, processes >= 1, vendor or null] (another program's key, or another "
+                        "version)")
+    return Seen(chip, procs, vendor)

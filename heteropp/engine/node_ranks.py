@@ -12,10 +12,48 @@ launch that matches no reading of the list is refused, naming the node.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from ..plan import Plan
 from ..spec.errors import SpecError
+
+
+class Seen(NamedTuple):
+    """What one node of a torchrun launch says it is (node_gather.py): its chip type where its host sets
+    HETEROPP_CHIP, its process count, and the ditorch vendor its host chose where HETEROPP_CHIP is unset (None
+    where unknown: a node of a version that did not say it)."""
+    chip: str | None
+    procs: int
+    vendor: str | None = None
+
+
+def _as_seen(seen: Mapping[int, Sequence[object]]) -> dict[int, Seen]:
+    return {g: Seen(*s) for g, s in seen.items()}
+
+
+def entry_vendors(nodes: Sequence[Sequence[object]], chip_map: Mapping[str, str] | None) -> list[str | None]:
+    """Per entry of `nodes`, the name of the ditorch adapter its chip type runs on (RunConfig.chip_map, else
+    the type's own name); None where it maps to none (the stage says so when it starts) or no map is given."""
+    if chip_map is None:
+        return [None] * len(nodes)
+    from .topology import resolve_chip  # imports ditorch: only inside a worker, never in the fork server
+
+    def vendor(chip: object) -> str | None:
+        try:
+            return resolve_chip(str(chip), dict(chip_map)).name
+        except ValueError:
+            return None
+    return [vendor(n[0]) for n in nodes]
+
+
+def _narrowed(node: Seen, vendors: Sequence[str | None]) -> bool:
+    """Whether a host that does not say its chip type is held to the entries of its vendor: only where some
+    entry's chip type runs on that vendor (else its process count alone places it, as before vendors)."""
+    return node.chip is None and node.vendor is not None and node.vendor in vendors
+
+
+def _vendor_allows(node: Seen, vendors: Sequence[str | None], entry: int) -> bool:
+    return not _narrowed(node, vendors) or vendors[entry] == node.vendor
 
 
 def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[int]]:
@@ -50,13 +88,13 @@ def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[in
 
 
 def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[str, str],
-                  seen: Mapping[int, tuple[str | None, int]]) -> int:
+                  seen: Mapping[int, Sequence[object]], chip_map: Mapping[str, str] | None = None) -> int:
     """This worker's plan rank from torchrun's environment (GROUP_RANK: its node, LOCAL_RANK: the process on
     it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE) and what every node of the launch is (`seen`: per GROUP_RANK,
-    its chip type where its host says it (HETEROPP_CHIP) and its count of processes, gathered before any
-    group forms, node_gather.py). Under a c10d rendezvous GROUP_RANK follows arrival order, not the list:
-    nodes are matched to list entries by what they are (match_nodes); SpecError naming the node when the
-    launch matches no reading of `nodes`."""
+    its chip type where its host says it (HETEROPP_CHIP), its count of processes and its host's vendor,
+    gathered before any group forms, node_gather.py; `chip_map`: RunConfig.chip_map). Under a c10d rendezvous
+    GROUP_RANK follows arrival order, not the list: nodes are matched to list entries by what they are
+    (match_nodes); SpecError naming the node when the launch matches no reading of `nodes`."""
     per_node = ranks_by_node(plan, nodes)
     node, local = env_int(env, "GROUP_RANK"), env_int(env, "LOCAL_RANK")
     count, procs = env_int(env, "GROUP_WORLD_SIZE"), env_int(env, "LOCAL_WORLD_SIZE")
@@ -67,37 +105,41 @@ def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[st
         raise SpecError("torchrun", "GROUP_RANK", f"got {node}", f"a node of the run's {len(nodes)} ({layout})")
     if not 0 <= local < procs:
         raise SpecError("torchrun", f"node {node} LOCAL_RANK", f"got {local}", f"0 to {procs - 1}")
-    entry = match_nodes(plan, nodes, seen)[node]
+    entry = match_nodes(plan, nodes, seen, chip_map)[node]
     return per_node[entry][local]
 
 
-def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]],
-                seen: Mapping[int, tuple[str | None, int]]) -> dict[int, int]:
+def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int, Sequence[object]],
+                chip_map: Mapping[str, str] | None = None) -> dict[int, int]:
     """Which entry of `nodes` each node of the launch is: {GROUP_RANK: index in `nodes`}. A node fits an entry
     when its process count is the count of ranks the node rule puts there and, where its host says its chip
-    type, the types agree. Every worker computes the same answer from the same `seen`: the launch's own
+    type, the types agree; a host that does not say it fits only entries whose chip type runs on its vendor
+    (`chip_map`), where any does. Every worker computes the same answer from the same `seen`: the launch's own
     numbering when every node fits its entry (a static rendezvous started with the right --node-rank), else
-    nodes that say their chip type first, then the others, each taking, in GROUP_RANK order, the first free
-    entry it fits. Entries alike in (chip type, ranks) are interchangeable, so this finds a matching whenever
-    one exists; SpecError naming the node left without one."""
+    nodes that say their chip type first, then those their vendor places, then the others, each taking, in
+    GROUP_RANK order, the first free entry it fits. Entries alike in (chip type, ranks) are interchangeable
+    (and a vendor's entries are all a node of that vendor fits), so this finds a matching whenever one
+    exists; SpecError naming the node left without one."""
     per_node = ranks_by_node(plan, nodes)
     want = [(str(n[0]), len(r)) for n, r in zip(nodes, per_node)]
+    seen, vendors = _as_seen(seen), entry_vendors(nodes, chip_map)
     if sorted(seen) != list(range(len(nodes))):
         raise SpecError("torchrun", "GROUP_RANK", f"nodes {sorted(seen)} joined",
                         f"nodes 0 to {len(nodes) - 1}, the run's {len(nodes)} ({_layout(nodes, per_node)})")
 
     def fits(g: int, i: int) -> bool:
-        chip, procs = seen[g]
-        return procs == want[i][1] and chip in (None, want[i][0])
+        node = seen[g]
+        return node.procs == want[i][1] and node.chip in (None, want[i][0]) and _vendor_allows(node, vendors, i)
 
     if all(fits(g, g) for g in seen):
         return {g: g for g in seen}
     free, out = list(range(len(nodes))), {}
-    for g in sorted(seen, key=lambda g: (seen[g][0] is None, g)):
+    for g in sorted(seen, key=lambda g: (seen[g].chip is None, not _narrowed(seen[g], vendors), g)):
         i = next((i for i in free if fits(g, i)), None)
         if i is None:
-            chip, procs = seen[g]
-            says = f"{procs} processes" + (f", HETEROPP_CHIP {chip!r}" if chip is not None else "")
+            chip, procs, vendor = seen[g]
+            says = f"{procs} processes" + (f", HETEROPP_CHIP {chip!r}" if chip is not None else "") + \
+                (f", vendor {vendor!r}" if _narrowed(seen[g], vendors) else "")
             hint = "" if chip else "; a host that says its chip type (HETEROPP_CHIP) is matched by it"
             raise SpecError("torchrun", f"node {g}", f"{says}: no node of the run's list left that it can be",
                             f"every host one of the run's nodes, started with the processes the node rule puts "
@@ -107,17 +149,21 @@ def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]],
     return out
 
 
-def unsure_nodes(plan: Plan, nodes: Sequence[Sequence[object]],
-                 seen: Mapping[int, tuple[str | None, int]]) -> dict[int, list[str]]:
+def unsure_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int, Sequence[object]],
+                 chip_map: Mapping[str, str] | None = None) -> dict[int, list[str]]:
     """{GROUP_RANK: the chip types it could be} for the nodes whose host did not say its chip type and whose
-    process count fits entries of more than one type: which they run rests on GROUP_RANK order alone (a c10d
-    rendezvous: joining order), so the worker warns that HETEROPP_CHIP should be set there."""
+    process count (and vendor, where entries run on it, as match_nodes narrows) fits entries of more than one
+    type: which they run rests on GROUP_RANK order alone (a c10d rendezvous: joining order), so the worker
+    warns that HETEROPP_CHIP should be set there."""
     per_node = ranks_by_node(plan, nodes)
-    types: dict[int, set[str]] = {}
-    for n, r in zip(nodes, per_node):
-        types.setdefault(len(r), set()).add(str(n[0]))
-    return {g: sorted(types[procs]) for g, (chip, procs) in sorted(seen.items())
-            if chip is None and len(types.get(procs, ())) > 1}
+    seen, vendors = _as_seen(seen), entry_vendors(nodes, chip_map)
+    out = {}
+    for g, node in sorted(seen.items()):
+        types = {str(n[0]) for i, (n, r) in enumerate(zip(nodes, per_node))
+                 if len(r) == node.procs and _vendor_allows(node, vendors, i)}
+        if node.chip is None and len(types) > 1:
+            out[g] = sorted(types)
+    return out
 
 
 def _layout(nodes: Sequence[Sequence[object]], per_node: list[list[int]]) -> str:

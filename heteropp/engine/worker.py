@@ -209,8 +209,8 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     if cfg.nodes is not None:  # torchrun: the rank the node rule gives this worker's node, whatever it arrived as
         try:
             store, seen = gather_nodes(os.environ, rank, world, timeout)
-            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ, seen)
-            node, unsure = int(os.environ["GROUP_RANK"]), unsure_nodes(cfg.plan_obj, cfg.nodes, seen)
+            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ, seen, cfg.chip_map)
+            node, unsure = int(os.environ["GROUP_RANK"]), unsure_nodes(cfg.plan_obj, cfg.nodes, seen, cfg.chip_map)
             if node in unsure and os.environ.get("LOCAL_RANK") == "0":
                 print(f"heteropp worker: warning: node {node} (torchrun group rank) does not say its chip type and "
                       f"its {os.environ['LOCAL_WORLD_SIZE']} processes fit nodes of types {unsure[node]}: it runs "
