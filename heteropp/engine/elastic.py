@@ -47,6 +47,8 @@ from ..spec import Cluster, InfeasibleError, ModelSpec, SpecError, cluster_from_
 from .checkpoint import complete_checkpoints
 from .config import RunConfig
 from .elastic_spawn import SPAWNED_ENV
+from .node_gather import host_vendor
+from .node_ranks import entry_vendors
 from .snapshot import RoundHooks, choose, hosts_of, peer_of
 from .snapshot_keeper import KEEPER_ENV
 from .straggler import StragglerWatch
@@ -185,6 +187,26 @@ class StragglerReplan:
                 "speeds": {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}}
 
 
+def vendor_map(cluster: Cluster, chip_map: dict[str, str]) -> dict[str, str]:
+    """Chip type -> ditorch vendor: each type's `device` in the cluster spec, the run's chip map overriding."""
+    return {**{c.name: c.device for c in cluster.chips}, **chip_map}
+
+
+def host_chip(cluster: Cluster, chip_map: dict[str, str], vendor: str) -> str:
+    """The chip type of a host that names none: the one type of the cluster spec whose vendor is `vendor`, the
+    one ditorch selects on the host. SpecError naming the vendor and the candidates where no type or several
+    have it."""
+    types = [c.name for c in cluster.chips]
+    vendors = entry_vendors([(t,) for t in types], vendor_map(cluster, chip_map))  # imports ditorch: worker only
+    fits = [t for t, v in zip(types, vendors) if v == vendor]
+    if len(fits) == 1:
+        return fits[0]
+    problem = (f"several chip types run on this host's ditorch vendor {vendor!r}: {', '.join(fits)}" if fits else
+               f"no chip type runs on this host's ditorch vendor {vendor!r}; the cluster spec's: "
+               + ", ".join(f"{t} ({v or 'no vendor'})" for t, v in zip(types, vendors)))
+    raise SpecError("heteropp elastic", "--chip", problem, "this host's chip type given with --chip or HETEROPP_CHIP")
+
+
 def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: Plan, chip: str, factor: float,
                    step_s: float, left: int, setup_s: float, redo: int, per_replica: bool = False) -> dict[str, Any]:
     """Whether re-planning for `chip` slowed by `factor` pays over `left` steps (StragglerReplan's rule)."""
@@ -312,8 +334,7 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
         raise SystemExit(f"heteropp elastic: no plan for the chips present: {decided[0]['error']}")
     plan = Plan.from_dict(decided[0]["plan"])
     order = assign(plan, chips)
-    cfg = dataclasses.replace(cfg, plan=plan.to_dict(), chip_map={**{c.name: c.device for c in cluster.chips},
-                                                                  **cfg.chip_map})
+    cfg = dataclasses.replace(cfg, plan=plan.to_dict(), chip_map=vendor_map(cluster, cfg.chip_map))
     done = complete_checkpoints(cfg.opts.checkpoint_dir) if cfg.opts.checkpoint_dir else []
     snap = decided[0].get("snapshot")
     cfg.options = {**cfg.options, "resume": bool(done) or snap is not None}
@@ -373,15 +394,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="One elastic HeteroPP rank (for torchrun); see `heteropp run --elastic`.")
     ap.add_argument("--config", required=True, help="the config `heteropp run --elastic --write-config` wrote")
     ap.add_argument("--chip", default=os.environ.get("HETEROPP_CHIP"),
-                    help="this host's chip type (a name of the cluster spec; default $HETEROPP_CHIP)")
+                    help="this host's chip type (a name of the cluster spec; default $HETEROPP_CHIP, else the one "
+                         "type whose vendor is the one ditorch selects on this host)")
     a = ap.parse_args(argv)
     with open(a.config) as f:
         data = json.load(f)
     elastic = data.pop("elastic")
-    if not a.chip:
-        raise SystemExit("heteropp elastic: give this host's chip type with --chip or HETEROPP_CHIP")
     cfg = RunConfig(**data)
-    return run(cfg, cluster_from_dict(elastic["cluster"], "<cluster>"), elastic["train"], a.chip,
+    cluster = cluster_from_dict(elastic["cluster"], "<cluster>")
+    if not a.chip:
+        try:
+            vendor = host_vendor(os.environ)  # imports ditorch: in the worker only, never in the fork server
+            a.chip = host_chip(cluster, cfg.chip_map, vendor)
+        except SpecError as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"heteropp elastic: chip type {a.chip!r}: the one type of the cluster spec on this host's ditorch "
+              f"vendor {vendor!r} (no --chip or HETEROPP_CHIP given)", flush=True)
+    return run(cfg, cluster, elastic["train"], a.chip,
                int(elastic.get("snapshot_every", 0)), bool(elastic.get("per_replica", False)))
 
 
