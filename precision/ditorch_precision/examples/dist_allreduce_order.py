@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--faults", action="store_true")
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.steps, a.faults), nprocs=a.world)
+    gloo_job.start(worker, (a.world, a.port, a.out, a.steps, a.faults), a.world, a.start_method)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ calls of the group of global ranks 1 and 2 (``subgroup``), into OUT/capture/rank
 OUT/autocompare_rank{r}.json."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -176,15 +175,12 @@ def _cross_rank(ac: AutoCompare, rule: str) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("world", type=int)
-    p.add_argument("port", type=int)
+    p = gloo_job.parser()
     p.add_argument("--subgroup", action="store_true", help="only the calls of a two-rank subgroup (world >= 3)")
     a = p.parse_args()
     if a.subgroup and a.world < 3:
         p.error(f"--subgroup needs a world of 3 or more ranks, not {a.world}")
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.subgroup), nprocs=a.world)
+    gloo_job.start(worker, (a.world, a.port, a.out, a.subgroup), a.world, a.start_method)
 
 
 if __name__ == "__main__":

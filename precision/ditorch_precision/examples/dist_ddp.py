@@ -49,8 +49,7 @@ def main() -> None:
     p.add_argument("--mode", default="full", choices=("full", "stats"))
     p.add_argument("--hook", default="auto", choices=("auto", "cpp", "python"))
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.steps, a.mode, a.hook),
-                                nprocs=a.world)
+    gloo_job.start(worker, (a.world, a.port, a.out, a.fault_rank, a.steps, a.mode, a.hook), a.world, a.start_method)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def main() -> None:
     a = p.parse_args()
     if FFN % a.world:
         p.error(f"world {a.world} must divide the feed-forward size {FFN}")
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.steps), nprocs=a.world)
+    gloo_job.start(worker, (a.world, a.port, a.out, a.fault_rank, a.steps), a.world, a.start_method)
 
 
 if __name__ == "__main__":

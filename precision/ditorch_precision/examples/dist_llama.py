@@ -60,8 +60,7 @@ def main() -> None:
     p.add_argument("--honest", metavar="OUT2", help="first a run without the fault, into OUT2")
     p.add_argument("--collectives", metavar="OUT3", help="first the dist_collectives example, into OUT3")
     a = p.parse_args()
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.fault_rank, a.honest, a.collectives),
-                                nprocs=a.world)
+    gloo_job.start(worker, (a.world, a.port, a.out, a.fault_rank, a.honest, a.collectives), a.world, a.start_method)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def main() -> None:
     a = gloo_job.parser().parse_args()
     if a.world != 2:
         raise SystemExit(f"dist_transfers: world {a.world}; expected 2 (ranks 0 and 1 exchange tensors)")
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out), nprocs=a.world)
+    gloo_job.start(worker, (a.world, a.port, a.out), a.world, a.start_method)
 
 
 if __name__ == "__main__":

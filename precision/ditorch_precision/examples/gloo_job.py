@@ -4,7 +4,8 @@ tests' conftest)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -16,6 +17,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     p.add_argument("world", type=int)
     p.add_argument("port", type=int)
+    p.add_argument("--start-method", default="forkserver", choices=("forkserver", "spawn", "fork"),
+                   help="how the ranks are started (see start); fork only from a launcher that has run nothing")
     return p
 
 
@@ -32,3 +35,18 @@ def joined(rank: int, world: int, port: int, barrier: bool = True) -> Iterator[N
             dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def start(worker: Callable[..., None], args: tuple, world: int, method: str = "forkserver") -> None:
+    """Runs ``worker(rank, *args)`` in ``world`` processes, one a rank, and waits for them (an error in
+    one is raised here, as torch.multiprocessing.spawn does). By default the ranks are forked from a
+    forkserver that imported the example's module (torch, ditorch_precision) once, not each a fresh
+    interpreter importing torch ("spawn"): seconds of CPU a rank. The forkserver runs no operator and
+    makes no group, so each rank starts as a spawned one would. "fork" forks them from this process,
+    saving the forkserver's imports too: sound only while this process has run no operator, made no
+    group and started no thread of its own (as an example's launcher, which only parsed its command line)."""
+    if method == "forkserver":
+        main = sys.modules["__main__"].__spec__  # None when run as a file path, not with -m
+        context = torch.multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "torch.distributed"] + ([main.name] if main else []))
+    torch.multiprocessing.start_processes(worker, args=args, nprocs=world, start_method=method)

@@ -80,8 +80,8 @@ def main() -> None:
     torch.set_num_threads(1)
     os.makedirs(a.out, exist_ok=True)
     _write_losses(a.out, "tp1", {"tp1": train(os.path.join(a.out, "tp1", "capture", "rank0"), TPGroup(), a.steps)})
-    torch.multiprocessing.spawn(worker, args=(a.world, a.port, a.out, a.steps, a.fault_rank, a.fault_module),
-                                nprocs=a.world)
+    # Forkserver (the default), never fork: this process has trained TP 1 by now.
+    gloo_job.start(worker, (a.world, a.port, a.out, a.steps, a.fault_rank, a.fault_module), a.world)
 
 
 if __name__ == "__main__":
