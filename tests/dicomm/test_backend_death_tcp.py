@@ -25,6 +25,7 @@ def _killed_in_batch(rank, ws, store, run):
     n = 1 << 18  # 1 MiB: rendezvous messages, data still moving when the peer dies
     send, recv = torch.full((n,), float(rank)), torch.empty(n)
     right, left = (rank + 1) % ws, (rank - 1) % ws
+    out = {"took": None, "error": "never noticed"}
     for i in range(1000):
         if rank == 2 and i == 3 + run:
             ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, recv, left)]
@@ -36,17 +37,16 @@ def _killed_in_batch(rank, ws, store, run):
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
         except dicomm.DicommError as e:
-            noticed = time.time()
-            killed = float(store.get("killed_at").decode())
-            # A survivor that returned would exit and close its communicator; the other survivor,
-            # not yet done, would then rightly report that survivor gone instead of rank 2. So
-            # each stays until both have recorded what they saw (bounded by the store's timeout).
-            if store.add("noticed", 1) == ws - 1:
-                store.set("all_noticed", "1")
-            store.wait(["all_noticed"])
-            return {"took": noticed - killed, "error": f"{type(e).__name__}: {e}"}
+            out = {"took": time.time() - float(store.get("killed_at").decode()), "error": f"{type(e).__name__}: {e}"}
+            break
         assert recv[0].item() == float(left) and recv[-1].item() == float(left)
-    return {"took": None, "error": "never noticed"}
+    # A survivor that returned would exit and close its communicator; the other survivor, not yet done,
+    # would then rightly report that survivor gone instead of rank 2. So each stays until both have
+    # recorded what they saw, noticed or not (bounded by the store's timeout).
+    if store.add("done", 1) == ws - 1:
+        store.set("all_done", "1")
+    store.wait(["all_done"])
+    return out
 
 
 @pytest.mark.parametrize("run", range(RUNS))
