@@ -93,14 +93,20 @@ def train_options(a: argparse.Namespace, m: ModelSpec, cluster: Cluster | None =
         chips = {c.name: c.peak_tflops for c in cluster.chips}
         peak = sum(chips.get(chip, 0.0) * n for chip, n in plan.chips_used().items()) * 1e12  # every group's
     zero1 = zero1_of(a, plan)
+    threshold = getattr(a, "straggler_threshold", None)  # only `run` has it
+    if threshold and plan is not None and not a.elastic:  # an elastic run's plans come from HeteroAuto
+        stages = plan.stage_names()
+        if len(stages) < 2 or any(s.est_time_s is None for _, s in stages):
+            raise SpecError("--straggler-threshold", "est_time_s",
+                            "the plan has one stage or stages without est_time_s (a hand-written plan): the straggler "
+                            "watch has no prediction to judge against, the threshold would do nothing",
+                            "a plan of two or more stages from `heteroauto plan --json`, or no --straggler-threshold")
     return {"dtype": a.dtype, "zero1": zero1, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps,
             "lr_decay": a.lr_decay, "min_lr": a.min_lr, "init_from": init_from, "data": a.data,
             "checkpoint_dir": a.checkpoint_dir,
             "save_every": a.save_every, "resume": a.resume, "keep_checkpoints": a.keep_checkpoints,
             "reset_optimizer": a.reset_optimizer, "hf_config": original,
-            "peak_flops": peak or None,
-            # only `run` has it; unset: TrainOptions' default
-            **({"straggler_threshold": a.straggler_threshold} if getattr(a, "straggler_threshold", None) else {})}
+            "peak_flops": peak or None, **({"straggler_threshold": threshold} if threshold else {})}
 
 
 def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = None, backend: str = DEFAULT_BACKEND,

@@ -1,6 +1,7 @@
 """Typed configuration of one training run, shared by the launcher, the workers and the reference."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +38,9 @@ class TrainOptions:
     straggler_threshold: float = STRAGGLER_THRESHOLD
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.straggler_threshold) and self.straggler_threshold > 1):
+            raise ValueError(f"straggler_threshold must be a finite number > 1 (times slower than the other stages), "
+                             f"got {self.straggler_threshold!r}")
         if self.dtype not in COMPUTE_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
 

@@ -65,6 +65,22 @@ def test_a_straggler_threshold_that_is_not_above_one(tmp_path, capsys, value):
     assert f"--straggler-threshold: expected a finite number > 1, got {value!r}" in capsys.readouterr().err
 
 
+def test_a_straggler_threshold_for_a_plan_without_estimates_is_refused(tmp_path, capsys):
+    """A hand-written plan carries no est_time_s: the watch judges nothing, so the threshold would be ignored."""
+    assert main(["run", "--plan", _plan(tmp_path, GOOD), "--model", "tiny", "--straggler-threshold", "3",
+                 "--chip-map", "big=cpu,small=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--straggler-threshold" in err and "est_time_s" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5, float("nan"), float("inf")])
+def test_a_run_config_with_a_straggler_threshold_not_above_one_is_refused(value):
+    """The same rule for a run config written by hand (torchrun -m heteropp.engine.worker --config)."""
+    from heteropp.engine.config import TrainOptions
+    with pytest.raises(ValueError, match="straggler_threshold must be a finite number > 1"):
+        TrainOptions(straggler_threshold=value)
+
+
 def test_a_plan_whose_chips_used_disagrees_with_its_stages(tmp_path, capsys):
     """`chips_used` is written from the stages; a plan edited in one place and not the other is rejected."""
     from heteropp.plan import PLAN_VERSION
