@@ -7,6 +7,8 @@ rank actually sent or received (taken after the captures), each hashed by ``poin
 or compared with what a full capture saved of a send, and the cross-rank compare, which matches each
 receive to its send and checks each collective's result against the ranks' inputs."""
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -115,3 +117,11 @@ def test_the_cross_rank_compare_checks_every_transfer_of_the_cpp_capture(job, mo
     # a full capture's collectives are checked from the tensors it saved (a stats capture saves none)
     collectives = [(r["op"], r["status"]) for r in rows if r["rule"] != "point_to_point"]
     assert collectives == ([("c10d::allreduce_", "pass"), ("c10d::reduce_", "pass")] if mode == "full" else [])
+
+
+def test_the_example_refuses_a_world_other_than_two(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ditorch_precision.examples.dist_transfers", str(tmp_path), "3", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "world 3" in done.stderr and "expected 2" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

@@ -96,9 +96,10 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def main() -> None:
-    a = gloo_job.parser().parse_args()
+    p = gloo_job.parser()
+    a = p.parse_args()
     if a.world != 2:
-        raise SystemExit(f"dist_transfers: world {a.world}; expected 2 (ranks 0 and 1 exchange tensors)")
+        p.error(f"world {a.world}; expected 2 (ranks 0 and 1 exchange tensors)")
     gloo_job.start(worker, (a.world, a.port, a.out), a.world, a.start_method)
 
 
