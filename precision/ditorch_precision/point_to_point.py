@@ -56,12 +56,10 @@ class TransferLog:
         """Issue the transfer ``func`` (``quiet``: the tool's context for its own ops); returns its output."""
         if rec["op"] == SEND:
             with quiet():
-                record = self._record(rec, args, group, checksum(args[0]))
-            out = func(*args, **kwargs)
-            self.records.append(record)
-        else:
-            out = func(*args, **kwargs)
-            self.received(rec, args, group, out)
+                self.sent(rec, args, group)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.received(rec, args, group, out)
         return out
 
     def sent(self, rec: dict, args, group: list[int] | None) -> None:
