@@ -34,14 +34,18 @@ def _order(bucket: int | str) -> tuple[int, int]:
 
 def buckets(names: list[str], hg: HolderGroups) -> list[tuple[list[int], Any]]:
     """This rank's parameters (by index into `names`) grouped by the ranks that hold each group, with those
-    ranks' process group (None where this rank holds it alone), in `_order`."""
+    ranks' process group (None where this rank holds it alone), in `_order`. ValueError where `hg` does not
+    list a part of `names`."""
     by: dict[int | str, list[int]] = {}
     for i, name in enumerate(names):
         by.setdefault(name if hg.tied and name in TIED_NAMES else part_of(name), []).append(i)
     out = []
     for b in sorted(by, key=_order):
-        group = hg.copy if b == "head.weight" else hg.parts.get("embed" if b == "embed.weight" else b)
-        out.append((by[b], group))
+        part = "embed" if b == "embed.weight" else b
+        if b != "head.weight" and part not in hg.parts:  # stepped alone, its holders' weights would drift apart
+            raise ValueError(f"parameters {[names[i] for i in by[b]]} are of part {part!r}, which this rank's "
+                             f"holder groups do not list (they list {sorted(hg.parts, key=str)})")
+        out.append((by[b], hg.copy if b == "head.weight" else hg.parts[part]))
     return out
 
 

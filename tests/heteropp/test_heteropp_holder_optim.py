@@ -61,3 +61,12 @@ def test_an_overflow_in_one_part_skips_every_parts_step() -> None:
     assert opt.step() and opt.t == 1 and scaler.scale == 512.0
     for o in opt.parts:  # every part's first moment from the unscaled gradient
         torch.testing.assert_close(o.m, torch.full_like(o.m, 0.1), rtol=1e-6, atol=0)
+
+
+def test_a_part_the_holder_groups_do_not_list_is_refused_not_stepped_alone() -> None:
+    names = list(SHAPES)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES.values()]
+    hg = HolderGroups(0, 0, 1, parts={part_of(n): None for n in names if part_of(n) != 1})
+    with pytest.raises(ValueError, match=r"\['layers.1.mlp.weight'\] are of part 1, which this rank's holder groups"):
+        HolderAdamW(params, names, hg, 1e-2, weight_decay=0.1, decay=[True] * len(params),
+                    owned=[True] * len(params), clip_norm=None, distributed_norm=False, scaler=None)
