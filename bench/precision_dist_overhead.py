@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.precision_overhead import CFG, _load, summarise
 from ditorch_precision import Capture
+from ditorch_precision.arguments import cli_type, positive_int
 from ditorch_precision.examples import gloo_job
 from ditorch_precision.examples.hf_llama import hf_batches, make_hf_llama
 
@@ -76,8 +77,8 @@ def worker(rank: int, world: int, port: int, out: str, rounds: int, steps: int) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--steps", type=int, default=2, help="steps per variant per round")
+    p.add_argument("--rounds", type=cli_type(positive_int), default=7)
+    p.add_argument("--steps", type=cli_type(positive_int), default=2, help="steps per variant per round")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
