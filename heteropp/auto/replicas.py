@@ -65,8 +65,8 @@ def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budge
     other groups of the split."""
     cl = sub_cluster(pb.cluster, {c.name: c.count for c in pb.cluster.chips if c.name in types})
     # with the spec's zero1; under ZeRO-1 a part's optimizer state is shared by the group's own replicas and one
-    # rank of each other group (each holds the whole model, a layer at one TP size in every group): never more
-    # than in the joined plan, where every holder of the part shares it (replica_sim)
+    # rank of each other group (each holds the whole model, a layer at one TP size in every group), as in the
+    # joined plan, save a tied embedding's copy, which a group of one stage does not hold (_joined checks)
     train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size)
     try:
         return plan(make_problem(cl, pb.model, train, pb.cm.profile, others), budget).plan
@@ -136,7 +136,13 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
                         nodes={c.name: c.nodes for c in pb.cluster.chips if c.nodes})
     except SpecError:
         return None
-    joined.iteration_time_s = simulate_groups(pb.cm, joined).iteration_time_s
+    sim = simulate_groups(pb.cm, joined)
+    # a group planned alone may have counted on more sharing than the join has (a tied embedding's copy, held
+    # only by the last stages of groups of more than one stage): a stage that no longer fits refuses the join
+    if any(peak > pb.cluster.chip(st.chip).usable_bytes
+           for g, peaks in zip(joined.replicas, sim.peak_memory_bytes) for st, peak in zip(g.stages, peaks)):
+        return None
+    joined.iteration_time_s = sim.iteration_time_s
     return joined
 
 

@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from heteropp.auto.costs import CostModel
+from heteropp.auto.planning import Problem
 from heteropp.auto.profiles import ChipProfile, Profile, TPProfile
 from heteropp.auto.replica_sim import simulate_groups
+from heteropp.auto.replicas import best_per_replica
 from heteropp.engine.optim import ZeroAdamW
 from heteropp.engine.replica_groups import _holders, _last_ranks, group_plans
 from heteropp.plan import Plan, ReplicaGroup, StagePlan
@@ -27,19 +29,22 @@ PLAN = Plan.of_replicas([ReplicaGroup([StagePlan("X", 1, 4)], 5),
                         schedule="1f1b", num_layers=4, zero1=True)
 
 
-def _cost_model(tied: bool) -> CostModel:
-    """One X chip and two Y chips, a node each, X and Y joined by a LINK_GBS link; bf16 weights with ZeRO-1."""
-    chips = [{"name": n, "count": c, "memory_gb": 80, "peak_tflops": 100, "chips_per_node": 1, "tp_max": 1,
+def _cost_model(tied: bool, embed: int = EMBED, y_memory_gb: float = 80, act_bytes: float = 1e8) -> CostModel:
+    """One X chip and two Y chips (of `y_memory_gb` GB), a node each, X and Y joined by a LINK_GBS link; bf16 weights
+    with ZeRO-1."""
+    memory_gb = {"X": 80, "Y": y_memory_gb}
+    chips = [{"name": n, "count": c, "memory_gb": memory_gb[n], "peak_tflops": 100, "chips_per_node": 1, "tp_max": 1,
               "intra_node_bw": 100, "network_bw": 10.0, "memory_fraction": 1.0} for n, c in (("X", 1), ("Y", 2))]
     cluster = cluster_from_dict({"name": "types", "chips": chips,
                                  "links": [{"between": ["X", "Y"], "bandwidth": LINK_GBS}]}, "test")
     model = ModelSpec("m", layers=4, hidden=HIDDEN, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=128,
                       tie_embeddings=tied)
     train = TrainSpec(global_batch=8, micro_batch_size=1, dtype="bf16", zero1=True, schedule="1f1b")
-    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER, embed_params=EMBED,
-                   head_params=EMBED + HIDDEN,  # the output matrix and the final norm
-                   chips={n: ChipProfile({1: TPProfile(fwd_s=f, bwd_s=2 * f, recompute_s=f, wgrad_s=f, act_bytes=1e8,
-                                                       ckpt_bytes=1e7, optim_s=OPTIM_S, head_s=f)})
+    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=LAYER, embed_params=embed,
+                   head_params=embed + HIDDEN,  # the output matrix and the final norm
+                   chips={n: ChipProfile({1: TPProfile(fwd_s=f, bwd_s=2 * f, recompute_s=f, wgrad_s=f,
+                                                       act_bytes=act_bytes, ckpt_bytes=1e7, optim_s=OPTIM_S,
+                                                       head_s=f)})
                           for n, f in FORWARD_S.items()})
     return CostModel(cluster, model, train, prof)
 
@@ -104,3 +109,19 @@ def test_with_zero1_a_stage_keeps_the_tied_matrix_once_and_the_copy_state_shared
     assert untied[0][0] - tied[0][0] == pytest.approx(EMBED * (weight_grad_b + state_b / 2), rel=1e-12)
     assert untied[1][1] - tied[1][1] == pytest.approx(EMBED * (state_b / 2 - state_b), rel=1e-12)
     assert tied[1][0] == pytest.approx(untied[1][0], rel=1e-12)
+
+
+def test_a_join_whose_tied_copy_no_longer_fits_is_not_offered() -> None:
+    """A 20M-parameter tied matrix: Y planned alone as two stages counts on one X rank sharing the copy's state, but
+    X's one stage holds no copy, so joined, Y's last stage keeps the copy's whole state (0.62 GB). Y chips of 0.7 GB
+    take that plan; of 0.55 GB none is offered (before: the same plan, over the chips' memory)."""
+    def best(y_memory_gb: float) -> tuple[Plan | None, list[list[float]]]:
+        cm = _cost_model(True, embed=20_000_000, y_memory_gb=y_memory_gb, act_bytes=1e7)
+        got = best_per_replica(Problem(cm.cluster, cm.model, cm.train, cm))
+        return got, [] if got is None else simulate_groups(cm, got).peak_memory_bytes
+
+    roomy, peaks = best(0.7)
+    assert roomy is not None and [[s.chip for s in g.stages] for g in roomy.replicas] == [["X"], ["Y", "Y"]]
+    assert 0.55e9 < peaks[1][1] <= 0.7e9 and all(p <= 0.7e9 for p in peaks[1]), peaks
+    tight, tight_peaks = best(0.55)
+    assert tight is None, (tight.to_dict(), tight_peaks)
