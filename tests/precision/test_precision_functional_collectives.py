@@ -131,6 +131,7 @@ def test_a_full_capture_saves_the_elements_a_wrapper_holds_through_both_hooks(tm
     python = _saved(str(tmp_path / "python"), "python", world)
     assert [op for op, _, _ in cpp] == [op for op, _, _ in python]
     for (op, args_c, outs_c), (_, args_p, outs_p) in zip(cpp, python):
+        assert (len(args_c), len(outs_c)) == (len(args_p), len(outs_p)), op
         for got, want in zip(args_c + outs_c, args_p + outs_p):
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=op)
     torch.manual_seed(0)  # 1 rank: the row-parallel sum is the partial product, computed without a capture

@@ -89,6 +89,7 @@ def _written(data: dict, side: str) -> list[torch.Tensor]:
 def test_both_hooks_save_the_same_arguments_and_outputs_in_a_full_capture(job):
     for rank in RANKS:
         python, cpp = (Dump.open(str(_capture(job, "full", hook, rank))) for hook in ("python", "auto"))
+        assert [r["op"] for r in cpp.op_records] == [r["op"] for r in python.op_records]
         for a, b in zip(python.op_records, cpp.op_records):
             da, db = python.load(a), cpp.load(b)
             assert _structure(db) == _structure(da), a["op"]
