@@ -18,6 +18,16 @@ namespace {
 using c10d::OpType;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
+// The work type of a coalesced reduce-scatter: its own in recent torch (2.13), COALESCED in older releases.
+template <class E>
+constexpr auto reduce_scatter_coalesced_type(int) -> decltype(E::REDUCE_SCATTER_TENSOR_COALESCED) {
+  return E::REDUCE_SCATTER_TENSOR_COALESCED;
+}
+template <class E>
+constexpr E reduce_scatter_coalesced_type(long) {
+  return E::COALESCED;
+}
+
 // Tags the backend uses itself: torch's tags are ints, so everything from 2**32 up is free.
 constexpr Tag kMonitoredBarrierTag = Tag{1} << 40;
 
@@ -61,7 +71,8 @@ dicomm::ReduceOp engine_op(const c10d::ReduceOp& op, at::ScalarType dtype, const
       return op.op_ == R::BAND ? dicomm::ReduceOp::kBand
              : op.op_ == R::BOR ? dicomm::ReduceOp::kBor : dicomm::ReduceOp::kBxor;
     case R::PREMUL_SUM: {
-      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      // torch 2.13 renamed it PreMulSumSupplement and kept this name as an alias; older releases have only this one.
+      auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       if (!s) bad_argument(name, "PREMUL_SUM without its factor");
       if (s->tensor_factor.defined()) *tensor_factor = s->tensor_factor;
       else *factor = s->double_factor;
@@ -743,7 +754,7 @@ WorkPtr DicommBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
     return reduce_scatter_flat(*comm_, outputs[i], inputs[i], opts.reduceOp, size_, op, st);
   });
   return with_buffers(
-      make_work(OpType::REDUCE_SCATTER_TENSOR_COALESCED, std::move(all.requests), outputs, opts.timeout),
+      make_work(reduce_scatter_coalesced_type<OpType>(0), std::move(all.requests), outputs, opts.timeout),
       std::move(all.keep), st);
 }
 

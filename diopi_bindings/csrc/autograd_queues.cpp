@@ -22,6 +22,7 @@
 #include <future>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -45,13 +46,22 @@ struct Noop final : torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& /*grads*/) override { return {}; }
 };
 
+// torch 2.13 holds autograd nodes by intrusive_ptr, earlier releases by shared_ptr: make one of whichever
+// kind an Edge holds.
+template <typename T>
+auto make_node() {
+  using Held = decltype(torch::autograd::Edge::function);
+  if constexpr (std::is_same_v<Held, std::shared_ptr<torch::autograd::Node>>) return std::make_shared<T>();
+  else return c10::make_intrusive<T>();
+}
+
 // A backward pass through one Noop per device index, each on its device's worker thread. Runs on a thread
 // of its own: its GraphTask captures that thread's empty thread-local state, so no Python object.
 void run_noops(int32_t devices) {
   auto& engine = torch::autograd::Engine::get_default_engine();
   for (int32_t index = 0; index < devices; ++index) {
     at::Tensor grad = at::empty({0}, at::TensorOptions().device(c10::DeviceType::PrivateUse1, index));
-    auto noop = c10::make_intrusive<Noop>();
+    auto noop = make_node<Noop>();
     noop->add_input_metadata(grad);
     engine.execute({torch::autograd::Edge(noop, 0)}, {grad}, /*keep_graph=*/false, /*create_graph=*/false,
                    /*accumulate_grad=*/true);

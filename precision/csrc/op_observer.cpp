@@ -3,7 +3,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/graph_task.h>
+#if __has_include(<torch/csrc/autograd/node.h>)
 #include <torch/csrc/autograd/node.h>
+#else  // torch before 2.13
+#include <torch/csrc/autograd/function.h>
+#endif
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -263,9 +267,9 @@ void OpObserver::tag(const std::vector<at::Tensor>& outputs, const std::string& 
           it = it->second.first.expired() ? leaf_paths_.erase(it) : ++it;
       auto it = leaf_paths_.find(edge.function.get());
       if (it == leaf_paths_.end())
-        leaf_paths_.emplace(edge.function.get(), std::make_pair(c10::weak_intrusive_ptr<torch::autograd::Node>(edge.function), kept));
+        leaf_paths_.emplace(edge.function.get(), std::make_pair(WeakNode(edge.function), kept));
       else if (it->second.first.expired())
-        it->second = {c10::weak_intrusive_ptr<torch::autograd::Node>(edge.function), kept};
+        it->second = {WeakNode(edge.function), kept};
     }
   }
 }

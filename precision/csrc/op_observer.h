@@ -8,6 +8,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/edge.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
@@ -29,11 +30,21 @@
 #include "op_record.h"
 #include "unwritten_memory.h"
 
-namespace torch::autograd {
-struct Node;
-}
-
 namespace ditorch_precision {
+
+// torch 2.13 holds autograd nodes by intrusive_ptr, earlier releases by shared_ptr: a weak reference of
+// whichever kind an Edge holds.
+template <class P>
+struct WeakOf;
+template <class T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T, class N>
+struct WeakOf<c10::intrusive_ptr<T, N>> {
+  using type = c10::weak_intrusive_ptr<T, N>;
+};
+using WeakNode = WeakOf<decltype(torch::autograd::Edge::function)>::type;
 
 struct Pending;  // an op's record between its start and its end (op_observer.cpp)
 
@@ -168,7 +179,7 @@ class OpObserver {
   std::unordered_map<uint64_t, const std::string*> node_paths_;  // autograd node sequence number -> path
   // Nodes without a sequence number (AccumulateGrad) -> path, while the node lives.
   std::unordered_map<const torch::autograd::Node*,
-                     std::pair<c10::weak_intrusive_ptr<torch::autograd::Node>, const std::string*>> leaf_paths_;
+                     std::pair<WeakNode, const std::string*>> leaf_paths_;
   mutable std::mutex tags_mutex_;
   mutable std::mutex mutex_;  // batch_ (backward may run on an autograd thread)
   Batch batch_;  // records finished since the last drain
