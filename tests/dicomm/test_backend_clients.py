@@ -10,6 +10,7 @@ import tempfile
 import traceback
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.dicomm import clients_lib
@@ -43,8 +44,19 @@ def results() -> dict[str, list[dict]]:
     return out
 
 
+# Scenarios whose gloo reference cannot run here, with why.
+UNRUNNABLE = {
+    # torch's PowerSGD hook synchronises CUDA on the CPU tensors' device wherever CUDA is present
+    # ("Expected a cuda device, but got: cpu", gloo included)
+    "ddp_powersgd": "torch's PowerSGD hook fails on CPU tensors where CUDA is present (gloo too)"
+    if torch.cuda.is_available() else None,
+}
+
+
 @pytest.mark.parametrize("name", [n for n in clients_lib.SCENARIOS_2 if not ONLY or n in ONLY])
 def test_client_matches_gloo(results, name):
+    if UNRUNNABLE.get(name):
+        pytest.skip(UNRUNNABLE[name])
     for rank in range(2):
         ref_status, ref = results["gloo"][rank][name]
         status, got = results["dicomm"][rank][name]

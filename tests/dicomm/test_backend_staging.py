@@ -28,7 +28,7 @@ def _cuda_ranks(rank: int, ws: int, store) -> dict:
         dist.recv(y, 0, tag=4)
         out["recv"] = y
     g = torch.empty(ws * 3, device=dev)
-    dist.all_gather_single(g, torch.full((3,), float(rank), device=dev))
+    dist.all_gather_into_tensor(g, torch.full((3,), float(rank), device=dev))
     out["all_gather"] = g
     torch.cuda.synchronize()
     dist.destroy_process_group()

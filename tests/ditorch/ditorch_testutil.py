@@ -17,6 +17,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+# The hosts these tests run on: CPU-only machines (the CPU adapter) and CUDA machines.
+EXPECTED_TYPE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def placed() -> torch.device:
+    """Where a tensor made on "device" lands: ditorch's device with the index its vendor gives a new tensor
+    (cuda:0 on a CUDA host, none on the CPU), where ``ditorch.device_obj()`` is the bare type, as
+    ``torch.device("cuda")`` is."""
+    with torch._C.DisableTorchFunction():
+        return torch.empty(0, device=ditorch.device_obj()).device
+
+
 def ditorch_modes_on_stack() -> list:
     stack = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
     return [m for m in stack if isinstance(m, DeviceMode)]

@@ -1,8 +1,8 @@
 """The unified device name in the torch APIs a new user reaches for after factories and ``.to``:
 torch.load(map_location), set_default_device, Generator, get_device_module, autocast, HuggingFace
 from_pretrained(device_map); the bf16 check of HF's Trainer in CUDA-compatibility mode; device indices
-out of range. CPU tensors stand in for device tensors (the CPU adapter on a machine without
-accelerators); references are computed by plain torch with every mode off."""
+out of range. On a machine without accelerators CPU tensors stand in for device tensors (the CPU adapter);
+references are computed by plain torch on the real device with every mode off."""
 from __future__ import annotations
 
 import io
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ditorch
+from ditorch_testutil import placed
 
 
 def reference(fn):
@@ -25,9 +26,10 @@ def test_torch_load_map_location(shim, location):
     torch.save(saved, buf)
     buf.seek(0)
     loaded = torch.load(buf, map_location=location, weights_only=True)
-    assert loaded["w"].device == ditorch.device_obj() and torch.equal(loaded["w"], saved["w"])
+    want = torch.device("cpu") if isinstance(location, torch.device) else placed()  # "cpu" is the CPU anywhere
+    assert loaded["w"].device == want and torch.equal(loaded["w"].cpu(), saved["w"])
     buf.seek(0)
-    assert torch.equal(torch.load(buf, location, weights_only=True)["w"], saved["w"])  # positional
+    assert torch.equal(torch.load(buf, location, weights_only=True)["w"].cpu(), saved["w"])  # positional
 
 
 def test_torch_load_map_location_refused_without_the_shim(plain):
@@ -42,15 +44,16 @@ def test_set_default_device(shim):
     torch.set_default_device("device")
     try:
         x = torch.zeros(2)
-        assert x.device == ditorch.device_obj() and torch.get_default_device() == ditorch.device_obj()
+        assert x.device == placed() and torch.get_default_device().type == placed().type
     finally:
         torch.set_default_device(None)
 
 
 def test_generator(shim):
     g = torch.Generator(device="device").manual_seed(3)
-    want = reference(lambda: torch.randn(4, generator=torch.Generator().manual_seed(3)))
-    assert g.device == ditorch.device_obj()
+    real = ditorch.device_obj()
+    want = reference(lambda: torch.randn(4, generator=torch.Generator(real).manual_seed(3), device=real))
+    assert g.device.type == real.type
     assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
     assert torch.equal(torch.randn(4, generator=g, device="device"), want)
     assert torch.Generator().device.type == "cpu"  # no argument: as torch
@@ -63,7 +66,7 @@ def test_get_device_module(shim):
 
 @pytest.mark.parametrize("spelling", ["positional", "keyword", "amp"])
 def test_autocast(shim, spelling):
-    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    a, b = torch.randn(4, 4, device="device"), torch.randn(4, 4, device="device")
     ctx = {"positional": lambda: torch.autocast("device", dtype=torch.bfloat16),
            "keyword": lambda: torch.autocast(device_type="device", dtype=torch.bfloat16),
            "amp": lambda: torch.amp.autocast("device", dtype=torch.bfloat16)}[spelling]()
@@ -91,14 +94,17 @@ def test_autocast_inside_torch_compile(shim, device_type):
         with torch.autocast(device_type, dtype=torch.bfloat16):
             return a @ b
 
-    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    a, b = torch.randn(4, 4, device=device_type), torch.randn(4, 4, device=device_type)
     got = torch.compile(fn, backend="eager", fullgraph=True)(a, b)
     assert got.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("spelling", ["device:1", "device:7"])
-def test_device_index_out_of_range_is_an_error(shim, spelling):
-    expected = r"device index \d is out of range: this host has 1 cpu device \(indices 0 to 0\)"
+@pytest.mark.parametrize("past", [0, 6])
+def test_device_index_out_of_range_is_an_error(shim, past):
+    n = torch.get_device_module(ditorch.device.type).device_count()
+    spelling = f"device:{n + past}"
+    expected = (rf"device index {n + past} is out of range: this host has {n} {ditorch.device.type} devices? "
+                rf"\(indices 0 to {n - 1}\)")
     with pytest.raises(ValueError, match=expected):
         torch.zeros(1, device=spelling)
     with pytest.raises(ValueError, match="out of range"):
@@ -139,9 +145,9 @@ class TestHuggingFace:
 
         path, ids, want = checkpoint
         model = LlamaForCausalLM.from_pretrained(path, device_map=device_map)
-        assert {p.device for p in model.parameters()} == {ditorch.device_obj()}
+        assert {p.device for p in model.parameters()} == {placed()}
         with torch.no_grad():
-            torch.testing.assert_close(model(ids.to("device")).logits, want)
+            torch.testing.assert_close(model(ids.to("device")).logits.cpu(), want)
 
     def test_training_arguments_bf16_in_compat_mode(self, compat, tmp_path):
         pytest.importorskip("transformers")

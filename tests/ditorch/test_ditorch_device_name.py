@@ -1,5 +1,5 @@
-"""The unified device name "device" wherever torch takes a device. CPU tensors stand in for device
-tensors here (the CPU adapter is chosen on a machine without accelerators); references are computed
+"""The unified device name "device" wherever torch takes a device. On a machine without accelerators CPU
+tensors stand in for device tensors (the CPU adapter is chosen); references are computed on the real device
 with every torch-function mode disabled, so they never run through ditorch."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ditorch
+from ditorch_testutil import EXPECTED_TYPE, placed
 
 
 def reference(fn):
@@ -41,8 +42,8 @@ def test_factory_functions_match_plain_torch(shim, name, spelling):
     torch.manual_seed(7)
     got = FACTORIES[name](spelling)
     torch.manual_seed(7)
-    want = reference(lambda: FACTORIES[name]("cpu"))
-    assert got.device == ditorch.device_obj()
+    want = reference(lambda: FACTORIES[name](ditorch.device_obj()))
+    assert got.device == placed()
     assert got.dtype == want.dtype and got.shape == want.shape
     if name != "empty":
         assert torch.equal(got, want)
@@ -55,12 +56,12 @@ def test_unified_device_name_is_rejected_without_the_shim(plain):
 
 def test_tensor_to_positional_and_keyword(shim):
     x = reference(lambda: torch.arange(6.0).reshape(2, 3))
-    assert torch.equal(x.to("device"), x)
+    assert torch.equal(x.to("device").cpu(), x)
     assert x.to(device="device").device.type == shim.device.type
     y = x.to("device", torch.float64)
-    assert y.dtype == torch.float64 and torch.equal(y, reference(lambda: x.double()))
+    assert y.dtype == torch.float64 and torch.equal(y.cpu(), reference(lambda: x.double()))
     z = x.to("device:0", non_blocking=True, copy=True)
-    assert torch.equal(z, x) and z.data_ptr() != x.data_ptr()
+    assert torch.equal(z.cpu(), x) and z.data_ptr() != x.data_ptr()
 
 
 def test_non_device_arguments_pass_through(shim):
@@ -84,8 +85,8 @@ NEW_METHODS = {
 def test_tensor_new_methods(shim, name):
     base = reference(lambda: torch.ones(1, dtype=torch.float64))
     got = NEW_METHODS[name](base, "device")
-    want = reference(lambda: NEW_METHODS[name](base, "cpu"))
-    assert got.device == ditorch.device_obj()
+    want = reference(lambda: NEW_METHODS[name](base.to(ditorch.device_obj()), ditorch.device_obj()))
+    assert got.device == placed()
     assert got.dtype == want.dtype == torch.float64 and got.shape == want.shape
     if name != "new_empty":
         assert torch.equal(got, want)
@@ -96,24 +97,24 @@ def test_module_to_positional_and_keyword(shim):
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
     snapshot = {k: v.clone() for k, v in model.state_dict().items()}
     model.to("device")
-    assert all(p.device == ditorch.device_obj() for p in model.parameters())
+    assert all(p.device == placed() for p in model.parameters())
     model.to(device="device", dtype=torch.float64)
     assert all(p.dtype == torch.float64 for p in model.parameters())
     for key, value in model.state_dict().items():
-        assert torch.equal(value, snapshot[key].double())
+        assert torch.equal(value.cpu(), snapshot[key].double())
 
 
 def test_tensor_device_reports_the_real_device(shim):
     x = torch.zeros(1, device="device")
     assert isinstance(x.device, torch.device)
-    assert x.device.type == ditorch.device.type == "cpu"
+    assert x.device.type == ditorch.device.type == EXPECTED_TYPE
     assert str(x.device) != "device"
 
 
 def test_device_obj_is_a_real_torch_device(shim):
     d = ditorch.device_obj()
     assert isinstance(d, torch.device) and type(d) is torch.device
-    assert d == reference(lambda: torch.device("cpu"))
+    assert d == reference(lambda: torch.device(EXPECTED_TYPE))
     # torch.device("device") itself raises in torch's C++ parser; ditorch leaves torch.device alone.
     with pytest.raises(RuntimeError, match="Expected one of"):
         torch.device("device")
@@ -125,8 +126,9 @@ def test_bad_index_is_a_clear_error(shim):
 
 
 def test_autograd_through_the_unified_device(shim):
-    w_ref = reference(lambda: torch.linspace(-1, 1, 6).reshape(2, 3).requires_grad_())
-    x_ref = reference(lambda: torch.arange(3.0))
+    real = ditorch.device_obj()
+    w_ref = reference(lambda: torch.linspace(-1, 1, 6, device=real).reshape(2, 3).requires_grad_())
+    x_ref = reference(lambda: torch.arange(3.0, device=real))
     loss_ref = reference(lambda: ((w_ref @ x_ref).tanh() ** 2).sum())
     reference(loss_ref.backward)
 
@@ -140,7 +142,7 @@ def test_autograd_through_the_unified_device(shim):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_torch_compile(shim, backend):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(3, 2)
+    lin = reference(lambda: torch.nn.Linear(3, 2).to(ditorch.device_obj()))
 
     def step(x):
         y = lin(x.to("device")) + torch.ones(2, device="device")
@@ -159,8 +161,9 @@ def test_torch_compile(shim, backend):
 
 
 def step_plain(lin, x):
-    y = lin(x.to("cpu")) + torch.ones(2, device="cpu")
-    return y.relu().sum() + torch.zeros(1, device="cpu")
+    real = ditorch.device_obj()
+    y = lin(x.to(real)) + torch.ones(2, device=real)
+    return y.relu().sum() + torch.zeros(1, device=real)
 
 
 def test_strategies_across_threads(shim):
@@ -183,8 +186,8 @@ def test_strategies_across_threads(shim):
     t = threading.Thread(target=worker)
     t.start()
     t.join()
-    before = ditorch.device_obj() if strategy == "patch" else "error"
-    assert results == {"before": before, "after": ditorch.device_obj()}
+    before = placed() if strategy == "patch" else "error"
+    assert results == {"before": before, "after": placed()}
     assert ditorch.is_enabled()  # the worker's disable() touched only its own thread
 
 
@@ -195,7 +198,7 @@ def test_early_bound_functions_need_the_mode_strategy(plain):
     with pytest.raises(RuntimeError, match="device"):
         zeros(1, device="device")
     ditorch.enable(strategy="mode")
-    assert zeros(1, device="device").device == ditorch.device_obj()
+    assert zeros(1, device="device").device == placed()
 
 
 def test_patch_strategy_covers_the_factories(plain):

@@ -37,6 +37,10 @@ def snapshot():
             {"torch": torch, "torch.cuda": torch.cuda, "torch.Tensor": torch.Tensor,
              "torch.nn.Module": torch.nn.Module, "torch.device": torch.device, "torch._C._nn": torch._C._nn,
              "torch._C.TensorBase": torch._C.TensorBase}.items()}
+if torch.cuda.is_available():  # CUDA's lazy initialisation changes torch.cuda by itself: done before the snapshot
+    torch.nn.Linear(4, 1).cuda()(torch.randn(2, 4, device="cuda")).sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.device_count()  # cached by torch on first call
 before = snapshot()
 keep = [getattr(torch.cuda, k) for k in vars(torch.cuda)]  # keep ids unique while we compare
 stack_before = torch._C._len_torch_function_stack()
