@@ -27,15 +27,21 @@ assert torch.cuda.is_available(), "no CUDA device: these checks need one"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
 EOF
 
-# torch's own CMake config needs CUDA's whole toolkit for a CUDA build; this package's modules do not.
+# The system's compiler, whose libstdc++ torch runs with: an image's own toolchain in CC/CXX can link a second
+# C++ runtime into the modules (one such build crashed in its first stream output). GPU_CHECKS_CXX overrides.
+export CC=${GPU_CHECKS_CC:-gcc} CXX=${GPU_CHECKS_CXX:-g++}
+"$CXX" --version | head -1 | tee -a "$out/summary.txt"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+# torch's own CMake config needs CUDA's whole toolkit for a CUDA build; this package's modules do not.
 phase build "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . \
   --config-settings=cmake.define.DICOMM_TORCH_CMAKE_CONFIG=OFF || exit "$status"
 
+# GPU_TESTS: the test paths to run (default: every test with a CUDA part)
+# shellcheck disable=SC2086
 phase cuda_tests "$PY" -m pytest -q -rA -p no:cacheprovider --junitxml="$out/cuda_tests.xml" \
-  tests/dicomm/test_accel_device_memory.py tests/dicomm/test_backend_staging.py \
+  ${GPU_TESTS:-tests/dicomm/test_accel_device_memory.py tests/dicomm/test_backend_staging.py \
   tests/dicomm/test_backend_clients.py tests/dicomm/test_backend_splitting.py \
-  tests/heteropp/test_heteropp_mixed_device.py tests/ditorch
+  tests/heteropp/test_heteropp_mixed_device.py tests/ditorch}
 
 # The same seeded model, data and AdamW steps on CUDA and on the CPU; the compare replays both runs' ops in
 # float64 on the CPU (docs/precision.md, "The GPU-against-CPU compare"). Its exit 1 is its answer "a
@@ -53,9 +59,8 @@ compare() {  # compare ATTN: capture on both devices, then compare
   echo "compare_$attn: exit $?, $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
   rm -rf "$work/cuda-$attn" "$work/cpu-$attn"
 }
-compare eager
-# sdpa (CUDA's fused attention kernels against the CPU's) when the run is still young: GPU_COMPARE_SDPA_BEFORE
-# seconds into it (0: never)
-if [ "$SECONDS" -lt "${GPU_COMPARE_SDPA_BEFORE:-1000000}" ]; then compare sdpa; fi
+# GPU_COMPARE_ATTN: the attention implementations to compare ("eager": matmul and softmax; "sdpa": CUDA's
+# fused attention kernels against the CPU's); empty: none
+for attn in ${GPU_COMPARE_ATTN-eager sdpa}; do compare "$attn"; done
 rm -rf "$work"
 exit "$status"
