@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .argtypes import above_one, at_least, positive
@@ -131,6 +134,23 @@ def run_plan(plan: Plan, m: ModelSpec, *, steps: int, schedule: str | None = Non
             "start_step": lead["start_step"]}
 
 
+@contextlib.contextmanager
+def _launcher_logs_quiet(quiet: bool) -> Iterator[None]:
+    """torch elastic logs a failed rank's whole traceback, and torch's spawn each process it stops; `heteropp
+    run` says why in one line a rank instead (--verbose keeps them)."""
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic.multiprocessing.api",
+                                               "torch.multiprocessing.spawn")]
+    levels = [log.level for log in loggers]
+    if quiet:
+        for log in loggers:
+            log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     plan, m = Plan.load(a.plan), load_model(a.model, a.seq_len)
     cluster = load_cluster(a.cluster) if a.cluster else None
@@ -181,9 +201,17 @@ def cmd_run(a: argparse.Namespace) -> int:
                      + (" rc" if s.recompute else "") for s in g.stages)
         + f", dp {g.dp}, {g.micro_batches} micro-batches" for g in plan.groups)
         + f", {a.schedule or plan.schedule}, p2p {a.backend}, {plan.world_size} processes", flush=True)
-    r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
-                 loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose, source=a.plan,
-                 recv_window=a.recv_window, clip_grad=a.clip_grad, options=options)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    try:
+        with _launcher_logs_quiet(not a.verbose):
+            r = run_plan(plan, m, steps=a.steps, schedule=a.schedule, backend=a.backend, chip_map=chip_map,
+                         loss_log=a.loss_log, seed=a.seed, lr=a.lr, timeout_s=a.timeout, verbose=a.verbose,
+                         source=a.plan, recv_window=a.recv_window, clip_grad=a.clip_grad, options=options)
+    except ChildFailedError as e:
+        from .engine.launch import failure_lines
+        for line in failure_lines(e):
+            print(f"heteropp run: error: {line}", file=sys.stderr)
+        return 1
     if not r["losses"]:
         print(f"heteropp run: nothing to do: the checkpoint is already at step {r['start_step']} of {a.steps}")
         return 0
@@ -334,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report a stage as a straggler when its compute is this many times slower than predicted, "
                    "relative to the other stages, over a window of steps (default 1.5; raise it on hosts whose speed "
                    "varies on its own)")
-    r.add_argument("-v", "--verbose", action="store_true", help="one line per rank: stage, TP/DP position, device")
+    r.add_argument("-v", "--verbose", action="store_true",
+                   help="one line per rank: stage, TP/DP position, device; a failed rank's whole traceback")
     r.set_defaults(fn=cmd_run)
 
     f = sub.add_parser("reference", help="the same training in one process, no parallelism")

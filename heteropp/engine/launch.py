@@ -35,3 +35,21 @@ def launch(cfg: RunConfig) -> dict[int, Any]:
     # goes into the environment the fork server and its ranks start from; a value the user set is kept.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     return elastic_launch(lc, worker)(cfg)
+
+
+def failure_lines(err: Any) -> list[str]:
+    """One line per rank of torch elastic's ChildFailedError: the exception the rank raised (its error file's
+    message, else the last line of the traceback it reported) or the signal that ended it."""
+    lines = []
+    for rank, failure in sorted(err.failures.items()):
+        message = failure.message
+        if isinstance(message, dict):  # an error file: {"message": "Type: text", "extraInfo": {...}}
+            message = message.get("message") or message.get("extraInfo", {}).get("py_callstack", "")
+        text = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+        if failure.exitcode is not None and failure.exitcode < 0:
+            why = f"killed by {failure.signal_name()}"
+        else:
+            why = text[-1] if text else f"exit code {failure.exitcode}"
+        lines.append(f"rank {rank} failed: {why}")
+    return lines
+

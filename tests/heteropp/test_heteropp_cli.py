@@ -7,7 +7,11 @@ and the chips' native collective libraries inside a stage.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -16,6 +20,8 @@ import ditorch_precision
 from heteropp.cli import main
 from heteropp.engine import launch
 from tests.heteropp.heteropp_helpers import config, plan
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write_plan(tmp_path, stages, **kw) -> str:
@@ -119,3 +125,18 @@ def test_heteropp_ranks_allocate_in_huge_pages(user_value, expected) -> None:
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"HUGE {[expected, expected]}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_a_rank_that_fails_is_reported_in_one_line_naming_it_and_why(tmp_path) -> None:
+    """Before: 85 lines of torch elastic's logs (the rank's traceback twice, the processes it stopped) and the
+    launcher's own traceback, the reason buried in them. The reference: the stage's vendor, not usable here."""
+    path = _write_plan(tmp_path, [(1, 4, False), (1, 4, False)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIOPI", "DITORCH"))}
+    done = subprocess.run([sys.executable, "-m", "heteropp", "run", "--plan", path, "--model", "tiny", "--steps",
+                           "1", "--chip-map", "A=cpu,B=diopi"], capture_output=True, text=True, timeout=180, env=env,
+                          cwd=REPO)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and len(lines) <= 2, done.stderr
+    assert lines[-1].startswith("heteropp run: error: rank 1 failed: ValueError: stage 1 (chip type 'B') runs on "
+                                "vendor 'diopi', which is not usable on this host"), done.stderr
