@@ -4,7 +4,7 @@
 # dicomm, a pipeline mixing CUDA and CPU stages, ditorch on a CUDA host) and the CUDA-against-CPU precision
 # compare of one HuggingFace model. Every test elsewhere skips these. Usage, from the repository root:
 #   tools/gpu_checks.sh OUTDIR          (PYTHON=... picks the interpreter; python3 by default)
-# OUTDIR receives the build log, pytest's log and junit XML, the compare's text, JSON and HTML reports, and
+# OUTDIR receives the build log, pytest's log and junit XML, the compare's text, CSV and HTML reports, and
 # summary.txt, one line a phase with its exit status and wall time. Exit status: the first phase's that failed.
 set -uo pipefail
 out=$(mkdir -p "${1:?usage: tools/gpu_checks.sh OUTDIR}" && cd "$1" && pwd)
