@@ -677,13 +677,28 @@ void OpObserver::set_step(int64_t step) {
   step_ = step;
   std::lock_guard<std::mutex> lock(known_mutex_);
   known_.clear();
+  storage_writes_.clear();
+}
+
+uint64_t OpObserver::storage_writes(const at::Tensor& t) const {
+  if (!t.has_storage()) return 0;
+  auto it = storage_writes_.find(t.storage().unsafeGetStorageImpl());
+  return it == storage_writes_.end() ? 0 : it->second;
+}
+
+void OpObserver::wrote(const at::Tensor& t) {
+  if (!t.has_storage()) return;
+  std::lock_guard<std::mutex> lock(known_mutex_);
+  if (storage_writes_.size() >= (1u << 16)) known_.clear(), storage_writes_.clear();  // a loop that never steps
+  ++storage_writes_[t.storage().unsafeGetStorageImpl()];
 }
 
 const FusedStats* OpObserver::known(const at::Tensor& t) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (impl->is_inference()) return nullptr;  // no version counter
   auto it = known_.find(impl);
-  if (it == known_.end() || it->second.ref.expired() || it->second.version != impl->version_counter().current_version())
+  if (it == known_.end() || it->second.ref.expired() || it->second.version != impl->version_counter().current_version()
+      || it->second.storage_writes != storage_writes(t))
     return nullptr;
   return &it->second.stats;
 }
@@ -694,7 +709,7 @@ void OpObserver::remember(const at::Tensor& t, const FusedStats& s) {
   if (known_.size() >= (1u << 16)) known_.clear();  // a loop that never steps
   known_.insert_or_assign(
       impl, Known{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
-                  static_cast<int64_t>(impl->version_counter().current_version()), s});
+                  static_cast<int64_t>(impl->version_counter().current_version()), storage_writes(t), s});
 }
 
 OutStats OpObserver::stats(const at::Tensor& t, const at::Tensor* source, const at::Tensor& unwritten) {
@@ -856,6 +871,8 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
   Written written;
+  for (int i : op->written_args)  // what it writes: statistics kept of other tensors over it are stale
+    if (static_cast<size_t>(i) < inputs.size()) each_tensor(inputs[i], [&](const at::Tensor& t) { wrote(t); });
   if (full_)  // before it writes what a kept record holds uncopied: copied, or its part written
     for (int i : op->written_args)
       if (static_cast<size_t>(i) < inputs.size())

@@ -208,13 +208,20 @@ class OpObserver {
   // Statistics computed this step, by tensor: a tensor seen again unchanged (a module's output is an
   // op's output) or a view holding exactly its input's elements takes them instead of a pass.
   // Weak references: the program's tensors are freed as they would be, and an entry's address is
-  // not reused while it is held. Checked by the version counter (a write moves it).
+  // not reused while it is held. Checked by the version counter (a write moves it) and by the writes
+  // its storage took since: a write through another tensor over it (`.data`, whose version counter is
+  // its own) moves no version counter of this one.
   struct Known {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> ref;
     int64_t version;
+    uint64_t storage_writes;
     FusedStats stats;
   };
   std::unordered_map<const c10::TensorImpl*, Known> known_;
+  // Ops that wrote each storage this step (their arguments annotated as written), for Known.
+  std::unordered_map<const c10::StorageImpl*, uint64_t> storage_writes_;
+  uint64_t storage_writes(const at::Tensor& t) const;  // under known_mutex_
+  void wrote(const at::Tensor& t);  // takes known_mutex_
   UnwrittenMemory unwritten_;  // what empty* allocated and no op has written since
   // Full capture.
   bool full_ = false;
