@@ -38,18 +38,19 @@ def launch(cfg: RunConfig) -> dict[int, Any]:
 
 
 def failure_lines(err: Any) -> list[str]:
-    """One line per rank of torch elastic's ChildFailedError: the exception the rank raised (its error file's
-    message, else the last line of the traceback it reported) or the signal that ended it."""
+    """One line per rank of torch elastic's ChildFailedError: the exception the rank raised (the last line of
+    the message in the error file torch elastic keeps for it), the signal that ended it, or its exit code."""
     lines = []
     for rank, failure in sorted(err.failures.items()):
-        message = failure.message
-        if isinstance(message, dict):  # an error file: {"message": "Type: text", "extraInfo": {...}}
-            message = message.get("message") or message.get("extraInfo", {}).get("py_callstack", "")
-        text = [line.strip() for line in str(message or "").splitlines() if line.strip()]
-        if failure.exitcode is not None and failure.exitcode < 0:
+        if failure.exitcode < 0:
             why = f"killed by {failure.signal_name()}"
-        else:
+        elif os.path.isfile(failure.error_file):  # {"message": "Type: text", "extraInfo": {"py_callstack": ...}}
+            message = failure.message
+            if isinstance(message, dict):
+                message = message.get("message") or message.get("extraInfo", {}).get("py_callstack", "")
+            text = [line.strip() for line in str(message).splitlines() if line.strip()]
             why = text[-1] if text else f"exit code {failure.exitcode}"
+        else:  # torch's own message here only says how to enable tracebacks
+            why = f"exit code {failure.exitcode} (no error file)"
         lines.append(f"rank {rank} failed: {why}")
     return lines
-

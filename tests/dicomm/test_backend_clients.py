@@ -44,18 +44,15 @@ def results() -> dict[str, list[dict]]:
     return out
 
 
-# Scenarios whose gloo reference cannot run here, with why.
-UNRUNNABLE = {
-    # torch's PowerSGD hook synchronises CUDA on the CPU tensors' device wherever CUDA is present
-    # ("Expected a cuda device, but got: cpu", gloo included)
-    "ddp_powersgd": "torch's PowerSGD hook fails on CPU tensors where CUDA is present (gloo too)"
-    if torch.cuda.is_available() else None,
-}
+# Scenarios whose gloo reference cannot run here, with why: torch's PowerSGD hook synchronises CUDA on the CPU
+# tensors' device wherever CUDA is present ("Expected a cuda device, but got: cpu", gloo included).
+UNRUNNABLE = {"ddp_powersgd": "torch's PowerSGD hook fails on CPU tensors where CUDA is present (gloo too)"} \
+    if torch.cuda.is_available() else {}
 
 
 @pytest.mark.parametrize("name", [n for n in clients_lib.SCENARIOS_2 if not ONLY or n in ONLY])
 def test_client_matches_gloo(results, name):
-    if UNRUNNABLE.get(name):
+    if name in UNRUNNABLE:
         pytest.skip(UNRUNNABLE[name])
     for rank in range(2):
         ref_status, ref = results["gloo"][rank][name]

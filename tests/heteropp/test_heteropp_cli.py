@@ -140,3 +140,21 @@ def test_a_rank_that_fails_is_reported_in_one_line_naming_it_and_why(tmp_path) -
     assert "Traceback" not in done.stderr and len(lines) <= 2, done.stderr
     assert lines[-1].startswith("heteropp run: error: rank 1 failed: ValueError: stage 1 (chip type 'B') runs on "
                                 "vendor 'diopi', which is not usable on this host"), done.stderr
+
+
+def test_a_failure_line_says_the_signal_or_exit_code_where_no_exception_was_reported(tmp_path) -> None:
+    """A rank killed by a signal, or one that exited without torch elastic's error file (whose message then
+    only says how to enable tracebacks), and one that left its exception in the file."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from heteropp.engine.launch import failure_lines
+
+    reported = tmp_path / "error.json"
+    reported.write_text(json.dumps({"message": {"message": "ValueError: stage 1 is not usable here",
+                                                "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "0"}}}))
+    err = ChildFailedError("worker", {2: ProcessFailure(0, 100, -9, str(tmp_path / "none.json")),
+                                      0: ProcessFailure(1, 101, 3, str(tmp_path / "none.json")),
+                                      1: ProcessFailure(2, 102, 1, str(reported))})
+    assert failure_lines(err) == ["rank 0 failed: exit code 3 (no error file)",
+                                  "rank 1 failed: ValueError: stage 1 is not usable here",
+                                  "rank 2 failed: killed by SIGKILL"]

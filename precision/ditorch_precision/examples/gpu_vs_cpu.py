@@ -16,7 +16,8 @@ import argparse
 import torch
 
 from ditorch_precision import Capture
-from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, make_hf_llama
+from ditorch_precision.arguments import cli_type, positive_int
+from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step, make_hf_llama
 
 SIZE = HFLlamaSize(vocab=512, hidden=256, intermediate=688, layers=2, heads=8, kv_heads=8, seq=128, batch=4)
 
@@ -28,23 +29,15 @@ def capture(device: str, out: str, steps: int = 3, attn: str = "eager", hook: st
         import ditorch  # noqa: F401  (registers the vendor's device under the one name)
     model = make_hf_llama(SIZE, attn=attn).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
     with Capture(out, bulk=True, max_bytes=None, hook=hook):
-        for ids in hf_batches(SIZE, steps):
-            ids = ids.to(device)
-            opt.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    return losses
+        return [hf_train_step(model, opt, ids.to(device)).item() for ids in hf_batches(SIZE, steps)]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("device", help="cuda, cpu, or device (the vendor ditorch finds)")
     ap.add_argument("out", help="the capture's directory")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=cli_type(positive_int), default=3)
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager")
     ap.add_argument("--hook", choices=["auto", "cpp", "python"], default="auto")
     args = ap.parse_args(argv)
