@@ -871,12 +871,12 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
   Written written;
-  for (int i : op->written_args)  // what it writes: statistics kept of other tensors over it are stale
-    if (static_cast<size_t>(i) < inputs.size()) each_tensor(inputs[i], [&](const at::Tensor& t) { wrote(t); });
-  if (full_)  // before it writes what a kept record holds uncopied: copied, or its part written
-    for (int i : op->written_args)
-      if (static_cast<size_t>(i) < inputs.size())
-        each_tensor(inputs[i], [&](const at::Tensor& t) { guard(t, written); });
+  for (int i : op->written_args)
+    if (static_cast<size_t>(i) < inputs.size())
+      each_tensor(inputs[i], [&](const at::Tensor& t) {
+        wrote(t);  // statistics kept of other tensors over what it writes are stale
+        if (full_) guard(t, written);  // what a kept record holds uncopied: copied, or its part written
+      });
   if (full_ && !unwritten_.empty()) {  // each input's mask, for the payload
     int64_t k = 0;
     for (const auto& v : inputs)
