@@ -41,8 +41,16 @@ def _capture(path, steps: int) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
+# glibc moves its mmap threshold up each time a large mmapped block is freed, so later 4-8 MiB tensors come
+# from the heap, whose peak then depends on fragmentation: the same compare peaked at 315 or 363-406 MiB from
+# run to run. A fixed threshold maps and unmaps each such tensor: the peak is what the compare holds (315 MiB
+# for both lengths in 5 runs each).
+_CHILD_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
 def _peak_rss(*args: str) -> int:
-    out = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, timeout=600,
+                         env=_CHILD_ENV)
     assert out.returncode == 0, out.stderr[-2000:]
     return int(out.stdout.split()[-1])
 
