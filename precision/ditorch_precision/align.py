@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from .mixed_precision import MixedPrecision
 
 PARAMS_OP = "optimizer::params"  # a module record: an optimizer's parameters after its step
+# A module record of what an optimizer step starts from (optimizer_replay): data for a replay, not aligned.
+INPUTS_OP = "optimizer::inputs"
 
 # Ops that compute the same thing by different kernels; the first of each group names it.
 DEFAULT_EQUIVALENT: tuple[tuple[str, ...], ...] = (
@@ -127,6 +129,8 @@ def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None 
     for recs, ops, mods, casts in ((records_a, ops_a, mods_a, out.casts_a), (records_b, ops_b, mods_b, out.casts_b)):
         for r in sorted(recs, key=lambda r: r["index"]):
             if r.get("kind", "op") == "module":
+                if r["op"] == INPUTS_OP:
+                    continue
                 mods[(*group_key(r), r["op"])].append(r)
             elif eq.mixed_precision.is_cast(r):
                 casts.append(r)

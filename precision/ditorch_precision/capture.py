@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflat
 
 from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, snapshot, tensor_ref, tensors_in,
                    tensors_meta, tree_nbytes, version_of)
-from .align import PARAMS_OP
+from . import optimizer_replay
+from .align import INPUTS_OP, PARAMS_OP
 from .bulk import PendingWrites, storage_address, tensor_key
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .native_hook import HOOKS, NativeHook, choose, hand_groups
@@ -173,6 +174,7 @@ class Capture(Tool):
         self.path = self.path_template.format(rank=self.rank.get())
         os.makedirs(os.path.join(self.path, "tensors"), exist_ok=True)
         self._index = open(os.path.join(self.path, INDEX), "w")
+        self._steps_log = optimizer_replay.StepLog(self.path)
         self._t0 = time.time()
         self._pid = os.getpid()  # the process that finishes it (finish)
         if self.background and self.hook_used != "cpp":  # the C++ hook writes its parts on its own thread
@@ -261,16 +263,34 @@ class Capture(Tool):
                 if t.requires_grad:
                     t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
 
+    def _records_optimizer(self) -> bool:
+        """Whether this step's optimizer records are selected (as module outputs are)."""
+        sel, step, rank = self.selector, self.steps.step, self.rank.get()
+        return not (sel.ops is not None or sel.modules is not None
+                    or (sel.phases is not None and "optimizer" not in sel.phases)
+                    or (sel.steps is not None and step not in sel.steps)
+                    or (sel.ranks is not None and rank not in sel.ranks))
+
+    def on_optimizer_start(self, optimizer) -> None:
+        """A full capture: what the step starts from (parameters, gradients, the optimizer's state)
+        as a module record ("optimizer::inputs"), described in ``optimizer_steps.jsonl``, so a
+        compare can replay the step (optimizer_replay)."""
+        if not self.save_tensors or not self._records_optimizer():
+            return
+        with self.quiet():  # its detaches are no op of the program
+            desc, tensors = optimizer_replay.describe(optimizer)
+        if tensors:
+            self._steps_log.write(self.steps.step, self.rank.get(), desc)
+            self._module_record(INPUTS_OP, "optimizer", None, self.steps.step, self.rank.get(), tensors)
+
     def on_optimizer_step(self, optimizer) -> None:
         """The parameters after the step, as a module record ("optimizer::params", phase optimizer),
         under the same selection as module outputs: they judge an optimizer region, whose op
         sequences differ between the runs (fused against foreach kernels) or whose kernels return
         nothing (``_fused_adamw_``)."""
-        sel, step, rank = self.selector, self.steps.step, self.rank.get()
-        if (sel.ops is not None or sel.modules is not None or (sel.phases is not None and "optimizer" not in sel.phases)
-                or (sel.steps is not None and step not in sel.steps)
-                or (sel.ranks is not None and rank not in sel.ranks)):
+        if not self._records_optimizer():
             return
+        step, rank = self.steps.step, self.rank.get()
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if self._native is None or self.mode != "stats":
             with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
@@ -498,6 +518,7 @@ class Capture(Tool):
         self.transfers.resolve_all(self.quiet)
         if self.transfers.records:
             write_transfers(self.path, self.transfers.records)
+        self._steps_log.close()
         if self._index is not None:
             self._index.close()
             self._index = None

@@ -14,6 +14,7 @@ import torch
 from .align import PARAMS_OP, Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import NUMBERED_ALIKE_SINCE, Dump, DumpError, check_replayable, unwritten_masks
+from .optimizer_replay import NotReplayable, StepReader, inputs_record, option_differences, replay
 from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances,
                       tensor_leaves)
 from .opinfo import op_info
@@ -551,10 +552,11 @@ class _Carried:
     first_fail: int | None = None  # call index of the earliest failure so far
     first_draw: int | None = None  # of the earliest op of A that drew other random numbers
     upstream: "_Upstream" = field(default_factory=lambda: _Upstream())
+    steps: tuple[StepReader, StepReader] | None = None  # the runs' optimizer step descriptions
 
 
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
-    carried = _Carried()
+    carried = _Carried(steps=(StepReader(a.path), StepReader(b.path)))
     for records_a, records_b in _step_pairs(a, b):
         _compare_step(a, b, records_a, records_b, options, report, carried)
 
@@ -612,6 +614,14 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     upstream.add_step(ops, in_region)
     for region, (tag, ra, rb) in pending:
         row = compare_records(a, b, ra, rb, options) | tag
+        if ra["op"] == PARAMS_OP and carried.steps is not None:
+            row = _optimizer_row(a, b, ra, rb, row, records_a, records_b, carried.steps, options)
+            if row["rule"] in ("optimizer_replay", "arguments"):  # judged on each run's own inputs: no drift
+                if row["status"] == "fail":
+                    first_fail = _earliest(first_fail, ra["index"])
+                upstream.weights(row)
+                region_rows[region].append(row)
+                continue
         if (row["status"] == "fail" and row["rule"] == "allclose" and (first_fail is None or ra["index"] < first_fail)
                 and (first_draw is None or ra["index"] < first_draw)):
             upstream.judge(row, _region_start(records_a, region))  # else drift below: other draws may explain it
@@ -649,6 +659,43 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     ops.sort(key=lambda r: (r["index"], r["op"].startswith(("module::", "optimizer::")),
                             (r["module"] or "").count(".")))
     report.add(ops, unmatched, regions)
+
+
+def _optimizer_row(a: Dump, b: Dump, ra: dict, rb: dict, row: dict, records_a: list[dict], records_b: list[dict],
+                   steps: tuple[StepReader, StepReader], opts: CompareOptions) -> dict:
+    """An optimizer step's parameters (a ``PARAMS_OP`` row) where both runs described the step
+    (optimizer_replay): options that differ fail it as arguments; parameters outside the elementwise
+    tolerance are judged by replaying the step from each run's own inputs (the error-ratio rule)."""
+    step = ra.get("step")
+    desc_a, desc_b = steps[0].get(step), steps[1].get(step)
+    if desc_a is None or desc_b is None:
+        return row
+    changed = option_differences(desc_a, desc_b)
+    if changed:
+        return row | {"status": "fail", "rule": "arguments",
+                      "detail": "; ".join(changed) + f" (parameters after the step: {row['rule']}: {row['detail']})"}
+    if row["status"] != "fail" or row["rule"] != "allclose" or opts.shards is not None:
+        return row
+    inputs = inputs_record(records_a, step), inputs_record(records_b, step)
+    if inputs[0] is None or inputs[1] is None:
+        return row
+    da, db, after_a, after_b = a.load(inputs[0]), b.load(inputs[1]), a.load(ra), b.load(rb)
+    if da is None or db is None or after_a is None or after_b is None:  # past a capture's byte cap
+        return row
+    out_a, out_b = tensor_leaves(after_a["outputs"]), tensor_leaves(after_b["outputs"])
+    if [(t.dtype, t.shape) for t in out_a] != [(t.dtype, t.shape) for t in out_b]:
+        return row  # parameters kept in other dtypes: the replays' errors are not comparable
+    try:
+        fa = replay(desc_a, tensor_leaves(da["outputs"]))
+        fb = replay(desc_b, tensor_leaves(db["outputs"]))
+    except NotReplayable as exc:
+        return row | {"detail": f"{row['detail']} (the step is not replayed: {exc})"}
+    verdict = compare_trees_ratio(out_a, out_b, fa, k=opts.ratio_k, reference_fp64=fb)
+    deciding = verdict.deciding or (verdict.verdicts[0] if verdict.verdicts else None)
+    judged = _row(ra, "pass" if verdict.passed else "fail", "optimizer_replay",
+                  f"each run's parameters after the step against torch's float64 replay of it from that run's own "
+                  f"inputs: {deciding.detail if deciding else 'no parameters'}; directly: {row['detail']}", verdict)
+    return row | judged
 
 
 # A module record is compared directly with the reference's, so after the runs' weights or
@@ -694,7 +741,8 @@ class _Upstream:
         end = bisect.bisect_left(self._index, index)
         window = list(zip(self._index[max(0, end - DRIFT_WINDOW):end], self._drift[max(0, end - DRIFT_WINDOW):end]))
         at, drift = max(window, key=lambda x: x[1], default=(None, 0.0))
-        weights = max((d for i, d in self._weights if i < index), default=0.0)
+        # a module record is numbered as the op after it: the parameters after a step precede that op
+        weights = max((d for i, d in self._weights if i <= index), default=0.0)
         if weights > drift:
             return DRIFT_GROWTH * weights, f"the parameters' after earlier steps, {weights:.3g}"
         return DRIFT_GROWTH * drift, f"op #{at}'s, {drift:.3g}"

@@ -423,6 +423,22 @@ def unwritten_masks(data: dict | None, where: str, what: str) -> dict[int, torch
     return out
 
 
+def checked_lines(path: str, problem_of):
+    """The JSON objects of a capture's side file (``transfers.jsonl``, ``optimizer_steps.jsonl``), one a
+    line, each checked by ``problem_of`` (what is wrong, or None): data from another run, a bad line
+    raises ``DumpError`` naming it."""
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise DumpError(f"{path}:{n}: not JSON ({exc})") from exc
+            problem = problem_of(rec)
+            if problem:
+                raise DumpError(f"{path}:{n}: {problem}")
+            yield rec
+
+
 def _safe_load(path: str, mmap: bool = False):
     return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
 

@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .bulk import storage_address
-from .dump import DumpError
+from .dump import checked_lines
 from .summaries import tensor_checksum
 
 SEND = "c10d::send"
@@ -207,18 +207,7 @@ def load_transfers(directory: str) -> list[dict]:
     path = os.path.join(directory, FILE)
     if not os.path.isfile(path):
         return []
-    out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise DumpError(f"{path}:{n}: not JSON ({exc})") from exc
-            problem = _bad_transfer(rec)
-            if problem:
-                raise DumpError(f"{path}:{n}: {problem}")
-            out.append(rec)
-    return out
+    return list(checked_lines(path, _bad_transfer))
 
 
 def _bad_transfer(rec) -> str | None:

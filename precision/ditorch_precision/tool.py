@@ -91,7 +91,7 @@ class Tool:
         self._api_stack: list[str] = []
         self._apis_seen: set[str] = set()
         self.modules = ModuleTracker(self.on_module_output if self.wants_module_outputs else None)
-        self.steps = StepTracker(step, self.on_step, self.on_optimizer_step)
+        self.steps = StepTracker(step, self.on_step, self.on_optimizer_step, self.on_optimizer_start)
         self.rank = RankInfo()
         self.n_ops = 0
         self._stack: ExitStack | None = None
@@ -154,6 +154,9 @@ class Tool:
 
     def on_step(self) -> None:
         """Called after every optimizer step (the step counter already advanced)."""
+
+    def on_optimizer_start(self, optimizer) -> None:
+        """Called as an optimizer step starts (before its ops)."""
 
     def on_optimizer_step(self, optimizer) -> None:
         """Called as an optimizer step ends (its ops done; the step counter not yet advanced)."""

@@ -116,11 +116,12 @@ class ModuleTracker:
 class StepTracker:
     """Counts optimizer steps (any optimizer) and marks the ops an optimizer step runs."""
 
-    def __init__(self, start: int = 0, on_step=None, on_optimizer=None) -> None:
+    def __init__(self, start: int = 0, on_step=None, on_optimizer=None, on_optimizer_start=None) -> None:
         self.step = start
         self.in_optimizer = False
         self.on_step = on_step  # called after each optimizer step
         self.on_optimizer = on_optimizer  # called with the optimizer as its step ends, before the count advances
+        self.on_optimizer_start = on_optimizer_start  # called with the optimizer before its step runs
         self._handles: list = []
 
     def __enter__(self) -> "StepTracker":
@@ -136,6 +137,8 @@ class StepTracker:
         self._handles = []
 
     def _pre(self, optimizer, args, kwargs) -> None:
+        if self.on_optimizer_start is not None:
+            self.on_optimizer_start(optimizer)
         self.in_optimizer = True
 
     def _post(self, optimizer, args, kwargs) -> None:
