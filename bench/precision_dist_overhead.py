@@ -1,6 +1,7 @@
-"""Overhead of a stats capture on a 2-rank gloo job's training step, through the C++ op observer
-(``hook="auto"``, which takes it under torch.distributed) and through the Python dispatch mode,
-against the plain step. Each rank trains the bench Llama of ``bench.precision_overhead`` under
+"""Overhead of a capture on a 2-rank gloo job's training step: a stats capture through the C++ op
+observer (``hook="auto"``, which takes it under torch.distributed) and through the Python dispatch
+mode, and a full capture (bulk, its part files written in the background; the capture's exit waits
+for them), against the plain step. Each rank trains the bench Llama of ``bench.precision_overhead`` under
 DistributedDataParallel (its gradients all-reduced in buckets) and, each step, hands its input
 embeddings to the other rank and takes the other's (``batch_isend_irecv``, a pipeline's stage
 hand-off; the received tensor is used). Every round runs each variant for --steps steps (the
@@ -30,13 +31,13 @@ from ditorch_precision.arguments import cli_type, positive_int
 from ditorch_precision.examples import gloo_job
 from ditorch_precision.examples.hf_llama import hf_batches, make_hf_llama
 
-VARIANTS = ("plain", "capture(all ops, stats)", "capture(all ops, stats, python hook)")
+VARIANTS = ("plain", "capture(all ops, stats)", "capture(all ops, stats, python hook)", "capture(all ops, full)")
 
 
 def _capture(name: str, path: str):
     if name == "plain":
         return None
-    return Capture(path, mode="stats", hook="python" if "python" in name else "auto")
+    return Capture(path, mode="full" if "full" in name else "stats", hook="python" if "python" in name else "auto")
 
 
 def _step(ddp, opt, ids: torch.Tensor, peer: int) -> None:
