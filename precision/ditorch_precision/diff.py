@@ -15,8 +15,8 @@ from .align import PARAMS_OP, Equivalences, align, group_key, region_module_reco
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import NUMBERED_ALIKE_SINCE, Dump, DumpError, check_replayable, unwritten_masks
 from .optimizer_replay import NotReplayable, StepReader, inputs_record, option_differences, replay
-from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_trees, compare_trees_ratio, op_tolerances,
-                      tensor_leaves)
+from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_error_ratio, compare_trees,
+                      compare_trees_ratio, op_tolerances, tensor_leaves)
 from .opinfo import op_info
 from torch.utils._pytree import tree_leaves
 from .records import resolve_op
@@ -685,12 +685,16 @@ def _optimizer_row(a: Dump, b: Dump, ra: dict, rb: dict, row: dict, records_a: l
     out_a, out_b = tensor_leaves(after_a["outputs"]), tensor_leaves(after_b["outputs"])
     if [(t.dtype, t.shape) for t in out_a] != [(t.dtype, t.shape) for t in out_b]:
         return row  # parameters kept in other dtypes: the replays' errors are not comparable
-    try:
-        fa = replay(desc_a, tensor_leaves(da["outputs"]))
-        fb = replay(desc_b, tensor_leaves(db["outputs"]))
+    verdict = TreeVerdict()
+    try:  # a parameter at a time: one parameter's float64 copies held, whatever the model's size
+        replays = zip(replay(desc_a, tensor_leaves(da["outputs"])), replay(desc_b, tensor_leaves(db["outputs"])))
+        for x, y, (fa, fb) in zip(out_a, out_b, replays):
+            verdict.verdicts.append(compare_error_ratio(x, y, fa, k=opts.ratio_k, reference_fp64=fb))
     except NotReplayable as exc:
         return row | {"detail": f"{row['detail']} (the step is not replayed: {exc})"}
-    verdict = compare_trees_ratio(out_a, out_b, fa, k=opts.ratio_k, reference_fp64=fb)
+    if len(verdict.verdicts) != len(out_a):
+        return row | {"detail": f"{row['detail']} (the step is not replayed: {len(out_a)} parameters after it, "
+                                f"{len(verdict.verdicts)} replayed)"}
     deciding = verdict.deciding or (verdict.verdicts[0] if verdict.verdicts else None)
     judged = _row(ra, "pass" if verdict.passed else "fail", "optimizer_replay",
                   f"each run's parameters after the step against torch's float64 replay of it from that run's own "

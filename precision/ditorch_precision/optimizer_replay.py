@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from typing import Iterator
 
 import torch
 
@@ -164,6 +165,12 @@ def n_tensors(desc: dict) -> int:
     return sum(1 + p["grad"] + sum(v == "tensor" for v in p["state"].values()) for p in desc["params"])
 
 
+# torch.optim's classes whose step updates each parameter from its own gradient and state alone (not
+# LBFGS, which evaluates the loss again): replayed a parameter at a time.
+PER_PARAMETER = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
+                           "Rprop", "ASGD", "Adafactor", "SparseAdam", "Muon"})
+
+
 def _torch_optimizer(name: str) -> type:
     """torch's own optimizer class of that name: looked up among torch.optim's, never imported."""
     module, _, cls_name = name.rpartition(".")
@@ -171,6 +178,9 @@ def _torch_optimizer(name: str) -> type:
     if (not module.startswith("torch.optim") or not isinstance(cls, type)
             or not issubclass(cls, torch.optim.Optimizer) or f"{cls.__module__}.{cls.__qualname__}" != name):
         raise NotReplayable(f"optimizer {name} is not one of torch.optim's own (a compare replays only those)")
+    if cls_name not in PER_PARAMETER:
+        raise NotReplayable(f"torch's {cls_name} does not step each parameter on its own (a compare replays "
+                            f"{', '.join(sorted(PER_PARAMETER))})")
     return cls
 
 
@@ -182,25 +192,39 @@ def _number(v):
     return v
 
 
-def replay(desc: dict, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The parameters after the described step (float64, CPU), from the tensors it started from."""
+def replay(desc: dict, tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The parameters after the described step (float64, CPU), from the tensors it started from, one
+    at a time: each parameter's step depends only on its own gradient and state (``PER_PARAMETER``),
+    so a compare holds one parameter's float64 copies at a time, whatever the model's size. Raises
+    ``NotReplayable`` before the first when the step cannot be replayed."""
     if "not_replayable" in desc:
         raise NotReplayable(str(desc["not_replayable"]))
     cls = _torch_optimizer(desc["optimizer"])
     if len(tensors) != n_tensors(desc):
         raise NotReplayable(f"the inputs record holds {len(tensors)} tensors, its description {n_tensors(desc)}")
-    it = iter(tensors)
-    params: list[torch.Tensor] = []
-    groups, states = [], []
+    if any(not tensors[k].is_floating_point() for k in _param_positions(desc)):
+        raise NotReplayable("a parameter that is not floating point")
+    return _replayed(cls, desc, iter(tensors))
+
+
+def _param_positions(desc: dict) -> list[int]:
+    out, k = [], 0
+    for p in desc["params"]:
+        out.append(k)
+        k += 1 + p["grad"] + sum(v == "tensor" for v in p["state"].values())
+    return out
+
+
+def _replayed(cls: type, desc: dict, it: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
     entries = iter(desc["params"])
     for g in desc["groups"]:
-        members = []
+        hyper = {k: _number(v) for k, v in g["hyper"].items()}
+        for flag in IMPLEMENTATION_FLAGS:
+            if flag in hyper:
+                hyper[flag] = False
         for _ in range(g["n_params"]):
             entry = next(entries)
-            p = next(it)
-            if not p.is_floating_point():
-                raise NotReplayable(f"a parameter of dtype {p.dtype}")
-            p = p.detach().to("cpu", torch.float64).clone()
+            p = next(it).detach().to("cpu", torch.float64).clone()
             if entry["grad"]:
                 p.grad = next(it).detach().to("cpu", torch.float64).clone()
             state = {}
@@ -212,23 +236,14 @@ def replay(desc: dict, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
                     state[key] = t.clone() if key == "step" or not t.is_floating_point() else t.to(torch.float64)
                 else:
                     state[key] = _number(v["value"])
-            members.append(p)
-            states.append((p, state))
-        hyper = {k: _number(v) for k, v in g["hyper"].items()}
-        for flag in IMPLEMENTATION_FLAGS:
-            if flag in hyper:
-                hyper[flag] = False
-        groups.append({"params": members, **hyper})
-        params += members
-    try:
-        opt = cls(groups)
-        for p, state in states:
-            if state:
-                opt.state[p] = state
-        opt.step()
-    except (TypeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
-        raise NotReplayable(f"torch's {cls.__name__} refused the captured step: {exc}") from exc
-    return params
+            try:
+                opt = cls([{"params": [p], **hyper}])
+                if state:
+                    opt.state[p] = state
+                opt.step()
+            except (TypeError, ValueError, RuntimeError, KeyError, IndexError, AssertionError) as exc:
+                raise NotReplayable(f"torch's {cls.__name__} refused the captured step: {exc}") from exc
+            yield p.detach()
 
 
 def option_differences(desc_a: dict, desc_b: dict) -> list[str]:

@@ -136,7 +136,8 @@ def test_the_replay_equals_torchs_own_step_in_float64():
         c.grad = p.grad.double()
         ref.state[c] = {k: v.double() if k != "step" else v.clone() for k, v in opt.state[p].items()}
     ref.step()
-    got = replay(json.loads(json.dumps(desc)), [t.clone() for t in tensors])
+    got = list(replay(json.loads(json.dumps(desc)), [t.clone() for t in tensors]))  # a parameter at a time
+    assert len(got) == len(copies)
     for g, c in zip(got, copies):
         torch.testing.assert_close(g, c.detach(), rtol=0, atol=0)
 
@@ -149,6 +150,9 @@ def test_only_torchs_own_optimizers_are_replayed():
     p.grad = torch.ones(3)
     desc, tensors = describe(MyAdamW([p]))
     with pytest.raises(NotReplayable, match="not one of torch.optim's own"):
+        replay(desc, tensors)
+    desc, tensors = describe(torch.optim.LBFGS([p]))  # it evaluates the loss again: no step of its own
+    with pytest.raises(NotReplayable, match="LBFGS does not step each parameter on its own"):
         replay(desc, tensors)
     desc, tensors = describe(torch.optim.AdamW([p]))
     with pytest.raises(NotReplayable, match="holds 1 tensors, its description 2"):
