@@ -279,8 +279,10 @@ class Capture(Tool):
             return
         with self.quiet():  # its detaches are no op of the program
             desc, tensors = optimizer_replay.describe(optimizer)
-        if tensors:
-            self._steps_log.write(self.steps.step, self.rank.get(), desc)
+        if not tensors:
+            return
+        self._steps_log.write(self.steps.step, self.rank.get(), desc)  # its options: compared all the same
+        if optimizer_replay.why_not(desc) is None:  # else no replay will read them
             self._module_record(INPUTS_OP, "optimizer", None, self.steps.step, self.rank.get(), tensors)
 
     def on_optimizer_step(self, optimizer) -> None:

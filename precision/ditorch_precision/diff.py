@@ -14,7 +14,7 @@ import torch
 from .align import PARAMS_OP, Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import NUMBERED_ALIKE_SINCE, Dump, DumpError, check_replayable, unwritten_masks
-from .optimizer_replay import NotReplayable, StepReader, inputs_record, option_differences, replay
+from .optimizer_replay import NotReplayable, StepReader, inputs_record, option_differences, replay, why_not
 from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_error_ratio, compare_trees,
                       compare_trees_ratio, op_tolerances, tensor_leaves)
 from .opinfo import op_info
@@ -678,7 +678,8 @@ def _optimizer_row(a: Dump, b: Dump, ra: dict, rb: dict, row: dict, records_a: l
         return row
     inputs = inputs_record(records_a, step), inputs_record(records_b, step)
     if inputs[0] is None or inputs[1] is None:
-        return row
+        why = why_not(desc_a) or why_not(desc_b) or "a run did not record what it started from"
+        return row | {"detail": f"{row['detail']} (the step is not replayed: {why})"}
     da, db, after_a, after_b = a.load(inputs[0]), b.load(inputs[1]), a.load(ra), b.load(rb)
     if da is None or db is None or after_a is None or after_b is None:  # past a capture's byte cap
         return row

@@ -192,13 +192,24 @@ def _number(v):
     return v
 
 
+def why_not(desc: dict) -> str | None:
+    """Why this torch cannot replay the described step (its class, an option that is no plain value), or None."""
+    if "not_replayable" in desc:
+        return str(desc["not_replayable"])
+    try:
+        _torch_optimizer(desc["optimizer"])
+    except NotReplayable as exc:
+        return str(exc)
+    return None
+
+
 def replay(desc: dict, tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
     """The parameters after the described step (float64, CPU), from the tensors it started from, one
     at a time: each parameter's step depends only on its own gradient and state (``PER_PARAMETER``),
     so a compare holds one parameter's float64 copies at a time, whatever the model's size. Raises
     ``NotReplayable`` before the first when the step cannot be replayed."""
-    if "not_replayable" in desc:
-        raise NotReplayable(str(desc["not_replayable"]))
+    if (why := why_not(desc)) is not None:
+        raise NotReplayable(why)
     cls = _torch_optimizer(desc["optimizer"])
     if len(tensors) != n_tensors(desc):
         raise NotReplayable(f"the inputs record holds {len(tensors)} tensors, its description {n_tensors(desc)}")

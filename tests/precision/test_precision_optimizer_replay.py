@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ditorch_precision import Capture, compare_dumps
-from ditorch_precision.dump import DumpError
+from ditorch_precision.dump import Dump, DumpError
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step, make_hf_llama
 from ditorch_precision.optimizer_replay import FILE, NotReplayable, describe, replay
@@ -142,15 +142,24 @@ def test_the_replay_equals_torchs_own_step_in_float64():
         torch.testing.assert_close(g, c.detach(), rtol=0, atol=0)
 
 
-def test_only_torchs_own_optimizers_are_replayed():
-    class MyAdamW(torch.optim.AdamW):
-        pass
+class MyAdamW(torch.optim.AdamW):
+    pass
 
+
+def test_only_torchs_own_optimizers_are_replayed(tmp_path):
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.ones(3)
     desc, tensors = describe(MyAdamW([p]))
     with pytest.raises(NotReplayable, match="not one of torch.optim's own"):
         replay(desc, tensors)
+    # a capture describes such a step (its options are still compared) but keeps none of its tensors
+    lin = torch.nn.Linear(3, 2)
+    opt = MyAdamW(lin.parameters())
+    with Capture(str(tmp_path / "mine")):
+        lin(torch.ones(4, 3)).sum().backward()
+        opt.step()
+    assert not any(r["op"] == "optimizer::inputs" for r in Dump.open(str(tmp_path / "mine")).records)
+    assert json.loads((tmp_path / "mine" / FILE).read_text())["optimizer"].endswith(".MyAdamW")
     desc, tensors = describe(torch.optim.LBFGS([p]))  # it evaluates the loss again: no step of its own
     with pytest.raises(NotReplayable, match="LBFGS does not step each parameter on its own"):
         replay(desc, tensors)
