@@ -272,17 +272,20 @@ class Capture(Tool):
                     or (sel.ranks is not None and rank not in sel.ranks))
 
     def on_optimizer_start(self, optimizer) -> None:
-        """A full capture: what the step starts from (parameters, gradients, the optimizer's state)
-        as a module record ("optimizer::inputs"), described in ``optimizer_steps.jsonl``, so a
-        compare can replay the step (optimizer_replay)."""
-        if not self.save_tensors or not self._records_optimizer():
+        """The step's description in ``optimizer_steps.jsonl`` (every mode: a compare compares the
+        runs' options), and in a full capture what it starts from (parameters, gradients, the
+        optimizer's state) as a module record ("optimizer::inputs"), so a compare can replay the step
+        (optimizer_replay)."""
+        if not self._records_optimizer():
             return
         with self.quiet():  # its detaches are no op of the program
             desc, tensors = optimizer_replay.describe(optimizer)
         if not tensors:
             return
-        self._steps_log.write(self.steps.step, self.rank.get(), desc)  # its options: compared all the same
-        if optimizer_replay.why_not(desc) is None:  # else no replay will read them
+        # the call number of the step's first op: a compare ranks a changed option there, before the ops it changes
+        desc["index"] = self._native.observer.count() if self._native is not None else self.n_ops
+        self._steps_log.write(self.steps.step, self.rank.get(), desc)
+        if self.save_tensors and optimizer_replay.why_not(desc) is None:  # else no replay will read them
             self._module_record(INPUTS_OP, "optimizer", None, self.steps.step, self.rank.get(), tensors)
 
     def on_optimizer_step(self, optimizer) -> None:

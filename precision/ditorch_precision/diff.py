@@ -602,6 +602,8 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
         rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_ops.get(region, [])]
         rows.extend(({"region": name}, ra, rb) for ra, rb in region_module_records(al, region))
     own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
+    if carried.steps is not None:  # the optimizers' options, step by step, ranked where each step starts
+        ops.extend(_option_rows(records_a, carried.steps))
     first_fail = _earliest(carried.first_fail, *(r["index"] for r in ops + own_rows if r["status"] == "fail"))
     # Random draws (A's ops that drew, judged by their contracts or skipped) differ between runs by
     # design (another seed, device or kernel draws other numbers): module records after the first
@@ -616,7 +618,7 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
         row = compare_records(a, b, ra, rb, options) | tag
         if ra["op"] == PARAMS_OP and carried.steps is not None:
             row = _optimizer_row(a, b, ra, rb, row, records_a, records_b, carried.steps, options)
-            if row["rule"] in ("optimizer_replay", "arguments"):  # judged on each run's own inputs: no drift
+            if row["rule"] == "optimizer_replay":  # judged on each run's own inputs: no drift
                 if row["status"] == "fail":
                     first_fail = _earliest(first_fail, ra["index"])
                 upstream.weights(row)
@@ -661,20 +663,32 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     report.add(ops, unmatched, regions)
 
 
+def _option_rows(records_a: list[dict], steps: tuple[StepReader, StepReader]) -> list[dict]:
+    """A failing row (rule ``arguments``) for each optimizer step of A whose options differ from the
+    reference's (optimizer_replay.option_differences): a changed learning rate is no drift. It is
+    ranked where the step starts, before the ops whose arguments the option changed, when the
+    capture says where (else at the parameters after it)."""
+    rows = []
+    for ra in records_a:
+        if ra["op"] != PARAMS_OP or ra.get("kind") != "module":
+            continue
+        desc_a, desc_b = steps[0].get(ra.get("step")), steps[1].get(ra.get("step"))
+        if desc_a is None or desc_b is None or not (changed := option_differences(desc_a, desc_b)):
+            continue
+        rows.append(_row(ra, "fail", "arguments", "; ".join(changed))
+                    | {"index": min(desc_a.get("index", ra["index"]), ra["index"])})
+    return rows
+
+
 def _optimizer_row(a: Dump, b: Dump, ra: dict, rb: dict, row: dict, records_a: list[dict], records_b: list[dict],
                    steps: tuple[StepReader, StepReader], opts: CompareOptions) -> dict:
-    """An optimizer step's parameters (a ``PARAMS_OP`` row) where both runs described the step
-    (optimizer_replay): options that differ fail it as arguments; parameters outside the elementwise
-    tolerance are judged by replaying the step from each run's own inputs (the error-ratio rule)."""
+    """An optimizer step's parameters (a ``PARAMS_OP`` row of a region) outside the elementwise
+    tolerance, where both runs described the step (optimizer_replay): judged by replaying the step
+    from each run's own inputs (the error-ratio rule)."""
     step = ra.get("step")
     desc_a, desc_b = steps[0].get(step), steps[1].get(step)
-    if desc_a is None or desc_b is None:
-        return row
-    changed = option_differences(desc_a, desc_b)
-    if changed:
-        return row | {"status": "fail", "rule": "arguments",
-                      "detail": "; ".join(changed) + f" (parameters after the step: {row['rule']}: {row['detail']})"}
-    if row["status"] != "fail" or row["rule"] != "allclose" or opts.shards is not None:
+    if (desc_a is None or desc_b is None or row["status"] != "fail" or row["rule"] != "allclose"
+            or opts.shards is not None):
         return row
     inputs = inputs_record(records_a, step), inputs_record(records_b, step)
     if inputs[0] is None or inputs[1] is None:

@@ -143,6 +143,8 @@ def _bad_description(d) -> str | None:
         return "expected a JSON object"
     if not _is_count(d.get("step")) or not isinstance(d.get("optimizer"), str):
         return "expected 'step' (a count) and 'optimizer' (a class name)"
+    if "index" in d and not _is_count(d["index"]):
+        return f"'index' is {d['index']!r:.40}, expected a call number"
     groups, params = d.get("groups"), d.get("params")
     if not isinstance(groups, list) or not isinstance(params, list):
         return "expected lists 'groups' and 'params'"

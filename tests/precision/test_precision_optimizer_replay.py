@@ -112,6 +112,23 @@ def test_a_changed_learning_rate_fails_as_an_argument_naming_both_values(runs):
     assert f"optimizer option lr: {LR * 1.01!r} in A, {LR!r} in B" in fd["detail"]
 
 
+def test_a_changed_learning_rate_fails_stats_and_checksum_captures_too(tmp_path):
+    for mode in ("stats", "checksum"):
+        paths = []
+        for lr in (LR, LR * 1.01):
+            model = make_hf_llama(SIZE)
+            opt = torch.optim.AdamW(model.parameters(), lr=lr)
+            paths.append(str(tmp_path / f"{mode}-{lr}"))
+            with Capture(paths[-1], mode=mode):
+                hf_train_step(model, opt, hf_batches(SIZE, 1)[0])
+        # ranked where the step starts: before its ops' arguments that the option changed (mul_ by 1 - lr wd)
+        report = compare_dumps(paths[1], paths[0])
+        fd = report.first_divergence
+        assert fd is not None and (fd["op"], fd["step"], fd["rule"]) == ("optimizer::params", 0, "arguments"), fd
+        assert f"optimizer option lr: {LR * 1.01!r} in A, {LR!r} in B" in fd["detail"]
+        assert any(r["op"] == "aten::mul_" and r["rule"] == "arguments" for r in report.failed[1:])
+
+
 def test_a_fault_in_one_op_is_still_found_at_its_step(runs):
     root, _ = runs
     fd = compare_dumps(str(root / "mm"), str(root / "eager")).first_divergence
