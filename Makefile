@@ -36,7 +36,8 @@ LONG_TESTS := tests/rdma tests/cxx/test_sanitizers.py::test_progress_and_matchin
 	tests/heteropp/test_heteropp_elastic_snapshot.py::test_a_round_resumes_from_the_disk_when_both_copies_of_a_stage_are_gone \
 	tests/heteropp/test_heteropp_replica_elastic.py::test_a_run_of_replica_groups_loses_a_host_and_goes_on_alone \
 	tests/heteropp/test_heteropp_torchrun_rdzv.py::test_after_one_nodes_worker_fails_the_restarted_round_meets \
-	tests/heteropp/test_heteropp_replica_straggler.py::test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not
+	tests/heteropp/test_heteropp_replica_straggler.py::test_a_slowed_stage_of_the_second_group_is_reported_and_an_even_run_is_not \
+	tests/heteropp/test_heteropp_replica_straggler.py::test_a_throttled_host_of_a_replica_group_is_replanned_around
 
 # The C++ slow gates, clang-tidy over the engine and the precision op hook (~3 min), the engine's tests
 # under AddressSanitizer + UBSan (~1.7 min), the precision module's C++ op hook tests under the same

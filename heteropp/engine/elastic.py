@@ -340,8 +340,16 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
     cfg.options = {**cfg.options, "resume": bool(done) or snap is not None}
     resume_step = snap["step"] if snap else int(done[-1].name.split("-")[1]) if done else 0
     prefix = f"heteropp/{decided[0]['round']}"
+    # World rank 0 holds the round's store (torch's env:// rendezvous), from which idle ranks read the round's
+    # end: it stays until they have, else an idle rank's wait fails, its agent restarts it into a round of its
+    # own and the agents that finished wait out torch elastic's exit barrier (300 s) for it.
+    idle = [r for r in range(world) if r not in order]
+    ended = [f"{prefix}/done", *(f"{prefix}/idle_done/{r}" for r in idle if r != world_rank)]
     if world_rank not in order:  # idle in this plan: wait for the round's end (or be restarted by the agent)
         store.wait([f"{prefix}/done"], datetime.timedelta(days=365))
+        store.set(f"{prefix}/idle_done/{world_rank}", "1")
+        if world_rank == 0:
+            _outlive(store, ended, timeout)
         return 0
     rank = order.index(world_rank)
     if rank == 0:
@@ -387,7 +395,18 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
     if rank == 0:
         store.set(f"{prefix}/done", "1")
         record(cfg, "finished")
+    if world_rank == 0 and idle:
+        _outlive(store, ended, timeout)
     return 0
+
+
+def _outlive(store: dist.Store, keys: list[str], timeout: datetime.timedelta) -> None:
+    """Waits (at most `timeout`) until `keys` are set: the round's end and every other idle rank's reading of it.
+    An idle rank that died meanwhile is its agent's to report; this one ends all the same."""
+    try:
+        store.wait(keys, timeout)
+    except (RuntimeError, dist.DistStoreError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
