@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from heteropp.engine import RunConfig, launch
-from heteropp.engine.elastic_launch import AGENT_ENV, kill_host
+from heteropp.engine.elastic_launch import AGENT_ENV, kill_host, release_host, throttle_host
 from heteropp.plan import Plan
 from heteropp.spec import PRESETS
 
@@ -169,3 +169,21 @@ class ElasticRun:
         by_hand = {r["step"]: r["loss"] for r in lines(log) if start < r["step"] <= upto}
         assert sorted(by_hand) == list(range(start + 1, upto + 1))
         assert {s: got[s] for s in by_hand} == by_hand, (rnd, {s: (got[s], by_hand[s]) for s in by_hand})
+
+
+def throttled_until_replan(run: ElasticRun, chip: str, share: float = 0.1) -> tuple[dict[str, Any], dict[int, float]]:
+    """After step 3, throttles the `chip` host (its agent and workers, and those it starts later) to `share` of a
+    core with a cpu cgroup (v1, root) until the run ends; returns the first verdict to re-plan (a `straggler`
+    event) and the run's losses by step, once the round after that verdict has trained and the run has ended."""
+    group = None
+    try:
+        run.wait_step(3)
+        group = throttle_host(run.host(chip)["pid"], f"heteropp-test-{os.getpid()}", share)
+        verdict = run.wait(lambda: next((e for e in run.events("straggler") if e["replan"]), None),
+                           "a verdict to re-plan", timeout=300)
+        run.wait_round(verdict["time"])
+        return verdict, run.finish()
+    finally:
+        run.close()
+        if group is not None:
+            release_host(group)

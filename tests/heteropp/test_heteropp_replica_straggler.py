@@ -16,9 +16,9 @@ from heteropp.engine.straggler import StragglerWatch
 from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec import cluster_from_dict
 
-from heteropp.engine.elastic_launch import CPU_CGROUP, release_host, throttle_host
+from heteropp.engine.elastic_launch import CPU_CGROUP
 
-from .elastic_run import ElasticRun
+from .elastic_run import ElasticRun, throttled_until_replan
 from .test_heteropp_replica_elastic import CLUSTER, GIVEN, MODEL, TRAIN, _write
 from .test_heteropp_straggler import check_slowed_and_even
 from .long_tests import long_test
@@ -98,21 +98,10 @@ def test_a_throttled_host_of_a_replica_group_is_replanned_around(tmp_path) -> No
     _write(tmp_path)
     run = ElasticRun(tmp_path, steps=steps, every=every, plan=GIVEN.to_dict(), model=str(tmp_path / "model.json"),
                      cluster=tmp_path / "cluster.json", snapshot_every=1, timeout_s=120)
-    group = None
-    try:
-        run.wait_step(3)
-        group = throttle_host(run.host("slow")["pid"], f"heteropp-test-{os.getpid()}", 0.1)
-        verdict = run.wait(lambda: next((e for e in run.events("straggler") if e["replan"]), None),
-                           "a verdict to re-plan", timeout=300)
-        run.wait_round(verdict["time"])
-        # the round after the re-plan leaves the slow host idle: its worker reads the end from world rank 0's
-        # store, which must outlive that (it did not: the idle worker failed, its agent started a round of its
-        # own, and the fast host's agent waited out torch elastic's exit barrier, 300 s, before the run ended)
-        got = run.finish()
-    finally:
-        run.close()
-        if group is not None:
-            release_host(group)
+    # the round after the re-plan leaves the slow host idle: its worker reads the end from world rank 0's store,
+    # which must outlive that (it did not: the idle worker failed, its agent started a round of its own, and the
+    # fast host's agent waited out torch elastic's exit barrier, 300 s, before the run ended)
+    verdict, got = throttled_until_replan(run, "slow")
     assert verdict["chip"] == "slow" and verdict["group"] == 1 and verdict["slowdown"] > 1.5, verdict
     assert verdict["gain_s"] > verdict["cost_s"] > 0, verdict
     rounds = run.rounds()

@@ -9,11 +9,11 @@ import os
 import pytest
 
 from heteropp.engine import RunConfig, launch
-from heteropp.engine.elastic_launch import CPU_CGROUP, release_host, throttle_host
+from heteropp.engine.elastic_launch import CPU_CGROUP
 from heteropp.plan import Plan, StagePlan
 from heteropp.spec import PRESETS
 
-from .elastic_run import TWO_CPU, ElasticRun
+from .elastic_run import TWO_CPU, ElasticRun, throttled_until_replan
 from .long_tests import long_test
 
 STEPS = 7
@@ -63,18 +63,7 @@ def test_a_throttled_host_is_replanned_around_when_the_gain_pays_for_the_restart
     round's steps equal running its plan by hand from the checkpoint it resumed from (or afresh)."""
     # a round waits --timeout for its workers: the throttled host's restarted ones import torch at 0.1 core
     run = ElasticRun(tmp_path, steps=40, every=4, timeout_s=120)
-    group = None
-    try:
-        run.wait_step(3)
-        group = throttle_host(run.host("small")["pid"], f"heteropp-test-{os.getpid()}", 0.1)
-        verdict = run.wait(lambda: next((e for e in run.events("straggler") if e["replan"]), None),
-                           "a verdict to re-plan", timeout=300)
-        run.wait_round(verdict["time"])
-        got = run.finish()
-    finally:
-        run.close()
-        if group is not None:
-            release_host(group)
+    verdict, got = throttled_until_replan(run, "small")
     assert verdict["chip"] == "small" and verdict["slowdown"] > 1.5, verdict
     assert verdict["gain_s"] > verdict["cost_s"] > 0, verdict
     rounds = run.rounds()
