@@ -278,14 +278,13 @@ class Capture(Tool):
         (optimizer_replay)."""
         if not self._records_optimizer():
             return
-        with self.quiet():  # its detaches are no op of the program
-            desc, tensors = optimizer_replay.describe(optimizer)
-        if not tensors:
-            return
+        desc, tensors = optimizer_replay.describe(optimizer)
         # the call number of the step's first op: a compare ranks a changed option there, before the ops it changes
         desc["index"] = self._native.observer.count() if self._native is not None else self.n_ops
         self._steps_log.write(self.steps.step, self.rank.get(), desc)
         if self.save_tensors and optimizer_replay.why_not(desc) is None:  # else no replay will read them
+            with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
+                tensors = [t.detach() for t in tensors]
             self._module_record(INPUTS_OP, "optimizer", None, self.steps.step, self.rank.get(), tensors)
 
     def on_optimizer_step(self, optimizer) -> None:

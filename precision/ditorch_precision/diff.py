@@ -14,6 +14,7 @@ import torch
 from .align import PARAMS_OP, Equivalences, align, group_key, region_module_records
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import NUMBERED_ALIKE_SINCE, Dump, DumpError, check_replayable, unwritten_masks
+from .optimizer_replay import FILE as OPTIMIZER_STEPS
 from .optimizer_replay import NotReplayable, StepReader, inputs_record, option_differences, replay, why_not
 from .metrics import (DEFAULT_RATIO_K, ToleranceTable, TreeVerdict, compare_error_ratio, compare_trees,
                       compare_trees_ratio, op_tolerances, tensor_leaves)
@@ -556,6 +557,11 @@ class _Carried:
 
 
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
+    described = [os.path.isfile(os.path.join(d.path, OPTIMIZER_STEPS)) for d in (a, b)]
+    if described[0] != described[1]:
+        report.notes.append(f"only {'A' if described[0] else 'B'} describes its optimizer steps ({OPTIMIZER_STEPS}; "
+                            "the other is a capture of an earlier version): the runs' optimizer options are not "
+                            "compared and no optimizer step is replayed")
     carried = _Carried(steps=(StepReader(a.path), StepReader(b.path)))
     for records_a, records_b in _step_pairs(a, b):
         _compare_step(a, b, records_a, records_b, options, report, carried)
@@ -683,38 +689,48 @@ def _option_rows(records_a: list[dict], steps: tuple[StepReader, StepReader]) ->
 def _optimizer_row(a: Dump, b: Dump, ra: dict, rb: dict, row: dict, records_a: list[dict], records_b: list[dict],
                    steps: tuple[StepReader, StepReader], opts: CompareOptions) -> dict:
     """An optimizer step's parameters (a ``PARAMS_OP`` row of a region) outside the elementwise
-    tolerance, where both runs described the step (optimizer_replay): judged by replaying the step
-    from each run's own inputs (the error-ratio rule)."""
-    step = ra.get("step")
-    desc_a, desc_b = steps[0].get(step), steps[1].get(step)
-    if (desc_a is None or desc_b is None or row["status"] != "fail" or row["rule"] != "allclose"
-            or opts.shards is not None):
+    tolerance: judged by replaying the step from each run's own inputs (optimizer_replay, the
+    error-ratio rule), where both runs recorded it; else the row says why it was not replayed."""
+    if row["status"] != "fail" or row["rule"] != "allclose":
         return row
-    inputs = inputs_record(records_a, step), inputs_record(records_b, step)
-    if inputs[0] is None or inputs[1] is None:
-        why = why_not(desc_a) or why_not(desc_b) or "a run did not record what it started from"
-        return row | {"detail": f"{row['detail']} (the step is not replayed: {why})"}
-    da, db, after_a, after_b = a.load(inputs[0]), b.load(inputs[1]), a.load(ra), b.load(rb)
-    if da is None or db is None or after_a is None or after_b is None:  # past a capture's byte cap
-        return row
-    out_a, out_b = tensor_leaves(after_a["outputs"]), tensor_leaves(after_b["outputs"])
-    if [(t.dtype, t.shape) for t in out_a] != [(t.dtype, t.shape) for t in out_b]:
-        return row  # parameters kept in other dtypes: the replays' errors are not comparable
-    verdict = TreeVerdict()
-    try:  # a parameter at a time: one parameter's float64 copies held, whatever the model's size
-        replays = zip(replay(desc_a, tensor_leaves(da["outputs"])), replay(desc_b, tensor_leaves(db["outputs"])))
-        for x, y, (fa, fb) in zip(out_a, out_b, replays):
-            verdict.verdicts.append(compare_error_ratio(x, y, fa, k=opts.ratio_k, reference_fp64=fb))
+    try:
+        verdict = _replayed_step(a, b, ra, rb, records_a, records_b, steps, opts)
     except NotReplayable as exc:
         return row | {"detail": f"{row['detail']} (the step is not replayed: {exc})"}
-    if len(verdict.verdicts) != len(out_a):
-        return row | {"detail": f"{row['detail']} (the step is not replayed: {len(out_a)} parameters after it, "
-                                f"{len(verdict.verdicts)} replayed)"}
-    deciding = verdict.deciding or (verdict.verdicts[0] if verdict.verdicts else None)
+    deciding = verdict.deciding or verdict.verdicts[0]
     judged = _row(ra, "pass" if verdict.passed else "fail", "optimizer_replay",
                   f"each run's parameters after the step against torch's float64 replay of it from that run's own "
-                  f"inputs: {deciding.detail if deciding else 'no parameters'}; directly: {row['detail']}", verdict)
+                  f"inputs: {deciding.detail}; directly: {row['detail']}", verdict)
     return row | judged
+
+
+def _replayed_step(a: Dump, b: Dump, ra: dict, rb: dict, records_a: list[dict], records_b: list[dict],
+                   steps: tuple[StepReader, StepReader], opts: CompareOptions) -> TreeVerdict:
+    """Each run's parameters after the step (``ra``, ``rb``) against its own replay, a parameter at a
+    time (one parameter's float64 copies held, whatever the model's size); NotReplayable says why not."""
+    step = ra.get("step")
+    desc_a, desc_b = steps[0].get(step), steps[1].get(step)
+    if desc_a is None or desc_b is None:
+        raise NotReplayable(f"{'A' if desc_a is None else 'B'} did not describe it ({OPTIMIZER_STEPS})")
+    if opts.shards is not None:
+        raise NotReplayable("A's parameters are gathered across its TP ranks")
+    inputs = inputs_record(records_a, step), inputs_record(records_b, step)
+    if inputs[0] is None or inputs[1] is None:
+        raise NotReplayable(why_not(desc_a) or why_not(desc_b) or "a run did not record what it started from")
+    da, db, after_a, after_b = a.load(inputs[0]), b.load(inputs[1]), a.load(ra), b.load(rb)
+    if da is None or db is None or after_a is None or after_b is None:
+        raise NotReplayable("its tensors were not saved (past a capture's max_bytes)")
+    out_a, out_b = tensor_leaves(after_a["outputs"]), tensor_leaves(after_b["outputs"])
+    if [(t.dtype, t.shape) for t in out_a] != [(t.dtype, t.shape) for t in out_b]:
+        raise NotReplayable("the runs keep the parameters in other dtypes or shapes (their replays' errors "
+                            "are not comparable)")
+    verdict = TreeVerdict()
+    replays = zip(replay(desc_a, tensor_leaves(da["outputs"])), replay(desc_b, tensor_leaves(db["outputs"])))
+    for x, y, (fa, fb) in zip(out_a, out_b, replays):
+        verdict.verdicts.append(compare_error_ratio(x, y, fa, k=opts.ratio_k, reference_fp64=fb))
+    if not out_a or len(verdict.verdicts) != len(out_a):
+        raise NotReplayable(f"{len(out_a)} parameters after it, {len(verdict.verdicts)} replayed")
+    return verdict
 
 
 # A module record is compared directly with the reference's, so after the runs' weights or

@@ -47,9 +47,9 @@ def _plain(value):
 
 
 def describe(optimizer: torch.optim.Optimizer) -> tuple[dict, list[torch.Tensor]]:
-    """The description of a step about to run and the tensors it starts from, in order: for each
-    parameter (group by group) the parameter, its gradient when it has one, then its state tensors
-    by key."""
+    """The description of a step about to run and the tensors it starts from, in order (the program's
+    own, not detached): for each parameter (group by group) the parameter, its gradient when it has one,
+    then its state tensors by key."""
     cls = type(optimizer)
     desc: dict = {"optimizer": f"{cls.__module__}.{cls.__qualname__}", "groups": [], "params": []}
     unplain: list[str] = []
@@ -64,16 +64,16 @@ def describe(optimizer: torch.optim.Optimizer) -> tuple[dict, list[torch.Tensor]
                 unplain.append(f"group {g} option {key!r} ({type(value).__name__})")
         desc["groups"].append({"n_params": len(group["params"]), "hyper": hyper})
         for p in group["params"]:
-            tensors.append(p.detach())
+            tensors.append(p)
             if p.grad is not None:
-                tensors.append(p.grad.detach())
+                tensors.append(p.grad)
             state = {}
             for key, value in optimizer.state.get(p, {}).items():
                 if not isinstance(key, str):
                     unplain.append(f"a state key of type {type(key).__name__}")
                 elif isinstance(value, torch.Tensor):
                     state[key] = "tensor"
-                    tensors.append(value.detach())
+                    tensors.append(value)
                 else:
                     plain = _plain(value)
                     if plain is None and value is not None:
@@ -162,9 +162,9 @@ def _bad_description(d) -> str | None:
     return None
 
 
-def n_tensors(desc: dict) -> int:
-    """How many tensors the step's ``INPUTS_OP`` record holds, by its description."""
-    return sum(1 + p["grad"] + sum(v == "tensor" for v in p["state"].values()) for p in desc["params"])
+def _per_parameter(desc: dict) -> list[int]:
+    """How many of the ``INPUTS_OP`` record's tensors each parameter has (itself, its gradient, its state)."""
+    return [1 + p["grad"] + sum(v == "tensor" for v in p["state"].values()) for p in desc["params"]]
 
 
 # torch.optim's classes whose step updates each parameter from its own gradient and state alone (not
@@ -194,12 +194,17 @@ def _number(v):
     return v
 
 
+def _replayable_class(desc: dict) -> type:
+    """The class that replays the described step; NotReplayable says why none does."""
+    if "not_replayable" in desc:
+        raise NotReplayable(str(desc["not_replayable"]))
+    return _torch_optimizer(desc["optimizer"])
+
+
 def why_not(desc: dict) -> str | None:
     """Why this torch cannot replay the described step (its class, an option that is no plain value), or None."""
-    if "not_replayable" in desc:
-        return str(desc["not_replayable"])
     try:
-        _torch_optimizer(desc["optimizer"])
+        _replayable_class(desc)
     except NotReplayable as exc:
         return str(exc)
     return None
@@ -210,22 +215,14 @@ def replay(desc: dict, tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
     at a time: each parameter's step depends only on its own gradient and state (``PER_PARAMETER``),
     so a compare holds one parameter's float64 copies at a time, whatever the model's size. Raises
     ``NotReplayable`` before the first when the step cannot be replayed."""
-    if (why := why_not(desc)) is not None:
-        raise NotReplayable(why)
-    cls = _torch_optimizer(desc["optimizer"])
-    if len(tensors) != n_tensors(desc):
-        raise NotReplayable(f"the inputs record holds {len(tensors)} tensors, its description {n_tensors(desc)}")
-    if any(not tensors[k].is_floating_point() for k in _param_positions(desc)):
+    cls = _replayable_class(desc)
+    counts = _per_parameter(desc)
+    if len(tensors) != sum(counts):
+        raise NotReplayable(f"the inputs record holds {len(tensors)} tensors, its description {sum(counts)}")
+    starts = [sum(counts[:k]) for k in range(len(counts))]
+    if any(not tensors[k].is_floating_point() for k in starts):
         raise NotReplayable("a parameter that is not floating point")
     return _replayed(cls, desc, iter(tensors))
-
-
-def _param_positions(desc: dict) -> list[int]:
-    out, k = [], 0
-    for p in desc["params"]:
-        out.append(k)
-        k += 1 + p["grad"] + sum(v == "tensor" for v in p["state"].values())
-    return out
 
 
 def _replayed(cls: type, desc: dict, it: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:

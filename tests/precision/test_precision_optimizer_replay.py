@@ -185,6 +185,19 @@ def test_only_torchs_own_optimizers_are_replayed(tmp_path):
         replay(desc, tensors[:1])
 
 
+def test_a_reference_without_step_descriptions_is_said_not_passed_over(runs, tmp_path):
+    """A reference captured before optimizer steps were described (no optimizer_steps.jsonl): the compare
+    says so first, and the step whose parameters differ says why it was not replayed (then the drift budget
+    judges it, as before the replay)."""
+    old = tmp_path / "eager"
+    shutil.copytree(runs[0] / "eager", old)
+    (old / FILE).unlink()
+    report = compare_dumps(str(runs[0] / "sdpa"), str(old))
+    assert any(n.startswith(f"only A describes its optimizer steps ({FILE}") for n in report.notes), report.notes
+    rows = _params_rows(report)
+    assert rows and all("the step is not replayed: B did not describe it" in r["detail"] for r in rows), rows
+
+
 def test_a_tampered_step_description_is_refused_naming_the_line(runs, tmp_path):
     root, _ = runs
     bad = tmp_path / "sdpa"
