@@ -268,7 +268,7 @@ def run_elastic(a: argparse.Namespace, plan: Plan, m: ModelSpec, cluster: Cluste
           f"checkpoints in {a.checkpoint_dir}", flush=True)
     from .engine.elastic import EVENTS
     events = Path(a.checkpoint_dir) / EVENTS
-    rc = launch_hosts(path, hosts, a.max_restarts, events)
+    rc = launch_hosts(path, hosts, a.max_restarts, events, agent_logs=a.verbose)
     last = json.loads(events.read_text().splitlines()[-1]) if events.exists() else {}
     if rc and last.get("event") == "no_plan":
         print(f"heteropp: error: no plan fits the chips left ({last['chips']}): {last['error']}", file=sys.stderr)

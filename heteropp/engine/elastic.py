@@ -33,6 +33,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -117,6 +118,19 @@ def describe(plan: Plan) -> list[str]:
         out += [f"{s.chip} tp{s.tp} x{s.layers}" + (f" dp{s.inner_dp}" if s.inner_dp > 1 else "") for s in g.stages]
         out.append(f"dp {g.dp}" + (f", {g.micro_batches} micro-batches" if plan.replicas else ""))
     return out
+
+
+def chip_list(counts: dict[str, int]) -> str:
+    """{"big": 2, "small": 2} -> "big x2, small x2" (chip_counts' order)."""
+    return ", ".join(f"{c} x{n}" for c, n in counts.items())
+
+
+def peer_error(e: BaseException) -> str:
+    """An error about a lost peer, in short: its first sentence, without the source locations a transport puts in
+    ("... failed: [.../pair.cc:537] Read error [127.0.0.1]:16029: Connection reset by peer. This is typically ...")."""
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    first = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*", "", first)
+    return first.split(". ")[0][:300]
 
 
 def process_age_s() -> float:
@@ -363,6 +377,10 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
                resume_from=resume_step,
                resume_source="memory" if snap else "disk" if done else "start", warm_start=warm,
                **({"speeds": speeds} if speeds else {}))
+        # the user's one line on a new round (the events file has the rest): what it runs on and where it resumes
+        source = "from memory" if snap else "from disk" if done else "from the start"
+        print(f"heteropp elastic: round {rounds} on {chip_list(chip_counts(cluster, chips))}: "
+              f"{'; '.join(describe(plan))}; step {resume_step + 1} on, {source}", flush=True)
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
     dist.init_process_group(cfg.backend, store=dist.PrefixStore(prefix, store), rank=rank,
@@ -385,7 +403,9 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
             record(cfg, "peer_failure", rank=world_rank, error=str(e).splitlines()[0][:300])
             # the round is over: exit now, so the agent sees it at its next look (an orderly exit tears down
             # the process groups, a snapshot being sent and torch, seen to take 2 s on a loaded host)
-            print(f"heteropp elastic: rank {world_rank}: {str(e).splitlines()[0][:300]}", file=sys.stderr, flush=True)
+            why = peer_error(e)
+            print(f"heteropp elastic: {why if why.startswith('rank ') else f'rank {world_rank}: {why}'}; a peer is "
+                  "gone: this round ends and the next re-plans over the chips left", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(1)
         raise

@@ -92,11 +92,13 @@ SPAWN = Path(__file__).with_name("elastic_spawn.py")
 
 
 def agent_command(config: str, chip: str, nproc: int, nnodes: str, endpoint: str, run_id: str, max_restarts: int,
-                  is_host: bool = False, spawn: bool = False) -> list[str]:
+                  is_host: bool = False, spawn: bool = False, quiet: bool = False) -> list[str]:
     """The torchrun command of one host; with `spawn` its workers are forked by the host's warm process (the
-    keeper's zygote: elastic_spawn.py, by its path in this installation) instead of each importing torch."""
+    keeper's zygote: elastic_spawn.py, by its path in this installation) instead of each importing torch;
+    `quiet`: torchrun without torch elastic's own logs (quiet_agent.py)."""
     entry = [str(SPAWN)] if spawn else ["-m", "heteropp.engine.elastic"]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+    agent = "heteropp.engine.quiet_agent" if quiet else "torch.distributed.run"
+    return [sys.executable, "-m", agent, f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={str(is_host).lower()},{RDZV_CONF}",
             "--monitor-interval=0.2", "--local-addr=127.0.0.1", *entry, "--config", config, "--chip", chip]
@@ -112,9 +114,10 @@ def host_command(agent: list[str], listen: str) -> list[str]:
 
 
 def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, events: Path | None,
-                 min_nodes: int = 1) -> int:
+                 min_nodes: int = 1, agent_logs: bool = False) -> int:
     """Start the hosts (each a snapshot keeper and its agent) and wait for them; returns the first non-zero exit
-    code, or 0."""
+    code, or 0. `agent_logs`: keep torch elastic's own logs (a lost worker's exit code, restarts), which the
+    workers' one line each and the round lines already say (`heteropp run --verbose`)."""
     from torch.distributed import TCPStore
     port = _free_port()
     # the rendezvous store lives here, apart from every emulated host
@@ -126,7 +129,7 @@ def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, e
     procs = []
     for i, (chip, n) in enumerate(hosts):
         cmd = host_command(agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}",
-                                         run_id, max_restarts, spawn=True), "127.0.0.1:0")
+                                         run_id, max_restarts, spawn=True, quiet=not agent_logs), "127.0.0.1:0")
         p = subprocess.Popen(cmd, env=env, start_new_session=True)
         procs.append(p)
         if events is not None:

@@ -10,6 +10,7 @@ single-process reference within the paper's MRE of 1.5%."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -61,6 +62,15 @@ def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp
     got = run.stop()
     assert sorted(got)[:last] == list(range(1, last + 1))
     assert [r["chips"] for r in run.rounds()] == [{"big": 2, "small": 2}, {"big": 2}, {"big": 4}]
+    # what the user reads: a line a round (chips, plan, where it resumes), a line a rank that lost its peer, and
+    # not torch elastic's own logs of the workers it saw fail
+    out = run.output()
+    assert "heteropp elastic: round 1 on big x2, small x2: " in out and "step 1 on, from the start" in out, out
+    assert (f"heteropp elastic: round 2 on big x2: {'; '.join(second['plan'])}; step {second['resume_from'] + 1} "
+            "on, from memory") in out, out
+    lost = [x for x in out.splitlines() if "a peer is gone" in x]
+    assert lost and all(x.startswith("heteropp elastic: rank ") and "pair.cc" not in x for x in lost), out
+    assert not re.search(r"^[EWI]\d{4} |torch/distributed/elastic", out, re.M), out
     assert third["resume_source"] == "memory", third
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{second['round']}.json").stages} == {"big"}
     # the re-plan counted the returned chips as `big` (the cluster spec's numbers for that type)
