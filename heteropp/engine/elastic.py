@@ -177,6 +177,7 @@ class StragglerReplan:
         if dist.get_rank() == 0:
             verdict[0] = self.judge(watch, slow, self.start + watch.calls)
             record(self.cfg, "straggler", **verdict[0])
+            print(verdict_line(verdict[0], bool(self.plan.replicas)), flush=True)
         dist.broadcast_object_list(verdict, 0)
         if verdict[0]["replan"]:
             if dist.get_rank() == 0:
@@ -199,6 +200,18 @@ class StragglerReplan:
         group, stage = watch.where[k]
         return {"stage": stage, "group": group, "chip": chip, "slowdown": round(factor, 3), "step": step, **v,
                 "speeds": {**self.speeds, chip: round(self.speeds.get(chip, 1.0) / factor, 4)}}
+
+
+def verdict_line(v: dict[str, Any], groups: bool) -> str:
+    """The console's line for a straggler verdict (StragglerReplan.judge's, as the events file has it); `groups`:
+    the running plan has replica groups (the stage is named with its group)."""
+    where = f"group {v['group']} stage {v['stage']}" if groups else f"stage {v['stage']}"
+    head = (f"heteropp elastic: step {v['step']}: chip {v['chip']} ({where}) {v['slowdown']:.3g}x slower than "
+            "predicted, relative to the other stages; re-plan")
+    if v["new_plan"] is None:
+        return f"{head}: no plan for the chips at these speeds, going on"
+    terms = f"gain {v['gain_s']:g} s over {v['steps_left']} steps, cost {v['cost_s']:g} s"
+    return f"{head} ({terms}): " + ("this round ends, the next runs it" if v["replan"] else "not worth it, going on")
 
 
 def vendor_map(cluster: Cluster, chip_map: dict[str, str]) -> dict[str, str]:

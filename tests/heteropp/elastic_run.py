@@ -182,7 +182,13 @@ def throttled_until_replan(run: ElasticRun, chip: str, share: float = 0.1) -> tu
         verdict = run.wait(lambda: next((e for e in run.events("straggler") if e["replan"]), None),
                            "a verdict to re-plan", timeout=300)
         run.wait_round(verdict["time"])
-        return verdict, run.finish()
+        got = run.finish()
+        # the console says it too: the chip, how much slower, and what the re-plan was judged worth
+        said = f"heteropp elastic: step {verdict['step']}: chip {chip} ("
+        line = next((x for x in run.output().splitlines() if x.startswith(said)), None)
+        assert line is not None and line.endswith("this round ends, the next runs it"), run.output()
+        assert f"gain {verdict['gain_s']:g} s over {verdict['steps_left']} steps, cost {verdict['cost_s']:g} s" in line
+        return verdict, got
     finally:
         run.close()
         if group is not None:
