@@ -17,6 +17,7 @@ from pathlib import Path
 
 from heteropp.engine import train_reference
 from heteropp.engine.checkpoint import complete_checkpoints, read_trainer
+from heteropp.engine.elastic import peer_error, verdict_line
 from heteropp.engine.elastic_launch import kill_host
 from heteropp.plan import Plan
 from heteropp.spec import PRESETS
@@ -154,3 +155,23 @@ def test_the_multi_host_recipe_is_printed_with_the_round_scoped_store(tmp_path) 
     assert f"-m heteropp.engine.elastic --config {tmp_path / 'run.json'} --chip <CHIP>" in cmd
     cfg = json.loads((tmp_path / "run.json").read_text())
     assert cfg["elastic"]["train"]["global_batch"] == 2 and cfg["elastic"]["cluster"]["name"] == "two-cpu"
+
+
+def test_the_console_lines_of_a_lost_peer_and_of_a_straggler_verdict() -> None:
+    # gloo's error as a survivor's receive reports it: the source location and the advice are dropped
+    gloo = ("rank 2 (stage 1): receiving activation of micro-batch 1 from rank 0 failed: [/src/third_party/gloo/gloo/"
+            "transport/tcp/pair.cc:537] Read error [127.0.0.1]:37275: Connection reset by peer. This is typically "
+            "caused by a remote worker hanging or bugs in the application.")
+    assert peer_error(RuntimeError(gloo)) == ("rank 2 (stage 1): receiving activation of micro-batch 1 from rank 0 "
+                                              "failed: Read error [127.0.0.1]:37275: Connection reset by peer")
+    assert peer_error(ConnectionResetError()) == "ConnectionResetError"
+    verdict = {"stage": 0, "group": 1, "chip": "slow", "slowdown": 6.5234, "step": 9,
+               "new_plan": ["fast tp1 x4", "dp 1"], "gain_s": 41.2, "steps_left": 31, "cost_s": 4.03, "replan": True}
+    assert verdict_line(verdict, groups=True) == (
+        "heteropp elastic: step 9: chip slow (group 1 stage 0) 6.52x slower than predicted, relative to the other "
+        "stages; re-plan (gain 41.2 s over 31 steps, cost 4.03 s): this round ends, the next runs it")
+    assert verdict_line({**verdict, "replan": False}, groups=False).endswith(
+        "chip slow (stage 0) 6.52x slower than predicted, relative to the other stages; re-plan (gain 41.2 s over 31 "
+        "steps, cost 4.03 s): not worth it, going on")
+    assert verdict_line({**verdict, "new_plan": None, "replan": False}, groups=False).endswith(
+        "re-plan: no plan for the chips at these speeds, going on")
