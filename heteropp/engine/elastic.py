@@ -57,6 +57,7 @@ from .straggler import StragglerWatch
 EVENTS = "elastic.jsonl"
 SPEEDS = "chip-speeds.json"  # chip type -> the fraction of the cluster spec's peak it was measured at
 EXIT_REPLAN = 75  # a round's workers end with this when a straggler re-plan pays
+EXIT_PEER = 76  # a worker that saw a peer go ends with this, having said so in its line (quiet_agent keeps it out)
 # A restart's cost beyond what the round measured of its own start: the agent notices the exit (0.2 s monitor)
 # and the rendezvous closes 1 s after its last member joined (elastic_launch.RDZV_CONF).
 RDZV_S = 1.2
@@ -384,16 +385,14 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
         root = Path(cfg.opts.checkpoint_dir or ".")
         root.mkdir(parents=True, exist_ok=True)  # torchrun on a host: nothing made it before
         plan.save(root / f"plan-round{rounds}.json")
-        record(cfg, "round", round=rounds, started=round(started, 3), chips=chip_counts(cluster, chips),
-               world=world,
-               plan=describe(plan), ranks=plan.world_size, plan_s=round(decided[0]["plan_s"], 4),
-               resume_from=resume_step,
-               resume_source="memory" if snap else "disk" if done else "start", warm_start=warm,
-               **({"speeds": speeds} if speeds else {}))
+        present, stages, source = chip_counts(cluster, chips), describe(plan), "memory" if snap else "disk" if done \
+            else "start"
+        record(cfg, "round", round=rounds, started=round(started, 3), chips=present, world=world, plan=stages,
+               ranks=plan.world_size, plan_s=round(decided[0]["plan_s"], 4), resume_from=resume_step,
+               resume_source=source, warm_start=warm, **({"speeds": speeds} if speeds else {}))
         # the user's one line on a new round (the events file has the rest): what it runs on and where it resumes
-        source = "from memory" if snap else "from disk" if done else "from the start"
-        print(f"heteropp elastic: round {rounds} on {chip_list(chip_counts(cluster, chips))}: "
-              f"{'; '.join(describe(plan))}; step {resume_step + 1} on, {source}", flush=True)
+        print(f"heteropp elastic: round {rounds} on {chip_list(present)}: {'; '.join(stages)}; step "
+              f"{resume_step + 1} on, from {'the start' if source == 'start' else source}", flush=True)
     if cfg.backend == "dicomm":
         import dicomm  # noqa: F401  registers the backend
     dist.init_process_group(cfg.backend, store=dist.PrefixStore(prefix, store), rank=rank,
@@ -416,11 +415,10 @@ def run(cfg: RunConfig, cluster: Cluster, train: dict[str, Any], chip: str, snap
             record(cfg, "peer_failure", rank=world_rank, error=str(e).splitlines()[0][:300])
             # the round is over: exit now, so the agent sees it at its next look (an orderly exit tears down
             # the process groups, a snapshot being sent and torch, seen to take 2 s on a loaded host)
-            why = peer_error(e)
-            print(f"heteropp elastic: {why if why.startswith('rank ') else f'rank {world_rank}: {why}'}; a peer is "
-                  "gone: this round ends and the next re-plans over the chips left", file=sys.stderr, flush=True)
+            print(f"heteropp elastic: world rank {world_rank}: {peer_error(e)}; a peer is gone: this round ends and "
+                  "the next re-plans over the chips left", file=sys.stderr, flush=True)
             sys.stdout.flush()
-            os._exit(1)
+            os._exit(EXIT_PEER)
         raise
     finally:
         RoundHooks.current.close()

@@ -61,15 +61,18 @@ def main() -> int:
         except ProcessLookupError:
             pass
 
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for s in forwarded:
         signal.signal(s, forward)
     done = read_line(conn)
     if done is None:  # the zygote died (its host is going down): the worker goes with it
         return 1
     status = int(done["status"])
     if status < 0:  # the worker died of a signal: so does its stand-in
-        signal.signal(-status, signal.SIG_DFL)
+        if -status in forwarded:  # this process's own handler back to the default (SIGKILL has none to set)
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
+        return 128 - status  # a signal whose default is not to end a process: the shell's code for it
     return status
 
 

@@ -11,6 +11,8 @@ fails, one whose inputs merely drifted passes. The hyperparameters of the two ru
 arguments (a changed learning rate is no drift)."""
 from __future__ import annotations
 
+import itertools
+
 import json
 import math
 import os
@@ -219,7 +221,7 @@ def replay(desc: dict, tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
     counts = _per_parameter(desc)
     if len(tensors) != sum(counts):
         raise NotReplayable(f"the inputs record holds {len(tensors)} tensors, its description {sum(counts)}")
-    starts = [sum(counts[:k]) for k in range(len(counts))]
+    starts = list(itertools.accumulate(counts, initial=0))[:-1]  # each parameter's position among the tensors
     if any(not tensors[k].is_floating_point() for k in starts):
         raise NotReplayable("a parameter that is not floating point")
     return _replayed(cls, desc, iter(tensors))

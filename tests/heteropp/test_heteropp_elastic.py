@@ -9,7 +9,9 @@ checkpoint of the same step on its plan by hand, value for value, and the whole 
 single-process reference within the paper's MRE of 1.5%."""
 from __future__ import annotations
 
+import io
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -17,8 +19,9 @@ from pathlib import Path
 
 from heteropp.engine import train_reference
 from heteropp.engine.checkpoint import complete_checkpoints, read_trainer
-from heteropp.engine.elastic import peer_error, verdict_line
+from heteropp.engine.elastic import EXIT_PEER, EXIT_REPLAN, peer_error, verdict_line
 from heteropp.engine.elastic_launch import kill_host
+from heteropp.engine.quiet_agent import SaidElsewhere
 from heteropp.plan import Plan
 from heteropp.spec import PRESETS
 
@@ -69,7 +72,7 @@ def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp
     assert (f"heteropp elastic: round 2 on big x2: {'; '.join(second['plan'])}; step {second['resume_from'] + 1} "
             "on, from memory") in out, out
     lost = [x for x in out.splitlines() if "a peer is gone" in x]
-    assert lost and all(x.startswith("heteropp elastic: rank ") and "pair.cc" not in x for x in lost), out
+    assert lost and all(x.startswith("heteropp elastic: world rank ") and "pair.cc" not in x for x in lost), out
     assert "torch/distributed/elastic" not in out, out  # the agents' glog-style lines name their source file
     assert third["resume_source"] == "memory", third
     assert {s.chip for s in Plan.load(run.ck / f"plan-round{second['round']}.json").stages} == {"big"}
@@ -175,3 +178,29 @@ def test_the_console_lines_of_a_lost_peer_and_of_a_straggler_verdict() -> None:
         "steps, cost 4.03 s): not worth it, going on")
     assert verdict_line({**verdict, "new_plan": None, "replan": False}, groups=False).endswith(
         "re-plan: no plan for the chips at these speeds, going on")
+
+
+def test_the_quiet_agent_drops_only_what_heteropps_lines_already_say() -> None:
+    """torch elastic's records through a handler with the quiet agent's filter: a worker's exit with EXIT_PEER or
+    EXIT_REPLAN (its line, or rank 0's verdict, said why) and the agent's warnings are dropped; a worker killed by
+    a signal or ended with another code, and any other logger's warning, still reach the console."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(SaidElsewhere())
+    mp = logging.getLogger("torch.distributed.elastic.multiprocessing.api.test")
+    other = logging.getLogger("torch.distributed.distributed_c10d.test")
+    for log in (mp, other):
+        log.addHandler(handler)
+        log.propagate = False
+    try:
+        failed = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
+        for code in (EXIT_PEER, EXIT_REPLAN, -9, 1):
+            mp.error(failed, code, 0, 100, "python")
+        mp.warning("Sending process %s closing signal %s", 101, "SIGTERM")
+        other.warning("a warning of another part of torch")
+    finally:
+        for log in (mp, other):
+            log.removeHandler(handler)
+    assert out.getvalue().splitlines() == ["failed (exitcode: -9) local_rank: 0 (pid: 100) of binary: python",
+                                           "failed (exitcode: 1) local_rank: 0 (pid: 100) of binary: python",
+                                           "a warning of another part of torch"]

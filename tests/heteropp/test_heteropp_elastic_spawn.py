@@ -91,7 +91,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("how", ["sigterm the stand-in", "sigkill the stand-in"])
+@pytest.mark.parametrize("how", ["sigterm the stand-in", "sigkill the stand-in", "sigkill the worker"])
 def test_the_agents_signal_reaches_the_worker_and_a_dead_stand_in_takes_it_along(zygote, tmp_path, how) -> None:
     zp, sock = zygote
     with socket.socket() as s:
@@ -107,6 +107,10 @@ def test_the_agents_signal_reaches_the_worker_and_a_dead_stand_in_takes_it_along
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=60)
         assert p.returncode == -signal.SIGTERM  # the worker died of it, and so did its stand-in
+    elif how == "sigkill the worker":  # the kernel's kill (out of memory, a user): the agent sees the same death
+        os.kill(worker, signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGKILL and "Traceback" not in err, (p.returncode, err)
     else:
         p.kill()
         p.wait(timeout=60)

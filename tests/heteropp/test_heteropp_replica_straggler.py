@@ -12,11 +12,10 @@ import pytest
 
 from heteropp.engine import RunConfig, train_reference
 from heteropp.engine.elastic import StragglerReplan, replan, replan_verdict
+from heteropp.engine.elastic_launch import CPU_CGROUP
 from heteropp.engine.straggler import StragglerWatch
 from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from heteropp.spec import cluster_from_dict
-
-from heteropp.engine.elastic_launch import CPU_CGROUP
 
 from .elastic_run import ElasticRun, throttled_until_replan
 from .test_heteropp_replica_elastic import CLUSTER, GIVEN, MODEL, TRAIN, _write
