@@ -79,6 +79,12 @@ DicommWork::~DicommWork() {
   g_have_orphans = true;
 }
 
+bool DicommWork::any_request_failed() const {
+  for (auto& r : requests_)
+    if (r->has_failed()) return true;
+  return false;
+}
+
 bool DicommWork::requests_done() const {
   std::vector<RequestPtr> requests;
   {
@@ -105,10 +111,18 @@ void DicommWork::settle(std::chrono::milliseconds timeout) {
   }
   std::exception_ptr error;
   try {
+    // A batch (batch_isend_irecv, coalescing) fails at its first failure: waiting for its requests
+    // in order would sit on one whose peer is fine but gone elsewhere (a send that is never
+    // received) while a later one has already failed.
+    const std::function<bool()> one_failed = [this] { return any_request_failed(); };
     for (size_t i = 0; i < requests_.size(); ++i) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-      requests_[i]->wait(std::max(left, std::chrono::milliseconds(0)));
+      left = std::max(left, std::chrono::milliseconds(0));
+      if (requests_.size() == 1) requests_[i]->wait(left);
+      else requests_[i]->wait_unless(left, one_failed);
+      if (requests_.size() > 1 && any_request_failed())
+        for (auto& r : requests_) r->test();  // throws the failure
     }
     keep.clear();  // every request succeeded: the engine is done with the buffers
     if (expect_nbytes >= 0 && !requests_.empty()) {
@@ -160,7 +174,7 @@ bool DicommWork::isCompleted() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return true;
   }
-  if (!requests_done()) return false;
+  if (!requests_done() && !any_request_failed()) return false;  // failed: complete, as wait() says
   try {
     settle(default_timeout_);
   } catch (...) {  // recorded in the work

@@ -36,8 +36,6 @@ class DicommWork : public c10d::Work {
   std::vector<at::Tensor> keep;       // buffers the engine reads or writes until completion
   int64_t expect_nbytes = -1;         // a receive must fill its tensor exactly
   std::optional<c10::Stream> stream;  // device stream of staged results, for the future
-  // Called when a request fails; may return a request to wait for instead (a receive posted
-  // again after the late message of an earlier, cancelled receive was discarded).
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -50,6 +48,7 @@ class DicommWork : public c10d::Work {
 
  private:
   bool requests_done() const;
+  bool any_request_failed() const;  // lock-free (requests_ is fixed once handed out)
   // Waits up to `timeout` for the requests and completes the work. Throws a timeout (leaving
   // the work pending) only while a request is still in flight.
   void settle(std::chrono::milliseconds timeout);

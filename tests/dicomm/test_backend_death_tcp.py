@@ -56,3 +56,42 @@ def test_a_peer_killed_in_batch_isend_irecv_over_tcp_is_noticed_within_2s(run):
         r = out[rank]
         assert r["took"] is not None and r["took"] <= BOUND_S, f"rank {rank}: {r}"
         assert "rank 2" in r["error"], r["error"]
+
+
+def _batch_with_a_dead_peer_behind_a_live_one(rank, ws, store, poll):
+    import torch.distributed as dist
+
+    import dicomm
+
+    os.environ["DICOMM_TRANSPORT"] = "tcp"
+    init_process_group("dicomm", rank, ws, store, timeout_s=30)
+    out = None
+    if rank == 0:
+        # The send to rank 1 (alive, never receiving) comes first in the batch; the receive from
+        # rank 2 (about to die) second: the batch must fail when rank 2 goes, not at the timeout.
+        ops = [dist.P2POp(dist.isend, torch.ones(1 << 18), 1), dist.P2POp(dist.irecv, torch.empty(1 << 18), 2)]
+        works = dist.batch_isend_irecv(ops)
+        store.set("posted", "1")
+        start = time.time()
+        try:
+            for w in works:
+                while poll and not w.is_completed() and time.time() - start < 40:
+                    time.sleep(0.001)
+                w.wait()
+            out = {"took": time.time() - start, "error": "completed"}
+        except dicomm.DicommError as e:
+            out = {"took": time.time() - start, "error": f"{type(e).__name__}: {e}"}
+        store.set("rank0_done", "1")
+    elif rank == 2:
+        store.wait(["posted"])
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        store.wait(["rank0_done"])
+    return out
+
+
+@pytest.mark.parametrize("poll", [False, True], ids=["wait", "poll is_completed"])
+def test_a_batch_fails_at_its_first_failure_not_at_a_request_ahead_of_it(poll):
+    out = run_ranks(_batch_with_a_dead_peer_behind_a_live_one, 3, poll, timeout=90, expect_dead=[2])
+    r = out[0]
+    assert "rank 2" in r["error"] and r["took"] <= BOUND_S, r

@@ -14,6 +14,10 @@ class CollectiveHandle : public Request, public HasDefaultTimeout {
   CollectiveHandle(RequestPtr inner, std::chrono::milliseconds timeout) : inner_(std::move(inner)), timeout_(timeout) {}
   bool test() override { return inner_->test(); }
   void wait(std::chrono::milliseconds timeout) override { inner_->wait(timeout); }
+  bool has_failed() const override { return inner_->has_failed(); }
+  void wait_unless(std::chrono::milliseconds timeout, const std::function<bool()>& give_up) override {
+    inner_->wait_unless(timeout, give_up);
+  }
   int source() const override { return inner_->source(); }
   size_t nbytes() const override { return inner_->nbytes(); }
   std::string describe() const override { return inner_->describe(); }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,7 +55,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   RequestPtr isend(const void* buf, size_t bytes, int peer, Tag tag, uint64_t meta);
   RequestPtr irecv(void* buf, size_t bytes, int peer, Tag tag, uint64_t meta);
-  void wait(P2PRequest& r, std::chrono::milliseconds timeout);  // progress.cpp
+  // Returns once r is done (throwing its error) or, without throwing, once `give_up` holds.
+  void wait(P2PRequest& r, std::chrono::milliseconds timeout,
+            const std::function<bool()>* give_up = nullptr);  // progress.cpp
   void poke();                                                  // one non-blocking progress pass
 
   std::string transport_of(int peer) const;

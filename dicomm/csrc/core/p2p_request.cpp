@@ -33,6 +33,10 @@ bool P2PRequest::test() {
 
 void P2PRequest::wait(std::chrono::milliseconds timeout) { engine_->wait(*this, timeout); }
 
+void P2PRequest::wait_unless(std::chrono::milliseconds timeout, const std::function<bool()>& give_up) {
+  engine_->wait(*this, timeout, &give_up);
+}
+
 std::chrono::milliseconds P2PRequest::default_timeout() const { return engine_->timeout(); }
 
 std::string P2PRequest::describe() const {

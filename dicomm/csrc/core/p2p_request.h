@@ -32,6 +32,8 @@ class P2PRequest : public Request, public HasDefaultTimeout {
 
   bool test() override;
   void wait(std::chrono::milliseconds timeout) override;
+  bool has_failed() const override { return failed(); }
+  void wait_unless(std::chrono::milliseconds timeout, const std::function<bool()>& give_up) override;
   int source() const override { return done() ? source_ : -1; }
   size_t nbytes() const override { return nbytes_; }
   std::string describe() const override;

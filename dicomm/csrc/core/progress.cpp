@@ -188,11 +188,14 @@ void Engine::poke() {
   if (lock.owns_lock() && !closed_) progress_locked(false);
 }
 
-void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
+void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout, const std::function<bool()>* give_up) {
   if (r.done()) {  // an eager send is done before its wait: no clock, no lock
     r.rethrow_if_failed();
     return;
   }
+  // A batch's wait for one request ends at the first failure of another (which wakes us as any
+  // failure does): the batch has failed, whatever this request would still do.
+  auto settled = [&] { return r.done() || (give_up && (*give_up)()); };
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   // Spin: poll the transports ourselves (giving the CPU away only on an oversubscribed host). Over TCP
@@ -216,7 +219,7 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
       if (closed_) break;
       progress_locked(i % config_.spin_thorough_every == 0);
     }
-    if (r.done()) break;
+    if (settled()) break;
     if (i % kClockEvery == 0) {
       last = Clock::now();
       if (last >= spin_end || last >= deadline) break;
@@ -227,14 +230,14 @@ void Engine::wait(P2PRequest& r, std::chrono::milliseconds timeout) {
   // No notify: the progress thread looks within kTakeOver, a scale on which `last` (at most
   // kClockEvery passes old) is now.
   stop_driving(last);
-  if (r.done()) {  // the usual end of a spin: no second lock
+  if (settled()) {  // the usual end of a spin: no second lock
     r.rethrow_if_failed();
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
   // Block. One waiting caller sleeps in epoll itself, so the wake-up lands where the result is
   // wanted (no hand-off through the progress thread); other waiters sleep on the condition.
-  while (!r.done()) {
+  while (!settled()) {
     auto now = Clock::now();
     if (now >= deadline) time_out(r, timeout);
     if (!closed_ && !arm_locked()) {  // work is waiting: do it rather than sleep
