@@ -123,6 +123,7 @@ class CostModel:
         self.coef = lru_cache(maxsize=None)(self._coef)
         self.end = lru_cache(maxsize=None)(self._end)
         self.boundary = lru_cache(maxsize=None)(self._boundary)
+        self.tie_of = lru_cache(maxsize=None)(self._tie_of)
         self.latency = lru_cache(maxsize=None)(cluster.latency_s)  # (chip a, chip b) -> seconds per message
         # asked thousands of times per search with a few dozen distinct arguments (h2's DFS, stage options)
         self.max_layers = lru_cache(maxsize=None)(self._max_layers)
@@ -200,6 +201,25 @@ class CostModel:
         fp32_b = 4.0  # tied.py's buffer, whatever the weights' dtype
         return ring_allreduce_s(fp32_b * self.profile.embed_params, ranks,
                                 self._holder_bw(chips, chip, 1, ranks, one_node))
+
+    def tie_update(self, phys: list[StageSpec], dp: int, virtual: int) -> float:
+        """A one-list plan's sum of a tied embedding's two copies (engine/topology.py's tie group: every rank of the
+        first and of the last stage; engine/tied.py), on each end stage's update; `phys`: the physical stages,
+        `virtual`: how many stages the plan lists (more where a schedule interleaves). The sum waits for the
+        later end; it is priced on each end as if it began at that end's own finish, which keeps the stages'
+        costs separable for the layer split (in 1F1B-like schedules the first stage, which ends last, is
+        exact)."""
+        if not self.model.tie_embeddings or virtual < 2:
+            return 0.0
+        ends = phys[:1] if len(phys) == 1 else [phys[0], phys[-1]]
+        one_node = None  # ranks are laid out stage by stage: one type's ends share a node when all its stages do
+        if all(s.chip == phys[0].chip for s in phys):
+            one_node = sum(s.tp * dp * s.inner_dp for s in phys) <= self._chip[phys[0].chip].chips_per_node
+        return self.tie_of(tuple((s.chip, s.tp * dp * s.inner_dp) for s in ends), one_node)
+
+    def _tie_of(self, ends: tuple[tuple[str, int], ...], one_node: bool | None) -> float:
+        """tie_update of end stages given as (chip type, ranks) (the search's vectorized orders ask it too)."""
+        return self.tie_sum(frozenset(c for c, _ in ends), ends[0][0], sum(r for _, r in ends), one_node)
 
     def _holder_bw(self, chips: frozenset[str], chip: str, tp: int, ranks: int, one_node: bool | None) -> float:
         """GB/s of a ring over a part's `ranks` holders per TP shard on chip types `chips`: one type, its node's
@@ -355,6 +375,9 @@ class CostModel:
                                                                                      (k == p - 1, "last")) if f))
             out.append(StageTimes(fwd=fwd, bwd=bwd, wgrad=s.layers * pr.wgrad_s * share, update=upd,
                                   static_bytes=static, act_bytes=s.layers * c.act * share, transient_bytes=transient))
+        if tie := self.tie_update(stages[:phys], dp, p):
+            for k in {0, p - 1}:
+                out[k] = replace(out[k], update=out[k].update + tie)
         es = [self.boundary(a.chip, a.tp * a.inner_dp, b.chip, b.tp * b.inner_dp, dp)
               for a, b in zip(stages, stages[1:])]
         return out, es
@@ -452,6 +475,9 @@ class CostModel:
             ns.append(n)
             mems.append(self.memory(s.chip, s.tp, s.recompute, sdp, s.layers, n, k == 0, k == p - 1, share=share))
             caps.append(self._chip[s.chip].usable_bytes)
+        if tie := self.tie_update(stages, dp, p * kind(schedule).chunks(params or {})):
+            for k in {0, p - 1}:
+                us[k] += tie
         # a boundary of inner_dp replicas spreads over inner_dp x tp NICs (as plan_sim.stage_times prices it)
         es = [
             self.boundary(a.chip, a.tp * a.inner_dp, c.chip, c.tp * c.inner_dp, dp) for a, c in zip(stages, stages[1:])

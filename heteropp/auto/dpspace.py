@@ -56,6 +56,8 @@ class DpSpace:
         self._lmat: np.ndarray | None = None
         self._ends: dict[tuple[bool, bool, int], tuple[np.ndarray, np.ndarray]] = {}
         self._embv: np.ndarray | None = None
+        self._kind_chip: np.ndarray | None = None  # _tie_cols' per-kind columns: chip type, tp, chips per node
+        self._kind_tp = self._kind_node = np.zeros(0, dtype=np.int64)
         self._nflight: dict[int, np.ndarray] = {}
         self._flights = np.zeros((0, 0), dtype=np.int64)  # _flight_grid's table: (p, r) -> in-flight count
         self._runs: dict[int, np.ndarray] = {}
@@ -246,6 +248,29 @@ class DpSpace:
                 have[k] = True
         return cast(np.ndarray, tab[kid].T)
 
+    def _tie_cols(self, kid: np.ndarray) -> np.ndarray:
+        """A tied embedding's sum on each row's end stages (CostModel.tie_update), per distinct pair of end
+        kinds and node sharing (a row of one chip type whose ranks fit in one of its nodes)."""
+        if self._kind_chip is None:
+            names = sorted({c for c, _ in self.ids})
+            self._kind_chip = np.array([names.index(c) for c, _ in self.ids])
+            self._kind_tp = np.array([t for _, t in self.ids])
+            self._kind_node = np.array([self.cm.cluster.chip(c).chips_per_node for c, _ in self.ids])
+        chip, ranks = self._kind_chip[kid], self._kind_tp[kid] * self.dp
+        one_type = (chip == chip[:, :1]).all(axis=1)
+        # node sharing as a code: 0 unknown (types differ), 1 spread over nodes, 2 in one node
+        code = np.where(one_type, 1 + (ranks.sum(axis=1) <= self._kind_node[kid[:, 0]]), 0)
+        k = len(self.ids)
+        key = (kid[:, 0] * k + kid[:, -1]) * 3 + code
+        uniq, back = np.unique(key, return_inverse=True)
+        vals = np.empty(len(uniq))
+        for i, q in enumerate(uniq.tolist()):
+            pair, c = divmod(q, 3)
+            first, last = self.ids[pair // k], self.ids[pair % k]
+            vals[i] = self.cm.tie_of(((first[0], first[1] * self.dp), (last[0], last[1] * self.dp)),
+                                     None if c == 0 else c == 2)
+        return cast(np.ndarray, vals[back.reshape(-1)])
+
     def order_rows(self, combo: np.ndarray, orders: list[tuple[int, ...]]) -> StageTerms:
         """Exact stage matrix of each order of types (rows), end stages and links included."""
         b = self.b
@@ -262,6 +287,10 @@ class DpSpace:
         for j, first, last in ((0, True, True),) if p == 1 else ((0, True, False), (p - 1, False, True)):
             a0[:, j], y0[:, j], g["m0"][:, j], g["m1"][:, j], b0 = self._end_cols(kid[:, j], int(n[j]), first, last)
             const += b0
+        if p > 1 and self.cm.model.tie_embeddings:
+            tie = self._tie_cols(kid)
+            y0[:, 0] += tie
+            y0[:, -1] += tie
         if self.defers:
             gaps = np.zeros((R, p))
         else:

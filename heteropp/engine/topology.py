@@ -106,6 +106,13 @@ def stage_groups(plan: Plan, rank: int, chip_map: dict[str, str], timeout_s: flo
     return mine_tp, mine_dp
 
 
+def tie_ranks(plan: Plan) -> list[int]:
+    """The ranks that sum a tied embedding's copies: every rank of the stage holding the embedding and of the one
+    holding the head (where an interleaved schedule puts both on one device, its ranks once)."""
+    ends = sorted({0, (len(plan.stages) - 1) % plan.devices})
+    return [rank_of(plan, k, d, t) for k in ends for d in range(plan.stage_dp(k)) for t in range(plan.stages[k].tp)]
+
+
 def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: str, timeout_s: float,
                  tied: bool = False) -> Groups:
     """Every rank creates every group, in the same order (torch requires it), and keeps its own. `tied`: the
@@ -117,9 +124,7 @@ def build_groups(plan: Plan, rank: int, chip_map: dict[str, str], p2p_backend: s
     mine_tp, mine_dp = stage_groups(plan, rank, chip_map, timeout_s)
     tie = None
     if tied and len(plan.stages) > 1:
-        ends = sorted({0, (len(plan.stages) - 1) % plan.devices})
-        ranks = [rank_of(plan, k, d, t) for k in ends for d in range(plan.stage_dp(k))
-                 for t in range(plan.stages[k].tp)]
+        ranks = tie_ranks(plan)
         tg = dist.new_group(ranks, backend=p2p_backend, timeout=timeout)
         tie = tg if rank in ranks else None
     # Communicators are created eagerly: NCCL's first batched p2p must otherwise include every rank.
