@@ -173,7 +173,9 @@ def cmd_run(a: argparse.Namespace) -> int:
             launch_nodes(plan, [(c.name, n) for c in cluster.chips for n in c.node_sizes])
         cfg = _run_config(plan, m, steps=a.steps, seed=a.seed, lr=a.lr, clip_grad=a.clip_grad, backend=a.backend,
                           chip_map=chip_map, loss_log=a.loss_log, timeout_s=a.timeout, recv_window=a.recv_window,
-                          options=options, nodes=run_nodes)
+                          options=options, nodes=run_nodes,
+                          device_names={} if cluster is None else
+                          {c.name: c.device_name for c in cluster.chips if c.device_name})
         with open(a.write_config, "w") as f:
             json.dump(cfg.__dict__, f, indent=2)
         secret = "DICOMM_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')"

@@ -76,6 +76,9 @@ class RunConfig:
     # [chip type, chips] per torchrun node in node-rank order: a worker takes the plan rank the node rule puts on
     # its node and local rank (node_ranks.py); None: torchrun's RANK
     nodes: list[list[Any]] | None = None
+    # chip type -> the cluster spec's device_name pattern: a host that does not say its chip type is matched to
+    # the nodes of the type its device's name fits (device_match.py)
+    device_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def opts(self) -> TrainOptions:

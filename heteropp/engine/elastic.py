@@ -48,6 +48,7 @@ from ..spec import Cluster, InfeasibleError, ModelSpec, SpecError, cluster_from_
 from .checkpoint import complete_checkpoints
 from .config import RunConfig
 from .elastic_spawn import SPAWNED_ENV
+from .device_match import host_device_name, types_by_name
 from .node_gather import host_vendor
 from .node_ranks import entry_vendors
 from .snapshot import RoundHooks, choose, hosts_of, peer_of
@@ -220,19 +221,29 @@ def vendor_map(cluster: Cluster, chip_map: dict[str, str]) -> dict[str, str]:
     return {**{c.name: c.device for c in cluster.chips}, **chip_map}
 
 
-def host_chip(cluster: Cluster, chip_map: dict[str, str], vendor: str) -> str:
+def host_chip(cluster: Cluster, chip_map: dict[str, str], vendor: str, device: str | None = None) -> str:
     """The chip type of a host that names none: the one type of the cluster spec whose vendor is `vendor`, the
-    one ditorch selects on the host. SpecError naming the vendor and the candidates where no type or several
-    have it."""
+    one ditorch selects on the host, and, where several are, the one whose `device_name` pattern the host's
+    device name `device` fits (device_match.py). SpecError naming the vendor, the device name and the candidates
+    where no type or several fit."""
     types = [c.name for c in cluster.chips]
     vendors = entry_vendors([(t,) for t in types], vendor_map(cluster, chip_map))  # imports ditorch: worker only
     fits = [t for t, v in zip(types, vendors) if v == vendor]
-    if len(fits) == 1:
-        return fits[0]
-    problem = (f"several chip types run on this host's ditorch vendor {vendor!r}: {', '.join(fits)}" if fits else
-               f"no chip type runs on this host's ditorch vendor {vendor!r}; the cluster spec's: "
-               + ", ".join(f"{t} ({v or 'no vendor'})" for t, v in zip(types, vendors)))
-    raise SpecError("heteropp elastic", "--chip", problem, "this host's chip type given with --chip or HETEROPP_CHIP")
+    named = types_by_name({c.name: c.device_name for c in cluster.chips if c.device_name}, device, fits)
+    if len(fits) == 1 or len(named) == 1:
+        return fits[0] if len(fits) == 1 else named[0]
+    if len(named) > 1:
+        problem = (f"the device name {device!r} of this host fits the device_name of several chip types of its "
+                   f"ditorch vendor {vendor!r}: {', '.join(named)}")
+    elif fits:
+        problem = (f"several chip types run on this host's ditorch vendor {vendor!r}: {', '.join(fits)}, and its "
+                   f"device name {device!r} fits none of their device_name patterns")
+    else:
+        problem = (f"no chip type runs on this host's ditorch vendor {vendor!r}; the cluster spec's: "
+                   + ", ".join(f"{t} ({v or 'no vendor'})" for t, v in zip(types, vendors)))
+    raise SpecError("heteropp elastic", "--chip", problem,
+                    "this host's chip type given with --chip or HETEROPP_CHIP, or device_name patterns in the "
+                    "cluster spec that tell its types apart")
 
 
 def replan_verdict(cluster: Cluster, m: ModelSpec, train: dict[str, Any], plan: Plan, chip: str, factor: float,
@@ -455,12 +466,13 @@ def main(argv: list[str] | None = None) -> int:
     if not a.chip:
         try:
             vendor = host_vendor(os.environ)  # imports ditorch: in the worker only, never in the fork server
-            a.chip = host_chip(cluster, cfg.chip_map, vendor)
+            device = host_device_name(os.environ)
+            a.chip = host_chip(cluster, cfg.chip_map, vendor, device)
         except SpecError as e:
             print(e, file=sys.stderr)
             return 2
-        print(f"heteropp elastic: chip type {a.chip!r}: the one type of the cluster spec on this host's ditorch "
-              f"vendor {vendor!r} (no --chip or HETEROPP_CHIP given)", flush=True)
+        print(f"heteropp elastic: chip type {a.chip!r}: the type of the cluster spec on this host's ditorch vendor "
+              f"{vendor!r} and device {device!r} (no --chip or HETEROPP_CHIP given)", flush=True)
     return run(cfg, cluster, elastic["train"], a.chip,
                int(elastic.get("snapshot_every", 0)), bool(elastic.get("per_replica", False)))
 

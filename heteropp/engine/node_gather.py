@@ -1,8 +1,9 @@
 """What every node of a torchrun launch is, told to all its workers before any process group forms: per
 GROUP_RANK, the chip type its host says (HETEROPP_CHIP, None where unset), its process count
 (LOCAL_WORLD_SIZE) and, where HETEROPP_CHIP is unset, the ditorch vendor its host chose (DITORCH_VENDOR, else
-the first available; a node of an older version writes two fields: vendor unknown). node_ranks.match_nodes
-reads it to know which entry of the run's node list each node is.
+the first available) and the name its device reports (device_match.py; a node of an older version writes two
+or three fields: vendor or name unknown). node_ranks.match_nodes reads it to know which entry of the run's
+node list each node is.
 
 It travels over torchrun's rendezvous store (env://, the store the default group then uses): each node's
 local rank 0 writes one key, every worker waits for all of them. Where every round has a fresh store
@@ -24,6 +25,7 @@ from torch.distributed import DistStoreError
 from torch.distributed.rendezvous import rendezvous
 
 from ..spec.errors import SpecError
+from .device_match import MAX_NAME, host_device_name
 from .node_ranks import Seen, env_int
 
 _PREFIX = "heteropp/nodes"
@@ -47,7 +49,8 @@ def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetim
                         "every worker of every node started") from None
     if local == 0:
         chip = env.get("HETEROPP_CHIP")
-        store.set(f"{prefix}/{node}", json.dumps([chip, procs, None if chip else host_vendor(env)]))
+        said = [None, None] if chip else [host_vendor(env), host_device_name(env)]
+        store.set(f"{prefix}/{node}", json.dumps([chip, procs, *said]))
     keys = [f"{prefix}/{g}" for g in range(nodes)]
     try:
         store.wait(keys, timeout)
@@ -78,16 +81,21 @@ def host_vendor(env: Mapping[str, str]) -> str:
 
 
 def _read(node: int, raw: bytes) -> Seen:
-    """Node `node`'s entry as written by gather_nodes (or by a version that wrote no vendor); SpecError naming
-    the node when it is not."""
+    """Node `node`'s entry as written by gather_nodes (or by a version that wrote no vendor or no device name);
+    SpecError naming the node when it is not."""
     try:
         fields = json.loads(raw)
-        chip, procs, vendor = (*fields, None) if len(fields) == 2 else fields  # two: a version without vendors
+        # two fields: a version without vendors; three: without device names
+        chip, procs, vendor, device = (*fields, None, None)[:4] if 2 <= len(fields) <= 4 else (None,) * 4
     except (ValueError, TypeError):
-        chip = procs = vendor = None
-    if (chip is not None and not isinstance(chip, str)) or not isinstance(procs, int) or isinstance(procs, bool) \
-            or procs < 1 or not (vendor is None or isinstance(vendor, str)):
+        chip = procs = vendor = device = None
+
+    def text(v: object, most: int) -> bool:
+        return v is None or (isinstance(v, str) and len(v) <= most)
+
+    if not text(chip, MAX_NAME) or not isinstance(procs, int) or isinstance(procs, bool) or procs < 1 \
+            or not text(vendor, MAX_NAME) or not text(device, MAX_NAME):
         raise SpecError("torchrun", f"node {node}", f"told the store {raw[:80]!r}",
-                        "[chip type or null, processes >= 1, vendor or null] (another program's key, or another "
-                        "version)")
-    return Seen(chip, procs, vendor)
+                        f"[chip type or null, processes >= 1, vendor or null, device name or null], names of at most "
+                        f"{MAX_NAME} characters (another program's key, or another version)")
+    return Seen(chip, procs, vendor, device)

@@ -6,9 +6,10 @@ node rule (spec/placement.py: the cost model, the brute force and `run --cluster
 ranks of two hosts. A run config that lists its nodes (RunConfig.nodes: chip type and chips per node, as
 `heteropp run --write-config --cluster` writes them) makes every worker take the plan rank the node rule puts
 on its node. Which list entry a node is follows what the node is (its process count, and its chip type where
-the host says it), not torchrun's GROUP_RANK alone: under a c10d rendezvous GROUP_RANK is arrival order. The
-nodes tell each other what they are over the rendezvous store before any group forms (node_gather.py); a
-launch that matches no reading of the list is refused, naming the node.
+the host says it, else its vendor and the name its device reports), not torchrun's GROUP_RANK alone: under a
+c10d rendezvous GROUP_RANK is arrival order. The nodes tell each other what they are over the rendezvous store
+before any group forms (node_gather.py); a launch that matches no reading of the list is refused, naming the
+node.
 """
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from typing import Mapping, NamedTuple, Sequence
 
 from ..plan import Plan
 from ..spec.errors import SpecError
+from .device_match import name_matches
 
 
 class Seen(NamedTuple):
     """What one node of a torchrun launch says it is (node_gather.py): its chip type where its host sets
-    HETEROPP_CHIP, its process count, and the ditorch vendor its host chose where HETEROPP_CHIP is unset (None
-    where unknown: a node of a version that did not say it)."""
+    HETEROPP_CHIP, its process count, and where HETEROPP_CHIP is unset the ditorch vendor its host chose and the
+    name its device reports (None where unknown: a node of a version that did not say it)."""
     chip: str | None
     procs: int
     vendor: str | None = None
+    device: str | None = None
 
 
 def _as_seen(seen: Mapping[int, Sequence[object]]) -> dict[int, Seen]:
@@ -46,14 +49,31 @@ def entry_vendors(nodes: Sequence[Sequence[object]], chip_map: Mapping[str, str]
     return [vendor(n[0]) for n in nodes]
 
 
-def _narrowed(node: Seen, vendors: Sequence[str | None]) -> bool:
-    """Whether a host that does not say its chip type is held to the entries of its vendor: only where some
-    entry's chip type runs on that vendor (else its process count alone places it, as before vendors)."""
-    return node.chip is None and node.vendor is not None and node.vendor in vendors
+class _Entries(NamedTuple):
+    """Per entry of the node list: the ditorch vendor its chip type runs on and its type's device name pattern
+    (None: unknown, or none given)."""
+    vendors: list[str | None]
+    patterns: list[str | None]
 
+    @staticmethod
+    def of(nodes: Sequence[Sequence[object]], chip_map: Mapping[str, str] | None,
+           device_names: Mapping[str, str] | None) -> "_Entries":
+        names = device_names or {}
+        return _Entries(entry_vendors(nodes, chip_map), [names.get(str(n[0])) for n in nodes])
 
-def _vendor_allows(node: Seen, vendors: Sequence[str | None], entry: int) -> bool:
-    return not _narrowed(node, vendors) or vendors[entry] == node.vendor
+    def by_name(self, node: Seen) -> bool:
+        """Whether a host that does not say its chip type is held to the entries whose pattern its device name
+        fits: only where some entry's does."""
+        return node.chip is None and any(name_matches(p, node.device) for p in self.patterns)
+
+    def by_vendor(self, node: Seen) -> bool:
+        """Whether such a host is held to the entries of its vendor: only where some entry's chip type runs on
+        that vendor (else its process count alone places it, as before vendors)."""
+        return node.chip is None and node.vendor is not None and node.vendor in self.vendors
+
+    def allow(self, node: Seen, entry: int) -> bool:
+        return (not self.by_vendor(node) or self.vendors[entry] == node.vendor) and \
+            (not self.by_name(node) or name_matches(self.patterns[entry], node.device))
 
 
 def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[int]]:
@@ -88,11 +108,13 @@ def ranks_by_node(plan: Plan, nodes: Sequence[Sequence[object]]) -> list[list[in
 
 
 def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[str, str],
-                  seen: Mapping[int, Sequence[object]], chip_map: Mapping[str, str] | None = None) -> int:
+                  seen: Mapping[int, Sequence[object]], chip_map: Mapping[str, str] | None = None,
+                  device_names: Mapping[str, str] | None = None) -> int:
     """This worker's plan rank from torchrun's environment (GROUP_RANK: its node, LOCAL_RANK: the process on
     it, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE) and what every node of the launch is (`seen`: per GROUP_RANK,
-    its chip type where its host says it (HETEROPP_CHIP), its count of processes and its host's vendor,
-    gathered before any group forms, node_gather.py; `chip_map`: RunConfig.chip_map). Under a c10d rendezvous
+    its chip type where its host says it (HETEROPP_CHIP), its count of processes, its host's vendor and device
+    name, gathered before any group forms, node_gather.py; `chip_map`: RunConfig.chip_map; `device_names`:
+    RunConfig.device_names). Under a c10d rendezvous
     GROUP_RANK follows arrival order, not the list: nodes are matched to list entries by what they are
     (match_nodes); SpecError naming the node when the launch matches no reading of `nodes`."""
     per_node = ranks_by_node(plan, nodes)
@@ -105,41 +127,46 @@ def torchrun_rank(plan: Plan, nodes: Sequence[Sequence[object]], env: Mapping[st
         raise SpecError("torchrun", "GROUP_RANK", f"got {node}", f"a node of the run's {len(nodes)} ({layout})")
     if not 0 <= local < procs:
         raise SpecError("torchrun", f"node {node} LOCAL_RANK", f"got {local}", f"0 to {procs - 1}")
-    entry = match_nodes(plan, nodes, seen, chip_map)[node]
+    entry = match_nodes(plan, nodes, seen, chip_map, device_names)[node]
     return per_node[entry][local]
 
 
 def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int, Sequence[object]],
-                chip_map: Mapping[str, str] | None = None) -> dict[int, int]:
+                chip_map: Mapping[str, str] | None = None,
+                device_names: Mapping[str, str] | None = None) -> dict[int, int]:
     """Which entry of `nodes` each node of the launch is: {GROUP_RANK: index in `nodes`}. A node fits an entry
     when its process count is the count of ranks the node rule puts there and, where its host says its chip
     type, the types agree; a host that does not say it fits only entries whose chip type runs on its vendor
-    (`chip_map`), where any does. Every worker computes the same answer from the same `seen`: the launch's own
-    numbering when every node fits its entry (a static rendezvous started with the right --node-rank), else
-    nodes that say their chip type first, then those their vendor places, then the others, each taking, in
-    GROUP_RANK order, the first free entry it fits. Entries alike in (chip type, ranks) are interchangeable
-    (and a vendor's entries are all a node of that vendor fits), so this finds a matching whenever one
-    exists; SpecError naming the node left without one."""
+    (`chip_map`), where any does, and only entries whose type's device name pattern (`device_names`) its
+    device's name fits, where any does. Every worker computes the same answer from the same `seen`: the
+    launch's own numbering when every node fits its entry (a static rendezvous started with the right
+    --node-rank), else nodes that say their chip type first, then those their device name places, then those
+    their vendor places, then the others, each taking, in GROUP_RANK order, the first free entry it fits.
+    Entries alike in (chip type, ranks) are interchangeable (and the entries a name or a vendor allows are
+    all a node of that name or vendor fits), so this finds a matching whenever one exists; SpecError naming
+    the node left without one."""
     per_node = ranks_by_node(plan, nodes)
     want = [(str(n[0]), len(r)) for n, r in zip(nodes, per_node)]
-    seen, vendors = _as_seen(seen), entry_vendors(nodes, chip_map)
+    seen, entries = _as_seen(seen), _Entries.of(nodes, chip_map, device_names)
     if sorted(seen) != list(range(len(nodes))):
         raise SpecError("torchrun", "GROUP_RANK", f"nodes {sorted(seen)} joined",
                         f"nodes 0 to {len(nodes) - 1}, the run's {len(nodes)} ({_layout(nodes, per_node)})")
 
     def fits(g: int, i: int) -> bool:
         node = seen[g]
-        return node.procs == want[i][1] and node.chip in (None, want[i][0]) and _vendor_allows(node, vendors, i)
+        return node.procs == want[i][1] and node.chip in (None, want[i][0]) and entries.allow(node, i)
 
     if all(fits(g, g) for g in seen):
         return {g: g for g in seen}
     free, out = list(range(len(nodes))), {}
-    for g in sorted(seen, key=lambda g: (seen[g].chip is None, not _narrowed(seen[g], vendors), g)):
+    for g in sorted(seen, key=lambda g: (seen[g].chip is None, not entries.by_name(seen[g]),
+                                         not entries.by_vendor(seen[g]), g)):
         i = next((i for i in free if fits(g, i)), None)
         if i is None:
-            chip, procs, vendor = seen[g]
+            chip, procs, vendor, device = seen[g]
             says = f"{procs} processes" + (f", HETEROPP_CHIP {chip!r}" if chip is not None else "") + \
-                (f", vendor {vendor!r}" if _narrowed(seen[g], vendors) else "")
+                (f", vendor {vendor!r}" if entries.by_vendor(seen[g]) else "") + \
+                (f", device {device!r}" if entries.by_name(seen[g]) else "")
             hint = "" if chip else "; a host that says its chip type (HETEROPP_CHIP) is matched by it"
             raise SpecError("torchrun", f"node {g}", f"{says}: no node of the run's list left that it can be",
                             f"every host one of the run's nodes, started with the processes the node rule puts "
@@ -150,17 +177,18 @@ def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int
 
 
 def unsure_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int, Sequence[object]],
-                 chip_map: Mapping[str, str] | None = None) -> dict[int, list[str]]:
+                 chip_map: Mapping[str, str] | None = None,
+                 device_names: Mapping[str, str] | None = None) -> dict[int, list[str]]:
     """{GROUP_RANK: the chip types it could be} for the nodes whose host did not say its chip type and whose
-    process count (and vendor, where entries run on it, as match_nodes narrows) fits entries of more than one
-    type: which they run rests on GROUP_RANK order alone (a c10d rendezvous: joining order), so the worker
-    warns that HETEROPP_CHIP should be set there."""
+    process count (and vendor and device name, where entries run on it or name it, as match_nodes narrows) fits
+    entries of more than one type: which they run rests on GROUP_RANK order alone (a c10d rendezvous: joining
+    order), so the worker warns that HETEROPP_CHIP (or the types' device_name) should be set."""
     per_node = ranks_by_node(plan, nodes)
-    seen, vendors = _as_seen(seen), entry_vendors(nodes, chip_map)
+    seen, entries = _as_seen(seen), _Entries.of(nodes, chip_map, device_names)
     out = {}
     for g, node in sorted(seen.items()):
         types = {str(n[0]) for i, (n, r) in enumerate(zip(nodes, per_node))
-                 if len(r) == node.procs and _vendor_allows(node, vendors, i)}
+                 if len(r) == node.procs and entries.allow(node, i)}
         if node.chip is None and len(types) > 1:
             out[g] = sorted(types)
     return out

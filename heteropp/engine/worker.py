@@ -209,12 +209,15 @@ def worker(cfg: RunConfig) -> dict[str, Any]:
     if cfg.nodes is not None:  # torchrun: the rank the node rule gives this worker's node, whatever it arrived as
         try:
             store, seen = gather_nodes(os.environ, rank, world, timeout)
-            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ, seen, cfg.chip_map)
-            node, unsure = int(os.environ["GROUP_RANK"]), unsure_nodes(cfg.plan_obj, cfg.nodes, seen, cfg.chip_map)
+            rank = torchrun_rank(cfg.plan_obj, cfg.nodes, os.environ, seen, cfg.chip_map, cfg.device_names)
+            node = int(os.environ["GROUP_RANK"])
+            unsure = unsure_nodes(cfg.plan_obj, cfg.nodes, seen, cfg.chip_map, cfg.device_names)
             if node in unsure and os.environ.get("LOCAL_RANK") == "0":
                 print(f"heteropp worker: warning: node {node} (torchrun group rank) does not say its chip type and "
                       f"its {os.environ['LOCAL_WORLD_SIZE']} processes fit nodes of types {unsure[node]}: it runs "
-                      "what its group rank leaves it; set HETEROPP_CHIP on every host", file=sys.stderr, flush=True)
+                      "what its group rank leaves it; set HETEROPP_CHIP on every host, or give those types a "
+                      f"device_name in the cluster spec (this host's device: {seen[node].device!r})",
+                      file=sys.stderr, flush=True)
         except SpecError as e:  # the launch does not match the config's nodes: say which, no traceback
             print(f"heteropp worker: error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None

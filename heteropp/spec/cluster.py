@@ -31,6 +31,10 @@ class ChipType:
     device: str = "cpu"  # ditorch device type the engine maps this chip to
     network_latency_s: float = 0.0  # one message between nodes, on top of its bytes / network_bw
     nodes: tuple[int, ...] = ()  # chips of each node where the spec lists them (`nodes:`); () = uniform nodes
+    # A shell pattern (case-insensitive) of the name its hosts' accelerator reports ("*A100*": torch.cuda's
+    # get_device_name; the CPU's model name on CPU hosts): a host that does not say its chip type is told apart
+    # by it from the other types of its vendor (engine/device_match.py). None: not by name.
+    device_name: str | None = None
 
     @property
     def node_sizes(self) -> tuple[int, ...]:
@@ -76,7 +80,8 @@ class Cluster:
 
 
 _CHIP_KEYS = {"name", "count", "memory_gb", "peak_tflops", "chips_per_node", "nodes", "tp_max", "intra_node_bw",
-              "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device", "network_latency"}
+              "network_bw", "efficiency", "memory_fraction", "hbm_bw", "device", "network_latency", "device_name"}
+MAX_PATTERN = 200  # characters of a device_name pattern
 
 
 # Plausible ranges of a chip's numbers: outside them the cost model produces 0-second or infinite times.
@@ -115,6 +120,16 @@ def _node_shape(c: Fields, raw: dict[str, Any]) -> tuple[int, int, tuple[int, ..
     return total, max(sizes), tuple(sizes)
 
 
+def _device_name(c: Fields, raw: dict[str, Any]) -> str | None:
+    if "device_name" not in raw:
+        return None
+    pattern = c.str("device_name")
+    if not pattern.strip() or len(pattern) > MAX_PATTERN or not pattern.isprintable():
+        raise c.err("device_name", f"got {pattern[:MAX_PATTERN]!r}", f"a pattern of 1 to {MAX_PATTERN} printable "
+                    "characters matching the name the hosts' accelerator reports, e.g. '*A100*'")
+    return pattern
+
+
 def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluster:
     f = Fields(data, source)
     f.unknown({"name", "chips", "links"})
@@ -148,6 +163,7 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<cluster>") -> Cluste
                 device=c.str("device", "cpu"),
                 network_latency_s=c.duration("network_latency"),
                 nodes=nodes,
+                device_name=_device_name(c, raw),
             )
         )
     if not chips:

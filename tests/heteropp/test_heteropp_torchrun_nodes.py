@@ -150,7 +150,7 @@ def test_write_config_with_the_cluster_lists_the_nodes_and_each_nodes_command(tm
     from heteropp.cli import main
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("chips:\n  - {name: A, nodes: [1, 2, 2], memory_gb: 4, peak_tflops: 1, intra_node_bw: 5, "
-                       "network_bw: 2, device: cpu}\n")
+                       "network_bw: 2, device: cpu, device_name: '*EPYC*'}\n")
     PLAN.save(tmp_path / "plan.json")
     model = tmp_path / "model.json"
     model.write_text(json.dumps({k: v for k, v in RunConfig.model_dict(MODEL).items() if k != "explicit_head_dim"}))
@@ -158,7 +158,9 @@ def test_write_config_with_the_cluster_lists_the_nodes_and_each_nodes_command(tm
     assert main(["run", "--plan", str(tmp_path / "plan.json"), "--model", str(model), "--steps", "1",
                  "--cluster", str(cluster), "--write-config", str(out)]) == 0, capsys.readouterr().err
     # by hand: the TP-2 group takes the first two-chip node, the TP-1 stage the one-chip node; one node idle
-    assert json.loads(out.read_text())["nodes"] == [["A", 1], ["A", 2]]
+    written = json.loads(out.read_text())
+    assert written["nodes"] == [["A", 1], ["A", 2]]
+    assert written["device_names"] == {"A": "*EPYC*"}  # the spec's pattern, for the workers' matching
     said = capsys.readouterr().out
     assert "--nnodes=2 --node-rank=0 --nproc-per-node=1" in said
     assert "--nnodes=2 --node-rank=1 --nproc-per-node=2" in said

@@ -158,7 +158,7 @@ def test_the_nodes_read_what_each_node_wrote_to_the_store_for_this_round(monkeyp
     server.set("heteropp/nodes/0/1", '["A", 9]')  # the previous round's node 1: not read
     server.set("heteropp/nodes/1/1", '["B", 2]')
     _, seen = gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
-    assert seen == {0: ("A", 1, None), 1: ("B", 2, None)}  # hosts that say their chip type: no vendor
+    assert seen == {0: ("A", 1, None, None), 1: ("B", 2, None, None)}  # saying their chip type: no vendor, name
 
 
 def test_a_node_at_another_restart_count_on_the_agents_store_is_named_with_the_setting(monkeypatch):
@@ -182,7 +182,7 @@ def test_what_another_node_wrote_is_checked_and_refused_naming_the_node(monkeypa
     server, env = _store_env(monkeypatch)
     server.set("heteropp/nodes/0/1", raw)
     with pytest.raises(SpecError, match=r"node 1'?: told the store .*expected \[chip type or null, processes >= 1, "
-                                        r"vendor or null\]"):
+                                        r"vendor or null, device name or null\]"):
         gather_nodes(env, 0, 2, datetime.timedelta(seconds=10))
 
 
@@ -224,7 +224,7 @@ def test_nodes_whose_agents_counted_different_restarts_still_meet(monkeypatch):
     fresh, so both nodes must meet whatever their counts (before: each waited for the other's key under its
     own count, until the timeout)."""
     seen = _gather_as_nodes(monkeypatch, ["0", "1"], timeout_s=5)
-    assert seen == [{0: ("A", 1, None), 1: ("B", 2, None)}] * 2
+    assert seen == [{0: ("A", 1, None, None), 1: ("B", 2, None, None)}] * 2
 
 
 def test_a_worker_that_never_reaches_a_fresh_store_is_a_clear_error(monkeypatch):
@@ -276,6 +276,6 @@ def test_after_one_nodes_worker_fails_the_restarted_round_meets(tmp_path):
              "--monitor-interval=0.5", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True))
     outs = [a.communicate(timeout=120)[0] for a in agents]
-    both = "[(0, ('A', 1, None)), (1, ('B', 1, None))]"
+    both = "[(0, ('A', 1, None, None)), (1, ('B', 1, None, None))]"
     assert f"node 0 restart 0 seen {both}" in outs[0] and f"node 1 restart 1 seen {both}" in outs[1], outs
     assert all(a.returncode == 0 for a in agents), outs

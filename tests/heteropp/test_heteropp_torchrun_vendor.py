@@ -69,17 +69,18 @@ def test_a_host_whose_vendor_settles_its_chip_type_is_not_warned_about():
                                                                                        1: ["A", "B"]}
 
 
-@pytest.mark.parametrize("raw, want", [(b'["B", 2]', ("B", 2, None)), (b'[null, 2, "diopi"]', (None, 2, "diopi"))])
+@pytest.mark.parametrize("raw, want", [(b'["B", 2]', ("B", 2, None, None)),
+                                       (b'[null, 2, "diopi"]', (None, 2, "diopi", None))])
 def test_a_nodes_entry_is_read_with_or_without_its_vendor(raw, want):
     from heteropp.engine.node_gather import _read
     assert _read(1, raw) == want
 
 
-@pytest.mark.parametrize("raw", [b'[null, 2, 7]', b'[null, 2, ["cpu"]]', b'[null, 2, "cpu", 1]'])
+@pytest.mark.parametrize("raw", [b'[null, 2, 7]', b'[null, 2, ["cpu"]]', b'[null, 2, "cpu", "name", 1]'])
 def test_a_bad_vendor_field_is_refused_naming_the_node(raw):
     from heteropp.engine.node_gather import _read
     with pytest.raises(SpecError, match=r"node 1'?: told the store .*expected \[chip type or null, processes >= 1, "
-                                        r"vendor or null\]"):
+                                        r"vendor or null, device name or null\]"):
         _read(1, raw)
 
 
