@@ -104,11 +104,14 @@ def in_flight(schedule: str, k: int, p: int, b: int) -> int:
 
 class CostModel:
     def __init__(self, cluster: Cluster, model: ModelSpec, train: TrainSpec, profile: Profile,
-                 holders_elsewhere: int = 0) -> None:
+                 holders_elsewhere: int = 0, elsewhere: tuple[float, float | None] | None = None) -> None:
         """`holders_elsewhere`: ranks outside this cluster known to hold every part at each TP shard too, sharing
-        its ZeRO-1 optimizer state (a replica group planned alone: one at least in each other group)."""
+        its ZeRO-1 optimizer state (a replica group planned alone: one at least in each other group). `elsewhere`:
+        the network those holders are reached over, (the slowest network_bw of every group's types, the slowest
+        link between this cluster's types and theirs or None), GB/s: given, each part's gradient sync is priced
+        as the joined plan runs it (replica_sim), over the holders here and elsewhere at that speed."""
         self.cluster, self.model, self.train, self.profile = cluster, model, train, profile
-        self.holders_elsewhere = holders_elsewhere
+        self.holders_elsewhere, self.elsewhere = holders_elsewhere, elsewhere
         nb = train.bytes_per_value
         self.act_msg = nb * train.micro_batch_size * model.seq_len * model.hidden  # one boundary activation
         # What heteropp's ZeroAdamW holds per parameter: the weight in the compute dtype and its gradient in
@@ -135,7 +138,7 @@ class CostModel:
         sub-cluster). Where the chip specs, other than their counts, and the links and latencies among them
         are this cluster's, the per-kind tables are shared: none of them depends on a count, and a baseline's
         sub-search asks for the same ones again."""
-        sub = CostModel(cluster, self.model, self.train, self.profile, self.holders_elsewhere)
+        sub = CostModel(cluster, self.model, self.train, self.profile, self.holders_elsewhere, self.elsewhere)
         names = [c.name for c in cluster.chips]
         same = all(c.name in self._chip and replace(c, count=0) == replace(self._chip[c.name], count=0)
                    for c in cluster.chips) and all(
@@ -158,6 +161,9 @@ class CostModel:
         `one_node`, when its placement (spec/placement.py) put them in one node."""
         zero1 = self.train.zero1 if zero1 is None else zero1
         bw = self._holder_bw(frozenset((chip,)), chip, tp, dp, one_node)
+        if self.elsewhere is not None and self.holders_elsewhere:  # the joined plan's ring, across the groups
+            net, link = self.elsewhere
+            dp, bw = dp + self.holders_elsewhere, min(net, link / tp if link is not None else net)
         gather = ring_allgather_s(self._weight_b * params_per_chip, dp, bw) if zero1 else 0.0
         return ring_allreduce_s(self._grad_b * params_per_chip, dp, bw) + gather
 
@@ -209,7 +215,8 @@ class CostModel:
         later end; it is priced on each end as if it began at that end's own finish, which keeps the stages'
         costs separable for the layer split (in 1F1B-like schedules the first stage, which ends last, is
         exact)."""
-        if not self.model.tie_embeddings or virtual < 2:
+        if not self.model.tie_embeddings or virtual < 2 or (self.elsewhere is not None and self.holders_elsewhere):
+            # a replica group planned alone: its ends' sync over every group (_grad_sync) stands for the tie
             return 0.0
         ends = phys[:1] if len(phys) == 1 else [phys[0], phys[-1]]
         one_node = None  # ranks are laid out stage by stage: one type's ends share a node when all its stages do

@@ -28,11 +28,12 @@ def load_problem(cluster: str, model: str, train: str, profile: str | None = Non
 
 
 def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None = None,
-                 holders_elsewhere: int = 0) -> Problem:
-    """The problem of loaded specs (a profile, or the analytic one); `holders_elsewhere` as CostModel's."""
+                 holders_elsewhere: int = 0, elsewhere: tuple[float, float | None] | None = None) -> Problem:
+    """The problem of loaded specs (a profile, or the analytic one); `holders_elsewhere` and `elsewhere` as
+    CostModel's."""
     prof = prof or analytic_profile(cl, m, tr)
     searched = kind(tr.schedule).searched_as or tr.schedule  # H-1F1B: planned as 1F1B, then warmed up
-    return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof, holders_elsewhere))
+    return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof, holders_elsewhere, elsewhere))
 
 
 def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress: Progress | None = None,

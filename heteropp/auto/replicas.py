@@ -69,9 +69,18 @@ def _group_plan(pb: Problem, types: list[str], micro_batches: int, budget: Budge
     # joined plan, save a tied embedding's copy, which a group of one stage does not hold (_joined checks)
     train = replace(pb.train, global_batch=micro_batches * pb.train.micro_batch_size)
     try:
-        return plan(make_problem(cl, pb.model, train, pb.cm.profile, others), budget).plan
+        return plan(make_problem(cl, pb.model, train, pb.cm.profile, others, _elsewhere(pb, types)), budget).plan
     except (InfeasibleError, SpecError):
         return None
+
+
+def _elsewhere(pb: Problem, types: list[str]) -> tuple[float, float | None]:
+    """How the joined plan's gradient rings reach the other groups from `types` (CostModel's `elsewhere`): the
+    slowest network of every type, and the slowest link between these types and the others (None: none)."""
+    cl = pb.cluster
+    links = [bw for a in types for b in (c.name for c in cl.chips) if b not in types
+             if (bw := cl.link_bw(a, b)) is not None]
+    return min(c.network_bw for c in cl.chips), min(links, default=None)
 
 
 def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | None:
