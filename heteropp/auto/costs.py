@@ -215,14 +215,19 @@ class CostModel:
         later end; it is priced on each end as if it began at that end's own finish, which keeps the stages'
         costs separable for the layer split (in 1F1B-like schedules the first stage, which ends last, is
         exact)."""
-        if not self.model.tie_embeddings or virtual < 2 or (self.elsewhere is not None and self.holders_elsewhere):
-            # a replica group planned alone: its ends' sync over every group (_grad_sync) stands for the tie
+        if not self.prices_tie or virtual < 2:
             return 0.0
         ends = phys[:1] if len(phys) == 1 else [phys[0], phys[-1]]
         one_node = None  # ranks are laid out stage by stage: one type's ends share a node when all its stages do
         if all(s.chip == phys[0].chip for s in phys):
             one_node = sum(s.tp * dp * s.inner_dp for s in phys) <= self._chip[phys[0].chip].chips_per_node
         return self.tie_of(tuple((s.chip, s.tp * dp * s.inner_dp) for s in ends), one_node)
+
+    @property
+    def prices_tie(self) -> bool:
+        """Whether a plan of more than one stage pays tie_update: a tied model, save a replica group planned
+        alone, whose ends' sync over every group (_grad_sync with `elsewhere`) stands for the joined plan's tie."""
+        return self.model.tie_embeddings and not (self.elsewhere is not None and self.holders_elsewhere)
 
     def _tie_of(self, ends: tuple[tuple[str, int], ...], one_node: bool | None) -> float:
         """tie_update of end stages given as (chip type, ranks) (the search's vectorized orders ask it too)."""

@@ -287,7 +287,7 @@ class DpSpace:
         for j, first, last in ((0, True, True),) if p == 1 else ((0, True, False), (p - 1, False, True)):
             a0[:, j], y0[:, j], g["m0"][:, j], g["m1"][:, j], b0 = self._end_cols(kid[:, j], int(n[j]), first, last)
             const += b0
-        if p > 1 and self.cm.model.tie_embeddings:
+        if p > 1 and self.cm.prices_tie:
             tie = self._tie_cols(kid)
             y0[:, 0] += tie
             y0[:, -1] += tie

@@ -45,7 +45,7 @@ def stage_opts(cm: CostModel, seq: list[tuple[str, int]], dp: int, b: int) -> tu
     gaps = cm.drain_gaps(seq, dp)
     placed, fits = _placed(cm, seq, dp)
     opts = []
-    tie = cm.tie_update([StageSpec(c, t, 0, False) for c, t in seq], dp, p) if cm.model.tie_embeddings else 0.0
+    tie = cm.tie_update([StageSpec(c, t, 0, False) for c, t in seq], dp, p) if cm.prices_tie else 0.0
     for k, (chip, tp) in enumerate(seq):
         o = stage_opt(cm, chip, tp, dp, b, in_flight(sched, k, p, b), k == 0, k == p - 1)
         ups, y0 = o.ups, o.y0 + (tie if k in (0, p - 1) else 0.0)

@@ -21,9 +21,10 @@ from heteropp.spec import ModelSpec, TrainSpec, cluster_from_dict
 EMBED, HIDDEN, NETWORK_GBS, NODE_GBS, LINK_GBS = 50_000_000, 1024, 10.0, 100.0, 0.5
 
 
-def _cost_model(tied: bool, chips_per_node: int) -> CostModel:
+def _cost_model(tied: bool, chips_per_node: int, alone: bool = False) -> CostModel:
     """Two types of four chips in nodes of `chips_per_node`, X and Y, joined by a LINK_GBS link; bf16 weights
-    with ZeRO-1."""
+    with ZeRO-1. `alone`: as a replica group planned alone (one holder of every part in one other group), whose
+    ends' sync across the groups stands for the tie (CostModel.prices_tie)."""
     chips = [{"name": n, "count": 4, "memory_gb": 80, "peak_tflops": 100, "chips_per_node": chips_per_node,
               "tp_max": 2, "intra_node_bw": NODE_GBS, "network_bw": NETWORK_GBS, "memory_fraction": 1.0}
              for n in ("X", "Y")]
@@ -37,7 +38,7 @@ def _cost_model(tied: bool, chips_per_node: int) -> CostModel:
               for n, f in (("X", 0.1), ("Y", 0.05))}
     prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=10_000_000, embed_params=EMBED,
                    head_params=EMBED + HIDDEN, chips={n: ChipProfile(t) for n, t in timing.items()})
-    return CostModel(cluster, model, train, prof)
+    return CostModel(cluster, model, train, prof, *((1, (NETWORK_GBS, LINK_GBS)) if alone else ()))
 
 
 def _ring_s(nbytes: float, n: int, gbs: float) -> float:
@@ -75,9 +76,9 @@ def test_the_tie_sum_is_on_both_end_stages_of_the_simulation_and_the_estimate(na
 
 def test_the_searchs_objective_prices_the_tie_sum_as_the_simulator_does():
     """stage_opts (the exact split's terms) and DpSpace's vectorized orders add it to the end stages' update
-    offsets; a lone stage has no tie."""
-    for per_node in (2, 4):
-        tied, untied = _cost_model(True, per_node), _cost_model(False, per_node)
+    offsets; a lone stage has no tie, nor a replica group planned alone."""
+    for per_node, alone in ((2, False), (4, False), (2, True)):
+        tied, untied = _cost_model(True, per_node, alone), _cost_model(False, per_node, alone)
         for seq, dp in (([("X", 1), ("X", 1)], 2), ([("X", 2), ("Y", 1), ("Y", 1)], 1), ([("X", 1)], 4)):
             stages = [StageSpec(c, t, 1, False) for c, t in seq]
             st_t, _ = tied.stage_times(stages, dp)
@@ -85,7 +86,7 @@ def test_the_searchs_objective_prices_the_tie_sum_as_the_simulator_does():
             want = [t.update - u.update for t, u in zip(st_t, st_u)]
             got = [t.y0 - u.y0 for t, u in zip(stage_opts(tied, seq, dp, 8)[0], stage_opts(untied, seq, dp, 8)[0])]
             assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (seq, dp, per_node)
-            assert (max(want) > 0) == (len(seq) > 1)
+            assert (max(want) > 0) == (len(seq) > 1 and not alone)
             # one order of the types, as the vectorized search builds it (each type's stages one run)
             names = list(dict.fromkeys(c for c, _ in seq))
             runs = [[[(t, sum(1 for c, tt in seq if c == n and tt == t))] for t in {tt for c, tt in seq if c == n}]
