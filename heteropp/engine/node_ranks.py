@@ -13,6 +13,7 @@ node.
 """
 from __future__ import annotations
 
+import collections
 from typing import Mapping, NamedTuple, Sequence
 
 from ..plan import Plan
@@ -141,10 +142,9 @@ def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int
     device's name fits, where any does. Every worker computes the same answer from the same `seen`: the
     launch's own numbering when every node fits its entry (a static rendezvous started with the right
     --node-rank), else nodes that say their chip type first, then those their device name places, then those
-    their vendor places, then the others, each taking, in GROUP_RANK order, the first free entry it fits.
-    Entries alike in (chip type, ranks) are interchangeable (and the entries a name or a vendor allows are
-    all a node of that name or vendor fits), so this finds a matching whenever one exists; SpecError naming
-    the node left without one."""
+    their vendor places, then the others, each taking, in GROUP_RANK order, the first free entry it fits, or
+    one freed by moving nodes placed before it to other entries they fit (_augment), so this finds a matching
+    whenever one exists; SpecError naming the node left without one."""
     per_node = ranks_by_node(plan, nodes)
     want = [(str(n[0]), len(r)) for n, r in zip(nodes, per_node)]
     seen, entries = _as_seen(seen), _Entries.of(nodes, chip_map, device_names)
@@ -158,11 +158,12 @@ def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int
 
     if all(fits(g, g) for g in seen):
         return {g: g for g in seen}
-    free, out = list(range(len(nodes))), {}
+    fitting = {g: [i for i in range(len(nodes)) if fits(g, i)] for g in seen}
+    out: dict[int, int] = {}
+    owner: dict[int, int] = {}  # entry -> node
     for g in sorted(seen, key=lambda g: (seen[g].chip is None, not entries.by_name(seen[g]),
                                          not entries.by_vendor(seen[g]), g)):
-        i = next((i for i in free if fits(g, i)), None)
-        if i is None:
+        if not _augment(g, fitting, out, owner):
             chip, procs, vendor, device = seen[g]
             says = f"{procs} processes" + (f", HETEROPP_CHIP {chip!r}" if chip is not None else "") + \
                 (f", vendor {vendor!r}" if entries.by_vendor(seen[g]) else "") + \
@@ -171,9 +172,37 @@ def match_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int
             raise SpecError("torchrun", f"node {g}", f"{says}: no node of the run's list left that it can be",
                             f"every host one of the run's nodes, started with the processes the node rule puts "
                             f"there ({_layout(nodes, per_node)}){hint}")
-        free.remove(i)
-        out[g] = i
     return out
+
+
+def _augment(g: int, fitting: Mapping[int, Sequence[int]], out: dict[int, int], owner: dict[int, int]) -> bool:
+    """Gives node g an entry (`out`: node -> entry, `owner` its inverse), moving nodes already placed to other
+    entries they fit where that frees one (the shortest such chain, found breadth first): the first free entry g
+    fits when there is one. False where no chain exists, i.e. no matching places g with the nodes before it.
+    Name and vendor narrow nodes to sets that may overlap (two patterns one name fits), where taking the first
+    free entry alone can strand a later node although a matching exists."""
+    reached: dict[int, int] = {}  # entry -> the node whose chain reached it
+    queue, queued = collections.deque([g]), {g}
+    while queue:
+        u = queue.popleft()
+        for i in fitting[u]:
+            if i in reached:
+                continue
+            reached[i] = u
+            if i not in owner:  # free: move each node along the chain to the entry that reached it
+                while True:
+                    v = reached[i]
+                    if v == g:
+                        out[v], owner[i] = i, v
+                        return True
+                    before = out[v]  # v was placed: it had an entry, which the node before it takes
+                    out[v], owner[i] = i, v
+                    i = before
+            w = owner[i]
+            if w not in queued:
+                queued.add(w)
+                queue.append(w)
+    return False
 
 
 def unsure_nodes(plan: Plan, nodes: Sequence[Sequence[object]], seen: Mapping[int, Sequence[object]],

@@ -154,3 +154,24 @@ def test_an_elastic_worker_without_a_chip_type_trains_the_type_its_cpu_is_named_
     assert len(said) == 1 and "'small'" in said[0] and repr(_this_cpu()) in said[0], r.stdout
     rounds = [json.loads(x) for x in (tmp_path / "ck/elastic.jsonl").read_text().splitlines()]
     assert [e["chips"] for e in rounds if e["event"] == "round"] == [{"small": 1}]
+
+
+def test_names_that_fit_overlapping_types_still_find_the_matching_that_exists():
+    """Three one-process nodes, A100, A10080 and H100, of one vendor; patterns '*A100*', '*80GB*' and '*H100*'.
+    Host 0 reports an A100 80GB (it fits A100 and A10080), host 1 an H100, host 2 an A100 40GB (A100 only).
+    Taking the first free entry puts host 0 on A100 and leaves host 2 nothing (refused before); host 0 moves to
+    A10080 instead. With host 1 an A100 80GB too, three hosts fit two entries: refused, naming host 2."""
+    plan = Plan([StagePlan("A100", 1, 1), StagePlan("A10080", 1, 1, first_layer=1),
+                 StagePlan("H100", 1, 2, first_layer=2)], dp=1, micro_batch_size=1, micro_batches=2,
+                num_layers=MODEL.layers)
+    nodes = [["A100", 1], ["A10080", 1], ["H100", 1]]
+    names = {"A100": "*A100*", "A10080": "*80GB*", "H100": "*H100*"}
+    same = {t: "cuda" for t in names}
+    both, pcie, small = "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-40GB"
+    # host 0 fits A100 and A10080, host 1 H100, host 2 only A100: host 0 must yield A100 to host 2
+    got = match_nodes(plan, nodes, {0: (None, 1, "cuda", both), 1: (None, 1, "cuda", H100),
+                                    2: (None, 1, "cuda", small)}, same, names)
+    assert got == {0: 1, 1: 2, 2: 0}
+    with pytest.raises(SpecError, match=r"node 2'?: .*device 'NVIDIA A100-SXM4-40GB'"):
+        match_nodes(plan, nodes, {0: (None, 1, "cuda", both), 1: (None, 1, "cuda", pcie),
+                                  2: (None, 1, "cuda", small)}, same, names)
