@@ -286,7 +286,12 @@ class CostModel:
         upd = self._grad_sync(chip, params, dp, tp, zero1=zero1) + pr.optim_s * params / self._layer_params(tp) / (
             dp if zero1 else 1
         )
-        return EndCoef(time=t, beta=t, upd=upd, static=params * self._static_per_param(dp, zero1), transient=tr)
+        static = params * self._static_per_param(dp, zero1)
+        if which == "last" and self.model.tie_embeddings and self.holders_elsewhere and zero1:
+            # a tied head's copy: in the joined plan only the last stages of groups of more than one stage hold
+            # it, so a group planned alone counts on none elsewhere sharing its optimizer state
+            static += params * self._opt_b * (1 / dp - 1 / (dp + self.holders_elsewhere))
+        return EndCoef(time=t, beta=t, upd=upd, static=static, transient=tr)
 
     def _boundary(self, a: str, ta: int, b: str, tb: int, dp: int) -> float:
         """One activation across a stage boundary: send/recv so each byte crosses once (spread over both TP

@@ -147,3 +147,16 @@ def test_more_memory_never_gives_a_slower_per_replica_plan(tied: bool) -> None:
     assert large.iteration_time_s <= simulate_groups(cm, small).iteration_time_s * (1 + 1e-9), (
         [[(s.chip, s.layers) for s in g.stages] for g in large.replicas],
         [[(s.chip, s.layers) for s in g.stages] for g in small.replicas])
+
+
+def test_a_group_planned_alone_leaves_room_for_its_tied_copys_whole_state() -> None:
+    """Y chips of 0.8 GB, activations of 0.1 GB a micro-batch: Y planned alone as two stages counted on X sharing
+    its head copy's Adam state, chose a split whose last stage, joined, holds that state whole and no longer fits,
+    and no joined plan was offered. Planned alone with the copy's state its own (X holds no copy), Y takes a split
+    that fits: a plan is offered, every stage within its chip's memory as the replica simulator states it."""
+    cm = _cost_model(True, embed=20_000_000, y_memory_gb=0.8, act_bytes=1e8)
+    got = best_per_replica(Problem(cm.cluster, cm.model, cm.train, cm))
+    assert got is not None
+    peaks = simulate_groups(cm, got).peak_memory_bytes
+    assert all(p <= cm.cluster.chip(st.chip).usable_bytes for g, ps in zip(got.replicas, peaks)
+               for st, p in zip(g.stages, ps)), peaks
