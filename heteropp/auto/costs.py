@@ -276,11 +276,25 @@ class CostModel:
                          act=pr.ckpt_bytes if recompute else pr.act_bytes,
                          transient=pr.act_bytes if recompute else 0.0)
 
+    def ends(self, chip: str, tp: int, dp: int, first: bool, last: bool, zero1: bool | None = None,
+             one_matrix: bool | None = None) -> tuple[EndCoef, ...]:
+        """The end parts a stage holds: the embedding (`first`) and the head (`last`). A stage that holds both of a
+        tied model (`one_matrix`, default first and last: a lone stage; not an interleaved schedule's, whose first
+        and last chunks are two modules) holds the matrix once, as the engine makes the head the embedding's
+        parameter: its head end computes the logits but keeps and updates only the final norm."""
+        if (first and last if one_matrix is None else one_matrix) and self.model.tie_embeddings:
+            return self.end(chip, tp, dp, "first", zero1), self.end(chip, tp, dp, "norm", zero1)
+        return tuple(self.end(chip, tp, dp, w, zero1) for f, w in ((first, "first"), (last, "last")) if f)
+
     def _end(self, chip: str, tp: int, dp: int, which: str, zero1: bool | None = None) -> EndCoef:
+        """`which`: "first" (the embedding), "last" (the head and final norm), "norm" (a lone tied stage's head:
+        the logits' compute, the final norm's weights)."""
         zero1 = self.train.zero1 if zero1 is None else zero1
         pr = self.profile.get(chip, tp)
         if which == "first":
             params, t, tr = self.profile.embed_params / tp, pr.embed_s, 0.0
+        elif which == "norm":  # whole on every TP rank
+            params, t, tr = max(self.profile.head_params - self.profile.embed_params, 0.0), pr.head_s, pr.head_act_bytes
         else:
             params, t, tr = self.profile.head_params / tp, pr.head_s, pr.head_act_bytes
         upd = self._grad_sync(chip, params, dp, tp, zero1=zero1) + pr.optim_s * params / self._layer_params(tp) / (
@@ -309,15 +323,13 @@ class CostModel:
 
     # --- memory -----------------------------------------------------------------------------------
     def memory(self, chip: str, tp: int, recompute: bool, dp: int, layers: int, n: int, first: bool, last: bool,
-               zero1: bool | None = None, share: float = 1.0) -> float:
+               zero1: bool | None = None, share: float = 1.0, one_matrix: bool | None = None) -> float:
         """`dp`: the stage's replicas (dp x inner_dp); `share`: the part of each micro-batch's rows it holds
-        (1 / inner_dp)."""
+        (1 / inner_dp); `one_matrix` as ends'."""
         c = self.coef(chip, tp, recompute, dp, zero1)
         mem = layers * (c.static + n * c.act * share) + c.transient * share
-        for flag, which in ((first, "first"), (last, "last")):
-            if flag:
-                e = self.end(chip, tp, dp, which, zero1)
-                mem += e.static + e.transient * share
+        for e in self.ends(chip, tp, dp, first, last, zero1, one_matrix):
+            mem += e.static + e.transient * share
         return mem
 
     def _max_layers(self, chip: str, tp: int, recompute: bool, dp: int, n: int, first: bool, last: bool,
@@ -380,12 +392,10 @@ class CostModel:
             bwd = s.layers * (pr.bwd_s + (pr.recompute_s if s.recompute else 0.0)) * share
             upd = s.layers * c.upd
             static, transient = s.layers * c.static, c.transient * share
-            for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
-                if flag:
-                    e = self.end(s.chip, s.tp, sdp, which)
-                    # embedding/head work split 1:2 between forward and backward, none of it deferred
-                    fwd, bwd, upd = fwd + e.time * share / 3, bwd + 2 * e.time * share / 3, upd + e.upd
-                    static, transient = static + e.static, transient + e.transient * share
+            for e in self.ends(s.chip, s.tp, sdp, k == 0, k == p - 1):
+                # embedding/head work split 1:2 between forward and backward, none of it deferred
+                fwd, bwd, upd = fwd + e.time * share / 3, bwd + 2 * e.time * share / 3, upd + e.upd
+                static, transient = static + e.static, transient + e.transient * share
             placed = one_node[k % phys]
             if placed is not None:
                 upd += self.placed_sync_delta(s, sdp, placed, tuple(w for f, w in ((k == 0, "first"),
@@ -468,6 +478,7 @@ class CostModel:
         `params`: the schedule's (H-1F1B's extra warm-up), which set the in-flight counts."""
         schedule = schedule or self.train.schedule
         p = len(stages)
+        lone = p == 1 and kind(schedule).chunks(params or {}) == 1  # interleaved: two chunks, two matrices
         own, beta, cs, us, mems, caps, ns = [], [], [], [], [], [], []
         fs: list[float] = []  # per micro-batch: forward, and the backward on the critical chain (beta - forward)
         bs: list[float] = []
@@ -476,10 +487,8 @@ class CostModel:
             sdp, share = dp * s.inner_dp, 1.0 / s.inner_dp
             c = self.coef(s.chip, s.tp, s.recompute, sdp, None, schedule)
             t, bt, u = s.layers * c.tau * share, s.layers * c.beta * share, s.layers * c.upd
-            for flag, which in ((k == 0, "first"), (k == p - 1, "last")):
-                if flag:
-                    e = self.end(s.chip, s.tp, sdp, which)
-                    t, bt, u = t + e.time * share, bt + e.beta * share, u + e.upd
+            for e in self.ends(s.chip, s.tp, sdp, k == 0, k == p - 1, one_matrix=lone):
+                t, bt, u = t + e.time * share, bt + e.beta * share, u + e.upd
             n = kind(schedule).in_flight(k, p, b, params or {})
             f = (self.profile.get(s.chip, s.tp).fwd_s * s.layers + (self.end(s.chip, s.tp, sdp, "first").time / 3
                  if k == 0 else 0.0) + (self.end(s.chip, s.tp, sdp, "last").time / 3 if k == p - 1 else 0.0)) * share
@@ -490,7 +499,8 @@ class CostModel:
             beta.append(bt)
             own.append(b * t - bt)
             ns.append(n)
-            mems.append(self.memory(s.chip, s.tp, s.recompute, sdp, s.layers, n, k == 0, k == p - 1, share=share))
+            mems.append(self.memory(s.chip, s.tp, s.recompute, sdp, s.layers, n, k == 0, k == p - 1, share=share,
+                                    one_matrix=lone))
             caps.append(self._chip[s.chip].usable_bytes)
         if tie := self.tie_update(stages, dp, p * kind(schedule).chunks(params or {})):
             for k in {0, p - 1}:

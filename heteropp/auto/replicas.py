@@ -18,7 +18,7 @@ import math
 from dataclasses import replace
 from typing import Iterator
 
-from ..plan import Plan, ReplicaGroup
+from ..plan import Plan, ReplicaGroup, StagePlan
 from ..schedules import kind
 from ..spec import InfeasibleError, SpecError
 from .baselines import sub_cluster
@@ -90,13 +90,16 @@ def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | N
     whole = [_group_plan(pb, types, total, budget, len(split) - 1) for types in split]
     if any(p is None or not p.iteration_time_s for p in whole):
         return None
+    seen: dict[tuple[str, ...], list[tuple[list[StagePlan], int]]] = {}  # each group's plans so far (_joined)
+    for types, p in zip(split, whole):
+        seen[tuple(types)] = [(p.stages, p.dp)]  # type: ignore[union-attr]
     rates = [total / p.iteration_time_s for p in whole]  # type: ignore[union-attr,operator]
     shares = _rounded([total * r / sum(rates) for r in rates], total)
     cache: dict[tuple[int, ...], Plan | None] = {}
 
     def joined(sh: tuple[int, ...]) -> Plan | None:
         if sh not in cache:
-            cache[sh] = _joined(pb, split, sh, budget) if min(sh) >= 1 else None
+            cache[sh] = _joined(pb, split, sh, budget, seen) if min(sh) >= 1 else None
         return cache[sh]
 
     cur = tuple(shares)
@@ -111,6 +114,11 @@ def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | N
             break
         cur = min(timed)[1]
         best = joined(cur)
+    # a group's plan first found at a later share may join better at an earlier one: each share visited, again
+    for sh in [sh for sh, p in cache.items() if p is not None]:
+        again = _joined(pb, split, sh, budget, seen)
+        if again is not None and (best is None or again.iteration_time_s < best.iteration_time_s):  # type: ignore[operator]
+            best = again
     return best
 
 
@@ -128,15 +136,35 @@ def _rounded(exact: list[float], total: int) -> list[int]:
     return out
 
 
-def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget: Budget) -> Plan | None:
+def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget: Budget,
+            seen: dict[tuple[str, ...], list[tuple[list[StagePlan], int]]] | None = None) -> Plan | None:
     """Each group planned with its share, joined; None where a group has no plan or the groups disagree
-    on a layer's TP size."""
+    on a layer's TP size. `seen`: per group (its types), the plans it was given at other shares, which it also
+    tries at this one where their dp divides it, one group at a time, keeping a faster join: a group planned
+    alone cannot see what its plan costs the others (their layers' rings across the link grow with its
+    holders), so its best plan alone is not always its best in the join."""
     groups = []
     for types, n in zip(split, shares):
         p = _group_plan(pb, types, n, budget, len(split) - 1)
         if p is None:
             return None
         groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))
+        if seen is not None and (p.stages, p.dp) not in (mine := seen.setdefault(tuple(types), [])):
+            mine.append((p.stages, p.dp))
+    best = _priced_join(pb, groups)
+    for i, (types, n) in enumerate(zip(split, shares)):
+        for stages, dp in (seen or {}).get(tuple(types), []):
+            if n % dp or (stages, dp) == (groups[i].stages, groups[i].dp):
+                continue
+            alt = [*groups[:i], ReplicaGroup(stages, n // dp, dp), *groups[i + 1:]]
+            got = _priced_join(pb, alt)
+            if got is not None and (best is None or got.iteration_time_s < best.iteration_time_s):  # type: ignore[operator]
+                best, groups = got, alt
+    return best
+
+
+def _priced_join(pb: Problem, groups: list[ReplicaGroup]) -> Plan | None:
+    """The groups joined and simulated (replica_sim); None where the join is invalid or a stage does not fit."""
     joined = _join(pb, groups)
     if joined.zero1:  # each stage's memory estimate as joined: its parts' state shared by every group's holders
         joined = _join(pb, [_less_state(g, saved) for g, saved in zip(groups, shared_state_bytes(pb.cm, joined))])

@@ -16,12 +16,10 @@ from .stagekind import StageTerms, per_layer
 def stage_opt(cm: CostModel, chip: str, tp: int, dp: int, b: int, n: int, first: bool, last: bool) -> StageTerms:
     own, fill, upd = per_layer(cm, chip, tp, dp, b)
     a0 = b0 = y0 = 0.0
-    for flag, which in ((first, "first"), (last, "last")):
-        if flag:
-            e = cm.end(chip, tp, dp, which)
-            a0 += b * e.time - e.beta
-            b0 += e.beta
-            y0 += e.upd
+    for e in cm.ends(chip, tp, dp, first, last):
+        a0 += b * e.time - e.beta
+        b0 += e.beta
+        y0 += e.upd
     m0, m1 = (cm.max_layers(chip, tp, r, dp, n, first, last) for r in (False, True))
     return StageTerms(a0=a0, a=own[0], a1=own[1], m0=m0, m1=m1, beta=fill[0], ups=upd, y0=y0, b0=b0, beta1=fill[1])
 

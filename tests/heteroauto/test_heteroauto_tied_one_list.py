@@ -21,7 +21,7 @@ from heteropp.spec import ModelSpec, TrainSpec, cluster_from_dict
 EMBED, HIDDEN, NETWORK_GBS, NODE_GBS, LINK_GBS = 50_000_000, 1024, 10.0, 100.0, 0.5
 
 
-def _cost_model(tied: bool, chips_per_node: int, alone: bool = False) -> CostModel:
+def _cost_model(tied: bool, chips_per_node: int, alone: bool = False, embed: int = EMBED) -> CostModel:
     """Two types of four chips in nodes of `chips_per_node`, X and Y, joined by a LINK_GBS link; bf16 weights
     with ZeRO-1. `alone`: as a replica group planned alone (one holder of every part in one other group), whose
     ends' sync across the groups stands for the tie (CostModel.prices_tie)."""
@@ -36,8 +36,8 @@ def _cost_model(tied: bool, chips_per_node: int, alone: bool = False) -> CostMod
     timing = {n: {tp: TPProfile(fwd_s=f / tp, bwd_s=2 * f / tp, recompute_s=f / tp, wgrad_s=f / tp, act_bytes=1e8,
                                 ckpt_bytes=1e7, optim_s=0.01, head_s=f / tp) for tp in (1, 2)}
               for n, f in (("X", 0.1), ("Y", 0.05))}
-    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=10_000_000, embed_params=EMBED,
-                   head_params=EMBED + HIDDEN, chips={n: ChipProfile(t) for n, t in timing.items()})
+    prof = Profile(model="m", micro_batch_size=1, seq_len=128, layer_params=10_000_000, embed_params=embed,
+                   head_params=embed + HIDDEN, chips={n: ChipProfile(t) for n, t in timing.items()})
     return CostModel(cluster, model, train, prof, *((1, (NETWORK_GBS, LINK_GBS)) if alone else ()))
 
 
@@ -95,3 +95,46 @@ def test_the_searchs_objective_prices_the_tie_sum_as_the_simulator_does():
                                                                           [tuple(range(len(names)))])
                     for cm in (tied, untied)]
             assert (rows[0].y0 - rows[1].y0)[0].tolist() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_a_lone_stage_of_a_tied_model_holds_and_updates_the_matrix_once():
+    """The engine's one stage of a tied model makes the head the embedding's parameter (heteropp/model/stage.py):
+    it holds vocab x hidden weights fewer than untied, counted here on the engine's own module. The cost model's
+    memory of that stage is less by those weights' bytes (bf16 weight, fp32 gradient, the Adam state as the
+    engine's ZeRO-1 optimizer keeps it, sharded over dp 2) and its update by their all-reduce, all-gather and
+    optimizer step, written out by hand; a plan of two stages keeps its copy (no difference there). Before, the
+    lone stage was priced with two matrices."""
+    import torch
+    from torch import nn
+
+    from heteropp.engine.optim import ZeroAdamW
+    from heteropp.model.parallel import TPGroup
+    from heteropp.model.stage import StageModel
+
+    def engine_params(tied: bool) -> int:
+        m = ModelSpec("m", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=256, seq_len=16,
+                      tie_embeddings=tied)
+        stage = StageModel(m, range(2), TPGroup(), seed=0, first=True, last=True)
+        return sum(p.numel() for p in stage.parameters())  # parameters() yields a shared one once
+
+    fewer = engine_params(False) - engine_params(True)
+    assert fewer == 256 * 64
+    opt = ZeroAdamW([nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))], 1e-3)
+    state_b = opt.m.element_size() + opt.v.element_size() + opt.master.element_size()
+    dp, optim_s, layer = 2, 0.01, 10_000_000
+    per_param = torch.finfo(torch.bfloat16).bits // 8 + 4 + state_b / dp
+    gather = (dp - 1) / dp * 2 * fewer / (NODE_GBS * 1e9)  # the updated bf16 weights
+    by_hand = _ring_s(4 * fewer, dp, NODE_GBS) + gather + optim_s * fewer / layer / dp
+    tied, untied = (_cost_model(t, 2, embed=fewer) for t in (True, False))
+    one = [StageSpec("X", 1, 4, False)]
+    assert untied.memory("X", 1, False, dp, 4, 1, True, True) - tied.memory("X", 1, False, dp, 4, 1, True, True) \
+        == pytest.approx(fewer * per_param, rel=1e-9)
+    (u,), _ = untied.stage_times(one, dp)
+    (t,), _ = tied.stage_times(one, dp)
+    assert u.update - t.update == pytest.approx(by_hand, rel=1e-9)
+    assert u.static_bytes - t.static_bytes == pytest.approx(fewer * per_param, rel=1e-9)
+    est = [cm.evaluate(one, dp, 8).stage_update_s[0] for cm in (untied, tied)]
+    assert est[0] - est[1] == pytest.approx(by_hand, rel=1e-9)
+    two = [StageSpec("X", 1, 2, False), StageSpec("X", 1, 2, False)]
+    assert [s.static_bytes for s in tied.stage_times(two, dp)[0]] == \
+        pytest.approx([s.static_bytes for s in untied.stage_times(two, dp)[0]], rel=1e-12)
