@@ -83,11 +83,21 @@ def _elsewhere(pb: Problem, types: list[str]) -> tuple[float, float | None]:
     return min(c.network_bw for c in cl.chips), min(links, default=None)
 
 
+def _planned(pb: Problem, types: list[str], micro_batches: int, budget: Budget, others: int,
+             planned: dict[tuple[tuple[str, ...], int], Plan | None]) -> Plan | None:
+    """_group_plan, each (types, share) planned once per split: the share search and its last pass ask again."""
+    key = (tuple(types), micro_batches)
+    if key not in planned:
+        planned[key] = _group_plan(pb, types, micro_batches, budget, others)
+    return planned[key]
+
+
 def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | None:
     total = pb.train.micro_batches_total
     if total < len(split):
         return None
-    whole = [_group_plan(pb, types, total, budget, len(split) - 1) for types in split]
+    planned: dict[tuple[tuple[str, ...], int], Plan | None] = {}  # (types, share) -> the group's plan alone
+    whole = [_planned(pb, types, total, budget, len(split) - 1, planned) for types in split]
     if any(p is None or not p.iteration_time_s for p in whole):
         return None
     seen: dict[tuple[str, ...], list[tuple[list[StagePlan], int]]] = {}  # each group's plans so far (_joined)
@@ -99,7 +109,7 @@ def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | N
 
     def joined(sh: tuple[int, ...]) -> Plan | None:
         if sh not in cache:
-            cache[sh] = _joined(pb, split, sh, budget, seen) if min(sh) >= 1 else None
+            cache[sh] = _joined(pb, split, sh, budget, seen, planned) if min(sh) >= 1 else None
         return cache[sh]
 
     cur = tuple(shares)
@@ -116,7 +126,7 @@ def _join_split(pb: Problem, split: list[list[str]], budget: Budget) -> Plan | N
         best = joined(cur)
     # a group's plan first found at a later share may join better at an earlier one: each share visited, again
     for sh in [sh for sh, p in cache.items() if p is not None]:
-        again = _joined(pb, split, sh, budget, seen)
+        again = _joined(pb, split, sh, budget, seen, planned)
         if again is not None and (best is None or again.iteration_time_s < best.iteration_time_s):  # type: ignore[operator]
             best = again
     return best
@@ -137,7 +147,8 @@ def _rounded(exact: list[float], total: int) -> list[int]:
 
 
 def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget: Budget,
-            seen: dict[tuple[str, ...], list[tuple[list[StagePlan], int]]] | None = None) -> Plan | None:
+            seen: dict[tuple[str, ...], list[tuple[list[StagePlan], int]]] | None = None,
+            planned: dict[tuple[tuple[str, ...], int], Plan | None] | None = None) -> Plan | None:
     """Each group planned with its share, joined; None where a group has no plan or the groups disagree
     on a layer's TP size. `seen`: per group (its types), the plans it was given at other shares, which it also
     tries at this one where their dp divides it, one group at a time, keeping a faster join: a group planned
@@ -145,7 +156,7 @@ def _joined(pb: Problem, split: list[list[str]], shares: tuple[int, ...], budget
     holders), so its best plan alone is not always its best in the join."""
     groups = []
     for types, n in zip(split, shares):
-        p = _group_plan(pb, types, n, budget, len(split) - 1)
+        p = _planned(pb, types, n, budget, len(split) - 1, {} if planned is None else planned)
         if p is None:
             return None
         groups.append(ReplicaGroup(p.stages, p.micro_batches, p.dp))

@@ -11,13 +11,13 @@ from typing import Mapping, Sequence
 MAX_NAME = 200  # characters of a reported device name kept (a longer one is cut)
 
 
-def host_device_name(env: Mapping[str, str]) -> str | None:
-    """The name of this host's device 0 of the ditorch vendor `import ditorch` selects here (torch.<device
-    type>.get_device_name; on a CPU host, the processor's model name); None where it reports none."""
-    from ditorch.registry import VENDOR_ENV, VendorError, select  # never at import: the fork server loads this
+def host_device_name(vendor: str) -> str | None:
+    """The name this host's device 0 of ditorch vendor `vendor` reports (the one node_gather.host_vendor chose;
+    torch.<device type>.get_device_name; on a CPU host, the processor's model name); None where it reports none."""
+    from ditorch.registry import VendorError, adapter_for  # never at import: the fork server loads this
 
     try:
-        adapter = select(env.get(VENDOR_ENV))[0]
+        adapter = adapter_for(vendor)
     except VendorError:
         return None
     if adapter.device_type == "cpu":

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.chip:
         try:
             vendor = host_vendor(os.environ)  # imports ditorch: in the worker only, never in the fork server
-            device = host_device_name(os.environ)
+            device = host_device_name(vendor)
             a.chip = host_chip(cluster, cfg.chip_map, vendor, device)
         except SpecError as e:
             print(e, file=sys.stderr)

@@ -49,7 +49,8 @@ def gather_nodes(env: Mapping[str, str], rank: int, world: int, timeout: datetim
                         "every worker of every node started") from None
     if local == 0:
         chip = env.get("HETEROPP_CHIP")
-        said = [None, None] if chip else [host_vendor(env), host_device_name(env)]
+        vendor = None if chip else host_vendor(env)
+        said = [None, None] if vendor is None else [vendor, host_device_name(vendor)]
         store.set(f"{prefix}/{node}", json.dumps([chip, procs, *said]))
     keys = [f"{prefix}/{g}" for g in range(nodes)]
     try:

@@ -12,7 +12,6 @@ arguments (a changed learning rate is no drift)."""
 from __future__ import annotations
 
 import itertools
-
 import json
 import math
 import os
