@@ -18,6 +18,7 @@ from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, sna
 from . import optimizer_replay
 from .align import INPUTS_OP, PARAMS_OP
 from .bulk import PendingWrites, storage_address, tensor_key
+from .model_state import META_KEY as STATE_META, STATE_OP, optimizer_had_state, state_of
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .native_hook import HOOKS, NativeHook, choose, hand_groups
 from .opinfo import op_info
@@ -166,6 +167,11 @@ class Capture(Tool):
         self.hook = hook
         self.hook_used: str | None = None
         self._native: NativeHook | None = None
+        # the parameters and buffers of each root module before its first op (model_state)
+        self.modules.on_root = self._on_root
+        self._state_roots: list[dict] = []
+        self._trained_before: bool | None = None  # the optimizer held state at its first step in the capture
+        self._first_step = self.steps.step
 
     def start(self) -> None:
         self.hook_used, why = choose(self, self.hook)
@@ -263,6 +269,25 @@ class Capture(Tool):
                 if t.requires_grad:
                     t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
 
+    def _on_root(self, module: torch.nn.Module, path: str) -> None:
+        """A root module's parameters and buffers the first time it runs, before its first op, as a
+        module record (``STATE_OP``; their names in meta.json): a compare checks that both runs start
+        from the same ones (model_state). Not under a selection of ops or modules."""
+        sel, step, rank = self.selector, self.steps.step, self.rank.get()
+        if (self._index is None or sel.ops is not None or sel.modules is not None
+                or (sel.phases is not None and "forward" not in sel.phases)
+                or (sel.steps is not None and step not in sel.steps)
+                or (sel.ranks is not None and rank not in sel.ranks)):
+            return
+        names, tensors = state_of(module)
+        if not tensors:
+            return
+        if self._native is None or self.mode != "stats":
+            with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
+                tensors = [t.detach() for t in tensors]
+        self._state_roots.append({"module": path, "step": step, "names": names})
+        self._module_record(STATE_OP, "forward", path, step, rank, tensors)
+
     def _records_optimizer(self) -> bool:
         """Whether this step's optimizer records are selected (as module outputs are)."""
         sel, step, rank = self.selector, self.steps.step, self.rank.get()
@@ -276,6 +301,8 @@ class Capture(Tool):
         runs' options), and in a full capture what it starts from (parameters, gradients, the
         optimizer's state) as a module record ("optimizer::inputs"), so a compare can replay the step
         (optimizer_replay)."""
+        if self.steps.step == self._first_step:  # the capture's first step: did the run train before it?
+            self._trained_before = bool(self._trained_before) or optimizer_had_state(optimizer)
         if not self._records_optimizer():
             return
         desc, tensors = optimizer_replay.describe(optimizer)
@@ -533,6 +560,8 @@ class Capture(Tool):
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,
             "seconds": round(time.time() - self._t0, 3),
+            STATE_META: {"roots": self._state_roots, "trained_before": self._trained_before,
+                         "first_step": self._first_step},
         }
         with open(os.path.join(self.path, META), "w") as f:
             json.dump(meta, f, indent=1)

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from .align import PARAMS_OP, Equivalences, align, group_key, region_module_records
+from . import model_state
 from .collectives import PLUMBING, check_across_ranks, is_collective, stats_from_capture
 from .dump import NUMBERED_ALIKE_SINCE, Dump, DumpError, check_replayable, unwritten_masks
 from .optimizer_replay import FILE as OPTIMIZER_STEPS
@@ -554,6 +555,43 @@ class _Carried:
     first_draw: int | None = None  # of the earliest op of A that drew other random numbers
     upstream: "_Upstream" = field(default_factory=lambda: _Upstream())
     steps: tuple[StepReader, StepReader] | None = None  # the runs' optimizer step descriptions
+    state: "_States | None" = None  # the runs' model states (model_state)
+
+
+@dataclass
+class _States:
+    """What judges the runs' state records (model_state): their names, and why a difference may be drift."""
+
+    roots: tuple[list[dict], list[dict]]
+    drift_why: str | None  # the runs trained before the capture
+    first_step: int | None
+    seen: Counter = field(default_factory=Counter)  # state records judged so far, per module
+
+    @classmethod
+    def of(cls, a: Dump, b: Dump) -> "_States | None":
+        (roots_a, trained_a), (roots_b, trained_b) = model_state.read_meta(a.meta), model_state.read_meta(b.meta)
+        if model_state.META_KEY not in a.meta or model_state.META_KEY not in b.meta:
+            return None
+        if trained_a or trained_b:
+            why = (f"{'A' if trained_a else 'B'} trained before the capture (its optimizer held state at its first "
+                   "step in it): weights drift apart honestly")
+        else:
+            why = None
+        entry = a.meta[model_state.META_KEY]
+        first = entry.get("first_step") if isinstance(entry, dict) else None
+        return cls((roots_a, roots_b), why, first if isinstance(first, int) and not isinstance(first, bool) else None)
+
+    def row(self, a: Dump, b: Dump, ra: dict, rb: dict) -> dict:
+        module = ra.get("module")
+        k = self.seen[module]
+        self.seen[module] += 1
+        names = (model_state.names_for(self.roots[0], module, k), model_state.names_for(self.roots[1], module, k))
+        why = self.drift_why
+        step = ra.get("step")
+        if why is None and self.first_step is not None and isinstance(step, int) and step > self.first_step:
+            why = "taken after an optimizer step of the capture: weights drift apart honestly"
+        da, db = a.load(ra), b.load(rb)
+        return _row(ra, *model_state.judge(ra, rb, da, db, names, why))
 
 
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:
@@ -562,7 +600,10 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
         report.notes.append(f"only {'A' if described[0] else 'B'} describes its optimizer steps ({OPTIMIZER_STEPS}; "
                             "the other is a capture of an earlier version): the runs' optimizer options are not "
                             "compared and no optimizer step is replayed")
-    carried = _Carried(steps=(StepReader(a.path), StepReader(b.path)))
+    carried = _Carried(steps=(StepReader(a.path), StepReader(b.path)), state=_States.of(a, b))
+    if carried.state is None:
+        report.notes.append("a capture of an earlier version does not record the model's parameters and buffers "
+                            "before its first op: that the runs start from the same ones is not checked")
     for records_a, records_b in _step_pairs(a, b):
         _compare_step(a, b, records_a, records_b, options, report, carried)
 
@@ -585,6 +626,11 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
         unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
     for rb in al.unmatched_b:
         unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
+    if carried.state is None:  # state records of one run only: nothing to judge them with (noted once)
+        al.unmatched_modules_a = [r for r in al.unmatched_modules_a if r["op"] != model_state.STATE_OP]
+        al.unmatched_modules_b = [r for r in al.unmatched_modules_b if r["op"] != model_state.STATE_OP]
+    else:  # what each run held before its first op, compared directly: ranked where the module starts
+        ops.extend(carried.state.row(a, b, ra, rb) for ra, rb in al.module_pairs if ra["op"] == model_state.STATE_OP)
     for ra in al.unmatched_modules_a:
         unmatched.append(_row(ra, "unmatched", "alignment", "module record only in A") | {"run": "A"})
     for rb in al.unmatched_modules_b:

@@ -33,6 +33,8 @@ class ModuleTracker:
         # of its own on every module call
         self.on_enter = None
         self.on_exit = None
+        # told of each root module the first time it runs, before its first op (its path)
+        self.on_root = None
 
     def __enter__(self) -> "ModuleTracker":
         self._handles = [
@@ -55,6 +57,8 @@ class ModuleTracker:
             for name, sub in module.named_modules(remove_duplicate=False):
                 self._names[sub] = f"{root}.{name}" if name else root
             self._seen.update(self._names[sub] for _, sub in module.named_modules(remove_duplicate=False))
+            if self.on_root is not None:
+                self.on_root(module, self._names[module])
         path = self._names.get(module)
         if path is None:
             parent = self.stack[-1][0] if self.stack else ""

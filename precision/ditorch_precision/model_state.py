@@ -1,0 +1,183 @@
+"""What a model holds when a capture first sees it run: its parameters and buffers, recorded once per
+root module before its first op (a module record ``STATE_OP``), and a compare's judgement of the two
+runs' records.
+
+Two aligned runs start from the same weights, buffers and data; every op of a compare is judged
+from each run's own inputs and regions against the drift their inputs carry, so a difference in
+what no op made (a weight loaded differently, a buffer computed from another config value such as
+``rope_theta``) passes every op and every region while both runs compute correctly from it. The
+state record compares those tensors directly and exactly: a difference is a failure of its own,
+ranked before the module's first op. Runs that trained before the capture carry their weights'
+honest drift: there a difference is reported as drift (the optimizer had state at the capture's
+first step, or the record was taken after an optimizer step inside the capture)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .metrics.verdict import tensor_leaves
+
+STATE_OP = "module::state"  # a module record: a root module's parameters and buffers before its first op
+META_KEY = "model_state"  # meta.json: {"roots": [{"module", "step", "names"}], "trained_before": bool | None}
+_MAX_NAMES = 1 << 20  # a meta.json is data: a list past this is refused, not walked
+
+
+def state_of(module: torch.nn.Module) -> tuple[list[str], list[torch.Tensor]]:
+    """The module's parameters, then its buffers (every buffer, persistent or not), by name; a tensor
+    shared under two names is listed once. Plain tensors with data only: a tensor subclass (a sharded
+    DTensor) or a tensor on the meta device is left out."""
+    names, tensors, seen = [], [], set()
+    for prefix, items in (("", module.named_parameters()), ("buffer:", module.named_buffers())):
+        for name, t in items:
+            if t is None or id(t) in seen or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta:
+                continue
+            seen.add(id(t))
+            names.append(prefix + name)
+            tensors.append(t)
+    return names, tensors
+
+
+def optimizer_had_state(optimizer: Any) -> bool:
+    """Whether the optimizer stepped before (it keeps state per parameter from its first step)."""
+    state = getattr(optimizer, "state", None)
+    if not state:
+        return False
+    for group in getattr(optimizer, "param_groups", ()):
+        for p in group.get("params", ()):
+            if state.get(p):
+                return True
+    return False
+
+
+def read_meta(meta: dict) -> tuple[list[dict], bool | None]:
+    """(roots, trained_before) from a capture's meta.json, checked as data; ([], None) when it has none
+    (a capture of an earlier version) or they are malformed."""
+    entry = meta.get(META_KEY)
+    if not isinstance(entry, dict):
+        return [], None
+    roots, trained = entry.get("roots"), entry.get("trained_before")
+    if not isinstance(roots, list) or len(roots) > _MAX_NAMES:
+        return [], None
+    good = []
+    for r in roots:
+        if (isinstance(r, dict) and isinstance(r.get("module"), str) and isinstance(r.get("names"), list)
+                and len(r["names"]) <= _MAX_NAMES and all(isinstance(n, str) for n in r["names"])):
+            good.append(r)
+    return good, trained if isinstance(trained, bool) else None
+
+
+def names_for(roots: list[dict], module: str | None, k: int) -> list[str]:
+    """The names of the k-th state record of ``module`` (records and roots are in call order)."""
+    same = [r for r in roots if r["module"] == module]
+    return same[k]["names"] if k < len(same) else []
+
+
+def _tensor_difference(x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """None when equal element for element (NaN where both are NaN); else the largest differences."""
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return None
+    x, y = x.detach().cpu(), y.detach().cpu()
+    if x.is_floating_point() or x.is_complex():
+        same = (x == y) | (torch.isnan(x) & torch.isnan(y))
+    else:
+        same = x == y
+    if bool(same.all()):
+        return None
+    if not x.is_floating_point():
+        return f"{int((~same).sum())} of {x.numel()} elements differ"
+    xd, yd = x.to(torch.float64), y.to(torch.float64)
+    diff = (xd - yd).abs()
+    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
+    worst = float(diff.max())
+    rel = float((diff / yd.abs().clamp_min(torch.finfo(torch.float64).tiny)).max())
+    return f"{int((~same).sum())} of {x.numel()} elements differ, max_abs {worst:.3g}, max_rel {rel:.3g}"
+
+
+def _summary_difference(sa: Any, sb: Any) -> str | None:
+    """Two records' statistics (stats mode) or hashes (checksum mode) of one tensor: None when they
+    agree. The statistics of equal tensors agree to the bit on one device; across devices (a GPU's
+    reduction against the CPU's fused pass) the sums may differ in their last bits: min, max and the
+    counts are compared exactly, mean and norm within 1e-12 of the tensor's scale."""
+    if isinstance(sa, str) or isinstance(sb, str):
+        return None if sa == sb else "their checksums differ"
+    if not isinstance(sa, dict) or not isinstance(sb, dict):
+        return None
+    if (sa.get("dtype"), sa.get("numel")) != (sb.get("dtype"), sb.get("numel")):
+        return None
+    diffs = []
+    for key in ("nan", "inf", "min", "max"):
+        if sa.get(key) != sb.get(key) and not _both_nan(sa.get(key), sb.get(key)):
+            diffs.append(f"{key} {sa.get(key)} against {sb.get(key)}")
+    numel = sa.get("numel") or 1
+    norm = max(abs(_num(sa.get("norm"))), abs(_num(sb.get("norm"))))
+    for key, scale in (("mean", norm / math.sqrt(numel)), ("norm", norm)):
+        va, vb = _num(sa.get(key)), _num(sb.get(key))
+        if not (abs(va - vb) <= 1e-12 * scale or (va == vb) or (math.isnan(va) and math.isnan(vb))):
+            diffs.append(f"{key} {va!r} against {vb!r}")
+    return "; ".join(diffs) or None
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def _both_nan(a: Any, b: Any) -> bool:
+    return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+
+
+def _pairs(names_a: list[str], names_b: list[str], n_a: int, n_b: int) -> list[tuple[str, int, int | None]]:
+    """(name, position in A, position in B or None) for each of A's tensors: by name where both runs
+    named every tensor (a model that lists its parameters in another order, or has one more), else
+    by position."""
+    if len(names_a) == n_a and len(names_b) == n_b:
+        where = {name: k for k, name in enumerate(names_b)}
+        return [(name, k, where.get(name)) for k, name in enumerate(names_a)]
+    return [(names_a[k] if k < len(names_a) else f"tensor {k}", k, k if k < n_b else None) for k in range(n_a)]
+
+
+def judge(ra: dict, rb: dict, da: dict | None, db: dict | None, names: tuple[list[str], list[str]],
+          drift_why: str | None) -> tuple[str, str, str]:
+    """(status, rule, detail) for a pair of state records. ``da``/``db``: the records' loaded tensors
+    (full captures), else their statistics or checksums are compared. ``names``: each run's names of
+    its record's tensors. ``drift_why``: why a difference may be honest drift (the runs trained
+    before), or None: then a difference fails."""
+    differing, compared, not_compared = [], 0, 0
+    if da is not None and db is not None:
+        ta, tb = tensor_leaves(da["outputs"]), tensor_leaves(db["outputs"])
+        for name, ka, kb in _pairs(names[0], names[1], len(ta), len(tb)):
+            if kb is None or ta[ka].dtype != tb[kb].dtype or ta[ka].shape != tb[kb].shape:
+                not_compared += 1
+                continue
+            compared += 1
+            if (why := _tensor_difference(ta[ka], tb[kb])) is not None:
+                differing.append((name, why))
+    else:
+        key = "stats" if ra.get("stats") is not None else "checksums"
+        la, lb = ra.get(key), rb.get(key)
+        if not isinstance(la, list) or not isinstance(lb, list):
+            return "skipped", "skipped", "no tensors, statistics or checksums saved for the model's state"
+        meta_a, meta_b = ra.get("outputs") or [], rb.get("outputs") or []
+        for name, ka, kb in _pairs(names[0], names[1], len(la), len(lb)):
+            ma = meta_a[ka] if ka < len(meta_a) and isinstance(meta_a[ka], dict) else {}
+            mb = meta_b[kb] if kb is not None and kb < len(meta_b) and isinstance(meta_b[kb], dict) else {}
+            if kb is None or (ma.get("shape"), ma.get("dtype")) != (mb.get("shape"), mb.get("dtype")):
+                not_compared += 1
+                continue
+            compared += 1
+            if (why := _summary_difference(la[ka], lb[kb])) is not None:
+                differing.append((name, why))
+    skipped = (f"; {not_compared} not compared (absent from the reference, or another dtype or shape there)"
+               if not_compared else "")
+    if not differing:
+        return "pass", "state", f"the {compared} parameters and buffers are equal{skipped}"
+    shown = "; ".join(f"{name}: {why}" for name, why in differing[:4])
+    more = f"; and {len(differing) - 4} more" if len(differing) > 4 else ""
+    detail = (f"{len(differing)} of the {compared} parameters and buffers the module held before its first op "
+              f"differ from the reference's: {shown}{more}{skipped}")
+    if drift_why is not None:
+        return "drift", "state", f"{detail} ({drift_why})"
+    return "fail", "state", (f"{detail}: the runs do not start from the same weights, buffers or data (a checkpoint "
+                             "loaded differently, another initialisation, a buffer computed from another config "
+                             "value)")
