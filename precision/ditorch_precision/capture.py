@@ -18,7 +18,7 @@ from .dump import (FORMAT, INDEX, META, VERSION, saveable_leaf, saved_whole, sna
 from . import optimizer_replay
 from .align import INPUTS_OP, PARAMS_OP
 from .bulk import PendingWrites, storage_address, tensor_key
-from .model_state import META_KEY as STATE_META, STATE_OP, optimizer_had_state, state_of
+from .model_state import INPUT_OP, META_KEY as STATE_META, STATE_OP, data_inputs, optimizer_had_state, state_of
 from .collectives import POINT_TO_POINT, group_ranks, is_collective, reduce_op_name, wait_collective
 from .native_hook import HOOKS, NativeHook, choose, hand_groups
 from .opinfo import op_info
@@ -169,7 +169,9 @@ class Capture(Tool):
         self._native: NativeHook | None = None
         # the parameters and buffers of each root module before its first op (model_state)
         self.modules.on_root = self._on_root
+        self.modules.on_root_return = self._on_root_return
         self._state_roots: list[dict] = []
+        self._input_names: dict[str, list[str]] = {}  # root path -> names of its data inputs (first call)
         self._trained_before: bool | None = None  # the optimizer held state at its first step in the capture
         self._first_step = self.steps.step
 
@@ -269,16 +271,22 @@ class Capture(Tool):
                 if t.requires_grad:
                     t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
 
+    def _records_state(self) -> bool:
+        """Whether the model's state and data are recorded now (model_state): not under a selection of
+        ops or modules, nor outside the selected steps, ranks and phases."""
+        sel, step, rank = self.selector, self.steps.step, self.rank.get()
+        return not (self._index is None or sel.ops is not None or sel.modules is not None
+                    or (sel.phases is not None and "forward" not in sel.phases)
+                    or (sel.steps is not None and step not in sel.steps)
+                    or (sel.ranks is not None and rank not in sel.ranks))
+
     def _on_root(self, module: torch.nn.Module, path: str) -> None:
         """A root module's parameters and buffers the first time it runs, before its first op, as a
         module record (``STATE_OP``; their names in meta.json): a compare checks that both runs start
-        from the same ones (model_state). Not under a selection of ops or modules."""
-        sel, step, rank = self.selector, self.steps.step, self.rank.get()
-        if (self._index is None or sel.ops is not None or sel.modules is not None
-                or (sel.phases is not None and "forward" not in sel.phases)
-                or (sel.steps is not None and step not in sel.steps)
-                or (sel.ranks is not None and rank not in sel.ranks)):
+        from the same ones (model_state)."""
+        if not self._records_state():
             return
+        step, rank = self.steps.step, self.rank.get()
         names, tensors = state_of(module)
         if not tensors:
             return
@@ -287,6 +295,21 @@ class Capture(Tool):
                 tensors = [t.detach() for t in tensors]
         self._state_roots.append({"module": path, "step": step, "names": names})
         self._module_record(STATE_OP, "forward", path, step, rank, tensors)
+
+    def _on_root_return(self, path: str, args, kwargs) -> None:
+        """The data a root module was called with (its integer and boolean tensors: token ids, labels,
+        masks), as a module record (``INPUT_OP``) at each return: a compare checks that both runs were
+        fed the same (model_state)."""
+        if not self._records_state():
+            return
+        names, tensors = data_inputs(args, kwargs)
+        if not tensors:
+            return
+        if self._native is None or self.mode != "stats":
+            with self.quiet():
+                tensors = [t.detach() for t in tensors]
+        self._input_names.setdefault(path, names)
+        self._module_record(INPUT_OP, "forward", path, self.steps.step, self.rank.get(), tensors)
 
     def _records_optimizer(self) -> bool:
         """Whether this step's optimizer records are selected (as module outputs are)."""
@@ -560,8 +583,8 @@ class Capture(Tool):
             "selector": self.selector.to_dict(), "max_bytes": self.max_bytes, "bytes_written": self.bytes_written,
             "n_records": self.n_records, "n_ops_seen": self.n_ops, "n_dropped": self.n_dropped,
             "seconds": round(time.time() - self._t0, 3),
-            STATE_META: {"roots": self._state_roots, "trained_before": self._trained_before,
-                         "first_step": self._first_step},
+            STATE_META: {"roots": self._state_roots, "inputs": self._input_names,
+                         "trained_before": self._trained_before, "first_step": self._first_step},
         }
         with open(os.path.join(self.path, META), "w") as f:
             json.dump(meta, f, indent=1)

@@ -563,13 +563,15 @@ class _States:
     """What judges the runs' state records (model_state): their names, and why a difference may be drift."""
 
     roots: tuple[list[dict], list[dict]]
+    inputs: tuple[dict[str, list[str]], dict[str, list[str]]]  # the names of each root's data inputs
     drift_why: str | None  # the runs trained before the capture
     first_step: int | None
     seen: Counter = field(default_factory=Counter)  # state records judged so far, per module
 
     @classmethod
     def of(cls, a: Dump, b: Dump) -> "_States | None":
-        (roots_a, trained_a), (roots_b, trained_b) = model_state.read_meta(a.meta), model_state.read_meta(b.meta)
+        roots_a, inputs_a, trained_a = model_state.read_meta(a.meta)
+        roots_b, inputs_b, trained_b = model_state.read_meta(b.meta)
         if model_state.META_KEY not in a.meta or model_state.META_KEY not in b.meta:
             return None
         if trained_a or trained_b:
@@ -579,10 +581,15 @@ class _States:
             why = None
         entry = a.meta[model_state.META_KEY]
         first = entry.get("first_step") if isinstance(entry, dict) else None
-        return cls((roots_a, roots_b), why, first if isinstance(first, int) and not isinstance(first, bool) else None)
+        if not isinstance(first, int) or isinstance(first, bool):
+            first = None
+        return cls((roots_a, roots_b), (inputs_a, inputs_b), why, first)
 
     def row(self, a: Dump, b: Dump, ra: dict, rb: dict) -> dict:
         module = ra.get("module")
+        if ra["op"] == model_state.INPUT_OP:  # data: no training drifts it
+            names = (self.inputs[0].get(module or "", []), self.inputs[1].get(module or "", []))
+            return _row(ra, *model_state.judge(ra, rb, a.load(ra), b.load(rb), names, None))
         k = self.seen[module]
         self.seen[module] += 1
         names = (model_state.names_for(self.roots[0], module, k), model_state.names_for(self.roots[1], module, k))
@@ -627,10 +634,10 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     for rb in al.unmatched_b:
         unmatched.append(_row(rb, "unmatched", "alignment", "only in B (the reference)") | {"run": "B"})
     if carried.state is None:  # state records of one run only: nothing to judge them with (noted once)
-        al.unmatched_modules_a = [r for r in al.unmatched_modules_a if r["op"] != model_state.STATE_OP]
-        al.unmatched_modules_b = [r for r in al.unmatched_modules_b if r["op"] != model_state.STATE_OP]
-    else:  # what each run held before its first op, compared directly: ranked where the module starts
-        ops.extend(carried.state.row(a, b, ra, rb) for ra, rb in al.module_pairs if ra["op"] == model_state.STATE_OP)
+        al.unmatched_modules_a = [r for r in al.unmatched_modules_a if r["op"] not in model_state.OPS]
+        al.unmatched_modules_b = [r for r in al.unmatched_modules_b if r["op"] not in model_state.OPS]
+    else:  # what each run held before its first op and was fed, compared directly
+        ops.extend(carried.state.row(a, b, ra, rb) for ra, rb in al.module_pairs if ra["op"] in model_state.OPS)
     for ra in al.unmatched_modules_a:
         unmatched.append(_row(ra, "unmatched", "alignment", "module record only in A") | {"run": "A"})
     for rb in al.unmatched_modules_b:

@@ -20,7 +20,11 @@ import torch
 from .metrics.verdict import tensor_leaves
 
 STATE_OP = "module::state"  # a module record: a root module's parameters and buffers before its first op
-META_KEY = "model_state"  # meta.json: {"roots": [{"module", "step", "names"}], "trained_before": bool | None}
+INPUT_OP = "module::input"  # a module record: the data (integer and boolean tensors) a root module was called with
+OPS = (STATE_OP, INPUT_OP)
+# meta.json: {"roots": [{"module", "step", "names"}], "inputs": {module: names}, "trained_before": bool | None,
+# "first_step": int}
+META_KEY = "model_state"
 _MAX_NAMES = 1 << 20  # a meta.json is data: a list past this is refused, not walked
 
 
@@ -39,6 +43,19 @@ def state_of(module: torch.nn.Module) -> tuple[list[str], list[torch.Tensor]]:
     return names, tensors
 
 
+def data_inputs(args: tuple, kwargs: dict) -> tuple[list[str], list[torch.Tensor]]:
+    """The integer and boolean tensors a module was called with, by position or keyword: data (token
+    ids, labels, masks), which no training drifts. Floating inputs are left out: a pipeline stage's
+    input is an activation that drifts honestly."""
+    names, tensors = [], []
+    for name, t in [(f"args[{k}]", a) for k, a in enumerate(args)] + [(k, v) for k, v in (kwargs or {}).items()]:
+        if (isinstance(t, torch.Tensor) and type(t) is torch.Tensor and not t.is_meta
+                and not (t.is_floating_point() or t.is_complex())):
+            names.append(name)
+            tensors.append(t)
+    return names, tensors
+
+
 def optimizer_had_state(optimizer: Any) -> bool:
     """Whether the optimizer stepped before (it keeps state per parameter from its first step)."""
     state = getattr(optimizer, "state", None)
@@ -51,21 +68,23 @@ def optimizer_had_state(optimizer: Any) -> bool:
     return False
 
 
-def read_meta(meta: dict) -> tuple[list[dict], bool | None]:
-    """(roots, trained_before) from a capture's meta.json, checked as data; ([], None) when it has none
-    (a capture of an earlier version) or they are malformed."""
+def read_meta(meta: dict) -> tuple[list[dict], dict[str, list[str]], bool | None]:
+    """(roots, input names, trained_before) from a capture's meta.json, checked as data; ([], {}, None)
+    when it has none (a capture of an earlier version) or they are malformed."""
     entry = meta.get(META_KEY)
     if not isinstance(entry, dict):
-        return [], None
-    roots, trained = entry.get("roots"), entry.get("trained_before")
+        return [], {}, None
+    roots, trained, inputs = entry.get("roots"), entry.get("trained_before"), entry.get("inputs")
     if not isinstance(roots, list) or len(roots) > _MAX_NAMES:
-        return [], None
+        return [], {}, None
+    names = {k: v for k, v in inputs.items() if isinstance(k, str) and isinstance(v, list) and len(v) <= _MAX_NAMES
+             and all(isinstance(n, str) for n in v)} if isinstance(inputs, dict) else {}
     good = []
     for r in roots:
         if (isinstance(r, dict) and isinstance(r.get("module"), str) and isinstance(r.get("names"), list)
                 and len(r["names"]) <= _MAX_NAMES and all(isinstance(n, str) for n in r["names"])):
             good.append(r)
-    return good, trained if isinstance(trained, bool) else None
+    return good, names, trained if isinstance(trained, bool) else None
 
 
 def names_for(roots: list[dict], module: str | None, k: int) -> list[str]:
@@ -137,8 +156,23 @@ def _pairs(names_a: list[str], names_b: list[str], n_a: int, n_b: int) -> list[t
     return [(names_a[k] if k < len(names_a) else f"tensor {k}", k, k if k < n_b else None) for k in range(n_a)]
 
 
+# what a record holds, and what a difference in it means
+_STATE_WORDS = ("state", "parameters and buffers the module held before its first op",
+                "the runs do not start from the same weights, buffers or data (a checkpoint loaded differently, "
+                "another initialisation, a buffer computed from another config value)")
+_INPUT_WORDS = ("data", "data tensors the module was called with",
+                "the runs were fed different data (another order, sampling, sharding or tokenisation)")
+
+
 def judge(ra: dict, rb: dict, da: dict | None, db: dict | None, names: tuple[list[str], list[str]],
           drift_why: str | None) -> tuple[str, str, str]:
+    """(status, rule, detail) for a pair of state (rule ``state``) or data (rule ``data``) records;
+    see ``_judge``."""
+    return _judge(ra, rb, da, db, names, drift_why, *(_INPUT_WORDS if ra.get("op") == INPUT_OP else _STATE_WORDS))
+
+
+def _judge(ra: dict, rb: dict, da: dict | None, db: dict | None, names: tuple[list[str], list[str]],
+           drift_why: str | None, rule: str, what: str, whose: str) -> tuple[str, str, str]:
     """(status, rule, detail) for a pair of state records. ``da``/``db``: the records' loaded tensors
     (full captures), else their statistics or checksums are compared. ``names``: each run's names of
     its record's tensors. ``drift_why``: why a difference may be honest drift (the runs trained
@@ -171,13 +205,10 @@ def judge(ra: dict, rb: dict, da: dict | None, db: dict | None, names: tuple[lis
     skipped = (f"; {not_compared} not compared (absent from the reference, or another dtype or shape there)"
                if not_compared else "")
     if not differing:
-        return "pass", "state", f"the {compared} parameters and buffers are equal{skipped}"
+        return "pass", rule, f"the {compared} {what} are equal{skipped}"
     shown = "; ".join(f"{name}: {why}" for name, why in differing[:4])
     more = f"; and {len(differing) - 4} more" if len(differing) > 4 else ""
-    detail = (f"{len(differing)} of the {compared} parameters and buffers the module held before its first op "
-              f"differ from the reference's: {shown}{more}{skipped}")
+    detail = f"{len(differing)} of the {compared} {what} differ from the reference's: {shown}{more}{skipped}"
     if drift_why is not None:
-        return "drift", "state", f"{detail} ({drift_why})"
-    return "fail", "state", (f"{detail}: the runs do not start from the same weights, buffers or data (a checkpoint "
-                             "loaded differently, another initialisation, a buffer computed from another config "
-                             "value)")
+        return "drift", rule, f"{detail} ({drift_why})"
+    return "fail", rule, f"{detail}: {whose}"

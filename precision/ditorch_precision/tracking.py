@@ -35,11 +35,13 @@ class ModuleTracker:
         self.on_exit = None
         # told of each root module the first time it runs, before its first op (its path)
         self.on_root = None
+        # told of each return of a root module, with what it was called with (its path, args, kwargs)
+        self.on_root_return = None
 
     def __enter__(self) -> "ModuleTracker":
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
-            nn_module.register_module_forward_hook(self._post, always_call=True),
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
         ]
         return self
 
@@ -73,7 +75,7 @@ class ModuleTracker:
         if self.on_enter is not None:
             self.on_enter(path)
 
-    def _post(self, module: torch.nn.Module, args, output) -> None:
+    def _post(self, module: torch.nn.Module, args, kwargs, output) -> None:
         try:
             if not self.stack:
                 return
@@ -82,6 +84,8 @@ class ModuleTracker:
                 self.tagger(output, path, seq_start)
             if self.on_output is not None:
                 self.on_output(path, output)
+            if not self.stack and self.on_root_return is not None:
+                self.on_root_return(path, args, kwargs)
         finally:
             if self.on_exit is not None:
                 self.on_exit()

@@ -67,7 +67,10 @@ def test_compare_names_the_planted_op_first_and_nothing_before(runs, tmp_path):
     state = [r for r in d["ops"] if r["op"] == "module::state"]
     assert [(r["module"], r["status"], r["rule"]) for r in state] == [("TinyLlama", "pass", "state")], state
     assert runs["ops"][state[0]["index"]] == "aten::embedding"  # ranked at the model's first op
-    ops = [r for r in d["ops"] if r["op"] != "module::state"]
+    # and what it was fed at each step (token ids): the same
+    fed = [r for r in d["ops"] if r["op"] == "module::input"]
+    assert fed and all(r["status"] == "pass" and r["rule"] == "data" for r in fed), fed
+    ops = [r for r in d["ops"] if r["op"] not in ("module::state", "module::input")]
     before = [r for r in ops if r["index"] < expected_index]
     assert len(before) == expected_index - sum(o.startswith("profiler::") for o in runs["ops"][:expected_index])
     assert all(r["status"] != "fail" for r in before)
@@ -89,7 +92,7 @@ def test_error_ratio_rule_blames_only_the_planted_op(runs):
     assert report.first_divergence["index"] == runs["ops"].index("aten::silu")
     # random ops: by their own draws; the model's weights before its first op: equal, element for element
     judged = [r for r in report.ops
-              if r["status"] != "skipped" and r["rule"] not in ("exact", "random_contract", "state")]
+              if r["status"] != "skipped" and r["rule"] not in ("exact", "random_contract", "state", "data")]
     assert judged and all(r["rule"] == "error_ratio" for r in judged)
 
 

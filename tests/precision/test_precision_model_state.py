@@ -29,9 +29,9 @@ def _llama(rope_theta: float = 10000.0):
 
 
 def _capture(path, model, mode: str, hook: str = "auto", steps: int = 2, lr: float = 1e-3, before: int = 0,
-             lr_before: float | None = None):
+             lr_before: float | None = None, data: list | None = None):
     opt = torch.optim.AdamW(model.parameters(), lr=lr_before or lr)
-    data = hf_batches(SIZE, before + steps)
+    data = data or hf_batches(SIZE, before + steps)
     for ids in data[:before]:  # trained outside the capture
         hf_train_step(model, opt, ids)
     for group in opt.param_groups:
@@ -113,3 +113,18 @@ def test_a_capture_without_the_state_record_is_compared_with_a_note(tmp_path):
     report = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     assert report.passed and any("parameters and buffers" in n for n in report.notes), report.notes
     assert not [r for r in report.ops if r["op"] == "module::state"]
+
+
+@pytest.mark.parametrize("mode,hook", [("full", "auto"), ("full", "python")])
+def test_one_token_fed_differently_at_step_1_is_found_naming_the_inputs(tmp_path, mode, hook):
+    data = hf_batches(SIZE, 3)
+    _capture(tmp_path / "ref", _llama(), mode, hook, steps=3, data=data)
+    other = [t.clone() for t in data]
+    other[1][0, 3] = (other[1][0, 3] + 1) % SIZE.vocab  # a loader that fed one other token at step 1
+    _capture(tmp_path / "bad", _llama(), mode, hook, steps=3, data=other)
+    rc, d = _cli(tmp_path / "bad", tmp_path / "ref")
+    first = d["first_divergence"]
+    assert rc == 1 and first["op"] == "module::input" and first["rule"] == "data" and first["step"] == 1, first
+    assert "input_ids: 1 of 16 elements differ" in first["detail"] and "labels: 1 of 16" in first["detail"], first
+    fed = [r for r in d["ops"] if r["op"] == "module::input"]
+    assert [(r["step"], r["status"]) for r in fed] == [(0, "pass"), (1, "fail"), (2, "pass")], fed
