@@ -52,8 +52,10 @@ class ModuleTracker:
         self.stack.clear()
 
     def _path_of(self, module: torch.nn.Module) -> str:
-        if not self.stack and module not in self._roots:
-            # A new root: name it and every submodule once, "<RootClass>.<attribute path>".
+        if not self.stack and module not in self._roots and module not in self._names:
+            # A new root: name it and every submodule once, "<RootClass>.<attribute path>". A module named
+            # already keeps its name when it runs with no module around it: a checkpointed block's
+            # recompute in backward, a submodule called on its own.
             self._roots.add(module)
             root = type(module).__name__
             for name, sub in module.named_modules(remove_duplicate=False):
@@ -84,7 +86,7 @@ class ModuleTracker:
                 self.tagger(output, path, seq_start)
             if self.on_output is not None:
                 self.on_output(path, output)
-            if not self.stack and self.on_root_return is not None:
+            if not self.stack and self.on_root_return is not None and module in self._roots:
                 self.on_root_return(path, args, kwargs)
         finally:
             if self.on_exit is not None:
