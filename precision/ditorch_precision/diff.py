@@ -472,6 +472,17 @@ def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffRep
                              f"{ra['index']}: the runs took different paths"))
             continue
         rows.append(compare_records(a, b, ra, rb, options))
+    state = _States.of(a, b)
+    if state is not None:  # what the runs start from and are fed: paired per module in call order, as by structure
+        mods = [[r for r in d.records if r.get("kind") == "module" and r["op"] in model_state.OPS] for d in (a, b)]
+        keyed: dict = {}
+        for r in mods[1]:
+            keyed.setdefault((r["op"], r.get("module"), r.get("step")), []).append(r)
+        for ra in mods[0]:
+            partners = keyed.get((ra["op"], ra.get("module"), ra.get("step")))
+            if partners:
+                rows.append(state.row(a, b, ra, partners.pop(0)))
+        rows.sort(key=lambda r: r["index"])
     report.add(rows)
 
 

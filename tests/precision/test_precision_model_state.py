@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ditorch_precision import Capture, compare_dumps
+from ditorch_precision.diff import CompareOptions
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step
 
 pytest.importorskip("transformers")
@@ -77,6 +78,9 @@ def test_one_weight_off_by_1e_4_is_found_and_named(tmp_path):
     first = d["first_divergence"]
     assert rc == 1 and first["op"] == "module::state", first
     assert "model.layers.1.mlp.up_proj.weight:" in first["detail"] and "max_rel 0.0001" in first["detail"], first
+    # aligned by call index as well
+    report = compare_dumps(str(tmp_path / "bad"), str(tmp_path / "ref"), options=CompareOptions(align="index"))
+    assert not report.passed and report.first_divergence["op"] == "module::state", report.first_divergence
 
 
 def test_runs_from_the_same_weights_pass_the_state_check(tmp_path):
