@@ -271,53 +271,46 @@ class Capture(Tool):
                 if t.requires_grad:
                     t.register_hook(lambda g, path=path, step=step: self._module_grad(path, step, g))
 
-    def _records_state(self) -> bool:
-        """Whether the model's state and data are recorded now (model_state): not under a selection of
-        ops or modules, nor outside the selected steps, ranks and phases."""
-        sel, step, rank = self.selector, self.steps.step, self.rank.get()
-        return not (self._index is None or sel.ops is not None or sel.modules is not None
-                    or (sel.phases is not None and "forward" not in sel.phases)
-                    or (sel.steps is not None and step not in sel.steps)
-                    or (sel.ranks is not None and rank not in sel.ranks))
-
     def _on_root(self, module: torch.nn.Module, path: str) -> None:
         """A root module's parameters and buffers the first time it runs, before its first op, as a
         module record (``STATE_OP``; their names in meta.json): a compare checks that both runs start
         from the same ones (model_state)."""
-        if not self._records_state():
+        if not self._records_whole_model("forward"):
             return
-        step, rank = self.steps.step, self.rank.get()
         names, tensors = state_of(module)
-        if not tensors:
-            return
-        if self._native is None or self.mode != "stats":
-            with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
-                tensors = [t.detach() for t in tensors]
-        self._state_roots.append({"module": path, "step": step, "names": names})
-        self._module_record(STATE_OP, "forward", path, step, rank, tensors)
+        if tensors:
+            self._state_roots.append({"module": path, "step": self.steps.step, "names": names})
+            self._module_record(STATE_OP, "forward", path, self.steps.step, self.rank.get(), self._held(tensors))
 
     def _on_root_return(self, path: str, args, kwargs) -> None:
         """The data a root module was called with (its integer and boolean tensors: token ids, labels,
         masks), as a module record (``INPUT_OP``) at each return: a compare checks that both runs were
         fed the same (model_state)."""
-        if not self._records_state():
+        if not self._records_whole_model("forward"):
             return
         names, tensors = data_inputs(args, kwargs)
-        if not tensors:
-            return
-        if self._native is None or self.mode != "stats":
-            with self.quiet():
-                tensors = [t.detach() for t in tensors]
-        self._input_names.setdefault(path, names)
-        self._module_record(INPUT_OP, "forward", path, self.steps.step, self.rank.get(), tensors)
+        if tensors:
+            self._input_names.setdefault(path, names)
+            self._module_record(INPUT_OP, "forward", path, self.steps.step, self.rank.get(), self._held(tensors))
 
-    def _records_optimizer(self) -> bool:
-        """Whether this step's optimizer records are selected (as module outputs are)."""
+    def _records_whole_model(self, phase: str) -> bool:
+        """Whether records of the whole model in ``phase`` are selected now: its state and data
+        (forward), the optimizer's (optimizer). Not under a selection of ops or modules, nor outside
+        the selected steps, ranks and phases."""
         sel, step, rank = self.selector, self.steps.step, self.rank.get()
         return not (sel.ops is not None or sel.modules is not None
-                    or (sel.phases is not None and "optimizer" not in sel.phases)
+                    or (sel.phases is not None and phase not in sel.phases)
                     or (sel.steps is not None and step not in sel.steps)
                     or (sel.ranks is not None and rank not in sel.ranks))
+
+    def _held(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors as a module record takes them: the C++ observer of a stats capture takes them
+        themselves (the statistics their last in-place write left are reused; a detach is another
+        tensor, whose elements it would read again), otherwise detached."""
+        if self._native is not None and self.mode == "stats":
+            return tensors
+        with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
+            return [t.detach() for t in tensors]
 
     def on_optimizer_start(self, optimizer) -> None:
         """The step's description in ``optimizer_steps.jsonl`` (every mode: a compare compares the
@@ -326,33 +319,25 @@ class Capture(Tool):
         (optimizer_replay)."""
         if self.steps.step == self._first_step:  # the capture's first step: did the run train before it?
             self._trained_before = bool(self._trained_before) or optimizer_had_state(optimizer)
-        if not self._records_optimizer():
+        if not self._records_whole_model("optimizer"):
             return
         desc, tensors = optimizer_replay.describe(optimizer)
         # the call number of the step's first op: a compare ranks a changed option there, before the ops it changes
         desc["index"] = self._native.observer.count() if self._native is not None else self.n_ops
         self._steps_log.write(self.steps.step, self.rank.get(), desc)
         if self.save_tensors and optimizer_replay.why_not(desc) is None:  # else no replay will read them
-            with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
-                tensors = [t.detach() for t in tensors]
-            self._module_record(INPUTS_OP, "optimizer", None, self.steps.step, self.rank.get(), tensors)
+            self._module_record(INPUTS_OP, "optimizer", None, self.steps.step, self.rank.get(), self._held(tensors))
 
     def on_optimizer_step(self, optimizer) -> None:
         """The parameters after the step, as a module record ("optimizer::params", phase optimizer),
         under the same selection as module outputs: they judge an optimizer region, whose op
         sequences differ between the runs (fused against foreach kernels) or whose kernels return
         nothing (``_fused_adamw_``)."""
-        if not self._records_optimizer():
+        if not self._records_whole_model("optimizer"):
             return
-        step, rank = self.steps.step, self.rank.get()
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if self._native is None or self.mode != "stats":
-            with self.quiet():  # the hook runs under the mode: these detaches are no op of the program
-                params = [p.detach() for p in params]
-        # else the C++ observer takes the parameters themselves: the statistics the step's last in-place
-        # write left on each are reused (a detach is another tensor, whose elements it would read again)
         if params:
-            self._module_record(PARAMS_OP, "optimizer", None, step, rank, params)
+            self._module_record(PARAMS_OP, "optimizer", None, self.steps.step, self.rank.get(), self._held(params))
 
     def _module_grad(self, path: str, step: int, grad: torch.Tensor) -> None:
         if self._index is not None:  # the tool may have been left before backward ran

@@ -473,15 +473,9 @@ def _compare_by_index(a: Dump, b: Dump, options: CompareOptions, report: DiffRep
             continue
         rows.append(compare_records(a, b, ra, rb, options))
     state = _States.of(a, b)
-    if state is not None:  # what the runs start from and are fed: paired per module in call order, as by structure
+    if state is not None:  # what the runs start from and are fed: paired per module and step, as by structure
         mods = [[r for r in d.records if r.get("kind") == "module" and r["op"] in model_state.OPS] for d in (a, b)]
-        keyed: dict = {}
-        for r in mods[1]:
-            keyed.setdefault((r["op"], r.get("module"), r.get("step")), []).append(r)
-        for ra in mods[0]:
-            partners = keyed.get((ra["op"], ra.get("module"), ra.get("step")))
-            if partners:
-                rows.append(state.row(a, b, ra, partners.pop(0)))
+        rows.extend(state.row(a, b, ra, rb) for ra, rb in align(*mods).module_pairs)
         rows.sort(key=lambda r: r["index"])
     report.add(rows)
 
@@ -571,45 +565,33 @@ class _Carried:
 
 @dataclass
 class _States:
-    """What judges the runs' state records (model_state): their names, and why a difference may be drift."""
+    """What judges the runs' state and data records (model_state): their names, and why a state
+    difference may be drift."""
 
-    roots: tuple[list[dict], list[dict]]
-    inputs: tuple[dict[str, list[str]], dict[str, list[str]]]  # the names of each root's data inputs
-    drift_why: str | None  # the runs trained before the capture
-    first_step: int | None
+    runs: tuple[model_state.RunState, model_state.RunState]
     seen: Counter = field(default_factory=Counter)  # state records judged so far, per module
 
     @classmethod
     def of(cls, a: Dump, b: Dump) -> "_States | None":
-        roots_a, inputs_a, trained_a = model_state.read_meta(a.meta)
-        roots_b, inputs_b, trained_b = model_state.read_meta(b.meta)
-        if model_state.META_KEY not in a.meta or model_state.META_KEY not in b.meta:
-            return None
-        if trained_a or trained_b:
-            why = (f"{'A' if trained_a else 'B'} trained before the capture (its optimizer held state at its first "
-                   "step in it): weights drift apart honestly")
-        else:
-            why = None
-        entry = a.meta[model_state.META_KEY]
-        first = entry.get("first_step") if isinstance(entry, dict) else None
-        if not isinstance(first, int) or isinstance(first, bool):
-            first = None
-        return cls((roots_a, roots_b), (inputs_a, inputs_b), why, first)
+        ra, rb = model_state.read_meta(a.meta), model_state.read_meta(b.meta)
+        return None if ra is None or rb is None else cls((ra, rb))
 
     def row(self, a: Dump, b: Dump, ra: dict, rb: dict) -> dict:
-        module = ra.get("module")
+        module, (run_a, run_b) = ra.get("module"), self.runs
+        why = None
         if ra["op"] == model_state.INPUT_OP:  # data: no training drifts it
-            names = (self.inputs[0].get(module or "", []), self.inputs[1].get(module or "", []))
-            return _row(ra, *model_state.judge(ra, rb, a.load(ra), b.load(rb), names, None))
-        k = self.seen[module]
-        self.seen[module] += 1
-        names = (model_state.names_for(self.roots[0], module, k), model_state.names_for(self.roots[1], module, k))
-        why = self.drift_why
-        step = ra.get("step")
-        if why is None and self.first_step is not None and isinstance(step, int) and step > self.first_step:
-            why = "taken after an optimizer step of the capture: weights drift apart honestly"
-        da, db = a.load(ra), b.load(rb)
-        return _row(ra, *model_state.judge(ra, rb, da, db, names, why))
+            names = (run_a.inputs.get(module or "", []), run_b.inputs.get(module or "", []))
+        else:
+            k = self.seen[module]
+            self.seen[module] += 1
+            names = (run_a.names(module, k), run_b.names(module, k))
+            step = ra.get("step")
+            if run_a.trained_before or run_b.trained_before:
+                why = (f"{'A' if run_a.trained_before else 'B'} trained before the capture (its optimizer held "
+                       "state at its first step in it): weights drift apart honestly")
+            elif run_a.first_step is not None and isinstance(step, int) and step > run_a.first_step:
+                why = "taken after an optimizer step of the capture: weights drift apart honestly"
+        return _row(ra, *model_state.judge(ra, rb, a.load(ra), b.load(rb), names, why))
 
 
 def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: DiffReport) -> None:

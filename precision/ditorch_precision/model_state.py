@@ -12,12 +12,14 @@ honest drift: there a difference is reported as drift (the optimizer had state a
 first step, or the record was taken after an optimizer step inside the capture)."""
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .metrics import compare_tensors
 from .metrics.verdict import tensor_leaves
+from .summaries import stats_difference
 
 STATE_OP = "module::state"  # a module record: a root module's parameters and buffers before its first op
 INPUT_OP = "module::input"  # a module record: the data (integer and boolean tensors) a root module was called with
@@ -68,95 +70,72 @@ def optimizer_had_state(optimizer: Any) -> bool:
     return False
 
 
-def read_meta(meta: dict) -> tuple[list[dict], dict[str, list[str]], bool | None]:
-    """(roots, input names, trained_before) from a capture's meta.json, checked as data; ([], {}, None)
-    when it has none (a capture of an earlier version) or they are malformed."""
+@dataclass(frozen=True)
+class RunState:
+    """What a capture's meta.json says of its model state records, checked as data."""
+
+    roots: list[dict]  # [{"module", "step", "names"}] in call order
+    inputs: dict[str, list[str]]  # root module -> the names of its data inputs
+    trained_before: bool | None  # an optimizer held state at the capture's first step
+    first_step: int | None
+
+    def names(self, module: str | None, k: int) -> list[str]:
+        """The names of the k-th state record of ``module`` (records and roots are in call order)."""
+        same = [r for r in self.roots if r["module"] == module]
+        return same[k]["names"] if k < len(same) else []
+
+
+def _names_ok(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= _MAX_NAMES and all(isinstance(n, str) for n in v)
+
+
+def read_meta(meta: dict) -> RunState | None:
+    """The state records' description in a capture's meta.json; None when it has none (a capture of an
+    earlier version). Malformed entries are dropped (a meta.json is data, not trusted)."""
     entry = meta.get(META_KEY)
     if not isinstance(entry, dict):
-        return [], {}, None
-    roots, trained, inputs = entry.get("roots"), entry.get("trained_before"), entry.get("inputs")
-    if not isinstance(roots, list) or len(roots) > _MAX_NAMES:
-        return [], {}, None
-    names = {k: v for k, v in inputs.items() if isinstance(k, str) and isinstance(v, list) and len(v) <= _MAX_NAMES
-             and all(isinstance(n, str) for n in v)} if isinstance(inputs, dict) else {}
-    good = []
-    for r in roots:
-        if (isinstance(r, dict) and isinstance(r.get("module"), str) and isinstance(r.get("names"), list)
-                and len(r["names"]) <= _MAX_NAMES and all(isinstance(n, str) for n in r["names"])):
-            good.append(r)
-    return good, names, trained if isinstance(trained, bool) else None
-
-
-def names_for(roots: list[dict], module: str | None, k: int) -> list[str]:
-    """The names of the k-th state record of ``module`` (records and roots are in call order)."""
-    same = [r for r in roots if r["module"] == module]
-    return same[k]["names"] if k < len(same) else []
+        return None
+    roots, inputs = entry.get("roots"), entry.get("inputs")
+    roots = roots if isinstance(roots, list) and len(roots) <= _MAX_NAMES else []
+    good = [r for r in roots if isinstance(r, dict) and isinstance(r.get("module"), str) and _names_ok(r.get("names"))]
+    names = {k: v for k, v in inputs.items() if isinstance(k, str) and _names_ok(v)} if isinstance(inputs, dict) else {}
+    trained, first = entry.get("trained_before"), entry.get("first_step")
+    return RunState(good, names, trained if isinstance(trained, bool) else None,
+                    first if isinstance(first, int) and not isinstance(first, bool) else None)
 
 
 def _tensor_difference(x: torch.Tensor, y: torch.Tensor) -> str | None:
-    """None when equal element for element (NaN where both are NaN); else the largest differences."""
-    if x.dtype != y.dtype or x.shape != y.shape:
+    """None when equal element for element (NaN where both are NaN); else how they differ."""
+    verdict = compare_tensors(x, y, exact=True)
+    if verdict.passed:
         return None
-    x, y = x.detach().cpu(), y.detach().cpu()
-    if x.is_floating_point() or x.is_complex():
-        same = (x == y) | (torch.isnan(x) & torch.isnan(y))
-    else:
-        same = x == y
-    if bool(same.all()):
-        return None
-    if not x.is_floating_point():
-        return f"{int((~same).sum())} of {x.numel()} elements differ"
-    xd, yd = x.to(torch.float64), y.to(torch.float64)
-    diff = (xd - yd).abs()
-    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
-    worst = float(diff.max())
-    rel = float((diff / yd.abs().clamp_min(torch.finfo(torch.float64).tiny)).max())
-    return f"{int((~same).sum())} of {x.numel()} elements differ, max_abs {worst:.3g}, max_rel {rel:.3g}"
+    if not (x.is_floating_point() and verdict.stats is not None):
+        return verdict.detail
+    return f"{verdict.detail}, max_abs {verdict.stats.max_abs:.3g}, max_rel {verdict.stats.max_rel:.3g}"
 
 
 def _summary_difference(sa: Any, sb: Any) -> str | None:
-    """Two records' statistics (stats mode) or hashes (checksum mode) of one tensor: None when they
+    """One tensor's statistics (stats mode) or hash (checksum mode) in the two runs: None when they
     agree. The statistics of equal tensors agree to the bit on one device; across devices (a GPU's
-    reduction against the CPU's fused pass) the sums may differ in their last bits: min, max and the
-    counts are compared exactly, mean and norm within 1e-12 of the tensor's scale."""
-    if isinstance(sa, str) or isinstance(sb, str):
-        return None if sa == sb else "their checksums differ"
-    if not isinstance(sa, dict) or not isinstance(sb, dict):
-        return None
-    if (sa.get("dtype"), sa.get("numel")) != (sb.get("dtype"), sb.get("numel")):
-        return None
-    diffs = []
-    for key in ("nan", "inf", "min", "max"):
-        if sa.get(key) != sb.get(key) and not _both_nan(sa.get(key), sb.get(key)):
-            diffs.append(f"{key} {sa.get(key)} against {sb.get(key)}")
-    numel = sa.get("numel") or 1
-    norm = max(abs(_num(sa.get("norm"))), abs(_num(sb.get("norm"))))
-    for key, scale in (("mean", norm / math.sqrt(numel)), ("norm", norm)):
-        va, vb = _num(sa.get(key)), _num(sb.get(key))
-        if not (abs(va - vb) <= 1e-12 * scale or (va == vb) or (math.isnan(va) and math.isnan(vb))):
-            diffs.append(f"{key} {va!r} against {vb!r}")
-    return "; ".join(diffs) or None
+    reduction against the CPU's fused pass) the sums may differ in their last bits: within 1e-12."""
+    if isinstance(sa, dict) and isinstance(sb, dict):
+        return stats_difference(sa, sb, 1e-12)
+    return None if sa == sb else "their checksums differ"
 
 
-def _num(v: Any) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
-
-
-def _both_nan(a: Any, b: Any) -> bool:
-    return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
-
-
-def _pairs(names_a: list[str], names_b: list[str], n_a: int, n_b: int) -> list[tuple[str, int, int | None]]:
-    """(name, position in A, position in B or None) for each of A's tensors: by name where both runs
-    named every tensor (a model that lists its parameters in another order, or has one more), else
-    by position."""
+def _pairs(names_a: list[str], names_b: list[str], n_a: int,
+           n_b: int) -> tuple[list[tuple[str, int, int | None]], int]:
+    """(name, position in A, position in B or None) for each of A's tensors, and how many of B's have no
+    partner: by name where both runs named every tensor (a model that lists its parameters in another
+    order, or has one more), else by position."""
     if len(names_a) == n_a and len(names_b) == n_b:
         where = {name: k for k, name in enumerate(names_b)}
-        return [(name, k, where.get(name)) for k, name in enumerate(names_a)]
-    return [(names_a[k] if k < len(names_a) else f"tensor {k}", k, k if k < n_b else None) for k in range(n_a)]
+        return [(name, k, where.get(name)) for k, name in enumerate(names_a)], len(set(names_b) - set(names_a))
+    pairs = [(names_a[k] if k < len(names_a) else f"tensor {k}", k, k if k < n_b else None) for k in range(n_a)]
+    return pairs, max(n_b - n_a, 0)
 
 
-# what a record holds, and what a difference in it means
+# the rule, what a record holds, and what a difference in it means
 _STATE_WORDS = ("state", "parameters and buffers the module held before its first op",
                 "the runs do not start from the same weights, buffers or data (a checkpoint loaded differently, "
                 "another initialisation, a buffer computed from another config value)")
@@ -166,43 +145,35 @@ _INPUT_WORDS = ("data", "data tensors the module was called with",
 
 def judge(ra: dict, rb: dict, da: dict | None, db: dict | None, names: tuple[list[str], list[str]],
           drift_why: str | None) -> tuple[str, str, str]:
-    """(status, rule, detail) for a pair of state (rule ``state``) or data (rule ``data``) records;
-    see ``_judge``."""
-    return _judge(ra, rb, da, db, names, drift_why, *(_INPUT_WORDS if ra.get("op") == INPUT_OP else _STATE_WORDS))
-
-
-def _judge(ra: dict, rb: dict, da: dict | None, db: dict | None, names: tuple[list[str], list[str]],
-           drift_why: str | None, rule: str, what: str, whose: str) -> tuple[str, str, str]:
-    """(status, rule, detail) for a pair of state records. ``da``/``db``: the records' loaded tensors
-    (full captures), else their statistics or checksums are compared. ``names``: each run's names of
-    its record's tensors. ``drift_why``: why a difference may be honest drift (the runs trained
-    before), or None: then a difference fails."""
-    differing, compared, not_compared = [], 0, 0
+    """(status, rule, detail) for a pair of state (rule ``state``) or data (rule ``data``) records.
+    ``da``/``db``: the records' loaded tensors (full captures), else their statistics or checksums are
+    compared. ``names``: each run's names of its record's tensors. ``drift_why``: why a difference may
+    be honest drift (the runs trained before), or None: then a difference fails."""
+    rule, what, whose = _INPUT_WORDS if ra.get("op") == INPUT_OP else _STATE_WORDS
     if da is not None and db is not None:
-        ta, tb = tensor_leaves(da["outputs"]), tensor_leaves(db["outputs"])
-        for name, ka, kb in _pairs(names[0], names[1], len(ta), len(tb)):
-            if kb is None or ta[ka].dtype != tb[kb].dtype or ta[ka].shape != tb[kb].shape:
-                not_compared += 1
-                continue
-            compared += 1
-            if (why := _tensor_difference(ta[ka], tb[kb])) is not None:
-                differing.append((name, why))
+        la, lb = tensor_leaves(da["outputs"]), tensor_leaves(db["outputs"])
+        meta_a = [{"shape": list(t.shape), "dtype": t.dtype} for t in la]
+        meta_b = [{"shape": list(t.shape), "dtype": t.dtype} for t in lb]
+        differ = _tensor_difference
     else:
         key = "stats" if ra.get("stats") is not None else "checksums"
         la, lb = ra.get(key), rb.get(key)
         if not isinstance(la, list) or not isinstance(lb, list):
-            return "skipped", "skipped", "no tensors, statistics or checksums saved for the model's state"
+            return "skipped", "skipped", f"no tensors, statistics or checksums saved for the {what}"
         meta_a, meta_b = ra.get("outputs") or [], rb.get("outputs") or []
-        for name, ka, kb in _pairs(names[0], names[1], len(la), len(lb)):
-            ma = meta_a[ka] if ka < len(meta_a) and isinstance(meta_a[ka], dict) else {}
-            mb = meta_b[kb] if kb is not None and kb < len(meta_b) and isinstance(meta_b[kb], dict) else {}
-            if kb is None or (ma.get("shape"), ma.get("dtype")) != (mb.get("shape"), mb.get("dtype")):
-                not_compared += 1
-                continue
-            compared += 1
-            if (why := _summary_difference(la[ka], lb[kb])) is not None:
-                differing.append((name, why))
-    skipped = (f"; {not_compared} not compared (absent from the reference, or another dtype or shape there)"
+        differ = _summary_difference
+    pairs, not_compared = _pairs(names[0], names[1], len(la), len(lb))
+    differing, compared = [], 0
+    for name, ka, kb in pairs:
+        ma = meta_a[ka] if ka < len(meta_a) and isinstance(meta_a[ka], dict) else {}
+        mb = meta_b[kb] if kb is not None and kb < len(meta_b) and isinstance(meta_b[kb], dict) else None
+        if mb is None or (ma.get("shape"), ma.get("dtype")) != (mb.get("shape"), mb.get("dtype")):
+            not_compared += 1
+            continue
+        compared += 1
+        if (why := differ(la[ka], lb[kb])) is not None:
+            differing.append((name, why))
+    skipped = (f"; {not_compared} not compared (in one run only, or of another dtype or shape in the reference)"
                if not_compared else "")
     if not differing:
         return "pass", rule, f"the {compared} {what} are equal{skipped}"

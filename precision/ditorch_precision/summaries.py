@@ -123,6 +123,24 @@ class StatsReuse:
         return {"stats": found}
 
 
+def stats_difference(a: dict, b: dict, rtol: float) -> str | None:
+    """How one tensor's statistics in run A (``a``) differ from the reference's (``b``), or None: the
+    NaN/Inf counts exactly, each statistic within rtol x (its value + the typical magnitude
+    norm/sqrt(n)), the norm within rtol x norm."""
+    if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
+        return f"NaN/Inf counts {a.get('nan')}/{a.get('inf')} vs {b.get('nan')}/{b.get('inf')}"
+    # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
+    scale = (b.get("norm") or 0.0) / math.sqrt(max(b.get("numel", 1), 1))
+    for key in _STATS:
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None:
+            continue
+        bound = rtol * (abs(y) + scale) * (math.sqrt(max(b.get("numel", 1), 1)) if key == "norm" else 1)
+        if abs(x - y) > bound + 1e-30:
+            return f"{key} {x:.9g} vs {y:.9g} (bound {bound:.3g})"
+    return None
+
+
 def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:
     """(status, rule, detail) from the stats or checksums of two records, or None if they have none."""
     if "checksums" in ra and "checksums" in rb:
@@ -134,19 +152,9 @@ def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:
         if len(ra["stats"]) != len(rb["stats"]):
             return "fail", "stats", f"{len(ra['stats'])} outputs != {len(rb['stats'])}"
         for i, (a, b) in enumerate(zip(ra["stats"], rb["stats"])):
-            if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
-                return "fail", "stats", (f"output {i}: NaN/Inf counts {a.get('nan')}/{a.get('inf')} "
-                                         f"vs {b.get('nan')}/{b.get('inf')}")
             dtype = getattr(torch, a.get("dtype", "float32"), torch.float32)
             rtol = default_tolerance(dtype).rtol if isinstance(dtype, torch.dtype) else 1e-5
-            # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
-            scale = (b.get("norm") or 0.0) / math.sqrt(max(b.get("numel", 1), 1))
-            for key in _STATS:
-                x, y = a.get(key), b.get(key)
-                if x is None or y is None:
-                    continue
-                bound = rtol * (abs(y) + scale) * (math.sqrt(max(b.get("numel", 1), 1)) if key == "norm" else 1)
-                if abs(x - y) > bound + 1e-30:
-                    return "fail", "stats", f"output {i}: {key} {x:.9g} vs {y:.9g} (bound {bound:.3g})"
+            if (why := stats_difference(a, b, rtol)) is not None:
+                return "fail", "stats", f"output {i}: {why}"
         return "pass", "stats", "statistics within tolerance"
     return None

@@ -52,7 +52,7 @@ class ModuleTracker:
         self.stack.clear()
 
     def _path_of(self, module: torch.nn.Module) -> str:
-        if not self.stack and module not in self._roots and module not in self._names:
+        if not self.stack and module not in self._names:
             # A new root: name it and every submodule once, "<RootClass>.<attribute path>". A module named
             # already keeps its name when it runs with no module around it: a checkpointed block's
             # recompute in backward, a submodule called on its own.

@@ -84,12 +84,14 @@ def test_one_weight_off_by_1e_4_is_found_and_named(tmp_path):
 
 
 def test_runs_from_the_same_weights_pass_the_state_check(tmp_path):
-    _capture(tmp_path / "ref", _llama(), "stats")
-    torch.set_num_threads(max(2, torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
+        _capture(tmp_path / "ref", _llama(), "stats")
+        torch.set_num_threads(2)
         _capture(tmp_path / "other", _llama(), "stats")
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
     rc, d = _cli(tmp_path / "other", tmp_path / "ref")
     assert rc == 0, d["first_divergence"]
     assert [(r["status"], r["rule"]) for r in _state_rows(d)] == [("pass", "state")]
@@ -132,3 +134,14 @@ def test_one_token_fed_differently_at_step_1_is_found_naming_the_inputs(tmp_path
     assert "input_ids: 1 of 16 elements differ" in first["detail"] and "labels: 1 of 16" in first["detail"], first
     fed = [r for r in d["ops"] if r["op"] == "module::input"]
     assert [(r["step"], r["status"]) for r in fed] == [(0, "pass"), (1, "fail"), (2, "pass")], fed
+
+
+def test_a_tensor_only_the_reference_holds_is_counted_not_passed_over(tmp_path):
+    _capture(tmp_path / "a", _llama(), "full")
+    ref = _llama()
+    ref.model.register_buffer("extra", torch.ones(3))  # one buffer the run under test does not have
+    _capture(tmp_path / "b", ref, "full")
+    rc, d = _cli(tmp_path / "a", tmp_path / "b")
+    rows = _state_rows(d)
+    assert rc == 0 and [r["status"] for r in rows] == ["pass"], rows
+    assert "1 not compared (in one run only" in rows[0]["detail"], rows[0]["detail"]
