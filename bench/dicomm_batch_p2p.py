@@ -9,22 +9,32 @@ backend measured in the same processes, in turn, per round.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 
 SIZES = (8, 1 << 20)  # bytes
 
 
-def _rank(rank: int, world: int, store, iters: int, rounds: int, transport: str) -> dict:
+@dataclass(frozen=True)
+class Config:
+    iters: int
+    rounds: int
+    transport: str
+    op_timeout: float = 60.0  # seconds: the launcher's store and the groups' collectives
+
+
+def _rank(rank: int, world: int, store, cfg: Config) -> dict:
     import torch
     import torch.distributed as dist
 
-    from tests.dicomm.multiproc import init_process_group
-
-    os.environ["DICOMM_TRANSPORT"] = transport
-    init_process_group("dicomm", rank, world, store, timeout_s=60)
+    os.environ["DICOMM_TRANSPORT"] = cfg.transport
+    dist.init_process_group("dicomm", store=dist.PrefixStore("dicomm", store), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=cfg.op_timeout))
+    iters, rounds = cfg.iters, cfg.rounds
     groups = {"dicomm": dist.group.WORLD, "gloo": dist.new_group([0, 1], backend="gloo")}
     peer = 1 - rank
     out: dict = {}
@@ -52,9 +62,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
     a = ap.parse_args()
-    from tests.dicomm.multiproc import run_ranks
+    from dicomm.bench.launch import run_ranks
 
-    res = run_ranks(_rank, 2, a.iters, a.rounds, a.transport, timeout=1200)[0]
+    res = run_ranks(_rank, 2, Config(a.iters, a.rounds, a.transport), timeout=1200)
     print(f"{'backend':8} {'size':>8} {'min us':>9} {'median us':>10} {'p99 us':>9} {'cpu us':>8}")
     for key, rounds in res.items():
         name, size = key.split()
