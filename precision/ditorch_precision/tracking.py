@@ -77,11 +77,18 @@ class ModuleTracker:
         if self.on_enter is not None:
             self.on_enter(path)
 
-    def _post(self, module: torch.nn.Module, args, kwargs, output) -> None:
+    def _post(self, module: torch.nn.Module, args, *rest) -> None:
+        # (kwargs, output) on a return; when the module raised, torch calls an always-called global hook
+        # with (args, None) and no kwargs. The module's entry is popped either way: non-reentrant
+        # checkpointing stops a recompute by raising out of its innermost module, and an entry left on the
+        # stack put every later op (the next step's included) inside that module.
         try:
             if not self.stack:
                 return
             path, seq_start = self.stack.pop()
+            if len(rest) != 2:
+                return
+            kwargs, output = rest
             if torch.is_grad_enabled():
                 self.tagger(output, path, seq_start)
             if self.on_output is not None:
