@@ -18,6 +18,11 @@ PARAMS_OP = "optimizer::params"  # a module record: an optimizer's parameters af
 # A module record of what an optimizer step starts from (optimizer_replay): data for a replay, not aligned.
 INPUTS_OP = "optimizer::inputs"
 
+# Inside a module whose op sequences differ, a run of alike ops between two differences, one of them more
+# ops on one side than on the other, is paired only from this length on: shorter ones (a view or a transpose
+# of the same shape) match by coincidence (_coincidence).
+MIDDLE_RUN = 4
+
 # Ops that compute the same thing by different kernels; the first of each group names it.
 DEFAULT_EQUIVALENT: tuple[tuple[str, ...], ...] = (
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
@@ -144,15 +149,15 @@ def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None 
             return eq.canon(r["op"]), None if variants else r.get("overload"), _shapes(r, first_only=variants)
 
         ta, tb = [token(r) for r in sa], [token(r) for r in sb]
-        differs = False
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes():
-            if tag == "equal":
+        codes = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
+        apart = [k for k, (tag, *_) in enumerate(codes) if tag != "equal"]
+        for k, (tag, i1, i2, j1, j2) in enumerate(codes):
+            if tag == "equal" and not _coincidence(codes, k, apart):
                 out.pairs.extend(zip(sa[i1:i2], sb[j1:j2]))
             else:
-                differs = True
                 out.unmatched_a.extend(sa[i1:i2])
                 out.unmatched_b.extend(sb[j1:j2])
-        if differs:
+        if apart:
             out.regions.append(key)
     for key in list(mods_a) + [k for k in mods_b if k not in mods_a]:
         ma, mb = mods_a.get(key, []), mods_b.get(key, [])
@@ -160,6 +165,18 @@ def align(records_a: list[dict], records_b: list[dict], eq: Equivalences | None 
         out.unmatched_modules_a.extend(ma[len(mb):])  # a module called more often in one run
         out.unmatched_modules_b.extend(mb[len(ma):])
     return out
+
+
+def _coincidence(codes: list, k: int, apart: list[int]) -> bool:
+    """Whether the run of alike ops codes[k] (an "equal" opcode) is a coincidence of names and shapes, not
+    the same computation: shorter than MIDDLE_RUN, between two differences, and next to one that is no
+    op-for-op substitution (a view of sdpa's output gradient against a view of eager attention's weights'
+    gradient, between sdpa's one kernel and eager's dozen). Between substitutions of one op for one (a
+    gradient sum `add_` where the other run has `add`) the ops keep their places and stay paired."""
+    _, i1, i2, _, _ = codes[k]
+    if not apart or not apart[0] < k < apart[-1] or i2 - i1 >= MIDDLE_RUN:
+        return False
+    return any(b2 - b1 != d2 - d1 for _, b1, b2, d1, d2 in (codes[k - 1], codes[k + 1]))
 
 
 def region_module_records(alignment: Alignment, region: tuple) -> list[tuple[dict, dict]]:
