@@ -15,6 +15,7 @@ from heteropp.plan import Plan, ReplicaGroup, StagePlan
 from tests.heteropp.heteropp_helpers import MODEL, check_losses, holder_params, mismatches
 
 STEPS = 3
+ADAM_RTOL = 5e-5  # test_replica_groups_train_as_the_reference
 
 PLANS = {
     # A: two stages of 2 layers, 3 micro-batches; B: 1 + 3 layers, 5 micro-batches
@@ -82,7 +83,10 @@ def test_replica_groups_train_as_the_reference(name: str, clip: float | None) ->
     assert got, "no rank of a last stage reported losses"
     for losses in got:  # every last stage of every group reports the global loss
         check_losses(losses, want["losses"], name)
-    assert not mismatches(holder_params(res, "1f1b"), want["params"])
+    # AdamW turns the other order of the TP 2 and inner-replica gradient sums into steps a little apart where a
+    # gradient is near zero: 1.25e-5 of the norm on layer 0's FFN (TP 2 in both groups, two replicas in B) on
+    # an AVX-512 machine, 1e-7 to 5e-7 elsewhere (the losses stay within 1e-5)
+    assert not mismatches(holder_params(res, "1f1b"), want["params"], rtol=ADAM_RTOL)
 
 
 def test_the_peak_flops_behind_the_logged_mfu_count_every_groups_chips(tmp_path):
