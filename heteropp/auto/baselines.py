@@ -16,6 +16,8 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
   and a count whose every dp leaves chips over plans as the counts each dp can use do; on clusters of
   more than `LARGE_CHIPS` chips, multiples of 8 only; a rounded cluster is planned with its
   other baselines, not its own roundings);
+* **mixed rounded counts**: each type's count rounded by a power of two of its own (up to `MIXED_ROUNDINGS`
+  sub-clusters, none beyond `LARGE_CHIPS` chips), searched as the subsets are;
 * **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
   order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp.
 
@@ -51,6 +53,7 @@ SUB_WORK_SHARE = 8  # each sub-search's work budget: the search's over this
 ROUNDINGS = tuple(range(1, 10))
 LARGE_ROUNDINGS = (3,)  # on clusters of more than LARGE_CHIPS chips: multiples of 8 only
 LARGE_CHIPS = 8192  # beyond, fewer sub-searches (100,000 chips x 8 types: ~1.3 s of CPU each)
+MIXED_ROUNDINGS = 24  # mixed_rounded_counts: at most this many sub-clusters, each a sub-search
 FLOPS_DPS = 4  # the FLOPs-proportional split at the smallest dps that fit (each one simulation)
 
 
@@ -89,6 +92,26 @@ def rounded_counts(cl: Cluster) -> list[dict[str, int]]:
             continue
         out.append(counts)
     return out
+
+
+def mixed_rounded_counts(cl: Cluster, limit: int = MIXED_ROUNDINGS) -> list[dict[str, int]]:
+    """Each type's count rounded down by its own 2^j (ROUNDINGS; the count itself among them), where the types'
+    js differ: what rounded_counts, one j for every type, misses (65 + 25 chips plan best on 64 + 24, which
+    73 + 25 reaches only with 64 from one type and 24 from the other). At most `limit`, the most chips first;
+    none on clusters of more than LARGE_CHIPS chips."""
+    if cl.total_chips > LARGE_CHIPS:
+        return []
+    per_type = [sorted({c.count, *(c.count // (1 << j) << j for j in ROUNDINGS if c.count >= 1 << j)}, reverse=True)
+                for c in cl.chips]
+    uniform = rounded_counts(cl)
+    out = []
+    for combo in itertools.product(*per_type):
+        counts = {c.name: n for c, n in zip(cl.chips, combo)}
+        if all(counts[c.name] == c.count for c in cl.chips) or counts in uniform:
+            continue
+        out.append(counts)
+    out.sort(key=lambda d: -sum(d.values()))
+    return out[:limit]
 
 
 def flops_split(cm: CostModel, limit: int = FLOPS_DPS) -> Iterator[Candidate]:
@@ -158,6 +181,8 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Pl
     subs = [({n: cl.chip(n).count for n in names}, False) for names in type_subsets(cl)]
     # rounded counts: planned as the planner plans that cluster itself (its own baselines, the full budget)
     subs += [(counts, True) for counts in (rounded_counts(cl) if rounded else [])]
+    # mixed roundings: searched as the subsets are (a share of the budget, no baselines of their own)
+    subs += [(counts, False) for counts in (mixed_rounded_counts(cl) if rounded else [])]
     for counts, whole in subs:
         part = sub_cluster(cl, counts)
         spb = sub_problem(part)

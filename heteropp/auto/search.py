@@ -368,22 +368,15 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if fits and not spaces:
         raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
     if not spaces:
-        if idle == "never":
-            raise InfeasibleError(explain_infeasible(cm))
-        try:
-            res = search_idle(cm, limits, progress, runners_up)
-            res = replace(res, objective_s=res.best.time_s)
-            return ranked(cm, res, group_size, runners_up) if rerank and not unranked else res
-        except InfeasibleError:
-            raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
+        return _idle_only(cm, group_size, runners_up, rerank and not unranked, progress, limits, idle)
     deadline = t0 + limits.time_cap_s if limits.time_cap_s is not None else math.inf
     bf = BestFirst(cm, names, orders, top, widen, priced, max(wide, margin), limits, deadline, bounded, progress)
     bf.start(spaces)
     bf.drain()
     if not top.items and math.isfinite(beat_s):
         raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
-    if not top.items:
-        raise InfeasibleError(explain_infeasible(cm))
+    if not top.items:  # every split failed (a memory cap the cheap bounds do not see): as when none fits
+        return _idle_only(cm, group_size, runners_up, rerank and not unranked, progress, limits, idle)
     near_slack = wide if _affordable(cm, top.items[0]) and not bounded else 0.0  # the simulator re-ranks these
     if max(near_slack, margin) and not bounded:
         top.slack = max(near_slack, margin)
@@ -425,6 +418,20 @@ def search_auto(cm: CostModel, group_size: int = 128, runners_up: int = 3, reran
     if progress and res.bounded and res.lower_bound_s is not None:
         progress(f"bounded search: best {res.best.time_s:.4f} s, no plan below {res.lower_bound_s:.4f} s")
     return ranked(cm, res, group_size, runners_up) if rerank and not unranked else res
+
+
+def _idle_only(cm: CostModel, group_size: int, runners_up: int, rank: bool, progress: Progress | None,
+               limits: Limits, idle: str) -> SearchResult:
+    """No plan uses every chip: the plans that leave chips idle (idle.py) unless `idle` is "never" (64 + 25
+    chips whose every full split overflows a stage's memory plan as 64 + 24 do)."""
+    if idle == "never":
+        raise InfeasibleError(explain_infeasible(cm))
+    try:
+        res = search_idle(cm, limits, progress, runners_up)
+    except InfeasibleError:
+        raise InfeasibleError(explain_infeasible(cm, idle=True) + " (leaving chips idle did not help)") from None
+    res = replace(res, objective_s=res.best.time_s)
+    return ranked(cm, res, group_size, runners_up) if rank else res
 
 
 def ranked(cm: CostModel, res: SearchResult, group_size: int = 128, runners_up: int = 3) -> SearchResult:

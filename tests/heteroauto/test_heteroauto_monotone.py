@@ -48,3 +48,50 @@ def test_more_chips_never_plan_slower_and_fewer_no_slower_than_a_plan_that_still
         assert b <= a * (1 + 1e-9), f"{n + more} chips: {b:.4f} s, {n + fewer} chips: {a:.4f} s"
     if used.get(first, 0) <= n - 1:  # the N-chip plan leaves one idle: it runs on N - 1 chips
         assert t[-1][0] <= base * (1 + 1e-9), f"{n - 1} chips: {t[-1][0]:.4f} s, {n} chips: {base:.4f} s"
+
+
+def test_a_chip_more_never_makes_a_cluster_that_planned_infeasible():
+    # 64 chips of a 546-TFLOPS type on 1.25 GB/s links and 24 of a 78-TFLOPS type, 32 GB each, global batch 32:
+    # planned at dp 1 with every chip. With a 25th chip of the second type no plan uses every chip, the search's
+    # every split failed, and it raised "no plan fits" instead of leaving a chip idle (the 24-chip plan).
+    spec = scale_cluster([64, 24], types=[SCALE_TYPES[3], SCALE_TYPES[2]])
+    spec["chips"][0]["network_bw"] = 1.25
+
+    def planned(second: int) -> tuple[float, dict[str, int]]:
+        cl = cluster_from_dict({**spec, "chips": [spec["chips"][0], {**spec["chips"][1], "count": second}]}, "test")
+        m, tr = load_model("h2-100b"), TrainSpec(global_batch=32)
+        pb = Problem(cl, m, tr, CostModel(cl, m, tr, analytic_profile(cl, m, tr)))
+        plan = to_plan(pb, run_search(pb).best, None, "auto")
+        return plan.iteration_time_s, plan.chips_used()
+
+    (t24, used24), (t25, used25) = planned(24), planned(25)
+    assert used24 == {"A": 64, "B": 24}
+    assert t25 <= t24 * (1 + 1e-9) and sum(used25.values()) <= 88, (t25, used25)
+
+
+# (types, counts, links GB/s, global batch, the type grown, by how many): clusters where more chips planned
+# slower (2-9%) while rounded_counts rounded every type by the same power of two: 65 + 25 chips plan best on
+# 64 + 24, which 73 + 25 reaches only with one type's count rounded by 64 and the other's by 8
+MIXED = {
+    "73 + 25": ([SCALE_TYPES[0], H200], [65, 25], [2.5, 2.5], 64, 0, 8),
+    "15 + 36": ([SCALE_TYPES[0], SCALE_TYPES[1]], [15, 35], [10, 10], 32, 1, 1),
+    "61 + 24": ([SCALE_TYPES[2], H200], [53, 24], [1.25, 1.25], 128, 0, 8),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED))
+def test_more_chips_of_one_type_plan_no_slower_when_the_best_rounds_types_differently(name):
+    types, counts, links, batch, grown, more = MIXED[name]
+    spec = scale_cluster(counts, types=types)
+    for chip, bw in zip(spec["chips"], links):
+        chip["network_bw"] = bw
+
+    def planned(extra: int) -> float:
+        chips = [{**c, "count": c["count"] + (extra if i == grown else 0)} for i, c in enumerate(spec["chips"])]
+        cl = cluster_from_dict({**spec, "chips": chips}, "test")
+        m, tr = load_model("h2-100b"), TrainSpec(global_batch=batch)
+        pb = Problem(cl, m, tr, CostModel(cl, m, tr, analytic_profile(cl, m, tr)))
+        return to_plan(pb, run_search(pb).best, None, "auto").iteration_time_s
+
+    base, grown_t = planned(0), planned(more)
+    assert grown_t <= base * (1 + 1e-9), f"{more} more chips: {grown_t:.4f} s, before: {base:.4f} s"
