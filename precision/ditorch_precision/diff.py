@@ -612,7 +612,7 @@ def _optimizer_stats_drift(ops: list[dict], al: Alignment) -> None:
     """An optimizer's op whose statistics differ, in a step whose gradients already differ between the runs
     (a backward op's or module record's statistics are not the same numbers, or a module's backward ran
     other ops), is drift, not a failure, where its norm agrees: Adam divides each gradient by its own running
-    magnitude, so gradients a rounding apart give updates far apart wherever a gradient is near zero (a
+    magnitude, so gradients a rounding apart give steps far apart wherever a gradient is near zero (a
     zero-initialised bias's first step), which moves the mean, minimum and maximum but hardly the norm.
     Statistics cannot bound that; a full capture replays the optimizer's ops on each run's own inputs."""
     apart = any(phase == "backward" for _, phase, _ in al.regions) or any(
@@ -620,10 +620,10 @@ def _optimizer_stats_drift(ops: list[dict], al: Alignment) -> None:
         for ra, rb in [*al.pairs, *al.module_pairs])
     if not apart:
         return
+    keys = ("norm", "numel", "nan", "inf")
     for row, (ra, rb) in zip(ops, al.pairs):  # ops: the rows of al.pairs, in order
         if not (row["status"] == "fail" and row["rule"] == "stats" and row["phase"] == "optimizer"):
             continue
-        keys = ("norm", "numel", "nan", "inf")
         norms = [({k: x.get(k) for k in keys}, {k: y.get(k) for k in keys})
                  for x, y in zip(ra.get("stats") or [], rb.get("stats") or [])]
         if norms and all(stats_difference(x, y, stats_rtol(x)) is None for x, y in norms):
