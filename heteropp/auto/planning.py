@@ -57,6 +57,7 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
     if algo != "auto":
         raise ValueError(f"unknown algorithm {algo!r}; expected auto or h2")
     rk = Ranking(pb, rank_actions)
+    infeasible: InfeasibleError | None = None
     try:
         res: SearchResult | None = _searched(pb, group_size, progress, limits, idle, beat_s, extended, rk,
                                              baselines)
@@ -64,6 +65,10 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
         if not baselines:
             raise
         res = None
+    except InfeasibleError as e:  # a baseline may still fit (a rounded count: 24 + 13 chips plan as 24 + 12)
+        if not baselines:
+            raise
+        res, infeasible = None, e
     rk.offer(more)
     if baselines:
         _offer_baselines(pb, rk, group_size, limits, idle, rounded, beat_s, rank_actions)
@@ -71,6 +76,8 @@ def run_search(pb: Problem, algo: str = "auto", group_size: int = 128, progress:
         rk.polish()
     ranked = rk.ranked()
     if not ranked:
+        if infeasible is not None:
+            raise infeasible
         if res is None:
             raise NothingFaster(f"no plan runs faster than {beat_s:.6g} s")
         return res  # no candidate the schedule can run: to_plan says why

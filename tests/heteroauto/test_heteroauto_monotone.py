@@ -50,23 +50,34 @@ def test_more_chips_never_plan_slower_and_fewer_no_slower_than_a_plan_that_still
         assert t[-1][0] <= base * (1 + 1e-9), f"{n - 1} chips: {t[-1][0]:.4f} s, {n} chips: {base:.4f} s"
 
 
-def test_a_chip_more_never_makes_a_cluster_that_planned_infeasible():
-    # 64 chips of a 546-TFLOPS type on 1.25 GB/s links and 24 of a 78-TFLOPS type, 32 GB each, global batch 32:
-    # planned at dp 1 with every chip. With a 25th chip of the second type no plan uses every chip, the search's
-    # every split failed, and it raised "no plan fits" instead of leaving a chip idle (the 24-chip plan).
-    spec = scale_cluster([64, 24], types=[SCALE_TYPES[3], SCALE_TYPES[2]])
-    spec["chips"][0]["network_bw"] = 1.25
+# (types, counts, links GB/s, global batch): clusters that plan with every chip, where one chip more of the
+# second type raised "no plan fits". 64 + 25: the search's every split failed (a stage's memory) and it
+# raised instead of leaving a chip idle; 24 + 13: the idle-chip search found nothing either, and the error
+# kept the baselines (24 + 12, a rounded count) from being planned.
+ONE_MORE = {
+    "64 + 25": ([SCALE_TYPES[3], SCALE_TYPES[2]], [64, 24], [1.25, 10], 32),
+    "24 + 13": ([SCALE_TYPES[4], SCALE_TYPES[2]], [24, 12], [2.5, 1.25], 32),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_MORE))
+def test_a_chip_more_never_makes_a_cluster_that_planned_infeasible(name):
+    types, counts, links, batch = ONE_MORE[name]
+    spec = scale_cluster(counts, types=types)
+    for chip, bw in zip(spec["chips"], links):
+        chip["network_bw"] = bw
 
     def planned(second: int) -> tuple[float, dict[str, int]]:
         cl = cluster_from_dict({**spec, "chips": [spec["chips"][0], {**spec["chips"][1], "count": second}]}, "test")
-        m, tr = load_model("h2-100b"), TrainSpec(global_batch=32)
+        m, tr = load_model("h2-100b"), TrainSpec(global_batch=batch)
         pb = Problem(cl, m, tr, CostModel(cl, m, tr, analytic_profile(cl, m, tr)))
         plan = to_plan(pb, run_search(pb).best, None, "auto")
         return plan.iteration_time_s, plan.chips_used()
 
-    (t24, used24), (t25, used25) = planned(24), planned(25)
-    assert used24 == {"A": 64, "B": 24}
-    assert t25 <= t24 * (1 + 1e-9) and sum(used25.values()) <= 88, (t25, used25)
+    n = counts[1]
+    (t0, used0), (t1, used1) = planned(n), planned(n + 1)
+    assert used0 == {"A": counts[0], "B": n}
+    assert t1 <= t0 * (1 + 1e-9) and sum(used1.values()) <= sum(counts), (t1, used1)
 
 
 # (types, counts, links GB/s, global batch, the type grown, by how many): clusters where more chips planned
