@@ -16,8 +16,9 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
   and a count whose every dp leaves chips over plans as the counts each dp can use do; on clusters of
   more than `LARGE_CHIPS` chips, multiples of 8 only; a rounded cluster is planned with its
   other baselines, not its own roundings);
-* **mixed rounded counts**: each type's count rounded by a power of two of its own (up to `MIXED_ROUNDINGS`
-  sub-clusters, none beyond `LARGE_CHIPS` chips), searched as the subsets are;
+* **mixed rounded counts**: each type's count rounded by a power of two of its own, or (on clusters of at
+  most `FEWER_CHIPS` chips) less one chip or one node (up to `MIXED_ROUNDINGS` sub-clusters, the most chips
+  first, none beyond `LARGE_CHIPS` chips), searched as the subsets are;
 * **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
   order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp.
 
@@ -54,6 +55,9 @@ ROUNDINGS = tuple(range(1, 10))
 LARGE_ROUNDINGS = (3,)  # on clusters of more than LARGE_CHIPS chips: multiples of 8 only
 LARGE_CHIPS = 8192  # beyond, fewer sub-searches (100,000 chips x 8 types: ~1.3 s of CPU each)
 MIXED_ROUNDINGS = 24  # mixed_rounded_counts: at most this many sub-clusters, each a sub-search
+# mixed_rounded_counts also takes a chip or a node off a type on clusters of at most this many chips: beyond,
+# those sub-clusters are seldom pruned and cost what the search does each (Exp-A, 768 chips: 0.1 -> 1.2 s)
+FEWER_CHIPS = 512
 FLOPS_DPS = 4  # the FLOPs-proportional split at the smallest dps that fit (each one simulation)
 
 
@@ -95,13 +99,16 @@ def rounded_counts(cl: Cluster) -> list[dict[str, int]]:
 
 
 def mixed_rounded_counts(cl: Cluster, limit: int = MIXED_ROUNDINGS) -> list[dict[str, int]]:
-    """Each type's count rounded down by its own 2^j (ROUNDINGS; the count itself among them), where the types'
-    js differ: what rounded_counts, one j for every type, misses (65 + 25 chips plan best on 64 + 24, which
-    73 + 25 reaches only with 64 from one type and 24 from the other). At most `limit`, the most chips first;
-    none on clusters of more than LARGE_CHIPS chips."""
+    """Each type's count rounded down by its own 2^j (ROUNDINGS), or kept, or on clusters of at most
+    FEWER_CHIPS chips less one chip or one node, where the types' choices differ from rounded_counts' one j
+    for every type: 65 + 25 chips plan best on 64 + 24, which 73 + 25 reaches only with 64 from one type and
+    24 from the other; 48 + 24 + 64 chips plan faster than 48 + 32 + 64 use them all, a node of the slow type
+    less. At most `limit`, the most chips first; none on clusters of more than LARGE_CHIPS chips."""
     if cl.total_chips > LARGE_CHIPS:
         return []
-    per_type = [sorted({c.count, *(c.count // (1 << j) << j for j in ROUNDINGS if c.count >= 1 << j)}, reverse=True)
+    fewer = cl.total_chips <= FEWER_CHIPS
+    per_type = [sorted({c.count, *(c.count // (1 << j) << j for j in ROUNDINGS if c.count >= 1 << j),
+                        *(c.count - k for k in (1, c.chips_per_node) if c.count > k and fewer)}, reverse=True)
                 for c in cl.chips]
     uniform = rounded_counts(cl)
     out = []
