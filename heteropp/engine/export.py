@@ -26,8 +26,9 @@ def merged_config(original: dict | None, m: ModelSpec, dtype: str) -> dict:
     out = dict(original)
     keep = {"max_position_embeddings"} & set(original)  # the model's, not the training sequence length
     out.update({k: v for k, v in ours.items() if k not in keep})
-    if "rope_parameters" in original:  # transformers 5's form of rope_theta
+    if "rope_parameters" in original:  # transformers 5's form of rope_theta and rope_scaling, kept as it was
         out.pop("rope_theta", None)
+        out.pop("rope_scaling", None)
     if "dtype" in original:  # transformers 5 names it dtype, 4.x torch_dtype
         out["dtype"] = out.pop("torch_dtype")
     return out

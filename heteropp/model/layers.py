@@ -51,23 +51,38 @@ class RMSNorm(nn.Module):
         return _RMSNorm.apply(x, self.weight, self.eps)
 
 
+def llama3_frequencies(freqs: torch.Tensor, scaling: tuple[float, float, float, int]) -> torch.Tensor:
+    """Llama 3's rope scaling of the rotary frequencies: wavelengths longer than the original context over
+    low_freq_factor are slowed by `factor`, shorter than it over high_freq_factor kept, and those between
+    blended linearly in original context / wavelength (transformers' rope_type "llama3")."""
+    factor, low, high, old = scaling
+    wavelen = 2 * math.pi / freqs
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * freqs / factor + smooth * freqs
+    out = torch.where(wavelen > old / low, freqs / factor, freqs)
+    return torch.where((wavelen <= old / low) & (wavelen >= old / high), blended, out)
+
+
 @functools.lru_cache(maxsize=16)
-def _angles(s: int, d: int, theta: float, dtype: torch.dtype,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _angles(s: int, d: int, theta: float, dtype: torch.dtype, device: torch.device,
+            scaling: tuple[float, float, float, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, computed once and shared by every layer (the multiplications keep
     them for backward: one pair for the model, not a pair per layer and per micro-batch). Made outside
     inference mode, so that a first call under it does not hand later training steps inference tensors."""
     with torch.inference_mode(False):
         freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d)
+        if scaling is not None:
+            freqs = llama3_frequencies(freqs, scaling)
         angles = torch.outer(torch.arange(s, dtype=torch.float32, device=device), freqs)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+def rotary(x: torch.Tensor, theta: float = 10000.0,
+           scaling: tuple[float, float, float, int] | None = None) -> torch.Tensor:
     """Rotate pairs (first half, second half) of each head by a position-dependent angle. x: [b, h, s, d].
-    Angles in fp32, applied in x's dtype."""
+    Angles in fp32, applied in x's dtype; `scaling`: Llama 3's (ModelSpec.rope_scaling)."""
     s, d = x.shape[-2], x.shape[-1]
-    cos, sin = _angles(s, d, float(theta), x.dtype, x.device)
+    cos, sin = _angles(s, d, float(theta), x.dtype, x.device, scaling)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -81,7 +96,7 @@ class Attention(nn.Module):
 
     def __init__(self, m: ModelSpec, tp: TPGroup, seed: int, layer: int) -> None:
         super().__init__()
-        self.tp, self.hd, self.theta = tp, m.head_dim, m.rope_theta
+        self.tp, self.hd, self.theta, self.rope_scaling = tp, m.head_dim, m.rope_theta, m.rope_scaling
         kv_replicas = max(1, tp.size // m.kv_heads)
         self.heads, self.kv_heads = m.heads // tp.size, m.kv_heads * kv_replicas // tp.size
         kv = m.kv_heads * m.head_dim
@@ -100,7 +115,7 @@ class Attention(nn.Module):
         q = self.wq(x, copied=True).view(b, s, self.heads, self.hd).transpose(1, 2)
         k = self.wk(x, copied=True).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
         v = self.wv(x, copied=True).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        q, k = rotary(q, self.theta), rotary(k, self.theta)
+        q, k = rotary(q, self.theta, self.rope_scaling), rotary(k, self.theta, self.rope_scaling)
         # each local kv head serves heads // kv_heads local query heads; the kernel reads them in place
         # (expanding k and v first would keep expanded copies for backward)
         y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,

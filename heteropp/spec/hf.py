@@ -2,9 +2,9 @@
 
 One reader for the trainer and the planner. What the engine computes is LLaMA's decoder as `transformers`
 defines it: RMSNorm, rotary embeddings with one base (`rope_theta`), grouped-query attention, SwiGLU with
-SiLU, optional q/k/v biases (Qwen2), optionally tied embeddings. Anything else in a config that would change
-the computation (another activation, rope scaling, a sliding window shorter than the sequence, MoE, biases
-elsewhere) is refused naming the field, never silently ignored.
+SiLU, optional q/k/v biases (Qwen2), optionally tied embeddings, Llama 3's rope scaling. Anything else in a
+config that would change the computation (another activation, another rope scaling, a sliding window shorter
+than the sequence, MoE, biases elsewhere) is refused naming the field, never silently ignored.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class _Model(Protocol):  # ModelSpec's fields this module reads (spec/model.py b
     vocab: int
     seq_len: int
     rope_theta: float
+    rope_scaling: tuple[float, float, float, int] | None
     norm_eps: float
     tie_embeddings: bool
     qkv_bias: bool
@@ -48,21 +49,36 @@ def hf_config_path(directory: Path) -> Path:
     return p
 
 
-def _rope_theta(f: Fields, data: dict[str, Any]) -> float:
-    """`rope_theta` (transformers 4.x) or `rope_parameters` (5.x); only the default rotary embedding runs."""
+# Llama 3's rope scaling (rope_type "llama3"): its fields, in ModelSpec.rope_scaling's order
+LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope(f: Fields, data: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:
+    """(`rope_theta`, Llama 3's rope scaling or None) from `rope_theta` and `rope_scaling` (transformers 4.x)
+    or `rope_parameters` (5.x): the default rotary embedding and Llama 3.1's scaled one run; other scalings
+    (linear, dynamic, yarn, longrope) are refused."""
     params = data.get("rope_parameters")
-    scaling = data.get("rope_scaling")
-    for key, spec in (("rope_scaling", scaling), ("rope_parameters", params)):
+    scaling = None
+    for key, spec in (("rope_scaling", data.get("rope_scaling")), ("rope_parameters", params)):
         if spec is None:
             continue
         if not isinstance(spec, dict):
             raise f.err(key, f"got {spec!r}", "a mapping or null")
         kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise f.err(key, f"rope type {kind!r} is not implemented", "no rope scaling (rope_type 'default')")
+        if kind == "llama3":
+            g = Fields(spec, f.source, f"{key}.")
+            factor, low, high = (g.float(k, lo=0.0, hi=1e6) for k in LLAMA3_ROPE[:3])
+            old = g.int("original_max_position_embeddings", max=MAX_SEQ)
+            if not (factor >= 1.0 and 0 < low < high):
+                raise f.err(key, f"factor {factor}, low_freq_factor {low}, high_freq_factor {high}",
+                            "factor >= 1 and 0 < low_freq_factor < high_freq_factor")
+            scaling = (factor, low, high, old)
+        elif kind != "default":
+            raise f.err(key, f"rope type {kind!r} is not implemented",
+                        "no rope scaling (rope_type 'default') or Llama 3's (rope_type 'llama3')")
     if isinstance(params, dict) and "rope_theta" in params:
-        return Fields(params, f.source, "rope_parameters.").float("rope_theta", hi=1e12)
-    return f.float("rope_theta", 10000.0, hi=1e12)
+        return Fields(params, f.source, "rope_parameters.").float("rope_theta", hi=1e12), scaling
+    return f.float("rope_theta", 10000.0, hi=1e12), scaling
 
 
 def hf_fields(data: dict[str, Any], source: str, seq_len: int | None = None) -> dict[str, Any]:
@@ -108,11 +124,12 @@ def hf_fields(data: dict[str, Any], source: str, seq_len: int | None = None) -> 
         if w < length:
             raise f.err("sliding_window", f"{w} tokens is shorter than the sequence length {length}: sliding-window "
                         "attention is not implemented", f"null, or at least {length}")
+    theta, rope_scaling = _rope(f, data)
     return dict(
         name=f.str("name_or_path", required=False, default="") or Path(source).parent.name or kind,
         layers=layers, hidden=f.int("hidden_size", max=MAX_WIDTH), heads=heads,
         kv_heads=f.int("num_key_value_heads", heads, max=MAX_WIDTH), ffn=f.int("intermediate_size", max=MAX_WIDTH),
-        vocab=f.int("vocab_size", max=MAX_VOCAB), seq_len=length, rope_theta=_rope_theta(f, data),
+        vocab=f.int("vocab_size", max=MAX_VOCAB), seq_len=length, rope_theta=theta, rope_scaling=rope_scaling,
         norm_eps=f.float("rms_norm_eps", 1e-6, hi=1.0), tie_embeddings=f.bool("tie_word_embeddings", False),
         qkv_bias=kind == "qwen2", explicit_head_dim=f.int("head_dim", max=MAX_WIDTH) if data.get("head_dim") else None)
 
@@ -160,6 +177,8 @@ def hf_config(m: _Model, dtype: str = "float32") -> dict[str, Any]:
         "tie_word_embeddings": m.tie_embeddings, "torch_dtype": dtype, "initializer_range": 0.02,
         "attention_dropout": 0.0, "use_cache": True,
     }
+    if m.rope_scaling is not None:
+        cfg["rope_scaling"] = {"rope_type": "llama3", **dict(zip(LLAMA3_ROPE, m.rope_scaling))}
     if kind == "llama":
         cfg.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     else:

@@ -28,6 +28,14 @@ class ModelSpec:
     tie_embeddings: bool = False  # the output head is the embedding matrix (one parameter, trained as one)
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
     explicit_head_dim: int | None = None  # None: hidden // heads
+    # Llama 3's rope scaling (HF rope_type "llama3"): (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings); None: the plain rotary embedding
+    rope_scaling: tuple[float, float, float, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_scaling is not None:  # a JSON round trip (run configs, checkpoints) gives a list
+            f, lo, hi, old = self.rope_scaling
+            object.__setattr__(self, "rope_scaling", (float(f), float(lo), float(hi), int(old)))
 
     @property
     def head_dim(self) -> int:

@@ -41,6 +41,29 @@ def test_logits_equal_transformers_on_the_same_weights(tmp_path, kind: str, shar
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 
 
+# Llama 3.1's rope scaling (its config.json's rope_scaling) with an original context of 8 positions, so that at
+# this head size the low, smoothed and high frequency bands each hold some of the frequencies
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8}
+
+
+def test_llama_3_rope_scaling_gives_transformers_logits(tmp_path) -> None:
+    """Llama 3.1 and 3.2 configs scale the rotary frequencies (rope_type "llama3"); they were refused."""
+    d = write_hf_model(tmp_path / "llama3", "llama", rope_scaling=dict(LLAMA3_ROPE), rope_theta=10000.0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+    model, m = _ours(d)
+    assert m.rope_scaling is not None
+    ids = torch.randint(0, m.vocab, (3, m.seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = hf(ids).logits, model(ids)
+        # not trivially equal: without the scaling the logits differ
+        plain = transformers.AutoModelForCausalLM.from_pretrained(
+            d, attn_implementation="eager", rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+        ).eval()(ids).logits
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert not torch.allclose(plain, want, rtol=1e-3, atol=1e-3)
+
+
 def _config(tmp_path, **fields) -> str:
     base = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
@@ -52,7 +75,8 @@ def _config(tmp_path, **fields) -> str:
 
 @pytest.mark.parametrize("fields,named", [
     ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "model_type"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.low_freq_factor"),  # fields missing
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_parameters"),
     ({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 8}, "sliding_window"),
     ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
