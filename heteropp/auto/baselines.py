@@ -103,7 +103,8 @@ def mixed_rounded_counts(cl: Cluster, limit: int = MIXED_ROUNDINGS) -> list[dict
     FEWER_CHIPS chips less one chip or one node, where the types' choices differ from rounded_counts' one j
     for every type: 65 + 25 chips plan best on 64 + 24, which 73 + 25 reaches only with 64 from one type and
     24 from the other; 48 + 24 + 64 chips plan faster than 48 + 32 + 64 use them all, a node of the slow type
-    less. At most `limit`, the most chips first; none on clusters of more than LARGE_CHIPS chips."""
+    less. At most `limit`, those that change fewer types first, then those with the most chips; none on clusters
+    of more than LARGE_CHIPS chips."""
     if cl.total_chips > LARGE_CHIPS:
         return []
     fewer = cl.total_chips <= FEWER_CHIPS
@@ -117,7 +118,9 @@ def mixed_rounded_counts(cl: Cluster, limit: int = MIXED_ROUNDINGS) -> list[dict
         if all(counts[c.name] == c.count for c in cl.chips) or counts in uniform:
             continue
         out.append(counts)
-    out.sort(key=lambda d: -sum(d.values()))
+    # one type changed before two (the cluster of N chips of a type, planned best on its own, is a change of
+    # one type of N + k), then the most chips first
+    out.sort(key=lambda d: (sum(d[c.name] != c.count for c in cl.chips), -sum(d.values())))
     return out[:limit]
 
 
