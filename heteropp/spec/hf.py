@@ -53,6 +53,17 @@ def hf_config_path(directory: Path) -> Path:
 LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
+def llama3_rope(f: Fields, key: str, spec: dict[str, Any]) -> tuple[float, float, float, int]:
+    """Llama 3's rope scaling from its mapping (`key` of `f`'s source): LLAMA3_ROPE's fields, checked."""
+    g = Fields(spec, f.source, f"{key}.")
+    factor, low, high = (g.float(k, lo=0.0, hi=1e6) for k in LLAMA3_ROPE[:3])
+    old = g.int("original_max_position_embeddings", max=MAX_SEQ)
+    if not (factor >= 1.0 and 0 < low < high):
+        raise f.err(key, f"factor {factor}, low_freq_factor {low}, high_freq_factor {high}",
+                    "factor >= 1 and 0 < low_freq_factor < high_freq_factor")
+    return factor, low, high, old
+
+
 def _rope(f: Fields, data: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:
     """(`rope_theta`, Llama 3's rope scaling or None) from `rope_theta` and `rope_scaling` (transformers 4.x)
     or `rope_parameters` (5.x): the default rotary embedding and Llama 3.1's scaled one run; other scalings
@@ -66,13 +77,7 @@ def _rope(f: Fields, data: dict[str, Any]) -> tuple[float, tuple[float, float, f
             raise f.err(key, f"got {spec!r}", "a mapping or null")
         kind = spec.get("rope_type", spec.get("type", "default"))
         if kind == "llama3":
-            g = Fields(spec, f.source, f"{key}.")
-            factor, low, high = (g.float(k, lo=0.0, hi=1e6) for k in LLAMA3_ROPE[:3])
-            old = g.int("original_max_position_embeddings", max=MAX_SEQ)
-            if not (factor >= 1.0 and 0 < low < high):
-                raise f.err(key, f"factor {factor}, low_freq_factor {low}, high_freq_factor {high}",
-                            "factor >= 1 and 0 < low_freq_factor < high_freq_factor")
-            scaling = (factor, low, high, old)
+            scaling = llama3_rope(f, key, spec)
         elif kind != "default":
             raise f.err(key, f"rope type {kind!r} is not implemented",
                         "no rope scaling (rope_type 'default') or Llama 3's (rope_type 'llama3')")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
-from .hf import hf_config_path, hf_fields, is_hf_config
+from .hf import LLAMA3_ROPE, hf_config_path, hf_fields, is_hf_config, llama3_rope
 from .io import Fields, load_mapping
 from .limits import MAX_LAYERS, MAX_SEQ, MAX_VOCAB, MAX_WIDTH
 
@@ -121,7 +121,20 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 _KEYS = {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "preset", "rope_theta", "norm_eps",
-         "tie_embeddings", "qkv_bias", "head_dim"}
+         "tie_embeddings", "qkv_bias", "head_dim", "rope_scaling"}
+
+
+def _rope_scaling(g: Fields, value: Any) -> tuple[float, float, float, int] | None:
+    """A spec's `rope_scaling`: null, Llama 3's as in a HF config (a mapping of LLAMA3_ROPE's fields, its
+    rope_type llama3 if given), or those four values in that order (ModelSpec's own form)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and len(value) == len(LLAMA3_ROPE):
+        value = dict(zip(LLAMA3_ROPE, value))
+    if not isinstance(value, dict) or value.get("rope_type", "llama3") != "llama3":
+        raise g.err("rope_scaling", f"got {value!r}", "null, or Llama 3's: {rope_type: llama3, " +
+                    ", ".join(f"{k}: ..." for k in LLAMA3_ROPE) + "}")
+    return llama3_rope(g, "rope_scaling", value)
 
 
 def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
@@ -139,7 +152,8 @@ def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
                   vocab=g.int("vocab", max=MAX_VOCAB), seq_len=g.int("seq_len", max=MAX_SEQ),
                   rope_theta=g.float("rope_theta", 10000.0, hi=1e12), norm_eps=g.float("norm_eps", 1e-5, hi=1.0),
                   tie_embeddings=g.bool("tie_embeddings", False), qkv_bias=g.bool("qkv_bias", False),
-                  explicit_head_dim=g.int("head_dim", max=MAX_WIDTH) if "head_dim" in merged else None)
+                  explicit_head_dim=g.int("head_dim", max=MAX_WIDTH) if "head_dim" in merged else None,
+                  rope_scaling=_rope_scaling(g, merged.get("rope_scaling")))
     return check_shape(m, source)
 
 

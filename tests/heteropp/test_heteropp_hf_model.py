@@ -3,6 +3,7 @@ as the model of the reference and of a plan: its logits equal transformers' own 
 batch (fp32 CPU), and configs the engine cannot compute are refused naming the field."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -62,6 +63,22 @@ def test_llama_3_rope_scaling_gives_transformers_logits(tmp_path) -> None:
         ).eval()(ids).logits
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert not torch.allclose(plain, want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_model_spec_file_holds_the_rope_scaling_of_a_hf_config(tmp_path) -> None:
+    """A spec file written from a run's model fields (the elastic and torchrun configs write one) reads back the
+    same model, Llama 3's rope scaling included, as its four values or as the HF config's mapping."""
+    d = write_hf_model(tmp_path / "llama3", "llama", rope_scaling=dict(LLAMA3_ROPE), rope_theta=10000.0)
+    m = load_model(d)
+    fields = {k: v for k, v in dataclasses.asdict(m).items() if k != "explicit_head_dim"}
+    fields["head_dim"] = m.head_dim  # the spec file's name of it
+    for i, scaling in enumerate((fields["rope_scaling"], LLAMA3_ROPE)):
+        (tmp_path / f"m{i}.json").write_text(json.dumps({**fields, "rope_scaling": scaling}))
+        assert load_model(tmp_path / f"m{i}.json") == m
+    (tmp_path / "bad.json").write_text(json.dumps({**fields, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    with pytest.raises(SpecError) as e:
+        load_model(tmp_path / "bad.json")
+    assert e.value.field == "rope_scaling"
 
 
 def _config(tmp_path, **fields) -> str:
