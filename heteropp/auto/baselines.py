@@ -108,20 +108,27 @@ def mixed_rounded_counts(cl: Cluster, limit: int = MIXED_ROUNDINGS) -> list[dict
     if cl.total_chips > LARGE_CHIPS:
         return []
     fewer = cl.total_chips <= FEWER_CHIPS
-    per_type = [sorted({c.count, *(c.count // (1 << j) << j for j in ROUNDINGS if c.count >= 1 << j),
-                        *(c.count - k for k in (1, c.chips_per_node) if c.count > k and fewer)}, reverse=True)
-                for c in cl.chips]
+    # per type, the counts other than its own, the most first
+    other = [sorted({*(c.count // (1 << j) << j for j in ROUNDINGS if c.count >= 1 << j),
+                     *(c.count - k for k in (1, c.chips_per_node) if c.count > k and fewer)} - {c.count},
+                    reverse=True) for c in cl.chips]
     uniform = rounded_counts(cl)
-    out = []
-    for combo in itertools.product(*per_type):
-        counts = {c.name: n for c, n in zip(cl.chips, combo)}
-        if all(counts[c.name] == c.count for c in cl.chips) or counts in uniform:
-            continue
-        out.append(counts)
-    # one type changed before two (the cluster of N chips of a type, planned best on its own, is a change of
-    # one type of N + k), then the most chips first
-    out.sort(key=lambda d: (sum(d[c.name] != c.count for c in cl.chips), -sum(d.values())))
-    return out[:limit]
+    out: list[dict[str, int]] = []
+    # one type changed, then two, ...: each level's sub-clusters, the most chips first, until `limit` are
+    # found (the whole product would be millions of sub-clusters on 8 types)
+    for changed in range(1, len(cl.chips) + 1):
+        level = []
+        for which in itertools.combinations(range(len(cl.chips)), changed):
+            for values in itertools.product(*(other[i] for i in which)):
+                counts = {c.name: c.count for c in cl.chips}
+                counts.update((cl.chips[i].name, v) for i, v in zip(which, values))
+                if counts not in uniform:
+                    level.append(counts)
+        level.sort(key=lambda d: -sum(d.values()))
+        out += level[:limit - len(out)]
+        if len(out) >= limit:
+            break
+    return out
 
 
 def flops_split(cm: CostModel, limit: int = FLOPS_DPS) -> Iterator[Candidate]:

@@ -10,6 +10,8 @@ that the search's objective put 4.8% above its simulated time), until the planne
 offered the idle-chip plans to the ranking on clusters of up to planning.IDLE_OFFER_CHIPS chips."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from bench.heteroauto_scenarios import H200, slow_links
@@ -110,3 +112,47 @@ def test_more_chips_of_one_type_plan_no_slower_when_the_best_rounds_types_differ
 
     base, grown_t = planned(0), planned(more)
     assert grown_t <= base * (1 + 1e-9), f"{more} more chips: {grown_t:.4f} s, before: {base:.4f} s"
+
+
+def _brute_mixed(cl, limit: int) -> list[dict[str, int]]:
+    """Every combination of each type's own count or its roundings (ROUNDINGS) or, up to FEWER_CHIPS chips, its
+    count less one chip or one node, minus the cluster itself and the uniform roundings; fewer types changed
+    first, then the most chips."""
+    from heteropp.auto.baselines import FEWER_CHIPS, ROUNDINGS, rounded_counts
+
+    per = [{c.count, *(c.count // 2 ** j * 2 ** j for j in ROUNDINGS if c.count >= 2 ** j),
+            *(c.count - k for k in (1, c.chips_per_node) if c.count > k and cl.total_chips <= FEWER_CHIPS)}
+           for c in cl.chips]
+    whole = {c.name: c.count for c in cl.chips}
+    every = [dict(zip(whole, combo)) for combo in itertools.product(*per)]
+    every = [d for d in every if d != whole and d not in rounded_counts(cl)]
+    every.sort(key=lambda d: (sum(d[n] != whole[n] for n in whole), -sum(d.values())))
+    return every[:limit]
+
+
+@pytest.mark.parametrize("counts", [[73, 25], [17, 64, 65], [63, 61, 59, 57]])
+def test_mixed_rounded_counts_are_the_first_of_every_combination_in_their_order(counts):
+    # the sub-clusters come level by level (one type changed, then two, ...), not from the whole product,
+    # which on 8 types of about 60 chips holds 1.7 million of them (5.8 s of CPU before each plan)
+    from heteropp.auto.baselines import MIXED_ROUNDINGS, mixed_rounded_counts
+
+    cl = cluster_from_dict(scale_cluster(counts), "test")
+    got = mixed_rounded_counts(cl)
+    want = _brute_mixed(cl, MIXED_ROUNDINGS)
+    def key(d: dict[str, int]) -> tuple[int, int]:
+        return sum(d[c.name] != c.count for c in cl.chips), -sum(d.values())
+
+    # the same levels and chip totals in order, and the same sub-clusters but for ties at the cut
+    assert [key(d) for d in got] == [key(d) for d in want]
+    last = key(want[-1])
+    assert ({tuple(sorted(d.items())) for d in got if key(d) != last}
+            == {tuple(sorted(d.items())) for d in want if key(d) != last})
+
+
+def test_mixed_rounded_counts_of_eight_types_change_one_type_each():
+    from heteropp.auto.baselines import MIXED_ROUNDINGS, mixed_rounded_counts
+
+    cl = cluster_from_dict(scale_cluster([63, 61, 59, 57, 55, 53, 51, 49]), "test")
+    got = mixed_rounded_counts(cl)
+    assert len(got) == MIXED_ROUNDINGS
+    assert all(sum(d[c.name] != c.count for c in cl.chips) == 1 for d in got)
