@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 from .records import resolve_op
 from .point_to_point import load_transfers
 from .random_contracts import contract_verdict
-from .summaries import compare_summaries, stats_difference, stats_rtol, tensor_checksum
+from .summaries import compare_summaries, outputs_in_common, stats_difference, stats_rtol, tensor_checksum
 from .reference import run_reference, skip_reason, without_randomness
 from .shards import TPShards
 from .signature import differences, signature
@@ -272,8 +272,8 @@ def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | Non
         # with a fused kernel): its outputs are compared as far as both have them, shape for shape.
         func, why_not = None, "module record"
         la, lb = tensor_leaves(out_a), tensor_leaves(out_b)
-        n = next((i for i, (x, y) in enumerate(zip(la, lb)) if x.shape != y.shape), min(len(la), len(lb)))
-        out_a, out_b = la[: max(n, 1)], lb[: max(n, 1)]
+        n = outputs_in_common([x.shape for x in la], [y.shape for y in lb])
+        out_a, out_b = la[:n], lb[:n]
     elif ra["op"] != rb["op"]:
         # equivalent kernels (ditorch_precision.align): their results (first outputs) are compared directly
         func, why_not = None, f"{ra['op']} and {rb['op']} are equivalent ops"
@@ -620,13 +620,11 @@ def _optimizer_stats_drift(ops: list[dict], al: Alignment) -> None:
         for ra, rb in [*al.pairs, *al.module_pairs])
     if not apart:
         return
-    keys = ("norm", "numel", "nan", "inf")
     for row, (ra, rb) in zip(ops, al.pairs):  # ops: the rows of al.pairs, in order
         if not (row["status"] == "fail" and row["rule"] == "stats" and row["phase"] == "optimizer"):
             continue
-        norms = [({k: x.get(k) for k in keys}, {k: y.get(k) for k in keys})
-                 for x, y in zip(ra.get("stats") or [], rb.get("stats") or [])]
-        if norms and all(stats_difference(x, y, stats_rtol(x)) is None for x, y in norms):
+        pairs = list(zip(ra.get("stats") or [], rb.get("stats") or []))
+        if pairs and all(stats_difference(x, y, stats_rtol(x), keys=("norm",)) is None for x, y in pairs):
             row.update(status="drift", detail="the step's gradients already differ and an optimizer amplifies that "
                                               f"where a gradient is near zero (norms agree): {row['detail']}")
 

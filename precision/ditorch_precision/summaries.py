@@ -129,15 +129,15 @@ def stats_rtol(a: dict) -> float:
     return default_tolerance(dtype).rtol if isinstance(dtype, torch.dtype) else 1e-5
 
 
-def stats_difference(a: dict, b: dict, rtol: float) -> str | None:
+def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STATS) -> str | None:
     """How one tensor's statistics in run A (``a``) differ from the reference's (``b``), or None: the
     NaN/Inf counts exactly, each statistic within rtol x (its value + the typical magnitude
-    norm/sqrt(n)), the norm within rtol x norm."""
+    norm/sqrt(n)), the norm within rtol x norm; ``keys``: the statistics compared (every one by default)."""
     if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
         return f"NaN/Inf counts {a.get('nan')}/{a.get('inf')} vs {b.get('nan')}/{b.get('inf')}"
     # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
     scale = (b.get("norm") or 0.0) / math.sqrt(max(b.get("numel", 1), 1))
-    for key in _STATS:
+    for key in keys:
         x, y = a.get(key), b.get(key)
         if x is None or y is None:
             continue
@@ -147,15 +147,21 @@ def stats_difference(a: dict, b: dict, rtol: float) -> str | None:
     return None
 
 
+def outputs_in_common(shapes_a: list, shapes_b: list) -> int:
+    """How many outputs two records of one module are compared on: a module may return extra outputs in one
+    run (eager attention's weights, None from a fused kernel), so as far as both have them, shape for shape,
+    and at least the first."""
+    n = next((i for i, (x, y) in enumerate(zip(shapes_a, shapes_b)) if tuple(x) != tuple(y)),
+             min(len(shapes_a), len(shapes_b)))
+    return max(n, 1)
+
+
 def _module_outputs_shared(ra: dict, rb: dict) -> int | None:
-    """How many outputs two module records are compared on: a module may return extra outputs in one run
-    (eager attention's weights, None from a fused kernel), so as far as both have them, shape for shape
-    (at least the first); None for an op's record (every output)."""
+    """outputs_in_common of two module records, from their index lines; None for an op's (every output)."""
     if ra.get("kind") != "module":
         return None
-    sa, sb = ([tuple(o.get("shape") or ()) for o in r.get("outputs") or [] if isinstance(o, dict)] for r in (ra, rb))
-    n = next((i for i, (x, y) in enumerate(zip(sa, sb)) if x != y), min(len(sa), len(sb)))
-    return max(n, 1)
+    return outputs_in_common(*([o.get("shape") or () for o in r.get("outputs") or [] if isinstance(o, dict)]
+                               for r in (ra, rb)))
 
 
 def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:

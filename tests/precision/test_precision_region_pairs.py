@@ -35,13 +35,8 @@ def _gpt2_run(path, attn: str) -> list[float]:
     g = torch.Generator().manual_seed(0)
     losses = []
     with Capture(str(path), mode="stats"):
-        for _ in range(STEPS):
-            ids = torch.randint(0, 64, (2, 8), generator=g)
-            opt.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        for _ in range(STEPS):  # the LLaMA example's step: GPT-2 takes the same input_ids and labels
+            losses.append(hf_train_step(model, opt, torch.randint(0, 64, (2, 8), generator=g)).item())
     return losses
 
 
