@@ -15,10 +15,11 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 
-ZYGOTE_ENV = "HETEROPP_ZYGOTE"  # the zygote's unix socket (set by the host's snapshot keeper)
+ZYGOTE_ENV = "HETEROPP_ZYGOTE"  # the zygote's unix socket, a path or @NAME (set by the host's snapshot keeper)
 SPAWNED_ENV = "HETEROPP_SPAWNED_AT"  # when the agent started this process: the worker's birth for its phases
 
 
@@ -42,8 +43,16 @@ def main() -> int:
     if path:
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(path)
+            conn.connect("\0" + path[1:] if path.startswith("@") else path)  # @NAME: the abstract namespace
         except OSError:  # no zygote (yet): an ordinary start
+            conn = None
+    if conn is not None:  # the worker's environment goes only to a zygote of this user (a name anyone could take)
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+        if uid != os.getuid():
+            print(f"heteropp elastic_spawn: {path} is held by uid {uid}, not this user's zygote: starting the "
+                  "worker the ordinary way", file=sys.stderr)
+            conn.close()
             conn = None
     if conn is None:
         os.execv(sys.executable, [sys.executable, "-u", "-m", "heteropp.engine.elastic", *sys.argv[1:]])

@@ -5,9 +5,11 @@ Every round after the first so starts its workers without importing torch again.
 
     python -m heteropp.engine.elastic_zygote SOCKET
 
-The socket appears only once the imports are done (a worker asking earlier starts the ordinary way). It lives
-in a directory only this user can enter (the host's keeper makes it); the zygote itself stays single-threaded so
-that forking it is safe, and reports each child's exit status to its requester.
+SOCKET is a path, or @NAME for a name in Linux's abstract socket namespace (what the host's keeper gives: it
+leaves no file behind when the host is killed). The socket listens only once the imports are done (a worker
+asking earlier starts the ordinary way), and a connection from another user is refused (the peer's uid, from
+the kernel), since a request runs a worker with the requester's arguments. The zygote itself stays
+single-threaded so that forking it is safe, and reports each child's exit status to its requester.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import traceback
@@ -61,26 +64,48 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os._exit(code)
 
 
+def address(socket_name: str) -> str:
+    """The address to bind or connect to: @NAME is NAME in the abstract namespace, anything else a path."""
+    return "\0" + socket_name[1:] if socket_name.startswith("@") else socket_name
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket, as the kernel recorded it at connect."""
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return int(uid)
+
+
 def serve(path: str) -> None:
     import torch  # noqa: F401  what every worker needs, imported once here
     import torch.distributed  # noqa: F401
     from heteropp.engine import elastic, worker  # noqa: F401
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    tmp = path + ".tmp"
-    listener.bind(tmp)
-    os.replace(tmp, path)  # appears whole, after the imports
-    listener.listen(64)
+    if path.startswith("@"):
+        listener.bind(address(path))
+        listener.listen(64)
+    else:
+        tmp = path + ".tmp"
+        listener.bind(tmp)
+        listener.listen(64)
+        os.replace(tmp, path)  # appears whole, after the imports
     children: dict[int, socket.socket] = {}
     while True:
         ready, _, _ = select.select([listener], [], [], 0.05)
         if ready:
             conn, _ = listener.accept()
+            fds: list[int] = []
             try:
+                if peer_uid(conn) != os.getuid():
+                    raise ValueError(f"a connection from uid {peer_uid(conn)} refused: this zygote serves uid "
+                                     f"{os.getuid()} only")
                 msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 request = json.loads(msg)
                 if len(fds) != 3 or not isinstance(request, dict) or not isinstance(request.get("argv"), list):
                     raise ValueError("expected a JSON request and three file descriptors")
             except (OSError, ValueError) as e:
+                for fd in fds:
+                    os.close(fd)
                 try:
                     conn.sendall(json.dumps({"error": str(e)}).encode() + b"\n")
                 finally:

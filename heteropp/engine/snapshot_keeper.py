@@ -34,14 +34,13 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 import signal
 import socket
 import socketserver
 import struct
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from typing import Any
 
@@ -304,10 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     where = f"{host}:{server.server_address[1]}"
     env = {**os.environ, KEEPER_ENV: where}
-    zygote, private = None, None
+    zygote = None
     if not a.no_zygote:  # the host's warm process, beside the agent: new workers fork from it
-        private = tempfile.mkdtemp(prefix="heteropp-zygote-")  # only this user enters it
-        env[ZYGOTE_ENV] = os.path.join(private, "zygote.sock")
+        # an abstract socket name: nothing left on disk when the host is killed; the zygote serves this uid only
+        env[ZYGOTE_ENV] = "@heteropp-zygote-" + secrets.token_hex(8)
         zygote = subprocess.Popen([sys.executable, "-u", "-m", "heteropp.engine.elastic_zygote", env[ZYGOTE_ENV]])
     child = subprocess.Popen(cmd, env=env)
 
@@ -321,7 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     if zygote is not None:
         zygote.kill()
         zygote.wait()
-        shutil.rmtree(private or "", ignore_errors=True)
     if code < 0:  # the agent died of a signal: so does its host
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

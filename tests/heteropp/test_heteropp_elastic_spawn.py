@@ -118,3 +118,71 @@ def test_the_agents_signal_reaches_the_worker_and_a_dead_stand_in_takes_it_along
     while not _gone(worker):
         assert time.time() < deadline, f"the worker {worker} outlived its stand-in ({how})"
         time.sleep(0.05)
+
+
+KEEPER = REPO / "heteropp/engine/snapshot_keeper.py"
+
+
+def _listening(name: str) -> bool:
+    """Whether an abstract unix socket @name is bound (the kernel lists those in /proc/net/unix)."""
+    with open("/proc/net/unix") as f:
+        return any(line.split()[-1] == name for line in f.read().splitlines()[1:] if len(line.split()) > 7)
+
+
+def _ask_as(uid: int, name: str) -> str:
+    """The zygote's first reply to a request sent by a process of another user (a forked child that drops to uid)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # stdlib only from here on: connect as uid, send a well-formed request with three descriptors
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.settimeout(30)
+                c.connect("\0" + name[1:])
+                socket.send_fds(c, [json.dumps({"argv": ["--help"], "env": {}, "cwd": "/"}).encode() + b"\n"],
+                                [0, 1, 2])
+                reply = c.recv(4096)
+            os.write(w, reply or b"(closed without a reply)")
+        except BaseException as e:  # noqa: BLE001  reported to the parent, which asserts on it
+            os.write(w, f"child failed: {e!r}".encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root (setuid)")
+def test_a_hosts_zygote_serves_only_its_user_and_a_killed_host_leaves_no_file(tmp_path) -> None:
+    """The keeper's zygote listens on an abstract socket name: a request from another uid is refused (it would run
+    a worker with the requester's arguments), and SIGKILLing the host (keeper, agent, zygote) leaves nothing in
+    the temporary directory and no socket bound."""
+    tmp, where = tmp_path / "tmp", tmp_path / "zygote.name"
+    tmp.mkdir()
+    child = f"import os, time; open({str(where)!r}, 'w').write(os.environ['HETEROPP_ZYGOTE']); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, str(KEEPER), "--listen", "127.0.0.1:0", "--", sys.executable, "-c",
+                             child], env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not (where.exists() and where.read_text()):
+            assert proc.poll() is None and time.time() < deadline, "the keeper did not start its child"
+            time.sleep(0.05)
+        name = where.read_text()
+        assert name.startswith("@heteropp-zygote-"), f"the zygote's socket is a file: {name}"
+        while not _listening(name):  # it binds once torch is imported
+            assert proc.poll() is None and time.time() < deadline, "the zygote did not come up"
+            time.sleep(0.05)
+        reply = _ask_as(65534, name)
+        assert "refused" in reply and "uid 65534" in reply and "pid" not in reply, reply
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert not list(tmp.iterdir()), f"the killed host left {sorted(p.name for p in tmp.iterdir())}"
+    deadline = time.time() + 30
+    while _listening(name):  # the zygote is gone with its host: nothing bound under its name
+        assert time.time() < deadline, f"{name} is still bound after its host was killed"
+        time.sleep(0.05)
