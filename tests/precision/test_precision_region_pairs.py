@@ -40,13 +40,16 @@ def _gpt2_run(path, attn: str) -> list[float]:
     return losses
 
 
-def _llama_run(path, attn: str, fault_at: int | None = None) -> None:
+def _llama_run(path, attn: str, fault_at: int | None = None, fault: str = "mm") -> None:
     model = make_hf_llama(HFLlamaSize(), attn)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # CPU tensors: the for-loop step, which runs aten::sqrt
     with Capture(str(path), mode="stats"):
         for step, ids in enumerate(hf_batches(HFLlamaSize(), STEPS)):
-            plant = (wrong_kernel("mm", 1 + 1e-3, inside=model.model.layers[1].mlp.down_proj) if step == fault_at
-                     else nullcontext())
+            plant = nullcontext()
+            if step == fault_at and fault == "mm":
+                plant = wrong_kernel("mm", 1 + 1e-3, inside=model.model.layers[1].mlp.down_proj)
+            elif step == fault_at:  # the optimizer's kernel (only its step runs aten::sqrt in this model)
+                plant = wrong_kernel(fault, 1 + 1e-3)
             with plant:
                 hf_train_step(model, opt, ids)
 
@@ -57,6 +60,8 @@ def runs(tmp_path_factory):
     losses = {"eager": _gpt2_run(root / "eager", "eager"), "sdpa": _gpt2_run(root / "sdpa", "sdpa")}
     _llama_run(root / "llama_eager", "eager")
     _llama_run(root / "llama_fault", "sdpa", fault_at=STEPS - 1)
+    _llama_run(root / "llama_eager_adam_fault", "eager", fault_at=1, fault="sqrt")
+    _llama_run(root / "llama_sdpa_adam_fault", "sdpa", fault_at=1, fault="sqrt")
     return root, losses
 
 
@@ -78,3 +83,16 @@ def test_a_fault_after_the_attention_is_still_found(runs):
     assert fd is not None and (fd["op"], fd["module"], fd["phase"], fd["step"]) == (
         "aten::mm", "LlamaForCausalLM.model.layers.1.mlp.down_proj", "forward", STEPS - 1), fd
     assert all(r["step"] == STEPS - 1 for r in report.failed), [(r["op"], r["step"]) for r in report.failed]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_fault_in_the_optimizers_kernel_fails_whether_or_not_the_gradients_differ(runs, attn):
+    """Adam's denominator 1e-3 off at step 1: with the same attention the gradients are the same numbers; with sdpa
+    against eager they differ by rounding, where an optimizer op's statistics that differ are drift if their norms
+    agree. Either way the faulty op fails, at its step, as the first divergence."""
+    root, _ = runs
+    report = compare_dumps(str(root / f"llama_{attn}_adam_fault"), str(root / "llama_eager"))
+    fd = report.first_divergence
+    assert fd is not None and (fd["op"], fd["phase"], fd["step"], fd["status"]) == (
+        "aten::sqrt", "optimizer", 1, "fail"), fd
+    assert not [r for r in report.failed if r["step"] == 0], [(r["op"], r["detail"]) for r in report.failed]

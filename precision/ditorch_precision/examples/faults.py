@@ -12,6 +12,7 @@ import torch
 _FORMULAS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": lambda x: x * torch.sigmoid(x),
     "rsqrt": lambda x: torch.reciprocal(torch.sqrt(x)),
+    "sqrt": lambda x: torch.pow(x, 0.5),  # Adam's denominator (the for-loop step CPUs take)
     "mm": lambda a, b: torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0),
     "bmm": lambda a, b: (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2),
 }
