@@ -67,9 +67,11 @@ def llama3_rope(f: Fields, key: str, spec: dict[str, Any]) -> tuple[float, float
 def _rope(f: Fields, data: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:
     """(`rope_theta`, Llama 3's rope scaling or None) from `rope_theta` and `rope_scaling` (transformers 4.x)
     or `rope_parameters` (5.x): the default rotary embedding and Llama 3.1's scaled one run; other scalings
-    (linear, dynamic, yarn, longrope) are refused."""
+    (linear, dynamic, yarn, longrope) are refused. A config that gives both forms, or `rope_theta` in both
+    places, must give the same values: transformers takes one of each silently, and a model trained with
+    the other frequencies would still run."""
     params = data.get("rope_parameters")
-    scaling = None
+    scalings: dict[str, tuple[float, float, float, int] | None] = {}
     for key, spec in (("rope_scaling", data.get("rope_scaling")), ("rope_parameters", params)):
         if spec is None:
             continue
@@ -77,13 +79,29 @@ def _rope(f: Fields, data: dict[str, Any]) -> tuple[float, tuple[float, float, f
             raise f.err(key, f"got {spec!r}", "a mapping or null")
         kind = spec.get("rope_type", spec.get("type", "default"))
         if kind == "llama3":
-            scaling = llama3_rope(f, key, spec)
+            scalings[key] = llama3_rope(f, key, spec)
         elif kind != "default":
             raise f.err(key, f"rope type {kind!r} is not implemented",
                         "no rope scaling (rope_type 'default') or Llama 3's (rope_type 'llama3')")
+        else:
+            scalings[key] = None
+    if len(set(scalings.values())) > 1:
+        raise f.err("rope_parameters", f"{_describe(scalings['rope_parameters'])}, but rope_scaling gives "
+                    f"{_describe(scalings['rope_scaling'])}", "one rope scaling: the same in both, or only one")
+    scaling = next(iter(scalings.values()), None)
+    theta = f.float("rope_theta", 10000.0, hi=1e12)
     if isinstance(params, dict) and "rope_theta" in params:
-        return Fields(params, f.source, "rope_parameters.").float("rope_theta", hi=1e12), scaling
-    return f.float("rope_theta", 10000.0, hi=1e12), scaling
+        inner = Fields(params, f.source, "rope_parameters.").float("rope_theta", hi=1e12)
+        if "rope_theta" in data and inner != theta:
+            raise f.err("rope_parameters.rope_theta", f"{inner}, but rope_theta gives {theta}",
+                        "one rope_theta: the same in both, or only one")
+        theta = inner
+    return theta, scaling
+
+
+def _describe(scaling: tuple[float, float, float, int] | None) -> str:
+    return "no scaling" if scaling is None else "llama3 " + ", ".join(
+        f"{k} {v}" for k, v in zip(LLAMA3_ROPE, scaling))
 
 
 def hf_fields(data: dict[str, Any], source: str, seq_len: int | None = None) -> dict[str, Any]:

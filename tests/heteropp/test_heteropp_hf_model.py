@@ -95,6 +95,10 @@ def _config(tmp_path, **fields) -> str:
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.low_freq_factor"),  # fields missing
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_parameters"),
+    ({"rope_scaling": dict(LLAMA3_ROPE), "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+     "rope_parameters"),  # both forms, disagreeing (transformers takes rope_scaling silently)
+    ({"rope_theta": 5e5, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+     "rope_parameters.rope_theta"),
     ({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 8}, "sliding_window"),
     ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
       "layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
@@ -108,6 +112,12 @@ def test_a_config_the_engine_cannot_run_is_refused_naming_the_field(tmp_path, fi
     with pytest.raises(SpecError) as e:
         load_model(_config(tmp_path, **fields))
     assert e.value.field == named
+
+
+def test_rope_given_in_both_forms_alike_is_read_once(tmp_path) -> None:
+    both = load_model(_config(tmp_path, rope_theta=1e4, rope_scaling=dict(LLAMA3_ROPE),
+                              rope_parameters={**LLAMA3_ROPE, "rope_theta": 1e4}))
+    assert (both.rope_theta, both.rope_scaling) == (1e4, (8.0, 1.0, 4.0, 8))
 
 
 def test_a_weight_whose_shape_disagrees_with_the_config_is_refused_naming_it(tmp_path) -> None:
