@@ -142,8 +142,11 @@ def _ask_as(uid: int, name: str) -> str:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
                 c.settimeout(30)
                 c.connect("\0" + name[1:])
-                socket.send_fds(c, [json.dumps({"argv": ["--help"], "env": {}, "cwd": "/"}).encode() + b"\n"],
-                                [0, 1, 2])
+                try:
+                    socket.send_fds(c, [json.dumps({"argv": ["--help"], "env": {}, "cwd": "/"}).encode() + b"\n"],
+                                    [0, 1, 2])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused before it read the request: its reply is still there to read
                 reply = c.recv(4096)
             os.write(w, reply or b"(closed without a reply)")
         except BaseException as e:  # noqa: BLE001  reported to the parent, which asserts on it
