@@ -48,8 +48,12 @@ CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_en
 	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan tests/cxx/test_fuzz.py \
 	tests/cxx/test_other_cpu_build.py
 
+# `make test` runs in TEST_WORKERS pytest-xdist workers (tests that hold one resource of the machine take its
+# lock: tests/conftest.py); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py --ignore=tests/cxx/test_fuzz.py \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py --ignore=tests/cxx/test_fuzz.py \
 	  --ignore=tests/cxx/test_other_cpu_build.py \
 	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
 	  --deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \

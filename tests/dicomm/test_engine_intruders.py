@@ -19,6 +19,7 @@ import pytest
 
 from tests.dicomm.engine_util import comm, exchange, ptr
 from tests.dicomm.multiproc import run_ranks
+from tests.machine_lock import machine_lock
 
 INTRUDER = Path(__file__).with_name("intruder.py")
 INTRUDER_USER = "dicomm-intruder"
@@ -93,18 +94,19 @@ def intruder_user() -> str:
         pytest.skip("creating an unprivileged user for the intrusion test needs root")
     if not os.path.exists("/usr/bin/python3"):
         pytest.skip("no /usr/bin/python3 for the unprivileged intruder to run")
-    created = False
-    try:
-        pwd.getpwnam(INTRUDER_USER)
-    except KeyError:
-        done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                               INTRUDER_USER], capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"useradd failed: {done.stderr.strip()}")
-        created = True
-    yield INTRUDER_USER
-    if created:
-        subprocess.run(["userdel", INTRUDER_USER], capture_output=True)
+    with machine_lock("intruder-user"):  # another worker's module would delete the user under this one
+        created = False
+        try:
+            pwd.getpwnam(INTRUDER_USER)
+        except KeyError:
+            done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                                   INTRUDER_USER], capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.skip(f"useradd failed: {done.stderr.strip()}")
+            created = True
+        yield INTRUDER_USER
+        if created:
+            subprocess.run(["userdel", INTRUDER_USER], capture_output=True)
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

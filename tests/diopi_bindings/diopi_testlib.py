@@ -22,6 +22,7 @@ import pytest
 from diopi_bindings.abi import INCLUDE_DIR
 from diopi_bindings.build import ReferenceVariant, build_reference_variants
 from diopi_bindings.library import reference_library_path
+from tests.machine_lock import machine_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +93,11 @@ def reference_variants(tmp_path_factory) -> dict[str, Path]:
     """The libraries of variants_to_build(), by name (built once per session, whichever test asks first)."""
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed")
-    return build_reference_variants(tmp_path_factory.mktemp("variants"), variants_to_build())
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the run's directory, shared by its workers: one build for all
+        root = root.parent
+    with machine_lock("diopi-variants"):  # the second worker's cmake finds the build up to date
+        return build_reference_variants(root / "diopi-variants", variants_to_build())
 
 
 @pytest.fixture(scope="session")
