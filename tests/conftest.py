@@ -20,6 +20,13 @@ SHARED_RESOURCES = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    missing = sorted(f for f in SHARED_RESOURCES if not (config.rootpath / "tests" / f).is_file())
+    if missing:  # a renamed file would run its tests without the lock
+        raise pytest.UsageError(f"tests/conftest.py: SHARED_RESOURCES names {missing}, which do not exist "
+                                "(expected test files under tests/)")
+
+
 @pytest.fixture(autouse=True)
 def _machine_resource(request: pytest.FixtureRequest) -> Iterator[None]:
     try:

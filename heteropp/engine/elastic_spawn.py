@@ -23,6 +23,18 @@ ZYGOTE_ENV = "HETEROPP_ZYGOTE"  # the zygote's unix socket, a path or @NAME (set
 SPAWNED_ENV = "HETEROPP_SPAWNED_AT"  # when the agent started this process: the worker's birth for its phases
 
 
+def address(socket_name: str) -> str:
+    """The address to bind or connect to: @NAME is NAME in Linux's abstract namespace, anything else a path."""
+    return "\0" + socket_name[1:] if socket_name.startswith("@") else socket_name
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket, as the kernel recorded it at connect."""
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return int(uid)
+
+
 def read_line(conn: socket.socket) -> dict | None:
     """One JSON line from the zygote, or None at EOF; a line longer than 4 KiB is not the zygote's."""
     buf = b""
@@ -43,12 +55,11 @@ def main() -> int:
     if path:
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect("\0" + path[1:] if path.startswith("@") else path)  # @NAME: the abstract namespace
+            conn.connect(address(path))
         except OSError:  # no zygote (yet): an ordinary start
             conn = None
     if conn is not None:  # the worker's environment goes only to a zygote of this user (a name anyone could take)
-        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("3i")))
+        uid = peer_uid(conn)
         if uid != os.getuid():
             print(f"heteropp elastic_spawn: {path} is held by uid {uid}, not this user's zygote: starting the "
                   "worker the ordinary way", file=sys.stderr)

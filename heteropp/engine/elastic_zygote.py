@@ -18,10 +18,11 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import traceback
+
+from heteropp.engine.elastic_spawn import address, peer_uid
 
 WARM_ENV = "HETEROPP_WARM_START"
 
@@ -64,31 +65,16 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os._exit(code)
 
 
-def address(socket_name: str) -> str:
-    """The address to bind or connect to: @NAME is NAME in the abstract namespace, anything else a path."""
-    return "\0" + socket_name[1:] if socket_name.startswith("@") else socket_name
-
-
-def peer_uid(conn: socket.socket) -> int:
-    """The uid of the process at the other end of a unix socket, as the kernel recorded it at connect."""
-    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                          struct.calcsize("3i")))
-    return int(uid)
-
-
 def serve(path: str) -> None:
     import torch  # noqa: F401  what every worker needs, imported once here
     import torch.distributed  # noqa: F401
     from heteropp.engine import elastic, worker  # noqa: F401
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if path.startswith("@"):
-        listener.bind(address(path))
-        listener.listen(64)
-    else:
-        tmp = path + ".tmp"
-        listener.bind(tmp)
-        listener.listen(64)
-        os.replace(tmp, path)  # appears whole, after the imports
+    abstract = path.startswith("@")
+    listener.bind(address(path) if abstract else path + ".tmp")
+    listener.listen(64)
+    if not abstract:
+        os.replace(path + ".tmp", path)  # appears whole, after the imports
     children: dict[int, socket.socket] = {}
     while True:
         ready, _, _ = select.select([listener], [], [], 0.05)
@@ -96,9 +82,9 @@ def serve(path: str) -> None:
             conn, _ = listener.accept()
             fds: list[int] = []
             try:
-                if peer_uid(conn) != os.getuid():
-                    raise ValueError(f"a connection from uid {peer_uid(conn)} refused: this zygote serves uid "
-                                     f"{os.getuid()} only")
+                uid = peer_uid(conn)
+                if uid != os.getuid():
+                    raise ValueError(f"a connection from uid {uid} refused: this zygote serves uid {os.getuid()} only")
                 msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 request = json.loads(msg)
                 if len(fds) != 3 or not isinstance(request, dict) or not isinstance(request.get("argv"), list):

@@ -17,6 +17,7 @@ import pytest
 
 from heteropp.engine import RunConfig
 from heteropp.engine.elastic_launch import SPAWN
+from heteropp.engine.elastic_spawn import address
 from heteropp.spec import PRESETS
 from heteropp.spec.io import load_mapping
 
@@ -141,7 +142,7 @@ def _ask_as(uid: int, name: str) -> str:
             os.setuid(uid)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
                 c.settimeout(30)
-                c.connect("\0" + name[1:])
+                c.connect(address(name))
                 try:
                     socket.send_fds(c, [json.dumps({"argv": ["--help"], "env": {}, "cwd": "/"}).encode() + b"\n"],
                                     [0, 1, 2])
@@ -189,3 +190,64 @@ def test_a_hosts_zygote_serves_only_its_user_and_a_killed_host_leaves_no_file(tm
     while _listening(name):  # the zygote is gone with its host: nothing bound under its name
         assert time.time() < deadline, f"{name} is still bound after its host was killed"
         time.sleep(0.05)
+
+
+def _squat_as(uid: int, name: str) -> tuple[int, int]:
+    """A process of another user that binds the abstract socket @name first and reports, on the pipe it
+    returns (with its pid), how many bytes the one connection it accepts sent it (-1: no connection)."""
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        got = -1
+        try:
+            os.close(r)
+            os.close(ready_r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.bind(address(name))
+                s.listen(1)
+                os.write(ready_w, b"1")
+                s.settimeout(60)
+                c, _ = s.accept()
+                c.settimeout(5)
+                got = 0
+                try:
+                    while chunk := c.recv(65536):
+                        got += len(chunk)
+                except OSError:
+                    pass
+        finally:
+            os.write(w, str(got).encode())
+            os._exit(0)
+    os.close(w)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"1", "the other user's process did not bind the name"
+    os.close(ready_r)
+    return pid, r
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a socket of another user needs root (setuid)")
+def test_a_stand_in_whose_zygote_name_another_user_holds_starts_the_worker_itself(tmp_path) -> None:
+    """The name in HETEROPP_ZYGOTE is one anyone on the host could bind first: the stand-in sends the worker's
+    arguments and environment only to a zygote of its own uid, and otherwise starts the worker the ordinary way
+    (the same status and message as `python -m heteropp.engine.elastic`), saying why."""
+    name = f"@heteropp-zygote-test-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if k != "HETEROPP_CHIP"}
+    args = ["--config", str(_blocking_config(tmp_path))]
+    ordinary = subprocess.run([sys.executable, "-m", "heteropp.engine.elastic", *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+    squatter, report = _squat_as(65534, name)
+    try:
+        p = subprocess.run([sys.executable, str(SPAWN), *args], env={**env, "HETEROPP_ZYGOTE": name},
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        with os.fdopen(report, "rb") as f:
+            got = int(f.read() or b"-2")
+        os.waitpid(squatter, 0)
+    assert got == 0, f"the other user's socket received {got} bytes (-1: no connection)"
+    assert p.returncode == ordinary.returncode != 0, p.stderr
+    assert f"{name} is held by uid 65534" in p.stderr, p.stderr
+    assert ordinary.stderr.strip().splitlines()[-1] == p.stderr.strip().splitlines()[-1], (ordinary.stderr, p.stderr)
