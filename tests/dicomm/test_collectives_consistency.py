@@ -3,6 +3,8 @@ included, instead of "succeeding" with different data and leaving a stray messag
 processes on one host (shared memory), each rank on a fresh communicator per case."""
 from __future__ import annotations
 
+import datetime
+
 import numpy as np
 import pytest
 
@@ -30,8 +32,18 @@ def _call(c, kind: str, root: int, nbytes: int, rank: int, world: int):
     raise AssertionError(kind)
 
 
-def _disagree(rank, world, store, kind, roots, sizes):
+def _outcome(req) -> tuple[str, str]:
+    """("ok", "") or the error's class name and text."""
     import dicomm._C as C
+
+    try:
+        req.wait()
+        return ("ok", "")
+    except C.DicommError as e:
+        return (type(e).__name__, str(e))
+
+
+def _disagree(rank, world, store, kind, roots, sizes):
 
     name = f"{kind}-{roots}-{sizes}"
     c = open_comm(rank, world, store, timeout_s=5.0, name=name)
@@ -41,11 +53,7 @@ def _disagree(rank, world, store, kind, roots, sizes):
     store.set(f"{name}-ready{rank}", "1")
     store.wait([f"{name}-ready{r}" for r in range(world)])
     req, keep = _call(c, kind, roots[rank], sizes[rank], rank, world)
-    try:
-        req.wait()
-        out = ("ok", "")
-    except C.DicommError as e:
-        out = (type(e).__name__, str(e))
+    out = _outcome(req)
     queued = c.stats()["unexpected_queued"]
     # Close only once every rank has its answer: a closed peer is a different failure (PeerError).
     store.set(f"{name}-done{rank}", "1")
@@ -76,7 +84,6 @@ def _disagree_at_once(rank, world, store, rounds):
     """Every kind of rooted collective, `rounds` times each, as the first operation of a fresh
     communicator: no barrier first, so connections are still being set up when the aborting rank
     tells the others."""
-    import dicomm._C as C
 
     out = []
     for i in range(rounds):
@@ -84,12 +91,7 @@ def _disagree_at_once(rank, world, store, rounds):
             name = f"fresh-{kind}-{i}"
             c = open_comm(rank, world, store, timeout_s=10.0, name=name)
             req, keep = _call(c, kind, [0, 0, 2][rank], N, rank, world)
-            try:
-                req.wait()
-                got = ("ok", "")
-            except C.DicommError as e:
-                got = (type(e).__name__, str(e))
-            out.append((kind, i) + got)
+            out.append((kind, i) + _outcome(req))
             store.set(f"{name}-done{rank}", "1")
             store.wait([f"{name}-done{r}" for r in range(world)])
             c.close()
@@ -103,3 +105,37 @@ def test_a_root_mismatch_as_a_fresh_communicators_first_operation_is_a_mismatch_
     wrong = [(rank, kind, i, name, text) for rank, rows in enumerate(results)
              for kind, i, name, text in rows if name != "MismatchError"]
     assert not wrong, "\n".join(map(str, wrong))
+
+
+def _disagree_before_a_late_rank(rank, world, store, rounds):
+    """Rank 1 names another root, and rank 0 fails on its signature before rank 2 creates its
+    communicator: rank 0 cannot tell rank 2 at the abort (no card, no connection), so its connector
+    reaches rank 2 only after the abort."""
+    import torch.distributed as dist
+
+    # The harness's own barrier on a client of its own: a wait on the communicator's client would hold
+    # that client, which the connector reads rank 2's card through.
+    side = dist.TCPStore(store.host, store.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    out = []
+    for i in range(rounds):
+        if rank == 2:
+            side.wait([f"late{i}-failed0"])
+        c = open_comm(rank, world, store, timeout_s=10.0, name=f"late{i}")
+        req, keep = _call(c, "broadcast", [0, 2, 0][rank], N, rank, world)
+        out.append(_outcome(req))
+        if rank == 0:
+            side.set(f"late{i}-failed0", "1")
+        side.set(f"late{i}-done{rank}", "1")
+        side.wait([f"late{i}-done{r}" for r in range(world)])
+        c.close()
+    return out
+
+
+def test_a_rank_that_comes_late_to_an_aborted_communicator_gets_the_mismatch():
+    # The late rank got "rank 0 is gone": the connection rank 0's connector opened after the abort was
+    # closed at once, without the notice.
+    results = run_ranks(_disagree_before_a_late_rank, 3, 2, timeout=120)
+    for rank, rows in enumerate(results):
+        for name, text in rows:
+            assert name == "MismatchError", (rank, name, text)
+            assert "root 0" in text and "root 2" in text, (rank, text)

@@ -38,14 +38,16 @@ transport::Transport& Engine::choose_transport(int peer, const Card& card) {
 
 transport::SendConn* Engine::connection_to(int peer) { return connection_to(peer, transport::Clock::now() + timeout_); }
 
-transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_point deadline) {
-  std::unique_lock<std::mutex> connecting(*peers_[peer].connecting);
+transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_point deadline, ConnectFor why) {
+  std::unique_lock<std::mutex> connecting(*peers_[peer].connecting, std::defer_lock);
+  if (why != ConnectFor::kNotice) connecting.lock();
+  else if (!connecting.try_lock()) return nullptr;
   Card card;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Peer& p = peers_[peer];
     if (p.send) return p.send.get();
-    if (p.dead || p.send_closed || closed_) return nullptr;
+    if (p.dead || p.send_closed || (closed_ && !(why == ConnectFor::kConnector && told_))) return nullptr;
     if (p.card_known) card = p.card;
   }
   // Store and connect calls block: they run without the engine lock, under the peer's own.
@@ -70,6 +72,7 @@ transport::SendConn* Engine::connection_to(int peer, transport::Clock::time_poin
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
   if (p.dead || closed_) {
+    if (!p.dead) tell_late_connection_locked(*conn);
     graveyard_.push_back(std::move(conn));
     graveyard_.clear();
     return nullptr;
@@ -89,7 +92,7 @@ void Engine::connect_all() {
   for (int k = 1; k < size_ && !stopping_; ++k) {
     int q = (rank_ + k) % size_;  // each rank starts with a different peer
     try {
-      connection_to(q, transport::Clock::now() + limit);
+      connection_to(q, transport::Clock::now() + limit, ConnectFor::kConnector);
     } catch (const transport::SetupTimedOut&) {
       // Slow, not necessarily gone: the first isend to that peer tries again.
     } catch (const PeerError& e) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -131,7 +132,13 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
 
   // engine.cpp
   transport::SendConn* connection_to(int peer);  // connects on first use; lock NOT held
-  transport::SendConn* connection_to(int peer, transport::Clock::time_point deadline);
+  // Who connects: a send (on first use), the connector thread (every peer at once), or an abort's notice.
+  // A connection that opens after the abort told the peers carries the notice (tell_late_connection_locked):
+  // the connector goes on after such an abort, so that a peer it had not reached yet hears it instead of
+  // nothing; the notice does not wait for another thread's attempt (that one will carry it).
+  enum class ConnectFor { kUse, kConnector, kNotice };
+  transport::SendConn* connection_to(int peer, transport::Clock::time_point deadline,
+                                     ConnectFor why = ConnectFor::kUse);
   void connect_all();  // the connector thread: every peer at once, so that a dead one is noticed
 
   // liveness.cpp (lock held)
@@ -142,6 +149,9 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
   // Abort notices: a reserved tag on the ordinary connections (liveness.cpp).
   void connect_for_notice();  // before an abort that tells the peers (failure.cpp)
   void send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq);
+  void tell_late_connection_locked(transport::SendConn& conn);  // connection_to, after we told them
+  bool post_abort_notice_locked(transport::SendConn& conn);     // false: that connection is gone
+  static void push_abort_notices(const std::vector<transport::SendConn*>& told);
   static bool is_abort_notice(const transport::Header& hdr);
   bool on_abort_notice(int src, const void* payload, size_t bytes);  // true if it was one
   void apply_abort_notice_locked();  // after a progress pass (connections may not be freed mid-pass)
@@ -263,6 +273,12 @@ class Engine : public transport::Sink, public std::enable_shared_from_this<Engin
     std::string text;
   };
   std::vector<std::unique_ptr<Notice>> notices_;  // outgoing: alive until the engine goes
+  struct Told {  // the abort notice this rank sent its peers, if it did
+    std::string reason;
+    ErrorKind kind;
+    uint64_t collective_seq;
+  };
+  std::optional<Told> told_;
   EngineCounters counters_;
 };
 

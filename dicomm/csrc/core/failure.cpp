@@ -143,6 +143,8 @@ void Engine::abort(const std::string& reason, ErrorKind kind, bool tell_peers, u
 // The notice travels on our connection to each peer. On a fresh communicator (a mismatch in its
 // first collective) some are not open yet, and a peer we never connected to would only see our
 // close, as if we had died: open them first, briefly (a peer not reachable by then learns it so).
+// One that another thread is connecting to is left to that attempt (its connection carries the notice
+// when it opens after the abort): waiting for it would hold every other peer's notice up to its timeout.
 void Engine::connect_for_notice() {
   std::vector<int> unconnected;
   {
@@ -157,7 +159,7 @@ void Engine::connect_for_notice() {
   const auto until = transport::Clock::now() + std::chrono::seconds(1);
   for (int q : unconnected) {
     try {
-      connection_to(q, until);
+      connection_to(q, until, ConnectFor::kNotice);
     } catch (const std::exception&) {
       // Unreachable now: it hears of the abort as our connection's close.
     }

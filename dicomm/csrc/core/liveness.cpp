@@ -82,27 +82,45 @@ bool Engine::check_processes_locked() {
 }
 
 void Engine::send_abort_notices_locked(const std::string& reason, ErrorKind kind, uint64_t collective_seq) {
+  told_ = Told{reason, kind, collective_seq};
   std::vector<transport::SendConn*> told;
   for (int q = 0; q < size_; ++q) {
     Peer& p = peers_[q];
     if (q == rank_ || p.dead || !p.send) continue;
-    auto n = std::make_unique<Notice>();
-    uint32_t k = static_cast<uint32_t>(kind);
-    n->text.assign(reinterpret_cast<const char*>(&k), sizeof(k));
-    n->text.append(reinterpret_cast<const char*>(&collective_seq), sizeof(collective_seq));
-    n->text += reason.substr(0, kNoticeTextMax);
-    n->op.hdr = transport::Header{kAbortNoticeTag, kAbortNoticeMeta, n->text.size(), 0};
-    n->op.buf = n->text.data();
-    try {
-      p.send->post(&n->op);
-      told.push_back(p.send.get());
-    } catch (const std::exception&) {
-      // That peer is gone too; it needs no notice.
-    }
-    notices_.push_back(std::move(n));
+    if (post_abort_notice_locked(*p.send)) told.push_back(p.send.get());
   }
-  // Push what the sockets did not take at once out before the connections close (briefly: a
-  // peer that does not read is not worth waiting for).
+  push_abort_notices(told);
+}
+
+// A connection the connector thread opens after we told our peers (it was under way, or that peer's
+// card came later) is closed at once: it carries the notice too, or that peer would take the close
+// for our death (a live rank blamed, its error not the one every other rank reports).
+void Engine::tell_late_connection_locked(transport::SendConn& conn) {
+  if (!told_ || !post_abort_notice_locked(conn)) return;
+  push_abort_notices({&conn});
+}
+
+bool Engine::post_abort_notice_locked(transport::SendConn& conn) {
+  auto n = std::make_unique<Notice>();
+  uint32_t k = static_cast<uint32_t>(told_->kind);
+  n->text.assign(reinterpret_cast<const char*>(&k), sizeof(k));
+  n->text.append(reinterpret_cast<const char*>(&told_->collective_seq), sizeof(told_->collective_seq));
+  n->text += told_->reason.substr(0, kNoticeTextMax);
+  n->op.hdr = transport::Header{kAbortNoticeTag, kAbortNoticeMeta, n->text.size(), 0};
+  n->op.buf = n->text.data();
+  bool posted = true;
+  try {
+    conn.post(&n->op);
+  } catch (const std::exception&) {
+    posted = false;  // That peer is gone too; it needs no notice.
+  }
+  notices_.push_back(std::move(n));
+  return posted;
+}
+
+// Push what the sockets did not take at once out before the connections close (briefly: a peer that
+// does not read is not worth waiting for).
+void Engine::push_abort_notices(const std::vector<transport::SendConn*>& told) {
   auto until = transport::Clock::now() + std::chrono::milliseconds(200);
   for (bool busy = true; busy && transport::Clock::now() < until;) {
     busy = false;
