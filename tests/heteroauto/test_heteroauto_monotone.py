@@ -93,6 +93,9 @@ MIXED = {
     # every chip serves at 48 + 24 + 64; with a node more of the slow second type, its plan (a node idle) is
     # a sub-cluster no power of two rounds to
     "48 + 32 + 64": ([SCALE_TYPES[3], SCALE_TYPES[6], SCALE_TYPES[4]], [48, 24, 64], [10, 10, 10], 64, 1, 8),
+    # 9 + 64 + 65 plans on 8 + 64 + 64 (9.283 s); 17 + 64 + 65 planned on 16 + 64 + 64 (9.338 s): 8 is a node
+    # less than 16, which neither a rounding of 17 nor a node less than 17 reaches (the descent does)
+    "17 + 64 + 65": ([SCALE_TYPES[1], H200, H200], [9, 64, 65], [1.25, 2.5, 1.25], 128, 0, 8),
 }
 
 
