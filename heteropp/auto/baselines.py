@@ -22,9 +22,11 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
 * **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
   order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp;
 * **descent** (on clusters of at most `FEWER_CHIPS` chips): from the chips the fastest plan so far uses, each
-  type's count less one chip, less one node, or rounded down by a power of two, searched as the subsets are;
-  again from the new fastest plan while one is found (at most `DESCENT_SUBS` sub-clusters). 17 + 64 + 65
-  chips planned on 16 + 64 + 64 (9.338 s) while 8 + 64 + 64, two steps from the counts, plans at 9.283 s.
+  type's count less one chip, less one node, rounded down by a power of two, or none of it (where another
+  type is used), searched as the subsets are; then from the chips of the fastest plan not yet started from
+  among the `DESCENT_STARTS` fastest, at most `DESCENT_SUBS` sub-clusters in all. 17 + 64 + 65 chips planned
+  on 16 + 64 + 64 (9.338 s) while 8 + 64 + 64, two steps from the counts, plans at 9.283 s; 100 + 13 + 15
+  planned on 100 + 8 + 12 (18.280 s) while 96 + 0 + 12 plans at 17.397 s, a step from the second fastest.
 
 The returned plan is the fastest by simulation of the search's plan and these: never slower than any.
 The sub-searches share the search's work budget (each gets `SUB_WORK_SHARE` of it), so the whole stays
@@ -63,7 +65,8 @@ MIXED_ROUNDINGS = 24  # mixed_rounded_counts: at most this many sub-clusters, ea
 # those sub-clusters are seldom pruned and cost what the search does each (Exp-A, 768 chips: 0.1 -> 1.2 s)
 FEWER_CHIPS = 512
 FLOPS_DPS = 4  # the FLOPs-proportional split at the smallest dps that fit (each one simulation)
-DESCENT_SUBS = 16  # descent: at most this many sub-clusters, each a sub-search
+DESCENT_SUBS = 24  # descent: at most this many sub-clusters, each a sub-search
+DESCENT_STARTS = 3  # descent: it starts from the chips of the fastest plans among these many
 
 
 def sub_cluster(cl: Cluster, counts: dict[str, int]) -> Cluster:
@@ -194,14 +197,15 @@ def used_counts(c: Candidate) -> dict[str, int]:
 
 def neighbours(cl: Cluster, used: dict[str, int]) -> list[dict[str, int]]:
     """The descent's next sub-clusters from `used` (a plan's chips per type): one type's count less one chip,
-    less one node, or rounded down to a multiple of 2^j (ROUNDINGS), the other types as used; the most chips
-    first, then in the cluster's type order."""
+    less one node, rounded down to a multiple of 2^j (ROUNDINGS), or none where another type is used, the
+    other types as used; the most chips first, then in the cluster's type order."""
     out: list[dict[str, int]] = []
+    types = sum(1 for n in used.values() if n)
     for c in cl.chips:
         n = used.get(c.name, 0)
-        fewer = {n - 1, n - c.chips_per_node, *(n // (1 << j) << j for j in ROUNDINGS)}
-        for k in sorted(v for v in fewer if 0 < v < n):
-            counts = {**used, c.name: k}
+        fewer = {n - 1, n - c.chips_per_node, *(n // (1 << j) << j for j in ROUNDINGS), 0}
+        for k in sorted(v for v in fewer if 0 <= v < n and (v or types > 1)):
+            counts = {name: m for name, m in {**used, c.name: k}.items() if m}
             if counts not in out:
                 out.append(counts)
     out.sort(key=lambda d: -sum(d.values()))
@@ -211,12 +215,12 @@ def neighbours(cl: Cluster, used: dict[str, int]) -> list[dict[str, int]]:
 def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Plan,
                sub_problem: Callable[[Cluster], Problem],
                best_s: Callable[[], float] = lambda: math.inf, rounded: bool = True,
-               best: Callable[[], Candidate | None] = lambda: None) -> Iterator[Candidate]:
+               ranked: Callable[[], list[Candidate]] = lambda: []) -> Iterator[Candidate]:
     """The baselines' plans, each as its own search or rule returns it (not yet simulated). A sub-cluster
     whose lower bound on every plan (limits.relaxed_bound, below the cost model's estimate, which is below
     the simulator's time) is no less than `best_s()`, the fastest plan so far, is not searched: it cannot
-    win. `plan`: the planner (planning.run_search); `sub_problem`: the problem of a sub-cluster; `best()`: the
-    fastest plan so far, where the descent starts."""
+    win. `plan`: the planner (planning.run_search); `sub_problem`: the problem of a sub-cluster; `ranked()`:
+    the plans priced so far, the fastest first, where the descent starts."""
     from .h2 import search_h2
     cl = pb.cluster
     if len(cl.chips) <= H2_MAX_TYPES and cl.total_chips <= H2_MAX_CHIPS:
@@ -253,11 +257,14 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Pl
     if not rounded or cl.total_chips > FEWER_CHIPS:
         return
     tried = [counts for counts, _ in subs] + [{c.name: c.count for c in cl.chips}]
+    started: list[dict[str, int]] = []
     left = DESCENT_SUBS
-    start = best()
-    while start is not None and left > 0:
-        for counts in neighbours(cl, used_counts(start)):
-            counts = {n: k for n, k in counts.items() if k}
+    while left > 0:
+        starts = [u for u in map(used_counts, ranked()[:DESCENT_STARTS]) if u not in started]
+        if not starts:
+            break
+        started.append(starts[0])
+        for counts in neighbours(cl, starts[0]):
             if counts in tried:
                 continue
             tried.append(counts)
@@ -265,8 +272,6 @@ def candidates(pb: Problem, group_size: int, limits: Limits, idle: str, plan: Pl
             yield from searched(counts, False)
             if left == 0:
                 break
-        nxt = best()
-        start = nxt if nxt is not None and nxt is not start and used_counts(nxt) != used_counts(start) else None
 
 
 def _labelled(c: Candidate, what: str) -> Candidate:

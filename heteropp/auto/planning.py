@@ -198,11 +198,7 @@ def _offer_baselines(pb: Problem, rk: Ranking, group_size: int, limits: Limits, 
     def sub_problem(cl: Cluster) -> Problem:
         return Problem(cl, pb.model, pb.train, pb.cm.on(cl))
 
-    def best() -> Candidate | None:
-        ranked = rk.ranked()
-        return ranked[0] if ranked else None
-
-    for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, fastest, rounded, best):
+    for cand in bl.candidates(pb, group_size, limits, idle, plan, sub_problem, fastest, rounded, rk.ranked):
         rk.offer([cand], pb)
 
 
