@@ -21,12 +21,14 @@ H200s alone). So `planning.run_search` also simulates, with each one's best sche
   first, none beyond `LARGE_CHIPS` chips), searched as the subsets are;
 * **FLOPs-proportional split**: every chip at its type's largest TP size, types in memory-descending
   order, layers in proportion to each stage's peak FLOPs, recompute where a stage needs it, at each dp;
-* **descent** (on clusters of at most `FEWER_CHIPS` chips): from the chips the fastest plan so far uses, each
-  type's count less one chip, less one node, rounded down by a power of two, or none of it (where another
-  type is used), searched as the subsets are; then from the chips of the fastest plan not yet started from
-  among the `DESCENT_STARTS` fastest, at most `DESCENT_SUBS` sub-clusters in all. 17 + 64 + 65 chips planned
-  on 16 + 64 + 64 (9.338 s) while 8 + 64 + 64, two steps from the counts, plans at 9.283 s; 100 + 13 + 15
-  planned on 100 + 8 + 12 (18.280 s) while 96 + 0 + 12 plans at 17.397 s, a step from the second fastest.
+* **descent** (on clusters of at most `FEWER_CHIPS` chips), a local search over sub-clusters: from the chips
+  the fastest plan so far uses, one type's count less one chip, less one node, rounded down by a power of
+  two, or none of it (where another type is used), or, for a type the plan leaves idle, a node or a power of
+  two more of it; each searched as the subsets are; then from the chips of the fastest plan not yet started
+  from among the `DESCENT_STARTS` fastest, at most `DESCENT_SUBS` sub-clusters in all. 17 + 64 + 65 chips
+  planned on 16 + 64 + 64 (9.338 s) while 8 + 64 + 64, two steps from the counts, plans at 9.283 s;
+  100 + 13 + 15 planned on 100 + 8 + 12 (18.280 s) while 96 + 0 + 12 plans at 17.397 s, a step from the
+  second fastest; 32 + 51 + 51 planned on 0 + 48 + 48 (3.358 s) while 8 + 48 + 48 plans at 3.272 s.
 
 The returned plan is the fastest by simulation of the search's plan and these: never slower than any.
 The sub-searches share the search's work budget (each gets `SUB_WORK_SHARE` of it), so the whole stays
@@ -197,14 +199,17 @@ def used_counts(c: Candidate) -> dict[str, int]:
 
 def neighbours(cl: Cluster, used: dict[str, int]) -> list[dict[str, int]]:
     """The descent's next sub-clusters from `used` (a plan's chips per type): one type's count less one chip,
-    less one node, rounded down to a multiple of 2^j (ROUNDINGS), or none where another type is used, the
-    other types as used; the most chips first, then in the cluster's type order."""
+    less one node, rounded down to a multiple of 2^j (ROUNDINGS), or none where another type is used, or where
+    the plan leaves chips of the type idle, one node or a power of two (up to the type's count) more; the other
+    types as used; the most chips first, then in the cluster's type order."""
     out: list[dict[str, int]] = []
     types = sum(1 for n in used.values() if n)
     for c in cl.chips:
         n = used.get(c.name, 0)
-        fewer = {n - 1, n - c.chips_per_node, *(n // (1 << j) << j for j in ROUNDINGS), 0}
-        for k in sorted(v for v in fewer if 0 <= v < n and (v or types > 1)):
+        other = {n - 1, n - c.chips_per_node, *(n // (1 << j) << j for j in ROUNDINGS), 0}
+        if n < c.count:  # a type the plan leaves (partly) idle: a node, or a power of two, more of it
+            other |= {n + c.chips_per_node, *(1 << j for j in range(c.count.bit_length()) if 1 << j > n)}
+        for k in sorted(v for v in other if 0 <= v <= c.count and v != n and (v or types > 1)):
             counts = {name: m for name, m in {**used, c.name: k}.items() if m}
             if counts not in out:
                 out.append(counts)

@@ -96,6 +96,9 @@ MIXED = {
     # 9 + 64 + 65 plans on 8 + 64 + 64 (9.283 s); 17 + 64 + 65 planned on 16 + 64 + 64 (9.338 s): 8 is a node
     # less than 16, which neither a rounding of 17 nor a node less than 17 reaches (the descent does)
     "17 + 64 + 65": ([SCALE_TYPES[1], H200, H200], [9, 64, 65], [1.25, 2.5, 1.25], 128, 0, 8),
+    # 24 + 51 + 51 plans on 8 + 48 + 48 (3.272 s); 32 + 51 + 51 planned on 0 + 48 + 48 (3.358 s), its first type
+    # idle, from which no count less of any type reaches 8 + 48 + 48 (a node of the idle type added does)
+    "32 + 51 + 51": ([SCALE_TYPES[5], H200, H200], [24, 51, 51], [10, 10, 10], 32, 0, 8),
 }
 
 
