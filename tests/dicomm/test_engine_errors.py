@@ -120,6 +120,10 @@ def _timeout(rank, world, store, late_bytes):
 
     import dicomm._C as C
 
+    # Both ranks up first: the communicator's 0.5 s also bounds rank 1's wait for rank 0's job token, which
+    # a rank 0 started late (a loaded host, the sanitizer build) missed.
+    store.set(f"up{rank}", "1")
+    store.wait(["up0", "up1"])
     c = comm(store, rank, world, timeout_s=0.5)
     out = None
     n = max(late_bytes, 4096)
