@@ -32,6 +32,14 @@ def _call(c, kind: str, root: int, nbytes: int, rank: int, world: int):
     raise AssertionError(kind)
 
 
+def _close_when_all_answered(c, store, name: str, rank: int, world: int) -> None:
+    """Close only once every rank has its answer (through the store: the communicator has aborted): a
+    closed peer is a different failure (PeerError)."""
+    store.set(f"{name}-done{rank}", "1")
+    store.wait([f"{name}-done{r}" for r in range(world)])
+    c.close()
+
+
 def _outcome(req) -> tuple[str, str]:
     """("ok", "") or the error's class name and text."""
     import dicomm._C as C
@@ -55,10 +63,7 @@ def _disagree(rank, world, store, kind, roots, sizes):
     req, keep = _call(c, kind, roots[rank], sizes[rank], rank, world)
     out = _outcome(req)
     queued = c.stats()["unexpected_queued"]
-    # Close only once every rank has its answer: a closed peer is a different failure (PeerError).
-    store.set(f"{name}-done{rank}", "1")
-    store.wait([f"{name}-done{r}" for r in range(world)])
-    c.close()
+    _close_when_all_answered(c, store, name, rank, world)
     return out + (queued,)
 
 
@@ -92,9 +97,7 @@ def _disagree_at_once(rank, world, store, rounds):
             c = open_comm(rank, world, store, timeout_s=10.0, name=name)
             req, keep = _call(c, kind, [0, 0, 2][rank], N, rank, world)
             out.append((kind, i) + _outcome(req))
-            store.set(f"{name}-done{rank}", "1")
-            store.wait([f"{name}-done{r}" for r in range(world)])
-            c.close()
+            _close_when_all_answered(c, store, name, rank, world)
     return out
 
 
@@ -125,9 +128,7 @@ def _disagree_before_a_late_rank(rank, world, store, rounds):
         out.append(_outcome(req))
         if rank == 0:
             side.set(f"late{i}-failed0", "1")
-        side.set(f"late{i}-done{rank}", "1")
-        side.wait([f"late{i}-done{r}" for r in range(world)])
-        c.close()
+        _close_when_all_answered(c, side, f"late{i}", rank, world)
     return out
 
 
