@@ -58,6 +58,7 @@ struct Pending : at::ObserverContext {
   int64_t in_unwritten = 0;  // its inputs' elements no op wrote since an empty*, before it ran
   std::vector<at::Tensor> written;  // the tensors it writes, where some memory is unwritten
   at::Tensor source;  // a same-elements view's input
+  at::Tensor reduced;  // a reduction's first argument (stats capture)
   std::vector<std::pair<int64_t, at::Tensor>> in_masks;  // full capture: (k, mask) of its k-th input tensor
   std::vector<c10::IValue> transfer_args;  // a receive's arguments, for its transfer record once issued
   c10::IValue first_arg;  // OpFacts::first_arg_out: its output
@@ -118,6 +119,16 @@ const char* const kAutogradOnly[] = {"aten::detach_", "aten::set_data", "aten::d
 const char* const kSameElements[] = {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::t",
                                      "aten::transpose", "aten::permute", "aten::detach", "aten::alias",
                                      "aten::squeeze", "aten::unsqueeze"};
+// Ops with outputs that reduce their first argument, whose statistics a stats capture keeps too
+// (OpFacts::reduction; summaries.REDUCTIONS names the same).
+const char* const kReductions[] = {"aten::sum",
+                                   "aten::mean",
+                                   "aten::nansum",
+                                   "aten::native_layer_norm",
+                                   "aten::native_layer_norm_backward",
+                                   "aten::native_group_norm",
+                                   "aten::native_batch_norm",
+                                   "aten::_native_batch_norm_legit"};
 // The backends whose autograd key takes an op's CompositeImplicitAutograd kernel only where the op has
 // no kernel for the backend itself (the dispatcher's rule); a call on another backend is judged as if on
 // all of them.
@@ -500,6 +511,7 @@ const OpFacts* OpObserver::facts_locked(const at::RecordFunction& fn, const char
                   f->name.find("::_wrap_tensor_autograd") == std::string::npos;
   f->point_to_point = f->name == "c10d::send" || f->name == "c10d::recv_" || f->name == "c10d::recv_any_source_";
   for (const char* a : kSameElements) f->same_elements = f->same_elements || f->name == a;
+  for (const char* a : kReductions) f->reduction = f->reduction || f->name == a;
   f->shown_name = f->name;
   f->shown_overload = f->overload;
   if (f->name == "aten::_reshape_alias") {
@@ -870,6 +882,7 @@ void OpObserver::start_record(const at::RecordFunction& fn, const OpFacts& facts
   Pending* p = &pending;
   const auto inputs = fn.inputs();
   if (op->same_elements && !inputs.empty() && inputs[0].isTensor()) p->source = inputs[0].toTensor();
+  if (op->reduction && !full_ && !inputs.empty() && inputs[0].isTensor()) p->reduced = inputs[0].toTensor();
   Written written;
   for (int i : op->written_args)
     if (static_cast<size_t>(i) < inputs.size())
@@ -1098,6 +1111,12 @@ void OpObserver::end_record(const at::RecordFunction& fn, Pending& pending) {
     const bool same = p->source.defined() && outputs.size() == 1 && p->source.numel() == t.numel() &&
                       p->source.scalar_type() == t.scalar_type();
     r.stats.push_back(stats(t, same ? &p->source : nullptr, masks[i]));
+  }
+  if (p->reduced.defined()) {
+    fill_meta(r.input_meta, p->reduced);
+    const at::Tensor t = readable(p->reduced);
+    r.input_stats = stats(t, nullptr, unwritten_.empty() ? at::Tensor() : unwritten_.mask(t));
+    r.has_input_stats = true;
   }
   masks.clear();
   outputs.clear();

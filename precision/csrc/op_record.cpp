@@ -25,6 +25,7 @@ void Record::clear() {
   signature.clear();
   strings.clear();
   stats.clear();
+  has_input_stats = false;
   full = saved = false;
   if (payload) payload->clear();  // kept for reuse, as the vectors above
   file.clear();
@@ -266,7 +267,12 @@ struct Writer {
       if (i) out += ", ";
       stats(r.outputs[i], r.stats[i]);
     }
-    out += "]}";
+    out += ']';
+    if (r.has_input_stats) {
+      out += ", \"input_stats\": ";
+      stats(r.input_meta, r.input_stats);
+    }
+    out += '}';
   }
 
   // The opening fields, shared by op and module records: index .. "api": null.

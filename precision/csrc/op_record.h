@@ -40,6 +40,9 @@ struct OpFacts {
   bool allocator = false;  // empty*: its output is uninitialised memory
   bool counted_only = false;  // profiler::*: numbered, never recorded (as the Python hook does)
   bool same_elements = false;  // a view whose output holds exactly its first argument's elements
+  // sum, mean, a norm's row means (kReductions): a stats capture keeps its first argument's statistics
+  // too, the magnitude its result is judged at (a sum that cancels to rounding noise is no smaller an error)
+  bool reduction = false;
   bool view = false;  // its output aliases an input, which it does not write (opinfo's is_view)
   bool collective = false;     // c10d::*, _c10d_functional::*: its outputs hold the result once it completed
   bool functional = false;     // a functional collective (not its plumbing): complete once wait_tensor ran on it
@@ -100,6 +103,9 @@ struct Record {
   std::vector<Token> signature;
   std::vector<std::string> strings;
   std::vector<OutStats> stats;  // one per output
+  bool has_input_stats = false;  // OpFacts::reduction: its first argument's statistics
+  Meta input_meta;
+  OutStats input_stats;
   // Full capture: the tensors and arguments (saved false: none kept, past the size cap), and where
   // the writer thread put them (file relative to the capture, key in it).
   bool full = false, saved = false;

@@ -80,6 +80,18 @@ def summarise(mode: str, out) -> dict:
 # shape or order: their statistics (min, max, sum, sum of squares, NaN/Inf counts) are the input's.
 SAME_ELEMENTS = frozenset({"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::t", "aten::transpose",
                            "aten::permute", "aten::detach", "aten::alias", "aten::squeeze", "aten::unsqueeze"})
+# Ops with outputs that reduce their first argument: a stats capture keeps that argument's statistics too
+# (``input_stats``), the magnitude of what they add up, at which those outputs' rounding is judged
+# (reduction_scale). A sum that cancels to rounding noise (BERT's key-bias gradient, zero in exact
+# arithmetic: about 1e-12; a layer norm's row mean near zero) differs between honest runs by far more
+# than its own size. op -> (output, "sum" or "mean"), ...; the C++ observer's kReductions names the same.
+REDUCTIONS: dict[str, tuple[tuple[int, str], ...]] = {
+    "aten::sum": ((0, "sum"),), "aten::nansum": ((0, "sum"),), "aten::mean": ((0, "mean"),),
+    "aten::native_layer_norm": ((1, "mean"),),  # (output, mean, rstd)
+    "aten::native_layer_norm_backward": ((1, "sum"), (2, "sum")),  # (grad_input, grad_weight, grad_bias)
+    "aten::native_group_norm": ((1, "mean"),), "aten::native_batch_norm": ((1, "mean"),),
+    "aten::_native_batch_norm_legit": ((1, "mean"),),
+}
 
 
 class StatsReuse:
@@ -106,6 +118,14 @@ class StatsReuse:
         tensors = _tensors(out)
         if writes:
             return {"stats": [tensor_stats(t) for t in tensors]}
+        field = {"stats": self._outputs(op, args, tensors)}
+        if op in REDUCTIONS and args and isinstance(args[0], torch.Tensor):
+            # not reused: what it reduces may have been written without its version counter moving (a
+            # received buffer), which the C++ observer tells by its storage's writes
+            field["input_stats"] = tensor_stats(args[0])
+        return field
+
+    def _outputs(self, op: str, args, tensors: list[torch.Tensor]) -> list[dict]:
         source = args[0] if op in SAME_ELEMENTS and args and isinstance(args[0], torch.Tensor) else None
         found = []
         for t in tensors:
@@ -120,7 +140,7 @@ class StatsReuse:
             if (version := version_of(t)) is not None:
                 self._known[id(t)] = (weakref.ref(t), version, s)
             found.append(s)
-        return {"stats": found}
+        return found
 
 
 def stats_rtol(a: dict) -> float:
@@ -129,14 +149,73 @@ def stats_rtol(a: dict) -> float:
     return default_tolerance(dtype).rtol if isinstance(dtype, torch.dtype) else 1e-5
 
 
-def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STATS) -> str | None:
+def reduction_scale(kind: str, out: dict, summed: dict) -> float:
+    """The magnitude at which a reduction's result (``out``, statistics of one output) is rounded: per
+    output element, what it adds up, sqrt(k) x the typical magnitude of its k terms (``summed``: its
+    first argument's statistics), over k for a mean (``kind``). A float sum's rounding error is at most
+    about eps x the sum of its terms' magnitudes, which that bounds (Cauchy-Schwarz), however much they
+    cancel."""
+    m, n = max(out.get("numel", 1), 1), summed.get("numel", 0)
+    if not n or not summed.get("norm"):
+        return 0.0
+    k = max(n / m, 1.0)
+    scale = math.sqrt(k) * summed["norm"] / math.sqrt(m)
+    return scale / k if kind == "mean" else scale
+
+
+# The key under which note_reduction_scales leaves a record's per-output least magnitudes (not in the index).
+FLOORS = "_scale_floors"
+
+
+def _same_numbers(st: dict) -> tuple | None:
+    return None if st.get("norm") is None else tuple(st.get(k) for k in ("dtype", "numel", *_STATS))
+
+
+# A reduction's result at most this fraction of the magnitude of what it added up is rounding noise (3 of
+# float32's 7 digits cancelled): an optimizer that divides by a gradient's own running size scales it up.
+NOISE_FRACTION = 1e-3
+
+
+def note_reduction_scales(records: list[dict]) -> set[int]:
+    """Gives each reduction's result (REDUCTIONS, in a record with ``input_stats``) the magnitude of what
+    it added up (reduction_scale) as the least magnitude its statistics are judged at, and so every later
+    output whose statistics are the very same numbers: the same elements (a view of the sum, the gradient
+    it became), whose rounding is the sum's. ``records``: one run's (the reference's), in call order;
+    sets FLOORS in those it concerns. Returns the sizes (numel) of the gradients that are rounding noise
+    (backward sums at most NOISE_FRACTION of what they added up)."""
+    scales: dict[tuple, float] = {}
+    noise: set[int] = set()
+    for r in records:
+        outs = r.get("stats")
+        if not isinstance(outs, list) or not outs:
+            continue
+        summed = r.get("input_stats")
+        for i, kind in REDUCTIONS.get(r.get("op"), ()) if isinstance(summed, dict) else ():
+            if i >= len(outs) or not isinstance(outs[i], dict) or (key := _same_numbers(outs[i])) is None:
+                continue
+            if (floor := reduction_scale(kind, outs[i], summed)) > 0:
+                scales[key] = max(floor, scales.get(key, 0.0))
+                if r.get("phase") == "backward" and \
+                        outs[i]["norm"] / math.sqrt(max(outs[i].get("numel", 1), 1)) <= NOISE_FRACTION * floor:
+                    noise.add(outs[i].get("numel", 0))
+        if not scales:
+            continue
+        floors = [scales.get(_same_numbers(o), 0.0) if isinstance(o, dict) else 0.0 for o in outs]
+        if any(floors):
+            r[FLOORS] = floors
+    return noise
+
+
+def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STATS,
+                     floor: float = 0.0) -> str | None:
     """How one tensor's statistics in run A (``a``) differ from the reference's (``b``), or None: the
     NaN/Inf counts exactly, each statistic within rtol x (its value + the typical magnitude
-    norm/sqrt(n)), the norm within rtol x norm; ``keys``: the statistics compared (every one by default)."""
+    norm/sqrt(n)), the norm within rtol x norm; ``keys``: the statistics compared (every one by default);
+    ``floor``: a least typical magnitude (a reduction's, reduction_scale)."""
     if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
         return f"NaN/Inf counts {a.get('nan')}/{a.get('inf')} vs {b.get('nan')}/{b.get('inf')}"
     # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
-    scale = (b.get("norm") or 0.0) / math.sqrt(max(b.get("numel", 1), 1))
+    scale = max((b.get("norm") or 0.0) / math.sqrt(max(b.get("numel", 1), 1)), floor)
     for key in keys:
         x, y = a.get(key), b.get(key)
         if x is None or y is None:
@@ -176,8 +255,10 @@ def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:
         xs, ys = ra["stats"][:n], rb["stats"][:n]
         if len(xs) != len(ys):
             return "fail", "stats", f"{len(xs)} outputs != {len(ys)}"
+        floors = rb.get(FLOORS) or ()
         for i, (a, b) in enumerate(zip(xs, ys)):
-            if (why := stats_difference(a, b, stats_rtol(a))) is not None:
+            floor = floors[i] if i < len(floors) else 0.0
+            if (why := stats_difference(a, b, stats_rtol(a), floor=floor)) is not None:
                 return "fail", "stats", f"output {i}: {why}"
         return "pass", "stats", "statistics within tolerance"
     return None

@@ -15,6 +15,9 @@ _FORMULAS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sqrt": lambda x: torch.pow(x, 0.5),  # Adam's denominator (the for-loop step CPUs take)
     "mm": lambda a, b: torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0),
     "bmm": lambda a, b: (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2),
+    # BERT's and GPT-2's activation (erf, or its tanh approximation)
+    "gelu": lambda x, approximate="none": (0.5 * x * (1 + torch.erf(x * 0.7071067811865476))) if approximate == "none"
+    else 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))),
 }
 
 
@@ -33,8 +36,8 @@ def wrong_kernel(op: str = "silu", scale: float = 1.0 + 1e-3, dtype: torch.dtype
         hooks = [inside.register_forward_pre_hook(lambda *_: active.__setitem__(0, True)),
                  inside.register_forward_hook(lambda *_: active.__setitem__(0, False))]
 
-    def kernel(x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-        y = formula(x, *rest)
+    def kernel(x: torch.Tensor, *rest: torch.Tensor, **options: str) -> torch.Tensor:
+        y = formula(x, *rest, **options)
         return y * scale if x.dtype == dtype and active[0] else y
 
     lib = torch.library.Library("aten", "IMPL")
