@@ -263,7 +263,9 @@ def _holds_tensors(value) -> bool:
 def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | None, opts: CompareOptions,
            in_region: bool = False) -> dict:
     if da is None or db is None:
-        summary = compare_summaries(ra, rb)
+        # under a mixed-precision policy, values carry the coarser dtype's rounding, compounded op after op:
+        # K (the error-ratio rule's factor) of them
+        summary = compare_summaries(ra, rb, opts.ratio_k * opts.equivalences.mixed_precision.stats_rtol())
         if summary is not None:  # stats or checksum captures
             if in_region and summary[0] == "fail":
                 # paired inside a region: called with other inputs by design (sdpa's math path scales q

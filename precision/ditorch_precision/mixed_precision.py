@@ -39,6 +39,13 @@ class MixedPrecision:
     def describe(self) -> str:
         return " <-> ".join(sorted(self.dtypes))
 
+    def stats_rtol(self) -> float:
+        """The tolerance of a stats capture's statistics under the policy: the coarsest declared dtype's
+        default rtol. Without tensors a compare cannot replay an op on each run's own inputs, and every
+        value downstream of the first cast carries that dtype's rounding in one run; 0 without a policy."""
+        from .metrics import default_tolerance
+        return max((default_tolerance(_FLOAT_DTYPES[n]).rtol for n in self.dtypes), default=0.0)
+
     def is_cast(self, rec: dict) -> bool:
         """An op of a capture record that only casts one tensor between the declared dtypes."""
         if not self.dtypes or rec.get("op") not in CAST_OPS:

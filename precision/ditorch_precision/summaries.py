@@ -243,8 +243,9 @@ def _module_outputs_shared(ra: dict, rb: dict) -> int | None:
                                for r in (ra, rb)))
 
 
-def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:
-    """(status, rule, detail) from the stats or checksums of two records, or None if they have none."""
+def compare_summaries(ra: dict, rb: dict, least_rtol: float = 0.0) -> tuple[str, str, str] | None:
+    """(status, rule, detail) from the stats or checksums of two records, or None if they have none;
+    ``least_rtol``: the statistics' tolerance is at least this (a mixed-precision policy's)."""
     n = _module_outputs_shared(ra, rb)
     if "checksums" in ra and "checksums" in rb:
         xs, ys = ra["checksums"][:n], rb["checksums"][:n]
@@ -258,7 +259,7 @@ def compare_summaries(ra: dict, rb: dict) -> tuple[str, str, str] | None:
         floors = rb.get(FLOORS) or ()
         for i, (a, b) in enumerate(zip(xs, ys)):
             floor = floors[i] if i < len(floors) else 0.0
-            if (why := stats_difference(a, b, stats_rtol(a), floor=floor)) is not None:
+            if (why := stats_difference(a, b, max(stats_rtol(a), least_rtol), floor=floor)) is not None:
                 return "fail", "stats", f"output {i}: {why}"
         return "pass", "stats", "statistics within tolerance"
     return None

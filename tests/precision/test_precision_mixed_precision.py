@@ -25,15 +25,15 @@ STEPS = 2
 NORM = "LlamaForCausalLM.model.layers.1.input_layernorm"
 
 
-def _run(path, autocast: bool, fault_at: int | None = None) -> list[float]:
+def _run(path, autocast: bool, fault_at: int | None = None, mode: str = "full", fault: float = 1e-3) -> list[float]:
     model = make_hf_llama(SIZE)
     if not autocast:
         model = model.to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
-    with Capture(str(path), bulk=True):
+    with Capture(str(path), mode=mode, bulk=True):
         for step, ids in enumerate(hf_batches(SIZE, STEPS)):
-            plant = (wrong_kernel("rsqrt", 1 + 1e-3, dtype=torch.float32, inside=model.model.layers[1].input_layernorm)
+            plant = (wrong_kernel("rsqrt", 1 + fault, dtype=torch.float32, inside=model.model.layers[1].input_layernorm)
                      if step == fault_at else nullcontext())
             opt.zero_grad(set_to_none=True)
             with plant, (torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()):
@@ -79,6 +79,36 @@ def test_a_fault_at_any_step_is_still_found_under_the_policy(runs, step):
     fd = report.first_divergence
     assert fd is not None and (fd["op"], fd["module"], fd["phase"], fd["step"]) == ("aten::rsqrt", NORM, "forward",
                                                                                    step)
+
+
+@pytest.fixture(scope="module")
+def stats_runs(runs):
+    """Stats captures of the same pair, and of a fault a stats capture can see under the policy: with no
+    tensors to replay, values that carry bfloat16's rounding in one run are judged at K (4) of its roundings,
+    each statistic within that of (its value + the typical magnitude): 1e-3 is far below, 25% above."""
+    root, _, opts = runs
+    for name, autocast in (("autocast", True), ("bf16", False)):
+        _run(root / f"stats_{name}", autocast, mode="stats")
+    _run(root / "stats_fault", False, fault_at=STEPS - 1, mode="stats", fault=0.25)
+    return root, opts
+
+
+@pytest.mark.parametrize("a,b", [("bf16", "autocast"), ("autocast", "bf16")])
+def test_stats_captures_of_autocast_against_a_bf16_model_pass_under_the_policy(stats_runs, a, b):
+    """Before: 100 (bf16 against autocast) and 411 (the other way) failures at float32's rtol, from step 0."""
+    root, opts = stats_runs
+    report = compare_dumps(str(root / f"stats_{a}"), str(root / f"stats_{b}"), options=opts)
+    assert report.passed, [(r["op"], r["module"], r["step"], r["detail"]) for r in report.failed[:5]]
+    assert {r["step"] for r in report.ops if r["status"] == "pass" and r["rule"] == "stats"} >= set(range(STEPS))
+    assert not compare_dumps(str(root / f"stats_{a}"), str(root / f"stats_{b}")).passed  # no policy: dtypes differ
+
+
+def test_a_fault_a_stats_capture_can_see_is_found_under_the_policy(stats_runs):
+    root, opts = stats_runs
+    report = compare_dumps(str(root / "stats_fault"), str(root / "stats_autocast"), options=opts)
+    fd = report.first_divergence
+    assert fd is not None and (fd["op"], fd["module"], fd["phase"], fd["step"]) == (
+        "aten::rsqrt", NORM, "forward", STEPS - 1), fd
 
 
 def test_a_policy_naming_no_dtype_is_refused(tmp_path):
