@@ -521,6 +521,32 @@ def _self_judge(ra: dict, da: dict | None, opts: CompareOptions) -> dict:
     return _row(ra, "pass" if verdict.passed else "fail", verdict.rule, detail, verdict)
 
 
+def _reordered_summaries(rows: list[dict], own_a: list[dict], own_b: list[dict], opts: CompareOptions) -> None:
+    """A stats or checksum capture cannot replay a region's unmatched ops: those of A that B ran too, in
+    another order (DDP's copies of gradients into and out of its buckets, rebuilt in another layout),
+    are judged against the first of B's unmatched ops of the region with the same name, overload and
+    output shapes whose summaries agree, each of B's taken once. ``rows``: self_check's rows of
+    ``own_a``, updated in place; an op no partner of B agrees with stays as it was (unjudged)."""
+    left = list(own_b)
+    least = opts.ratio_k * opts.equivalences.mixed_precision.stats_rtol()
+    for row, ra in zip(rows, own_a):
+        if row["status"] != "skipped" or not ("stats" in ra or "checksums" in ra):
+            continue
+        for k, rb in enumerate(left):
+            if (rb["op"], rb.get("overload"), _shapes_of(rb)) != (ra["op"], ra.get("overload"), _shapes_of(ra)):
+                continue
+            summary = compare_summaries(ra, rb, least)
+            if summary is not None and summary[0] == "pass":
+                row.update(status="pass", rule=summary[1], detail=f"run in another order: as B's #{rb['index']} "
+                                                                   f"({summary[2]})")
+                del left[k]
+                break
+
+
+def _shapes_of(rec: dict) -> list:
+    return [o.get("shape") for o in rec.get("outputs") or [] if isinstance(o, dict)]
+
+
 def _drew(row: dict) -> bool:
     """An op of A whose draws may differ from the reference's: a random op not known to have drawn
     the same numbers (no partner, tensors not saved, or other bytes)."""
@@ -690,6 +716,8 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     for region in al.regions:
         name = f"{region[2] or '(no module)'} ({region[1]}, step {region[0]})"
         rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_ops.get(region, [])]
+        _reordered_summaries(rows, own_ops.get(region, []), [rb for rb in al.unmatched_b if group_key(rb) == region],
+                             options)
         rows.extend(({"region": name}, ra, rb) for ra, rb in region_module_records(al, region))
     own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
     if carried.steps is not None:  # the optimizers' options, step by step, ranked where each step starts

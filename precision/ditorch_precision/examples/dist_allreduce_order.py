@@ -24,11 +24,12 @@ ONE_BUCKET_MB = 25.0  # DDP's default: the whole small model in one bucket
 SMALL_BUCKET_MB = 0.01  # a few parameters per bucket
 
 
-def train_once(rank: int, out: str, bucket_mb: float, steps: int, fault_step: int | None = None) -> list[float]:
+def train_once(rank: int, out: str, bucket_mb: float, steps: int, fault_step: int | None = None,
+               mode: str = "full") -> list[float]:
     size = HFLlamaSize()
     model = make_hf_llama(size, seed=0)
     losses = []
-    with Capture(os.path.join(out, "capture", f"rank{rank}"), bulk=True):
+    with Capture(os.path.join(out, "capture", f"rank{rank}"), mode=mode, bulk=True):
         ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         for step, ids in enumerate(hf_batches(size, steps, seed=rank)):  # each rank its own data
@@ -43,12 +44,12 @@ def train_once(rank: int, out: str, bucket_mb: float, steps: int, fault_step: in
     return losses
 
 
-def worker(rank: int, world: int, port: int, out: str, steps: int, faults: bool) -> None:
+def worker(rank: int, world: int, port: int, out: str, steps: int, faults: bool, mode: str) -> None:
     with gloo_job.joined(rank, world, port):
-        losses = {"one_bucket": train_once(rank, os.path.join(out, "one_bucket"), ONE_BUCKET_MB, steps),
-                  "buckets": train_once(rank, os.path.join(out, "buckets"), SMALL_BUCKET_MB, steps)}
+        losses = {"one_bucket": train_once(rank, os.path.join(out, "one_bucket"), ONE_BUCKET_MB, steps, mode=mode),
+                  "buckets": train_once(rank, os.path.join(out, "buckets"), SMALL_BUCKET_MB, steps, mode=mode)}
         if faults:
-            train_once(rank, os.path.join(out, "fault"), SMALL_BUCKET_MB, steps, rank - 1 if rank else None)
+            train_once(rank, os.path.join(out, "fault"), SMALL_BUCKET_MB, steps, rank - 1 if rank else None, mode)
         with open(os.path.join(out, f"losses{rank}.txt"), "w") as f:
             for name, values in losses.items():
                 f.write(f"{name} {' '.join(repr(v) for v in values)}\n")
@@ -58,8 +59,9 @@ def main() -> None:
     p = gloo_job.parser()
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--faults", action="store_true")
+    p.add_argument("--mode", choices=("full", "stats"), default="full", help="the captures' mode")
     a = p.parse_args()
-    gloo_job.start(worker, (a.world, a.port, a.out, a.steps, a.faults), a.world, a.start_method)
+    gloo_job.start(worker, (a.world, a.port, a.out, a.steps, a.faults, a.mode), a.world, a.start_method)
 
 
 if __name__ == "__main__":
