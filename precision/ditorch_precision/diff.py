@@ -170,7 +170,8 @@ def _random_op(rec: dict, data: dict | None) -> bool:
 
 def _draws(rec: dict, data) -> list:
     """What a random op drew: ``native_dropout``'s mask (its output also carries the input), else
-    its tensor outputs; of loaded tensors (``data``), or of a checksum capture's list of hashes."""
+    its tensor outputs; of loaded tensors (``data``), or of a checksum or stats capture's list of
+    hashes or statistics."""
     outs = list(data) if isinstance(data, list) else tensor_leaves(data["outputs"]) if data else []
     return outs[1:2] if rec["op"] == "aten::native_dropout" and len(outs) == 2 else outs
 
@@ -191,6 +192,8 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions, 
     da, db = a.load(ra), b.load(rb)
     if opts.shards is not None and ra.get("kind") == "module" and da is not None and db is not None:
         da = {**da, "outputs": opts.shards.gather(ra, tensor_leaves(da["outputs"]), tensor_leaves(db["outputs"]))}
+    elif opts.shards is not None and ra.get("kind") == "module" and da is None and "stats" in ra:
+        ra = opts.shards.gather_stats(ra, rb)
     row = _judge(a, b, ra, rb, da, db, opts, in_region=not arguments)
     changed = argument_differences(ra, rb, da, db, opts.equivalences) if arguments else []
     if changed:  # the cause comes first; the outputs' statistics stay in the row
@@ -203,9 +206,13 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions, 
     if _random_op(ra, da) or _random_op(rb, db):  # each by its own op's arguments (variants differ)
         if da is not None and db is not None:
             same = _same_bytes(_draws(ra, da), _draws(rb, db))
-        else:  # a checksum capture: the draws' hashes (stats cannot tell)
+        elif "checksums" in ra and "checksums" in rb:  # a checksum capture: the draws' hashes
             hashes = [r.get("checksums") for r in (ra, rb)]
             same = all(isinstance(h, list) and h for h in hashes) and _draws(ra, hashes[0]) == _draws(rb, hashes[1])
+        else:  # a stats capture: the draws' statistics the very same numbers (a float64 sum and sum of
+            # squares, extremes and counts: other draws give other sums), not a byte-for-byte proof
+            found = [r.get("stats") for r in (ra, rb)]
+            same = all(isinstance(f, list) and f for f in found) and _draws(ra, found[0]) == _draws(rb, found[1])
         row["same_draws"] = ra["op"] == rb["op"] and same
     return row
 
@@ -525,7 +532,8 @@ def _reordered_summaries(rows: list[dict], own_a: list[dict], own_b: list[dict],
     """A stats or checksum capture cannot replay a region's unmatched ops: those of A that B ran too, in
     another order (DDP's copies of gradients into and out of its buckets, rebuilt in another layout),
     are judged against the first of B's unmatched ops of the region with the same name, overload and
-    output shapes whose summaries agree, each of B's taken once. ``rows``: self_check's rows of
+    output shapes whose summaries agree, each of B's taken once (in a tensor-parallel compare, a slice's
+    with every rank's slices joined: the vocabulary-parallel embedding's gradient). ``rows``: self_check's rows of
     ``own_a``, updated in place; an op no partner of B agrees with stays as it was (unjudged)."""
     left = list(own_b)
     least = opts.ratio_k * opts.equivalences.mixed_precision.stats_rtol()
@@ -533,12 +541,16 @@ def _reordered_summaries(rows: list[dict], own_a: list[dict], own_b: list[dict],
         if row["status"] != "skipped" or not ("stats" in ra or "checksums" in ra):
             continue
         for k, rb in enumerate(left):
-            if (rb["op"], rb.get("overload"), _shapes_of(rb)) != (ra["op"], ra.get("overload"), _shapes_of(ra)):
+            if (rb["op"], rb.get("overload")) != (ra["op"], ra.get("overload")):
                 continue
-            summary = compare_summaries(ra, rb, least)
+            # a tensor-parallel rank's slice: every rank's slices joined (shards.TPShards)
+            joined = ra if opts.shards is None else opts.shards.gather_stats(ra, rb)
+            if _shapes_of(rb) != _shapes_of(ra) and joined is ra:
+                continue
+            summary = compare_summaries(joined, rb, least)
             if summary is not None and summary[0] == "pass":
-                row.update(status="pass", rule=summary[1], detail=f"run in another order: as B's #{rb['index']} "
-                                                                   f"({summary[2]})")
+                how = "run in another order" if joined is ra else "its ranks' slices joined"
+                row.update(status="pass", rule=summary[1], detail=f"{how}: as B's #{rb['index']} ({summary[2]})")
                 del left[k]
                 break
 

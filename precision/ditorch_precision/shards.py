@@ -9,6 +9,9 @@ it where it is not (a column-parallel layer's output, its gradient, a sharded pa
 record is gathered from every rank's same record, concatenated in rank order along the one
 dimension whose size differs from the reference's, before it is compared.
 
+A stats capture's slice records (a module's, or an unmatched op's in a region) take the statistics of
+every rank's slices joined (TPShards.gather_stats), which are exactly the whole tensor's.
+
 Not covered: a slice some ranks hold twice (key/value heads replicated when the TP size exceeds
 their count), and partial sums recorded before their all-reduce (no module returns one here)."""
 from __future__ import annotations
@@ -33,6 +36,7 @@ class TPShards:
         self.dumps, self.rank = dumps, rank
         self._by_key: list[dict | None] = [None] * len(dumps)  # (step, phase, module, op, n-th) -> record
         self._keys: dict[tuple, tuple] = {}  # this rank's records: identity -> key
+        self._ops: list[dict | None] = [None] * len(dumps)  # stats captures: (index, op) -> op record
 
     def _index(self, k: int) -> dict:
         found = self._by_key[k]
@@ -70,6 +74,69 @@ class TPShards:
             if x.shape != y.shape:
                 out[i] = _concatenated([p[i] if i < len(p) else None for p in peers], y.shape, x)
         return out
+
+
+    def gather_stats(self, rec: dict, reference: dict) -> dict:
+        """A stats capture's module or op record ``rec`` (this rank's) with each output whose shape differs from
+        the ``reference`` record's at its place given the statistics of every rank's slices joined (the
+        least minimum, the greatest maximum, the mean of all elements, the root of the squared norms' sum:
+        exactly the whole tensor's); as it is where the slices do not add up to the reference's shape."""
+        shapes = [[tuple(o.get("shape") or ()) for o in r.get("outputs") or [] if isinstance(o, dict)]
+                  for r in (rec, reference)]
+        differ = [i for i, (x, y) in enumerate(zip(*shapes)) if x != y]
+        if not differ or not isinstance(rec.get("stats"), list):
+            return rec
+        peers = self._peers(rec)
+        if not peers or any(p is None or not isinstance(p.get("stats"), list) for p in peers):
+            return rec
+        stats = list(rec["stats"])
+        for i in differ:
+            parts = [(tuple((p.get("outputs") or [{}])[i].get("shape") or ()) if i < len(p.get("outputs") or [])
+                      else None, p["stats"][i] if i < len(p["stats"]) else None) for p in peers]
+            if i < len(stats) and _slices_of(tuple(shapes[1][i]), [shape for shape, _ in parts]):
+                stats[i] = _joined_stats([st for _, st in parts])
+        return {**rec, "stats": stats}
+
+
+    def _peers(self, rec: dict) -> list:
+        """Every rank's record of ``rec``: a module record's by its key, an op's by its call (the ranks of
+        a TP group run the same ops: the same index and op)."""
+        if rec.get("kind") == "module":
+            self._index(self.rank)
+            key = self._keys.get(_identity(rec))
+            return [self._index(k).get(key) for k in range(len(self.dumps))] if key is not None else []
+        peers = []
+        for k, dump in enumerate(self.dumps):
+            if self._ops[k] is None:  # a stats capture's index lines only: no tensors held
+                self._ops[k] = {(r.get("index"), r["op"]): r for r in dump.iter_records()
+                                if r.get("kind", "op") == "op" and "stats" in r}
+            peers.append(self._ops[k].get((rec.get("index"), rec["op"])))
+        return peers
+
+
+def _slices_of(whole: tuple, shapes: list) -> bool:
+    """Whether ``shapes`` join into ``whole`` along the one dimension where they differ from it."""
+    if any(s is None or len(s) != len(whole) for s in shapes):
+        return False
+    dims = {d for s in shapes for d in range(len(whole)) if s[d] != whole[d]}
+    return len(dims) == 1 and sum(s[d] for s in shapes for d in dims) == whole[next(iter(dims))]
+
+
+def _joined_stats(parts: list) -> dict:
+    """The statistics of a tensor from those of its slices (summaries.tensor_stats' fields)."""
+    if any(not isinstance(p, dict) for p in parts):
+        return {}
+    out = {"dtype": parts[0].get("dtype"), "numel": sum(p.get("numel", 0) for p in parts)}
+    if any("nan" not in p for p in parts):
+        return out
+    out["nan"], out["inf"] = sum(p["nan"] for p in parts), sum(p["inf"] for p in parts)
+    finite = [p for p in parts if "min" in p]
+    if finite:
+        counts = [p["numel"] - p["nan"] - p["inf"] for p in finite]
+        out.update(min=min(p["min"] for p in finite), max=max(p["max"] for p in finite),
+                   mean=sum(p["mean"] * n for p, n in zip(finite, counts)) / max(sum(counts), 1),
+                   norm=sum(p["norm"] ** 2 for p in finite) ** 0.5)
+    return out
 
 
 def _concatenated(slices: list, whole: torch.Size, own: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ MM_IN_LAYER_1 = ("mm", 1 + 1e-4, lambda m: m.model.layers[1].mlp.down_proj)
 
 
 def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = False, attn: str = "eager",
-             fault=None, device_only: bool = False) -> str:
+             fault=None, device_only: bool = False, mode: str = "full") -> str:
     model = make_hf_llama(SIZE, attn)
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = DROPOUT
@@ -45,7 +45,7 @@ def _capture(path, draw_seed: int = 0, faults: bool = False, insert: bool = Fals
     # A kernel only this run's torch has, 1e-3 off, scaling the hidden states entering layer 1's
     # attention (after layer 0's dropout): nothing can replay it, so only module records show it.
     kernel = device_only_kernel(1 + 1e-3) if device_only else nullcontext()
-    with plants[0], plants[1], plant, kernel as scale, Capture(str(path)):
+    with plants[0], plants[1], plant, kernel as scale, Capture(str(path), mode=mode):
         if scale is not None:
             model.model.layers[1].self_attn.register_forward_pre_hook(
                 lambda m, a, kw: (a, {**kw, "hidden_states": scale(kw["hidden_states"], 1.0)}), with_kwargs=True)
@@ -115,6 +115,20 @@ def test_a_fault_only_a_module_record_shows_after_the_same_draws_fails_naming_it
     assert all(r["same_draws"] is False for r in drifted.ops if r["op"] == "aten::bernoulli_")
     assert {(r["module"], r["phase"]): r["verdict"] for r in drifted.regions}[
         (f"{ROOT}.1.self_attn", "forward")] == "drift"
+
+
+def test_in_stats_captures_the_same_draws_are_told_by_their_statistics(tmp_path):
+    """The same runs in stats captures: a draw's statistics the very same numbers count as the same draws
+    (before, a stats capture never could tell, and the q_proj record after layer 0's dropout was drift
+    whatever the seeds), other seeds' draws do not (a stats capture compares ops directly: runs that draw
+    other numbers are for full captures, whose random ops are judged by their contracts)."""
+    device_only = _capture(tmp_path / "device_only", device_only=True, mode="stats")
+    same = compare_dumps(device_only, _capture(tmp_path / "honest", mode="stats"))
+    assert [r["same_draws"] for r in same.ops if r["op"] == "aten::bernoulli_"] == [True, True]
+    # the first value after the draws that differs fails (in stats captures, q_proj's first op reading it)
+    assert [r["module"] for r in same.failed][:1] == [f"{ROOT}.1.self_attn.q_proj"]
+    other = compare_dumps(device_only, _capture(tmp_path / "ref", draw_seed=1, mode="stats"))
+    assert [r["same_draws"] for r in other.ops if r["op"] == "aten::bernoulli_"] == [False, False]
 
 
 def test_a_fault_in_the_draws_after_an_earlier_fault_is_located(runs):

@@ -78,6 +78,34 @@ def test_a_fault_in_one_tp_op_is_found_on_its_rank_at_every_step(runs):
     assert (first["rank"], first["op"], first["module"], first["step"]) == (1, "aten::mm", PATH + FAULTY, 0)
 
 
+@pytest.fixture(scope="module")
+def stats_runs(tmp_path_factory, launch_gloo):
+    root = tmp_path_factory.mktemp("tp_stats")
+    launch_gloo("ditorch_precision.examples.heteropp_tp", root, 2, "--steps", str(STEPS), "--fault-rank", "1",
+                "--mode", "stats", fork=False)
+    return root
+
+
+def test_tp2_against_tp1_in_stats_captures_passes_at_every_step(stats_runs):
+    """Before: the column-parallel layers' records (a slice on each rank) were compared with TP 1's whole
+    ones, and the vocabulary-parallel embedding's gradient ops were unjudged: 3 unjudged regions a rank.
+    Now a slice's statistics are joined with the other rank's (the least minimum, the greatest maximum,
+    the mean of all, the root of the squares' sum: the whole tensor's)."""
+    result = compare_ranks(str(stats_runs / "tp2"), str(stats_runs / "tp1"), tp_shards=True)
+    assert result.passed, result.first_divergence or [rep.unjudged[:2] for rep in result.reports.values()]
+    for rank, report in result.reports.items():
+        joined = [r for r in report.ops if r["op"] == "module::output" and r["status"] == "pass"
+                  and (r["module"] or "").endswith(COLUMN_PARALLEL)]
+        assert {r["step"] for r in joined} == set(range(STEPS)), rank
+        assert any(r["detail"].startswith("its ranks' slices joined") for r in report.ops), rank
+    # a stats capture cannot replay the faulty rank's partial sum: the fault shows in the layer's output,
+    # the same on both ranks after the all-reduce, at its layer and first step
+    fault = compare_ranks(str(stats_runs / "fault"), str(stats_runs / "tp1"), tp_shards=True)
+    for report in fault.reports.values():
+        fd = report.first_divergence
+        assert fd is not None and (fd["module"], fd["phase"], fd["step"]) == (PATH + "ffn", "forward", 0), fd
+
+
 def test_a_tp_compare_needs_its_flag_and_a_run_of_one_rank(runs, capsys):
     with pytest.raises(DumpError, match="tp_shards"):
         compare_ranks(str(runs / "tp2"), str(runs / "tp1"))
