@@ -16,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
+from heteropp.engine.first_round import FIRST_ROUND_ENV
+
 # Rendezvous settings for a quick re-plan: a host that stops its heartbeat for 3 s is gone (the survivors wait
 # that long for the next round; at 2 s a busy host's own agent missed beats, was taken for dead and its round
 # split off, at 3 s no split was seen at load 10-15), and a round starts 1 s after its last member joined (the
@@ -127,10 +129,12 @@ def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, e
     # one fresh dicomm secret for the whole job, every host's workers alike (unless the user set one)
     env = {**os.environ, **AGENT_ENV, "DICOMM_JOB_SECRET": os.environ.get("DICOMM_JOB_SECRET") or secrets.token_hex(16)}
     procs = []
+    # the quiet agents join their first round together (first_round.py); torchrun's own (agent_logs) as it comes
+    first = {FIRST_ROUND_ENV: f"{len(hosts)}:{run_id}"} if not agent_logs else {}
     for i, (chip, n) in enumerate(hosts):
         cmd = host_command(agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}",
                                          run_id, max_restarts, spawn=True, quiet=not agent_logs), "127.0.0.1:0")
-        p = subprocess.Popen(cmd, env=env, start_new_session=True)
+        p = subprocess.Popen(cmd, env={**env, **first}, start_new_session=True)
         procs.append(p)
         if events is not None:
             events.parent.mkdir(parents=True, exist_ok=True)

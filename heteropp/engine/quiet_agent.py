@@ -37,5 +37,7 @@ def quiet() -> None:
 
 if __name__ == "__main__":
     quiet()
+    from heteropp.engine.first_round import wait_for_the_others
+    wait_for_the_others()
     from torch.distributed.run import main
     main()
