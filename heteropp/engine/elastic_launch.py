@@ -130,7 +130,7 @@ def launch_hosts(config: str, hosts: list[tuple[str, int]], max_restarts: int, e
     env = {**os.environ, **AGENT_ENV, "DICOMM_JOB_SECRET": os.environ.get("DICOMM_JOB_SECRET") or secrets.token_hex(16)}
     procs = []
     # the quiet agents join their first round together (first_round.py); torchrun's own (agent_logs) as it comes
-    first = {FIRST_ROUND_ENV: f"{len(hosts)}:{run_id}"} if not agent_logs else {}
+    first = {FIRST_ROUND_ENV: f"{len(hosts)} {run_id} 127.0.0.1:{port}"} if not agent_logs else {}
     for i, (chip, n) in enumerate(hosts):
         cmd = host_command(agent_command(config, chip, n, f"{min_nodes}:{len(hosts)}", f"127.0.0.1:{port}",
                                          run_id, max_restarts, spawn=True, quiet=not agent_logs), "127.0.0.1:0")

@@ -14,35 +14,28 @@ import os
 import sys
 import time
 
-FIRST_ROUND_ENV = "HETEROPP_FIRST_ROUND"  # "<hosts>:<rendezvous id>", set by elastic_launch.launch_hosts
+# "<hosts> <rendezvous id> <store host>:<port>", set by elastic_launch.launch_hosts
+FIRST_ROUND_ENV = "HETEROPP_FIRST_ROUND"
 FIRST_ROUND_WAIT_S = 60.0  # then it joins anyway: a host that never started must not hold the others
 POLL_S = 0.02
 
 
-def _endpoint(argv: list[str]) -> tuple[str, int]:
-    """The rendezvous endpoint of a torchrun command line (`--rdzv-endpoint=HOST:PORT`)."""
-    for i, a in enumerate(argv):
-        value = a.split("=", 1)[1] if a.startswith("--rdzv-endpoint=") else (
-            argv[i + 1] if a == "--rdzv-endpoint" and i + 1 < len(argv) else None)
-        if value is not None:
-            host, _, port = value.rpartition(":")
-            return host, int(port)
-    raise ValueError("no --rdzv-endpoint in the agent's arguments")
-
-
-def wait_for_the_others(argv: list[str] | None = None) -> None:
+def wait_for_the_others() -> None:
     """Counts this host in and waits for the launcher's other first hosts (FIRST_ROUND_ENV); nothing without it."""
     spec = os.environ.pop(FIRST_ROUND_ENV, "")  # not inherited by the workers, nor by a restarted host
     if not spec:
         return
-    count, _, run_id = spec.partition(":")
+    count, run_id, endpoint = spec.split()
+    host, _, port = endpoint.rpartition(":")
     from torch.distributed import TCPStore
 
-    host, port = _endpoint(sys.argv if argv is None else argv)
-    store = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=FIRST_ROUND_WAIT_S))
+    store = TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=FIRST_ROUND_WAIT_S))
     key = f"heteropp/first_round/{run_id}"
     joined = store.add(key, 1)
     deadline = time.monotonic() + FIRST_ROUND_WAIT_S
     while joined < int(count) and time.monotonic() < deadline:
         time.sleep(POLL_S)
         joined = store.add(key, 0)
+    if joined < int(count):
+        print(f"heteropp elastic: {joined} of the {count} hosts started reached the rendezvous in "
+              f"{FIRST_ROUND_WAIT_S:.0f} s; this one joins without the others", file=sys.stderr, flush=True)

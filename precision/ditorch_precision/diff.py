@@ -2,6 +2,7 @@
 whose outputs differ beyond tolerance."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -124,6 +125,12 @@ class CompareOptions:
     equivalences: Equivalences = field(default_factory=Equivalences)
     # A run of one TP group against a run of one rank: module records gathered across A's ranks
     shards: TPShards | None = None
+
+    @functools.cached_property
+    def least_stats_rtol(self) -> float:
+        """A stats capture's least tolerance: under a mixed-precision policy values carry the coarser dtype's
+        rounding, compounded op after op, so K (ratio_k) of them; 0 without a policy."""
+        return self.ratio_k * self.equivalences.mixed_precision.stats_rtol()
 
 
 def _replay_func(ra: dict, da: dict, db: dict):
@@ -270,9 +277,7 @@ def _holds_tensors(value) -> bool:
 def _judge(a: Dump, b: Dump, ra: dict, rb: dict, da: dict | None, db: dict | None, opts: CompareOptions,
            in_region: bool = False) -> dict:
     if da is None or db is None:
-        # under a mixed-precision policy, values carry the coarser dtype's rounding, compounded op after op:
-        # K (the error-ratio rule's factor) of them
-        summary = compare_summaries(ra, rb, opts.ratio_k * opts.equivalences.mixed_precision.stats_rtol())
+        summary = compare_summaries(ra, rb, opts.least_stats_rtol)
         if summary is not None:  # stats or checksum captures
             if in_region and summary[0] == "fail":
                 # paired inside a region: called with other inputs by design (sdpa's math path scales q
@@ -536,7 +541,6 @@ def _reordered_summaries(rows: list[dict], own_a: list[dict], own_b: list[dict],
     with every rank's slices joined: the vocabulary-parallel embedding's gradient). ``rows``: self_check's rows of
     ``own_a``, updated in place; an op no partner of B agrees with stays as it was (unjudged)."""
     left = list(own_b)
-    least = opts.ratio_k * opts.equivalences.mixed_precision.stats_rtol()
     for row, ra in zip(rows, own_a):
         if row["status"] != "skipped" or not ("stats" in ra or "checksums" in ra):
             continue
@@ -547,7 +551,7 @@ def _reordered_summaries(rows: list[dict], own_a: list[dict], own_b: list[dict],
             joined = ra if opts.shards is None else opts.shards.gather_stats(ra, rb)
             if _shapes_of(rb) != _shapes_of(ra) and joined is ra:
                 continue
-            summary = compare_summaries(joined, rb, least)
+            summary = compare_summaries(joined, rb, opts.least_stats_rtol)
             if summary is not None and summary[0] == "pass":
                 how = "run in another order" if joined is ra else "its ranks' slices joined"
                 row.update(status="pass", rule=summary[1], detail=f"{how}: as B's #{rb['index']} ({summary[2]})")

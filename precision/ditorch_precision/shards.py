@@ -75,7 +75,6 @@ class TPShards:
                 out[i] = _concatenated([p[i] if i < len(p) else None for p in peers], y.shape, x)
         return out
 
-
     def gather_stats(self, rec: dict, reference: dict) -> dict:
         """A stats capture's module or op record ``rec`` (this rank's) with each output whose shape differs from
         the ``reference`` record's at its place given the statistics of every rank's slices joined (the
@@ -96,7 +95,6 @@ class TPShards:
             if i < len(stats) and _slices_of(tuple(shapes[1][i]), [shape for shape, _ in parts]):
                 stats[i] = _joined_stats([st for _, st in parts])
         return {**rec, "stats": stats}
-
 
     def _peers(self, rec: dict) -> list:
         """Every rank's record of ``rec``: a module record's by its key, an op's by its call (the ranks of
@@ -119,7 +117,7 @@ def _slices_of(whole: tuple, shapes: list) -> bool:
     if any(s is None or len(s) != len(whole) for s in shapes):
         return False
     dims = {d for s in shapes for d in range(len(whole)) if s[d] != whole[d]}
-    return len(dims) == 1 and sum(s[d] for s in shapes for d in dims) == whole[next(iter(dims))]
+    return len(dims) == 1 and sum(s[d] for s in shapes for d in dims) == whole[min(dims)]
 
 
 def _joined_stats(parts: list) -> dict:
@@ -142,12 +140,8 @@ def _joined_stats(parts: list) -> dict:
 def _concatenated(slices: list, whole: torch.Size, own: torch.Tensor) -> torch.Tensor:
     """The slices joined along the one dimension where they differ from ``whole``, if they add up
     to it; else ``own`` (the compare then reports the shapes)."""
-    if any(s is None or s.dim() != len(whole) for s in slices):
+    shapes = [None if s is None else tuple(s.shape) for s in slices]
+    if not _slices_of(tuple(whole), shapes) or any(s.dtype != own.dtype for s in slices):
         return own
-    dims = {d for s in slices for d in range(len(whole)) if s.shape[d] != whole[d]}
-    if len(dims) != 1:
-        return own
-    (d,) = dims
-    if sum(s.shape[d] for s in slices) != whole[d] or any(s.dtype != own.dtype for s in slices):
-        return own
+    (d,) = {d for s in shapes for d in range(len(whole)) if s[d] != whole[d]}
     return torch.cat(slices, dim=d)

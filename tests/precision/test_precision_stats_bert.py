@@ -132,3 +132,34 @@ def test_a_fault_inside_the_attention_fails_its_region(runs):
     fd = report.first_divergence
     assert output and fd is not None and fd["index"] == output[0]["index"] and fd["step"] == STEPS - 1, fd
     assert all(r["step"] == STEPS - 1 for r in report.failed), _failed(report)
+
+
+@pytest.mark.parametrize("hook", ["cpp", "python"])
+def test_every_reduction_writes_its_inputs_statistics_in_both_hooks(tmp_path, hook):
+    """Every op of summaries.REDUCTIONS (the C++ observer names them apart, kReductions) writes the statistics
+    of its first argument, against plain torch's in float64: x for the forward ones, the output gradient
+    (ones: the loss is a sum) for layer norm's backward."""
+    from ditorch_precision.summaries import REDUCTIONS
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 6, 8, generator=g)
+    w = torch.ones(8, requires_grad=True)
+    with Capture(str(tmp_path / hook), mode="stats", hook=hook):
+        x.sum((0, 1)), x.nansum(), x.mean(-1)
+        torch.nn.functional.layer_norm(x, (8,), w).sum().backward()
+        torch.nn.functional.group_norm(x, 2)
+        torch.nn.functional.batch_norm(x, None, None, training=True)
+    records = [json.loads(line) for line in (tmp_path / hook / "index.jsonl").read_text().splitlines()]
+    seen: dict = {}
+    for r in records:  # the first of each: x's (the loss's sum and layer norm's backward sum others)
+        if r["op"] in REDUCTIONS:
+            seen.setdefault(r["op"], r)
+    batch_norm = {"aten::native_batch_norm", "aten::_native_batch_norm_legit"}
+    assert set(seen) - batch_norm == set(REDUCTIONS) - batch_norm and set(seen) & batch_norm, sorted(seen)
+    for op, r in seen.items():
+        t = torch.ones(4, 6, 8) if op == "aten::native_layer_norm_backward" else x
+        t = t.double()
+        s = r["input_stats"]
+        assert s["numel"] == t.numel() and (s["min"], s["max"]) == (t.min().item(), t.max().item()), op
+        assert math.isclose(s["mean"], t.mean().item(), rel_tol=1e-12, abs_tol=1e-15), op
+        assert math.isclose(s["norm"], t.norm().item(), rel_tol=1e-12), op
