@@ -9,7 +9,7 @@ CSRC   := $(shell find dicomm/csrc dicomm/csrc_torch ditorch/csrc precision/csrc
 DIOPI_SRC := $(shell find diopi_bindings/reference diopi_bindings/include diopi_bindings/csrc diopi_bindings/csrc_diopi -name '*.cpp' -o -name '*.h' -o -name CMakeLists.txt 2>/dev/null)
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-cxx test-long test-rdma test-torch-suite test-diopi-full demo bench clean
+.PHONY: setup test test-slow test-cxx test-long test-rdma test-torch-suite test-diopi-full demo bench clean
 
 setup: $(STAMP)
 
@@ -48,16 +48,24 @@ CXX_CHECKS := tests/cxx/test_clang_tidy.py tests/cxx/test_sanitizers.py::test_en
 	tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan tests/cxx/test_fuzz.py \
 	tests/cxx/test_other_cpu_build.py
 
+# The suite of `make test` and `make test-slow`: every test but the other targets' (the RDMA guest, the C++
+# slow gates). The tests marked `slow` (pyproject.toml), whole runs of 15-95 s each (about 7 of the suite's
+# 45 worker-minutes), run in `make test-slow`, which CI runs after `make test` (.ci/run).
+SUITE := tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py --ignore=tests/cxx/test_fuzz.py \
+	--ignore=tests/cxx/test_other_cpu_build.py \
+	--deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
+	--deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
+	--deselect tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan
+
 # `make test` runs in TEST_WORKERS pytest-xdist workers (tests that hold one resource of the machine take its
 # lock: tests/conftest.py); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests --ignore=tests/rdma --ignore=tests/cxx/test_clang_tidy.py --ignore=tests/cxx/test_fuzz.py \
-	  --ignore=tests/cxx/test_other_cpu_build.py \
-	  --deselect tests/cxx/test_sanitizers.py::test_progress_and_matching_tests_pass_under_tsan \
-	  --deselect tests/cxx/test_sanitizers.py::test_engine_tests_pass_under_asan_and_ubsan \
-	  --deselect tests/cxx/test_sanitizers.py::test_precision_cpp_hook_tests_pass_under_asan_and_ubsan
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(SUITE)
+
+test-slow: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m slow $(SUITE)
 
 test-cxx: setup
 	$(PY) -m pytest -q $(CXX_CHECKS)

@@ -42,6 +42,7 @@ TRAIN_COMPILED = """
 """
 
 
+@pytest.mark.slow
 def test_a_llama_step_compiled_with_aot_eager_trains_like_eager_cpu(reference_path):
     pytest.importorskip("transformers")
     got = run_python(TRAIN_COMPILED.format(library=str(reference_path), backend="aot_eager"))

@@ -15,6 +15,7 @@ from diopi_bindings.conformance.runner import OUTLIER_SHARE, _judge
 from diopi_bindings.schema import BY_NAME
 
 
+@pytest.mark.slow
 def test_reference_library_passes_every_case(reference_path, tmp_path, capsys):
     report = tmp_path / "ref.json"
     assert main(["--impl", str(reference_path), "--json", str(report), "-q"]) == 0

@@ -82,6 +82,7 @@ def test_a_checkpoint_of_another_model_or_with_changed_bytes_is_refused(tmp_path
         train_reference(MODEL, 2, 2, verbose=False, opts=TrainOptions(checkpoint_dir=str(tmp_path / "ck"), resume=True))
 
 
+@pytest.mark.slow
 def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path) -> None:
     whole = _run(tmp_path, "whole", options={"save_every": 1})
     # saves after every step; the step-2 checkpoint is still being written (in the background) when rank 2

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from heteropp.engine import train_reference
 from heteropp.engine.checkpoint import complete_checkpoints, read_trainer
 from heteropp.engine.elastic import EXIT_PEER, EXIT_REPLAN, peer_error, verdict_line
@@ -41,6 +43,7 @@ def _losses(path: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in _events(path)}
 
 
+@pytest.mark.slow
 def test_a_lost_host_is_replanned_around_and_comes_back_as_another_chip_type(tmp_path) -> None:
     run = ElasticRun(tmp_path, steps=STEPS, every=EVERY, snapshot_every=EVERY)
     run.wait_step(EVERY + 1)  # right after a save's next step: the worst moment for work lost
@@ -94,6 +97,7 @@ chips:
 """
 
 
+@pytest.mark.slow
 def test_too_few_chips_left_is_an_error_naming_the_smallest_cluster_and_the_checkpoint_stays(tmp_path) -> None:
     cluster = tmp_path / "cramped.yaml"
     cluster.write_text(CRAMPED)

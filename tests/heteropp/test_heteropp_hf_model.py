@@ -137,6 +137,7 @@ def test_a_truncated_safetensors_file_is_refused(tmp_path) -> None:
         _ours(d)
 
 
+@pytest.mark.slow
 def test_heteroauto_plans_simulates_and_profiles_a_hf_model_that_heteropp_then_trains(tmp_path) -> None:
     """One reader for planner and trainer: a HF directory (and its config.json) as heteroauto's model, the plan
     it writes run by `heteropp run` on that directory's weights."""

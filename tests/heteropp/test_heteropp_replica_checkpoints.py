@@ -91,6 +91,7 @@ def test_replica_groups_resume_from_their_checkpoint_bit_for_bit(whole, tmp_path
     assert not mismatches(got, _reference()["params"], PARAM_RTOL)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_across_replica_groups_and_one_stage_list(whole, tmp_path) -> None:
     ref = _reference()
     # replica groups -> one stage list

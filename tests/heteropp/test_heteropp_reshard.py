@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 
 from heteropp.engine import RunConfig, launch, train_reference
@@ -31,6 +32,7 @@ def _launch(plan: Plan, steps: int, log, **options) -> list[float]:
     return [json.loads(x)["loss"] for x in log.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_one_plan_resumes_on_another_and_in_one_process(tmp_path) -> None:
     assert A.global_batch == B.global_batch == 4
     ck = tmp_path / "ck"

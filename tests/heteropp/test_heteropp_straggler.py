@@ -46,6 +46,7 @@ def check_slowed_and_even(tmp_path, plan: Plan) -> None:
     assert not any("stragglers" in r for r in even)
 
 
+@pytest.mark.slow
 def test_a_slowed_stage_is_reported_and_an_even_run_is_not(tmp_path) -> None:
     check_slowed_and_even(tmp_path, PLAN)
     # the run's threshold is the watch's: ~11x slower is no straggler at 100x

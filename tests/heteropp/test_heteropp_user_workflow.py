@@ -24,6 +24,7 @@ def heteropp(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.slow
 def test_prepare_train_resume_export(tmp_path) -> None:
     docs = [str(p) for p in sorted((REPO / "docs").glob("*.md"))[:4]]
     heteropp("data", "train-tokenizer", "--out", str(tmp_path / "tok"), "--vocab-size", "320", *docs)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ditorch_precision import Capture
@@ -55,6 +56,7 @@ def _peak_rss(*args: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_compare_memory_does_not_grow_with_the_captured_bytes(tmp_path, one_thread):
     sizes = {steps: [_capture(tmp_path / f"{run}{steps}", steps) for run in "ab"][0] for steps in (SHORT, STEPS)}
     assert sizes[STEPS] - sizes[SHORT] > 150 * 2**20

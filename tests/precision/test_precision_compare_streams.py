@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ditorch_precision import Capture
@@ -94,6 +95,7 @@ def _compare(a, b, how: str = "api") -> tuple[int, int, int, int | None, int]:
     return int(rows), int(n_ops), int(n_failed), None if first == "None" else int(first), int(peak)
 
 
+@pytest.mark.slow
 def test_compare_memory_does_not_grow_with_the_number_of_ops(tmp_path, one_thread):
     for run in "ab":
         _two_steps(tmp_path / run)

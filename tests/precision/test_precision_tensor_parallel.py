@@ -86,6 +86,7 @@ def stats_runs(tmp_path_factory, launch_gloo):
     return root
 
 
+@pytest.mark.slow
 def test_tp2_against_tp1_in_stats_captures_passes_at_every_step(stats_runs):
     """Before: the column-parallel layers' records (a slice on each rank) were compared with TP 1's whole
     ones, and the vocabulary-parallel embedding's gradient ops were unjudged: 3 unjudged regions a rank.
