@@ -660,30 +660,36 @@ def _compare_by_structure(a: Dump, b: Dump, options: CompareOptions, report: Dif
         _compare_step(a, b, records_a, records_b, options, report, carried)
 
 
-def _optimizer_stats_drift(ops: list[dict], al: Alignment, noise: set[int] | frozenset[int] = frozenset()) -> None:
-    """An optimizer's op whose statistics differ, in a step whose gradients already differ between the runs
-    (a backward op's or module record's statistics are not the same numbers, or a module's backward ran
-    other ops), is drift, not a failure, where its norm agrees: Adam divides each gradient by its own running
-    magnitude, so gradients a rounding apart give steps far apart wherever a gradient is near zero (a
-    zero-initialised bias's first step), which moves the mean, minimum and maximum but hardly the norm.
-    So is one the size of a gradient that is rounding noise (``noise``: the sizes of sums that cancel,
-    note_reduction_scales), whose every statistic the runs round differently. Statistics cannot bound
-    that; a full capture replays the optimizer's ops on each run's own inputs."""
-    apart = any(phase == "backward" for _, phase, _ in al.regions) or any(
+def _gradients_apart(al: Alignment) -> bool:
+    """Whether a step's gradients already differ between the runs: a backward op's or module record's
+    statistics are not the same numbers, or a module's backward ran other ops."""
+    return any(phase == "backward" for _, phase, _ in al.regions) or any(
         ra.get("phase") == "backward" and "stats" in ra and ra.get("stats") != rb.get("stats")
         for ra, rb in [*al.pairs, *al.module_pairs])
-    if not apart:
-        return
-    for row, (ra, rb) in zip(ops, al.pairs):  # ops: the rows of al.pairs, in order
-        if not (row["status"] == "fail" and row["rule"] == "stats" and row["phase"] == "optimizer"):
-            continue
-        pairs = list(zip(ra.get("stats") or [], rb.get("stats") or []))
-        if pairs and all(stats_difference(x, y, stats_rtol(x), keys=("norm",)) is None for x, y in pairs):
-            row.update(status="drift", detail="the step's gradients already differ and an optimizer amplifies that "
-                                              f"where a gradient is near zero (norms agree): {row['detail']}")
-        elif pairs and all(y.get("numel") in noise for _, y in pairs):
-            row.update(status="drift", detail="a gradient of its size is rounding noise (a sum that cancels), which "
-                                              f"the runs round differently and an optimizer scales up: {row['detail']}")
+
+
+def _optimizer_stats_drift(row: dict, ra: dict, rb: dict, noise: set[int] | frozenset[int]) -> None:
+    """An optimizer's op (or a step's parameters, PARAMS_OP) whose statistics differ, in a step whose
+    gradients already differ between the runs (_gradients_apart), is drift, not a failure, where the
+    norm of each output that differs agrees: Adam divides each gradient by its own running magnitude,
+    so gradients a rounding apart give steps far apart wherever a gradient is near zero (a
+    zero-initialised bias's first step, an attention key's bias, whose gradient cancels), which moves
+    the mean, minimum and maximum but hardly the norm. So is one the size of a gradient that is rounding
+    noise (``noise``: the sizes of sums that cancel, note_reduction_scales), whose every statistic the
+    runs round differently. Statistics cannot bound that; a full capture replays the optimizer's ops on
+    each run's own inputs. Marks ``row`` (failed by the stats rule)."""
+    pairs = [(x, y) for x, y in zip(ra.get("stats") or [], rb.get("stats") or [])
+             if stats_difference(x, y, stats_rtol(x)) is not None]
+    if pairs and all(stats_difference(x, y, stats_rtol(x), keys=("norm",)) is None for x, y in pairs):
+        row.update(status="drift", detail="the step's gradients already differ and an optimizer amplifies that "
+                                          f"where a gradient is near zero (norms agree): {row['detail']}")
+    elif pairs and all(y.get("numel") in noise for _, y in pairs):
+        row.update(status="drift", detail="a gradient of its size is rounding noise (a sum that cancels), which "
+                                          f"the runs round differently and an optimizer scales up: {row['detail']}")
+
+
+def _stats_failure_in_optimizer(row: dict) -> bool:
+    return row["status"] == "fail" and row["rule"] == "stats" and row["phase"] == "optimizer"
 
 
 def _earliest(*values: int | None) -> int | None:
@@ -700,7 +706,10 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     # records judge it.
     in_region = set(al.regions)
     ops = [compare_records(a, b, ra, rb, options, arguments=group_key(ra) not in in_region) for ra, rb in al.pairs]
-    _optimizer_stats_drift(ops, al, noise)
+    apart = _gradients_apart(al)
+    for row, (ra, rb) in zip(ops, al.pairs) if apart else ():
+        if _stats_failure_in_optimizer(row):
+            _optimizer_stats_drift(row, ra, rb, noise)
     unmatched = []
     for ra in al.unmatched_a:
         unmatched.append(_row(ra, "unmatched", "alignment", "only in A (the run under test)") | {"run": "A"})
@@ -762,6 +771,8 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
                 and (first_draw is None or ra["index"] < first_draw)):
             upstream.judge(row, _region_start(records_a, region))  # else drift below: other draws may explain it
         if ra["op"] == PARAMS_OP:
+            if apart and _stats_failure_in_optimizer(row):  # a region's (fused against foreach, say)
+                _optimizer_stats_drift(row, ra, rb, noise)
             upstream.weights(row)
         if row["status"] == "fail":
             if first_fail is not None and ra["index"] > first_fail:

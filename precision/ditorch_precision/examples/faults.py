@@ -15,6 +15,9 @@ _FORMULAS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sqrt": lambda x: torch.pow(x, 0.5),  # Adam's denominator (the for-loop step CPUs take)
     "mm": lambda a, b: torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0),
     "bmm": lambda a, b: (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2),
+    # GPT-2's Conv1D and every nn.Linear with a bias (its first argument is the bias)
+    "addmm": lambda bias, a, b, beta=1, alpha=1: beta * bias + alpha * torch.bmm(a.unsqueeze(0),
+                                                                                b.unsqueeze(0)).squeeze(0),
     # BERT's and GPT-2's activation (erf, or its tanh approximation)
     "gelu": lambda x, approximate="none": (0.5 * x * (1 + torch.erf(x * 0.7071067811865476))) if approximate == "none"
     else 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))),
