@@ -24,7 +24,7 @@ from .opinfo import op_info
 from torch.utils._pytree import tree_leaves
 from .records import resolve_op
 from .point_to_point import load_transfers
-from .random_contracts import contract_verdict
+from .random_contracts import contract_verdict, stats_contract_verdict
 from .summaries import (compare_summaries, note_reduction_scales, outputs_in_common, stats_difference, stats_rtol,
                         tensor_checksum)
 from .reference import run_reference, skip_reason, without_randomness
@@ -220,8 +220,20 @@ def compare_records(a: Dump, b: Dump, ra: dict, rb: dict, opts: CompareOptions, 
             # squares, extremes and counts: other draws give other sums), not a byte-for-byte proof
             found = [r.get("stats") for r in (ra, rb)]
             same = all(isinstance(f, list) and f for f in found) and _draws(ra, found[0]) == _draws(rb, found[1])
+            if not same and found[0] and row["rule"] == "stats":  # judged by its contract instead (an
+                row = _stats_contract_row(ra, row)  # argument that differs stays the failure)
         row["same_draws"] = ra["op"] == rb["op"] and same
     return row
+
+
+def _stats_contract_row(ra: dict, row: dict) -> dict:
+    """A random op of a stats capture whose draws are other numbers than the reference's, judged by what
+    its draws' statistics must satisfy (stats_contract_verdict), or skipped where they say nothing."""
+    verdict = stats_contract_verdict(ra["op"], ra.get("signature"), ra.get("stats"))
+    if verdict is None:
+        return row | _row(ra, "skipped", "skipped", "its draws are other numbers than B's, and its statistics "
+                                                    "cannot be judged by its contract")
+    return row | _row(ra, verdict[0], "random_contract", f"{verdict[1]} (from the draws' statistics)")
 
 
 def relative_difference(out_a, out_b) -> float | None:
@@ -692,6 +704,16 @@ def _stats_failure_in_optimizer(row: dict) -> bool:
     return row["status"] == "fail" and row["rule"] == "stats" and row["phase"] == "optimizer"
 
 
+def _after_other_draws(ops: list[dict], first_draw: int | None) -> None:
+    """A stats capture's ops after draws other than the reference's: their inputs differ by the draws, and
+    with statistics alone (no tensors to replay each op on its own inputs, as a full capture does) an op
+    that differs cannot be told from a fault: drift, not a failure."""
+    for r in ops if first_draw is not None else ():
+        if r["status"] == "fail" and r["rule"] == "stats" and r["index"] > first_draw:
+            r.update(status="drift", detail=f"differs after random draws (#{first_draw}), which the runs make "
+                                            f"differently, and a stats capture cannot replay it: {r['detail']}")
+
+
 def _earliest(*values: int | None) -> int | None:
     return min((v for v in values if v is not None), default=None)
 
@@ -747,11 +769,12 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
     if carried.steps is not None:  # the optimizers' options, step by step, ranked where each step starts
         ops.extend(_option_rows(records_a, carried.steps))
-    first_fail = _earliest(carried.first_fail, *(r["index"] for r in ops + own_rows if r["status"] == "fail"))
     # Random draws (A's ops that drew, judged by their contracts or skipped) differ between runs by
     # design (another seed, device or kernel draws other numbers): module records after the first
     # are compared like those after a divergence.
     first_draw = _earliest(carried.first_draw, *(r["index"] for r in ops + own_rows if _drew(r)))
+    _after_other_draws(ops, first_draw)
+    first_fail = _earliest(carried.first_fail, *(r["index"] for r in ops + own_rows if r["status"] == "fail"))
     # module records in call order: the first that fails before any divergence is one
     pending = sorted(((region, item) for region, rows in region_rows.items() for item in rows
                       if isinstance(item, tuple)), key=lambda x: x[1][1]["index"])

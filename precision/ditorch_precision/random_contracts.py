@@ -8,7 +8,8 @@ reference run's draws blames honest randomness, or, after a divergence, inherite
 - ``uniform_(a, b)``: draws in [a, b], mean (a + b) / 2; ``normal_(m, s)``, ``randn``: mean m and
   standard deviation s. ``rand``: as ``uniform_(0, 1)``.
 A mean is judged within 6 standard errors (a false alarm about once in 500 million honest calls);
-below ``MIN_DRAWS`` draws only the exact parts are judged."""
+below ``MIN_DRAWS`` draws only the exact parts are judged. A stats capture holds no draws, only their
+statistics: ``stats_contract_verdict`` judges ``bernoulli_``, ``uniform_`` and ``normal_`` from those."""
 from __future__ import annotations
 
 import math
@@ -41,9 +42,13 @@ def _first(outputs) -> torch.Tensor | None:
 def _mean_check(what: str, draws: torch.Tensor, mean: float, std: float) -> tuple[str, str] | None:
     """None when the draws' mean is within the bound (or there are too few to judge)."""
     n = draws.numel()
+    return None if n < MIN_DRAWS else _stats_mean_check(what, n, float(draws.double().mean()), mean, std)
+
+
+def _stats_mean_check(what: str, n: int, got: float, mean: float, std: float) -> tuple[str, str] | None:
+    """_mean_check of ``n`` draws whose mean is ``got``."""
     if n < MIN_DRAWS:
         return None
-    got = float(draws.double().mean())
     bound = _SIGMAS * std / math.sqrt(n) + 1e-12
     if abs(got - mean) > bound:
         return "fail", (f"{what}: mean of {n} draws {got:.6g}, expected {mean:.6g} "
@@ -85,6 +90,49 @@ def contract_verdict(func, args, kwargs, outputs) -> tuple[str, str] | None:
         bad = _mean_check("normal", x, m, s)
         if bad is None and x.numel() >= MIN_DRAWS and s > 0:  # the variance: (n-1) s^2 chi-square, sd s^2 sqrt(2/n)
             bad = _mean_check("normal variance", (x - m) ** 2, s * s, s * s * math.sqrt(2))
+        return bad or ("pass", "normal draws")
+    return None
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def stats_contract_verdict(op: str, signature: dict | None, stats: list | None) -> tuple[str, str] | None:
+    """(status, detail) of a random op of a stats capture by what its draws' statistics must satisfy (the
+    contracts above, from min, max, mean and norm), or None when they say nothing (no statistics, a
+    probability given as a tensor, an op with no contract). ``signature``: the record's scalar arguments."""
+    if not stats or not isinstance(stats[0], dict) or not isinstance(signature, dict):
+        return None
+    st = stats[0]
+    n, lo, hi, mean, norm = (st.get(k) for k in ("numel", "min", "max", "mean", "norm"))
+    if not isinstance(n, int) or n <= 0 or None in (lo, hi, mean, norm):
+        return None
+    if st.get("nan") or st.get("inf"):
+        return "fail", f"{st.get('nan')} NaN and {st.get('inf')} Inf among the draws"
+    square_mean = norm * norm / n
+    if op == "aten::bernoulli_" and (p := _number(signature.get("p"))) is not None:
+        # values in [0, 1] whose squares sum to their sum are each 0 or 1 (x (1 - x) = 0)
+        if lo < 0 or hi > 1 or abs(square_mean - mean) > 1e-9:
+            return "fail", f"bernoulli draws other than 0 and 1 (min {lo:.6g}, max {hi:.6g}, mean of squares " \
+                           f"{square_mean:.9g} against mean {mean:.9g})"
+        return _stats_mean_check("bernoulli", n, mean, p, math.sqrt(p * (1 - p))) or \
+            ("pass", f"bernoulli draws of mean {mean:.4g}")
+    if op == "aten::uniform_":
+        a, b = _number(signature.get("from", 0.0)), _number(signature.get("to", 1.0))
+        if a is None or b is None:
+            return None
+        if lo < a or hi > b:
+            return "fail", f"uniform draws outside [{a}, {b}] (min {lo:.6g}, max {hi:.6g})"
+        return _stats_mean_check("uniform", n, mean, (a + b) / 2, (b - a) / math.sqrt(12)) or ("pass", "uniform draws")
+    if op == "aten::normal_":
+        m, s = _number(signature.get("mean", 0.0)), _number(signature.get("std", 1.0))
+        if m is None or s is None:
+            return None
+        bad = _stats_mean_check("normal", n, mean, m, s)
+        if bad is None and s > 0:  # the mean of (x - m)^2 from the mean of squares and the mean
+            spread = square_mean - 2 * m * mean + m * m
+            bad = _stats_mean_check("normal variance", n, spread, s * s, s * s * math.sqrt(2))
         return bad or ("pass", "normal draws")
     return None
 

@@ -120,8 +120,7 @@ def test_a_fault_only_a_module_record_shows_after_the_same_draws_fails_naming_it
 def test_in_stats_captures_the_same_draws_are_told_by_their_statistics(tmp_path):
     """The same runs in stats captures: a draw's statistics the very same numbers count as the same draws
     (before, a stats capture never could tell, and the q_proj record after layer 0's dropout was drift
-    whatever the seeds), other seeds' draws do not (a stats capture compares ops directly: runs that draw
-    other numbers are for full captures, whose random ops are judged by their contracts)."""
+    whatever the seeds), other seeds' draws do not."""
     device_only = _capture(tmp_path / "device_only", device_only=True, mode="stats")
     same = compare_dumps(device_only, _capture(tmp_path / "honest", mode="stats"))
     assert [r["same_draws"] for r in same.ops if r["op"] == "aten::bernoulli_"] == [True, True]
@@ -129,6 +128,30 @@ def test_in_stats_captures_the_same_draws_are_told_by_their_statistics(tmp_path)
     assert [r["module"] for r in same.failed][:1] == [f"{ROOT}.1.self_attn.q_proj"]
     other = compare_dumps(device_only, _capture(tmp_path / "ref", draw_seed=1, mode="stats"))
     assert [r["same_draws"] for r in other.ops if r["op"] == "aten::bernoulli_"] == [False, False]
+
+
+def test_in_stats_captures_other_draws_are_judged_by_their_contract_and_faulty_draws_found(tmp_path):
+    """Runs that draw other numbers (another seed, as another device would) in stats captures. Before, the
+    compare failed the first draw (its statistics are not the reference's) and every op after it. Now a
+    draw is judged by its contract from its statistics (0 or 1 each, as values in [0, 1] whose squares
+    sum to their sum are; their mean the keep probability within 6 standard errors), and what follows
+    other draws is drift, as module records after them already were (without tensors, no op can be
+    replayed on its own inputs). Layer 1's faulty draws (a keep probability 1.05 x the configured one:
+    13 standard errors over 8192 draws) are found there, by their contract; layer 0's silu fault, after
+    layer 0's other draws, is drift: it takes a full capture. References: the configured dropout, the
+    places the faults were planted."""
+    ref = _capture(tmp_path / "ref", draw_seed=1, mode="stats")
+    honest = compare_dumps(_capture(tmp_path / "honest", mode="stats"), ref)
+    assert honest.passed, _failed(honest)
+    draws = [r for r in honest.ops if r["op"] == "aten::bernoulli_"]
+    assert len(draws) == 2 and all(r["rule"] == "random_contract" and r["status"] == "pass" and
+                                   r["same_draws"] is False for r in draws), draws
+    assert any(r["status"] == "drift" and "after random draws" in r["detail"] for r in honest.ops)
+    faults = compare_dumps(_capture(tmp_path / "faults", faults=True, mode="stats"), ref)
+    fd = faults.first_divergence
+    assert fd is not None and (fd["op"], fd["module"], fd["rule"]) == (
+        "aten::bernoulli_", f"{ROOT}.1.self_attn", "random_contract"), fd
+    assert "bernoulli: mean of 8192 draws" in fd["detail"]
 
 
 def test_a_fault_in_the_draws_after_an_earlier_fault_is_located(runs):
@@ -173,6 +196,37 @@ def test_the_contracts_of_dropout_and_of_uniform_and_normal_draws():
     n = torch.empty(4096).normal_(1.0, 3.0, generator=g)
     assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, n)[0] == "pass"
     assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, (n - 1) * 1.2 + 1)[0] == "fail"  # too wide
+
+
+def test_the_contracts_judged_from_statistics_agree_with_those_judged_from_the_draws():
+    """A stats capture's contract (stats_contract_verdict: min, max, mean and norm only) passes plain torch's
+    draws and fails the same draws altered as a faulty kernel would, as the contract on the tensors does."""
+    from ditorch_precision.random_contracts import contract_verdict, stats_contract_verdict
+    from ditorch_precision.summaries import tensor_stats
+
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    b = torch.empty(4096).bernoulli_(0.9, generator=g)
+    u = torch.empty(4096).uniform_(-2, 2, generator=g)
+    n = torch.empty(4096).normal_(1.0, 3.0, generator=g)
+    cases = [  # (op, its scalar arguments, draws, expected)
+        (aten.bernoulli_.float, {"p": 0.9}, b, "pass"),
+        (aten.bernoulli_.float, {"p": 0.9}, b * 0.999, "fail"),  # not 0 or 1
+        (aten.bernoulli_.float, {"p": 0.8}, b, "fail"),  # keeps too many
+        (aten.uniform_.default, {"from": -2.0, "to": 2.0}, u, "pass"),
+        (aten.uniform_.default, {"from": -2.0, "to": 2.0}, u * 0.5 + 0.5, "fail"),  # biased
+        (aten.uniform_.default, {"from": -1.0, "to": 2.0}, u, "fail"),  # outside
+        (aten.normal_.default, {"mean": 1.0, "std": 3.0}, n, "pass"),
+        (aten.normal_.default, {"mean": 1.0, "std": 3.0}, (n - 1) * 1.2 + 1, "fail"),  # too wide
+        (aten.normal_.default, {"mean": 1.0, "std": 3.0}, n + 0.5, "fail"),  # shifted
+    ]
+    for op, scalars, draws, expected in cases:
+        args = (draws, *scalars.values())
+        assert contract_verdict(op, args, {}, draws)[0] == expected, (op, scalars, expected)
+        got = stats_contract_verdict(op._schema.name, {"self": {}, **scalars}, [tensor_stats(draws)])
+        assert got is not None and got[0] == expected, (op, scalars, got)
+    # a probability given as a tensor: the statistics say nothing of the expected mean
+    assert stats_contract_verdict("aten::bernoulli_", {"self": {}, "p": {"shape": [4096]}}, [tensor_stats(b)]) is None
 
 
 def _masked_add(run: str) -> torch.Tensor:
