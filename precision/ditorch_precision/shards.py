@@ -92,7 +92,7 @@ class TPShards:
         for i in differ:
             parts = [(tuple((p.get("outputs") or [{}])[i].get("shape") or ()) if i < len(p.get("outputs") or [])
                       else None, p["stats"][i] if i < len(p["stats"]) else None) for p in peers]
-            if i < len(stats) and _slices_of(tuple(shapes[1][i]), [shape for shape, _ in parts]):
+            if i < len(stats) and _slice_dim(tuple(shapes[1][i]), [shape for shape, _ in parts]) is not None:
                 stats[i] = _joined_stats([st for _, st in parts])
         return {**rec, "stats": stats}
 
@@ -112,12 +112,15 @@ class TPShards:
         return peers
 
 
-def _slices_of(whole: tuple, shapes: list) -> bool:
-    """Whether ``shapes`` join into ``whole`` along the one dimension where they differ from it."""
+def _slice_dim(whole: tuple, shapes: list) -> int | None:
+    """The one dimension along which ``shapes`` join into ``whole``, or None where they do not."""
     if any(s is None or len(s) != len(whole) for s in shapes):
-        return False
+        return None
     dims = {d for s in shapes for d in range(len(whole)) if s[d] != whole[d]}
-    return len(dims) == 1 and sum(s[d] for s in shapes for d in dims) == whole[min(dims)]
+    if len(dims) != 1:
+        return None
+    (d,) = dims
+    return d if sum(s[d] for s in shapes) == whole[d] else None
 
 
 def _joined_stats(parts: list) -> dict:
@@ -140,8 +143,7 @@ def _joined_stats(parts: list) -> dict:
 def _concatenated(slices: list, whole: torch.Size, own: torch.Tensor) -> torch.Tensor:
     """The slices joined along the one dimension where they differ from ``whole``, if they add up
     to it; else ``own`` (the compare then reports the shapes)."""
-    shapes = [None if s is None else tuple(s.shape) for s in slices]
-    if not _slices_of(tuple(whole), shapes) or any(s.dtype != own.dtype for s in slices):
+    d = _slice_dim(tuple(whole), [None if s is None else tuple(s.shape) for s in slices])
+    if d is None or any(s.dtype != own.dtype for s in slices):
         return own
-    (d,) = {d for s in shapes for d in range(len(whole)) if s[d] != whole[d]}
     return torch.cat(slices, dim=d)

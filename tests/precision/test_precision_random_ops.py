@@ -196,6 +196,9 @@ def test_the_contracts_of_dropout_and_of_uniform_and_normal_draws():
     n = torch.empty(4096).normal_(1.0, 3.0, generator=g)
     assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, n)[0] == "pass"
     assert contract_verdict(aten.normal_.default, (n, 1.0, 3.0), {}, (n - 1) * 1.2 + 1)[0] == "fail"  # too wide
+    with_nan = n.clone()
+    with_nan[7] = float("nan")  # passed before: a NaN mean is never outside a bound
+    assert contract_verdict(aten.normal_.default, (with_nan, 1.0, 3.0), {}, with_nan)[0] == "fail"
 
 
 def test_the_contracts_judged_from_statistics_agree_with_those_judged_from_the_draws():
