@@ -167,7 +167,7 @@ def reduction_scale(kind: str, out: dict, summed: dict) -> float:
 FLOORS = "_scale_floors"
 
 
-def _same_numbers(st: dict) -> tuple | None:
+def same_numbers(st: dict) -> tuple | None:
     return None if st.get("norm") is None else tuple(st.get(k) for k in ("dtype", "numel", *_STATS))
 
 
@@ -191,7 +191,7 @@ def note_reduction_scales(records: list[dict]) -> set[int]:
             continue
         summed = r.get("input_stats")
         for i, kind in REDUCTIONS.get(r.get("op"), ()) if isinstance(summed, dict) else ():
-            if i >= len(outs) or not isinstance(outs[i], dict) or (key := _same_numbers(outs[i])) is None:
+            if i >= len(outs) or not isinstance(outs[i], dict) or (key := same_numbers(outs[i])) is None:
                 continue
             if (floor := reduction_scale(kind, outs[i], summed)) > 0:
                 scales[key] = max(floor, scales.get(key, 0.0))
@@ -200,10 +200,16 @@ def note_reduction_scales(records: list[dict]) -> set[int]:
                     noise.add(outs[i].get("numel", 0))
         if not scales:
             continue
-        floors = [scales.get(_same_numbers(o), 0.0) if isinstance(o, dict) else 0.0 for o in outs]
+        floors = [scales.get(same_numbers(o), 0.0) if isinstance(o, dict) else 0.0 for o in outs]
         if any(floors):
             r[FLOORS] = floors
     return noise
+
+
+def _stats_bounds(b: dict, floor: float) -> tuple[float, float]:
+    """The typical magnitude of a tensor (norm / sqrt(n), at least ``floor``) and sqrt(n)."""
+    root = math.sqrt(max(b.get("numel", 1), 1))
+    return max((b.get("norm") or 0.0) / root, floor), root
 
 
 def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STATS,
@@ -215,15 +221,41 @@ def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STA
     if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
         return f"NaN/Inf counts {a.get('nan')}/{a.get('inf')} vs {b.get('nan')}/{b.get('inf')}"
     # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
-    scale = max((b.get("norm") or 0.0) / math.sqrt(max(b.get("numel", 1), 1)), floor)
+    scale, root = _stats_bounds(b, floor)
     for key in keys:
         x, y = a.get(key), b.get(key)
         if x is None or y is None:
             continue
-        bound = rtol * (abs(y) + scale) * (math.sqrt(max(b.get("numel", 1), 1)) if key == "norm" else 1)
+        bound = rtol * (abs(y) + scale) * (root if key == "norm" else 1)
         if abs(x - y) > bound + 1e-30:
             return f"{key} {x:.9g} vs {y:.9g} (bound {bound:.3g})"
     return None
+
+
+def stats_ratio(a: dict, b: dict, floor: float = 0.0) -> float:
+    """The least rtol at which stats_difference passes two tensors' statistics (inf where their NaN/Inf
+    counts differ): how far apart the runs are at this tensor, in the units the stats rule judges in."""
+    if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
+        return math.inf
+    scale, root = _stats_bounds(b, floor)
+    ratio = 0.0
+    for key in _STATS:
+        x, y = a.get(key), b.get(key)
+        if x is not None and y is not None and x != y:
+            unit = (abs(y) + scale) * (root if key == "norm" else 1)
+            ratio = max(ratio, abs(x - y) / unit if unit > 0 else math.inf)
+    return ratio
+
+
+def difference_floor(a: dict, b: dict) -> float | None:
+    """A lower bound of ||a - b|| (the tensors' L2 distance) from two tensors' statistics alone: the
+    norms' difference, the sums' over sqrt(n) (Cauchy-Schwarz), and the extremes' (each at most the
+    largest elementwise difference); None where they do not describe tensors of one size."""
+    n = a.get("numel")
+    if not n or n != b.get("numel") or any(not isinstance(s.get(k), (int, float)) for s in (a, b) for k in _STATS):
+        return None
+    return max(abs(a["norm"] - b["norm"]), abs(a["mean"] - b["mean"]) * math.sqrt(n),
+               abs(a["min"] - b["min"]), abs(a["max"] - b["max"]))
 
 
 def outputs_in_common(shapes_a: list, shapes_b: list) -> int:
@@ -263,3 +295,17 @@ def compare_summaries(ra: dict, rb: dict, least_rtol: float = 0.0) -> tuple[str,
                 return "fail", "stats", f"output {i}: {why}"
         return "pass", "stats", "statistics within tolerance"
     return None
+
+
+def summaries_ratio(ra: dict, rb: dict) -> float | None:
+    """stats_ratio over two stats records' outputs (as far as compare_summaries compares them), the
+    largest; None where either holds no statistics or their output counts differ."""
+    if not isinstance(ra.get("stats"), list) or not isinstance(rb.get("stats"), list):
+        return None
+    n = _module_outputs_shared(ra, rb)
+    xs, ys = ra["stats"][:n], rb["stats"][:n]
+    if len(xs) != len(ys):
+        return None
+    floors = rb.get(FLOORS) or ()
+    return max((stats_ratio(x, y, floors[i] if i < len(floors) else 0.0)
+                for i, (x, y) in enumerate(zip(xs, ys)) if isinstance(x, dict) and isinstance(y, dict)), default=0.0)
