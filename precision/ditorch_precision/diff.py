@@ -756,25 +756,36 @@ class _StatsDrift:
     rounding into whole steps where a gradient is near zero, so later ops read weights and activations
     that differ a little. A stats record holds no inputs to replay it on (a full capture's rule), so an op
     is judged against the drift its inputs carry, as a full capture judges its module records
-    (_Upstream): within STATS_DRIFT_GROWTH x the largest of the drift of the parameters it reads (those of its
-    tensor arguments' shapes) and the stats_ratio of the last DRIFT_WINDOW paired ops before it (outside
-    regions and the optimizer); a module record, as much as the op whose output it is. A fault far above
-    that drift is still found; before the parameters differ nothing is widened."""
+    (_Upstream): within STATS_DRIFT_GROWTH x the largest of the drift of the parameters it reads (those of
+    its tensor arguments' shapes), the stats_ratio of the last DRIFT_WINDOW paired ops before it (outside
+    regions and the optimizer) and that of the same op a step before (honest drift grows from step to step,
+    a fault planted in one step jumps); a module record, as much as the op whose output it is. A fault far
+    above that drift is still found; before the parameters differ nothing is widened."""
 
     params: dict[tuple, float] = field(default_factory=dict)  # shape -> drift (relative, at least)
     recent: list[float] = field(default_factory=list)
     allowed: dict[tuple, float] = field(default_factory=dict)  # A's output statistics -> the drift its op had
+    before: dict[tuple, float] = field(default_factory=dict)  # the last step's ops (_place) -> their drift
 
     def judge(self, rows: list[tuple[dict, dict, dict]], in_region: set) -> None:
         """``rows``: (row, record of A, record of B) of a step's paired ops, in call order."""
         self.allowed.clear()
+        seen: Counter = Counter()
+        now: dict[tuple, float] = {}
         for row, ra, rb in rows:
-            ratio = self.widen(row, ra, rb)
-            if ratio is not None and row["status"] == "pass" and row["phase"] != "optimizer" \
-                    and group_key(row) not in in_region:
+            place = (row["phase"], row["module"], row["op"])
+            place += (seen[place],)
+            seen[place[:3]] += 1
+            ratio = self.widen(row, ra, rb, self.before.get(place, 0.0))
+            if ratio is None:
+                continue
+            now[place] = ratio
+            if row["status"] == "pass" and row["phase"] != "optimizer" and group_key(row) not in in_region:
                 self.recent = [*self.recent[1 - DRIFT_WINDOW:], ratio]
+        if self.params:
+            self.before = now
 
-    def _carried(self, ra: dict, rb: dict) -> tuple[float, str]:
+    def _carried(self, ra: dict, rb: dict, before: float) -> tuple[float, str]:
         shapes = [tuple(t.get("shape") or ()) for t in ra.get("inputs") or [] if isinstance(t, dict)]
         outs = [st for st in rb.get("stats") or [] if isinstance(st, dict)]
         rms = outs[0]["norm"] / math.sqrt(max(outs[0].get("numel", 1), 1)) if outs and outs[0].get("norm") else 0.0
@@ -784,15 +795,17 @@ class _StatsDrift:
         found += [(self.allowed.get(same_numbers(st), 0.0), "the op that returned it")
                   for st in ra.get("stats") or [] if ra.get("kind") == "module" and isinstance(st, dict)]
         found.append((max(self.recent, default=0.0), f"the ops before it (the largest of {len(self.recent)})"))
+        found.append((before, "the same op a step before"))
         return max(found)
 
-    def widen(self, row: dict, ra: dict, rb: dict) -> float | None:
+    def widen(self, row: dict, ra: dict, rb: dict, before: float = 0.0) -> float | None:
         """Passes ``row`` (a stats row that failed) where its statistics are within the drift its inputs
-        carry; returns their stats_ratio (None for a row not judged by statistics)."""
+        carry (``before``: the same op's a step before); returns their stats_ratio (None for a row not
+        judged by statistics)."""
         if not self.params or row["rule"] not in ("stats", "drift_budget") or \
                 (ratio := summaries_ratio(ra, rb)) is None:
             return None
-        carried, source = self._carried(ra, rb)
+        carried, source = self._carried(ra, rb, before)
         for st in ra.get("stats") or [] if ra.get("kind", "op") == "op" else []:
             if isinstance(st, dict) and (key := same_numbers(st)) is not None:
                 self.allowed[key] = max(self.allowed.get(key, 0.0), carried)
