@@ -765,7 +765,7 @@ class _StatsDrift:
     params: dict[tuple, float] = field(default_factory=dict)  # shape -> drift (relative, at least)
     recent: list[float] = field(default_factory=list)
     allowed: dict[tuple, float] = field(default_factory=dict)  # A's output statistics -> the drift its op had
-    before: dict[tuple, float] = field(default_factory=dict)  # the last step's ops (_place) -> their drift
+    before: dict[tuple, float] = field(default_factory=dict)  # (phase, module, op, occurrence) -> last step's drift
 
     def judge(self, rows: list[tuple[dict, dict, dict]], in_region: set) -> None:
         """``rows``: (row, record of A, record of B) of a step's paired ops, in call order."""
