@@ -206,10 +206,17 @@ def note_reduction_scales(records: list[dict]) -> set[int]:
     return noise
 
 
-def _stats_bounds(b: dict, floor: float) -> tuple[float, float]:
-    """The typical magnitude of a tensor (norm / sqrt(n), at least ``floor``) and sqrt(n)."""
+def _units(a: dict, b: dict, keys: tuple[str, ...], floor: float):
+    """(key, A's value, B's value, unit) for each statistic both hold: the unit is the value's magnitude
+    plus the typical magnitude norm/sqrt(n) (at least ``floor``), times sqrt(n) for the norm; a statistic
+    is within rtol where it differs by at most rtol units."""
     root = math.sqrt(max(b.get("numel", 1), 1))
-    return max((b.get("norm") or 0.0) / root, floor), root
+    # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
+    scale = max((b.get("norm") or 0.0) / root, floor)
+    for key in keys:
+        x, y = a.get(key), b.get(key)
+        if x is not None and y is not None:
+            yield key, x, y, (abs(y) + scale) * (root if key == "norm" else 1)
 
 
 def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STATS,
@@ -220,15 +227,9 @@ def stats_difference(a: dict, b: dict, rtol: float, keys: tuple[str, ...] = _STA
     ``floor``: a least typical magnitude (a reduction's, reduction_scale)."""
     if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
         return f"NaN/Inf counts {a.get('nan')}/{a.get('inf')} vs {b.get('nan')}/{b.get('inf')}"
-    # scale: the typical magnitude (norm / sqrt(n)), so a mean near zero is not judged relatively
-    scale, root = _stats_bounds(b, floor)
-    for key in keys:
-        x, y = a.get(key), b.get(key)
-        if x is None or y is None:
-            continue
-        bound = rtol * (abs(y) + scale) * (root if key == "norm" else 1)
-        if abs(x - y) > bound + 1e-30:
-            return f"{key} {x:.9g} vs {y:.9g} (bound {bound:.3g})"
+    for key, x, y, unit in _units(a, b, keys, floor):
+        if abs(x - y) > rtol * unit + 1e-30:
+            return f"{key} {x:.9g} vs {y:.9g} (bound {rtol * unit:.3g})"
     return None
 
 
@@ -237,14 +238,8 @@ def stats_ratio(a: dict, b: dict, floor: float = 0.0) -> float:
     counts differ): how far apart the runs are at this tensor, in the units the stats rule judges in."""
     if (a.get("nan"), a.get("inf")) != (b.get("nan"), b.get("inf")):
         return math.inf
-    scale, root = _stats_bounds(b, floor)
-    ratio = 0.0
-    for key in _STATS:
-        x, y = a.get(key), b.get(key)
-        if x is not None and y is not None and x != y:
-            unit = (abs(y) + scale) * (root if key == "norm" else 1)
-            ratio = max(ratio, abs(x - y) / unit if unit > 0 else math.inf)
-    return ratio
+    return max((abs(x - y) / unit if unit > 0 else math.inf
+                for _, x, y, unit in _units(a, b, _STATS, floor) if x != y), default=0.0)
 
 
 def difference_floor(a: dict, b: dict) -> float | None:
@@ -285,16 +280,25 @@ def compare_summaries(ra: dict, rb: dict, least_rtol: float = 0.0) -> tuple[str,
         return ("pass", "checksum", "bitwise equal") if xs == ys else (
             "fail", "checksum", f"outputs {differ or 'count'} differ bitwise")
     if "stats" in ra and "stats" in rb:
-        xs, ys = ra["stats"][:n], rb["stats"][:n]
-        if len(xs) != len(ys):
-            return "fail", "stats", f"{len(xs)} outputs != {len(ys)}"
-        floors = rb.get(FLOORS) or ()
-        for i, (a, b) in enumerate(zip(xs, ys)):
-            floor = floors[i] if i < len(floors) else 0.0
+        paired = _paired_stats(ra, rb)
+        if isinstance(paired, str):
+            return "fail", "stats", paired
+        for i, (a, b, floor) in enumerate(paired):
             if (why := stats_difference(a, b, max(stats_rtol(a), least_rtol), floor=floor)) is not None:
                 return "fail", "stats", f"output {i}: {why}"
         return "pass", "stats", "statistics within tolerance"
     return None
+
+
+def _paired_stats(ra: dict, rb: dict) -> list[tuple[dict, dict, float]] | str:
+    """Two stats records' outputs as compared (a module record's on the outputs both have), each with the
+    least typical magnitude it is judged at (FLOORS); or why they cannot be paired."""
+    n = _module_outputs_shared(ra, rb)
+    xs, ys = ra["stats"][:n], rb["stats"][:n]
+    if len(xs) != len(ys):
+        return f"{len(xs)} outputs != {len(ys)}"
+    floors = rb.get(FLOORS) or ()
+    return [(x, y, floors[i] if i < len(floors) else 0.0) for i, (x, y) in enumerate(zip(xs, ys))]
 
 
 def summaries_ratio(ra: dict, rb: dict) -> float | None:
@@ -302,10 +306,8 @@ def summaries_ratio(ra: dict, rb: dict) -> float | None:
     largest; None where either holds no statistics or their output counts differ."""
     if not isinstance(ra.get("stats"), list) or not isinstance(rb.get("stats"), list):
         return None
-    n = _module_outputs_shared(ra, rb)
-    xs, ys = ra["stats"][:n], rb["stats"][:n]
-    if len(xs) != len(ys):
+    paired = _paired_stats(ra, rb)
+    if isinstance(paired, str):
         return None
-    floors = rb.get(FLOORS) or ()
-    return max((stats_ratio(x, y, floors[i] if i < len(floors) else 0.0)
-                for i, (x, y) in enumerate(zip(xs, ys)) if isinstance(x, dict) and isinstance(y, dict)), default=0.0)
+    return max((stats_ratio(x, y, floor) for x, y, floor in paired if isinstance(x, dict) and isinstance(y, dict)),
+               default=0.0)
