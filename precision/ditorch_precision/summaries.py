@@ -253,6 +253,18 @@ def difference_floor(a: dict, b: dict) -> float | None:
                abs(a["min"] - b["min"]), abs(a["max"] - b["max"]))
 
 
+def difference_estimate(a: dict, b: dict) -> float | None:
+    """An estimate of ||a - b|| from two tensors' statistics alone, where the elements moved apart by
+    differences of either sign (honest drift: other roundings, Adam's steps on gradients that are
+    rounding noise): the sums' difference, whose square has ||a - b||^2 for its mean under random signs,
+    and no less than difference_floor. Not a bound: a difference that cancels in the sum (a layer norm's
+    output, whose sum is zero) shows only its floor."""
+    floor = difference_floor(a, b)
+    if floor is None:
+        return None
+    return max(floor, float(abs(a["mean"] - b["mean"]) * a["numel"]))
+
+
 def outputs_in_common(shapes_a: list, shapes_b: list) -> int:
     """How many outputs two records of one module are compared on: a module may return extra outputs in one
     run (eager attention's weights, None from a fused kernel), so as far as both have them, shape for shape,
@@ -311,3 +323,15 @@ def summaries_ratio(ra: dict, rb: dict) -> float | None:
         return None
     return max((stats_ratio(x, y, floor) for x, y, floor in paired if isinstance(x, dict) and isinstance(y, dict)),
                default=0.0)
+
+
+def summaries_drift(ra: dict, rb: dict) -> float | None:
+    """The relative drift of two stats records' outputs as difference_estimate sees it (||a - b|| / ||b||),
+    the largest over the outputs compare_summaries compares; None where summaries_ratio is None."""
+    if not isinstance(ra.get("stats"), list) or not isinstance(rb.get("stats"), list):
+        return None
+    paired = _paired_stats(ra, rb)
+    if isinstance(paired, str):
+        return None
+    return max((est / y["norm"] for x, y, _ in paired if isinstance(x, dict) and isinstance(y, dict)
+                and y.get("norm") and (est := difference_estimate(x, y)) is not None), default=0.0)

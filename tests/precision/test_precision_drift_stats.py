@@ -7,9 +7,10 @@ minimum 2.2e-5 of itself apart, over float32's rtol of 1e-5. Its key part's bias
 cancels to rounding noise, which the two attention kernels round differently, and Adam turns that noise
 into full-sized steps: after step 0 the runs hold other weights, honestly. A stats record has no inputs to
 replay the op on (a full capture's rule), so the op is judged against the drift its inputs carry: that of
-the parameters it reads (the relative difference their statistics prove) and of the ops just before it.
+the parameters it reads, of the ops just before it, of the same op a step before and, in backward, of its
+module's forward, each as the statistics estimate it (the sums' difference, at least what they prove).
 The references: plain torch (the runs' losses agree), torch's norms of the tensors themselves for the bound
-the statistics give, and the planted fault's place."""
+and the estimate the statistics give, and the planted fault's place."""
 import math
 from contextlib import nullcontext
 
@@ -19,7 +20,8 @@ import torch
 from ditorch_precision import Capture, compare_dumps
 from ditorch_precision.examples.faults import wrong_kernel
 from ditorch_precision.examples.hf_llama import HFLlamaSize, hf_batches, hf_train_step
-from ditorch_precision.summaries import difference_floor, stats_difference, stats_ratio, tensor_stats
+from ditorch_precision.summaries import (difference_estimate, difference_floor, stats_difference, stats_ratio,
+                                         tensor_stats)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,16 +30,17 @@ STEPS = 4
 LAYER = "GPT2LMHeadModel.transformer.h.1.attn.c_attn"
 
 
-def _run(path, attn: str, fault_at: int | None = None, steps: int = STEPS, **adamw) -> list[float]:
+def _run(path, attn: str, fault_at: int | None = None, steps: int = STEPS, seed: int = 0, lr: float = 1e-2,
+         batches: list[torch.Tensor] | None = None, optim=torch.optim.AdamW, **options) -> list[float]:
     cfg = transformers.GPT2Config(vocab_size=SIZE.vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                   attn_implementation=attn, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                   bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **adamw)
+    opt = optim(model.parameters(), lr=lr, **options)
     losses = []
     with Capture(str(path), mode="stats"):
-        for step, ids in enumerate(hf_batches(SIZE, steps)):
+        for step, ids in enumerate(batches or hf_batches(SIZE, steps)):
             inside = model.transformer.h[1].attn.c_attn
             with wrong_kernel("addmm", 1 + 1e-3, inside=inside) if step == fault_at else nullcontext():
                 losses.append(hf_train_step(model, opt, ids).item())
@@ -80,6 +83,52 @@ def test_fused_against_foreach_adamw_passes_over_five_steps(tmp_path):
     report = compare_dumps(str(tmp_path / "fused"), str(tmp_path / "foreach"))
     assert report.passed, [(r["op"], r["module"], r["step"], r["detail"]) for r in report.failed]
     assert any("the same op a step before" in r["detail"] for r in report.ops if r["rule"] == "drift_budget")
+
+
+def test_sdpa_against_eager_passes_where_a_gradients_drift_hides_from_its_statistics(tmp_path):
+    """Other weights and batches of 2 x 8 tokens, AdamW at lr 1e-3: at step 1 the gradient into layer 0's GELU was
+    7.2e-5 apart (||a - b|| / ||b||) while its norm and extremes were within 2e-6, and the product of GELU's
+    backward with it showed the whole difference in its maximum (9.2e-5): 9 rows failed while the drift budget
+    was built from what statistics prove (a lower bound). The sums' difference estimates the drift itself."""
+    gen = torch.Generator().manual_seed(4)
+    batches = [torch.randint(0, SIZE.vocab, (2, 8), generator=gen) for _ in range(3)]
+    losses = [_run(tmp_path / attn, attn, seed=4, lr=1e-3, batches=batches) for attn in ("sdpa", "eager")]
+    torch.testing.assert_close(*losses, rtol=1e-4, atol=0)  # torch: honest
+    report = compare_dumps(str(tmp_path / "sdpa"), str(tmp_path / "eager"))
+    assert report.passed, [(r["op"], r["module"], r["step"], r["detail"]) for r in report.failed]
+    widened = [r for r in report.ops if r["rule"] == "drift_budget"]
+    assert widened and {r["step"] for r in widened} <= {1, 2}, widened
+
+
+def test_rmsprop_passes_where_a_backward_op_reads_what_its_forward_saved(tmp_path):
+    """RMSprop at lr 1e-2 (its first steps are ten times lr): at step 3 GELU's backward in layer 1 was 1.06e-3
+    apart where the 16 ops before it (the gradient flowing in) carried 1.2e-4; what it multiplies by, the
+    forward's activations saved for it, had drifted as far, but 200 ops earlier. 12 rows failed."""
+    losses = [_run(tmp_path / attn, attn, optim=torch.optim.RMSprop) for attn in ("sdpa", "eager")]
+    torch.testing.assert_close(*losses, rtol=1e-3, atol=0)  # torch: honest
+    report = compare_dumps(str(tmp_path / "sdpa"), str(tmp_path / "eager"))
+    assert report.passed, [(r["op"], r["module"], r["step"], r["detail"]) for r in report.failed]
+    assert any("its module's forward ops" in r["detail"] for r in report.ops if r["rule"] == "drift_budget")
+
+
+def test_the_estimate_of_a_random_sign_difference_is_its_norm_in_the_mean():
+    gen = torch.Generator().manual_seed(5)
+    b = torch.randn(4096, generator=gen, dtype=torch.float64)
+    squares = []
+    for _ in range(400):
+        delta = torch.randn(4096, generator=gen, dtype=torch.float64) * 1e-4
+        sa, sb = tensor_stats(b + delta), tensor_stats(b)
+        est, norm = difference_estimate(sa, sb), torch.linalg.vector_norm(delta).item()
+        assert est >= difference_floor(sa, sb)
+        squares.append((est / norm) ** 2)
+    # the sum of n independent differences of either sign: its square has the squared norm for its mean
+    assert 0.8 < sum(squares) / len(squares) < 1.25
+    # a difference that cancels in the sum (a shift of one element to another) shows its floor only
+    shifted = b.clone()
+    shifted[0] += 1e-3
+    shifted[1] -= 1e-3
+    sa, sb = tensor_stats(shifted), tensor_stats(b)
+    assert difference_estimate(sa, sb) == difference_floor(sa, sb)
 
 
 def test_the_statistics_bound_the_distance_from_below():
