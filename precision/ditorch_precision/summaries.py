@@ -313,25 +313,28 @@ def _paired_stats(ra: dict, rb: dict) -> list[tuple[dict, dict, float]] | str:
     return [(x, y, floors[i] if i < len(floors) else 0.0) for i, (x, y) in enumerate(zip(xs, ys))]
 
 
-def summaries_ratio(ra: dict, rb: dict) -> float | None:
-    """stats_ratio over two stats records' outputs (as far as compare_summaries compares them), the
-    largest; None where either holds no statistics or their output counts differ."""
+def _compared_stats(ra: dict, rb: dict) -> list[tuple[dict, dict, float]] | None:
+    """_paired_stats of two records' outputs that both hold statistics; None where either holds none or
+    their output counts differ."""
     if not isinstance(ra.get("stats"), list) or not isinstance(rb.get("stats"), list):
         return None
     paired = _paired_stats(ra, rb)
     if isinstance(paired, str):
         return None
-    return max((stats_ratio(x, y, floor) for x, y, floor in paired if isinstance(x, dict) and isinstance(y, dict)),
-               default=0.0)
+    return [(x, y, floor) for x, y, floor in paired if isinstance(x, dict) and isinstance(y, dict)]
+
+
+def summaries_ratio(ra: dict, rb: dict) -> float | None:
+    """stats_ratio over two stats records' outputs (as far as compare_summaries compares them), the
+    largest; None where either holds no statistics or their output counts differ."""
+    paired = _compared_stats(ra, rb)
+    return None if paired is None else max((stats_ratio(x, y, floor) for x, y, floor in paired), default=0.0)
 
 
 def summaries_drift(ra: dict, rb: dict) -> float | None:
     """The relative drift of two stats records' outputs as difference_estimate sees it (||a - b|| / ||b||),
     the largest over the outputs compare_summaries compares; None where summaries_ratio is None."""
-    if not isinstance(ra.get("stats"), list) or not isinstance(rb.get("stats"), list):
-        return None
-    paired = _paired_stats(ra, rb)
-    if isinstance(paired, str):
-        return None
-    return max((est / y["norm"] for x, y, _ in paired if isinstance(x, dict) and isinstance(y, dict)
-                and y.get("norm") and (est := difference_estimate(x, y)) is not None), default=0.0)
+    paired = _compared_stats(ra, rb)
+    return None if paired is None else max(
+        (est / y["norm"] for x, y, _ in paired if y.get("norm") and (est := difference_estimate(x, y)) is not None),
+        default=0.0)
