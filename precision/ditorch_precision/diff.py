@@ -26,7 +26,7 @@ from .records import resolve_op
 from .point_to_point import load_transfers
 from .random_contracts import contract_verdict, stats_contract_verdict
 from .summaries import (compare_summaries, difference_estimate, note_reduction_scales, outputs_in_common, same_numbers,
-                        stats_difference, stats_rtol, summaries_drift, summaries_ratio, tensor_checksum)
+                        stats_difference, stats_rtol, summaries_apart, tensor_checksum)
 from .reference import run_reference, skip_reason, without_randomness
 from .shards import TPShards
 from .signature import differences, signature
@@ -767,40 +767,42 @@ class _StatsDrift:
     its module's forward ops this step (what the forward saved for it, often further back than the window); a
     module record, as much as the op whose output it is and the same record a step before. An op's drift is the
     larger of its stats_ratio and its outputs' relative difference as their statistics estimate it
-    (summaries_drift): a gradient 7.2e-5 apart can keep its norm and extremes within 2e-6, and an elementwise
+    (summaries_apart): a gradient 7.2e-5 apart can keep its norm and extremes within 2e-6, and an elementwise
     product with it then shows the whole difference in its maximum. A fault far above that drift is still found;
     before the parameters differ nothing is widened."""
 
     params: dict[tuple, float] = field(default_factory=dict)  # shape -> drift (relative, estimated)
     recent: list[float] = field(default_factory=list)
     allowed: dict[tuple, float] = field(default_factory=dict)  # A's output statistics -> the drift its op had
-    before: dict[tuple, float] = field(default_factory=dict)  # (phase, module, op, occurrence) -> last step's drift
+    # (phase, module, op, occurrence in the step) -> the drift of that op or module record: the last step's,
+    # and this step's so far (a step's parameters, PARAMS_OP, carry the last step's drift into the next: Qwen2's
+    # key bias, whose gradient is rounding noise, 1.3e-4 apart after step 1 and 1.9e-4 after step 2)
+    before: dict[tuple, float] = field(default_factory=dict)
+    now: dict[tuple, float] = field(default_factory=dict)
+    seen: Counter = field(default_factory=Counter)  # (phase, module, op) -> rows this step
     forward: dict[str, float] = field(default_factory=dict)  # module -> its forward ops' drift, this step
-    # module records, (phase, module, op, occurrence) -> drift: the last step's, and this step's so far
-    records_before: dict[tuple, float] = field(default_factory=dict)
-    records_now: dict[tuple, float] = field(default_factory=dict)
-    records_seen: Counter = field(default_factory=Counter)  # (phase, module, op) -> records this step
 
     def judge(self, rows: list[tuple[dict, dict, dict]], in_region: set) -> None:
         """``rows``: (row, record of A, record of B) of a step's paired ops, in call order."""
         self.allowed.clear()
         self.forward.clear()
-        seen: Counter = Counter()
-        now: dict[tuple, float] = {}
         for row, ra, rb in rows:
-            place = (row["phase"], row["module"], row["op"])
-            place += (seen[place],)
-            seen[place[:3]] += 1
-            ratio = self.widen(row, ra, rb, self.before.get(place, 0.0))
-            if ratio is None:
-                continue
-            now[place] = ratio
-            if row["status"] == "pass" and row["phase"] != "optimizer" and group_key(row) not in in_region:
-                self.recent = [*self.recent[1 - DRIFT_WINDOW:], ratio]
+            drift = self.widen_in_step(row, ra, rb)
+            if drift is not None and row["status"] == "pass" and row["phase"] != "optimizer" and \
+                    group_key(row) not in in_region:
+                self.recent = [*self.recent[1 - DRIFT_WINDOW:], drift]
                 if row["phase"] == "forward" and row["module"]:
-                    self.forward[row["module"]] = max(self.forward.get(row["module"], 0.0), ratio)
-        if self.params:
-            self.before = now
+                    self.forward[row["module"]] = max(self.forward.get(row["module"], 0.0), drift)
+
+    def widen_in_step(self, row: dict, ra: dict, rb: dict) -> float | None:
+        """widen, with the same op's or module record's drift a step before; notes its drift for the next."""
+        place = (row["phase"], row["module"], row["op"])
+        place += (self.seen[place],)
+        self.seen[place[:3]] += 1
+        drift = self.widen(row, ra, rb, self.before.get(place, 0.0))
+        if drift is not None:
+            self.now[place] = drift
+        return drift
 
     def _carried(self, ra: dict, rb: dict, before: float) -> tuple[float, str]:
         shapes = [tuple(t.get("shape") or ()) for t in ra.get("inputs") or [] if isinstance(t, dict)]
@@ -822,10 +824,10 @@ class _StatsDrift:
         carry (``before``: the same op's a step before); returns the op's own drift, for the ops after it
         (None for a row not judged by statistics)."""
         if not self.params or row["rule"] not in ("stats", "drift_budget") or \
-                (ratio := summaries_ratio(ra, rb)) is None:
+                (apart := summaries_apart(ra, rb)) is None:
             return None
+        ratio, estimate = apart
         carried, source = self._carried(ra, rb, before)
-        estimate = summaries_drift(ra, rb) or 0.0
         drift = max(ratio, estimate)
         # judged itself, an op's estimate counts up to OWN_ESTIMATE_CAP x its ratio: the sums' difference
         # assumes differences of either sign, and a tensor that repeats its elements (an expand, and what is
@@ -841,22 +843,11 @@ class _StatsDrift:
                               f"parameters apart ({source}: {carried:.3g}); elementwise: {row['detail']}")
         return drift
 
-    def widen_record(self, row: dict, ra: dict, rb: dict) -> None:
-        """widen for a module record, with the same record's drift a step before (a step's parameters,
-        PARAMS_OP, carry last step's drift into the next: Qwen2's key bias, whose gradient is rounding noise,
-        1.3e-4 apart after step 1 and 1.9e-4 after step 2, fused against foreach AdamW at lr 1e-2)."""
-        place = (row["phase"], row["module"], row["op"])
-        self.records_seen[place] += 1
-        place += (self.records_seen[place] - 1,)
-        drift = self.widen(row, ra, rb, self.records_before.get(place, 0.0))
-        if drift is not None:
-            self.records_now[place] = drift
-
     def after_step(self, records_a: list[dict], records_b: list[dict], noise: set[int]) -> None:
         if self.params:
-            self.records_before = self.records_now
-        self.records_now = {}
-        self.records_seen.clear()
+            self.before = self.now
+        self.now = {}
+        self.seen.clear()
         apart = _params_apart(records_a, records_b, noise)
         if apart is not None:
             self.params = {shape: d for shape, d in apart.items() if d > 0}
@@ -933,7 +924,7 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     for region, (tag, ra, rb) in pending:
         row = compare_records(a, b, ra, rb, options) | tag
         if options.shards is None:  # (a TP run's module records are judged on statistics gathered over ranks)
-            carried.stats_drift.widen_record(row, ra, rb)
+            carried.stats_drift.widen_in_step(row, ra, rb)
         if ra["op"] == PARAMS_OP and carried.steps is not None:
             row = _optimizer_row(a, b, ra, rb, row, records_a, records_b, carried.steps, options)
             if row["rule"] == "optimizer_replay":  # judged on each run's own inputs: no drift

@@ -324,17 +324,14 @@ def _compared_stats(ra: dict, rb: dict) -> list[tuple[dict, dict, float]] | None
     return [(x, y, floor) for x, y, floor in paired if isinstance(x, dict) and isinstance(y, dict)]
 
 
-def summaries_ratio(ra: dict, rb: dict) -> float | None:
-    """stats_ratio over two stats records' outputs (as far as compare_summaries compares them), the
-    largest; None where either holds no statistics or their output counts differ."""
+def summaries_apart(ra: dict, rb: dict) -> tuple[float, float] | None:
+    """How far apart two stats records' outputs are (as far as compare_summaries compares them), the largest
+    over the outputs of each: their stats_ratio, and their relative difference ||a - b|| / ||b|| as
+    difference_estimate sees it; None where either holds no statistics or their output counts differ."""
     paired = _compared_stats(ra, rb)
-    return None if paired is None else max((stats_ratio(x, y, floor) for x, y, floor in paired), default=0.0)
-
-
-def summaries_drift(ra: dict, rb: dict) -> float | None:
-    """The relative drift of two stats records' outputs as difference_estimate sees it (||a - b|| / ||b||),
-    the largest over the outputs compare_summaries compares; None where summaries_ratio is None."""
-    paired = _compared_stats(ra, rb)
-    return None if paired is None else max(
-        (est / y["norm"] for x, y, _ in paired if y.get("norm") and (est := difference_estimate(x, y)) is not None),
-        default=0.0)
+    if paired is None:
+        return None
+    ratio = max((stats_ratio(x, y, floor) for x, y, floor in paired), default=0.0)
+    estimate = max((est / y["norm"] for x, y, _ in paired
+                    if y.get("norm") and (est := difference_estimate(x, y)) is not None), default=0.0)
+    return ratio, estimate

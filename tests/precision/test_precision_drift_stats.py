@@ -151,6 +151,7 @@ def test_the_estimate_of_a_random_sign_difference_is_its_norm_in_the_mean():
     shifted[1] -= 1e-3
     sa, sb = tensor_stats(shifted), tensor_stats(b)
     assert difference_estimate(sa, sb) == difference_floor(sa, sb)
+    assert 0 < difference_estimate(sa, sb) <= torch.linalg.vector_norm(shifted - b).item() * (1 + 1e-9)
 
 
 def test_the_statistics_bound_the_distance_from_below():
