@@ -23,21 +23,25 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def profile(cluster_path: str, model: str, out: str, analytic: bool) -> str | None:
+def profile(cluster_path: str, model: str, train_path: str, out: str, analytic: bool) -> str | None:
     """Measure the fastest chip of each device the cluster names (`device` in its spec: cpu, cuda, ...) on
-    that device here, and derive the other chips of that device from their peak-TFLOPS ratio."""
+    that device here, at the training spec's micro-batch size and every TP size the planner may use, and
+    derive the other chips of that device from their peak-TFLOPS ratio."""
     if analytic:
         return None
     from .auto.profiler import profile_model
     from .auto.profiles import ChipProfile
-    from .spec import load_cluster
-    cl = load_cluster(cluster_path)
+    from .auto.space import tp_counts, tp_sizes
+    from .spec import load_cluster, load_model, load_train
+    cl, m = load_cluster(cluster_path), load_model(model)
+    micro_batch_size = load_train(train_path, m.seq_len).micro_batch_size
     prof = None
     for device in dict.fromkeys(c.device for c in cl.chips):  # cluster order, each device once
         chips = [c for c in cl.chips if c.device == device]
         fastest = max(chips, key=lambda c: c.peak_tflops)
-        tps = sorted({t for c in chips for t in (1, 2, 4, 8) if t <= c.tp_max})
-        got = profile_model(model, tps, device=device, chip=fastest.name, repeats=2, progress=lambda m: None)
+        tps = sorted({t for c in chips for t in tp_sizes(c, *tp_counts(m)) if t <= c.count})
+        got = profile_model(model, tps, device=device, chip=fastest.name, micro_batch_size=micro_batch_size,
+                            repeats=2, progress=lambda m: None)
         measured = got.chips[fastest.name].tp
         if prof is None:
             prof = got
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from .spec import load_model
     _say(f"1/4 profiling the {a.model} model on this host's devices" + (" (skipped: analytic)" if a.analytic else ""))
     t0 = time.perf_counter()
-    prof = profile(a.cluster, a.model, str(out / "profile.json"), a.analytic)
+    prof = profile(a.cluster, a.model, a.train, str(out / "profile.json"), a.analytic)
     t_prof = time.perf_counter() - t0
 
     _say("2/4 planning with HeteroAuto")

@@ -24,11 +24,11 @@ def _add_inputs(p: argparse.ArgumentParser, sizes: bool = False) -> None:
     p.add_argument("--cluster", required=True, help="cluster spec (YAML/JSON)")
     p.add_argument("--model", required=True, help="model preset (tiny, h2-100b) or spec file")
     p.add_argument("--train", required=True, help="training spec (YAML/JSON)")
-    if sizes:  # plan: one measured profile per micro-batch size searched
-        p.add_argument("--profile", action="append", help="profile JSON from `heteroauto profile` (default: analytic "
-                       "from chip specs); with --micro-batch-sizes, once per size searched")
-    else:
-        p.add_argument("--profile", help="profile JSON from `heteroauto profile` (default: analytic from chip specs)")
+    p.add_argument("--profile", action="append", help="profile JSON from `heteroauto profile` (default: analytic "
+                   "from chip specs); given again for each file of other chip types (`heteroauto profile --chip`)"
+                   + ("; with --micro-batch-sizes, for each size searched" if sizes else ""))
+    p.add_argument("--seq-len", type=at_least(1), help="training sequence length (default: the model's; for a "
+                   "HuggingFace config its max_position_embeddings), as `heteropp run --seq-len` trains")
     p.add_argument("--group-size", type=at_least(1), default=128, help="chips per group in the two-stage refinement")
 
 
@@ -57,13 +57,17 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .planning import load_problem
     _writable(a.json, "--json")
     profiles = a.profile or []
-    if len(profiles) > 1 and a.micro_batch_sizes is None:
-        raise SpecError(profiles[1], "--profile", f"{len(profiles)} profiles without --micro-batch-sizes",
-                        "one profile, or one per micro-batch size with --micro-batch-sizes")
+    sizes = sorted(_profiles(profiles)) if a.micro_batch_sizes is None else []
+    if len(sizes) > 1:
+        raise SpecError(profiles[1], "--profile", f"{len(profiles)} profiles without --micro-batch-sizes, of "
+                        f"micro-batch sizes {', '.join(map(str, sizes))}",
+                        "profiles of one micro-batch size (one file per chip type), or one size each with "
+                        "--micro-batch-sizes")
     if a.per_replica and a.micro_batch_sizes is not None:
         raise SpecError("<command line>", "--per-replica", "with --micro-batch-sizes",
                         "one of the two: replica groups are planned at the training spec's micro-batch size")
-    pb = load_problem(a.cluster, a.model, a.train, profiles[0] if len(profiles) == 1 else None)
+    # with --micro-batch-sizes, _sized prices each size with its own profiles
+    pb = load_problem(a.cluster, a.model, a.train, None if a.micro_batch_sizes else profiles, a.seq_len)
     budget = Budget(work=a.work_budget, time_cap_s=a.time_cap, baselines=a.baselines, idle=a.idle,
                     group_size=a.group_size)
     if a.micro_batch_sizes is not None:
@@ -104,7 +108,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     for path, flag in ((a.json, "--json"), (a.png, "--png"), (a.write_plan, "--write-plan")):
         _writable(path, flag)
     plan = Plan.load(a.plan)
-    pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    pb = load_problem(a.cluster, a.model, a.train, a.profile, a.seq_len)
     if plan.zero1 != pb.train.zero1:  # price the plan as `heteropp run --plan` trains it: with the plan's zero1
         print(f"heteroauto: the plan records zero1: {str(plan.zero1).lower()}, the training spec says "
               f"{str(pb.train.zero1).lower()}: simulating the plan's", file=sys.stderr)
@@ -172,7 +176,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from .front_door import plan as plan_of
     from .planning import load_problem
     _writable(a.json, "--json")
-    pb = load_problem(a.cluster, a.model, a.train, a.profile)
+    pb = load_problem(a.cluster, a.model, a.train, a.profile, a.seq_len)
     rows = {}
     for algo in ("h2", "auto"):
         out = plan_of(pb, Budget(group_size=a.group_size), algo)
@@ -202,6 +206,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
     """cmd_plan's plan with the micro-batch size searched (micro_batch.py) over --micro-batch-sizes."""
     from .micro_batch import candidate_sizes, plan_micro_batch
+    from .profiles import check_fits
     flag = "--micro-batch-sizes"
     measured = _profiles(a.profile) if a.profile else None
     if a.micro_batch_sizes == "auto":  # with measured profiles: the sizes they hold that divide the global batch
@@ -224,6 +229,9 @@ def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
                             f"(the profiles hold {', '.join(map(str, sorted(measured)))}, global batch "
                             f"{pb.train.global_batch})", "one --profile per size searched (heteroauto profile "
                             "--micro-batch-size), or sizes the profiles hold")
+        for size in sizes:
+            check_fits(measured[size], f"--profile of micro-batch size {size}", pb.cluster, pb.model,
+                       replace(pb.train, micro_batch_size=size))
     sized = plan_micro_batch(pb.cluster, pb.model, pb.train, sizes, budget, a.algo,
                              _progress if a.progress else None, measured)
     tried = ", ".join(f"{s}: {t:.4f} s" if t < float("inf") else f"{s}: none faster" for s, t in sized.times.items())
@@ -232,16 +240,14 @@ def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
 
 
 def _profiles(paths: list[str]) -> dict[int, Any]:
-    """The measured profiles by their micro-batch size, no size twice."""
-    from .profiles import Profile
-    out: dict[int, Any] = {}
+    """The measured profiles by their micro-batch size, the files of one size (each of other chip types)
+    merged."""
+    from .profiles import Profile, merged
+    by_size: dict[int, list[tuple[str, Profile]]] = {}
     for path in paths:
         prof = Profile.load(path)
-        if prof.micro_batch_size in out:
-            raise SpecError(path, "micro_batch_size", f"a second profile of micro-batch size {prof.micro_batch_size}",
-                            "one profile per micro-batch size")
-        out[prof.micro_batch_size] = prof
-    return out
+        by_size.setdefault(prof.micro_batch_size, []).append((path, prof))
+    return {size: merged(files) for size, files in by_size.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..plan import Plan, StagePlan
 from ..spec import Cluster, InfeasibleError, ModelSpec, TrainSpec, load_cluster, load_model, load_train
@@ -11,7 +11,7 @@ from ..schedules import kind
 from .analytic import analytic_profile
 from .costs import CostModel, micro_batches, virtual_stages as virtual_stages
 from .limits import DEFAULT_LIMITS, Limits
-from .profiles import Profile
+from .profiles import Profile, check_fits, merged
 from .candidates import Candidate, NothingFaster, Progress, SearchResult
 from .extended import extended_candidates
 from .pricing import WARMUP_OR_CHUNK_OPTIONS as WARMUP_OR_CHUNK_OPTIONS, best_params as best_params
@@ -21,16 +21,27 @@ from .ranking import RANK_ACTIONS, SUB_SHARE, Ranking, sig
 from .search import longest_plan_actions, search_auto
 
 
-def load_problem(cluster: str, model: str, train: str, profile: str | None = None) -> Problem:
-    cl, m = load_cluster(cluster), load_model(model)
+def load_problem(cluster: str, model: str, train: str, profile: str | Sequence[str] | None = None,
+                 seq_len: int | None = None) -> Problem:
+    """The problem of spec files. `profile`: a measured profile's file, or several, each holding other chip types
+    (merged; default: the analytic profile); `seq_len`: the training sequence length (default: the model's; for
+    a HuggingFace config its max_position_embeddings), as `heteropp run --seq-len` trains."""
+    cl, m = load_cluster(cluster), load_model(model, seq_len)
     tr = load_train(train, m.seq_len)
-    return make_problem(cl, m, tr, Profile.load(profile) if profile else None)
+    paths = [profile] if isinstance(profile, str) else list(profile or [])
+    if not paths:
+        return make_problem(cl, m, tr)
+    prof = merged([(path, Profile.load(path)) for path in paths])
+    check_fits(prof, ", ".join(paths), cl, m, tr)
+    return make_problem(cl, m, tr, prof)
 
 
 def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None = None,
                  holders_elsewhere: int = 0, elsewhere: tuple[float, float | None] | None = None) -> Problem:
     """The problem of loaded specs (a profile, or the analytic one); `holders_elsewhere` and `elsewhere` as
     CostModel's."""
+    if prof is not None:  # its chip types and TP sizes; what it was measured on is load_problem's to check
+        check_fits(prof, "<profile>", cl, m, tr, measured_on=False)
     prof = prof or analytic_profile(cl, m, tr)
     searched = kind(tr.schedule).searched_as or tr.schedule  # H-1F1B: planned as 1F1B, then warmed up
     return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof, holders_elsewhere, elsewhere))

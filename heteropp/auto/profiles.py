@@ -7,7 +7,7 @@ included); memory in bytes per chip. `wgrad_s` is the weight-gradient share of `
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +80,55 @@ class Profile:
         except (OSError, json.JSONDecodeError) as e:
             raise SpecError(str(path), "<file>", f"cannot read: {e}", "a profile JSON file") from e
         return cls.from_dict(d, str(path))
+
+
+# what a profile's numbers were measured on: each must be the problem's for its times to price it
+_MEASURED_ON = ("micro_batch_size", "seq_len", "layer_params", "embed_params", "head_params")
+
+
+def merged(loaded: list[tuple[str, Profile]]) -> Profile:
+    """One profile from files that each hold other chip types of one model, sequence length and micro-batch
+    size (`heteroauto profile --chip NAME`, run on each type's machine); `loaded`: (source, profile) pairs."""
+    (first_src, first), rest = loaded[0], loaded[1:]
+    chips = dict(first.chips)
+    for src, p in rest:
+        for name in _MEASURED_ON:
+            if getattr(p, name) != getattr(first, name):
+                raise SpecError(src, name, f"{getattr(p, name)}, while {first_src} has {getattr(first, name)}",
+                                "profiles of one model, sequence length and micro-batch size")
+        again = sorted(set(p.chips) & set(chips))
+        if again:
+            raise SpecError(src, "chips", f"chip type {again[0]!r} is also in another profile",
+                            "each chip type in one profile")
+        chips.update(p.chips)
+    return replace(first, chips=chips, source="measured" if all(p.source == "measured" for _, p in loaded)
+                   else first.source)
+
+
+def check_fits(prof: Profile, source: str, cluster: Any, model: Any, train: Any, measured_on: bool = True) -> None:
+    """A profile prices a problem only when it was measured on its model, sequence length and micro-batch size
+    (`measured_on`: checked; off for profiles set by hand for a test or a derived problem) and holds every chip
+    type at every TP size the planner may give it (a missing entry raised a KeyError traceback mid-search;
+    another model's or length's times gave a plan for the wrong job, silently)."""
+    from .space import tp_counts, tp_sizes
+    want = {"micro_batch_size": train.micro_batch_size, "seq_len": model.seq_len, "layer_params": model.layer_params,
+            "embed_params": model.embed_params, "head_params": model.head_params}
+    hint = {"micro_batch_size": "heteroauto profile --micro-batch-size", "seq_len": "heteroauto profile --seq-len, "
+            "or --seq-len here"}
+    for name in _MEASURED_ON if measured_on else ():
+        if getattr(prof, name) != want[name]:
+            raise SpecError(source, name, f"the profile was measured with {name} {getattr(prof, name)}, the problem "
+                            f"has {want[name]}", f"a profile of this model, sequence length and micro-batch size ("
+                            f"{hint.get(name, 'heteroauto profile --model with the same model')})")
+    for c in cluster.chips:
+        need = [t for t in tp_sizes(c, *tp_counts(model)) if t <= c.count]
+        have = sorted(prof.chips[c.name].tp) if c.name in prof.chips else []
+        missing = [t for t in need if t not in have]
+        if missing:
+            held = ", ".join(f"{n} (TP {', '.join(map(str, sorted(p.tp)))})" for n, p in prof.chips.items())
+            sizes = f"size{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+            raise SpecError(source, "chips", f"no entry for chip type {c.name!r} at TP {sizes}; it holds "
+                            f"{held or 'none'}",
+                            f"every chip type of the cluster at the TP sizes the planner may use ("
+                            f"heteroauto profile --chip {c.name} --tp {','.join(map(str, need))}, one file per chip "
+                            f"type; or a lower tp_max in the cluster spec)")
