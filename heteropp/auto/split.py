@@ -26,6 +26,10 @@ class SplitResult:
     recompute: list[bool]
 
 
+# _min_fill takes a stage of at most this many layer counts one count at a time, a larger one all at once (the
+# per-count numpy calls cost more from about here on; the fixed cost of the all-at-once form, less below)
+_ROWS_AT_ONCE = 12
+
 Linear = tuple[list[int], list[float], list[float]]  # per stage: m0, b0, beta (_min_fill's linear case)
 
 
@@ -57,16 +61,29 @@ def _min_fill(opts: list[StageTerms], caps: list[int], L: int, order: list[int],
     f = np.full(L + 1, inf)
     f[0] = 0.0
     choices = []
+    cols = np.arange(L + 1)
     for o, c in zip(opts, caps):
-        g = np.full(L + 1, inf)
-        ch = np.zeros(L + 1, dtype=np.int64)
-        for nl in range(1, min(c, L) + 1):
-            cand = f[:L + 1 - nl] + o.phi(nl)
-            better = cand < g[nl:]
-            g[nl:][better] = cand[better]
-            ch[nl:][better] = nl
-        f = g
-        choices.append(ch)
+        top = min(c, L)
+        if top <= _ROWS_AT_ONCE:  # g[n] = min over nl of f[n - nl] + phi(nl), the least nl on a tie
+            g = np.full(L + 1, inf)
+            ch = np.zeros(L + 1, dtype=np.int64)
+            for nl in range(1, top + 1):
+                cand = f[:L + 1 - nl] + o.phi(nl)
+                better = cand < g[nl:]
+                g[nl:][better] = cand[better]
+                ch[nl:][better] = nl
+            f = g
+            choices.append(ch)
+            continue
+        # the same for every nl at once: row nl - 1 of `rows` is f shifted by nl (inf where n < nl) plus
+        # phi(nl), StageTerms.phi's arithmetic on arrays; argmin's first of equals is the least nl
+        nls = np.arange(1, top + 1)
+        slope = np.full(top, o.beta, dtype=np.float64) if top <= o.m0 else np.where(nls <= o.m0, o.beta, o.beta1)
+        shift = cols[None, :] - nls[:, None]
+        rows = np.where(shift >= 0, f[np.maximum(shift, 0)], inf) + (o.b0 + slope * nls)[:, None]
+        best = np.argmin(rows, axis=0)
+        f = rows[best, cols]
+        choices.append(np.where(f < inf, best + 1, 0))
     if not math.isfinite(f[L]):
         return None
     ls, n = [], L
@@ -194,6 +211,7 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
     linear = _linear(opts)
     rising = all(u > 0 for u in y_sl)  # every update grows with the layers (the usual case): one comprehension
     floor = math.floor
+    fills: dict[tuple[int, ...], tuple[float, list[int]] | None] = {}
     while max(z, lam) + w_floor + floor_fill + const < best_t:
         zcaps = [o.cap(z) for o in opts]
         w = _ylevel(y_off, y_sl, full, zcaps, L)
@@ -204,7 +222,15 @@ def best_split(opts: list[StageTerms], L: int, lam: float = -math.inf, const: fl
                         for (y0, u), c in zip(ys, zcaps)]
             else:
                 caps = [min(c, o.ycap(w)) for o, c in zip(opts, zcaps)]
-            got = _min_fill(opts, caps, L, order, linear)
+            # the fill's lower bound under these caps first (a split's time is at least this, so it cannot win
+            # where this reaches the best), and a fill already computed for the same caps at another level
+            key = tuple(caps)
+            if key in fills:
+                got = fills[key]
+            elif max(z, lam) + w + _fill_floor(opts, caps, L, order) + const >= best_t:
+                got = None
+            else:
+                got = fills[key] = _min_fill(opts, caps, L, order, linear)
             if got is not None:
                 ls = got[1]
                 t = max(max([a0 + (a if nl <= m0 else a1) * nl for (a0, a, a1, m0), nl in zip(owns, ls)]), lam) \
