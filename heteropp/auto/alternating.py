@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Iterator
 
 Label = tuple[int, int, int, bool]  # a round-trip chain: (k, j, the stage it leaves for or -1, drain variant)
 
@@ -59,6 +58,14 @@ def _drain_waits(fs: list[float], bs: list[float], ws: list[float], es: list[flo
     forward reaches any stage i >= k, which runs backward b - n_i right after it; its gradient comes back
     to stage k, which then runs backwards b - n_i + 1 .. b - 1 (with the weight passes after those it does
     not hold back). i = k: stage k's own drain; i = p - 1: the whole round trip."""
+    return list(_drain_waits_cached(tuple(fs), tuple(bs), tuple(ws), tuple(es), tuple(lats), tuple(spans), b,
+                                    tuple(held)))
+
+
+@lru_cache(maxsize=4)  # one estimate asks three times with the same arguments (both timelines, the round trips)
+def _drain_waits_cached(fs: tuple[float, ...], bs: tuple[float, ...], ws: tuple[float, ...], es: tuple[float, ...],
+                        lats: tuple[float, ...], spans: tuple[int, ...], b: int,
+                        held: tuple[int, ...]) -> tuple[float, ...]:
     p = len(fs)
     out = []
     for k in range(p):
@@ -66,10 +73,13 @@ def _drain_waits(fs: list[float], bs: list[float], ws: list[float], es: list[flo
         for i in range(k, p):
             if i > k:
                 trip += fs[i] + bs[i] + 2 * (es[i - 1] + lats[i - 1])
-            n = min(spans[i], b)
-            best = max(best, trip + (n - 1) * bs[k] + max(0, b - 1 - max(b - n, held[k])) * ws[k])
+            n = spans[i] if spans[i] < b else b
+            h = b - n if b - n >= held[k] else held[k]  # max(0, v) and max(a, c) as comparisons: the same values
+            v = trip + (n - 1) * bs[k] + (b - 1 - h if b - 1 - h > 0 else 0) * ws[k]
+            if v > best:
+                best = v
         out.append(best)
-    return out
+    return tuple(out)
 
 
 def _timelines(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
@@ -117,7 +127,7 @@ def stage_bound(fs: list[float], bs: list[float], ws: list[float], es: list[floa
 
 
 def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
-                       spans: list[int], b: int, held: list[int]) -> Iterator[tuple[int, float, Label]]:
+                       spans: list[int], b: int, held: list[int]) -> list[tuple[int, float, Label]]:
     """The round trips' chains, each as (stage i, when its last backward can end at the earliest, the
     chain's name); round_trip_bound adds the way down to stage 0. Stage k runs forward y + n_k right after
     backward y, and stage j its backward y + n_k - n_j + 1 right after forward y + n_k, so from stage k's
@@ -134,14 +144,19 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
     (stage_bound), given as stage 0's."""
     p = len(fs)
     _, first_back, post = _chains(fs, bs, es, lats, spans, b)
+    out: list[tuple[int, float, Label]] = []
+    add = out.append  # a list, not a generator: O(p^3) chains, and most of a long plan's full estimate
+
+    # stage i from the end of its backward lo to the end of backward b - 1 (steps(i, lo) below): each backward,
+    # plus its next forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on;
+    # max(0, v) written as a comparison, the same integers
+    last_fwd = [min(b - 1 - sp, b - 2) for sp in spans]
 
     def steps(i: int, lo: int, hi: int = b - 1) -> float:
-        """Stage i from the end of its backward lo to the end of its backward hi: each backward, plus its
-        next forward while one is left (y + n_i <= b - 1) and its weight pass from backward held[i] on."""
-        n = max(0, hi - lo)
-        forwards = max(0, min(b - 1 - spans[i], hi - 1) - lo + 1)
-        weights = max(0, hi - max(lo, held[i]))
-        return n * bs[i] + forwards * fs[i] + weights * ws[i]
+        n = hi - lo if hi > lo else 0
+        f = (min(b - 1 - spans[i], hi - 1) if hi < b - 1 else last_fwd[i]) - lo + 1
+        w = hi - (lo if lo > held[i] else held[i])
+        return n * bs[i] + (f if f > 0 else 0) * fs[i] + (w if w > 0 else 0) * ws[i]
 
     # a stage's drain (its last n_k backwards, one after another) goes down as a flow shop: from backward
     # b - n_k, the first one's way plus n_k - 1 times the slowest stage or link below (stage_bound)
@@ -174,14 +189,15 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
             t = first_back[k] + n * cycle + max(0, n - -(-held[k] // d)) * ws[k]  # cycles i with i d >= held
             # after the cycles, backwards n d + 1 .. b - 1 one by one through one stage or link of k..j (the
             # last cycle's backward leg passes them all; without a cycle, only stage k's own steps count)
+            lo = n * d
             paced = range(k, j + 1) if n else range(k, k + 1)
-            pace = max([steps(i, n * d) for i in paced] + [max(0, b - 1 - n * d) * e for e in es[k:j] if n])
+            pace = max([steps(i, lo) for i in paced] + [max(0, b - 1 - lo) * e for e in es[k:j] if n])
             t += pace
-            yield k, t, (k, j, -1, False)
+            add((k, t, (k, j, -1, False)))
             q = min(spans[k], b) - 1  # or stage k's own steps up to its drain, whose flow shop goes down
-            if k and q and b - 1 - q > n * d:
+            if k and q and b - 1 - q > lo:
                 t -= pace
-                yield 0, t + steps(k, n * d, b - 1 - q) + q * below[k] + post[k], (k, j, -1, True)
+                add((0, t + steps(k, lo, b - 1 - q) + q * below[k] + post[k], (k, j, -1, True)))
             # or after m <= n cycles stage k's next forward y = m d + n_k leaves the cycle for a stage i
             # beyond k, whose own steps and drain follow (a slow link's cycles, then the later stages'
             # pace); linear in m but for the weight passes' kinks, so the ends and the kinks suffice
@@ -192,19 +208,29 @@ def _round_trip_chains(fs: list[float], bs: list[float], ws: list[float], es: li
                 if m == 0 and j > k + 1:  # no cycle: the same chain for every j
                     continue
                 x = m * d + spans[k]
+                if x > b - 1:  # out of every stage's range: no chain
+                    continue
                 lead = first_back[k] + m * cycle + max(0, m - -(-held[k] // d)) * ws[k]
                 lead += (ws[k] if m * d >= held[k] else 0.0) + fs[k] - reach[k]
+                after = b - 1 - x
                 for i in range(k + 1, p):
                     # tail and tail down (above) written out, not called: O(p^3) of them make most of a long
                     # plan's estimate. Where x is out of stage i's range neither exists (-inf, which no
-                    # reader takes): not yielded
+                    # reader takes): not added
                     ni = flight[i]
-                    if x < ni - 1 or x > b - 1:
+                    if x < ni - 1:
                         continue
-                    alt = (b - 1 - x) * fb[i] + max(0, b - 1 - ni - max(x - ni + 1, held[i]) + 1) * ws[i]
+                    alt = after * fb[i]
+                    if ws[i]:  # its weight passes from backward held[i] on (none where none are deferred)
+                        h = x - ni + 1
+                        if held[i] > h:
+                            h = held[i]
+                        if b - ni - h > 0:
+                            alt += (b - ni - h) * ws[i]
                     at = lead + reach[i]
-                    yield i, at + (alt + waits[i] + bs[i]), (k, j, i, False)
-                    yield 0, at + (alt + bs[i] + drain_down[i] + post[i]), (k, j, i, True)
+                    add((i, at + (alt + waits[i] + bs[i]), (k, j, i, False)))
+                    add((0, at + (alt + bs[i] + drain_down[i] + post[i]), (k, j, i, True)))
+    return out
 
 
 def _round_trip_list(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
@@ -219,7 +245,7 @@ def _round_trip_list(fs: list[float], bs: list[float], ws: list[float], es: list
 def _round_trip_cached(fs: tuple[float, ...], bs: tuple[float, ...], ws: tuple[float, ...], es: tuple[float, ...],
                        lats: tuple[float, ...], spans: tuple[int, ...], b: int,
                        held: tuple[int, ...]) -> list[tuple[int, float, Label]]:
-    return list(_round_trip_chains(list(fs), list(bs), list(ws), list(es), list(lats), list(spans), b, list(held)))
+    return _round_trip_chains(list(fs), list(bs), list(ws), list(es), list(lats), list(spans), b, list(held))
 
 
 def _chain_name(label: Label) -> str:
