@@ -193,7 +193,11 @@ def _ddp_peer_killed(rank: int, ws: int, store) -> str:
     x = torch.randn(8, 64)
     model(x).sum().backward()  # a good step first: every connection is up
     dist.barrier()
-    loss = model(x).sum()  # every rank is through the forward's collectives
+    loss = model(x).sum()
+    # every rank is through this forward's collectives (DDP rebuilds its buckets in its second forward and
+    # broadcasts them) before rank 2 may die: once, under the parallel suite, rank 1 still waited for rank 0's
+    # part of that broadcast when rank 3's abort notice came, and raised outside the backward judged here
+    dist.barrier()
     if rank == 2:
         # Dies mid-backward: the last layer's gradients are computed and their bucket's all_reduce
         # is under way when the first layer's gradient hook kills the process.
