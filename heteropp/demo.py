@@ -31,7 +31,7 @@ def profile(cluster_path: str, model: str, train_path: str, out: str, analytic: 
         return None
     from .auto.profiler import profile_model
     from .auto.profiles import ChipProfile
-    from .auto.space import tp_counts, tp_sizes
+    from .auto.space import usable_tp_sizes
     from .spec import load_cluster, load_model, load_train
     cl, m = load_cluster(cluster_path), load_model(model)
     micro_batch_size = load_train(train_path, m.seq_len).micro_batch_size
@@ -39,7 +39,7 @@ def profile(cluster_path: str, model: str, train_path: str, out: str, analytic: 
     for device in dict.fromkeys(c.device for c in cl.chips):  # cluster order, each device once
         chips = [c for c in cl.chips if c.device == device]
         fastest = max(chips, key=lambda c: c.peak_tflops)
-        tps = sorted({t for c in chips for t in tp_sizes(c, *tp_counts(m)) if t <= c.count})
+        tps = sorted({t for c in chips for t in usable_tp_sizes(c, m)})
         got = profile_model(model, tps, device=device, chip=fastest.name, micro_batch_size=micro_batch_size,
                             repeats=2, progress=lambda m: None)
         measured = got.chips[fastest.name].tp

@@ -53,13 +53,13 @@ def stage_ends(fs: list[float], bs: list[float], ws: list[float], es: list[float
 
 
 def _drain_waits(fs: list[float], bs: list[float], ws: list[float], es: list[float], lats: list[float],
-                 spans: list[int], b: int, held: list[int]) -> list[float]:
+                 spans: list[int], b: int, held: list[int]) -> tuple[float, ...]:
     """Per stage k, the least time from the end of its forward b - 1 to the start of its last backward. That
     forward reaches any stage i >= k, which runs backward b - n_i right after it; its gradient comes back
     to stage k, which then runs backwards b - n_i + 1 .. b - 1 (with the weight passes after those it does
     not hold back). i = k: stage k's own drain; i = p - 1: the whole round trip."""
-    return list(_drain_waits_cached(tuple(fs), tuple(bs), tuple(ws), tuple(es), tuple(lats), tuple(spans), b,
-                                    tuple(held)))
+    return _drain_waits_cached(tuple(fs), tuple(bs), tuple(ws), tuple(es), tuple(lats), tuple(spans), b,
+                               tuple(held))
 
 
 @lru_cache(maxsize=4)  # one estimate asks three times with the same arguments (both timelines, the round trips)

@@ -57,12 +57,6 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .planning import load_problem
     _writable(a.json, "--json")
     profiles = a.profile or []
-    sizes = sorted(_profiles(profiles)) if a.micro_batch_sizes is None else []
-    if len(sizes) > 1:
-        raise SpecError(profiles[1], "--profile", f"{len(profiles)} profiles without --micro-batch-sizes, of "
-                        f"micro-batch sizes {', '.join(map(str, sizes))}",
-                        "profiles of one micro-batch size (one file per chip type), or one size each with "
-                        "--micro-batch-sizes")
     if a.per_replica and a.micro_batch_sizes is not None:
         raise SpecError("<command line>", "--per-replica", "with --micro-batch-sizes",
                         "one of the two: replica groups are planned at the training spec's micro-batch size")
@@ -206,7 +200,6 @@ def cmd_profile(a: argparse.Namespace) -> int:
 def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
     """cmd_plan's plan with the micro-batch size searched (micro_batch.py) over --micro-batch-sizes."""
     from .micro_batch import candidate_sizes, plan_micro_batch
-    from .profiles import check_fits
     flag = "--micro-batch-sizes"
     measured = _profiles(a.profile) if a.profile else None
     if a.micro_batch_sizes == "auto":  # with measured profiles: the sizes they hold that divide the global batch
@@ -229,11 +222,9 @@ def _sized(a: argparse.Namespace, pb: Any, budget: Any) -> Any:
                             f"(the profiles hold {', '.join(map(str, sorted(measured)))}, global batch "
                             f"{pb.train.global_batch})", "one --profile per size searched (heteroauto profile "
                             "--micro-batch-size), or sizes the profiles hold")
-        for size in sizes:
-            check_fits(measured[size], f"--profile of micro-batch size {size}", pb.cluster, pb.model,
-                       replace(pb.train, micro_batch_size=size))
     sized = plan_micro_batch(pb.cluster, pb.model, pb.train, sizes, budget, a.algo,
-                             _progress if a.progress else None, measured)
+                             _progress if a.progress else None, measured,
+                             ", ".join(a.profile) if a.profile else None)
     tried = ", ".join(f"{s}: {t:.4f} s" if t < float("inf") else f"{s}: none faster" for s, t in sized.times.items())
     print(f"micro-batch sizes tried (iteration time): {tried}")
     return sized.result

@@ -37,7 +37,7 @@ class SizedPlan:
 
 def plan_micro_batch(cluster: Cluster, model: ModelSpec, train: TrainSpec, sizes: Sequence[int],
                      budget: Budget = DEFAULT_BUDGET, algo: str = "auto", progress: Progress | None = None,
-                     profiles: Mapping[int, Profile] | None = None) -> SizedPlan:
+                     profiles: Mapping[int, Profile] | None = None, profile_source: str | None = None) -> SizedPlan:
     """The plan of the fastest micro-batch size in `sizes` (each a divisor of the global batch); on a tie,
     the smaller size. `profiles`: measured profiles by micro-batch size, one for every size in `sizes`
     (default: the analytic profile of each size). InfeasibleError where no size has a plan."""
@@ -53,8 +53,11 @@ def plan_micro_batch(cluster: Cluster, model: ModelSpec, train: TrainSpec, sizes
             raise ValueError(f"micro-batch sizes {', '.join(map(str, missing))}: no measured profile of that size "
                              f"(the profiles hold {', '.join(map(str, sorted(profiles))) or 'none'}); expected one "
                              "profile per size searched (heteroauto profile --micro-batch-size)")
+    # profile_source: the files the profiles were read from, named where one does not fit (planning.make_problem)
     problems = {s: make_problem(cluster, model, replace(train, micro_batch_size=s),
-                                profiles[s] if profiles is not None else None) for s in sorted(set(sizes))}
+                                profiles[s] if profiles is not None else None,
+                                profile_source=profile_source and f"{profile_source} (micro-batch size {s})")
+                for s in sorted(set(sizes))}
     if algo != "auto":
         return _each_size(problems, budget, algo, progress)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -31,17 +31,19 @@ def load_problem(cluster: str, model: str, train: str, profile: str | Sequence[s
     paths = [profile] if isinstance(profile, str) else list(profile or [])
     if not paths:
         return make_problem(cl, m, tr)
-    prof = merged([(path, Profile.load(path)) for path in paths])
-    check_fits(prof, ", ".join(paths), cl, m, tr)
-    return make_problem(cl, m, tr, prof)
+    return make_problem(cl, m, tr, merged([(path, Profile.load(path)) for path in paths]),
+                        profile_source=", ".join(paths))
 
 
 def make_problem(cl: Cluster, m: ModelSpec, tr: TrainSpec, prof: Profile | None = None,
-                 holders_elsewhere: int = 0, elsewhere: tuple[float, float | None] | None = None) -> Problem:
+                 holders_elsewhere: int = 0, elsewhere: tuple[float, float | None] | None = None,
+                 profile_source: str | None = None) -> Problem:
     """The problem of loaded specs (a profile, or the analytic one); `holders_elsewhere` and `elsewhere` as
-    CostModel's."""
-    if prof is not None:  # its chip types and TP sizes; what it was measured on is load_problem's to check
-        check_fits(prof, "<profile>", cl, m, tr, measured_on=False)
+    CostModel's. A profile read from files (`profile_source`: their names) or measured (`heteroauto profile`)
+    must fit the problem (profiles.check_fits); one set by hand only needs its chip types and TP sizes."""
+    if prof is not None:
+        check_fits(prof, profile_source or f"<profile of {prof.model}>", cl, m, tr,
+                   measured_on=profile_source is not None or prof.source == "measured")
     prof = prof or analytic_profile(cl, m, tr)
     searched = kind(tr.schedule).searched_as or tr.schedule  # H-1F1B: planned as 1F1B, then warmed up
     return Problem(cl, m, tr, CostModel(cl, m, replace(tr, schedule=searched), prof, holders_elsewhere, elsewhere))

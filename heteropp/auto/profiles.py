@@ -95,22 +95,22 @@ def merged(loaded: list[tuple[str, Profile]]) -> Profile:
         for name in _MEASURED_ON:
             if getattr(p, name) != getattr(first, name):
                 raise SpecError(src, name, f"{getattr(p, name)}, while {first_src} has {getattr(first, name)}",
-                                "profiles of one model, sequence length and micro-batch size")
+                                "profiles of one model, sequence length and micro-batch size (one file per chip "
+                                "type); profiles of several micro-batch sizes only with --micro-batch-sizes")
         again = sorted(set(p.chips) & set(chips))
         if again:
             raise SpecError(src, "chips", f"chip type {again[0]!r} is also in another profile",
                             "each chip type in one profile")
         chips.update(p.chips)
-    return replace(first, chips=chips, source="measured" if all(p.source == "measured" for _, p in loaded)
-                   else first.source)
+    return replace(first, chips=chips)
 
 
 def check_fits(prof: Profile, source: str, cluster: Any, model: Any, train: Any, measured_on: bool = True) -> None:
     """A profile prices a problem only when it was measured on its model, sequence length and micro-batch size
-    (`measured_on`: checked; off for profiles set by hand for a test or a derived problem) and holds every chip
+    (`measured_on`: checked; off for profiles set by hand, which name no such facts) and holds every chip
     type at every TP size the planner may give it (a missing entry raised a KeyError traceback mid-search;
     another model's or length's times gave a plan for the wrong job, silently)."""
-    from .space import tp_counts, tp_sizes
+    from .space import usable_tp_sizes
     want = {"micro_batch_size": train.micro_batch_size, "seq_len": model.seq_len, "layer_params": model.layer_params,
             "embed_params": model.embed_params, "head_params": model.head_params}
     hint = {"micro_batch_size": "heteroauto profile --micro-batch-size", "seq_len": "heteroauto profile --seq-len, "
@@ -121,7 +121,7 @@ def check_fits(prof: Profile, source: str, cluster: Any, model: Any, train: Any,
                             f"has {want[name]}", f"a profile of this model, sequence length and micro-batch size ("
                             f"{hint.get(name, 'heteroauto profile --model with the same model')})")
     for c in cluster.chips:
-        need = [t for t in tp_sizes(c, *tp_counts(model)) if t <= c.count]
+        need = usable_tp_sizes(c, model)
         have = sorted(prof.chips[c.name].tp) if c.name in prof.chips else []
         missing = [t for t in need if t not in have]
         if missing:

@@ -36,6 +36,12 @@ def tp_counts(m: ModelSpec) -> tuple[int, int, int, int]:
     return m.heads, m.kv_heads, m.ffn, m.vocab
 
 
+def usable_tp_sizes(chip: ChipType, m: ModelSpec) -> list[int]:
+    """The TP sizes a plan may give chip type `chip` for model `m`: tp_sizes within the type's chip count
+    (what a measured profile must hold, and what `heteropp.demo` measures)."""
+    return [t for t in tp_sizes(chip, *tp_counts(m)) if t <= chip.count]
+
+
 def tp_sizes(chip: ChipType, heads: int = 0, kv_heads: int = 0, ffn: int = 0, vocab: int = 0) -> list[int]:
     """Powers of two up to the chip's TP_MAX that the shared TP rule (tp_split_error, which the engine's
     stage model also applies) accepts for the counts given (0: not checked), so the planner proposes

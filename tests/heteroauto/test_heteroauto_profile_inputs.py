@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from heteropp.auto.cli import main
+from heteropp.auto.planning import make_problem
 from heteropp.auto.profiler import profile_model
+from heteropp.auto.profiles import Profile
+from heteropp.spec import SpecError, load_cluster, load_model, load_train
 
 EX = Path(__file__).resolve().parents[2] / "examples"
 CLUSTER, TRAIN = str(EX / "clusters" / "two-cpu.yaml"), str(EX / "training" / "tiny.yaml")
@@ -50,12 +53,14 @@ def _both(measured: dict[str, Path]) -> dict:
 
 
 @pytest.mark.parametrize("field,bad", [("seq_len", 64), ("layer_params", 1), ("micro_batch_size", 2),
-                                       ("embed_params", 1), ("chips", "small")])
+                                       ("embed_params", 1), ("chips", "small"), ("chips", "small TP 2")])
 def test_a_profile_that_does_not_fit_the_problem_exits_2_naming_the_field(tmp_path, capsys, measured, field, bad):
     """A profile without one of the cluster's chip types raised a KeyError traceback mid-search; one measured
     on another model, sequence length or micro-batch size planned silently with the wrong times."""
     data = _both(measured)
-    if field == "chips":
+    if bad == "small TP 2":  # the type measured, but not at a TP size two-cpu.yaml's tp_max allows
+        del data["chips"]["small"]["tp"]["2"]
+    elif field == "chips":
         del data["chips"][bad]
     else:
         data[field] = bad
@@ -64,6 +69,15 @@ def test_a_profile_that_does_not_fit_the_problem_exits_2_naming_the_field(tmp_pa
                  "--profile", str(tmp_path / "bad.json")])
     err = capsys.readouterr().err
     assert code == 2 and f"field '{field}'" in err and "expected" in err and "Traceback" not in err, err
+
+
+def test_a_measured_profile_handed_to_make_problem_is_checked_as_a_file_is(tmp_path, measured):
+    """From Python too: a profile `heteroauto profile` measured, for another sequence length, is refused."""
+    prof = Profile.from_dict(_both(measured))
+    m = load_model("tiny", 16)
+    with pytest.raises(SpecError, match=r"field 'seq_len': the profile was measured with seq_len 32, the problem "
+                                        r"has 16"):
+        make_problem(load_cluster(CLUSTER), m, load_train(TRAIN, m.seq_len), prof)
 
 
 def test_one_chip_types_profile_twice_or_of_another_model_beside_the_other_exits_2(tmp_path, capsys, measured):
