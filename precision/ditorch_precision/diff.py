@@ -571,6 +571,44 @@ def _reordered_summaries(rows: list[dict], own_a: list[dict], own_b: list[dict],
                 break
 
 
+class _Draws:
+    """Where a run draws random numbers: the (step, phase, module) of each of its random ops, found on
+    first use (most steps never ask)."""
+
+    def __init__(self, records: list[dict]):
+        self.records, self._keys = records, None
+
+    def near(self, region: tuple) -> bool:
+        """Whether the run draws in ``region``'s step and phase, in its module, one inside it, or one around
+        it (a fused kernel's draws and a composite's need not be in the same module)."""
+        if self._keys is None:
+            self._keys = {group_key(r) for r in self.records if _random_op(r, None)}
+        step, phase, module = region
+        return any(s == step and p == phase and _nested(m, module) for s, p, m in self._keys)
+
+
+def _nested(m: str | None, n: str | None) -> bool:
+    if m is None or n is None:
+        return m == n
+    return m == n or m.startswith(n + ".") or n.startswith(m + ".")
+
+
+def _one_sided_draws(rows: list[dict], region: tuple, drawn_b: _Draws) -> None:
+    """A region's random ops of A where B draws nothing (its step and phase, the module or one nested with
+    it): a dropout or a sampling that runs in one run only is a divergence, not randomness the runs make
+    differently, which would excuse every difference after it. ``rows``: the region's self_check rows,
+    updated in place."""
+    drew = [r for r in rows if _drew(r)]
+    if not drew or drawn_b.near(region):
+        return
+    step, phase, module = region
+    for r in drew:
+        r.update(status="fail", rule="random_draws", same_draws=None,
+                 detail=f"draws random numbers where the reference draws none ({module or 'no module'}, {phase}, "
+                        f"step {step}): a dropout or a sampling that runs in one run only; its own check: "
+                        f"{r['detail']}")
+
+
 def _shapes_of(rec: dict) -> list:
     return [o.get("shape") for o in rec.get("outputs") or [] if isinstance(o, dict)]
 
@@ -898,6 +936,7 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     # A region's unmatched ops of A are judged against their own float64 replay (immune to inherited
     # drift); its module records directly, which tells a fault apart only before the first divergence.
     own_ops: dict = {}
+    drawn_b = _Draws(records_b)
     for ra in al.unmatched_a:
         own_ops.setdefault(group_key(ra), []).append(ra)
     region_rows: dict = {}
@@ -906,6 +945,7 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
         rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_ops.get(region, [])]
         _reordered_summaries(rows, own_ops.get(region, []), [rb for rb in al.unmatched_b if group_key(rb) == region],
                              options)
+        _one_sided_draws(rows, region, drawn_b)
         rows.extend(({"region": name}, ra, rb) for ra, rb in region_module_records(al, region))
     own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
     if carried.steps is not None:  # the optimizers' options, step by step, ranked where each step starts

@@ -100,24 +100,47 @@ def test_module_records_without_a_partner_are_listed(tmp_path):
     assert ("module::output", "_Proj.inner", "A") in lone and ("module::grad", "_Proj.inner", "A") in lone
 
 
-def test_a_random_kernel_the_comparing_torch_does_not_know_counts_as_a_draw(tmp_path):
-    """The run under test adds noise by a random kernel only its torch has (gone when the compare
-    runs): its module record differs from the reference's because of those draws, which the capture
-    marked as random, so the region drifts instead of failing (plain torch: the outputs differ)."""
+def _jittered(path, device_kernel: bool, reference_draws: bool = True):
+    """_Proj whose input gets uniform noise in [-5e-4, 5e-4]: in A by a random kernel only the device's
+    torch has (gone when the compare runs), in B by torch's own ops (``rand``), or not at all."""
     from ditorch_precision.examples.faults import device_only_random_kernel
 
     torch.manual_seed(0)
     model, x = _Proj(extra_op=False), torch.randn(2, 4)
-    with device_only_random_kernel() as jitter, Capture(str(tmp_path / "a")):
-        model.forward = lambda x: model.inner(jitter(x, 1e-3))
-        out_a = model(x)
-        out_a.sum().backward()
-    b = _small(tmp_path / "b", extra_op=False)
-    torch.manual_seed(0)
-    assert not torch.allclose(out_a, _Proj(extra_op=False)(x), rtol=1e-5, atol=1e-6)
-    report = compare_dumps(str(tmp_path / "a"), b)
+    torch.manual_seed(1 if device_kernel else 2)  # other draws, as another device's generator makes
+    with device_only_random_kernel() as jitter, Capture(str(path)):
+        if device_kernel:
+            model.forward = lambda x: model.inner(jitter(x, 1e-3))
+        elif reference_draws:
+            model.forward = lambda x: model.inner(x + (torch.rand(x.shape) - 0.5) * 1e-3)
+        out = model(x)
+        out.sum().backward()
+    return str(path), out.detach()
+
+
+def test_a_random_kernel_the_comparing_torch_does_not_know_counts_as_a_draw(tmp_path):
+    """The run under test adds noise by a random kernel only its torch has (a vendor's fused kernel),
+    the reference by torch's own ops: A's module record differs from B's because of those draws,
+    which the capture marked as random, so the region drifts instead of failing (plain torch: the
+    outputs differ)."""
+    a, out_a = _jittered(tmp_path / "a", device_kernel=True)
+    b, out_b = _jittered(tmp_path / "b", device_kernel=False)
+    assert not torch.allclose(out_a, out_b, rtol=1e-5, atol=1e-6)
+    report = compare_dumps(a, b)
     [drew] = [r for r in report.unmatched if r["op"] == "precision_faults::jitter"]
     assert drew["run"] == "A"
     assert [(r["module"], r["phase"], r["verdict"]) for r in report.regions] == [("_Proj", "forward", "drift")]
     assert [r["status"] for r in report.ops if r["op"] == "module::output"] == ["drift"] * 2  # _Proj.inner, _Proj
     assert report.passed
+
+
+def test_a_random_kernel_where_the_reference_draws_nothing_is_a_divergence(tmp_path):
+    """The same kernel, and the reference adds no noise: draws in one run only are no randomness the runs
+    make differently but a difference of what they compute (before: drift, and the compare passed)."""
+    a, out_a = _jittered(tmp_path / "a", device_kernel=True)
+    b, out_b = _jittered(tmp_path / "b", device_kernel=False, reference_draws=False)
+    assert not torch.allclose(out_a, out_b, rtol=1e-5, atol=1e-6)
+    report = compare_dumps(a, b)
+    fd = report.first_divergence
+    assert (fd["op"], fd["module"], fd["rule"]) == ("precision_faults::jitter", "_Proj", "random_draws")
+    assert not report.passed
