@@ -609,6 +609,81 @@ def _one_sided_draws(rows: list[dict], region: tuple, drawn_b: _Draws) -> None:
                         f"{r['detail']}")
 
 
+# ops that hand on their input's values (copies and casts): an insertion of one is no divergence where a
+# stats capture cannot compare the values
+HANDS_ON = frozenset({"aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy", "aten::to", "aten::detach",
+                      "aten::alias", "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_copy_from",
+                      "aten::_copy_from_and_resize", "aten::reshape", "aten::flatten"})
+
+
+def _inserted_ops(rows: list[dict], own_a: list[dict], a: Dump) -> None:
+    """A region where B runs none of its own ops and no module record judges: A's ops there are insertions
+    into the reference's computation, and each must hand on what it was given (a copy, a cast, a change of
+    layout). One whose output is none of its inputs (a loss scaled by 0.5, gradients clipped in one run
+    only) is a divergence: every later op replays exactly from its own inputs, and outside a region the
+    runs are not compared directly, so nothing else would see it. ``rows``: the region's self_check rows
+    of ``own_a``, updated in place; an op without tensor inputs (a factory) or outputs, or whose tensors
+    are not at hand, is left as it is."""
+    for row, ra in zip(rows, own_a):
+        if row["status"] == "fail":
+            continue
+        changed = _changed_values(ra, a)
+        if changed is not None:
+            row.update(status="fail", rule="inserted_op",
+                       detail=f"runs in A only, where the reference runs nothing ({ra.get('module') or 'no module'}, "
+                              f"{ra.get('phase')}, step {ra.get('step')}), and changes the values it is given: "
+                              f"{changed}")
+
+
+def _changed_values(ra: dict, a: Dump) -> str | None:
+    """How an op's outputs differ from its inputs (None where each output is one of its inputs, or where
+    that cannot be told): of its tensors when saved, else of a stats capture's statistics."""
+    if ra.get("kind", "op") != "op" or is_collective(ra["op"]):
+        return None
+    da = a.load(ra)
+    what = ra["op"] + _scalar_args(ra, da)
+    if da is None:  # a stats capture: by the statistics of a reduction's input, else by the op
+        outs, ins = ra.get("stats") or [], ra.get("input_stats")
+        if outs and isinstance(ins, dict) and isinstance(outs[0], dict):
+            same = (same_numbers(outs[0]) or (None,))[1:] == (same_numbers(ins) or (None,))[1:]
+            return None if same else f"{what}: its output's statistics are not its input's"
+        try:
+            view = op_info(resolve_op(ra["op"], ra.get("overload") or "default")).is_view
+        except LookupError:
+            return None
+        tensors_in = any(isinstance(v, dict) and "shape" in v or isinstance(v, list) and v and isinstance(v[0], dict)
+                         for v in (ra.get("signature") or {}).values())
+        if view or ra["op"] in HANDS_ON or not tensors_in or not ra.get("stats"):
+            return None
+        return f"{what} computes new values (a stats capture holds no tensors to show they are its inputs')"
+    ins = tensor_leaves((da["args"], da["kwargs"]))
+    outs = [t for t in tensor_leaves(da["outputs"]) if t.is_floating_point()]
+    if not ins or not outs or len(ins) * len(outs) > 4096:
+        return None
+    for k, out in enumerate(outs):
+        if not any(_hands_on(out, t) for t in ins):
+            return f"{what}: output {k} ({list(out.shape)}) is none of its inputs"
+    return None
+
+
+def _scalar_args(ra: dict, da: dict | None) -> str:
+    """An op's number arguments, as a note: from its signature, else from its saved arguments."""
+    def numbers(values) -> list:
+        return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    found = numbers((ra.get("signature") or {}).values())
+    if not found and da is not None:
+        found = numbers(tree_leaves((da["args"], da["kwargs"])))
+    return f" (arguments {', '.join(map(repr, found))})" if found else ""
+
+
+def _hands_on(out: torch.Tensor, inp: torch.Tensor) -> bool:
+    """Whether ``out`` holds ``inp``'s values, in ``out``'s dtype (a copy, a cast, a change of layout)."""
+    if out.numel() != inp.numel() or inp.is_complex() != out.is_complex():
+        return False
+    x, y = out.detach().reshape(-1), inp.detach().to(out.dtype).reshape(-1)
+    return bool(torch.equal(x, y) or (x.isnan() == y.isnan()).all() and torch.equal(x.nan_to_num(0), y.nan_to_num(0)))
+
+
 def _shapes_of(rec: dict) -> list:
     return [o.get("shape") for o in rec.get("outputs") or [] if isinstance(o, dict)]
 
@@ -942,11 +1017,14 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
     region_rows: dict = {}
     for region in al.regions:
         name = f"{region[2] or '(no module)'} ({region[1]}, step {region[0]})"
-        rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_ops.get(region, [])]
-        _reordered_summaries(rows, own_ops.get(region, []), [rb for rb in al.unmatched_b if group_key(rb) == region],
-                             options)
+        own_a, own_b = own_ops.get(region, []), [rb for rb in al.unmatched_b if group_key(rb) == region]
+        rows = region_rows[region] = [self_check(a, ra, options) | {"region": name} for ra in own_a]
+        _reordered_summaries(rows, own_a, own_b, options)
         _one_sided_draws(rows, region, drawn_b)
-        rows.extend(({"region": name}, ra, rb) for ra, rb in region_module_records(al, region))
+        judges = region_module_records(al, region)
+        if not judges and not own_b:
+            _inserted_ops(rows, own_a, a)
+        rows.extend(({"region": name}, ra, rb) for ra, rb in judges)
     own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
     if carried.steps is not None:  # the optimizers' options, step by step, ranked where each step starts
         ops.extend(_option_rows(records_a, carried.steps))
@@ -1058,20 +1136,24 @@ def _replayed_step(a: Dump, b: Dump, ra: dict, rb: dict, records_a: list[dict], 
     desc_a, desc_b = steps[0].get(step), steps[1].get(step)
     if desc_a is None or desc_b is None:
         raise NotReplayable(f"{'A' if desc_a is None else 'B'} did not describe it ({OPTIMIZER_STEPS})")
-    if opts.shards is not None:
-        raise NotReplayable("A's parameters are gathered across its TP ranks")
     inputs = inputs_record(records_a, step), inputs_record(records_b, step)
     if inputs[0] is None or inputs[1] is None:
         raise NotReplayable(why_not(desc_a) or why_not(desc_b) or "a run did not record what it started from")
     da, db, after_a, after_b = a.load(inputs[0]), b.load(inputs[1]), a.load(ra), b.load(rb)
     if da is None or db is None or after_a is None or after_b is None:
         raise NotReplayable("its tensors were not saved (past a capture's max_bytes)")
+    in_a, in_b = tensor_leaves(da["outputs"]), tensor_leaves(db["outputs"])
     out_a, out_b = tensor_leaves(after_a["outputs"]), tensor_leaves(after_b["outputs"])
+    if opts.shards is not None:  # a TP rank's slices joined with its peers': the step replayed whole (each
+        # parameter's step is elementwise in its gradient and state, so the slices' replays joined are it)
+        in_a, out_a = opts.shards.gather(inputs[0], in_a, in_b), opts.shards.gather(ra, out_a, out_b)
+        if [t.shape for t in in_a] != [t.shape for t in in_b]:
+            raise NotReplayable("A's TP ranks' slices of what the step started from do not add up to B's")
     if [(t.dtype, t.shape) for t in out_a] != [(t.dtype, t.shape) for t in out_b]:
         raise NotReplayable("the runs keep the parameters in other dtypes or shapes (their replays' errors "
                             "are not comparable)")
     verdict = TreeVerdict()
-    replays = zip(replay(desc_a, tensor_leaves(da["outputs"])), replay(desc_b, tensor_leaves(db["outputs"])))
+    replays = zip(replay(desc_a, in_a), replay(desc_b, in_b))
     for x, y, (fa, fb) in zip(out_a, out_b, replays):
         verdict.verdicts.append(compare_error_ratio(x, y, fa, k=opts.ratio_k, reference_fp64=fb))
     if not out_a or len(verdict.verdicts) != len(out_a):
