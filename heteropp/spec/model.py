@@ -157,14 +157,22 @@ def model_from_dict(data: dict[str, Any], source: str = "<model>") -> ModelSpec:
     return check_shape(m, source)
 
 
-def check_shape(m: ModelSpec, source: str) -> ModelSpec:
-    """The divisibility rules every reader (YAML/JSON specs, HF configs) applies; field names are ModelSpec's."""
+# a HuggingFace config's names of the fields check_shape names
+_HF_KEYS = {"hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads"}
+
+
+def check_shape(m: ModelSpec, source: str, hf: bool = False) -> ModelSpec:
+    """The divisibility rules every reader (YAML/JSON specs, HF configs) applies; the fields are named as the
+    file names them (ModelSpec's, or with `hf` the HuggingFace config's)."""
+    def name(field: str) -> str:
+        return _HF_KEYS[field] if hf else field
+
     if m.explicit_head_dim is None and m.hidden % m.heads:
-        raise SpecError(source, "hidden", f"{m.hidden} not divisible by heads={m.heads}", "hidden % heads == 0")
+        raise SpecError(source, name("hidden"), f"{m.hidden} not divisible by {name('heads')}={m.heads}",
+                        f"{name('hidden')} % {name('heads')} == 0")
     if m.heads % m.kv_heads:
-        raise SpecError(
-            source, "kv_heads", f"heads={m.heads} not divisible by kv_heads={m.kv_heads}", "heads % kv_heads == 0"
-        )
+        raise SpecError(source, name("kv_heads"), f"{name('heads')}={m.heads} not divisible by "
+                        f"{name('kv_heads')}={m.kv_heads}", f"{name('heads')} % {name('kv_heads')} == 0")
     return m
 
 
@@ -183,7 +191,7 @@ def load_model(name_or_path: str | Path, seq_len: int | None = None) -> ModelSpe
             p = hf_config_path(p)
         data = load_mapping(p)
         if is_hf_config(data):
-            return check_shape(ModelSpec(**hf_fields(data, str(p), seq_len)), str(p))
+            return check_shape(ModelSpec(**hf_fields(data, str(p), seq_len)), str(p), hf=True)
         m = model_from_dict(data, str(p))
     if seq_len is not None:
         m = replace(m, seq_len=Fields({"seq_len": seq_len}, "--seq-len").int("seq_len", max=MAX_SEQ))

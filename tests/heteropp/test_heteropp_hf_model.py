@@ -105,7 +105,8 @@ def _config(tmp_path, **fields) -> str:
     ({"num_local_experts": 8}, "num_local_experts"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"attention_bias": True}, "attention_bias"),
-    ({"num_key_value_heads": 3}, "kv_heads"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),  # the config's own key, not the spec file's
+    ({"num_attention_heads": 6}, "hidden_size"),
     ({"num_hidden_layers": 10 ** 9}, "num_hidden_layers"),
 ])
 def test_a_config_the_engine_cannot_run_is_refused_naming_the_field(tmp_path, fields, named) -> None:
