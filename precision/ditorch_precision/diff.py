@@ -635,11 +635,42 @@ def _inserted_ops(rows: list[dict], own_a: list[dict], a: Dump) -> None:
                               f"{changed}")
 
 
+def _reference_insertions(own_b: list[dict], b: Dump) -> dict:
+    """A region where only B runs ops of its own and no module record judges: one row, a pass where each
+    of B's ops hands on what it was given (DDP without ``gradient_as_bucket_view`` copies each gradient out
+    of its bucket, which with it is a view of the bucket), a failure naming the first that does not (the
+    run under test skips a computation the reference makes)."""
+    for rb in own_b:
+        changed = _changed_values(rb, b)
+        if changed is not None:
+            return _row(rb, "fail", "inserted_op", f"runs in B only (the reference), where A runs nothing "
+                        f"({rb.get('module') or 'no module'}, {rb.get('phase')}, step {rb.get('step')}), and "
+                        f"changes the values it is given: {changed}") | {"run": "B"}
+    first = own_b[0]
+    return _row(first, "pass", "inserted_op", f"{len(own_b)} ops in B only (the reference), where A runs nothing, "
+                "each handing on what it was given (copies, casts, changes of layout)") | {"run": "B"}
+
+
+def _moves_values(ra: dict) -> bool:
+    """Whether an op is known by its name to compute nothing: a view, a copy or a cast (HANDS_ON)."""
+    if ra["op"] in HANDS_ON:
+        return True
+    try:
+        return op_info(resolve_op(ra["op"], ra.get("overload") or "default")).is_view
+    except LookupError:
+        return False
+
+
 def _changed_values(ra: dict, a: Dump) -> str | None:
     """How an op's outputs differ from its inputs (None where each output is one of its inputs, or where
     that cannot be told): of its tensors when saved, else of a stats capture's statistics."""
     if ra.get("kind", "op") != "op" or is_collective(ra["op"]):
         return None
+    try:
+        if op_info(resolve_op(ra["op"], ra.get("overload") or "default")).is_view:
+            return None  # a view computes nothing
+    except LookupError:
+        return None  # an op this torch does not know: nothing to tell by
     da = a.load(ra)
     what = ra["op"] + _scalar_args(ra, da)
     if da is None:  # a stats capture: by the statistics of a reduction's input, else by the op
@@ -647,13 +678,9 @@ def _changed_values(ra: dict, a: Dump) -> str | None:
         if outs and isinstance(ins, dict) and isinstance(outs[0], dict):
             same = (same_numbers(outs[0]) or (None,))[1:] == (same_numbers(ins) or (None,))[1:]
             return None if same else f"{what}: its output's statistics are not its input's"
-        try:
-            view = op_info(resolve_op(ra["op"], ra.get("overload") or "default")).is_view
-        except LookupError:
-            return None
         tensors_in = any(isinstance(v, dict) and "shape" in v or isinstance(v, list) and v and isinstance(v[0], dict)
                          for v in (ra.get("signature") or {}).values())
-        if view or ra["op"] in HANDS_ON or not tensors_in or not ra.get("stats"):
+        if ra["op"] in HANDS_ON or not tensors_in or not ra.get("stats"):
             return None
         return f"{what} computes new values (a stats capture holds no tensors to show they are its inputs')"
     ins = tensor_leaves((da["args"], da["kwargs"]))
@@ -1024,6 +1051,9 @@ def _compare_step(a: Dump, b: Dump, records_a: list[dict], records_b: list[dict]
         judges = region_module_records(al, region)
         if not judges and not own_b:
             _inserted_ops(rows, own_a, a)
+        elif not judges and all(_moves_values(ra) for ra in own_a):
+            # A only moves values there (views, copies); B's ops must too (DDP's copies out of its buckets)
+            rows.append(_reference_insertions(own_b, b) | {"region": name})
         rows.extend(({"region": name}, ra, rb) for ra, rb in judges)
     own_rows = [r for rows in region_rows.values() for r in rows if isinstance(r, dict)]
     if carried.steps is not None:  # the optimizers' options, step by step, ranked where each step starts

@@ -56,3 +56,16 @@ def test_an_insertion_that_hands_on_its_input_is_honest(tmp_path):
     report = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     assert report.passed, [(r["op"], r["module"], r["detail"]) for r in report.failed]
     assert {r["op"] for r in report.unmatched} >= {"aten::mul", "aten::clone"}
+
+
+def test_a_scaling_only_the_reference_makes_is_found(tmp_path):
+    """The mirror case: the reference scales its loss by 0.5 and the run under test does not (before: the
+    region 'could not be judged', with no op named)."""
+    grad_a, grad_b = _run(tmp_path / "a"), _run(tmp_path / "b", lambda loss: loss * 0.5)
+    torch.testing.assert_close(grad_a, grad_b * 2)
+    report = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert not report.passed
+    fd = report.first_divergence
+    assert (fd["op"], fd["module"], fd["phase"], fd["rule"], fd["run"]) == (
+        "aten::mul", None, "forward", "inserted_op", "B")
+    assert "0.5" in fd["detail"]

@@ -78,16 +78,42 @@ def _small(path, selector=None, **kw):
 
 
 def test_a_region_nothing_can_judge_does_not_pass(tmp_path, capsys):
-    """The reference runs one op more and the capture has an op filter (no module records): the
-    region is reported unjudged and the compare fails, instead of 'no divergence'."""
+    """The run under test runs a kernel only its torch has (gone when the compare runs), the reference
+    an op of its own in its place, and the capture has an op filter (no module records): nothing can
+    tell whether they agree, so the region is reported unjudged and the compare fails, instead of 'no
+    divergence'. (Had the run under test no op there, the reference's `x * 1.0`, which hands on its input,
+    would be judged so.)"""
+    from ditorch_precision.examples.faults import device_only_kernel
+
     every_op = Selector.build(ops="*")
-    a = _small(tmp_path / "a", every_op, extra_op=False)
+    torch.manual_seed(0)
+    model, x = _Proj(extra_op=False), torch.randn(2, 4)
+    with device_only_kernel() as scale, Capture(str(tmp_path / "a"), every_op):
+        model.forward = lambda x: model.inner(scale(x, 1.0))
+        model(x).sum().backward()
+    a = str(tmp_path / "a")
     b = _small(tmp_path / "b", every_op, extra_op=True)
     report = compare_dumps(a, b)
     assert [(r["module"], r["phase"], r["verdict"]) for r in report.regions] == [("_Proj", "forward", "unjudged")]
     assert not report.passed and report.first_divergence is None
     assert main(["compare", a, b]) == 1
     assert "could not be judged" in capsys.readouterr().out
+
+
+def test_an_op_of_the_reference_that_hands_on_its_input_passes_where_nothing_else_judges(tmp_path):
+    """The reference runs `x * 1.0` where the run under test runs nothing, under an op filter (no module
+    records): its output is its input, so the region passes; the same op scaling by 2 fails it."""
+    every_op = Selector.build(ops="*")
+    a = _small(tmp_path / "a", every_op, extra_op=False)
+    report = compare_dumps(a, _small(tmp_path / "b", every_op, extra_op=True))
+    assert [(r["module"], r["verdict"]) for r in report.regions] == [("_Proj", "pass")] and report.passed
+    torch.manual_seed(0)
+    model, x = _Proj(extra_op=False), torch.randn(2, 4)
+    with Capture(str(tmp_path / "c"), every_op):
+        model.forward = lambda x: model.inner(x * 2.0)
+        model(x).sum().backward()
+    fd = compare_dumps(a, str(tmp_path / "c")).first_divergence
+    assert (fd["op"], fd["rule"], fd["run"]) == ("aten::mul", "inserted_op", "B")
 
 
 def test_module_records_without_a_partner_are_listed(tmp_path):

@@ -11,6 +11,7 @@ import torch
 
 from ditorch_precision import Capture, compare_dumps
 from ditorch_precision.cli import main
+from ditorch_precision.diff import compare_ranks
 from ditorch_precision.dump import Dump
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,3 +166,26 @@ def test_the_cpp_hook_records_a_ddp_job_and_finds_the_fault_on_rank_1_only(ddp_s
     python = json.loads(capsys.readouterr().out)["first_divergence"]
     assert (python["rank"], python["op"], python["module"], python["step"]) == (
         fd["rank"], fd["op"], fd["module"], fd["step"])
+
+
+@pytest.mark.parametrize("mode", ["full", pytest.param("stats", marks=pytest.mark.slow)])  # 4 gloo jobs each
+def test_ddp_gradients_as_bucket_views_against_copies_pass_and_a_fault_is_still_found(tmp_path, launch_gloo,
+                                                                                       mode):
+    """The run under test keeps DDP's gradients as views of its buckets, the reference copies them out
+    (``copy_`` ops of the reference only, in backward outside any module): those copies hand on what
+    they were given, so the pair passes at every step (before: each step's backward region 'could not be
+    judged', exit 1); with a fault on rank 1 too, the first divergence is still the planted op."""
+    pytest.importorskip("transformers")
+    launch_gloo("ditorch_precision.examples.dist_ddp", tmp_path / "honest", 2, "--bucket-view", "--steps", "2",
+                "--mode", mode)
+    launch_gloo("ditorch_precision.examples.dist_ddp", tmp_path / "faulty", 2, "--bucket-view", "--steps", "2",
+                "--mode", mode, "--fault-rank", "1")
+    honest = compare_ranks(str(tmp_path / "honest" / "fault" / "capture"), str(tmp_path / "honest" / "ref" / "capture"))
+    for report in honest.reports.values():
+        assert report.passed, [(r["op"], r["step"], r["detail"]) for r in report.failed + [
+            g for g in report.regions if g["verdict"] == "unjudged"]]
+        copies = [r for r in report.unmatched if r["op"] == "aten::copy_" and r["run"] == "B"]
+        assert {r["step"] for r in copies} == {0, 1}  # the difference was there to judge
+    faulty = compare_ranks(str(tmp_path / "faulty" / "fault" / "capture"), str(tmp_path / "faulty" / "ref" / "capture"))
+    fd = faulty.first_divergence
+    assert (fd["rank"], fd["op"], fd["module"]) == (1, "aten::mm", f"{DDP}.module.model.layers.1.mlp.down_proj")
